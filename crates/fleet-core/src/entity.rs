@@ -1,0 +1,123 @@
+//! Entities: the message-addressable members of a fleet, their roles and their names.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::FleetError;
+use crate::ids::Gid;
+
+/// The longest name an entity may have; names show up in panes, logs and tool results.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// What an entity may do and how it is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Human-driven, declared in config, reached by MCP pull (and a nudge into its pane).
+    Lead,
+    /// An advisory architect: spawned into a pane like a worker, but may not spawn or stop.
+    Architect,
+    /// A worker agent spawned into a pane; tasks are typed into it.
+    Worker,
+}
+
+impl Role {
+    /// The role's name on the wire and in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Lead => "lead",
+            Role::Architect => "architect",
+            Role::Worker => "worker",
+        }
+    }
+
+    /// Whether messages to this role are typed into a pane (true) or held for an MCP pull.
+    pub fn is_injected(self) -> bool {
+        !matches!(self, Role::Lead)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = FleetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "lead" => Ok(Role::Lead),
+            "architect" => Ok(Role::Architect),
+            "worker" => Ok(Role::Worker),
+            other => Err(FleetError::invalid(format!(
+                "unknown role '{other}' (expected lead, architect or worker)"
+            ))),
+        }
+    }
+}
+
+/// A member of the fleet as the roster knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entity {
+    /// Global id; the routing key everywhere.
+    pub gid: Gid,
+    /// Human name, unique among live entities of a gateway.
+    pub name: String,
+    /// The host id of the gateway that owns the entity.
+    pub host: String,
+    /// What the entity may do.
+    pub role: Role,
+    /// The profile it was spawned from (none for leads).
+    pub profile: Option<String>,
+    /// Broadcast groups it belongs to.
+    pub groups: Vec<String>,
+    /// The lead that spawned it: a worker may send only to this lead.
+    pub parent: Option<Gid>,
+}
+
+/// Checks that `name` can name an entity, a profile or a group: 1–64 characters of ASCII
+/// letters, digits, `-`, `_` and `.`, not starting with `-` or `.`.
+pub fn validate_name(what: &str, name: &str) -> Result<(), FleetError> {
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let ok_start = !name.starts_with(['-', '.']);
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !ok_chars || !ok_start {
+        return Err(FleetError::invalid(format!(
+            "{what} '{name}' is not a valid name: use 1-{MAX_NAME_LEN} letters, digits, '-', '_' or '.', not starting with '-' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_round_trip() {
+        for role in [Role::Lead, Role::Architect, Role::Worker] {
+            assert_eq!(role.as_str().parse::<Role>().unwrap(), role);
+        }
+        assert!("boss".parse::<Role>().is_err());
+    }
+
+    #[test]
+    fn only_leads_are_pulled() {
+        assert!(!Role::Lead.is_injected());
+        assert!(Role::Worker.is_injected());
+        assert!(Role::Architect.is_injected());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("worker", "w-1.a_b").is_ok());
+        for bad in ["", "-x", ".x", "a b", "é", &"x".repeat(65)] {
+            let err = validate_name("worker", bad).unwrap_err();
+            assert!(err.to_string().contains("worker"), "{err}");
+        }
+    }
+}

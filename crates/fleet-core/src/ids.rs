@@ -1,0 +1,85 @@
+//! Global identifiers. Every entity, message and flow is named by a UUID v7 (time-ordered, so ids
+//! sort by creation), never by a host-local pane id: a pane id means nothing off its host.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// Mints a new time-ordered id.
+            pub fn mint() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            /// The id as a UUID.
+            pub fn as_uuid(&self) -> Uuid {
+                self.0
+            }
+        }
+
+        impl From<Uuid> for $name {
+            fn from(value: Uuid) -> Self {
+                Self(value)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.hyphenated().fmt(f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = uuid::Error;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(s).map(Self)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// The global id of a message-addressable entity (lead, architect, worker).
+    Gid
+);
+uuid_id!(
+    /// The id of one message: the dedup key on every path.
+    MsgId
+);
+uuid_id!(
+    /// The id of a flow, minted at its first send and carried by every later hop.
+    TraceId
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_text() {
+        let gid = Gid::mint();
+        let parsed: Gid = gid.to_string().parse().unwrap();
+        assert_eq!(gid, parsed);
+    }
+
+    #[test]
+    fn later_ids_sort_after_earlier_ones() {
+        let first = MsgId::mint();
+        let second = MsgId::mint();
+        assert!(first < second);
+    }
+
+    #[test]
+    fn garbage_is_not_an_id() {
+        assert!("not-a-uuid".parse::<Gid>().is_err());
+    }
+}

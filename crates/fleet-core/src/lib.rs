@@ -1,0 +1,19 @@
+//! The domain core of fleetd: global ids, entities and roles, messages and their states, the
+//! routing decision, the worker session state machine and the authorisation rules.
+//!
+//! This crate does no I/O and knows no clock: timestamps and randomness come in as arguments
+//! (ids are minted by the caller through [`ids`]), so every rule here is tested without tokio.
+
+pub mod authz;
+pub mod entity;
+pub mod error;
+pub mod ids;
+pub mod message;
+pub mod routing;
+pub mod session;
+
+pub use entity::{Entity, Role};
+pub use error::{ErrorCode, FleetError};
+pub use ids::{Gid, MsgId, TraceId};
+pub use message::{Kind, Message, MsgState};
+pub use session::{SessionEvent, WorkerStatus};

@@ -1,0 +1,255 @@
+//! Messages: their kinds, their visible states and the rules on both.
+//!
+//! Every message has a state a user can look up: `queued → injecting → injected` on the forward
+//! path into a pane, `held → consumed` on the pull path into an MCP client, or `failed(reason)`.
+//! "Sent" is never reported as "delivered".
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ErrorCode, FleetError};
+use crate::ids::{Gid, MsgId, TraceId};
+
+/// The default cap on a message body, in bytes (256 KiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// What a message is. The names are those of the cross-host envelope (spec 10 §2.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Kind {
+    /// A task or message sent to an entity.
+    Send,
+    /// An answer to a send.
+    Reply,
+    /// A mid-turn question from a worker.
+    Ask,
+    /// The answer to an ask.
+    Answer,
+    /// Notice: an answer arrived after its ask was gone.
+    TooLate,
+    /// Notice: an ask found nobody waiting.
+    NoWaiter,
+    /// Notice: a turn was abandoned.
+    Abandoned,
+    /// Notice: a message could not be delivered; the body says why.
+    Failed,
+    /// Receipt: a brief was typed into its pane and submitted.
+    Injected,
+    /// One copy of a broadcast.
+    Broadcast,
+    /// A presence heartbeat.
+    Presence,
+    /// A spawn request to another gateway.
+    Spawn,
+}
+
+impl Kind {
+    /// All kinds, in envelope order.
+    pub const ALL: [Kind; 12] = [
+        Kind::Send,
+        Kind::Reply,
+        Kind::Ask,
+        Kind::Answer,
+        Kind::TooLate,
+        Kind::NoWaiter,
+        Kind::Abandoned,
+        Kind::Failed,
+        Kind::Injected,
+        Kind::Broadcast,
+        Kind::Presence,
+        Kind::Spawn,
+    ];
+
+    /// The kind's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Send => "SEND",
+            Kind::Reply => "REPLY",
+            Kind::Ask => "ASK",
+            Kind::Answer => "ANSWER",
+            Kind::TooLate => "TOO_LATE",
+            Kind::NoWaiter => "NO_WAITER",
+            Kind::Abandoned => "ABANDONED",
+            Kind::Failed => "FAILED",
+            Kind::Injected => "INJECTED",
+            Kind::Broadcast => "BROADCAST",
+            Kind::Presence => "PRESENCE",
+            Kind::Spawn => "SPAWN",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = FleetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| FleetError::invalid(format!("unknown message kind '{s}'")))
+    }
+}
+
+/// Where a message is in its life.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "reason", rename_all = "lowercase")]
+pub enum MsgState {
+    /// Waiting in the recipient's durable queue for the recipient to turn idle.
+    Queued,
+    /// Taken off the queue and being typed into the pane (at-most-once: never retried).
+    Injecting,
+    /// Typed into the pane and the submit verified.
+    Injected,
+    /// Held durably for an MCP client to pull.
+    Held,
+    /// Pulled by its recipient.
+    Consumed,
+    /// Not delivered; the reason says why.
+    Failed(String),
+}
+
+impl MsgState {
+    /// The state's name without its reason.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MsgState::Queued => "queued",
+            MsgState::Injecting => "injecting",
+            MsgState::Injected => "injected",
+            MsgState::Held => "held",
+            MsgState::Consumed => "consumed",
+            MsgState::Failed(_) => "failed",
+        }
+    }
+
+    /// The failure reason, if failed.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            MsgState::Failed(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Rebuilds a state from its name and reason (the store's two columns).
+    pub fn from_parts(name: &str, reason: Option<String>) -> Result<Self, FleetError> {
+        Ok(match name {
+            "queued" => MsgState::Queued,
+            "injecting" => MsgState::Injecting,
+            "injected" => MsgState::Injected,
+            "held" => MsgState::Held,
+            "consumed" => MsgState::Consumed,
+            "failed" => MsgState::Failed(reason.unwrap_or_default()),
+            other => return Err(FleetError::internal(format!("unknown message state '{other}'"))),
+        })
+    }
+
+    /// Whether a message in this state may move to `next`. Terminal states move nowhere; a
+    /// queued brief may be handed to its recipient's open poll (`held`) instead of typed.
+    pub fn can_become(&self, next: &MsgState) -> bool {
+        use MsgState::*;
+        matches!(
+            (self, next),
+            (Queued, Injecting | Held | Failed(_))
+                | (Injecting, Injected | Failed(_))
+                | (Held, Consumed | Failed(_))
+        )
+    }
+
+    /// Whether the message has reached the end of its life.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, MsgState::Injected | MsgState::Consumed | MsgState::Failed(_))
+    }
+}
+
+impl fmt::Display for MsgState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MsgState::Failed(reason) => write!(f, "failed({reason})"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+/// One message as the local plane stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Unique id; the dedup key.
+    pub msg_id: MsgId,
+    /// The flow this message belongs to.
+    pub trace_id: TraceId,
+    /// What it is.
+    pub kind: Kind,
+    /// Sender.
+    pub from: Gid,
+    /// Recipient.
+    pub to: Gid,
+    /// The message this one answers, if any.
+    pub in_reply_to: Option<MsgId>,
+    /// The text.
+    pub body: String,
+    /// Where it is in its life.
+    pub state: MsgState,
+    /// When it was accepted, in milliseconds since the Unix epoch.
+    pub created_ms: i64,
+}
+
+/// Rejects a body over `limit` bytes with an error that names both sizes.
+pub fn check_size(body: &str, limit: usize) -> Result<(), FleetError> {
+    if body.len() > limit {
+        return Err(FleetError::new(
+            ErrorCode::TooLarge,
+            format!(
+                "the message is {} bytes; the limit is {limit} bytes (gateway.max_message_bytes)",
+                body.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_twelve_kinds_round_trip() {
+        for kind in Kind::ALL {
+            assert_eq!(kind.as_str().parse::<Kind>().unwrap(), kind);
+        }
+        assert!("SHOUT".parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn states_round_trip_with_reasons() {
+        let failed = MsgState::Failed("not submitted".into());
+        assert_eq!(failed.to_string(), "failed(not submitted)");
+        let back = MsgState::from_parts(failed.name(), failed.reason().map(String::from)).unwrap();
+        assert_eq!(back, failed);
+        assert!(MsgState::from_parts("lost", None).is_err());
+    }
+
+    #[test]
+    fn forward_path_never_goes_back() {
+        assert!(MsgState::Queued.can_become(&MsgState::Injecting));
+        assert!(MsgState::Injecting.can_become(&MsgState::Injected));
+        assert!(!MsgState::Injecting.can_become(&MsgState::Queued));
+        assert!(!MsgState::Injected.can_become(&MsgState::Injecting));
+        assert!(!MsgState::Consumed.can_become(&MsgState::Held));
+        assert!(MsgState::Held.can_become(&MsgState::Consumed));
+        assert!(MsgState::Failed("x".into()).is_terminal());
+    }
+
+    #[test]
+    fn size_limit_names_both_sizes() {
+        assert!(check_size("abc", 3).is_ok());
+        let err = check_size("abcd", 3).unwrap_err();
+        assert_eq!(err.code, ErrorCode::TooLarge);
+        assert!(err.message.contains("4 bytes") && err.message.contains("3 bytes"));
+    }
+}

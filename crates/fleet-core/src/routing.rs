@@ -1,0 +1,114 @@
+//! The routing decision: is a recipient local, remote, or unknown?
+//!
+//! Same-host traffic takes the local plane and never touches a broker; a remote recipient is
+//! published by its gid; an unknown one is a clear error. The decision is made here, once, for
+//! every send, so a second delivery path slots in beside the first instead of replacing it.
+
+use crate::entity::Entity;
+use crate::error::{ErrorCode, FleetError};
+use crate::ids::Gid;
+
+/// Where a message to a recipient goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route<'a> {
+    /// The recipient lives on this gateway's host.
+    Local(&'a Entity),
+    /// The recipient lives on another host.
+    Remote(&'a Entity),
+}
+
+/// Resolves `to` (a gid, a name, or `name@host`) against `roster` as seen from `local_host`.
+/// A bare name prefers the local entity; a bare name held only by several remote entities is
+/// ambiguous and asks for `name@host`.
+pub fn resolve<'a>(roster: &'a [Entity], local_host: &str, to: &str) -> Result<Route<'a>, FleetError> {
+    let to = to.trim();
+    let found = if let Ok(gid) = to.parse::<Gid>() {
+        roster.iter().find(|e| e.gid == gid)
+    } else if let Some((name, host)) = to.split_once('@') {
+        roster.iter().find(|e| e.name == name && e.host == host)
+    } else {
+        let local = roster.iter().find(|e| e.name == to && e.host == local_host);
+        match local {
+            Some(entity) => Some(entity),
+            None => {
+                let mut remote = roster.iter().filter(|e| e.name == to);
+                match (remote.next(), remote.next()) {
+                    (Some(_), Some(_)) => {
+                        return Err(FleetError::invalid(format!(
+                            "the name '{to}' is held on several hosts: address it as name@host or by gid"
+                        )));
+                    }
+                    (first, _) => first,
+                }
+            }
+        }
+    };
+    match found {
+        Some(entity) if entity.host == local_host => Ok(Route::Local(entity)),
+        Some(entity) => Ok(Route::Remote(entity)),
+        None => Err(unknown_recipient(roster, to)),
+    }
+}
+
+fn unknown_recipient(roster: &[Entity], to: &str) -> FleetError {
+    let mut names: Vec<&str> = roster.iter().map(|e| e.name.as_str()).collect();
+    names.sort_unstable();
+    let known = if names.is_empty() {
+        "nobody".to_string()
+    } else {
+        names.join(", ")
+    };
+    FleetError::new(
+        ErrorCode::UnknownRecipient,
+        format!("no entity is named or has the id '{to}' (known: {known}); see fleet_list"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entity::Role;
+
+    fn entity(name: &str, host: &str) -> Entity {
+        Entity {
+            gid: Gid::mint(),
+            name: name.into(),
+            host: host.into(),
+            role: Role::Worker,
+            profile: None,
+            groups: vec![],
+            parent: None,
+        }
+    }
+
+    #[test]
+    fn local_by_name_and_gid() {
+        let roster = vec![entity("w1", "a"), entity("w2", "a")];
+        assert_eq!(resolve(&roster, "a", "w2").unwrap(), Route::Local(&roster[1]));
+        let by_gid = roster[0].gid.to_string();
+        assert_eq!(resolve(&roster, "a", &by_gid).unwrap(), Route::Local(&roster[0]));
+    }
+
+    #[test]
+    fn remote_and_host_qualified() {
+        let roster = vec![entity("w1", "a"), entity("w1", "b"), entity("w9", "b")];
+        assert_eq!(resolve(&roster, "a", "w1").unwrap(), Route::Local(&roster[0]));
+        assert_eq!(resolve(&roster, "a", "w1@b").unwrap(), Route::Remote(&roster[1]));
+        assert_eq!(resolve(&roster, "a", "w9").unwrap(), Route::Remote(&roster[2]));
+    }
+
+    #[test]
+    fn ambiguous_remote_names_ask_for_a_host() {
+        let roster = vec![entity("w1", "b"), entity("w1", "c")];
+        let err = resolve(&roster, "a", "w1").unwrap_err();
+        assert!(err.message.contains("name@host"), "{err}");
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let roster = vec![entity("w2", "a"), entity("w1", "a")];
+        let err = resolve(&roster, "a", "ghost").unwrap_err();
+        assert_eq!(err.code, ErrorCode::UnknownRecipient);
+        assert!(err.message.contains("'ghost'") && err.message.contains("w1, w2"), "{err}");
+    }
+}

@@ -1,0 +1,161 @@
+//! The worker session state machine:
+//! `spawning → idle ⇄ busy (⇄ asking) → stopping → gone`.
+//!
+//! Delivery is gated on it: a brief is typed into a pane only while its worker is `idle`, and
+//! only one task is in flight per worker.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::FleetError;
+
+/// Where a pane-bound entity is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerStatus {
+    /// Its pane is up; it has not yet called in.
+    Spawning,
+    /// Ready for a task.
+    Idle,
+    /// A task is in flight.
+    Busy,
+    /// Paused mid-turn on a question to its lead.
+    Asking,
+    /// Being stopped; takes no new tasks.
+    Stopping,
+    /// Its pane is closed or its program exited.
+    Gone,
+}
+
+/// What happens to a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Its first authenticated call (or its ready marker) arrived.
+    Ready,
+    /// A task was handed to it.
+    TaskStarted,
+    /// It answered its task.
+    TurnDone,
+    /// It asked its lead mid-turn.
+    Asked,
+    /// Its ask was answered, timed out or refused.
+    AskEnded,
+    /// A stop was requested.
+    Stop,
+    /// Its pane went away (program exited, pane closed, ready timeout).
+    Exited,
+}
+
+impl WorkerStatus {
+    /// The status's name on the wire and in the store.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerStatus::Spawning => "spawning",
+            WorkerStatus::Idle => "idle",
+            WorkerStatus::Busy => "busy",
+            WorkerStatus::Asking => "asking",
+            WorkerStatus::Stopping => "stopping",
+            WorkerStatus::Gone => "gone",
+        }
+    }
+
+    /// The status after `event`, or an error naming the impossible transition.
+    pub fn on(self, event: SessionEvent) -> Result<WorkerStatus, FleetError> {
+        use SessionEvent as E;
+        use WorkerStatus as S;
+        let next = match (self, event) {
+            (S::Gone, _) => None,
+            (_, E::Exited) => Some(S::Gone),
+            (S::Stopping, _) => None,
+            (_, E::Stop) => Some(S::Stopping),
+            (S::Spawning, E::Ready) => Some(S::Idle),
+            (S::Idle, E::TaskStarted) => Some(S::Busy),
+            (S::Busy, E::TurnDone) => Some(S::Idle),
+            (S::Busy, E::Asked) => Some(S::Asking),
+            (S::Asking, E::AskEnded) => Some(S::Busy),
+            (S::Asking, E::TurnDone) => Some(S::Idle),
+            _ => None,
+        };
+        next.ok_or_else(|| {
+            FleetError::internal(format!("a session that is {self} cannot take {event:?}"))
+        })
+    }
+
+    /// Whether a brief may be typed into the pane now.
+    pub fn takes_tasks(self) -> bool {
+        self == WorkerStatus::Idle
+    }
+
+    /// Whether the session still exists for messaging (it may queue tasks).
+    pub fn is_live(self) -> bool {
+        !matches!(self, WorkerStatus::Stopping | WorkerStatus::Gone)
+    }
+}
+
+impl fmt::Display for WorkerStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WorkerStatus {
+    type Err = FleetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        use WorkerStatus as S;
+        [S::Spawning, S::Idle, S::Busy, S::Asking, S::Stopping, S::Gone]
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| FleetError::internal(format!("unknown session status '{s}'")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use SessionEvent as E;
+    use WorkerStatus as S;
+
+    #[test]
+    fn a_normal_life() {
+        let mut status = S::Spawning;
+        for (event, expected) in [
+            (E::Ready, S::Idle),
+            (E::TaskStarted, S::Busy),
+            (E::Asked, S::Asking),
+            (E::AskEnded, S::Busy),
+            (E::TurnDone, S::Idle),
+            (E::Stop, S::Stopping),
+            (E::Exited, S::Gone),
+        ] {
+            status = status.on(event).unwrap();
+            assert_eq!(status, expected);
+        }
+    }
+
+    #[test]
+    fn one_task_at_a_time() {
+        assert!(S::Busy.on(E::TaskStarted).is_err());
+        assert!(S::Spawning.on(E::TaskStarted).is_err());
+        assert!(S::Idle.takes_tasks());
+        assert!(!S::Busy.takes_tasks());
+    }
+
+    #[test]
+    fn gone_is_final_and_stopping_takes_nothing_new() {
+        for event in [E::Ready, E::TaskStarted, E::Stop, E::Exited] {
+            assert!(S::Gone.on(event).is_err());
+        }
+        assert!(S::Stopping.on(E::TaskStarted).is_err());
+        assert_eq!(S::Stopping.on(E::Exited).unwrap(), S::Gone);
+        assert_eq!(S::Busy.on(E::Exited).unwrap(), S::Gone);
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        for status in [S::Spawning, S::Idle, S::Busy, S::Asking, S::Stopping, S::Gone] {
+            assert_eq!(status.as_str().parse::<S>().unwrap(), status);
+        }
+    }
+}
