@@ -1,0 +1,127 @@
+//! The local plane's durable state: entities (with their session status and pane), token
+//! hashes, and every message with its state.
+//!
+//! [`Store`] is the storage-neutral contract; [`SqliteStore`] keeps it in one SQLite file in
+//! WAL mode. Calls are synchronous and short: the daemon runs them off its async threads.
+//! This crate never decides *what* to deliver; it only records, and answers queries atomically.
+
+mod schema;
+mod sqlite;
+
+use fleet_core::{Entity, Gid, Message, MsgId, MsgState, WorkerStatus};
+
+pub use sqlite::SqliteStore;
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database said no.
+    #[error("state database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A live entity already has this name.
+    #[error("the name '{0}' is already taken by a live entity")]
+    NameTaken(String),
+    /// A row does not parse; the database was changed behind fleetd's back.
+    #[error("state database holds a bad row: {0}")]
+    Corrupt(String),
+    /// The state dir was written by a newer fleetd.
+    #[error("state database schema {found} is newer than this fleetd understands ({known})")]
+    NewerSchema {
+        /// The version on disk.
+        found: i64,
+        /// The newest version this build knows.
+        known: i64,
+    },
+    /// A message was asked to move to a state it cannot reach from where it is.
+    #[error("message {msg_id} cannot go from {from} to {to}")]
+    BadTransition {
+        /// The message.
+        msg_id: MsgId,
+        /// Its state now.
+        from: String,
+        /// The state asked for.
+        to: String,
+    },
+    /// No such message.
+    #[error("no message {0}")]
+    NoMessage(MsgId),
+}
+
+/// A result of a store call.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// An entity with its session state, as kept in the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntityRecord {
+    /// Who it is.
+    pub entity: Entity,
+    /// Where it is in its life (leads are always `idle`).
+    pub status: WorkerStatus,
+    /// The pane host's id of its pane, for pane-bound entities.
+    pub pane: Option<String>,
+    /// When it was created, in Unix milliseconds.
+    pub created_ms: i64,
+}
+
+/// The durable state of one gateway. Every method is atomic; none blocks for long.
+pub trait Store: Send + Sync + 'static {
+    /// Returns the gid of the lead `name`, minting it on first use (fixed from then on).
+    /// Updates the lead's groups and host to those given.
+    fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid>;
+
+    /// Records the hash of a bearer token for `gid`. With `replace`, every earlier token of
+    /// `gid` stops working in the same transaction.
+    fn put_token(&self, gid: Gid, hash: &[u8; 32], replace: bool) -> StoreResult<()>;
+
+    /// The gid a token hash belongs to, if any.
+    fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>>;
+
+    /// Makes every token of `gid` stop working.
+    fn revoke_tokens(&self, gid: Gid) -> StoreResult<()>;
+
+    /// Adds a pane-bound entity. Fails with [`StoreError::NameTaken`] if a live entity has its
+    /// name.
+    fn insert_entity(&self, record: &EntityRecord) -> StoreResult<()>;
+
+    /// One entity, live or gone.
+    fn entity(&self, gid: Gid) -> StoreResult<Option<EntityRecord>>;
+
+    /// Every entity that is not gone, in the order they were added.
+    fn live_entities(&self) -> StoreResult<Vec<EntityRecord>>;
+
+    /// Records a session's status and, when given, its pane.
+    fn set_session(&self, gid: Gid, status: WorkerStatus, pane: Option<&str>) -> StoreResult<()>;
+
+    /// Accepts a message. Returns false (and changes nothing) if its id was seen before: the
+    /// dedup on every path.
+    fn insert_message(&self, message: &Message) -> StoreResult<bool>;
+
+    /// Moves a message to `next`, refusing transitions the message rules forbid.
+    fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()>;
+
+    /// One message, in whatever state.
+    fn message(&self, msg_id: MsgId) -> StoreResult<Option<Message>>;
+
+    /// Takes the oldest queued message for `to` off its queue, moving it to `next` (injecting,
+    /// or held when an open poll will take it), in one transaction.
+    fn dequeue(&self, to: Gid, next: &MsgState) -> StoreResult<Option<Message>>;
+
+    /// Drains up to `limit` held messages for `to` (only those from `from`, when given), oldest
+    /// first, marking them consumed in the same transaction: each is handed out once.
+    fn take_held(&self, to: Gid, from: Option<Gid>, limit: usize) -> StoreResult<Vec<Message>>;
+
+    /// Drains the held message for `to` that answers `in_reply_to` (a reply or a failure
+    /// notice), if one has arrived.
+    fn take_answer(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<Option<Message>>;
+
+    /// How many messages are held for `to`.
+    fn held_count(&self, to: Gid) -> StoreResult<usize>;
+
+    /// Fails every queued or injecting message to `to` with `reason`; returns them so their
+    /// senders can be told.
+    fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
+
+    /// At start-up: fails every message a previous run left `injecting` (it may or may not have
+    /// reached its pane; at-most-once means it is never retried) and returns them.
+    fn fail_interrupted(&self, reason: &str) -> StoreResult<Vec<Message>>;
+}

@@ -1,0 +1,463 @@
+//! [`Store`] on one SQLite file in WAL mode.
+//!
+//! WAL with `synchronous=NORMAL` survives a crash of fleetd itself (kill -9): a committed
+//! transaction is in the OS's hands before the call returns. It does not fsync every commit, so
+//! a power cut may lose the last moments; that is the price of thousands of messages a second.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::schema::migrate;
+use crate::{EntityRecord, Store, StoreError, StoreResult};
+
+/// How long a writer waits for another process (say `fleetd token`) to finish its write.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+const MESSAGE_COLUMNS: &str =
+    "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms";
+const ENTITY_COLUMNS: &str =
+    "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
+
+/// The SQLite-backed store. One connection, serialised by a mutex: every call is a short
+/// transaction, so contention costs microseconds.
+pub struct SqliteStore {
+    /// The one connection; SQLite connections are not shareable across threads at once.
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        migrate(&mut conn)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave a half-done transaction behind (rusqlite
+        // rolls back on drop), so a poisoned lock is still safe to use.
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn parse<T: std::str::FromStr>(text: &str, what: &str) -> StoreResult<T> {
+    text.parse()
+        .map_err(|_| corrupt(format!("{what} '{text}' does not parse")))
+}
+
+/// The raw columns of a message row, read before any parsing so the row closure stays
+/// infallible in the domain sense.
+struct RawMessage {
+    msg_id: String,
+    trace_id: String,
+    kind: String,
+    from: String,
+    to: String,
+    in_reply_to: Option<String>,
+    body: String,
+    state: String,
+    reason: Option<String>,
+    created_ms: i64,
+}
+
+impl RawMessage {
+    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            msg_id: row.get(0)?,
+            trace_id: row.get(1)?,
+            kind: row.get(2)?,
+            from: row.get(3)?,
+            to: row.get(4)?,
+            in_reply_to: row.get(5)?,
+            body: row.get(6)?,
+            state: row.get(7)?,
+            reason: row.get(8)?,
+            created_ms: row.get(9)?,
+        })
+    }
+
+    fn parse(self) -> StoreResult<Message> {
+        Ok(Message {
+            msg_id: parse(&self.msg_id, "msg_id")?,
+            trace_id: parse(&self.trace_id, "trace_id")?,
+            kind: self.kind.parse::<Kind>().map_err(corrupt)?,
+            from: parse(&self.from, "from_gid")?,
+            to: parse(&self.to, "to_gid")?,
+            in_reply_to: self
+                .in_reply_to
+                .as_deref()
+                .map(|id| parse(id, "in_reply_to"))
+                .transpose()?,
+            body: self.body,
+            state: MsgState::from_parts(&self.state, self.reason).map_err(corrupt)?,
+            created_ms: self.created_ms,
+        })
+    }
+}
+
+struct RawEntity {
+    gid: String,
+    name: String,
+    role: String,
+    host: String,
+    profile: Option<String>,
+    groups_json: String,
+    parent: Option<String>,
+    pane: Option<String>,
+    status: String,
+    created_ms: i64,
+}
+
+impl RawEntity {
+    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            gid: row.get(0)?,
+            name: row.get(1)?,
+            role: row.get(2)?,
+            host: row.get(3)?,
+            profile: row.get(4)?,
+            groups_json: row.get(5)?,
+            parent: row.get(6)?,
+            pane: row.get(7)?,
+            status: row.get(8)?,
+            created_ms: row.get(9)?,
+        })
+    }
+
+    fn parse(self) -> StoreResult<EntityRecord> {
+        Ok(EntityRecord {
+            entity: Entity {
+                gid: parse(&self.gid, "gid")?,
+                name: self.name,
+                host: self.host,
+                role: self.role.parse::<Role>().map_err(corrupt)?,
+                profile: self.profile,
+                groups: serde_json::from_str(&self.groups_json).map_err(corrupt)?,
+                parent: self
+                    .parent
+                    .as_deref()
+                    .map(|gid| parse(gid, "parent"))
+                    .transpose()?,
+            },
+            status: self.status.parse::<WorkerStatus>().map_err(corrupt)?,
+            pane: self.pane,
+            created_ms: self.created_ms,
+        })
+    }
+}
+
+fn query_messages(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> StoreResult<Vec<Message>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let raws = stmt
+        .query_map(params, RawMessage::read)?
+        .collect::<Result<Vec<_>, _>>()?;
+    raws.into_iter().map(RawMessage::parse).collect()
+}
+
+fn groups_json(groups: &[String]) -> StoreResult<String> {
+    serde_json::to_string(groups).map_err(corrupt)
+}
+
+fn is_unique_violation(err: &rusqlite::Error) -> bool {
+    matches!(
+        err,
+        rusqlite::Error::SqliteFailure(e, _) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+    )
+}
+
+impl Store for SqliteStore {
+    fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let groups = groups_json(groups)?;
+        let now = now_ms();
+        let existing: Option<String> = tx
+            .query_row(
+                "SELECT gid FROM entities WHERE role = 'lead' AND name = ?1",
+                [name],
+                |row| row.get(0),
+            )
+            .optional()?;
+        let gid = match existing {
+            Some(gid) => {
+                tx.execute(
+                    "UPDATE entities SET host = ?2, groups_json = ?3, updated_ms = ?4 WHERE gid = ?1",
+                    params![gid, host, groups, now],
+                )?;
+                parse(&gid, "gid")?
+            }
+            None => {
+                let gid = Gid::mint();
+                let inserted = tx.execute(
+                    "INSERT INTO entities (gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, updated_ms)
+                     VALUES (?1, ?2, 'lead', ?3, NULL, ?4, NULL, NULL, 'idle', ?5, ?5)",
+                    params![gid.to_string(), name, host, groups, now],
+                );
+                match inserted {
+                    Err(e) if is_unique_violation(&e) => {
+                        return Err(StoreError::NameTaken(name.to_string()));
+                    }
+                    other => other?,
+                };
+                gid
+            }
+        };
+        tx.commit()?;
+        Ok(gid)
+    }
+
+    fn put_token(&self, gid: Gid, hash: &[u8; 32], replace: bool) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        if replace {
+            tx.execute("DELETE FROM tokens WHERE gid = ?1", [gid.to_string()])?;
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO tokens (hash, gid, created_ms) VALUES (?1, ?2, ?3)",
+            params![hash.as_slice(), gid.to_string(), now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT gid FROM tokens WHERE hash = ?1")?;
+        let gid: Option<String> = stmt
+            .query_row([hash.as_slice()], |row| row.get(0))
+            .optional()?;
+        gid.map(|gid| parse(&gid, "gid")).transpose()
+    }
+
+    fn revoke_tokens(&self, gid: Gid) -> StoreResult<()> {
+        self.conn()
+            .execute("DELETE FROM tokens WHERE gid = ?1", [gid.to_string()])?;
+        Ok(())
+    }
+
+    fn insert_entity(&self, record: &EntityRecord) -> StoreResult<()> {
+        let entity = &record.entity;
+        let result = self.conn().execute(
+            "INSERT INTO entities (gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+            params![
+                entity.gid.to_string(),
+                entity.name,
+                entity.role.as_str(),
+                entity.host,
+                entity.profile,
+                groups_json(&entity.groups)?,
+                entity.parent.map(|gid| gid.to_string()),
+                record.pane,
+                record.status.as_str(),
+                record.created_ms,
+            ],
+        );
+        match result {
+            Err(e) if is_unique_violation(&e) => Err(StoreError::NameTaken(entity.name.clone())),
+            other => other.map(|_| ()).map_err(StoreError::from),
+        }
+    }
+
+    fn entity(&self, gid: Gid) -> StoreResult<Option<EntityRecord>> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT {ENTITY_COLUMNS} FROM entities WHERE gid = ?1"))?;
+        let raw = stmt
+            .query_row([gid.to_string()], RawEntity::read)
+            .optional()?;
+        raw.map(RawEntity::parse).transpose()
+    }
+
+    fn live_entities(&self) -> StoreResult<Vec<EntityRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {ENTITY_COLUMNS} FROM entities WHERE status != 'gone' ORDER BY rowid"
+        ))?;
+        let raws = stmt
+            .query_map([], RawEntity::read)?
+            .collect::<Result<Vec<_>, _>>()?;
+        raws.into_iter().map(RawEntity::parse).collect()
+    }
+
+    fn set_session(&self, gid: Gid, status: WorkerStatus, pane: Option<&str>) -> StoreResult<()> {
+        self.conn().execute(
+            "UPDATE entities SET status = ?2, pane = COALESCE(?3, pane), updated_ms = ?4 WHERE gid = ?1",
+            params![gid.to_string(), status.as_str(), pane, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    fn insert_message(&self, m: &Message) -> StoreResult<bool> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "INSERT OR IGNORE INTO messages
+             (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+        )?;
+        let inserted = stmt.execute(params![
+            m.msg_id.to_string(),
+            m.trace_id.to_string(),
+            m.kind.as_str(),
+            m.from.to_string(),
+            m.to.to_string(),
+            m.in_reply_to.map(|id| id.to_string()),
+            m.body,
+            m.state.name(),
+            m.state.reason(),
+            m.created_ms,
+        ])?;
+        Ok(inserted == 1)
+    }
+
+    fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let current: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT state, reason FROM messages WHERE msg_id = ?1",
+                [msg_id.to_string()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()?;
+        let (name, reason) = current.ok_or(StoreError::NoMessage(msg_id))?;
+        let current = MsgState::from_parts(&name, reason).map_err(corrupt)?;
+        if !current.can_become(next) {
+            return Err(StoreError::BadTransition {
+                msg_id,
+                from: current.to_string(),
+                to: next.to_string(),
+            });
+        }
+        tx.execute(
+            "UPDATE messages SET state = ?2, reason = ?3, updated_ms = ?4 WHERE msg_id = ?1",
+            params![msg_id.to_string(), next.name(), next.reason(), now_ms()],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn message(&self, msg_id: MsgId) -> StoreResult<Option<Message>> {
+        let conn = self.conn();
+        let mut found = query_messages(
+            &conn,
+            &format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE msg_id = ?1"),
+            [msg_id.to_string()],
+        )?;
+        Ok(found.pop())
+    }
+
+    fn dequeue(&self, to: Gid, next: &MsgState) -> StoreResult<Option<Message>> {
+        let conn = self.conn();
+        let mut taken = query_messages(
+            &conn,
+            &format!(
+                "UPDATE messages SET state = ?2, reason = ?3, updated_ms = ?4
+                 WHERE seq = (SELECT seq FROM messages WHERE to_gid = ?1 AND state = 'queued' ORDER BY seq LIMIT 1)
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![to.to_string(), next.name(), next.reason(), now_ms()],
+        )?;
+        Ok(taken.pop())
+    }
+
+    fn take_held(&self, to: Gid, from: Option<Gid>, limit: usize) -> StoreResult<Vec<Message>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let filter = "to_gid = ?1 AND state = 'held' AND (?2 IS NULL OR from_gid = ?2)";
+        let to = to.to_string();
+        let from = from.map(|g| g.to_string());
+        let taken = query_messages(
+            &tx,
+            &format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE {filter} ORDER BY seq LIMIT ?3"),
+            params![to, from, limit],
+        )?;
+        if let Some(last) = taken.last() {
+            // The rows selected are exactly the matching ones up to the last one's seq.
+            tx.execute(
+                &format!(
+                    "UPDATE messages SET state = 'consumed', updated_ms = ?4 WHERE {filter}
+                     AND seq <= (SELECT seq FROM messages WHERE msg_id = ?3)"
+                ),
+                params![to, from, last.msg_id.to_string(), now_ms()],
+            )?;
+        }
+        tx.commit()?;
+        Ok(taken)
+    }
+
+    fn take_answer(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<Option<Message>> {
+        let conn = self.conn();
+        let mut taken = query_messages(
+            &conn,
+            &format!(
+                "UPDATE messages SET state = 'consumed', updated_ms = ?3
+                 WHERE seq = (SELECT seq FROM messages
+                              WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
+                              ORDER BY seq LIMIT 1)
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![to.to_string(), in_reply_to.to_string(), now_ms()],
+        )?;
+        Ok(taken.pop())
+    }
+
+    fn held_count(&self, to: Gid) -> StoreResult<usize> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached("SELECT COUNT(*) FROM messages WHERE to_gid = ?1 AND state = 'held'")?;
+        let count: i64 = stmt.query_row([to.to_string()], |row| row.get(0))?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>> {
+        let conn = self.conn();
+        query_messages(
+            &conn,
+            &format!(
+                "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
+                 WHERE to_gid = ?1 AND state IN ('queued', 'injecting')
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![to.to_string(), reason, now_ms()],
+        )
+    }
+
+    fn fail_interrupted(&self, reason: &str) -> StoreResult<Vec<Message>> {
+        let conn = self.conn();
+        query_messages(
+            &conn,
+            &format!(
+                "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
+                 WHERE state = 'injecting'
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![reason, now_ms()],
+        )
+    }
+}

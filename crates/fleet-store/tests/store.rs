@@ -1,0 +1,215 @@
+//! The SQLite store against a real database file in a temp dir.
+
+use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
+use fleet_store::{EntityRecord, SqliteStore, Store, StoreError};
+
+fn open(dir: &tempfile::TempDir) -> SqliteStore {
+    SqliteStore::open(&dir.path().join("fleet.db")).unwrap()
+}
+
+fn message(from: Gid, to: Gid, state: MsgState, body: &str) -> Message {
+    Message {
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        kind: Kind::Send,
+        from,
+        to,
+        in_reply_to: None,
+        body: body.into(),
+        state,
+        created_ms: 1,
+    }
+}
+
+fn worker(name: &str, parent: Gid) -> EntityRecord {
+    EntityRecord {
+        entity: Entity {
+            gid: Gid::mint(),
+            name: name.into(),
+            host: "h".into(),
+            role: Role::Worker,
+            profile: Some("sim".into()),
+            groups: vec!["core".into()],
+            parent: Some(parent),
+        },
+        status: WorkerStatus::Spawning,
+        pane: None,
+        created_ms: 5,
+    }
+}
+
+#[test]
+fn a_leads_gid_is_fixed_at_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(&dir).ensure_lead("alice", "h", &[]).unwrap();
+    let store = open(&dir);
+    assert_eq!(store.ensure_lead("alice", "h", &["core".into()]).unwrap(), first);
+    assert_ne!(store.ensure_lead("bob", "h", &[]).unwrap(), first);
+    let alice = store.entity(first).unwrap().unwrap();
+    assert_eq!(alice.entity.groups, vec!["core".to_string()]);
+    assert_eq!(alice.entity.role, Role::Lead);
+}
+
+#[test]
+fn rotating_a_token_revokes_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let gid = store.ensure_lead("alice", "h", &[]).unwrap();
+    store.put_token(gid, &[1; 32], false).unwrap();
+    assert_eq!(store.gid_for_token(&[1; 32]).unwrap(), Some(gid));
+    store.put_token(gid, &[2; 32], true).unwrap();
+    assert_eq!(store.gid_for_token(&[1; 32]).unwrap(), None);
+    assert_eq!(store.gid_for_token(&[2; 32]).unwrap(), Some(gid));
+    store.revoke_tokens(gid).unwrap();
+    assert_eq!(store.gid_for_token(&[2; 32]).unwrap(), None);
+}
+
+#[test]
+fn live_names_are_unique_until_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let lead = store.ensure_lead("alice", "h", &[]).unwrap();
+    let first = worker("w1", lead);
+    store.insert_entity(&first).unwrap();
+    assert!(matches!(
+        store.insert_entity(&worker("w1", lead)),
+        Err(StoreError::NameTaken(name)) if name == "w1"
+    ));
+    assert!(matches!(
+        store.insert_entity(&worker("alice", lead)),
+        Err(StoreError::NameTaken(_))
+    ));
+    store.set_session(first.entity.gid, WorkerStatus::Idle, Some("%3")).unwrap();
+    let back = store.entity(first.entity.gid).unwrap().unwrap();
+    assert_eq!((back.status, back.pane.as_deref()), (WorkerStatus::Idle, Some("%3")));
+    store.set_session(first.entity.gid, WorkerStatus::Gone, None).unwrap();
+    store.insert_entity(&worker("w1", lead)).unwrap();
+    let live: Vec<String> = store
+        .live_entities()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.entity.name)
+        .collect();
+    assert_eq!(live, vec!["alice", "w1"]);
+}
+
+#[test]
+fn a_message_id_is_accepted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let m = message(Gid::mint(), Gid::mint(), MsgState::Held, "hi");
+    assert!(store.insert_message(&m).unwrap());
+    assert!(!store.insert_message(&m).unwrap());
+    assert_eq!(store.held_count(m.to).unwrap(), 1);
+}
+
+#[test]
+fn queued_briefs_leave_in_order_and_never_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let first = message(lead, w, MsgState::Queued, "one");
+    let second = message(lead, w, MsgState::Queued, "two");
+    store.insert_message(&first).unwrap();
+    store.insert_message(&second).unwrap();
+    let taken = store.dequeue(w, &MsgState::Injecting).unwrap().unwrap();
+    assert_eq!(taken.body, "one");
+    assert_eq!(taken.state, MsgState::Injecting);
+    store.transition(first.msg_id, &MsgState::Injected).unwrap();
+    let err = store.transition(first.msg_id, &MsgState::Queued).unwrap_err();
+    assert!(err.to_string().contains("cannot go from injected to queued"), "{err}");
+    assert_eq!(store.dequeue(w, &MsgState::Held).unwrap().unwrap().body, "two");
+    assert!(store.dequeue(w, &MsgState::Injecting).unwrap().is_none());
+    assert!(matches!(
+        store.transition(MsgId::mint(), &MsgState::Injected),
+        Err(StoreError::NoMessage(_))
+    ));
+}
+
+#[test]
+fn held_replies_drain_exactly_once_oldest_first_and_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lead, w1, w2) = (Gid::mint(), Gid::mint(), Gid::mint());
+    let bodies = ["a", "b", "c", "d"];
+    {
+        let store = open(&dir);
+        for (i, body) in bodies.iter().enumerate() {
+            let from = if i % 2 == 0 { w1 } else { w2 };
+            store.insert_message(&message(from, lead, MsgState::Held, body)).unwrap();
+        }
+    }
+    let store = open(&dir);
+    let from_w2: Vec<String> = store
+        .take_held(lead, Some(w2), 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(from_w2, vec!["b", "d"]);
+    let first = store.take_held(lead, None, 1).unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].body, "a");
+    let rest: Vec<String> = store
+        .take_held(lead, None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(rest, vec!["c"]);
+    assert!(store.take_held(lead, None, 10).unwrap().is_empty());
+    let again = store.message(first[0].msg_id).unwrap().unwrap();
+    assert_eq!(again.state, MsgState::Consumed);
+}
+
+#[test]
+fn an_answer_is_found_by_what_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let task = message(lead, w, MsgState::Queued, "task");
+    store.insert_message(&task).unwrap();
+    assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
+    let mut reply = message(w, lead, MsgState::Held, "done");
+    reply.kind = Kind::Reply;
+    reply.in_reply_to = Some(task.msg_id);
+    store.insert_message(&reply).unwrap();
+    store.insert_message(&message(w, lead, MsgState::Held, "other")).unwrap();
+    let got = store.take_answer(lead, task.msg_id).unwrap().unwrap();
+    assert_eq!(got.body, "done");
+    assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
+    assert_eq!(store.held_count(lead).unwrap(), 1);
+}
+
+#[test]
+fn undelivered_and_interrupted_messages_fail_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let queued = message(lead, w, MsgState::Queued, "q");
+    let injecting = message(lead, w, MsgState::Injecting, "i");
+    let held = message(w, lead, MsgState::Held, "h");
+    for m in [&queued, &injecting, &held] {
+        store.insert_message(m).unwrap();
+    }
+    let interrupted = store.fail_interrupted("interrupted by a restart").unwrap();
+    assert_eq!(interrupted.len(), 1);
+    assert_eq!(
+        interrupted[0].state,
+        MsgState::Failed("interrupted by a restart".into())
+    );
+    let failed = store.fail_undelivered_to(w, "worker gone").unwrap();
+    assert_eq!(failed.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), vec!["q"]);
+    assert_eq!(store.held_count(lead).unwrap(), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let err = SqliteStore::open(&path).err().unwrap();
+    assert!(err.to_string().contains("schema 99 is newer"), "{err}");
+}
