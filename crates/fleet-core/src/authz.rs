@@ -108,7 +108,13 @@ mod tests {
 
     #[test]
     fn leads_may_do_everything() {
-        for tool in [Tool::List, Tool::Spawn, Tool::Stop, Tool::Broadcast, Tool::Consult] {
+        for tool in [
+            Tool::List,
+            Tool::Spawn,
+            Tool::Stop,
+            Tool::Broadcast,
+            Tool::Consult,
+        ] {
             assert!(permits(Role::Lead, tool));
         }
     }

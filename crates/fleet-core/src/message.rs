@@ -145,7 +145,11 @@ impl MsgState {
             "held" => MsgState::Held,
             "consumed" => MsgState::Consumed,
             "failed" => MsgState::Failed(reason.unwrap_or_default()),
-            other => return Err(FleetError::internal(format!("unknown message state '{other}'"))),
+            other => {
+                return Err(FleetError::internal(format!(
+                    "unknown message state '{other}'"
+                )));
+            }
         })
     }
 
@@ -163,7 +167,10 @@ impl MsgState {
 
     /// Whether the message has reached the end of its life.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, MsgState::Injected | MsgState::Consumed | MsgState::Failed(_))
+        matches!(
+            self,
+            MsgState::Injected | MsgState::Consumed | MsgState::Failed(_)
+        )
     }
 }
 

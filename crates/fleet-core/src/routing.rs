@@ -20,7 +20,11 @@ pub enum Route<'a> {
 /// Resolves `to` (a gid, a name, or `name@host`) against `roster` as seen from `local_host`.
 /// A bare name prefers the local entity; a bare name held only by several remote entities is
 /// ambiguous and asks for `name@host`.
-pub fn resolve<'a>(roster: &'a [Entity], local_host: &str, to: &str) -> Result<Route<'a>, FleetError> {
+pub fn resolve<'a>(
+    roster: &'a [Entity],
+    local_host: &str,
+    to: &str,
+) -> Result<Route<'a>, FleetError> {
     let to = to.trim();
     let found = if let Ok(gid) = to.parse::<Gid>() {
         roster.iter().find(|e| e.gid == gid)
@@ -84,17 +88,32 @@ mod tests {
     #[test]
     fn local_by_name_and_gid() {
         let roster = vec![entity("w1", "a"), entity("w2", "a")];
-        assert_eq!(resolve(&roster, "a", "w2").unwrap(), Route::Local(&roster[1]));
+        assert_eq!(
+            resolve(&roster, "a", "w2").unwrap(),
+            Route::Local(&roster[1])
+        );
         let by_gid = roster[0].gid.to_string();
-        assert_eq!(resolve(&roster, "a", &by_gid).unwrap(), Route::Local(&roster[0]));
+        assert_eq!(
+            resolve(&roster, "a", &by_gid).unwrap(),
+            Route::Local(&roster[0])
+        );
     }
 
     #[test]
     fn remote_and_host_qualified() {
         let roster = vec![entity("w1", "a"), entity("w1", "b"), entity("w9", "b")];
-        assert_eq!(resolve(&roster, "a", "w1").unwrap(), Route::Local(&roster[0]));
-        assert_eq!(resolve(&roster, "a", "w1@b").unwrap(), Route::Remote(&roster[1]));
-        assert_eq!(resolve(&roster, "a", "w9").unwrap(), Route::Remote(&roster[2]));
+        assert_eq!(
+            resolve(&roster, "a", "w1").unwrap(),
+            Route::Local(&roster[0])
+        );
+        assert_eq!(
+            resolve(&roster, "a", "w1@b").unwrap(),
+            Route::Remote(&roster[1])
+        );
+        assert_eq!(
+            resolve(&roster, "a", "w9").unwrap(),
+            Route::Remote(&roster[2])
+        );
     }
 
     #[test]
@@ -109,6 +128,9 @@ mod tests {
         let roster = vec![entity("w2", "a"), entity("w1", "a")];
         let err = resolve(&roster, "a", "ghost").unwrap_err();
         assert_eq!(err.code, ErrorCode::UnknownRecipient);
-        assert!(err.message.contains("'ghost'") && err.message.contains("w1, w2"), "{err}");
+        assert!(
+            err.message.contains("'ghost'") && err.message.contains("w1, w2"),
+            "{err}"
+        );
     }
 }

@@ -104,10 +104,17 @@ impl FromStr for WorkerStatus {
     type Err = FleetError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         use WorkerStatus as S;
-        [S::Spawning, S::Idle, S::Busy, S::Asking, S::Stopping, S::Gone]
-            .into_iter()
-            .find(|status| status.as_str() == s)
-            .ok_or_else(|| FleetError::internal(format!("unknown session status '{s}'")))
+        [
+            S::Spawning,
+            S::Idle,
+            S::Busy,
+            S::Asking,
+            S::Stopping,
+            S::Gone,
+        ]
+        .into_iter()
+        .find(|status| status.as_str() == s)
+        .ok_or_else(|| FleetError::internal(format!("unknown session status '{s}'")))
     }
 }
 
@@ -154,7 +161,14 @@ mod tests {
 
     #[test]
     fn statuses_round_trip() {
-        for status in [S::Spawning, S::Idle, S::Busy, S::Asking, S::Stopping, S::Gone] {
+        for status in [
+            S::Spawning,
+            S::Idle,
+            S::Busy,
+            S::Asking,
+            S::Stopping,
+            S::Gone,
+        ] {
             assert_eq!(status.as_str().parse::<S>().unwrap(), status);
         }
     }

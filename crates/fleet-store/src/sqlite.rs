@@ -45,7 +45,9 @@ impl SqliteStore {
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-done transaction behind (rusqlite
         // rolls back on drop), so a poisoned lock is still safe to use.
-        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -285,8 +287,9 @@ impl Store for SqliteStore {
 
     fn entity(&self, gid: Gid) -> StoreResult<Option<EntityRecord>> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare_cached(&format!("SELECT {ENTITY_COLUMNS} FROM entities WHERE gid = ?1"))?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {ENTITY_COLUMNS} FROM entities WHERE gid = ?1"
+        ))?;
         let raw = stmt
             .query_row([gid.to_string()], RawEntity::read)
             .optional()?;

@@ -43,7 +43,10 @@ fn a_leads_gid_is_fixed_at_first_start() {
     let dir = tempfile::tempdir().unwrap();
     let first = open(&dir).ensure_lead("alice", "h", &[]).unwrap();
     let store = open(&dir);
-    assert_eq!(store.ensure_lead("alice", "h", &["core".into()]).unwrap(), first);
+    assert_eq!(
+        store.ensure_lead("alice", "h", &["core".into()]).unwrap(),
+        first
+    );
     assert_ne!(store.ensure_lead("bob", "h", &[]).unwrap(), first);
     let alice = store.entity(first).unwrap().unwrap();
     assert_eq!(alice.entity.groups, vec!["core".to_string()]);
@@ -79,10 +82,17 @@ fn live_names_are_unique_until_gone() {
         store.insert_entity(&worker("alice", lead)),
         Err(StoreError::NameTaken(_))
     ));
-    store.set_session(first.entity.gid, WorkerStatus::Idle, Some("%3")).unwrap();
+    store
+        .set_session(first.entity.gid, WorkerStatus::Idle, Some("%3"))
+        .unwrap();
     let back = store.entity(first.entity.gid).unwrap().unwrap();
-    assert_eq!((back.status, back.pane.as_deref()), (WorkerStatus::Idle, Some("%3")));
-    store.set_session(first.entity.gid, WorkerStatus::Gone, None).unwrap();
+    assert_eq!(
+        (back.status, back.pane.as_deref()),
+        (WorkerStatus::Idle, Some("%3"))
+    );
+    store
+        .set_session(first.entity.gid, WorkerStatus::Gone, None)
+        .unwrap();
     store.insert_entity(&worker("w1", lead)).unwrap();
     let live: Vec<String> = store
         .live_entities()
@@ -116,9 +126,18 @@ fn queued_briefs_leave_in_order_and_never_go_back() {
     assert_eq!(taken.body, "one");
     assert_eq!(taken.state, MsgState::Injecting);
     store.transition(first.msg_id, &MsgState::Injected).unwrap();
-    let err = store.transition(first.msg_id, &MsgState::Queued).unwrap_err();
-    assert!(err.to_string().contains("cannot go from injected to queued"), "{err}");
-    assert_eq!(store.dequeue(w, &MsgState::Held).unwrap().unwrap().body, "two");
+    let err = store
+        .transition(first.msg_id, &MsgState::Queued)
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot go from injected to queued"),
+        "{err}"
+    );
+    assert_eq!(
+        store.dequeue(w, &MsgState::Held).unwrap().unwrap().body,
+        "two"
+    );
     assert!(store.dequeue(w, &MsgState::Injecting).unwrap().is_none());
     assert!(matches!(
         store.transition(MsgId::mint(), &MsgState::Injected),
@@ -135,7 +154,9 @@ fn held_replies_drain_exactly_once_oldest_first_and_survive_reopening() {
         let store = open(&dir);
         for (i, body) in bodies.iter().enumerate() {
             let from = if i % 2 == 0 { w1 } else { w2 };
-            store.insert_message(&message(from, lead, MsgState::Held, body)).unwrap();
+            store
+                .insert_message(&message(from, lead, MsgState::Held, body))
+                .unwrap();
         }
     }
     let store = open(&dir);
@@ -173,7 +194,9 @@ fn an_answer_is_found_by_what_it_answers() {
     reply.kind = Kind::Reply;
     reply.in_reply_to = Some(task.msg_id);
     store.insert_message(&reply).unwrap();
-    store.insert_message(&message(w, lead, MsgState::Held, "other")).unwrap();
+    store
+        .insert_message(&message(w, lead, MsgState::Held, "other"))
+        .unwrap();
     let got = store.take_answer(lead, task.msg_id).unwrap().unwrap();
     assert_eq!(got.body, "done");
     assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
@@ -198,7 +221,10 @@ fn undelivered_and_interrupted_messages_fail_loudly() {
         MsgState::Failed("interrupted by a restart".into())
     );
     let failed = store.fail_undelivered_to(w, "worker gone").unwrap();
-    assert_eq!(failed.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), vec!["q"]);
+    assert_eq!(
+        failed.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(),
+        vec!["q"]
+    );
     assert_eq!(store.held_count(lead).unwrap(), 1);
 }
 

@@ -1,0 +1,179 @@
+//! Typing a task into a pane and making sure it was submitted.
+//!
+//! The riskiest step of the whole system: Enter swallowed, text merged, agent not ready. So:
+//! paste the text (bracketed when the program asked for it), wait the profile's pause, press
+//! Enter as a separate key, and *verify* the submit, by the agent calling in or by the screen
+//! showing the input was taken; press Enter once more if not; else report not submitted.
+//! Verification, not fixed sleeps, is the mechanism.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, timeout_at};
+
+use crate::{MuxError, PaneHost, PaneId, Snapshot};
+
+/// The first pause between screen checks after Enter; doubled up to [`MAX_CHECK_INTERVAL`].
+const FIRST_CHECK_INTERVAL: Duration = Duration::from_millis(2);
+/// The longest pause between screen checks: each check costs a round trip to the host.
+const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a paste may take to show on screen before Enter is pressed anyway (a program that
+/// does not echo never shows it).
+const ECHO_WAIT: Duration = Duration::from_millis(250);
+
+/// How to type into one kind of program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectOptions {
+    /// Pause between the paste and Enter (some TUIs need time to take a paste in).
+    pub enter_pause: Duration,
+    /// How long to watch for the submit after each Enter.
+    pub verify_window: Duration,
+    /// Text the program shows when its input box is empty again (Claude Code: `❯` + NBSP).
+    /// With it, only that marker (or the agent calling in) proves a submit; without it, any
+    /// change of screen or cursor does.
+    pub submitted_marker: Option<String>,
+}
+
+/// How an injection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectOutcome {
+    /// The submit was seen; `retried` if it took a second Enter.
+    Submitted {
+        /// Whether the second Enter was needed.
+        retried: bool,
+    },
+    /// Neither Enter was seen to submit.
+    NotSubmitted,
+}
+
+/// Whether the screen after Enter shows the input was taken.
+pub fn looks_submitted(before: &Snapshot, after: &Snapshot, marker: Option<&str>) -> bool {
+    match marker {
+        Some(marker) => {
+            after.text.contains(marker) && (!before.text.contains(marker) || before != after)
+        }
+        None => before.cursor != after.cursor || before.text != after.text,
+    }
+}
+
+/// Types `text` into `pane` and verifies the submit. `activity` ticks whenever the pane's agent
+/// makes an authenticated call; a tick after Enter counts as a submit.
+pub async fn inject(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    text: &str,
+    options: &InjectOptions,
+    activity: &mut watch::Receiver<u64>,
+) -> Result<InjectOutcome, MuxError> {
+    let pre = host.snapshot(pane).await?;
+    host.paste(pane, text).await?;
+    // Compare against the screen *with* the paste on it, or the paste rendering late would
+    // pass for a submit.
+    let mut before = settle(host, pane, &pre).await?;
+    if !options.enter_pause.is_zero() {
+        sleep(options.enter_pause).await;
+        before = host.snapshot(pane).await?;
+    }
+    for attempt in 0..2 {
+        if attempt > 0 {
+            before = host.snapshot(pane).await?;
+        }
+        activity.borrow_and_update();
+        host.enter(pane).await?;
+        if watch_for_submit(host, pane, &before, options, activity).await? {
+            return Ok(InjectOutcome::Submitted {
+                retried: attempt > 0,
+            });
+        }
+        tracing::warn!(%pane, attempt, "Enter not seen to submit");
+    }
+    Ok(InjectOutcome::NotSubmitted)
+}
+
+/// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still;
+/// returns the last screen seen.
+async fn settle(host: &dyn PaneHost, pane: &PaneId, pre: &Snapshot) -> Result<Snapshot, MuxError> {
+    let deadline = Instant::now() + ECHO_WAIT;
+    let mut interval = FIRST_CHECK_INTERVAL;
+    let mut last = host.snapshot(pane).await?;
+    let mut moved = last != *pre;
+    while Instant::now() < deadline {
+        sleep(interval).await;
+        let next = host.snapshot(pane).await?;
+        if moved && next == last {
+            return Ok(next);
+        }
+        moved |= next != *pre;
+        last = next;
+        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+    }
+    Ok(last)
+}
+
+async fn watch_for_submit(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    before: &Snapshot,
+    options: &InjectOptions,
+    activity: &mut watch::Receiver<u64>,
+) -> Result<bool, MuxError> {
+    let deadline = Instant::now() + options.verify_window;
+    let mut interval = FIRST_CHECK_INTERVAL;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        let nap = interval.min(deadline - now);
+        // An agent calling in is proof enough; otherwise look at the screen after each nap.
+        match timeout_at(now + nap, activity.changed()).await {
+            Ok(Ok(())) => return Ok(true),
+            // The activity sender is gone: only the screen can tell from here on.
+            Ok(Err(_)) => sleep(nap).await,
+            Err(_) => {}
+        }
+        let after = host.snapshot(pane).await?;
+        if looks_submitted(before, &after, options.submitted_marker.as_deref()) {
+            return Ok(true);
+        }
+        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(cursor: (u32, u32), text: &str) -> Snapshot {
+        Snapshot {
+            cursor,
+            in_mode: false,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn without_a_marker_any_change_is_a_submit() {
+        let before = snap((5, 0), "> hello");
+        assert!(!looks_submitted(&before, &before.clone(), None));
+        assert!(looks_submitted(&before, &snap((2, 1), "> hello\n> "), None));
+        assert!(looks_submitted(&before, &snap((5, 0), "> hellp"), None));
+    }
+
+    #[test]
+    fn with_a_marker_only_the_empty_box_is_a_submit() {
+        let marker = Some("❯\u{a0}");
+        let before = snap((7, 3), "❯ hello");
+        // Enter became a newline inside the box: the screen changed, but no submit.
+        assert!(!looks_submitted(
+            &before,
+            &snap((2, 4), "❯ hello\n  "),
+            marker
+        ));
+        assert!(looks_submitted(
+            &before,
+            &snap((2, 3), "> hello\n❯\u{a0}"),
+            marker
+        ));
+    }
+}

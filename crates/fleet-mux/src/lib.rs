@@ -1,0 +1,116 @@
+//! Pane hosts: the terminal multiplexers fleetd spawns workers into and types tasks into.
+//!
+//! [`PaneHost`] is the one seam; [`tmux::Tmux`] drives a private tmux server. The injection
+//! procedure ([`inject::inject`]) is written once over the trait, so every host types, submits
+//! and verifies the same way. Nothing here knows about messages or MCP: a pane host moves
+//! keystrokes and screens, never meaning.
+
+pub mod inject;
+pub mod tmux;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+/// A pane host's id for one pane (tmux `%3`, herdr `w1:p2`): opaque, host-local.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PaneId(pub String);
+
+impl std::fmt::Display for PaneId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What to run in a new pane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaneSpec {
+    /// A label for the pane (tmux: the session name); unique among the host's live panes.
+    pub label: String,
+    /// The program and its arguments, run directly (no shell).
+    pub argv: Vec<String>,
+    /// Extra environment for the program.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+}
+
+/// Is a pane's program still running?
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaneLife {
+    /// Running.
+    Alive,
+    /// Its program exited (with this status, when the host knows it).
+    Exited(Option<i32>),
+}
+
+/// What a pane shows: its visible text and where the cursor is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Cursor column and row.
+    pub cursor: (u32, u32),
+    /// The pane is in a mode (tmux copy mode) and would eat keys.
+    pub in_mode: bool,
+    /// The visible text, one line per row.
+    pub text: String,
+}
+
+/// A pane host failure.
+#[derive(Debug, thiserror::Error)]
+pub enum MuxError {
+    /// The multiplexer's command could not be run at all.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The multiplexer refused a command.
+    #[error("{command} failed: {stderr}")]
+    Command {
+        /// The command.
+        command: String,
+        /// What it said.
+        stderr: String,
+    },
+    /// The pane is not there (closed, exited).
+    #[error("pane {0} is gone")]
+    NoPane(PaneId),
+    /// The multiplexer answered something we cannot read.
+    #[error("unexpected answer from {command}: {answer}")]
+    Protocol {
+        /// The command.
+        command: String,
+        /// The answer.
+        answer: String,
+    },
+}
+
+/// A terminal multiplexer holding the fleet's panes.
+///
+/// Contract: every method is cancel-safe (dropping the future leaves the host consistent, though
+/// keys already sent stay sent); none retries on its own; a pane that is gone yields
+/// [`MuxError::NoPane`] where the host can tell.
+#[async_trait]
+pub trait PaneHost: Send + Sync + 'static {
+    /// Starts `spec.argv` in a new pane with `spec.env` and `spec.cwd`; returns its id.
+    async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError>;
+
+    /// Pastes `text` into the pane, as a bracketed paste if the program asked for one. Does not
+    /// press Enter.
+    async fn paste(&self, pane: &PaneId, text: &str) -> Result<(), MuxError>;
+
+    /// Presses Enter in the pane.
+    async fn enter(&self, pane: &PaneId) -> Result<(), MuxError>;
+
+    /// What the pane shows now.
+    async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError>;
+
+    /// Every pane the host holds for this fleet, with whether its program still runs.
+    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError>;
+
+    /// Closes the pane, ending its program. Closing a pane that is gone is not an error.
+    async fn close(&self, pane: &PaneId) -> Result<(), MuxError>;
+}

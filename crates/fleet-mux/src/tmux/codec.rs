@@ -1,0 +1,288 @@
+//! tmux command lines and the answers to them. Pure: no processes, no I/O.
+//!
+//! tmux splits a command line at any argument that ends in `;` (and turns a trailing `\;` into
+//! a literal `;`), so every argument that carries user text goes through [`escape`].
+
+use std::collections::BTreeMap;
+
+use crate::{MuxError, PaneId, PaneLife, PaneSpec, Snapshot};
+
+/// The size of a new pane. Agents lay out their screens for this; big enough that a status
+/// line and an input box never wrap.
+pub const PANE_COLUMNS: u32 = 200;
+/// See [`PANE_COLUMNS`].
+pub const PANE_ROWS: u32 = 50;
+
+const SEP: &str = ";";
+
+/// Makes `arg` reach tmux verbatim even when it ends in `;`.
+pub fn escape(arg: &str) -> String {
+    match arg.strip_suffix(';') {
+        Some(head) => format!("{head}\\;"),
+        None => arg.to_string(),
+    }
+}
+
+fn strings(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+/// Starts the server if needed, keeps exited panes around so their exit is seen, and opens a
+/// detached session running `spec.argv`; prints the new pane's id.
+pub fn spawn_args(spec: &PaneSpec) -> Vec<String> {
+    let mut args = strings(&[
+        "start-server",
+        SEP,
+        "set-option",
+        "-g",
+        "remain-on-exit",
+        "on",
+        SEP,
+        "new-session",
+        "-d",
+        "-s",
+    ]);
+    args.push(escape(&spec.label));
+    args.extend(strings(&[
+        "-x",
+        &PANE_COLUMNS.to_string(),
+        "-y",
+        &PANE_ROWS.to_string(),
+    ]));
+    args.push("-c".into());
+    args.push(escape(&spec.cwd.to_string_lossy()));
+    for (key, value) in &spec.env {
+        args.push("-e".into());
+        args.push(escape(&format!("{key}={value}")));
+    }
+    args.extend(strings(&["-P", "-F", "#{pane_id}", "--"]));
+    args.extend(spec.argv.iter().map(|a| escape(a)));
+    args
+}
+
+/// Reads the pane id printed by [`spawn_args`].
+pub fn parse_pane_id(out: &str) -> Result<PaneId, MuxError> {
+    let id = out.trim();
+    if id.starts_with('%') && id.len() > 1 && !id.contains(char::is_whitespace) {
+        Ok(PaneId(id.to_string()))
+    } else {
+        Err(MuxError::Protocol {
+            command: "new-session".into(),
+            answer: out.to_string(),
+        })
+    }
+}
+
+/// Loads stdin into a named buffer and pastes it into `pane`, bracketed if the program asked
+/// for bracketed paste, deleting the buffer after.
+pub fn paste_args(pane: &PaneId, buffer: &str) -> Vec<String> {
+    strings(&[
+        "load-buffer",
+        "-b",
+        buffer,
+        "-",
+        SEP,
+        "paste-buffer",
+        "-p",
+        "-d",
+        "-b",
+        buffer,
+        "-t",
+        &pane.0,
+    ])
+}
+
+/// Presses Enter.
+pub fn enter_args(pane: &PaneId) -> Vec<String> {
+    strings(&["send-keys", "-t", &pane.0, "Enter"])
+}
+
+/// Types `text` literally, then Enter.
+pub fn type_line_args(pane: &PaneId, text: &str) -> Vec<String> {
+    let mut args = strings(&["send-keys", "-t", &pane.0, "-l", "--"]);
+    args.push(escape(text));
+    args.extend(strings(&[SEP, "send-keys", "-t", &pane.0, "Enter"]));
+    args
+}
+
+/// Cursor, mode and visible text of `pane`, in one round trip.
+pub fn snapshot_args(pane: &PaneId) -> Vec<String> {
+    strings(&[
+        "display-message",
+        "-p",
+        "-t",
+        &pane.0,
+        "#{cursor_x} #{cursor_y} #{pane_in_mode}",
+        SEP,
+        "capture-pane",
+        "-p",
+        "-t",
+        &pane.0,
+    ])
+}
+
+/// Reads the answer to [`snapshot_args`].
+pub fn parse_snapshot(args: &[String], out: &str) -> Result<Snapshot, MuxError> {
+    let bad = || MuxError::Protocol {
+        command: args.join(" "),
+        answer: out.chars().take(200).collect(),
+    };
+    let (head, text) = out.split_once('\n').ok_or_else(bad)?;
+    let mut fields = head.split(' ').map(str::parse::<u32>);
+    match (fields.next(), fields.next(), fields.next()) {
+        (Some(Ok(x)), Some(Ok(y)), Some(Ok(mode))) => Ok(Snapshot {
+            cursor: (x, y),
+            in_mode: mode != 0,
+            text: text.to_string(),
+        }),
+        _ => Err(bad()),
+    }
+}
+
+/// Every pane of the server, with whether it is dead and how it ended.
+pub fn list_args() -> Vec<String> {
+    strings(&[
+        "list-panes",
+        "-a",
+        "-F",
+        "#{pane_id}\t#{pane_dead}\t#{pane_dead_status}",
+    ])
+}
+
+/// Reads the answer to [`list_args`]; lines it cannot read are skipped.
+pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
+    out.lines()
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            let id = fields.next()?.trim();
+            if !id.starts_with('%') {
+                return None;
+            }
+            let life = match fields.next()? {
+                "1" => PaneLife::Exited(fields.next().and_then(|s| s.trim().parse().ok())),
+                _ => PaneLife::Alive,
+            };
+            Some((PaneId(id.to_string()), life))
+        })
+        .collect()
+}
+
+/// Closes one pane (and with it its session).
+pub fn close_args(pane: &PaneId) -> Vec<String> {
+    strings(&["kill-pane", "-t", &pane.0])
+}
+
+/// Stops the server.
+pub fn kill_server_args() -> Vec<String> {
+    strings(&["kill-server"])
+}
+
+/// Turns a failed command's stderr into an error: a missing pane or server is
+/// [`MuxError::NoPane`], anything else a command failure.
+pub fn classify_failure(args: &[String], stderr: &str) -> MuxError {
+    let stderr = stderr.trim();
+    let missing = [
+        "can't find pane",
+        "no server running",
+        "can't find session",
+        "no such file",
+    ];
+    if missing.iter().any(|m| stderr.contains(m)) || stderr.starts_with("error connecting to") {
+        let target = args
+            .iter()
+            .position(|a| a == "-t")
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+            .unwrap_or_default();
+        return MuxError::NoPane(PaneId(target));
+    }
+    MuxError::Command {
+        command: args.first().cloned().unwrap_or_default(),
+        stderr: stderr.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_ending_in_semicolons_survive() {
+        assert_eq!(escape("plain"), "plain");
+        assert_eq!(escape("a;"), "a\\;");
+        assert_eq!(escape("a\\;"), "a\\\\;");
+        let args = type_line_args(&PaneId("%1".into()), "echo hi;");
+        assert!(args.contains(&"echo hi\\;".to_string()));
+    }
+
+    #[test]
+    fn spawn_runs_argv_directly_with_env_and_cwd() {
+        let spec = PaneSpec {
+            label: "w1".into(),
+            argv: vec!["agent".into(), "--flag;".into()],
+            env: [("FLEET_NAME".to_string(), "w1".to_string())].into(),
+            cwd: "/tmp".into(),
+        };
+        let args = spawn_args(&spec);
+        let tail: Vec<&str> = args
+            .iter()
+            .rev()
+            .take(3)
+            .rev()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(tail, vec!["--", "agent", "--flag\\;"]);
+        assert!(args.windows(2).any(|w| w == ["-e", "FLEET_NAME=w1"]));
+        assert!(args.windows(2).any(|w| w == ["-c", "/tmp"]));
+    }
+
+    #[test]
+    fn pane_ids_are_checked() {
+        assert_eq!(parse_pane_id("%12\n").unwrap(), PaneId("%12".into()));
+        assert!(parse_pane_id("").is_err());
+        assert!(parse_pane_id("oops\n").is_err());
+    }
+
+    #[test]
+    fn snapshots_parse() {
+        let args = snapshot_args(&PaneId("%1".into()));
+        let snap = parse_snapshot(&args, "3 7 0\n> hi\n\n").unwrap();
+        assert_eq!(snap.cursor, (3, 7));
+        assert!(!snap.in_mode);
+        assert_eq!(snap.text, "> hi\n\n");
+        assert!(parse_snapshot(&args, "garbage").is_err());
+        assert!(parse_snapshot(&args, "1 x 0\n").is_err());
+    }
+
+    #[test]
+    fn pane_lists_parse_and_skip_junk() {
+        let panes = parse_list("%0\t0\t\n%3\t1\t2\njunk\n%4\t1\t\n");
+        assert_eq!(panes.get(&PaneId("%0".into())), Some(&PaneLife::Alive));
+        assert_eq!(
+            panes.get(&PaneId("%3".into())),
+            Some(&PaneLife::Exited(Some(2)))
+        );
+        assert_eq!(
+            panes.get(&PaneId("%4".into())),
+            Some(&PaneLife::Exited(None))
+        );
+        assert_eq!(panes.len(), 3);
+    }
+
+    #[test]
+    fn missing_panes_and_servers_are_told_apart_from_failures() {
+        let args = enter_args(&PaneId("%9".into()));
+        assert!(matches!(
+            classify_failure(&args, "can't find pane: %9"),
+            MuxError::NoPane(PaneId(p)) if p == "%9"
+        ));
+        assert!(matches!(
+            classify_failure(&list_args(), "no server running on /tmp/tmux-0/x"),
+            MuxError::NoPane(_)
+        ));
+        assert!(matches!(
+            classify_failure(&args, "unknown key: Entr"),
+            MuxError::Command { .. }
+        ));
+    }
+}

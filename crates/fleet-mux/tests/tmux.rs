@@ -1,0 +1,200 @@
+//! The tmux pane host against a real tmux server (a private one per test, killed at the end).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::tmux::{Socket, Tmux};
+use fleet_mux::{PaneHost, PaneId, PaneLife, PaneSpec};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep};
+
+/// A private tmux server that is killed when the test ends, pass or fail.
+struct Server(Tmux);
+
+impl Server {
+    fn new() -> Self {
+        Server(Tmux::new(Socket::Name(format!(
+            "fleet-mux-test-{}",
+            uuid::Uuid::now_v7().simple()
+        ))))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Socket::Name(name) = self.0.socket() {
+            let _ = std::process::Command::new("tmux")
+                .args(["-L", name, "kill-server"])
+                .output();
+        }
+    }
+}
+
+fn spec(label: &str, script: &str) -> PaneSpec {
+    PaneSpec {
+        label: label.into(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::from([("FLEET_PROBE".to_string(), "from-env;".to_string())]),
+        cwd: std::env::temp_dir(),
+    }
+}
+
+/// Waits until the pane shows `needle`, or fails the test after 10 s.
+async fn wait_for_text(host: &Tmux, pane: &PaneId, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snap = host.snapshot(pane).await.unwrap();
+        if snap.text.contains(needle) {
+            return snap.text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pane never showed {needle:?}; it shows:\n{}",
+            snap.text
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn options() -> InjectOptions {
+    InjectOptions {
+        enter_pause: Duration::ZERO,
+        verify_window: Duration::from_millis(400),
+        submitted_marker: None,
+    }
+}
+
+#[tokio::test]
+async fn a_pane_runs_argv_with_env_and_cwd() {
+    let server = Server::new();
+    let pane = server
+        .0
+        .spawn(&spec(
+            "envcheck",
+            "echo \"probe=$FLEET_PROBE cwd=$(pwd)\"; exec sleep 60",
+        ))
+        .await
+        .unwrap();
+    let cwd = std::env::temp_dir().canonicalize().unwrap();
+    wait_for_text(
+        &server.0,
+        &pane,
+        &format!("probe=from-env; cwd={}", cwd.display()),
+    )
+    .await;
+    assert_eq!(
+        server.0.panes().await.unwrap().get(&pane),
+        Some(&PaneLife::Alive)
+    );
+}
+
+#[tokio::test]
+async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
+    let server = Server::new();
+    // Turns on bracketed paste, then shows raw input bytes with cat -v.
+    let pane = server
+        .0
+        .spawn(&spec(
+            "paste",
+            "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(&server.0, &pane, "ready").await;
+    server
+        .0
+        .paste(&pane, "first line\nsecond line")
+        .await
+        .unwrap();
+    server.0.enter(&pane).await.unwrap();
+    let text = wait_for_text(&server.0, &pane, "second line^[[201~").await;
+    assert!(text.contains("^[[200~first line"), "{text}");
+}
+
+#[tokio::test]
+async fn an_injected_line_is_verified_as_submitted() {
+    let server = Server::new();
+    let pane = server
+        .0
+        .spawn(&spec(
+            "echoer",
+            "echo ready; while read line; do echo \"got:$line\"; done",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(&server.0, &pane, "ready").await;
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(&server.0, &pane, "hello there", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    wait_for_text(&server.0, &pane, "got:hello there").await;
+}
+
+#[tokio::test]
+async fn an_agent_calling_in_counts_as_a_submit() {
+    let server = Server::new();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("took-it");
+    // Reads without echo and prints nothing; it "calls in" by touching a file once it has the
+    // line, so only the call-in can prove the submit.
+    let script = format!(
+        "stty -echo; echo ready; while read line; do touch '{}'; done",
+        flag.display()
+    );
+    let pane = server.0.spawn(&spec("silent", &script)).await.unwrap();
+    wait_for_text(&server.0, &pane, "ready").await;
+    let (tx, mut activity) = watch::channel(0u64);
+    let caller = tokio::spawn(async move {
+        while !flag.exists() {
+            sleep(Duration::from_millis(5)).await;
+        }
+        tx.send_modify(|n| *n += 1);
+        tx
+    });
+    let outcome = inject(&server.0, &pane, "task", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    drop(caller.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_program_that_ignores_enter_is_reported_not_submitted() {
+    let server = Server::new();
+    let pane = server
+        .0
+        .spawn(&spec(
+            "deaf",
+            "stty -echo -icanon; echo ready; exec sleep 60",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(&server.0, &pane, "ready").await;
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(&server.0, &pane, "lost", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::NotSubmitted);
+}
+
+#[tokio::test]
+async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
+    let server = Server::new();
+    let pane = server.0.spawn(&spec("quitter", "exit 3")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let life = server.0.panes().await.unwrap().get(&pane).copied();
+        if life == Some(PaneLife::Exited(Some(3))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "exit never seen: {life:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+    server.0.close(&pane).await.unwrap();
+    assert!(!server.0.panes().await.unwrap().contains_key(&pane));
+    // Closing again, or a server with no panes left, is not an error.
+    server.0.close(&pane).await.unwrap();
+    assert!(server.0.panes().await.unwrap().is_empty());
+}
