@@ -23,6 +23,8 @@ pub enum ErrorCode {
     TooLarge,
     /// A wait ran out.
     Timeout,
+    /// The caller cancelled the call.
+    Cancelled,
     /// The recipient exists but can no longer take messages.
     Gone,
     /// A remote recipient while the broker cannot be reached.
@@ -44,6 +46,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::Timeout => "timeout",
+            ErrorCode::Cancelled => "cancelled",
             ErrorCode::Gone => "gone",
             ErrorCode::BrokerUnavailable => "broker_unavailable",
             ErrorCode::PaneHost => "pane_host",

@@ -86,6 +86,9 @@ pub trait Store: Send + Sync + 'static {
     /// One entity, live or gone.
     fn entity(&self, gid: Gid) -> StoreResult<Option<EntityRecord>>;
 
+    /// The newest entity ever called `name`, live or gone.
+    fn latest_named(&self, name: &str) -> StoreResult<Option<EntityRecord>>;
+
     /// Every entity that is not gone, in the order they were added.
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>>;
 

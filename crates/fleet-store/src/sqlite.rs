@@ -296,6 +296,15 @@ impl Store for SqliteStore {
         raw.map(RawEntity::parse).transpose()
     }
 
+    fn latest_named(&self, name: &str) -> StoreResult<Option<EntityRecord>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {ENTITY_COLUMNS} FROM entities WHERE name = ?1 ORDER BY rowid DESC LIMIT 1"
+        ))?;
+        let raw = stmt.query_row([name], RawEntity::read).optional()?;
+        raw.map(RawEntity::parse).transpose()
+    }
+
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(

@@ -93,7 +93,11 @@ fn live_names_are_unique_until_gone() {
     store
         .set_session(first.entity.gid, WorkerStatus::Gone, None)
         .unwrap();
-    store.insert_entity(&worker("w1", lead)).unwrap();
+    let second = worker("w1", lead);
+    store.insert_entity(&second).unwrap();
+    let latest = store.latest_named("w1").unwrap().unwrap();
+    assert_eq!(latest.entity.gid, second.entity.gid);
+    assert!(store.latest_named("nobody").unwrap().is_none());
     let live: Vec<String> = store
         .live_entities()
         .unwrap()

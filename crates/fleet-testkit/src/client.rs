@@ -1,0 +1,142 @@
+//! A real MCP client (rmcp, Streamable HTTP) talking to fleetd as a lead or a worker would.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value;
+
+/// Which MCP protocol the client speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// The stateless 2026-07-28 protocol (`server/discover`, no sessions).
+    Stateless,
+    /// The older session protocol (`initialize`, `Mcp-Session-Id`), pinned to 2025-06-18.
+    Session,
+}
+
+/// A tool call that came back as a tool error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolError {
+    /// The stable code.
+    pub code: String,
+    /// The sentence.
+    pub message: String,
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}
+
+/// A connected MCP client.
+pub struct Client {
+    service: RunningService<RoleClient, ClientConfig>,
+}
+
+impl Client {
+    /// Connects to `url` with `token`, sending `headers` on every request.
+    pub async fn connect(
+        url: &str,
+        token: &str,
+        protocol: Protocol,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut extra = HashMap::new();
+        for (name, value) in headers {
+            extra.insert(HeaderName::from_bytes(name.as_bytes())?, HeaderValue::from_str(value)?);
+        }
+        let config = StreamableHttpClientTransportConfig::with_uri(url.to_string())
+            .auth_header(token.to_string())
+            .custom_headers(extra);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let service = match protocol {
+            Protocol::Stateless => {
+                ClientConfig::default()
+                    .serve_with_lifecycle(
+                        transport,
+                        ClientLifecycleMode::Discover {
+                            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                        },
+                    )
+                    .await?
+            }
+            Protocol::Session => {
+                ClientConfig::default()
+                    .with_protocol_version(ProtocolVersion::V_2025_06_18)
+                    .serve(transport)
+                    .await?
+            }
+        };
+        Ok(Self { service })
+    }
+
+    /// The protocol version the server agreed to.
+    pub fn protocol_version(&self) -> Option<String> {
+        self.service
+            .peer_info()
+            .map(|info| info.protocol_version.to_string())
+    }
+
+    /// The names of the server's tools.
+    pub async fn tool_names(&self) -> anyhow::Result<Vec<String>> {
+        let tools = self.service.list_all_tools().await?;
+        Ok(tools.into_iter().map(|t| t.name.to_string()).collect())
+    }
+
+    /// Calls `tool` with `args`: the structured result, or the tool error.
+    pub async fn call(&self, tool: &str, args: Value) -> anyhow::Result<Result<Value, ToolError>> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
+        }
+        let result = self.service.call_tool(params).await?;
+        let structured = result.structured_content.unwrap_or(Value::Null);
+        if result.is_error == Some(true) {
+            let field = |name: &str| structured[name].as_str().unwrap_or_default().to_string();
+            return Ok(Err(ToolError {
+                code: field("code"),
+                message: if structured.is_null() {
+                    format!("{:?}", result.content)
+                } else {
+                    field("message")
+                },
+            }));
+        }
+        Ok(Ok(structured))
+    }
+
+    /// Calls `tool` and fails the test if it is a tool error.
+    pub async fn ok(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
+        self.call(tool, args)
+            .await?
+            .map_err(|e| anyhow::anyhow!("{tool} failed: {e}"))
+    }
+
+    /// Calls `tool`, giving up (and so cancelling the call) after `limit`.
+    pub async fn call_within(
+        &self,
+        tool: &str,
+        args: Value,
+        limit: Duration,
+    ) -> anyhow::Result<Option<Result<Value, ToolError>>> {
+        match tokio::time::timeout(limit, self.call(tool, args)).await {
+            Ok(result) => result.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) -> anyhow::Result<()> {
+        self.service.cancel().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,228 @@
+//! A real `fleetd serve` process for a test: a temp state dir, a free loopback port, a private
+//! tmux server, and its log kept for when a test fails. Dropping it kills the process and the
+//! tmux server.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::bins::binary;
+use crate::client::{Client, Protocol};
+use crate::wait::until;
+
+/// How long fleetd may take to answer `/healthz` after it starts.
+const START_LIMIT: Duration = Duration::from_secs(20);
+
+/// A running fleetd.
+pub struct Fleet {
+    /// Holds the state dir and config; removed on drop.
+    dir: tempfile::TempDir,
+    /// The config file.
+    config: PathBuf,
+    /// The state dir.
+    state: PathBuf,
+    /// The port fleetd listens on.
+    port: u16,
+    /// The private tmux server's socket name.
+    socket: String,
+    /// The fleetd process, while running.
+    child: Option<Child>,
+    /// How many times it was started (each start logs to its own file).
+    starts: usize,
+}
+
+/// A free loopback port (the kernel's pick; released for fleetd to bind).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A `[[profiles]]` block running the scripted agent with `args`.
+pub fn sim_profile(name: &str, args: &[&str]) -> anyhow::Result<String> {
+    let sim = binary("fleet-agent-sim")?;
+    let mut argv = vec![format!("{:?}", sim.display().to_string())];
+    argv.extend(args.iter().map(|a| format!("{a:?}")));
+    Ok(format!(
+        "[[profiles]]\nname = \"{name}\"\nkind = \"command\"\nargv = [{}]\nready_timeout_s = 20\n",
+        argv.join(", ")
+    ))
+}
+
+impl Fleet {
+    /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
+    pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
+        let config = dir.path().join("fleetd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[gateway]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"testhost\"\n{gateway}\n\n[mux]\nsocket = \"{socket}\"\n\n{rest}\n"
+            ),
+        )?;
+        let state = dir.path().join("state");
+        let mut fleet = Self {
+            dir,
+            config,
+            state,
+            port,
+            socket,
+            child: None,
+            starts: 0,
+        };
+        fleet.launch().await?;
+        Ok(fleet)
+    }
+
+    /// Starts the process again over the same state dir (after [`Fleet::kill9`]).
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path(self.starts))?;
+        let child = Command::new(binary("fleetd")?)
+            .arg("serve")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .env("RUST_LOG", "info,rmcp=warn,fleetd=debug")
+            .env_remove("TMUX")
+            .env_remove("TMUX_PANE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.child = Some(child);
+        let url = format!("http://127.0.0.1:{}/healthz", self.port);
+        let http = reqwest::Client::new();
+        let ready = until("fleetd to answer /healthz", START_LIMIT, || {
+            let (http, url) = (http.clone(), url.clone());
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            async move {
+                if let Some(status) = exited {
+                    return Some(Err(status));
+                }
+                match http.get(&url).send().await {
+                    Ok(resp) if resp.status().is_success() => Some(Ok(())),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        match ready {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(status)) => anyhow::bail!("fleetd exited ({status}) at start:\n{}", self.log()),
+            Err(e) => anyhow::bail!("{e}\n{}", self.log()),
+        }
+    }
+
+    fn log_path(&self, start: usize) -> PathBuf {
+        self.dir.path().join(format!("fleetd-{start}.log"))
+    }
+
+    /// Everything fleetd logged, over every start.
+    pub fn log(&self) -> String {
+        (1..=self.starts)
+            .map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n--- restart ---\n")
+    }
+
+    /// The MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// The base URL (for raw HTTP checks).
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The state dir.
+    pub fn state_dir(&self) -> &Path {
+        &self.state
+    }
+
+    /// The config file.
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// The private tmux server's socket name.
+    pub fn tmux_socket(&self) -> &str {
+        &self.socket
+    }
+
+    /// Runs `fleetd ARGS --config … --state-dir …` to completion.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Ok(std::process::Command::new(binary("fleetd")?)
+            .args(args)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()?)
+    }
+
+    /// The bearer token of lead `name`.
+    pub fn token(&self, name: &str) -> anyhow::Result<String> {
+        let out = self.cli(&["token", name])?;
+        anyhow::ensure!(
+            out.status.success(),
+            "fleetd token {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?.trim().to_string())
+    }
+
+    /// An MCP client connected as lead `name`.
+    pub async fn lead(&self, name: &str, protocol: Protocol) -> anyhow::Result<Client> {
+        let token = self.token(name)?;
+        Client::connect(&self.url(), &token, protocol, &[]).await
+    }
+
+    /// The pid of the running process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// Kills the process with SIGKILL and waits for it to die.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.start_kill()?;
+            child.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM and waits for a clean exit; returns whether it exited successfully.
+    pub async fn terminate(&mut self) -> anyhow::Result<bool> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(false);
+        };
+        if let Some(pid) = child.id() {
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()?;
+        }
+        Ok(child.wait().await?.success())
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let _ = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .stderr(Stdio::null())
+            .status();
+    }
+}

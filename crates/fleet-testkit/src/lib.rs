@@ -1,0 +1,10 @@
+//! The test harness of fleetd: start the real `fleetd` binary on a free loopback port with a
+//! private state dir and tmux server ([`fleet::Fleet`]), talk to it as a real MCP client
+//! ([`client::Client`]), and the scripted agent `fleet-agent-sim` that runs in panes
+//! ([`sim`]).
+
+pub mod bins;
+pub mod client;
+pub mod fleet;
+pub mod sim;
+pub mod wait;

@@ -1,0 +1,168 @@
+//! The command line: `serve`, `token`, `mcp-config`. Every subcommand takes
+//! `--config` and `--state-dir`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use fleet_store::{SqliteStore, Store};
+use serde_json::json;
+
+use crate::config::Config;
+use crate::http::{PANE_HEADER, TMUX_HEADER};
+use crate::serve::{host_id, mcp_url};
+use crate::state::StateDir;
+use crate::token;
+
+/// fleetd: run a fleet of terminal AI coding agents from one lead.
+#[derive(Debug, Parser)]
+#[command(name = "fleetd", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The config file (TOML); without it, `~/.config/fleetd/fleetd.toml` if present, else
+    /// the embedded defaults.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// The state dir (database, token files); overrides `gateway.state_dir`.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway: MCP at http://<listen>/mcp, health at /healthz.
+    Serve(ServeArgs),
+    /// Print the bearer token of a lead declared in config, minting it on first use.
+    Token(TokenArgs),
+    /// Print the MCP client config a lead pastes into Claude Code.
+    McpConfig(McpConfigArgs),
+}
+
+/// `fleetd serve`
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Log JSON lines instead of text.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// `fleetd token`
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The lead, as declared in `[leads.NAME]`.
+    pub name: String,
+    /// Mint a new token; the old one stops working at once.
+    #[arg(long)]
+    pub rotate: bool,
+}
+
+/// `fleetd mcp-config`
+#[derive(Debug, Args)]
+pub struct McpConfigArgs {
+    /// The lead, as declared in `[leads.NAME]`.
+    pub name: String,
+    /// Print only the JSON (no `claude mcp add` line).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Loads the config: the given file, else the user's default file if it exists, else the
+/// embedded defaults.
+pub fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    if let Some(path) = path {
+        return Ok(Config::load(path)?);
+    }
+    let default = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|dir| dir.join("fleetd/fleetd.toml"));
+    match default {
+        Some(path) if path.is_file() => Ok(Config::load(&path)?),
+        _ => Ok(Config::embedded()),
+    }
+}
+
+/// The config and state dir every subcommand starts from.
+pub fn context(cli: &Cli) -> anyhow::Result<(Config, StateDir)> {
+    let config = load_config(cli.config.as_deref())?;
+    let state = StateDir::resolve(cli.state_dir.as_deref(), config.gateway.state_dir.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    Ok((config, state))
+}
+
+/// The token of lead `name`, minted on first use.
+fn lead_token(config: &Config, state: &StateDir, name: &str, rotate: bool) -> anyhow::Result<String> {
+    let Some(lead) = config.leads.get(name) else {
+        let declared: Vec<&str> = config.leads.keys().map(String::as_str).collect();
+        bail!(
+            "no lead named '{name}' is declared in config (declared: {}); add a [leads.{name}] block",
+            declared.join(", ")
+        );
+    };
+    state
+        .prepare()
+        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let store = SqliteStore::open(&state.db_path())
+        .with_context(|| format!("cannot open {}", state.db_path().display()))?;
+    let gid = store.ensure_lead(name, &host_id(config), &lead.groups)?;
+    token::lead_token(&store, state, name, gid, rotate)
+}
+
+/// `fleetd token NAME [--rotate]`
+pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
+    let (config, state) = context(cli)?;
+    println!("{}", lead_token(&config, &state, &args.name, args.rotate)?);
+    Ok(())
+}
+
+/// `fleetd mcp-config NAME`
+pub fn mcp_config_command(cli: &Cli, args: &McpConfigArgs) -> anyhow::Result<()> {
+    let (config, state) = context(cli)?;
+    let secret = lead_token(&config, &state, &args.name, false)?;
+    let url = mcp_url(&config);
+    let pane = "${TMUX_PANE:-}";
+    let tmux = "${TMUX:-}";
+    let value = json!({
+        "mcpServers": {
+            "fleet": {
+                "type": "http",
+                "url": url,
+                "headers": {
+                    "Authorization": format!("Bearer {secret}"),
+                    "X-Fleet-Pane": pane,
+                    "X-Fleet-Tmux": tmux,
+                }
+            }
+        }
+    });
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    if !args.json {
+        println!();
+        println!("# or, with the Claude Code CLI:");
+        println!(
+            "claude mcp add --transport http fleet {url} --header 'Authorization: Bearer {secret}' --header '{}: {pane}' --header '{}: {tmux}'",
+            title(PANE_HEADER),
+            title(TMUX_HEADER)
+        );
+    }
+    Ok(())
+}
+
+/// `x-fleet-pane` → `X-Fleet-Pane`
+fn title(header: &str) -> String {
+    header
+        .split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}

@@ -1,0 +1,419 @@
+//! The configuration file: one optional TOML file in which every key has a default.
+//!
+//! Unknown keys are errors that name the key (serde's `deny_unknown_fields`); everything the
+//! parser cannot check (names, ranges, combinations) is checked by [`Config::validate`], whose
+//! errors name the block and key. Secrets are never part of the config.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use fleet_core::entity::validate_name;
+use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
+use serde::Deserialize;
+
+/// The default address of the MCP endpoint: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
+/// The name of the lead fleetd declares when the config declares none.
+pub const DEFAULT_LEAD: &str = "lead";
+/// The name of the built-in profile when the config declares none: the scripted test agent.
+pub const DEFAULT_PROFILE: &str = "sim";
+/// The scripted test agent's binary, looked up beside fleetd's own, then on `PATH`.
+pub const SIM_BINARY: &str = "fleet-agent-sim";
+/// How long a spawned worker has to call in, by default.
+const DEFAULT_READY_TIMEOUT_S: u64 = 30;
+/// How long to watch for a submit after each Enter, by default.
+const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
+/// The least time between two nudges into a lead's pane, by default.
+const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
+/// How long a lead's pane must hold still to count as idle for a nudge, by default.
+const DEFAULT_NUDGE_QUIET_MS: u64 = 1_000;
+
+/// A configuration problem, naming the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema (toml's message names the key and line).
+    #[error("config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What toml said.
+        message: String,
+    },
+    /// A value is out of bounds or inconsistent with another.
+    #[error("config {path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key.
+        message: String,
+    },
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This host's gateway.
+    pub gateway: GatewayConfig,
+    /// The terminal multiplexer.
+    pub mux: MuxConfig,
+    /// Human-driven leads, by name.
+    pub leads: BTreeMap<String, LeadConfig>,
+    /// Worker profiles.
+    pub profiles: Vec<ProfileConfig>,
+}
+
+/// `[gateway]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// This host's id in the fleet; the machine's hostname when unset.
+    pub host_id: Option<String>,
+    /// Where the MCP endpoint listens.
+    pub listen: SocketAddr,
+    /// The MCP URL handed to workers; `http://<listen>/mcp` when unset.
+    pub advertise_url: Option<String>,
+    /// The state dir; `$XDG_STATE_HOME/fleetd` (or `~/.local/state/fleetd`) when unset.
+    pub state_dir: Option<PathBuf>,
+    /// The largest message body accepted, in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            host_id: None,
+            listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| {
+                SocketAddr::from(([127, 0, 0, 1], 8765))
+            }),
+            advertise_url: None,
+            state_dir: None,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// Which multiplexer holds the panes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MuxKind {
+    /// A private tmux server.
+    #[default]
+    Tmux,
+}
+
+/// `[mux]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MuxConfig {
+    /// The multiplexer.
+    pub kind: MuxKind,
+    /// tmux: the private server's socket name (`tmux -L`); derived from the state dir when
+    /// unset, so two gateways never share a server.
+    pub socket: Option<String>,
+}
+
+/// `[leads.NAME]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeadConfig {
+    /// Broadcast groups.
+    pub groups: Vec<String>,
+    /// Whether to type a nudge into the lead's pane when replies wait for it.
+    pub nudge: bool,
+    /// The least time between two nudges.
+    pub nudge_interval_s: u64,
+    /// How long the lead's pane must hold still to count as idle.
+    pub nudge_quiet_ms: u64,
+}
+
+impl Default for LeadConfig {
+    fn default() -> Self {
+        Self {
+            groups: Vec::new(),
+            nudge: true,
+            nudge_interval_s: DEFAULT_NUDGE_INTERVAL_S,
+            nudge_quiet_ms: DEFAULT_NUDGE_QUIET_MS,
+        }
+    }
+}
+
+/// How a profile's program is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileKind {
+    /// Any terminal program, run as its argv.
+    Command,
+}
+
+/// `[[profiles]]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    /// The profile's name, as `fleet_spawn{profile}` names it.
+    pub name: String,
+    /// How it is launched.
+    pub kind: ProfileKind,
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; fleetd's own when unset. A spawn may override it.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Broadcast groups every worker of this profile joins.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// How long a new worker has to call in (or show `ready_marker`).
+    #[serde(default = "default_ready_timeout_s")]
+    pub ready_timeout_s: u64,
+    /// Text whose appearance on screen also counts as ready (for programs that never call in).
+    #[serde(default)]
+    pub ready_marker: Option<String>,
+    /// Pause between paste and Enter.
+    #[serde(default)]
+    pub enter_pause_ms: u64,
+    /// How long to watch for the submit after each Enter.
+    #[serde(default = "default_submit_verify_ms")]
+    pub submit_verify_ms: u64,
+    /// Text the program shows when its input is empty again; proves a submit.
+    #[serde(default)]
+    pub submitted_marker: Option<String>,
+}
+
+fn default_ready_timeout_s() -> u64 {
+    DEFAULT_READY_TIMEOUT_S
+}
+
+fn default_submit_verify_ms() -> u64 {
+    DEFAULT_SUBMIT_VERIFY_MS
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates `text` (read from `path`, which errors name).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim().to_string(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        config.fill_defaults();
+        Ok(config)
+    }
+
+    /// The embedded defaults, used when there is no file.
+    pub fn embedded() -> Self {
+        let mut config = Config::default();
+        config.fill_defaults();
+        config
+    }
+
+    /// Declares the default lead and profile where the file declares none.
+    fn fill_defaults(&mut self) {
+        if self.leads.is_empty() {
+            self.leads.insert(DEFAULT_LEAD.into(), LeadConfig::default());
+        }
+        if self.profiles.is_empty() {
+            self.profiles.push(ProfileConfig {
+                name: DEFAULT_PROFILE.into(),
+                kind: ProfileKind::Command,
+                argv: vec![sim_binary().display().to_string()],
+                env: BTreeMap::new(),
+                cwd: None,
+                groups: Vec::new(),
+                ready_timeout_s: DEFAULT_READY_TIMEOUT_S,
+                ready_marker: None,
+                enter_pause_ms: 0,
+                submit_verify_ms: DEFAULT_SUBMIT_VERIFY_MS,
+                submitted_marker: None,
+            });
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let named = |what: &str, name: &str| validate_name(what, name).map_err(|e| e.message);
+        if let Some(host) = &self.gateway.host_id {
+            named("gateway.host_id", host)?;
+        }
+        if self.gateway.max_message_bytes == 0 {
+            return Err("gateway.max_message_bytes must be at least 1".into());
+        }
+        if let Some(url) = &self.gateway.advertise_url {
+            let parsed = url::Url::parse(url)
+                .map_err(|e| format!("gateway.advertise_url '{url}' is not a URL: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+                return Err(format!(
+                    "gateway.advertise_url '{url}' must be an http:// or https:// URL with a host"
+                ));
+            }
+        }
+        if let Some(socket) = &self.mux.socket {
+            named("mux.socket", socket)?;
+        }
+        for (name, lead) in &self.leads {
+            named("lead", name)?;
+            for group in &lead.groups {
+                named(&format!("leads.{name}.groups entry"), group)?;
+            }
+            if lead.nudge_interval_s == 0 {
+                return Err(format!("leads.{name}.nudge_interval_s must be at least 1"));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for profile in &self.profiles {
+            let name = &profile.name;
+            named("profile", name)?;
+            if !seen.insert(name.as_str()) {
+                return Err(format!("profile '{name}' is declared twice"));
+            }
+            if profile.argv.first().is_none_or(|program| program.trim().is_empty()) {
+                return Err(format!("profiles '{name}': argv must name a program"));
+            }
+            for group in &profile.groups {
+                named(&format!("profiles '{name}' groups entry"), group)?;
+            }
+            if profile.ready_timeout_s == 0 {
+                return Err(format!("profiles '{name}': ready_timeout_s must be at least 1"));
+            }
+            if profile.submit_verify_ms == 0 {
+                return Err(format!("profiles '{name}': submit_verify_ms must be at least 1"));
+            }
+            for key in profile.env.keys() {
+                if key.is_empty() || key.contains('=') || key.starts_with("FLEET_") {
+                    return Err(format!(
+                        "profiles '{name}': env key '{key}' is not allowed (empty, has '=', or is one of fleetd's own FLEET_* variables)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile called `name`.
+    pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
+        self.profiles.iter().find(|p| p.name == name)
+    }
+}
+
+/// Where the scripted test agent is: beside this executable if it is there, else on `PATH`.
+fn sim_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(SIM_BINARY)))
+        .filter(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from(SIM_BINARY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("test.toml"), text)
+    }
+
+    #[test]
+    fn an_empty_file_is_all_defaults() {
+        let config = parse("").unwrap();
+        assert_eq!(config.gateway.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.gateway.max_message_bytes, 256 * 1024);
+        assert!(config.leads.contains_key(DEFAULT_LEAD));
+        assert!(config.profile(DEFAULT_PROFILE).is_some());
+        assert_eq!(config.mux.kind, MuxKind::Tmux);
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let config = parse(
+            r#"
+            [gateway]
+            host_id = "laptop"
+            listen = "127.0.0.1:9000"
+            advertise_url = "http://127.0.0.1:9000/mcp"
+            max_message_bytes = 1000
+            [mux]
+            kind = "tmux"
+            socket = "fleet-x"
+            [leads.alice]
+            groups = ["core"]
+            nudge_interval_s = 5
+            [[profiles]]
+            name = "echo"
+            kind = "command"
+            argv = ["fleet-agent-sim", "--mode", "echo"]
+            env = { RUST_LOG = "info" }
+            groups = ["core"]
+            ready_timeout_s = 5
+            enter_pause_ms = 10
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.gateway.host_id.as_deref(), Some("laptop"));
+        assert_eq!(config.leads["alice"].nudge_interval_s, 5);
+        assert!(!config.leads.contains_key(DEFAULT_LEAD));
+        let echo = config.profile("echo").unwrap();
+        assert_eq!(echo.argv[2], "echo");
+        assert_eq!(echo.submit_verify_ms, DEFAULT_SUBMIT_VERIFY_MS);
+        assert!(config.profile(DEFAULT_PROFILE).is_none());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = parse("[gateway]\nlisten_on = \"x\"\n").unwrap_err().to_string();
+        assert!(err.contains("listen_on"), "{err}");
+        let err = parse("[broker]\nuri = \"amqp://x\"\n").unwrap_err().to_string();
+        assert!(err.contains("broker"), "{err}");
+        let err = parse("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nargs=[]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("args"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let cases = [
+            ("[gateway]\nlisten = \"nowhere\"\n", "listen"),
+            ("[gateway]\nmax_message_bytes = 0\n", "max_message_bytes"),
+            ("[gateway]\nadvertise_url = \"ftp://x\"\n", "advertise_url"),
+            ("[leads.\"bad name\"]\n", "bad name"),
+            ("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[]\n", "argv"),
+            ("[[profiles]]\nname=\"a\"\nkind=\"docker\"\nargv=[\"x\"]\n", "docker"),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\n[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"y\"]\n",
+                "declared twice",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nenv={FLEET_TOKEN=\"x\"}\n",
+                "FLEET_TOKEN",
+            ),
+            ("[mux]\nkind = \"screen\"\n", "screen"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{needle}: {err}");
+            assert!(err.contains("test.toml"), "{err}");
+        }
+    }
+}

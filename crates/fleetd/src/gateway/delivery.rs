@@ -1,0 +1,200 @@
+//! The delivery pump: one task per pane-bound entity that types its queued messages into its
+//! pane, one at a time, only while it is idle.
+//!
+//! Forward path, at-most-once: a brief is taken off the queue (`injecting`) *before* it is
+//! typed, so a crash in between loses it visibly (the restart fails it and tells the sender)
+//! instead of typing it twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
+use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+
+use super::Gateway;
+
+/// What the pump does next.
+enum Step {
+    /// Look again at once.
+    Again,
+    /// Nothing to do until kicked.
+    Wait,
+    /// The session is over.
+    Done,
+}
+
+/// The text typed into the pane for `message`: a task verbatim; anything else labelled, so
+/// the agent can tell an answer from a new task.
+fn pane_text(message: &Message, from_name: &str) -> String {
+    match message.kind {
+        Kind::Send => message.body.clone(),
+        kind => format!(
+            "[fleet {kind} from {from_name}, answering {}]\n{}",
+            message
+                .in_reply_to
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
+            message.body
+        ),
+    }
+}
+
+impl Gateway {
+    /// Starts the pump of `gid`.
+    pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
+        let gateway = Arc::clone(self);
+        self.tasks.spawn(async move { gateway.pump(gid).await });
+    }
+
+    async fn pump(self: Arc<Self>, gid: Gid) {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+            return;
+        };
+        loop {
+            kick.borrow_and_update();
+            match self.pump_step(gid).await {
+                Step::Again => {}
+                Step::Wait => {
+                    tokio::select! {
+                        changed = kick.changed() => if changed.is_err() { return },
+                        () = self.shutdown.cancelled() => return,
+                    }
+                }
+                Step::Done => return,
+            }
+        }
+    }
+
+    async fn pump_step(self: &Arc<Self>, gid: Gid) -> Step {
+        let (status, polls) = match self.lock().panes.get(&gid) {
+            Some(s) => (s.status, s.polls),
+            None => return Step::Done,
+        };
+        if !status.is_live() {
+            return Step::Done;
+        }
+        // An open poll takes tasks itself; otherwise only an idle worker gets one.
+        if status != WorkerStatus::Idle || polls > 0 {
+            return Step::Wait;
+        }
+        let task = match self.db(move |s| s.dequeue(gid, &MsgState::Injecting)).await {
+            Ok(Some(task)) => task,
+            Ok(None) => return Step::Wait,
+            Err(e) => {
+                tracing::error!(%gid, error = %e, "cannot read the queue");
+                return Step::Wait;
+            }
+        };
+        if self.start_task(gid, task.clone()).await {
+            self.type_task(gid, task).await;
+        }
+        Step::Again
+    }
+
+    /// Makes `task` the session's task in flight (idle → busy). If the session can no longer
+    /// take it, fails the task and tells its sender; returns whether it was taken.
+    pub(super) async fn start_task(self: &Arc<Self>, gid: Gid, task: Message) -> bool {
+        let refused = {
+            let mut sessions = self.lock();
+            match sessions.panes.get_mut(&gid) {
+                Some(session) => match session.apply(SessionEvent::TaskStarted) {
+                    Ok(_) => {
+                        session.current = Some(task.clone());
+                        None
+                    }
+                    Err(e) => Some(e.message),
+                },
+                None => Some("the recipient is gone".to_string()),
+            }
+        };
+        match refused {
+            None => true,
+            Some(reason) => {
+                let failed = MsgState::Failed(reason.clone());
+                let msg_id = task.msg_id;
+                if let Err(e) = self.db(move |s| s.transition(msg_id, &failed)).await {
+                    tracing::error!(%msg_id, error = %e, "cannot record a failure");
+                }
+                self.notify_failed(&task, &reason).await;
+                false
+            }
+        }
+    }
+
+    /// Types `task` into the pane of `gid` and records how it went.
+    async fn type_task(self: &Arc<Self>, gid: Gid, task: Message) {
+        let found = self.lock().panes.get(&gid).map(|s| {
+            (
+                s.pane.clone(),
+                Arc::clone(&s.profile),
+                s.activity.subscribe(),
+            )
+        });
+        let Some((Some(pane), profile, mut activity)) = found else {
+            return;
+        };
+        let from_name = self.name_of(task.from).await;
+        let options = InjectOptions {
+            enter_pause: Duration::from_millis(profile.enter_pause_ms),
+            verify_window: Duration::from_millis(profile.submit_verify_ms),
+            submitted_marker: profile.submitted_marker.clone(),
+        };
+        let text = pane_text(&task, &from_name);
+        let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;
+        let (trace_id, msg_id) = (task.trace_id, task.msg_id);
+        let failure = match outcome {
+            Ok(InjectOutcome::Submitted { retried }) => {
+                tracing::info!(%trace_id, %msg_id, %gid, retried, "injected");
+                let injected = self
+                    .db(move |s| s.transition(msg_id, &MsgState::Injected))
+                    .await;
+                injected.err().map(|e| e.message)
+            }
+            Ok(InjectOutcome::NotSubmitted) => Some("not submitted".to_string()),
+            Err(e) => Some(format!("pane host: {e}")),
+        };
+        if let Some(reason) = failure {
+            let failed = MsgState::Failed(reason.clone());
+            if let Err(e) = self.db(move |s| s.transition(msg_id, &failed)).await {
+                tracing::error!(%msg_id, error = %e, "cannot record a failure");
+            }
+            self.notify_failed(&task, &reason).await;
+            // The worker never took the task: its turn is over before it began.
+            let mut sessions = self.lock();
+            if let Some(session) = sessions.panes.get_mut(&gid) {
+                if session.current.as_ref().is_some_and(|m| m.msg_id == msg_id) {
+                    session.current = None;
+                    let _ = session.apply(SessionEvent::TurnDone);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_core::{MsgId, TraceId};
+
+    #[test]
+    fn tasks_go_in_verbatim_and_answers_labelled() {
+        let mut message = Message {
+            msg_id: MsgId::mint(),
+            trace_id: TraceId::mint(),
+            kind: Kind::Send,
+            from: Gid::mint(),
+            to: Gid::mint(),
+            in_reply_to: None,
+            body: "line one\nline two".into(),
+            state: MsgState::Queued,
+            created_ms: 0,
+        };
+        assert_eq!(pane_text(&message, "alice"), "line one\nline two");
+        let answered = MsgId::mint();
+        message.kind = Kind::Reply;
+        message.in_reply_to = Some(answered);
+        let text = pane_text(&message, "alice");
+        assert!(text.starts_with(&format!("[fleet REPLY from alice, answering {answered}]\n")));
+        assert!(text.ends_with("line one\nline two"));
+    }
+}

@@ -1,0 +1,522 @@
+//! Sending, replying and polling: where each message goes and how a caller waits for it.
+//!
+//! A message to a lead is held for its pull; a message to a pane-bound entity is queued for
+//! its pump (or held at once when that entity is blocked in a call waiting for exactly it).
+//! Waiting callers watch their inbox version and re-read the store, so a wake-up can never be
+//! lost between a look and a wait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::authz::{Tool, check_send, check_tool};
+use fleet_core::message::check_size;
+use fleet_core::routing::{Route, resolve};
+use fleet_core::{
+    Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
+    WorkerStatus,
+};
+use serde::Serialize;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::sessions::now_ms;
+use super::{Caller, Gateway};
+
+/// The most messages one poll hands out; the rest wait for the next poll.
+const POLL_BATCH: usize = 100;
+
+/// A message as its recipient sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Delivered {
+    /// Its id.
+    pub msg_id: MsgId,
+    /// What it is.
+    pub kind: Kind,
+    /// Sender's gid.
+    pub from: Gid,
+    /// Sender's name.
+    pub from_name: String,
+    /// What it answers.
+    pub in_reply_to: Option<MsgId>,
+    /// The text.
+    pub text: String,
+    /// When it was sent (Unix ms).
+    pub sent_ms: i64,
+    /// Its flow.
+    pub trace_id: TraceId,
+}
+
+/// How a send ended.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum SendResult {
+    /// The recipient answered in time.
+    Replied {
+        /// The message sent.
+        msg_id: MsgId,
+        /// The answer.
+        reply: Delivered,
+    },
+    /// The message could not be delivered.
+    Failed {
+        /// The message sent.
+        msg_id: MsgId,
+        /// Why.
+        reason: String,
+    },
+    /// No answer yet; it will be held for `fleet_poll`.
+    Pending {
+        /// The message sent.
+        msg_id: MsgId,
+        /// Where the message is now (`queued`, `injecting`, `injected`, `held`).
+        state: String,
+        /// What to do next.
+        note: String,
+    },
+}
+
+/// The answer to `fleet_reply`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplyResult {
+    /// The reply's id.
+    pub msg_id: MsgId,
+    /// Who it went to.
+    pub to: Gid,
+    /// Their name.
+    pub to_name: String,
+}
+
+/// The answer to `fleet_poll`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PollResult {
+    /// Held messages, oldest first (at most a batch).
+    pub messages: Vec<Delivered>,
+}
+
+/// Where a message starts its life.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    /// Hold for an MCP pull (or a blocked call).
+    Hold,
+    /// Queue for the recipient's pump.
+    Queue,
+    /// The recipient is gone.
+    Dead,
+}
+
+/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, and
+/// a pane-bound caller's awaited answers and polled tasks come through it.
+struct OpenCall {
+    gateway: Arc<Gateway>,
+    gid: Gid,
+    awaiting: Option<MsgId>,
+    poll: bool,
+}
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        let mut sessions = self.gateway.lock();
+        if let Some(lead) = sessions.leads.get_mut(&self.gid) {
+            lead.open_calls = lead.open_calls.saturating_sub(1);
+        } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
+            if let Some(id) = self.awaiting {
+                session.awaiting.remove(&id);
+            }
+            if self.poll {
+                session.polls = session.polls.saturating_sub(1);
+                session.kick();
+            }
+        }
+    }
+}
+
+fn cancelled() -> FleetError {
+    FleetError::new(ErrorCode::Cancelled, "the call was cancelled")
+}
+
+impl Gateway {
+    fn open_call(self: &Arc<Self>, gid: Gid, awaiting: Option<MsgId>, poll: bool) -> OpenCall {
+        let mut sessions = self.lock();
+        if let Some(lead) = sessions.leads.get_mut(&gid) {
+            lead.open_calls += 1;
+        } else if let Some(session) = sessions.panes.get_mut(&gid) {
+            if let Some(id) = awaiting {
+                session.awaiting.insert(id);
+            }
+            if poll {
+                session.polls += 1;
+            }
+        }
+        OpenCall {
+            gateway: Arc::clone(self),
+            gid,
+            awaiting,
+            poll,
+        }
+    }
+
+    /// Resolves `to` among the live entities: local, or a clear error.
+    pub(super) fn resolve_local(&self, to: &str) -> Result<Entity, FleetError> {
+        let roster = self.lock().entities();
+        match resolve(&roster, &self.host_id, to)? {
+            Route::Local(entity) => Ok(entity.clone()),
+            Route::Remote(entity) => Err(FleetError::new(
+                ErrorCode::BrokerUnavailable,
+                format!(
+                    "'{}' lives on host '{}', and this gateway has no broker to reach it",
+                    entity.name, entity.host
+                ),
+            )),
+        }
+    }
+
+    /// The name of `gid`, live or gone.
+    pub(super) async fn name_of(&self, gid: Gid) -> String {
+        let live = {
+            let sessions = self.lock();
+            sessions
+                .leads
+                .get(&gid)
+                .map(|l| l.entity.name.clone())
+                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity.name.clone()))
+        };
+        match live {
+            Some(name) => name,
+            None => match self.db(move |s| s.entity(gid)).await {
+                Ok(Some(record)) => record.entity.name,
+                _ => gid.to_string(),
+            },
+        }
+    }
+
+    async fn describe(&self, message: Message) -> Delivered {
+        Delivered {
+            from_name: self.name_of(message.from).await,
+            msg_id: message.msg_id,
+            kind: message.kind,
+            from: message.from,
+            in_reply_to: message.in_reply_to,
+            text: message.body,
+            sent_ms: message.created_ms,
+            trace_id: message.trace_id,
+        }
+    }
+
+    fn placement(&self, message: &Message) -> Placement {
+        let sessions = self.lock();
+        if sessions.leads.contains_key(&message.to) {
+            return Placement::Hold;
+        }
+        match sessions.panes.get(&message.to) {
+            Some(s) if !s.status.is_live() => Placement::Dead,
+            Some(s)
+                if message
+                    .in_reply_to
+                    .is_some_and(|id| s.awaiting.contains(&id)) =>
+            {
+                Placement::Hold
+            }
+            Some(_) => Placement::Queue,
+            None => Placement::Dead,
+        }
+    }
+
+    /// Accepts `message` into the local plane: held, queued, or failed if its recipient is
+    /// gone. Duplicate ids are accepted once.
+    pub(super) async fn deliver(self: &Arc<Self>, mut message: Message) -> Result<(), FleetError> {
+        let placement = self.placement(&message);
+        message.state = match placement {
+            Placement::Hold => MsgState::Held,
+            Placement::Queue => MsgState::Queued,
+            Placement::Dead => MsgState::Failed("the recipient is gone".into()),
+        };
+        let (to, msg_id, trace_id, kind) =
+            (message.to, message.msg_id, message.trace_id, message.kind);
+        let fresh = self.db(move |s| s.insert_message(&message)).await?;
+        tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
+        if !fresh {
+            return Ok(());
+        }
+        match placement {
+            Placement::Hold => self.bump_inbox(to),
+            Placement::Queue => {
+                if let Some(session) = self.lock().panes.get(&to) {
+                    session.kick();
+                }
+            }
+            Placement::Dead => {}
+        }
+        Ok(())
+    }
+
+    /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
+    /// answering it (a blocked send returns it; otherwise `fleet_poll` does).
+    pub(super) async fn notify_failed(self: &Arc<Self>, original: &Message, reason: &str) {
+        let notice = Message {
+            msg_id: MsgId::mint(),
+            trace_id: original.trace_id,
+            kind: Kind::Failed,
+            from: original.to,
+            to: original.from,
+            in_reply_to: Some(original.msg_id),
+            body: reason.to_string(),
+            state: MsgState::Held,
+            created_ms: now_ms(),
+        };
+        tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason, "not delivered");
+        if let Err(e) = self.deliver(notice).await {
+            tracing::error!(msg_id = %original.msg_id, error = %e, "could not record a failure notice");
+        }
+    }
+
+    /// `fleet_send`: sends `text` to `to` and waits up to `wait` for the answer.
+    pub async fn send(
+        self: &Arc<Self>,
+        caller: &Caller,
+        to: &str,
+        text: String,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        check_tool(&caller.entity, Tool::Send)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        let recipient = self.resolve_local(to)?;
+        if recipient.gid == caller.entity.gid {
+            return Err(FleetError::invalid("you cannot send a message to yourself"));
+        }
+        check_send(&caller.entity, &recipient)?;
+        let trace_id = self
+            .lock()
+            .panes
+            .get(&caller.entity.gid)
+            .and_then(|s| s.current.as_ref().map(|m| m.trace_id))
+            .unwrap_or_else(TraceId::mint);
+        let message = Message {
+            msg_id: MsgId::mint(),
+            trace_id,
+            kind: Kind::Send,
+            from: caller.entity.gid,
+            to: recipient.gid,
+            in_reply_to: None,
+            body: text,
+            state: MsgState::Queued,
+            created_ms: now_ms(),
+        };
+        let msg_id = message.msg_id;
+        self.deliver(message).await?;
+        self.await_answer(caller, msg_id, wait, ct).await
+    }
+
+    async fn await_answer(
+        self: &Arc<Self>,
+        caller: &Caller,
+        msg_id: MsgId,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        let me = caller.entity.gid;
+        let _open = self.open_call(me, Some(msg_id), false);
+        let mut inbox = self.inbox(me);
+        let deadline = Instant::now() + wait;
+        loop {
+            inbox.borrow_and_update();
+            if let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
+                return Ok(match answer.kind {
+                    Kind::Failed => SendResult::Failed {
+                        msg_id,
+                        reason: answer.body,
+                    },
+                    _ => SendResult::Replied {
+                        msg_id,
+                        reply: self.describe(answer).await,
+                    },
+                });
+            }
+            tokio::select! {
+                changed = inbox.changed() => if changed.is_err() { break },
+                () = sleep_until(deadline) => break,
+                () = ct.cancelled() => return Err(cancelled()),
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        let state = self
+            .db(move |s| s.message(msg_id))
+            .await?
+            .map(|m| m.state.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        Ok(SendResult::Pending {
+            msg_id,
+            state,
+            note: format!(
+                "no answer within {} s; it will be held for you: collect it with fleet_poll",
+                wait.as_secs()
+            ),
+        })
+    }
+
+    /// `fleet_reply`: answers `in_reply_to`, or the caller's task in flight.
+    pub async fn reply(
+        self: &Arc<Self>,
+        caller: &Caller,
+        text: String,
+        in_reply_to: Option<MsgId>,
+    ) -> Result<ReplyResult, FleetError> {
+        check_tool(&caller.entity, Tool::Reply)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        let me = caller.entity.gid;
+        let answered = match in_reply_to {
+            Some(id) => self
+                .db(move |s| s.message(id))
+                .await?
+                .filter(|m| m.to == me)
+                .ok_or_else(|| {
+                    FleetError::invalid(format!(
+                        "in_reply_to {id} is not a message sent to you; fleet_poll shows what you received"
+                    ))
+                })?,
+            None => self
+                .lock()
+                .panes
+                .get(&me)
+                .and_then(|s| s.current.clone())
+                .ok_or_else(|| {
+                    FleetError::invalid(
+                        "you have no task in flight to answer: pass in_reply_to (the msg_id you answer)",
+                    )
+                })?,
+        };
+        let reply = Message {
+            msg_id: MsgId::mint(),
+            trace_id: answered.trace_id,
+            kind: Kind::Reply,
+            from: me,
+            to: answered.from,
+            in_reply_to: Some(answered.msg_id),
+            body: text,
+            state: MsgState::Held,
+            created_ms: now_ms(),
+        };
+        let msg_id = reply.msg_id;
+        if matches!(self.placement(&reply), Placement::Dead) {
+            return Err(FleetError::new(
+                ErrorCode::Gone,
+                format!(
+                    "'{}' who sent message {} is gone; your reply has nowhere to go",
+                    self.name_of(answered.from).await,
+                    answered.msg_id
+                ),
+            ));
+        }
+        self.deliver(reply).await?;
+        self.end_turn(me, answered.msg_id);
+        Ok(ReplyResult {
+            msg_id,
+            to: answered.from,
+            to_name: self.name_of(answered.from).await,
+        })
+    }
+
+    /// Ends `gid`'s turn if `answered` is its task in flight: the worker is idle again and
+    /// its next task may go in.
+    fn end_turn(&self, gid: Gid, answered: MsgId) {
+        let mut sessions = self.lock();
+        if let Some(session) = sessions.panes.get_mut(&gid) {
+            if session.current.as_ref().is_some_and(|m| m.msg_id == answered) {
+                session.current = None;
+                if let Err(e) = session.apply(SessionEvent::TurnDone) {
+                    tracing::warn!(%gid, error = %e, "reply outside a turn");
+                }
+            }
+        }
+    }
+
+    /// `fleet_poll`: held messages for the caller (only those from `from`, when given),
+    /// waiting up to `wait` for the first.
+    pub async fn poll(
+        self: &Arc<Self>,
+        caller: &Caller,
+        from: Option<&str>,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<PollResult, FleetError> {
+        check_tool(&caller.entity, Tool::Poll)?;
+        let from = match from {
+            Some(name) => Some(self.resolve_sender(name).await?),
+            None => None,
+        };
+        let me = caller.entity.gid;
+        let _open = self.open_call(me, None, true);
+        let mut inbox = self.inbox(me);
+        let mut kick = self.lock().panes.get(&me).map(|s| s.kick.subscribe());
+        let deadline = Instant::now() + wait;
+        loop {
+            inbox.borrow_and_update();
+            if let Some(kick) = kick.as_mut() {
+                kick.borrow_and_update();
+            }
+            let mut batch = self.db(move |s| s.take_held(me, from, POLL_BATCH)).await?;
+            if batch.is_empty() && from.is_none() && self.take_task_by_poll(me).await? {
+                batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
+            }
+            if !batch.is_empty() {
+                let mut messages = Vec::with_capacity(batch.len());
+                for message in batch {
+                    messages.push(self.describe(message).await);
+                }
+                return Ok(PollResult { messages });
+            }
+            let kicked = async {
+                match kick.as_mut() {
+                    Some(kick) => kick.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = inbox.changed() => if changed.is_err() { break },
+                alive = kicked => if !alive { break },
+                () = sleep_until(deadline) => break,
+                () = ct.cancelled() => return Err(cancelled()),
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        Ok(PollResult {
+            messages: Vec::new(),
+        })
+    }
+
+    /// For an idle pane-bound caller blocked in a poll: takes its next queued task off the
+    /// queue and holds it for this poll (a TUI would only queue typed text while the call runs).
+    async fn take_task_by_poll(self: &Arc<Self>, gid: Gid) -> Result<bool, FleetError> {
+        let idle = self
+            .lock()
+            .panes
+            .get(&gid)
+            .is_some_and(|s| s.status == WorkerStatus::Idle);
+        if !idle {
+            return Ok(false);
+        }
+        let Some(task) = self.db(move |s| s.dequeue(gid, &MsgState::Held)).await? else {
+            return Ok(false);
+        };
+        self.start_task(gid, task).await;
+        Ok(true)
+    }
+
+    /// The gid of a sender named `name` for a poll filter: a live entity, or the newest one
+    /// of that name that is gone (its replies may still be held).
+    async fn resolve_sender(&self, name: &str) -> Result<Gid, FleetError> {
+        if let Ok(gid) = name.parse::<Gid>() {
+            return Ok(gid);
+        }
+        if let Ok(entity) = self.resolve_local(name) {
+            return Ok(entity.gid);
+        }
+        let owned = name.to_string();
+        match self.db(move |s| s.latest_named(&owned)).await? {
+            Some(record) => Ok(record.entity.gid),
+            None => Err(self.resolve_local(name).err().unwrap_or_else(|| {
+                FleetError::new(ErrorCode::UnknownRecipient, format!("nobody is named '{name}'"))
+            })),
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The gateway: this host's fleetd. It owns the roster of local entities and their sessions,
+//! decides where each message goes, and runs the loops that deliver them: one pump per
+//! pane-bound entity, a pane watcher, and a nudger per lead.
+//!
+//! The store is the truth for messages; memory holds only what is live (session status, who is
+//! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
+//! run's panes and keeps every held message.
+
+mod delivery;
+mod messages;
+mod nudge;
+mod sessions;
+mod spawn;
+mod watch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fleet_core::{Entity, ErrorCode, FleetError, Gid};
+use fleet_mux::PaneHost;
+use fleet_store::{Store, StoreError, StoreResult};
+use tokio::sync::watch as tokio_watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::state::StateDir;
+
+pub use messages::{Delivered, PollResult, ReplyResult, SendResult};
+pub use nudge::NudgeTarget;
+pub use sessions::{ListResult, RosterEntry};
+pub use spawn::{SpawnRequest, SpawnResult, StopResult};
+
+use sessions::Sessions;
+
+/// The one object behind every tool call and loop.
+pub struct Gateway {
+    /// The configuration, fixed for the life of the process.
+    config: Arc<Config>,
+    /// This host's id.
+    host_id: String,
+    /// The MCP URL handed to workers.
+    mcp_url: String,
+    /// Durable state.
+    store: Arc<dyn Store>,
+    /// Where the panes live.
+    panes: Arc<dyn PaneHost>,
+    /// The state dir.
+    state: StateDir,
+    /// Live sessions and leads; a std mutex, never held across an await.
+    sessions: Mutex<Sessions>,
+    /// Per-entity inbox versions: bumped whenever a message is held for the entity, so a
+    /// long-poll or blocked send wakes and looks.
+    inboxes: Mutex<HashMap<Gid, tokio_watch::Sender<u64>>>,
+    /// Cancelled at shutdown; every loop watches it.
+    shutdown: CancellationToken,
+    /// Every background task, so shutdown can wait for them.
+    tasks: TaskTracker,
+}
+
+/// The caller of a tool, as its bearer token resolved it.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// Who is calling.
+    pub entity: Entity,
+}
+
+impl Gateway {
+    /// Builds the gateway over an opened store and pane host. Call [`Gateway::start`] next.
+    pub fn new(
+        config: Arc<Config>,
+        host_id: String,
+        mcp_url: String,
+        store: Arc<dyn Store>,
+        panes: Arc<dyn PaneHost>,
+        state: StateDir,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            host_id,
+            mcp_url,
+            store,
+            panes,
+            state,
+            sessions: Mutex::new(Sessions::default()),
+            inboxes: Mutex::new(HashMap::new()),
+            shutdown,
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Declares the configured leads, fails what a previous run left half-delivered, reaps its
+    /// panes, and starts the pane watcher and the nudgers.
+    pub async fn start(self: &Arc<Self>) -> Result<(), FleetError> {
+        for (name, lead) in &self.config.leads {
+            let (name, host, groups) = (name.clone(), self.host_id.clone(), lead.groups.clone());
+            let gid = self
+                .db(move |s| s.ensure_lead(&name, &host, &groups))
+                .await?;
+            let entity = self
+                .db(move |s| s.entity(gid))
+                .await?
+                .ok_or_else(|| FleetError::internal("a lead vanished from the store"))?
+                .entity;
+            self.lock().add_lead(entity);
+        }
+        self.recover().await?;
+        watch::start(self);
+        nudge::start(self);
+        Ok(())
+    }
+
+    /// Shuts down: stops the loops, ends every live session (closing its pane and telling the
+    /// senders of what was on its way), and waits for the loops to finish. Held messages stay.
+    pub async fn shut_down(self: &Arc<Self>) {
+        self.shutdown.cancel();
+        let live: Vec<Gid> = self
+            .lock()
+            .panes
+            .iter()
+            .filter(|(_, s)| s.status.is_live())
+            .map(|(gid, _)| *gid)
+            .collect();
+        for gid in live {
+            self.end_session(gid, "fleetd stopped", true).await;
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// The host id.
+    pub fn host_id(&self) -> &str {
+        &self.host_id
+    }
+
+    /// The state dir.
+    pub fn state_dir(&self) -> &StateDir {
+        &self.state
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Resolves a bearer token's hash to its live caller, and notes that the caller called in
+    /// (readiness, last seen; and, when `acting`, proof that a typed task was submitted).
+    pub async fn authenticate(
+        self: &Arc<Self>,
+        hash: [u8; 32],
+        nudge: Option<NudgeTarget>,
+        acting: bool,
+    ) -> Result<Option<Caller>, FleetError> {
+        let Some(gid) = self.db(move |s| s.gid_for_token(&hash)).await? else {
+            return Ok(None);
+        };
+        let called_in = self.lock().called_in(gid, nudge, acting);
+        match called_in {
+            Some((entity, became_ready)) => {
+                if became_ready {
+                    self.persist_status(gid).await;
+                }
+                Ok(Some(Caller { entity }))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Sessions> {
+        // Sessions hold no invariant that a panic half-way could break beyond repair.
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs a store call off the async threads.
+    async fn db<T, F>(&self, f: F) -> Result<T, FleetError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
+    {
+        let store = Arc::clone(&self.store);
+        match tokio::task::spawn_blocking(move || f(store.as_ref())).await {
+            Ok(result) => result.map_err(store_error),
+            Err(join) => Err(FleetError::internal(format!("store call failed: {join}"))),
+        }
+    }
+
+    /// A receiver that sees every later change of `gid`'s inbox.
+    fn inbox(&self, gid: Gid) -> tokio_watch::Receiver<u64> {
+        let mut inboxes = self
+            .inboxes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        inboxes
+            .entry(gid)
+            .or_insert_with(|| tokio_watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// Tells everyone waiting on `gid`'s inbox to look again.
+    fn bump_inbox(&self, gid: Gid) {
+        let inboxes = self
+            .inboxes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(tx) = inboxes.get(&gid) {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    /// `fleet_list`: every live entity, and the caller.
+    pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
+        self.lock()
+            .list(caller.entity.gid)
+            .ok_or_else(|| FleetError::new(ErrorCode::Gone, "you are no longer in the roster"))
+    }
+}
+
+/// Maps a store failure onto the domain error.
+fn store_error(err: StoreError) -> FleetError {
+    match err {
+        StoreError::NameTaken(name) => FleetError::invalid(format!(
+            "the name '{name}' is taken by a live entity; pick another or stop that one first"
+        )),
+        other => FleetError::new(ErrorCode::Internal, other.to_string()),
+    }
+}

@@ -1,0 +1,212 @@
+//! Nudges: when messages are held for a lead that is not blocked in a fleet call, type a
+//! one-line reminder into the lead's own pane, only while that pane is idle and at most once
+//! per interval. The lead says where its pane is with `X-Fleet-Pane` (its `$TMUX_PANE`) and,
+//! optionally, `X-Fleet-Tmux` (its `$TMUX`, naming its tmux server).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::Gid;
+use fleet_mux::tmux::{Socket, Tmux};
+use fleet_mux::{PaneHost, PaneId};
+use tokio::time::{Instant, sleep};
+
+use super::Gateway;
+use crate::config::LeadConfig;
+
+/// How soon to look again when a nudge is due but the lead is busy or its pane is not idle.
+const NUDGE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Where a lead's pane is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NudgeTarget {
+    /// The lead's tmux server socket; the user's default server when unknown.
+    pub socket: Option<PathBuf>,
+    /// The pane, as `%N`.
+    pub pane: String,
+}
+
+impl NudgeTarget {
+    /// Reads the target from the `X-Fleet-Pane` and `X-Fleet-Tmux` header values; `None` when
+    /// the pane is absent or not a tmux pane id (a header left unexpanded, say).
+    pub fn from_headers(pane: Option<&str>, tmux: Option<&str>) -> Option<Self> {
+        let pane = pane?.trim();
+        let digits = pane.strip_prefix('%')?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let socket = tmux
+            .and_then(|t| t.split(',').next())
+            .map(str::trim)
+            .filter(|s| s.starts_with('/'))
+            .map(PathBuf::from);
+        Some(Self {
+            socket,
+            pane: pane.to_string(),
+        })
+    }
+
+    fn tmux(&self) -> Tmux {
+        Tmux::new(match &self.socket {
+            Some(path) => Socket::Path(path.clone()),
+            None => Socket::Name("default".into()),
+        })
+    }
+}
+
+/// What the nudger should do now.
+enum Due {
+    /// Nothing is held, or there is nowhere to nudge.
+    Nothing,
+    /// Look again after this long.
+    Later(Duration),
+    /// Nudge this pane about this many messages.
+    Now(NudgeTarget, usize),
+}
+
+pub(super) fn start(gateway: &Arc<Gateway>) {
+    for (name, lead) in &gateway.config.leads {
+        if !lead.nudge {
+            continue;
+        }
+        let gid = gateway
+            .lock()
+            .leads
+            .values()
+            .find(|l| &l.entity.name == name)
+            .map(|l| l.entity.gid);
+        if let Some(gid) = gid {
+            let (gateway, lead) = (Arc::clone(gateway), lead.clone());
+            let tasks = gateway.tasks.clone();
+            tasks.spawn(async move { gateway.nudge_loop(gid, lead).await });
+        }
+    }
+}
+
+impl Gateway {
+    async fn nudge_loop(self: Arc<Self>, gid: Gid, lead: LeadConfig) {
+        let mut inbox = self.inbox(gid);
+        loop {
+            inbox.borrow_and_update();
+            let wait = match self.nudge_due(gid, &lead).await {
+                Due::Nothing => None,
+                Due::Later(after) => Some(after),
+                Due::Now(target, count) => {
+                    if self.nudge(gid, &target, count, &lead).await {
+                        Some(Duration::from_secs(lead.nudge_interval_s))
+                    } else {
+                        Some(NUDGE_RECHECK)
+                    }
+                }
+            };
+            let nap = async {
+                match wait {
+                    Some(after) => sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = inbox.changed() => if changed.is_err() { return },
+                () = nap => {}
+                () = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    async fn nudge_due(&self, gid: Gid, lead: &LeadConfig) -> Due {
+        let held = match self.db(move |s| s.held_count(gid)).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(%gid, error = %e, "cannot count held messages");
+                return Due::Later(NUDGE_RECHECK);
+            }
+        };
+        if held == 0 {
+            return Due::Nothing;
+        }
+        let sessions = self.lock();
+        let Some(state) = sessions.leads.get(&gid) else {
+            return Due::Nothing;
+        };
+        let Some(target) = state.nudge.clone() else {
+            return Due::Nothing;
+        };
+        if state.open_calls > 0 {
+            return Due::Later(NUDGE_RECHECK);
+        }
+        let interval = Duration::from_secs(lead.nudge_interval_s);
+        match state.last_nudge.map(|at| at.elapsed()) {
+            Some(since) if since < interval => Due::Later(interval - since),
+            _ => Due::Now(target, held),
+        }
+    }
+
+    /// Types the nudge if the pane is idle (holds still for the quiet time, not in a mode) and
+    /// the lead did not start a call meanwhile. Returns whether it typed.
+    async fn nudge(&self, gid: Gid, target: &NudgeTarget, count: usize, lead: &LeadConfig) -> bool {
+        let tmux = target.tmux();
+        let pane = PaneId(target.pane.clone());
+        let idle = async {
+            let first = tmux.snapshot(&pane).await?;
+            sleep(Duration::from_millis(lead.nudge_quiet_ms)).await;
+            let second = tmux.snapshot(&pane).await?;
+            Ok::<bool, fleet_mux::MuxError>(!first.in_mode && first == second)
+        };
+        match idle.await {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                tracing::debug!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane");
+                return false;
+            }
+        }
+        {
+            let mut sessions = self.lock();
+            let Some(state) = sessions.leads.get_mut(&gid) else {
+                return false;
+            };
+            if state.open_calls > 0 {
+                return false;
+            }
+            state.last_nudge = Some(Instant::now());
+        }
+        let plural = if count == 1 { "" } else { "s" };
+        let line = format!("[fleet] {count} message{plural} waiting for you: call fleet_poll to read them");
+        match tmux.type_line(&pane, &line).await {
+            Ok(()) => {
+                tracing::info!(%gid, pane = %target.pane, count, "nudged");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%gid, pane = %target.pane, error = %e, "cannot nudge");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_come_from_tmux_variables() {
+        let target = NudgeTarget::from_headers(Some("%12"), Some("/tmp/tmux-1000/default,4242,0"))
+            .unwrap();
+        assert_eq!(target.pane, "%12");
+        assert_eq!(target.socket, Some(PathBuf::from("/tmp/tmux-1000/default")));
+        let bare = NudgeTarget::from_headers(Some(" %3 "), None).unwrap();
+        assert_eq!((bare.pane.as_str(), bare.socket), ("%3", None));
+    }
+
+    #[test]
+    fn unexpanded_or_foreign_values_are_ignored() {
+        assert!(NudgeTarget::from_headers(Some("${TMUX_PANE}"), None).is_none());
+        assert!(NudgeTarget::from_headers(Some("%"), None).is_none());
+        assert!(NudgeTarget::from_headers(Some("w1:p2"), None).is_none());
+        assert!(NudgeTarget::from_headers(None, Some("/tmp/x,1,0")).is_none());
+        let odd = NudgeTarget::from_headers(Some("%1"), Some("relative,1,0")).unwrap();
+        assert_eq!(odd.socket, None);
+    }
+}

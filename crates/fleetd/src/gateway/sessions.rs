@@ -1,0 +1,243 @@
+//! The live half of the roster: leads and pane sessions as this process knows them, with what
+//! each is doing now (status, the task in flight, open calls). Pure bookkeeping under one lock;
+//! no I/O happens here.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fleet_core::{Entity, Gid, Message, MsgId, Role, SessionEvent, WorkerStatus};
+use fleet_mux::PaneId;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::NudgeTarget;
+use crate::config::ProfileConfig;
+
+/// Milliseconds since the Unix epoch, now.
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A lead, reached by MCP pull.
+pub(super) struct LeadState {
+    /// Who.
+    pub entity: Entity,
+    /// Fleet calls of this lead now open (a blocked send, a long poll): while any is open the
+    /// lead gets its messages through the call and is never nudged.
+    pub open_calls: usize,
+    /// Where to type a nudge, as the lead's last request said.
+    pub nudge: Option<NudgeTarget>,
+    /// When it last called in.
+    pub last_seen_ms: Option<i64>,
+    /// When it was last nudged.
+    pub last_nudge: Option<Instant>,
+}
+
+/// A pane-bound entity (worker, architect) and its session.
+pub(super) struct PaneSession {
+    /// Who.
+    pub entity: Entity,
+    /// How to type into it.
+    pub profile: Arc<ProfileConfig>,
+    /// Where it is in its life.
+    pub status: WorkerStatus,
+    /// Its pane, once spawned.
+    pub pane: Option<PaneId>,
+    /// The task in flight, set when a task is handed over and cleared by its reply.
+    pub current: Option<Message>,
+    /// Open `fleet_poll` calls: while one is open, tasks go through it, not the keyboard.
+    pub polls: usize,
+    /// Sends of this entity now blocked waiting for their answer.
+    pub awaiting: HashSet<MsgId>,
+    /// Ticks on every authenticated call; the injector's proof of a submit.
+    pub activity: watch::Sender<u64>,
+    /// Ticks whenever the delivery pump or the readiness gate should look again.
+    pub kick: watch::Sender<u64>,
+    /// When it last called in.
+    pub last_seen_ms: Option<i64>,
+    /// The end of its screen when its program exited, for the error a spawn reports.
+    pub last_words: Option<String>,
+}
+
+impl PaneSession {
+    /// Applies a session event, logging the transition.
+    pub fn apply(&mut self, event: SessionEvent) -> Result<WorkerStatus, fleet_core::FleetError> {
+        let next = self.status.on(event)?;
+        tracing::info!(gid = %self.entity.gid, name = %self.entity.name, from = %self.status, to = %next, ?event, "session");
+        self.status = next;
+        self.kick();
+        Ok(next)
+    }
+
+    /// Wakes the pump and the readiness gate.
+    pub fn kick(&self) {
+        self.kick.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+/// One entry of `fleet_list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RosterEntry {
+    /// Global id.
+    pub gid: Gid,
+    /// Name.
+    pub name: String,
+    /// Host id.
+    pub host: String,
+    /// Role.
+    pub role: Role,
+    /// Profile it was spawned from.
+    pub profile: Option<String>,
+    /// Session status (`idle` for leads).
+    pub status: WorkerStatus,
+    /// Broadcast groups.
+    pub groups: Vec<String>,
+    /// Its pane, for pane-bound entities.
+    pub pane: Option<String>,
+    /// When it last called in (Unix ms).
+    pub last_seen_ms: Option<i64>,
+}
+
+/// The answer to `fleet_list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ListResult {
+    /// The caller.
+    pub you: RosterEntry,
+    /// The caller's lead-to-lead coordination id (none until a coordinator is configured).
+    pub coord_id: Option<String>,
+    /// Every live entity.
+    pub entities: Vec<RosterEntry>,
+}
+
+/// Leads and pane sessions.
+#[derive(Default)]
+pub(super) struct Sessions {
+    /// Leads by gid.
+    pub leads: HashMap<Gid, LeadState>,
+    /// Live pane sessions by gid.
+    pub panes: HashMap<Gid, PaneSession>,
+}
+
+impl Sessions {
+    pub fn add_lead(&mut self, entity: Entity) {
+        self.leads.insert(
+            entity.gid,
+            LeadState {
+                entity,
+                open_calls: 0,
+                nudge: None,
+                last_seen_ms: None,
+                last_nudge: None,
+            },
+        );
+    }
+
+    /// Notes a call from `gid`. Returns the entity, and whether this call made a spawning
+    /// session ready; `None` if `gid` is not live here.
+    pub fn called_in(
+        &mut self,
+        gid: Gid,
+        nudge: Option<NudgeTarget>,
+        acting: bool,
+    ) -> Option<(Entity, bool)> {
+        if let Some(lead) = self.leads.get_mut(&gid) {
+            lead.last_seen_ms = Some(now_ms());
+            if nudge.is_some() {
+                lead.nudge = nudge;
+            }
+            return Some((lead.entity.clone(), false));
+        }
+        let session = self.panes.get_mut(&gid)?;
+        if !session.status.is_live() {
+            return None;
+        }
+        session.last_seen_ms = Some(now_ms());
+        if acting {
+            session.activity.send_modify(|v| *v = v.wrapping_add(1));
+        }
+        let became_ready = session.status == WorkerStatus::Spawning
+            && session.apply(SessionEvent::Ready).is_ok();
+        Some((session.entity.clone(), became_ready))
+    }
+
+    /// Every live entity, leads first, then sessions oldest first.
+    pub fn entities(&self) -> Vec<Entity> {
+        let mut leads: Vec<&LeadState> = self.leads.values().collect();
+        leads.sort_by_key(|l| l.entity.gid);
+        let mut panes: Vec<&PaneSession> = self
+            .panes
+            .values()
+            .filter(|s| s.status.is_live())
+            .collect();
+        panes.sort_by_key(|s| s.entity.gid);
+        leads
+            .into_iter()
+            .map(|l| l.entity.clone())
+            .chain(panes.into_iter().map(|s| s.entity.clone()))
+            .collect()
+    }
+
+    /// Forgets the oldest ended sessions beyond `keep`.
+    pub fn prune_gone(&mut self, keep: usize) {
+        let mut gone: Vec<Gid> = self
+            .panes
+            .iter()
+            .filter(|(_, s)| s.status == WorkerStatus::Gone)
+            .map(|(gid, _)| *gid)
+            .collect();
+        if gone.len() > keep {
+            gone.sort_unstable();
+            for gid in &gone[..gone.len() - keep] {
+                self.panes.remove(gid);
+            }
+        }
+    }
+
+    /// The roster entry of `gid`.
+    pub fn entry(&self, gid: Gid) -> Option<RosterEntry> {
+        if let Some(lead) = self.leads.get(&gid) {
+            return Some(RosterEntry {
+                gid,
+                name: lead.entity.name.clone(),
+                host: lead.entity.host.clone(),
+                role: lead.entity.role,
+                profile: None,
+                status: WorkerStatus::Idle,
+                groups: lead.entity.groups.clone(),
+                pane: None,
+                last_seen_ms: lead.last_seen_ms,
+            });
+        }
+        let s = self.panes.get(&gid)?;
+        Some(RosterEntry {
+            gid,
+            name: s.entity.name.clone(),
+            host: s.entity.host.clone(),
+            role: s.entity.role,
+            profile: s.entity.profile.clone(),
+            status: s.status,
+            groups: s.entity.groups.clone(),
+            pane: s.pane.as_ref().map(|p| p.0.clone()),
+            last_seen_ms: s.last_seen_ms,
+        })
+    }
+
+    /// The whole roster as seen by `caller`.
+    pub fn list(&self, caller: Gid) -> Option<ListResult> {
+        let entities = self
+            .entities()
+            .into_iter()
+            .filter_map(|e| self.entry(e.gid))
+            .collect();
+        Some(ListResult {
+            you: self.entry(caller)?,
+            coord_id: None,
+            entities,
+        })
+    }
+}

@@ -1,0 +1,463 @@
+//! Session lifecycle: spawn behind the readiness gate, stop, the end of a session however it
+//! comes, and the start-up reap of what a previous run left behind.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::authz::{Tool, check_tool};
+use fleet_core::entity::validate_name;
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
+use fleet_mux::{PaneId, PaneSpec};
+use fleet_store::EntityRecord;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::sessions::{PaneSession, now_ms};
+use super::{Caller, Gateway};
+use crate::token;
+
+/// How often the readiness gate looks for the ready marker on screen.
+const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How many lines of a failed worker's screen an error quotes.
+pub(super) const LAST_WORDS_LINES: usize = 8;
+/// How many ended sessions stay in memory (for their last words and late replies' names);
+/// older ones are forgotten, the store keeps them.
+const MAX_GONE_KEPT: usize = 256;
+
+/// What `fleet_spawn` asks for.
+#[derive(Clone, Debug, Default)]
+pub struct SpawnRequest {
+    /// The profile.
+    pub profile: String,
+    /// A name; `<profile>-<n>` when absent.
+    pub name: Option<String>,
+    /// The host to spawn on; this one when absent.
+    pub host: Option<String>,
+    /// The working directory; the profile's when absent.
+    pub cwd: Option<PathBuf>,
+    /// Extra broadcast groups.
+    pub groups: Vec<String>,
+}
+
+/// The answer to `fleet_spawn`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpawnResult {
+    /// The new entity's gid.
+    pub gid: Gid,
+    /// Its name.
+    pub name: String,
+    /// Its host.
+    pub host: String,
+    /// Its pane.
+    pub pane: String,
+    /// Its profile.
+    pub profile: String,
+    /// Its status (`idle`: ready for a task).
+    pub status: WorkerStatus,
+}
+
+/// The answer to `fleet_stop`.
+#[derive(Clone, Debug, Serialize)]
+pub struct StopResult {
+    /// Who was stopped.
+    pub gid: Gid,
+    /// Their name.
+    pub name: String,
+    /// Their status now.
+    pub status: WorkerStatus,
+}
+
+/// The last non-empty lines of a screen.
+pub(super) fn tail_lines(text: &str, lines: usize) -> String {
+    let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    kept[kept.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Closes the pane and ends the session of a spawn that did not finish (an error, a cancelled
+/// call), so no half-spawned worker is left behind.
+struct SpawnGuard {
+    gateway: Arc<Gateway>,
+    gid: Gid,
+    armed: bool,
+}
+
+impl Drop for SpawnGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let gateway = Arc::clone(&self.gateway);
+            let gid = self.gid;
+            self.gateway.tasks.spawn(async move {
+                gateway
+                    .end_session(gid, "its spawn did not complete", true)
+                    .await;
+            });
+        }
+    }
+}
+
+impl Gateway {
+    /// `fleet_spawn`: starts a worker from a profile and returns once it is ready.
+    pub async fn spawn(
+        self: &Arc<Self>,
+        caller: &Caller,
+        request: SpawnRequest,
+        ct: &CancellationToken,
+    ) -> Result<SpawnResult, FleetError> {
+        check_tool(&caller.entity, Tool::Spawn)?;
+        if let Some(host) = request.host.as_deref().filter(|h| *h != self.host_id) {
+            return Err(FleetError::invalid(format!(
+                "host '{host}' is not reachable: this gateway has no broker, so it spawns only on '{}'",
+                self.host_id
+            )));
+        }
+        let profile = self
+            .config
+            .profile(&request.profile)
+            .cloned()
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.config.profiles.iter().map(|p| p.name.as_str()).collect();
+                FleetError::new(
+                    ErrorCode::UnknownProfile,
+                    format!(
+                        "no profile is named '{}' (configured: {})",
+                        request.profile,
+                        known.join(", ")
+                    ),
+                )
+            })?;
+        let profile = Arc::new(profile);
+        let name = match request.name {
+            Some(name) => {
+                validate_name("worker name", &name)?;
+                name
+            }
+            None => self.free_name(&profile.name),
+        };
+        let mut groups: BTreeSet<String> = profile.groups.iter().cloned().collect();
+        for group in request.groups {
+            validate_name("group", &group)?;
+            groups.insert(group);
+        }
+        let cwd = match request.cwd.or_else(|| profile.cwd.clone()) {
+            Some(dir) if dir.is_dir() => dir,
+            Some(dir) => {
+                return Err(FleetError::invalid(format!(
+                    "cwd '{}' is not a directory on host '{}'",
+                    dir.display(),
+                    self.host_id
+                )));
+            }
+            None => std::env::current_dir()
+                .map_err(|e| FleetError::internal(format!("fleetd has no working directory: {e}")))?,
+        };
+
+        let entity = Entity {
+            gid: Gid::mint(),
+            name: name.clone(),
+            host: self.host_id.clone(),
+            role: Role::Worker,
+            profile: Some(profile.name.clone()),
+            groups: groups.into_iter().collect(),
+            parent: Some(caller.entity.gid),
+        };
+        let gid = entity.gid;
+        let secret = token::mint()
+            .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
+        let record = EntityRecord {
+            entity: entity.clone(),
+            status: WorkerStatus::Spawning,
+            pane: None,
+            created_ms: now_ms(),
+        };
+        self.db(move |s| s.insert_entity(&record)).await?;
+        let hash = token::hash(&secret);
+        self.db(move |s| s.put_token(gid, &hash, true)).await?;
+        self.lock().panes.insert(
+            gid,
+            PaneSession {
+                entity: entity.clone(),
+                profile: Arc::clone(&profile),
+                status: WorkerStatus::Spawning,
+                pane: None,
+                current: None,
+                polls: 0,
+                awaiting: HashSet::new(),
+                activity: watch::channel(0).0,
+                kick: watch::channel(0).0,
+                last_seen_ms: None,
+                last_words: None,
+            },
+        );
+        let mut guard = SpawnGuard {
+            gateway: Arc::clone(self),
+            gid,
+            armed: true,
+        };
+        tracing::info!(%gid, %name, profile = %profile.name, "spawning");
+
+        let mut env: BTreeMap<String, String> = profile.env.clone();
+        env.insert("FLEET_MCP_URL".into(), self.mcp_url.clone());
+        env.insert("FLEET_TOKEN".into(), secret);
+        env.insert("FLEET_GID".into(), gid.to_string());
+        env.insert("FLEET_NAME".into(), name.clone());
+        env.insert("FLEET_HOST".into(), self.host_id.clone());
+        let spec = PaneSpec {
+            label: name.clone(),
+            argv: profile.argv.clone(),
+            env,
+            cwd,
+        };
+        let pane = self.panes.spawn(&spec).await.map_err(|e| {
+            FleetError::new(ErrorCode::PaneHost, format!("cannot open a pane for '{name}': {e}"))
+        })?;
+        let pane_text = pane.0.clone();
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.pane = Some(pane.clone());
+        }
+        self.db(move |s| s.set_session(gid, WorkerStatus::Spawning, Some(&pane_text)))
+            .await?;
+        self.start_pump(gid);
+
+        self.await_ready(gid, &pane, &profile, ct).await?;
+        guard.armed = false;
+        Ok(SpawnResult {
+            gid,
+            name,
+            host: self.host_id.clone(),
+            pane: pane.0,
+            profile: profile.name.clone(),
+            status: WorkerStatus::Idle,
+        })
+    }
+
+    /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
+    /// program exits, the profile's timeout passes, or the caller gives up.
+    async fn await_ready(
+        self: &Arc<Self>,
+        gid: Gid,
+        pane: &PaneId,
+        profile: &crate::config::ProfileConfig,
+        ct: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+            return Err(FleetError::new(ErrorCode::NotReady, "the worker vanished while spawning"));
+        };
+        let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
+        loop {
+            kick.borrow_and_update();
+            let (status, last_words) = match self.lock().panes.get(&gid) {
+                Some(s) => (s.status, s.last_words.clone()),
+                None => (WorkerStatus::Gone, None),
+            };
+            match status {
+                WorkerStatus::Spawning => {}
+                WorkerStatus::Gone | WorkerStatus::Stopping => {
+                    return Err(FleetError::new(
+                        ErrorCode::NotReady,
+                        format!(
+                            "worker (profile '{}') ended before it was ready; its screen showed:\n{}",
+                            profile.name,
+                            last_words.unwrap_or_default()
+                        ),
+                    ));
+                }
+                _ => return Ok(()),
+            }
+            if let Some(marker) = &profile.ready_marker {
+                if let Ok(snap) = self.panes.snapshot(pane).await {
+                    if snap.text.contains(marker.as_str()) {
+                        let became_ready = self
+                            .lock()
+                            .panes
+                            .get_mut(&gid)
+                            .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
+                        if became_ready {
+                            self.persist_status(gid).await;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let recheck = if profile.ready_marker.is_some() {
+                Instant::now() + MARKER_CHECK_INTERVAL
+            } else {
+                deadline
+            };
+            tokio::select! {
+                _ = kick.changed() => {}
+                () = sleep_until(recheck.min(deadline)) => {
+                    if Instant::now() >= deadline {
+                        let screen = self
+                            .panes
+                            .snapshot(pane)
+                            .await
+                            .map(|s| tail_lines(&s.text, LAST_WORDS_LINES))
+                            .unwrap_or_default();
+                        return Err(FleetError::new(
+                            ErrorCode::NotReady,
+                            format!(
+                                "worker (profile '{}') did not call in within {} s, so its pane was closed; its screen showed:\n{screen}",
+                                profile.name, profile.ready_timeout_s
+                            ),
+                        ));
+                    }
+                }
+                () = ct.cancelled() => {
+                    return Err(FleetError::new(ErrorCode::Cancelled, "the spawn was cancelled"));
+                }
+            }
+        }
+    }
+
+    /// The first free `<profile>-<n>`.
+    fn free_name(&self, profile: &str) -> String {
+        let taken: HashSet<String> = self.lock().entities().into_iter().map(|e| e.name).collect();
+        (1..)
+            .map(|n| format!("{profile}-{n}"))
+            .find(|candidate| !taken.contains(candidate))
+            .unwrap_or_else(|| format!("{profile}-{}", Gid::mint()))
+    }
+
+    /// Writes the in-memory status and pane of `gid` to the store.
+    pub(super) async fn persist_status(&self, gid: Gid) {
+        let found = self
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| (s.status, s.pane.clone()));
+        if let Some((status, pane)) = found {
+            let pane = pane.map(|p| p.0);
+            if let Err(e) = self
+                .db(move |s| s.set_session(gid, status, pane.as_deref()))
+                .await
+            {
+                tracing::error!(%gid, error = %e, "cannot record a session status");
+            }
+        }
+    }
+
+    /// `fleet_stop`: ends a worker's session and closes its pane.
+    pub async fn stop(self: &Arc<Self>, caller: &Caller, to: &str) -> Result<StopResult, FleetError> {
+        check_tool(&caller.entity, Tool::Stop)?;
+        let entity = self.resolve_local(to)?;
+        if !entity.role.is_injected() {
+            return Err(FleetError::invalid(format!(
+                "'{}' is a lead: leads are declared in config and cannot be stopped",
+                entity.name
+            )));
+        }
+        let reason = format!("stopped by {}", caller.entity.name);
+        self.end_session(entity.gid, &reason, true).await;
+        Ok(StopResult {
+            gid: entity.gid,
+            name: entity.name,
+            status: WorkerStatus::Gone,
+        })
+    }
+
+    /// Ends the session of `gid` however it ended: marks it gone, revokes its token, fails
+    /// whatever was on its way to it (telling each sender) and the task it had in flight, and
+    /// closes its pane when `close` (its program may already be gone).
+    pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
+        let ended = {
+            let mut sessions = self.lock();
+            match sessions.panes.get_mut(&gid) {
+                Some(session) if session.status != WorkerStatus::Gone => {
+                    if session.status != WorkerStatus::Stopping {
+                        let _ = session.apply(SessionEvent::Stop);
+                    }
+                    let _ = session.apply(SessionEvent::Exited);
+                    Some((session.pane.clone(), session.current.take(), session.entity.name.clone()))
+                }
+                _ => None,
+            }
+        };
+        let Some((pane, current, name)) = ended else {
+            return;
+        };
+        tracing::info!(%gid, %name, reason, "session ended");
+        if close {
+            if let Some(pane) = &pane {
+                if let Err(e) = self.panes.close(pane).await {
+                    tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
+                }
+            }
+        }
+        self.persist_status(gid).await;
+        if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
+            tracing::error!(%gid, error = %e, "cannot revoke a token");
+        }
+        let why = format!("'{name}' is gone ({reason})");
+        let owned = why.clone();
+        match self.db(move |s| s.fail_undelivered_to(gid, &owned)).await {
+            Ok(failed) => {
+                for message in failed {
+                    self.notify_failed(&message, &why).await;
+                }
+            }
+            Err(e) => tracing::error!(%gid, error = %e, "cannot fail undelivered messages"),
+        }
+        if let Some(task) = current {
+            self.notify_failed(&task, &format!("'{name}' ended before replying ({reason})"))
+                .await;
+        }
+        self.lock().prune_gone(MAX_GONE_KEPT);
+    }
+
+    /// At start-up: fails what a previous run was typing when it died, and reaps the previous
+    /// run's sessions and panes (their tokens stop working; held messages stay).
+    pub(super) async fn recover(self: &Arc<Self>) -> Result<(), FleetError> {
+        let interrupted = self
+            .db(|s| s.fail_interrupted("interrupted: fleetd stopped while typing it"))
+            .await?;
+        for message in &interrupted {
+            self.notify_failed(message, "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried")
+                .await;
+        }
+        let stale: Vec<EntityRecord> = self
+            .db(|s| s.live_entities())
+            .await?
+            .into_iter()
+            .filter(|r| r.entity.role.is_injected())
+            .collect();
+        for record in stale {
+            let gid = record.entity.gid;
+            tracing::info!(%gid, name = %record.entity.name, "reaping a session of a previous run");
+            self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
+                .await?;
+            self.db(move |s| s.revoke_tokens(gid)).await?;
+            let reason = format!("'{}' is gone (fleetd restarted)", record.entity.name);
+            let owned = reason.clone();
+            for message in self.db(move |s| s.fail_undelivered_to(gid, &owned)).await? {
+                self.notify_failed(&message, &reason).await;
+            }
+        }
+        // Nothing is live yet, so every pane in this gateway's private server is a leftover,
+        // including one whose spawn died before it was recorded.
+        let leftovers = self.panes.panes().await.map_err(|e| {
+            FleetError::new(ErrorCode::PaneHost, format!("cannot list panes: {e}"))
+        })?;
+        for pane in leftovers.keys() {
+            tracing::info!(%pane, "closing a previous run's pane");
+            if let Err(e) = self.panes.close(pane).await {
+                tracing::warn!(%pane, error = %e, "cannot close a previous run's pane");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_words_skip_blank_lines() {
+        assert_eq!(tail_lines("a\n\nb\n  \nc\n\n", 2), "b\nc");
+        assert_eq!(tail_lines("", 3), "");
+    }
+}

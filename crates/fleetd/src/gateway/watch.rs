@@ -1,0 +1,73 @@
+//! The pane watcher: notices panes whose program exited or that were closed under fleetd, and
+//! ends their sessions. Its interval bounds how late an exit is seen.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::WorkerStatus;
+use fleet_mux::PaneLife;
+
+use super::Gateway;
+
+/// How often the pane host is asked which panes still run.
+const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
+
+pub(super) fn start(gateway: &Arc<Gateway>) {
+    let gateway = Arc::clone(gateway);
+    let tasks = gateway.tasks.clone();
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(PANE_WATCH_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => gateway.check_panes().await,
+                () = gateway.shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
+impl Gateway {
+    async fn check_panes(self: &Arc<Self>) {
+        let watched: Vec<_> = self
+            .lock()
+            .panes
+            .iter()
+            .filter(|(_, s)| s.status.is_live())
+            .filter_map(|(gid, s)| s.pane.clone().map(|p| (*gid, p)))
+            .collect();
+        if watched.is_empty() {
+            return;
+        }
+        let panes = match self.panes.panes().await {
+            Ok(panes) => panes,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list panes");
+                return;
+            }
+        };
+        for (gid, pane) in watched {
+            let reason = match panes.get(&pane) {
+                Some(PaneLife::Alive) => continue,
+                Some(PaneLife::Exited(Some(code))) => format!("its program exited with status {code}"),
+                Some(PaneLife::Exited(None)) => "its program exited".to_string(),
+                None => "its pane was closed".to_string(),
+            };
+            if let Ok(snap) = self.panes.snapshot(&pane).await {
+                let words = super::spawn::tail_lines(&snap.text, super::spawn::LAST_WORDS_LINES);
+                tracing::info!(%gid, %pane, last_words = %words, "pane ended");
+                if let Some(session) = self.lock().panes.get_mut(&gid) {
+                    session.last_words = Some(words);
+                }
+            }
+            let gone = self
+                .lock()
+                .panes
+                .get(&gid)
+                .is_none_or(|s| s.status == WorkerStatus::Gone);
+            if !gone {
+                self.end_session(gid, &reason, true).await;
+            }
+        }
+    }
+}

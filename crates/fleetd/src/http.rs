@@ -1,0 +1,200 @@
+//! The HTTP front: `GET /healthz` and the MCP endpoint at `/mcp`, behind two layers:
+//! a `Host`/`Origin` guard (DNS-rebinding defence: 403 unless loopback or this gateway's own
+//! advertised host) and bearer authentication (401 unless the token maps to a live entity).
+//! The authenticated caller rides in the request's extensions down to the tool.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::{Gateway, NudgeTarget};
+use crate::mcp::FleetMcp;
+use crate::token;
+
+/// The header a lead sets to its `$TMUX_PANE`, for nudges.
+pub const PANE_HEADER: &str = "x-fleet-pane";
+/// The header a lead sets to its `$TMUX`, naming its tmux server.
+pub const TMUX_HEADER: &str = "x-fleet-tmux";
+
+/// The hosts a request may name: loopback, plus the gateway's own advertised and listen hosts.
+#[derive(Clone, Debug)]
+pub struct AllowedHosts(Vec<String>);
+
+impl AllowedHosts {
+    /// Loopback names plus `extra` (host names or IPs, without ports).
+    pub fn new(extra: impl IntoIterator<Item = String>) -> Self {
+        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        for host in extra {
+            let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
+            if !host.is_empty() && !hosts.contains(&host) {
+                hosts.push(host);
+            }
+        }
+        Self(hosts)
+    }
+
+    /// Whether `authority` (`host[:port]`, IPv6 in brackets) names an allowed host.
+    pub fn allows_authority(&self, authority: &str) -> bool {
+        let authority = authority.trim().to_ascii_lowercase();
+        let host = if let Some(rest) = authority.strip_prefix('[') {
+            rest.split(']').next().unwrap_or_default()
+        } else {
+            authority.split(':').next().unwrap_or_default()
+        };
+        self.0.iter().any(|allowed| allowed == host)
+    }
+
+    /// Whether an `Origin` header value is one of ours (`null` and other schemes are not).
+    pub fn allows_origin(&self, origin: &str) -> bool {
+        match origin.split_once("://") {
+            Some(("http" | "https", rest)) => self.allows_authority(rest.split('/').next().unwrap_or_default()),
+            _ => false,
+        }
+    }
+}
+
+fn refuse(status: StatusCode, code: &str, message: String) -> Response {
+    let mut response = (
+        status,
+        axum::Json(json!({ "error": code, "message": message })),
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"fleetd\""),
+        );
+    }
+    response
+}
+
+async fn guard_host(State(allowed): State<Arc<AllowedHosts>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !allowed.allows_authority(host) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("Host '{host}' is not this gateway: fleetd answers only requests to loopback or its advertised host"),
+        );
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("(not text)");
+        if !allowed.allows_origin(origin) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("Origin '{origin}' may not call fleetd"),
+            );
+        }
+    }
+    next.run(req).await
+}
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn authenticate(State(gateway): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
+    let bearer = header_text(req.headers(), header::AUTHORIZATION.as_str())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let Some(bearer) = bearer else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing bearer token: send Authorization: Bearer <token> (see `fleetd mcp-config NAME`)".into(),
+        );
+    };
+    let nudge = NudgeTarget::from_headers(
+        header_text(req.headers(), PANE_HEADER),
+        header_text(req.headers(), TMUX_HEADER),
+    );
+    // Only a POST is the agent acting; a GET stream (re)connecting proves nothing about a submit.
+    let acting = req.method() == Method::POST;
+    match gateway.authenticate(token::hash(bearer), nudge, acting).await {
+        Ok(Some(caller)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Ok(None) => refuse(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown, revoked or rotated bearer token".into(),
+        ),
+        Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, e.code.as_str(), e.message),
+    }
+}
+
+async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
+    axum::Json(json!({
+        "status": "ok",
+        "host_id": gateway.host_id(),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
+}
+
+/// The whole HTTP app. `shutdown` ends every open MCP stream and call.
+pub fn app(gateway: Arc<Gateway>, allowed: AllowedHosts, shutdown: &CancellationToken) -> Router {
+    let handler_gateway = Arc::clone(&gateway);
+    // Host checking is done once, by our guard, for every route alike.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_cancellation_token(shutdown.child_token());
+    let mcp = StreamableHttpService::new(
+        move || Ok(FleetMcp::new(Arc::clone(&handler_gateway))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let protected = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(Arc::clone(&gateway), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(gateway)
+        .merge(protected)
+        .layer(middleware::from_fn_with_state(Arc::new(allowed), guard_host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_advertised_hosts_pass() {
+        let allowed = AllowedHosts::new(["Gateway.Example".to_string(), "[fe80::1]".to_string()]);
+        for ok in ["127.0.0.1:8765", "localhost", "[::1]:80", "gateway.example:9", "[fe80::1]:1"] {
+            assert!(allowed.allows_authority(ok), "{ok}");
+        }
+        for bad in ["evil.example", "127.0.0.2:8765", "", "localhost.evil.example"] {
+            assert!(!allowed.allows_authority(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn origins_must_be_ours() {
+        let allowed = AllowedHosts::new([]);
+        assert!(allowed.allows_origin("http://localhost:3000"));
+        assert!(allowed.allows_origin("https://127.0.0.1"));
+        assert!(!allowed.allows_origin("null"));
+        assert!(!allowed.allows_origin("https://evil.example"));
+        assert!(!allowed.allows_origin("file://localhost"));
+    }
+}

@@ -1,0 +1,11 @@
+//! fleetd, the gateway of one host: it spawns agents into panes, types their tasks in when they
+//! are ready, and holds every answer durably until the lead pulls it.
+
+pub mod cli;
+pub mod config;
+pub mod gateway;
+pub mod http;
+pub mod mcp;
+pub mod serve;
+pub mod state;
+pub mod token;

@@ -1,0 +1,47 @@
+//! The `fleetd` binary.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use fleetd::cli::{Cli, Command, context, mcp_config_command, token_command};
+use fleetd::serve::{ServeOptions, serve};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_json);
+            let (config, state) = context(cli)?;
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(serve(ServeOptions { config, state }, CancellationToken::new()))
+        }
+        Command::Token(args) => token_command(cli, args),
+        Command::McpConfig(args) => mcp_config_command(cli, args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetd: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

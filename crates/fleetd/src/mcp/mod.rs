@@ -1,0 +1,195 @@
+//! The MCP server: the fleet's tools over Streamable HTTP (rmcp). Every tool is a thin shim:
+//! it finds the caller the HTTP layer authenticated, checks the parameters' shape, and hands
+//! over to the gateway. Both the stateless 2026-07-28 protocol and the older session protocol
+//! are served by the same handler; identity is read per HTTP request in both.
+
+mod errors;
+mod params;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::{ErrorCode, FleetError, MsgId};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+
+use crate::gateway::{Caller, Gateway, SpawnRequest};
+use params::{ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
+
+/// The longest a call may wait, in seconds.
+pub const MAX_WAIT_S: u64 = 3600;
+/// How long `fleet_send` waits for an answer when not told.
+pub const DEFAULT_SEND_WAIT_S: u64 = 60;
+
+
+/// The MCP handler; one per request or session, all sharing the gateway.
+#[derive(Clone)]
+pub struct FleetMcp {
+    /// The gateway behind every tool.
+    gateway: Arc<Gateway>,
+    /// The tools.
+    tool_router: ToolRouter<Self>,
+}
+
+impl FleetMcp {
+    /// A handler over `gateway`.
+    pub fn new(gateway: Arc<Gateway>) -> Self {
+        Self {
+            gateway,
+            tool_router: Self::tool_router(),
+        }
+    }
+}
+
+/// The caller the HTTP layer put into this request.
+fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller, FleetError> {
+    ctx.extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
+        .ok_or_else(|| FleetError::new(ErrorCode::Forbidden, "this request carries no identity"))
+}
+
+fn wait(wait_s: Option<u64>, default_s: u64) -> Result<Duration, FleetError> {
+    match wait_s.unwrap_or(default_s) {
+        s if s > MAX_WAIT_S => Err(FleetError::invalid(format!(
+            "wait_s is {s}; it may be at most {MAX_WAIT_S}"
+        ))),
+        s => Ok(Duration::from_secs(s)),
+    }
+}
+
+fn msg_id(text: &str, what: &str) -> Result<MsgId, FleetError> {
+    text.trim()
+        .parse()
+        .map_err(|_| FleetError::invalid(format!("{what} '{text}' is not a message id")))
+}
+
+#[tool_router]
+impl FleetMcp {
+    #[tool(description = "List the fleet: every live lead and worker with gid, name, host, role, \
+profile, status (spawning, idle, busy, stopping) and groups, plus your own identity.")]
+    async fn fleet_list(
+        &self,
+        Parameters(_): Parameters<ListParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        errors::result(caller(&ctx).and_then(|c| self.gateway.list(&c)))
+    }
+
+    #[tool(description = "Start a worker from a configured profile in a new pane. Returns once \
+the worker is ready for tasks (it has called in), or fails with not_ready. Leads only.")]
+    async fn fleet_spawn(
+        &self,
+        Parameters(p): Parameters<SpawnParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let request = SpawnRequest {
+                profile: p.profile,
+                name: p.name,
+                host: p.host,
+                cwd: p.cwd.map(PathBuf::from),
+                groups: p.groups.unwrap_or_default(),
+            };
+            self.gateway.spawn(&caller, request, &ctx.ct).await
+        };
+        errors::result(outcome.await)
+    }
+
+    #[tool(description = "Send a message. To a worker it is typed into the worker's pane as a \
+task once the worker is idle; waits up to wait_s seconds for the answer and returns it \
+(status replied), or status failed with the reason, or status pending with the msg_id: a later \
+answer is held for fleet_poll. Workers may send only to their lead.")]
+    async fn fleet_send(
+        &self,
+        Parameters(p): Parameters<SendParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let wait = wait(p.wait_s, DEFAULT_SEND_WAIT_S)?;
+            let to = match (p.to, p.coord_id, p.turn_id) {
+                (Some(to), None, None) => to,
+                (None, Some(_), None) => {
+                    return Err(FleetError::invalid(
+                        "coord_id needs a [coordinator] block, and this gateway has none; use to",
+                    ));
+                }
+                (None, None, Some(turn)) => {
+                    return Err(FleetError::invalid(format!(
+                        "no question with turn_id '{turn}' is waiting for an answer"
+                    )));
+                }
+                _ => {
+                    return Err(FleetError::invalid(
+                        "give exactly one of to, coord_id or turn_id",
+                    ));
+                }
+            };
+            self.gateway
+                .send(&caller, &to, p.message, wait, &ctx.ct)
+                .await
+        };
+        errors::result(outcome.await)
+    }
+
+    #[tool(description = "Answer a message: your task in flight by default, or the message \
+whose msg_id you give as in_reply_to. The answer is held for whoever sent it.")]
+    async fn fleet_reply(
+        &self,
+        Parameters(p): Parameters<ReplyParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let in_reply_to = p
+                .in_reply_to
+                .as_deref()
+                .map(|id| msg_id(id, "in_reply_to"))
+                .transpose()?;
+            self.gateway.reply(&caller, p.message, in_reply_to).await
+        };
+        errors::result(outcome.await)
+    }
+
+    #[tool(description = "Collect messages held for you (answers that came after a send \
+returned pending, failure notices, messages from workers), oldest first, each handed out once. \
+Waits up to wait_s seconds for the first one; from filters by sender.")]
+    async fn fleet_poll(
+        &self,
+        Parameters(p): Parameters<PollParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let wait = wait(p.wait_s, 0)?;
+            self.gateway
+                .poll(&caller, p.from.as_deref(), wait, &ctx.ct)
+                .await
+        };
+        errors::result(outcome.await)
+    }
+
+    #[tool(description = "Stop a worker: closes its pane and ends its session; messages still \
+on their way to it fail and their senders are told. Leads only.")]
+    async fn fleet_stop(
+        &self,
+        Parameters(p): Parameters<StopParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            self.gateway.stop(&caller, &p.to).await
+        };
+        errors::result(outcome.await)
+    }
+}
+
+#[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply. fleet_list shows who is there.")]
+impl ServerHandler for FleetMcp {}

@@ -1,0 +1,158 @@
+//! `fleetd serve`: wires the store, the pane host, the gateway and the HTTP front together,
+//! and owns the one shutdown story: the first SIGINT/SIGTERM drains (open calls end, worker
+//! panes close), a second one exits at once.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use fleet_mux::tmux::{Socket, Tmux};
+use fleet_store::SqliteStore;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::http::{AllowedHosts, app};
+use crate::state::StateDir;
+
+/// Everything `serve` needs, resolved from the command line and the config.
+pub struct ServeOptions {
+    /// The configuration.
+    pub config: Config,
+    /// The state dir.
+    pub state: StateDir,
+}
+
+/// This host's id: from config, else the machine's hostname made into a valid name.
+pub fn host_id(config: &Config) -> String {
+    if let Some(id) = &config.gateway.host_id {
+        return id.clone();
+    }
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let cleaned: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let cleaned = cleaned.trim_start_matches(['-', '.']).to_string();
+    if cleaned.is_empty() {
+        "localhost".into()
+    } else {
+        cleaned.chars().take(fleet_core::entity::MAX_NAME_LEN).collect()
+    }
+}
+
+/// The MCP URL workers are given.
+pub fn mcp_url(config: &Config) -> String {
+    config
+        .gateway
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}/mcp", config.gateway.listen))
+}
+
+/// Takes the state dir's lock, so two gateways never share one state dir (and its panes).
+fn lock_state(state: &StateDir) -> anyhow::Result<File> {
+    let path = state.root().join("serve.lock");
+    let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    if file.try_lock().is_err() {
+        bail!(
+            "another fleetd is already serving the state dir {}: stop it, or give this one another --state-dir",
+            state.root().display()
+        );
+    }
+    Ok(file)
+}
+
+/// Runs the gateway until a signal (or `shutdown`) stops it.
+pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let ServeOptions { config, state } = options;
+    state
+        .prepare()
+        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let _lock = lock_state(&state)?;
+    let store = SqliteStore::open(&state.db_path())
+        .with_context(|| format!("cannot open {}", state.db_path().display()))?;
+    let socket_name = config
+        .mux
+        .socket
+        .clone()
+        .unwrap_or_else(|| state.tmux_socket_name());
+    let tmux = Tmux::new(Socket::Name(socket_name));
+    let attach = tmux.attach_hint();
+    let listen: SocketAddr = config.gateway.listen;
+    let url = mcp_url(&config);
+    let host = host_id(&config);
+    let mut extra_hosts = Vec::new();
+    if let Some(advertised) = url::Url::parse(&url).ok().and_then(|u| u.host_str().map(String::from)) {
+        extra_hosts.push(advertised);
+    }
+    if !listen.ip().is_loopback() && !listen.ip().is_unspecified() {
+        extra_hosts.push(listen.ip().to_string());
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (gateway.listen)"))?;
+    let bound = listener.local_addr()?;
+
+    let gateway = Gateway::new(
+        Arc::new(config),
+        host.clone(),
+        url.clone(),
+        Arc::new(store),
+        Arc::new(tmux),
+        state.clone(),
+        shutdown.child_token(),
+    );
+    gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let router = app(Arc::clone(&gateway), AllowedHosts::new(extra_hosts), &shutdown);
+
+    watch_signals(shutdown.clone());
+    tracing::info!(
+        host_id = %host,
+        listen = %bound,
+        mcp = %url,
+        state_dir = %state.root().display(),
+        panes = %attach,
+        "fleetd ready"
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("the HTTP server failed")?;
+    tracing::info!("draining: closing worker panes");
+    gateway.shut_down().await;
+    tracing::info!("fleetd stopped");
+    Ok(())
+}
+
+/// First signal: drain. Second: exit now.
+fn watch_signals(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("signal: shutting down (a second signal exits at once)");
+        shutdown.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
