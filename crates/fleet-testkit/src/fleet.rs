@@ -50,6 +50,15 @@ pub fn sim_profile(name: &str, args: &[&str]) -> anyhow::Result<String> {
     ))
 }
 
+/// A `[[profiles]]` block for a worker that writes its bearer token to `file` and then only
+/// sits there (ready by its screen marker): lets a test act as that worker's MCP client.
+pub fn token_spy_profile(name: &str, file: &Path) -> String {
+    format!(
+        "[[profiles]]\nname = \"{name}\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"printf %s \\\"$FLEET_TOKEN\\\" > '{}'; echo SPY-READY; exec sleep 600\"]\nready_marker = \"SPY-READY\"\nready_timeout_s = 20\n",
+        file.display()
+    )
+}
+
 impl Fleet {
     /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
     pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
@@ -168,6 +177,30 @@ impl Fleet {
             .arg("--state-dir")
             .arg(&self.state)
             .output()?)
+    }
+
+    /// What pane `pane` of the private tmux server shows.
+    pub fn screen(&self, pane: &str) -> anyhow::Result<String> {
+        let out = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-t", pane])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "capture-pane {pane}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The panes of the private tmux server (none when it is not running).
+    pub fn panes(&self) -> anyhow::Result<Vec<String>> {
+        let out = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "list-panes", "-a", "-F", "#{pane_id}"])
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect())
     }
 
     /// The bearer token of lead `name`.

@@ -1,22 +1,198 @@
-//! The delegate → reply loop on one host.
+//! The delegate → reply loop on one host: real fleetd, real tmux, the scripted agent in real
+//! panes, the rmcp client as the lead.
 
-use fleet_testkit::client::Protocol;
+use std::time::Duration;
+
+use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
-use serde_json::json;
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn fleet_with_sim(args: &[&str]) -> anyhow::Result<(Fleet, Client)> {
+    let fleet = Fleet::start("", &sim_profile("sim", args)?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    Ok((fleet, lead))
+}
+
+async fn spawn(lead: &Client, name: &str) -> anyhow::Result<Value> {
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": name}))
+        .await
+}
+
+async fn send(lead: &Client, to: &str, message: &str, wait_s: u64) -> anyhow::Result<Value> {
+    lead.ok(
+        "fleet_send",
+        json!({"to": to, "message": message, "wait_s": wait_s}),
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_send_and_get_the_reply() -> anyhow::Result<()> {
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
+    let (fleet, lead) = fleet_with_sim(&[]).await?;
+    let spawned = spawn(&lead, "w1").await?;
     assert_eq!(spawned["name"], "w1");
     assert_eq!(spawned["status"], "idle");
-    let sent = lead
-        .ok("fleet_send", json!({"to": "w1", "message": "hello there", "wait_s": 30}))
-        .await?;
+    assert_eq!(spawned["host"], "testhost");
+    let sent = send(&lead, "w1", "hello there", 30).await?;
     assert_eq!(sent["status"], "replied", "{sent}\n{}", fleet.log());
     assert_eq!(sent["reply"]["text"], "echo: hello there");
     assert_eq!(sent["reply"]["from_name"], "w1");
+    assert_eq!(sent["reply"]["in_reply_to"], sent["msg_id"]);
+    // The task was typed into the pane and submitted.
+    let screen = fleet.screen(spawned["pane"].as_str().unwrap_or_default())?;
+    assert!(screen.contains("[task 1: 11 bytes]"), "{screen}");
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_protocol_works_for_lead_and_worker() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &["--protocol", "session"])?).await?;
+    let lead = fleet.lead("lead", Protocol::Session).await?;
+    assert_eq!(lead.protocol_version().as_deref(), Some("2025-06-18"));
+    spawn(&lead, "w1").await?;
+    let sent = send(&lead, "w1", "over sessions", 30).await?;
+    assert_eq!(sent["reply"]["text"], "echo: over sessions", "{sent}");
+    let stateless = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(stateless.protocol_version().as_deref(), Some("2026-07-28"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_answer_in_parallel() -> anyhow::Result<()> {
+    let (_fleet, lead) = fleet_with_sim(&[]).await?;
+    spawn(&lead, "w1").await?;
+    spawn(&lead, "w2").await?;
+    let (a, b) = tokio::join!(
+        send(&lead, "w1", "/slow 300 task for one", 30),
+        send(&lead, "w2", "/slow 300 task for two", 30),
+    );
+    let (a, b) = (a?, b?);
+    assert_eq!(a["reply"]["text"], "echo: task for one");
+    assert_eq!(a["reply"]["from_name"], "w1");
+    assert_eq!(b["reply"]["text"], "echo: task for two");
+    assert_eq!(b["reply"]["from_name"], "w2");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_for_a_busy_worker_waits_queued_then_goes_in() -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_with_sim(&[]).await?;
+    let pane = spawn(&lead, "w1").await?["pane"].as_str().unwrap_or_default().to_string();
+    let first = send(&lead, "w1", "/slow 1500 first", 0).await?;
+    assert_eq!(first["status"], "pending");
+    let second = send(&lead, "w1", "second", 0).await?;
+    assert_eq!(second["status"], "pending");
+    assert_eq!(second["state"], "queued", "{second}");
+    // Only one task is in the pane while the first is in flight.
+    let screen = fleet.screen(&pane)?;
+    assert!(!screen.contains("[task 2"), "{screen}");
+    let mut texts = Vec::new();
+    while texts.len() < 2 {
+        let polled = lead.ok("fleet_poll", json!({"wait_s": 20})).await?;
+        let messages = polled["messages"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(!messages.is_empty(), "no reply within the poll\n{}", fleet.log());
+        texts.extend(messages.iter().map(|m| m["text"].clone()));
+    }
+    assert_eq!(texts, vec![json!("echo: first"), json!("echo: second")]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranded_reply_is_collected_by_poll() -> anyhow::Result<()> {
+    let (_fleet, lead) = fleet_with_sim(&[]).await?;
+    spawn(&lead, "w1").await?;
+    let sent = send(&lead, "w1", "/slow 1500 late answer", 1).await?;
+    assert_eq!(sent["status"], "pending", "{sent}");
+    assert!(sent["note"].as_str().unwrap_or_default().contains("fleet_poll"));
+    let polled = lead
+        .ok("fleet_poll", json!({"from": "w1", "wait_s": 20}))
+        .await?;
+    let messages = polled["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(messages.len(), 1, "{polled}");
+    assert_eq!(messages[0]["text"], "echo: late answer");
+    assert_eq!(messages[0]["in_reply_to"], sent["msg_id"]);
+    assert_eq!(messages[0]["kind"], "REPLY");
+    // Handed out once.
+    let again = lead.ok("fleet_poll", json!({})).await?;
+    assert_eq!(again["messages"], json!([]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
+    let (_fleet, lead) = fleet_with_sim(&[]).await?;
+    spawn(&lead, "w1").await?;
+    let mut task = String::from("Refactor the parser:\n\tstep one; keep tabs\n");
+    for i in 0..40 {
+        task.push_str(&format!("line {i}: ünïcödé — quotes \"x\" and 'y' and $HOME;\n"));
+    }
+    task.push_str("last line without newline;");
+    assert!(task.len() > 1000);
+    let sent = send(&lead, "w1", &task, 30).await?;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    assert_eq!(sent["reply"]["text"], format!("echo: {task}"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_blocked_in_poll_gets_its_task_through_the_call() -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_with_sim(&[]).await?;
+    let pane = spawn(&lead, "w1").await?["pane"].as_str().unwrap_or_default().to_string();
+    let first = send(&lead, "w1", "/poll 20", 20).await?;
+    assert_eq!(first["reply"]["text"], "polling");
+    until("the worker to be polling", LIMIT, || async {
+        fleet.screen(&pane).ok().filter(|s| s.contains("[polling]"))
+    })
+    .await?;
+    let second = send(&lead, "w1", "through the poll", 20).await?;
+    assert_eq!(second["reply"]["text"], "echo: through the poll", "{second}");
+    // It came through the call, not the keyboard.
+    let screen = fleet.screen(&pane)?;
+    assert!(!screen.contains("[task 2"), "{screen}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_with_sim(&[]).await?;
+    spawn(&lead, "w1").await?;
+    let sent = send(&lead, "w1", "/crash", 30).await?;
+    assert_eq!(sent["status"], "failed", "{sent}");
+    let reason = sent["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("exited with status 3"), "{reason}");
+    let list = lead.ok("fleet_list", json!({})).await?;
+    let names: Vec<&str> = list["entities"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, vec!["lead"]);
+    until("the crashed pane to be closed", LIMIT, || async {
+        fleet.panes().ok().filter(|p| p.is_empty())
+    })
+    .await?;
+    let late = lead
+        .call("fleet_send", json!({"to": "w1", "message": "anyone?"}))
+        .await?;
+    assert_eq!(late.err().map(|e| e.code).as_deref(), Some("unknown_recipient"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_program_that_never_takes_the_task_is_reported_not_submitted() -> anyhow::Result<()> {
+    // Ready by its screen marker, but it reads nothing and shows nothing: Enter cannot submit.
+    let profile = "[[profiles]]\nname = \"deaf\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"stty -echo -icanon; echo DEAF-READY; exec sleep 600\"]\nready_marker = \"DEAF-READY\"\nsubmit_verify_ms = 300\n";
+    let fleet = Fleet::start("", profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_spawn", json!({"profile": "deaf", "name": "d1"}))
+        .await?;
+    let sent = send(&lead, "d1", "are you there", 30).await?;
+    assert_eq!(sent["status"], "failed", "{sent}");
+    assert_eq!(sent["reason"], "not submitted");
+    // The worker is idle again and takes the next task (which fails the same way, not queued forever).
+    let again = send(&lead, "d1", "still there?", 30).await?;
+    assert_eq!(again["reason"], "not submitted");
+    Ok(())
+}
