@@ -1,1 +1,4 @@
+mod auth;
+mod badinput;
+mod cli;
 mod delivery;

@@ -1,0 +1,143 @@
+//! Identity and authorisation over real HTTP: bearer tokens, roles, the Host/Origin guard.
+
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A minimal MCP POST (the older protocol's `initialize`), enough to reach the guard layers.
+async fn post_mcp(fleet: &Fleet, headers: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
+    let mut request = reqwest::Client::new()
+        .post(fleet.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let response = request.json(&body).send().await?;
+    let status = response.status().as_u16();
+    let value = response.json::<Value>().await.unwrap_or(Value::Null);
+    Ok((status, value))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let (status, body) = post_mcp(&fleet, &[]).await?;
+    assert_eq!(status, 401);
+    assert!(body["message"].as_str().unwrap_or_default().contains("bearer"), "{body}");
+    let (status, _) = post_mcp(&fleet, &[("authorization", "Bearer fleet_0000")]).await?;
+    assert_eq!(status, 401);
+    let token = fleet.token("lead")?;
+    let bearer = format!("Bearer {token}");
+    let (status, _) = post_mcp(&fleet, &[("authorization", &bearer)]).await?;
+    assert_eq!(status, 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let old = fleet.token("lead")?;
+    assert_eq!(fleet.token("lead")?, old, "the token is stable until rotated");
+    let out = fleet.cli(&["token", "lead", "--rotate"])?;
+    assert!(out.status.success());
+    let new = String::from_utf8(out.stdout)?.trim().to_string();
+    assert_ne!(new, old);
+    let old_bearer = format!("Bearer {old}");
+    assert_eq!(post_mcp(&fleet, &[("authorization", &old_bearer)]).await?.0, 401);
+    let lead = Client::connect(&fleet.url(), &new, Protocol::Stateless, &[]).await?;
+    let me = lead.ok("fleet_list", json!({})).await?;
+    assert_eq!(me["you"]["name"], "lead");
+    assert_eq!(me["you"]["role"], "lead");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_hosts_and_origins_get_403() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let token = format!("Bearer {}", fleet.token("lead")?);
+    let (status, body) = post_mcp(&fleet, &[("authorization", &token), ("host", "evil.example")]).await?;
+    assert_eq!(status, 403);
+    assert!(body["message"].as_str().unwrap_or_default().contains("evil.example"), "{body}");
+    let (status, _) = post_mcp(&fleet, &[("authorization", &token), ("origin", "https://evil.example")]).await?;
+    assert_eq!(status, 403);
+    let (status, _) = post_mcp(&fleet, &[("authorization", &token), ("origin", "http://localhost:3000")]).await?;
+    assert_eq!(status, 200);
+    let health = reqwest::Client::new()
+        .get(format!("{}/healthz", fleet.base()))
+        .header("host", "rebind.example")
+        .send()
+        .await?;
+    assert_eq!(health.status().as_u16(), 403);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_without_a_token() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let health: Value = reqwest::get(format!("{}/healthz", fleet.base())).await?.json().await?;
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["host_id"], "testhost");
+    Ok(())
+}
+
+/// Spawns a worker whose token the test can read, and connects as that worker.
+async fn as_worker(fleet: &Fleet, lead: &Client, dir: &tempfile::TempDir, name: &str) -> anyhow::Result<Client> {
+    lead.ok("fleet_spawn", json!({"profile": "spy", "name": name})).await?;
+    let token = until("the worker to write its token", LIMIT, || async {
+        std::fs::read_to_string(dir.path().join("token")).ok().filter(|t| !t.is_empty())
+    })
+    .await?;
+    std::fs::remove_file(dir.path().join("token"))?;
+    Client::connect(&fleet.url(), &token, Protocol::Stateless, &[]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let profiles = format!(
+        "[leads.alice]\n[leads.bob]\n{}\n{}",
+        token_spy_profile("spy", &dir.path().join("token")),
+        sim_profile("sim", &[])?
+    );
+    let fleet = Fleet::start("", &profiles).await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    let worker = as_worker(&fleet, &alice, &dir, "spy-1").await?;
+    let me = worker.ok("fleet_list", json!({})).await?;
+    assert_eq!(me["you"]["name"], "spy-1");
+    assert_eq!(me["you"]["role"], "worker");
+
+    let spawn = worker.call("fleet_spawn", json!({"profile": "sim"})).await?;
+    let err = spawn.expect_err("a worker spawned");
+    assert_eq!(err.code, "forbidden");
+    assert!(err.message.contains("fleet_spawn"), "{err}");
+    let stop = worker.call("fleet_stop", json!({"to": "spy-1"})).await?;
+    assert_eq!(stop.expect_err("a worker stopped").code, "forbidden");
+
+    alice.ok("fleet_spawn", json!({"profile": "sim", "name": "peer"})).await?;
+    let to_peer = worker.call("fleet_send", json!({"to": "peer", "message": "hi"})).await?;
+    assert_eq!(to_peer.expect_err("worker to worker").code, "forbidden");
+    let to_other_lead = worker.call("fleet_send", json!({"to": "bob", "message": "hi"})).await?;
+    assert_eq!(to_other_lead.expect_err("worker to a foreign lead").code, "forbidden");
+
+    // To its own lead it may send; the message is held for alice.
+    let to_lead = worker
+        .ok("fleet_send", json!({"to": "alice", "message": "a question", "wait_s": 0}))
+        .await?;
+    assert_eq!(to_lead["status"], "pending");
+    let held = alice.ok("fleet_poll", json!({})).await?;
+    assert_eq!(held["messages"][0]["text"], "a question");
+    assert_eq!(held["messages"][0]["from_name"], "spy-1");
+    assert_eq!(held["messages"][0]["kind"], "SEND");
+
+    // After a stop, the worker's token is revoked.
+    alice.ok("fleet_stop", json!({"to": "spy-1"})).await?;
+    assert!(worker.call("fleet_list", json!({})).await.is_err());
+    Ok(())
+}

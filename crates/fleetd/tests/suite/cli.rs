@@ -1,0 +1,101 @@
+//! The command line as a user meets it: help, tokens, the MCP config to paste, config errors.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use fleet_testkit::bins::binary;
+use fleet_testkit::fleet::{Fleet, free_port};
+use serde_json::Value;
+
+fn fleetd(args: &[&str]) -> anyhow::Result<std::process::Output> {
+    Ok(Command::new(binary("fleetd")?).args(args).output()?)
+}
+
+#[test]
+fn help_is_everywhere() -> anyhow::Result<()> {
+    for args in [vec!["--help"], vec!["serve", "--help"], vec!["token", "--help"], vec!["mcp-config", "--help"]] {
+        let out = fleetd(&args)?;
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8(out.stdout)?;
+        assert!(text.contains("--config") && text.contains("--state-dir"), "{args:?}: {text}");
+    }
+    let out = fleetd(&["serve", "--bogus"])?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8(out.stderr)?.contains("--bogus"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_live_in_a_user_only_file_and_leads_must_be_declared() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.alice]\n").await?;
+    let token = fleet.token("alice")?;
+    assert!(token.starts_with("fleet_"));
+    let file = fleet.state_dir().join("leads/alice.token");
+    assert_eq!(std::fs::read_to_string(&file)?.trim(), token);
+    assert_eq!(std::fs::metadata(&file)?.permissions().mode() & 0o777, 0o600);
+    let out = fleet.cli(&["token", "mallory"])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    assert!(err.contains("'mallory'") && err.contains("alice"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_config_prints_what_claude_code_needs() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.alice]\n").await?;
+    let out = fleet.cli(&["mcp-config", "alice", "--json"])?;
+    assert!(out.status.success());
+    let config: Value = serde_json::from_slice(&out.stdout)?;
+    let server = &config["mcpServers"]["fleet"];
+    assert_eq!(server["type"], "http");
+    assert_eq!(server["url"], fleet.url());
+    assert_eq!(server["headers"]["Authorization"], format!("Bearer {}", fleet.token("alice")?));
+    assert_eq!(server["headers"]["X-Fleet-Pane"], "${TMUX_PANE:-}");
+    let out = fleet.cli(&["mcp-config", "alice"])?;
+    let text = String::from_utf8(out.stdout)?;
+    assert!(text.contains("claude mcp add --transport http fleet"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn a_malformed_config_is_refused_naming_the_key() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("bad.toml");
+    let cases = [
+        (format!("[gateway]\nlisten = \"127.0.0.1:{}\"\nlisten_port = 1\n", free_port()?), "listen_port"),
+        ("[[profiles]]\nname = \"x\"\nkind = \"command\"\nargv = []\n".to_string(), "argv"),
+        ("[gateway\n".to_string(), "bad.toml"),
+    ];
+    for (text, needle) in cases {
+        std::fs::write(&config, &text)?;
+        let state = dir.path().join("state");
+        let out = Command::new(binary("fleetd")?)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()?;
+        assert!(!out.status.success(), "{text}");
+        let err = String::from_utf8(out.stderr)?;
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let out = fleetd(&["token", "x", "--config", "/no/such/file.toml"])?;
+    assert!(String::from_utf8(out.stderr)?.contains("/no/such/file.toml"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_the_same_state_dir_is_refused() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let out = Command::new(binary("fleetd")?)
+        .arg("serve")
+        .arg("--config")
+        .arg(fleet.config_path())
+        .arg("--state-dir")
+        .arg(fleet.state_dir())
+        .output()?;
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    assert!(err.contains("already serving the state dir"), "{err}");
+    Ok(())
+}
