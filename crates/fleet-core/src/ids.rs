@@ -55,6 +55,16 @@ uuid_id!(
     /// The id of one message: the dedup key on every path.
     MsgId
 );
+impl MsgId {
+    /// The id of the message that `purpose` (say, "failed") derives from this one: the same
+    /// every time, so a notice about a message is accepted once however often it is sent.
+    pub fn derived(&self, purpose: &str) -> MsgId {
+        let mut name = self.0.as_bytes().to_vec();
+        name.extend_from_slice(purpose.as_bytes());
+        MsgId(Uuid::new_v5(&Uuid::NAMESPACE_OID, &name))
+    }
+}
+
 uuid_id!(
     /// The id of a flow, minted at its first send and carried by every later hop.
     TraceId
@@ -76,6 +86,14 @@ mod tests {
         let first = MsgId::mint();
         let second = MsgId::mint();
         assert!(first < second);
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let original = MsgId::mint();
+        assert_eq!(original.derived("failed"), original.derived("failed"));
+        assert_ne!(original.derived("failed"), original.derived("other"));
+        assert_ne!(original.derived("failed"), MsgId::mint().derived("failed"));
     }
 
     #[test]

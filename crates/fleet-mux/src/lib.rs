@@ -108,6 +108,10 @@ pub trait PaneHost: Send + Sync + 'static {
     /// What the pane shows now.
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError>;
 
+    /// The last `lines` lines the pane showed, scrollback included (wrapped lines joined):
+    /// what a program said before it died.
+    async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError>;
+
     /// Every pane the host holds for this fleet, with whether its program still runs.
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError>;
 

@@ -182,7 +182,11 @@ async fn a_program_that_ignores_enter_is_reported_not_submitted() {
 #[tokio::test]
 async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
     let server = Server::new();
-    let pane = server.0.spawn(&spec("quitter", "exit 3")).await.unwrap();
+    let pane = server
+        .0
+        .spawn(&spec("quitter", "echo last words before exit; exit 3"))
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let life = server.0.panes().await.unwrap().get(&pane).copied();
@@ -192,6 +196,8 @@ async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
         assert!(Instant::now() < deadline, "exit never seen: {life:?}");
         sleep(Duration::from_millis(20)).await;
     }
+    let said = server.0.history(&pane, 50).await.unwrap();
+    assert!(said.contains("last words before exit"), "{said}");
     server.0.close(&pane).await.unwrap();
     assert!(!server.0.panes().await.unwrap().contains_key(&pane));
     // Closing again, or a server with no panes left, is not an error.

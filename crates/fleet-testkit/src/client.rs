@@ -52,7 +52,10 @@ impl Client {
     ) -> anyhow::Result<Self> {
         let mut extra = HashMap::new();
         for (name, value) in headers {
-            extra.insert(HeaderName::from_bytes(name.as_bytes())?, HeaderValue::from_str(value)?);
+            extra.insert(
+                HeaderName::from_bytes(name.as_bytes())?,
+                HeaderValue::from_str(value)?,
+            );
         }
         let config = StreamableHttpClientTransportConfig::with_uri(url.to_string())
             .auth_header(token.to_string())

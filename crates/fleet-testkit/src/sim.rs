@@ -55,7 +55,11 @@ impl LineEditor {
         for &byte in bytes {
             match self.escape {
                 Escape::Esc => {
-                    self.escape = if byte == b'[' { Escape::Csi } else { Escape::None };
+                    self.escape = if byte == b'[' {
+                        Escape::Csi
+                    } else {
+                        Escape::None
+                    };
                     self.csi.clear();
                     continue;
                 }
@@ -205,7 +209,13 @@ mod tests {
             Directive::Slow(250, "then this".into())
         );
         assert_eq!(Directive::parse("/poll 30"), Directive::Poll(30));
-        assert_eq!(Directive::parse("/slow x"), Directive::Echo("/slow x".into()));
-        assert_eq!(Directive::parse("do it\nnow"), Directive::Echo("do it\nnow".into()));
+        assert_eq!(
+            Directive::parse("/slow x"),
+            Directive::Echo("/slow x".into())
+        );
+        assert_eq!(
+            Directive::parse("do it\nnow"),
+            Directive::Echo("do it\nnow".into())
+        );
     }
 }

@@ -89,13 +89,21 @@ pub fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 /// The config and state dir every subcommand starts from.
 pub fn context(cli: &Cli) -> anyhow::Result<(Config, StateDir)> {
     let config = load_config(cli.config.as_deref())?;
-    let state = StateDir::resolve(cli.state_dir.as_deref(), config.gateway.state_dir.as_deref())
-        .map_err(anyhow::Error::msg)?;
+    let state = StateDir::resolve(
+        cli.state_dir.as_deref(),
+        config.gateway.state_dir.as_deref(),
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok((config, state))
 }
 
 /// The token of lead `name`, minted on first use.
-fn lead_token(config: &Config, state: &StateDir, name: &str, rotate: bool) -> anyhow::Result<String> {
+fn lead_token(
+    config: &Config,
+    state: &StateDir,
+    name: &str,
+    rotate: bool,
+) -> anyhow::Result<String> {
     let Some(lead) = config.leads.get(name) else {
         let declared: Vec<&str> = config.leads.keys().map(String::as_str).collect();
         bail!(

@@ -92,9 +92,9 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
             host_id: None,
-            listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| {
-                SocketAddr::from(([127, 0, 0, 1], 8765))
-            }),
+            listen: DEFAULT_LISTEN
+                .parse()
+                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8765))),
             advertise_url: None,
             state_dir: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -233,7 +233,8 @@ impl Config {
     /// Declares the default lead and profile where the file declares none.
     fn fill_defaults(&mut self) {
         if self.leads.is_empty() {
-            self.leads.insert(DEFAULT_LEAD.into(), LeadConfig::default());
+            self.leads
+                .insert(DEFAULT_LEAD.into(), LeadConfig::default());
         }
         if self.profiles.is_empty() {
             self.profiles.push(ProfileConfig {
@@ -288,17 +289,25 @@ impl Config {
             if !seen.insert(name.as_str()) {
                 return Err(format!("profile '{name}' is declared twice"));
             }
-            if profile.argv.first().is_none_or(|program| program.trim().is_empty()) {
+            if profile
+                .argv
+                .first()
+                .is_none_or(|program| program.trim().is_empty())
+            {
                 return Err(format!("profiles '{name}': argv must name a program"));
             }
             for group in &profile.groups {
                 named(&format!("profiles '{name}' groups entry"), group)?;
             }
             if profile.ready_timeout_s == 0 {
-                return Err(format!("profiles '{name}': ready_timeout_s must be at least 1"));
+                return Err(format!(
+                    "profiles '{name}': ready_timeout_s must be at least 1"
+                ));
             }
             if profile.submit_verify_ms == 0 {
-                return Err(format!("profiles '{name}': submit_verify_ms must be at least 1"));
+                return Err(format!(
+                    "profiles '{name}': submit_verify_ms must be at least 1"
+                ));
             }
             for key in profile.env.keys() {
                 if key.is_empty() || key.contains('=') || key.starts_with("FLEET_") {
@@ -381,9 +390,13 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let err = parse("[gateway]\nlisten_on = \"x\"\n").unwrap_err().to_string();
+        let err = parse("[gateway]\nlisten_on = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("listen_on"), "{err}");
-        let err = parse("[broker]\nuri = \"amqp://x\"\n").unwrap_err().to_string();
+        let err = parse("[broker]\nuri = \"amqp://x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("broker"), "{err}");
         let err = parse("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nargs=[]\n")
             .unwrap_err()
@@ -398,8 +411,14 @@ mod tests {
             ("[gateway]\nmax_message_bytes = 0\n", "max_message_bytes"),
             ("[gateway]\nadvertise_url = \"ftp://x\"\n", "advertise_url"),
             ("[leads.\"bad name\"]\n", "bad name"),
-            ("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[]\n", "argv"),
-            ("[[profiles]]\nname=\"a\"\nkind=\"docker\"\nargv=[\"x\"]\n", "docker"),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[]\n",
+                "argv",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"docker\"\nargv=[\"x\"]\n",
+                "docker",
+            ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\n[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"y\"]\n",
                 "declared twice",

@@ -59,7 +59,9 @@ impl AllowedHosts {
     /// Whether an `Origin` header value is one of ours (`null` and other schemes are not).
     pub fn allows_origin(&self, origin: &str) -> bool {
         match origin.split_once("://") {
-            Some(("http" | "https", rest)) => self.allows_authority(rest.split('/').next().unwrap_or_default()),
+            Some(("http" | "https", rest)) => {
+                self.allows_authority(rest.split('/').next().unwrap_or_default())
+            }
             _ => false,
         }
     }
@@ -80,7 +82,11 @@ fn refuse(status: StatusCode, code: &str, message: String) -> Response {
     response
 }
 
-async fn guard_host(State(allowed): State<Arc<AllowedHosts>>, req: Request, next: Next) -> Response {
+async fn guard_host(
+    State(allowed): State<Arc<AllowedHosts>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let host = req
         .headers()
         .get(header::HOST)
@@ -90,7 +96,9 @@ async fn guard_host(State(allowed): State<Arc<AllowedHosts>>, req: Request, next
         return refuse(
             StatusCode::FORBIDDEN,
             "forbidden",
-            format!("Host '{host}' is not this gateway: fleetd answers only requests to loopback or its advertised host"),
+            format!(
+                "Host '{host}' is not this gateway: fleetd answers only requests to loopback or its advertised host"
+            ),
         );
     }
     if let Some(origin) = req.headers().get(header::ORIGIN) {
@@ -110,7 +118,11 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn authenticate(State(gateway): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
+async fn authenticate(
+    State(gateway): State<Arc<Gateway>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let bearer = header_text(req.headers(), header::AUTHORIZATION.as_str())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
@@ -128,7 +140,10 @@ async fn authenticate(State(gateway): State<Arc<Gateway>>, mut req: Request, nex
     );
     // Only a POST is the agent acting; a GET stream (re)connecting proves nothing about a submit.
     let acting = req.method() == Method::POST;
-    match gateway.authenticate(token::hash(bearer), nudge, acting).await {
+    match gateway
+        .authenticate(token::hash(bearer), nudge, acting)
+        .await
+    {
         Ok(Some(caller)) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -138,7 +153,11 @@ async fn authenticate(State(gateway): State<Arc<Gateway>>, mut req: Request, nex
             "unauthorized",
             "unknown, revoked or rotated bearer token".into(),
         ),
-        Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, e.code.as_str(), e.message),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.code.as_str(),
+            e.message,
+        ),
     }
 }
 
@@ -165,12 +184,18 @@ pub fn app(gateway: Arc<Gateway>, allowed: AllowedHosts, shutdown: &Cancellation
     );
     let protected = Router::new()
         .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(Arc::clone(&gateway), authenticate));
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&gateway),
+            authenticate,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .with_state(gateway)
         .merge(protected)
-        .layer(middleware::from_fn_with_state(Arc::new(allowed), guard_host))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(allowed),
+            guard_host,
+        ))
 }
 
 #[cfg(test)]
@@ -180,10 +205,21 @@ mod tests {
     #[test]
     fn loopback_and_advertised_hosts_pass() {
         let allowed = AllowedHosts::new(["Gateway.Example".to_string(), "[fe80::1]".to_string()]);
-        for ok in ["127.0.0.1:8765", "localhost", "[::1]:80", "gateway.example:9", "[fe80::1]:1"] {
+        for ok in [
+            "127.0.0.1:8765",
+            "localhost",
+            "[::1]:80",
+            "gateway.example:9",
+            "[fe80::1]:1",
+        ] {
             assert!(allowed.allows_authority(ok), "{ok}");
         }
-        for bad in ["evil.example", "127.0.0.2:8765", "", "localhost.evil.example"] {
+        for bad in [
+            "evil.example",
+            "127.0.0.2:8765",
+            "",
+            "localhost.evil.example",
+        ] {
             assert!(!allowed.allows_authority(bad), "{bad}");
         }
     }

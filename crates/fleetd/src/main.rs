@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -28,7 +29,10 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             init_logging(args.log_json);
             let (config, state) = context(cli)?;
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(serve(ServeOptions { config, state }, CancellationToken::new()))
+            runtime.block_on(serve(
+                ServeOptions { config, state },
+                CancellationToken::new(),
+            ))
         }
         Command::Token(args) => token_command(cli, args),
         Command::McpConfig(args) => mcp_config_command(cli, args),

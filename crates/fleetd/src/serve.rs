@@ -46,7 +46,10 @@ pub fn host_id(config: &Config) -> String {
     if cleaned.is_empty() {
         "localhost".into()
     } else {
-        cleaned.chars().take(fleet_core::entity::MAX_NAME_LEN).collect()
+        cleaned
+            .chars()
+            .take(fleet_core::entity::MAX_NAME_LEN)
+            .collect()
     }
 }
 
@@ -92,7 +95,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     let url = mcp_url(&config);
     let host = host_id(&config);
     let mut extra_hosts = Vec::new();
-    if let Some(advertised) = url::Url::parse(&url).ok().and_then(|u| u.host_str().map(String::from)) {
+    if let Some(advertised) = url::Url::parse(&url)
+        .ok()
+        .and_then(|u| u.host_str().map(String::from))
+    {
         extra_hosts.push(advertised);
     }
     if !listen.ip().is_loopback() && !listen.ip().is_unspecified() {
@@ -113,7 +119,11 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         shutdown.child_token(),
     );
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let router = app(Arc::clone(&gateway), AllowedHosts::new(extra_hosts), &shutdown);
+    let router = app(
+        Arc::clone(&gateway),
+        AllowedHosts::new(extra_hosts),
+        &shutdown,
+    );
 
     watch_signals(shutdown.clone());
     tracing::info!(
@@ -137,8 +147,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
 /// First signal: drain. Second: exit now.
 fn watch_signals(shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-        else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             tracing::error!("cannot install signal handlers");
             return;
         };

@@ -77,7 +77,8 @@ impl StateDir {
 fn expand_home(path: &Path) -> Result<PathBuf, String> {
     match path.strip_prefix("~") {
         Ok(rest) => {
-            let home = std::env::var_os("HOME").ok_or("the state dir starts with ~ but HOME is not set")?;
+            let home = std::env::var_os("HOME")
+                .ok_or("the state dir starts with ~ but HOME is not set")?;
             Ok(PathBuf::from(home).join(rest))
         }
         Err(_) => Ok(path.to_path_buf()),

@@ -69,7 +69,10 @@ mod tests {
         let store = SqliteStore::open(&dir.db_path()).unwrap();
         let gid = store.ensure_lead("alice", "h", &[]).unwrap();
         let first = lead_token(&store, &dir, "alice", gid, false).unwrap();
-        assert_eq!(lead_token(&store, &dir, "alice", gid, false).unwrap(), first);
+        assert_eq!(
+            lead_token(&store, &dir, "alice", gid, false).unwrap(),
+            first
+        );
         let rotated = lead_token(&store, &dir, "alice", gid, true).unwrap();
         assert_ne!(rotated, first);
         assert_eq!(store.gid_for_token(&hash(&first)).unwrap(), None);

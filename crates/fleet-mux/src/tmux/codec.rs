@@ -139,6 +139,20 @@ pub fn parse_snapshot(args: &[String], out: &str) -> Result<Snapshot, MuxError> 
     }
 }
 
+/// The last `lines` lines of `pane`, scrollback included, wrapped lines joined. (A dead pane's
+/// screen is cleared, so what its program said is only in the scrollback.)
+pub fn history_args(pane: &PaneId, lines: usize) -> Vec<String> {
+    strings(&[
+        "capture-pane",
+        "-p",
+        "-J",
+        "-S",
+        &format!("-{lines}"),
+        "-t",
+        &pane.0,
+    ])
+}
+
 /// Every pane of the server, with whether it is dead and how it ended.
 pub fn list_args() -> Vec<String> {
     strings(&[

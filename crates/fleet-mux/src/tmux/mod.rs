@@ -137,6 +137,10 @@ impl PaneHost for Tmux {
         codec::parse_snapshot(&args, &out)
     }
 
+    async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
+        self.run(&codec::history_args(pane, lines), None).await
+    }
+
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError> {
         match self.run(&codec::list_args(), None).await {
             Ok(out) => Ok(codec::parse_list(&out)),

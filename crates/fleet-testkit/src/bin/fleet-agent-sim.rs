@@ -114,8 +114,9 @@ async fn main() -> anyhow::Result<()> {
                 ProtocolArg::Stateless => Protocol::Stateless,
                 ProtocolArg::Session => Protocol::Session,
             };
-            let client = Client::connect(&env("FLEET_MCP_URL")?, &env("FLEET_TOKEN")?, protocol, &[])
-                .await?;
+            let client =
+                Client::connect(&env("FLEET_MCP_URL")?, &env("FLEET_TOKEN")?, protocol, &[])
+                    .await?;
             client.ok("fleet_list", json!({})).await?;
             Some(client)
         }

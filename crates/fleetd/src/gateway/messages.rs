@@ -250,10 +250,11 @@ impl Gateway {
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
-    /// answering it (a blocked send returns it; otherwise `fleet_poll` does).
+    /// answering it (a blocked send returns it; otherwise `fleet_poll` does). A message gets
+    /// one notice however many paths find it failed: the notice's id derives from its id.
     pub(super) async fn notify_failed(self: &Arc<Self>, original: &Message, reason: &str) {
         let notice = Message {
-            msg_id: MsgId::mint(),
+            msg_id: original.msg_id.derived("failed"),
             trace_id: original.trace_id,
             kind: Kind::Failed,
             from: original.to,
@@ -421,7 +422,11 @@ impl Gateway {
     fn end_turn(&self, gid: Gid, answered: MsgId) {
         let mut sessions = self.lock();
         if let Some(session) = sessions.panes.get_mut(&gid) {
-            if session.current.as_ref().is_some_and(|m| m.msg_id == answered) {
+            if session
+                .current
+                .as_ref()
+                .is_some_and(|m| m.msg_id == answered)
+            {
                 session.current = None;
                 if let Err(e) = session.apply(SessionEvent::TurnDone) {
                     tracing::warn!(%gid, error = %e, "reply outside a turn");
@@ -515,7 +520,10 @@ impl Gateway {
         match self.db(move |s| s.latest_named(&owned)).await? {
             Some(record) => Ok(record.entity.gid),
             None => Err(self.resolve_local(name).err().unwrap_or_else(|| {
-                FleetError::new(ErrorCode::UnknownRecipient, format!("nobody is named '{name}'"))
+                FleetError::new(
+                    ErrorCode::UnknownRecipient,
+                    format!("nobody is named '{name}'"),
+                )
             })),
         }
     }

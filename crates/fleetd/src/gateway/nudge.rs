@@ -172,7 +172,9 @@ impl Gateway {
             state.last_nudge = Some(Instant::now());
         }
         let plural = if count == 1 { "" } else { "s" };
-        let line = format!("[fleet] {count} message{plural} waiting for you: call fleet_poll to read them");
+        let line = format!(
+            "[fleet] {count} message{plural} waiting for you: call fleet_poll to read them"
+        );
         match tmux.type_line(&pane, &line).await {
             Ok(()) => {
                 tracing::info!(%gid, pane = %target.pane, count, "nudged");
@@ -192,8 +194,8 @@ mod tests {
 
     #[test]
     fn targets_come_from_tmux_variables() {
-        let target = NudgeTarget::from_headers(Some("%12"), Some("/tmp/tmux-1000/default,4242,0"))
-            .unwrap();
+        let target =
+            NudgeTarget::from_headers(Some("%12"), Some("/tmp/tmux-1000/default,4242,0")).unwrap();
         assert_eq!(target.pane, "%12");
         assert_eq!(target.socket, Some(PathBuf::from("/tmp/tmux-1000/default")));
         let bare = NudgeTarget::from_headers(Some(" %3 "), None).unwrap();

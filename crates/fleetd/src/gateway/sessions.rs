@@ -160,8 +160,8 @@ impl Sessions {
         if acting {
             session.activity.send_modify(|v| *v = v.wrapping_add(1));
         }
-        let became_ready = session.status == WorkerStatus::Spawning
-            && session.apply(SessionEvent::Ready).is_ok();
+        let became_ready =
+            session.status == WorkerStatus::Spawning && session.apply(SessionEvent::Ready).is_ok();
         Some((session.entity.clone(), became_ready))
     }
 
@@ -169,11 +169,8 @@ impl Sessions {
     pub fn entities(&self) -> Vec<Entity> {
         let mut leads: Vec<&LeadState> = self.leads.values().collect();
         leads.sort_by_key(|l| l.entity.gid);
-        let mut panes: Vec<&PaneSession> = self
-            .panes
-            .values()
-            .filter(|s| s.status.is_live())
-            .collect();
+        let mut panes: Vec<&PaneSession> =
+            self.panes.values().filter(|s| s.status.is_live()).collect();
         panes.sort_by_key(|s| s.entity.gid);
         leads
             .into_iter()

@@ -119,7 +119,12 @@ impl Gateway {
             .profile(&request.profile)
             .cloned()
             .ok_or_else(|| {
-                let known: Vec<&str> = self.config.profiles.iter().map(|p| p.name.as_str()).collect();
+                let known: Vec<&str> = self
+                    .config
+                    .profiles
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect();
                 FleetError::new(
                     ErrorCode::UnknownProfile,
                     format!(
@@ -151,8 +156,9 @@ impl Gateway {
                     self.host_id
                 )));
             }
-            None => std::env::current_dir()
-                .map_err(|e| FleetError::internal(format!("fleetd has no working directory: {e}")))?,
+            None => std::env::current_dir().map_err(|e| {
+                FleetError::internal(format!("fleetd has no working directory: {e}"))
+            })?,
         };
 
         let entity = Entity {
@@ -212,7 +218,10 @@ impl Gateway {
             cwd,
         };
         let pane = self.panes.spawn(&spec).await.map_err(|e| {
-            FleetError::new(ErrorCode::PaneHost, format!("cannot open a pane for '{name}': {e}"))
+            FleetError::new(
+                ErrorCode::PaneHost,
+                format!("cannot open a pane for '{name}': {e}"),
+            )
         })?;
         let pane_text = pane.0.clone();
         if let Some(session) = self.lock().panes.get_mut(&gid) {
@@ -244,7 +253,10 @@ impl Gateway {
         ct: &CancellationToken,
     ) -> Result<(), FleetError> {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
-            return Err(FleetError::new(ErrorCode::NotReady, "the worker vanished while spawning"));
+            return Err(FleetError::new(
+                ErrorCode::NotReady,
+                "the worker vanished while spawning",
+            ));
         };
         let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
         loop {
@@ -293,9 +305,9 @@ impl Gateway {
                     if Instant::now() >= deadline {
                         let screen = self
                             .panes
-                            .snapshot(pane)
+                            .history(pane, LAST_WORDS_LINES * 4)
                             .await
-                            .map(|s| tail_lines(&s.text, LAST_WORDS_LINES))
+                            .map(|text| tail_lines(&text, LAST_WORDS_LINES))
                             .unwrap_or_default();
                         return Err(FleetError::new(
                             ErrorCode::NotReady,
@@ -341,7 +353,11 @@ impl Gateway {
     }
 
     /// `fleet_stop`: ends a worker's session and closes its pane.
-    pub async fn stop(self: &Arc<Self>, caller: &Caller, to: &str) -> Result<StopResult, FleetError> {
+    pub async fn stop(
+        self: &Arc<Self>,
+        caller: &Caller,
+        to: &str,
+    ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
         let entity = self.resolve_local(to)?;
         if !entity.role.is_injected() {
@@ -371,7 +387,11 @@ impl Gateway {
                         let _ = session.apply(SessionEvent::Stop);
                     }
                     let _ = session.apply(SessionEvent::Exited);
-                    Some((session.pane.clone(), session.current.take(), session.entity.name.clone()))
+                    Some((
+                        session.pane.clone(),
+                        session.current.take(),
+                        session.entity.name.clone(),
+                    ))
                 }
                 _ => None,
             }
@@ -438,9 +458,10 @@ impl Gateway {
         }
         // Nothing is live yet, so every pane in this gateway's private server is a leftover,
         // including one whose spawn died before it was recorded.
-        let leftovers = self.panes.panes().await.map_err(|e| {
-            FleetError::new(ErrorCode::PaneHost, format!("cannot list panes: {e}"))
-        })?;
+        let leftovers =
+            self.panes.panes().await.map_err(|e| {
+                FleetError::new(ErrorCode::PaneHost, format!("cannot list panes: {e}"))
+            })?;
         for pane in leftovers.keys() {
             tracing::info!(%pane, "closing a previous run's pane");
             if let Err(e) = self.panes.close(pane).await {

@@ -11,6 +11,8 @@ use super::Gateway;
 
 /// How often the pane host is asked which panes still run.
 const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
+/// How far back to read an ended pane for its last words.
+const HISTORY_LINES: usize = 200;
 
 pub(super) fn start(gateway: &Arc<Gateway>) {
     let gateway = Arc::clone(gateway);
@@ -49,12 +51,14 @@ impl Gateway {
         for (gid, pane) in watched {
             let reason = match panes.get(&pane) {
                 Some(PaneLife::Alive) => continue,
-                Some(PaneLife::Exited(Some(code))) => format!("its program exited with status {code}"),
+                Some(PaneLife::Exited(Some(code))) => {
+                    format!("its program exited with status {code}")
+                }
                 Some(PaneLife::Exited(None)) => "its program exited".to_string(),
                 None => "its pane was closed".to_string(),
             };
-            if let Ok(snap) = self.panes.snapshot(&pane).await {
-                let words = super::spawn::tail_lines(&snap.text, super::spawn::LAST_WORDS_LINES);
+            if let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {
+                let words = super::spawn::tail_lines(&history, super::spawn::LAST_WORDS_LINES);
                 tracing::info!(%gid, %pane, last_words = %words, "pane ended");
                 if let Some(session) = self.lock().panes.get_mut(&gid) {
                     session.last_words = Some(words);

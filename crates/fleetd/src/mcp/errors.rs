@@ -12,7 +12,9 @@ use serde_json::json;
 pub fn ok<T: Serialize>(value: &T) -> CallToolResult {
     match serde_json::to_value(value) {
         Ok(value) => CallToolResult::structured(value),
-        Err(e) => failed(&FleetError::internal(format!("cannot encode the result: {e}"))),
+        Err(e) => failed(&FleetError::internal(format!(
+            "cannot encode the result: {e}"
+        ))),
     }
 }
 

@@ -25,7 +25,6 @@ pub const MAX_WAIT_S: u64 = 3600;
 /// How long `fleet_send` waits for an answer when not told.
 pub const DEFAULT_SEND_WAIT_S: u64 = 60;
 
-
 /// The MCP handler; one per request or session, all sharing the gateway.
 #[derive(Clone)]
 pub struct FleetMcp {
@@ -71,8 +70,10 @@ fn msg_id(text: &str, what: &str) -> Result<MsgId, FleetError> {
 
 #[tool_router]
 impl FleetMcp {
-    #[tool(description = "List the fleet: every live lead and worker with gid, name, host, role, \
-profile, status (spawning, idle, busy, stopping) and groups, plus your own identity.")]
+    #[tool(
+        description = "List the fleet: every live lead and worker with gid, name, host, role, \
+profile, status (spawning, idle, busy, stopping) and groups, plus your own identity."
+    )]
     async fn fleet_list(
         &self,
         Parameters(_): Parameters<ListParams>,
@@ -81,8 +82,10 @@ profile, status (spawning, idle, busy, stopping) and groups, plus your own ident
         errors::result(caller(&ctx).and_then(|c| self.gateway.list(&c)))
     }
 
-    #[tool(description = "Start a worker from a configured profile in a new pane. Returns once \
-the worker is ready for tasks (it has called in), or fails with not_ready. Leads only.")]
+    #[tool(
+        description = "Start a worker from a configured profile in a new pane. Returns once \
+the worker is ready for tasks (it has called in), or fails with not_ready. Leads only."
+    )]
     async fn fleet_spawn(
         &self,
         Parameters(p): Parameters<SpawnParams>,
@@ -102,10 +105,12 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
         errors::result(outcome.await)
     }
 
-    #[tool(description = "Send a message. To a worker it is typed into the worker's pane as a \
+    #[tool(
+        description = "Send a message. To a worker it is typed into the worker's pane as a \
 task once the worker is idle; waits up to wait_s seconds for the answer and returns it \
 (status replied), or status failed with the reason, or status pending with the msg_id: a later \
-answer is held for fleet_poll. Workers may send only to their lead.")]
+answer is held for fleet_poll. Workers may send only to their lead."
+    )]
     async fn fleet_send(
         &self,
         Parameters(p): Parameters<SendParams>,
@@ -139,8 +144,10 @@ answer is held for fleet_poll. Workers may send only to their lead.")]
         errors::result(outcome.await)
     }
 
-    #[tool(description = "Answer a message: your task in flight by default, or the message \
-whose msg_id you give as in_reply_to. The answer is held for whoever sent it.")]
+    #[tool(
+        description = "Answer a message: your task in flight by default, or the message \
+whose msg_id you give as in_reply_to. The answer is held for whoever sent it."
+    )]
     async fn fleet_reply(
         &self,
         Parameters(p): Parameters<ReplyParams>,
@@ -158,9 +165,11 @@ whose msg_id you give as in_reply_to. The answer is held for whoever sent it.")]
         errors::result(outcome.await)
     }
 
-    #[tool(description = "Collect messages held for you (answers that came after a send \
+    #[tool(
+        description = "Collect messages held for you (answers that came after a send \
 returned pending, failure notices, messages from workers), oldest first, each handed out once. \
-Waits up to wait_s seconds for the first one; from filters by sender.")]
+Waits up to wait_s seconds for the first one; from filters by sender."
+    )]
     async fn fleet_poll(
         &self,
         Parameters(p): Parameters<PollParams>,
@@ -176,8 +185,10 @@ Waits up to wait_s seconds for the first one; from filters by sender.")]
         errors::result(outcome.await)
     }
 
-    #[tool(description = "Stop a worker: closes its pane and ends its session; messages still \
-on their way to it fail and their senders are told. Leads only.")]
+    #[tool(
+        description = "Stop a worker: closes its pane and ends its session; messages still \
+on their way to it fail and their senders are told. Leads only."
+    )]
     async fn fleet_stop(
         &self,
         Parameters(p): Parameters<StopParams>,

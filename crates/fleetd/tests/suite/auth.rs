@@ -30,7 +30,13 @@ async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
     let (status, body) = post_mcp(&fleet, &[]).await?;
     assert_eq!(status, 401);
-    assert!(body["message"].as_str().unwrap_or_default().contains("bearer"), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bearer"),
+        "{body}"
+    );
     let (status, _) = post_mcp(&fleet, &[("authorization", "Bearer fleet_0000")]).await?;
     assert_eq!(status, 401);
     let token = fleet.token("lead")?;
@@ -44,13 +50,20 @@ async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
 async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
     let old = fleet.token("lead")?;
-    assert_eq!(fleet.token("lead")?, old, "the token is stable until rotated");
+    assert_eq!(
+        fleet.token("lead")?,
+        old,
+        "the token is stable until rotated"
+    );
     let out = fleet.cli(&["token", "lead", "--rotate"])?;
     assert!(out.status.success());
     let new = String::from_utf8(out.stdout)?.trim().to_string();
     assert_ne!(new, old);
     let old_bearer = format!("Bearer {old}");
-    assert_eq!(post_mcp(&fleet, &[("authorization", &old_bearer)]).await?.0, 401);
+    assert_eq!(
+        post_mcp(&fleet, &[("authorization", &old_bearer)]).await?.0,
+        401
+    );
     let lead = Client::connect(&fleet.url(), &new, Protocol::Stateless, &[]).await?;
     let me = lead.ok("fleet_list", json!({})).await?;
     assert_eq!(me["you"]["name"], "lead");
@@ -62,12 +75,36 @@ async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
 async fn foreign_hosts_and_origins_get_403() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
     let token = format!("Bearer {}", fleet.token("lead")?);
-    let (status, body) = post_mcp(&fleet, &[("authorization", &token), ("host", "evil.example")]).await?;
+    let (status, body) = post_mcp(
+        &fleet,
+        &[("authorization", &token), ("host", "evil.example")],
+    )
+    .await?;
     assert_eq!(status, 403);
-    assert!(body["message"].as_str().unwrap_or_default().contains("evil.example"), "{body}");
-    let (status, _) = post_mcp(&fleet, &[("authorization", &token), ("origin", "https://evil.example")]).await?;
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("evil.example"),
+        "{body}"
+    );
+    let (status, _) = post_mcp(
+        &fleet,
+        &[
+            ("authorization", &token),
+            ("origin", "https://evil.example"),
+        ],
+    )
+    .await?;
     assert_eq!(status, 403);
-    let (status, _) = post_mcp(&fleet, &[("authorization", &token), ("origin", "http://localhost:3000")]).await?;
+    let (status, _) = post_mcp(
+        &fleet,
+        &[
+            ("authorization", &token),
+            ("origin", "http://localhost:3000"),
+        ],
+    )
+    .await?;
     assert_eq!(status, 200);
     let health = reqwest::Client::new()
         .get(format!("{}/healthz", fleet.base()))
@@ -81,17 +118,28 @@ async fn foreign_hosts_and_origins_get_403() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_answers_without_a_token() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
-    let health: Value = reqwest::get(format!("{}/healthz", fleet.base())).await?.json().await?;
+    let health: Value = reqwest::get(format!("{}/healthz", fleet.base()))
+        .await?
+        .json()
+        .await?;
     assert_eq!(health["status"], "ok");
     assert_eq!(health["host_id"], "testhost");
     Ok(())
 }
 
 /// Spawns a worker whose token the test can read, and connects as that worker.
-async fn as_worker(fleet: &Fleet, lead: &Client, dir: &tempfile::TempDir, name: &str) -> anyhow::Result<Client> {
-    lead.ok("fleet_spawn", json!({"profile": "spy", "name": name})).await?;
+async fn as_worker(
+    fleet: &Fleet,
+    lead: &Client,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> anyhow::Result<Client> {
+    lead.ok("fleet_spawn", json!({"profile": "spy", "name": name}))
+        .await?;
     let token = until("the worker to write its token", LIMIT, || async {
-        std::fs::read_to_string(dir.path().join("token")).ok().filter(|t| !t.is_empty())
+        std::fs::read_to_string(dir.path().join("token"))
+            .ok()
+            .filter(|t| !t.is_empty())
     })
     .await?;
     std::fs::remove_file(dir.path().join("token"))?;
@@ -113,22 +161,36 @@ async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()
     assert_eq!(me["you"]["name"], "spy-1");
     assert_eq!(me["you"]["role"], "worker");
 
-    let spawn = worker.call("fleet_spawn", json!({"profile": "sim"})).await?;
+    let spawn = worker
+        .call("fleet_spawn", json!({"profile": "sim"}))
+        .await?;
     let err = spawn.expect_err("a worker spawned");
     assert_eq!(err.code, "forbidden");
     assert!(err.message.contains("fleet_spawn"), "{err}");
     let stop = worker.call("fleet_stop", json!({"to": "spy-1"})).await?;
     assert_eq!(stop.expect_err("a worker stopped").code, "forbidden");
 
-    alice.ok("fleet_spawn", json!({"profile": "sim", "name": "peer"})).await?;
-    let to_peer = worker.call("fleet_send", json!({"to": "peer", "message": "hi"})).await?;
+    alice
+        .ok("fleet_spawn", json!({"profile": "sim", "name": "peer"}))
+        .await?;
+    let to_peer = worker
+        .call("fleet_send", json!({"to": "peer", "message": "hi"}))
+        .await?;
     assert_eq!(to_peer.expect_err("worker to worker").code, "forbidden");
-    let to_other_lead = worker.call("fleet_send", json!({"to": "bob", "message": "hi"})).await?;
-    assert_eq!(to_other_lead.expect_err("worker to a foreign lead").code, "forbidden");
+    let to_other_lead = worker
+        .call("fleet_send", json!({"to": "bob", "message": "hi"}))
+        .await?;
+    assert_eq!(
+        to_other_lead.expect_err("worker to a foreign lead").code,
+        "forbidden"
+    );
 
     // To its own lead it may send; the message is held for alice.
     let to_lead = worker
-        .ok("fleet_send", json!({"to": "alice", "message": "a question", "wait_s": 0}))
+        .ok(
+            "fleet_send",
+            json!({"to": "alice", "message": "a question", "wait_s": 0}),
+        )
         .await?;
     assert_eq!(to_lead["status"], "pending");
     let held = alice.ok("fleet_poll", json!({})).await?;

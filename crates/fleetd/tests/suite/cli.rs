@@ -13,11 +13,19 @@ fn fleetd(args: &[&str]) -> anyhow::Result<std::process::Output> {
 
 #[test]
 fn help_is_everywhere() -> anyhow::Result<()> {
-    for args in [vec!["--help"], vec!["serve", "--help"], vec!["token", "--help"], vec!["mcp-config", "--help"]] {
+    for args in [
+        vec!["--help"],
+        vec!["serve", "--help"],
+        vec!["token", "--help"],
+        vec!["mcp-config", "--help"],
+    ] {
         let out = fleetd(&args)?;
         assert!(out.status.success(), "{args:?}");
         let text = String::from_utf8(out.stdout)?;
-        assert!(text.contains("--config") && text.contains("--state-dir"), "{args:?}: {text}");
+        assert!(
+            text.contains("--config") && text.contains("--state-dir"),
+            "{args:?}: {text}"
+        );
     }
     let out = fleetd(&["serve", "--bogus"])?;
     assert!(!out.status.success());
@@ -32,7 +40,10 @@ async fn tokens_live_in_a_user_only_file_and_leads_must_be_declared() -> anyhow:
     assert!(token.starts_with("fleet_"));
     let file = fleet.state_dir().join("leads/alice.token");
     assert_eq!(std::fs::read_to_string(&file)?.trim(), token);
-    assert_eq!(std::fs::metadata(&file)?.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&file)?.permissions().mode() & 0o777,
+        0o600
+    );
     let out = fleet.cli(&["token", "mallory"])?;
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr)?;
@@ -49,11 +60,17 @@ async fn mcp_config_prints_what_claude_code_needs() -> anyhow::Result<()> {
     let server = &config["mcpServers"]["fleet"];
     assert_eq!(server["type"], "http");
     assert_eq!(server["url"], fleet.url());
-    assert_eq!(server["headers"]["Authorization"], format!("Bearer {}", fleet.token("alice")?));
+    assert_eq!(
+        server["headers"]["Authorization"],
+        format!("Bearer {}", fleet.token("alice")?)
+    );
     assert_eq!(server["headers"]["X-Fleet-Pane"], "${TMUX_PANE:-}");
     let out = fleet.cli(&["mcp-config", "alice"])?;
     let text = String::from_utf8(out.stdout)?;
-    assert!(text.contains("claude mcp add --transport http fleet"), "{text}");
+    assert!(
+        text.contains("claude mcp add --transport http fleet"),
+        "{text}"
+    );
     Ok(())
 }
 
@@ -62,8 +79,17 @@ fn a_malformed_config_is_refused_naming_the_key() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("bad.toml");
     let cases = [
-        (format!("[gateway]\nlisten = \"127.0.0.1:{}\"\nlisten_port = 1\n", free_port()?), "listen_port"),
-        ("[[profiles]]\nname = \"x\"\nkind = \"command\"\nargv = []\n".to_string(), "argv"),
+        (
+            format!(
+                "[gateway]\nlisten = \"127.0.0.1:{}\"\nlisten_port = 1\n",
+                free_port()?
+            ),
+            "listen_port",
+        ),
+        (
+            "[[profiles]]\nname = \"x\"\nkind = \"command\"\nargv = []\n".to_string(),
+            "argv",
+        ),
         ("[gateway\n".to_string(), "bad.toml"),
     ];
     for (text, needle) in cases {

@@ -80,7 +80,10 @@ async fn two_workers_answer_in_parallel() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_for_a_busy_worker_waits_queued_then_goes_in() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    let pane = spawn(&lead, "w1").await?["pane"].as_str().unwrap_or_default().to_string();
+    let pane = spawn(&lead, "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let first = send(&lead, "w1", "/slow 1500 first", 0).await?;
     assert_eq!(first["status"], "pending");
     let second = send(&lead, "w1", "second", 0).await?;
@@ -93,7 +96,11 @@ async fn a_task_for_a_busy_worker_waits_queued_then_goes_in() -> anyhow::Result<
     while texts.len() < 2 {
         let polled = lead.ok("fleet_poll", json!({"wait_s": 20})).await?;
         let messages = polled["messages"].as_array().cloned().unwrap_or_default();
-        anyhow::ensure!(!messages.is_empty(), "no reply within the poll\n{}", fleet.log());
+        anyhow::ensure!(
+            !messages.is_empty(),
+            "no reply within the poll\n{}",
+            fleet.log()
+        );
         texts.extend(messages.iter().map(|m| m["text"].clone()));
     }
     assert_eq!(texts, vec![json!("echo: first"), json!("echo: second")]);
@@ -106,7 +113,12 @@ async fn a_stranded_reply_is_collected_by_poll() -> anyhow::Result<()> {
     spawn(&lead, "w1").await?;
     let sent = send(&lead, "w1", "/slow 1500 late answer", 1).await?;
     assert_eq!(sent["status"], "pending", "{sent}");
-    assert!(sent["note"].as_str().unwrap_or_default().contains("fleet_poll"));
+    assert!(
+        sent["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("fleet_poll")
+    );
     let polled = lead
         .ok("fleet_poll", json!({"from": "w1", "wait_s": 20}))
         .await?;
@@ -127,7 +139,9 @@ async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
     spawn(&lead, "w1").await?;
     let mut task = String::from("Refactor the parser:\n\tstep one; keep tabs\n");
     for i in 0..40 {
-        task.push_str(&format!("line {i}: ünïcödé — quotes \"x\" and 'y' and $HOME;\n"));
+        task.push_str(&format!(
+            "line {i}: ünïcödé — quotes \"x\" and 'y' and $HOME;\n"
+        ));
     }
     task.push_str("last line without newline;");
     assert!(task.len() > 1000);
@@ -140,7 +154,10 @@ async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_blocked_in_poll_gets_its_task_through_the_call() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    let pane = spawn(&lead, "w1").await?["pane"].as_str().unwrap_or_default().to_string();
+    let pane = spawn(&lead, "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let first = send(&lead, "w1", "/poll 20", 20).await?;
     assert_eq!(first["reply"]["text"], "polling");
     until("the worker to be polling", LIMIT, || async {
@@ -148,7 +165,10 @@ async fn a_worker_blocked_in_poll_gets_its_task_through_the_call() -> anyhow::Re
     })
     .await?;
     let second = send(&lead, "w1", "through the poll", 20).await?;
-    assert_eq!(second["reply"]["text"], "echo: through the poll", "{second}");
+    assert_eq!(
+        second["reply"]["text"], "echo: through the poll",
+        "{second}"
+    );
     // It came through the call, not the keyboard.
     let screen = fleet.screen(&pane)?;
     assert!(!screen.contains("[task 2"), "{screen}");
@@ -176,7 +196,10 @@ async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Resu
     let late = lead
         .call("fleet_send", json!({"to": "w1", "message": "anyone?"}))
         .await?;
-    assert_eq!(late.err().map(|e| e.code).as_deref(), Some("unknown_recipient"));
+    assert_eq!(
+        late.err().map(|e| e.code).as_deref(),
+        Some("unknown_recipient")
+    );
     Ok(())
 }
 

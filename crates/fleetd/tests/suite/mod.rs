@@ -2,3 +2,5 @@ mod auth;
 mod badinput;
 mod cli;
 mod delivery;
+mod durability;
+mod lifecycle;

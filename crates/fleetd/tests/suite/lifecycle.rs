@@ -1,0 +1,154 @@
+//! Spawn's readiness gate, stop, and cancellation of long calls.
+
+use std::time::Duration;
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn names(list: &Value) -> Vec<String> {
+    list["entities"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_calls_in_is_not_ready_and_its_pane_is_closed() -> anyhow::Result<()> {
+    let profile = sim_profile("mute", &["--mode", "no-mcp"])?
+        .replace("ready_timeout_s = 20", "ready_timeout_s = 1");
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let err = lead
+        .call("fleet_spawn", json!({"profile": "mute", "name": "m1"}))
+        .await?
+        .expect_err("a mute worker became ready");
+    assert_eq!(err.code, "not_ready");
+    assert!(err.message.contains("did not call in within 1 s"), "{err}");
+    assert!(
+        err.message.contains("sim m1 ready"),
+        "the error quotes its screen: {err}"
+    );
+    until("the pane to be closed", LIMIT, || async {
+        fleet.panes().ok().filter(|p| p.is_empty())
+    })
+    .await?;
+    assert_eq!(
+        names(&lead.ok("fleet_list", json!({})).await?),
+        vec!["lead"]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_program_dies_at_start_is_not_ready_at_once() -> anyhow::Result<()> {
+    let profile = "[[profiles]]\nname = \"broken\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"echo cannot start: missing thing; exit 7\"]\nready_timeout_s = 20\n";
+    let fleet = Fleet::start("", profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let err = lead
+        .call("fleet_spawn", json!({"profile": "broken"}))
+        .await?
+        .expect_err("a dead worker became ready");
+    assert_eq!(err.code, "not_ready");
+    assert!(err.message.contains("ended before it was ready"), "{err}");
+    assert!(err.message.contains("cannot start: missing thing"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_closes_the_pane_and_fails_what_was_on_its_way() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
+        .await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"}))
+        .await?;
+    lead.ok(
+        "fleet_send",
+        json!({"to": "w1", "message": "/never", "wait_s": 0}),
+    )
+    .await?;
+    let queued = lead
+        .ok(
+            "fleet_send",
+            json!({"to": "w1", "message": "never typed", "wait_s": 0}),
+        )
+        .await?;
+    let stopped = lead.ok("fleet_stop", json!({"to": "w1"})).await?;
+    assert_eq!(stopped["status"], "gone");
+    assert_eq!(
+        names(&lead.ok("fleet_list", json!({})).await?),
+        vec!["lead", "w2"]
+    );
+    assert_eq!(fleet.panes()?.len(), 1);
+    let polled = lead.ok("fleet_poll", json!({})).await?;
+    let notices = polled["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        notices.len(),
+        2,
+        "the task in flight and the queued one: {polled}"
+    );
+    assert!(notices.iter().all(|n| n["kind"] == "FAILED"));
+    assert!(notices.iter().any(|n| n["in_reply_to"] == queued["msg_id"]));
+    assert!(notices.iter().all(|n| {
+        n["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("stopped by lead")
+    }));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_spawn_leaves_no_pane_behind() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("mute", &["--mode", "no-mcp"])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let gave_up = lead
+        .call_within(
+            "fleet_spawn",
+            json!({"profile": "mute", "name": "m1"}),
+            Duration::from_millis(500),
+        )
+        .await?;
+    assert!(gave_up.is_none(), "the spawn returned: {gave_up:?}");
+    until("the cancelled spawn's pane to close", LIMIT, || async {
+        fleet.panes().ok().filter(|p| p.is_empty())
+    })
+    .await?;
+    assert_eq!(
+        names(&lead.ok("fleet_list", json!({})).await?),
+        vec!["lead"]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_poll_takes_nothing_with_it() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
+        .await?;
+    let gave_up = lead
+        .call_within(
+            "fleet_poll",
+            json!({"wait_s": 60}),
+            Duration::from_millis(300),
+        )
+        .await?;
+    assert!(gave_up.is_none());
+    lead.ok(
+        "fleet_send",
+        json!({"to": "w1", "message": "after the cancel", "wait_s": 0}),
+    )
+    .await?;
+    let polled = lead.ok("fleet_poll", json!({"wait_s": 20})).await?;
+    assert_eq!(polled["messages"][0]["text"], "echo: after the cancel");
+    Ok(())
+}
