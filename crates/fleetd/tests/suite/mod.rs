@@ -4,3 +4,4 @@ mod cli;
 mod delivery;
 mod durability;
 mod lifecycle;
+mod nudge;

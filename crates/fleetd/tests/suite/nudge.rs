@@ -1,0 +1,135 @@
+//! Nudges into the lead's own pane. The lead's pane is a real tmux pane on a tmux server of the
+//! test's own (standing in for the user's), running `cat` (without
+//! terminal echo) so each typed line shows once.
+
+use std::process::Command;
+use std::time::Duration;
+
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::wait::until;
+use serde_json::json;
+use tokio::time::Instant;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The lead's terminal: a tmux server and pane of the test's own, killed on drop.
+struct LeadPane {
+    socket: String,
+    path: String,
+    pane: String,
+}
+
+impl LeadPane {
+    fn start() -> anyhow::Result<Self> {
+        let socket = format!("fleet-lead-test-{}", uuid_like());
+        let out = Command::new("tmux")
+            .args(["-L", &socket, "-f", "/dev/null", "new-session", "-d", "-x", "200", "-y", "50"])
+            .args(["-P", "-F", "#{pane_id} #{socket_path}", "sh", "-c", "stty -echo; exec cat"])
+            .output()?;
+        anyhow::ensure!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout)?;
+        let (pane, path) = text
+            .trim()
+            .split_once(' ')
+            .ok_or_else(|| anyhow::anyhow!("unexpected tmux answer {text:?}"))?;
+        Ok(Self {
+            socket,
+            pane: pane.to_string(),
+            path: path.to_string(),
+        })
+    }
+
+    fn screen(&self) -> String {
+        Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p", "-t", &self.pane])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn nudges(&self) -> usize {
+        self.screen().matches("[fleet]").count()
+    }
+
+    async fn connect(&self, fleet: &Fleet) -> anyhow::Result<Client> {
+        let tmux = format!("{},4242,0", self.path);
+        let headers = [("X-Fleet-Pane", self.pane.as_str()), ("X-Fleet-Tmux", tmux.as_str())];
+        Client::connect(&fleet.url(), &fleet.token("lead")?, Protocol::Stateless, &headers).await
+    }
+}
+
+impl Drop for LeadPane {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).status();
+    }
+}
+
+fn uuid_like() -> String {
+    format!("{}-{:?}", std::process::id(), Instant::now())
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow::Result<()> {
+    let leads = "[leads.lead]\nnudge_interval_s = 2\nnudge_quiet_ms = 100\n";
+    let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
+    let terminal = LeadPane::start()?;
+    let lead = terminal.connect(&fleet).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
+
+    lead.ok("fleet_send", json!({"to": "w1", "message": "one", "wait_s": 0}))
+        .await?;
+    until("the first nudge", LIMIT, || async {
+        terminal
+            .screen()
+            .contains("[fleet] 1 message waiting for you: call fleet_poll")
+            .then_some(())
+    })
+    .await?;
+    let first = Instant::now();
+    lead.ok("fleet_send", json!({"to": "w1", "message": "two", "wait_s": 0}))
+        .await?;
+    until("the second nudge", LIMIT, || async {
+        terminal.screen().contains("[fleet] 2 messages waiting").then_some(())
+    })
+    .await?;
+    assert!(
+        first.elapsed() >= Duration::from_millis(1900),
+        "two nudges {:?} apart; the interval is 2 s",
+        first.elapsed()
+    );
+    // Collecting the messages stops the nudging.
+    let polled = lead.ok("fleet_poll", json!({})).await?;
+    assert_eq!(polled["messages"].as_array().map(Vec::len), Some(2));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_blocked_in_a_fleet_call_is_not_nudged() -> anyhow::Result<()> {
+    let leads = "[leads.lead]\nnudge_interval_s = 1\nnudge_quiet_ms = 100\n";
+    let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
+    let terminal = LeadPane::start()?;
+    let lead = terminal.connect(&fleet).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"})).await?;
+    lead.ok("fleet_send", json!({"to": "w1", "message": "held", "wait_s": 0}))
+        .await?;
+    until("the first nudge", LIMIT, || async {
+        (terminal.nudges() == 1).then_some(())
+    })
+    .await?;
+    // Blocked for about four nudge intervals while the held message waits.
+    let sent = lead
+        .ok("fleet_send", json!({"to": "w2", "message": "/slow 4000 long", "wait_s": 20}))
+        .await?;
+    assert_eq!(sent["reply"]["text"], "echo: long");
+    assert!(
+        terminal.nudges() <= 2,
+        "nudged while blocked:\n{}",
+        terminal.screen()
+    );
+    Ok(())
+}
