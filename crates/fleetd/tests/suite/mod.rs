@@ -5,3 +5,4 @@ mod delivery;
 mod durability;
 mod lifecycle;
 mod nudge;
+mod python;
