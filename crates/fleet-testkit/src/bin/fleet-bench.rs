@@ -1,0 +1,272 @@
+//! `fleet-bench local`: prints fleetd's figures on this machine, each beside a baseline
+//! measured in the same run. Run it from a release build:
+//! `cargo build --release --workspace --bins && target/release/fleet-bench local`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fleet_core::{Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_mux::tmux::{Socket, Tmux};
+use fleet_mux::{PaneHost, PaneSpec};
+use fleet_store::{SqliteStore, Store};
+use fleet_testkit::bins::binary;
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, free_port, sim_profile};
+use serde_json::json;
+
+/// Benchmarks that print figures.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, Subcommand)]
+enum What {
+    /// The single-host figures: round trip, held+drained rate, RSS with idle workers, start-up.
+    Local {
+        /// Round trips to time (after a warm-up).
+        #[arg(long, default_value_t = 500)]
+        trips: usize,
+        /// Idle workers for the RSS figure.
+        #[arg(long, default_value_t = 50)]
+        workers: usize,
+        /// Messages for the held+drained rate.
+        #[arg(long, default_value_t = 20_000)]
+        messages: usize,
+    },
+}
+
+/// p50 and p99 of `samples`, in milliseconds.
+fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+    samples.sort_unstable();
+    let at = |q: f64| {
+        let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    (at(0.50), at(0.99))
+}
+
+/// Round trips through fleetd: send → inject → the scripted agent replies at once → result.
+async fn round_trips(trips: usize) -> anyhow::Result<Vec<Duration>> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
+    let mut samples = Vec::with_capacity(trips);
+    for i in 0..trips + 20 {
+        let started = Instant::now();
+        let sent = lead
+            .ok("fleet_send", json!({"to": "w1", "message": format!("trip {i}"), "wait_s": 30}))
+            .await?;
+        anyhow::ensure!(sent["status"] == "replied", "trip {i}: {sent}");
+        if i >= 20 {
+            samples.push(started.elapsed());
+        }
+    }
+    Ok(samples)
+}
+
+/// The bare cost of what injection is built on: one paste plus one Enter through tmux into a
+/// pane running `cat`, with nothing of fleetd in between.
+async fn bare_paste_enter(trips: usize) -> anyhow::Result<Vec<Duration>> {
+    let socket = format!("fleet-bench-{}", uuid::Uuid::now_v7().simple());
+    let tmux = Tmux::new(Socket::Name(socket));
+    let pane = tmux
+        .spawn(&PaneSpec {
+            label: "bare".into(),
+            argv: vec!["sh".into(), "-c".into(), "stty -echo; exec cat > /dev/null".into()],
+            env: BTreeMap::new(),
+            cwd: std::env::temp_dir(),
+        })
+        .await?;
+    let mut samples = Vec::with_capacity(trips);
+    for i in 0..trips + 20 {
+        let started = Instant::now();
+        tmux.paste(&pane, &format!("trip {i}")).await?;
+        tmux.enter(&pane).await?;
+        if i >= 20 {
+            samples.push(started.elapsed());
+        }
+    }
+    tmux.kill_server().await?;
+    Ok(samples)
+}
+
+/// Holds `count` replies in the local plane's store (one transaction each, as fleetd does) and
+/// drains them in polls of 100; returns (seconds holding, seconds draining).
+fn hold_and_drain(count: usize) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(&dir.path().join("bench.db"))?;
+    let (lead, worker) = (Gid::mint(), Gid::mint());
+    let started = Instant::now();
+    for i in 0..count {
+        store.insert_message(&Message {
+            msg_id: MsgId::mint(),
+            trace_id: TraceId::mint(),
+            kind: Kind::Reply,
+            from: worker,
+            to: lead,
+            in_reply_to: None,
+            body: format!("reply {i}: the answer to the task, a line or two of text"),
+            state: MsgState::Held,
+            created_ms: 0,
+        })?;
+    }
+    let held = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let mut drained = 0;
+    while drained < count {
+        let batch = store.take_held(lead, None, 100)?;
+        anyhow::ensure!(!batch.is_empty(), "drained only {drained} of {count}");
+        drained += batch.len();
+    }
+    Ok((held, started.elapsed().as_secs_f64()))
+}
+
+/// The same through fleetd's MCP endpoint: one lead sends to another (held for its pull),
+/// eight calls at a time, and the other drains with fleet_poll. Returns messages per second.
+async fn hold_and_drain_over_mcp(count: usize) -> anyhow::Result<f64> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let a = std::sync::Arc::new(fleet.lead("a", Protocol::Stateless).await?);
+    let b = fleet.lead("b", Protocol::Stateless).await?;
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for lane in 0..8 {
+        let a = std::sync::Arc::clone(&a);
+        senders.push(tokio::spawn(async move {
+            for i in (lane..count).step_by(8) {
+                a.ok("fleet_send", json!({"to": "b", "message": format!("m{i}"), "wait_s": 0}))
+                    .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for sender in senders {
+        sender.await??;
+    }
+    let mut drained = 0;
+    while drained < count {
+        let polled = b.ok("fleet_poll", json!({})).await?;
+        let got = polled["messages"].as_array().map_or(0, Vec::len);
+        anyhow::ensure!(got > 0, "drained only {drained} of {count}");
+        drained += got;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+fn rss_mb(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmRSS")?;
+    Ok(kb / 1024.0)
+}
+
+/// fleetd's RSS with no workers, then with `workers` idle ones.
+async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64)> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let pid = fleet.pid().context("fleetd is not running")?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_list", json!({})).await?;
+    let empty = rss_mb(pid)?;
+    for i in 0..workers {
+        lead.ok("fleet_spawn", json!({"profile": "sim", "name": format!("w{i}")}))
+            .await?;
+    }
+    let list = lead.ok("fleet_list", json!({})).await?;
+    let live = list["entities"].as_array().map_or(0, Vec::len);
+    anyhow::ensure!(live == workers + 1, "only {live} entities live");
+    Ok((empty, rss_mb(pid)?))
+}
+
+/// Time from exec of `fleetd serve` to its first `/healthz` 200, polled every 0.2 ms.
+async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(runs);
+    let http = reqwest::Client::new();
+    for _ in 0..runs {
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let config = dir.path().join("fleetd.toml");
+        std::fs::write(
+            &config,
+            format!("[gateway]\nlisten = \"127.0.0.1:{port}\"\n[mux]\nsocket = \"fleet-bench-{port}\"\n"),
+        )?;
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new(binary("fleetd")?)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let url = format!("http://127.0.0.1:{port}/healthz");
+        loop {
+            if let Ok(resp) = http.get(&url).send().await {
+                if resp.status().is_success() {
+                    break;
+                }
+            }
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(10), "fleetd never became healthy");
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        samples.push(started.elapsed());
+        child.start_kill()?;
+        child.wait().await?;
+    }
+    Ok(samples)
+}
+
+async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<()> {
+    println!("fleet-bench local ({} build of fleetd at {})", if cfg!(debug_assertions) { "debug" } else { "release" }, binary("fleetd")?.display());
+
+    let mut bare = bare_paste_enter(trips).await?;
+    let mut rtt = round_trips(trips).await?;
+    let (bare50, bare99) = percentiles(&mut bare);
+    let (rtt50, rtt99) = percentiles(&mut rtt);
+    println!("round trip send→inject→reply→result, {trips} trips:  p50 {rtt50:.2} ms  p99 {rtt99:.2} ms");
+    println!("bare tmux paste + Enter (same run), {trips} trips:   p50 {bare50:.2} ms  p99 {bare99:.2} ms");
+    println!(
+        "  round trip / bare = {:.2}x; fleetd's share of the round trip (p50 difference) = {:.2} ms  [target ≤ 5 ms]",
+        rtt50 / bare50,
+        rtt50 - bare50
+    );
+
+    let (held, drained) = hold_and_drain(messages)?;
+    println!(
+        "local plane, {messages} replies: held {:.0}/s, drained {:.0}/s, held+drained {:.0}/s  [target ≥ 5,000/s]",
+        messages as f64 / held,
+        messages as f64 / drained,
+        messages as f64 / (held + drained)
+    );
+    let mcp_count = messages.min(5_000);
+    let over_mcp = hold_and_drain_over_mcp(mcp_count).await?;
+    println!("  the same through MCP (lead→lead send, then fleet_poll), {mcp_count} messages: {over_mcp:.0}/s");
+
+    let (empty, loaded) = rss_with_workers(workers).await?;
+    println!("fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers  [target ≤ 50 MB]");
+
+    let mut starts = start_to_healthy(10).await?;
+    let (start50, start99) = percentiles(&mut starts);
+    println!("start → /healthz 200, 10 starts: p50 {start50:.1} ms  max {start99:.1} ms  [target ≤ 200 ms]");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Args::parse().what {
+        What::Local {
+            trips,
+            workers,
+            messages,
+        } => local(trips, workers, messages).await,
+    }
+}
+
