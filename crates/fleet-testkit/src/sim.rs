@@ -83,11 +83,9 @@ impl LineEditor {
             let was_cr = std::mem::replace(&mut self.last_was_cr, byte == b'\r');
             match byte {
                 0x1b => self.escape = Escape::Esc,
-                b'\r' | b'\n' if self.in_paste => {
-                    if !(byte == b'\n' && was_cr) {
-                        self.buffer.push(b'\n');
-                        echo.extend_from_slice(b"\r\n");
-                    }
+                b'\r' | b'\n' if self.in_paste && !(byte == b'\n' && was_cr) => {
+                    self.buffer.push(b'\n');
+                    echo.extend_from_slice(b"\r\n");
                 }
                 b'\r' | b'\n' => {
                     if byte == b'\n' && was_cr {
@@ -100,10 +98,8 @@ impl LineEditor {
                     self.buffer.clear();
                     events.push(Event::Submit(text));
                 }
-                0x7f | 0x08 => {
-                    if self.buffer.pop().is_some() {
-                        echo.extend_from_slice(b"\x08 \x08");
-                    }
+                0x7f | 0x08 if self.buffer.pop().is_some() => {
+                    echo.extend_from_slice(b"\x08 \x08");
                 }
                 byte if byte >= 0x20 || byte == b'\t' => {
                     self.buffer.push(byte);

@@ -32,12 +32,10 @@ pub fn lead_token(
     rotate: bool,
 ) -> anyhow::Result<String> {
     let path = dir.lead_token_path(name);
-    if !rotate {
-        if let Ok(existing) = std::fs::read_to_string(&path) {
-            let existing = existing.trim().to_string();
-            if store.gid_for_token(&hash(&existing))? == Some(gid) {
-                return Ok(existing);
-            }
+    if !rotate && let Ok(existing) = std::fs::read_to_string(&path) {
+        let existing = existing.trim().to_string();
+        if store.gid_for_token(&hash(&existing))? == Some(gid) {
+            return Ok(existing);
         }
     }
     let token = mint()?;

@@ -137,10 +137,10 @@ async fn main() -> anyhow::Result<()> {
                 Event::Submit(task) => {
                     tasks += 1;
                     show(&format!("\r\n[task {tasks}: {} bytes]\r\n", task.len()));
-                    if let Some(client) = &client {
-                        if let Err(e) = handle(client, &task).await {
-                            show(&format!("[error: {e}]\r\n"));
-                        }
+                    if let Some(client) = &client
+                        && let Err(e) = handle(client, &task).await
+                    {
+                        show(&format!("[error: {e}]\r\n"));
                     }
                     show("> ");
                 }

@@ -53,12 +53,16 @@ fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
 async fn round_trips(trips: usize) -> anyhow::Result<Vec<Duration>> {
     let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
+        .await?;
     let mut samples = Vec::with_capacity(trips);
     for i in 0..trips + 20 {
         let started = Instant::now();
         let sent = lead
-            .ok("fleet_send", json!({"to": "w1", "message": format!("trip {i}"), "wait_s": 30}))
+            .ok(
+                "fleet_send",
+                json!({"to": "w1", "message": format!("trip {i}"), "wait_s": 30}),
+            )
             .await?;
         anyhow::ensure!(sent["status"] == "replied", "trip {i}: {sent}");
         if i >= 20 {
@@ -76,7 +80,11 @@ async fn bare_paste_enter(trips: usize) -> anyhow::Result<Vec<Duration>> {
     let pane = tmux
         .spawn(&PaneSpec {
             label: "bare".into(),
-            argv: vec!["sh".into(), "-c".into(), "stty -echo; exec cat > /dev/null".into()],
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "stty -echo; exec cat > /dev/null".into(),
+            ],
             env: BTreeMap::new(),
             cwd: std::env::temp_dir(),
         })
@@ -137,8 +145,11 @@ async fn hold_and_drain_over_mcp(count: usize) -> anyhow::Result<f64> {
         let a = std::sync::Arc::clone(&a);
         senders.push(tokio::spawn(async move {
             for i in (lane..count).step_by(8) {
-                a.ok("fleet_send", json!({"to": "b", "message": format!("m{i}"), "wait_s": 0}))
-                    .await?;
+                a.ok(
+                    "fleet_send",
+                    json!({"to": "b", "message": format!("m{i}"), "wait_s": 0}),
+                )
+                .await?;
             }
             anyhow::Ok(())
         }));
@@ -175,8 +186,11 @@ async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64)> {
     lead.ok("fleet_list", json!({})).await?;
     let empty = rss_mb(pid)?;
     for i in 0..workers {
-        lead.ok("fleet_spawn", json!({"profile": "sim", "name": format!("w{i}")}))
-            .await?;
+        lead.ok(
+            "fleet_spawn",
+            json!({"profile": "sim", "name": format!("w{i}")}),
+        )
+        .await?;
     }
     let list = lead.ok("fleet_list", json!({})).await?;
     let live = list["entities"].as_array().map_or(0, Vec::len);
@@ -194,7 +208,9 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
         let config = dir.path().join("fleetd.toml");
         std::fs::write(
             &config,
-            format!("[gateway]\nlisten = \"127.0.0.1:{port}\"\n[mux]\nsocket = \"fleet-bench-{port}\"\n"),
+            format!(
+                "[gateway]\nlisten = \"127.0.0.1:{port}\"\n[mux]\nsocket = \"fleet-bench-{port}\"\n"
+            ),
         )?;
         let started = Instant::now();
         let mut child = tokio::process::Command::new(binary("fleetd")?)
@@ -209,12 +225,15 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
             .spawn()?;
         let url = format!("http://127.0.0.1:{port}/healthz");
         loop {
-            if let Ok(resp) = http.get(&url).send().await {
-                if resp.status().is_success() {
-                    break;
-                }
+            if let Ok(resp) = http.get(&url).send().await
+                && resp.status().is_success()
+            {
+                break;
             }
-            anyhow::ensure!(started.elapsed() < Duration::from_secs(10), "fleetd never became healthy");
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(10),
+                "fleetd never became healthy"
+            );
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         samples.push(started.elapsed());
@@ -225,14 +244,26 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
 }
 
 async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<()> {
-    println!("fleet-bench local ({} build of fleetd at {})", if cfg!(debug_assertions) { "debug" } else { "release" }, binary("fleetd")?.display());
+    println!(
+        "fleet-bench local ({} build of fleetd at {})",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        binary("fleetd")?.display()
+    );
 
     let mut bare = bare_paste_enter(trips).await?;
     let mut rtt = round_trips(trips).await?;
     let (bare50, bare99) = percentiles(&mut bare);
     let (rtt50, rtt99) = percentiles(&mut rtt);
-    println!("round trip send→inject→reply→result, {trips} trips:  p50 {rtt50:.2} ms  p99 {rtt99:.2} ms");
-    println!("bare tmux paste + Enter (same run), {trips} trips:   p50 {bare50:.2} ms  p99 {bare99:.2} ms");
+    println!(
+        "round trip send→inject→reply→result, {trips} trips:  p50 {rtt50:.2} ms  p99 {rtt99:.2} ms"
+    );
+    println!(
+        "bare tmux paste + Enter (same run), {trips} trips:   p50 {bare50:.2} ms  p99 {bare99:.2} ms"
+    );
     println!(
         "  round trip / bare = {:.2}x; fleetd's share of the round trip (p50 difference) = {:.2} ms  [target ≤ 5 ms]",
         rtt50 / bare50,
@@ -248,14 +279,20 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
     );
     let mcp_count = messages.min(5_000);
     let over_mcp = hold_and_drain_over_mcp(mcp_count).await?;
-    println!("  the same through MCP (lead→lead send, then fleet_poll), {mcp_count} messages: {over_mcp:.0}/s");
+    println!(
+        "  the same through MCP (lead→lead send, then fleet_poll), {mcp_count} messages: {over_mcp:.0}/s"
+    );
 
     let (empty, loaded) = rss_with_workers(workers).await?;
-    println!("fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers  [target ≤ 50 MB]");
+    println!(
+        "fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers  [target ≤ 50 MB]"
+    );
 
     let mut starts = start_to_healthy(10).await?;
     let (start50, start99) = percentiles(&mut starts);
-    println!("start → /healthz 200, 10 starts: p50 {start50:.1} ms  max {start99:.1} ms  [target ≤ 200 ms]");
+    println!(
+        "start → /healthz 200, 10 starts: p50 {start50:.1} ms  max {start99:.1} ms  [target ≤ 200 ms]"
+    );
     Ok(())
 }
 
@@ -269,4 +306,3 @@ async fn main() -> anyhow::Result<()> {
         } => local(trips, workers, messages).await,
     }
 }
-

@@ -161,11 +161,11 @@ impl Gateway {
             self.notify_failed(&task, &reason).await;
             // The worker never took the task: its turn is over before it began.
             let mut sessions = self.lock();
-            if let Some(session) = sessions.panes.get_mut(&gid) {
-                if session.current.as_ref().is_some_and(|m| m.msg_id == msg_id) {
-                    session.current = None;
-                    let _ = session.apply(SessionEvent::TurnDone);
-                }
+            if let Some(session) = sessions.panes.get_mut(&gid)
+                && session.current.as_ref().is_some_and(|m| m.msg_id == msg_id)
+            {
+                session.current = None;
+                let _ = session.apply(SessionEvent::TurnDone);
             }
         }
     }

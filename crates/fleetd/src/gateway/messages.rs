@@ -421,16 +421,15 @@ impl Gateway {
     /// its next task may go in.
     fn end_turn(&self, gid: Gid, answered: MsgId) {
         let mut sessions = self.lock();
-        if let Some(session) = sessions.panes.get_mut(&gid) {
-            if session
+        if let Some(session) = sessions.panes.get_mut(&gid)
+            && session
                 .current
                 .as_ref()
                 .is_some_and(|m| m.msg_id == answered)
-            {
-                session.current = None;
-                if let Err(e) = session.apply(SessionEvent::TurnDone) {
-                    tracing::warn!(%gid, error = %e, "reply outside a turn");
-                }
+        {
+            session.current = None;
+            if let Err(e) = session.apply(SessionEvent::TurnDone) {
+                tracing::warn!(%gid, error = %e, "reply outside a turn");
             }
         }
     }

@@ -279,20 +279,19 @@ impl Gateway {
                 }
                 _ => return Ok(()),
             }
-            if let Some(marker) = &profile.ready_marker {
-                if let Ok(snap) = self.panes.snapshot(pane).await {
-                    if snap.text.contains(marker.as_str()) {
-                        let became_ready = self
-                            .lock()
-                            .panes
-                            .get_mut(&gid)
-                            .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
-                        if became_ready {
-                            self.persist_status(gid).await;
-                        }
-                        continue;
-                    }
+            if let Some(marker) = &profile.ready_marker
+                && let Ok(snap) = self.panes.snapshot(pane).await
+                && snap.text.contains(marker.as_str())
+            {
+                let became_ready = self
+                    .lock()
+                    .panes
+                    .get_mut(&gid)
+                    .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
+                if became_ready {
+                    self.persist_status(gid).await;
                 }
+                continue;
             }
             let recheck = if profile.ready_marker.is_some() {
                 Instant::now() + MARKER_CHECK_INTERVAL
@@ -400,12 +399,11 @@ impl Gateway {
             return;
         };
         tracing::info!(%gid, %name, reason, "session ended");
-        if close {
-            if let Some(pane) = &pane {
-                if let Err(e) = self.panes.close(pane).await {
-                    tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
-                }
-            }
+        if close
+            && let Some(pane) = &pane
+            && let Err(e) = self.panes.close(pane).await
+        {
+            tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
         self.persist_status(gid).await;
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {

@@ -24,10 +24,32 @@ impl LeadPane {
     fn start() -> anyhow::Result<Self> {
         let socket = format!("fleet-lead-test-{}", uuid_like());
         let out = Command::new("tmux")
-            .args(["-L", &socket, "-f", "/dev/null", "new-session", "-d", "-x", "200", "-y", "50"])
-            .args(["-P", "-F", "#{pane_id} #{socket_path}", "sh", "-c", "stty -echo; exec cat"])
+            .args([
+                "-L",
+                &socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "200",
+                "-y",
+                "50",
+            ])
+            .args([
+                "-P",
+                "-F",
+                "#{pane_id} #{socket_path}",
+                "sh",
+                "-c",
+                "stty -echo; exec cat",
+            ])
             .output()?;
-        anyhow::ensure!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+        anyhow::ensure!(
+            out.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout)?;
         let (pane, path) = text
             .trim()
@@ -54,14 +76,25 @@ impl LeadPane {
 
     async fn connect(&self, fleet: &Fleet) -> anyhow::Result<Client> {
         let tmux = format!("{},4242,0", self.path);
-        let headers = [("X-Fleet-Pane", self.pane.as_str()), ("X-Fleet-Tmux", tmux.as_str())];
-        Client::connect(&fleet.url(), &fleet.token("lead")?, Protocol::Stateless, &headers).await
+        let headers = [
+            ("X-Fleet-Pane", self.pane.as_str()),
+            ("X-Fleet-Tmux", tmux.as_str()),
+        ];
+        Client::connect(
+            &fleet.url(),
+            &fleet.token("lead")?,
+            Protocol::Stateless,
+            &headers,
+        )
+        .await
     }
 }
 
 impl Drop for LeadPane {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).status();
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
     }
 }
 
@@ -78,10 +111,14 @@ async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow:
     let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
     let terminal = LeadPane::start()?;
     let lead = terminal.connect(&fleet).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
-
-    lead.ok("fleet_send", json!({"to": "w1", "message": "one", "wait_s": 0}))
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
+
+    lead.ok(
+        "fleet_send",
+        json!({"to": "w1", "message": "one", "wait_s": 0}),
+    )
+    .await?;
     until("the first nudge", LIMIT, || async {
         terminal
             .screen()
@@ -90,10 +127,16 @@ async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow:
     })
     .await?;
     let first = Instant::now();
-    lead.ok("fleet_send", json!({"to": "w1", "message": "two", "wait_s": 0}))
-        .await?;
+    lead.ok(
+        "fleet_send",
+        json!({"to": "w1", "message": "two", "wait_s": 0}),
+    )
+    .await?;
     until("the second nudge", LIMIT, || async {
-        terminal.screen().contains("[fleet] 2 messages waiting").then_some(())
+        terminal
+            .screen()
+            .contains("[fleet] 2 messages waiting")
+            .then_some(())
     })
     .await?;
     assert!(
@@ -113,17 +156,25 @@ async fn a_lead_blocked_in_a_fleet_call_is_not_nudged() -> anyhow::Result<()> {
     let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
     let terminal = LeadPane::start()?;
     let lead = terminal.connect(&fleet).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"})).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"})).await?;
-    lead.ok("fleet_send", json!({"to": "w1", "message": "held", "wait_s": 0}))
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"}))
+        .await?;
+    lead.ok(
+        "fleet_send",
+        json!({"to": "w1", "message": "held", "wait_s": 0}),
+    )
+    .await?;
     until("the first nudge", LIMIT, || async {
         (terminal.nudges() == 1).then_some(())
     })
     .await?;
     // Blocked for about four nudge intervals while the held message waits.
     let sent = lead
-        .ok("fleet_send", json!({"to": "w2", "message": "/slow 4000 long", "wait_s": 20}))
+        .ok(
+            "fleet_send",
+            json!({"to": "w2", "message": "/slow 4000 long", "wait_s": 20}),
+        )
         .await?;
     assert_eq!(sent["reply"]["text"], "echo: long");
     assert!(

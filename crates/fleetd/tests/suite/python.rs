@@ -35,12 +35,27 @@ async fn drive(mode: &str, expected_protocol: &str) -> anyhow::Result<()> {
     );
     let seen: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(seen["protocol"], expected_protocol, "{seen}");
-    for tool in ["fleet_list", "fleet_poll", "fleet_reply", "fleet_send", "fleet_spawn", "fleet_stop"] {
-        assert!(seen["tools"].as_array().is_some_and(|t| t.contains(&Value::from(tool))), "{seen}");
+    for tool in [
+        "fleet_list",
+        "fleet_poll",
+        "fleet_reply",
+        "fleet_send",
+        "fleet_spawn",
+        "fleet_stop",
+    ] {
+        assert!(
+            seen["tools"]
+                .as_array()
+                .is_some_and(|t| t.contains(&Value::from(tool))),
+            "{seen}"
+        );
     }
     assert_eq!(seen["spawned"]["name"], worker.as_str());
     assert_eq!(seen["sent"]["status"], "replied");
-    assert_eq!(seen["sent"]["reply"]["text"], format!("echo: hello from python {mode}"));
+    assert_eq!(
+        seen["sent"]["reply"]["text"],
+        format!("echo: hello from python {mode}")
+    );
     assert_eq!(seen["bad_is_error"], true);
     assert_eq!(seen["bad"]["code"], "unknown_recipient");
     Ok(())

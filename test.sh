@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs fleetd's whole test suite. First installs what a fresh Debian machine lacks: tmux (the
+# tests drive real tmux servers) and, in a virtualenv outside the tree, the Python `mcp` SDK
+# (a second real MCP client). Extra arguments go to the test runner.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+missing=()
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+venv="${FLEET_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetd/test-venv}"
+if ! "$venv/bin/python" -c 'import mcp' >/dev/null 2>&1; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet 'mcp==2.3.0'
+fi
+export FLEET_TEST_PYTHON="$venv/bin/python"
+
+# The tests start the workspace's binaries (fleetd, fleet-agent-sim): build them all first.
+cargo build --workspace --bins
+if cargo nextest --version >/dev/null 2>&1; then
+  exec cargo nextest run --workspace --no-fail-fast "$@"
+else
+  exec cargo test --workspace --no-fail-fast "$@"
+fi
