@@ -13,8 +13,11 @@ use tokio::time::{Instant, sleep, timeout_at};
 
 use crate::{MuxError, PaneHost, PaneId, Snapshot};
 
-/// The first pause between screen checks after Enter; doubled up to [`MAX_CHECK_INTERVAL`].
-const FIRST_CHECK_INTERVAL: Duration = Duration::from_millis(2);
+/// The first pause between screen checks; doubled up to [`MAX_CHECK_INTERVAL`]. A check is a
+/// round trip to the host (~0.1 ms over tmux's control connection), so start small.
+const FIRST_CHECK_INTERVAL: Duration = Duration::from_micros(250);
+/// How long the screen must hold still after the paste showed, before Enter is pressed.
+const SETTLE_STILL: Duration = Duration::from_millis(1);
 /// The longest pause between screen checks: each check costs a round trip to the host.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a paste may take to show on screen before Enter is pressed anyway (a program that
@@ -90,15 +93,15 @@ pub async fn inject(
     Ok(InjectOutcome::NotSubmitted)
 }
 
-/// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still;
-/// returns the last screen seen.
+/// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for
+/// [`SETTLE_STILL`]; returns the last screen seen.
 async fn settle(host: &dyn PaneHost, pane: &PaneId, pre: &Snapshot) -> Result<Snapshot, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut last = host.snapshot(pane).await?;
     let mut moved = last != *pre;
     while Instant::now() < deadline {
-        sleep(interval).await;
+        sleep(if moved { SETTLE_STILL } else { interval }).await;
         let next = host.snapshot(pane).await?;
         if moved && next == last {
             return Ok(next);

@@ -78,6 +78,9 @@ pub enum MuxError {
     /// The pane is not there (closed, exited).
     #[error("pane {0} is gone")]
     NoPane(PaneId),
+    /// The connection to the multiplexer closed (its server stopped, say).
+    #[error("the connection to the multiplexer closed (was its server stopped?)")]
+    Disconnected,
     /// The multiplexer answered something we cannot read.
     #[error("unexpected answer from {command}: {answer}")]
     Protocol {

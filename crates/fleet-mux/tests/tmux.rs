@@ -9,15 +9,15 @@ use fleet_mux::{PaneHost, PaneId, PaneLife, PaneSpec};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
-/// A private tmux server that is killed when the test ends, pass or fail.
-struct Server(Tmux);
+/// A private tmux server (driven over its control connection, as fleetd drives it) that is
+/// killed when the test ends, pass or fail.
+struct Server(Tmux, tempfile::TempDir);
 
 impl Server {
     fn new() -> Self {
-        Server(Tmux::new(Socket::Name(format!(
-            "fleet-mux-test-{}",
-            uuid::Uuid::now_v7().simple()
-        ))))
+        let scratch = tempfile::tempdir().unwrap();
+        let name = format!("fleet-mux-test-{}", uuid::Uuid::now_v7().simple());
+        Server(Tmux::private(name, scratch.path().join("paste")), scratch)
     }
 }
 
@@ -180,11 +180,66 @@ async fn a_program_that_ignores_enter_is_reported_not_submitted() {
 }
 
 #[tokio::test]
+async fn the_control_connection_and_the_client_see_the_same_screen() {
+    let server = Server::new();
+    let pane = server
+        .0
+        .spawn(&spec("both", "printf 'one\\ntwo'; exec sleep 60"))
+        .await
+        .unwrap();
+    wait_for_text(&server.0, &pane, "two").await;
+    let Socket::Name(name) = server.0.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let client = Tmux::new(Socket::Name(name));
+    let (a, b) = (
+        server.0.snapshot(&pane).await.unwrap(),
+        client.snapshot(&pane).await.unwrap(),
+    );
+    assert_eq!(a.cursor, b.cursor);
+    assert_eq!(a.text.trim_end(), b.text.trim_end());
+    assert_eq!(
+        server.0.panes().await.unwrap(),
+        client.panes().await.unwrap()
+    );
+    // A paste through the client process (stdin) works as well as through the control file.
+    client.type_line(&pane, "ignored").await.unwrap();
+}
+
+#[tokio::test]
+async fn the_control_connection_comes_back_after_the_server_is_killed() {
+    let server = Server::new();
+    let first = server
+        .0
+        .spawn(&spec("before", "exec sleep 60"))
+        .await
+        .unwrap();
+    assert_eq!(server.0.panes().await.unwrap().len(), 1);
+    server.0.kill_server().await.unwrap();
+    // The connection notices the server is gone: an error now, or no panes; never a hang.
+    let after = server.0.panes().await;
+    assert!(matches!(&after, Err(_)) || after.as_ref().is_ok_and(|p| !p.contains_key(&first)));
+    let second = server
+        .0
+        .spawn(&spec("after", "exec sleep 60"))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.0.panes().await.unwrap().keys().collect::<Vec<_>>(),
+        vec![&second]
+    );
+}
+
+#[tokio::test]
 async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
     let server = Server::new();
     let pane = server
         .0
-        .spawn(&spec("quitter", "echo last words before exit; exit 3"))
+        // tmux can miss output written in the very instant before exit, so pause briefly.
+        .spawn(&spec(
+            "quitter",
+            "echo last words before exit; sleep 0.2; exit 3",
+        ))
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -192,14 +192,24 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// The panes of the private tmux server (none when it is not running).
+    /// The worker panes of the private tmux server (none when it is not running); the pane
+    /// of fleetd's own control session is not one.
     pub fn panes(&self) -> anyhow::Result<Vec<String>> {
         let out = std::process::Command::new("tmux")
-            .args(["-L", &self.socket, "list-panes", "-a", "-F", "#{pane_id}"])
+            .args([
+                "-L",
+                &self.socket,
+                "list-panes",
+                "-a",
+                "-F",
+                "#{pane_id} #{session_name}",
+            ])
             .output()?;
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
-            .map(String::from)
+            .filter_map(|line| line.split_once(' '))
+            .filter(|(_, session)| *session != fleet_mux::tmux::control::CONTROL_SESSION)
+            .map(|(pane, _)| pane.to_string())
             .collect())
     }
 
@@ -248,10 +258,19 @@ impl Fleet {
     }
 }
 
+/// How long a killed fleetd may take to die before its tmux server is stopped anyway.
+const DEATH_WAIT: Duration = Duration::from_secs(5);
+
 impl Drop for Fleet {
     fn drop(&mut self) {
+        // fleetd first, and wait for it: while it lives it would reconnect to (and so restart)
+        // the tmux server stopped below.
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
+            let deadline = std::time::Instant::now() + DEATH_WAIT;
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
         let _ = std::process::Command::new("tmux")
             .args(["-L", &self.socket, "kill-server"])

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use fleet_mux::tmux::{Socket, Tmux};
+use fleet_mux::tmux::Tmux;
 use fleet_store::SqliteStore;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -89,7 +89,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .socket
         .clone()
         .unwrap_or_else(|| state.tmux_socket_name());
-    let tmux = Tmux::new(Socket::Name(socket_name));
+    let tmux = Arc::new(Tmux::private(socket_name, state.root().join("paste")));
     let attach = tmux.attach_hint();
     let listen: SocketAddr = config.gateway.listen;
     let url = mcp_url(&config);
@@ -114,7 +114,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         host.clone(),
         url.clone(),
         Arc::new(store),
-        Arc::new(tmux),
+        Arc::clone(&tmux) as Arc<dyn fleet_mux::PaneHost>,
         state.clone(),
         shutdown.child_token(),
     );
@@ -140,6 +140,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .context("the HTTP server failed")?;
     tracing::info!("draining: closing worker panes");
     gateway.shut_down().await;
+    if let Err(e) = tmux.kill_server().await {
+        tracing::warn!(error = %e, "cannot stop the private tmux server");
+    }
     tracing::info!("fleetd stopped");
     Ok(())
 }

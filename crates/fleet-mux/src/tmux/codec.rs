@@ -92,39 +92,46 @@ pub fn paste_args(pane: &PaneId, buffer: &str) -> Vec<String> {
     ])
 }
 
+/// Loads the file at `path` into buffer `buffer` (the control connection's paste path: its
+/// commands are lines, so the text cannot ride on stdin).
+pub fn load_file_args(buffer: &str, path: &str) -> Vec<String> {
+    strings(&["load-buffer", "-b", buffer, path])
+}
+
+/// Pastes buffer `buffer` into `pane`, bracketed if the program asked for bracketed paste, and
+/// deletes the buffer.
+pub fn paste_buffer_args(pane: &PaneId, buffer: &str) -> Vec<String> {
+    strings(&["paste-buffer", "-p", "-d", "-b", buffer, "-t", &pane.0])
+}
+
 /// Presses Enter.
 pub fn enter_args(pane: &PaneId) -> Vec<String> {
     strings(&["send-keys", "-t", &pane.0, "Enter"])
 }
 
-/// Types `text` literally, then Enter.
-pub fn type_line_args(pane: &PaneId, text: &str) -> Vec<String> {
-    let mut args = strings(&["send-keys", "-t", &pane.0, "-l", "--"]);
-    args.push(escape(text));
-    args.extend(strings(&[SEP, "send-keys", "-t", &pane.0, "Enter"]));
-    args
+/// Types `text` literally (unescaped words: the caller escapes for its transport).
+pub fn type_args(pane: &PaneId, text: &str) -> Vec<String> {
+    strings(&["send-keys", "-t", &pane.0, "-l", "--", text])
 }
 
-/// Cursor, mode and visible text of `pane`, in one round trip.
-pub fn snapshot_args(pane: &PaneId) -> Vec<String> {
-    strings(&[
-        "display-message",
-        "-p",
-        "-t",
-        &pane.0,
-        "#{cursor_x} #{cursor_y} #{pane_in_mode}",
-        SEP,
-        "capture-pane",
-        "-p",
-        "-t",
-        &pane.0,
-    ])
+/// Cursor and mode, then the visible text, of `pane`: two commands, one answer each.
+pub fn snapshot_commands(pane: &PaneId) -> (Vec<String>, Vec<String>) {
+    (
+        strings(&[
+            "display-message",
+            "-p",
+            "-t",
+            &pane.0,
+            "#{cursor_x} #{cursor_y} #{pane_in_mode}",
+        ]),
+        strings(&["capture-pane", "-p", "-t", &pane.0]),
+    )
 }
 
-/// Reads the answer to [`snapshot_args`].
-pub fn parse_snapshot(args: &[String], out: &str) -> Result<Snapshot, MuxError> {
+/// Reads the answers to [`snapshot_commands`], one after the other.
+pub fn parse_snapshot(pane: &PaneId, out: &str) -> Result<Snapshot, MuxError> {
     let bad = || MuxError::Protocol {
-        command: args.join(" "),
+        command: format!("snapshot of {pane}"),
         answer: out.chars().take(200).collect(),
     };
     let (head, text) = out.split_once('\n').ok_or_else(bad)?;
@@ -159,21 +166,30 @@ pub fn list_args() -> Vec<String> {
         "list-panes",
         "-a",
         "-F",
-        "#{pane_id}\t#{pane_dead}\t#{pane_dead_status}",
+        "#{pane_id}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{session_name}",
     ])
 }
 
-/// Reads the answer to [`list_args`]; lines it cannot read are skipped.
+/// Reads the answer to [`list_args`]; lines it cannot read are skipped, and so is the control
+/// client's own session. A program killed by signal N reads as status 128+N, as in a shell.
 pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
     out.lines()
         .filter_map(|line| {
-            let mut fields = line.split('\t');
-            let id = fields.next()?.trim();
-            if !id.starts_with('%') {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [id, dead, status, signal, session, ..] = fields.as_slice() else {
+                return None;
+            };
+            if !id.starts_with('%') || *session == super::control::CONTROL_SESSION {
                 return None;
             }
-            let life = match fields.next()? {
-                "1" => PaneLife::Exited(fields.next().and_then(|s| s.trim().parse().ok())),
+            let life = match *dead {
+                "1" => PaneLife::Exited(
+                    status
+                        .trim()
+                        .parse()
+                        .ok()
+                        .or_else(|| signal.trim().parse::<i32>().ok().map(|n| 128 + n)),
+                ),
                 _ => PaneLife::Alive,
             };
             Some((PaneId(id.to_string()), life))
@@ -191,9 +207,10 @@ pub fn kill_server_args() -> Vec<String> {
     strings(&["kill-server"])
 }
 
-/// Turns a failed command's stderr into an error: a missing pane or server is
-/// [`MuxError::NoPane`], anything else a command failure.
-pub fn classify_failure(args: &[String], stderr: &str) -> MuxError {
+/// Turns a failed command's message into an error: a missing pane or server is
+/// [`MuxError::NoPane`] (naming the pane the command targeted), anything else a command
+/// failure. `command` is the command line, as words or as one quoted line.
+pub fn classify_failure(command: &str, stderr: &str) -> MuxError {
     let stderr = stderr.trim();
     let missing = [
         "can't find pane",
@@ -202,16 +219,22 @@ pub fn classify_failure(args: &[String], stderr: &str) -> MuxError {
         "no such file",
     ];
     if missing.iter().any(|m| stderr.contains(m)) || stderr.starts_with("error connecting to") {
-        let target = args
-            .iter()
-            .position(|a| a == "-t")
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_default();
+        let target = command
+            .split_whitespace()
+            .map(|w| w.trim_matches(['\'', '"']))
+            .skip_while(|w| *w != "-t")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
         return MuxError::NoPane(PaneId(target));
     }
     MuxError::Command {
-        command: args.first().cloned().unwrap_or_default(),
+        command: command
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .trim_matches('\'')
+            .to_string(),
         stderr: stderr.to_string(),
     }
 }
@@ -225,8 +248,6 @@ mod tests {
         assert_eq!(escape("plain"), "plain");
         assert_eq!(escape("a;"), "a\\;");
         assert_eq!(escape("a\\;"), "a\\\\;");
-        let args = type_line_args(&PaneId("%1".into()), "echo hi;");
-        assert!(args.contains(&"echo hi\\;".to_string()));
     }
 
     #[test]
@@ -259,18 +280,20 @@ mod tests {
 
     #[test]
     fn snapshots_parse() {
-        let args = snapshot_args(&PaneId("%1".into()));
-        let snap = parse_snapshot(&args, "3 7 0\n> hi\n\n").unwrap();
+        let pane = PaneId("%1".into());
+        let snap = parse_snapshot(&pane, "3 7 0\n> hi\n\n").unwrap();
         assert_eq!(snap.cursor, (3, 7));
         assert!(!snap.in_mode);
         assert_eq!(snap.text, "> hi\n\n");
-        assert!(parse_snapshot(&args, "garbage").is_err());
-        assert!(parse_snapshot(&args, "1 x 0\n").is_err());
+        assert!(parse_snapshot(&pane, "garbage").is_err());
+        assert!(parse_snapshot(&pane, "1 x 0\n").is_err());
     }
 
     #[test]
     fn pane_lists_parse_and_skip_junk() {
-        let panes = parse_list("%0\t0\t\n%3\t1\t2\njunk\n%4\t1\t\n");
+        let panes = parse_list(
+            "%0\t0\t\t\tw0\n%3\t1\t2\t\tw3\njunk\n%4\t1\t\t\tw4\n%5\t1\t\t9\tw5\n%9\t0\t\t\t_fleetd\n",
+        );
         assert_eq!(panes.get(&PaneId("%0".into())), Some(&PaneLife::Alive));
         assert_eq!(
             panes.get(&PaneId("%3".into())),
@@ -280,23 +303,32 @@ mod tests {
             panes.get(&PaneId("%4".into())),
             Some(&PaneLife::Exited(None))
         );
-        assert_eq!(panes.len(), 3);
+        assert_eq!(
+            panes.get(&PaneId("%5".into())),
+            Some(&PaneLife::Exited(Some(137)))
+        );
+        assert_eq!(panes.len(), 4);
     }
 
     #[test]
     fn missing_panes_and_servers_are_told_apart_from_failures() {
-        let args = enter_args(&PaneId("%9".into()));
+        let args = enter_args(&PaneId("%9".into())).join(" ");
         assert!(matches!(
             classify_failure(&args, "can't find pane: %9"),
             MuxError::NoPane(PaneId(p)) if p == "%9"
         ));
+        let quoted = "'send-keys' '-t' '%9' 'Enter'";
         assert!(matches!(
-            classify_failure(&list_args(), "no server running on /tmp/tmux-0/x"),
+            classify_failure(quoted, "can't find pane: %9"),
+            MuxError::NoPane(PaneId(p)) if p == "%9"
+        ));
+        assert!(matches!(
+            classify_failure(&list_args().join(" "), "no server running on /tmp/tmux-0/x"),
             MuxError::NoPane(_)
         ));
         assert!(matches!(
             classify_failure(&args, "unknown key: Entr"),
-            MuxError::Command { .. }
+            MuxError::Command { command, .. } if command == "send-keys"
         ));
     }
 }

@@ -1,21 +1,30 @@
 //! tmux as a pane host: a private tmux server per gateway (`tmux -L <name>`), one session per
-//! pane, driven by running the `tmux` client once per batch of commands.
+//! pane.
 //!
-//! [`codec`] builds the command lines and reads tmux's answers (pure); [`Tmux`] runs them. The
-//! same type drives a lead's own tmux server (by socket path) for nudges, where it never starts
-//! a server.
+//! [`codec`] builds the command lines and reads tmux's answers (pure). [`Tmux::private`] drives
+//! the gateway's own server over one persistent control-mode connection ([`control`]), so
+//! typing and looking cost a pipe round trip; spawning and stopping the server run the `tmux`
+//! client once. [`Tmux::new`] drives somebody else's server (a lead's, for nudges) with the
+//! client alone, never starting a server or a session there.
 
 pub mod codec;
+pub mod control;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::{MuxError, PaneHost, PaneId, PaneLife, PaneSpec, Snapshot};
+use control::{Control, line};
+
+/// How long a killed server may take to go away.
+const SERVER_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Which tmux server to talk to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,21 +35,37 @@ pub enum Socket {
     Path(PathBuf),
 }
 
-/// A tmux server driven through the `tmux` client.
-#[derive(Clone, Debug)]
+/// A tmux server driven through the `tmux` client, and for a private server also through a
+/// control-mode connection.
+#[derive(Debug)]
 pub struct Tmux {
     /// The tmux client binary.
     program: PathBuf,
     /// The server.
     socket: Socket,
+    /// The control connection and the private dir where pastes are staged for it (task text
+    /// stays readable by the user only). None: one client process per command.
+    control: Option<(Control, PathBuf)>,
 }
 
 impl Tmux {
-    /// A driver for the server at `socket`, using `tmux` from `PATH`.
+    /// A driver for somebody else's server at `socket`, one client process per command.
     pub fn new(socket: Socket) -> Self {
         Self {
             program: PathBuf::from("tmux"),
             socket,
+            control: None,
+        }
+    }
+
+    /// A driver for the private server `name`, over a control-mode connection; pastes are
+    /// staged in `scratch` (created user-only).
+    pub fn private(name: String, scratch: PathBuf) -> Self {
+        let program = PathBuf::from("tmux");
+        Self {
+            control: Some((Control::new(program.clone(), name.clone()), scratch)),
+            program,
+            socket: Socket::Name(name),
         }
     }
 
@@ -57,7 +82,7 @@ impl Tmux {
         }
     }
 
-    /// Runs one batch of tmux commands; returns stdout.
+    /// Runs one batch of tmux commands with a client process; returns stdout.
     async fn run(&self, args: &[String], stdin: Option<&[u8]>) -> Result<String, MuxError> {
         let mut cmd = Command::new(&self.program);
         match &self.socket {
@@ -90,59 +115,136 @@ impl Tmux {
             Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
             Err(codec::classify_failure(
-                args,
+                &args.join(" "),
                 &String::from_utf8_lossy(&output.stderr),
             ))
         }
     }
 
+    /// Runs single commands (as words), over the control connection when there is one; returns
+    /// their output joined, as one client process would print it.
+    async fn exec(&self, commands: &[Vec<String>]) -> Result<String, MuxError> {
+        match &self.control {
+            Some((control, _)) => {
+                let lines: Vec<String> = commands
+                    .iter()
+                    .map(|words| line(&words.iter().map(String::as_str).collect::<Vec<_>>()))
+                    .collect();
+                let answers = control.run(&lines).await?;
+                Ok(answers
+                    .into_iter()
+                    .map(|lines| lines.join("\n") + "\n")
+                    .collect())
+            }
+            None => {
+                let mut args = Vec::new();
+                for (i, words) in commands.iter().enumerate() {
+                    if i > 0 {
+                        args.push(";".to_string());
+                    }
+                    args.extend(words.iter().map(|w| codec::escape(w)));
+                }
+                self.run(&args, None).await
+            }
+        }
+    }
+
     /// Types `text` literally (no paste brackets), then Enter: for one-line nudges.
     pub async fn type_line(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
-        self.run(&codec::type_line_args(pane, text), None)
+        self.exec(&[codec::type_args(pane, text), codec::enter_args(pane)])
             .await
             .map(drop)
     }
 
-    /// Stops the whole server and every pane in it.
+    /// Stops the whole server and every pane in it, and returns once it is gone (a command
+    /// sent while it is still shutting down would reach the dying server).
     pub async fn kill_server(&self) -> Result<(), MuxError> {
         match self.run(&codec::kill_server_args(), None).await {
-            Ok(_) | Err(MuxError::NoPane(_)) => Ok(()),
-            Err(e) => Err(e),
+            Ok(_) | Err(MuxError::NoPane(_)) => {}
+            Err(e) => return Err(e),
         }
+        let deadline = tokio::time::Instant::now() + SERVER_EXIT_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            match self.run(&codec::list_args(), None).await {
+                Err(MuxError::NoPane(_)) => return Ok(()),
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+        Err(MuxError::Command {
+            command: "kill-server".into(),
+            stderr: format!("the server was still running {SERVER_EXIT_WAIT:?} later"),
+        })
+    }
+
+    /// Writes `text` to a user-only file in `scratch` for `load-buffer` to read.
+    fn stage(scratch: &PathBuf, buffer: &str, text: &str) -> Result<PathBuf, MuxError> {
+        let io = |source| MuxError::Spawn {
+            program: format!("staging a paste in {}", scratch.display()),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(scratch)
+            .map_err(io)?;
+        let path = scratch.join(buffer);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)?;
+        Ok(path)
     }
 }
 
 #[async_trait]
 impl PaneHost for Tmux {
     async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError> {
-        let args = codec::spawn_args(spec);
-        let out = self.run(&args, None).await?;
+        let out = self.run(&codec::spawn_args(spec), None).await?;
         codec::parse_pane_id(&out)
     }
 
     async fn paste(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
         let buffer = format!("fleet-{}", uuid::Uuid::now_v7().simple());
-        self.run(&codec::paste_args(pane, &buffer), Some(text.as_bytes()))
-            .await
-            .map(drop)
+        match &self.control {
+            Some((_, scratch)) => {
+                let path = Self::stage(scratch, &buffer, text)?;
+                let path_text = path.to_string_lossy().into_owned();
+                let result = self
+                    .exec(&[
+                        codec::load_file_args(&buffer, &path_text),
+                        codec::paste_buffer_args(pane, &buffer),
+                    ])
+                    .await;
+                let _ = std::fs::remove_file(&path);
+                result.map(drop)
+            }
+            None => self
+                .run(&codec::paste_args(pane, &buffer), Some(text.as_bytes()))
+                .await
+                .map(drop),
+        }
     }
 
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
-        self.run(&codec::enter_args(pane), None).await.map(drop)
+        self.exec(&[codec::enter_args(pane)]).await.map(drop)
     }
 
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
-        let args = codec::snapshot_args(pane);
-        let out = self.run(&args, None).await?;
-        codec::parse_snapshot(&args, &out)
+        let (cursor, screen) = codec::snapshot_commands(pane);
+        let out = self.exec(&[cursor, screen]).await?;
+        codec::parse_snapshot(pane, &out)
     }
 
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
-        self.run(&codec::history_args(pane, lines), None).await
+        self.exec(&[codec::history_args(pane, lines)]).await
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError> {
-        match self.run(&codec::list_args(), None).await {
+        match self.exec(&[codec::list_args()]).await {
             Ok(out) => Ok(codec::parse_list(&out)),
             // No server running: no panes.
             Err(MuxError::NoPane(_)) => Ok(BTreeMap::new()),
@@ -151,7 +253,7 @@ impl PaneHost for Tmux {
     }
 
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
-        match self.run(&codec::close_args(pane), None).await {
+        match self.exec(&[codec::close_args(pane)]).await {
             Ok(_) | Err(MuxError::NoPane(_)) => Ok(()),
             Err(e) => Err(e),
         }

@@ -1,10 +1,11 @@
 //! The pane watcher: notices panes whose program exited or that were closed under fleetd, and
 //! ends their sessions. Its interval bounds how late an exit is seen.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::WorkerStatus;
+use fleet_core::{Gid, WorkerStatus};
 use fleet_mux::PaneLife;
 
 use super::Gateway;
@@ -20,9 +21,10 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
     tasks.spawn(async move {
         let mut ticker = tokio::time::interval(PANE_WATCH_INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut statusless = HashSet::new();
         loop {
             tokio::select! {
-                _ = ticker.tick() => gateway.check_panes().await,
+                _ = ticker.tick() => gateway.check_panes(&mut statusless).await,
                 () = gateway.shutdown.cancelled() => return,
             }
         }
@@ -30,7 +32,10 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
 }
 
 impl Gateway {
-    async fn check_panes(self: &Arc<Self>) {
+    /// Ends the sessions whose panes ended. `statusless` holds the panes seen dead without an
+    /// exit status once: tmux marks a pane dead when its terminal closes and learns the status
+    /// a moment later, so such a pane gets one more look before it is reported without one.
+    async fn check_panes(self: &Arc<Self>, statusless: &mut HashSet<Gid>) {
         let watched: Vec<_> = self
             .lock()
             .panes
@@ -54,6 +59,7 @@ impl Gateway {
                 Some(PaneLife::Exited(Some(code))) => {
                     format!("its program exited with status {code}")
                 }
+                Some(PaneLife::Exited(None)) if statusless.insert(gid) => continue,
                 Some(PaneLife::Exited(None)) => "its program exited".to_string(),
                 None => "its pane was closed".to_string(),
             };
@@ -64,6 +70,7 @@ impl Gateway {
                     session.last_words = Some(words);
                 }
             }
+            statusless.remove(&gid);
             let gone = self
                 .lock()
                 .panes

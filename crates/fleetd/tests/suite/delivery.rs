@@ -182,7 +182,11 @@ async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Resu
     let sent = send(&lead, "w1", "/crash", 30).await?;
     assert_eq!(sent["status"], "failed", "{sent}");
     let reason = sent["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("exited with status 3"), "{reason}");
+    assert!(
+        reason.contains("exited with status 3"),
+        "{reason}\n{}",
+        fleet.log()
+    );
     let list = lead.ok("fleet_list", json!({})).await?;
     let names: Vec<&str> = list["entities"]
         .as_array()

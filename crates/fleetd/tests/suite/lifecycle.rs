@@ -49,7 +49,7 @@ async fn a_worker_that_never_calls_in_is_not_ready_and_its_pane_is_closed() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_program_dies_at_start_is_not_ready_at_once() -> anyhow::Result<()> {
-    let profile = "[[profiles]]\nname = \"broken\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"echo cannot start: missing thing; exit 7\"]\nready_timeout_s = 20\n";
+    let profile = "[[profiles]]\nname = \"broken\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"echo cannot start: missing thing; sleep 0.2; exit 7\"]\nready_timeout_s = 20\n";
     let fleet = Fleet::start("", profile).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let err = lead
