@@ -77,16 +77,16 @@ impl Blocks {
                 .strip_prefix("%end ")
                 .map(|rest| (rest, true))
                 .or_else(|| line.strip_prefix("%error ").map(|rest| (rest, false)));
-            if let Some((rest, ok)) = closing {
-                if number(rest) == Some(open_number.as_str()) {
-                    let lines = std::mem::take(lines);
-                    self.open = None;
-                    return if ok {
-                        Seen::Done(lines)
-                    } else {
-                        Seen::Failed(lines)
-                    };
-                }
+            if let Some((rest, ok)) = closing
+                && number(rest) == Some(open_number.as_str())
+            {
+                let lines = std::mem::take(lines);
+                self.open = None;
+                return if ok {
+                    Seen::Done(lines)
+                } else {
+                    Seen::Failed(lines)
+                };
             }
             lines.push(line.to_string());
             return Seen::Nothing;
