@@ -11,19 +11,26 @@ use tokio::time::{Instant, sleep};
 
 /// A private tmux server (driven over its control connection, as fleetd drives it) that is
 /// killed when the test ends, pass or fail.
-struct Server(Tmux, tempfile::TempDir);
+struct Server {
+    tmux: Tmux,
+    /// Where its pastes are staged; removed with the server.
+    _scratch: tempfile::TempDir,
+}
 
 impl Server {
     fn new() -> Self {
         let scratch = tempfile::tempdir().unwrap();
         let name = format!("fleet-mux-test-{}", uuid::Uuid::now_v7().simple());
-        Server(Tmux::private(name, scratch.path().join("paste")), scratch)
+        Server {
+            tmux: Tmux::private(name, scratch.path().join("paste")),
+            _scratch: scratch,
+        }
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Socket::Name(name) = self.0.socket() {
+        if let Socket::Name(name) = self.tmux.socket() {
             let _ = std::process::Command::new("tmux")
                 .args(["-L", name, "kill-server"])
                 .output();
@@ -78,13 +85,13 @@ async fn a_pane_runs_argv_with_env_and_cwd() {
         .unwrap();
     let cwd = std::env::temp_dir().canonicalize().unwrap();
     wait_for_text(
-        &server.0,
+        &server.tmux,
         &pane,
         &format!("probe=from-env; cwd={}", cwd.display()),
     )
     .await;
     assert_eq!(
-        server.0.panes().await.unwrap().get(&pane),
+        server.tmux.panes().await.unwrap().get(&pane),
         Some(&PaneLife::Alive)
     );
 }
@@ -101,14 +108,14 @@ async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
         ))
         .await
         .unwrap();
-    wait_for_text(&server.0, &pane, "ready").await;
+    wait_for_text(&server.tmux, &pane, "ready").await;
     server
         .0
         .paste(&pane, "first line\nsecond line")
         .await
         .unwrap();
-    server.0.enter(&pane).await.unwrap();
-    let text = wait_for_text(&server.0, &pane, "second line^[[201~").await;
+    server.tmux.enter(&pane).await.unwrap();
+    let text = wait_for_text(&server.tmux, &pane, "second line^[[201~").await;
     assert!(text.contains("^[[200~first line"), "{text}");
 }
 
@@ -123,13 +130,19 @@ async fn an_injected_line_is_verified_as_submitted() {
         ))
         .await
         .unwrap();
-    wait_for_text(&server.0, &pane, "ready").await;
+    wait_for_text(&server.tmux, &pane, "ready").await;
     let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(&server.0, &pane, "hello there", &options(), &mut activity)
-        .await
-        .unwrap();
+    let outcome = inject(
+        &server.tmux,
+        &pane,
+        "hello there",
+        &options(),
+        &mut activity,
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
-    wait_for_text(&server.0, &pane, "got:hello there").await;
+    wait_for_text(&server.tmux, &pane, "got:hello there").await;
 }
 
 #[tokio::test]
@@ -143,8 +156,8 @@ async fn an_agent_calling_in_counts_as_a_submit() {
         "stty -echo; echo ready; while read line; do touch '{}'; done",
         flag.display()
     );
-    let pane = server.0.spawn(&spec("silent", &script)).await.unwrap();
-    wait_for_text(&server.0, &pane, "ready").await;
+    let pane = server.tmux.spawn(&spec("silent", &script)).await.unwrap();
+    wait_for_text(&server.tmux, &pane, "ready").await;
     let (tx, mut activity) = watch::channel(0u64);
     let caller = tokio::spawn(async move {
         while !flag.exists() {
@@ -153,7 +166,7 @@ async fn an_agent_calling_in_counts_as_a_submit() {
         tx.send_modify(|n| *n += 1);
         tx
     });
-    let outcome = inject(&server.0, &pane, "task", &options(), &mut activity)
+    let outcome = inject(&server.tmux, &pane, "task", &options(), &mut activity)
         .await
         .unwrap();
     assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
@@ -171,9 +184,9 @@ async fn a_program_that_ignores_enter_is_reported_not_submitted() {
         ))
         .await
         .unwrap();
-    wait_for_text(&server.0, &pane, "ready").await;
+    wait_for_text(&server.tmux, &pane, "ready").await;
     let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(&server.0, &pane, "lost", &options(), &mut activity)
+    let outcome = inject(&server.tmux, &pane, "lost", &options(), &mut activity)
         .await
         .unwrap();
     assert_eq!(outcome, InjectOutcome::NotSubmitted);
@@ -187,19 +200,19 @@ async fn the_control_connection_and_the_client_see_the_same_screen() {
         .spawn(&spec("both", "printf 'one\\ntwo'; exec sleep 60"))
         .await
         .unwrap();
-    wait_for_text(&server.0, &pane, "two").await;
-    let Socket::Name(name) = server.0.socket().clone() else {
+    wait_for_text(&server.tmux, &pane, "two").await;
+    let Socket::Name(name) = server.tmux.socket().clone() else {
         panic!("a private server has a name");
     };
     let client = Tmux::new(Socket::Name(name));
     let (a, b) = (
-        server.0.snapshot(&pane).await.unwrap(),
+        server.tmux.snapshot(&pane).await.unwrap(),
         client.snapshot(&pane).await.unwrap(),
     );
     assert_eq!(a.cursor, b.cursor);
     assert_eq!(a.text.trim_end(), b.text.trim_end());
     assert_eq!(
-        server.0.panes().await.unwrap(),
+        server.tmux.panes().await.unwrap(),
         client.panes().await.unwrap()
     );
     // A paste through the client process (stdin) works as well as through the control file.
@@ -214,10 +227,10 @@ async fn the_control_connection_comes_back_after_the_server_is_killed() {
         .spawn(&spec("before", "exec sleep 60"))
         .await
         .unwrap();
-    assert_eq!(server.0.panes().await.unwrap().len(), 1);
-    server.0.kill_server().await.unwrap();
+    assert_eq!(server.tmux.panes().await.unwrap().len(), 1);
+    server.tmux.kill_server().await.unwrap();
     // The connection notices the server is gone: an error now, or no panes; never a hang.
-    let after = server.0.panes().await;
+    let after = server.tmux.panes().await;
     assert!(after.is_err() || after.as_ref().is_ok_and(|p| !p.contains_key(&first)));
     let second = server
         .0
@@ -225,7 +238,13 @@ async fn the_control_connection_comes_back_after_the_server_is_killed() {
         .await
         .unwrap();
     assert_eq!(
-        server.0.panes().await.unwrap().keys().collect::<Vec<_>>(),
+        server
+            .tmux
+            .panes()
+            .await
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
         vec![&second]
     );
 }
@@ -244,18 +263,18 @@ async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let life = server.0.panes().await.unwrap().get(&pane).copied();
+        let life = server.tmux.panes().await.unwrap().get(&pane).copied();
         if life == Some(PaneLife::Exited(Some(3))) {
             break;
         }
         assert!(Instant::now() < deadline, "exit never seen: {life:?}");
         sleep(Duration::from_millis(20)).await;
     }
-    let said = server.0.history(&pane, 50).await.unwrap();
+    let said = server.tmux.history(&pane, 50).await.unwrap();
     assert!(said.contains("last words before exit"), "{said}");
-    server.0.close(&pane).await.unwrap();
-    assert!(!server.0.panes().await.unwrap().contains_key(&pane));
+    server.tmux.close(&pane).await.unwrap();
+    assert!(!server.tmux.panes().await.unwrap().contains_key(&pane));
     // Closing again, or a server with no panes left, is not an error.
-    server.0.close(&pane).await.unwrap();
-    assert!(server.0.panes().await.unwrap().is_empty());
+    server.tmux.close(&pane).await.unwrap();
+    assert!(server.tmux.panes().await.unwrap().is_empty());
 }
