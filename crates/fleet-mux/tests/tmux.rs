@@ -76,7 +76,7 @@ fn options() -> InjectOptions {
 async fn a_pane_runs_argv_with_env_and_cwd() {
     let server = Server::new();
     let pane = server
-        .0
+        .tmux
         .spawn(&spec(
             "envcheck",
             "echo \"probe=$FLEET_PROBE cwd=$(pwd)\"; exec sleep 60",
@@ -101,7 +101,7 @@ async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
     let server = Server::new();
     // Turns on bracketed paste, then shows raw input bytes with cat -v.
     let pane = server
-        .0
+        .tmux
         .spawn(&spec(
             "paste",
             "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
@@ -110,7 +110,7 @@ async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
         .unwrap();
     wait_for_text(&server.tmux, &pane, "ready").await;
     server
-        .0
+        .tmux
         .paste(&pane, "first line\nsecond line")
         .await
         .unwrap();
@@ -123,7 +123,7 @@ async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
 async fn an_injected_line_is_verified_as_submitted() {
     let server = Server::new();
     let pane = server
-        .0
+        .tmux
         .spawn(&spec(
             "echoer",
             "echo ready; while read line; do echo \"got:$line\"; done",
@@ -177,7 +177,7 @@ async fn an_agent_calling_in_counts_as_a_submit() {
 async fn a_program_that_ignores_enter_is_reported_not_submitted() {
     let server = Server::new();
     let pane = server
-        .0
+        .tmux
         .spawn(&spec(
             "deaf",
             "stty -echo -icanon; echo ready; exec sleep 60",
@@ -196,7 +196,7 @@ async fn a_program_that_ignores_enter_is_reported_not_submitted() {
 async fn the_control_connection_and_the_client_see_the_same_screen() {
     let server = Server::new();
     let pane = server
-        .0
+        .tmux
         .spawn(&spec("both", "printf 'one\\ntwo'; exec sleep 60"))
         .await
         .unwrap();
@@ -223,7 +223,7 @@ async fn the_control_connection_and_the_client_see_the_same_screen() {
 async fn the_control_connection_comes_back_after_the_server_is_killed() {
     let server = Server::new();
     let first = server
-        .0
+        .tmux
         .spawn(&spec("before", "exec sleep 60"))
         .await
         .unwrap();
@@ -233,7 +233,7 @@ async fn the_control_connection_comes_back_after_the_server_is_killed() {
     let after = server.tmux.panes().await;
     assert!(after.is_err() || after.as_ref().is_ok_and(|p| !p.contains_key(&first)));
     let second = server
-        .0
+        .tmux
         .spawn(&spec("after", "exec sleep 60"))
         .await
         .unwrap();
@@ -253,7 +253,7 @@ async fn the_control_connection_comes_back_after_the_server_is_killed() {
 async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
     let server = Server::new();
     let pane = server
-        .0
+        .tmux
         // tmux can miss output written in the very instant before exit, so pause briefly.
         .spawn(&spec(
             "quitter",
