@@ -304,8 +304,11 @@ impl Gateway {
             created_ms: now_ms(),
         };
         let msg_id = message.msg_id;
+        // Open the call before the message leaves, so an answer that comes back at once already
+        // finds its sender waiting for it.
+        let open = self.open_call(caller.entity.gid, Some(msg_id), false);
         self.deliver(message).await?;
-        self.await_answer(caller, msg_id, wait, ct).await
+        self.await_answer(caller, msg_id, wait, ct, open).await
     }
 
     async fn await_answer(
@@ -314,9 +317,9 @@ impl Gateway {
         msg_id: MsgId,
         wait: Duration,
         ct: &CancellationToken,
+        _open: OpenCall,
     ) -> Result<SendResult, FleetError> {
         let me = caller.entity.gid;
-        let _open = self.open_call(me, Some(msg_id), false);
         let mut inbox = self.inbox(me);
         let deadline = Instant::now() + wait;
         loop {

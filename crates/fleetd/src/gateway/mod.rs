@@ -199,6 +199,15 @@ impl Gateway {
             .subscribe()
     }
 
+    /// Drops the inbox version of an entity that is gone (anyone still watching it sees it
+    /// close and stops waiting).
+    fn forget_inbox(&self, gid: Gid) {
+        self.inboxes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&gid);
+    }
+
     /// Tells everyone waiting on `gid`'s inbox to look again.
     fn bump_inbox(&self, gid: Gid) {
         let inboxes = self

@@ -424,6 +424,7 @@ impl Gateway {
                 .await;
         }
         self.lock().prune_gone(MAX_GONE_KEPT);
+        self.forget_inbox(gid);
     }
 
     /// At start-up: fails what a previous run was typing when it died, and reaps the previous
