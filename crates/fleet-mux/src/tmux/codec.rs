@@ -197,6 +197,11 @@ pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
         .collect()
 }
 
+/// The tmux server's pid.
+pub fn server_pid_args() -> Vec<String> {
+    strings(&["display-message", "-p", "#{pid}"])
+}
+
 /// Closes one pane (and with it its session).
 pub fn close_args(pane: &PaneId) -> Vec<String> {
     strings(&["kill-pane", "-t", &pane.0])

@@ -176,6 +176,24 @@ impl Tmux {
         })
     }
 
+    /// tmux marks a pane dead when its terminal closes and learns the exit status only when it
+    /// reaps the program; now and then it misses the SIGCHLD and the program stays a zombie
+    /// (seen on tmux 3.3a), so its status would never be known. A SIGCHLD sent to the server
+    /// makes it reap every exited child; the next look at the panes then has the status.
+    async fn remind_to_reap(&self) {
+        let pid = self
+            .exec(&[codec::server_pid_args()])
+            .await
+            .ok()
+            .and_then(|out| out.trim().parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(pid) = pid {
+            if let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::CHILD) {
+                tracing::debug!(%pid, error = %e, "cannot remind tmux to reap");
+            }
+        }
+    }
+
     /// Writes `text` to a user-only file in `scratch` for `load-buffer` to read.
     fn stage(scratch: &PathBuf, buffer: &str, text: &str) -> Result<PathBuf, MuxError> {
         let io = |source| MuxError::Spawn {
@@ -244,12 +262,16 @@ impl PaneHost for Tmux {
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError> {
-        match self.exec(&[codec::list_args()]).await {
-            Ok(out) => Ok(codec::parse_list(&out)),
+        let panes = match self.exec(&[codec::list_args()]).await {
+            Ok(out) => codec::parse_list(&out),
             // No server running: no panes.
-            Err(MuxError::NoPane(_)) => Ok(BTreeMap::new()),
-            Err(e) => Err(e),
+            Err(MuxError::NoPane(_)) => return Ok(BTreeMap::new()),
+            Err(e) => return Err(e),
+        };
+        if panes.values().any(|life| *life == PaneLife::Exited(None)) {
+            self.remind_to_reap().await;
         }
+        Ok(panes)
     }
 
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {

@@ -110,14 +110,19 @@ impl Gateway {
         match refused {
             None => true,
             Some(reason) => {
-                let failed = MsgState::Failed(reason.clone());
-                let msg_id = task.msg_id;
-                if let Err(e) = self.db(move |s| s.transition(msg_id, &failed)).await {
-                    tracing::error!(%msg_id, error = %e, "cannot record a failure");
-                }
-                self.notify_failed(&task, &reason).await;
+                self.fail(&task, &reason).await;
                 false
             }
+        }
+    }
+
+    /// Fails `task` with `reason` and tells its sender, unless something else (the end of its
+    /// recipient's session, say) failed it first and told them why.
+    async fn fail(self: &Arc<Self>, task: &Message, reason: &str) {
+        let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
+        match self.db(move |s| s.transition(msg_id, &failed)).await {
+            Ok(()) => self.notify_failed(task, reason).await,
+            Err(e) => tracing::debug!(%msg_id, error = %e, reason, "already settled"),
         }
     }
 
@@ -154,11 +159,7 @@ impl Gateway {
             Err(e) => Some(format!("pane host: {e}")),
         };
         if let Some(reason) = failure {
-            let failed = MsgState::Failed(reason.clone());
-            if let Err(e) = self.db(move |s| s.transition(msg_id, &failed)).await {
-                tracing::error!(%msg_id, error = %e, "cannot record a failure");
-            }
-            self.notify_failed(&task, &reason).await;
+            self.fail(&task, &reason).await;
             // The worker never took the task: its turn is over before it began.
             let mut sessions = self.lock();
             if let Some(session) = sessions.panes.get_mut(&gid)

@@ -375,7 +375,7 @@ impl Gateway {
     }
 
     /// Ends the session of `gid` however it ended: marks it gone, revokes its token, fails
-    /// whatever was on its way to it (telling each sender) and the task it had in flight, and
+    /// whatever was on its way to it (telling each sender) and the task it had in flight, then
     /// closes its pane when `close` (its program may already be gone).
     pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
         let ended = {
@@ -399,12 +399,6 @@ impl Gateway {
             return;
         };
         tracing::info!(%gid, %name, reason, "session ended");
-        if close
-            && let Some(pane) = &pane
-            && let Err(e) = self.panes.close(pane).await
-        {
-            tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
-        }
         self.persist_status(gid).await;
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
@@ -422,6 +416,14 @@ impl Gateway {
         if let Some(task) = current {
             self.notify_failed(&task, &format!("'{name}' ended before replying ({reason})"))
                 .await;
+        }
+        // Only now close the pane: a brief being typed into it fails with the reason above,
+        // not with the pane host's complaint about a closed pane.
+        if close
+            && let Some(pane) = &pane
+            && let Err(e) = self.panes.close(pane).await
+        {
+            tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
         self.lock().prune_gone(MAX_GONE_KEPT);
         self.forget_inbox(gid);
