@@ -187,10 +187,10 @@ impl Tmux {
             .ok()
             .and_then(|out| out.trim().parse::<i32>().ok())
             .and_then(rustix::process::Pid::from_raw);
-        if let Some(pid) = pid {
-            if let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::CHILD) {
-                tracing::debug!(%pid, error = %e, "cannot remind tmux to reap");
-            }
+        if let Some(pid) = pid
+            && let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::CHILD)
+        {
+            tracing::debug!(%pid, error = %e, "cannot remind tmux to reap");
         }
     }
 
