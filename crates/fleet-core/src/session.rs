@@ -49,6 +49,16 @@ pub enum SessionEvent {
 }
 
 impl WorkerStatus {
+    /// Every status, in life order.
+    pub const ALL: [WorkerStatus; 6] = [
+        WorkerStatus::Spawning,
+        WorkerStatus::Idle,
+        WorkerStatus::Busy,
+        WorkerStatus::Asking,
+        WorkerStatus::Stopping,
+        WorkerStatus::Gone,
+    ];
+
     /// The status's name on the wire and in the store.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -103,18 +113,10 @@ impl fmt::Display for WorkerStatus {
 impl FromStr for WorkerStatus {
     type Err = FleetError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        use WorkerStatus as S;
-        [
-            S::Spawning,
-            S::Idle,
-            S::Busy,
-            S::Asking,
-            S::Stopping,
-            S::Gone,
-        ]
-        .into_iter()
-        .find(|status| status.as_str() == s)
-        .ok_or_else(|| FleetError::internal(format!("unknown session status '{s}'")))
+        WorkerStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s)
+            .ok_or_else(|| FleetError::internal(format!("unknown session status '{s}'")))
     }
 }
 
@@ -161,14 +163,7 @@ mod tests {
 
     #[test]
     fn statuses_round_trip() {
-        for status in [
-            S::Spawning,
-            S::Idle,
-            S::Busy,
-            S::Asking,
-            S::Stopping,
-            S::Gone,
-        ] {
+        for status in WorkerStatus::ALL {
             assert_eq!(status.as_str().parse::<S>().unwrap(), status);
         }
     }

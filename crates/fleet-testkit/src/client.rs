@@ -9,7 +9,7 @@ use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Which MCP protocol the client speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +135,40 @@ impl Client {
             Ok(result) => result.map(Some),
             Err(_) => Ok(None),
         }
+    }
+
+    /// `fleet_spawn{profile, name}`; fails the test on a tool error.
+    pub async fn spawn(&self, profile: &str, name: &str) -> anyhow::Result<Value> {
+        self.ok("fleet_spawn", json!({"profile": profile, "name": name}))
+            .await
+    }
+
+    /// `fleet_send{to, message, wait_s}`; fails the test on a tool error.
+    pub async fn send(&self, to: &str, message: &str, wait_s: u64) -> anyhow::Result<Value> {
+        self.ok(
+            "fleet_send",
+            json!({"to": to, "message": message, "wait_s": wait_s}),
+        )
+        .await
+    }
+
+    /// `fleet_poll{wait_s}`: the messages.
+    pub async fn poll(&self, wait_s: u64) -> anyhow::Result<Vec<Value>> {
+        let polled = self.ok("fleet_poll", json!({"wait_s": wait_s})).await?;
+        Ok(polled["messages"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The names `fleet_list` shows, in its order.
+    pub async fn names(&self) -> anyhow::Result<Vec<String>> {
+        let list = self.ok("fleet_list", json!({})).await?;
+        Ok(list["entities"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Closes the connection.

@@ -186,12 +186,7 @@ async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()
     );
 
     // To its own lead it may send; the message is held for alice.
-    let to_lead = worker
-        .ok(
-            "fleet_send",
-            json!({"to": "alice", "message": "a question", "wait_s": 0}),
-        )
-        .await?;
+    let to_lead = worker.send("alice", "a question", 0).await?;
     assert_eq!(to_lead["status"], "pending");
     let held = alice.ok("fleet_poll", json!({})).await?;
     assert_eq!(held["messages"][0]["text"], "a question");

@@ -8,15 +8,9 @@ use serde_json::json;
 async fn bad_requests_are_named_and_lose_nothing() -> anyhow::Result<()> {
     let fleet = Fleet::start("max_message_bytes = 2000", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
+    lead.spawn("sim", "w1").await?;
     // Accept something first: a reply held for the lead.
-    let pending = lead
-        .ok(
-            "fleet_send",
-            json!({"to": "w1", "message": "/slow 300 kept", "wait_s": 0}),
-        )
-        .await?;
+    let pending = lead.send("w1", "/slow 300 kept", 0).await?;
     assert_eq!(pending["status"], "pending");
 
     let cases = [

@@ -6,7 +6,7 @@ use std::time::Duration;
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -16,27 +16,14 @@ async fn fleet_with_sim(args: &[&str]) -> anyhow::Result<(Fleet, Client)> {
     Ok((fleet, lead))
 }
 
-async fn spawn(lead: &Client, name: &str) -> anyhow::Result<Value> {
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": name}))
-        .await
-}
-
-async fn send(lead: &Client, to: &str, message: &str, wait_s: u64) -> anyhow::Result<Value> {
-    lead.ok(
-        "fleet_send",
-        json!({"to": to, "message": message, "wait_s": wait_s}),
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spawn_send_and_get_the_reply() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    let spawned = spawn(&lead, "w1").await?;
+    let spawned = lead.spawn("sim", "w1").await?;
     assert_eq!(spawned["name"], "w1");
     assert_eq!(spawned["status"], "idle");
     assert_eq!(spawned["host"], "testhost");
-    let sent = send(&lead, "w1", "hello there", 30).await?;
+    let sent = lead.send("w1", "hello there", 30).await?;
     assert_eq!(sent["status"], "replied", "{sent}\n{}", fleet.log());
     assert_eq!(sent["reply"]["text"], "echo: hello there");
     assert_eq!(sent["reply"]["from_name"], "w1");
@@ -52,8 +39,8 @@ async fn the_session_protocol_works_for_lead_and_worker() -> anyhow::Result<()> 
     let fleet = Fleet::start("", &sim_profile("sim", &["--protocol", "session"])?).await?;
     let lead = fleet.lead("lead", Protocol::Session).await?;
     assert_eq!(lead.protocol_version().as_deref(), Some("2025-06-18"));
-    spawn(&lead, "w1").await?;
-    let sent = send(&lead, "w1", "over sessions", 30).await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead.send("w1", "over sessions", 30).await?;
     assert_eq!(sent["reply"]["text"], "echo: over sessions", "{sent}");
     let stateless = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(stateless.protocol_version().as_deref(), Some("2026-07-28"));
@@ -63,11 +50,11 @@ async fn the_session_protocol_works_for_lead_and_worker() -> anyhow::Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_answer_in_parallel() -> anyhow::Result<()> {
     let (_fleet, lead) = fleet_with_sim(&[]).await?;
-    spawn(&lead, "w1").await?;
-    spawn(&lead, "w2").await?;
+    lead.spawn("sim", "w1").await?;
+    lead.spawn("sim", "w2").await?;
     let (a, b) = tokio::join!(
-        send(&lead, "w1", "/slow 300 task for one", 30),
-        send(&lead, "w2", "/slow 300 task for two", 30),
+        lead.send("w1", "/slow 300 task for one", 30),
+        lead.send("w2", "/slow 300 task for two", 30),
     );
     let (a, b) = (a?, b?);
     assert_eq!(a["reply"]["text"], "echo: task for one");
@@ -80,13 +67,13 @@ async fn two_workers_answer_in_parallel() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_for_a_busy_worker_waits_queued_then_goes_in() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    let pane = spawn(&lead, "w1").await?["pane"]
+    let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let first = send(&lead, "w1", "/slow 1500 first", 0).await?;
+    let first = lead.send("w1", "/slow 1500 first", 0).await?;
     assert_eq!(first["status"], "pending");
-    let second = send(&lead, "w1", "second", 0).await?;
+    let second = lead.send("w1", "second", 0).await?;
     assert_eq!(second["status"], "pending");
     assert_eq!(second["state"], "queued", "{second}");
     // Only one task is in the pane while the first is in flight.
@@ -110,8 +97,8 @@ async fn a_task_for_a_busy_worker_waits_queued_then_goes_in() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranded_reply_is_collected_by_poll() -> anyhow::Result<()> {
     let (_fleet, lead) = fleet_with_sim(&[]).await?;
-    spawn(&lead, "w1").await?;
-    let sent = send(&lead, "w1", "/slow 1500 late answer", 1).await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead.send("w1", "/slow 1500 late answer", 1).await?;
     assert_eq!(sent["status"], "pending", "{sent}");
     assert!(
         sent["note"]
@@ -136,7 +123,7 @@ async fn a_stranded_reply_is_collected_by_poll() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
     let (_fleet, lead) = fleet_with_sim(&[]).await?;
-    spawn(&lead, "w1").await?;
+    lead.spawn("sim", "w1").await?;
     let mut task = String::from("Refactor the parser:\n\tstep one; keep tabs\n");
     for i in 0..40 {
         task.push_str(&format!(
@@ -145,7 +132,7 @@ async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
     }
     task.push_str("last line without newline;");
     assert!(task.len() > 1000);
-    let sent = send(&lead, "w1", &task, 30).await?;
+    let sent = lead.send("w1", &task, 30).await?;
     assert_eq!(sent["status"], "replied", "{sent}");
     assert_eq!(sent["reply"]["text"], format!("echo: {task}"));
     Ok(())
@@ -154,17 +141,17 @@ async fn a_long_multi_line_task_arrives_intact() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_blocked_in_poll_gets_its_task_through_the_call() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    let pane = spawn(&lead, "w1").await?["pane"]
+    let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let first = send(&lead, "w1", "/poll 20", 20).await?;
+    let first = lead.send("w1", "/poll 20", 20).await?;
     assert_eq!(first["reply"]["text"], "polling");
     until("the worker to be polling", LIMIT, || async {
         fleet.screen(&pane).ok().filter(|s| s.contains("[polling]"))
     })
     .await?;
-    let second = send(&lead, "w1", "through the poll", 20).await?;
+    let second = lead.send("w1", "through the poll", 20).await?;
     assert_eq!(
         second["reply"]["text"], "echo: through the poll",
         "{second}"
@@ -178,8 +165,8 @@ async fn a_worker_blocked_in_poll_gets_its_task_through_the_call() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Result<()> {
     let (fleet, lead) = fleet_with_sim(&[]).await?;
-    spawn(&lead, "w1").await?;
-    let sent = send(&lead, "w1", "/crash", 30).await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead.send("w1", "/crash", 30).await?;
     assert_eq!(sent["status"], "failed", "{sent}");
     let reason = sent["reason"].as_str().unwrap_or_default();
     assert!(
@@ -213,13 +200,12 @@ async fn a_program_that_never_takes_the_task_is_reported_not_submitted() -> anyh
     let profile = "[[profiles]]\nname = \"deaf\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"stty -echo -icanon; echo DEAF-READY; exec sleep 600\"]\nready_marker = \"DEAF-READY\"\nsubmit_verify_ms = 300\n";
     let fleet = Fleet::start("", profile).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "deaf", "name": "d1"}))
-        .await?;
-    let sent = send(&lead, "d1", "are you there", 30).await?;
+    lead.spawn("deaf", "d1").await?;
+    let sent = lead.send("d1", "are you there", 30).await?;
     assert_eq!(sent["status"], "failed", "{sent}");
     assert_eq!(sent["reason"], "not submitted");
     // The worker is idle again and takes the next task (which fails the same way, not queued forever).
-    let again = send(&lead, "d1", "still there?", 30).await?;
+    let again = lead.send("d1", "still there?", 30).await?;
     assert_eq!(again["reason"], "not submitted");
     Ok(())
 }

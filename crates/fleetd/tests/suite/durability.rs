@@ -14,9 +14,7 @@ const LIMIT: Duration = Duration::from_secs(30);
 async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let pane = lead
-        .ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?["pane"]
+    let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -65,14 +63,8 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
     })
     .await?;
     // And the lead works as before.
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
-    let sent = lead
-        .ok(
-            "fleet_send",
-            json!({"to": "w1", "message": "after restart", "wait_s": 20}),
-        )
-        .await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead.send("w1", "after restart", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: after restart");
     Ok(())
 }
@@ -81,19 +73,9 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
 async fn a_task_queued_for_a_worker_of_a_dead_run_fails_visibly() -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "/never", "wait_s": 0}),
-    )
-    .await?;
-    let queued = lead
-        .ok(
-            "fleet_send",
-            json!({"to": "w1", "message": "behind it", "wait_s": 0}),
-        )
-        .await?;
+    lead.spawn("sim", "w1").await?;
+    lead.send("w1", "/never", 0).await?;
+    let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
     lead.close().await?;
     fleet.kill9().await?;

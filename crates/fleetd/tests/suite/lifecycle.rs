@@ -5,20 +5,9 @@ use std::time::Duration;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn names(list: &Value) -> Vec<String> {
-    list["entities"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["name"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_calls_in_is_not_ready_and_its_pane_is_closed() -> anyhow::Result<()> {
@@ -40,10 +29,7 @@ async fn a_worker_that_never_calls_in_is_not_ready_and_its_pane_is_closed() -> a
         fleet.panes().ok().filter(|p| p.is_empty())
     })
     .await?;
-    assert_eq!(
-        names(&lead.ok("fleet_list", json!({})).await?),
-        vec!["lead"]
-    );
+    assert_eq!(lead.names().await?, vec!["lead"]);
     Ok(())
 }
 
@@ -66,27 +52,13 @@ async fn a_worker_whose_program_dies_at_start_is_not_ready_at_once() -> anyhow::
 async fn stop_closes_the_pane_and_fails_what_was_on_its_way() -> anyhow::Result<()> {
     let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"}))
-        .await?;
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "/never", "wait_s": 0}),
-    )
-    .await?;
-    let queued = lead
-        .ok(
-            "fleet_send",
-            json!({"to": "w1", "message": "never typed", "wait_s": 0}),
-        )
-        .await?;
+    lead.spawn("sim", "w1").await?;
+    lead.spawn("sim", "w2").await?;
+    lead.send("w1", "/never", 0).await?;
+    let queued = lead.send("w1", "never typed", 0).await?;
     let stopped = lead.ok("fleet_stop", json!({"to": "w1"})).await?;
     assert_eq!(stopped["status"], "gone");
-    assert_eq!(
-        names(&lead.ok("fleet_list", json!({})).await?),
-        vec!["lead", "w2"]
-    );
+    assert_eq!(lead.names().await?, vec!["lead", "w2"]);
     assert_eq!(fleet.panes()?.len(), 1);
     let polled = lead.ok("fleet_poll", json!({})).await?;
     let notices = polled["messages"].as_array().cloned().unwrap_or_default();
@@ -122,10 +94,7 @@ async fn a_cancelled_spawn_leaves_no_pane_behind() -> anyhow::Result<()> {
         fleet.panes().ok().filter(|p| p.is_empty())
     })
     .await?;
-    assert_eq!(
-        names(&lead.ok("fleet_list", json!({})).await?),
-        vec!["lead"]
-    );
+    assert_eq!(lead.names().await?, vec!["lead"]);
     Ok(())
 }
 
@@ -133,8 +102,7 @@ async fn a_cancelled_spawn_leaves_no_pane_behind() -> anyhow::Result<()> {
 async fn a_cancelled_poll_takes_nothing_with_it() -> anyhow::Result<()> {
     let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
+    lead.spawn("sim", "w1").await?;
     let gave_up = lead
         .call_within(
             "fleet_poll",
@@ -143,11 +111,7 @@ async fn a_cancelled_poll_takes_nothing_with_it() -> anyhow::Result<()> {
         )
         .await?;
     assert!(gave_up.is_none());
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "after the cancel", "wait_s": 0}),
-    )
-    .await?;
+    lead.send("w1", "after the cancel", 0).await?;
     let polled = lead.ok("fleet_poll", json!({"wait_s": 20})).await?;
     assert_eq!(polled["messages"][0]["text"], "echo: after the cancel");
     Ok(())

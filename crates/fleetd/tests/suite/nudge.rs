@@ -111,14 +111,9 @@ async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow:
     let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
     let terminal = LeadPane::start()?;
     let lead = terminal.connect(&fleet).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
+    lead.spawn("sim", "w1").await?;
 
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "one", "wait_s": 0}),
-    )
-    .await?;
+    lead.send("w1", "one", 0).await?;
     until("the first nudge", LIMIT, || async {
         terminal
             .screen()
@@ -127,11 +122,7 @@ async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow:
     })
     .await?;
     let first = Instant::now();
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "two", "wait_s": 0}),
-    )
-    .await?;
+    lead.send("w1", "two", 0).await?;
     until("the second nudge", LIMIT, || async {
         terminal
             .screen()
@@ -156,26 +147,15 @@ async fn a_lead_blocked_in_a_fleet_call_is_not_nudged() -> anyhow::Result<()> {
     let fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
     let terminal = LeadPane::start()?;
     let lead = terminal.connect(&fleet).await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
-        .await?;
-    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w2"}))
-        .await?;
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "held", "wait_s": 0}),
-    )
-    .await?;
+    lead.spawn("sim", "w1").await?;
+    lead.spawn("sim", "w2").await?;
+    lead.send("w1", "held", 0).await?;
     until("the first nudge", LIMIT, || async {
         (terminal.nudges() == 1).then_some(())
     })
     .await?;
     // Blocked for about four nudge intervals while the held message waits.
-    let sent = lead
-        .ok(
-            "fleet_send",
-            json!({"to": "w2", "message": "/slow 4000 long", "wait_s": 20}),
-        )
-        .await?;
+    let sent = lead.send("w2", "/slow 4000 long", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: long");
     assert!(
         terminal.nudges() <= 2,
