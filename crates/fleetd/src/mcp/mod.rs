@@ -13,12 +13,16 @@ use std::time::Duration;
 use fleet_core::{ErrorCode, FleetError, MsgId};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ProgressNotificationParam};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
 use params::{ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
+
+/// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
+/// client asked for progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The longest a call may wait, in seconds.
 pub const MAX_WAIT_S: u64 = 3600;
@@ -51,6 +55,34 @@ fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller, FleetError> {
         .and_then(|parts| parts.extensions.get::<Caller>())
         .cloned()
         .ok_or_else(|| FleetError::new(ErrorCode::Forbidden, "this request carries no identity"))
+}
+
+/// Runs `work`, sending the client a progress notification every [`PROGRESS_INTERVAL`] while
+/// it runs (if the request carries a progress token).
+async fn with_progress<T>(
+    ctx: &RequestContext<RoleServer>,
+    what: &str,
+    work: impl Future<Output = T>,
+) -> T {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return work.await;
+    };
+    tokio::pin!(work);
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval_at(started + PROGRESS_INTERVAL, PROGRESS_INTERVAL);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = ticks.tick() => {
+                let waited = started.elapsed().as_secs();
+                let note = ProgressNotificationParam::new(token.clone(), waited as f64)
+                    .with_message(format!("{what}: still waiting after {waited} s"));
+                if let Err(e) = ctx.peer.notify_progress(note).await {
+                    tracing::debug!(error = %e, "cannot send progress");
+                }
+            }
+        }
+    }
 }
 
 fn wait(wait_s: Option<u64>, default_s: u64) -> Result<Duration, FleetError> {
@@ -102,7 +134,7 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
             };
             self.gateway.spawn(&caller, request, &ctx.ct).await
         };
-        errors::result(outcome.await)
+        errors::result(with_progress(&ctx, "fleet_spawn", outcome).await)
     }
 
     #[tool(
@@ -141,7 +173,7 @@ answer is held for fleet_poll. Workers may send only to their lead."
                 .send(&caller, &to, p.message, wait, &ctx.ct)
                 .await
         };
-        errors::result(outcome.await)
+        errors::result(with_progress(&ctx, "fleet_send", outcome).await)
     }
 
     #[tool(
@@ -182,7 +214,7 @@ Waits up to wait_s seconds for the first one; from filters by sender."
                 .poll(&caller, p.from.as_deref(), wait, &ctx.ct)
                 .await
         };
-        errors::result(outcome.await)
+        errors::result(with_progress(&ctx, "fleet_poll", outcome).await)
     }
 
     #[tool(

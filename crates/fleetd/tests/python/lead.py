@@ -22,6 +22,16 @@ async def main(url: str, token: str, mode: str, worker: str) -> None:
             "fleet_send", {"to": worker, "message": f"hello from python {mode}", "wait_s": 30}
         )
         bad = await client.call_tool("fleet_send", {"to": "nobody", "message": "x"})
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append(message)
+
+        slow = await client.call_tool(
+            "fleet_send",
+            {"to": worker, "message": "/slow 5500 patience", "wait_s": 20},
+            progress_callback=on_progress,
+        )
         print(
             json.dumps(
                 {
@@ -31,6 +41,8 @@ async def main(url: str, token: str, mode: str, worker: str) -> None:
                     "sent": sent.structured_content,
                     "bad_is_error": bad.is_error,
                     "bad": bad.structured_content,
+                    "slow": slow.structured_content,
+                    "progress": progress,
                 }
             )
         )

@@ -1,5 +1,5 @@
 //! A second, independent MCP client: the Python `mcp` SDK (installed by `./test.sh`, found via
-//! `FLEET_TEST_PYTHON`), as a lead over both protocols.
+//! `FLEET_TEST_PYTHON`), as a lead over both protocols, with progress notifications.
 
 use std::path::Path;
 use std::process::Command;
@@ -58,6 +58,16 @@ async fn drive(mode: &str, expected_protocol: &str) -> anyhow::Result<()> {
     );
     assert_eq!(seen["bad_is_error"], true);
     assert_eq!(seen["bad"]["code"], "unknown_recipient");
+    // A long send reports progress while it waits.
+    assert_eq!(seen["slow"]["reply"]["text"], "echo: patience", "{seen}");
+    let progress = seen["progress"].as_array().cloned().unwrap_or_default();
+    assert!(
+        progress.iter().any(|m| m
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("fleet_send: still waiting")),
+        "{seen}"
+    );
     Ok(())
 }
 
