@@ -124,7 +124,21 @@ pub trait Store: Send + Sync + 'static {
     /// senders can be told.
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
 
-    /// At start-up: fails every message a previous run left `injecting` (it may or may not have
-    /// reached its pane; at-most-once means it is never retried) and returns them.
-    fn fail_interrupted(&self, reason: &str) -> StoreResult<Vec<Message>>;
+    /// At start-up: fails every message a previous run left `injecting` with `interrupted`
+    /// (it may or may not have reached its pane; at-most-once means it is never retried) and
+    /// every one it left `queued` with `orphaned` (no pane-bound entity outlives a restart);
+    /// returns them so their senders can be told.
+    fn fail_leftovers(&self, interrupted: &str, orphaned: &str) -> StoreResult<Vec<Message>>;
+
+    /// The tasks (`SEND`s) typed into or handed to `to` that nothing answers yet: no reply and
+    /// no failure notice names them.
+    fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>>;
+
+    /// Puts consumed messages back to `held`: the call that took them ended before its answer
+    /// could reach the client. Only for messages this process just handed out.
+    fn release(&self, msg_ids: &[MsgId]) -> StoreResult<()>;
+
+    /// Deletes messages that reached the end of their life (`injected`, `consumed`, `failed`)
+    /// before `before_ms` (Unix ms); returns how many.
+    fn prune(&self, before_ms: i64) -> StoreResult<usize>;
 }

@@ -460,16 +460,60 @@ impl Store for SqliteStore {
         )
     }
 
-    fn fail_interrupted(&self, reason: &str) -> StoreResult<Vec<Message>> {
+    fn fail_leftovers(&self, interrupted: &str, orphaned: &str) -> StoreResult<Vec<Message>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let now = now_ms();
+        let mut failed = Vec::new();
+        for (state, reason) in [("injecting", interrupted), ("queued", orphaned)] {
+            failed.extend(query_messages(
+                &tx,
+                &format!(
+                    "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
+                     WHERE state = ?1
+                     RETURNING {MESSAGE_COLUMNS}"
+                ),
+                params![state, reason, now],
+            )?);
+        }
+        tx.commit()?;
+        Ok(failed)
+    }
+
+    fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>> {
         let conn = self.conn();
         query_messages(
             &conn,
             &format!(
-                "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
-                 WHERE state = 'injecting'
-                 RETURNING {MESSAGE_COLUMNS}"
+                "SELECT {MESSAGE_COLUMNS} FROM messages AS m
+                 WHERE m.to_gid = ?1 AND m.kind = 'SEND' AND m.state IN ('injected', 'held', 'consumed')
+                 AND NOT EXISTS (SELECT 1 FROM messages AS a WHERE a.in_reply_to = m.msg_id)
+                 ORDER BY m.seq"
             ),
-            params![reason, now_ms()],
+            [to.to_string()],
         )
+    }
+
+    fn release(&self, msg_ids: &[MsgId]) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE messages SET state = 'held', updated_ms = ?2 WHERE msg_id = ?1 AND state = 'consumed'",
+            )?;
+            let now = now_ms();
+            for id in msg_ids {
+                stmt.execute(params![id.to_string(), now])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn prune(&self, before_ms: i64) -> StoreResult<usize> {
+        Ok(self.conn().execute(
+            "DELETE FROM messages WHERE state IN ('injected', 'consumed', 'failed') AND updated_ms < ?1",
+            [before_ms],
+        )?)
     }
 }

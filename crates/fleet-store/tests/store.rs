@@ -218,18 +218,83 @@ fn undelivered_and_interrupted_messages_fail_loudly() {
     for m in [&queued, &injecting, &held] {
         store.insert_message(m).unwrap();
     }
-    let interrupted = store.fail_interrupted("interrupted by a restart").unwrap();
-    assert_eq!(interrupted.len(), 1);
-    assert_eq!(
-        interrupted[0].state,
-        MsgState::Failed("interrupted by a restart".into())
-    );
     let failed = store.fail_undelivered_to(w, "worker gone").unwrap();
-    assert_eq!(
-        failed.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(),
-        vec!["q"]
+    assert_eq!(failed.len(), 2);
+    assert!(
+        failed
+            .iter()
+            .all(|m| m.state == MsgState::Failed("worker gone".into()))
     );
     assert_eq!(store.held_count(lead).unwrap(), 1);
+}
+
+#[test]
+fn a_restart_fails_what_was_being_typed_or_waiting_to_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let queued = message(lead, w, MsgState::Queued, "q");
+    let injecting = message(lead, w, MsgState::Injecting, "i");
+    let held = message(w, lead, MsgState::Held, "h");
+    for m in [&queued, &injecting, &held] {
+        store.insert_message(m).unwrap();
+    }
+    let failed = store.fail_leftovers("interrupted", "orphaned").unwrap();
+    let reasons: Vec<(String, Option<&str>)> = failed
+        .iter()
+        .map(|m| (m.body.clone(), m.state.reason()))
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            ("i".into(), Some("interrupted")),
+            ("q".into(), Some("orphaned"))
+        ]
+    );
+    assert_eq!(store.held_count(lead).unwrap(), 1);
+}
+
+#[test]
+fn unanswered_tasks_are_found_and_answered_ones_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let answered = message(lead, w, MsgState::Injected, "done");
+    let open_task = message(lead, w, MsgState::Injected, "in flight");
+    let still_queued = message(lead, w, MsgState::Queued, "later");
+    let mut reply = message(w, lead, MsgState::Held, "answer");
+    reply.kind = Kind::Reply;
+    reply.in_reply_to = Some(answered.msg_id);
+    for m in [&answered, &open_task, &still_queued, &reply] {
+        store.insert_message(m).unwrap();
+    }
+    let open: Vec<String> = store
+        .unanswered_tasks_to(w)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(open, vec!["in flight"]);
+}
+
+#[test]
+fn released_messages_are_held_again_and_old_ones_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    for body in ["a", "b"] {
+        store
+            .insert_message(&message(w, lead, MsgState::Held, body))
+            .unwrap();
+    }
+    let taken = store.take_held(lead, None, 10).unwrap();
+    assert_eq!(store.held_count(lead).unwrap(), 0);
+    store.release(&[taken[0].msg_id]).unwrap();
+    assert_eq!(store.held_count(lead).unwrap(), 1);
+    // Only settled messages go, and only old enough ones.
+    assert_eq!(store.prune(0).unwrap(), 0);
+    assert_eq!(store.prune(i64::MAX).unwrap(), 1);
+    assert_eq!(store.take_held(lead, None, 10).unwrap()[0].body, "a");
 }
 
 #[test]

@@ -13,12 +13,17 @@ use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 
 use super::Gateway;
 
+/// How long the pump waits before looking at its queue again after the store failed.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
 /// What the pump does next.
 enum Step {
     /// Look again at once.
     Again,
     /// Nothing to do until kicked.
     Wait,
+    /// The store failed: look again after [`STORE_RETRY`] (or a kick).
+    Retry,
     /// The session is over.
     Done,
 }
@@ -52,37 +57,45 @@ impl Gateway {
         };
         loop {
             kick.borrow_and_update();
-            match self.pump_step(gid).await {
-                Step::Again => {}
-                Step::Wait => {
-                    tokio::select! {
-                        changed = kick.changed() => if changed.is_err() { return },
-                        () = self.shutdown.cancelled() => return,
-                    }
-                }
+            let nap = match self.pump_step(gid).await {
+                Step::Again => continue,
+                Step::Wait => None,
+                Step::Retry => Some(STORE_RETRY),
                 Step::Done => return,
+            };
+            let retry = async {
+                match nap {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = kick.changed() => if changed.is_err() { return },
+                () = retry => {}
+                () = self.shutdown.cancelled() => return,
             }
         }
     }
 
     async fn pump_step(self: &Arc<Self>, gid: Gid) -> Step {
-        let (status, polls) = match self.lock().panes.get(&gid) {
-            Some(s) => (s.status, s.polls),
-            None => return Step::Done,
-        };
-        if !status.is_live() {
-            return Step::Done;
+        match self.lock().panes.get(&gid) {
+            Some(s) if s.status.is_live() => {}
+            _ => return Step::Done,
         }
         // An open poll takes tasks itself; otherwise only an idle worker gets one.
-        if status != WorkerStatus::Idle || polls > 0 {
+        if !self.claim(gid, false) {
             return Step::Wait;
         }
         let task = match self.db(move |s| s.dequeue(gid, &MsgState::Injecting)).await {
             Ok(Some(task)) => task,
-            Ok(None) => return Step::Wait,
-            Err(e) => {
-                tracing::error!(%gid, error = %e, "cannot read the queue");
+            Ok(None) => {
+                self.unclaim(gid);
                 return Step::Wait;
+            }
+            Err(e) => {
+                self.unclaim(gid);
+                tracing::error!(%gid, error = %e, "cannot read the queue");
+                return Step::Retry;
             }
         };
         if self.start_task(gid, task.clone()).await {
@@ -91,19 +104,47 @@ impl Gateway {
         Step::Again
     }
 
-    /// Makes `task` the session's task in flight (idle → busy). If the session can no longer
-    /// take it, fails the task and tells its sender; returns whether it was taken.
+    /// Claims the right to take `gid`'s next task off its queue: only while it is idle, no
+    /// one else holds the claim, and (for the pump, `by_poll` false) no poll is open to take it
+    /// instead. [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
+    pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
+        let mut sessions = self.lock();
+        match sessions.panes.get_mut(&gid) {
+            Some(s)
+                if s.status == WorkerStatus::Idle && !s.claiming && (by_poll || s.polls == 0) =>
+            {
+                s.claiming = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives up a claim that found nothing to take.
+    pub(super) fn unclaim(&self, gid: Gid) {
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.claiming = false;
+            session.kick();
+        }
+    }
+
+    /// Makes `task` the session's task in flight (idle → busy), releasing the claim. If the
+    /// session can no longer take it, fails the task and tells its sender; returns whether it
+    /// was taken.
     pub(super) async fn start_task(self: &Arc<Self>, gid: Gid, task: Message) -> bool {
         let refused = {
             let mut sessions = self.lock();
             match sessions.panes.get_mut(&gid) {
-                Some(session) => match session.apply(SessionEvent::TaskStarted) {
-                    Ok(_) => {
-                        session.current = Some(task.clone());
-                        None
+                Some(session) => {
+                    session.claiming = false;
+                    match session.apply(SessionEvent::TaskStarted) {
+                        Ok(_) => {
+                            session.current = Some(task.clone());
+                            None
+                        }
+                        Err(e) => Some(e.message),
                     }
-                    Err(e) => Some(e.message),
-                },
+                }
                 None => Some("the recipient is gone".to_string()),
             }
         };
@@ -118,11 +159,11 @@ impl Gateway {
 
     /// Fails `task` with `reason` and tells its sender, unless something else (the end of its
     /// recipient's session, say) failed it first and told them why.
-    async fn fail(self: &Arc<Self>, task: &Message, reason: &str) {
+    pub(super) async fn fail(self: &Arc<Self>, task: &Message, reason: &str) {
         let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
         match self.db(move |s| s.transition(msg_id, &failed)).await {
             Ok(()) => self.notify_failed(task, reason).await,
-            Err(e) => tracing::debug!(%msg_id, error = %e, reason, "already settled"),
+            Err(e) => tracing::warn!(%msg_id, error = %e, reason, "not failed again"),
         }
     }
 

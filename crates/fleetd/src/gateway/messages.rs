@@ -13,7 +13,6 @@ use fleet_core::message::check_size;
 use fleet_core::routing::{Route, resolve};
 use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
-    WorkerStatus,
 };
 use serde::Serialize;
 use tokio::time::{Instant, sleep_until};
@@ -94,8 +93,8 @@ pub struct PollResult {
 }
 
 /// Where a message starts its life.
-#[derive(Clone, Copy, Debug)]
-enum Placement {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Placement {
     /// Hold for an MCP pull (or a blocked call).
     Hold,
     /// Queue for the recipient's pump.
@@ -104,12 +103,11 @@ enum Placement {
     Dead,
 }
 
-/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, and
-/// a pane-bound caller's awaited answers and polled tasks come through it.
+/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, and a
+/// pane-bound caller blocked in a poll gets its next task through it.
 struct OpenCall {
     gateway: Arc<Gateway>,
     gid: Gid,
-    awaiting: Option<MsgId>,
     poll: bool,
 }
 
@@ -118,14 +116,11 @@ impl Drop for OpenCall {
         let mut sessions = self.gateway.lock();
         if let Some(lead) = sessions.leads.get_mut(&self.gid) {
             lead.open_calls = lead.open_calls.saturating_sub(1);
-        } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
-            if let Some(id) = self.awaiting {
-                session.awaiting.remove(&id);
-            }
-            if self.poll {
-                session.polls = session.polls.saturating_sub(1);
-                session.kick();
-            }
+        } else if let Some(session) = sessions.panes.get_mut(&self.gid)
+            && self.poll
+        {
+            session.polls = session.polls.saturating_sub(1);
+            session.kick();
         }
     }
 }
@@ -135,22 +130,18 @@ fn cancelled() -> FleetError {
 }
 
 impl Gateway {
-    fn open_call(self: &Arc<Self>, gid: Gid, awaiting: Option<MsgId>, poll: bool) -> OpenCall {
+    fn open_call(self: &Arc<Self>, gid: Gid, poll: bool) -> OpenCall {
         let mut sessions = self.lock();
         if let Some(lead) = sessions.leads.get_mut(&gid) {
             lead.open_calls += 1;
-        } else if let Some(session) = sessions.panes.get_mut(&gid) {
-            if let Some(id) = awaiting {
-                session.awaiting.insert(id);
-            }
-            if poll {
-                session.polls += 1;
-            }
+        } else if let Some(session) = sessions.panes.get_mut(&gid)
+            && poll
+        {
+            session.polls += 1;
         }
         OpenCall {
             gateway: Arc::clone(self),
             gid,
-            awaiting,
             poll,
         }
     }
@@ -202,6 +193,9 @@ impl Gateway {
         }
     }
 
+    /// Where `message` goes: to a lead, held for its pull; to a pane-bound entity, a task is
+    /// queued to be typed in, and anything else (an answer to its own send, a notice) is held
+    /// for its poll or blocked call, never typed in as if it were a task.
     fn placement(&self, message: &Message) -> Placement {
         let sessions = self.lock();
         if sessions.leads.contains_key(&message.to) {
@@ -209,44 +203,53 @@ impl Gateway {
         }
         match sessions.panes.get(&message.to) {
             Some(s) if !s.status.is_live() => Placement::Dead,
-            Some(s)
-                if message
-                    .in_reply_to
-                    .is_some_and(|id| s.awaiting.contains(&id)) =>
-            {
-                Placement::Hold
-            }
-            Some(_) => Placement::Queue,
+            Some(_) if message.kind == Kind::Send => Placement::Queue,
+            Some(_) => Placement::Hold,
             None => Placement::Dead,
         }
     }
 
     /// Accepts `message` into the local plane: held, queued, or failed if its recipient is
-    /// gone. Duplicate ids are accepted once.
-    pub(super) async fn deliver(self: &Arc<Self>, mut message: Message) -> Result<(), FleetError> {
+    /// gone; returns where it went. Duplicate ids are accepted once.
+    pub(super) async fn deliver(
+        self: &Arc<Self>,
+        mut message: Message,
+    ) -> Result<Placement, FleetError> {
         let placement = self.placement(&message);
         message.state = match placement {
             Placement::Hold => MsgState::Held,
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
         };
-        let (to, msg_id, trace_id, kind) =
-            (message.to, message.msg_id, message.trace_id, message.kind);
+        let kept = message.clone();
         let fresh = self.db(move |s| s.insert_message(&message)).await?;
+        let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
         if !fresh {
-            return Ok(());
+            return Ok(placement);
         }
         match placement {
             Placement::Hold => self.bump_inbox(to),
             Placement::Queue => {
-                if let Some(session) = self.lock().panes.get(&to) {
-                    session.kick();
+                let live = match self.lock().panes.get(&to) {
+                    Some(session) if session.status.is_live() => {
+                        session.kick();
+                        true
+                    }
+                    _ => false,
+                };
+                // Its session ended while the message was being stored, after the sweep of
+                // what was on its way: fail it here, or it would wait forever.
+                if !live {
+                    let why = format!("'{}' is gone", self.name_of(to).await);
+                    // Boxed: failing notifies, and notifying delivers (a notice is never queued).
+                    Box::pin(self.fail(&kept, &why)).await;
+                    return Ok(Placement::Dead);
                 }
             }
             Placement::Dead => {}
         }
-        Ok(())
+        Ok(placement)
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
@@ -304,10 +307,13 @@ impl Gateway {
             created_ms: now_ms(),
         };
         let msg_id = message.msg_id;
-        // Open the call before the message leaves, so an answer that comes back at once already
-        // finds its sender waiting for it.
-        let open = self.open_call(caller.entity.gid, Some(msg_id), false);
-        self.deliver(message).await?;
+        let open = self.open_call(caller.entity.gid, false);
+        if self.deliver(message).await? == Placement::Dead {
+            return Ok(SendResult::Failed {
+                msg_id,
+                reason: format!("'{}' is gone", recipient.name),
+            });
+        }
         self.await_answer(caller, msg_id, wait, ct, open).await
     }
 
@@ -325,6 +331,7 @@ impl Gateway {
         loop {
             inbox.borrow_and_update();
             if let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
+                self.keep_unless_cancelled(ct, &[answer.msg_id]).await?;
                 return Ok(match answer.kind {
                     Kind::Failed => SendResult::Failed {
                         msg_id,
@@ -411,8 +418,18 @@ impl Gateway {
                 ),
             ));
         }
-        self.deliver(reply).await?;
-        self.end_turn(me, answered.msg_id);
+        // Take the task out of flight first, so a session ending while the reply is stored
+        // does not also report the task unanswered; put it back if storing fails.
+        let ending = self.take_current(me, answered.msg_id);
+        if let Err(e) = self.deliver(reply).await {
+            if let Some(task) = ending {
+                self.restore_current(me, task);
+            }
+            return Err(e);
+        }
+        if ending.is_some() {
+            self.end_turn(me);
+        }
         Ok(ReplyResult {
             msg_id,
             to: answered.from,
@@ -420,21 +437,52 @@ impl Gateway {
         })
     }
 
-    /// Ends `gid`'s turn if `answered` is its task in flight: the worker is idle again and
-    /// its next task may go in.
-    fn end_turn(&self, gid: Gid, answered: MsgId) {
+    /// Takes `gid`'s task in flight out of flight if it is `answered`.
+    fn take_current(&self, gid: Gid, answered: MsgId) -> Option<Message> {
         let mut sessions = self.lock();
-        if let Some(session) = sessions.panes.get_mut(&gid)
-            && session
-                .current
-                .as_ref()
-                .is_some_and(|m| m.msg_id == answered)
+        let session = sessions.panes.get_mut(&gid)?;
+        if session
+            .current
+            .as_ref()
+            .is_some_and(|m| m.msg_id == answered)
         {
-            session.current = None;
-            if let Err(e) = session.apply(SessionEvent::TurnDone) {
-                tracing::warn!(%gid, error = %e, "reply outside a turn");
-            }
+            session.current.take()
+        } else {
+            None
         }
+    }
+
+    /// Puts a task taken by [`Gateway::take_current`] back in flight.
+    fn restore_current(&self, gid: Gid, task: Message) {
+        if let Some(session) = self.lock().panes.get_mut(&gid)
+            && session.current.is_none()
+        {
+            session.current = Some(task);
+        }
+    }
+
+    /// Ends `gid`'s turn: the worker is idle again and its next task may go in.
+    fn end_turn(&self, gid: Gid) {
+        if let Some(session) = self.lock().panes.get_mut(&gid)
+            && let Err(e) = session.apply(SessionEvent::TurnDone)
+        {
+            tracing::warn!(%gid, error = %e, "reply outside a turn");
+        }
+    }
+
+    /// Gives messages just taken for a call back to `held` if the call was cancelled meanwhile
+    /// (the client would never see them), and reports the cancellation.
+    async fn keep_unless_cancelled(
+        &self,
+        ct: &CancellationToken,
+        taken: &[MsgId],
+    ) -> Result<(), FleetError> {
+        if !ct.is_cancelled() {
+            return Ok(());
+        }
+        let ids = taken.to_vec();
+        self.db(move |s| s.release(&ids)).await?;
+        Err(cancelled())
     }
 
     /// `fleet_poll`: held messages for the caller (only those from `from`, when given),
@@ -452,7 +500,7 @@ impl Gateway {
             None => None,
         };
         let me = caller.entity.gid;
-        let _open = self.open_call(me, None, true);
+        let _open = self.open_call(me, true);
         let mut inbox = self.inbox(me);
         let mut kick = self.lock().panes.get(&me).map(|s| s.kick.subscribe());
         let deadline = Instant::now() + wait;
@@ -466,6 +514,8 @@ impl Gateway {
                 batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
             }
             if !batch.is_empty() {
+                let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
+                self.keep_unless_cancelled(ct, &ids).await?;
                 let mut messages = Vec::with_capacity(batch.len());
                 for message in batch {
                     messages.push(self.describe(message).await);
@@ -494,16 +544,15 @@ impl Gateway {
     /// For an idle pane-bound caller blocked in a poll: takes its next queued task off the
     /// queue and holds it for this poll (a TUI would only queue typed text while the call runs).
     async fn take_task_by_poll(self: &Arc<Self>, gid: Gid) -> Result<bool, FleetError> {
-        let idle = self
-            .lock()
-            .panes
-            .get(&gid)
-            .is_some_and(|s| s.status == WorkerStatus::Idle);
-        if !idle {
+        if !self.claim(gid, true) {
             return Ok(false);
         }
-        let Some(task) = self.db(move |s| s.dequeue(gid, &MsgState::Held)).await? else {
-            return Ok(false);
+        let task = match self.db(move |s| s.dequeue(gid, &MsgState::Held)).await {
+            Ok(Some(task)) => task,
+            other => {
+                self.unclaim(gid);
+                return other.map(|_| false);
+            }
         };
         self.start_task(gid, task).await;
         Ok(true)

@@ -2,11 +2,11 @@
 //! each is doing now (status, the task in flight, open calls). Pure bookkeeping under one lock;
 //! no I/O happens here.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use fleet_core::{Entity, Gid, Message, MsgId, Role, SessionEvent, WorkerStatus};
+use fleet_core::{Entity, Gid, Message, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -52,8 +52,9 @@ pub(super) struct PaneSession {
     pub current: Option<Message>,
     /// Open `fleet_poll` calls: while one is open, tasks go through it, not the keyboard.
     pub polls: usize,
-    /// Sends of this entity now blocked waiting for their answer.
-    pub awaiting: HashSet<MsgId>,
+    /// The pump or a poll is taking the next task off the queue: the other must not, or two
+    /// tasks would be in flight at once.
+    pub claiming: bool,
     /// Ticks on every authenticated call; the injector's proof of a submit.
     pub activity: watch::Sender<u64>,
     /// Ticks whenever the delivery pump or the readiness gate should look again.

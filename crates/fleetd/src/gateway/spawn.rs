@@ -71,6 +71,14 @@ pub struct StopResult {
     pub status: WorkerStatus,
 }
 
+/// The first `<profile>-<n>` not in `taken`.
+fn free_name(taken: &HashSet<String>, profile: &str) -> String {
+    (1..)
+        .map(|n| format!("{profile}-{n}"))
+        .find(|candidate| !taken.contains(candidate))
+        .unwrap_or_else(|| format!("{profile}-{}", Gid::mint()))
+}
+
 /// The last non-empty lines of a screen.
 pub(super) fn tail_lines(text: &str, lines: usize) -> String {
     let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -135,13 +143,9 @@ impl Gateway {
                 )
             })?;
         let profile = Arc::new(profile);
-        let name = match request.name {
-            Some(name) => {
-                validate_name("worker name", &name)?;
-                name
-            }
-            None => self.free_name(&profile.name),
-        };
+        if let Some(name) = &request.name {
+            validate_name("worker name", name)?;
+        }
         let mut groups: BTreeSet<String> = profile.groups.iter().cloned().collect();
         for group in request.groups {
             validate_name("group", &group)?;
@@ -160,21 +164,59 @@ impl Gateway {
                 FleetError::internal(format!("fleetd has no working directory: {e}"))
             })?,
         };
-
-        let entity = Entity {
-            gid: Gid::mint(),
-            name: name.clone(),
-            host: self.host_id.clone(),
-            role: Role::Worker,
-            profile: Some(profile.name.clone()),
-            groups: groups.into_iter().collect(),
-            parent: Some(caller.entity.gid),
-        };
-        let gid = entity.gid;
         let secret = token::mint()
             .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
+
+        // Reserve the name and the session in one step, so parallel spawns never pick the same
+        // name; from here on the guard undoes everything if the spawn does not complete.
+        let gid = Gid::mint();
+        let entity = {
+            let mut sessions = self.lock();
+            let taken: HashSet<String> = sessions.entities().into_iter().map(|e| e.name).collect();
+            let name = match request.name {
+                Some(name) if taken.contains(&name) => {
+                    return Err(FleetError::invalid(format!(
+                        "the name '{name}' is taken: pick another (fleet_list shows the names in use)"
+                    )));
+                }
+                Some(name) => name,
+                None => free_name(&taken, &profile.name),
+            };
+            let entity = Entity {
+                gid,
+                name,
+                host: self.host_id.clone(),
+                role: Role::Worker,
+                profile: Some(profile.name.clone()),
+                groups: groups.into_iter().collect(),
+                parent: Some(caller.entity.gid),
+            };
+            sessions.panes.insert(
+                gid,
+                PaneSession {
+                    entity: entity.clone(),
+                    profile: Arc::clone(&profile),
+                    status: WorkerStatus::Spawning,
+                    pane: None,
+                    current: None,
+                    polls: 0,
+                    claiming: false,
+                    activity: watch::channel(0).0,
+                    kick: watch::channel(0).0,
+                    last_seen_ms: None,
+                    last_words: None,
+                },
+            );
+            entity
+        };
+        let mut guard = SpawnGuard {
+            gateway: Arc::clone(self),
+            gid,
+            armed: true,
+        };
+        let name = entity.name.clone();
         let record = EntityRecord {
-            entity: entity.clone(),
+            entity,
             status: WorkerStatus::Spawning,
             pane: None,
             created_ms: now_ms(),
@@ -182,27 +224,6 @@ impl Gateway {
         self.db(move |s| s.insert_entity(&record)).await?;
         let hash = token::hash(&secret);
         self.db(move |s| s.put_token(gid, &hash, true)).await?;
-        self.lock().panes.insert(
-            gid,
-            PaneSession {
-                entity: entity.clone(),
-                profile: Arc::clone(&profile),
-                status: WorkerStatus::Spawning,
-                pane: None,
-                current: None,
-                polls: 0,
-                awaiting: HashSet::new(),
-                activity: watch::channel(0).0,
-                kick: watch::channel(0).0,
-                last_seen_ms: None,
-                last_words: None,
-            },
-        );
-        let mut guard = SpawnGuard {
-            gateway: Arc::clone(self),
-            gid,
-            armed: true,
-        };
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
 
         let mut env: BTreeMap<String, String> = profile.env.clone();
@@ -324,15 +345,6 @@ impl Gateway {
         }
     }
 
-    /// The first free `<profile>-<n>`.
-    fn free_name(&self, profile: &str) -> String {
-        let taken: HashSet<String> = self.lock().entities().into_iter().map(|e| e.name).collect();
-        (1..)
-            .map(|n| format!("{profile}-{n}"))
-            .find(|candidate| !taken.contains(candidate))
-            .unwrap_or_else(|| format!("{profile}-{}", Gid::mint()))
-    }
-
     /// Writes the in-memory status and pane of `gid` to the store.
     pub(super) async fn persist_status(&self, gid: Gid) {
         let found = self
@@ -429,15 +441,25 @@ impl Gateway {
         self.forget_inbox(gid);
     }
 
-    /// At start-up: fails what a previous run was typing when it died, and reaps the previous
-    /// run's sessions and panes (their tokens stop working; held messages stay).
+    /// At start-up: fails what a previous run was typing or still had queued when it died,
+    /// reaps its sessions (their tokens stop working) and tells the senders of the tasks they
+    /// were working on; held messages stay.
     pub(super) async fn recover(self: &Arc<Self>) -> Result<(), FleetError> {
-        let interrupted = self
-            .db(|s| s.fail_interrupted("interrupted: fleetd stopped while typing it"))
+        let leftovers = self
+            .db(|s| {
+                s.fail_leftovers(
+                    "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried",
+                    "its recipient is gone: fleetd restarted",
+                )
+            })
             .await?;
-        for message in &interrupted {
-            self.notify_failed(message, "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried")
-                .await;
+        for message in &leftovers {
+            let reason = message
+                .state
+                .reason()
+                .unwrap_or("fleetd restarted")
+                .to_string();
+            self.notify_failed(message, &reason).await;
         }
         let stale: Vec<EntityRecord> = self
             .db(|s| s.live_entities())
@@ -451,10 +473,12 @@ impl Gateway {
             self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
                 .await?;
             self.db(move |s| s.revoke_tokens(gid)).await?;
-            let reason = format!("'{}' is gone (fleetd restarted)", record.entity.name);
-            let owned = reason.clone();
-            for message in self.db(move |s| s.fail_undelivered_to(gid, &owned)).await? {
-                self.notify_failed(&message, &reason).await;
+            let reason = format!(
+                "'{}' never answered: fleetd restarted while it worked on this",
+                record.entity.name
+            );
+            for task in self.db(move |s| s.unanswered_tasks_to(gid)).await? {
+                self.notify_failed(&task, &reason).await;
             }
         }
         // Nothing is live yet, so every pane in this gateway's private server is a leftover,

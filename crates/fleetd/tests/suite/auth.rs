@@ -193,6 +193,20 @@ async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()
     assert_eq!(held["messages"][0]["from_name"], "spy-1");
     assert_eq!(held["messages"][0]["kind"], "SEND");
 
+    // The lead's answer to that question is held for the worker's poll, not typed into its
+    // pane as if it were a task: the worker stays idle and takes its next task as usual.
+    alice
+        .ok(
+            "fleet_reply",
+            json!({"message": "the answer", "in_reply_to": to_lead["msg_id"]}),
+        )
+        .await?;
+    let answers = worker.ok("fleet_poll", json!({"wait_s": 5})).await?;
+    assert_eq!(answers["messages"][0]["text"], "the answer", "{answers}");
+    assert_eq!(answers["messages"][0]["kind"], "REPLY");
+    let me = worker.ok("fleet_list", json!({})).await?;
+    assert_eq!(me["you"]["status"], "idle");
+
     // After a stop, the worker's token is revoked.
     alice.ok("fleet_stop", json!({"to": "spy-1"})).await?;
     assert!(worker.call("fleet_list", json!({})).await.is_err());

@@ -70,29 +70,52 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_queued_for_a_worker_of_a_dead_run_fails_visibly() -> anyhow::Result<()> {
+async fn tasks_in_flight_or_queued_when_fleetd_died_fail_visibly() -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("sim", "w1").await?;
-    lead.send("w1", "/never", 0).await?;
+    let pane = lead.spawn("sim", "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let in_flight = lead.send("w1", "/never", 0).await?;
     let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
+    until("the first task to be typed in", LIMIT, || async {
+        fleet
+            .screen(&pane)
+            .ok()
+            .filter(|s| s.contains("[not replying]"))
+    })
+    .await?;
     lead.close().await?;
     fleet.kill9().await?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let polled = lead.ok("fleet_poll", json!({})).await?;
-    let notices = polled["messages"].as_array().cloned().unwrap_or_default();
-    let notice = notices
-        .iter()
-        .find(|n| n["in_reply_to"] == queued["msg_id"])
-        .ok_or_else(|| anyhow::anyhow!("no notice for the queued task: {polled}"))?;
-    assert_eq!(notice["kind"], "FAILED", "{polled}");
+    let notices = lead.poll(0).await?;
+    let notice_for = |sent: &serde_json::Value| {
+        notices
+            .iter()
+            .find(|n| n["in_reply_to"] == sent["msg_id"])
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no notice for {sent}: {notices:?}"))
+    };
+    let orphaned = notice_for(&queued)?;
+    assert_eq!(orphaned["kind"], "FAILED");
     assert!(
-        notice["text"]
+        orphaned["text"]
             .as_str()
             .unwrap_or_default()
             .contains("fleetd restarted")
     );
+    let unanswered = notice_for(&in_flight)?;
+    assert_eq!(unanswered["kind"], "FAILED");
+    assert!(
+        unanswered["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("'w1' never answered"),
+        "{unanswered}"
+    );
+    assert_eq!(notices.len(), 2, "{notices:?}");
     Ok(())
 }

@@ -116,3 +116,18 @@ async fn a_cancelled_poll_takes_nothing_with_it() -> anyhow::Result<()> {
     assert_eq!(polled["messages"][0]["text"], "echo: after the cancel");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_spawns_without_names_get_distinct_names() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawn = || lead.ok("fleet_spawn", json!({"profile": "sim"}));
+    let (a, b, c, d) = tokio::join!(spawn(), spawn(), spawn(), spawn());
+    let mut names: Vec<String> = [a?, b?, c?, d?]
+        .iter()
+        .map(|s| s["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["sim-1", "sim-2", "sim-3", "sim-4"]);
+    Ok(())
+}
