@@ -68,7 +68,13 @@ pub async fn inject(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
-    let pre = host.snapshot(pane).await?;
+    let mut pre = host.snapshot(pane).await?;
+    if pre.in_mode {
+        // A human scrolling back in the pane: the paste would reach the program, but Enter
+        // would be eaten by the mode.
+        host.leave_mode(pane).await?;
+        pre = host.snapshot(pane).await?;
+    }
     host.paste(pane, text).await?;
     // Compare against the screen *with* the paste on it, or the paste rendering late would
     // pass for a submit.

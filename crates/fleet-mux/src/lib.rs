@@ -101,6 +101,10 @@ pub trait PaneHost: Send + Sync + 'static {
     /// Starts `spec.argv` in a new pane with `spec.env` and `spec.cwd`; returns its id.
     async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError>;
 
+    /// Takes the pane out of whatever mode the host put it in (tmux copy mode, say, entered
+    /// by a human scrolling), so typed keys reach the program.
+    async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError>;
+
     /// Pastes `text` into the pane, as a bracketed paste if the program asked for one. Does not
     /// press Enter.
     async fn paste(&self, pane: &PaneId, text: &str) -> Result<(), MuxError>;

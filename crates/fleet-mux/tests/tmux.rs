@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::tmux::control::Control;
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{PaneHost, PaneId, PaneLife, PaneSpec};
 use tokio::sync::watch;
@@ -277,4 +278,57 @@ async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
     // Closing again, or a server with no panes left, is not an error.
     server.tmux.close(&pane).await.unwrap();
     assert!(server.tmux.panes().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_pane_in_copy_mode_is_taken_out_of_it_before_typing() {
+    let server = Server::new();
+    let pane = server
+        .tmux
+        .spawn(&spec("scrolled", "echo ready; while read line; do echo \"got:$line\"; done"))
+        .await
+        .unwrap();
+    wait_for_text(&server.tmux, &pane, "ready").await;
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    // A human scrolling back in the pane.
+    let status = std::process::Command::new("tmux")
+        .args(["-L", &name, "copy-mode", "-t", &pane.0])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(server.tmux.snapshot(&pane).await.unwrap().in_mode);
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(&server.tmux, &pane, "typed anyway", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    wait_for_text(&server.tmux, &pane, "got:typed anyway").await;
+}
+
+#[tokio::test]
+async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
+    let server = Server::new();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let control = Control::new("tmux".into(), name);
+    // A command whose answer takes a while (tmux holds later commands until a run-shell ends),
+    // abandoned after it was sent.
+    let slow = [
+        "run-shell 'sleep 0.3'".to_string(),
+        "display-message -p 'stale answer'".to_string(),
+    ];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), control.run(&slow))
+            .await
+            .is_err()
+    );
+    // The next command gets its own answer, not the abandoned one's.
+    let answers = control
+        .run(&["display-message -p 'fresh answer'".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }

@@ -89,7 +89,13 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .socket
         .clone()
         .unwrap_or_else(|| state.tmux_socket_name());
-    let tmux = Arc::new(Tmux::private(socket_name, state.root().join("paste")));
+    // Pastes are staged here only for the moment of a paste: whatever is left is a crash's.
+    let scratch = state.root().join("paste");
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch)
+            .with_context(|| format!("cannot clear {}", scratch.display()))?;
+    }
+    let tmux = Arc::new(Tmux::private(socket_name, scratch));
     let attach = tmux.attach_hint();
     let listen: SocketAddr = config.gateway.listen;
     let url = mcp_url(&config);

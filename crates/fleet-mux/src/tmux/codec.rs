@@ -28,36 +28,40 @@ fn strings(parts: &[&str]) -> Vec<String> {
 }
 
 /// Starts the server if needed, keeps exited panes around so their exit is seen, and opens a
-/// detached session running `spec.argv`; prints the new pane's id.
-pub fn spawn_args(spec: &PaneSpec) -> Vec<String> {
-    let mut args = strings(&[
-        "start-server",
-        SEP,
-        "set-option",
-        "-g",
-        "remain-on-exit",
-        "on",
-        SEP,
-        "new-session",
-        "-d",
-        "-s",
-    ]);
-    args.push(escape(&spec.label));
-    args.extend(strings(&[
+/// detached session running `spec.argv`; the last command prints the new pane's id. Unescaped
+/// words: the caller escapes them for its transport (and over the control connection nothing,
+/// not even the token in the environment, shows in the process list).
+pub fn spawn_commands(spec: &PaneSpec) -> Vec<Vec<String>> {
+    let mut session = strings(&["new-session", "-d", "-s", &spec.label]);
+    session.extend(strings(&[
         "-x",
         &PANE_COLUMNS.to_string(),
         "-y",
         &PANE_ROWS.to_string(),
     ]));
-    args.push("-c".into());
-    args.push(escape(&spec.cwd.to_string_lossy()));
+    session.push("-c".into());
+    session.push(spec.cwd.to_string_lossy().into_owned());
     for (key, value) in &spec.env {
-        args.push("-e".into());
-        args.push(escape(&format!("{key}={value}")));
+        session.push("-e".into());
+        session.push(format!("{key}={value}"));
     }
-    args.extend(strings(&["-P", "-F", "#{pane_id}", "--"]));
-    args.extend(spec.argv.iter().map(|a| escape(a)));
-    args
+    session.extend(strings(&["-P", "-F", "#{pane_id}", "--"]));
+    session.extend(spec.argv.iter().cloned());
+    vec![
+        strings(&["start-server"]),
+        strings(&["set-option", "-g", "remain-on-exit", "on"]),
+        session,
+    ]
+}
+
+/// Leaves the mode a pane is in (copy mode eats keys).
+pub fn leave_mode_args(pane: &PaneId) -> Vec<String> {
+    strings(&["send-keys", "-X", "-t", &pane.0, "cancel"])
+}
+
+/// Deletes a buffer left behind by a paste that failed half-way.
+pub fn delete_buffer_args(buffer: &str) -> Vec<String> {
+    strings(&["delete-buffer", "-b", buffer])
 }
 
 /// Reads the pane id printed by [`spawn_args`].

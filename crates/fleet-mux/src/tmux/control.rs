@@ -114,6 +114,10 @@ struct Connection {
     lines: Lines<BufReader<ChildStdout>>,
     /// The block parser.
     blocks: Blocks,
+    /// A command was written and its answer not yet read: a caller gave up half-way (its
+    /// future was dropped), and the next answer on the pipe belongs to nobody. Such a
+    /// connection is replaced rather than reused.
+    unread: bool,
 }
 
 impl Connection {
@@ -154,6 +158,7 @@ impl Connection {
             stdin,
             lines: BufReader::new(stdout).lines(),
             blocks: Blocks::default(),
+            unread: false,
         };
         // The attach itself answers with a block; then switch pane output off.
         connection.answer("new-session").await?;
@@ -178,11 +183,14 @@ impl Connection {
     }
 
     async fn run(&mut self, command: &str) -> Result<Vec<String>, MuxError> {
+        self.unread = true;
         self.stdin
             .write_all(format!("{command}\n").as_bytes())
             .await
             .map_err(|_| MuxError::Disconnected)?;
-        self.answer(command).await
+        let answer = self.answer(command).await;
+        self.unread = false;
+        answer
     }
 }
 
@@ -214,10 +222,11 @@ impl Control {
     }
 
     /// Runs `commands` (already quoted lines) one after the other; returns each one's lines.
-    /// Stops at the first failure. A dead connection is replaced before the first command.
+    /// Stops at the first failure. A dead connection, or one a cancelled call left with an
+    /// unread answer, is replaced before the first command (so this is cancel-safe).
     pub async fn run(&self, commands: &[String]) -> Result<Vec<Vec<String>>, MuxError> {
         let mut guard = self.connection.lock().await;
-        if guard.is_none() {
+        if guard.as_ref().is_none_or(|c| c.unread) {
             *guard = Some(Connection::open(&self.program, &self.socket).await?);
         }
         let mut answers = Vec::with_capacity(commands.len());

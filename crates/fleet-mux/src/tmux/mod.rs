@@ -221,8 +221,12 @@ impl Tmux {
 #[async_trait]
 impl PaneHost for Tmux {
     async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError> {
-        let out = self.run(&codec::spawn_args(spec), None).await?;
+        let out = self.exec(&codec::spawn_commands(spec)).await?;
         codec::parse_pane_id(&out)
+    }
+
+    async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
+        self.exec(&[codec::leave_mode_args(pane)]).await.map(drop)
     }
 
     async fn paste(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
@@ -238,6 +242,11 @@ impl PaneHost for Tmux {
                     ])
                     .await;
                 let _ = std::fs::remove_file(&path);
+                if result.is_err() {
+                    // paste-buffer -d did not run: the buffer would stay (buffer-limit spares
+                    // named buffers).
+                    let _ = self.exec(&[codec::delete_buffer_args(&buffer)]).await;
+                }
                 result.map(drop)
             }
             None => self
