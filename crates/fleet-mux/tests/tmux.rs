@@ -216,8 +216,10 @@ async fn the_control_connection_and_the_client_see_the_same_screen() {
         server.tmux.panes().await.unwrap(),
         client.panes().await.unwrap()
     );
-    // A paste through the client process (stdin) works as well as through the control file.
-    client.type_line(&pane, "ignored").await.unwrap();
+    // Typing through a client process works as well as through the control connection.
+    client.type_text(&pane, "typed;").await.unwrap();
+    client.enter(&pane).await.unwrap();
+    wait_for_text(&server.tmux, &pane, "typed;").await;
 }
 
 #[tokio::test]
@@ -285,7 +287,10 @@ async fn a_pane_in_copy_mode_is_taken_out_of_it_before_typing() {
     let server = Server::new();
     let pane = server
         .tmux
-        .spawn(&spec("scrolled", "echo ready; while read line; do echo \"got:$line\"; done"))
+        .spawn(&spec(
+            "scrolled",
+            "echo ready; while read line; do echo \"got:$line\"; done",
+        ))
         .await
         .unwrap();
     wait_for_text(&server.tmux, &pane, "ready").await;
@@ -300,9 +305,15 @@ async fn a_pane_in_copy_mode_is_taken_out_of_it_before_typing() {
     assert!(status.success());
     assert!(server.tmux.snapshot(&pane).await.unwrap().in_mode);
     let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(&server.tmux, &pane, "typed anyway", &options(), &mut activity)
-        .await
-        .unwrap();
+    let outcome = inject(
+        &server.tmux,
+        &pane,
+        "typed anyway",
+        &options(),
+        &mut activity,
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
     wait_for_text(&server.tmux, &pane, "got:typed anyway").await;
 }

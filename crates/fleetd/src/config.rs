@@ -20,12 +20,18 @@ pub const DEFAULT_LEAD: &str = "lead";
 pub const DEFAULT_PROFILE: &str = "sim";
 /// The scripted test agent's binary, looked up beside fleetd's own, then on `PATH`.
 pub const SIM_BINARY: &str = "fleet-agent-sim";
+/// How many days settled messages are kept, by default.
+const DEFAULT_KEEP_MESSAGES_DAYS: u64 = 7;
 /// How long a spawned worker has to call in, by default.
 const DEFAULT_READY_TIMEOUT_S: u64 = 30;
 /// How long to watch for a submit after each Enter, by default.
 const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 /// The least time between two nudges into a lead's pane, by default.
 const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
+/// Claude Code's empty input box: `❯` and a no-break space.
+pub const CLAUDE_EMPTY_INPUT: &str = "❯\u{a0}";
+/// The longest any configured wait may be, in seconds (a day): longer is a typo.
+const MAX_WAIT_S: u64 = 86_400;
 /// How long a lead's pane must hold still to count as idle for a nudge, by default.
 const DEFAULT_NUDGE_QUIET_MS: u64 = 1_000;
 
@@ -86,6 +92,9 @@ pub struct GatewayConfig {
     pub state_dir: Option<PathBuf>,
     /// The largest message body accepted, in bytes.
     pub max_message_bytes: usize,
+    /// How many days a message is kept after the end of its life (delivered, consumed or
+    /// failed); pending ones are kept however old.
+    pub keep_messages_days: u64,
 }
 
 impl Default for GatewayConfig {
@@ -98,6 +107,7 @@ impl Default for GatewayConfig {
             advertise_url: None,
             state_dir: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            keep_messages_days: DEFAULT_KEEP_MESSAGES_DAYS,
         }
     }
 }
@@ -134,6 +144,10 @@ pub struct LeadConfig {
     pub nudge_interval_s: u64,
     /// How long the lead's pane must hold still to count as idle.
     pub nudge_quiet_ms: u64,
+    /// What the lead's empty input box shows (Claude Code's: `❯` and a no-break space): a nudge
+    /// is typed only while it is on screen, so a human's half-typed draft is never submitted
+    /// with it. Empty: no such check.
+    pub empty_input_marker: String,
 }
 
 impl Default for LeadConfig {
@@ -143,6 +157,7 @@ impl Default for LeadConfig {
             nudge: true,
             nudge_interval_s: DEFAULT_NUDGE_INTERVAL_S,
             nudge_quiet_ms: DEFAULT_NUDGE_QUIET_MS,
+            empty_input_marker: CLAUDE_EMPTY_INPUT.into(),
         }
     }
 }
@@ -261,6 +276,12 @@ impl Config {
         if self.gateway.max_message_bytes == 0 {
             return Err("gateway.max_message_bytes must be at least 1".into());
         }
+        within(
+            "gateway.keep_messages_days",
+            self.gateway.keep_messages_days,
+            1,
+            3650,
+        )?;
         if let Some(url) = &self.gateway.advertise_url {
             let parsed = url::Url::parse(url)
                 .map_err(|e| format!("gateway.advertise_url '{url}' is not a URL: {e}"))?;
@@ -278,9 +299,18 @@ impl Config {
             for group in &lead.groups {
                 named(&format!("leads.{name}.groups entry"), group)?;
             }
-            if lead.nudge_interval_s == 0 {
-                return Err(format!("leads.{name}.nudge_interval_s must be at least 1"));
-            }
+            within(
+                &format!("leads.{name}.nudge_interval_s"),
+                lead.nudge_interval_s,
+                1,
+                MAX_WAIT_S,
+            )?;
+            within(
+                &format!("leads.{name}.nudge_quiet_ms"),
+                lead.nudge_quiet_ms,
+                0,
+                MAX_WAIT_S * 1000,
+            )?;
         }
         let mut seen = std::collections::BTreeSet::new();
         for profile in &self.profiles {
@@ -299,16 +329,24 @@ impl Config {
             for group in &profile.groups {
                 named(&format!("profiles '{name}' groups entry"), group)?;
             }
-            if profile.ready_timeout_s == 0 {
-                return Err(format!(
-                    "profiles '{name}': ready_timeout_s must be at least 1"
-                ));
-            }
-            if profile.submit_verify_ms == 0 {
-                return Err(format!(
-                    "profiles '{name}': submit_verify_ms must be at least 1"
-                ));
-            }
+            within(
+                &format!("profiles '{name}': ready_timeout_s"),
+                profile.ready_timeout_s,
+                1,
+                MAX_WAIT_S,
+            )?;
+            within(
+                &format!("profiles '{name}': submit_verify_ms"),
+                profile.submit_verify_ms,
+                1,
+                MAX_WAIT_S * 1000,
+            )?;
+            within(
+                &format!("profiles '{name}': enter_pause_ms"),
+                profile.enter_pause_ms,
+                0,
+                MAX_WAIT_S * 1000,
+            )?;
             for key in profile.env.keys() {
                 if key.is_empty() || key.contains('=') || key.starts_with("FLEET_") {
                     return Err(format!(
@@ -323,6 +361,17 @@ impl Config {
     /// The profile called `name`.
     pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
         self.profiles.iter().find(|p| p.name == name)
+    }
+}
+
+/// Checks that `value` (the key `what`) lies in `min..=max`.
+fn within(what: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} is {value}; it must be between {min} and {max}"
+        ))
     }
 }
 
@@ -428,6 +477,11 @@ mod tests {
                 "FLEET_TOKEN",
             ),
             ("[mux]\nkind = \"screen\"\n", "screen"),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nready_timeout_s=99999999999\n",
+                "ready_timeout_s is 99999999999",
+            ),
+            ("[leads.x]\nnudge_interval_s = 0\n", "nudge_interval_s is 0"),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -124,8 +124,9 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let bearer = header_text(req.headers(), header::AUTHORIZATION.as_str())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty());
     let Some(bearer) = bearer else {
         return refuse(
@@ -144,15 +145,11 @@ async fn authenticate(
         .authenticate(token::hash(bearer), nudge, acting)
         .await
     {
-        Ok(Some(caller)) => {
+        Ok(Ok(caller)) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
-        Ok(None) => refuse(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "unknown, revoked or rotated bearer token".into(),
-        ),
+        Ok(Err(why)) => refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
         Err(e) => refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             e.code.as_str(),

@@ -267,17 +267,19 @@ mod tests {
             env: [("FLEET_NAME".to_string(), "w1".to_string())].into(),
             cwd: "/tmp".into(),
         };
-        let args = spawn_args(&spec);
-        let tail: Vec<&str> = args
+        let commands = spawn_commands(&spec);
+        assert_eq!(commands[1], ["set-option", "-g", "remain-on-exit", "on"]);
+        let session = &commands[2];
+        let tail: Vec<&str> = session
             .iter()
             .rev()
             .take(3)
             .rev()
             .map(String::as_str)
             .collect();
-        assert_eq!(tail, vec!["--", "agent", "--flag\\;"]);
-        assert!(args.windows(2).any(|w| w == ["-e", "FLEET_NAME=w1"]));
-        assert!(args.windows(2).any(|w| w == ["-c", "/tmp"]));
+        assert_eq!(tail, vec!["--", "agent", "--flag;"]);
+        assert!(session.windows(2).any(|w| w == ["-e", "FLEET_NAME=w1"]));
+        assert!(session.windows(2).any(|w| w == ["-c", "/tmp"]));
     }
 
     #[test]

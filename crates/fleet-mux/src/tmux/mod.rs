@@ -149,11 +149,9 @@ impl Tmux {
         }
     }
 
-    /// Types `text` literally (no paste brackets), then Enter: for one-line nudges.
-    pub async fn type_line(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
-        self.exec(&[codec::type_args(pane, text), codec::enter_args(pane)])
-            .await
-            .map(drop)
+    /// Types `text` literally, as keys (no paste brackets, no Enter): for one-line nudges.
+    pub async fn type_text(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
+        self.exec(&[codec::type_args(pane, text)]).await.map(drop)
     }
 
     /// Stops the whole server and every pane in it, and returns once it is gone (a command

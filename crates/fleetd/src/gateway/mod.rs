@@ -146,14 +146,15 @@ impl Gateway {
 
     /// Resolves a bearer token's hash to its live caller, and notes that the caller called in
     /// (readiness, last seen; and, when `acting`, proof that a typed task was submitted).
+    /// A token that names nobody live gets the reason why.
     pub async fn authenticate(
         self: &Arc<Self>,
         hash: [u8; 32],
         nudge: Option<NudgeTarget>,
         acting: bool,
-    ) -> Result<Option<Caller>, FleetError> {
+    ) -> Result<Result<Caller, String>, FleetError> {
         let Some(gid) = self.db(move |s| s.gid_for_token(&hash)).await? else {
-            return Ok(None);
+            return Ok(Err("unknown, revoked or rotated bearer token".into()));
         };
         let called_in = self.lock().called_in(gid, nudge, acting);
         match called_in {
@@ -161,9 +162,19 @@ impl Gateway {
                 if became_ready {
                     self.persist_status(gid).await;
                 }
-                Ok(Some(Caller { entity }))
+                Ok(Ok(Caller { entity }))
             }
-            None => Ok(None),
+            None => Ok(Err(match self.db(move |s| s.entity(gid)).await? {
+                Some(record) if record.entity.role == fleet_core::Role::Lead => format!(
+                    "lead '{}' is no longer declared in this gateway's config",
+                    record.entity.name
+                ),
+                Some(record) => format!(
+                    "'{}' is gone; its token no longer works",
+                    record.entity.name
+                ),
+                None => "unknown bearer token".into(),
+            })),
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fleet_core::Gid;
 use fleet_mux::tmux::{Socket, Tmux};
-use fleet_mux::{PaneHost, PaneId};
+use fleet_mux::{PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
 
 use super::Gateway;
@@ -17,6 +17,18 @@ use crate::config::LeadConfig;
 
 /// How soon to look again when a nudge is due but the lead is busy or its pane is not idle.
 const NUDGE_RECHECK: Duration = Duration::from_secs(1);
+/// The pause between typing a nudge and pressing Enter, so the agent takes the text as typed
+/// keys and the Enter as a submit.
+const NUDGE_ENTER_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether the lead's pane may be nudged: it held still between two looks, is not in a mode,
+/// and (when `empty_input` is set) shows its empty input box, so no draft of the human's is
+/// sent along with the nudge.
+fn may_nudge(first: &Snapshot, second: &Snapshot, empty_input: &str) -> bool {
+    !first.in_mode
+        && first == second
+        && (empty_input.is_empty() || second.text.contains(empty_input))
+}
 
 /// Where a lead's pane is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,8 +154,9 @@ impl Gateway {
         }
     }
 
-    /// Types the nudge if the pane is idle (holds still for the quiet time, not in a mode) and
-    /// the lead did not start a call meanwhile. Returns whether it typed.
+    /// Types the nudge if the pane may be nudged ([`may_nudge`]) and the lead did not start a
+    /// call meanwhile. Returns whether it typed. A pane that cannot be looked at is forgotten
+    /// until the lead's next request names it again.
     async fn nudge(&self, gid: Gid, target: &NudgeTarget, count: usize, lead: &LeadConfig) -> bool {
         let tmux = target.tmux();
         let pane = PaneId(target.pane.clone());
@@ -151,13 +164,18 @@ impl Gateway {
             let first = tmux.snapshot(&pane).await?;
             sleep(Duration::from_millis(lead.nudge_quiet_ms)).await;
             let second = tmux.snapshot(&pane).await?;
-            Ok::<bool, fleet_mux::MuxError>(!first.in_mode && first == second)
+            Ok::<bool, fleet_mux::MuxError>(may_nudge(&first, &second, &lead.empty_input_marker))
         };
         match idle.await {
             Ok(true) => {}
             Ok(false) => return false,
             Err(e) => {
-                tracing::debug!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane");
+                tracing::info!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane; not nudging it until the lead calls again");
+                if let Some(state) = self.lock().leads.get_mut(&gid)
+                    && state.nudge.as_ref() == Some(target)
+                {
+                    state.nudge = None;
+                }
                 return false;
             }
         }
@@ -175,7 +193,12 @@ impl Gateway {
         let line = format!(
             "[fleet] {count} message{plural} waiting for you: call fleet_poll to read them"
         );
-        match tmux.type_line(&pane, &line).await {
+        let typed = async {
+            tmux.type_text(&pane, &line).await?;
+            sleep(NUDGE_ENTER_PAUSE).await;
+            tmux.enter(&pane).await
+        };
+        match typed.await {
             Ok(()) => {
                 tracing::info!(%gid, pane = %target.pane, count, "nudged");
                 true
@@ -200,6 +223,23 @@ mod tests {
         assert_eq!(target.socket, Some(PathBuf::from("/tmp/tmux-1000/default")));
         let bare = NudgeTarget::from_headers(Some(" %3 "), None).unwrap();
         assert_eq!((bare.pane.as_str(), bare.socket), ("%3", None));
+    }
+
+    #[test]
+    fn only_a_still_pane_with_an_empty_input_box_is_nudged() {
+        let snap = |text: &str, in_mode| Snapshot {
+            cursor: (2, 5),
+            in_mode,
+            text: text.into(),
+        };
+        let empty = snap("done.\n❯\u{a0}\n", false);
+        assert!(may_nudge(&empty, &empty.clone(), "❯\u{a0}"));
+        let draft = snap("done.\n❯ half a thought\n", false);
+        assert!(!may_nudge(&draft, &draft.clone(), "❯\u{a0}"));
+        assert!(may_nudge(&draft, &draft.clone(), ""));
+        assert!(!may_nudge(&empty, &snap("working…\n", false), "❯\u{a0}"));
+        let scrolling = snap("done.\n❯\u{a0}\n", true);
+        assert!(!may_nudge(&scrolling, &scrolling.clone(), "❯\u{a0}"));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! The pane watcher: notices panes whose program exited or that were closed under fleetd, and
-//! ends their sessions. Its interval bounds how late an exit is seen.
+//! The watchers: the pane watcher notices panes whose program exited or that were closed under
+//! fleetd and ends their sessions (its interval bounds how late an exit is seen); the pruner
+//! deletes settled messages older than `gateway.keep_messages_days`, so the store does not
+//! grow without end.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,7 +17,21 @@ const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How far back to read an ended pane for its last words.
 const HISTORY_LINES: usize = 200;
 
+/// How often settled messages are pruned.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+const MS_PER_DAY: i64 = 86_400_000;
+
 pub(super) fn start(gateway: &Arc<Gateway>) {
+    let pruner = Arc::clone(gateway);
+    gateway.tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(PRUNE_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => pruner.prune().await,
+                () = pruner.shutdown.cancelled() => return,
+            }
+        }
+    });
     let gateway = Arc::clone(gateway);
     let tasks = gateway.tasks.clone();
     tasks.spawn(async move {
@@ -32,6 +48,16 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
 }
 
 impl Gateway {
+    async fn prune(&self) {
+        let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
+        let before = super::sessions::now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));
+        match self.db(move |s| s.prune(before)).await {
+            Ok(0) => {}
+            Ok(pruned) => tracing::info!(pruned, "pruned settled messages"),
+            Err(e) => tracing::warn!(error = %e, "cannot prune messages"),
+        }
+    }
+
     /// Ends the sessions whose panes ended. `statusless` holds the panes seen dead without an
     /// exit status once: tmux marks a pane dead when its terminal closes and learns the status
     /// a moment later, so such a pane gets one more look before it is reported without one.
@@ -43,6 +69,7 @@ impl Gateway {
             .filter(|(_, s)| s.status.is_live())
             .filter_map(|(gid, s)| s.pane.clone().map(|p| (*gid, p)))
             .collect();
+        statusless.retain(|gid| watched.iter().any(|(w, _)| w == gid));
         if watched.is_empty() {
             return;
         }

@@ -13,6 +13,10 @@ use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// The lead's screen: Claude Code's empty input box (`❯` and a no-break space, which a nudge
+/// waits for), then whatever is typed, shown once.
+const LEAD_SCREEN: &str = "printf '\\342\\235\\257\\302\\240\\n'; stty -echo; exec cat";
+
 /// The lead's terminal: a tmux server and pane of the test's own, killed on drop.
 struct LeadPane {
     socket: String,
@@ -42,7 +46,7 @@ impl LeadPane {
                 "#{pane_id} #{socket_path}",
                 "sh",
                 "-c",
-                "stty -echo; exec cat",
+                LEAD_SCREEN,
             ])
             .output()?;
         anyhow::ensure!(
