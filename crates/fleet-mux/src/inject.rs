@@ -47,6 +47,9 @@ pub enum InjectOutcome {
     },
     /// Neither Enter was seen to submit.
     NotSubmitted,
+    /// The program's input box never showed empty (its `submitted_marker`), so nothing was
+    /// typed: text left there (a failed submit, a human's draft) would merge with the task.
+    InputNotEmpty,
 }
 
 /// Whether the screen after Enter shows the input was taken.
@@ -75,6 +78,12 @@ pub async fn inject(
         host.leave_mode(pane).await?;
         pre = host.snapshot(pane).await?;
     }
+    if let Some(marker) = &options.submitted_marker {
+        match wait_for_marker(host, pane, marker, options.verify_window, pre).await? {
+            Some(empty) => pre = empty,
+            None => return Ok(InjectOutcome::InputNotEmpty),
+        }
+    }
     host.paste(pane, text).await?;
     // Compare against the screen *with* the paste on it, or the paste rendering late would
     // pass for a submit.
@@ -97,6 +106,28 @@ pub async fn inject(
         tracing::warn!(%pane, attempt, "Enter not seen to submit");
     }
     Ok(InjectOutcome::NotSubmitted)
+}
+
+/// Waits up to `limit` for `marker` (the empty input box) to show; returns the screen showing
+/// it, or `None`.
+async fn wait_for_marker(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    marker: &str,
+    limit: Duration,
+    mut screen: Snapshot,
+) -> Result<Option<Snapshot>, MuxError> {
+    let deadline = Instant::now() + limit;
+    let mut interval = FIRST_CHECK_INTERVAL;
+    while !screen.text.contains(marker) {
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        sleep(interval).await;
+        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        screen = host.snapshot(pane).await?;
+    }
+    Ok(Some(screen))
 }
 
 /// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for

@@ -343,3 +343,36 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
         .unwrap();
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }
+
+#[tokio::test]
+async fn with_a_marker_nothing_is_typed_until_the_input_box_shows_empty() {
+    let server = Server::new();
+    // Shows its empty-input marker only when it is waiting for a line.
+    let script = "stty -echo; while true; do printf 'EMPTY>'; read line; echo \" got:$line\"; done";
+    let pane = server.tmux.spawn(&spec("boxed", script)).await.unwrap();
+    wait_for_text(&server.tmux, &pane, "EMPTY>").await;
+    let with_marker = InjectOptions {
+        submitted_marker: Some("EMPTY>".into()),
+        ..options()
+    };
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(&server.tmux, &pane, "first", &with_marker, &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    wait_for_text(&server.tmux, &pane, "got:first").await;
+
+    // A program busy with something else never shows its empty box: nothing is typed.
+    let busy = server
+        .tmux
+        .spawn(&spec("busy", "stty -echo; echo working; exec sleep 60"))
+        .await
+        .unwrap();
+    wait_for_text(&server.tmux, &busy, "working").await;
+    let before = server.tmux.snapshot(&busy).await.unwrap();
+    let outcome = inject(&server.tmux, &busy, "second", &with_marker, &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::InputNotEmpty);
+    assert_eq!(server.tmux.snapshot(&busy).await.unwrap().text, before.text);
+}

@@ -197,6 +197,10 @@ impl Gateway {
                 injected.err().map(|e| e.message)
             }
             Ok(InjectOutcome::NotSubmitted) => Some("not submitted".to_string()),
+            Ok(InjectOutcome::InputNotEmpty) => Some(
+                "not typed: the worker's input box was not empty (a failed submit or a draft is in it)"
+                    .to_string(),
+            ),
             Err(e) => Some(format!("pane host: {e}")),
         };
         if let Some(reason) = failure {
