@@ -20,10 +20,6 @@ macro_rules! uuid_id {
                 Self(Uuid::now_v7())
             }
 
-            /// The id as a UUID.
-            pub fn as_uuid(&self) -> Uuid {
-                self.0
-            }
         }
 
         impl From<Uuid> for $name {

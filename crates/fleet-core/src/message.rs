@@ -164,14 +164,6 @@ impl MsgState {
                 | (Held, Consumed | Failed(_))
         )
     }
-
-    /// Whether the message has reached the end of its life.
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            MsgState::Injected | MsgState::Consumed | MsgState::Failed(_)
-        )
-    }
 }
 
 impl fmt::Display for MsgState {
@@ -249,7 +241,6 @@ mod tests {
         assert!(!MsgState::Injected.can_become(&MsgState::Injecting));
         assert!(!MsgState::Consumed.can_become(&MsgState::Held));
         assert!(MsgState::Held.can_become(&MsgState::Consumed));
-        assert!(MsgState::Failed("x".into()).is_terminal());
     }
 
     #[test]

@@ -89,12 +89,6 @@ impl Client {
             .map(|info| info.protocol_version.to_string())
     }
 
-    /// The names of the server's tools.
-    pub async fn tool_names(&self) -> anyhow::Result<Vec<String>> {
-        let tools = self.service.list_all_tools().await?;
-        Ok(tools.into_iter().map(|t| t.name.to_string()).collect())
-    }
-
     /// Calls `tool` with `args`: the structured result, or the tool error.
     pub async fn call(&self, tool: &str, args: Value) -> anyhow::Result<Result<Value, ToolError>> {
         let mut params = CallToolRequestParams::new(tool.to_string());

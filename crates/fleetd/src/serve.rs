@@ -121,7 +121,6 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         url.clone(),
         Arc::new(store),
         Arc::clone(&tmux) as Arc<dyn fleet_mux::PaneHost>,
-        state.clone(),
         shutdown.child_token(),
     );
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;

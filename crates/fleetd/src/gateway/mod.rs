@@ -24,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::state::StateDir;
 
 pub use messages::{Delivered, PollResult, ReplyResult, SendResult};
 pub use nudge::NudgeTarget;
@@ -45,8 +44,6 @@ pub struct Gateway {
     store: Arc<dyn Store>,
     /// Where the panes live.
     panes: Arc<dyn PaneHost>,
-    /// The state dir.
-    state: StateDir,
     /// Live sessions and leads; a std mutex, never held across an await.
     sessions: Mutex<Sessions>,
     /// Per-entity inbox versions: bumped whenever a message is held for the entity, so a
@@ -73,7 +70,6 @@ impl Gateway {
         mcp_url: String,
         store: Arc<dyn Store>,
         panes: Arc<dyn PaneHost>,
-        state: StateDir,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -82,7 +78,6 @@ impl Gateway {
             mcp_url,
             store,
             panes,
-            state,
             sessions: Mutex::new(Sessions::default()),
             inboxes: Mutex::new(HashMap::new()),
             shutdown,
@@ -132,16 +127,6 @@ impl Gateway {
     /// The host id.
     pub fn host_id(&self) -> &str {
         &self.host_id
-    }
-
-    /// The state dir.
-    pub fn state_dir(&self) -> &StateDir {
-        &self.state
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.config
     }
 
     /// Resolves a bearer token's hash to its live caller, and notes that the caller called in

@@ -131,3 +131,31 @@ async fn parallel_spawns_without_names_get_distinct_names() -> anyhow::Result<()
     assert_eq!(names, vec!["sim-1", "sim-2", "sim-3", "sim-4"]);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_leaves_nothing_running() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    let in_flight = lead.send("w1", "/never", 0).await?;
+    lead.close().await?;
+    assert!(fleet.terminate().await?, "unclean exit:\n{}", fleet.log());
+    // Its private tmux server, and every worker in it, is gone.
+    let server = std::process::Command::new("tmux")
+        .args(["-L", fleet.tmux_socket(), "list-sessions"])
+        .output()?;
+    assert!(!server.status.success(), "tmux server still running");
+    // The task in flight was failed, and its sender is told after the restart.
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let notices = lead.poll(0).await?;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0]["in_reply_to"], in_flight["msg_id"]);
+    assert!(
+        notices[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("fleetd stopped")
+    );
+    Ok(())
+}
