@@ -21,6 +21,20 @@ fn message(from: Gid, to: Gid, state: MsgState, body: &str) -> Message {
     }
 }
 
+/// A lead and a worker, with a task queued for the worker, one being typed into it, and a
+/// reply held for the lead.
+fn mixed_traffic(store: &SqliteStore) -> (Gid, Gid) {
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    for m in [
+        message(lead, w, MsgState::Queued, "q"),
+        message(lead, w, MsgState::Injecting, "i"),
+        message(w, lead, MsgState::Held, "h"),
+    ] {
+        store.insert_message(&m).unwrap();
+    }
+    (lead, w)
+}
+
 fn worker(name: &str, parent: Gid) -> EntityRecord {
     EntityRecord {
         entity: Entity {
@@ -211,13 +225,7 @@ fn an_answer_is_found_by_what_it_answers() {
 fn undelivered_and_interrupted_messages_fail_loudly() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
-    let (lead, w) = (Gid::mint(), Gid::mint());
-    let queued = message(lead, w, MsgState::Queued, "q");
-    let injecting = message(lead, w, MsgState::Injecting, "i");
-    let held = message(w, lead, MsgState::Held, "h");
-    for m in [&queued, &injecting, &held] {
-        store.insert_message(m).unwrap();
-    }
+    let (lead, w) = mixed_traffic(&store);
     let failed = store.fail_undelivered_to(w, "worker gone").unwrap();
     assert_eq!(failed.len(), 2);
     assert!(
@@ -232,13 +240,7 @@ fn undelivered_and_interrupted_messages_fail_loudly() {
 fn a_restart_fails_what_was_being_typed_or_waiting_to_be() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
-    let (lead, w) = (Gid::mint(), Gid::mint());
-    let queued = message(lead, w, MsgState::Queued, "q");
-    let injecting = message(lead, w, MsgState::Injecting, "i");
-    let held = message(w, lead, MsgState::Held, "h");
-    for m in [&queued, &injecting, &held] {
-        store.insert_message(m).unwrap();
-    }
+    let (lead, w) = mixed_traffic(&store);
     let failed = store.fail_leftovers("interrupted", "orphaned").unwrap();
     let reasons: Vec<(String, Option<&str>)> = failed
         .iter()
