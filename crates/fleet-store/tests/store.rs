@@ -240,7 +240,7 @@ fn undelivered_and_interrupted_messages_fail_loudly() {
 fn a_restart_fails_what_was_being_typed_or_waiting_to_be() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
-    let (lead, w) = mixed_traffic(&store);
+    let (lead, _worker) = mixed_traffic(&store);
     let failed = store.fail_leftovers("interrupted", "orphaned").unwrap();
     let reasons: Vec<(String, Option<&str>)> = failed
         .iter()
