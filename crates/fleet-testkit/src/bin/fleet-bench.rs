@@ -244,7 +244,12 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         samples.push(started.elapsed());
-        child.start_kill()?;
+        // A clean stop, so fleetd also stops its private tmux server.
+        if let Some(pid) = child.id() {
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()?;
+        }
         child.wait().await?;
     }
     Ok(samples)
