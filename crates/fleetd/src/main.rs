@@ -23,12 +23,19 @@ fn init_logging(json: bool) {
     }
 }
 
+/// Threads for blocking work (the store's calls, which are short). Few: every thread that
+/// allocates gets a malloc arena of its own, and a daemon's memory should not grow with bursts.
+const MAX_BLOCKING_THREADS: usize = 4;
+
 fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Serve(args) => {
             init_logging(args.log_json);
             let (config, state) = context(cli)?;
-            let runtime = tokio::runtime::Runtime::new()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .max_blocking_threads(MAX_BLOCKING_THREADS)
+                .build()?;
             runtime.block_on(serve(
                 ServeOptions { config, state },
                 CancellationToken::new(),

@@ -186,23 +186,32 @@ fn rss_mb(pid: u32) -> anyhow::Result<f64> {
 }
 
 /// fleetd's RSS with no workers, then with `workers` idle ones.
-async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64)> {
+async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64, f64)> {
     let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let pid = fleet.pid().context("fleetd is not running")?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_list", json!({})).await?;
     let empty = rss_mb(pid)?;
+    let spawn_all = |round: usize| {
+        let lead = &lead;
+        async move {
+            for i in 0..workers {
+                lead.spawn("sim", &format!("r{round}-w{i}")).await?;
+            }
+            let live = lead.names().await?.len();
+            anyhow::ensure!(live == workers + 1, "only {live} entities live");
+            anyhow::Ok(())
+        }
+    };
+    spawn_all(1).await?;
+    let loaded = rss_mb(pid)?;
+    // Stop them all and spawn as many again: a leak per worker would show here.
     for i in 0..workers {
-        lead.ok(
-            "fleet_spawn",
-            json!({"profile": "sim", "name": format!("w{i}")}),
-        )
-        .await?;
+        lead.ok("fleet_stop", json!({"to": format!("r1-w{i}")}))
+            .await?;
     }
-    let list = lead.ok("fleet_list", json!({})).await?;
-    let live = list["entities"].as_array().map_or(0, Vec::len);
-    anyhow::ensure!(live == workers + 1, "only {live} entities live");
-    Ok((empty, rss_mb(pid)?))
+    spawn_all(2).await?;
+    Ok((empty, loaded, rss_mb(pid)?))
 }
 
 /// Time from exec of `fleetd serve` to its first `/healthz` 200, polled every 0.2 ms.
@@ -301,9 +310,9 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
         "  the same through MCP (lead→lead send, then fleet_poll), {mcp_count} messages: {over_mcp:.0}/s"
     );
 
-    let (empty, loaded) = rss_with_workers(workers).await?;
+    let (empty, loaded, again) = rss_with_workers(workers).await?;
     println!(
-        "fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers  [target ≤ 50 MB]"
+        "fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers, {again:.1} MB after stopping them and spawning {workers} more  [target ≤ 50 MB]"
     );
 
     let mut starts = start_to_healthy(10).await?;

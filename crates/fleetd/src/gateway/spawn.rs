@@ -26,7 +26,7 @@ const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 pub(super) const LAST_WORDS_LINES: usize = 8;
 /// How many ended sessions stay in memory (for their last words and late replies' names);
 /// older ones are forgotten, the store keeps them.
-const MAX_GONE_KEPT: usize = 256;
+const MAX_GONE_KEPT: usize = 32;
 
 /// What `fleet_spawn` asks for.
 #[derive(Clone, Debug, Default)]
