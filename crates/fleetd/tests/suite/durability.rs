@@ -3,21 +3,27 @@
 
 use std::time::Duration;
 
-use fleet_testkit::client::Protocol;
+use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
 use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+/// fleetd with one scripted worker, `w1`; the lead and the worker's pane.
+async fn fleet_with_worker() -> anyhow::Result<(Fleet, Client, String)> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    Ok((fleet, lead, pane))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<()> {
+    let (mut fleet, lead, pane) = fleet_with_worker().await?;
     let count = 5;
     for i in 0..count {
         let sent = lead
@@ -71,12 +77,7 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_in_flight_or_queued_when_fleetd_died_fail_visibly() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let pane = lead.spawn("sim", "w1").await?["pane"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let (mut fleet, lead, pane) = fleet_with_worker().await?;
     let in_flight = lead.send("w1", "/never", 0).await?;
     let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
