@@ -1,0 +1,3 @@
+//! herdr as a pane host.
+
+pub mod codec;
