@@ -37,6 +37,46 @@ pub struct PaneSpec {
     pub cwd: PathBuf,
 }
 
+/// What an agent in a pane is doing, as the pane host sees it (herdr recognises agents and
+/// takes reports; tmux knows nothing of the kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentState {
+    /// Waiting for input: a task may be typed in.
+    Idle,
+    /// Busy with a turn.
+    Working,
+    /// Waiting on a human (a permission prompt, say).
+    Blocked,
+    /// Finished its turn: a task may be typed in.
+    Done,
+    /// Not known (and any state a newer host names).
+    #[serde(other)]
+    Unknown,
+}
+
+impl AgentState {
+    /// The state's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Idle => "idle",
+            AgentState::Working => "working",
+            AgentState::Blocked => "blocked",
+            AgentState::Done => "done",
+            AgentState::Unknown => "unknown",
+        }
+    }
+}
+
+/// A pane as the host lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaneState {
+    /// Whether its program still runs.
+    pub life: PaneLife,
+    /// The agent the host sees in it and what it is doing, when the host knows.
+    pub agent: Option<(String, AgentState)>,
+}
+
 /// Is a pane's program still running?
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaneLife {
@@ -79,6 +119,9 @@ pub enum MuxError {
     /// The pane is not there (closed, exited).
     #[error("pane {0} is gone")]
     NoPane(PaneId),
+    /// The multiplexer's server cannot be reached (not running, socket gone).
+    #[error("{0} is not reachable")]
+    Unreachable(String),
     /// The connection to the multiplexer closed (its server stopped, say).
     #[error("the connection to the multiplexer closed (was its server stopped?)")]
     Disconnected,
@@ -120,8 +163,13 @@ pub trait PaneHost: Send + Sync + 'static {
     /// what a program said before it died.
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError>;
 
-    /// Every pane the host holds for this fleet, with whether its program still runs.
-    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError>;
+    /// Every pane the host holds for this fleet: whether its program still runs, and what the
+    /// host knows of the agent in it.
+    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError>;
+
+    /// Tells the host what fleetd knows of the program in `pane` (its session state), for
+    /// hosts that show it (herdr's sidebar). A no-op where the host has no such notion.
+    async fn report(&self, pane: &PaneId, state: AgentState) -> Result<(), MuxError>;
 
     /// Closes the pane, ending its program. Closing a pane that is gone is not an error.
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError>;

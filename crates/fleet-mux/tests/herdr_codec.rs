@@ -1,7 +1,8 @@
 //! The herdr codec against every exchange recorded from a real herdr 0.8.0 server
 //! (`tests/data/herdr-transcript-0.8.0.json`, copied from the project's shared notes).
 
-use fleet_mux::herdr::codec::{self, AgentStatus, Answer, Event, Reported, Source};
+use fleet_mux::AgentState;
+use fleet_mux::herdr::codec::{self, Answer, Event, Source};
 use serde_json::{Value, json};
 
 fn transcript() -> Value {
@@ -78,13 +79,13 @@ fn agent_states_read_as_recorded() {
     for (request, response) in exchanges() {
         if request["method"] == "pane.get" {
             let pane = codec::got_pane(&response["result"]).unwrap();
-            seen.push((pane.agent, pane.agent_status));
+            seen.push((pane.agent, pane.agent_state));
         }
     }
-    assert!(seen.contains(&(Some("mydaemon".into()), AgentStatus::Working)));
-    assert!(seen.contains(&(Some("mydaemon".into()), AgentStatus::Blocked)));
-    assert!(seen.contains(&(Some("codex".into()), AgentStatus::Idle)));
-    assert!(seen.contains(&(None, AgentStatus::Unknown)));
+    assert!(seen.contains(&(Some("mydaemon".into()), AgentState::Working)));
+    assert!(seen.contains(&(Some("mydaemon".into()), AgentState::Blocked)));
+    assert!(seen.contains(&(Some("codex".into()), AgentState::Idle)));
+    assert!(seen.contains(&(None, AgentState::Unknown)));
 }
 
 #[test]
@@ -96,21 +97,26 @@ fn every_recorded_event_parses() {
         for entry in transcript[key].as_array().unwrap() {
             match codec::parse_event(&entry["ev"].to_string()).unwrap() {
                 Event::PaneExited(pane) => exited.push(pane),
-                Event::AgentStatus { pane_id, status, .. } => statuses.push((pane_id, status)),
+                Event::AgentStatus {
+                    pane_id, status, ..
+                } => statuses.push((pane_id, status)),
                 Event::Started => panic!("an event read as an answer"),
                 Event::PaneClosed(_) | Event::PaneCreated(_) | Event::Other(_) => {}
             }
         }
     }
     assert_eq!(exited, vec!["w1:p4".to_string()]);
-    assert!(statuses.contains(&("w1:p2".to_string(), AgentStatus::Blocked)));
+    assert!(statuses.contains(&("w1:p2".to_string(), AgentState::Blocked)));
     // A subscription's own answer starts the stream.
     let started = exchanges()
         .into_iter()
         .find(|(r, _)| r["method"] == "events.subscribe")
         .unwrap()
         .1;
-    assert_eq!(codec::parse_event(&started.to_string()).unwrap(), Event::Started);
+    assert_eq!(
+        codec::parse_event(&started.to_string()).unwrap(),
+        Event::Started
+    );
 }
 
 #[test]
@@ -139,9 +145,17 @@ fn requests_match_the_recorded_ones() {
     same(codec::pane_get("w1:p2"), recorded("req_pane.get"));
     same(codec::pane_list(), recorded("req_pane.list"));
     same(codec::pane_close("w1:p2"), recorded("req_pane.close"));
-    same(codec::pane_read("w1:p2", Source::Visible, None), recorded("req_pane.read"));
     same(
-        codec::report_agent("w1:p2", "custom:acceptance", "mydaemon", Reported::Working),
+        codec::pane_read("w1:p2", Source::Visible, None),
+        recorded("req_pane.read"),
+    );
+    same(
+        codec::report_agent(
+            "w1:p2",
+            "custom:acceptance",
+            "mydaemon",
+            AgentState::Working,
+        ),
         recorded("req_pane.report_agent"),
     );
     same(
@@ -151,7 +165,11 @@ fn requests_match_the_recorded_ones() {
     let (method, params) = codec::layout_apply(
         "w1",
         "catpane",
-        &["bash".into(), "-c".into(), "echo LAUNCHED:$FOO; exec cat".into()],
+        &[
+            "bash".into(),
+            "-c".into(),
+            "echo LAUNCHED:$FOO; exec cat".into(),
+        ],
         &[("FOO".to_string(), "bar".to_string())].into(),
         std::path::Path::new("/srv"),
     );

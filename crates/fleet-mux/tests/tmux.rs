@@ -1,4 +1,5 @@
-//! The tmux pane host against a real tmux server (a private one per test, killed at the end).
+//! What is particular to the tmux pane host, against a real private tmux server per test (the
+//! behaviour every host shares is the pane-host suite in fleet-testkit's tests).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -6,7 +7,7 @@ use std::time::Duration;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 use fleet_mux::tmux::control::Control;
 use fleet_mux::tmux::{Socket, Tmux};
-use fleet_mux::{PaneHost, PaneId, PaneLife, PaneSpec};
+use fleet_mux::{PaneHost, PaneId, PaneSpec};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
@@ -74,126 +75,6 @@ fn options() -> InjectOptions {
 }
 
 #[tokio::test]
-async fn a_pane_runs_argv_with_env_and_cwd() {
-    let server = Server::new();
-    let pane = server
-        .tmux
-        .spawn(&spec(
-            "envcheck",
-            "echo \"probe=$FLEET_PROBE cwd=$(pwd)\"; exec sleep 60",
-        ))
-        .await
-        .unwrap();
-    let cwd = std::env::temp_dir().canonicalize().unwrap();
-    wait_for_text(
-        &server.tmux,
-        &pane,
-        &format!("probe=from-env; cwd={}", cwd.display()),
-    )
-    .await;
-    assert_eq!(
-        server.tmux.panes().await.unwrap().get(&pane),
-        Some(&PaneLife::Alive)
-    );
-}
-
-#[tokio::test]
-async fn a_multi_line_paste_arrives_bracketed_when_asked_for() {
-    let server = Server::new();
-    // Turns on bracketed paste, then shows raw input bytes with cat -v.
-    let pane = server
-        .tmux
-        .spawn(&spec(
-            "paste",
-            "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(&server.tmux, &pane, "ready").await;
-    server
-        .tmux
-        .paste(&pane, "first line\nsecond line")
-        .await
-        .unwrap();
-    server.tmux.enter(&pane).await.unwrap();
-    let text = wait_for_text(&server.tmux, &pane, "second line^[[201~").await;
-    assert!(text.contains("^[[200~first line"), "{text}");
-}
-
-#[tokio::test]
-async fn an_injected_line_is_verified_as_submitted() {
-    let server = Server::new();
-    let pane = server
-        .tmux
-        .spawn(&spec(
-            "echoer",
-            "echo ready; while read line; do echo \"got:$line\"; done",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(&server.tmux, &pane, "ready").await;
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(
-        &server.tmux,
-        &pane,
-        "hello there",
-        &options(),
-        &mut activity,
-    )
-    .await
-    .unwrap();
-    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
-    wait_for_text(&server.tmux, &pane, "got:hello there").await;
-}
-
-#[tokio::test]
-async fn an_agent_calling_in_counts_as_a_submit() {
-    let server = Server::new();
-    let dir = tempfile::tempdir().unwrap();
-    let flag = dir.path().join("took-it");
-    // Reads without echo and prints nothing; it "calls in" by touching a file once it has the
-    // line, so only the call-in can prove the submit.
-    let script = format!(
-        "stty -echo; echo ready; while read line; do touch '{}'; done",
-        flag.display()
-    );
-    let pane = server.tmux.spawn(&spec("silent", &script)).await.unwrap();
-    wait_for_text(&server.tmux, &pane, "ready").await;
-    let (tx, mut activity) = watch::channel(0u64);
-    let caller = tokio::spawn(async move {
-        while !flag.exists() {
-            sleep(Duration::from_millis(5)).await;
-        }
-        tx.send_modify(|n| *n += 1);
-        tx
-    });
-    let outcome = inject(&server.tmux, &pane, "task", &options(), &mut activity)
-        .await
-        .unwrap();
-    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
-    drop(caller.await.unwrap());
-}
-
-#[tokio::test]
-async fn a_program_that_ignores_enter_is_reported_not_submitted() {
-    let server = Server::new();
-    let pane = server
-        .tmux
-        .spawn(&spec(
-            "deaf",
-            "stty -echo -icanon; echo ready; exec sleep 60",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(&server.tmux, &pane, "ready").await;
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(&server.tmux, &pane, "lost", &options(), &mut activity)
-        .await
-        .unwrap();
-    assert_eq!(outcome, InjectOutcome::NotSubmitted);
-}
-
-#[tokio::test]
 async fn the_control_connection_and_the_client_see_the_same_screen() {
     let server = Server::new();
     let pane = server
@@ -250,36 +131,6 @@ async fn the_control_connection_comes_back_after_the_server_is_killed() {
             .collect::<Vec<_>>(),
         vec![&second]
     );
-}
-
-#[tokio::test]
-async fn an_exited_program_is_seen_with_its_status_and_close_removes_it() {
-    let server = Server::new();
-    let pane = server
-        .tmux
-        // tmux can miss output written in the very instant before exit, so pause briefly.
-        .spawn(&spec(
-            "quitter",
-            "echo last words before exit; sleep 0.2; exit 3",
-        ))
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let life = server.tmux.panes().await.unwrap().get(&pane).copied();
-        if life == Some(PaneLife::Exited(Some(3))) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "exit never seen: {life:?}");
-        sleep(Duration::from_millis(20)).await;
-    }
-    let said = server.tmux.history(&pane, 50).await.unwrap();
-    assert!(said.contains("last words before exit"), "{said}");
-    server.tmux.close(&pane).await.unwrap();
-    assert!(!server.tmux.panes().await.unwrap().contains_key(&pane));
-    // Closing again, or a server with no panes left, is not an error.
-    server.tmux.close(&pane).await.unwrap();
-    assert!(server.tmux.panes().await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -342,37 +193,4 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
         .await
         .unwrap();
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
-}
-
-#[tokio::test]
-async fn with_a_marker_nothing_is_typed_until_the_input_box_shows_empty() {
-    let server = Server::new();
-    // Shows its empty-input marker only when it is waiting for a line.
-    let script = "stty -echo; while true; do printf 'EMPTY>'; read line; echo \" got:$line\"; done";
-    let pane = server.tmux.spawn(&spec("boxed", script)).await.unwrap();
-    wait_for_text(&server.tmux, &pane, "EMPTY>").await;
-    let with_marker = InjectOptions {
-        submitted_marker: Some("EMPTY>".into()),
-        ..options()
-    };
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(&server.tmux, &pane, "first", &with_marker, &mut activity)
-        .await
-        .unwrap();
-    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
-    wait_for_text(&server.tmux, &pane, "got:first").await;
-
-    // A program busy with something else never shows its empty box: nothing is typed.
-    let busy = server
-        .tmux
-        .spawn(&spec("busy", "stty -echo; echo working; exec sleep 60"))
-        .await
-        .unwrap();
-    wait_for_text(&server.tmux, &busy, "working").await;
-    let before = server.tmux.snapshot(&busy).await.unwrap();
-    let outcome = inject(&server.tmux, &busy, "second", &with_marker, &mut activity)
-        .await
-        .unwrap();
-    assert_eq!(outcome, InjectOutcome::InputNotEmpty);
-    assert_eq!(server.tmux.snapshot(&busy).await.unwrap().text, before.text);
 }

@@ -7,4 +7,5 @@ pub mod bins;
 pub mod client;
 pub mod fleet;
 pub mod sim;
+pub mod standin;
 pub mod wait;

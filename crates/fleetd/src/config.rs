@@ -119,17 +119,37 @@ pub enum MuxKind {
     /// A private tmux server.
     #[default]
     Tmux,
+    /// A herdr server (the one fleetd runs in, or one named by socket or session).
+    Herdr,
 }
 
+/// The label of the herdr workspace that holds the fleet's panes, by default.
+pub const DEFAULT_HERDR_WORKSPACE: &str = "fleet";
+
 /// `[mux]`
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MuxConfig {
-    /// The multiplexer.
-    pub kind: MuxKind,
-    /// tmux: the private server's socket name (`tmux -L`); derived from the state dir when
-    /// unset, so two gateways never share a server.
+    /// The multiplexer; unset: the one fleetd runs inside (herdr or tmux), else tmux.
+    pub kind: Option<MuxKind>,
+    /// tmux: the private server's socket name (`tmux -L`), derived from the state dir when
+    /// unset so two gateways never share a server. herdr: the server's socket path.
     pub socket: Option<String>,
+    /// herdr: the session name (`herdr --session NAME`), instead of a socket path.
+    pub session: Option<String>,
+    /// herdr: the label of the fleet's workspace, which prefixes its panes' labels too.
+    pub workspace: String,
+}
+
+impl Default for MuxConfig {
+    fn default() -> Self {
+        Self {
+            kind: None,
+            socket: None,
+            session: None,
+            workspace: DEFAULT_HERDR_WORKSPACE.into(),
+        }
+    }
 }
 
 /// `[leads.NAME]`
@@ -291,9 +311,22 @@ impl Config {
                 ));
             }
         }
-        if let Some(socket) = &self.mux.socket {
-            named("mux.socket", socket)?;
+        let herdr = self.mux.kind == Some(MuxKind::Herdr);
+        if let Some(socket) = &self.mux.socket
+            && !herdr
+        {
+            named(
+                "mux.socket (a tmux socket name; a path needs kind = \"herdr\")",
+                socket,
+            )?;
         }
+        if let Some(session) = &self.mux.session {
+            if self.mux.kind == Some(MuxKind::Tmux) {
+                return Err("mux.session names a herdr session; it needs kind = \"herdr\"".into());
+            }
+            named("mux.session", session)?;
+        }
+        named("mux.workspace", &self.mux.workspace)?;
         for (name, lead) in &self.leads {
             named("lead", name)?;
             for group in &lead.groups {
@@ -399,7 +432,8 @@ mod tests {
         assert_eq!(config.gateway.max_message_bytes, 256 * 1024);
         assert!(config.leads.contains_key(DEFAULT_LEAD));
         assert!(config.profile(DEFAULT_PROFILE).is_some());
-        assert_eq!(config.mux.kind, MuxKind::Tmux);
+        assert_eq!(config.mux.kind, None);
+        assert_eq!(config.mux.workspace, DEFAULT_HERDR_WORKSPACE);
     }
 
     #[test]
@@ -477,6 +511,11 @@ mod tests {
                 "FLEET_TOKEN",
             ),
             ("[mux]\nkind = \"screen\"\n", "screen"),
+            (
+                "[mux]\nkind = \"tmux\"\nsession = \"x\"\n",
+                "needs kind = \"herdr\"",
+            ),
+            ("[mux]\nsocket = \"/tmp/x.sock\"\n", "mux.socket"),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nready_timeout_s=99999999999\n",
                 "ready_timeout_s is 99999999999",

@@ -6,6 +6,7 @@ pub mod config;
 pub mod gateway;
 pub mod http;
 pub mod mcp;
+pub mod mux;
 pub mod serve;
 pub mod state;
 pub mod token;

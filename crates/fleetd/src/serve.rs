@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use fleet_mux::PaneHost;
+use fleet_mux::herdr::host::Herdr;
 use fleet_mux::tmux::Tmux;
 use fleet_store::SqliteStore;
 use tokio::signal::unix::{SignalKind, signal};
@@ -15,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::http::{AllowedHosts, app};
+use crate::mux::{MuxChoice, choose};
 use crate::state::StateDir;
 
 /// Everything `serve` needs, resolved from the command line and the config.
@@ -62,6 +65,42 @@ pub fn mcp_url(config: &Config) -> String {
         .unwrap_or_else(|| format!("http://{}/mcp", config.gateway.listen))
 }
 
+/// The pane host fleetd drives, for what only serve does with it: say where panes are, and
+/// clean up at shutdown.
+enum Host {
+    /// A private tmux server.
+    Tmux(Arc<Tmux>),
+    /// A herdr server.
+    Herdr(Arc<Herdr>),
+}
+
+impl Host {
+    fn pane_host(&self) -> Arc<dyn PaneHost> {
+        match self {
+            Host::Tmux(tmux) => Arc::clone(tmux) as Arc<dyn PaneHost>,
+            Host::Herdr(herdr) => Arc::clone(herdr) as Arc<dyn PaneHost>,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Host::Tmux(tmux) => tmux.attach_hint(),
+            Host::Herdr(herdr) => format!("herdr at {}", herdr.socket().display()),
+        }
+    }
+
+    /// After the sessions ended: tmux's private server goes; herdr's workspace shell closes.
+    async fn shut_down(&self) {
+        let done = match self {
+            Host::Tmux(tmux) => tmux.kill_server().await,
+            Host::Herdr(herdr) => herdr.close_workspace().await,
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "cannot clean up the pane host");
+        }
+    }
+}
+
 /// Takes the state dir's lock, so two gateways never share one state dir (and its panes).
 fn lock_state(state: &StateDir) -> anyhow::Result<File> {
     let path = state.root().join("serve.lock");
@@ -84,19 +123,26 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     let _lock = lock_state(&state)?;
     let store = SqliteStore::open(&state.db_path())
         .with_context(|| format!("cannot open {}", state.db_path().display()))?;
-    let socket_name = config
-        .mux
-        .socket
-        .clone()
-        .unwrap_or_else(|| state.tmux_socket_name());
-    // Pastes are staged here only for the moment of a paste: whatever is left is a crash's.
-    let scratch = state.root().join("paste");
-    if scratch.exists() {
-        std::fs::remove_dir_all(&scratch)
-            .with_context(|| format!("cannot clear {}", scratch.display()))?;
-    }
-    let tmux = Arc::new(Tmux::private(socket_name, scratch));
-    let attach = tmux.attach_hint();
+    let (choice, why) =
+        choose(&config.mux, |key| std::env::var(key).ok(), &state).map_err(anyhow::Error::msg)?;
+    let panes = match choice {
+        MuxChoice::Tmux { socket } => {
+            // Pastes are staged here only for the moment of a paste: whatever is left is a
+            // crash's.
+            let scratch = state.root().join("paste");
+            if scratch.exists() {
+                std::fs::remove_dir_all(&scratch)
+                    .with_context(|| format!("cannot clear {}", scratch.display()))?;
+            }
+            Host::Tmux(Arc::new(Tmux::private(socket, scratch)))
+        }
+        MuxChoice::Herdr { socket, workspace } => Host::Herdr(Arc::new(
+            Herdr::connect(&socket, &workspace)
+                .await
+                .with_context(|| "cannot use herdr (set [mux] kind, socket or session)")?,
+        )),
+    };
+    tracing::info!(panes = %panes.describe(), why = %why, "pane host chosen");
     let listen: SocketAddr = config.gateway.listen;
     let url = mcp_url(&config);
     let host = host_id(&config);
@@ -120,7 +166,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         host.clone(),
         url.clone(),
         Arc::new(store),
-        Arc::clone(&tmux) as Arc<dyn fleet_mux::PaneHost>,
+        panes.pane_host(),
         shutdown.child_token(),
     );
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -136,7 +182,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         listen = %bound,
         mcp = %url,
         state_dir = %state.root().display(),
-        panes = %attach,
+        panes = %panes.describe(),
         "fleetd ready"
     );
     axum::serve(listener, router)
@@ -145,9 +191,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .context("the HTTP server failed")?;
     tracing::info!("draining: closing worker panes");
     gateway.shut_down().await;
-    if let Err(e) = tmux.kill_server().await {
-        tracing::warn!(error = %e, "cannot stop the private tmux server");
-    }
+    panes.shut_down().await;
     tracing::info!("fleetd stopped");
     Ok(())
 }

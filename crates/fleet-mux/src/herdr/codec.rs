@@ -12,6 +12,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::AgentState;
+
 /// The oldest herdr protocol this codec was checked against (herdr 0.8.0 speaks 20).
 pub const MIN_PROTOCOL: u64 = 20;
 
@@ -22,7 +24,9 @@ pub enum CodecError {
     #[error("malformed herdr line: {0}")]
     Malformed(String),
     /// herdr speaks an older protocol than we know.
-    #[error("herdr {version} speaks protocol {protocol}; fleetd needs protocol {MIN_PROTOCOL} or newer")]
+    #[error(
+        "herdr {version} speaks protocol {protocol}; fleetd needs protocol {MIN_PROTOCOL} or newer"
+    )]
     TooOld {
         /// herdr's version.
         version: String,
@@ -120,26 +124,19 @@ pub fn pane_close(pane_id: &str) -> (&'static str, Value) {
     ("pane.close", json!({"pane_id": pane_id}))
 }
 
-/// A state a program may report for itself (`done` is herdr's own, not reportable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reported {
-    /// Waiting for input.
-    Idle,
-    /// Busy.
-    Working,
-    /// Waiting on someone.
-    Blocked,
-    /// No idea.
-    Unknown,
-}
-
-/// `pane.report_agent`
-pub fn report_agent(pane_id: &str, source: &str, agent: &str, state: Reported) -> (&'static str, Value) {
+/// `pane.report_agent` (herdr derives `done` itself and refuses it as a report: it is sent as
+/// `idle`).
+pub fn report_agent(
+    pane_id: &str,
+    source: &str,
+    agent: &str,
+    state: AgentState,
+) -> (&'static str, Value) {
     let state = match state {
-        Reported::Idle => "idle",
-        Reported::Working => "working",
-        Reported::Blocked => "blocked",
-        Reported::Unknown => "unknown",
+        AgentState::Idle | AgentState::Done => "idle",
+        AgentState::Working => "working",
+        AgentState::Blocked => "blocked",
+        AgentState::Unknown => "unknown",
     };
     (
         "pane.report_agent",
@@ -200,8 +197,8 @@ struct RawError {
 
 /// Reads an answer line: its id (empty when herdr could not read the request) and what it says.
 pub fn parse_answer(line: &str) -> Result<(String, Answer), CodecError> {
-    let raw: RawAnswer =
-        serde_json::from_str(line.trim()).map_err(|e| CodecError::Malformed(format!("{e}: {line}")))?;
+    let raw: RawAnswer = serde_json::from_str(line.trim())
+        .map_err(|e| CodecError::Malformed(format!("{e}: {line}")))?;
     match (raw.result, raw.error) {
         (Some(result), None) => Ok((raw.id, Answer::Result(result))),
         (None, Some(error)) => Ok((
@@ -211,25 +208,10 @@ pub fn parse_answer(line: &str) -> Result<(String, Answer), CodecError> {
                 message: error.message,
             },
         )),
-        _ => Err(CodecError::Malformed(format!("neither result nor error: {line}"))),
+        _ => Err(CodecError::Malformed(format!(
+            "neither result nor error: {line}"
+        ))),
     }
-}
-
-/// What herdr thinks an agent in a pane is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentStatus {
-    /// Waiting for input.
-    Idle,
-    /// Busy.
-    Working,
-    /// Waiting on a human.
-    Blocked,
-    /// Finished its turn.
-    Done,
-    /// Not known (and anything newer herdr says).
-    #[serde(other)]
-    Unknown,
 }
 
 /// A pane as herdr describes it (only the fields fleetd uses).
@@ -247,12 +229,12 @@ pub struct Pane {
     #[serde(default)]
     pub agent: Option<String>,
     /// That agent's status.
-    #[serde(default = "unknown")]
-    pub agent_status: AgentStatus,
+    #[serde(default = "unknown", rename = "agent_status")]
+    pub agent_state: AgentState,
 }
 
-fn unknown() -> AgentStatus {
-    AgentStatus::Unknown
+fn unknown() -> AgentState {
+    AgentState::Unknown
 }
 
 fn field<T: for<'de> Deserialize<'de>>(result: &Value, path: &[&str]) -> Result<T, CodecError> {
@@ -278,6 +260,11 @@ pub fn check_pong(result: &Value) -> Result<(String, u64), CodecError> {
 /// The id of the workspace `workspace.create` made.
 pub fn created_workspace(result: &Value) -> Result<String, CodecError> {
     field(result, &["workspace", "workspace_id"])
+}
+
+/// The root pane `workspace.create` made (herdr starts a shell there), if it says.
+pub fn created_root_pane(result: &Value) -> Option<String> {
+    result["root_pane"]["pane_id"].as_str().map(String::from)
 }
 
 /// The panes `layout.apply` made, as (label, pane id), in layout order.
@@ -334,7 +321,7 @@ pub enum Event {
         /// The agent, if any.
         agent: Option<String>,
         /// Its status.
-        status: AgentStatus,
+        status: AgentState,
     },
     /// Any other event, by name.
     Other(String),
@@ -342,12 +329,16 @@ pub enum Event {
 
 /// Reads one line of a subscription: its answer or an event.
 pub fn parse_event(line: &str) -> Result<Event, CodecError> {
-    let value: Value =
-        serde_json::from_str(line.trim()).map_err(|e| CodecError::Malformed(format!("{e}: {line}")))?;
+    let value: Value = serde_json::from_str(line.trim())
+        .map_err(|e| CodecError::Malformed(format!("{e}: {line}")))?;
     if value.get("result").is_some() || value.get("error").is_some() {
         return match parse_answer(line)? {
-            (_, Answer::Result(result)) if result["type"] == "subscription_started" => Ok(Event::Started),
-            (_, answer) => Err(CodecError::Malformed(format!("not a subscription: {answer:?}"))),
+            (_, Answer::Result(result)) if result["type"] == "subscription_started" => {
+                Ok(Event::Started)
+            }
+            (_, answer) => Err(CodecError::Malformed(format!(
+                "not a subscription: {answer:?}"
+            ))),
         };
     }
     let name = value["event"]
@@ -362,7 +353,7 @@ pub fn parse_event(line: &str) -> Result<Event, CodecError> {
         "pane.agent_status_changed" => Event::AgentStatus {
             pane_id: pane_id()?,
             agent: data["agent"].as_str().map(String::from),
-            status: field(data, &["agent_status"]).unwrap_or(AgentStatus::Unknown),
+            status: field(data, &["agent_status"]).unwrap_or(AgentState::Unknown),
         },
         other => Event::Other(other.to_string()),
     })
@@ -390,14 +381,18 @@ mod tests {
             "pane_id": "w9:p9", "agent_status": "dreaming", "brand_new_field": 1
         }))
         .unwrap();
-        assert_eq!(pane.agent_status, AgentStatus::Unknown);
+        assert_eq!(pane.agent_state, AgentState::Unknown);
         assert_eq!(pane.agent, None);
     }
 
     #[test]
     fn an_old_protocol_is_refused_by_name() {
-        let err = check_pong(&json!({"type": "pong", "version": "0.5.0", "protocol": 12})).unwrap_err();
-        assert_eq!(err.to_string(), "herdr 0.5.0 speaks protocol 12; fleetd needs protocol 20 or newer");
+        let err =
+            check_pong(&json!({"type": "pong", "version": "0.5.0", "protocol": 12})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "herdr 0.5.0 speaks protocol 12; fleetd needs protocol 20 or newer"
+        );
         assert_eq!(
             check_pong(&json!({"version": "9.9.9", "protocol": 99})).unwrap(),
             ("9.9.9".to_string(), 99)
@@ -407,7 +402,10 @@ mod tests {
     #[test]
     fn garbage_is_malformed_not_a_panic() {
         for line in ["", "{", "[]", "{\"id\":\"x\"}", "{\"event\":5}", "\u{0}"] {
-            assert!(parse_answer(line).is_err() || parse_event(line).is_err(), "{line:?}");
+            assert!(
+                parse_answer(line).is_err() || parse_event(line).is_err(),
+                "{line:?}"
+            );
             let _ = parse_event(line);
         }
     }

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::{MuxError, PaneHost, PaneId, PaneLife, PaneSpec, Snapshot};
+use crate::{AgentState, MuxError, PaneHost, PaneId, PaneLife, PaneSpec, PaneState, Snapshot};
 use control::{Control, line};
 
 /// How long a killed server may take to go away.
@@ -268,7 +268,7 @@ impl PaneHost for Tmux {
         self.exec(&[codec::history_args(pane, lines)]).await
     }
 
-    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneLife>, MuxError> {
+    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
         let panes = match self.exec(&[codec::list_args()]).await {
             Ok(out) => codec::parse_list(&out),
             // No server running: no panes.
@@ -278,7 +278,14 @@ impl PaneHost for Tmux {
         if panes.values().any(|life| *life == PaneLife::Exited(None)) {
             self.remind_to_reap().await;
         }
-        Ok(panes)
+        Ok(panes
+            .into_iter()
+            .map(|(pane, life)| (pane, PaneState { life, agent: None }))
+            .collect())
+    }
+
+    async fn report(&self, _pane: &PaneId, _state: AgentState) -> Result<(), MuxError> {
+        Ok(())
     }
 
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {

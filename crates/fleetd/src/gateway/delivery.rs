@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
+use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 
 use super::Gateway;
@@ -26,6 +27,23 @@ enum Step {
     Retry,
     /// The session is over.
     Done,
+}
+
+/// Whether the agent the pane host recognises is busy (working, or blocked on a human): then it
+/// gets no task, whatever fleetd's own session state says.
+fn agent_busy(agent: Option<&(String, AgentState)>) -> bool {
+    matches!(agent, Some((_, AgentState::Working | AgentState::Blocked)))
+}
+
+/// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
+fn reported(status: WorkerStatus) -> Option<AgentState> {
+    match status {
+        WorkerStatus::Spawning => Some(AgentState::Unknown),
+        WorkerStatus::Idle => Some(AgentState::Idle),
+        WorkerStatus::Busy => Some(AgentState::Working),
+        WorkerStatus::Asking => Some(AgentState::Blocked),
+        WorkerStatus::Stopping | WorkerStatus::Gone => None,
+    }
 }
 
 /// The text typed into the pane for `message`: a task verbatim; anything else labelled, so
@@ -55,8 +73,10 @@ impl Gateway {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
             return;
         };
+        let mut last_reported = None;
         loop {
             kick.borrow_and_update();
+            self.report_status(gid, &mut last_reported).await;
             let nap = match self.pump_step(gid).await {
                 Step::Again => continue,
                 Step::Wait => None,
@@ -104,14 +124,36 @@ impl Gateway {
         Step::Again
     }
 
+    /// Tells the pane host the session's status when it changed since `last`, unless the host
+    /// recognises the agent itself (it knows better then).
+    async fn report_status(&self, gid: Gid, last: &mut Option<AgentState>) {
+        let found = self.lock().panes.get(&gid).and_then(|s| {
+            let state = reported(s.status)?;
+            let pane = s.pane.clone()?;
+            (s.host_agent.is_none() && *last != Some(state)).then_some((pane, state))
+        });
+        if let Some((pane, state)) = found {
+            match self.panes.report(&pane, state).await {
+                Ok(()) => *last = Some(state),
+                Err(e) => tracing::debug!(%gid, error = %e, "cannot report the session's state"),
+            }
+        }
+    }
+
     /// Claims the right to take `gid`'s next task off its queue: only while it is idle, no
     /// one else holds the claim, and (for the pump, `by_poll` false) no poll is open to take it
     /// instead. [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
         let mut sessions = self.lock();
+        if sessions.host_down.is_some() {
+            return false;
+        }
         match sessions.panes.get_mut(&gid) {
             Some(s)
-                if s.status == WorkerStatus::Idle && !s.claiming && (by_poll || s.polls == 0) =>
+                if s.status == WorkerStatus::Idle
+                    && !s.claiming
+                    && (by_poll || s.polls == 0)
+                    && !agent_busy(s.host_agent.as_ref()) =>
             {
                 s.claiming = true;
                 true

@@ -289,6 +289,17 @@ impl Gateway {
             return Err(FleetError::invalid("you cannot send a message to yourself"));
         }
         check_send(&caller.entity, &recipient)?;
+        if recipient.role.is_injected()
+            && let Some(down) = self.lock().host_down.clone()
+        {
+            return Err(FleetError::new(
+                ErrorCode::PaneHost,
+                format!(
+                    "'{}' cannot be reached: {down}; nothing was queued, and messages held for you are kept",
+                    recipient.name
+                ),
+            ));
+        }
         let trace_id = self
             .lock()
             .panes

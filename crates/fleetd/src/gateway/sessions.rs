@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use fleet_core::{Entity, Gid, Message, Role, SessionEvent, WorkerStatus};
-use fleet_mux::PaneId;
+use fleet_mux::{AgentState, PaneId};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -63,6 +63,10 @@ pub(super) struct PaneSession {
     pub last_seen_ms: Option<i64>,
     /// The end of its screen when its program exited, for the error a spawn reports.
     pub last_words: Option<String>,
+    /// The agent the pane host recognises in the pane, and what it is doing (herdr's agent
+    /// detection); `None` where the host knows nothing (tmux, or a program herdr does not
+    /// recognise). A working or blocked agent gets no task.
+    pub host_agent: Option<(String, AgentState)>,
 }
 
 impl PaneSession {
@@ -94,8 +98,12 @@ pub struct RosterEntry {
     pub role: Role,
     /// Profile it was spawned from.
     pub profile: Option<String>,
-    /// Session status (`idle` for leads).
-    pub status: WorkerStatus,
+    /// Session status (`idle` for leads; `unknown` while the pane host cannot be reached).
+    pub status: String,
+    /// The agent the pane host recognises in the pane, if any (herdr).
+    pub agent: Option<String>,
+    /// What the pane host says that agent is doing (`idle`, `working`, `blocked`, `done`).
+    pub agent_status: Option<String>,
     /// Broadcast groups.
     pub groups: Vec<String>,
     /// Its pane, for pane-bound entities.
@@ -122,6 +130,9 @@ pub(super) struct Sessions {
     pub leads: HashMap<Gid, LeadState>,
     /// Live pane sessions by gid.
     pub panes: HashMap<Gid, PaneSession>,
+    /// Why the pane host cannot be reached, while it cannot: workers read `unknown` and sends
+    /// to them fail at once.
+    pub host_down: Option<String>,
 }
 
 impl Sessions {
@@ -205,7 +216,9 @@ impl Sessions {
                 host: lead.entity.host.clone(),
                 role: lead.entity.role,
                 profile: None,
-                status: WorkerStatus::Idle,
+                status: WorkerStatus::Idle.as_str().to_string(),
+                agent: None,
+                agent_status: None,
                 groups: lead.entity.groups.clone(),
                 pane: None,
                 last_seen_ms: lead.last_seen_ms,
@@ -218,7 +231,16 @@ impl Sessions {
             host: s.entity.host.clone(),
             role: s.entity.role,
             profile: s.entity.profile.clone(),
-            status: s.status,
+            status: if self.host_down.is_some() {
+                "unknown".to_string()
+            } else {
+                s.status.as_str().to_string()
+            },
+            agent: s.host_agent.as_ref().map(|(agent, _)| agent.clone()),
+            agent_status: s
+                .host_agent
+                .as_ref()
+                .map(|(_, state)| state.as_str().to_string()),
             groups: s.entity.groups.clone(),
             pane: s.pane.as_ref().map(|p| p.0.clone()),
             last_seen_ms: s.last_seen_ms,

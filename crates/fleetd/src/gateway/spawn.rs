@@ -205,6 +205,7 @@ impl Gateway {
                     kick: watch::channel(0).0,
                     last_seen_ms: None,
                     last_words: None,
+                    host_agent: None,
                 },
             );
             entity

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::{Gid, WorkerStatus};
-use fleet_mux::PaneLife;
+use fleet_mux::{AgentState, MuxError, PaneLife};
 
 use super::Gateway;
 
@@ -48,6 +48,18 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
 }
 
 impl Gateway {
+    /// Records what the pane host sees of the agent in `gid`'s pane; a change wakes the pump
+    /// (the agent may have become free for a task).
+    fn note_agent(&self, gid: Gid, agent: Option<(String, AgentState)>) {
+        if let Some(session) = self.lock().panes.get_mut(&gid)
+            && session.host_agent != agent
+        {
+            tracing::info!(%gid, agent = ?agent, "the pane host sees the agent");
+            session.host_agent = agent;
+            session.kick();
+        }
+    }
+
     async fn prune(&self) {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let before = super::sessions::now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));
@@ -74,20 +86,42 @@ impl Gateway {
             return;
         }
         let panes = match self.panes.panes().await {
-            Ok(panes) => panes,
+            Ok(panes) => {
+                if let Some(was) = self.lock().host_down.take() {
+                    tracing::info!(was = %was, "the pane host is back");
+                    for session in self.lock().panes.values() {
+                        session.kick();
+                    }
+                }
+                panes
+            }
+            Err(e @ (MuxError::Unreachable(_) | MuxError::Disconnected)) => {
+                let mut sessions = self.lock();
+                if sessions.host_down.is_none() {
+                    tracing::warn!(error = %e, "the pane host is not reachable: workers read unknown, sends to them fail until it is back");
+                }
+                sessions.host_down = Some(e.to_string());
+                return;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list panes");
                 return;
             }
         };
         for (gid, pane) in watched {
-            let reason = match panes.get(&pane) {
-                Some(PaneLife::Alive) => continue,
-                Some(PaneLife::Exited(Some(code))) => {
+            let reason = match panes
+                .get(&pane)
+                .map(|state| (state.life, state.agent.clone()))
+            {
+                Some((PaneLife::Alive, agent)) => {
+                    self.note_agent(gid, agent);
+                    continue;
+                }
+                Some((PaneLife::Exited(Some(code)), _)) => {
                     format!("its program exited with status {code}")
                 }
-                Some(PaneLife::Exited(None)) if statusless.insert(gid) => continue,
-                Some(PaneLife::Exited(None)) => "its program exited".to_string(),
+                Some((PaneLife::Exited(None), _)) if statusless.insert(gid) => continue,
+                Some((PaneLife::Exited(None), _)) => "its program exited".to_string(),
                 None => "its pane was closed".to_string(),
             };
             if let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {

@@ -1,0 +1,393 @@
+//! The pane-host test suite, run against every host: tmux (a real private tmux server), the
+//! herdr stand-in (`fleet_testkit::standin`: herdr's protocol, panes in tmux — a stand-in, not
+//! herdr), and a real herdr whenever `HERDR_BIN` points at one (skipped, with a note, when not).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_mux::herdr::driver::Driver;
+use fleet_mux::herdr::{codec, host::Herdr};
+use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::tmux::Tmux;
+use fleet_mux::{AgentState, PaneHost, PaneId, PaneLife, PaneSpec};
+use fleet_testkit::standin::StandIn;
+use fleet_testkit::wait::until;
+use tokio::sync::watch;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A host under test and what it can tell.
+struct Fixture {
+    host: Arc<dyn PaneHost>,
+    /// Whether the host reports a program's exit status (tmux does; herdr's panes just vanish).
+    exit_status: bool,
+    /// herdr's socket, for tests that talk to herdr beside the host.
+    herdr: Option<PathBuf>,
+    /// Stops what the fixture started, when the test ends.
+    _cleanup: Cleanup,
+}
+
+/// Kills a private tmux server and a child process, aborts a task, removes a temp dir.
+struct Cleanup {
+    tmux: Option<String>,
+    child: Option<std::process::Child>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(name) = &self.tmux {
+            let _ = std::process::Command::new("tmux")
+                .args(["-L", name, "kill-server"])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn tmux() -> Option<Fixture> {
+    let dir = tempfile::tempdir().ok()?;
+    let name = unique("fleet-panehost");
+    Some(Fixture {
+        host: Arc::new(Tmux::private(name.clone(), dir.path().join("paste"))),
+        exit_status: true,
+        herdr: None,
+        _cleanup: Cleanup {
+            tmux: Some(name),
+            child: None,
+            task: None,
+            _dir: dir,
+        },
+    })
+}
+
+async fn wait_for_socket(socket: &std::path::Path) {
+    until("the herdr socket", LIMIT, || async {
+        Driver::new(socket.to_path_buf()).ping().await.ok()
+    })
+    .await
+    .unwrap();
+}
+
+async fn herdr_standin() -> Option<Fixture> {
+    let dir = tempfile::tempdir().ok()?;
+    let socket = dir.path().join("herdr.sock");
+    let name = unique("fleet-standin");
+    // Every third answer stalls ~100 ms, as herdr's do now and then.
+    let task = tokio::spawn(StandIn::serve(
+        socket.clone(),
+        name.clone(),
+        dir.path().join("paste"),
+        Some(3),
+    ));
+    wait_for_socket(&socket).await;
+    let host = Herdr::connect(&socket, "fleet").await.unwrap();
+    Some(Fixture {
+        host: Arc::new(host),
+        exit_status: false,
+        herdr: Some(socket),
+        _cleanup: Cleanup {
+            tmux: Some(name),
+            child: None,
+            task: Some(task),
+            _dir: dir,
+        },
+    })
+}
+
+async fn herdr_real() -> Option<Fixture> {
+    let Some(bin) = std::env::var_os("HERDR_BIN") else {
+        eprintln!("skipped: HERDR_BIN does not point at a herdr binary");
+        return None;
+    };
+    let dir = tempfile::tempdir().ok()?;
+    let session = unique("fleet");
+    let config = dir.path().join("config");
+    std::fs::create_dir_all(config.join("herdr")).ok()?;
+    std::fs::write(
+        config.join("herdr/config.toml"),
+        "onboarding = false\n[updates]\ncheck = false\n",
+    )
+    .ok()?;
+    let child = std::process::Command::new(bin)
+        .args(["--session", &session, "server"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .env("HOME", dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let socket = config.join(format!("herdr/sessions/{session}/herdr.sock"));
+    wait_for_socket(&socket).await;
+    let host = Herdr::connect(&socket, "fleet").await.unwrap();
+    Some(Fixture {
+        host: Arc::new(host),
+        exit_status: false,
+        herdr: Some(socket),
+        _cleanup: Cleanup {
+            tmux: None,
+            child: Some(child),
+            task: None,
+            _dir: dir,
+        },
+    })
+}
+
+fn spec(label: &str, script: &str) -> PaneSpec {
+    PaneSpec {
+        label: label.into(),
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::from([("FLEET_PROBE".to_string(), "from-env;".to_string())]),
+        cwd: std::env::temp_dir(),
+    }
+}
+
+/// Waits until the pane's output (unwrapped) shows `needle`.
+async fn wait_for_text(host: &dyn PaneHost, pane: &PaneId, needle: &str) -> String {
+    let found = until(&format!("the pane to show {needle:?}"), LIMIT, || async {
+        host.history(pane, 200)
+            .await
+            .ok()
+            .filter(|t| t.contains(needle))
+    })
+    .await;
+    match found {
+        Ok(text) => text,
+        Err(e) => panic!(
+            "{e}; it shows:\n{}",
+            host.history(pane, 200).await.unwrap_or_default()
+        ),
+    }
+}
+
+fn options() -> InjectOptions {
+    InjectOptions {
+        enter_pause: Duration::ZERO,
+        verify_window: Duration::from_millis(600),
+        submitted_marker: None,
+    }
+}
+
+async fn runs_argv_with_env_and_cwd(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = host
+        .spawn(&spec(
+            "envcheck",
+            "echo \"probe=$FLEET_PROBE cwd=$(pwd)\"; exec sleep 60",
+        ))
+        .await
+        .unwrap();
+    let cwd = std::env::temp_dir().canonicalize().unwrap();
+    wait_for_text(
+        host,
+        &pane,
+        &format!("probe=from-env; cwd={}", cwd.display()),
+    )
+    .await;
+    let state = host.panes().await.unwrap().remove(&pane).unwrap();
+    assert_eq!(state.life, PaneLife::Alive);
+}
+
+async fn multi_line_pastes_arrive_bracketed(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = host
+        .spawn(&spec(
+            "paste",
+            "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(host, &pane, "ready").await;
+    host.paste(&pane, "first line\nsecond line").await.unwrap();
+    host.enter(&pane).await.unwrap();
+    let text = wait_for_text(host, &pane, "second line^[[201~").await;
+    assert!(text.contains("^[[200~first line"), "{text}");
+}
+
+async fn injected_lines_are_verified(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = host
+        .spawn(&spec(
+            "echoer",
+            "echo ready; while read line; do echo \"got:$line\"; done",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(host, &pane, "ready").await;
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(host, &pane, "hello there", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    wait_for_text(host, &pane, "got:hello there").await;
+}
+
+async fn a_call_in_proves_a_submit(f: &Fixture) {
+    let host = f.host.as_ref();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("took-it");
+    let script = format!(
+        "stty -echo; echo ready; while read line; do touch '{}'; done",
+        flag.display()
+    );
+    let pane = host.spawn(&spec("silent", &script)).await.unwrap();
+    wait_for_text(host, &pane, "ready").await;
+    let (tx, mut activity) = watch::channel(0u64);
+    let caller = tokio::spawn(async move {
+        until("the agent to take the line", LIMIT, || {
+            let flag = flag.clone();
+            async move { flag.exists().then_some(()) }
+        })
+        .await
+        .unwrap();
+        tx.send_modify(|n| *n += 1);
+        tx
+    });
+    let outcome = inject(host, &pane, "task", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    drop(caller.await.unwrap());
+}
+
+async fn an_ignored_enter_is_not_submitted(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = host
+        .spawn(&spec(
+            "deaf",
+            "stty -echo -icanon; echo ready; exec sleep 60",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(host, &pane, "ready").await;
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(host, &pane, "lost", &options(), &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::NotSubmitted);
+}
+
+async fn exits_are_seen_and_close_removes(f: &Fixture) {
+    let host = f.host.as_ref();
+    // tmux can miss output written in the very instant before exit, so pause briefly.
+    let quitter = host
+        .spawn(&spec("quitter", "echo last words; sleep 0.3; exit 3"))
+        .await
+        .unwrap();
+    let expected = PaneLife::Exited(f.exit_status.then_some(3));
+    until("the exit to be seen", LIMIT, || async {
+        host.panes()
+            .await
+            .ok()
+            .and_then(|p| p.get(&quitter).map(|s| s.life))
+            .filter(|life| *life == expected)
+    })
+    .await
+    .unwrap();
+    let kept = host.spawn(&spec("kept", "exec sleep 60")).await.unwrap();
+    host.close(&kept).await.unwrap();
+    assert!(!host.panes().await.unwrap().contains_key(&kept));
+    // Closing again is not an error.
+    host.close(&kept).await.unwrap();
+}
+
+async fn a_marker_waits_for_an_empty_input_box(f: &Fixture) {
+    let host = f.host.as_ref();
+    let script = "stty -echo; while true; do printf 'EMPTY>'; read line; echo \" got:$line\"; done";
+    let pane = host.spawn(&spec("boxed", script)).await.unwrap();
+    wait_for_text(host, &pane, "EMPTY>").await;
+    let with_marker = InjectOptions {
+        submitted_marker: Some("EMPTY>".into()),
+        ..options()
+    };
+    let (_tx, mut activity) = watch::channel(0);
+    let outcome = inject(host, &pane, "first", &with_marker, &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+    wait_for_text(host, &pane, "got:first").await;
+
+    let busy = host
+        .spawn(&spec("busy", "stty -echo; echo working; exec sleep 60"))
+        .await
+        .unwrap();
+    wait_for_text(host, &busy, "working").await;
+    let before = host.history(&busy, 50).await.unwrap();
+    let outcome = inject(host, &busy, "second", &with_marker, &mut activity)
+        .await
+        .unwrap();
+    assert_eq!(outcome, InjectOutcome::InputNotEmpty);
+    assert_eq!(host.history(&busy, 50).await.unwrap(), before);
+}
+
+async fn agents_the_host_sees_are_listed(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = host.spawn(&spec("agent", "exec sleep 60")).await.unwrap();
+    // fleetd's own report is shown by the host but is no news to fleetd.
+    host.report(&pane, AgentState::Working).await.unwrap();
+    let listed = host.panes().await.unwrap().remove(&pane).unwrap();
+    assert_eq!(listed.agent, None);
+    let Some(socket) = &f.herdr else {
+        return;
+    };
+    // Beside it, an agent herdr recognises (in the stand-in: a report from another source).
+    let herdr = Driver::new(socket.clone());
+    herdr
+        .call(codec::report_agent(
+            &pane.0,
+            "herdr",
+            "claude",
+            AgentState::Blocked,
+        ))
+        .await
+        .unwrap();
+    let listed = host.panes().await.unwrap().remove(&pane).unwrap();
+    assert_eq!(
+        listed.agent,
+        Some(("claude".to_string(), AgentState::Blocked))
+    );
+}
+
+macro_rules! suite {
+    ($($host:ident),*) => {$(
+        mod $host {
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        if let Some(fixture) = super::$host().await {
+                            super::$case(&fixture).await;
+                        }
+                    }
+                };
+            }
+
+            case!(runs_argv_with_env_and_cwd);
+            case!(multi_line_pastes_arrive_bracketed);
+            case!(injected_lines_are_verified);
+            case!(a_call_in_proves_a_submit);
+            case!(an_ignored_enter_is_not_submitted);
+            case!(exits_are_seen_and_close_removes);
+            case!(a_marker_waits_for_an_empty_input_box);
+            case!(agents_the_host_sees_are_listed);
+        }
+    )*};
+}
+
+suite!(tmux, herdr_standin, herdr_real);
