@@ -7,6 +7,7 @@ cd "$(dirname "$0")"
 
 missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v pkill >/dev/null 2>&1 || missing+=(procps)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
   sudo=""

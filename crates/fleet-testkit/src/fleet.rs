@@ -62,14 +62,39 @@ pub fn token_spy_profile(name: &str, file: &Path) -> String {
 impl Fleet {
     /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
     pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
+        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
+        Self::start_with(&format!("socket = \"{socket}\""), socket, gateway, rest).await
+    }
+
+    /// Starts fleetd on the herdr server at `herdr_socket` (the tmux private server name is
+    /// then unused, but still cleaned up).
+    pub async fn start_herdr(herdr_socket: &Path, rest: &str) -> anyhow::Result<Self> {
+        let mux = format!(
+            "kind = \"herdr\"\nsocket = \"{}\"\nworkspace = \"fleet-test\"",
+            herdr_socket.display()
+        );
+        Self::start_with(
+            &mux,
+            format!("fleet-test-{}", uuid::Uuid::now_v7().simple()),
+            "",
+            rest,
+        )
+        .await
+    }
+
+    async fn start_with(
+        mux: &str,
+        socket: String,
+        gateway: &str,
+        rest: &str,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
-        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
         let config = dir.path().join("fleetd.toml");
         std::fs::write(
             &config,
             format!(
-                "[gateway]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"testhost\"\n{gateway}\n\n[mux]\nsocket = \"{socket}\"\n\n{rest}\n"
+                "[gateway]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"testhost\"\n{gateway}\n\n[mux]\n{mux}\n\n{rest}\n"
             ),
         )?;
         let state = dir.path().join("state");
@@ -272,9 +297,18 @@ impl Drop for Fleet {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
-        let _ = std::process::Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .stderr(Stdio::null())
-            .status();
+        stop_tmux(&self.socket);
     }
+}
+
+/// Stops the private tmux server `name`, and any tmux process still naming it: a control client
+/// fleetd started just before it was killed can bring the server up after `kill-server`.
+pub fn stop_tmux(name: &str) {
+    let _ = std::process::Command::new("tmux")
+        .args(["-L", name, "kill-server"])
+        .stderr(Stdio::null())
+        .status();
+    let _ = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &format!("tmux .*-L {name} ")])
+        .status();
 }

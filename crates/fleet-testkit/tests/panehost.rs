@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,8 @@ use fleet_mux::herdr::{codec, host::Herdr};
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 use fleet_mux::tmux::Tmux;
 use fleet_mux::{AgentState, PaneHost, PaneId, PaneLife, PaneSpec};
+use fleet_testkit::fleet::stop_tmux;
+use fleet_testkit::herdr::RealHerdr;
 use fleet_testkit::standin::StandIn;
 use fleet_testkit::wait::until;
 use tokio::sync::watch;
@@ -33,7 +34,7 @@ struct Fixture {
 /// Kills a private tmux server and a child process, aborts a task, removes a temp dir.
 struct Cleanup {
     tmux: Option<String>,
-    child: Option<std::process::Child>,
+    herdr: Option<RealHerdr>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     _dir: tempfile::TempDir,
 }
@@ -43,15 +44,9 @@ impl Drop for Cleanup {
         if let Some(task) = &self.task {
             task.abort();
         }
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.herdr.take();
         if let Some(name) = &self.tmux {
-            let _ = std::process::Command::new("tmux")
-                .args(["-L", name, "kill-server"])
-                .stderr(Stdio::null())
-                .status();
+            stop_tmux(name);
         }
     }
 }
@@ -69,7 +64,7 @@ async fn tmux() -> Option<Fixture> {
         herdr: None,
         _cleanup: Cleanup {
             tmux: Some(name),
-            child: None,
+            herdr: None,
             task: None,
             _dir: dir,
         },
@@ -103,7 +98,7 @@ async fn herdr_standin() -> Option<Fixture> {
         herdr: Some(socket),
         _cleanup: Cleanup {
             tmux: Some(name),
-            child: None,
+            herdr: None,
             task: Some(task),
             _dir: dir,
         },
@@ -111,30 +106,11 @@ async fn herdr_standin() -> Option<Fixture> {
 }
 
 async fn herdr_real() -> Option<Fixture> {
-    let Some(bin) = std::env::var_os("HERDR_BIN") else {
+    let Some(herdr) = RealHerdr::from_env().await.unwrap() else {
         eprintln!("skipped: HERDR_BIN does not point at a herdr binary");
         return None;
     };
-    let dir = tempfile::tempdir().ok()?;
-    let session = unique("fleet");
-    let config = dir.path().join("config");
-    std::fs::create_dir_all(config.join("herdr")).ok()?;
-    std::fs::write(
-        config.join("herdr/config.toml"),
-        "onboarding = false\n[updates]\ncheck = false\n",
-    )
-    .ok()?;
-    let child = std::process::Command::new(bin)
-        .args(["--session", &session, "server"])
-        .env("XDG_CONFIG_HOME", &config)
-        .env("XDG_STATE_HOME", dir.path().join("state"))
-        .env("HOME", dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let socket = config.join(format!("herdr/sessions/{session}/herdr.sock"));
-    wait_for_socket(&socket).await;
+    let socket = herdr.socket();
     let host = Herdr::connect(&socket, "fleet").await.unwrap();
     Some(Fixture {
         host: Arc::new(host),
@@ -142,9 +118,9 @@ async fn herdr_real() -> Option<Fixture> {
         herdr: Some(socket),
         _cleanup: Cleanup {
             tmux: None,
-            child: Some(child),
+            herdr: Some(herdr),
             task: None,
-            _dir: dir,
+            _dir: tempfile::tempdir().ok()?,
         },
     })
 }

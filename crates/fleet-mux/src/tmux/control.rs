@@ -234,7 +234,16 @@ impl Control {
             let Some(connection) = guard.as_mut() else {
                 return Err(MuxError::Disconnected);
             };
-            match connection.run(command).await {
+            let answer =
+                tokio::time::timeout(super::COMMAND_TIMEOUT, connection.run(command)).await;
+            let Ok(answer) = answer else {
+                // The answer may still come: this connection is done for (it reads as unread).
+                return Err(MuxError::Command {
+                    command: command.clone(),
+                    stderr: format!("tmux did not answer within {:?}", super::COMMAND_TIMEOUT),
+                });
+            };
+            match answer {
                 Ok(lines) => answers.push(lines),
                 Err(MuxError::Disconnected) => {
                     *guard = None;

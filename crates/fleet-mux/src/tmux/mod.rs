@@ -23,6 +23,9 @@ use tokio::process::Command;
 use crate::{AgentState, MuxError, PaneHost, PaneId, PaneLife, PaneSpec, PaneState, Snapshot};
 use control::{Control, line};
 
+/// How long one tmux command may take: a wedged server or client must not hold up the pump or
+/// the nudger for ever.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a killed server may take to go away.
 const SERVER_EXIT_WAIT: Duration = Duration::from_secs(5);
 
@@ -110,7 +113,16 @@ impl Tmux {
             pipe.write_all(input).await.map_err(spawn_err)?;
             drop(pipe);
         }
-        let output = child.wait_with_output().await.map_err(spawn_err)?;
+        let output = match tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output()).await {
+            Ok(output) => output.map_err(spawn_err)?,
+            // kill_on_drop ends the wedged client.
+            Err(_) => {
+                return Err(MuxError::Command {
+                    command: args.first().cloned().unwrap_or_default(),
+                    stderr: format!("tmux did not answer within {COMMAND_TIMEOUT:?}"),
+                });
+            }
+        };
         if output.status.success() {
             Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {

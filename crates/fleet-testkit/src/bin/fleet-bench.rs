@@ -14,6 +14,7 @@ use fleet_store::{SqliteStore, Store};
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, free_port, sim_profile};
+use fleet_testkit::herdr::RealHerdr;
 use serde_json::json;
 
 /// Benchmarks that print figures.
@@ -50,8 +51,7 @@ fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
 }
 
 /// Round trips through fleetd: send → inject → the scripted agent replies at once → result.
-async fn round_trips(trips: usize) -> anyhow::Result<Vec<Duration>> {
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+async fn round_trips(fleet: &Fleet, trips: usize) -> anyhow::Result<Vec<Duration>> {
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
@@ -186,8 +186,7 @@ fn rss_mb(pid: u32) -> anyhow::Result<f64> {
 }
 
 /// fleetd's RSS with no workers, then with `workers` idle ones.
-async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64, f64)> {
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+async fn rss_with_workers(fleet: &Fleet, workers: usize) -> anyhow::Result<(f64, f64, f64, f64)> {
     let pid = fleet.pid().context("fleetd is not running")?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_list", json!({})).await?;
@@ -205,13 +204,39 @@ async fn rss_with_workers(workers: usize) -> anyhow::Result<(f64, f64, f64)> {
     };
     spawn_all(1).await?;
     let loaded = rss_mb(pid)?;
+    // What the idle workers cost in CPU: nothing should be polling or looping.
+    let before = cpu_seconds(pid)?;
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let idle_cpu = (cpu_seconds(pid)? - before) / IDLE_WINDOW.as_secs_f64() * 100.0;
     // Stop them all and spawn as many again: a leak per worker would show here.
     for i in 0..workers {
         lead.ok("fleet_stop", json!({"to": format!("r1-w{i}")}))
             .await?;
     }
     spawn_all(2).await?;
-    Ok((empty, loaded, rss_mb(pid)?))
+    Ok((empty, loaded, rss_mb(pid)?, idle_cpu))
+}
+
+/// How long fleetd is watched doing nothing, for its idle CPU figure.
+const IDLE_WINDOW: Duration = Duration::from_secs(3);
+
+/// The CPU time `pid` has used, in seconds (user + system).
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start after its closing ')'.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    Ok((ticks(11) + ticks(12)) / 100.0)
 }
 
 /// Time from exec of `fleetd serve` to its first `/healthz` 200, polled every 0.2 ms.
@@ -277,10 +302,11 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
 
     let mut bare_cli = bare_paste_enter(trips, false).await?;
     let mut bare = bare_paste_enter(trips, true).await?;
-    let mut rtt = round_trips(trips).await?;
+    let mut rtt = round_trips(&Fleet::start("", &sim_profile("sim", &[])?).await?, trips).await?;
     let (cli50, cli99) = percentiles(&mut bare_cli);
     let (bare50, bare99) = percentiles(&mut bare);
     let (rtt50, rtt99) = percentiles(&mut rtt);
+    let tmux_rtt50 = rtt50;
     println!(
         "round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms"
     );
@@ -310,16 +336,39 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
         "  the same through MCP (lead→lead send, then fleet_poll), {mcp_count} messages: {over_mcp:.0}/s"
     );
 
-    let (empty, loaded, again) = rss_with_workers(workers).await?;
+    let (empty, loaded, again, idle_cpu) =
+        rss_with_workers(&Fleet::start("", &sim_profile("sim", &[])?).await?, workers).await?;
     println!(
         "fleetd RSS: {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers, {again:.1} MB after stopping them and spawning {workers} more  [target ≤ 50 MB]"
     );
+    println!("fleetd CPU with {workers} idle workers: {idle_cpu:.1} % of one core");
 
     let mut starts = start_to_healthy(10).await?;
     let (start50, start99) = percentiles(&mut starts);
     println!(
         "start → /healthz 200, 10 starts: p50 {start50:.1} ms  max {start99:.1} ms  [target ≤ 200 ms]"
     );
+
+    match RealHerdr::from_env().await? {
+        None => println!(
+            "herdr: not measured (set HERDR_BIN to a herdr binary to measure it beside tmux)"
+        ),
+        Some(herdr) => {
+            let on_herdr =
+                || async { Fleet::start_herdr(&herdr.socket(), &sim_profile("sim", &[])?).await };
+            let mut rtt = round_trips(&on_herdr().await?, trips).await?;
+            let (rtt50, rtt99) = percentiles(&mut rtt);
+            println!(
+                "herdr: round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms ({:.2}x tmux's p50)",
+                rtt50 / tmux_rtt50
+            );
+            let (empty, loaded, again, idle_cpu) =
+                rss_with_workers(&on_herdr().await?, workers).await?;
+            println!(
+                "herdr: fleetd RSS {empty:.1} MB idle, {loaded:.1} MB with {workers} idle workers, {again:.1} MB after stopping them and spawning {workers} more; {idle_cpu:.1} % of one core idle"
+            );
+        }
+    }
     Ok(())
 }
 

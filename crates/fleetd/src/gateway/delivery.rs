@@ -148,25 +148,31 @@ impl Gateway {
         if sessions.host_down.is_some() {
             return false;
         }
-        match sessions.panes.get_mut(&gid) {
-            Some(s)
-                if s.status == WorkerStatus::Idle
-                    && !s.claiming
-                    && (by_poll || s.polls == 0)
-                    && !agent_busy(s.host_agent.as_ref()) =>
-            {
-                s.claiming = true;
-                true
-            }
-            _ => false,
+        let Some(s) = sessions.panes.get_mut(&gid) else {
+            return false;
+        };
+        if s.claiming {
+            // Whoever holds the claim must wake the others when it lets go: something may have
+            // arrived that this claimant came for.
+            s.claim_missed = true;
+            return false;
         }
+        let free = s.status == WorkerStatus::Idle
+            && (by_poll || s.polls == 0)
+            && !agent_busy(s.host_agent.as_ref());
+        s.claiming = free;
+        free
     }
 
-    /// Gives up a claim that found nothing to take.
+    /// Gives up a claim that found nothing to take, waking the pump and polls only if another
+    /// claimant was turned away meanwhile (waking them always would wake the pump itself, and
+    /// it would look at its empty queue again and again).
     pub(super) fn unclaim(&self, gid: Gid) {
         if let Some(session) = self.lock().panes.get_mut(&gid) {
             session.claiming = false;
-            session.kick();
+            if std::mem::take(&mut session.claim_missed) {
+                session.kick();
+            }
         }
     }
 
@@ -179,6 +185,7 @@ impl Gateway {
             match sessions.panes.get_mut(&gid) {
                 Some(session) => {
                     session.claiming = false;
+                    session.claim_missed = false;
                     match session.apply(SessionEvent::TaskStarted) {
                         Ok(_) => {
                             session.current = Some(task.clone());

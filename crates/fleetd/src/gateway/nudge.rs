@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fleet_core::Gid;
 use fleet_mux::tmux::{Socket, Tmux};
-use fleet_mux::{PaneHost, PaneId, Snapshot};
+use fleet_mux::{MuxError, PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
 
 use super::Gateway;
@@ -155,8 +155,8 @@ impl Gateway {
     }
 
     /// Types the nudge if the pane may be nudged ([`may_nudge`]) and the lead did not start a
-    /// call meanwhile. Returns whether it typed. A pane that cannot be looked at is forgotten
-    /// until the lead's next request names it again.
+    /// call meanwhile. Returns whether it typed. A pane that is gone is forgotten until the
+    /// lead's next request names it again.
     async fn nudge(&self, gid: Gid, target: &NudgeTarget, count: usize, lead: &LeadConfig) -> bool {
         let tmux = target.tmux();
         let pane = PaneId(target.pane.clone());
@@ -164,18 +164,27 @@ impl Gateway {
             let first = tmux.snapshot(&pane).await?;
             sleep(Duration::from_millis(lead.nudge_quiet_ms)).await;
             let second = tmux.snapshot(&pane).await?;
-            Ok::<bool, fleet_mux::MuxError>(may_nudge(&first, &second, &lead.empty_input_marker))
+            let may = may_nudge(&first, &second, &lead.empty_input_marker);
+            if !may {
+                tracing::debug!(%gid, pane = %target.pane, in_mode = second.in_mode, still = first == second, "the lead's pane is not idle: no nudge yet");
+            }
+            Ok::<bool, fleet_mux::MuxError>(may)
         };
         match idle.await {
             Ok(true) => {}
             Ok(false) => return false,
-            Err(e) => {
-                tracing::info!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane; not nudging it until the lead calls again");
+            // The pane or its server is gone: forget it until the lead names it again.
+            Err(e @ MuxError::NoPane(_)) => {
+                tracing::info!(%gid, pane = %target.pane, error = %e, "the lead's pane is gone; not nudging it until the lead calls again");
                 if let Some(state) = self.lock().leads.get_mut(&gid)
                     && state.nudge.as_ref() == Some(target)
                 {
                     state.nudge = None;
                 }
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane; trying again later");
                 return false;
             }
         }

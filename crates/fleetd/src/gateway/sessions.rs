@@ -55,6 +55,8 @@ pub(super) struct PaneSession {
     /// The pump or a poll is taking the next task off the queue: the other must not, or two
     /// tasks would be in flight at once.
     pub claiming: bool,
+    /// Someone tried to claim while the claim was held; the holder wakes them on letting go.
+    pub claim_missed: bool,
     /// Ticks on every authenticated call; the injector's proof of a submit.
     pub activity: watch::Sender<u64>,
     /// Ticks whenever the delivery pump or the readiness gate should look again.

@@ -201,6 +201,7 @@ impl Gateway {
                     current: None,
                     polls: 0,
                     claiming: false,
+                    claim_missed: false,
                     activity: watch::channel(0).0,
                     kick: watch::channel(0).0,
                     last_seen_ms: None,

@@ -87,12 +87,14 @@ impl Gateway {
         }
         let panes = match self.panes.panes().await {
             Ok(panes) => {
-                if let Some(was) = self.lock().host_down.take() {
+                let mut sessions = self.lock();
+                if let Some(was) = sessions.host_down.take() {
                     tracing::info!(was = %was, "the pane host is back");
-                    for session in self.lock().panes.values() {
+                    for session in sessions.panes.values() {
                         session.kick();
                     }
                 }
+                drop(sessions);
                 panes
             }
             Err(e @ (MuxError::Unreachable(_) | MuxError::Disconnected)) => {

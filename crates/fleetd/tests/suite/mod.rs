@@ -3,6 +3,7 @@ mod badinput;
 mod cli;
 mod delivery;
 mod durability;
+mod herdr;
 mod lifecycle;
 mod nudge;
 mod python;

@@ -1,0 +1,150 @@
+//! fleetd on herdr: the real fleetd binary driving the herdr stand-in (`fleet-herdr-standin`,
+//! herdr's protocol with the panes in tmux — a stand-in, since herdr cannot be built here),
+//! the scripted agent in its panes, the rmcp client as the lead.
+
+use std::time::Duration;
+
+use fleet_mux::AgentState;
+use fleet_mux::herdr::codec;
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::herdr::StandInProcess;
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn fleet_on_herdr() -> anyhow::Result<(StandInProcess, Fleet, Client)> {
+    let herdr = StandInProcess::start().await?;
+    let fleet = Fleet::start_herdr(&herdr.socket(), &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    Ok((herdr, fleet, lead))
+}
+
+/// What herdr shows of the pane's agent: (agent, status).
+async fn herdr_sees(herdr: &StandInProcess, pane: &str) -> Option<(String, String)> {
+    let pane = herdr.driver().call(codec::pane_get(pane)).await.ok()?;
+    Some((
+        pane["pane"]["agent"].as_str()?.to_string(),
+        pane["pane"]["agent_status"].as_str()?.to_string(),
+    ))
+}
+
+async fn roster_entry(lead: &Client, name: &str) -> anyhow::Result<Value> {
+    let list = lead.ok("fleet_list", json!({})).await?;
+    list["entities"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["name"] == name).cloned())
+        .ok_or_else(|| anyhow::anyhow!("{name} is not listed: {list}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_trip_through_herdr_with_fleetd_reporting_its_state() -> anyhow::Result<()> {
+    let (herdr, fleet, lead) = fleet_on_herdr().await?;
+    let spawned = lead.spawn("sim", "w1").await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    assert!(pane.contains(":p"), "a herdr pane id: {pane}");
+    let sent = lead.send("w1", "hello through herdr", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"],
+        "echo: hello through herdr",
+        "{sent}\n{}",
+        fleet.log()
+    );
+    // herdr does not recognise the scripted agent, so fleetd reports its session state.
+    until("fleetd to report w1 idle", LIMIT, || async {
+        herdr_sees(&herdr, &pane)
+            .await
+            .filter(|seen| *seen == ("fleetd".to_string(), "idle".to_string()))
+    })
+    .await?;
+    lead.send("w1", "/slow 3000 busy a while", 0).await?;
+    until("fleetd to report w1 working", LIMIT, || async {
+        herdr_sees(&herdr, &pane)
+            .await
+            .filter(|seen| seen.1 == "working")
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_herdr_sees_working_or_blocked_gets_no_task() -> anyhow::Result<()> {
+    let (herdr, _fleet, lead) = fleet_on_herdr().await?;
+    let pane = lead.spawn("sim", "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let detect = |state| codec::report_agent(&pane, "herdr", "claude", state);
+    // herdr recognises the agent and sees it blocked on a human: fleet_list shows it.
+    herdr.driver().call(detect(AgentState::Blocked)).await?;
+    until("fleet_list to show w1 blocked", LIMIT, || async {
+        let entry = roster_entry(&lead, "w1").await.ok()?;
+        (entry["agent_status"] == "blocked" && entry["agent"] == "claude").then_some(())
+    })
+    .await?;
+    // While herdr sees it working, a task waits in the queue.
+    herdr.driver().call(detect(AgentState::Working)).await?;
+    until("fleet_list to show w1 working", LIMIT, || async {
+        (roster_entry(&lead, "w1").await.ok()?["agent_status"] == "working").then_some(())
+    })
+    .await?;
+    let sent = lead.send("w1", "wait for me", 1).await?;
+    assert_eq!(sent["status"], "pending");
+    assert_eq!(sent["state"], "queued", "{sent}");
+    // Once herdr sees it idle, the task goes in and is answered.
+    herdr.driver().call(detect(AgentState::Idle)).await?;
+    let answers = lead.poll(20).await?;
+    assert_eq!(answers[0]["text"], "echo: wait for me", "{answers:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back() -> anyhow::Result<()>
+{
+    let (mut herdr, fleet, lead) = fleet_on_herdr().await?;
+    lead.spawn("sim", "w1").await?;
+    // A reply held for the lead before herdr goes.
+    lead.send("w1", "/slow 200 kept", 0).await?;
+    until("the reply to be held", LIMIT, || async {
+        let log = fleet.log();
+        log.contains("kind=REPLY").then_some(())
+    })
+    .await?;
+
+    herdr.kill9().await?;
+    until("w1 to read unknown", LIMIT, || async {
+        (roster_entry(&lead, "w1").await.ok()?["status"] == "unknown").then_some(())
+    })
+    .await?;
+    let started = std::time::Instant::now();
+    let refused = lead
+        .call(
+            "fleet_send",
+            json!({"to": "w1", "message": "are you there", "wait_s": 30}),
+        )
+        .await?
+        .expect_err("a send to a worker on a gone herdr");
+    assert_eq!(refused.code, "pane_host");
+    assert!(refused.message.contains("not reachable"), "{refused}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "failed slowly: {:?}",
+        started.elapsed()
+    );
+    // Nothing held was lost.
+    let held = lead.poll(0).await?;
+    assert_eq!(held[0]["text"], "echo: kept");
+
+    // herdr comes back (a fresh server: its old panes are gone): fleetd reattaches.
+    herdr.launch().await?;
+    until("w1's session to end with its pane", LIMIT, || async {
+        let names = lead.names().await.ok()?;
+        (!names.contains(&"w1".to_string())).then_some(())
+    })
+    .await?;
+    lead.spawn("sim", "w2").await?;
+    let sent = lead.send("w2", "after herdr came back", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: after herdr came back");
+    Ok(())
+}
