@@ -160,6 +160,26 @@ fn options() -> InjectOptions {
     }
 }
 
+/// Spawns `script` in a pane labelled `label` and waits until the pane shows `shown`.
+async fn spawn_showing(host: &dyn PaneHost, label: &str, script: &str, shown: &str) -> PaneId {
+    let pane = host.spawn(&spec(label, script)).await.unwrap();
+    wait_for_text(host, &pane, shown).await;
+    pane
+}
+
+/// Injects `text` into a pane whose program makes no MCP calls.
+async fn inject_quietly(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    text: &str,
+    options: &InjectOptions,
+) -> InjectOutcome {
+    let (_tx, mut activity) = watch::channel(0);
+    inject(host, pane, text, options, &mut activity)
+        .await
+        .unwrap()
+}
+
 async fn runs_argv_with_env_and_cwd(f: &Fixture) {
     let host = f.host.as_ref();
     let pane = host
@@ -182,14 +202,13 @@ async fn runs_argv_with_env_and_cwd(f: &Fixture) {
 
 async fn multi_line_pastes_arrive_bracketed(f: &Fixture) {
     let host = f.host.as_ref();
-    let pane = host
-        .spawn(&spec(
-            "paste",
-            "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(host, &pane, "ready").await;
+    let pane = spawn_showing(
+        host,
+        "paste",
+        "printf '\\033[?2004h'; stty -echo; echo ready; exec cat -v",
+        "ready",
+    )
+    .await;
     host.paste(&pane, "first line\nsecond line").await.unwrap();
     host.enter(&pane).await.unwrap();
     let text = wait_for_text(host, &pane, "second line^[[201~").await;
@@ -198,18 +217,14 @@ async fn multi_line_pastes_arrive_bracketed(f: &Fixture) {
 
 async fn injected_lines_are_verified(f: &Fixture) {
     let host = f.host.as_ref();
-    let pane = host
-        .spawn(&spec(
-            "echoer",
-            "echo ready; while read line; do echo \"got:$line\"; done",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(host, &pane, "ready").await;
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(host, &pane, "hello there", &options(), &mut activity)
-        .await
-        .unwrap();
+    let pane = spawn_showing(
+        host,
+        "echoer",
+        "echo ready; while read line; do echo \"got:$line\"; done",
+        "ready",
+    )
+    .await;
+    let outcome = inject_quietly(host, &pane, "hello there", &options()).await;
     assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
     wait_for_text(host, &pane, "got:hello there").await;
 }
@@ -222,8 +237,7 @@ async fn a_call_in_proves_a_submit(f: &Fixture) {
         "stty -echo; echo ready; while read line; do touch '{}'; done",
         flag.display()
     );
-    let pane = host.spawn(&spec("silent", &script)).await.unwrap();
-    wait_for_text(host, &pane, "ready").await;
+    let pane = spawn_showing(host, "silent", &script, "ready").await;
     let (tx, mut activity) = watch::channel(0u64);
     let caller = tokio::spawn(async move {
         until("the agent to take the line", LIMIT, || {
@@ -244,18 +258,14 @@ async fn a_call_in_proves_a_submit(f: &Fixture) {
 
 async fn an_ignored_enter_is_not_submitted(f: &Fixture) {
     let host = f.host.as_ref();
-    let pane = host
-        .spawn(&spec(
-            "deaf",
-            "stty -echo -icanon; echo ready; exec sleep 60",
-        ))
-        .await
-        .unwrap();
-    wait_for_text(host, &pane, "ready").await;
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(host, &pane, "lost", &options(), &mut activity)
-        .await
-        .unwrap();
+    let pane = spawn_showing(
+        host,
+        "deaf",
+        "stty -echo -icanon; echo ready; exec sleep 60",
+        "ready",
+    )
+    .await;
+    let outcome = inject_quietly(host, &pane, "lost", &options()).await;
     assert_eq!(outcome, InjectOutcome::NotSubmitted);
 }
 
@@ -286,28 +296,24 @@ async fn exits_are_seen_and_close_removes(f: &Fixture) {
 async fn a_marker_waits_for_an_empty_input_box(f: &Fixture) {
     let host = f.host.as_ref();
     let script = "stty -echo; while true; do printf 'EMPTY>'; read line; echo \" got:$line\"; done";
-    let pane = host.spawn(&spec("boxed", script)).await.unwrap();
-    wait_for_text(host, &pane, "EMPTY>").await;
+    let pane = spawn_showing(host, "boxed", script, "EMPTY>").await;
     let with_marker = InjectOptions {
         submitted_marker: Some("EMPTY>".into()),
         ..options()
     };
-    let (_tx, mut activity) = watch::channel(0);
-    let outcome = inject(host, &pane, "first", &with_marker, &mut activity)
-        .await
-        .unwrap();
+    let outcome = inject_quietly(host, &pane, "first", &with_marker).await;
     assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
     wait_for_text(host, &pane, "got:first").await;
 
-    let busy = host
-        .spawn(&spec("busy", "stty -echo; echo working; exec sleep 60"))
-        .await
-        .unwrap();
-    wait_for_text(host, &busy, "working").await;
+    let busy = spawn_showing(
+        host,
+        "busy",
+        "stty -echo; echo working; exec sleep 60",
+        "working",
+    )
+    .await;
     let before = host.history(&busy, 50).await.unwrap();
-    let outcome = inject(host, &busy, "second", &with_marker, &mut activity)
-        .await
-        .unwrap();
+    let outcome = inject_quietly(host, &busy, "second", &with_marker).await;
     assert_eq!(outcome, InjectOutcome::InputNotEmpty);
     assert_eq!(host.history(&busy, 50).await.unwrap(), before);
 }
