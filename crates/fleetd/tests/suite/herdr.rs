@@ -127,8 +127,9 @@ async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back() -
         .expect_err("a send to a worker on a gone herdr");
     assert_eq!(refused.code, "pane_host");
     assert!(refused.message.contains("not reachable"), "{refused}");
+    // Refused at once, not after waiting out its 30 s (the bound is loose for a busy machine).
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(10),
         "failed slowly: {:?}",
         started.elapsed()
     );
