@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Runs fleetd's whole test suite. First installs what a fresh Debian machine lacks: tmux (the
-# tests drive real tmux servers) and, in a virtualenv outside the tree, the Python `mcp` SDK
-# (a second real MCP client). Extra arguments go to the test runner.
+# tests drive real tmux servers), bubblewrap (the sandbox tests' runtime), in a virtualenv
+# outside the tree the Python `mcp` SDK (a second real MCP client), and outside the tree the
+# pinned Claude Code release from npm (real Claude Code workers, on a scripted model). Extra
+# arguments go to the test runner.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v pkill >/dev/null 2>&1 || missing+=(procps)
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
   sudo=""
@@ -22,6 +26,15 @@ if ! "$venv/bin/python" -c 'import mcp' >/dev/null 2>&1; then
   "$venv/bin/pip" install --quiet 'mcp==2.3.0'
 fi
 export FLEET_TEST_PYTHON="$venv/bin/python"
+
+claude_version="2.1.332"
+npm_dir="${FLEET_TEST_NPM:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetd/npm}"
+claude="$npm_dir/node_modules/.bin/claude"
+if ! "$claude" --version 2>/dev/null | grep -q "^$claude_version "; then
+  npm install --prefix "$npm_dir" --no-fund --no-audit --loglevel=error \
+    "@anthropic-ai/claude-code@$claude_version"
+fi
+export FLEET_TEST_CLAUDE="$claude"
 
 # The tests start the workspace's binaries (fleetd, fleet-agent-sim): build them all first.
 cargo build --workspace --bins

@@ -50,6 +50,22 @@ pub fn sim_profile(name: &str, args: &[&str]) -> anyhow::Result<String> {
     ))
 }
 
+/// The real Claude Code binary the tests drive: `FLEET_TEST_CLAUDE` (set by `./test.sh`, which
+/// installs the pinned version from npm), else `claude` on `PATH`.
+pub fn claude_binary() -> String {
+    std::env::var("FLEET_TEST_CLAUDE").unwrap_or_else(|_| "claude".into())
+}
+
+/// A `[[profiles]]` block for a real Claude Code worker in an isolated home, its model the
+/// scripted one at `base_url` (see [`crate::model`]).
+pub fn claude_profile(name: &str, base_url: &str) -> String {
+    format!(
+        "[[profiles]]\nname = \"{name}\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
+        claude_binary(),
+        std::env::temp_dir().display().to_string()
+    )
+}
+
 /// A `[[profiles]]` block for a worker that writes its bearer token to `file` and then only
 /// sits there (ready by its screen marker): lets a test act as that worker's MCP client.
 pub fn token_spy_profile(name: &str, file: &Path) -> String {

@@ -7,6 +7,7 @@ pub mod bins;
 pub mod client;
 pub mod fleet;
 pub mod herdr;
+pub mod model;
 pub mod sim;
 pub mod standin;
 pub mod wait;

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod gateway;
 pub mod http;
+pub mod launch;
 pub mod mcp;
 pub mod mux;
 pub mod serve;

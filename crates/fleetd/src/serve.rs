@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::http::{AllowedHosts, app};
+use crate::launch::Launchers;
 use crate::mux::{MuxChoice, choose};
 use crate::state::StateDir;
 
@@ -167,6 +169,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         url.clone(),
         Arc::new(store),
         panes.pane_host(),
+        Launchers::new(
+            state.root().join("workers"),
+            std::env::var_os("HOME").map(PathBuf::from),
+        ),
         shutdown.child_token(),
     );
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -230,9 +230,9 @@ impl Gateway {
         };
         let from_name = self.name_of(task.from).await;
         let options = InjectOptions {
-            enter_pause: Duration::from_millis(profile.enter_pause_ms),
+            enter_pause: profile.enter_pause(),
             verify_window: Duration::from_millis(profile.submit_verify_ms),
-            submitted_marker: profile.submitted_marker.clone(),
+            submitted_marker: profile.submitted_marker(),
         };
         let text = pane_text(&task, &from_name);
         let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;

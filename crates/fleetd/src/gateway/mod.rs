@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::launch::Launchers;
 
 pub use messages::{Delivered, PollResult, ReplyResult, SendResult};
 pub use nudge::NudgeTarget;
@@ -44,6 +45,8 @@ pub struct Gateway {
     store: Arc<dyn Store>,
     /// Where the panes live.
     panes: Arc<dyn PaneHost>,
+    /// How profiles become panes.
+    launchers: Arc<Launchers>,
     /// Live sessions and leads; a std mutex, never held across an await.
     sessions: Mutex<Sessions>,
     /// Per-entity inbox versions: bumped whenever a message is held for the entity, so a
@@ -70,6 +73,7 @@ impl Gateway {
         mcp_url: String,
         store: Arc<dyn Store>,
         panes: Arc<dyn PaneHost>,
+        launchers: Launchers,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -78,6 +82,7 @@ impl Gateway {
             mcp_url,
             store,
             panes,
+            launchers: Arc::new(launchers),
             sessions: Mutex::new(Sessions::default()),
             inboxes: Mutex::new(HashMap::new()),
             shutdown,

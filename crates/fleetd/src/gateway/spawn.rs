@@ -1,7 +1,7 @@
 //! Session lifecycle: spawn behind the readiness gate, stop, the end of a session however it
 //! comes, and the start-up reap of what a previous run left behind.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sessions::{PaneSession, now_ms};
 use super::{Caller, Gateway};
+use crate::launch::Worker;
 use crate::token;
 
 /// How often the readiness gate looks for the ready marker on screen.
@@ -228,17 +229,37 @@ impl Gateway {
         self.db(move |s| s.put_token(gid, &hash, true)).await?;
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
 
-        let mut env: BTreeMap<String, String> = profile.env.clone();
-        env.insert("FLEET_MCP_URL".into(), self.mcp_url.clone());
-        env.insert("FLEET_TOKEN".into(), secret);
-        env.insert("FLEET_GID".into(), gid.to_string());
-        env.insert("FLEET_NAME".into(), name.clone());
-        env.insert("FLEET_HOST".into(), self.host_id.clone());
+        let worker = Worker {
+            gid,
+            name: name.clone(),
+            host: self.host_id.clone(),
+            token: secret,
+            mcp_url: self.mcp_url.clone(),
+            cwd,
+            dir: self.launchers.dir_of(gid),
+        };
+        let launch = {
+            let (launchers, for_launch, worker) = (
+                Arc::clone(&self.launchers),
+                Arc::clone(&profile),
+                worker.clone(),
+            );
+            tokio::task::spawn_blocking(move || launchers.prepare(&for_launch, &worker))
+                .await
+                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
+                .map_err(|e| {
+                    FleetError::internal(format!(
+                        "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
+                        profile.name,
+                        profile.kind.as_str()
+                    ))
+                })?
+        };
         let spec = PaneSpec {
             label: name.clone(),
-            argv: profile.argv.clone(),
-            env,
-            cwd,
+            argv: launch.argv,
+            env: launch.env,
+            cwd: worker.cwd,
         };
         let pane = self.panes.spawn(&spec).await.map_err(|e| {
             FleetError::new(
@@ -439,6 +460,7 @@ impl Gateway {
         {
             tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
+        self.launchers.finish(gid).await;
         self.lock().prune_gone(MAX_GONE_KEPT);
         self.forget_inbox(gid);
     }
@@ -495,6 +517,7 @@ impl Gateway {
                 tracing::warn!(%pane, error = %e, "cannot close a previous run's pane");
             }
         }
+        self.launchers.finish_leftovers().await;
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 mod auth;
 mod badinput;
+mod claude;
 mod cli;
 mod delivery;
 mod durability;
@@ -7,3 +8,4 @@ mod herdr;
 mod lifecycle;
 mod nudge;
 mod python;
+mod sandbox;

@@ -12,6 +12,10 @@ use fleet_core::entity::validate_name;
 use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
 use serde::Deserialize;
 
+mod profile;
+
+pub use profile::{ProfileConfig, ProfileKind, SANDBOX_PLACEHOLDERS};
+
 /// The default address of the MCP endpoint: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
 /// The name of the lead fleetd declares when the config declares none.
@@ -22,16 +26,12 @@ pub const DEFAULT_PROFILE: &str = "sim";
 pub const SIM_BINARY: &str = "fleet-agent-sim";
 /// How many days settled messages are kept, by default.
 const DEFAULT_KEEP_MESSAGES_DAYS: u64 = 7;
-/// How long a spawned worker has to call in, by default.
-const DEFAULT_READY_TIMEOUT_S: u64 = 30;
-/// How long to watch for a submit after each Enter, by default.
-const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 /// The least time between two nudges into a lead's pane, by default.
 const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
 /// Claude Code's empty input box: `❯` and a no-break space.
 pub const CLAUDE_EMPTY_INPUT: &str = "❯\u{a0}";
 /// The longest any configured wait may be, in seconds (a day): longer is a typo.
-const MAX_WAIT_S: u64 = 86_400;
+pub(crate) const MAX_WAIT_S: u64 = 86_400;
 /// How long a lead's pane must hold still to count as idle for a nudge, by default.
 const DEFAULT_NUDGE_QUIET_MS: u64 = 1_000;
 
@@ -182,58 +182,6 @@ impl Default for LeadConfig {
     }
 }
 
-/// How a profile's program is launched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProfileKind {
-    /// Any terminal program, run as its argv.
-    Command,
-}
-
-/// `[[profiles]]`
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProfileConfig {
-    /// The profile's name, as `fleet_spawn{profile}` names it.
-    pub name: String,
-    /// How it is launched.
-    pub kind: ProfileKind,
-    /// The program and its arguments.
-    pub argv: Vec<String>,
-    /// Extra environment.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Working directory; fleetd's own when unset. A spawn may override it.
-    #[serde(default)]
-    pub cwd: Option<PathBuf>,
-    /// Broadcast groups every worker of this profile joins.
-    #[serde(default)]
-    pub groups: Vec<String>,
-    /// How long a new worker has to call in (or show `ready_marker`).
-    #[serde(default = "default_ready_timeout_s")]
-    pub ready_timeout_s: u64,
-    /// Text whose appearance on screen also counts as ready (for programs that never call in).
-    #[serde(default)]
-    pub ready_marker: Option<String>,
-    /// Pause between paste and Enter.
-    #[serde(default)]
-    pub enter_pause_ms: u64,
-    /// How long to watch for the submit after each Enter.
-    #[serde(default = "default_submit_verify_ms")]
-    pub submit_verify_ms: u64,
-    /// Text the program shows when its input is empty again; proves a submit.
-    #[serde(default)]
-    pub submitted_marker: Option<String>,
-}
-
-fn default_ready_timeout_s() -> u64 {
-    DEFAULT_READY_TIMEOUT_S
-}
-
-fn default_submit_verify_ms() -> u64 {
-    DEFAULT_SUBMIT_VERIFY_MS
-}
-
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -272,19 +220,10 @@ impl Config {
                 .insert(DEFAULT_LEAD.into(), LeadConfig::default());
         }
         if self.profiles.is_empty() {
-            self.profiles.push(ProfileConfig {
-                name: DEFAULT_PROFILE.into(),
-                kind: ProfileKind::Command,
-                argv: vec![sim_binary().display().to_string()],
-                env: BTreeMap::new(),
-                cwd: None,
-                groups: Vec::new(),
-                ready_timeout_s: DEFAULT_READY_TIMEOUT_S,
-                ready_marker: None,
-                enter_pause_ms: 0,
-                submit_verify_ms: DEFAULT_SUBMIT_VERIFY_MS,
-                submitted_marker: None,
-            });
+            self.profiles.push(ProfileConfig::command(
+                DEFAULT_PROFILE,
+                vec![sim_binary().display().to_string()],
+            ));
         }
     }
 
@@ -347,45 +286,9 @@ impl Config {
         }
         let mut seen = std::collections::BTreeSet::new();
         for profile in &self.profiles {
-            let name = &profile.name;
-            named("profile", name)?;
-            if !seen.insert(name.as_str()) {
-                return Err(format!("profile '{name}' is declared twice"));
-            }
-            if profile
-                .argv
-                .first()
-                .is_none_or(|program| program.trim().is_empty())
-            {
-                return Err(format!("profiles '{name}': argv must name a program"));
-            }
-            for group in &profile.groups {
-                named(&format!("profiles '{name}' groups entry"), group)?;
-            }
-            within(
-                &format!("profiles '{name}': ready_timeout_s"),
-                profile.ready_timeout_s,
-                1,
-                MAX_WAIT_S,
-            )?;
-            within(
-                &format!("profiles '{name}': submit_verify_ms"),
-                profile.submit_verify_ms,
-                1,
-                MAX_WAIT_S * 1000,
-            )?;
-            within(
-                &format!("profiles '{name}': enter_pause_ms"),
-                profile.enter_pause_ms,
-                0,
-                MAX_WAIT_S * 1000,
-            )?;
-            for key in profile.env.keys() {
-                if key.is_empty() || key.contains('=') || key.starts_with("FLEET_") {
-                    return Err(format!(
-                        "profiles '{name}': env key '{key}' is not allowed (empty, has '=', or is one of fleetd's own FLEET_* variables)"
-                    ));
-                }
+            profile.validate()?;
+            if !seen.insert(profile.name.as_str()) {
+                return Err(format!("profile '{}' is declared twice", profile.name));
             }
         }
         Ok(())
@@ -398,7 +301,7 @@ impl Config {
 }
 
 /// Checks that `value` (the key `what`) lies in `min..=max`.
-fn within(what: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+pub(crate) fn within(what: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
@@ -467,8 +370,52 @@ mod tests {
         assert!(!config.leads.contains_key(DEFAULT_LEAD));
         let echo = config.profile("echo").unwrap();
         assert_eq!(echo.argv[2], "echo");
-        assert_eq!(echo.submit_verify_ms, DEFAULT_SUBMIT_VERIFY_MS);
+        assert_eq!(echo.submit_verify_ms, profile::DEFAULT_SUBMIT_VERIFY_MS);
         assert!(config.profile(DEFAULT_PROFILE).is_none());
+    }
+
+    #[test]
+    fn agent_kinds_bring_their_programs_and_screen_habits() {
+        let config = parse(
+            r#"
+            [[profiles]]
+            name = "claude"
+            kind = "claude-code"
+            base_url = "http://127.0.0.1:4000"
+            idle_ttl_s = 1800
+            context_cap = 20
+            [[profiles]]
+            name = "oc"
+            kind = "opencode"
+            [[profiles]]
+            name = "box"
+            kind = "sandbox"
+            role = "backend"
+            image = "fleet/backend:latest"
+            runtime = ["docker", "run", "--rm", "-it", "--name", "{name}", "-e", "FLEET_TOKEN", "{image}"]
+            teardown = ["docker", "rm", "-f", "{name}"]
+            agent_kind = "claude-code"
+            "#,
+        )
+        .unwrap();
+        let claude = config.profile("claude").unwrap();
+        assert_eq!(claude.program(), ["claude"]);
+        assert_eq!(claude.enter_pause().as_millis(), 300);
+        assert_eq!(
+            claude.submitted_marker().as_deref(),
+            Some(CLAUDE_EMPTY_INPUT)
+        );
+        assert_eq!(claude.idle_ttl().map(|t| t.as_secs()), Some(1800));
+        assert_eq!(config.profile("oc").unwrap().program(), ["opencode"]);
+        let sandboxed = config.profile("box").unwrap();
+        assert_eq!(sandboxed.program(), ["claude"]);
+        assert_eq!(
+            sandboxed.submitted_marker().as_deref(),
+            Some(CLAUDE_EMPTY_INPUT)
+        );
+        let command = ProfileConfig::command("c", vec!["x".into()]);
+        assert_eq!(command.enter_pause().as_millis(), 0);
+        assert_eq!(command.submitted_marker(), None);
     }
 
     #[test]
@@ -521,6 +468,46 @@ mod tests {
                 "ready_timeout_s is 99999999999",
             ),
             ("[leads.x]\nnudge_interval_s = 0\n", "nudge_interval_s is 0"),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nbase_url=\"http://m\"\n",
+                "base_url applies to claude-code and opencode profiles",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"claude-code\"\nbase_url=\"file:///x\"\n",
+                "must be an http:// or https:// URL",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"claude-code\"\nenv={ANTHROPIC_BASE_URL=\"http://m\"}\n",
+                "with base_url, not env",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"opencode\"\nisolated_home=true\n",
+                "isolated_home applies to claude-code",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nruntime=[\"docker\"]\n",
+                "runtime applies to sandbox profiles",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"sandbox\"\nagent=[\"x\"]\n",
+                "runtime must name",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"sandbox\"\nruntime=[\"bwrap\"]\n",
+                "agent must name a program",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"sandbox\"\nruntime=[\"docker\", \"{imag}\"]\nagent=[\"x\"]\n",
+                "unknown placeholder {imag}",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"sandbox\"\nruntime=[\"docker\", \"{image}\"]\nagent=[\"x\"]\n",
+                "uses {image} but the profile sets no image",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\ncontext_cap=0\n",
+                "context_cap is 0",
+            ),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -1,0 +1,356 @@
+//! `[[profiles]]`: how a worker is launched. Its kind picks the launcher (see
+//! [`crate::launch`]); settings a kind has a better default for (Claude Code's pause before
+//! Enter and its empty input box) fall back to the kind's.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fleet_core::entity::validate_name;
+use serde::Deserialize;
+
+use super::{CLAUDE_EMPTY_INPUT, MAX_WAIT_S, within};
+
+/// How long a spawned worker has to call in, by default.
+pub(super) const DEFAULT_READY_TIMEOUT_S: u64 = 30;
+/// How long to watch for a submit after each Enter, by default.
+pub(super) const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
+/// Claude Code takes text followed at once by Enter as a paste: the Enter must come later.
+const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
+/// The most tasks a `context_cap` may allow.
+const MAX_CONTEXT_CAP: u64 = 1_000_000;
+/// The placeholders a sandbox's `runtime` and `teardown` may use.
+pub const SANDBOX_PLACEHOLDERS: [&str; 8] = [
+    "name", "gid", "host", "image", "role", "mcp_url", "token", "workdir",
+];
+
+/// How a profile's program is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileKind {
+    /// Any terminal program, run as its argv.
+    Command,
+    /// Claude Code, with its MCP config, environment and reply charter set up by fleetd.
+    ClaudeCode,
+    /// OpenCode, through a config file of fleetd's making.
+    Opencode,
+    /// An agent inside a sandbox runtime (docker, podman, bubblewrap …).
+    Sandbox,
+}
+
+impl ProfileKind {
+    /// How the kind reads in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProfileKind::Command => "command",
+            ProfileKind::ClaudeCode => "claude-code",
+            ProfileKind::Opencode => "opencode",
+            ProfileKind::Sandbox => "sandbox",
+        }
+    }
+
+    /// The program the kind runs when the profile names none.
+    fn default_program(self) -> Option<&'static str> {
+        match self {
+            ProfileKind::ClaudeCode => Some("claude"),
+            ProfileKind::Opencode => Some("opencode"),
+            ProfileKind::Command | ProfileKind::Sandbox => None,
+        }
+    }
+}
+
+/// `[[profiles]]`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    /// The profile's name, as `fleet_spawn{profile}` names it.
+    pub name: String,
+    /// How it is launched.
+    pub kind: ProfileKind,
+    /// The program and its arguments (`claude` / `opencode` for those kinds when empty; a
+    /// sandbox names its agent in `agent` instead).
+    #[serde(default)]
+    pub argv: Vec<String>,
+    /// Extra environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; fleetd's own when unset. A spawn may override it.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Broadcast groups every worker of this profile joins.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// The role its workers play (an opaque reference, `{role}` in a sandbox template).
+    #[serde(default)]
+    pub role: Option<String>,
+    /// How long a new worker has to call in (or show `ready_marker`).
+    #[serde(default = "default_ready_timeout_s")]
+    pub ready_timeout_s: u64,
+    /// Text whose appearance on screen also counts as ready (for programs that never call in).
+    #[serde(default)]
+    pub ready_marker: Option<String>,
+    /// Pause between paste and Enter (claude-code: 300 ms when unset, else 0).
+    #[serde(default)]
+    pub enter_pause_ms: Option<u64>,
+    /// How long to watch for the submit after each Enter.
+    #[serde(default = "default_submit_verify_ms")]
+    pub submit_verify_ms: u64,
+    /// Text the program shows when its input is empty again; proves a submit (claude-code:
+    /// its empty input box when unset).
+    #[serde(default)]
+    pub submitted_marker: Option<String>,
+    /// A worker idle this long is stopped.
+    #[serde(default)]
+    pub idle_ttl_s: Option<u64>,
+    /// After this many tasks a worker is recycled: a fresh session under the same name.
+    #[serde(default)]
+    pub context_cap: Option<u64>,
+    /// claude-code / opencode: the model endpoint (`ANTHROPIC_BASE_URL`). Only the config sets
+    /// it; no tool call can.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// claude-code: a private, seeded `HOME` instead of the user's own login and settings.
+    #[serde(default)]
+    pub isolated_home: bool,
+    /// sandbox: the image (or other reference) for `{image}`; fleetd never builds it.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// sandbox: the runtime's argv template; the agent's argv is appended to it.
+    #[serde(default)]
+    pub runtime: Vec<String>,
+    /// sandbox: an argv run when the worker's pane goes.
+    #[serde(default)]
+    pub teardown: Vec<String>,
+    /// sandbox: the agent's argv inside the sandbox.
+    #[serde(default)]
+    pub agent: Vec<String>,
+    /// sandbox: how the agent inside is set up (`command`, `claude-code`, `opencode`).
+    #[serde(default)]
+    pub agent_kind: Option<ProfileKind>,
+}
+
+fn default_ready_timeout_s() -> u64 {
+    DEFAULT_READY_TIMEOUT_S
+}
+
+fn default_submit_verify_ms() -> u64 {
+    DEFAULT_SUBMIT_VERIFY_MS
+}
+
+impl ProfileConfig {
+    /// A `command` profile running `argv`, every other key at its default.
+    pub fn command(name: &str, argv: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            kind: ProfileKind::Command,
+            argv,
+            env: BTreeMap::new(),
+            cwd: None,
+            groups: Vec::new(),
+            role: None,
+            ready_timeout_s: DEFAULT_READY_TIMEOUT_S,
+            ready_marker: None,
+            enter_pause_ms: None,
+            submit_verify_ms: DEFAULT_SUBMIT_VERIFY_MS,
+            submitted_marker: None,
+            idle_ttl_s: None,
+            context_cap: None,
+            base_url: None,
+            isolated_home: false,
+            image: None,
+            runtime: Vec::new(),
+            teardown: Vec::new(),
+            agent: Vec::new(),
+            agent_kind: None,
+        }
+    }
+
+    /// The kind of program in the pane: a sandbox's agent kind, else the profile's own.
+    pub fn agent_kind(&self) -> ProfileKind {
+        match self.kind {
+            ProfileKind::Sandbox => self.agent_kind.unwrap_or(ProfileKind::Command),
+            kind => kind,
+        }
+    }
+
+    /// The agent's argv: the profile's (a sandbox's `agent`), else its kind's program.
+    pub fn program(&self) -> Vec<String> {
+        let given = match self.kind {
+            ProfileKind::Sandbox => &self.agent,
+            _ => &self.argv,
+        };
+        if given.is_empty()
+            && let Some(program) = self.agent_kind().default_program()
+        {
+            return vec![program.into()];
+        }
+        given.clone()
+    }
+
+    /// The pause between paste and Enter.
+    pub fn enter_pause(&self) -> Duration {
+        let default = match self.agent_kind() {
+            ProfileKind::ClaudeCode => CLAUDE_ENTER_PAUSE_MS,
+            _ => 0,
+        };
+        Duration::from_millis(self.enter_pause_ms.unwrap_or(default))
+    }
+
+    /// The text that shows the program's input is empty, if known.
+    pub fn submitted_marker(&self) -> Option<String> {
+        self.submitted_marker.clone().or_else(|| {
+            (self.agent_kind() == ProfileKind::ClaudeCode).then(|| CLAUDE_EMPTY_INPUT.to_string())
+        })
+    }
+
+    /// How long an idle worker lives.
+    pub fn idle_ttl(&self) -> Option<Duration> {
+        self.idle_ttl_s.map(Duration::from_secs)
+    }
+
+    /// Checks what the parser cannot; errors name the profile and the key.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let name = &self.name;
+        let key = |k: &str| format!("profiles '{name}': {k}");
+        let named = |what: &str, value: &str| validate_name(what, value).map_err(|e| e.message);
+        named("profile", name)?;
+        for group in &self.groups {
+            named(&key("groups entry"), group)?;
+        }
+        if let Some(role) = &self.role {
+            named(&key("role"), role)?;
+        }
+        within(&key("ready_timeout_s"), self.ready_timeout_s, 1, MAX_WAIT_S)?;
+        within(
+            &key("submit_verify_ms"),
+            self.submit_verify_ms,
+            1,
+            MAX_WAIT_S * 1000,
+        )?;
+        if let Some(pause) = self.enter_pause_ms {
+            within(&key("enter_pause_ms"), pause, 0, MAX_WAIT_S * 1000)?;
+        }
+        if let Some(ttl) = self.idle_ttl_s {
+            within(&key("idle_ttl_s"), ttl, 1, MAX_WAIT_S * 365)?;
+        }
+        if let Some(cap) = self.context_cap {
+            within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;
+        }
+        for env in self.env.keys() {
+            if env.is_empty() || env.contains('=') || env.starts_with("FLEET_") {
+                return Err(key(&format!(
+                    "env key '{env}' is not allowed (empty, has '=', or is one of fleetd's own FLEET_* variables)"
+                )));
+            }
+        }
+        self.validate_kind()
+    }
+
+    /// The keys that belong to some kinds only, and what each kind needs.
+    fn validate_kind(&self) -> Result<(), String> {
+        let name = &self.name;
+        let kind = self.kind.as_str();
+        let sandbox = self.kind == ProfileKind::Sandbox;
+        let only = |set: bool, key: &str, kinds: &str| {
+            if set {
+                Err(format!(
+                    "profiles '{name}': {key} applies to {kinds} profiles, not to kind \"{kind}\""
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let agent = self.agent_kind();
+        let model_agent = matches!(agent, ProfileKind::ClaudeCode | ProfileKind::Opencode);
+        only(
+            self.base_url.is_some() && !model_agent,
+            "base_url",
+            "claude-code and opencode",
+        )?;
+        only(
+            self.isolated_home && agent != ProfileKind::ClaudeCode,
+            "isolated_home",
+            "claude-code",
+        )?;
+        for (set, key) in [
+            (self.image.is_some(), "image"),
+            (!self.runtime.is_empty(), "runtime"),
+            (!self.teardown.is_empty(), "teardown"),
+            (!self.agent.is_empty(), "agent"),
+            (self.agent_kind.is_some(), "agent_kind"),
+        ] {
+            only(set && !sandbox, key, "sandbox")?;
+        }
+        if let Some(url) = &self.base_url {
+            let parsed = url::Url::parse(url)
+                .map_err(|e| format!("profiles '{name}': base_url '{url}' is not a URL: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(format!(
+                    "profiles '{name}': base_url '{url}' must be an http:// or https:// URL"
+                ));
+            }
+        }
+        if model_agent && self.env.contains_key("ANTHROPIC_BASE_URL") {
+            return Err(format!(
+                "profiles '{name}': set the model endpoint with base_url, not env ANTHROPIC_BASE_URL"
+            ));
+        }
+        if sandbox {
+            if !self.argv.is_empty() {
+                return Err(format!(
+                    "profiles '{name}': a sandbox names its agent's argv in agent and its runtime's in runtime, not argv"
+                ));
+            }
+            if self.runtime.first().is_none_or(|p| p.trim().is_empty()) {
+                return Err(format!(
+                    "profiles '{name}': runtime must name the sandbox runtime's program (e.g. [\"docker\", \"run\", …])"
+                ));
+            }
+            if self.agent_kind == Some(ProfileKind::Sandbox) {
+                return Err(format!(
+                    "profiles '{name}': agent_kind cannot be \"sandbox\""
+                ));
+            }
+            for (key, argv) in [("runtime", &self.runtime), ("teardown", &self.teardown)] {
+                for word in argv {
+                    self.check_placeholders(key, word)?;
+                }
+            }
+        }
+        if self.program().first().is_none_or(|p| p.trim().is_empty()) {
+            let key = if sandbox { "agent" } else { "argv" };
+            return Err(format!("profiles '{name}': {key} must name a program"));
+        }
+        Ok(())
+    }
+
+    /// Every `{…}` in `word` must be a known placeholder with a value.
+    fn check_placeholders(&self, key: &str, word: &str) -> Result<(), String> {
+        let name = &self.name;
+        let mut rest = word;
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let Some(close) = after.find('}') else {
+                return Err(format!(
+                    "profiles '{name}': {key} entry '{word}' has a '{{' without '}}'"
+                ));
+            };
+            let placeholder = &after[..close];
+            if !SANDBOX_PLACEHOLDERS.contains(&placeholder) {
+                return Err(format!(
+                    "profiles '{name}': {key} entry '{word}' names an unknown placeholder {{{placeholder}}} (known: {})",
+                    SANDBOX_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                ));
+            }
+            if (placeholder == "image" && self.image.is_none())
+                || (placeholder == "role" && self.role.is_none())
+            {
+                return Err(format!(
+                    "profiles '{name}': {key} uses {{{placeholder}}} but the profile sets no {placeholder}"
+                ));
+            }
+            rest = &after[close + 1..];
+        }
+        Ok(())
+    }
+}

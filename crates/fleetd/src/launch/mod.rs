@@ -1,0 +1,266 @@
+//! Launchers: how a profile becomes the argv, environment and files of a worker's pane.
+//!
+//! Every launch starts from the profile's program and environment plus fleetd's own
+//! `FLEET_*` variables; the launcher of the agent's kind ([`PeerLauncher`]) adds what that
+//! agent needs (its MCP config, model endpoint, reply charter); a sandbox profile's runtime
+//! template is then wrapped around the result. Files a launch writes live in the worker's own
+//! directory (`<state>/workers/<gid>`, user-only), removed when the session ends; a sandbox's
+//! teardown is kept there too, so a restart after a crash can still run it.
+
+mod claude;
+mod opencode;
+mod sandbox;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleet_core::Gid;
+
+use crate::config::{ProfileConfig, ProfileKind};
+
+/// How long a sandbox's teardown may run.
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// The file in a worker's directory that keeps its teardown argv.
+const TEARDOWN_FILE: &str = "teardown.json";
+
+/// What every agent is told about answering (appended to its system prompt or instructions).
+pub fn charter(name: &str) -> String {
+    format!(
+        "You are '{name}', a worker in a fleet run by fleetd. Every message typed to you is a task \
+         from your lead. When a task is done, call the fleet_reply tool with your answer: only \
+         what you pass to fleet_reply reaches the lead, never what you only write on screen. If \
+         you need a decision from the lead in the middle of a task, call fleet_ask with your \
+         question; it returns the lead's answer, or says nobody is waiting, in which case decide \
+         yourself and say so in your reply."
+    )
+}
+
+/// The worker a launch is for.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    /// Its gid.
+    pub gid: Gid,
+    /// Its name.
+    pub name: String,
+    /// This gateway's host id.
+    pub host: String,
+    /// Its bearer token.
+    pub token: String,
+    /// The MCP URL it reaches fleetd at (the advertised one).
+    pub mcp_url: String,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Its private directory for the files of its launch.
+    pub dir: PathBuf,
+}
+
+/// What goes into the pane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The argv.
+    pub argv: Vec<String>,
+    /// The environment (on top of the pane host's).
+    pub env: BTreeMap<String, String>,
+    /// An argv to run when the pane goes.
+    pub teardown: Option<Vec<String>>,
+}
+
+/// One way of launching: adds to a launch what its kind of agent needs.
+pub trait PeerLauncher: Send + Sync {
+    /// Turns `launch` (the program, its environment) into the launch of `profile`'s agent for
+    /// `worker`, writing any files it needs into `worker.dir`.
+    fn prepare(
+        &self,
+        profile: &ProfileConfig,
+        worker: &Worker,
+        launch: Launch,
+    ) -> std::io::Result<Launch>;
+}
+
+/// A launcher that runs the argv as it is.
+struct CommandLauncher;
+
+impl PeerLauncher for CommandLauncher {
+    fn prepare(&self, _: &ProfileConfig, _: &Worker, launch: Launch) -> std::io::Result<Launch> {
+        Ok(launch)
+    }
+}
+
+/// The launchers by kind, and the workers' directories.
+pub struct Launchers {
+    /// `<state>/workers`.
+    root: PathBuf,
+    command: CommandLauncher,
+    claude: claude::ClaudeLauncher,
+    opencode: opencode::OpencodeLauncher,
+    sandbox: sandbox::SandboxLauncher,
+}
+
+impl Launchers {
+    /// The launchers, keeping workers' files under `root`. `user_home` is the user's home, whose
+    /// Claude Code settings a non-isolated claude-code worker uses.
+    pub fn new(root: PathBuf, user_home: Option<PathBuf>) -> Self {
+        Self {
+            root,
+            command: CommandLauncher,
+            claude: claude::ClaudeLauncher::new(user_home),
+            opencode: opencode::OpencodeLauncher,
+            sandbox: sandbox::SandboxLauncher,
+        }
+    }
+
+    /// The private directory of worker `gid`.
+    pub fn dir_of(&self, gid: Gid) -> PathBuf {
+        self.root.join(gid.to_string())
+    }
+
+    fn agent_launcher(&self, kind: ProfileKind) -> &dyn PeerLauncher {
+        match kind {
+            ProfileKind::Command | ProfileKind::Sandbox => &self.command,
+            ProfileKind::ClaudeCode => &self.claude,
+            ProfileKind::Opencode => &self.opencode,
+        }
+    }
+
+    /// Prepares the launch of `profile` for `worker` (whose `dir` is made here).
+    pub fn prepare(&self, profile: &ProfileConfig, worker: &Worker) -> std::io::Result<Launch> {
+        private_dir(&worker.dir)?;
+        let mut env = profile.env.clone();
+        env.insert("FLEET_MCP_URL".into(), worker.mcp_url.clone());
+        env.insert("FLEET_TOKEN".into(), worker.token.clone());
+        env.insert("FLEET_GID".into(), worker.gid.to_string());
+        env.insert("FLEET_NAME".into(), worker.name.clone());
+        env.insert("FLEET_HOST".into(), worker.host.clone());
+        let launch = Launch {
+            argv: profile.program(),
+            env,
+            teardown: None,
+        };
+        let mut launch = self
+            .agent_launcher(profile.agent_kind())
+            .prepare(profile, worker, launch)?;
+        if profile.kind == ProfileKind::Sandbox {
+            launch = self.sandbox.prepare(profile, worker, launch)?;
+        }
+        if let Some(teardown) = &launch.teardown {
+            private_file(
+                &worker.dir.join(TEARDOWN_FILE),
+                serde_json::to_string(teardown)?.as_bytes(),
+            )?;
+        }
+        Ok(launch)
+    }
+
+    /// After a worker's pane went: runs its teardown (if any) and removes its directory.
+    pub async fn finish(&self, gid: Gid) {
+        finish_dir(&self.dir_of(gid)).await;
+    }
+
+    /// At start-up: finishes what a previous run left (its workers' teardowns, their files).
+    pub async fn finish_leftovers(&self) {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            tracing::info!(dir = %entry.path().display(), "finishing a previous run's worker");
+            finish_dir(&entry.path()).await;
+        }
+    }
+}
+
+/// Runs the teardown kept in `dir`, then removes `dir`.
+async fn finish_dir(dir: &Path) {
+    if let Ok(text) = fs::read_to_string(dir.join(TEARDOWN_FILE)) {
+        match serde_json::from_str::<Vec<String>>(&text) {
+            Ok(argv) => run_teardown(&argv).await,
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "unreadable teardown"),
+        }
+    }
+    if let Err(e) = fs::remove_dir_all(dir)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a worker's files");
+    }
+}
+
+async fn run_teardown(argv: &[String]) {
+    let Some((program, args)) = argv.split_first() else {
+        return;
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match tokio::time::timeout(TEARDOWN_TIMEOUT, command.output()).await {
+        Ok(Ok(output)) if output.status.success() => {
+            tracing::info!(?argv, "ran a sandbox's teardown");
+        }
+        Ok(Ok(output)) => tracing::warn!(
+            ?argv,
+            status = %output.status,
+            stderr = %String::from_utf8_lossy(&output.stderr).trim(),
+            "a sandbox's teardown failed"
+        ),
+        Ok(Err(e)) => tracing::warn!(?argv, error = %e, "cannot run a sandbox's teardown"),
+        Err(_) => tracing::warn!(?argv, "a sandbox's teardown timed out"),
+    }
+}
+
+/// Makes `dir` (and its parents), readable by the user only.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Writes `bytes` to a new file at `path` readable by the user only.
+fn private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(super) fn worker(dir: &Path) -> Worker {
+        Worker {
+            gid: Gid::mint(),
+            name: "w1".into(),
+            host: "testhost".into(),
+            token: "secret-token".into(),
+            mcp_url: "http://127.0.0.1:9/mcp".into(),
+            cwd: dir.to_path_buf(),
+            dir: dir.join("w1"),
+        }
+    }
+
+    #[test]
+    fn a_command_runs_as_given_with_fleet_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let launchers = Launchers::new(dir.path().join("workers"), None);
+        let profile = ProfileConfig::command("p", vec!["prog".into(), "--x".into()]);
+        let w = worker(dir.path());
+        let launch = launchers.prepare(&profile, &w).unwrap();
+        assert_eq!(launch.argv, ["prog", "--x"]);
+        assert_eq!(launch.env["FLEET_TOKEN"], "secret-token");
+        assert_eq!(launch.env["FLEET_NAME"], "w1");
+        assert_eq!(launch.teardown, None);
+        let mode = fs::metadata(&w.dir).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o700
+        );
+    }
+}

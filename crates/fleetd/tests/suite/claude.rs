@@ -1,0 +1,58 @@
+//! Real Claude Code workers (the pinned npm release `./test.sh` installs), spawned by fleetd in
+//! real tmux panes; only the model is scripted (`fleet_testkit::model`: it answers every typed
+//! task by calling `fleet_reply` with `echo: <task>`).
+
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, claude_profile};
+use fleet_testkit::model::ModelSim;
+use serde_json::Value;
+
+/// A fleet whose profile `claude` is a real Claude Code on the scripted model, with one such
+/// worker `c1` spawned.
+async fn fleet_with_claude() -> anyhow::Result<(ModelSim, Fleet, Client, String)> {
+    let model = ModelSim::start().await?;
+    let fleet = Fleet::start("", &claude_profile("claude", &model.base_url())).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("claude", "c1").await?;
+    assert_eq!(spawned["status"], "idle", "{spawned}");
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    Ok((model, fleet, lead, pane))
+}
+
+/// Sends `task` to c1 and returns the result, with c1's screen and fleetd's log on failure.
+async fn ask_c1(fleet: &Fleet, lead: &Client, pane: &str, task: &str) -> anyhow::Result<Value> {
+    match lead.send("c1", task, 90).await {
+        Ok(sent) if sent["reply"].is_object() => Ok(sent),
+        outcome => anyhow::bail!(
+            "{outcome:?}\nc1's screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(pane).unwrap_or_default(),
+            fleet.log()
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_worker_answers_through_fleet_reply() -> anyhow::Result<()> {
+    let (model, fleet, lead, pane) = fleet_with_claude().await?;
+    let sent = ask_c1(&fleet, &lead, &pane, "hello from the lead").await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello from the lead");
+    assert!(model.requests() >= 1, "the model saw no request");
+    // A second task goes into the same session once the first turn is over.
+    let sent = ask_c1(&fleet, &lead, &pane, "and a second one").await?;
+    assert_eq!(sent["reply"]["text"], "echo: and a second one");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_multi_line_task_reaches_claude_code_intact() -> anyhow::Result<()> {
+    let (_model, fleet, lead, pane) = fleet_with_claude().await?;
+    let task: String = (1..=30)
+        .map(|n| format!("step {n:02}: check the module and write down what it does, briefly\n"))
+        .collect::<String>()
+        .trim_end()
+        .to_string();
+    assert!(task.len() > 1_000, "{}", task.len());
+    let sent = ask_c1(&fleet, &lead, &pane, &task).await?;
+    assert_eq!(sent["reply"]["text"], format!("echo: {task}"));
+    Ok(())
+}
