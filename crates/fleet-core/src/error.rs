@@ -33,6 +33,10 @@ pub enum ErrorCode {
     PaneHost,
     /// Something inside fleetd failed; the message says what.
     Internal,
+    /// A worker's ask found no lead waiting in a fleet call (asks are live only).
+    NoWaiter,
+    /// An answer came after the ask it answers was over; it was not delivered.
+    TooLate,
 }
 
 impl ErrorCode {
@@ -51,6 +55,8 @@ impl ErrorCode {
             ErrorCode::BrokerUnavailable => "broker_unavailable",
             ErrorCode::PaneHost => "pane_host",
             ErrorCode::Internal => "internal",
+            ErrorCode::NoWaiter => "no_waiter",
+            ErrorCode::TooLate => "too_late",
         }
     }
 }

@@ -165,6 +165,15 @@ impl Client {
             .unwrap_or_default())
     }
 
+    /// The `fleet_list` entry of `name`.
+    pub async fn entry(&self, name: &str) -> anyhow::Result<Value> {
+        let list = self.ok("fleet_list", json!({})).await?;
+        list["entities"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["name"] == name).cloned())
+            .ok_or_else(|| anyhow::anyhow!("{name} is not listed: {list}"))
+    }
+
     /// Closes the connection.
     pub async fn close(self) -> anyhow::Result<()> {
         self.service.cancel().await?;

@@ -129,11 +129,14 @@ pub enum Directive {
     /// Reply `polling`, then wait in `fleet_poll` this many seconds and echo-reply to every task
     /// that arrives through it.
     Poll(u64),
+    /// Ask the lead this question with `fleet_ask` (waiting this many seconds), then reply
+    /// `asked <question>, heard: <answer>`, or `asked <question>, got <error code>`.
+    Ask(u64, String),
 }
 
 impl Directive {
-    /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`; anything else
-    /// is echoed.
+    /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
+    /// `/ask S question`; anything else is echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
         let mut words = trimmed.splitn(3, ' ');
@@ -150,6 +153,10 @@ impl Directive {
             }
             Some("/poll") => match number(words.next()) {
                 Some(s) => Directive::Poll(s),
+                None => Directive::Echo(task.to_string()),
+            },
+            Some("/ask") => match number(words.next()) {
+                Some(s) => Directive::Ask(s, words.next().unwrap_or_default().to_string()),
                 None => Directive::Echo(task.to_string()),
             },
             _ => Directive::Echo(task.to_string()),
@@ -205,6 +212,10 @@ mod tests {
             Directive::Slow(250, "then this".into())
         );
         assert_eq!(Directive::parse("/poll 30"), Directive::Poll(30));
+        assert_eq!(
+            Directive::parse("/ask 5 which port?"),
+            Directive::Ask(5, "which port?".into())
+        );
         assert_eq!(
             Directive::parse("/slow x"),
             Directive::Echo("/slow x".into())

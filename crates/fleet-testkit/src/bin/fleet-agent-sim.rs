@@ -83,6 +83,23 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
             show("[crashing]\r\n");
             std::process::exit(3);
         }
+        Directive::Ask(seconds, question) => {
+            show("[asking]\r\n");
+            let asked = client
+                .call(
+                    "fleet_ask",
+                    json!({ "question": question, "wait_s": seconds }),
+                )
+                .await?;
+            let text = match asked {
+                Ok(answer) => format!(
+                    "asked {question}, heard: {}",
+                    answer["answer"].as_str().unwrap_or_default()
+                ),
+                Err(e) => format!("asked {question}, got {}", e.code),
+            };
+            reply(client, &text, None).await?;
+        }
         Directive::Poll(seconds) => {
             reply(client, "polling", None).await?;
             show("[polling]\r\n");

@@ -18,6 +18,7 @@ use serde::Serialize;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::asks::AskView;
 use super::sessions::now_ms;
 use super::{Caller, Gateway};
 
@@ -63,6 +64,21 @@ pub enum SendResult {
         /// Why.
         reason: String,
     },
+    /// A worker asks you something mid-task (maybe not the one you sent to): answer with
+    /// `fleet_send{turn_id, message}`. Your message's answer is still on its way.
+    Asked {
+        /// The message sent.
+        msg_id: MsgId,
+        /// The question.
+        ask: AskView,
+        /// What to do next.
+        note: String,
+    },
+    /// Your answer to an ask went to the worker (who is not working on a task of yours).
+    Answered {
+        /// The ask answered.
+        turn_id: String,
+    },
     /// No answer yet; it will be held for `fleet_poll`.
     Pending {
         /// The message sent.
@@ -90,6 +106,8 @@ pub struct ReplyResult {
 pub struct PollResult {
     /// Held messages, oldest first (at most a batch).
     pub messages: Vec<Delivered>,
+    /// Questions workers are asking you now; answer each with `fleet_send{turn_id, message}`.
+    pub asks: Vec<AskView>,
 }
 
 /// Where a message starts its life.
@@ -103,12 +121,14 @@ pub(super) enum Placement {
     Dead,
 }
 
-/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, and a
-/// pane-bound caller blocked in a poll gets its next task through it.
+/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, a
+/// lead's open call is where workers' asks surface (`listens`: asks from that worker only, or
+/// from anyone), and a pane-bound caller blocked in a poll gets its next task through it.
 struct OpenCall {
     gateway: Arc<Gateway>,
     gid: Gid,
     poll: bool,
+    listens: Option<Gid>,
 }
 
 impl Drop for OpenCall {
@@ -116,6 +136,9 @@ impl Drop for OpenCall {
         let mut sessions = self.gateway.lock();
         if let Some(lead) = sessions.leads.get_mut(&self.gid) {
             lead.open_calls = lead.open_calls.saturating_sub(1);
+            if let Some(at) = lead.listening.iter().position(|l| *l == self.listens) {
+                lead.listening.swap_remove(at);
+            }
         } else if let Some(session) = sessions.panes.get_mut(&self.gid)
             && self.poll
         {
@@ -130,10 +153,13 @@ fn cancelled() -> FleetError {
 }
 
 impl Gateway {
-    fn open_call(self: &Arc<Self>, gid: Gid, poll: bool) -> OpenCall {
+    /// Opens a call of `gid`: a poll, or a wait for an answer; a lead's call surfaces asks
+    /// from `listens` (anyone when `None`).
+    fn open_call(self: &Arc<Self>, gid: Gid, poll: bool, listens: Option<Gid>) -> OpenCall {
         let mut sessions = self.lock();
         if let Some(lead) = sessions.leads.get_mut(&gid) {
             lead.open_calls += 1;
+            lead.listening.push(listens);
         } else if let Some(session) = sessions.panes.get_mut(&gid)
             && poll
         {
@@ -143,6 +169,7 @@ impl Gateway {
             gateway: Arc::clone(self),
             gid,
             poll,
+            listens,
         }
     }
 
@@ -318,7 +345,7 @@ impl Gateway {
             created_ms: now_ms(),
         };
         let msg_id = message.msg_id;
-        let open = self.open_call(caller.entity.gid, false);
+        let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
         if self.deliver(message).await? == Placement::Dead {
             return Ok(SendResult::Failed {
                 msg_id,
@@ -328,13 +355,26 @@ impl Gateway {
         self.await_answer(caller, msg_id, wait, ct, open).await
     }
 
+    /// Waits up to `wait` for the answer to the caller's earlier message `msg_id` to `to`.
+    pub(super) async fn await_reply_to(
+        self: &Arc<Self>,
+        caller: &Caller,
+        to: Gid,
+        msg_id: MsgId,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        let open = self.open_call(caller.entity.gid, false, Some(to));
+        self.await_answer(caller, msg_id, wait, ct, open).await
+    }
+
     async fn await_answer(
         self: &Arc<Self>,
         caller: &Caller,
         msg_id: MsgId,
         wait: Duration,
         ct: &CancellationToken,
-        _open: OpenCall,
+        open: OpenCall,
     ) -> Result<SendResult, FleetError> {
         let me = caller.entity.gid;
         let mut inbox = self.inbox(me);
@@ -352,6 +392,17 @@ impl Gateway {
                         msg_id,
                         reply: self.describe(answer).await,
                     },
+                });
+            }
+            let asked = self.lock().asks.surface(me, open.listens);
+            if let Some(ask) = asked {
+                return Ok(SendResult::Asked {
+                    msg_id,
+                    note: format!(
+                        "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
+                        ask.from_name, ask.turn_id
+                    ),
+                    ask,
                 });
             }
             tokio::select! {
@@ -511,7 +562,7 @@ impl Gateway {
             None => None,
         };
         let me = caller.entity.gid;
-        let _open = self.open_call(me, true);
+        let _open = self.open_call(me, true, from);
         let mut inbox = self.inbox(me);
         let mut kick = self.lock().panes.get(&me).map(|s| s.kick.subscribe());
         let deadline = Instant::now() + wait;
@@ -524,14 +575,18 @@ impl Gateway {
             if batch.is_empty() && from.is_none() && self.take_task_by_poll(me).await? {
                 batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
             }
-            if !batch.is_empty() {
+            let asks: Vec<AskView> = {
+                let mut sessions = self.lock();
+                std::iter::from_fn(|| sessions.asks.surface(me, from)).collect()
+            };
+            if !batch.is_empty() || !asks.is_empty() {
                 let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
                 self.keep_unless_cancelled(ct, &ids).await?;
                 let mut messages = Vec::with_capacity(batch.len());
                 for message in batch {
                     messages.push(self.describe(message).await);
                 }
-                return Ok(PollResult { messages });
+                return Ok(PollResult { messages, asks });
             }
             let kicked = async {
                 match kick.as_mut() {
@@ -549,6 +604,7 @@ impl Gateway {
         }
         Ok(PollResult {
             messages: Vec::new(),
+            asks: Vec::new(),
         })
     }
 

@@ -6,6 +6,7 @@
 //! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
 //! run's panes and keeps every held message.
 
+mod asks;
 mod delivery;
 mod messages;
 mod nudge;
@@ -26,6 +27,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::launch::Launchers;
 
+pub use asks::{AskResult, AskView};
 pub use messages::{Delivered, PollResult, ReplyResult, SendResult};
 pub use nudge::NudgeTarget;
 pub use sessions::{ListResult, RosterEntry};

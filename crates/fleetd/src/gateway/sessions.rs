@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::NudgeTarget;
+use super::asks::Asks;
 use crate::config::ProfileConfig;
 
 /// Milliseconds since the Unix epoch, now.
@@ -30,6 +31,9 @@ pub(super) struct LeadState {
     /// Fleet calls of this lead now open (a blocked send, a long poll): while any is open the
     /// lead gets its messages through the call and is never nudged.
     pub open_calls: usize,
+    /// Whose asks its open calls surface: one entry per open call, a worker's gid (a send to
+    /// it) or `None` (a poll without filter: anyone's).
+    pub listening: Vec<Option<Gid>>,
     /// Where to type a nudge, as the lead's last request said.
     pub nudge: Option<NudgeTarget>,
     /// When it last called in.
@@ -112,6 +116,9 @@ pub struct RosterEntry {
     pub pane: Option<String>,
     /// When it last called in (Unix ms).
     pub last_seen_ms: Option<i64>,
+    /// For a lead: how many fleet calls it is waiting in now (where workers' asks surface).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_calls: Option<usize>,
 }
 
 /// The answer to `fleet_list`.
@@ -135,6 +142,8 @@ pub(super) struct Sessions {
     /// Why the pane host cannot be reached, while it cannot: workers read `unknown` and sends
     /// to them fail at once.
     pub host_down: Option<String>,
+    /// Workers' questions waiting for their leads' answers.
+    pub asks: Asks,
 }
 
 impl Sessions {
@@ -144,6 +153,7 @@ impl Sessions {
             LeadState {
                 entity,
                 open_calls: 0,
+                listening: Vec::new(),
                 nudge: None,
                 last_seen_ms: None,
                 last_nudge: None,
@@ -224,6 +234,7 @@ impl Sessions {
                 groups: lead.entity.groups.clone(),
                 pane: None,
                 last_seen_ms: lead.last_seen_ms,
+                open_calls: Some(lead.open_calls),
             });
         }
         let s = self.panes.get(&gid)?;
@@ -246,6 +257,7 @@ impl Sessions {
             groups: s.entity.groups.clone(),
             pane: s.pane.as_ref().map(|p| p.0.clone()),
             last_seen_ms: s.last_seen_ms,
+            open_calls: None,
         })
     }
 

@@ -433,6 +433,7 @@ impl Gateway {
         let Some((pane, current, name)) = ended else {
             return;
         };
+        self.lock().asks.close_from(gid);
         tracing::info!(%gid, %name, reason, "session ended");
         self.persist_status(gid).await;
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {

@@ -18,7 +18,7 @@ use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
-use params::{ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
+use params::{AskParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
 
 /// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
 /// client asked for progress.
@@ -28,6 +28,8 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 pub const MAX_WAIT_S: u64 = 3600;
 /// How long `fleet_send` waits for an answer when not told.
 pub const DEFAULT_SEND_WAIT_S: u64 = 60;
+/// How long `fleet_ask` waits for the answer when the call does not say.
+pub const DEFAULT_ASK_WAIT_S: u64 = 300;
 
 /// The MCP handler; one per request or session, all sharing the gateway.
 #[derive(Clone)]
@@ -140,8 +142,10 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
     #[tool(
         description = "Send a message. To a worker it is typed into the worker's pane as a \
 task once the worker is idle; waits up to wait_s seconds for the answer and returns it \
-(status replied), or status failed with the reason, or status pending with the msg_id: a later \
-answer is held for fleet_poll. Workers may send only to their lead."
+(status replied), or status failed with the reason, or status asked when a worker asks you \
+something mid-task (answer with fleet_send{turn_id, message}, which then waits for that task's \
+answer), or status pending with the msg_id: a later answer is held for fleet_poll. Workers may \
+send only to their lead."
     )]
     async fn fleet_send(
         &self,
@@ -159,9 +163,10 @@ answer is held for fleet_poll. Workers may send only to their lead."
                     ));
                 }
                 (None, None, Some(turn)) => {
-                    return Err(FleetError::invalid(format!(
-                        "no question with turn_id '{turn}' is waiting for an answer"
-                    )));
+                    return self
+                        .gateway
+                        .answer(&caller, &turn, p.message, wait, &ctx.ct)
+                        .await;
                 }
                 _ => {
                     return Err(FleetError::invalid(
@@ -198,8 +203,28 @@ whose msg_id you give as in_reply_to. The answer is held for whoever sent it."
     }
 
     #[tool(
+        description = "Ask your lead a question in the middle of a task and wait up to wait_s \
+seconds for the answer (the lead answers with fleet_send{turn_id}). Live only: if the lead is \
+not waiting in a fleet call it fails at once with no_waiter; then decide yourself and say so in \
+your fleet_reply."
+    )]
+    async fn fleet_ask(
+        &self,
+        Parameters(p): Parameters<AskParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let wait = wait(p.wait_s, DEFAULT_ASK_WAIT_S)?;
+            self.gateway.ask(&caller, p.question, wait, &ctx.ct).await
+        };
+        errors::result(with_progress(&ctx, "fleet_ask", outcome).await)
+    }
+
+    #[tool(
         description = "Collect messages held for you (answers that came after a send \
-returned pending, failure notices, messages from workers), oldest first, each handed out once. \
+returned pending, failure notices, messages from workers), oldest first, each handed out once, \
+and the questions workers are asking you now (asks: answer each with fleet_send{turn_id}). \
 Waits up to wait_s seconds for the first one; from filters by sender."
     )]
     async fn fleet_poll(
@@ -234,5 +259,5 @@ on their way to it fail and their senders are told. Leads only."
     }
 }
 
-#[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply. fleet_list shows who is there.")]
+#[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply, and may ask its lead a question mid-task with fleet_ask (the lead answers with fleet_send{turn_id}). fleet_list shows who is there.")]
 impl ServerHandler for FleetMcp {}

@@ -61,6 +61,17 @@ pub struct ReplyParams {
     pub in_reply_to: Option<String>,
 }
 
+/// `fleet_ask`
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AskParams {
+    /// The question for your lead.
+    pub question: String,
+    /// Seconds to wait for the answer (default 300, at most 3600).
+    #[serde(default)]
+    pub wait_s: Option<u64>,
+}
+
 /// `fleet_poll`
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -56,3 +56,34 @@ async fn a_long_multi_line_task_reaches_claude_code_intact() -> anyhow::Result<(
     assert_eq!(sent["reply"]["text"], format!("echo: {task}"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_worker_asks_mid_task_and_uses_the_answer() -> anyhow::Result<()> {
+    let (_model, fleet, lead, pane) = fleet_with_claude().await?;
+    let sent = lead
+        .send("c1", "ask: which port should the server use?", 90)
+        .await?;
+    if sent["status"] != "asked" {
+        anyhow::bail!(
+            "{sent}\nc1's screen:\n{}",
+            fleet.screen(&pane).unwrap_or_default()
+        );
+    }
+    assert_eq!(sent["ask"]["question"], "which port should the server use?");
+    let answered = lead
+        .ok(
+            "fleet_send",
+            serde_json::json!({"turn_id": sent["ask"]["turn_id"], "message": "8080", "wait_s": 90}),
+        )
+        .await?;
+    // The model read the answer from fleet_ask's result (Claude Code hands it the tool
+    // result's JSON text).
+    let reply = answered["reply"]["text"].as_str().unwrap_or_default();
+    assert!(
+        reply.starts_with("asked which port should the server use?, heard: ")
+            && reply.contains("8080"),
+        "{answered}\nc1's screen:\n{}",
+        fleet.screen(&pane).unwrap_or_default()
+    );
+    Ok(())
+}

@@ -10,7 +10,7 @@ use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::herdr::StandInProcess;
 use fleet_testkit::wait::until;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -28,14 +28,6 @@ async fn herdr_sees(herdr: &StandInProcess, pane: &str) -> Option<(String, Strin
         pane["pane"]["agent"].as_str()?.to_string(),
         pane["pane"]["agent_status"].as_str()?.to_string(),
     ))
-}
-
-async fn roster_entry(lead: &Client, name: &str) -> anyhow::Result<Value> {
-    let list = lead.ok("fleet_list", json!({})).await?;
-    list["entities"]
-        .as_array()
-        .and_then(|a| a.iter().find(|e| e["name"] == name).cloned())
-        .ok_or_else(|| anyhow::anyhow!("{name} is not listed: {list}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,14 +71,14 @@ async fn an_agent_herdr_sees_working_or_blocked_gets_no_task() -> anyhow::Result
     // herdr recognises the agent and sees it blocked on a human: fleet_list shows it.
     herdr.driver().call(detect(AgentState::Blocked)).await?;
     until("fleet_list to show w1 blocked", LIMIT, || async {
-        let entry = roster_entry(&lead, "w1").await.ok()?;
+        let entry = lead.entry("w1").await.ok()?;
         (entry["agent_status"] == "blocked" && entry["agent"] == "claude").then_some(())
     })
     .await?;
     // While herdr sees it working, a task waits in the queue.
     herdr.driver().call(detect(AgentState::Working)).await?;
     until("fleet_list to show w1 working", LIMIT, || async {
-        (roster_entry(&lead, "w1").await.ok()?["agent_status"] == "working").then_some(())
+        (lead.entry("w1").await.ok()?["agent_status"] == "working").then_some(())
     })
     .await?;
     let sent = lead.send("w1", "wait for me", 1).await?;
@@ -114,7 +106,7 @@ async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back() -
 
     herdr.kill9().await?;
     until("w1 to read unknown", LIMIT, || async {
-        (roster_entry(&lead, "w1").await.ok()?["status"] == "unknown").then_some(())
+        (lead.entry("w1").await.ok()?["status"] == "unknown").then_some(())
     })
     .await?;
     let started = std::time::Instant::now();

@@ -1,3 +1,4 @@
+mod asks;
 mod auth;
 mod badinput;
 mod claude;
