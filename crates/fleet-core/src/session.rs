@@ -42,6 +42,8 @@ pub enum SessionEvent {
     Asked,
     /// Its ask was answered, timed out or refused.
     AskEnded,
+    /// An idle session is replaced by a fresh one (same worker, new process).
+    Recycle,
     /// A stop was requested.
     Stop,
     /// Its pane went away (program exited, pane closed, ready timeout).
@@ -81,6 +83,7 @@ impl WorkerStatus {
             (S::Stopping, _) => None,
             (_, E::Stop) => Some(S::Stopping),
             (S::Spawning, E::Ready) => Some(S::Idle),
+            (S::Idle, E::Recycle) => Some(S::Spawning),
             (S::Idle, E::TaskStarted) => Some(S::Busy),
             (S::Busy, E::TurnDone) => Some(S::Idle),
             (S::Busy, E::Asked) => Some(S::Asking),
@@ -140,6 +143,15 @@ mod tests {
         ] {
             status = status.on(event).unwrap();
             assert_eq!(status, expected);
+        }
+    }
+
+    #[test]
+    fn only_an_idle_session_is_recycled_and_it_must_become_ready_again() {
+        assert_eq!(S::Idle.on(E::Recycle).unwrap(), S::Spawning);
+        assert_eq!(S::Spawning.on(E::Ready).unwrap(), S::Idle);
+        for busy in [S::Busy, S::Asking, S::Spawning, S::Stopping, S::Gone] {
+            assert!(busy.on(E::Recycle).is_err(), "{busy}");
         }
     }
 

@@ -158,6 +158,7 @@ impl Gateway {
             return false;
         }
         let free = s.status == WorkerStatus::Idle
+            && !s.cap_reached()
             && (by_poll || s.polls == 0)
             && !agent_busy(s.host_agent.as_ref());
         s.claiming = free;

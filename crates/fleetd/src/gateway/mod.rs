@@ -8,6 +8,7 @@
 
 mod asks;
 mod delivery;
+mod lifecycle;
 mod messages;
 mod nudge;
 mod sessions;
@@ -110,6 +111,7 @@ impl Gateway {
         self.recover().await?;
         watch::start(self);
         nudge::start(self);
+        lifecycle::start(self);
         Ok(())
     }
 

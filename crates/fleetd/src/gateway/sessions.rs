@@ -3,6 +3,7 @@
 //! no I/O happens here.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -52,6 +53,12 @@ pub(super) struct PaneSession {
     pub status: WorkerStatus,
     /// Its pane, once spawned.
     pub pane: Option<PaneId>,
+    /// Its working directory (a recycled session starts there again).
+    pub cwd: PathBuf,
+    /// Since when it has been idle, while it is.
+    pub idle_since: Option<Instant>,
+    /// Tasks handed to this session so far (for the profile's `context_cap`).
+    pub tasks_started: u64,
     /// The task in flight, set when a task is handed over and cleared by its reply.
     pub current: Option<Message>,
     /// Open `fleet_poll` calls: while one is open, tasks go through it, not the keyboard.
@@ -81,8 +88,20 @@ impl PaneSession {
         let next = self.status.on(event)?;
         tracing::info!(gid = %self.entity.gid, name = %self.entity.name, from = %self.status, to = %next, ?event, "session");
         self.status = next;
+        if event == SessionEvent::TaskStarted {
+            self.tasks_started += 1;
+        }
+        self.idle_since = (next == WorkerStatus::Idle).then(Instant::now);
         self.kick();
         Ok(next)
+    }
+
+    /// Whether the session took as many tasks as its profile allows, and must be recycled
+    /// before it takes another.
+    pub fn cap_reached(&self) -> bool {
+        self.profile
+            .context_cap
+            .is_some_and(|cap| self.tasks_started >= cap)
     }
 
     /// Wakes the pump and the readiness gate.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::entity::validate_name;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
-use fleet_mux::{PaneId, PaneSpec};
+use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -18,8 +18,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::sessions::{PaneSession, now_ms};
 use super::{Caller, Gateway};
-use crate::launch::Worker;
-use crate::token;
 
 /// How often the readiness gate looks for the ready marker on screen.
 const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -165,9 +163,6 @@ impl Gateway {
                 FleetError::internal(format!("fleetd has no working directory: {e}"))
             })?,
         };
-        let secret = token::mint()
-            .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
-
         // Reserve the name and the session in one step, so parallel spawns never pick the same
         // name; from here on the guard undoes everything if the spawn does not complete.
         let gid = Gid::mint();
@@ -199,6 +194,9 @@ impl Gateway {
                     profile: Arc::clone(&profile),
                     status: WorkerStatus::Spawning,
                     pane: None,
+                    cwd: cwd.clone(),
+                    idle_since: None,
+                    tasks_started: 0,
                     current: None,
                     polls: 0,
                     claiming: false,
@@ -225,54 +223,8 @@ impl Gateway {
             created_ms: now_ms(),
         };
         self.db(move |s| s.insert_entity(&record)).await?;
-        let hash = token::hash(&secret);
-        self.db(move |s| s.put_token(gid, &hash, true)).await?;
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
-
-        let worker = Worker {
-            gid,
-            name: name.clone(),
-            host: self.host_id.clone(),
-            token: secret,
-            mcp_url: self.mcp_url.clone(),
-            cwd,
-            dir: self.launchers.dir_of(gid),
-        };
-        let launch = {
-            let (launchers, for_launch, worker) = (
-                Arc::clone(&self.launchers),
-                Arc::clone(&profile),
-                worker.clone(),
-            );
-            tokio::task::spawn_blocking(move || launchers.prepare(&for_launch, &worker))
-                .await
-                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
-                .map_err(|e| {
-                    FleetError::internal(format!(
-                        "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
-                        profile.name,
-                        profile.kind.as_str()
-                    ))
-                })?
-        };
-        let spec = PaneSpec {
-            label: name.clone(),
-            argv: launch.argv,
-            env: launch.env,
-            cwd: worker.cwd,
-        };
-        let pane = self.panes.spawn(&spec).await.map_err(|e| {
-            FleetError::new(
-                ErrorCode::PaneHost,
-                format!("cannot open a pane for '{name}': {e}"),
-            )
-        })?;
-        let pane_text = pane.0.clone();
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.pane = Some(pane.clone());
-        }
-        self.db(move |s| s.set_session(gid, WorkerStatus::Spawning, Some(&pane_text)))
-            .await?;
+        let pane = self.open_pane(gid, &name, &profile, cwd).await?;
         self.start_pump(gid);
 
         self.await_ready(gid, &pane, &profile, ct).await?;
@@ -289,7 +241,7 @@ impl Gateway {
 
     /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
     /// program exits, the profile's timeout passes, or the caller gives up.
-    async fn await_ready(
+    pub(super) async fn await_ready(
         self: &Arc<Self>,
         gid: Gid,
         pane: &PaneId,

@@ -134,12 +134,12 @@ impl Gateway {
                 }
             }
             statusless.remove(&gid);
-            let gone = self
-                .lock()
-                .panes
-                .get(&gid)
-                .is_none_or(|s| s.status == WorkerStatus::Gone);
-            if !gone {
+            // A session that got a fresh pane meanwhile (a recycle) lives on.
+            let over =
+                self.lock().panes.get(&gid).is_none_or(|s| {
+                    s.status == WorkerStatus::Gone || s.pane.as_ref() != Some(&pane)
+                });
+            if !over {
                 self.end_session(gid, &reason, true).await;
             }
         }

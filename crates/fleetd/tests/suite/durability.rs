@@ -120,3 +120,22 @@ async fn tasks_in_flight_or_queued_when_fleetd_died_fail_visibly() -> anyhow::Re
     assert_eq!(notices.len(), 2, "{notices:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_reaps_only_its_own_panes() -> anyhow::Result<()> {
+    let (mut mine, lead, _) = fleet_with_worker().await?;
+    let (other, other_lead, other_pane) = fleet_with_worker().await?;
+    mine.kill9().await?;
+    mine.launch().await?;
+    let lead_again = mine.lead("lead", Protocol::Stateless).await?;
+    until("my old worker to be reaped", LIMIT, || async {
+        (lead_again.names().await.ok()? == ["lead"]).then_some(())
+    })
+    .await?;
+    drop(lead);
+    // The other gateway's worker is untouched and still answers.
+    assert_eq!(other.panes()?, [other_pane]);
+    let sent = other_lead.send("w1", "still here?", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: still here?");
+    Ok(())
+}

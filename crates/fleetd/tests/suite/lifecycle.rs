@@ -159,3 +159,65 @@ async fn sigterm_drains_and_leaves_nothing_running() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_is_reaped_after_its_idle_ttl_but_a_busy_one_is_not() -> anyhow::Result<()> {
+    let profile = format!("{}idle_ttl_s = 1\n", sim_profile("sim", &[])?);
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    // Busy for longer than its idle_ttl: still there to answer.
+    let sent = lead.send("w1", "/slow 2500 long task", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: long task");
+    // Idle: reaped, its pane closed.
+    until("the idle worker to be reaped", LIMIT, || async {
+        let names = lead.names().await.ok()?;
+        (!names.contains(&"w1".to_string())).then_some(())
+    })
+    .await?;
+    until("its pane to be closed", LIMIT, || async {
+        fleet.panes().ok().filter(|p| p.is_empty())
+    })
+    .await?;
+    assert!(fleet.log().contains("idle_ttl_s"), "{}", fleet.log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_at_its_context_cap_gets_a_fresh_session_under_its_name() -> anyhow::Result<()> {
+    let profile = format!("{}context_cap = 2\n", sim_profile("sim", &[])?);
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let first = lead.spawn("sim", "w1").await?;
+    for task in ["one", "two"] {
+        let sent = lead.send("w1", task, 20).await?;
+        assert_eq!(sent["reply"]["text"], format!("echo: {task}"));
+    }
+    // Sent while the worker is recycled: they wait for the fresh session.
+    let three = lead.send("w1", "three", 0).await?;
+    let four = lead.send("w1", "four", 0).await?;
+    assert_eq!(three["status"], "pending");
+    assert_eq!(four["status"], "pending");
+    let deadline = std::time::Instant::now() + LIMIT;
+    let mut texts = Vec::new();
+    while texts.len() < 2 && std::time::Instant::now() < deadline {
+        for message in lead.poll(5).await? {
+            texts.push(message["text"].as_str().unwrap_or_default().to_string());
+        }
+    }
+    texts.sort();
+    assert_eq!(texts, ["echo: four", "echo: three"]);
+    let entry = lead.entry("w1").await?;
+    assert_eq!(entry["gid"], first["gid"], "same worker");
+    assert_ne!(
+        entry["pane"], first["pane"],
+        "a fresh session in a new pane"
+    );
+    assert_eq!(fleet.panes()?.len(), 1, "the old pane is closed");
+    let screen = fleet.screen(entry["pane"].as_str().unwrap_or_default())?;
+    assert!(
+        !screen.contains("echo: one") && !screen.contains("one\n"),
+        "the fresh session saw the old tasks:\n{screen}"
+    );
+    Ok(())
+}

@@ -125,3 +125,43 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow::Result<()> {
+    let workdir = tempfile::tempdir()?;
+    let mut fleet = Fleet::start("", &bwrap_profile(workdir.path())?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let pane = lead.spawn("boxed", "b1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let out = std::process::Command::new("tmux")
+        .args([
+            "-L",
+            fleet.tmux_socket(),
+            "display",
+            "-p",
+            "-t",
+            &pane,
+            "#{pane_pid}",
+        ])
+        .output()?;
+    let tree = process_tree(String::from_utf8(out.stdout)?.trim().parse()?);
+    fleet.kill9().await?;
+    let log = workdir.path().join("teardown.log");
+    assert!(!log.exists(), "torn down before the restart");
+    fleet.launch().await?;
+    until("the orphan's teardown to run", LIMIT, || async {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|text| text.trim() == "b1")
+    })
+    .await?;
+    until(
+        "every process of the orphaned sandbox to be gone",
+        LIMIT,
+        || async { (!tree.iter().any(|pid| alive(*pid))).then_some(()) },
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! A worker's life after its spawn: opening its pane (at spawn and at each recycle), the
+//! `idle_ttl` reap, and the `context_cap` recycle: after that many tasks the worker gets a
+//! fresh session (new process, new token) under the same gid and name, so what is queued for
+//! it waits and goes to the fresh session.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
+use fleet_mux::{PaneId, PaneSpec};
+
+use super::Gateway;
+use crate::config::ProfileConfig;
+use crate::launch::Worker;
+use crate::token;
+
+/// How often idle timers and task counts are looked at.
+const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
+
+/// What the lifecycle loop found to do.
+enum Due {
+    /// Stop it: idle longer than its profile allows.
+    Reap(Gid, Duration),
+    /// Give it a fresh session: it took as many tasks as its profile allows.
+    Recycle(Gid, u64),
+}
+
+pub(super) fn start(gateway: &Arc<Gateway>) {
+    let gateway = Arc::clone(gateway);
+    let tasks = gateway.tasks.clone();
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(LIFECYCLE_TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => gateway.check_lifecycles().await,
+                () = gateway.shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
+impl Gateway {
+    /// Mints the worker's token, prepares its launch and opens its pane; records the pane.
+    pub(super) async fn open_pane(
+        &self,
+        gid: Gid,
+        name: &str,
+        profile: &Arc<ProfileConfig>,
+        cwd: PathBuf,
+    ) -> Result<PaneId, FleetError> {
+        let secret = token::mint()
+            .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
+        let hash = token::hash(&secret);
+        self.db(move |s| s.put_token(gid, &hash, true)).await?;
+        let worker = Worker {
+            gid,
+            name: name.to_string(),
+            host: self.host_id.clone(),
+            token: secret,
+            mcp_url: self.mcp_url.clone(),
+            cwd,
+            dir: self.launchers.dir_of(gid),
+        };
+        let launch = {
+            let (launchers, profile, worker) = (
+                Arc::clone(&self.launchers),
+                Arc::clone(profile),
+                worker.clone(),
+            );
+            tokio::task::spawn_blocking(move || launchers.prepare(&profile, &worker))
+                .await
+                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
+        }
+        .map_err(|e| {
+            FleetError::internal(format!(
+                "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
+                profile.name,
+                profile.kind.as_str()
+            ))
+        })?;
+        let spec = PaneSpec {
+            label: name.to_string(),
+            argv: launch.argv,
+            env: launch.env,
+            cwd: worker.cwd,
+        };
+        let pane = self.panes.spawn(&spec).await.map_err(|e| {
+            FleetError::new(
+                ErrorCode::PaneHost,
+                format!("cannot open a pane for '{name}': {e}"),
+            )
+        })?;
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.pane = Some(pane.clone());
+        }
+        let pane_text = pane.0.clone();
+        self.db(move |s| s.set_session(gid, WorkerStatus::Spawning, Some(&pane_text)))
+            .await?;
+        Ok(pane)
+    }
+
+    /// Reaps workers idle past their `idle_ttl` and recycles those at their `context_cap`.
+    async fn check_lifecycles(self: &Arc<Self>) {
+        let due: Vec<Due> = {
+            let mut sessions = self.lock();
+            if sessions.host_down.is_some() {
+                return;
+            }
+            let mut due = Vec::new();
+            for (gid, session) in sessions.panes.iter_mut() {
+                if session.status != WorkerStatus::Idle || session.claiming {
+                    continue;
+                }
+                if let Some(cap) = session.profile.context_cap
+                    && session.cap_reached()
+                {
+                    // Spawning again from here on: the pump types nothing into it meanwhile.
+                    if session.apply(SessionEvent::Recycle).is_ok() {
+                        due.push(Due::Recycle(*gid, cap));
+                    }
+                    continue;
+                }
+                if let (Some(ttl), Some(since)) = (session.profile.idle_ttl(), session.idle_since)
+                    && since.elapsed() >= ttl
+                    && session.apply(SessionEvent::Stop).is_ok()
+                {
+                    due.push(Due::Reap(*gid, ttl));
+                }
+            }
+            due
+        };
+        for item in due {
+            match item {
+                Due::Reap(gid, ttl) => {
+                    let reason = format!("idle for {} s, its profile's idle_ttl_s", ttl.as_secs());
+                    self.end_session(gid, &reason, true).await;
+                }
+                Due::Recycle(gid, cap) => {
+                    let gateway = Arc::clone(self);
+                    self.tasks
+                        .spawn(async move { gateway.recycle(gid, cap).await });
+                }
+            }
+        }
+    }
+
+    /// Gives `gid` a fresh session in a new pane; its queued tasks wait for it. If the fresh
+    /// session does not become ready, the worker ends (and the senders of what waited for it
+    /// are told).
+    async fn recycle(self: &Arc<Self>, gid: Gid, cap: u64) {
+        let found = {
+            let mut sessions = self.lock();
+            sessions.panes.get_mut(&gid).map(|s| {
+                s.tasks_started = 0;
+                s.last_seen_ms = None;
+                (
+                    s.pane.take(),
+                    s.entity.name.clone(),
+                    Arc::clone(&s.profile),
+                    s.cwd.clone(),
+                )
+            })
+        };
+        let Some((old, name, profile, cwd)) = found else {
+            return;
+        };
+        tracing::info!(%gid, %name, cap, "recycling: its context_cap of tasks is reached");
+        self.persist_status(gid).await;
+        if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
+            tracing::error!(%gid, error = %e, "cannot revoke a recycled session's token");
+        }
+        if let Some(old) = &old
+            && let Err(e) = self.panes.close(old).await
+        {
+            tracing::warn!(%gid, pane = %old, error = %e, "cannot close a recycled session's pane");
+        }
+        self.launchers.finish(gid).await;
+        let fresh = async {
+            let pane = self.open_pane(gid, &name, &profile, cwd).await?;
+            self.await_ready(gid, &pane, &profile, &self.shutdown).await
+        };
+        match fresh.await {
+            Ok(()) => tracing::info!(%gid, %name, "recycled: a fresh session is ready"),
+            Err(e) => {
+                let reason = format!("its fresh session after {cap} tasks did not start: {e}");
+                self.end_session(gid, &reason, true).await;
+            }
+        }
+    }
+}
