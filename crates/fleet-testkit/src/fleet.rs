@@ -66,6 +66,28 @@ pub fn claude_profile(name: &str, base_url: &str) -> String {
     )
 }
 
+/// A `[[profiles]]` block for a sandboxed scripted agent: bubblewrap with a private /tmp and
+/// pid namespace, the work dir `workdir` bound in, `FLEET_SANDBOX=<worker name>` set inside;
+/// its teardown appends the worker's name to `teardown.log` in the work dir.
+pub fn bwrap_profile(name: &str, workdir: &Path) -> anyhow::Result<String> {
+    let sim = binary("fleet-agent-sim")?;
+    Ok(format!(
+        r#"[[profiles]]
+name = "{name}"
+kind = "sandbox"
+cwd = {workdir:?}
+runtime = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
+           "--die-with-parent", "--setenv", "FLEET_SANDBOX", "{{name}}", "--"]
+agent = [{sim:?}]
+teardown = ["sh", "-c", "echo {{name}} >> {{workdir}}/teardown.log"]
+ready_timeout_s = 20
+"#,
+        workdir = workdir.display().to_string(),
+        sim = sim.display().to_string(),
+    ))
+}
+
 /// A `[[profiles]]` block for a worker that writes its bearer token to `file` and then only
 /// sits there (ready by its screen marker): lets a test act as that worker's MCP client.
 pub fn token_spy_profile(name: &str, file: &Path) -> String {

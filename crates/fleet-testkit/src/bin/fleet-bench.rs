@@ -13,8 +13,11 @@ use fleet_mux::{PaneHost, PaneSpec};
 use fleet_store::{SqliteStore, Store};
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, free_port, sim_profile};
+use fleet_testkit::fleet::{
+    Fleet, bwrap_profile, claude_binary, claude_profile, free_port, sim_profile,
+};
 use fleet_testkit::herdr::RealHerdr;
+use fleet_testkit::model::ModelSim;
 use serde_json::json;
 
 /// Benchmarks that print figures.
@@ -289,6 +292,81 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
     Ok(samples)
 }
 
+/// How long `fleet_spawn` of profile `profile` takes to return a ready worker, `spawns` times
+/// (each worker stopped before the next).
+async fn spawn_to_ready(
+    fleet: &Fleet,
+    profile: &str,
+    spawns: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let mut samples = Vec::with_capacity(spawns);
+    for i in 0..spawns {
+        let name = format!("{profile}-{i}");
+        let started = Instant::now();
+        lead.ok("fleet_spawn", json!({"profile": profile, "name": name}))
+            .await?;
+        samples.push(started.elapsed());
+        lead.ok("fleet_stop", json!({"to": name})).await?;
+    }
+    Ok(samples)
+}
+
+/// Whether `program --version` runs.
+fn runs(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Spawn-to-ready of the command, claude-code (on the scripted model) and sandbox (bwrap)
+/// kinds, each where it can run here.
+async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
+    let mut figures = Vec::new();
+    let mut command = spawn_to_ready(
+        &Fleet::start("", &sim_profile("sim", &[])?).await?,
+        "sim",
+        spawns,
+    )
+    .await?;
+    figures.push(("command (scripted agent)", percentiles(&mut command).0));
+    if runs(&claude_binary()) {
+        let model = ModelSim::start().await?;
+        let fleet = Fleet::start("", &claude_profile("claude", &model.base_url())).await?;
+        let mut claude = spawn_to_ready(&fleet, "claude", spawns).await?;
+        figures.push((
+            "claude-code (real Claude Code, scripted model)",
+            percentiles(&mut claude).0,
+        ));
+    } else {
+        println!(
+            "spawn → ready, claude-code: not measured (no Claude Code: set FLEET_TEST_CLAUDE)"
+        );
+    }
+    if runs("bwrap") {
+        let workdir = tempfile::tempdir()?;
+        let fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
+        let mut boxed = spawn_to_ready(&fleet, "boxed", spawns).await?;
+        figures.push((
+            "sandbox (bwrap around the scripted agent)",
+            percentiles(&mut boxed).0,
+        ));
+    } else {
+        println!("spawn → ready, sandbox: not measured (no bwrap)");
+    }
+    let base = figures.first().map_or(1.0, |(_, p50)| *p50);
+    for (kind, p50) in figures {
+        println!(
+            "spawn → ready, {spawns} spawns, {kind}: p50 {p50:.1} ms ({:.2}x command)",
+            p50 / base
+        );
+    }
+    Ok(())
+}
+
 async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<()> {
     println!(
         "fleet-bench local ({} build of fleetd at {})",
@@ -348,6 +426,8 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
     println!(
         "start → /healthz 200, 10 starts: p50 {start50:.1} ms  max {start99:.1} ms  [target ≤ 200 ms]"
     );
+
+    spawn_figures(10).await?;
 
     match RealHerdr::from_env().await? {
         None => println!(

@@ -2,37 +2,13 @@
 //! wrapped around the scripted agent, its teardown run when the pane goes.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::Duration;
 
-use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::Fleet;
+use fleet_testkit::fleet::{Fleet, bwrap_profile};
 use fleet_testkit::wait::until;
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// A `[[profiles]]` block running the scripted agent inside bwrap with a private /tmp and pid
-/// namespace, its work dir `workdir` bound in; the teardown writes the worker's name into
-/// `teardown.log` there.
-fn bwrap_profile(workdir: &Path) -> anyhow::Result<String> {
-    let sim = binary("fleet-agent-sim")?;
-    Ok(format!(
-        r#"[[profiles]]
-name = "boxed"
-kind = "sandbox"
-cwd = {workdir:?}
-runtime = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
-           "--die-with-parent", "--setenv", "FLEET_SANDBOX", "{{name}}", "--"]
-agent = [{sim:?}]
-teardown = ["sh", "-c", "echo {{name}} >> {{workdir}}/teardown.log"]
-ready_timeout_s = 20
-"#,
-        workdir = workdir.display().to_string(),
-        sim = sim.display().to_string(),
-    ))
-}
 
 /// The process `pid` and all its descendants.
 fn process_tree(pid: u32) -> BTreeSet<u32> {
@@ -78,7 +54,7 @@ fn alive(pid: u32) -> bool {
 async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() -> anyhow::Result<()>
 {
     let workdir = tempfile::tempdir()?;
-    let fleet = Fleet::start("", &bwrap_profile(workdir.path())?).await?;
+    let fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let spawned = lead.spawn("boxed", "b1").await?;
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
@@ -129,7 +105,7 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow::Result<()> {
     let workdir = tempfile::tempdir()?;
-    let mut fleet = Fleet::start("", &bwrap_profile(workdir.path())?).await?;
+    let mut fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let pane = lead.spawn("boxed", "b1").await?["pane"]
         .as_str()
