@@ -2,8 +2,8 @@
 # Runs fleetd's whole test suite. First installs what a fresh Debian machine lacks: tmux (the
 # tests drive real tmux servers), bubblewrap (the sandbox tests' runtime), in a virtualenv
 # outside the tree the Python `mcp` SDK (a second real MCP client), and outside the tree the
-# pinned Claude Code release from npm (real Claude Code workers, on a scripted model). Extra
-# arguments go to the test runner.
+# pinned Claude Code and opencode releases from npm (real agent workers, on a scripted model).
+# Extra arguments go to the test runner.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -28,13 +28,16 @@ fi
 export FLEET_TEST_PYTHON="$venv/bin/python"
 
 claude_version="2.1.332"
+opencode_version="1.18.33"
 npm_dir="${FLEET_TEST_NPM:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetd/npm}"
 claude="$npm_dir/node_modules/.bin/claude"
-if ! "$claude" --version 2>/dev/null | grep -q "^$claude_version "; then
+opencode="$npm_dir/node_modules/.bin/opencode"
+if ! "$claude" --version 2>/dev/null | grep -q "^$claude_version " ||
+  [ "$("$opencode" --version 2>/dev/null)" != "$opencode_version" ]; then
   npm install --prefix "$npm_dir" --no-fund --no-audit --loglevel=error \
-    "@anthropic-ai/claude-code@$claude_version"
+    "@anthropic-ai/claude-code@$claude_version" "opencode-ai@$opencode_version"
 fi
-export FLEET_TEST_CLAUDE="$claude"
+export FLEET_TEST_CLAUDE="$claude" FLEET_TEST_OPENCODE="$opencode"
 
 # The tests start the workspace's binaries (fleetd, fleet-agent-sim): build them all first.
 cargo build --workspace --bins

@@ -66,6 +66,22 @@ pub fn claude_profile(name: &str, base_url: &str) -> String {
     )
 }
 
+/// The real opencode binary the tests drive: `FLEET_TEST_OPENCODE` (set by `./test.sh`, which
+/// installs the pinned version from npm), else `opencode` on `PATH`.
+pub fn opencode_binary() -> String {
+    std::env::var("FLEET_TEST_OPENCODE").unwrap_or_else(|_| "opencode".into())
+}
+
+/// A `[[profiles]]` block for a real opencode worker in an isolated home, its model the
+/// scripted one at `base_url` (see [`crate::model`]).
+pub fn opencode_profile(name: &str, base_url: &str) -> String {
+    format!(
+        "[[profiles]]\nname = \"{name}\"\nkind = \"opencode\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nmodel = \"anthropic/claude-sonnet-4-5\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
+        opencode_binary(),
+        std::env::temp_dir().display().to_string()
+    )
+}
+
 /// A `[[profiles]]` block for a sandboxed scripted agent: bubblewrap with a private /tmp and
 /// pid namespace, the work dir `workdir` bound in, `FLEET_SANDBOX=<worker name>` set inside;
 /// its teardown appends the worker's name to `teardown.log` in the work dir.

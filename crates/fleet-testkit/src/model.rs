@@ -7,7 +7,8 @@
 //!   call `fleet_reply` with `asked QUESTION, heard: ANSWER`;
 //! - any other typed task → call `fleet_reply` with `echo: TASK` (the whole task, so a test can
 //!   see it arrived intact);
-//! - the result of that `fleet_reply` → end the turn with a short text;
+//! - the result of that `fleet_reply` → end the turn with a short text (unless a task was typed
+//!   meanwhile and came along with the result: that task is answered as above);
 //! - a request without tools (Claude Code's title request) → a JSON `{"title": …}` text.
 
 use std::net::SocketAddr;
@@ -116,8 +117,13 @@ fn decide(request: &Value) -> Turn {
     let Some(last) = messages.iter().rev().find(|m| m["role"] == "user") else {
         return Turn::Say("Nothing to do.".into());
     };
+    // Text typed while a call ran comes with that call's result (Claude Code, opencode): it is
+    // the next task, and takes precedence.
+    let typed = typed_text(last);
     // The result of a call this model made: look up which tool it was.
-    if let Some(result) = blocks(last).find(|b| b["type"] == "tool_result") {
+    if let Some(result) = blocks(last).find(|b| b["type"] == "tool_result")
+        && typed.is_empty()
+    {
         let called = called_tool(
             &messages,
             result["tool_use_id"].as_str().unwrap_or_default(),
@@ -137,7 +143,7 @@ fn decide(request: &Value) -> Turn {
             _ => Turn::Say(format!("Done: {text}")),
         };
     }
-    let task = typed_text(last);
+    let task = typed;
     if let Some(question) = task.strip_prefix("ask: ")
         && let Some(ask) = tool("fleet_ask")
     {
@@ -318,6 +324,25 @@ mod tests {
             Turn::Call(
                 "mcp__fleet__fleet_reply".into(),
                 json!({"message": "echo: line one\nline two"})
+            )
+        );
+    }
+
+    #[test]
+    fn a_task_typed_during_a_call_is_taken_up_from_the_calls_result() {
+        let request = json!({"tools": tools(), "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t3",
+                "name": "mcp__fleet__fleet_reply", "input": {"message": "x"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t3", "content": "ok"},
+                {"type": "text", "text": "the next task"}
+            ]}
+        ]});
+        assert_eq!(
+            decide(&request),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "echo: the next task"})
             )
         );
     }

@@ -14,7 +14,8 @@ use fleet_store::{SqliteStore, Store};
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{
-    Fleet, bwrap_profile, claude_binary, claude_profile, free_port, sim_profile,
+    Fleet, bwrap_profile, claude_binary, claude_profile, free_port, opencode_binary,
+    opencode_profile, sim_profile,
 };
 use fleet_testkit::herdr::RealHerdr;
 use fleet_testkit::model::ModelSim;
@@ -322,8 +323,8 @@ fn runs(program: &str) -> bool {
         .is_ok_and(|status| status.success())
 }
 
-/// Spawn-to-ready of the command, claude-code (on the scripted model) and sandbox (bwrap)
-/// kinds, each where it can run here.
+/// Spawn-to-ready of the command, claude-code and opencode (on the scripted model) and sandbox
+/// (bwrap) kinds, each where it can run here.
 async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
     let mut figures = Vec::new();
     let mut command = spawn_to_ready(
@@ -345,6 +346,17 @@ async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
         println!(
             "spawn → ready, claude-code: not measured (no Claude Code: set FLEET_TEST_CLAUDE)"
         );
+    }
+    if runs(&opencode_binary()) {
+        let model = ModelSim::start().await?;
+        let fleet = Fleet::start("", &opencode_profile("oc", &model.base_url())).await?;
+        let mut opencode = spawn_to_ready(&fleet, "oc", spawns).await?;
+        figures.push((
+            "opencode (real opencode, scripted model)",
+            percentiles(&mut opencode).0,
+        ));
+    } else {
+        println!("spawn → ready, opencode: not measured (no opencode: set FLEET_TEST_OPENCODE)");
     }
     if runs("bwrap") {
         let workdir = tempfile::tempdir()?;

@@ -406,7 +406,11 @@ mod tests {
             Some(CLAUDE_EMPTY_INPUT)
         );
         assert_eq!(claude.idle_ttl().map(|t| t.as_secs()), Some(1800));
-        assert_eq!(config.profile("oc").unwrap().program(), ["opencode"]);
+        let opencode = config.profile("oc").unwrap();
+        assert_eq!(opencode.program(), ["opencode"]);
+        assert_eq!(opencode.ready_marker().as_deref(), Some("Ask anything"));
+        assert!(!opencode.ready_by_call_in());
+        assert!(claude.ready_by_call_in());
         let sandboxed = config.profile("box").unwrap();
         assert_eq!(sandboxed.program(), ["claude"]);
         assert_eq!(
@@ -481,8 +485,8 @@ mod tests {
                 "with base_url, not env",
             ),
             (
-                "[[profiles]]\nname=\"a\"\nkind=\"opencode\"\nisolated_home=true\n",
-                "isolated_home applies to claude-code",
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nisolated_home=true\n",
+                "isolated_home applies to claude-code and opencode",
             ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nruntime=[\"docker\"]\n",

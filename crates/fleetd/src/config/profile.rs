@@ -17,6 +17,8 @@ pub(super) const DEFAULT_READY_TIMEOUT_S: u64 = 30;
 pub(super) const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 /// Claude Code takes text followed at once by Enter as a paste: the Enter must come later.
 const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
+/// opencode's home screen, once it takes input: the placeholder of its empty input box.
+const OPENCODE_READY: &str = "Ask anything";
 /// The most tasks a `context_cap` may allow.
 const MAX_CONTEXT_CAP: u64 = 1_000_000;
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
@@ -86,7 +88,8 @@ pub struct ProfileConfig {
     /// How long a new worker has to call in (or show `ready_marker`).
     #[serde(default = "default_ready_timeout_s")]
     pub ready_timeout_s: u64,
-    /// Text whose appearance on screen also counts as ready (for programs that never call in).
+    /// Text whose appearance on screen also counts as ready (for programs that never call in;
+    /// opencode: its input box's placeholder when unset, and only that counts).
     #[serde(default)]
     pub ready_marker: Option<String>,
     /// Pause between paste and Enter (claude-code: 300 ms when unset, else 0).
@@ -109,7 +112,11 @@ pub struct ProfileConfig {
     /// it; no tool call can.
     #[serde(default)]
     pub base_url: Option<String>,
-    /// claude-code: a private, seeded `HOME` instead of the user's own login and settings.
+    /// claude-code / opencode: the model (`claude --model`; opencode's `provider/model`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// claude-code / opencode: a private, seeded `HOME` instead of the user's own login and
+    /// settings.
     #[serde(default)]
     pub isolated_home: bool,
     /// sandbox: the image (or other reference) for `{image}`; fleetd never builds it.
@@ -156,6 +163,7 @@ impl ProfileConfig {
             idle_ttl_s: None,
             context_cap: None,
             base_url: None,
+            model: None,
             isolated_home: false,
             image: None,
             runtime: Vec::new(),
@@ -201,6 +209,19 @@ impl ProfileConfig {
         self.submitted_marker.clone().or_else(|| {
             (self.agent_kind() == ProfileKind::ClaudeCode).then(|| CLAUDE_EMPTY_INPUT.to_string())
         })
+    }
+
+    /// The text on screen that shows the program is ready, if known.
+    pub fn ready_marker(&self) -> Option<String> {
+        self.ready_marker.clone().or_else(|| {
+            (self.agent_kind() == ProfileKind::Opencode).then(|| OPENCODE_READY.to_string())
+        })
+    }
+
+    /// Whether the worker's first call-in makes it ready. opencode connects to its MCP servers
+    /// before its screen takes input, so only its screen counts.
+    pub fn ready_by_call_in(&self) -> bool {
+        self.agent_kind() != ProfileKind::Opencode
     }
 
     /// How long an idle worker lives.
@@ -268,9 +289,14 @@ impl ProfileConfig {
             "claude-code and opencode",
         )?;
         only(
-            self.isolated_home && agent != ProfileKind::ClaudeCode,
+            self.model.is_some() && !model_agent,
+            "model",
+            "claude-code and opencode",
+        )?;
+        only(
+            self.isolated_home && !model_agent,
             "isolated_home",
-            "claude-code",
+            "claude-code and opencode",
         )?;
         for (set, key) in [
             (self.image.is_some(), "image"),

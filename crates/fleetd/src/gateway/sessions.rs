@@ -203,8 +203,9 @@ impl Sessions {
         if acting {
             session.activity.send_modify(|v| *v = v.wrapping_add(1));
         }
-        let became_ready =
-            session.status == WorkerStatus::Spawning && session.apply(SessionEvent::Ready).is_ok();
+        let became_ready = session.status == WorkerStatus::Spawning
+            && session.profile.ready_by_call_in()
+            && session.apply(SessionEvent::Ready).is_ok();
         Some((session.entity.clone(), became_ready))
     }
 

@@ -255,6 +255,7 @@ impl Gateway {
             ));
         };
         let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
+        let ready_marker = profile.ready_marker();
         loop {
             kick.borrow_and_update();
             let (status, last_words) = match self.lock().panes.get(&gid) {
@@ -275,7 +276,7 @@ impl Gateway {
                 }
                 _ => return Ok(()),
             }
-            if let Some(marker) = &profile.ready_marker
+            if let Some(marker) = &ready_marker
                 && let Ok(snap) = self.panes.snapshot(pane).await
                 && snap.text.contains(marker.as_str())
             {
@@ -289,7 +290,7 @@ impl Gateway {
                 }
                 continue;
             }
-            let recheck = if profile.ready_marker.is_some() {
+            let recheck = if ready_marker.is_some() {
                 Instant::now() + MARKER_CHECK_INTERVAL
             } else {
                 deadline

@@ -68,6 +68,9 @@ impl PeerLauncher for ClaudeLauncher {
         launch
             .env
             .insert("ENABLE_TOOL_SEARCH".into(), "false".into());
+        if let Some(model) = &profile.model {
+            launch.argv.extend(["--model".into(), model.clone()]);
+        }
         if let Some(url) = &profile.base_url {
             launch.env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
         }

@@ -8,5 +8,6 @@ mod durability;
 mod herdr;
 mod lifecycle;
 mod nudge;
+mod opencode;
 mod python;
 mod sandbox;
