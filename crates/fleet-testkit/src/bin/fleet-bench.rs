@@ -15,7 +15,7 @@ use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{
     Fleet, bwrap_profile, claude_binary, claude_profile, free_port, opencode_binary,
-    opencode_profile, sim_profile,
+    opencode_profile, sim_profile, stop_tmux,
 };
 use fleet_testkit::herdr::RealHerdr;
 use fleet_testkit::model::ModelSim;
@@ -289,6 +289,8 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
                 .status()?;
         }
         child.wait().await?;
+        // Stopped right after its start, fleetd may not have seen its tmux server up yet.
+        stop_tmux(&format!("fleet-bench-{port}"));
     }
     Ok(samples)
 }
