@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 mod profile;
 
-pub use profile::{ProfileConfig, ProfileKind, SANDBOX_PLACEHOLDERS};
+pub use profile::{ProfileConfig, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
 
 /// The default address of the MCP endpoint: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
@@ -409,8 +409,8 @@ mod tests {
         let opencode = config.profile("oc").unwrap();
         assert_eq!(opencode.program(), ["opencode"]);
         assert_eq!(opencode.ready_marker().as_deref(), Some("Ask anything"));
-        assert!(!opencode.ready_by_call_in());
-        assert!(claude.ready_by_call_in());
+        assert_eq!(opencode.ready_call(), ReadyCall::None);
+        assert_eq!(claude.ready_call(), ReadyCall::ToolList);
         let sandboxed = config.profile("box").unwrap();
         assert_eq!(sandboxed.program(), ["claude"]);
         assert_eq!(

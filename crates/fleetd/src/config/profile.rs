@@ -26,6 +26,17 @@ pub const SANDBOX_PLACEHOLDERS: [&str; 8] = [
     "name", "gid", "host", "image", "role", "mcp_url", "token", "workdir",
 ];
 
+/// Which call from a spawning worker proves it ready (besides its `ready_marker`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadyCall {
+    /// Its first authenticated request.
+    Any,
+    /// Its listing fleetd's tools (MCP `tools/list`).
+    ToolList,
+    /// No call: only its screen.
+    None,
+}
+
 /// How a profile's program is launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -218,10 +229,16 @@ impl ProfileConfig {
         })
     }
 
-    /// Whether the worker's first call-in makes it ready. opencode connects to its MCP servers
-    /// before its screen takes input, so only its screen counts.
-    pub fn ready_by_call_in(&self) -> bool {
-        self.agent_kind() != ProfileKind::Opencode
+    /// Which call-in makes a spawning worker ready. Claude Code calls in (MCP `initialize`)
+    /// before it has fleetd's tools, and a task submitted then goes to its model without them:
+    /// only its listing the tools counts. opencode connects to its MCP servers before its
+    /// screen takes input, so only its screen counts.
+    pub fn ready_call(&self) -> ReadyCall {
+        match self.agent_kind() {
+            ProfileKind::ClaudeCode => ReadyCall::ToolList,
+            ProfileKind::Opencode => ReadyCall::None,
+            ProfileKind::Command | ProfileKind::Sandbox => ReadyCall::Any,
+        }
     }
 
     /// How long an idle worker lives.

@@ -172,6 +172,15 @@ impl Gateway {
         }
     }
 
+    /// Notes that `caller` listed fleetd's tools: the readiness proof of agents that call in
+    /// before they have the tools (Claude Code).
+    pub async fn listed_tools(&self, caller: &Caller) {
+        let gid = caller.entity.gid;
+        if self.lock().listed_tools(gid) {
+            self.persist_status(gid).await;
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Sessions> {
         // Sessions hold no invariant that a panic half-way could break beyond repair.
         self.sessions

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
-use crate::config::ProfileConfig;
+use crate::config::{ProfileConfig, ReadyCall};
 
 /// Milliseconds since the Unix epoch, now.
 pub(super) fn now_ms() -> i64 {
@@ -204,9 +204,18 @@ impl Sessions {
             session.activity.send_modify(|v| *v = v.wrapping_add(1));
         }
         let became_ready = session.status == WorkerStatus::Spawning
-            && session.profile.ready_by_call_in()
+            && session.profile.ready_call() == ReadyCall::Any
             && session.apply(SessionEvent::Ready).is_ok();
         Some((session.entity.clone(), became_ready))
+    }
+
+    /// Notes that `gid` listed fleetd's tools; returns whether that made it ready.
+    pub fn listed_tools(&mut self, gid: Gid) -> bool {
+        self.panes.get_mut(&gid).is_some_and(|session| {
+            session.status == WorkerStatus::Spawning
+                && session.profile.ready_call() != ReadyCall::None
+                && session.apply(SessionEvent::Ready).is_ok()
+        })
     }
 
     /// Every live entity, leads first, then sessions oldest first.

@@ -13,9 +13,12 @@ use std::time::Duration;
 use fleet_core::{ErrorCode, FleetError, MsgId};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::{
+    CacheScope, CallToolResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion,
+};
 use rmcp::service::RequestContext;
-use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
 use params::{AskParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
@@ -260,4 +263,25 @@ on their way to it fail and their senders are told. Leads only."
 }
 
 #[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply, and may ask its lead a question mid-task with fleet_ask (the lead answers with fleet_send{turn_id}). fleet_list shows who is there.")]
-impl ServerHandler for FleetMcp {}
+impl ServerHandler for FleetMcp {
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        if let Ok(caller) = caller(&ctx) {
+            self.gateway.listed_tools(&caller).await;
+        }
+        let mut result = ListToolsResult::with_all_items(self.tool_router.list_all());
+        // The same list for every caller, but listed afresh each time: the listing is how a
+        // Claude Code worker shows it is ready.
+        if ctx
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+        {
+            result = result.with_ttl_ms(0);
+            result.cache_scope = Some(CacheScope::Public);
+        }
+        Ok(result)
+    }
+}

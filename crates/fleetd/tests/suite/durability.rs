@@ -88,6 +88,20 @@ async fn tasks_in_flight_or_queued_when_fleetd_died_fail_visibly() -> anyhow::Re
             .filter(|s| s.contains("[not replying]"))
     })
     .await?;
+    // The agent has it; wait until fleetd has verified the submit too (else it is a task
+    // fleetd died while typing, another case).
+    let injected = format!(
+        "msg_id={}",
+        in_flight["msg_id"].as_str().unwrap_or_default()
+    );
+    until("fleetd to record the task injected", LIMIT, || async {
+        fleet
+            .log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected))
+            .then_some(())
+    })
+    .await?;
     lead.close().await?;
     fleet.kill9().await?;
     fleet.launch().await?;
