@@ -62,18 +62,7 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
     assert_eq!(sent["reply"]["text"], "echo: hello sandbox", "{sent}");
 
     // The pane runs bwrap, and the agent runs inside it.
-    let out = std::process::Command::new("tmux")
-        .args([
-            "-L",
-            fleet.tmux_socket(),
-            "display",
-            "-p",
-            "-t",
-            &pane,
-            "#{pane_pid}",
-        ])
-        .output()?;
-    let pane_pid: u32 = String::from_utf8(out.stdout)?.trim().parse()?;
+    let pane_pid = pane_pid(&fleet, &pane)?;
     let command = std::fs::read_to_string(format!("/proc/{pane_pid}/cmdline"))?;
     assert!(command.starts_with("bwrap\0"), "{command:?}");
     let tree = process_tree(pane_pid);
@@ -111,18 +100,7 @@ async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let out = std::process::Command::new("tmux")
-        .args([
-            "-L",
-            fleet.tmux_socket(),
-            "display",
-            "-p",
-            "-t",
-            &pane,
-            "#{pane_pid}",
-        ])
-        .output()?;
-    let tree = process_tree(String::from_utf8(out.stdout)?.trim().parse()?);
+    let tree = process_tree(pane_pid(&fleet, &pane)?);
     fleet.kill9().await?;
     let log = workdir.path().join("teardown.log");
     assert!(!log.exists(), "torn down before the restart");
@@ -140,4 +118,13 @@ async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow
     )
     .await?;
     Ok(())
+}
+
+/// The pid of the program `pane` runs.
+fn pane_pid(fleet: &Fleet, pane: &str) -> anyhow::Result<u32> {
+    let out = std::process::Command::new("tmux")
+        .args(["-L", fleet.tmux_socket(), "display", "-p", "-t", pane])
+        .arg("#{pane_pid}")
+        .output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
