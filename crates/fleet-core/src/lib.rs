@@ -6,6 +6,7 @@
 
 pub mod authz;
 pub mod entity;
+pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod message;
@@ -13,6 +14,7 @@ pub mod routing;
 pub mod session;
 
 pub use entity::{Entity, Role};
+pub use envelope::{Envelope, EnvelopeError, HeaderValue, Version};
 pub use error::{ErrorCode, FleetError};
 pub use ids::{Gid, MsgId, TraceId};
 pub use message::{Kind, Message, MsgState};
