@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs fleetd's whole test suite. First installs what a fresh Debian machine lacks: tmux (the
-# tests drive real tmux servers), bubblewrap (the sandbox tests' runtime), in a virtualenv
+# tests drive real tmux servers), bubblewrap (the sandbox tests' runtime), rabbitmq-server (the
+# federation tests' broker, and their private node), in a virtualenv
 # outside the tree the Python `mcp` SDK (a second real MCP client), and outside the tree the
 # pinned Claude Code and opencode releases from npm (real agent workers, on a scripted model).
 # Extra arguments go to the test runner.
@@ -12,6 +13,10 @@ command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v pkill >/dev/null 2>&1 || missing+=(procps)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# The broker tests use the machine's RabbitMQ on 127.0.0.1:5672 when it runs, else start a
+# private node; either way they need the server and rabbitmqctl.
+[ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 ||
+  missing+=(rabbitmq-server)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
   sudo=""

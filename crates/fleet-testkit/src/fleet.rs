@@ -145,10 +145,16 @@ impl Fleet {
         let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let config = dir.path().join("fleetd.toml");
+        // `gateway` may name the host; else every test gateway is `testhost`.
+        let host = if gateway.contains("host_id") {
+            ""
+        } else {
+            "host_id = \"testhost\"\n"
+        };
         std::fs::write(
             &config,
             format!(
-                "[gateway]\nlisten = \"127.0.0.1:{port}\"\nhost_id = \"testhost\"\n{gateway}\n\n[mux]\n{mux}\n\n{rest}\n"
+                "[gateway]\nlisten = \"127.0.0.1:{port}\"\n{host}{gateway}\n\n[mux]\n{mux}\n\n{rest}\n"
             ),
         )?;
         let state = dir.path().join("state");

@@ -4,6 +4,7 @@
 //! ([`sim`]).
 
 pub mod bins;
+pub mod broker;
 pub mod client;
 pub mod fleet;
 pub mod herdr;

@@ -16,7 +16,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::gateway::{Federation, Gateway, Parts};
 use crate::http::{AllowedHosts, app};
 use crate::launch::Launchers;
 use crate::mux::{MuxChoice, choose};
@@ -163,16 +163,23 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .with_context(|| format!("cannot listen on {listen} (gateway.listen)"))?;
     let bound = listener.local_addr()?;
 
+    let federation = config
+        .broker
+        .clone()
+        .map(|broker| Federation::new(broker, config.federation.clone(), state.root()));
     let gateway = Gateway::new(
         Arc::new(config),
         host.clone(),
         url.clone(),
-        Arc::new(store),
-        panes.pane_host(),
-        Launchers::new(
-            state.root().join("workers"),
-            std::env::var_os("HOME").map(PathBuf::from),
-        ),
+        Parts {
+            store: Arc::new(store),
+            panes: panes.pane_host(),
+            launchers: Launchers::new(
+                state.root().join("workers"),
+                std::env::var_os("HOME").map(PathBuf::from),
+            ),
+            federation,
+        },
         shutdown.child_token(),
     );
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -12,7 +12,8 @@ use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{PaneHost, PaneSpec};
 use fleet_store::{SqliteStore, Store};
 use fleet_testkit::bins::binary;
-use fleet_testkit::client::Protocol;
+use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{
     Fleet, bwrap_profile, claude_binary, claude_profile, free_port, opencode_binary,
     opencode_profile, sim_profile, stop_tmux,
@@ -30,6 +31,19 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum What {
+    /// The cross-host figures on the broker (FLEET_TEST_AMQP_URL, else 127.0.0.1:5672, else a
+    /// private node): round trip, messages/s and roster convergence, beside bare lapin.
+    Federation {
+        /// Round trips to time (after a warm-up).
+        #[arg(long, default_value_t = 300)]
+        trips: usize,
+        /// Messages for the throughput figures.
+        #[arg(long, default_value_t = 5_000)]
+        messages: usize,
+        /// Entities per gateway (three gateways) for the convergence figure.
+        #[arg(long, default_value_t = 100)]
+        entities: usize,
+    },
     /// The single-host figures: round trip, held+drained rate, RSS with idle workers, start-up.
     Local {
         /// Round trips to time (after a warm-up).
@@ -59,13 +73,18 @@ async fn round_trips(fleet: &Fleet, trips: usize) -> anyhow::Result<Vec<Duration
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
+    trips_to(&lead, "w1", trips).await
+}
+
+/// `trips` timed round trips from `lead` to the scripted agent `to`, after 20 untimed ones.
+async fn trips_to(lead: &Client, to: &str, trips: usize) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(trips);
     for i in 0..trips + 20 {
         let started = Instant::now();
         let sent = lead
             .ok(
                 "fleet_send",
-                json!({"to": "w1", "message": format!("trip {i}"), "wait_s": 30}),
+                json!({"to": to, "message": format!("trip {i}"), "wait_s": 30}),
             )
             .await?;
         anyhow::ensure!(sent["status"] == "replied", "trip {i}: {sent}");
@@ -466,6 +485,266 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
     Ok(())
 }
 
+/// A gateway of host `host` on the broker at `uri`, with `leads` and the scripted agent.
+async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fleet> {
+    let leads: String = leads.iter().map(|l| format!("[leads.{l}]\n")).collect();
+    Fleet::start(
+        &format!("host_id = \"{host}\""),
+        &format!(
+            "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\n",
+            sim_profile("sim", &[])?
+        ),
+    )
+    .await
+}
+
+/// Bare lapin on the same broker: `trips` ping-pong round trips (persistent messages on two
+/// durable queues, confirms on, a consumer that answers each ping), and the rate of `count`
+/// pipelined publishes with confirms, consumed back.
+async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Vec<Duration>, f64)> {
+    use futures_util::StreamExt;
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    let conn = Connection::connect(uri, ConnectionProperties::default()).await?;
+    let (ping, pong) = (
+        format!("bench.ping.{}", MsgId::mint()),
+        format!("bench.pong.{}", MsgId::mint()),
+    );
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    for queue in [&ping, &pong] {
+        publisher
+            .queue_declare(queue.as_str().into(), durable, FieldTable::default())
+            .await?;
+    }
+    let persistent = || BasicProperties::default().with_delivery_mode(2);
+    // The far side: answers every ping with a pong.
+    let echo_channel = conn.create_channel().await?;
+    echo_channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut pings = echo_channel
+        .basic_consume(
+            ping.as_str().into(),
+            "bench-echo".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let pong_key = pong.clone();
+    let echo = tokio::spawn(async move {
+        while let Some(Ok(delivery)) = pings.next().await {
+            let _ = echo_channel
+                .basic_publish(
+                    "".into(),
+                    pong_key.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &delivery.data,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await;
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        }
+    });
+    let consumer_channel = conn.create_channel().await?;
+    let mut pongs = consumer_channel
+        .basic_consume(
+            pong.as_str().into(),
+            "bench-pong".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut samples = Vec::with_capacity(trips);
+    for i in 0..trips + 20 {
+        let started = Instant::now();
+        publisher
+            .basic_publish(
+                "".into(),
+                ping.as_str().into(),
+                BasicPublishOptions::default(),
+                format!("ping {i}").as_bytes(),
+                persistent(),
+            )
+            .await?
+            .await?;
+        let delivery = pongs.next().await.context("the pong consumer ended")??;
+        delivery.ack(BasicAckOptions::default()).await?;
+        if i >= 20 {
+            samples.push(started.elapsed());
+        }
+    }
+    echo.abort();
+
+    // Throughput: pipelined publishes with confirms, then consumed back.
+    let started = Instant::now();
+    for i in 0..count {
+        publisher
+            .basic_publish(
+                "".into(),
+                pong.as_str().into(),
+                BasicPublishOptions::default(),
+                format!("m{i}").as_bytes(),
+                persistent(),
+            )
+            .await?;
+    }
+    publisher.wait_for_confirms().await?;
+    let mut consumed = 0;
+    while consumed < count {
+        let delivery = pongs.next().await.context("the consumer ended")??;
+        delivery.ack(BasicAckOptions::default()).await?;
+        consumed += 1;
+    }
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    for queue in [&ping, &pong] {
+        let _ = publisher
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok((samples, rate))
+}
+
+/// Lead-to-lead messages from `a` on one host to `b` on another: sent in 8 lanes without
+/// waiting, then drained with `fleet_poll`; messages/s.
+async fn cross_host_rate(a: Client, b: &Client, to: &str, count: usize) -> anyhow::Result<f64> {
+    let a = std::sync::Arc::new(a);
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for lane in 0..8 {
+        let (a, to) = (std::sync::Arc::clone(&a), to.to_string());
+        senders.push(tokio::spawn(async move {
+            for i in (lane..count).step_by(8) {
+                a.ok(
+                    "fleet_send",
+                    json!({"to": to, "message": format!("m{i}"), "wait_s": 0}),
+                )
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for sender in senders {
+        sender.await??;
+    }
+    let mut drained = 0;
+    while drained < count {
+        let polled = b.ok("fleet_poll", json!({"wait_s": 5})).await?;
+        let got = polled["messages"].as_array().map_or(0, Vec::len);
+        anyhow::ensure!(got > 0, "drained only {drained} of {count}");
+        drained += got;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn federation(trips: usize, messages: usize, entities: usize) -> anyhow::Result<()> {
+    let broker = Broker::find().await?;
+    let vhost = Vhost::create(&broker).await?;
+    let uri = vhost.uri();
+    println!("fleet-bench federation (broker vhost {})", vhost.name());
+
+    let (mut bare, bare_rate) = bare_lapin(&uri, trips, messages).await?;
+    let a = federated(&uri, "hosta", &["alice".into()]).await?;
+    let b = federated(&uri, "hostb", &["bob".into()]).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.ok("fleet_spawn", json!({"profile": "sim", "name": "wb"}))
+        .await?;
+    alice
+        .ok("fleet_spawn", json!({"profile": "sim", "name": "wa"}))
+        .await?;
+    while alice.ok("fleet_list", json!({})).await?["entities"]
+        .as_array()
+        .is_none_or(|e| !e.iter().any(|e| e["name"] == "wb"))
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut cross = trips_to(&alice, "wb", trips).await?;
+    let mut same = trips_to(&alice, "wa", trips).await?;
+    let (bare50, bare99) = percentiles(&mut bare);
+    let (cross50, cross99) = percentiles(&mut cross);
+    let (same50, same99) = percentiles(&mut same);
+    println!(
+        "cross-host round trip (lead on A → worker on B → reply), {trips} trips: p50 {cross50:.2} ms  p99 {cross99:.2} ms"
+    );
+    println!(
+        "same-host round trip in the same run:                  p50 {same50:.2} ms  p99 {same99:.2} ms"
+    );
+    println!(
+        "bare lapin ping-pong (2 hops, persistent, confirms):   p50 {bare50:.2} ms  p99 {bare99:.2} ms"
+    );
+    println!(
+        "  fleetd's added cost per broker hop = (cross p50 - same-host p50 - bare p50) / 2 = {:.2} ms  [target ≤ 2 ms]",
+        (cross50 - same50 - bare50) / 2.0
+    );
+
+    let rate = cross_host_rate(
+        a.lead("alice", Protocol::Stateless).await?,
+        &bob,
+        "bob@hostb",
+        messages,
+    )
+    .await?;
+    println!(
+        "cross-host messages, {messages} lead→lead sends drained by fleet_poll: {rate:.0}/s; bare lapin publish with confirms + consume: {bare_rate:.0}/s  ({:.0} %)  [target ≥ 50 %]",
+        rate / bare_rate * 100.0
+    );
+    drop((alice, bob, a, b));
+
+    // Roster convergence: three gateways of `entities` entities each (leads: no panes needed).
+    let names =
+        |host: &str| -> Vec<String> { (0..entities).map(|i| format!("{host}-l{i}")).collect() };
+    let mut gateways = Vec::new();
+    for host in ["ra", "rb", "rc"] {
+        gateways.push(federated(&uri, host, &names(host)).await?);
+    }
+    let started = Instant::now();
+    let mut leads = Vec::new();
+    for (gateway, host) in gateways.iter().zip(["ra", "rb", "rc"]) {
+        leads.push(
+            gateway
+                .lead(&format!("{host}-l0"), Protocol::Stateless)
+                .await?,
+        );
+    }
+    let total = 3 * entities;
+    let mut converged = vec![None; leads.len()];
+    while converged.iter().any(Option::is_none) {
+        for (lead, done) in leads.iter().zip(converged.iter_mut()) {
+            if done.is_none() {
+                let list = lead.ok("fleet_list", json!({})).await?;
+                if list["entities"].as_array().map_or(0, Vec::len) >= total {
+                    *done = Some(started.elapsed());
+                }
+            }
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "the roster did not converge within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let slowest = converged.into_iter().flatten().max().unwrap_or_default();
+    println!(
+        "roster convergence, 3 gateways × {entities} entities (heartbeat 1 s), from the last gateway up: {:.0} ms = {:.2} heartbeat intervals  [target ≤ 2]",
+        slowest.as_secs_f64() * 1000.0,
+        slowest.as_secs_f64()
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Args::parse().what {
@@ -474,5 +753,10 @@ async fn main() -> anyhow::Result<()> {
             workers,
             messages,
         } => local(trips, workers, messages).await,
+        What::Federation {
+            trips,
+            messages,
+            entities,
+        } => federation(trips, messages, entities).await,
     }
 }

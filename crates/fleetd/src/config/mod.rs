@@ -12,8 +12,10 @@ use fleet_core::entity::validate_name;
 use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
 use serde::Deserialize;
 
+mod federation;
 mod profile;
 
+pub use federation::{BrokerConfig, FederationConfig};
 pub use profile::{ProfileConfig, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
 
 /// The default address of the MCP endpoint: loopback only.
@@ -76,6 +78,10 @@ pub struct Config {
     pub leads: BTreeMap<String, LeadConfig>,
     /// Worker profiles.
     pub profiles: Vec<ProfileConfig>,
+    /// The broker of the federated plane; none: a single-host gateway.
+    pub broker: Option<BrokerConfig>,
+    /// Presence, receipts and inbox caps of the federated plane.
+    pub federation: FederationConfig,
 }
 
 /// `[gateway]`
@@ -284,6 +290,10 @@ impl Config {
                 MAX_WAIT_S * 1000,
             )?;
         }
+        if let Some(broker) = &self.broker {
+            broker.validate()?;
+        }
+        self.federation.validate()?;
         let mut seen = std::collections::BTreeSet::new();
         for profile in &self.profiles {
             profile.validate()?;
@@ -428,10 +438,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("listen_on"), "{err}");
-        let err = parse("[broker]\nuri = \"amqp://x\"\n")
+        let err = parse("[broker]\nuri = \"amqp://x\"\nheartbeat = 3\n")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("broker"), "{err}");
+        assert!(err.contains("heartbeat"), "{err}");
+        let err = parse("[architects]\nslots = []\n").unwrap_err().to_string();
+        assert!(err.contains("architects"), "{err}");
         let err = parse("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nargs=[]\n")
             .unwrap_err()
             .to_string();
@@ -444,6 +456,15 @@ mod tests {
             ("[gateway]\nlisten = \"nowhere\"\n", "listen"),
             ("[gateway]\nmax_message_bytes = 0\n", "max_message_bytes"),
             ("[gateway]\nadvertise_url = \"ftp://x\"\n", "advertise_url"),
+            ("[broker]\nuri = \"http://broker\"\n", "broker.uri"),
+            (
+                "[broker]\nuri = \"amqp://b\"\nprefetch = 0\n",
+                "broker.prefetch",
+            ),
+            (
+                "[federation]\npresence_interval_s = 5\npresence_ttl_s = 5\n",
+                "presence_ttl_s",
+            ),
             ("[leads.\"bad name\"]\n", "bad name"),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[]\n",

@@ -244,6 +244,7 @@ impl Gateway {
                 let injected = self
                     .db(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
+                self.receipt_injected(&task).await;
                 injected.err().map(|e| e.message)
             }
             Ok(InjectOutcome::NotSubmitted) => Some("not submitted".to_string()),

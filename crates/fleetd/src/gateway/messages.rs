@@ -110,6 +110,17 @@ pub struct PollResult {
     pub asks: Vec<AskView>,
 }
 
+/// What `fleet_broadcast` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct BroadcastResult {
+    /// The broadcast's id (each copy's id derives from it and its recipient).
+    pub msg_id: MsgId,
+    /// How many workers the roster knows to get a copy.
+    pub copies: usize,
+    /// What happens next.
+    pub note: String,
+}
+
 /// Where a message starts its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Placement {
@@ -119,6 +130,8 @@ pub(super) enum Placement {
     Queue,
     /// The recipient is gone.
     Dead,
+    /// The recipient lives on another host: published to its inbox on the broker.
+    Remote,
 }
 
 /// Counts a caller's open call while it lives: leads are not nudged while blocked in one, a
@@ -173,11 +186,16 @@ impl Gateway {
         }
     }
 
-    /// Resolves `to` among the live entities: local, or a clear error.
-    pub(super) fn resolve_local(&self, to: &str) -> Result<Entity, FleetError> {
-        let roster = self.lock().entities();
+    /// Resolves `to` among the live entities of this host and, with a broker, of the roster's
+    /// other hosts: the entity, and whether it is remote; or a clear error.
+    pub(super) fn resolve_route(&self, to: &str) -> Result<(Entity, bool), FleetError> {
+        let mut roster = self.lock().entities();
+        if let Some(fed) = &self.federation {
+            roster.extend(fed.remote_entities());
+        }
         match resolve(&roster, &self.host_id, to)? {
-            Route::Local(entity) => Ok(entity.clone()),
+            Route::Local(entity) => Ok((entity.clone(), false)),
+            Route::Remote(entity) if self.federation.is_some() => Ok((entity.clone(), true)),
             Route::Remote(entity) => Err(FleetError::new(
                 ErrorCode::BrokerUnavailable,
                 format!(
@@ -185,6 +203,17 @@ impl Gateway {
                     entity.name, entity.host
                 ),
             )),
+        }
+    }
+
+    /// Resolves `to` among this host's live entities: local, or a clear error.
+    pub(super) fn resolve_local(&self, to: &str) -> Result<Entity, FleetError> {
+        match self.resolve_route(to)? {
+            (entity, false) => Ok(entity),
+            (entity, true) => Err(FleetError::invalid(format!(
+                "'{}' lives on host '{}': only its own gateway can do that",
+                entity.name, entity.host
+            ))),
         }
     }
 
@@ -198,7 +227,13 @@ impl Gateway {
                 .map(|l| l.entity.name.clone())
                 .or_else(|| sessions.panes.get(&gid).map(|s| s.entity.name.clone()))
         };
-        match live {
+        let remote = || {
+            self.federation
+                .as_ref()
+                .and_then(|f| f.remote_entity(gid))
+                .map(|e| e.name)
+        };
+        match live.or_else(remote) {
             Some(name) => name,
             None => match self.db(move |s| s.entity(gid)).await {
                 Ok(Some(record)) => record.entity.name,
@@ -232,6 +267,7 @@ impl Gateway {
             Some(s) if !s.status.is_live() => Placement::Dead,
             Some(_) if message.kind == Kind::Send => Placement::Queue,
             Some(_) => Placement::Hold,
+            None if self.federation.is_some() => Placement::Remote,
             None => Placement::Dead,
         }
     }
@@ -247,6 +283,8 @@ impl Gateway {
             Placement::Hold => MsgState::Held,
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
+            // Its own gateway keeps it: nothing of it is stored here.
+            Placement::Remote => return self.publish_remote(&message).await,
         };
         let kept = message.clone();
         let fresh = self.db(move |s| s.insert_message(&message)).await?;
@@ -274,7 +312,7 @@ impl Gateway {
                     return Ok(Placement::Dead);
                 }
             }
-            Placement::Dead => {}
+            Placement::Dead | Placement::Remote => {}
         }
         Ok(placement)
     }
@@ -311,12 +349,13 @@ impl Gateway {
     ) -> Result<SendResult, FleetError> {
         check_tool(&caller.entity, Tool::Send)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
-        let recipient = self.resolve_local(to)?;
+        let (recipient, remote) = self.resolve_route(to)?;
         if recipient.gid == caller.entity.gid {
             return Err(FleetError::invalid("you cannot send a message to yourself"));
         }
         check_send(&caller.entity, &recipient)?;
-        if recipient.role.is_injected()
+        if !remote
+            && recipient.role.is_injected()
             && let Some(down) = self.lock().host_down.clone()
         {
             return Err(FleetError::new(
@@ -346,7 +385,17 @@ impl Gateway {
         };
         let msg_id = message.msg_id;
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
-        if self.deliver(message).await? == Placement::Dead {
+        if remote && recipient.role.is_injected() {
+            // Tracked before it is published: its receipt may come back at once.
+            self.track_remote_brief(&message);
+        }
+        let placement = self.deliver(message).await;
+        if placement.is_err()
+            && let Some(fed) = &self.federation
+        {
+            fed.forget_brief(msg_id);
+        }
+        if placement? == Placement::Dead {
             return Ok(SendResult::Failed {
                 msg_id,
                 reason: format!("'{}' is gone", recipient.name),
@@ -412,11 +461,18 @@ impl Gateway {
                 () = self.shutdown.cancelled() => break,
             }
         }
-        let state = self
-            .db(move |s| s.message(msg_id))
-            .await?
-            .map(|m| m.state.to_string())
-            .unwrap_or_else(|| "unknown".into());
+        let remote_state = self
+            .federation
+            .as_ref()
+            .and_then(|f| f.pending_state(msg_id));
+        let state = match remote_state {
+            Some(state) => state.to_string(),
+            None => self
+                .db(move |s| s.message(msg_id))
+                .await?
+                .map(|m| m.state.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+        };
         Ok(SendResult::Pending {
             msg_id,
             state,
@@ -625,19 +681,78 @@ impl Gateway {
         Ok(true)
     }
 
+    /// `fleet_broadcast`: one message to every worker (or those of `group`), each copy
+    /// delivered by the normal rules of its worker's gateway. With a broker it is published
+    /// once and the broker copies it into every bound inbox; without one, this host's workers
+    /// get a copy each.
+    pub async fn broadcast(
+        self: &Arc<Self>,
+        caller: &Caller,
+        text: String,
+        group: Option<String>,
+    ) -> Result<BroadcastResult, FleetError> {
+        check_tool(&caller.entity, Tool::Broadcast)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        if let Some(group) = &group {
+            fleet_core::entity::validate_name("group", group)?;
+        }
+        let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
+        let copies = if self.federation.is_some() {
+            self.publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
+                .await?
+        } else {
+            let targets: Vec<Gid> = self
+                .lock()
+                .entities()
+                .into_iter()
+                .filter(|e| e.role.is_injected() && e.gid != caller.entity.gid)
+                .filter(|e| {
+                    group
+                        .as_ref()
+                        .is_none_or(|g| e.groups.iter().any(|x| x == g))
+                })
+                .map(|e| e.gid)
+                .collect();
+            let mut copies = 0;
+            for gid in targets {
+                let copy = Message {
+                    msg_id: msg_id.derived(&gid.to_string()),
+                    trace_id,
+                    kind: Kind::Send,
+                    from: caller.entity.gid,
+                    to: gid,
+                    in_reply_to: None,
+                    body: text.clone(),
+                    state: MsgState::Queued,
+                    created_ms: now_ms(),
+                };
+                if self.deliver(copy).await? == Placement::Queue {
+                    copies += 1;
+                }
+            }
+            copies
+        };
+        tracing::info!(%trace_id, %msg_id, group = ?group, copies, "broadcast");
+        Ok(BroadcastResult {
+            msg_id,
+            copies,
+            note: "each copy is typed in when its worker is free; their answers come back as ordinary replies (fleet_poll)".into(),
+        })
+    }
+
     /// The gid of a sender named `name` for a poll filter: a live entity, or the newest one
     /// of that name that is gone (its replies may still be held).
     async fn resolve_sender(&self, name: &str) -> Result<Gid, FleetError> {
         if let Ok(gid) = name.parse::<Gid>() {
             return Ok(gid);
         }
-        if let Ok(entity) = self.resolve_local(name) {
+        if let Ok((entity, _)) = self.resolve_route(name) {
             return Ok(entity.gid);
         }
         let owned = name.to_string();
         match self.db(move |s| s.latest_named(&owned)).await? {
             Some(record) => Ok(record.entity.gid),
-            None => Err(self.resolve_local(name).err().unwrap_or_else(|| {
+            None => Err(self.resolve_route(name).err().unwrap_or_else(|| {
                 FleetError::new(
                     ErrorCode::UnknownRecipient,
                     format!("nobody is named '{name}'"),

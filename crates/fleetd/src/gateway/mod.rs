@@ -8,6 +8,7 @@
 
 mod asks;
 mod delivery;
+mod federation;
 mod lifecycle;
 mod messages;
 mod nudge;
@@ -29,7 +30,8 @@ use crate::config::Config;
 use crate::launch::Launchers;
 
 pub use asks::{AskResult, AskView};
-pub use messages::{Delivered, PollResult, ReplyResult, SendResult};
+pub use federation::{Federation, HostView};
+pub use messages::{BroadcastResult, Delivered, PollResult, ReplyResult, SendResult};
 pub use nudge::NudgeTarget;
 pub use sessions::{ListResult, RosterEntry};
 pub use spawn::{SpawnRequest, SpawnResult, StopResult};
@@ -59,6 +61,8 @@ pub struct Gateway {
     shutdown: CancellationToken,
     /// Every background task, so shutdown can wait for them.
     tasks: TaskTracker,
+    /// The federated plane, when a broker is configured.
+    federation: Option<Federation>,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -68,28 +72,39 @@ pub struct Caller {
     pub entity: Entity,
 }
 
+/// What a gateway runs on: its store, pane host, launchers and (with a broker) federated plane.
+pub struct Parts {
+    /// Durable state.
+    pub store: Arc<dyn Store>,
+    /// Where the panes live.
+    pub panes: Arc<dyn PaneHost>,
+    /// How profiles become panes.
+    pub launchers: Launchers,
+    /// The federated plane, when a broker is configured.
+    pub federation: Option<Federation>,
+}
+
 impl Gateway {
-    /// Builds the gateway over an opened store and pane host. Call [`Gateway::start`] next.
+    /// Builds the gateway over its opened parts. Call [`Gateway::start`] next.
     pub fn new(
         config: Arc<Config>,
         host_id: String,
         mcp_url: String,
-        store: Arc<dyn Store>,
-        panes: Arc<dyn PaneHost>,
-        launchers: Launchers,
+        parts: Parts,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             config,
             host_id,
             mcp_url,
-            store,
-            panes,
-            launchers: Arc::new(launchers),
+            store: parts.store,
+            panes: parts.panes,
+            launchers: Arc::new(parts.launchers),
             sessions: Mutex::new(Sessions::default()),
             inboxes: Mutex::new(HashMap::new()),
             shutdown,
             tasks: TaskTracker::new(),
+            federation: parts.federation,
         })
     }
 
@@ -108,6 +123,9 @@ impl Gateway {
                 .entity;
             self.lock().add_lead(entity);
         }
+        // The broker first: notices about what the previous run left half-delivered may be
+        // for senders on other hosts.
+        self.start_federation().await?;
         self.recover().await?;
         watch::start(self);
         nudge::start(self);
@@ -235,9 +253,14 @@ impl Gateway {
 
     /// `fleet_list`: every live entity, and the caller.
     pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
-        self.lock()
+        let mut list = self
+            .lock()
             .list(caller.entity.gid)
-            .ok_or_else(|| FleetError::new(ErrorCode::Gone, "you are no longer in the roster"))
+            .ok_or_else(|| FleetError::new(ErrorCode::Gone, "you are no longer in the roster"))?;
+        let (remote, hosts) = self.remote_view();
+        list.entities.extend(remote);
+        list.hosts = hosts;
+        Ok(list)
     }
 }
 

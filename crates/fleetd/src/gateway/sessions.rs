@@ -104,6 +104,12 @@ impl PaneSession {
             .is_some_and(|cap| self.tasks_started >= cap)
     }
 
+    /// Whether the session would take a task now (a brief from another host waits on the
+    /// broker until it would).
+    pub fn takes_task(&self) -> bool {
+        self.status == WorkerStatus::Idle && !self.cap_reached()
+    }
+
     /// Wakes the pump and the readiness gate.
     pub fn kick(&self) {
         self.kick.send_modify(|v| *v = v.wrapping_add(1));
@@ -147,8 +153,10 @@ pub struct ListResult {
     pub you: RosterEntry,
     /// The caller's lead-to-lead coordination id (none until a coordinator is configured).
     pub coord_id: Option<String>,
-    /// Every live entity.
+    /// Every live entity: this host's, then other hosts' as the roster last heard of them.
     pub entities: Vec<RosterEntry>,
+    /// The hosts of the fleet (this one first), with the profiles each can spawn.
+    pub hosts: Vec<super::HostView>,
 }
 
 /// Leads and pane sessions.
@@ -216,6 +224,11 @@ impl Sessions {
                 && session.profile.ready_call() != ReadyCall::None
                 && session.apply(SessionEvent::Ready).is_ok()
         })
+    }
+
+    /// Whether `gid` is (or was, in this run) an entity of this gateway.
+    pub fn is_local(&self, gid: Gid) -> bool {
+        self.leads.contains_key(&gid) || self.panes.contains_key(&gid)
     }
 
     /// Every live entity, leads first, then sessions oldest first.
@@ -301,6 +314,7 @@ impl Sessions {
             you: self.entry(caller)?,
             coord_id: None,
             entities,
+            hosts: Vec::new(),
         })
     }
 }

@@ -229,6 +229,7 @@ impl Gateway {
 
         self.await_ready(gid, &pane, &profile, ct).await?;
         guard.armed = false;
+        self.federation_joined(gid).await;
         Ok(SpawnResult {
             gid,
             name,
@@ -378,14 +379,16 @@ impl Gateway {
                         session.pane.clone(),
                         session.current.take(),
                         session.entity.name.clone(),
+                        session.entity.clone(),
                     ))
                 }
                 _ => None,
             }
         };
-        let Some((pane, current, name)) = ended else {
+        let Some((pane, current, name, entity)) = ended else {
             return;
         };
+        self.federation_left(&entity).await;
         self.lock().asks.close_from(gid);
         tracing::info!(%gid, %name, reason, "session ended");
         self.persist_status(gid).await;

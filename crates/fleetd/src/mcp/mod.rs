@@ -21,7 +21,10 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
-use params::{AskParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams, StopParams};
+use params::{
+    AskParams, BroadcastParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams,
+    StopParams,
+};
 
 /// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
 /// client asked for progress.
@@ -243,6 +246,24 @@ Waits up to wait_s seconds for the first one; from filters by sender."
                 .await
         };
         errors::result(with_progress(&ctx, "fleet_poll", outcome).await)
+    }
+
+    #[tool(
+        description = "Broadcast one message to every worker of the fleet, on every host, or \
+to the workers of one group. Each copy is typed in as a task when its worker is free; answers \
+come back as ordinary replies (collect them with fleet_poll). For identical announcements; \
+send tailored briefs one by one. Leads only."
+    )]
+    async fn fleet_broadcast(
+        &self,
+        Parameters(p): Parameters<BroadcastParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            self.gateway.broadcast(&caller, p.message, p.group).await
+        };
+        errors::result(outcome.await)
     }
 
     #[tool(

@@ -91,3 +91,14 @@ pub struct StopParams {
     /// The worker to stop: a name or gid.
     pub to: String,
 }
+
+/// `fleet_broadcast`
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BroadcastParams {
+    /// The message every worker (or every worker of the group) gets as a task.
+    pub message: String,
+    /// Only the workers of this broadcast group; every worker when left out.
+    #[serde(default)]
+    pub group: Option<String>,
+}

@@ -5,6 +5,7 @@ mod claude;
 mod cli;
 mod delivery;
 mod durability;
+mod federation;
 mod herdr;
 mod lifecycle;
 mod nudge;

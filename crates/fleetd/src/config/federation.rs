@@ -1,0 +1,141 @@
+//! `[broker]` and `[federation]`: the federated plane. Without a `[broker]` block fleetd is a
+//! single-host gateway and never opens a broker connection.
+
+use serde::Deserialize;
+
+use super::{MAX_WAIT_S, within};
+
+/// `[broker]`: the AMQP broker the gateways share.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// `amqp://` or `amqps://` URI with this gateway's own login and the vhost; the password
+    /// may be left out of it and come from `password_env` instead.
+    pub uri: String,
+    /// The environment variable that holds the password, when the URI has none.
+    #[serde(default = "default_password_env")]
+    pub password_env: String,
+    /// The broker heartbeat: a crashed gateway's exclusive consumers are released after about
+    /// twice this.
+    #[serde(default = "default_heartbeat_s")]
+    pub heartbeat_s: u16,
+    /// How many unacknowledged deliveries one inbox consumer may hold.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: u16,
+}
+
+fn default_password_env() -> String {
+    "FLEET_BROKER_PASSWORD".into()
+}
+
+fn default_heartbeat_s() -> u16 {
+    10
+}
+
+fn default_prefetch() -> u16 {
+    32
+}
+
+/// `[federation]`: presence, receipts and the caps of the inboxes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FederationConfig {
+    /// How often each gateway announces its entities.
+    pub presence_interval_s: u64,
+    /// How long a remote entity stays in the roster without a heartbeat.
+    pub presence_ttl_s: u64,
+    /// How long a sender waits for a remote brief's `INJECTED` receipt while its recipient is
+    /// free to take it (time the recipient reads busy does not count).
+    pub injected_bound_s: u64,
+    /// The most messages an inbox holds; more are dead-lettered (the sender is refused).
+    pub inbox_max_length: u64,
+    /// How long a message may wait in an inbox before it is dead-lettered.
+    pub inbox_message_ttl_s: u64,
+    /// How long an inbox nobody consumes lives (it goes with its messages): a crashed
+    /// gateway's orphans are collected after this.
+    pub inbox_expires_s: u64,
+    /// The most messages the dead-letter queue keeps.
+    pub dlq_max_length: u64,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        Self {
+            presence_interval_s: 5,
+            presence_ttl_s: 15,
+            injected_bound_s: 30,
+            inbox_max_length: 1_000,
+            inbox_message_ttl_s: 86_400,
+            inbox_expires_s: 604_800,
+            dlq_max_length: 100_000,
+        }
+    }
+}
+
+impl BrokerConfig {
+    /// Checks what the parser cannot; errors name the key.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let parsed =
+            url::Url::parse(&self.uri).map_err(|e| format!("broker.uri is not a URI: {e}"))?;
+        if !matches!(parsed.scheme(), "amqp" | "amqps") || parsed.host_str().is_none() {
+            return Err(format!(
+                "broker.uri must be an amqp:// or amqps:// URI with a host, not '{}://…'",
+                parsed.scheme()
+            ));
+        }
+        within("broker.heartbeat_s", self.heartbeat_s.into(), 1, 300)?;
+        within("broker.prefetch", self.prefetch.into(), 1, 10_000)?;
+        Ok(())
+    }
+}
+
+impl FederationConfig {
+    /// Checks what the parser cannot; errors name the key.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        within(
+            "federation.presence_interval_s",
+            self.presence_interval_s,
+            1,
+            3_600,
+        )?;
+        within(
+            "federation.presence_ttl_s",
+            self.presence_ttl_s,
+            self.presence_interval_s + 1,
+            MAX_WAIT_S,
+        )
+        .map_err(|e| format!("{e} (more than presence_interval_s)"))?;
+        within(
+            "federation.injected_bound_s",
+            self.injected_bound_s,
+            1,
+            MAX_WAIT_S,
+        )?;
+        within(
+            "federation.inbox_max_length",
+            self.inbox_max_length,
+            1,
+            10_000_000,
+        )?;
+        within(
+            "federation.inbox_message_ttl_s",
+            self.inbox_message_ttl_s,
+            1,
+            MAX_WAIT_S * 30,
+        )?;
+        within(
+            "federation.inbox_expires_s",
+            self.inbox_expires_s,
+            self.inbox_message_ttl_s,
+            MAX_WAIT_S * 365,
+        )
+        .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
+        within(
+            "federation.dlq_max_length",
+            self.dlq_max_length,
+            1,
+            100_000_000,
+        )?;
+        Ok(())
+    }
+}

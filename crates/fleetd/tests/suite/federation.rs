@@ -1,0 +1,535 @@
+//! Cross-host federation: several real fleetd processes (distinct host ids, state dirs and
+//! tmux servers) on the real RabbitMQ, each test in a vhost of its own that it removes.
+
+use std::time::{Duration, Instant};
+
+use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::wait::until;
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A gateway of host `host` with lead `lead` and the scripted agent as profile `sim`, on the
+/// broker at `uri`; `extra` is more config.
+async fn gateway(uri: &str, host: &str, lead: &str, extra: &str) -> anyhow::Result<Fleet> {
+    Fleet::start(
+        &format!("host_id = \"{host}\""),
+        &format!(
+            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n{extra}",
+            sim_profile("sim", &[])?
+        ),
+    )
+    .await
+}
+
+/// Waits until `lead`'s `fleet_list` shows `name` with a status other than `unknown`.
+async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
+    until(&format!("the roster to show {name}"), LIMIT, || async {
+        lead.entry(name)
+            .await
+            .ok()
+            .filter(|e| e["status"] != "unknown")
+    })
+    .await
+}
+
+/// A text header value.
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// The ids in a gateway's audit log.
+fn audited(fleet: &Fleet) -> String {
+    std::fs::read_to_string(fleet.state_dir().join("audit.jsonl")).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("sim", "wb").await?;
+    alice.spawn("sim", "wa").await?;
+
+    // U1 A → B: the worker on B answers the lead on A.
+    let entry = sees(&alice, "wb").await?;
+    assert_eq!(entry["host"], "hostb", "{entry}");
+    let sent = alice.send("wb", "hello from hosta", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"],
+        "echo: hello from hosta",
+        "{sent}\n{}",
+        b.log()
+    );
+    assert_eq!(sent["reply"]["from_name"], "wb");
+
+    // And B → A.
+    sees(&bob, "wa").await?;
+    let sent = bob.send("wa@hosta", "hello from hostb", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello from hostb", "{sent}");
+
+    // Same-host traffic stays off the broker: a local round trip leaves no audit line.
+    let local = alice.send("wa", "local only", 20).await?;
+    assert_eq!(local["reply"]["text"], "echo: local only");
+    let msg_id = local["msg_id"].as_str().unwrap_or_default().to_string();
+    assert!(!msg_id.is_empty());
+    assert!(!audited(&a).contains(&msg_id), "{}", audited(&a));
+    // The remote one is audited on both sides, without its text.
+    let remote_id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    assert!(audited(&b).contains(&remote_id));
+    assert!(audited(&a).contains(&remote_id));
+    assert!(!audited(&a).contains("hello from hostb"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_remote_reply_is_held_until_polled_and_a_busy_worker_keeps_it_queued()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+
+    // The worker is busy for a while: the second brief waits on the broker, reads queued to
+    // the sender, and is not failed for want of a receipt while the worker is busy (the
+    // bound is 3 s here; the first task takes 5).
+    let first = alice.send("wb", "/slow 5000 first", 0).await?;
+    assert_eq!(first["status"], "pending", "{first}");
+    until("wb to read busy on hosta", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let second = alice.send("wb", "second", 0).await?;
+    assert_eq!(second["state"], "queued", "{second}");
+
+    // U3: both answers outlive the sends' waits and are held until polled, in order.
+    let texts = texts(&drain(&alice, 2).await?);
+    assert_eq!(texts, ["echo: first", "echo: second"], "{}", a.log());
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_converge_on_one_roster_and_a_dead_one_expires() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let mut c = gateway(&vhost.uri(), "hostc", "carol", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let carol = c.lead("carol", Protocol::Stateless).await?;
+    carol.spawn("sim", "wc").await?;
+
+    // Everyone sees everyone, with host and status; and every host, even one without
+    // workers, with its profiles.
+    for lead in [&alice, &bob] {
+        let wc = sees(lead, "wc").await?;
+        assert_eq!(wc["host"], "hostc");
+        assert_eq!(wc["status"], "idle");
+    }
+    for (lead, others) in [(&alice, ["bob", "carol"]), (&bob, ["alice", "carol"])] {
+        for other in others {
+            sees(lead, other).await?;
+        }
+    }
+    let list = alice.ok("fleet_list", json!({})).await?;
+    let hosts: Vec<&str> = list["hosts"]
+        .as_array()
+        .map(|h| h.iter().filter_map(|h| h["host"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(hosts, ["hosta", "hostb", "hostc"], "{list}");
+    assert_eq!(list["hosts"][1]["profiles"], json!(["sim"]));
+
+    // A gateway killed -9 says nothing: its entries expire after the presence TTL.
+    c.kill9().await?;
+    until("hostc's entries to expire on hosta", LIMIT, || async {
+        let names = alice.names().await.ok()?;
+        (!names.iter().any(|n| n == "wc" || n == "carol")).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    alice.spawn("sim", "wa").await?;
+    bob.ok(
+        "fleet_spawn",
+        json!({"profile": "sim", "name": "wb1", "groups": ["core"]}),
+    )
+    .await?;
+    bob.spawn("sim", "wb2").await?;
+    for name in ["wb1", "wb2"] {
+        sees(&alice, name).await?;
+    }
+
+    let all = alice
+        .ok("fleet_broadcast", json!({"message": "everyone: status"}))
+        .await?;
+    assert_eq!(all["copies"], 3, "{all}");
+    let mut from = collect_replies(&alice, 3).await?;
+    from.sort();
+    assert_eq!(from, ["wa", "wb1", "wb2"]);
+
+    let group = alice
+        .ok(
+            "fleet_broadcast",
+            json!({"message": "core: report", "group": "core"}),
+        )
+        .await?;
+    assert_eq!(group["copies"], 1, "{group}");
+    assert_eq!(collect_replies(&alice, 1).await?, ["wb1"]);
+
+    // A worker that joins later gets later broadcasts; a stopped one none.
+    bob.ok("fleet_stop", json!({"to": "wb2"})).await?;
+    bob.spawn("sim", "wb3").await?;
+    until("hosta to see wb3 and not wb2", LIMIT, || async {
+        let names = alice.names().await.ok()?;
+        (names.iter().any(|n| n == "wb3") && !names.iter().any(|n| n == "wb2")).then_some(())
+    })
+    .await?;
+    alice
+        .ok("fleet_broadcast", json!({"message": "again"}))
+        .await?;
+    let mut from = collect_replies(&alice, 3).await?;
+    from.sort();
+    assert_eq!(from, ["wa", "wb1", "wb3"]);
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
+    Ok(())
+}
+
+/// Polls until `n` messages came (or fails after [`LIMIT`]).
+async fn drain(lead: &Client, n: usize) -> anyhow::Result<Vec<Value>> {
+    let deadline = Instant::now() + LIMIT;
+    let mut got = Vec::new();
+    while got.len() < n {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {n} messages came: {got:?}",
+            got.len()
+        );
+        got.extend(lead.poll(1).await?);
+    }
+    Ok(got)
+}
+
+/// The `field` of each message.
+fn field(messages: &[Value], field: &str) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| m[field].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The texts of `messages`.
+fn texts(messages: &[Value]) -> Vec<String> {
+    field(messages, "text")
+}
+
+/// Polls until `n` replies came; their senders' names.
+async fn collect_replies(lead: &Client, n: usize) -> anyhow::Result<Vec<String>> {
+    Ok(field(&drain(lead, n).await?, "from_name"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_survive_the_kill_9_of_the_gateway_holding_them_exactly_once() -> anyhow::Result<()>
+{
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let mut a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    for name in ["w1", "w2", "w3"] {
+        bob.spawn("sim", name).await?;
+        sees(&alice, name).await?;
+    }
+    // Three tasks; the first answer is held on hosta before it dies, the others come while
+    // it is down (they wait in its lead's inbox on the broker).
+    alice.send("w1", "one", 0).await?;
+    until("the first answer to be held on hosta", LIMIT, || async {
+        audited(&a).contains("\"held\"").then_some(())
+    })
+    .await?;
+    alice.send("w2", "/slow 1500 two", 0).await?;
+    alice.send("w3", "/slow 1500 three", 0).await?;
+    alice.close().await?;
+    a.kill9().await?;
+    a.launch().await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let mut texts = texts(&drain(&alice, 3).await?);
+    texts.sort();
+    assert_eq!(
+        texts,
+        ["echo: one", "echo: three", "echo: two"],
+        "{}",
+        a.log()
+    );
+    // None twice.
+    assert_eq!(alice.poll(2).await?, Vec::<Value>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_dying_between_ack_and_inject_fails_the_brief_and_never_types_it_twice()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    // A long pause between paste and Enter: the window after the ack and before the submit.
+    let slow = sim_profile("slowenter", &[])?.replace(
+        "ready_timeout_s = 20",
+        "ready_timeout_s = 20\nenter_pause_ms = 5000",
+    );
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", &slow).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("slowenter", "wb").await?;
+    sees(&alice, "wb").await?;
+    let sent = alice.send("wb", "type me once", 0).await?;
+    let msg_id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    until("hostb to take the brief off the broker", LIMIT, || async {
+        b.log()
+            .lines()
+            .any(|l| l.contains("accepted") && l.contains(&msg_id))
+            .then_some(())
+    })
+    .await?;
+    b.kill9().await?;
+    b.launch().await?;
+    // The sender is told, loudly; the brief is never redelivered to be typed again.
+    let notice = until("the FAILED notice", LIMIT, || async {
+        alice
+            .poll(1)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|m| m["in_reply_to"] == msg_id.as_str())
+    })
+    .await?;
+    assert_eq!(notice["kind"], "FAILED", "{notice}");
+    // Told by hostb's restart (it died while typing) or by hostA's missing receipt: one
+    // notice either way.
+    assert!(
+        notice["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not retried"),
+        "{notice}"
+    );
+    let restarted = b.log();
+    let after = restarted
+        .split("--- restart ---")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        !after
+            .lines()
+            .any(|l| l.contains("accepted") && l.contains(&msg_id)),
+        "taken again after the restart:\n{after}"
+    );
+    assert_eq!(alice.poll(4).await?, Vec::<Value>::new(), "a second notice");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_otherwise()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let mut a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let gid = alice.entry("alice").await?["gid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    alice.close().await?;
+    assert!(a.terminate().await?);
+    let queue = format!("agent.{gid}.inbox.v2");
+
+    // Another consumer holds the lead's inbox exclusively: fleetd says so and stops.
+    let other = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = other.create_channel().await?;
+    let _held = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "another-gateway".into(),
+            lapin::options::BasicConsumeOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let refused = a.launch().await;
+    assert!(refused.is_err(), "fleetd started beside another consumer");
+    let log = a.log();
+    assert!(
+        log.contains(&queue) && log.contains("another gateway"),
+        "{log}"
+    );
+    other.close(200, "done".into()).await?;
+
+    // The inbox exists with other arguments: a clear start-up error naming queue and argument.
+    let admin = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = admin.create_channel().await?;
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await?;
+    // fleetd's arguments but for the length cap.
+    let mut args = FieldTable::default();
+    args.insert("x-dead-letter-exchange".into(), text("fleet.dlx"));
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(5));
+    args.insert("x-overflow".into(), text("reject-publish-dlx"));
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(86_400_000));
+    args.insert("x-expires".into(), AMQPValue::LongLongInt(604_800_000));
+    args.insert("x-queue-type".into(), text("classic"));
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+    let refused = a.launch().await;
+    assert!(refused.is_err(), "fleetd started over a differing queue");
+    let log = a.log();
+    assert!(
+        log.contains(&queue) && log.contains("x-max-length"),
+        "{log}"
+    );
+    admin.close(200, "done".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_going()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let gid = alice.entry("alice").await?["gid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    let mut newer = FieldTable::default();
+    newer.insert("v".into(), text("99.0"));
+    newer.insert("kind".into(), text("REPLY"));
+    let mut garbage = FieldTable::default();
+    garbage.insert("v".into(), text("1.0"));
+    garbage.insert("kind".into(), text("NONSENSE"));
+    for headers in [newer, garbage, FieldTable::default()] {
+        channel
+            .basic_publish(
+                "fleet.msg".into(),
+                gid.as_str().into(),
+                BasicPublishOptions::default(),
+                b"not for you",
+                BasicProperties::default().with_headers(headers),
+            )
+            .await?
+            .await?;
+    }
+    until("three dead letters", LIMIT, || async {
+        let dlq = channel
+            .queue_declare(
+                "fleet.dlq".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .ok()?;
+        (dlq.message_count() == 3).then_some(())
+    })
+    .await?;
+    assert!(
+        a.log()
+            .contains("REFUSED a message of a newer envelope version")
+    );
+    // And it keeps going.
+    alice.spawn("sim", "w1").await?;
+    let sent = alice.send("w1", "still here", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: still here");
+    conn.close(200, "done".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_resume()
+-> anyhow::Result<()> {
+    let mut node = PrivateNode::start().await?;
+    let vhost = Vhost::create(&node.broker()).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    alice.spawn("sim", "wa").await?;
+    bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    assert_eq!(
+        alice.send("wb", "before", 20).await?["reply"]["text"],
+        "echo: before"
+    );
+
+    node.stop().await?;
+    until("wb to read unknown", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "unknown")
+    })
+    .await?;
+    // Local traffic is untouched.
+    assert_eq!(
+        alice.send("wa", "local", 20).await?["reply"]["text"],
+        "echo: local"
+    );
+    // A remote send fails at once with broker_unavailable.
+    let started = Instant::now();
+    let refused = alice
+        .call(
+            "fleet_send",
+            json!({"to": "wb", "message": "during", "wait_s": 20}),
+        )
+        .await?;
+    let took = started.elapsed();
+    let error = refused
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("the send went through"))?;
+    assert_eq!(error.code, "broker_unavailable", "{error:?}");
+    println!("remote send with the broker down failed in {took:?}");
+
+    node.restart().await?;
+    let back = until("remote traffic to resume", LIMIT, || async {
+        let sent = alice.send("wb", "after", 20).await.ok()?;
+        sent["reply"]["text"].as_str().map(str::to_string)
+    })
+    .await?;
+    assert_eq!(back, "echo: after");
+    Ok(())
+}
