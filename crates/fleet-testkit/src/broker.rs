@@ -1,120 +1,453 @@
-//! The real RabbitMQ for broker tests and benchmarks: where it is, a vhost of a test's own
-//! (removed when dropped), and a private node a test may stop and restart (the machine's shared
-//! broker is never stopped).
+//! The real RabbitMQ for broker tests and benchmarks: where it is ([`Broker`]), a vhost of a
+//! test's own, removed when dropped ([`Vhost`]), and a private node a test may stop and restart
+//! ([`PrivateNode`]); the machine's shared broker is never stopped or reconfigured.
 //!
-//! Vhosts are made with `rabbitmqctl` on the broker's node, so the broker must be on this
-//! machine: `FLEET_TEST_AMQP_URL` (`amqp://user:pass@host:port`, no vhost) names one, with
-//! `FLEET_TEST_RABBIT_NODE` as its node name when it is not the default node.
+//! Vhosts are made and removed with `rabbitmqctl` on the broker's node, so the broker must run
+//! on this machine and its node must be reachable by `rabbitmqctl` run as we are.
+//! `FLEET_TEST_AMQP_URL` (`amqp://user:pass@host:port`, no vhost) names such a broker, with
+//! `FLEET_TEST_RABBIT_NODE` as its node name when it is not `rabbitmqctl`'s default node; its
+//! user must exist there (each vhost grants it all permissions).
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::Context;
+use lapin::{Connection, ConnectionProperties};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use rustix::process::{Pid, Signal};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
 use crate::fleet::free_port;
 use crate::wait::until;
 
-/// How long a private node may take to start (8–9 s here).
-const NODE_START_LIMIT: Duration = Duration::from_secs(90);
+/// How long a private node may take to take AMQP connections after it is started (7–11 s on
+/// a busy 2-CPU machine; about half of it the Erlang VM's boot).
+const NODE_START_LIMIT: Duration = Duration::from_secs(60);
 
-/// A broker the tests may use: its AMQP base URL and, for `rabbitmqctl`, its node name
-/// (`None`: the default node).
+/// How long a private node may take to exit once told to stop.
+const NODE_STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long a new vhost may take to let its user in (definition import is asynchronous).
+const VHOST_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long one `rabbitmqctl` run may take.
+const CTL_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long one AMQP connection attempt may take before it counts as failed.
+const PROBE_LIMIT: Duration = Duration::from_secs(5);
+
+/// The port of the machine's shared RabbitMQ.
+const SHARED_PORT: u16 = 5672;
+
+/// What is percent-encoded in a URI's user info and vhost: all but RFC 3986's unreserved.
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A RabbitMQ node the tests may use: its AMQP address and credentials, and how to run
+/// `rabbitmqctl` against it. Both [`Broker::find`] and [`PrivateNode::broker`] give one; a
+/// [`Vhost`] is made on one.
 #[derive(Clone, Debug)]
 pub struct Broker {
-    base: String,
-    node: Option<String>,
+    /// The AMQP host.
+    host: String,
+    /// The AMQP port.
+    port: u16,
+    /// The AMQP user.
+    user: String,
+    /// The AMQP user's password.
+    password: String,
+    /// `rabbitmqctl` for this node.
+    ctl: Ctl,
 }
 
-/// The private node started when this machine has no broker, kept for the whole process.
+/// How `rabbitmqctl` reaches one node.
+#[derive(Clone, Debug)]
+struct Ctl {
+    /// The `rabbitmqctl` to run.
+    program: PathBuf,
+    /// `-n` for it (`None`: its default node).
+    node: Option<String>,
+    /// Environment for it (a private node's `HOME`, which holds its Erlang cookie).
+    env: Vec<(&'static str, OsString)>,
+}
+
+/// The broker [`Broker::find`] settled on, for the whole process.
+static FOUND: OnceCell<Broker> = OnceCell::const_new();
+
+/// The private node started when this machine has no broker, kept for the whole process (it
+/// gets SIGKILL when the process exits, see [`spawn_tied`]; statics are never dropped, so its
+/// temporary directory stays behind).
 static FALLBACK: OnceCell<PrivateNode> = OnceCell::const_new();
 
 impl Broker {
-    /// `FLEET_TEST_AMQP_URL` if set; else the machine's RabbitMQ on 127.0.0.1:5672 if it takes
-    /// connections; else a private node started for this process.
+    /// The tests' broker: `FLEET_TEST_AMQP_URL` if set (see the module docs); else the
+    /// machine's RabbitMQ on 127.0.0.1:5672 if it takes a `guest`/`guest` connection; else a
+    /// private node started for this process. Decided once per process.
     pub async fn find() -> anyhow::Result<Broker> {
-        if let Ok(url) = std::env::var("FLEET_TEST_AMQP_URL") {
-            return Ok(Broker {
-                base: url.trim_end_matches('/').to_string(),
-                node: std::env::var("FLEET_TEST_RABBIT_NODE").ok(),
-            });
-        }
-        let shared = Broker {
-            base: "amqp://guest:guest@127.0.0.1:5672".into(),
-            node: None,
+        FOUND
+            .get_or_try_init(|| async {
+                if let Ok(url) = std::env::var("FLEET_TEST_AMQP_URL") {
+                    let node = std::env::var("FLEET_TEST_RABBIT_NODE").ok();
+                    return Broker::at(&url, node.as_deref())
+                        .context("FLEET_TEST_AMQP_URL names no usable broker");
+                }
+                let shared = Broker::at(&format!("amqp://127.0.0.1:{SHARED_PORT}"), None)?;
+                if probe(&shared.uri("/")).await {
+                    return Ok(shared);
+                }
+                let node = FALLBACK.get_or_try_init(PrivateNode::start).await?;
+                Ok(node.broker())
+            })
+            .await
+            .cloned()
+    }
+
+    /// The broker at `url` (`amqp://user:pass@host:port`; user and password default to
+    /// `guest`, the port to 5672), whose vhosts `rabbitmqctl [-n node]` manages (`node`
+    /// `None`: `rabbitmqctl`'s default node).
+    pub fn at(url: &str, node: Option<&str>) -> anyhow::Result<Broker> {
+        let parsed = url::Url::parse(url).with_context(|| format!("parsing {url:?}"))?;
+        anyhow::ensure!(parsed.scheme() == "amqp", "{url:?} is not an amqp:// URL");
+        anyhow::ensure!(
+            matches!(parsed.path(), "" | "/"),
+            "{url:?} names a vhost; give the broker's URL without one"
+        );
+        let decode = |s: &str| -> anyhow::Result<String> {
+            Ok(percent_decode_str(s).decode_utf8()?.into_owned())
         };
-        if shared.answers().await {
-            return Ok(shared);
-        }
-        let node = FALLBACK.get_or_try_init(PrivateNode::start).await?;
-        Ok(node.broker())
+        let user = match parsed.username() {
+            "" => "guest".to_string(),
+            user => decode(user)?,
+        };
+        let password = match parsed.password() {
+            None => "guest".to_string(),
+            Some(password) => decode(password)?,
+        };
+        let host = match parsed.host_str() {
+            None | Some("") => "127.0.0.1".to_string(),
+            Some(host) => host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        };
+        Ok(Broker {
+            host,
+            port: parsed.port().unwrap_or(SHARED_PORT),
+            user,
+            password,
+            ctl: Ctl {
+                program: installed("/usr/sbin/rabbitmqctl", "rabbitmqctl"),
+                node: node.map(str::to_string),
+                env: Vec::new(),
+            },
+        })
     }
 
-    /// Whether an AMQP connection to the default vhost succeeds.
-    async fn answers(&self) -> bool {
-        let uri = format!("{}/%2f", self.base);
-        match lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()).await {
-            Ok(conn) => {
-                let _ = conn.close(200, "probe".into()).await;
-                true
-            }
-            Err(_) => false,
-        }
+    /// The AMQP host.
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
-    /// `rabbitmqctl` on this broker's node.
-    fn ctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut command = Command::new(rabbitmqctl());
+    /// The AMQP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The AMQP user (every [`Vhost`] grants it all permissions).
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The node name `rabbitmqctl` is given (`None`: its default node).
+    pub fn node(&self) -> Option<&str> {
+        self.ctl.node.as_deref()
+    }
+
+    /// The base URL, no vhost: `amqp://user:pass@host:port`.
+    pub fn url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!(
+            "amqp://{}:{}@{host}:{}",
+            utf8_percent_encode(&self.user, COMPONENT),
+            utf8_percent_encode(&self.password, COMPONENT),
+            self.port
+        )
+    }
+
+    /// The URI of `vhost` on this broker, the vhost percent-encoded (`/` is `%2F`).
+    pub fn uri(&self, vhost: &str) -> String {
+        format!("{}/{}", self.url(), utf8_percent_encode(vhost, COMPONENT))
+    }
+
+    /// Runs `rabbitmqctl` with `args` on this broker's node; its standard output.
+    pub async fn rabbitmqctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.ctl.run(args, None).await
+    }
+}
+
+impl AsRef<Broker> for Broker {
+    fn as_ref(&self) -> &Broker {
+        self
+    }
+}
+
+impl Ctl {
+    /// The command, without its arguments.
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(node) = &self.node {
             command.args(["-n", node]);
         }
-        let out = command
+        command
+    }
+
+    /// Runs it with `args`, writing `input` to its standard input; its standard output.
+    async fn run(&self, args: &[&str], input: Option<&[u8]>) -> anyhow::Result<String> {
+        let mut command = tokio::process::Command::from(self.command());
+        command
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let run = async {
+            let mut child = command.spawn()?;
+            if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+                stdin.write_all(input).await?;
+            }
+            child.wait_with_output().await
+        };
+        let out = tokio::time::timeout(CTL_LIMIT, run)
+            .await
+            .with_context(|| format!("rabbitmqctl {args:?} took over {CTL_LIMIT:?}"))?
+            .with_context(|| format!("running {}", self.program.display()))?;
+        checked(args, out)
+    }
+
+    /// Runs it with `args`, blocking (for `Drop`).
+    fn run_blocking(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self
+            .command()
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .context("running rabbitmqctl")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "rabbitmqctl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            .with_context(|| format!("running {}", self.program.display()))?;
+        checked(args, out)
     }
 }
 
-/// `rabbitmqctl`, which Debian puts in `/usr/sbin` (not always on `PATH`).
-fn rabbitmqctl() -> PathBuf {
-    let sbin = PathBuf::from("/usr/sbin/rabbitmqctl");
-    if sbin.is_file() {
-        sbin
+/// The standard output of a `rabbitmqctl` run, or an error with all it said.
+fn checked(args: &[&str], out: std::process::Output) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        out.status.success(),
+        "rabbitmqctl {args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `preferred` if it is a file, else `fallback` (looked up on `PATH`). Debian puts RabbitMQ's
+/// commands in `/usr/sbin`, often not on a user's `PATH`.
+fn installed(preferred: &str, fallback: &str) -> PathBuf {
+    let path = PathBuf::from(preferred);
+    if path.is_file() {
+        path
     } else {
-        PathBuf::from("rabbitmqctl")
+        PathBuf::from(fallback)
     }
 }
 
-/// A vhost of a test's own, with all permissions for the broker's user; deleted on drop.
+/// Whether an AMQP connection to `uri` opens within [`PROBE_LIMIT`] (it is closed again).
+async fn probe(uri: &str) -> bool {
+    let connect = Connection::connect(uri, ConnectionProperties::default());
+    match tokio::time::timeout(PROBE_LIMIT, connect).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close(200, "probe".into()).await;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A vhost of a test's own on a [`Broker`], its user granted all permissions; deleted (with
+/// all in it) on drop.
 pub struct Vhost {
+    /// The broker it is on.
     broker: Broker,
+    /// Its name.
     name: String,
 }
 
+/// A queue as `rabbitmqctl list_queues` shows it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct QueueInfo {
+    /// The queue's name.
+    pub name: String,
+    /// `classic`, `quorum` or `stream`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// Whether it survives a broker restart.
+    pub durable: bool,
+    /// Whether it is deleted when its last consumer goes.
+    pub auto_delete: bool,
+    /// Whether it belongs to the connection that declared it.
+    pub exclusive: bool,
+    /// Its `x-` arguments (`x-message-ttl`, `x-dead-letter-exchange`, ...).
+    #[serde(deserialize_with = "table")]
+    pub arguments: Map<String, Value>,
+    /// Messages in it, ready or unacknowledged.
+    #[serde(deserialize_with = "count")]
+    pub messages: u64,
+    /// Messages ready for delivery.
+    #[serde(deserialize_with = "count")]
+    pub messages_ready: u64,
+    /// Messages delivered and not yet acknowledged.
+    #[serde(deserialize_with = "count")]
+    pub messages_unacknowledged: u64,
+    /// Its consumers.
+    #[serde(deserialize_with = "count")]
+    pub consumers: u64,
+}
+
+/// An exchange as `rabbitmqctl list_exchanges` shows it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ExchangeInfo {
+    /// The exchange's name (`""`: the default exchange).
+    pub name: String,
+    /// `direct`, `topic`, `fanout`, `headers`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Whether it survives a broker restart.
+    pub durable: bool,
+    /// Whether it is deleted when its last binding goes.
+    pub auto_delete: bool,
+    /// Whether clients may not publish to it.
+    pub internal: bool,
+    /// Its arguments (`alternate-exchange`, ...).
+    #[serde(deserialize_with = "table")]
+    pub arguments: Map<String, Value>,
+}
+
+/// A binding as `rabbitmqctl list_bindings` shows it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct BindingInfo {
+    /// The exchange bound from (`""`: the default exchange, bound to every queue by name).
+    #[serde(rename = "source_name")]
+    pub source: String,
+    /// What the source is (`exchange`).
+    pub source_kind: String,
+    /// The queue or exchange bound to.
+    #[serde(rename = "destination_name")]
+    pub destination: String,
+    /// `queue` or `exchange`.
+    pub destination_kind: String,
+    /// The binding's routing key (pattern, for a topic exchange).
+    pub routing_key: String,
+    /// Its arguments (`x-match` and headers, for a headers exchange).
+    #[serde(deserialize_with = "table")]
+    pub arguments: Map<String, Value>,
+}
+
+/// An AMQP table as `rabbitmqctl --formatter json` prints it (a list of `[key, type, value]`)
+/// as a JSON object of key to value. Nested tables come out as objects; an array comes out as
+/// the CLI prints it, an object of item type to item (it loses items of a repeated type).
+fn table<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Map<String, Value>, D::Error> {
+    Ok(table_of(Value::deserialize(de)?))
+}
+
+/// [`table`] on a parsed value: nested tables and arrays are turned into objects and lists.
+fn table_of(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        Value::Array(fields) => fields
+            .into_iter()
+            .filter_map(|field| match field {
+                Value::Array(field) => match <[Value; 3]>::try_from(field) {
+                    Ok([Value::String(key), Value::String(kind), value]) => {
+                        Some((key, typed(&kind, value)))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        _ => Map::new(),
+    }
+}
+
+/// A field value of AMQP type `kind` as plain JSON.
+fn typed(kind: &str, value: Value) -> Value {
+    match kind {
+        "table" => Value::Object(table_of(value)),
+        _ => value,
+    }
+}
+
+/// A count `rabbitmqctl` may leave blank (a queue that is down): 0 then.
+fn count<'de, D: serde::Deserializer<'de>>(de: D) -> Result<u64, D::Error> {
+    Ok(Value::deserialize(de)?.as_u64().unwrap_or(0))
+}
+
 impl Vhost {
-    /// Creates a fresh vhost on `broker`.
-    pub async fn create(broker: &Broker) -> anyhow::Result<Vhost> {
+    /// Makes a new vhost `fleet-test-<uuid>` on `on` (a [`Broker`] or a [`PrivateNode`]) with
+    /// all permissions for its user, and waits until that user can connect to it.
+    pub async fn create(on: &impl AsRef<Broker>) -> anyhow::Result<Vhost> {
+        let broker = on.as_ref().clone();
         let name = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
-        let user = url::Url::parse(&broker.base)
-            .map(|u| u.username().to_string())
-            .unwrap_or_else(|_| "guest".into());
-        let (broker, vhost) = (broker.clone(), name.clone());
-        let made = tokio::task::spawn_blocking(move || {
-            broker.ctl(&["add_vhost", &vhost])?;
-            broker.ctl(&["set_permissions", "-p", &vhost, &user, ".*", ".*", ".*"])?;
-            anyhow::Ok(broker)
-        })
-        .await??;
-        Ok(Vhost { broker: made, name })
+        // One `rabbitmqctl` run instead of `add_vhost` and `set_permissions` (each run boots
+        // an Erlang VM: about a second).
+        let definitions = json!({
+            "vhosts": [{"name": name}],
+            "permissions": [{
+                "user": broker.user, "vhost": name,
+                "configure": ".*", "write": ".*", "read": ".*",
+            }],
+        });
+        broker
+            .ctl
+            .run(
+                &["-q", "import_definitions", "--format", "json"],
+                Some(definitions.to_string().as_bytes()),
+            )
+            .await?;
+        let vhost = Vhost { broker, name };
+        let uri = vhost.uri();
+        until(
+            &format!("vhost {} to let its user in", vhost.name),
+            VHOST_LIMIT,
+            || {
+                let uri = uri.clone();
+                async move { probe(&uri).await.then_some(()) }
+            },
+        )
+        .await?;
+        Ok(vhost)
     }
 
     /// The vhost's name.
@@ -122,110 +455,317 @@ impl Vhost {
         &self.name
     }
 
-    /// Its AMQP URI.
+    /// The broker it is on.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Its AMQP URI: `amqp://user:pass@host:port/<vhost>`.
     pub fn uri(&self) -> String {
-        format!("{}/{}", self.broker.base, self.name)
+        self.broker.uri(&self.name)
+    }
+
+    /// An AMQP connection to it.
+    pub async fn connect(&self) -> anyhow::Result<Connection> {
+        Connection::connect(&self.uri(), ConnectionProperties::default())
+            .await
+            .with_context(|| format!("connecting to vhost {}", self.name))
+    }
+
+    /// Its queues, with their arguments, message counts and consumers.
+    pub async fn queues(&self) -> anyhow::Result<Vec<QueueInfo>> {
+        self.list(
+            "list_queues",
+            &[
+                "name",
+                "type",
+                "durable",
+                "auto_delete",
+                "exclusive",
+                "arguments",
+                "messages",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+            ],
+        )
+        .await
+    }
+
+    /// Its queue `name`, if there is one.
+    pub async fn queue(&self, name: &str) -> anyhow::Result<Option<QueueInfo>> {
+        Ok(self.queues().await?.into_iter().find(|q| q.name == name))
+    }
+
+    /// Its exchanges, the predeclared `amq.*` and default ones included.
+    pub async fn exchanges(&self) -> anyhow::Result<Vec<ExchangeInfo>> {
+        self.list(
+            "list_exchanges",
+            &[
+                "name",
+                "type",
+                "durable",
+                "auto_delete",
+                "internal",
+                "arguments",
+            ],
+        )
+        .await
+    }
+
+    /// Its bindings, those of the default exchange included.
+    pub async fn bindings(&self) -> anyhow::Result<Vec<BindingInfo>> {
+        self.list(
+            "list_bindings",
+            &[
+                "source_name",
+                "source_kind",
+                "destination_name",
+                "destination_kind",
+                "routing_key",
+                "arguments",
+            ],
+        )
+        .await
+    }
+
+    /// `rabbitmqctl <command> -p <vhost> <items> --formatter json`, parsed.
+    async fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        command: &str,
+        items: &[&str],
+    ) -> anyhow::Result<Vec<T>> {
+        let mut args = vec!["-q", command, "-p", &self.name];
+        args.extend_from_slice(items);
+        args.extend_from_slice(&["--formatter", "json"]);
+        let out = self.broker.ctl.run(&args, None).await?;
+        serde_json::from_str(&out).with_context(|| format!("parsing {command} output {out:?}"))
     }
 }
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        if let Err(e) = self.broker.ctl(&["delete_vhost", &self.name]) {
-            eprintln!("could not delete vhost {}: {e}", self.name);
+        // A node that is down (a stopped private node) has nothing to delete it on.
+        let up = format!("{}:{}", self.broker.host, self.broker.port)
+            .parse::<SocketAddr>()
+            .map_or(true, |addr| {
+                TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+            });
+        if !up {
+            eprintln!("vhost {} left: its broker is down", self.name);
+            return;
+        }
+        if let Err(e) = self
+            .broker
+            .ctl
+            .run_blocking(&["-q", "delete_vhost", &self.name])
+        {
+            eprintln!("could not delete vhost {}: {e:#}", self.name);
         }
     }
 }
 
-/// A RabbitMQ node of a test's own, on free ports, with its data in a temporary directory:
-/// stopping it stops only it, and a restart keeps its durable queues.
+/// A RabbitMQ node of a test's own: its own node name, free AMQP and distribution ports on
+/// 127.0.0.1, its own Erlang cookie, no plugins, its data and logs in a temporary directory.
+/// Stopping it stops only it; a restart keeps its port and data, so durable queues and
+/// persistent messages survive. Dropping it kills it and removes its directory.
 pub struct PrivateNode {
+    /// Its data, logs, config and `HOME`; removed on drop.
     dir: tempfile::TempDir,
+    /// Its node name, `fleet-<uuid>@localhost`.
     name: String,
-    port: u16,
+    /// Its distribution port.
     dist_port: u16,
+    /// It as a broker: its AMQP port and `rabbitmqctl -n <name>` with its cookie.
+    broker: Broker,
+    /// The `rabbitmq-server` process (the Erlang VM), while it runs.
     child: Option<Child>,
+    /// How many times it was started (each start's output goes to its own file).
+    starts: usize,
 }
 
 impl PrivateNode {
     /// Starts a node and waits until it takes AMQP connections.
     pub async fn start() -> anyhow::Result<PrivateNode> {
         let dir = tempfile::Builder::new().prefix("fleet-rabbit-").tempdir()?;
-        std::fs::write(dir.path().join("enabled_plugins"), "[].\n")?;
-        // The packaged server drops to the `rabbitmq` user: its directory must be theirs.
-        if let Some((uid, gid)) = rabbitmq_ids() {
-            chown_tree(dir.path(), uid, gid)?;
-        }
-        let mut node = PrivateNode {
-            name: format!("fleet-{}@localhost", uuid::Uuid::now_v7().simple()),
+        let base = dir.path();
+        let home = base.join("home");
+        std::fs::create_dir(&home)?;
+        // Server and `rabbitmqctl` share this `HOME`, so this cookie.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(home.join(".erlang.cookie"))
+            .and_then(|mut f| {
+                io::Write::write_all(
+                    &mut f,
+                    uuid::Uuid::now_v7()
+                        .simple()
+                        .to_string()
+                        .to_uppercase()
+                        .as_bytes(),
+                )
+            })?;
+        std::fs::write(base.join("enabled_plugins"), "[].\n")?;
+        // In place of /etc/rabbitmq's files (the shared node's name and settings). The config
+        // is in the classic Erlang format, which skips the `.conf` schema translation (about a
+        // second of every start). No free-disk alarm over a small /tmp: it would block
+        // publishers without a word.
+        std::fs::write(base.join("rabbitmq-env.conf"), "")?;
+        std::fs::write(
+            base.join("rabbitmq.config"),
+            "[{rabbit, [{disk_free_limit, 1000000}]}].\n",
+        )?;
+        std::fs::write(base.join("advanced.config"), "[].\n")?;
+        let name = format!("fleet-{}@localhost", uuid::Uuid::now_v7().simple());
+        let broker = Broker {
+            host: "127.0.0.1".into(),
             port: free_port()?,
+            user: "guest".into(),
+            password: "guest".into(),
+            ctl: Ctl {
+                program: installed("/usr/lib/rabbitmq/bin/rabbitmqctl", "rabbitmqctl"),
+                node: Some(name.clone()),
+                env: vec![
+                    ("HOME", home.into_os_string()),
+                    (
+                        "RABBITMQ_CONF_ENV_FILE",
+                        base.join("rabbitmq-env.conf").into_os_string(),
+                    ),
+                ],
+            },
+        };
+        let mut node = PrivateNode {
+            name,
             dist_port: free_port()?,
+            broker,
             dir,
             child: None,
+            starts: 0,
         };
         node.restart().await?;
         Ok(node)
     }
 
-    /// The node as a [`Broker`].
-    pub fn broker(&self) -> Broker {
-        Broker {
-            base: format!("amqp://guest:guest@127.0.0.1:{}", self.port),
-            node: Some(self.name.clone()),
-        }
+    /// Its node name (`rabbitmqctl -n` takes it; see [`Broker::rabbitmqctl`]).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Starts the node again on the same ports and data (after [`PrivateNode::stop`]).
-    pub async fn restart(&mut self) -> anyhow::Result<()> {
+    /// Its AMQP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.broker.port
+    }
+
+    /// The node as a [`Broker`], to make a [`Vhost`] on.
+    pub fn broker(&self) -> Broker {
+        self.broker.clone()
+    }
+
+    /// The URI of `vhost` on this node (`"/"`: the default vhost).
+    pub fn uri(&self, vhost: &str) -> String {
+        self.broker.uri(vhost)
+    }
+
+    /// Whether it is running (started and not stopped).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Its temporary directory (data under `mnesia/`, logs under `log/`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What its latest start wrote: its output, then its log file.
+    pub fn log(&self) -> String {
         let base = self.dir.path();
-        let log = std::fs::File::create(base.join("server.log"))?;
-        let mut command = Command::new(server_binary());
+        let output = base.join(format!("server-{}.out", self.starts));
+        let log = base.join("log").join(format!("{}.log", self.name));
+        [output, log]
+            .iter()
+            .filter_map(|path| std::fs::read_to_string(path).ok())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Starts the node again on the same ports and data (after [`PrivateNode::stop`]), and
+    /// waits until it takes AMQP connections.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "node {} is running", self.name);
+        self.starts += 1;
+        let started = Instant::now();
+        let output =
+            std::fs::File::create(self.dir.path().join(format!("server-{}.out", self.starts)))?;
+        let mut command = self.server_command();
         command
-            .env("RABBITMQ_NODENAME", &self.name)
-            .env("RABBITMQ_NODE_PORT", self.port.to_string())
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", base.join("log"))
-            .env(
-                "RABBITMQ_ENABLED_PLUGINS_FILE",
-                base.join("enabled_plugins"),
-            )
-            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq"))
-            .env(
-                "RABBITMQ_ADVANCED_CONFIG_FILE",
-                base.join("advanced.config"),
-            )
-            .env("RABBITMQ_PID_FILE", base.join("node.pid"))
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // Its own process group, so dropping the node kills all of it.
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        self.child = Some(command.spawn().context("starting rabbitmq-server")?);
-        let broker = self.broker();
-        let log_path = base.join("server.log");
-        until(
-            "the private RabbitMQ node to take connections",
+            .stdout(output.try_clone()?)
+            .stderr(output)
+            // Its own process group, so dropping the node kills all of it.
+            .process_group(0);
+        self.child = Some(spawn_tied(command).context("starting rabbitmq-server")?);
+        let uri = self.uri("/");
+        let child = &mut self.child;
+        let ready = until(
+            &format!("private RabbitMQ node {} to take connections", self.name),
             NODE_START_LIMIT,
             || {
-                let broker = broker.clone();
-                async move { broker.answers().await.then_some(()) }
+                let exited = child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                let uri = uri.clone();
+                async move {
+                    if let Some(status) = exited {
+                        return Some(Err(anyhow::anyhow!("rabbitmq-server exited ({status})")));
+                    }
+                    probe(&uri).await.then_some(Ok(()))
+                }
             },
         )
         .await
-        .with_context(|| std::fs::read_to_string(&log_path).unwrap_or_default())
+        .and_then(|ready| ready);
+        if let Err(e) = ready {
+            self.kill();
+            return Err(e.context(format!("its output and log:\n{}", self.log())));
+        }
+        eprintln!(
+            "private RabbitMQ node {} on port {} took connections {:?} after it was started",
+            self.name,
+            self.broker.port,
+            started.elapsed()
+        );
+        Ok(())
     }
 
-    /// Stops the node and waits until its port refuses connections.
+    /// Stops the node (SIGTERM: RabbitMQ shuts down cleanly) and waits until it has exited and
+    /// its port refuses connections.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
-        let broker = self.broker();
-        tokio::task::spawn_blocking(move || broker.ctl(&["stop"])).await??;
-        if let Some(mut child) = self.child.take() {
-            tokio::task::spawn_blocking(move || child.wait()).await??;
+        let Some(mut child) = self.child.take() else {
+            anyhow::bail!("node {} is not running", self.name);
+        };
+        let started = Instant::now();
+        if let Some(pid) = pid(&child) {
+            // It may have died on its own already.
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
         }
-        let port = self.port;
+        let exited = until(
+            &format!("private RabbitMQ node {} to exit", self.name),
+            NODE_STOP_LIMIT,
+            || {
+                let exited = child.try_wait().ok().flatten();
+                async move { exited }
+            },
+        )
+        .await;
+        if let Err(e) = exited {
+            self.child = Some(child);
+            self.kill();
+            return Err(e);
+        }
+        let port = self.broker.port;
         until(
-            "the private node's port to close",
-            NODE_START_LIMIT,
+            &format!("port {port} of the stopped node to refuse connections"),
+            NODE_STOP_LIMIT,
             || async move {
                 tokio::net::TcpStream::connect(("127.0.0.1", port))
                     .await
@@ -233,50 +773,126 @@ impl PrivateNode {
                     .then_some(())
             },
         )
-        .await
+        .await?;
+        eprintln!(
+            "private RabbitMQ node {} stopped in {:?}",
+            self.name,
+            started.elapsed()
+        );
+        Ok(())
     }
-}
 
-impl Drop for PrivateNode {
-    fn drop(&mut self) {
+    /// `rabbitmq-server` for this node, in the foreground, with everything of its own.
+    fn server_command(&self) -> Command {
+        let base = self.dir.path();
+        let mut command = Command::new(installed(
+            "/usr/lib/rabbitmq/bin/rabbitmq-server",
+            "rabbitmq-server",
+        ));
+        // Nothing of the caller's RabbitMQ settings (nor of systemd's).
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("RABBITMQ_") {
+                command.env_remove(&key);
+            }
+        }
+        command
+            .env_remove("NOTIFY_SOCKET")
+            .envs(self.broker.ctl.env.iter().map(|(k, v)| (k, v)))
+            .env("RABBITMQ_NODENAME", &self.name)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.broker.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", base.join("log"))
+            .env("RABBITMQ_PLUGINS_EXPAND_DIR", base.join("plugins-expand"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                base.join("enabled_plugins"),
+            )
+            .env("RABBITMQ_CONFIG_FILE", base.join("rabbitmq.config"))
+            .env(
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                base.join("advanced.config"),
+            )
+            .env("RABBITMQ_PID_FILE", base.join("node.pid"))
+            // With input allowed, the script execs the Erlang VM instead of running it as a
+            // child: the VM is our child, and gets the parent-death signal. `-noinput` keeps
+            // it from reading a shell from stdin all the same.
+            .env("RABBITMQ_ALLOW_INPUT", "1")
+            .env(
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                "-noinput -kernel inet_dist_use_interface {127,0,0,1}",
+            )
+            .current_dir(base);
+        command
+    }
+
+    /// Kills the node's process group at once and reaps it.
+    fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let group = format!("-{}", child.id());
-            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            if let Some(pid) = pid(&child) {
+                let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+            }
+            let _ = child.kill();
             let _ = child.wait();
         }
     }
 }
 
-/// `rabbitmq-server`, from `/usr/sbin` if it is there.
-fn server_binary() -> PathBuf {
-    let sbin = PathBuf::from("/usr/sbin/rabbitmq-server");
-    if sbin.is_file() {
-        sbin
-    } else {
-        PathBuf::from("rabbitmq-server")
+impl AsRef<Broker> for PrivateNode {
+    fn as_ref(&self) -> &Broker {
+        &self.broker
     }
 }
 
-/// The uid and gid of the `rabbitmq` user, when we are root and it exists.
-fn rabbitmq_ids() -> Option<(u32, u32)> {
-    let id = |flag: &str| -> Option<u32> {
-        let out = Command::new("id").args([flag, "rabbitmq"]).output().ok()?;
-        String::from_utf8(out.stdout).ok()?.trim().parse().ok()
-    };
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .ok()
-        .is_some_and(|o| o.stdout.trim_ascii() == b"0");
-    root.then(|| Some((id("-u")?, id("-g")?))).flatten()
+impl Drop for PrivateNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
-fn chown_tree(path: &std::path::Path, uid: u32, gid: u32) -> anyhow::Result<()> {
-    std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
-    if path.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            chown_tree(&entry?.path(), uid, gid)?;
-        }
+/// A child's pid, for signals.
+fn pid(child: &Child) -> Option<Pid> {
+    Pid::from_raw(i32::try_from(child.id()).ok()?)
+}
+
+/// A job for the spawner thread: a command, and where to send the child.
+type SpawnJob = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `command` so that it gets SIGKILL when this process dies, however it dies.
+///
+/// Linux sends the parent-death signal when the *thread* that forked the child ends, so the
+/// fork happens on a thread of ours that lives as long as the process, not on a test's thread
+/// or a runtime's (those end before the process does).
+fn spawn_tied(mut command: Command) -> anyhow::Result<Child> {
+    static SPAWNER: OnceLock<io::Result<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    // SAFETY: the closure only makes one system call (prctl), which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            Ok(())
+        });
     }
-    Ok(())
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("fleet-testkit-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in queue {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .map(|_| jobs)
+    });
+    let spawner = spawner
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("starting the spawner thread: {e}"))?;
+    let (reply, child) = mpsc::channel();
+    spawner
+        .send((command, reply))
+        .map_err(|_| anyhow::anyhow!("the spawner thread is gone"))?;
+    Ok(child
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the spawner thread is gone"))??)
 }

@@ -639,6 +639,10 @@ async fn cross_host_rate(a: Client, b: &Client, to: &str, count: usize) -> anyho
     for sender in senders {
         sender.await??;
     }
+    println!(
+        "  ({count} sends accepted in {:.2} s)",
+        started.elapsed().as_secs_f64()
+    );
     let mut drained = 0;
     while drained < count {
         let polled = b.ok("fleet_poll", json!({"wait_s": 5})).await?;
