@@ -416,6 +416,7 @@ impl Link {
                 .map_err(unavailable)?;
             pending.await.map_err(unavailable)
         };
+        let started = std::time::Instant::now();
         let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| {
@@ -427,6 +428,11 @@ impl Link {
                     ),
                 )
             })??;
+        tracing::debug!(
+            key,
+            confirm_us = started.elapsed().as_micros() as u64,
+            "confirmed"
+        );
         Ok(match confirmation {
             Confirmation::Ack(Some(_)) => Published::Unroutable,
             Confirmation::Ack(None) | Confirmation::NotRequested => Published::Routed,

@@ -377,13 +377,7 @@ async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_oth
             FieldTable::default(),
         )
         .await?;
-    let refused = a.launch().await;
-    assert!(refused.is_err(), "fleetd started beside another consumer");
-    let log = a.log();
-    assert!(
-        log.contains(&queue) && log.contains("another gateway"),
-        "{log}"
-    );
+    refused_start(&mut a, &queue, "another gateway").await?;
     other.close(200, "done".into()).await?;
 
     // The inbox exists with other arguments: a clear start-up error naming queue and argument.
@@ -410,14 +404,17 @@ async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_oth
             args,
         )
         .await?;
-    let refused = a.launch().await;
-    assert!(refused.is_err(), "fleetd started over a differing queue");
-    let log = a.log();
-    assert!(
-        log.contains(&queue) && log.contains("x-max-length"),
-        "{log}"
-    );
+    refused_start(&mut a, &queue, "x-max-length").await?;
     admin.close(200, "done".into()).await?;
+    Ok(())
+}
+
+/// Starts `fleet` again and checks that it refuses to, naming `queue` and `why`.
+async fn refused_start(fleet: &mut Fleet, queue: &str, why: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(fleet.launch().await.is_err(), "fleetd started ({why})");
+    let log = fleet.log();
+    let last = log.rsplit("--- restart ---").next().unwrap_or_default();
+    assert!(last.contains(queue) && last.contains(why), "{last}");
     Ok(())
 }
 
