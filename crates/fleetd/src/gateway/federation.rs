@@ -266,6 +266,14 @@ impl Gateway {
                     () = link.closed() => {}
                     () = self.shutdown.cancelled() => {
                         self.leave_roster().await;
+                        // The workers go with fleetd: so do their inboxes (the leads' stay,
+                        // holding what arrives for them meanwhile).
+                        let panes: Vec<Gid> = self.lock().panes.keys().copied().collect();
+                        for gid in panes {
+                            if let Err(e) = link.delete_inbox(gid).await {
+                                tracing::debug!(%gid, error = %e, "inbox not deleted");
+                            }
+                        }
                         link.close().await;
                         return;
                     }

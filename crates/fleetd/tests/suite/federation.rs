@@ -52,7 +52,7 @@ fn audited(fleet: &Fleet) -> String {
 async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let bob = b.lead("bob", Protocol::Stateless).await?;
     bob.spawn("sim", "wb").await?;
@@ -86,6 +86,23 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
     assert!(audited(&b).contains(&remote_id));
     assert!(audited(&a).contains(&remote_id));
     assert!(!audited(&a).contains("hello from hostb"));
+
+    // A gateway that stops takes its workers' inboxes along, keeps its lead's, and leaves
+    // the roster.
+    let gid = |e: &Value| format!("agent.{}.inbox.v2", e["gid"].as_str().unwrap_or_default());
+    let (wb_inbox, bob_inbox) = (gid(&entry), gid(&alice.entry("bob").await?));
+    bob.close().await?;
+    assert!(b.terminate().await?);
+    assert!(
+        vhost.queue(&wb_inbox).await?.is_none(),
+        "{wb_inbox} outlived hostb"
+    );
+    assert!(vhost.queue(&bob_inbox).await?.is_some(), "{bob_inbox} went");
+    until("hostb to leave hosta's roster", LIMIT, || async {
+        let names = alice.names().await.ok()?;
+        (!names.iter().any(|n| n == "wb" || n == "bob")).then_some(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -177,7 +194,10 @@ async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow
         json!({"profile": "sim", "name": "wb1", "groups": ["core"]}),
     )
     .await?;
-    bob.spawn("sim", "wb2").await?;
+    let wb2 = bob.spawn("sim", "wb2").await?["gid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     for name in ["wb1", "wb2"] {
         sees(&alice, name).await?;
     }
@@ -200,7 +220,11 @@ async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow
     assert_eq!(collect_replies(&alice, 1).await?, ["wb1"]);
 
     // A worker that joins later gets later broadcasts; a stopped one none.
+    let inbox = format!("agent.{wb2}.inbox.v2");
+    assert!(vhost.queue(&inbox).await?.is_some(), "no inbox {inbox}");
     bob.ok("fleet_stop", json!({"to": "wb2"})).await?;
+    // Its inbox is deleted, and with it its broadcast bindings.
+    assert!(vhost.queue(&inbox).await?.is_none(), "{inbox} outlived wb2");
     bob.spawn("sim", "wb3").await?;
     until("hosta to see wb3 and not wb2", LIMIT, || async {
         let names = alice.names().await.ok()?;
