@@ -285,21 +285,20 @@ impl Envelope {
         let trace_id = uuid(TRACE_ID, required(TRACE_ID)?)?;
         let from = uuid(FROM, required(FROM)?)?;
         let to = token(TO, required(TO)?)?;
-        let turn_id = optional(TURN_ID)?
-            .map(|value| token(TURN_ID, value))
-            .transpose()?;
+        let optional_token = |index: usize| -> Result<Option<String>, EnvelopeError> {
+            optional(index)?
+                .map(|value| token(index, value))
+                .transpose()
+        };
+        let turn_id = optional_token(TURN_ID)?;
         let spawn_id = optional(SPAWN_ID)?
             .map(|value| uuid(SPAWN_ID, value))
             .transpose()?;
         let in_reply_to = optional(IN_REPLY_TO)?
             .map(|value| uuid(IN_REPLY_TO, value))
             .transpose()?;
-        let from_name = optional(FROM_NAME)?
-            .map(|value| token(FROM_NAME, value))
-            .transpose()?;
-        let from_host = optional(FROM_HOST)?
-            .map(|value| token(FROM_HOST, value))
-            .transpose()?;
+        let from_name = optional_token(FROM_NAME)?;
+        let from_host = optional_token(FROM_HOST)?;
         let ts_ms = millis(TS, required(TS)?)?;
         let expires_at_ms = millis(EXPIRES_AT, required(EXPIRES_AT)?)?;
 
