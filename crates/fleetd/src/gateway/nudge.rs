@@ -126,31 +126,36 @@ impl Gateway {
         }
     }
 
+    /// Whether to nudge `gid` now. What memory answers is looked at first: the held
+    /// messages are counted only when a nudge is otherwise due (counting on every arrival made
+    /// holding n messages cost O(n²)).
     async fn nudge_due(&self, gid: Gid, lead: &LeadConfig) -> Due {
-        let held = match self.db(move |s| s.held_count(gid)).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(%gid, error = %e, "cannot count held messages");
+        let target = {
+            let sessions = self.lock();
+            let Some(state) = sessions.leads.get(&gid) else {
+                return Due::Nothing;
+            };
+            let Some(target) = state.nudge.clone() else {
+                return Due::Nothing;
+            };
+            if state.open_calls > 0 {
                 return Due::Later(NUDGE_RECHECK);
             }
+            let interval = Duration::from_secs(lead.nudge_interval_s);
+            if let Some(since) = state.last_nudge.map(|at| at.elapsed())
+                && since < interval
+            {
+                return Due::Later(interval - since);
+            }
+            target
         };
-        if held == 0 {
-            return Due::Nothing;
-        }
-        let sessions = self.lock();
-        let Some(state) = sessions.leads.get(&gid) else {
-            return Due::Nothing;
-        };
-        let Some(target) = state.nudge.clone() else {
-            return Due::Nothing;
-        };
-        if state.open_calls > 0 {
-            return Due::Later(NUDGE_RECHECK);
-        }
-        let interval = Duration::from_secs(lead.nudge_interval_s);
-        match state.last_nudge.map(|at| at.elapsed()) {
-            Some(since) if since < interval => Due::Later(interval - since),
-            _ => Due::Now(target, held),
+        match self.db(move |s| s.held_count(gid)).await {
+            Ok(0) => Due::Nothing,
+            Ok(held) => Due::Now(target, held),
+            Err(e) => {
+                tracing::warn!(%gid, error = %e, "cannot count held messages");
+                Due::Later(NUDGE_RECHECK)
+            }
         }
     }
 

@@ -7,7 +7,7 @@ mod errors;
 mod params;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fleet_core::{ErrorCode, FleetError, MsgId};
@@ -42,16 +42,18 @@ pub const DEFAULT_ASK_WAIT_S: u64 = 300;
 pub struct FleetMcp {
     /// The gateway behind every tool.
     gateway: Arc<Gateway>,
-    /// The tools.
-    tool_router: ToolRouter<Self>,
+    /// The tools: built once, shared by every handler (a stateless client gets a handler per
+    /// request, and building the router each time was a good part of a call's cost).
+    tool_router: Arc<ToolRouter<Self>>,
 }
 
 impl FleetMcp {
     /// A handler over `gateway`.
     pub fn new(gateway: Arc<Gateway>) -> Self {
+        static TOOLS: OnceLock<Arc<ToolRouter<FleetMcp>>> = OnceLock::new();
         Self {
             gateway,
-            tool_router: Self::tool_router(),
+            tool_router: Arc::clone(TOOLS.get_or_init(|| Arc::new(Self::tool_router()))),
         }
     }
 }
