@@ -162,8 +162,11 @@ impl Federation {
             .audit
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // One write per line (a `writeln!` to a file writes each piece on its own).
+        let mut text = line.to_string();
+        text.push('\n');
         if let Some(file) = audit.as_mut()
-            && let Err(e) = writeln!(file, "{line}")
+            && let Err(e) = file.write_all(text.as_bytes())
         {
             tracing::error!(error = %e, "cannot write the audit log");
         }
