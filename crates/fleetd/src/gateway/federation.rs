@@ -243,18 +243,33 @@ impl Gateway {
             return Ok(());
         };
         let link = Arc::new(Link::connect(&fed.broker, &fed.config, &self.host_id).await?);
-        let roster = link.open_roster(&self.host_id).await?;
-        let gateway = Arc::clone(self);
-        self.tasks
-            .spawn(async move { gateway.consume_roster(roster).await });
-        let local = self.lock().entities();
-        for entity in &local {
-            self.attach_inbox(&link, entity).await?;
+        let attached = async {
+            let roster = link.open_roster(&self.host_id).await?;
+            let gateway = Arc::clone(self);
+            self.tasks
+                .spawn(async move { gateway.consume_roster(roster).await });
+            let local = self.lock().entities();
+            for entity in &local {
+                self.attach_inbox(&link, entity).await?;
+            }
+            Ok::<usize, LinkError>(local.len())
+        };
+        match attached.await {
+            Ok(inboxes) => {
+                fed.link.send_replace(Some(Arc::clone(&link)));
+                tracing::info!(host_id = %self.host_id, inboxes, "broker link up");
+                self.publish_presence().await;
+                Ok(())
+            }
+            Err(e) => {
+                // Half attached: let go of all of it, so the next attempt starts clean.
+                for (_, token) in fed.lock().consumers.drain() {
+                    token.cancel();
+                }
+                link.close().await;
+                Err(e)
+            }
         }
-        fed.link.send_replace(Some(Arc::clone(&link)));
-        tracing::info!(host_id = %self.host_id, inboxes = local.len(), "broker link up");
-        self.publish_presence().await;
-        Ok(())
     }
 
     /// Keeps the link up: waits for it to fail, then connects again with backoff.
@@ -297,7 +312,13 @@ impl Gateway {
             match self.connect_link().await {
                 Ok(()) => backoff = FIRST_BACKOFF,
                 Err(e) => {
-                    tracing::debug!(error = %e, "the broker is still unreachable");
+                    if e.retry {
+                        tracing::debug!(error = %e, "the broker is still unreachable");
+                    } else {
+                        // Say so loudly, and keep trying: after a crash the broker may hold a
+                        // dead gateway's exclusive consumers until its heartbeat runs out.
+                        tracing::error!(error = %e, "the broker refuses this gateway's topology; retrying");
+                    }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
