@@ -44,6 +44,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 /// How long an injected remote brief's bookkeeping is kept while its answer is awaited.
 const INJECTED_KEPT: Duration = Duration::from_secs(3_600);
+/// How many remote senders' names are kept (then forgotten all at once).
+const MAX_SENDER_NAMES: usize = 10_000;
 /// The routing-key name of a host's own roster entry.
 const GATEWAY_ENTRY: &str = "_gateway";
 
@@ -113,6 +115,8 @@ struct FedState {
     remote: HashMap<Gid, RemoteEntry>,
     hosts: HashMap<String, RemoteHost>,
     pending: HashMap<MsgId, Pending>,
+    /// The names remote senders gave in their messages (`name@host`), for showing them.
+    senders: HashMap<Gid, String>,
     /// The inbox consumers running on the current link.
     consumers: HashMap<Gid, CancellationToken>,
 }
@@ -172,9 +176,14 @@ impl Federation {
         }
     }
 
-    /// Whether `gid` is an entity the roster knows on another host.
-    pub(super) fn remote_entity(&self, gid: Gid) -> Option<Entity> {
-        self.lock().remote.get(&gid).map(|e| e.entity.clone())
+    /// The name of a remote entity: as the roster knows it, else as its last message said.
+    pub(super) fn remote_name(&self, gid: Gid) -> Option<String> {
+        let state = self.lock();
+        state
+            .remote
+            .get(&gid)
+            .map(|e| e.entity.name.clone())
+            .or_else(|| state.senders.get(&gid).cloned())
     }
 
     /// The remote entities, for routing.
@@ -582,28 +591,18 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        let mut state = fed.lock();
-        if state.remote.contains_key(&gid) || self.lock().is_local(gid) {
+        if self.lock().is_local(gid) {
             return;
         }
-        let now = Instant::now();
-        state.remote.insert(
-            gid,
-            RemoteEntry {
-                entity: Entity {
-                    gid,
-                    name: name.to_string(),
-                    host: host.unwrap_or("unknown").to_string(),
-                    role: fleet_core::Role::Lead,
-                    profile: None,
-                    groups: Vec::new(),
-                    parent: None,
-                },
-                status: "unknown".into(),
-                heard: now,
-                heard_ms: now_ms(),
-            },
-        );
+        let mut state = fed.lock();
+        if state.senders.len() >= MAX_SENDER_NAMES {
+            state.senders.clear();
+        }
+        let shown = match host {
+            Some(host) => format!("{name}@{host}"),
+            None => name.to_string(),
+        };
+        state.senders.insert(gid, shown);
     }
 
     /// Whether messages to `gid` leave through the broker: federation is on and `gid` is not
@@ -1033,7 +1032,6 @@ impl Gateway {
         let mut entries: Vec<super::RosterEntry> = state
             .remote
             .values()
-            .filter(|e| e.status != "unknown" || !up)
             .map(|e| super::RosterEntry {
                 gid: e.entity.gid,
                 name: e.entity.name.clone(),

@@ -227,12 +227,7 @@ impl Gateway {
                 .map(|l| l.entity.name.clone())
                 .or_else(|| sessions.panes.get(&gid).map(|s| s.entity.name.clone()))
         };
-        let remote = || {
-            self.federation
-                .as_ref()
-                .and_then(|f| f.remote_entity(gid))
-                .map(|e| e.name)
-        };
+        let remote = || self.federation.as_ref().and_then(|f| f.remote_name(gid));
         match live.or_else(remote) {
             Some(name) => name,
             None => match self.db(move |s| s.entity(gid)).await {
