@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fleet_core::envelope::{Envelope, HeaderValue};
+use fleet_core::envelope::{Envelope, EnvelopeError, HeaderValue};
 use fleet_core::{ErrorCode, FleetError, Gid};
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
@@ -477,8 +477,14 @@ fn headers(envelope: &Envelope) -> FieldTable {
     table
 }
 
+/// The envelope of a delivery.
+pub fn decode(delivery: &lapin::message::Delivery) -> Result<Envelope, EnvelopeError> {
+    let headers = header_values(&delivery.properties);
+    Envelope::decode(headers.iter().map(|(k, v)| (k.as_str(), v)))
+}
+
 /// AMQP headers as the codec reads them.
-pub fn header_values(properties: &BasicProperties) -> Vec<(String, HeaderValue)> {
+fn header_values(properties: &BasicProperties) -> Vec<(String, HeaderValue)> {
     let Some(table) = properties.headers() else {
         return Vec::new();
     };

@@ -32,7 +32,7 @@ use super::messages::Placement;
 use super::sessions::now_ms;
 use crate::broker::{
     BROADCAST_ALL, Link, LinkError, MSG_EXCHANGE, Published, ROSTER_EXCHANGE, broadcast_key,
-    header_values, redacted_uri, roster_key,
+    decode, redacted_uri, roster_key,
 };
 use crate::config::{BrokerConfig, FederationConfig};
 
@@ -425,8 +425,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        let headers = header_values(&delivery.properties);
-        let envelope = match Envelope::decode(headers.iter().map(|(k, v)| (k.as_str(), v))) {
+        let envelope = match decode(&delivery) {
             Ok(envelope) => envelope,
             Err(e) => {
                 match &e {
@@ -617,13 +616,23 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(Placement::Dead);
         };
-        let to_name = self.name_of(message.to).await;
         let Some(link) = fed.link() else {
             return Err(unavailable(&format!(
-                "'{to_name}' on another host cannot be reached now; nothing was queued"
+                "'{}' on another host cannot be reached now; nothing was queued",
+                self.name_of(message.to).await
             )));
         };
-        let envelope = self.envelope_for(message).await;
+        let envelope = Envelope {
+            in_reply_to: message.in_reply_to,
+            from_name: Some(self.name_of(message.from).await),
+            ..self.outgoing(
+                message.kind,
+                (message.msg_id, message.trace_id),
+                message.from,
+                message.to.to_string(),
+                fed.config.inbox_message_ttl_s,
+            )
+        };
         let body = message.body.as_bytes();
         let published = link
             .publish(MSG_EXCHANGE, &envelope.to, &envelope, body, true, true)
@@ -636,39 +645,48 @@ impl Gateway {
         };
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(trace_id = %message.trace_id, msg_id = %message.msg_id, kind = %message.kind, to = %message.to, outcome, "published");
-        match published? {
-            Published::Routed => Ok(Placement::Remote),
-            Published::Unroutable => Err(FleetError::new(
+        let refused = match published? {
+            Published::Routed => return Ok(Placement::Remote),
+            Published::Unroutable => (
                 ErrorCode::Gone,
-                format!("'{to_name}' has no inbox on the broker any more: it is gone"),
-            )),
-            Published::Refused => Err(FleetError::new(
+                "has no inbox on the broker any more: it is gone",
+            ),
+            Published::Refused => (
                 ErrorCode::BrokerUnavailable,
-                format!("'{to_name}''s inbox is full; the message was dead-lettered"),
-            )),
-        }
+                "has a full inbox; the message was dead-lettered",
+            ),
+        };
+        let to_name = self.name_of(message.to).await;
+        Err(FleetError::new(
+            refused.0,
+            format!("'{to_name}' {}", refused.1),
+        ))
     }
 
-    async fn envelope_for(&self, message: &Message) -> Envelope {
+    /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
+    fn outgoing(
+        &self,
+        kind: Kind,
+        (msg_id, trace_id): (MsgId, TraceId),
+        from: Gid,
+        to: String,
+        ttl_s: u64,
+    ) -> Envelope {
         let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
-        let ttl = self
-            .fed()
-            .map(|f| f.config.inbox_message_ttl_s)
-            .unwrap_or(86_400);
         Envelope {
             version: VERSION,
-            kind: message.kind,
-            msg_id: message.msg_id,
-            trace_id: message.trace_id,
-            from: message.from,
-            to: message.to.to_string(),
+            kind,
+            msg_id,
+            trace_id,
+            from,
+            to,
             turn_id: None,
             spawn_id: None,
-            in_reply_to: message.in_reply_to,
-            from_name: Some(self.name_of(message.from).await),
+            in_reply_to: None,
+            from_name: None,
             from_host: Some(self.host_id.clone()),
             ts_ms,
-            expires_at_ms: ts_ms.saturating_add(ttl * 1000),
+            expires_at_ms: ts_ms.saturating_add(ttl_s.saturating_mul(1000)),
         }
     }
 
@@ -729,21 +747,15 @@ impl Gateway {
             return Err(unavailable("the broadcast was not sent"));
         };
         let key = group.map_or_else(|| BROADCAST_ALL.to_string(), broadcast_key);
-        let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
         let envelope = Envelope {
-            version: VERSION,
-            kind: Kind::Broadcast,
-            msg_id,
-            trace_id,
-            from: from.gid,
-            to: key.clone(),
-            turn_id: None,
-            spawn_id: None,
-            in_reply_to: None,
             from_name: Some(from.name.clone()),
-            from_host: Some(self.host_id.clone()),
-            ts_ms,
-            expires_at_ms: ts_ms.saturating_add(fed.config.inbox_message_ttl_s * 1000),
+            ..self.outgoing(
+                Kind::Broadcast,
+                (msg_id, trace_id),
+                from.gid,
+                key.clone(),
+                fed.config.inbox_message_ttl_s,
+            )
         };
         // An empty group is legal silence: not mandatory.
         let published = link
@@ -860,22 +872,13 @@ impl Gateway {
         let Ok(body) = serde_json::to_vec(&presence) else {
             return;
         };
-        let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
-        let envelope = Envelope {
-            version: VERSION,
-            kind: Kind::Presence,
-            msg_id: MsgId::mint(),
-            trace_id: TraceId::mint(),
+        let envelope = self.outgoing(
+            Kind::Presence,
+            (MsgId::mint(), TraceId::mint()),
             from,
-            to: ROSTER_EXCHANGE.to_string(),
-            turn_id: None,
-            spawn_id: None,
-            in_reply_to: None,
-            from_name: None,
-            from_host: Some(self.host_id.clone()),
-            ts_ms,
-            expires_at_ms: ts_ms.saturating_add(fed.config.presence_ttl_s * 1000),
-        };
+            ROSTER_EXCHANGE.to_string(),
+            fed.config.presence_ttl_s,
+        );
         let key = roster_key(&self.host_id, &who);
         if let Err(e) = link
             .publish(ROSTER_EXCHANGE, &key, &envelope, &body, false, false)
@@ -896,8 +899,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        let headers = header_values(&delivery.properties);
-        let Ok(envelope) = Envelope::decode(headers.iter().map(|(k, v)| (k.as_str(), v))) else {
+        let Ok(envelope) = decode(delivery) else {
             tracing::warn!("a malformed heartbeat was ignored");
             return;
         };
