@@ -336,6 +336,16 @@ async fn the_owner_dying_between_ack_and_inject_fails_the_brief_and_never_types_
             .then_some(())
     })
     .await?;
+    // Taken off the broker is not yet typing (under load it may still be queued); wait for the
+    // paste on wb's screen, inside the long pause before Enter.
+    until("the brief pasted into wb's pane", LIMIT, || async {
+        let panes = b.panes().ok()?;
+        panes
+            .iter()
+            .any(|p| b.screen(p).is_ok_and(|s| s.contains("type me once")))
+            .then_some(())
+    })
+    .await?;
     b.kill9().await?;
     b.launch().await?;
     // The sender is told, loudly; the brief is never redelivered to be typed again.
