@@ -73,7 +73,8 @@ pub trait Store: Send + Sync + 'static {
     /// `gid` stops working in the same transaction.
     fn put_token(&self, gid: Gid, hash: &[u8; 32], replace: bool) -> StoreResult<()>;
 
-    /// The gid a token hash belongs to, if any.
+    /// The gid a token hash belongs to, if any. Asked on every request: it must not wait for
+    /// other calls' transactions.
     fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>>;
 
     /// Makes every token of `gid` stop working.
@@ -97,7 +98,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Accepts a message. Returns false (and changes nothing) if its id was seen before: the
     /// dedup on every path.
-    fn insert_message(&self, message: &Message) -> StoreResult<bool>;
+    fn insert_message(&self, message: &Message) -> StoreResult<bool> {
+        Ok(self
+            .insert_messages(std::slice::from_ref(message))?
+            .first()
+            .is_some_and(|fresh| *fresh))
+    }
+
+    /// Accepts messages in one transaction (all or none): for each, whether it was new (see
+    /// [`Store::insert_message`]).
+    fn insert_messages(&self, messages: &[Message]) -> StoreResult<Vec<bool>>;
 
     /// Moves a message to `next`, refusing transitions the message rules forbid.
     fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()>;

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus};
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 
 use crate::schema::migrate;
 use crate::{EntityRecord, Store, StoreError, StoreResult};
@@ -22,11 +22,17 @@ const MESSAGE_COLUMNS: &str =
 const ENTITY_COLUMNS: &str =
     "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
 
-/// The SQLite-backed store. One connection, serialised by a mutex: every call is a short
-/// transaction, so contention costs microseconds.
+/// The SQLite-backed store. One connection for everything, serialised by a mutex: every call
+/// is a short transaction, so contention costs microseconds. Token lookups, asked on every
+/// request, have a read-only connection of their own: in WAL mode a reader does not wait for
+/// writers, so a lookup is a few microseconds and can be made without leaving the caller's
+/// thread.
 pub struct SqliteStore {
-    /// The one connection; SQLite connections are not shareable across threads at once.
+    /// The connection for everything but token lookups; SQLite connections are not shareable
+    /// across threads at once.
     conn: Mutex<Connection>,
+    /// The read-only connection for token lookups.
+    tokens: Mutex<Connection>,
 }
 
 impl SqliteStore {
@@ -37,18 +43,26 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         migrate(&mut conn)?;
+        let tokens = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        tokens.busy_timeout(BUSY_TIMEOUT)?;
         Ok(Self {
             conn: Mutex::new(conn),
+            tokens: Mutex::new(tokens),
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave a half-done transaction behind (rusqlite
-        // rolls back on drop), so a poisoned lock is still safe to use.
-        self.conn
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.conn)
     }
+}
+
+/// A connection's lock. A panic while holding it cannot leave a half-done transaction behind
+/// (rusqlite rolls back on drop), so a poisoned lock is still safe to use.
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn now_ms() -> i64 {
@@ -247,7 +261,7 @@ impl Store for SqliteStore {
     }
 
     fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>> {
-        let conn = self.conn();
+        let conn = lock(&self.tokens);
         let mut stmt = conn.prepare_cached("SELECT gid FROM tokens WHERE hash = ?1")?;
         let gid: Option<String> = stmt
             .query_row([hash.as_slice()], |row| row.get(0))
@@ -324,26 +338,34 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn insert_message(&self, m: &Message) -> StoreResult<bool> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "INSERT OR IGNORE INTO messages
-             (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
-        )?;
-        let inserted = stmt.execute(params![
-            m.msg_id.to_string(),
-            m.trace_id.to_string(),
-            m.kind.as_str(),
-            m.from.to_string(),
-            m.to.to_string(),
-            m.in_reply_to.map(|id| id.to_string()),
-            m.body,
-            m.state.name(),
-            m.state.reason(),
-            m.created_ms,
-        ])?;
-        Ok(inserted == 1)
+    fn insert_messages(&self, messages: &[Message]) -> StoreResult<Vec<bool>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut fresh = Vec::with_capacity(messages.len());
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT OR IGNORE INTO messages
+                 (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+            )?;
+            for m in messages {
+                let inserted = stmt.execute(params![
+                    m.msg_id.to_string(),
+                    m.trace_id.to_string(),
+                    m.kind.as_str(),
+                    m.from.to_string(),
+                    m.to.to_string(),
+                    m.in_reply_to.map(|id| id.to_string()),
+                    m.body,
+                    m.state.name(),
+                    m.state.reason(),
+                    m.created_ms,
+                ])?;
+                fresh.push(inserted == 1);
+            }
+        }
+        tx.commit()?;
+        Ok(fresh)
     }
 
     fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()> {

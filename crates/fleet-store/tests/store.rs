@@ -132,6 +132,30 @@ fn a_message_id_is_accepted_once() {
 }
 
 #[test]
+fn messages_stored_together_keep_their_order_and_duplicates_are_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (from, to) = (Gid::mint(), Gid::mint());
+    let seen = message(from, to, MsgState::Held, "seen before");
+    store.insert_message(&seen).unwrap();
+    let (a, b) = (
+        message(from, to, MsgState::Held, "a"),
+        message(from, to, MsgState::Held, "b"),
+    );
+    let fresh = store
+        .insert_messages(&[a.clone(), seen.clone(), b.clone(), a.clone()])
+        .unwrap();
+    assert_eq!(fresh, [true, false, true, false]);
+    let bodies: Vec<String> = store
+        .take_held(to, None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(bodies, ["seen before", "a", "b"]);
+}
+
+#[test]
 fn queued_briefs_leave_in_order_and_never_go_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);

@@ -165,7 +165,9 @@ impl Gateway {
         nudge: Option<NudgeTarget>,
         acting: bool,
     ) -> Result<Result<Caller, String>, FleetError> {
-        let Some(gid) = self.db(move |s| s.gid_for_token(&hash)).await? else {
+        // Asked here, not on a blocking thread: a token lookup has a reader of its own that
+        // never waits for writers (see `SqliteStore`), and a hop per request costs more.
+        let Some(gid) = self.store.gid_for_token(&hash).map_err(store_error)? else {
             return Ok(Err("unknown, revoked or rotated bearer token".into()));
         };
         let called_in = self.lock().called_in(gid, nudge, acting);
