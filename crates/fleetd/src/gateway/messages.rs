@@ -15,6 +15,7 @@ use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
 };
 use serde::Serialize;
+use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -144,6 +145,16 @@ struct OpenCall {
     listens: Option<Gid>,
 }
 
+/// What a wait for an answer holds: the open call, the caller's inbox (watched from before the
+/// awaited message could be answered), whether an answer may already be held, and whether the
+/// awaited message is held on another host.
+struct Waiting {
+    open: OpenCall,
+    inbox: tokio_watch::Receiver<u64>,
+    look_first: bool,
+    held_remotely: bool,
+}
+
 impl Drop for OpenCall {
     fn drop(&mut self) {
         let mut sessions = self.gateway.lock();
@@ -253,7 +264,7 @@ impl Gateway {
     /// Where `message` goes: to a lead, held for its pull; to a pane-bound entity, a task is
     /// queued to be typed in, and anything else (an answer to its own send, a notice) is held
     /// for its poll or blocked call, never typed in as if it were a task.
-    fn placement(&self, message: &Message) -> Placement {
+    pub(super) fn placement(&self, message: &Message) -> Placement {
         let sessions = self.lock();
         if sessions.leads.contains_key(&message.to) {
             return Placement::Hold;
@@ -310,6 +321,23 @@ impl Gateway {
             Placement::Dead | Placement::Remote => {}
         }
         Ok(placement)
+    }
+
+    /// Holds `messages` (each for an entity whose placement is [`Placement::Hold`]) in one
+    /// transaction, and wakes their recipients' calls. Duplicate ids are accepted once.
+    pub(super) async fn hold(&self, messages: Vec<Message>) -> Result<(), FleetError> {
+        let ids: Vec<(Gid, MsgId, TraceId, Kind)> = messages
+            .iter()
+            .map(|m| (m.to, m.msg_id, m.trace_id, m.kind))
+            .collect();
+        let fresh = self.db(move |s| s.insert_messages(&messages)).await?;
+        for ((to, msg_id, trace_id, kind), fresh) in ids.into_iter().zip(fresh) {
+            tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
+            if fresh {
+                self.bump_inbox(to);
+            }
+        }
+        Ok(())
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
@@ -380,6 +408,9 @@ impl Gateway {
         };
         let msg_id = message.msg_id;
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
+        // Watched from before the message leaves: until the inbox changes, no answer can be in
+        // it, and the store need not be asked.
+        let inbox = self.inbox(caller.entity.gid);
         if remote && recipient.role.is_injected() {
             // Tracked before it is published: its receipt may come back at once.
             self.track_remote_brief(&message);
@@ -396,7 +427,15 @@ impl Gateway {
                 reason: format!("'{}' is gone", recipient.name),
             });
         }
-        self.await_answer(caller, msg_id, wait, ct, open).await
+        let waiting = Waiting {
+            open,
+            inbox,
+            look_first: false,
+            // A message to a remote lead is held for it on its host; nothing of it is stored
+            // here to ask about.
+            held_remotely: remote && !recipient.role.is_injected(),
+        };
+        self.await_answer(caller, msg_id, wait, ct, waiting).await
     }
 
     /// Waits up to `wait` for the answer to the caller's earlier message `msg_id` to `to`.
@@ -408,8 +447,13 @@ impl Gateway {
         wait: Duration,
         ct: &CancellationToken,
     ) -> Result<SendResult, FleetError> {
-        let open = self.open_call(caller.entity.gid, false, Some(to));
-        self.await_answer(caller, msg_id, wait, ct, open).await
+        let waiting = Waiting {
+            open: self.open_call(caller.entity.gid, false, Some(to)),
+            inbox: self.inbox(caller.entity.gid),
+            look_first: true,
+            held_remotely: false,
+        };
+        self.await_answer(caller, msg_id, wait, ct, waiting).await
     }
 
     async fn await_answer(
@@ -418,15 +462,20 @@ impl Gateway {
         msg_id: MsgId,
         wait: Duration,
         ct: &CancellationToken,
-        open: OpenCall,
+        waiting: Waiting,
     ) -> Result<SendResult, FleetError> {
+        let Waiting {
+            open,
+            mut inbox,
+            look_first: mut look,
+            held_remotely,
+        } = waiting;
         let me = caller.entity.gid;
-        let mut inbox = self.inbox(me);
         let deadline = Instant::now() + wait;
         loop {
             inbox.borrow_and_update();
-            if let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
-                self.keep_unless_cancelled(ct, &[answer.msg_id]).await?;
+            if look && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
+                self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
                 return Ok(match answer.kind {
                     Kind::Failed => SendResult::Failed {
                         msg_id,
@@ -450,7 +499,10 @@ impl Gateway {
                 });
             }
             tokio::select! {
-                changed = inbox.changed() => if changed.is_err() { break },
+                changed = inbox.changed() => match changed {
+                    Ok(()) => look = true,
+                    Err(_) => break,
+                },
                 () = sleep_until(deadline) => break,
                 () = ct.cancelled() => return Err(cancelled()),
                 () = self.shutdown.cancelled() => break,
@@ -462,6 +514,7 @@ impl Gateway {
             .and_then(|f| f.pending_state(msg_id));
         let state = match remote_state {
             Some(state) => state.to_string(),
+            None if held_remotely => MsgState::Held.to_string(),
             None => self
                 .db(move |s| s.message(msg_id))
                 .await?
@@ -583,11 +636,13 @@ impl Gateway {
         }
     }
 
-    /// Gives messages just taken for a call back to `held` if the call was cancelled meanwhile
-    /// (the client would never see them), and reports the cancellation.
+    /// Gives messages just taken for `to`'s call back to `held` if the call was cancelled
+    /// meanwhile (the client would never see them), wakes `to`'s other calls to them, and
+    /// reports the cancellation.
     async fn keep_unless_cancelled(
         &self,
         ct: &CancellationToken,
+        to: Gid,
         taken: &[MsgId],
     ) -> Result<(), FleetError> {
         if !ct.is_cancelled() {
@@ -595,6 +650,7 @@ impl Gateway {
         }
         let ids = taken.to_vec();
         self.db(move |s| s.release(&ids)).await?;
+        self.bump_inbox(to);
         Err(cancelled())
     }
 
@@ -632,7 +688,7 @@ impl Gateway {
             };
             if !batch.is_empty() || !asks.is_empty() {
                 let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
-                self.keep_unless_cancelled(ct, &ids).await?;
+                self.keep_unless_cancelled(ct, me, &ids).await?;
                 let mut messages = Vec::with_capacity(batch.len());
                 for message in batch {
                     messages.push(self.describe(message).await);
