@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::Consumer;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
@@ -46,6 +46,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 const INJECTED_KEPT: Duration = Duration::from_secs(3_600);
 /// How many remote senders' names are kept (then forgotten all at once).
 const MAX_SENDER_NAMES: usize = 10_000;
+/// The most deliveries taken off an inbox at once (held ones are stored together).
+const DELIVERY_BATCH: usize = 64;
 /// The routing-key name of a host's own roster entry.
 const GATEWAY_ENTRY: &str = "_gateway";
 
@@ -174,6 +176,17 @@ impl Federation {
         {
             tracing::error!(error = %e, "cannot write the audit log");
         }
+    }
+
+    /// Notes a message from another host now held here: an answer ends the wait for its
+    /// brief's receipt; and the audit line.
+    fn held(&self, envelope: &Envelope, size: usize) {
+        if let Some(original) = envelope.in_reply_to
+            && matches!(envelope.kind, Kind::Reply | Kind::Failed)
+        {
+            self.lock().pending.remove(&original);
+        }
+        self.audit(envelope, size, "held");
     }
 
     /// The name of a remote entity: as the roster knows it, else as its last message said.
@@ -400,32 +413,75 @@ impl Gateway {
         stop: CancellationToken,
     ) {
         loop {
-            let delivery = tokio::select! {
+            let mut next = tokio::select! {
                 next = consumer.next() => next,
                 () = stop.cancelled() => return,
             };
-            match delivery {
-                Some(Ok(delivery)) => self.on_delivery(owner, delivery, &stop).await,
-                Some(Err(e)) => {
-                    tracing::warn!(%owner, error = %e, "inbox consumer failed");
-                    return;
+            // What has arrived already comes along, so that held messages are stored in one
+            // transaction and acknowledged in one frame.
+            let mut batch = Vec::new();
+            let ended = loop {
+                match next {
+                    Some(Ok(delivery)) => batch.push(delivery),
+                    Some(Err(e)) => {
+                        tracing::warn!(%owner, error = %e, "inbox consumer failed");
+                        break true;
+                    }
+                    None => break true,
                 }
-                None => return,
+                if batch.len() >= DELIVERY_BATCH {
+                    break false;
+                }
+                match consumer.next().now_or_never() {
+                    Some(more) => next = more,
+                    None => break false,
+                }
+            };
+            if !self.on_deliveries(owner, batch, &stop).await || ended {
+                return;
             }
         }
     }
 
-    /// One message off `owner`'s inbox.
-    async fn on_delivery(
+    /// Messages off `owner`'s inbox, in their order; false if the consumer is to stop (what
+    /// is left of the batch stays unacknowledged, for the broker to deliver again).
+    async fn on_deliveries(
         self: &Arc<Self>,
         owner: Gid,
-        delivery: Delivery,
+        batch: Vec<Delivery>,
         stop: &CancellationToken,
-    ) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let envelope = match decode(&delivery) {
+    ) -> bool {
+        let mut held = Vec::new();
+        for delivery in batch {
+            let Some((envelope, body)) = self.admit(owner, &delivery).await else {
+                continue;
+            };
+            let to_pane = self.lock().panes.contains_key(&owner);
+            if held_kind(envelope.kind, to_pane) {
+                held.push(Incoming {
+                    message: incoming(&envelope, owner, body),
+                    envelope,
+                    delivery,
+                });
+                continue;
+            }
+            self.hold_all(std::mem::take(&mut held)).await;
+            if !self
+                .on_delivery(owner, delivery, envelope, body, stop)
+                .await
+            {
+                return false;
+            }
+        }
+        self.hold_all(held).await;
+        true
+    }
+
+    /// Checks a delivery: its envelope and body, or it is dead-lettered (malformed, of a newer
+    /// version, for another recipient, expired, or not text) with a loud log line.
+    async fn admit(&self, owner: Gid, delivery: &Delivery) -> Option<(Envelope, String)> {
+        let fed = self.fed()?;
+        let envelope = match decode(delivery) {
             Ok(envelope) => envelope,
             Err(e) => {
                 match &e {
@@ -437,8 +493,8 @@ impl Gateway {
                         tracing::error!(%owner, error = %e, "REFUSED a malformed message: dead-lettered")
                     }
                 }
-                reject(&delivery).await;
-                return;
+                reject(delivery).await;
+                return None;
             }
         };
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
@@ -450,30 +506,46 @@ impl Gateway {
         if !to_ok {
             tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, "REFUSED a message whose recipient is not this inbox: dead-lettered");
             fed.audit(&envelope, size, "refused: recipient mismatch");
-            reject(&delivery).await;
-            return;
+            reject(delivery).await;
+            return None;
         }
         if envelope.expired(u64::try_from(now_ms()).unwrap_or(0)) {
             tracing::warn!(%trace_id, %msg_id, %kind, "expired before delivery: dead-lettered");
             fed.audit(&envelope, size, "expired");
-            reject(&delivery).await;
-            return;
+            reject(delivery).await;
+            return None;
         }
         let Ok(body) = String::from_utf8(delivery.data.clone()) else {
             tracing::error!(%trace_id, %msg_id, "REFUSED a message whose body is not UTF-8: dead-lettered");
-            reject(&delivery).await;
-            return;
+            reject(delivery).await;
+            return None;
         };
         if let Some(name) = &envelope.from_name {
             self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
         }
-        let created_ms = i64::try_from(envelope.ts_ms).unwrap_or_else(|_| now_ms());
-        let to_pane = self.lock().panes.contains_key(&owner);
+        Some((envelope, body))
+    }
+
+    /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
+    /// worker, a receipt, or a kind an inbox does not take. False if the consumer is to stop.
+    async fn on_delivery(
+        self: &Arc<Self>,
+        owner: Gid,
+        delivery: Delivery,
+        envelope: Envelope,
+        body: String,
+        stop: &CancellationToken,
+    ) -> bool {
+        let Some(fed) = self.fed() else {
+            return false;
+        };
+        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        let size = delivery.data.len();
         match kind {
-            Kind::Send | Kind::Broadcast if to_pane => {
+            Kind::Send | Kind::Broadcast => {
                 // The brief waits on the broker (unacknowledged) while the worker is busy.
                 if !self.await_injectable(owner, stop).await {
-                    return;
+                    return false;
                 }
                 // At most once: acknowledged before it goes anywhere near the pane.
                 if delivery
@@ -482,7 +554,7 @@ impl Gateway {
                     .await
                     .is_err()
                 {
-                    return;
+                    return false;
                 }
                 let local_id = if kind == Kind::Broadcast {
                     msg_id.derived(&owner.to_string())
@@ -491,14 +563,8 @@ impl Gateway {
                 };
                 let message = Message {
                     msg_id: local_id,
-                    trace_id,
-                    kind: Kind::Send,
-                    from: envelope.from,
-                    to: owner,
-                    in_reply_to: None,
-                    body,
                     state: MsgState::Queued,
-                    created_ms,
+                    ..incoming(&envelope, owner, body)
                 };
                 fed.audit(&envelope, size, "taken");
                 if let Err(e) = self.deliver(message).await {
@@ -516,51 +582,48 @@ impl Gateway {
                 fed.audit(&envelope, size, "receipt");
                 let _ = delivery.acker.ack(BasicAckOptions::default()).await;
             }
-            Kind::Ask | Kind::Presence | Kind::Spawn => {
+            _ => {
                 tracing::error!(%trace_id, %msg_id, %kind, "REFUSED a message this inbox does not take: dead-lettered");
                 fed.audit(&envelope, size, "refused: kind");
                 reject(&delivery).await;
             }
-            _ => {
-                let message = Message {
-                    msg_id,
-                    trace_id,
-                    kind: if kind == Kind::Broadcast {
-                        Kind::Send
-                    } else {
-                        kind
-                    },
-                    from: envelope.from,
-                    to: owner,
-                    in_reply_to: envelope.in_reply_to,
-                    body,
-                    state: MsgState::Held,
-                    created_ms,
-                };
-                match self.deliver(message).await {
-                    Ok(_) => {
-                        if let Some(original) = envelope.in_reply_to
-                            && matches!(kind, Kind::Reply | Kind::Failed)
-                        {
-                            fed.lock().pending.remove(&original);
-                        }
-                        fed.audit(&envelope, size, "held");
-                        // At least once: acknowledged only once the store holds it.
-                        let _ = delivery.acker.ack(BasicAckOptions::default()).await;
-                    }
-                    Err(e) => {
-                        tracing::error!(%trace_id, %msg_id, error = %e, "cannot hold a message; the broker keeps it");
-                        let _ = delivery
-                            .acker
-                            .nack(BasicNackOptions {
-                                requeue: true,
-                                ..BasicNackOptions::default()
-                            })
-                            .await;
-                    }
-                }
+        }
+        true
+    }
+
+    /// Holds messages for local entities (the pull path), stored in one transaction and then
+    /// acknowledged in one frame: at least once, never acknowledged before the store has them.
+    /// One whose recipient has no place to hold it any more goes the ordinary way.
+    async fn hold_all(self: &Arc<Self>, incoming: Vec<Incoming>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let (kept, others): (Vec<Incoming>, Vec<Incoming>) = incoming
+            .into_iter()
+            .partition(|i| self.placement(&i.message) == Placement::Hold);
+        for other in others {
+            let delivered = self.deliver(other.message).await.map(|_| ());
+            if delivered.is_ok() {
+                fed.held(&other.envelope, other.delivery.data.len());
+            }
+            settle(&other.envelope, &other.delivery, delivered, false).await;
+        }
+        let Some(last) = kept.last() else {
+            return;
+        };
+        tracing::debug!(
+            count = kept.len(),
+            "holding messages off the broker together"
+        );
+        let held = self
+            .hold(kept.iter().map(|i| i.message.clone()).collect())
+            .await;
+        if held.is_ok() {
+            for i in &kept {
+                fed.held(&i.envelope, i.delivery.data.len());
             }
         }
+        settle(&last.envelope, &last.delivery, held, true).await;
     }
 
     /// Waits until `gid`'s session can take a task (or is gone, when the brief fails as any
@@ -1068,6 +1131,66 @@ impl Gateway {
         hosts.extend(remote_hosts);
         (entries, hosts)
     }
+}
+
+/// A message off an inbox, on its way to be held.
+struct Incoming {
+    delivery: Delivery,
+    envelope: Envelope,
+    message: Message,
+}
+
+/// Whether a message of `kind` is simply held for its recipient (the pull path): anything but
+/// a brief for a worker (typed in), a receipt, or a kind no inbox takes.
+fn held_kind(kind: Kind, to_pane: bool) -> bool {
+    match kind {
+        Kind::Send | Kind::Broadcast => !to_pane,
+        Kind::Injected | Kind::Ask | Kind::Presence | Kind::Spawn => false,
+        _ => true,
+    }
+}
+
+/// The local message an envelope from a remote sender makes for `owner`, held (a broadcast
+/// is a send like any other once it arrives).
+fn incoming(envelope: &Envelope, owner: Gid, body: String) -> Message {
+    Message {
+        msg_id: envelope.msg_id,
+        trace_id: envelope.trace_id,
+        kind: if envelope.kind == Kind::Broadcast {
+            Kind::Send
+        } else {
+            envelope.kind
+        },
+        from: envelope.from,
+        to: owner,
+        in_reply_to: envelope.in_reply_to,
+        body,
+        state: MsgState::Held,
+        created_ms: i64::try_from(envelope.ts_ms).unwrap_or_else(|_| now_ms()),
+    }
+}
+
+/// Settles a message that was to be held (with `multiple`, every one before it on its channel
+/// too): acknowledged once stored; if it could not be, back to the broker to come again.
+async fn settle(
+    envelope: &Envelope,
+    delivery: &Delivery,
+    stored: Result<(), FleetError>,
+    multiple: bool,
+) {
+    if let Err(e) = stored {
+        let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
+        tracing::error!(%trace_id, %msg_id, error = %e, "cannot hold a message; the broker keeps it");
+        let _ = delivery
+            .acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                multiple,
+            })
+            .await;
+        return;
+    }
+    let _ = delivery.acker.ack(BasicAckOptions { multiple }).await;
 }
 
 /// Dead-letters a delivery: rejected without requeue, so it goes to `fleet.dlx`.

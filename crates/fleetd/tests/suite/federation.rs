@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use fleet_core::envelope::{Envelope, HeaderValue, VERSION};
+use fleet_core::{Gid, Kind, MsgId, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
@@ -74,6 +76,15 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
     sees(&bob, "wa").await?;
     let sent = bob.send("wa@hosta", "hello from hostb", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: hello from hostb", "{sent}");
+
+    // Lead to lead: held for bob on his host, and the sender is told so.
+    let note = alice.send("bob@hostb", "for bob", 0).await?;
+    assert_eq!(
+        (note["status"].as_str(), note["state"].as_str()),
+        (Some("pending"), Some("held")),
+        "{note}"
+    );
+    assert_eq!(texts(&drain(&bob, 1).await?), ["for bob"]);
 
     // Same-host traffic stays off the broker: a local round trip leaves no audit line.
     let local = alice.send("wa", "local only", 20).await?;
@@ -449,6 +460,94 @@ async fn refused_start(fleet: &mut Fleet, queue: &str, why: &str) -> anyhow::Res
     let log = fleet.log();
     let last = log.rsplit("--- restart ---").next().unwrap_or_default();
     assert!(last.contains(queue) && last.contains(why), "{last}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_it()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let gid = alice.entry("alice").await?["gid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The real broker; the publisher stands in for another host's gateway, writing
+    // envelopes as one would, all at once so that they arrive together.
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    let carol = Gid::mint();
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let mut confirms = Vec::new();
+    for i in 0..150 {
+        let mut headers = FieldTable::default();
+        if i != 75 {
+            let envelope = Envelope {
+                version: VERSION,
+                kind: Kind::Send,
+                msg_id: MsgId::mint(),
+                trace_id: TraceId::mint(),
+                from: carol,
+                to: gid.clone(),
+                turn_id: None,
+                spawn_id: None,
+                in_reply_to: None,
+                from_name: Some("carol".into()),
+                from_host: Some("hostc".into()),
+                ts_ms: now_ms,
+                expires_at_ms: now_ms + 60_000,
+            };
+            for (name, value) in envelope.encode() {
+                let value = match value {
+                    HeaderValue::Str(value) => text(&value),
+                    HeaderValue::Int(value) => AMQPValue::LongLongInt(value),
+                    HeaderValue::Bytes(_) | HeaderValue::Other => continue,
+                };
+                headers.insert(name.into(), value);
+            }
+        }
+        confirms.push(
+            channel
+                .basic_publish(
+                    "fleet.msg".into(),
+                    gid.as_str().into(),
+                    BasicPublishOptions::default(),
+                    format!("m{i}").as_bytes(),
+                    BasicProperties::default().with_headers(headers),
+                )
+                .await?,
+        );
+    }
+    for confirm in confirms {
+        confirm.await?;
+    }
+    let got = drain(&alice, 149).await?;
+    let expected: Vec<String> = (0..150)
+        .filter(|i| *i != 75)
+        .map(|i| format!("m{i}"))
+        .collect();
+    assert_eq!(texts(&got), expected, "{}", a.log());
+    let senders = field(&got, "from_name");
+    assert!(senders.iter().all(|n| n == "carol@hostc"), "{senders:?}");
+    // None twice, and the garbage dead-lettered.
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
+    let dlq = channel
+        .queue_declare(
+            "fleet.dlq".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    assert_eq!(dlq.message_count(), 1);
+    conn.close(200, "done".into()).await?;
     Ok(())
 }
 
