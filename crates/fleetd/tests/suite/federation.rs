@@ -463,16 +463,37 @@ async fn refused_start(fleet: &mut Fleet, queue: &str, why: &str) -> anyhow::Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_it()
--> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
+/// A gateway of host `hosta` with lead alice: it, her client, and her gid.
+async fn alice_alone(vhost: &Vhost) -> anyhow::Result<(Fleet, Client, String)> {
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let gid = alice.entry("alice").await?["gid"]
         .as_str()
         .unwrap_or_default()
         .to_string();
+    Ok((a, alice, gid))
+}
+
+/// How many messages `fleet.dlq` holds.
+async fn dead_letters(channel: &lapin::Channel) -> anyhow::Result<u32> {
+    let dlq = channel
+        .queue_declare(
+            "fleet.dlq".into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(dlq.message_count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_it()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let (a, alice, gid) = alice_alone(&vhost).await?;
     // The real broker; the publisher stands in for another host's gateway, writing
     // envelopes as one would, all at once so that they arrive together.
     let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
@@ -536,17 +557,7 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
     assert!(senders.iter().all(|n| n == "carol@hostc"), "{senders:?}");
     // None twice, and the garbage dead-lettered.
     assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
-    let dlq = channel
-        .queue_declare(
-            "fleet.dlq".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    assert_eq!(dlq.message_count(), 1);
+    assert_eq!(dead_letters(&channel).await?, 1);
     conn.close(200, "done".into()).await?;
     Ok(())
 }
@@ -555,12 +566,7 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
 async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_going()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let gid = alice.entry("alice").await?["gid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let (a, alice, gid) = alice_alone(&vhost).await?;
     let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
     let mut newer = FieldTable::default();
@@ -582,18 +588,7 @@ async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_go
             .await?;
     }
     until("three dead letters", LIMIT, || async {
-        let dlq = channel
-            .queue_declare(
-                "fleet.dlq".into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .ok()?;
-        (dlq.message_count() == 3).then_some(())
+        (dead_letters(&channel).await.ok()? == 3).then_some(())
     })
     .await?;
     assert!(
