@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use axum::serve::ListenerExt;
 use fleet_mux::PaneHost;
 use fleet_mux::herdr::host::Herdr;
 use fleet_mux::tmux::Tmux;
@@ -198,6 +199,13 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         panes = %panes.describe(),
         "fleetd ready"
     );
+    // Replies go out without waiting on Nagle: a client that keeps its connection alive would
+    // otherwise see a response's second segment held for the delayed ACK of its first (~40 ms).
+    let listener = listener.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
