@@ -170,9 +170,13 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
 /// The whole HTTP app. `shutdown` ends every open MCP stream and call.
 pub fn app(gateway: Arc<Gateway>, allowed: AllowedHosts, shutdown: &CancellationToken) -> Router {
     let handler_gateway = Arc::clone(&gateway);
-    // Host checking is done once, by our guard, for every route alike.
+    // Host checking is done once, by our guard, for every route alike. A stateless call that
+    // answers without notifying first gets a plain JSON response, not a one-event SSE stream
+    // (cheaper on both ends, and the connection is free again at once); one that reports
+    // progress streams as before.
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
+        .with_json_response(true)
         .with_cancellation_token(shutdown.child_token());
     let mcp = StreamableHttpService::new(
         move || Ok(FleetMcp::new(Arc::clone(&handler_gateway))),
