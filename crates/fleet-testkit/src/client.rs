@@ -60,7 +60,11 @@ impl Client {
         let config = StreamableHttpClientTransportConfig::with_uri(url.to_string())
             .auth_header(token.to_string())
             .custom_headers(extra);
-        let transport = StreamableHttpClientTransport::from_config(config);
+        // rmcp's default HTTP client opens a connection per request; this one keeps them
+        // alive, as an agent's HTTP stack does (fleetd sets TCP_NODELAY, so a kept connection
+        // does not stall on delayed ACKs).
+        let http = reqwest::Client::builder().tcp_nodelay(true).build()?;
+        let transport = StreamableHttpClientTransport::with_client(http, config);
         let service = match protocol {
             Protocol::Stateless => {
                 ClientConfig::default()
