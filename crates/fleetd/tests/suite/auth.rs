@@ -212,3 +212,43 @@ async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()
     assert!(worker.call("fleet_list", json!({})).await.is_err());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_call_that_does_not_notify_is_answered_in_plain_json() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let bearer = format!("Bearer {}", fleet.token("lead")?);
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "fleet_list", "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let response = reqwest::Client::new()
+        .post(fleet.url())
+        .header("authorization", &bearer)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "fleet_list")
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    let answer: Value = response.json().await?;
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["you"]["name"], "lead",
+        "{answer}"
+    );
+    Ok(())
+}
