@@ -38,7 +38,7 @@ enum What {
         #[arg(long, default_value_t = 300)]
         trips: usize,
         /// Messages for the throughput figures.
-        #[arg(long, default_value_t = 5_000)]
+        #[arg(long, default_value_t = 20_000)]
         messages: usize,
         /// Entities per gateway (three gateways) for the convergence figure.
         #[arg(long, default_value_t = 100)]
@@ -601,8 +601,15 @@ async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Ve
     }
     echo.abort();
 
-    // Throughput: pipelined publishes with confirms, then consumed back.
+    // Throughput: pipelined publishes with confirms, consumed and acknowledged as they come.
     let started = Instant::now();
+    let consumer = tokio::spawn(async move {
+        for _ in 0..count {
+            let delivery = pongs.next().await.context("the consumer ended")??;
+            delivery.ack(BasicAckOptions::default()).await?;
+        }
+        anyhow::Ok(())
+    });
     for i in 0..count {
         publisher
             .basic_publish(
@@ -615,12 +622,7 @@ async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Ve
             .await?;
     }
     publisher.wait_for_confirms().await?;
-    let mut consumed = 0;
-    while consumed < count {
-        let delivery = pongs.next().await.context("the consumer ended")??;
-        delivery.ack(BasicAckOptions::default()).await?;
-        consumed += 1;
-    }
+    consumer.await??;
     let rate = count as f64 / started.elapsed().as_secs_f64();
     for queue in [&ping, &pong] {
         let _ = publisher
