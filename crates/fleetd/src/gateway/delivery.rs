@@ -226,7 +226,8 @@ impl Gateway {
                 s.activity.subscribe(),
             )
         });
-        let Some((Some(pane), profile, mut activity)) = found else {
+        // Gone: the end of its session fails what it held.
+        let Some((pane, profile, mut activity)) = found else {
             return;
         };
         let from_name = self.name_of(task.from).await;
@@ -236,8 +237,15 @@ impl Gateway {
             submitted_marker: profile.submitted_marker(),
         };
         let text = pane_text(&task, &from_name);
-        let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
+        let Some(pane) = pane else {
+            // Cannot happen (a session turns ready only once its pane is known); loud if it does.
+            tracing::error!(%trace_id, %msg_id, %gid, "a task for a session without a pane");
+            self.untyped(gid, &task, "its session has no pane to type into")
+                .await;
+            return;
+        };
+        let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;
         let failure = match outcome {
             Ok(InjectOutcome::Submitted { retried }) => {
                 tracing::info!(%trace_id, %msg_id, %gid, retried, "injected");
@@ -255,15 +263,22 @@ impl Gateway {
             Err(e) => Some(format!("pane host: {e}")),
         };
         if let Some(reason) = failure {
-            self.fail(&task, &reason).await;
-            // The worker never took the task: its turn is over before it began.
-            let mut sessions = self.lock();
-            if let Some(session) = sessions.panes.get_mut(&gid)
-                && session.current.as_ref().is_some_and(|m| m.msg_id == msg_id)
-            {
-                session.current = None;
-                let _ = session.apply(SessionEvent::TurnDone);
-            }
+            self.untyped(gid, &task, &reason).await;
+        }
+    }
+
+    /// Fails `task`, which never reached `gid`: its turn is over before it began.
+    async fn untyped(self: &Arc<Self>, gid: Gid, task: &Message, reason: &str) {
+        self.fail(task, reason).await;
+        let mut sessions = self.lock();
+        if let Some(session) = sessions.panes.get_mut(&gid)
+            && session
+                .current
+                .as_ref()
+                .is_some_and(|m| m.msg_id == task.msg_id)
+        {
+            session.current = None;
+            let _ = session.apply(SessionEvent::TurnDone);
         }
     }
 }

@@ -54,6 +54,10 @@ impl Gateway {
             .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
         let hash = token::hash(&secret);
         self.db(move |s| s.put_token(gid, &hash, true)).await?;
+        // Readiness counts from the new token on (an earlier session's calls do not).
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.ready_early = false;
+        }
         let worker = Worker {
             gid,
             name: name.to_string(),
@@ -92,11 +96,16 @@ impl Gateway {
                 format!("cannot open a pane for '{name}': {e}"),
             )
         })?;
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.pane = Some(pane.clone());
-        }
+        // A fast worker may have called in before the pane host answered: it turns ready now.
+        let status = match self.lock().panes.get_mut(&gid) {
+            Some(session) => {
+                session.pane_opened(pane.clone());
+                session.status
+            }
+            None => WorkerStatus::Spawning,
+        };
         let pane_text = pane.0.clone();
-        self.db(move |s| s.set_session(gid, WorkerStatus::Spawning, Some(&pane_text)))
+        self.db(move |s| s.set_session(gid, status, Some(&pane_text)))
             .await?;
         Ok(pane)
     }

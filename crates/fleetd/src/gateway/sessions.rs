@@ -80,6 +80,9 @@ pub(super) struct PaneSession {
     /// detection); `None` where the host knows nothing (tmux, or a program herdr does not
     /// recognise). A working or blocked agent gets no task.
     pub host_agent: Option<(String, AgentState)>,
+    /// It signalled readiness (called in, or listed the tools) before the pane host had told
+    /// us its pane: it is made ready once the pane is known.
+    pub ready_early: bool,
 }
 
 impl PaneSession {
@@ -94,6 +97,29 @@ impl PaneSession {
         self.idle_since = (next == WorkerStatus::Idle).then(Instant::now);
         self.kick();
         Ok(next)
+    }
+
+    /// The worker's own sign of readiness (a call-in, or listing the tools): a spawning session
+    /// turns idle now if its pane is known, else as soon as it is — a task must never be
+    /// handed to a session that has no pane to type it into. Returns whether it turned idle.
+    fn signal_ready(&mut self) -> bool {
+        if self.status != WorkerStatus::Spawning {
+            return false;
+        }
+        if self.pane.is_none() {
+            self.ready_early = true;
+            return false;
+        }
+        self.apply(SessionEvent::Ready).is_ok()
+    }
+
+    /// Records the session's new pane; a worker that already signalled readiness turns idle.
+    /// Returns whether it did.
+    pub fn pane_opened(&mut self, pane: PaneId) -> bool {
+        self.pane = Some(pane);
+        std::mem::take(&mut self.ready_early)
+            && self.status == WorkerStatus::Spawning
+            && self.apply(SessionEvent::Ready).is_ok()
     }
 
     /// Whether the session took as many tasks as its profile allows, and must be recycled
@@ -211,18 +237,14 @@ impl Sessions {
         if acting {
             session.activity.send_modify(|v| *v = v.wrapping_add(1));
         }
-        let became_ready = session.status == WorkerStatus::Spawning
-            && session.profile.ready_call() == ReadyCall::Any
-            && session.apply(SessionEvent::Ready).is_ok();
+        let became_ready = session.profile.ready_call() == ReadyCall::Any && session.signal_ready();
         Some((session.entity.clone(), became_ready))
     }
 
     /// Notes that `gid` listed fleetd's tools; returns whether that made it ready.
     pub fn listed_tools(&mut self, gid: Gid) -> bool {
         self.panes.get_mut(&gid).is_some_and(|session| {
-            session.status == WorkerStatus::Spawning
-                && session.profile.ready_call() != ReadyCall::None
-                && session.apply(SessionEvent::Ready).is_ok()
+            session.profile.ready_call() != ReadyCall::None && session.signal_ready()
         })
     }
 

@@ -206,6 +206,7 @@ impl Gateway {
                     last_seen_ms: None,
                     last_words: None,
                     host_agent: None,
+                    ready_early: false,
                 },
             );
             entity

@@ -206,7 +206,7 @@ async fn a_worker_at_its_context_cap_gets_a_fresh_session_under_its_name() -> an
         }
     }
     texts.sort();
-    assert_eq!(texts, ["echo: four", "echo: three"]);
+    assert_eq!(texts, ["echo: four", "echo: three"], "{}", fleet.log());
     let entry = lead.entry("w1").await?;
     assert_eq!(entry["gid"], first["gid"], "same worker");
     assert_ne!(
