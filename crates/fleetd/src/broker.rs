@@ -33,6 +33,10 @@ pub const DEAD_LETTER_QUEUE: &str = "fleet.dlq";
 pub const BROADCAST_ALL: &str = "broadcast.all";
 /// How long a publish may wait for the broker's confirm before it counts as unavailable.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest wait for the broker to delete an inbox or to close the connection: a stop or a
+/// shutdown never hangs on a slow or confused broker link (seen once: lapin's close waited
+/// forever after a channel error).
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The inbox queue of entity `gid` (`.v2`: recipient-keyed, spec 10 §3).
 pub fn inbox_queue(gid: Gid) -> String {
@@ -189,9 +193,19 @@ impl Link {
         }
     }
 
-    /// Closes the connection.
+    /// Closes the connection (giving up after [`TEARDOWN_TIMEOUT`]: the socket goes with the
+    /// process, or with the next connection attempt).
     pub async fn close(&self) {
-        let _ = self.connection.close(200, "fleetd stopping".into()).await;
+        let closing = self.connection.close(200, "fleetd stopping".into());
+        if tokio::time::timeout(TEARDOWN_TIMEOUT, closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the broker did not confirm the close within {} s; letting the link go",
+                TEARDOWN_TIMEOUT.as_secs()
+            );
+        }
     }
 
     async fn channel(&self, what: &str) -> Result<Channel, LinkError> {
@@ -325,13 +339,26 @@ impl Link {
     /// Deletes `gid`'s inbox (its bindings go with it).
     pub async fn delete_inbox(&self, gid: Gid) -> Result<(), LinkError> {
         let queue = inbox_queue(gid);
-        let channel = self.channel("cannot open a channel").await?;
-        channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        let deleting = async {
+            let channel = self.channel("cannot open a channel").await?;
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(|e| LinkError::from_lapin(&format!("deleting {queue}"), &e))?;
+            let _ = channel.close(200, "deleted".into()).await;
+            Ok(())
+        };
+        tokio::time::timeout(TEARDOWN_TIMEOUT, deleting)
             .await
-            .map_err(|e| LinkError::from_lapin(&format!("deleting {queue}"), &e))?;
-        let _ = channel.close(200, "deleted".into()).await;
-        Ok(())
+            .unwrap_or_else(|_| {
+                Err(LinkError {
+                    message: format!(
+                        "deleting {queue}: no answer from the broker within {} s",
+                        TEARDOWN_TIMEOUT.as_secs()
+                    ),
+                    retry: true,
+                })
+            })
     }
 
     /// Declares this host's roster queue (exclusive, auto-delete) bound to `roster.#`, and

@@ -331,7 +331,11 @@ impl Gateway {
                 () = tokio::time::sleep(backoff) => {}
                 () = self.shutdown.cancelled() => return,
             }
-            match self.connect_link().await {
+            let connected = tokio::select! {
+                connected = self.connect_link() => connected,
+                () = self.shutdown.cancelled() => return,
+            };
+            match connected {
                 Ok(()) => backoff = FIRST_BACKOFF,
                 Err(e) => {
                     if e.retry {
@@ -951,10 +955,18 @@ impl Gateway {
         }
     }
 
-    /// Reads the roster queue into the union view.
+    /// Reads the roster queue into the union view until the link goes, or fleetd stops
+    /// (whether or not the link's close goes through).
     async fn consume_roster(self: Arc<Self>, mut consumer: Consumer) {
-        while let Some(Ok(delivery)) = consumer.next().await {
-            self.on_presence(&delivery);
+        loop {
+            let next = tokio::select! {
+                next = consumer.next() => next,
+                () = self.shutdown.cancelled() => return,
+            };
+            match next {
+                Some(Ok(delivery)) => self.on_presence(&delivery),
+                _ => return,
+            }
         }
     }
 
