@@ -339,9 +339,22 @@ impl Fleet {
                 .args(["-TERM", &pid.to_string()])
                 .status()?;
         }
-        Ok(child.wait().await?.success())
+        match tokio::time::timeout(TERMINATE_LIMIT, child.wait()).await {
+            Ok(status) => Ok(status?.success()),
+            Err(_) => {
+                let _ = child.start_kill();
+                anyhow::bail!(
+                    "fleetd did not stop within {} s of SIGTERM:\n{}",
+                    TERMINATE_LIMIT.as_secs(),
+                    self.log()
+                )
+            }
+        }
     }
 }
+
+/// How long a SIGTERM'd fleetd may take to drain and exit before a test calls it hung.
+const TERMINATE_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long a killed fleetd may take to die before its tmux server is stopped anyway.
 const DEATH_WAIT: Duration = Duration::from_secs(5);
