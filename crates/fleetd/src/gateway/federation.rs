@@ -567,6 +567,7 @@ impl Gateway {
                 };
                 let message = Message {
                     msg_id: local_id,
+                    in_reply_to: None,
                     state: MsgState::Queued,
                     ..incoming(&envelope, owner, body)
                 };

@@ -286,7 +286,11 @@ impl Gateway {
     ) -> Result<Placement, FleetError> {
         let placement = self.placement(&message);
         message.state = match placement {
-            Placement::Hold => MsgState::Held,
+            Placement::Hold => {
+                message.state = MsgState::Held;
+                self.hold(vec![message]).await?;
+                return Ok(placement);
+            }
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
             // Its own gateway keeps it: nothing of it is stored here.
@@ -296,29 +300,22 @@ impl Gateway {
         let fresh = self.db(move |s| s.insert_message(&message)).await?;
         let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
-        if !fresh {
-            return Ok(placement);
-        }
-        match placement {
-            Placement::Hold => self.bump_inbox(to),
-            Placement::Queue => {
-                let live = match self.lock().panes.get(&to) {
-                    Some(session) if session.status.is_live() => {
-                        session.kick();
-                        true
-                    }
-                    _ => false,
-                };
-                // Its session ended while the message was being stored, after the sweep of
-                // what was on its way: fail it here, or it would wait forever.
-                if !live {
-                    let why = format!("'{}' is gone", self.name_of(to).await);
-                    // Boxed: failing notifies, and notifying delivers (a notice is never queued).
-                    Box::pin(self.fail(&kept, &why)).await;
-                    return Ok(Placement::Dead);
+        if fresh && placement == Placement::Queue {
+            let live = match self.lock().panes.get(&to) {
+                Some(session) if session.status.is_live() => {
+                    session.kick();
+                    true
                 }
+                _ => false,
+            };
+            // Its session ended while the message was being stored, after the sweep of what
+            // was on its way: fail it here, or it would wait forever.
+            if !live {
+                let why = format!("'{}' is gone", self.name_of(to).await);
+                // Boxed: failing notifies, and notifying delivers (a notice is never queued).
+                Box::pin(self.fail(&kept, &why)).await;
+                return Ok(Placement::Dead);
             }
-            Placement::Dead | Placement::Remote => {}
         }
         Ok(placement)
     }
