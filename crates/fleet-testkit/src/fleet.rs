@@ -86,21 +86,39 @@ pub fn opencode_profile(name: &str, base_url: &str) -> String {
 /// pid namespace, the work dir `workdir` bound in, `FLEET_SANDBOX=<worker name>` set inside;
 /// its teardown appends the worker's name to `teardown.log` in the work dir.
 pub fn bwrap_profile(name: &str, workdir: &Path) -> anyhow::Result<String> {
-    let sim = binary("fleet-agent-sim")?;
+    bwrap_profile_of(name, workdir, &binary("fleet-agent-sim")?, true)
+}
+
+/// A sandbox `[[profiles]]` block running the agent at `agent` under the README's bubblewrap
+/// recipe: the host's files read-only, a fresh `/tmp`, the user's home and fleetd's state dir
+/// hidden, the worker's own files, its working directory and (with `bind_agent`) the agent's
+/// program bound back in.
+pub fn bwrap_profile_of(
+    name: &str,
+    workdir: &Path,
+    agent: &Path,
+    bind_agent: bool,
+) -> anyhow::Result<String> {
+    let bind = if bind_agent {
+        r#""--ro-bind", "{agent}", "{agent}","#
+    } else {
+        ""
+    };
     Ok(format!(
         r#"[[profiles]]
 name = "{name}"
 kind = "sandbox"
 cwd = {workdir:?}
 runtime = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
+           "--tmpfs", "{{home}}", "--tmpfs", "{{state_dir}}", "--bind", "{{worker_dir}}", "{{worker_dir}}",
+           {bind} "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
            "--die-with-parent", "--setenv", "FLEET_SANDBOX", "{{name}}", "--"]
-agent = [{sim:?}]
-teardown = ["sh", "-c", "echo {{name}} >> {{workdir}}/teardown.log"]
+agent = [{agent:?}]
+teardown = ["sh", "-c", "echo {{name}} >> \"$1\"/teardown.log", "sh", "{{workdir}}"]
 ready_timeout_s = 20
 "#,
         workdir = workdir.display().to_string(),
-        sim = sim.display().to_string(),
+        agent = agent.display().to_string(),
     ))
 }
 
@@ -116,8 +134,22 @@ pub fn token_spy_profile(name: &str, file: &Path) -> String {
 impl Fleet {
     /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
     pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
+        Self::start_under(&std::env::temp_dir(), gateway, rest).await
+    }
+
+    /// [`Fleet::start`], with its config, state dir and logs in a new directory under `parent`
+    /// (a test that needs the state dir outside `/tmp`, say).
+    pub async fn start_under(parent: &Path, gateway: &str, rest: &str) -> anyhow::Result<Self> {
         let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
-        Self::start_with(&format!("socket = \"{socket}\""), socket, gateway, rest).await
+        let dir = tempfile::tempdir_in(parent)?;
+        Self::start_with(
+            dir,
+            &format!("socket = \"{socket}\""),
+            socket,
+            gateway,
+            rest,
+        )
+        .await
     }
 
     /// Starts fleetd on the herdr server at `herdr_socket` (the tmux private server name is
@@ -128,6 +160,7 @@ impl Fleet {
             herdr_socket.display()
         );
         Self::start_with(
+            tempfile::tempdir()?,
             &mux,
             format!("fleet-test-{}", uuid::Uuid::now_v7().simple()),
             "",
@@ -137,12 +170,12 @@ impl Fleet {
     }
 
     async fn start_with(
+        dir: tempfile::TempDir,
         mux: &str,
         socket: String,
         gateway: &str,
         rest: &str,
     ) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
         let port = free_port()?;
         let config = dir.path().join("fleetd.toml");
         // `gateway` may name the host; else every test gateway is `testhost`.

@@ -132,11 +132,14 @@ pub enum Directive {
     /// Ask the lead this question with `fleet_ask` (waiting this many seconds), then reply
     /// `asked <question>, heard: <answer>`, or `asked <question>, got <error code>`.
     Ask(u64, String),
+    /// Reply with the text of the file at this path, or `cannot read <path>: <why>` (what a
+    /// sandboxed agent can reach).
+    Read(String),
 }
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`; anything else is echoed.
+    /// `/ask S question`, `/read PATH`; anything else is echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
         let mut words = trimmed.splitn(3, ' ');
@@ -158,6 +161,10 @@ impl Directive {
             Some("/ask") => match number(words.next()) {
                 Some(s) => Directive::Ask(s, words.next().unwrap_or_default().to_string()),
                 None => Directive::Echo(task.to_string()),
+            },
+            Some("/read") => match trimmed.strip_prefix("/read ") {
+                Some(path) if !path.trim().is_empty() => Directive::Read(path.trim().to_string()),
+                _ => Directive::Echo(task.to_string()),
             },
             _ => Directive::Echo(task.to_string()),
         }
@@ -212,6 +219,11 @@ mod tests {
             Directive::Slow(250, "then this".into())
         );
         assert_eq!(Directive::parse("/poll 30"), Directive::Poll(30));
+        assert_eq!(
+            Directive::parse("/read /a dir/token"),
+            Directive::Read("/a dir/token".into())
+        );
+        assert_eq!(Directive::parse("/read "), Directive::Echo("/read ".into()));
         assert_eq!(
             Directive::parse("/ask 5 which port?"),
             Directive::Ask(5, "which port?".into())

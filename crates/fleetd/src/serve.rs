@@ -175,10 +175,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         Parts {
             store: Arc::new(store),
             panes: panes.pane_host(),
-            launchers: Launchers::new(
-                state.root().join("workers"),
-                std::env::var_os("HOME").map(PathBuf::from),
-            ),
+            launchers: Launchers::new(state.root(), std::env::var_os("HOME").map(PathBuf::from)),
             federation,
         },
         shutdown.child_token(),

@@ -79,6 +79,13 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
             reply(client, &format!("echo: {rest}"), None).await?;
         }
         Directive::Never => show("[not replying]\r\n"),
+        Directive::Read(path) => {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) => format!("cannot read {path}: {e}"),
+            };
+            reply(client, &text, None).await?;
+        }
         Directive::Crash => {
             show("[crashing]\r\n");
             std::process::exit(3);

@@ -22,8 +22,19 @@ const OPENCODE_READY: &str = "Ask anything";
 /// The most tasks a `context_cap` may allow.
 const MAX_CONTEXT_CAP: u64 = 1_000_000;
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
-pub const SANDBOX_PLACEHOLDERS: [&str; 8] = [
-    "name", "gid", "host", "image", "role", "mcp_url", "token", "workdir",
+pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
+    "name",
+    "gid",
+    "host",
+    "image",
+    "role",
+    "mcp_url",
+    "token",
+    "workdir",
+    "worker_dir",
+    "state_dir",
+    "home",
+    "agent",
 ];
 
 /// Which call from a spawning worker proves it ready (besides its `ready_marker`).

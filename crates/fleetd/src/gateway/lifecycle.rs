@@ -78,11 +78,17 @@ impl Gateway {
                 .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
         }
         .map_err(|e| {
-            FleetError::internal(format!(
+            let why = format!(
                 "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
                 profile.name,
                 profile.kind.as_str()
-            ))
+            );
+            // What the launch needs is not there (an agent its sandbox would not see, say).
+            if e.kind() == std::io::ErrorKind::NotFound {
+                FleetError::new(ErrorCode::NotReady, why)
+            } else {
+                FleetError::internal(why)
+            }
         })?;
         let spec = PaneSpec {
             label: name.to_string(),

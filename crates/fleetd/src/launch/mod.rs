@@ -7,6 +7,7 @@
 //! directory (`<state>/workers/<gid>`, user-only), removed when the session ends; a sandbox's
 //! teardown is kept there too, so a restart after a crash can still run it.
 
+mod bwrap;
 mod claude;
 mod opencode;
 mod sandbox;
@@ -101,15 +102,19 @@ pub struct Launchers {
 }
 
 impl Launchers {
-    /// The launchers, keeping workers' files under `root`. `user_home` is the user's home, whose
-    /// Claude Code settings a non-isolated claude-code worker uses.
-    pub fn new(root: PathBuf, user_home: Option<PathBuf>) -> Self {
+    /// The launchers of the gateway with state dir `state_dir`, keeping workers' files in its
+    /// `workers`. `user_home` is the user's home, whose Claude Code settings a non-isolated
+    /// claude-code worker uses.
+    pub fn new(state_dir: &Path, user_home: Option<PathBuf>) -> Self {
         Self {
-            root,
+            root: state_dir.join("workers"),
             command: CommandLauncher,
-            claude: claude::ClaudeLauncher::new(user_home),
+            claude: claude::ClaudeLauncher::new(user_home.clone()),
             opencode: opencode::OpencodeLauncher,
-            sandbox: sandbox::SandboxLauncher,
+            sandbox: sandbox::SandboxLauncher {
+                state_dir: state_dir.to_path_buf(),
+                home: user_home,
+            },
         }
     }
 
@@ -249,7 +254,7 @@ mod tests {
     #[test]
     fn a_command_runs_as_given_with_fleet_variables() {
         let dir = tempfile::tempdir().unwrap();
-        let launchers = Launchers::new(dir.path().join("workers"), None);
+        let launchers = Launchers::new(dir.path(), None);
         let profile = ProfileConfig::command("p", vec!["prog".into(), "--x".into()]);
         let w = worker(dir.path());
         let launch = launchers.prepare(&profile, &w).unwrap();

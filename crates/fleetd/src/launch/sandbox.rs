@@ -7,21 +7,84 @@
 //! the sandbox. `{token}` puts the worker's token on the runtime's command line, where other
 //! users of the machine can see it: prefer passing `FLEET_TOKEN` through the environment
 //! (`docker run -e FLEET_TOKEN`, which copies it from the pane's environment).
+//!
+//! A runtime that shares the host's files (bubblewrap) decides what the sandbox sees with its
+//! mounts: `{state_dir}` and `{home}` name what to hide, `{worker_dir}` the worker's own files
+//! to bind back in, and `{agent}` the agent's program as found on this host (absolute, links
+//! resolved) to bind read-only; when the runtime names `{agent}`, the agent is started by that
+//! path. A bwrap runtime whose mounts would hide the agent is refused before the pane opens.
 
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::bwrap::{self, Sight};
 use super::{Launch, PeerLauncher, Worker};
 use crate::config::ProfileConfig;
 
-pub(super) struct SandboxLauncher;
+pub(super) struct SandboxLauncher {
+    /// The gateway's state dir (tokens, database, workers' files): `{state_dir}`.
+    pub(super) state_dir: PathBuf,
+    /// The user's home: `{home}`.
+    pub(super) home: Option<PathBuf>,
+}
 
 impl PeerLauncher for SandboxLauncher {
     fn prepare(
         &self,
         profile: &ProfileConfig,
         worker: &Worker,
-        launch: Launch,
-    ) -> std::io::Result<Launch> {
-        let fill = |word: &String| fill(word, profile, worker);
+        mut launch: Launch,
+    ) -> io::Result<Launch> {
+        let names = |placeholder: &str| {
+            profile
+                .runtime
+                .iter()
+                .chain(&profile.teardown)
+                .any(|word| word.contains(&format!("{{{placeholder}}}")))
+        };
+        let program = launch.argv.first().cloned().unwrap_or_default();
+        let found = find_program(&program, &launch.env);
+        let agent = match (&found, names("agent")) {
+            (Some(path), true) => {
+                launch.argv[0] = path.display().to_string();
+                Some(path.clone())
+            }
+            (None, true) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "the runtime binds {{agent}}, but the agent '{program}' is not a program on this host (not found on PATH)"
+                    ),
+                ));
+            }
+            (_, false) => None,
+        };
+        if names("home") && self.home.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the runtime names {home}, but fleetd knows no home (HOME is not set)",
+            ));
+        }
+        let values = Values {
+            launcher: self,
+            profile,
+            worker,
+            agent: agent.as_deref(),
+        };
+        let fill = |word: &String| fill(word, &values);
         let mut argv: Vec<String> = profile.runtime.iter().map(fill).collect();
+        if bwrap::is_bwrap(&argv)
+            && let Some(path) = &found
+            && let Some(why) = hidden(&argv, path)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "the sandbox would not see the agent {}: {why}; bind it in with \"--ro-bind\", \"{{agent}}\", \"{{agent}}\" in the profile's runtime",
+                    path.display()
+                ),
+            ));
+        }
         argv.extend(launch.argv);
         let teardown =
             (!profile.teardown.is_empty()).then(|| profile.teardown.iter().map(fill).collect());
@@ -33,8 +96,62 @@ impl PeerLauncher for SandboxLauncher {
     }
 }
 
+/// Why bwrap's `argv` hides the host path `path` from the sandbox, if it does.
+fn hidden(argv: &[String], path: &Path) -> Option<String> {
+    match bwrap::sight(argv, path) {
+        Sight::Seen => None,
+        Sight::Hidden { option, at } => Some(format!(
+            "it is under {}, where the runtime mounts {option}",
+            at.display()
+        )),
+        Sight::Unmounted => Some("no mount of the runtime covers it".into()),
+    }
+}
+
+/// Where `program` is on this host, absolute with links resolved: itself when it names a path,
+/// else the first match on the `PATH` the pane gets (the profile's, else fleetd's own).
+fn find_program(
+    program: &str,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Option<PathBuf> {
+    if program.is_empty() {
+        return None;
+    }
+    if program.contains('/') {
+        return std::fs::canonicalize(program).ok();
+    }
+    let path = env
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"))?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_executable(candidate))
+        .and_then(|found| std::fs::canonicalize(found).ok())
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+}
+
+/// What the placeholders stand for in one launch.
+struct Values<'a> {
+    launcher: &'a SandboxLauncher,
+    profile: &'a ProfileConfig,
+    worker: &'a Worker,
+    agent: Option<&'a Path>,
+}
+
 /// `word` with each known `{placeholder}` replaced (the config check refused unknown ones).
-fn fill(word: &str, profile: &ProfileConfig, worker: &Worker) -> String {
+fn fill(word: &str, values: &Values<'_>) -> String {
+    let Values {
+        launcher,
+        profile,
+        worker,
+        agent,
+    } = values;
     let value = |placeholder: &str| -> Option<String> {
         Some(match placeholder {
             "name" => worker.name.clone(),
@@ -45,6 +162,10 @@ fn fill(word: &str, profile: &ProfileConfig, worker: &Worker) -> String {
             "mcp_url" => worker.mcp_url.clone(),
             "token" => worker.token.clone(),
             "workdir" => worker.cwd.display().to_string(),
+            "worker_dir" => worker.dir.display().to_string(),
+            "state_dir" => launcher.state_dir.display().to_string(),
+            "home" => launcher.home.as_ref()?.display().to_string(),
+            "agent" => (*agent)?.display().to_string(),
             _ => return None,
         })
     };
@@ -103,7 +224,7 @@ mod tests {
             env: Default::default(),
             teardown: None,
         };
-        let launch = SandboxLauncher.prepare(&profile, &w, launch).unwrap();
+        let launch = launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
         assert_eq!(
             launch.argv,
             [
@@ -126,13 +247,131 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let w = worker(dir.path());
         let profile = ProfileConfig::command("box", Vec::new());
+        let launcher = launcher(dir.path());
+        let values = Values {
+            launcher: &launcher,
+            profile: &profile,
+            worker: &w,
+            agent: Some(Path::new("/opt/agent")),
+        };
         assert_eq!(
-            fill("{workdir}:/work", &profile, &w),
+            fill("{workdir}:/work", &values),
             format!("{}:/work", dir.path().display())
         );
         assert_eq!(
-            fill("URL={mcp_url};{x}", &profile, &w),
+            fill("URL={mcp_url};{x}", &values),
             "URL=http://127.0.0.1:9/mcp;{x}"
+        );
+        assert_eq!(
+            fill("{state_dir} {worker_dir} {home} {agent}", &values),
+            format!(
+                "{}/state {} /home/me /opt/agent",
+                dir.path().display(),
+                w.dir.display()
+            )
+        );
+    }
+
+    fn launcher(dir: &Path) -> SandboxLauncher {
+        SandboxLauncher {
+            state_dir: dir.join("state"),
+            home: Some("/home/me".into()),
+        }
+    }
+
+    /// A bwrap profile around an executable agent at `agent`, with `binds` before the `--`.
+    fn bwrap(agent: &Path, binds: &[&str]) -> (ProfileConfig, Launch) {
+        let mut profile = ProfileConfig::command("boxed", Vec::new());
+        profile.kind = ProfileKind::Sandbox;
+        profile.runtime = ["bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
+            .iter()
+            .chain(binds)
+            .chain(&["--"])
+            .map(|w| w.to_string())
+            .collect();
+        let launch = Launch {
+            argv: vec![agent.display().to_string(), "--flag".into()],
+            env: Default::default(),
+            teardown: None,
+        };
+        (profile, launch)
+    }
+
+    fn executable(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn an_agent_the_bwrap_mounts_hide_is_refused_naming_path_and_mount() {
+        // Under /tmp, with a space and behind a symlink: as a clone of the project might be.
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let real = dir.path().join("a clone/target/agent");
+        executable(&real);
+        let link = dir.path().join("linked");
+        std::os::unix::fs::symlink(dir.path().join("a clone"), &link).unwrap();
+        let w = worker(dir.path());
+        let (profile, launch) = bwrap(&link.join("target/agent"), &[]);
+        let err = launcher(dir.path())
+            .prepare(&profile, &w, launch.clone())
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        let text = err.to_string();
+        assert!(text.contains(&real.display().to_string()), "{text}");
+        assert!(
+            text.contains("under /tmp, where the runtime mounts --tmpfs"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"--ro-bind\", \"{agent}\", \"{agent}\""),
+            "{text}"
+        );
+
+        // Bound in by {agent}: the agent runs by its resolved path, which the bind shows.
+        let (profile, launch) = bwrap(
+            &link.join("target/agent"),
+            &["--ro-bind", "{agent}", "{agent}"],
+        );
+        let launch = launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
+        let real = real.display().to_string();
+        let at = launch.argv.iter().position(|w| w == "--").unwrap();
+        let around: Vec<&str> = launch.argv[at - 3..at + 2]
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(around, ["--ro-bind", &real, &real, "--", &real]);
+        assert_eq!(launch.argv.last().map(String::as_str), Some("--flag"));
+    }
+
+    #[test]
+    fn an_agent_found_on_path_is_bound_by_its_resolved_path() {
+        let dir = tempfile::tempdir().unwrap();
+        executable(&dir.path().join("bin/my-agent"));
+        let w = worker(dir.path());
+        let (profile, mut launch) =
+            bwrap(Path::new("my-agent"), &["--ro-bind", "{agent}", "{agent}"]);
+        launch
+            .env
+            .insert("PATH".into(), dir.path().join("bin").display().to_string());
+        let launch = launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
+        let resolved = std::fs::canonicalize(dir.path().join("bin/my-agent")).unwrap();
+        let at = launch.argv.iter().position(|w| w == "--").unwrap();
+        assert_eq!(launch.argv[at + 1], resolved.display().to_string());
+
+        // Not found at all while the runtime binds it: a clear error, not a broken bind.
+        let (profile, launch) = bwrap(
+            Path::new("no-such-agent"),
+            &["--ro-bind", "{agent}", "{agent}"],
+        );
+        let err = launcher(dir.path())
+            .prepare(&profile, &w, launch)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("'no-such-agent' is not a program on this host"),
+            "{err}"
         );
     }
 }

@@ -1,11 +1,15 @@
 //! Sandboxed workers with a real runtime: bubblewrap (`bwrap`, installed by `./test.sh`)
-//! wrapped around the scripted agent, its teardown run when the pane goes.
+//! wrapped around the scripted agent under the README's recipe, its teardown run when the pane
+//! goes. The agent is bound in by its own path, so the tests pass wherever the checkout (and its
+//! build) lives: under `/tmp`, behind a symlink, in a path with spaces.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
+use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, bwrap_profile};
+use fleet_testkit::fleet::{Fleet, bwrap_profile, bwrap_profile_of};
 use fleet_testkit::wait::until;
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -117,6 +121,111 @@ async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow
         || async { (!tree.iter().any(|pid| alive(*pid))).then_some(()) },
     )
     .await?;
+    Ok(())
+}
+
+/// A copy of the scripted agent under `/tmp` (which the recipe hides), in a directory with a
+/// space in its name, reached through a symlink: where a clone's build might be.
+fn hidden_agent(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let real = dir.join("a clone/target/debug");
+    std::fs::create_dir_all(&real)?;
+    std::fs::copy(binary("fleet-agent-sim")?, real.join("fleet-agent-sim"))?;
+    std::os::unix::fs::symlink(dir.join("a clone"), dir.join("linked clone"))?;
+    Ok(dir.join("linked clone/target/debug/fleet-agent-sim"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_under_a_hidden_path_runs_when_bound_and_is_refused_by_name_when_not()
+-> anyhow::Result<()> {
+    let workdir = tempfile::tempdir()?;
+    let clone = tempfile::tempdir_in("/tmp")?;
+    let agent = hidden_agent(clone.path())?;
+    let profiles = format!(
+        "{}\n{}",
+        bwrap_profile_of("bound", workdir.path(), &agent, true)?,
+        bwrap_profile_of("unbound", workdir.path(), &agent, false)?
+    );
+    let fleet = Fleet::start("", &profiles).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+
+    let refused = lead
+        .call(
+            "fleet_spawn",
+            serde_json::json!({"profile": "unbound", "name": "u1"}),
+        )
+        .await?
+        .expect_err("a sandbox that hides its agent");
+    assert_eq!(refused.code, "not_ready", "{refused}");
+    let real = std::fs::canonicalize(&agent)?;
+    assert!(
+        refused.message.contains(&real.display().to_string())
+            && refused.message.contains("under /tmp")
+            && refused.message.contains("--tmpfs"),
+        "names the path and the mount that hides it: {refused}"
+    );
+    assert!(fleet.panes()?.is_empty(), "no pane was opened");
+
+    lead.spawn("bound", "b1").await?;
+    let sent = lead.send("b1", "hello from a hidden clone", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"], "echo: hello from a hidden clone",
+        "{sent}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_settings()
+-> anyhow::Result<()> {
+    // The state dir outside /tmp, so only the recipe's {state_dir} mount can hide it.
+    let workdir = tempfile::tempdir()?;
+    let fleet = Fleet::start_under(
+        Path::new("/var/tmp"),
+        "",
+        &bwrap_profile("boxed", workdir.path())?,
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let token = fleet.state_dir().join("leads/lead.token");
+    assert!(
+        token.is_file(),
+        "the lead's token file: {}",
+        token.display()
+    );
+    lead.spawn("boxed", "b1").await?;
+
+    let read = |path: std::path::PathBuf| {
+        let lead = &lead;
+        async move {
+            let sent = lead
+                .send("b1", &format!("/read {}", path.display()), 20)
+                .await?;
+            anyhow::Ok(
+                sent["reply"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }
+    };
+    let got = read(token.clone()).await?;
+    assert!(
+        got.starts_with(&format!("cannot read {}", token.display())),
+        "the sandbox read the lead's token: {got}"
+    );
+    // Nor anything in the user's home (where ~/.claude.json lives): a file made there now.
+    let home = std::path::PathBuf::from(std::env::var("HOME")?);
+    let mut private = tempfile::NamedTempFile::with_prefix_in(".fleet-test-", &home)?;
+    std::io::Write::write_all(&mut private, b"secret settings")?;
+    let got = read(private.path().to_path_buf()).await?;
+    assert!(
+        got.starts_with("cannot read"),
+        "the sandbox read {}: {got}",
+        private.path().display()
+    );
+    // The worker's own working directory is there, and it still answers.
+    std::fs::write(workdir.path().join("note.txt"), "visible")?;
+    assert_eq!(read(workdir.path().join("note.txt")).await?, "visible");
     Ok(())
 }
 
