@@ -3,8 +3,13 @@
 //! answers and events read here; no sockets.
 //!
 //! Tolerant of drift: ids are opaque strings, unknown fields are ignored, unknown agent states
-//! read as `unknown`, unknown events are kept by name. The protocol number from `ping` is
-//! checked against [`MIN_PROTOCOL`].
+//! read as `unknown`, unknown events are kept by name.
+//!
+//! Which herdr will do: the protocol number from `ping` must be at least [`MIN_PROTOCOL`], and
+//! every [`probes`] request must be understood. herdr's protocol number counts changes to the
+//! wire between its own terminal client and server, not to this API (0.8.0 answers 19, main 20
+//! after a change to how bells reach the terminal; neither touched the API), so the number is
+//! only a first filter and the probes are the real check.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,8 +19,19 @@ use serde_json::{Value, json};
 
 use crate::AgentState;
 
-/// The oldest herdr protocol this codec was checked against (herdr 0.8.0 speaks 20).
-pub const MIN_PROTOCOL: u64 = 20;
+/// The oldest herdr protocol with every request, field and event fleetd uses: herdr 0.7.0's
+/// (`layout.apply` running an argv with env and cwd, and pane ids like `w1:p2`, came with it).
+pub const MIN_PROTOCOL: u64 = 14;
+/// The herdr release that brought [`MIN_PROTOCOL`]: the one to name when a server is too old.
+pub const MIN_RELEASE: &str = "0.7.0";
+/// herdr's error code for a workspace it does not have (one it lost when it restarted, say).
+pub const WORKSPACE_NOT_FOUND: &str = "workspace_not_found";
+/// herdr's error code for a request it could not read: an unknown method, parameter value or
+/// shape.
+const INVALID_REQUEST: &str = "invalid_request";
+/// The pane and workspace id the probes name: herdr's own ids look like `w1` and `w1:p2`, so no
+/// pane or workspace ever has it.
+const PROBE_TARGET: &str = "fleetd-probe-0";
 
 /// A codec failure: a line that is not what it should be.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -23,15 +39,29 @@ pub enum CodecError {
     /// Not JSON, or not the shape of an answer or an event.
     #[error("malformed herdr line: {0}")]
     Malformed(String),
-    /// herdr speaks an older protocol than we know.
+    /// herdr speaks an older protocol than fleetd needs.
     #[error(
-        "herdr {version} speaks protocol {protocol}; fleetd needs protocol {MIN_PROTOCOL} or newer"
+        "herdr {version} speaks protocol {protocol}; fleetd needs protocol {MIN_PROTOCOL} or newer: install herdr {MIN_RELEASE} or a later release"
     )]
     TooOld {
         /// herdr's version.
         version: String,
         /// Its protocol number.
         protocol: u64,
+    },
+    /// herdr did not understand a request fleetd needs.
+    #[error(
+        "herdr {version} (protocol {protocol}) does not understand {needs} ({answer}); fleetd needs herdr {MIN_RELEASE} or a later release"
+    )]
+    Lacks {
+        /// herdr's version.
+        version: String,
+        /// Its protocol number.
+        protocol: u64,
+        /// What fleetd needs that it lacks.
+        needs: &'static str,
+        /// What herdr said.
+        answer: String,
     },
 }
 
@@ -96,17 +126,15 @@ pub enum Source {
     RecentUnwrapped,
 }
 
-/// `pane.read`
-pub fn pane_read(pane_id: &str, source: Source, lines: Option<usize>) -> (&'static str, Value) {
+/// `pane.read`. Never with `lines`: herdr counts the blank rows below the text among them, so
+/// on a headless server (no client sizes its panes) the last lines of a screen that is not full
+/// read empty; herdr's default (up to 80 lines) is read and cut here instead.
+pub fn pane_read(pane_id: &str, source: Source) -> (&'static str, Value) {
     let source = match source {
         Source::Visible => "visible",
         Source::RecentUnwrapped => "recent_unwrapped",
     };
-    let mut params = json!({"pane_id": pane_id, "source": source});
-    if let Some(lines) = lines {
-        params["lines"] = json!(lines);
-    }
-    ("pane.read", params)
+    ("pane.read", json!({"pane_id": pane_id, "source": source}))
 }
 
 /// `pane.get`
@@ -152,17 +180,84 @@ pub fn release_agent(pane_id: &str, source: &str, agent: &str) -> (&'static str,
     )
 }
 
-/// `events.subscribe` to the lifecycle events a gateway watches.
+/// `events.subscribe` to the events a gateway acts on: a pane's program exiting (its pane
+/// vanishes with no other trace). Agent states are read from `pane.list` instead: herdr sends
+/// their changes only to a subscription naming the pane.
 pub fn subscribe_lifecycle() -> (&'static str, Value) {
     (
         "events.subscribe",
-        json!({"subscriptions": [
-            {"type": "pane.created"},
-            {"type": "pane.closed"},
-            {"type": "pane.exited"},
-            {"type": "pane.agent_detected"},
-        ]}),
+        json!({"subscriptions": [{"type": "pane.exited"}]}),
     )
+}
+
+/// One capability check: a request using something fleetd needs from herdr, aimed at a pane or
+/// workspace that does not exist. herdr reads a whole request before it looks anything up, so
+/// one that knows the method and its parameters answers "not found" and one that does not
+/// answers `invalid_request`; nothing changes on the server either way. (Parameters herdr does
+/// not know are ignored rather than refused, so a probe proves the method and its values, not
+/// every field: [`MIN_PROTOCOL`] covers the rest.)
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    /// What fleetd needs, for the error when herdr lacks it.
+    pub needs: &'static str,
+    /// The request.
+    pub request: (&'static str, Value),
+}
+
+/// The probes for every request fleetd sends, built by the same functions as the real ones.
+/// (The subscription is checked by subscribing; `ping` and `pane.list` are harmless and
+/// called for real; `workspace.create` is older than every other method here.)
+pub fn probes() -> Vec<Probe> {
+    let pane = PROBE_TARGET;
+    let mut probes = vec![
+        Probe {
+            needs: "layout.apply with a pane running an argv with env and cwd",
+            request: layout_apply(
+                PROBE_TARGET,
+                "fleetd-probe",
+                &["true".to_string()],
+                &BTreeMap::from([("FLEETD_PROBE".to_string(), "1".to_string())]),
+                Path::new("/"),
+            ),
+        },
+        Probe {
+            needs: "pane.send_input with text and keys",
+            request: send_input(pane, Some("x"), &["enter"]),
+        },
+        Probe {
+            needs: "pane.read of the visible screen",
+            request: pane_read(pane, Source::Visible),
+        },
+        Probe {
+            needs: "pane.read of recent unwrapped lines",
+            request: pane_read(pane, Source::RecentUnwrapped),
+        },
+        Probe {
+            needs: "pane.close",
+            request: pane_close(pane),
+        },
+        Probe {
+            needs: "pane.release_agent",
+            request: release_agent(pane, "fleetd-probe", "fleetd-probe"),
+        },
+    ];
+    for state in [
+        AgentState::Idle,
+        AgentState::Working,
+        AgentState::Blocked,
+        AgentState::Unknown,
+    ] {
+        probes.push(Probe {
+            needs: "pane.report_agent with fleetd's agent states",
+            request: report_agent(pane, "fleetd-probe", "fleetd-probe", state),
+        });
+    }
+    probes
+}
+
+/// Whether an answer shows herdr understood the request: anything but `invalid_request`.
+pub fn understood(answer: &Answer) -> bool {
+    !matches!(answer, Answer::Error { code, .. } if code == INVALID_REQUEST)
 }
 
 /// An answer: the result, or herdr's error.
@@ -310,19 +405,6 @@ pub enum Event {
     Started,
     /// A pane's program exited; the pane is gone.
     PaneExited(String),
-    /// A pane was closed.
-    PaneClosed(String),
-    /// A pane was made.
-    PaneCreated(String),
-    /// An agent's status changed.
-    AgentStatus {
-        /// The pane.
-        pane_id: String,
-        /// The agent, if any.
-        agent: Option<String>,
-        /// Its status.
-        status: AgentState,
-    },
     /// Any other event, by name.
     Other(String),
 }
@@ -344,17 +426,8 @@ pub fn parse_event(line: &str) -> Result<Event, CodecError> {
     let name = value["event"]
         .as_str()
         .ok_or_else(|| CodecError::Malformed(format!("no event name: {line}")))?;
-    let data = &value["data"];
-    let pane_id = || -> Result<String, CodecError> { field(data, &["pane_id"]) };
     Ok(match name {
-        "pane_exited" => Event::PaneExited(pane_id()?),
-        "pane_closed" => Event::PaneClosed(pane_id()?),
-        "pane_created" => Event::PaneCreated(field(data, &["pane", "pane_id"])?),
-        "pane.agent_status_changed" => Event::AgentStatus {
-            pane_id: pane_id()?,
-            agent: data["agent"].as_str().map(String::from),
-            status: field(data, &["agent_status"]).unwrap_or(AgentState::Unknown),
-        },
+        "pane_exited" => Event::PaneExited(field(&value["data"], &["pane_id"])?),
         other => Event::Other(other.to_string()),
     })
 }
@@ -386,17 +459,45 @@ mod tests {
     }
 
     #[test]
-    fn an_old_protocol_is_refused_by_name() {
+    fn an_old_protocol_is_refused_naming_the_release_to_install() {
         let err =
-            check_pong(&json!({"type": "pong", "version": "0.5.0", "protocol": 12})).unwrap_err();
+            check_pong(&json!({"type": "pong", "version": "0.6.9", "protocol": 13})).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "herdr 0.5.0 speaks protocol 12; fleetd needs protocol 20 or newer"
+            "herdr 0.6.9 speaks protocol 13; fleetd needs protocol 14 or newer: install herdr 0.7.0 or a later release"
         );
-        assert_eq!(
-            check_pong(&json!({"version": "9.9.9", "protocol": 99})).unwrap(),
-            ("9.9.9".to_string(), 99)
-        );
+        // The released 0.8.0 (19) and main after it (20) are both new enough.
+        for protocol in [14, 19, 20, 99] {
+            assert_eq!(
+                check_pong(&json!({"version": "0.8.0", "protocol": protocol})).unwrap(),
+                ("0.8.0".to_string(), protocol)
+            );
+        }
+    }
+
+    #[test]
+    fn probes_change_nothing_and_only_invalid_request_means_not_understood() {
+        for probe in probes() {
+            let (method, params) = &probe.request;
+            // Every probe names the target no herdr pane or workspace has.
+            let target = params
+                .get("pane_id")
+                .or_else(|| params.get("workspace_id"))
+                .and_then(Value::as_str);
+            assert_eq!(target, Some(PROBE_TARGET), "{method}");
+            assert_ne!(*method, "workspace.create");
+        }
+        let not_found = Answer::Error {
+            code: "pane_not_found".into(),
+            message: "pane fleetd-probe-0 not found".into(),
+        };
+        let unknown = Answer::Error {
+            code: "invalid_request".into(),
+            message: "invalid request: unknown variant `layout.apply`".into(),
+        };
+        assert!(understood(&not_found));
+        assert!(understood(&Answer::Result(json!({"type": "ok"}))));
+        assert!(!understood(&unknown));
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl Herdr {
     /// its events. `label` names the fleet's workspace and prefixes its panes' labels.
     pub async fn connect(socket: &Path, label: &str) -> Result<Self, MuxError> {
         let driver = Arc::new(Driver::new(socket.to_path_buf()));
-        let (version, protocol) = driver.ping().await?;
+        let (version, protocol) = driver.check().await?;
         tracing::info!(socket = %socket.display(), version, protocol, "herdr reached");
         let exited = Arc::new(Mutex::new(VecDeque::new()));
         let (tx, mut rx) = mpsc::channel(EVENT_BUFFER);
@@ -157,7 +157,9 @@ impl PaneHost for Herdr {
         let result = match self.driver.call(request(&workspace)).await {
             Ok(result) => result,
             // herdr restarted and lost the workspace: make it again, once.
-            Err(MuxError::Command { .. }) => {
+            Err(MuxError::Command { stderr, .. })
+                if stderr.starts_with(codec::WORKSPACE_NOT_FOUND) =>
+            {
                 workspace = self.workspace(&spec.cwd, Some(&workspace)).await?;
                 self.driver.call(request(&workspace)).await?
             }
@@ -196,7 +198,7 @@ impl PaneHost for Herdr {
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
         let result = self
             .driver
-            .call(codec::pane_read(&pane.0, Source::Visible, None))
+            .call(codec::pane_read(&pane.0, Source::Visible))
             .await?;
         let text = codec::read_text(&result).map_err(|e| protocol("pane.read", e))?;
         // herdr tells no cursor position; the screen's text carries every change.
@@ -210,13 +212,11 @@ impl PaneHost for Herdr {
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
         let result = self
             .driver
-            .call(codec::pane_read(
-                &pane.0,
-                Source::RecentUnwrapped,
-                Some(lines),
-            ))
+            .call(codec::pane_read(&pane.0, Source::RecentUnwrapped))
             .await?;
-        codec::read_text(&result).map_err(|e| protocol("pane.read", e))
+        let text = codec::read_text(&result).map_err(|e| protocol("pane.read", e))?;
+        let kept: Vec<&str> = text.lines().collect();
+        Ok(kept[kept.len().saturating_sub(lines)..].join("\n"))
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
