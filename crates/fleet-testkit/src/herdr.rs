@@ -95,12 +95,14 @@ impl Drop for StandInProcess {
 /// A real herdr server (`herdr --session NAME server`) with a private config, state and home,
 /// stopped when dropped.
 pub struct RealHerdr {
+    /// The herdr binary.
+    bin: PathBuf,
     /// Its config, state and home.
     dir: tempfile::TempDir,
     /// Its session name.
     session: String,
-    /// The server process.
-    child: std::process::Child,
+    /// The server process, while running.
+    child: Option<std::process::Child>,
 }
 
 impl RealHerdr {
@@ -114,28 +116,15 @@ impl RealHerdr {
         std::fs::create_dir_all(config.join("herdr"))?;
         std::fs::write(
             config.join("herdr/config.toml"),
-            "onboarding = false\n[updates]\ncheck = false\n",
+            "onboarding = false\n[update]\nversion_check = false\nmanifest_check = false\n",
         )?;
-        let session = format!("fleet-{}", uuid::Uuid::now_v7().simple());
-        let child = std::process::Command::new(bin)
-            .args(["--session", &session, "server"])
-            .env("XDG_CONFIG_HOME", &config)
-            .env("XDG_STATE_HOME", dir.path().join("state"))
-            .env("HOME", dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let herdr = Self {
+        let mut herdr = Self {
+            bin: PathBuf::from(bin),
             dir,
-            session,
-            child,
+            session: format!("fleet-{}", uuid::Uuid::now_v7().simple()),
+            child: None,
         };
-        let socket = herdr.socket();
-        until("herdr to answer", START_LIMIT, || {
-            let socket = socket.clone();
-            async move { Driver::new(socket).ping().await.ok() }
-        })
-        .await?;
+        herdr.launch().await?;
         Ok(Some(herdr))
     }
 
@@ -145,11 +134,101 @@ impl RealHerdr {
             .path()
             .join(format!("config/herdr/sessions/{}/herdr.sock", self.session))
     }
+
+    /// What `HERDR_BIN` names.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// Starts it (again), with the same session: as a user's herdr coming back.
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
+        let child = std::process::Command::new(&self.bin)
+            .args(["--session", &self.session, "server"])
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env("XDG_STATE_HOME", self.dir.path().join("state"))
+            .env("HOME", self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let socket = self.socket();
+        until("herdr to answer", START_LIMIT, || {
+            let socket = socket.clone();
+            async move { Driver::new(socket).ping().await.ok() }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Kills it abruptly, as a crashed herdr.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for RealHerdr {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A herdr server for a test: the stand-in, or a real herdr.
+pub enum TestHerdr {
+    /// `fleet-herdr-standin`: herdr's protocol, panes in tmux (a stand-in, not herdr).
+    StandIn(StandInProcess),
+    /// The herdr binary `HERDR_BIN` names.
+    Real(RealHerdr),
+}
+
+impl TestHerdr {
+    /// The stand-in.
+    pub async fn standin() -> anyhow::Result<Self> {
+        Ok(Self::StandIn(StandInProcess::start().await?))
+    }
+
+    /// The real herdr `HERDR_BIN` names; `None` (after saying so on stderr, so the skip is
+    /// visible) when it names none.
+    pub async fn real() -> anyhow::Result<Option<Self>> {
+        let herdr = RealHerdr::from_env().await?;
+        if herdr.is_none() {
+            eprintln!("skipped: HERDR_BIN does not point at a herdr binary");
+        }
+        Ok(herdr.map(Self::Real))
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> PathBuf {
+        match self {
+            Self::StandIn(standin) => standin.socket(),
+            Self::Real(herdr) => herdr.socket(),
+        }
+    }
+
+    /// A client of it, for a test to speak herdr's protocol beside fleetd.
+    pub fn driver(&self) -> Driver {
+        Driver::new(self.socket())
+    }
+
+    /// Kills it abruptly, as a crashed herdr.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        match self {
+            Self::StandIn(standin) => standin.kill9().await,
+            Self::Real(herdr) => herdr.kill9().await,
+        }
+    }
+
+    /// Starts it again on the same socket.
+    pub async fn launch(&mut self) -> anyhow::Result<()> {
+        match self {
+            Self::StandIn(standin) => standin.launch().await,
+            Self::Real(herdr) => herdr.launch().await,
+        }
     }
 }

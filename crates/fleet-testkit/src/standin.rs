@@ -2,7 +2,9 @@
 //! project's herdr notes), so this serves the same socket protocol, following the behaviour
 //! recorded from herdr 0.8.0 — one answer per connection, herdr's error shapes (an empty id for
 //! an unreadable request), a subscription that streams events, panes that vanish when their
-//! program exits, optional ~100 ms stalls — with the panes themselves in a private tmux server.
+//! program exits, herdr's way of reading a request (a look at the new connection and, when the
+//! line is not there yet, a 100 ms nap before the next), optional extra ~100 ms stalls — with
+//! the panes themselves in a private tmux server.
 //!
 //! It is a stand-in, not herdr: agent detection is whatever a test reports with a source other
 //! than `fleetd` (as if herdr had recognised an agent).
@@ -22,7 +24,7 @@ use tokio::sync::{Mutex, broadcast};
 
 /// How often the stand-in looks for panes whose program exited.
 const EXIT_POLL: Duration = Duration::from_millis(100);
-/// herdr's stall: it polls for a request line every ~100 ms.
+/// herdr's stall: it polls a new connection for its request line every 100 ms.
 const STALL: Duration = Duration::from_millis(100);
 
 /// One pane of the stand-in.
@@ -149,11 +151,28 @@ impl StandIn {
     }
 
     async fn connection(self: Arc<Self>, stream: UnixStream, stop: tokio::sync::mpsc::Sender<()>) {
+        // As herdr does: look for the request once; when nothing has arrived yet, nap.
+        let mut first = [0u8; 1];
+        let looked = match stream.try_read(&mut first) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(STALL).await;
+                0
+            }
+            Err(_) => return,
+        };
         let (read, mut write) = stream.into_split();
-        let mut line = String::new();
-        if BufReader::new(read).read_line(&mut line).await.unwrap_or(0) == 0 {
+        let mut bytes = first[..looked].to_vec();
+        if BufReader::new(read)
+            .read_until(b'\n', &mut bytes)
+            .await
+            .unwrap_or(0)
+            == 0
+            && looked == 0
+        {
             return;
         }
+        let line = String::from_utf8_lossy(&bytes);
         let n = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         if self
             .stall_every
@@ -390,9 +409,12 @@ impl StandIn {
                 }
                 Ok(json!({"type": "ok"}))
             }
+            // As herdr: a method it does not know is a request it cannot read.
             other => Err((
-                "unknown_method",
-                format!("the stand-in does not serve {other}"),
+                "invalid_request",
+                format!(
+                    "invalid request: unknown variant `{other}` (the stand-in does not serve it)"
+                ),
             )),
         }
     }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleet_core::{Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_mux::herdr::driver::Driver;
+use fleet_mux::herdr::host::Herdr;
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{PaneHost, PaneSpec};
 use fleet_store::{SqliteStore, Store};
@@ -107,7 +109,15 @@ async fn bare_paste_enter(trips: usize, control: bool) -> anyhow::Result<Vec<Dur
     } else {
         Tmux::new(Socket::Name(socket))
     };
-    let pane = tmux
+    let samples = bare_paste_enter_on(&tmux, trips).await;
+    tmux.kill_server().await?;
+    samples
+}
+
+/// One paste plus one Enter into a pane of `host` running `cat`, `trips` times (after 20
+/// untimed), with nothing of fleetd in between.
+async fn bare_paste_enter_on(host: &dyn PaneHost, trips: usize) -> anyhow::Result<Vec<Duration>> {
+    let pane = host
         .spawn(&PaneSpec {
             label: "bare".into(),
             argv: vec![
@@ -122,13 +132,13 @@ async fn bare_paste_enter(trips: usize, control: bool) -> anyhow::Result<Vec<Dur
     let mut samples = Vec::with_capacity(trips);
     for i in 0..trips + 20 {
         let started = Instant::now();
-        tmux.paste(&pane, &format!("trip {i}")).await?;
-        tmux.enter(&pane).await?;
+        host.paste(&pane, &format!("trip {i}")).await?;
+        host.enter(&pane).await?;
         if i >= 20 {
             samples.push(started.elapsed());
         }
     }
-    tmux.kill_server().await?;
+    host.close(&pane).await?;
     Ok(samples)
 }
 
@@ -481,13 +491,24 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
             "herdr: not measured (set HERDR_BIN to a herdr binary to measure it beside tmux)"
         ),
         Some(herdr) => {
+            let (version, protocol) = Driver::new(herdr.socket()).ping().await?;
+            println!(
+                "herdr: {} (herdr {version}, protocol {protocol})",
+                herdr.bin().display()
+            );
             let on_herdr =
                 || async { Fleet::start_herdr(&herdr.socket(), &sim_profile("sim", &[])?).await };
             let mut rtt = round_trips(&on_herdr().await?, trips).await?;
             let (rtt50, rtt99) = percentiles(&mut rtt);
             println!(
-                "herdr: round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms ({:.2}x tmux's p50)",
+                "herdr: round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms ({:.2}x tmux's p50 {tmux_rtt50:.2} ms)",
                 rtt50 / tmux_rtt50
+            );
+            let host = Herdr::connect(&herdr.socket(), "fleet-bench").await?;
+            let mut bare = bare_paste_enter_on(&host, trips).await?;
+            let (bare50, bare99) = percentiles(&mut bare);
+            println!(
+                "herdr: bare paste + Enter over its socket (two requests):  p50 {bare50:.2} ms  p99 {bare99:.2} ms"
             );
             let (empty, loaded, again, idle_cpu) =
                 rss_with_workers(&on_herdr().await?, workers).await?;

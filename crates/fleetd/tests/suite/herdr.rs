@@ -1,6 +1,7 @@
-//! fleetd on herdr: the real fleetd binary driving the herdr stand-in (`fleet-herdr-standin`,
-//! herdr's protocol with the panes in tmux — a stand-in, since herdr cannot be built here),
-//! the scripted agent in its panes, the rmcp client as the lead.
+//! fleetd on herdr: the real fleetd binary driving, in turn, the herdr stand-in
+//! (`fleet-herdr-standin`: herdr's protocol with the panes in tmux — a stand-in, since herdr
+//! cannot be built in CI) and a real herdr whenever `HERDR_BIN` points at one (skipped, saying
+//! so, when not); the scripted agent in its panes, the rmcp client as the lead.
 
 use std::time::Duration;
 
@@ -8,21 +9,20 @@ use fleet_mux::AgentState;
 use fleet_mux::herdr::codec;
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
-use fleet_testkit::herdr::StandInProcess;
+use fleet_testkit::herdr::TestHerdr;
 use fleet_testkit::wait::until;
 use serde_json::json;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-async fn fleet_on_herdr() -> anyhow::Result<(StandInProcess, Fleet, Client)> {
-    let herdr = StandInProcess::start().await?;
+async fn fleet_on(herdr: &TestHerdr) -> anyhow::Result<(Fleet, Client)> {
     let fleet = Fleet::start_herdr(&herdr.socket(), &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    Ok((herdr, fleet, lead))
+    Ok((fleet, lead))
 }
 
 /// What herdr shows of the pane's agent: (agent, status).
-async fn herdr_sees(herdr: &StandInProcess, pane: &str) -> Option<(String, String)> {
+async fn herdr_sees(herdr: &TestHerdr, pane: &str) -> Option<(String, String)> {
     let pane = herdr.driver().call(codec::pane_get(pane)).await.ok()?;
     Some((
         pane["pane"]["agent"].as_str()?.to_string(),
@@ -30,9 +30,10 @@ async fn herdr_sees(herdr: &StandInProcess, pane: &str) -> Option<(String, Strin
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_round_trip_through_herdr_with_fleetd_reporting_its_state() -> anyhow::Result<()> {
-    let (herdr, fleet, lead) = fleet_on_herdr().await?;
+async fn a_round_trip_through_herdr_with_fleetd_reporting_its_state(
+    herdr: TestHerdr,
+) -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_on(&herdr).await?;
     let spawned = lead.spawn("sim", "w1").await?;
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
     assert!(pane.contains(":p"), "a herdr pane id: {pane}");
@@ -60,9 +61,10 @@ async fn a_round_trip_through_herdr_with_fleetd_reporting_its_state() -> anyhow:
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_herdr_sees_working_or_blocked_gets_no_task() -> anyhow::Result<()> {
-    let (herdr, _fleet, lead) = fleet_on_herdr().await?;
+async fn an_agent_herdr_sees_working_or_blocked_gets_no_task(
+    herdr: TestHerdr,
+) -> anyhow::Result<()> {
+    let (_fleet, lead) = fleet_on(&herdr).await?;
     let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
@@ -91,10 +93,10 @@ async fn an_agent_herdr_sees_working_or_blocked_gets_no_task() -> anyhow::Result
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back() -> anyhow::Result<()>
-{
-    let (mut herdr, fleet, lead) = fleet_on_herdr().await?;
+async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back(
+    mut herdr: TestHerdr,
+) -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_on(&herdr).await?;
     lead.spawn("sim", "w1").await?;
     // A reply held for the lead before herdr goes.
     lead.send("w1", "/slow 200 kept", 0).await?;
@@ -138,6 +140,42 @@ async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back() -
     .await?;
     lead.spawn("sim", "w2").await?;
     let sent = lead.send("w2", "after herdr came back", 20).await?;
-    assert_eq!(sent["reply"]["text"], "echo: after herdr came back");
+    assert_eq!(
+        sent["reply"]["text"],
+        "echo: after herdr came back",
+        "{sent}\n{}",
+        fleet.log()
+    );
     Ok(())
 }
+
+/// Each case above, once on the stand-in and once on the real herdr `HERDR_BIN` names.
+macro_rules! on_every_herdr {
+    ($($case:ident),* $(,)?) => {
+        mod standin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    super::$case(super::TestHerdr::standin().await?).await
+                }
+            )*
+        }
+        mod real {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    match super::TestHerdr::real().await? {
+                        Some(herdr) => super::$case(herdr).await,
+                        None => Ok(()),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_every_herdr!(
+    a_round_trip_through_herdr_with_fleetd_reporting_its_state,
+    an_agent_herdr_sees_working_or_blocked_gets_no_task,
+    herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back,
+);
