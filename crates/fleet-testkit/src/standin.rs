@@ -7,7 +7,8 @@
 //! the panes themselves in a private tmux server.
 //!
 //! It is a stand-in, not herdr: agent detection is whatever a test reports with a source other
-//! than `fleetd` (as if herdr had recognised an agent).
+//! than `fleetd` (as if herdr had recognised an agent); as in herdr, the latest report shows.
+//! It does not derive herdr's `done` (a finished turn nobody looked at): idle stays idle.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,18 +34,16 @@ struct Pane {
     workspace: String,
     tab: String,
     label: String,
-    /// Reports by source: (agent, state).
-    reports: BTreeMap<String, (String, String)>,
+    /// Reports as (source, agent, state), oldest first, one per source.
+    reports: Vec<(String, String, String)>,
 }
 
 impl Pane {
-    /// The agent shown: a "detected" one (any source but fleetd) wins over fleetd's report.
-    fn agent(&self) -> Option<&(String, String)> {
+    /// The agent shown: the latest report wins, whichever its source (as herdr does).
+    fn agent(&self) -> Option<(&str, &str)> {
         self.reports
-            .iter()
-            .find(|(source, _)| source.as_str() != "fleetd")
-            .or_else(|| self.reports.iter().next())
-            .map(|(_, report)| report)
+            .last()
+            .map(|(_, agent, state)| (agent.as_str(), state.as_str()))
     }
 
     fn info(&self, id: &str) -> Value {
@@ -314,7 +313,7 @@ impl StandIn {
                     workspace: workspace.clone(),
                     tab: tab.clone(),
                     label: label.clone(),
-                    reports: BTreeMap::new(),
+                    reports: Vec::new(),
                 };
                 let _ = self.events.send(event(
                     "pane_created",
@@ -385,8 +384,9 @@ impl StandIn {
                 let agent = params["agent"].as_str().unwrap_or_default().to_string();
                 let mut state = self.state.lock().await;
                 if let Some(pane) = state.panes.get_mut(&id) {
+                    pane.reports.retain(|(s, _, _)| *s != source);
                     pane.reports
-                        .insert(source, (agent.clone(), state_name.clone()));
+                        .push((source, agent.clone(), state_name.clone()));
                     let _ = self.events.send(event("pane.agent_status_changed",
                         json!({"pane_id": id, "agent": agent, "agent_status": state_name, "workspace_id": pane.workspace})));
                 }
@@ -396,7 +396,7 @@ impl StandIn {
                 let (id, _) = self.pane(params).await?;
                 let source = params["source"].as_str().unwrap_or_default();
                 if let Some(pane) = self.state.lock().await.panes.get_mut(&id) {
-                    pane.reports.remove(source);
+                    pane.reports.retain(|(s, _, _)| s != source);
                 }
                 Ok(json!({"type": "ok"}))
             }

@@ -21,6 +21,16 @@ async fn fleet_on(herdr: &TestHerdr) -> anyhow::Result<(Fleet, Client)> {
     Ok((fleet, lead))
 }
 
+/// Waits until herdr shows fleetd's own report that the pane's worker is idle: `idle`, or
+/// after a turn `done` (herdr's word for a finished turn nobody has looked at yet).
+async fn fleetd_reported_idle(herdr: &TestHerdr, pane: &str) -> anyhow::Result<()> {
+    until("fleetd to report the worker idle", LIMIT, || async {
+        let (agent, status) = herdr_sees(herdr, pane).await?;
+        (agent == "fleetd" && (status == "idle" || status == "done")).then_some(())
+    })
+    .await
+}
+
 /// What herdr shows of the pane's agent: (agent, status).
 async fn herdr_sees(herdr: &TestHerdr, pane: &str) -> Option<(String, String)> {
     let pane = herdr.driver().call(codec::pane_get(pane)).await.ok()?;
@@ -45,12 +55,7 @@ async fn a_round_trip_through_herdr_with_fleetd_reporting_its_state(
         fleet.log()
     );
     // herdr does not recognise the scripted agent, so fleetd reports its session state.
-    until("fleetd to report w1 idle", LIMIT, || async {
-        herdr_sees(&herdr, &pane)
-            .await
-            .filter(|seen| *seen == ("fleetd".to_string(), "idle".to_string()))
-    })
-    .await?;
+    fleetd_reported_idle(&herdr, &pane).await?;
     lead.send("w1", "/slow 3000 busy a while", 0).await?;
     until("fleetd to report w1 working", LIMIT, || async {
         herdr_sees(&herdr, &pane)
@@ -69,6 +74,8 @@ async fn an_agent_herdr_sees_working_or_blocked_gets_no_task(
         .as_str()
         .unwrap_or_default()
         .to_string();
+    // fleetd's own report first: herdr shows whichever report came last.
+    fleetd_reported_idle(&herdr, &pane).await?;
     let detect = |state| codec::report_agent(&pane, "herdr", "claude", state);
     // herdr recognises the agent and sees it blocked on a human: fleet_list shows it.
     herdr.driver().call(detect(AgentState::Blocked)).await?;
