@@ -12,6 +12,8 @@ pub mod ids;
 pub mod message;
 pub mod routing;
 pub mod session;
+pub mod typed;
+pub mod workdir;
 
 pub use entity::{Entity, Role};
 pub use envelope::{Envelope, EnvelopeError, HeaderValue, Version};

@@ -17,7 +17,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::gateway::{Federation, Gateway, Parts};
+use crate::gateway::{Federation, Gateway, Parts, Workdirs};
 use crate::http::{AllowedHosts, app};
 use crate::launch::Launchers;
 use crate::mux::{MuxChoice, choose};
@@ -164,6 +164,8 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .with_context(|| format!("cannot listen on {listen} (gateway.listen)"))?;
     let bound = listener.local_addr()?;
 
+    let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
+        .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
     let federation = config
         .broker
         .clone()
@@ -177,6 +179,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             panes: panes.pane_host(),
             launchers: Launchers::new(state.root(), std::env::var_os("HOME").map(PathBuf::from)),
             federation,
+            workdirs,
         },
         shutdown.child_token(),
     );

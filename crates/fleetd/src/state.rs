@@ -74,11 +74,12 @@ impl StateDir {
     }
 }
 
-fn expand_home(path: &Path) -> Result<PathBuf, String> {
+/// `path` with a leading `~` replaced by the user's home.
+pub fn expand_home(path: &Path) -> Result<PathBuf, String> {
     match path.strip_prefix("~") {
         Ok(rest) => {
             let home = std::env::var_os("HOME")
-                .ok_or("the state dir starts with ~ but HOME is not set")?;
+                .ok_or_else(|| format!("{} starts with ~ but HOME is not set", path.display()))?;
             Ok(PathBuf::from(home).join(rest))
         }
         Err(_) => Ok(path.to_path_buf()),

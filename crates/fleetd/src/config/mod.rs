@@ -101,6 +101,9 @@ pub struct GatewayConfig {
     /// How many days a message is kept after the end of its life (delivered, consumed or
     /// failed); pending ones are kept however old.
     pub keep_messages_days: u64,
+    /// The directories workers may work under (`~` is the home); empty: anywhere but fleetd's
+    /// state dir and what holds it.
+    pub workdir_roots: Vec<PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -114,6 +117,7 @@ impl Default for GatewayConfig {
             state_dir: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             keep_messages_days: DEFAULT_KEEP_MESSAGES_DAYS,
+            workdir_roots: Vec::new(),
         }
     }
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::typed::typeable;
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
@@ -236,8 +237,18 @@ impl Gateway {
             verify_window: Duration::from_millis(profile.submit_verify_ms),
             submitted_marker: profile.submitted_marker(),
         };
-        let text = pane_text(&task, &from_name);
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
+        // The last gate before keys: whatever path the task came by (a local send checked it
+        // already; a remote one was checked on arrival), nothing but text is typed.
+        let text = match typeable(&pane_text(&task, &from_name)) {
+            Ok(text) => text.into_owned(),
+            Err(found) => {
+                tracing::error!(%trace_id, %msg_id, %gid, %found, "REFUSED to type a task holding a control character");
+                self.untyped(gid, &task, &format!("refused: it holds {found}"))
+                    .await;
+                return;
+            }
+        };
         let Some(pane) = pane else {
             // Cannot happen (a session turns ready only once its pane is known); loud if it does.
             tracing::error!(%trace_id, %msg_id, %gid, "a task for a session without a pane");

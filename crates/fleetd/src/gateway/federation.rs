@@ -15,7 +15,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
+use fleet_core::typed::typeable;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use futures_util::{FutureExt, StreamExt};
 use lapin::Consumer;
@@ -483,7 +485,11 @@ impl Gateway {
 
     /// Checks a delivery: its envelope and body, or it is dead-lettered (malformed, of a newer
     /// version, for another recipient, expired, or not text) with a loud log line.
-    async fn admit(&self, owner: Gid, delivery: &Delivery) -> Option<(Envelope, String)> {
+    async fn admit(
+        self: &Arc<Self>,
+        owner: Gid,
+        delivery: &Delivery,
+    ) -> Option<(Envelope, String)> {
         let fed = self.fed()?;
         let envelope = match decode(delivery) {
             Ok(envelope) => envelope,
@@ -519,15 +525,57 @@ impl Gateway {
             reject(delivery).await;
             return None;
         }
+        let limit = self.config.gateway.max_message_bytes;
+        if size > limit {
+            let why = format!(
+                "{size} bytes, over the {limit} bytes its recipient's gateway takes (gateway.max_message_bytes)"
+            );
+            self.refuse_and_tell(owner, &envelope, delivery, "too large", &why)
+                .await;
+            return None;
+        }
         let Ok(body) = String::from_utf8(delivery.data.clone()) else {
             tracing::error!(%trace_id, %msg_id, "REFUSED a message whose body is not UTF-8: dead-lettered");
             reject(delivery).await;
             return None;
         };
-        if let Some(name) = &envelope.from_name {
+        // A name from another host is shown and typed (a reply's label): kept only if valid.
+        if let Some(name) = &envelope.from_name
+            && validate_name("sender name", name).is_ok()
+        {
             self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
         }
         Some((envelope, body))
+    }
+
+    /// Dead-letters a delivery that breaks a rule of this gateway, with a loud log line and an
+    /// audit line, and tells its sender with a `FAILED` notice when it is a message one waits
+    /// on (not a notice or a receipt, which would only start a loop).
+    async fn refuse_and_tell(
+        self: &Arc<Self>,
+        owner: Gid,
+        envelope: &Envelope,
+        delivery: &Delivery,
+        rule: &str,
+        why: &str,
+    ) {
+        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, "REFUSED a message off the broker: dead-lettered");
+        if let Some(fed) = self.fed() {
+            fed.audit(envelope, delivery.data.len(), &format!("refused: {rule}"));
+        }
+        if matches!(
+            kind,
+            Kind::Send | Kind::Broadcast | Kind::Reply | Kind::Ask | Kind::Answer
+        ) {
+            let original = incoming(envelope, owner, String::new());
+            self.notify_failed(
+                &original,
+                &format!("refused by its recipient's gateway: {why}"),
+            )
+            .await;
+        }
+        reject(delivery).await;
     }
 
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
@@ -547,6 +595,18 @@ impl Gateway {
         let size = delivery.data.len();
         match kind {
             Kind::Send | Kind::Broadcast => {
+                // Typed into a pane: inert text only, refused before it waits for the worker.
+                if let Err(found) = typeable(&body) {
+                    self.refuse_and_tell(
+                        owner,
+                        &envelope,
+                        &delivery,
+                        "control character",
+                        &format!("it holds {found}"),
+                    )
+                    .await;
+                    return true;
+                }
                 // The brief waits on the broker (unacknowledged) while the worker is busy.
                 if !self.await_injectable(owner, stop).await {
                     return false;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use fleet_core::authz::{Tool, check_send, check_tool};
 use fleet_core::message::check_size;
 use fleet_core::routing::{Route, resolve};
+use fleet_core::typed::typeable;
 use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
 };
@@ -374,6 +375,10 @@ impl Gateway {
             return Err(FleetError::invalid("you cannot send a message to yourself"));
         }
         check_send(&caller.entity, &recipient)?;
+        if recipient.role.is_injected() {
+            // Typed into its pane (here or on its host): inert text only.
+            typeable(&text).map_err(|found| found.refusal())?;
+        }
         if !remote
             && recipient.role.is_injected()
             && let Some(down) = self.lock().host_down.clone()
@@ -741,6 +746,7 @@ impl Gateway {
     ) -> Result<BroadcastResult, FleetError> {
         check_tool(&caller.entity, Tool::Broadcast)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
+        typeable(&text).map_err(|found| found.refusal())?;
         if let Some(group) = &group {
             fleet_core::entity::validate_name("group", group)?;
         }

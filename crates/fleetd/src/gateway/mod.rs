@@ -15,6 +15,7 @@ mod nudge;
 mod sessions;
 mod spawn;
 mod watch;
+mod workdir;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +36,7 @@ pub use messages::{BroadcastResult, Delivered, PollResult, ReplyResult, SendResu
 pub use nudge::NudgeTarget;
 pub use sessions::{ListResult, RosterEntry};
 pub use spawn::{SpawnRequest, SpawnResult, StopResult};
+pub use workdir::Workdirs;
 
 use sessions::Sessions;
 
@@ -63,6 +65,8 @@ pub struct Gateway {
     tasks: TaskTracker,
     /// The federated plane, when a broker is configured.
     federation: Option<Federation>,
+    /// Where workers may work.
+    workdirs: Workdirs,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -82,6 +86,8 @@ pub struct Parts {
     pub launchers: Launchers,
     /// The federated plane, when a broker is configured.
     pub federation: Option<Federation>,
+    /// Where workers may work.
+    pub workdirs: Workdirs,
 }
 
 impl Gateway {
@@ -105,6 +111,7 @@ impl Gateway {
             shutdown,
             tasks: TaskTracker::new(),
             federation: parts.federation,
+            workdirs: parts.workdirs,
         })
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::Gid;
+use fleet_core::typed::typeable;
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{MuxError, PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
@@ -208,6 +209,10 @@ impl Gateway {
             "[fleet] {count} message{plural} waiting for you: call fleet_poll to read them"
         );
         let typed = async {
+            let line = typeable(&line).map_err(|found| MuxError::Protocol {
+                command: "a nudge".into(),
+                answer: format!("refused to type it: it holds {found}"),
+            })?;
             tmux.type_text(&pane, &line).await?;
             sleep(NUDGE_ENTER_PAUSE).await;
             tmux.enter(&pane).await

@@ -150,19 +150,13 @@ impl Gateway {
             validate_name("group", &group)?;
             groups.insert(group);
         }
-        let cwd = match request.cwd.or_else(|| profile.cwd.clone()) {
-            Some(dir) if dir.is_dir() => dir,
-            Some(dir) => {
-                return Err(FleetError::invalid(format!(
-                    "cwd '{}' is not a directory on host '{}'",
-                    dir.display(),
-                    self.host_id
-                )));
-            }
+        let requested = match request.cwd.or_else(|| profile.cwd.clone()) {
+            Some(dir) => dir,
             None => std::env::current_dir().map_err(|e| {
                 FleetError::internal(format!("fleetd has no working directory: {e}"))
             })?,
         };
+        let cwd = self.workdirs.resolve(&requested, &self.host_id)?;
         // Reserve the name and the session in one step, so parallel spawns never pick the same
         // name; from here on the guard undoes everything if the spawn does not complete.
         let gid = Gid::mint();
