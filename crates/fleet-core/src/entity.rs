@@ -93,9 +93,37 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), FleetError> {
     Ok(())
 }
 
+/// Checks that `name` can name a worker, whose name is also its pane's name in the multiplexer:
+/// a valid name ([`validate_name`]) that maps onto a tmux session name one to one. tmux turns `.`
+/// (and `:`) in a session name into `_`, so `w.1` would collide with `w_1`; and fleetd's own
+/// control session is `_fleetd`, so no worker name starts with `_`.
+pub fn validate_worker_name(name: &str) -> Result<(), FleetError> {
+    validate_name("worker name", name)?;
+    if name.contains('.') || name.starts_with('_') {
+        return Err(FleetError::invalid(format!(
+            "worker name '{name}' cannot name a pane: a worker's name is its tmux session's, where '.' turns into '_' (so 'w.1' and 'w_1' would be one session) and names starting with '_' are fleetd's own; use letters, digits, '-' and '_', starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn worker_names_map_onto_pane_names_one_to_one() {
+        for ok in ["w1", "w_1", "backend-2", "A9"] {
+            assert!(validate_worker_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["w.1", "_fleetd", "_x", "-x", ".x", "a:b", "", "a b"] {
+            let err = validate_worker_name(bad).unwrap_err();
+            assert_eq!(err.code, crate::ErrorCode::InvalidParams, "{bad}");
+            assert!(err.message.contains(&format!("'{bad}'")), "{err}");
+        }
+        let err = validate_worker_name("w.1").unwrap_err();
+        assert!(err.message.contains("'w.1' and 'w_1'"), "{err}");
+    }
 
     #[test]
     fn roles_round_trip() {

@@ -135,11 +135,13 @@ pub enum Directive {
     /// Reply with the text of the file at this path, or `cannot read <path>: <why>` (what a
     /// sandboxed agent can reach).
     Read(String),
+    /// Reply with the agent's working directory.
+    Pwd,
 }
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`, `/read PATH`; anything else is echoed.
+    /// `/ask S question`, `/read PATH`, `/pwd`; anything else is echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
         let mut words = trimmed.splitn(3, ' ');
@@ -162,6 +164,7 @@ impl Directive {
                 Some(s) => Directive::Ask(s, words.next().unwrap_or_default().to_string()),
                 None => Directive::Echo(task.to_string()),
             },
+            Some("/pwd") => Directive::Pwd,
             Some("/read") => match trimmed.strip_prefix("/read ") {
                 Some(path) if !path.trim().is_empty() => Directive::Read(path.trim().to_string()),
                 _ => Directive::Echo(task.to_string()),
@@ -224,6 +227,7 @@ mod tests {
             Directive::Read("/a dir/token".into())
         );
         assert_eq!(Directive::parse("/read "), Directive::Echo("/read ".into()));
+        assert_eq!(Directive::parse("/pwd"), Directive::Pwd);
         assert_eq!(
             Directive::parse("/ask 5 which port?"),
             Directive::Ask(5, "which port?".into())

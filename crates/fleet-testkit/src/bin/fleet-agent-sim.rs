@@ -79,6 +79,12 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
             reply(client, &format!("echo: {rest}"), None).await?;
         }
         Directive::Never => show("[not replying]\r\n"),
+        Directive::Pwd => {
+            let here = std::env::current_dir()
+                .map(|dir| dir.display().to_string())
+                .unwrap_or_else(|e| format!("no working directory: {e}"));
+            reply(client, &here, None).await?;
+        }
         Directive::Read(path) => {
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,

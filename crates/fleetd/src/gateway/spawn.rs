@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
-use fleet_core::entity::validate_name;
+use fleet_core::entity::{validate_name, validate_worker_name};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
@@ -70,12 +70,18 @@ pub struct StopResult {
     pub status: WorkerStatus,
 }
 
-/// The first `<profile>-<n>` not in `taken`.
+/// The first `<profile>-<n>` not in `taken`, made a valid worker name (a profile's name may hold
+/// a `.` or start with `_`, which a worker's may not).
 fn free_name(taken: &HashSet<String>, profile: &str) -> String {
+    let base = profile.replace('.', "-");
+    let base = match base.trim_start_matches(['_', '-']) {
+        "" => "worker",
+        trimmed => trimmed,
+    };
     (1..)
-        .map(|n| format!("{profile}-{n}"))
+        .map(|n| format!("{base}-{n}"))
         .find(|candidate| !taken.contains(candidate))
-        .unwrap_or_else(|| format!("{profile}-{}", Gid::mint()))
+        .unwrap_or_else(|| format!("{base}-{}", Gid::mint()))
 }
 
 /// The last non-empty lines of a screen.
@@ -143,7 +149,7 @@ impl Gateway {
             })?;
         let profile = Arc::new(profile);
         if let Some(name) = &request.name {
-            validate_name("worker name", name)?;
+            validate_worker_name(name)?;
         }
         let mut groups: BTreeSet<String> = profile.groups.iter().cloned().collect();
         for group in request.groups {
@@ -162,11 +168,20 @@ impl Gateway {
         let gid = Gid::mint();
         let entity = {
             let mut sessions = self.lock();
-            let taken: HashSet<String> = sessions.entities().into_iter().map(|e| e.name).collect();
+            let entities = sessions.entities();
+            let taken: HashSet<String> = entities.iter().map(|e| e.name.clone()).collect();
             let name = match request.name {
                 Some(name) if taken.contains(&name) => {
+                    let holder = entities.iter().find(|e| e.name == name);
+                    let status = holder
+                        .and_then(|e| sessions.panes.get(&e.gid))
+                        .map(|s| format!(", status {}", s.status))
+                        .unwrap_or_default();
+                    let who = holder
+                        .map(|e| format!("{} {} (gid {}{status})", e.role.as_str(), e.name, e.gid))
+                        .unwrap_or_else(|| format!("'{name}'"));
                     return Err(FleetError::invalid(format!(
-                        "the name '{name}' is taken: pick another (fleet_list shows the names in use)"
+                        "the name '{name}' is taken by {who}: pick another, or stop that one first (fleet_list shows the names in use)"
                     )));
                 }
                 Some(name) => name,
@@ -477,6 +492,17 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn generated_names_are_free_and_valid_worker_names() {
+        let taken: HashSet<String> = ["sim-1".to_string()].into();
+        assert_eq!(free_name(&taken, "sim"), "sim-2");
+        for (profile, expected) in [("a.b", "a-b-1"), ("_x", "x-1"), ("__", "worker-1")] {
+            let name = free_name(&HashSet::new(), profile);
+            assert_eq!(name, expected);
+            assert!(validate_worker_name(&name).is_ok(), "{name}");
+        }
+    }
 
     #[test]
     fn last_words_skip_blank_lines() {
