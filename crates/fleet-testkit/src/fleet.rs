@@ -56,13 +56,22 @@ pub fn claude_binary() -> String {
     std::env::var("FLEET_TEST_CLAUDE").unwrap_or_else(|_| "claude".into())
 }
 
+/// The working directory of the tests' real agents: a directory of its own under the temp dir
+/// (the temp dir itself holds the test fleets' state dirs, where no worker may work).
+pub fn agent_workdir() -> String {
+    let dir = std::env::temp_dir().join("fleet-test-agents");
+    // Made here so a profile can name it; a failure shows as the spawn's own error.
+    let _ = std::fs::create_dir_all(&dir);
+    dir.display().to_string()
+}
+
 /// A `[[profiles]]` block for a real Claude Code worker in an isolated home, its model the
 /// scripted one at `base_url` (see [`crate::model`]).
 pub fn claude_profile(name: &str, base_url: &str) -> String {
     format!(
         "[[profiles]]\nname = \"{name}\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
         claude_binary(),
-        std::env::temp_dir().display().to_string()
+        agent_workdir()
     )
 }
 
@@ -78,7 +87,7 @@ pub fn opencode_profile(name: &str, base_url: &str) -> String {
     format!(
         "[[profiles]]\nname = \"{name}\"\nkind = \"opencode\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nmodel = \"anthropic/claude-sonnet-4-5\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
         opencode_binary(),
-        std::env::temp_dir().display().to_string()
+        agent_workdir()
     )
 }
 
