@@ -2,6 +2,7 @@
 //! was recorded to (one answer per connection, error shapes, an event stream, a stall, lines it
 //! cannot read): stand-ins for the protocol's edges, not herdr.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -138,53 +139,27 @@ async fn a_herdr_lacking_a_method_fleetd_uses_is_refused_naming_it() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_is_already_there_when_herdr_first_looks() {
-    // herdr serves each connection on a thread of its own that looks for the request line at
-    // once and, when it is not there yet, naps 100 ms: a client that yields between connecting
-    // and writing is late most of the time. This server looks the same way and counts.
+#[tokio::test]
+async fn a_request_is_written_before_the_call_first_yields() {
+    // herdr serves each connection on a thread that looks for the request line at once and,
+    // when it is not there yet, naps 100 ms. So the request must be in the socket by the time
+    // the connect can wake herdr's thread: written in the same step, before the call yields.
+    // A listener that has not accepted yet holds the connection; the call is polled once.
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("herdr.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let (looks_tx, looks) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let looks_tx = looks_tx.clone();
-            std::thread::spawn(move || {
-                use std::io::{BufRead, Read, Write};
-                stream.set_nonblocking(true).unwrap();
-                let mut first = [0u8; 1];
-                let there = matches!(stream.read(&mut first), Ok(1));
-                let _ = looks_tx.send(there);
-                stream.set_nonblocking(false).unwrap();
-                let mut line = String::new();
-                std::io::BufReader::new(&stream)
-                    .read_line(&mut line)
-                    .unwrap();
-                let whole = if there {
-                    format!("{}{line}", first[0] as char)
-                } else {
-                    line
-                };
-                let request: Value = serde_json::from_str(&whole).unwrap();
-                let answer = json!({"id": request["id"], "result": {"type": "pong", "version": "0.8.0", "protocol": 19}});
-                let _ = (&stream).write_all(format!("{answer}\n").as_bytes());
-            });
-        }
-    });
     let driver = Driver::new(socket);
-    let trips = 50;
-    for _ in 0..trips {
-        driver.ping().await.unwrap();
-    }
-    let on_time = looks.try_iter().filter(|there| *there).count();
-    println!("{on_time} of {trips} requests were there at herdr's first look");
-    // A preempted client may lose now and then on a loaded machine; one that yields loses most.
-    assert!(
-        on_time * 10 >= trips * 9,
-        "only {on_time} of {trips} on time"
-    );
+    let mut call = std::pin::pin!(driver.call(codec::ping()));
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(call.as_mut().poll(&mut context).is_pending());
+    let (mut stream, _) = listener.accept().unwrap();
+    stream.set_nonblocking(true).unwrap();
+    let mut line = vec![0u8; 4096];
+    let n = std::io::Read::read(&mut stream, &mut line)
+        .expect("the request should be waiting in the socket after the first poll");
+    let request: Value = serde_json::from_slice(line[..n].trim_ascii_end()).unwrap();
+    assert_eq!(request["method"], "ping");
+    assert_eq!(line[n - 1], b'\n', "the whole line, newline included");
 }
 
 #[tokio::test]
@@ -235,4 +210,42 @@ async fn the_event_stream_skips_bad_lines_and_resubscribes() {
     );
     drop(rx);
     follower.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_read_herdr_sits_on_is_asked_again_and_the_first_answer_counts() {
+    // The first connection gets no answer (as when herdr's thread naps); later ones do.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("herdr.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let (seen_tx, mut seen) = mpsc::channel(8);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for n in 0.. {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            let mut read = BufReader::new(read);
+            read.read_line(&mut line).await.unwrap();
+            let request: Value = serde_json::from_str(&line).unwrap();
+            seen_tx.send(request["method"].clone()).await.unwrap();
+            if n == 0 {
+                held.push((read, write));
+                continue;
+            }
+            let answer = json!({"id": request["id"], "result": {"type": "pane_info", "pane": {"pane_id": "w1:p2"}}});
+            let _ = write.write_all(format!("{answer}\n").as_bytes()).await;
+        }
+    });
+    let driver = Driver::new(socket);
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        driver.read(codec::pane_get("w1:p2")),
+    )
+    .await
+    .expect("the read was not asked again")
+    .unwrap();
+    assert_eq!(got["pane"]["pane_id"], "w1:p2");
+    assert_eq!(seen.recv().await.unwrap(), "pane.get");
+    assert_eq!(seen.recv().await.unwrap(), "pane.get");
 }

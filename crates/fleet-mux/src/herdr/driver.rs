@@ -28,6 +28,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one answer may take. herdr polls for a request every ~100 ms, so stalls of that
 /// size are normal; much longer means it is wedged.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read may go unanswered before it is asked again on a second connection: herdr
+/// answers in well under a millisecond, unless the request met its 100 ms nap (see the module's
+/// note).
+const HEDGE_AFTER: Duration = Duration::from_millis(15);
 /// The first pause before a lost subscription is made again; doubled up to [`MAX_RESUBSCRIBE`].
 const FIRST_RESUBSCRIBE: Duration = Duration::from_millis(100);
 /// The longest pause between attempts to subscribe again.
@@ -120,7 +124,34 @@ impl Driver {
     /// (`pane_not_found` is [`MuxError::NoPane`]).
     pub async fn call(&self, (method, params): (&str, Value)) -> Result<Value, MuxError> {
         let pane = params["pane_id"].as_str().map(String::from);
-        match self.exchange(method, params).await? {
+        let answer = self.exchange(method, params).await?;
+        Self::result(method, pane, answer)
+    }
+
+    /// [`Driver::call`] for a request that changes nothing (a read). When herdr has not answered
+    /// within [`HEDGE_AFTER`] — most likely its connection thread looked before the request
+    /// was there and is napping — the same request goes out again on a second connection, and
+    /// whichever answer comes first counts.
+    pub async fn read(&self, (method, params): (&str, Value)) -> Result<Value, MuxError> {
+        let pane = params["pane_id"].as_str().map(String::from);
+        let first = self.exchange(method, params.clone());
+        tokio::pin!(first);
+        let answer = tokio::select! {
+            answer = &mut first => answer,
+            () = tokio::time::sleep(HEDGE_AFTER) => {
+                tracing::debug!(method, "herdr is slow to answer a read: asking again");
+                tokio::select! {
+                    answer = &mut first => answer,
+                    answer = self.exchange(method, params) => answer,
+                }
+            }
+        }?;
+        Self::result(method, pane, answer)
+    }
+
+    /// An answer's result, or its error as a [`MuxError`].
+    fn result(method: &str, pane: Option<String>, answer: Answer) -> Result<Value, MuxError> {
+        match answer {
             Answer::Result(result) => Ok(result),
             Answer::Error { code, .. } if code == "pane_not_found" => {
                 Err(MuxError::NoPane(PaneId(pane.unwrap_or_default())))

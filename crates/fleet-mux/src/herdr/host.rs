@@ -198,7 +198,7 @@ impl PaneHost for Herdr {
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
         let result = self
             .driver
-            .call(codec::pane_read(&pane.0, Source::Visible))
+            .read(codec::pane_read(&pane.0, Source::Visible))
             .await?;
         let text = codec::read_text(&result).map_err(|e| protocol("pane.read", e))?;
         // herdr tells no cursor position; the screen's text carries every change.
@@ -212,7 +212,7 @@ impl PaneHost for Herdr {
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
         let result = self
             .driver
-            .call(codec::pane_read(&pane.0, Source::RecentUnwrapped))
+            .read(codec::pane_read(&pane.0, Source::RecentUnwrapped))
             .await?;
         let text = codec::read_text(&result).map_err(|e| protocol("pane.read", e))?;
         let kept: Vec<&str> = text.lines().collect();
@@ -220,7 +220,7 @@ impl PaneHost for Herdr {
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
-        let result = self.driver.call(codec::pane_list()).await?;
+        let result = self.driver.read(codec::pane_list()).await?;
         let listed = codec::listed_panes(&result).map_err(|e| protocol("pane.list", e))?;
         let mut panes: BTreeMap<PaneId, PaneState> = listed
             .into_iter()
