@@ -59,13 +59,7 @@ impl StandInProcess {
             .kill_on_drop(true)
             .spawn()?;
         self.child = Some(child);
-        let socket = self.socket();
-        until("the herdr stand-in to answer", START_LIMIT, || {
-            let socket = socket.clone();
-            async move { Driver::new(socket).ping().await.ok() }
-        })
-        .await?;
-        Ok(())
+        answering(self.socket(), "the herdr stand-in").await
     }
 
     /// Kills it abruptly, as a crashed herdr; its socket goes too.
@@ -77,6 +71,16 @@ impl StandInProcess {
         remove_socket(&self.socket());
         Ok(())
     }
+}
+
+/// Waits until the server on `socket` (`what`) answers a ping.
+async fn answering(socket: PathBuf, what: &str) -> anyhow::Result<()> {
+    until(&format!("{what} to answer"), START_LIMIT, || {
+        let socket = socket.clone();
+        async move { Driver::new(socket).ping().await.ok() }
+    })
+    .await?;
+    Ok(())
 }
 
 fn remove_socket(socket: &Path) {
@@ -151,13 +155,7 @@ impl RealHerdr {
             .stderr(Stdio::null())
             .spawn()?;
         self.child = Some(child);
-        let socket = self.socket();
-        until("herdr to answer", START_LIMIT, || {
-            let socket = socket.clone();
-            async move { Driver::new(socket).ping().await.ok() }
-        })
-        .await?;
-        Ok(())
+        answering(self.socket(), "herdr").await
     }
 
     /// Kills it abruptly, as a crashed herdr.
