@@ -8,8 +8,8 @@
 //! - tmux expands formats in some arguments (tried on tmux 3.3a: `new-session -c` and `-s`, and
 //!   `load-buffer`'s path; not `-e` values, not the program's argv, not `send-keys -l`), where
 //!   `#(cmd)` runs `cmd` and `#S` is the session's name: a path or name goes there through
-//!   [`format_literal`];
-//! - a control character (a newline above all) in any argument is refused ([`one_line`]): over
+//!   `format_literal`;
+//! - a control character (a newline above all) in any argument is refused (`one_line`): over
 //!   the control connection it would end the command line, and what followed would run as a
 //!   command of its own.
 
@@ -37,13 +37,13 @@ pub fn escape(arg: &str) -> String {
 }
 
 /// Makes `text` mean itself in an argument tmux expands as a format: `#` doubled.
-pub fn format_literal(text: &str) -> String {
+fn format_literal(text: &str) -> String {
     text.replace('#', "##")
 }
 
 /// `text`, if it holds no control character; else a refusal naming `what` (never the text: it
 /// may be a token).
-pub fn one_line<'a>(what: &str, text: &'a str) -> Result<&'a str, MuxError> {
+fn one_line<'a>(what: &str, text: &'a str) -> Result<&'a str, MuxError> {
     match first_control(text) {
         None => Ok(text),
         Some(found) => Err(MuxError::Refused(format!(
@@ -115,7 +115,7 @@ pub fn delete_buffer_args(buffer: &str) -> Vec<String> {
     strings(&["delete-buffer", "-b", buffer])
 }
 
-/// Reads the pane id printed by [`spawn_args`].
+/// Reads the pane id printed by [`spawn_commands`].
 pub fn parse_pane_id(out: &str) -> Result<PaneId, MuxError> {
     let id = out.trim();
     if id.starts_with('%') && id.len() > 1 && !id.contains(char::is_whitespace) {

@@ -3,7 +3,7 @@
 //! ~2 ms). The client attaches to a session of its own ([`CONTROL_SESSION`]) whose pane does
 //! nothing; `%output` is switched off, and every other notification is skipped.
 //!
-//! [`Blocks`], [`quote`] and [`line`] are the pure half; [`Control`] owns the process. A command
+//! [`Blocks`], [`quote`] and [`line()`] are the pure half; [`Control`] owns the process. A command
 //! line is one line: a word holding a newline (or any control character) is refused before
 //! anything is written, since what followed the newline would run as a command of its own and
 //! every later answer would be read as the answer to the command before it.
@@ -253,7 +253,7 @@ impl Control {
 
     /// Runs `commands` (each as its words, unquoted) one after the other; returns each one's
     /// lines. Stops at the first failure. Nothing is sent when any word cannot be quoted
-    /// ([`line`]). A dead connection, or one a cancelled call left with an unread answer, is
+    /// ([`line()`]). A dead connection, or one a cancelled call left with an unread answer, is
     /// replaced before the first command (so this is cancel-safe).
     pub async fn run(&self, commands: &[Vec<String>]) -> Result<Vec<Vec<String>>, MuxError> {
         let lines = commands
