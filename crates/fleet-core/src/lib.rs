@@ -10,6 +10,7 @@ pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod message;
+pub mod redact;
 pub mod routing;
 pub mod session;
 pub mod typed;

@@ -47,6 +47,9 @@ fn name(ch: char) -> Option<&'static str> {
         '\u{3}' => "Ctrl-C",
         '\u{4}' => "Ctrl-D",
         '\u{8}' => "backspace",
+        '\t' => "tab",
+        '\n' => "newline",
+        '\r' => "CR",
         '\u{1b}' => "ESC",
         '\u{7f}' => "DEL",
         '\u{9b}' => "CSI",
@@ -59,6 +62,15 @@ fn name(ch: char) -> Option<&'static str> {
 /// turns it into `\n` first.
 pub fn is_forbidden(ch: char) -> bool {
     (ch.is_ascii_control() && ch != '\n' && ch != '\t') || ('\u{80}'..='\u{9f}').contains(&ch)
+}
+
+/// The first control character of any kind in `text` (`\n` and `\t` included): for text that
+/// must stay on one line and mean itself, such as a path or a command-line argument.
+pub fn first_control(text: &str) -> Option<ControlChar> {
+    text.chars()
+        .enumerate()
+        .find(|(_, ch)| ch.is_control())
+        .map(|(offset, ch)| ControlChar { ch, offset })
 }
 
 /// `text` as it may be typed into a pane: `\r\n` and a lone `\r` become `\n` (a CR is Enter to a
@@ -131,6 +143,25 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn any_control_is_found_where_one_line_is_needed() {
+        assert_eq!(first_control("/home/me/C#Sharp/ünï ✓"), None);
+        let found = first_control("/tmp/x\nrun-shell touch /tmp/owned").unwrap();
+        assert_eq!(
+            found,
+            ControlChar {
+                ch: '\n',
+                offset: 6
+            }
+        );
+        assert_eq!(
+            found.to_string(),
+            "a control character, U+000A (newline), at character 6"
+        );
+        assert_eq!(first_control("a\tb").map(|c| c.offset), Some(1));
+        assert_eq!(first_control("é\u{85}").map(|c| c.ch), Some('\u{85}'));
     }
 
     proptest! {

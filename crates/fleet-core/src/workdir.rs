@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{ErrorCode, FleetError};
+use crate::typed::first_control;
 
 /// Refuses a path that is not plain text: a control character (a newline, a tab, an escape)
 /// in a path reaches terminals and command lines.
@@ -14,10 +15,9 @@ pub fn check_text(path: &str) -> Result<(), FleetError> {
     if path.is_empty() {
         return Err(FleetError::invalid("cwd is empty: give a directory"));
     }
-    if let Some((offset, ch)) = path.chars().enumerate().find(|(_, c)| c.is_control()) {
+    if let Some(found) = first_control(path) {
         return Err(FleetError::invalid(format!(
-            "cwd holds a control character, U+{:04X}, at character {offset}: give a plain path",
-            u32::from(ch)
+            "cwd holds {found}: give a plain path"
         )));
     }
     Ok(())
@@ -94,7 +94,10 @@ mod tests {
     fn paths_must_be_plain_text() {
         assert!(check_text("/home/me/C#Sharp/#(not a command)").is_ok());
         let err = check_text("/tmp/x\nrun-shell touch /tmp/owned").unwrap_err();
-        assert!(err.message.contains("U+000A, at character 6"), "{err}");
+        assert!(
+            err.message.contains("U+000A (newline), at character 6"),
+            "{err}"
+        );
         assert!(check_text("/tmp/\u{1b}[201~").is_err());
         assert!(check_text("").is_err());
     }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
+use fleet_core::redact::{EnvNames, ProgramOnly};
 
 /// A pane host's id for one pane (tmux `%3`, herdr `w1:p2`): opaque, host-local.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -24,8 +25,9 @@ impl std::fmt::Display for PaneId {
     }
 }
 
-/// What to run in a new pane.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What to run in a new pane. Its `Debug` shows the environment's names and the program only:
+/// the values and the arguments carry the worker's token.
+#[derive(Clone, PartialEq, Eq)]
 pub struct PaneSpec {
     /// A label for the pane (tmux: the session name); unique among the host's live panes.
     pub label: String,
@@ -35,6 +37,17 @@ pub struct PaneSpec {
     pub env: BTreeMap<String, String>,
     /// Working directory.
     pub cwd: PathBuf,
+}
+
+impl std::fmt::Debug for PaneSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PaneSpec")
+            .field("label", &self.label)
+            .field("argv", &ProgramOnly(&self.argv))
+            .field("env", &EnvNames(&self.env))
+            .field("cwd", &self.cwd)
+            .finish()
+    }
 }
 
 /// What an agent in a pane is doing, as the pane host sees it (herdr recognises agents and
@@ -125,6 +138,11 @@ pub enum MuxError {
     /// The connection to the multiplexer closed (its server stopped, say).
     #[error("the connection to the multiplexer closed (was its server stopped?)")]
     Disconnected,
+    /// A request fleetd would not send: an argument the multiplexer would misread (a control
+    /// character ends a tmux command line; a path that is not UTF-8). Nothing was sent. The
+    /// message names the argument, never its value (it may be a token).
+    #[error("not sent to the multiplexer: {0}")]
+    Refused(String),
     /// The multiplexer answered something we cannot read.
     #[error("unexpected answer from {command}: {answer}")]
     Protocol {

@@ -2,12 +2,14 @@
 //! behaviour every host shares is the pane-host suite in fleet-testkit's tests).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::tmux::codec::spawn_commands;
 use fleet_mux::tmux::control::Control;
 use fleet_mux::tmux::{Socket, Tmux};
-use fleet_mux::{PaneHost, PaneId, PaneSpec};
+use fleet_mux::{MuxError, PaneHost, PaneId, PaneSpec};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
@@ -179,8 +181,8 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     // A command whose answer takes a while (tmux holds later commands until a run-shell ends),
     // abandoned after it was sent.
     let slow = [
-        "run-shell 'sleep 0.3'".to_string(),
-        "display-message -p 'stale answer'".to_string(),
+        words(&["run-shell", "sleep 0.3"]),
+        words(&["display-message", "-p", "stale answer"]),
     ];
     assert!(
         tokio::time::timeout(Duration::from_millis(100), control.run(&slow))
@@ -189,8 +191,207 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     );
     // The next command gets its own answer, not the abandoned one's.
     let answers = control
-        .run(&["display-message -p 'fresh answer'".to_string()])
+        .run(&[words(&["display-message", "-p", "fresh answer"])])
         .await
         .unwrap();
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
+}
+
+fn words(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|w| w.to_string()).collect()
+}
+
+/// A program that writes its working directory to `out`, then waits.
+fn print_cwd(cwd: &Path, out: &Path) -> PaneSpec {
+    PaneSpec {
+        cwd: cwd.to_path_buf(),
+        ..spec(
+            "where",
+            &format!("pwd > '{}'; exec sleep 60", out.display()),
+        )
+    }
+}
+
+/// Waits until `file` holds a whole line, or fails the test after 10 s; returns the line.
+async fn wait_for_line(file: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file)
+            && let Some(line) = text.strip_suffix('\n')
+        {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never got a line",
+            file.display()
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_directory_named_like_a_tmux_command_is_only_a_directory() {
+    let server = Server::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tmp.path().canonicalize().unwrap();
+    let owned = tmp.join("owned");
+    // tmux would run `touch <tmp>/owned` for `#(…)` in a format.
+    let hostile = tmp.join(format!("#(touch {})", owned.display()));
+    std::fs::create_dir_all(&hostile).unwrap();
+    let out = tmp.join("pwd");
+    server.tmux.spawn(&print_cwd(&hostile, &out)).await.unwrap();
+    assert_eq!(wait_for_line(&out).await, hostile.display().to_string());
+    assert!(!owned.exists(), "the directory's name ran as a command");
+}
+
+#[tokio::test]
+async fn a_hash_in_a_directory_name_is_kept() {
+    let server = Server::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tmp.path().canonicalize().unwrap();
+    // `#S` is the session's name in a tmux format.
+    let dir = tmp.join("C#Sharp");
+    std::fs::create_dir(&dir).unwrap();
+    let out = tmp.join("pwd");
+    let pane = server.tmux.spawn(&print_cwd(&dir, &out)).await.unwrap();
+    assert_eq!(wait_for_line(&out).await, dir.display().to_string());
+    // And a paste staged under a path with a `#` arrives whole.
+    let scratch = tmp.join("state#1");
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let host = Tmux::private(name, scratch);
+    let echo = host
+        .spawn(&spec(
+            "echo",
+            "echo ready; while read line; do echo \"got:$line\"; done",
+        ))
+        .await
+        .unwrap();
+    wait_for_text(&host, &echo, "ready").await;
+    host.paste(&echo, "pasted #S").await.unwrap();
+    host.enter(&echo).await.unwrap();
+    wait_for_text(&host, &echo, "got:pasted #S").await;
+    assert!(server.tmux.panes().await.unwrap().contains_key(&pane));
+}
+
+#[tokio::test]
+async fn a_newline_in_a_directory_is_refused_and_the_connection_stays_in_step() {
+    let server = Server::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let owned = tmp.path().join("owned");
+    // Sent as it is, the line would end after `x` and the next line would run `touch` (the
+    // `#` comments out the closing quote).
+    let payload = format!("x\nrun-shell \"touch {}\" #", owned.display());
+    let hostile = tmp.path().join(&payload);
+    std::fs::create_dir_all(&hostile).unwrap();
+    let err = server
+        .tmux
+        .spawn(&print_cwd(&hostile, &tmp.path().join("pwd")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MuxError::Refused(_)), "{err}");
+    let err = err.to_string();
+    assert!(
+        err.contains("working directory") && err.contains("U+000A (newline)"),
+        "{err}"
+    );
+    // The same words straight to the control connection: refused, nothing sent.
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let control = Control::new("tmux".into(), name);
+    let err = control
+        .run(&[
+            words(&["display-message", "-p", "first"]),
+            words(&["display-message", "-p", &payload]),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MuxError::Refused(_)), "{err}");
+    // Each later command gets its own answer.
+    let answers = control
+        .run(&[
+            words(&["display-message", "-p", "one"]),
+            words(&["display-message", "-p", "two"]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![vec!["one".to_string()], vec!["two".to_string()]]
+    );
+    let pane = server
+        .tmux
+        .spawn(&spec("after", "echo still-serving; exec sleep 60"))
+        .await
+        .unwrap();
+    wait_for_text(&server.tmux, &pane, "still-serving").await;
+    assert_eq!(
+        server
+            .tmux
+            .panes()
+            .await
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        vec![&pane]
+    );
+    assert!(!owned.exists(), "the line after the newline ran");
+}
+
+/// Resumes a stopped process when dropped, so a failing test does not leave it stopped.
+struct Resume(rustix::process::Pid);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::CONT);
+    }
+}
+
+#[tokio::test]
+async fn a_command_tmux_never_answers_fails_without_quoting_the_token() {
+    let server = Server::new();
+    server
+        .tmux
+        .spawn(&spec("first", "exec sleep 60"))
+        .await
+        .unwrap();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    // Connected, then the server wedges.
+    let control = Control::new("tmux".into(), name.clone());
+    control
+        .run(&[words(&["display-message", "-p", "connected"])])
+        .await
+        .unwrap();
+    let out = std::process::Command::new("tmux")
+        .args(["-L", &name, "display-message", "-p", "#{pid}"])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pid = rustix::process::Pid::from_raw(pid).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let resume = Resume(pid);
+    let mut secret = spec("second", "exec sleep 60");
+    secret
+        .env
+        .insert("FLEET_TOKEN".into(), "fleet_do-not-show-me".into());
+    // The command that carries the token, as a spawn sends it.
+    let session = spawn_commands(&secret).unwrap().remove(2);
+    assert!(session.iter().any(|w| w.contains("do-not-show-me")));
+    let err = control.run(&[session]).await.unwrap_err().to_string();
+    drop(resume);
+    assert!(
+        err.contains("new-session") && err.contains("did not answer"),
+        "{err}"
+    );
+    assert!(!err.contains("do-not-show-me"), "{err}");
+    assert!(!format!("{secret:?}").contains("do-not-show-me"));
 }

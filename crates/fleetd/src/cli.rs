@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use fleet_store::{SqliteStore, Store};
-use serde_json::json;
 
 use crate::config::Config;
-use crate::http::{PANE_HEADER, TMUX_HEADER};
+use crate::mcp_config::{self, Token};
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -37,7 +36,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the bearer token of a lead declared in config, minting it on first use.
     Token(TokenArgs),
-    /// Print the MCP client config a lead pastes into Claude Code.
+    /// Print the MCP client config a lead gives Claude Code (reading the token from
+    /// FLEET_TOKEN, with the line that sets it from the token file; --literal for the token
+    /// itself).
     McpConfig(McpConfigArgs),
 }
 
@@ -64,9 +65,13 @@ pub struct TokenArgs {
 pub struct McpConfigArgs {
     /// The lead, as declared in `[leads.NAME]`.
     pub name: String,
-    /// Print only the JSON (no `claude mcp add` line).
+    /// Print only the JSON (no shell lines).
     #[arg(long)]
     pub json: bool,
+    /// Write the token itself into the config instead of `${FLEET_TOKEN}` (it then lands in
+    /// whatever file or command line the config goes into).
+    #[arg(long)]
+    pub literal: bool,
 }
 
 /// Loads the config: the given file, else the user's default file if it exists, else the
@@ -127,50 +132,29 @@ pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `fleetd mcp-config NAME`
+/// `fleetd mcp-config NAME [--json] [--literal]`: see [`crate::mcp_config`].
 pub fn mcp_config_command(cli: &Cli, args: &McpConfigArgs) -> anyhow::Result<()> {
     let (config, state) = context(cli)?;
     let secret = lead_token(&config, &state, &args.name, false)?;
     let url = mcp_url(&config);
-    let pane = "${TMUX_PANE:-}";
-    let tmux = "${TMUX:-}";
-    let value = json!({
-        "mcpServers": {
-            "fleet": {
-                "type": "http",
-                "url": url,
-                "headers": {
-                    "Authorization": format!("Bearer {secret}"),
-                    "X-Fleet-Pane": pane,
-                    "X-Fleet-Tmux": tmux,
-                }
-            }
-        }
-    });
-    println!("{}", serde_json::to_string_pretty(&value)?);
-    if !args.json {
-        println!();
-        println!("# or, with the Claude Code CLI:");
-        println!(
-            "claude mcp add --transport http fleet {url} --header 'Authorization: Bearer {secret}' --header '{}: {pane}' --header '{}: {tmux}'",
-            title(PANE_HEADER),
-            title(TMUX_HEADER)
-        );
+    let file = state.lead_token_path(&args.name);
+    let file = std::fs::canonicalize(&file)
+        .with_context(|| format!("cannot resolve {}", file.display()))?;
+    let token = if args.literal {
+        eprintln!("{}", mcp_config::LITERAL_WARNING);
+        Token::Literal(&secret)
+    } else {
+        Token::FromFile(file.to_str().with_context(|| {
+            format!(
+                "the token file {} is not a UTF-8 path, which a shell line cannot name here; use --literal, or a state dir with a UTF-8 path",
+                file.display()
+            )
+        })?)
+    };
+    if args.json {
+        println!("{:#}", mcp_config::json(&url, token));
+    } else {
+        print!("{}", mcp_config::text(&url, token));
     }
     Ok(())
-}
-
-/// `x-fleet-pane` → `X-Fleet-Pane`
-fn title(header: &str) -> String {
-    header
-        .split('-')
-        .map(|part| {
-            let mut chars = part.chars();
-            chars
-                .next()
-                .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
-                .unwrap_or_default()
-        })
-        .collect::<Vec<_>>()
-        .join("-")
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Gateway, NudgeTarget};
 use crate::mcp::FleetMcp;
+use crate::mcp_config;
 use crate::token;
 
 /// The header a lead sets to its `$TMUX_PANE`, for nudges.
@@ -135,6 +136,9 @@ async fn authenticate(
             "missing bearer token: send Authorization: Bearer <token> (see `fleetd mcp-config NAME`)".into(),
         );
     };
+    if let Some(why) = mcp_config::unexpanded(bearer) {
+        return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why);
+    }
     let nudge = NudgeTarget::from_headers(
         header_text(req.headers(), PANE_HEADER),
         header_text(req.headers(), TMUX_HEADER),

@@ -8,6 +8,7 @@ pub mod gateway;
 pub mod http;
 pub mod launch;
 pub mod mcp;
+pub mod mcp_config;
 pub mod mux;
 pub mod serve;
 pub mod state;

@@ -362,20 +362,26 @@ pub fn created_root_pane(result: &Value) -> Option<String> {
     result["root_pane"]["pane_id"].as_str().map(String::from)
 }
 
-/// The panes `layout.apply` made, as (label, pane id), in layout order.
+/// The panes `layout.apply` made, as (label, pane id), in layout order. An error never quotes
+/// the answer: it echoes each pane's command, whose argv may carry the worker's token.
 pub fn applied_panes(result: &Value) -> Result<Vec<(String, String)>, CodecError> {
     fn walk(node: &Value, into: &mut Vec<(String, String)>) -> Result<(), CodecError> {
         match node["type"].as_str() {
             Some("pane") => {
-                let id: String = field(node, &["pane_id"])?;
-                into.push((node["label"].as_str().unwrap_or_default().to_string(), id));
+                let id = node["pane_id"].as_str().ok_or_else(|| {
+                    CodecError::Malformed("a pane of the layout has no pane_id".into())
+                })?;
+                let label = node["label"].as_str().unwrap_or_default();
+                into.push((label.to_string(), id.to_string()));
                 Ok(())
             }
             Some("split") => {
                 walk(&node["first"], into)?;
                 walk(&node["second"], into)
             }
-            _ => Err(CodecError::Malformed(format!("unknown layout node {node}"))),
+            other => Err(CodecError::Malformed(format!(
+                "a layout node of type {other:?}"
+            ))),
         }
     }
     let mut panes = Vec::new();
@@ -435,6 +441,27 @@ pub fn parse_event(line: &str) -> Result<Event, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_layout_is_told_without_quoting_its_commands() {
+        let pane = |id: Value| {
+            json!({"type": "pane", "pane_id": id, "label": "fleet:w1",
+                   "command": ["docker", "-e", "FLEET_TOKEN=fleet_s3cret"]})
+        };
+        let answer = |root: Value| json!({"type": "layout_apply", "layout": {"root": root}});
+        for root in [
+            pane(Value::Null),
+            json!({"type": "grid", "command": ["x", "fleet_s3cret"]}),
+            json!({"type": "split", "first": pane(json!("w1:p2")), "second": pane(json!(7))}),
+        ] {
+            let err = applied_panes(&answer(root)).unwrap_err().to_string();
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        assert_eq!(
+            applied_panes(&answer(pane(json!("w1:p2")))).unwrap(),
+            vec![("fleet:w1".to_string(), "w1:p2".to_string())]
+        );
+    }
 
     #[test]
     fn requests_are_one_line_of_json() {

@@ -172,7 +172,8 @@ impl PaneHost for Herdr {
             .map(|(_, id)| PaneId(id))
             .ok_or_else(|| MuxError::Protocol {
                 command: "layout.apply".into(),
-                answer: result.to_string(),
+                // Not the answer itself: it echoes the argv, which may carry the token.
+                answer: "a layout without a pane".into(),
             })
     }
 

@@ -1,9 +1,22 @@
 //! tmux command lines and the answers to them. Pure: no processes, no I/O.
 //!
-//! tmux splits a command line at any argument that ends in `;` (and turns a trailing `\;` into
-//! a literal `;`), so every argument that carries user text goes through [`escape`].
+//! What a lead chose (a working directory, a name) or a config holds (environment values,
+//! arguments) must reach tmux as itself, never as a command:
+//! - tmux splits a command line at any argument that ends in `;` (and turns a trailing `\;`
+//!   into a literal `;`), so every argument that carries user text goes through [`escape`] on
+//!   the client's command line;
+//! - tmux expands formats in some arguments (tried on tmux 3.3a: `new-session -c` and `-s`, and
+//!   `load-buffer`'s path; not `-e` values, not the program's argv, not `send-keys -l`), where
+//!   `#(cmd)` runs `cmd` and `#S` is the session's name: a path or name goes there through
+//!   `format_literal`;
+//! - a control character (a newline above all) in any argument is refused (`one_line`): over
+//!   the control connection it would end the command line, and what followed would run as a
+//!   command of its own.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+
+use fleet_core::typed::first_control;
 
 use crate::{MuxError, PaneId, PaneLife, PaneSpec, Snapshot};
 
@@ -23,35 +36,73 @@ pub fn escape(arg: &str) -> String {
     }
 }
 
+/// Makes `text` mean itself in an argument tmux expands as a format: `#` doubled.
+fn format_literal(text: &str) -> String {
+    text.replace('#', "##")
+}
+
+/// `text`, if it holds no control character; else a refusal naming `what` (never the text: it
+/// may be a token).
+fn one_line<'a>(what: &str, text: &'a str) -> Result<&'a str, MuxError> {
+    match first_control(text) {
+        None => Ok(text),
+        Some(found) => Err(MuxError::Refused(format!(
+            "{what} holds {found}, which would end a tmux command line"
+        ))),
+    }
+}
+
+/// `path` as text, if it is UTF-8 and one line.
+fn path_text<'a>(what: &str, path: &'a Path) -> Result<&'a str, MuxError> {
+    let text = path.to_str().ok_or_else(|| {
+        MuxError::Refused(format!("{what} {:?} is not valid UTF-8", path.as_os_str()))
+    })?;
+    one_line(what, text)
+}
+
 fn strings(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
 /// Starts the server if needed, keeps exited panes around so their exit is seen, and opens a
-/// detached session running `spec.argv`; the last command prints the new pane's id. Unescaped
-/// words: the caller escapes them for its transport (and over the control connection nothing,
+/// detached session running `spec.argv`; the last command prints the new pane's id. Refused
+/// when any part of `spec` could not reach tmux as itself (see the module doc). Words not yet
+/// escaped for a transport: the caller does that (and over the control connection nothing,
 /// not even the token in the environment, shows in the process list).
-pub fn spawn_commands(spec: &PaneSpec) -> Vec<Vec<String>> {
-    let mut session = strings(&["new-session", "-d", "-s", &spec.label]);
+pub fn spawn_commands(spec: &PaneSpec) -> Result<Vec<Vec<String>>, MuxError> {
+    let label = one_line("the pane's label", &spec.label)?;
+    let cwd = path_text("the working directory", &spec.cwd)?;
+    let mut session = strings(&["new-session", "-d", "-s", &format_literal(label)]);
     session.extend(strings(&[
         "-x",
         &PANE_COLUMNS.to_string(),
         "-y",
         &PANE_ROWS.to_string(),
+        "-c",
+        &format_literal(cwd),
     ]));
-    session.push("-c".into());
-    session.push(spec.cwd.to_string_lossy().into_owned());
     for (key, value) in &spec.env {
+        if key.is_empty() || key.contains('=') || first_control(key).is_some() {
+            return Err(MuxError::Refused(format!(
+                "the environment variable name {key:?} is empty or holds '=' or a control character"
+            )));
+        }
+        one_line(
+            &format!("the value of the environment variable {key}"),
+            value,
+        )?;
         session.push("-e".into());
         session.push(format!("{key}={value}"));
     }
     session.extend(strings(&["-P", "-F", "#{pane_id}", "--"]));
-    session.extend(spec.argv.iter().cloned());
-    vec![
+    for (i, arg) in spec.argv.iter().enumerate() {
+        session.push(one_line(&format!("argument {i} of the program"), arg)?.to_string());
+    }
+    Ok(vec![
         strings(&["start-server"]),
         strings(&["set-option", "-g", "remain-on-exit", "on"]),
         session,
-    ]
+    ])
 }
 
 /// Leaves the mode a pane is in (copy mode eats keys).
@@ -64,7 +115,7 @@ pub fn delete_buffer_args(buffer: &str) -> Vec<String> {
     strings(&["delete-buffer", "-b", buffer])
 }
 
-/// Reads the pane id printed by [`spawn_args`].
+/// Reads the pane id printed by [`spawn_commands`].
 pub fn parse_pane_id(out: &str) -> Result<PaneId, MuxError> {
     let id = out.trim();
     if id.starts_with('%') && id.len() > 1 && !id.contains(char::is_whitespace) {
@@ -97,9 +148,15 @@ pub fn paste_args(pane: &PaneId, buffer: &str) -> Vec<String> {
 }
 
 /// Loads the file at `path` into buffer `buffer` (the control connection's paste path: its
-/// commands are lines, so the text cannot ride on stdin).
-pub fn load_file_args(buffer: &str, path: &str) -> Vec<String> {
-    strings(&["load-buffer", "-b", buffer, path])
+/// commands are lines, so the text cannot ride on stdin). tmux expands formats in the path.
+pub fn load_file_args(buffer: &str, path: &Path) -> Result<Vec<String>, MuxError> {
+    let path = path_text("the staged paste's path", path)?;
+    Ok(strings(&[
+        "load-buffer",
+        "-b",
+        buffer,
+        &format_literal(path),
+    ]))
 }
 
 /// Pastes buffer `buffer` into `pane`, bracketed if the program asked for bracketed paste, and
@@ -164,13 +221,15 @@ pub fn history_args(pane: &PaneId, lines: usize) -> Vec<String> {
     ])
 }
 
-/// Every pane of the server, with whether it is dead and how it ended.
+/// Every pane of the server, with whether it is dead and how it ended. Fields are separated by
+/// spaces (no control character may go into a command line), the session's name last: it is
+/// the only one that may hold a space.
 pub fn list_args() -> Vec<String> {
     strings(&[
         "list-panes",
         "-a",
         "-F",
-        "#{pane_id}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{session_name}",
+        "#{pane_id} #{pane_dead} #{pane_dead_status} #{pane_dead_signal} #{session_name}",
     ])
 }
 
@@ -179,7 +238,7 @@ pub fn list_args() -> Vec<String> {
 pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
     out.lines()
         .filter_map(|line| {
-            let fields: Vec<&str> = line.split('\t').collect();
+            let fields: Vec<&str> = line.splitn(5, ' ').collect();
             let [id, dead, status, signal, session, ..] = fields.as_slice() else {
                 return None;
             };
@@ -218,7 +277,9 @@ pub fn kill_server_args() -> Vec<String> {
 
 /// Turns a failed command's message into an error: a missing pane or server is
 /// [`MuxError::NoPane`] (naming the pane the command targeted), anything else a command
-/// failure. `command` is the command line, as words or as one quoted line.
+/// failure naming the command only. `command` is the command line, as words or as one quoted
+/// line; nothing else of it shows (its `-e` values and argv carry the worker's token), and its
+/// target is looked for before `--` only (after it comes the program's argv).
 pub fn classify_failure(command: &str, stderr: &str) -> MuxError {
     let stderr = stderr.trim();
     let missing = [
@@ -231,6 +292,7 @@ pub fn classify_failure(command: &str, stderr: &str) -> MuxError {
         let target = command
             .split_whitespace()
             .map(|w| w.trim_matches(['\'', '"']))
+            .take_while(|w| *w != "--")
             .skip_while(|w| *w != "-t")
             .nth(1)
             .unwrap_or_default()
@@ -267,7 +329,7 @@ mod tests {
             env: [("FLEET_NAME".to_string(), "w1".to_string())].into(),
             cwd: "/tmp".into(),
         };
-        let commands = spawn_commands(&spec);
+        let commands = spawn_commands(&spec).unwrap();
         assert_eq!(commands[1], ["set-option", "-g", "remain-on-exit", "on"]);
         let session = &commands[2];
         let tail: Vec<&str> = session
@@ -280,6 +342,94 @@ mod tests {
         assert_eq!(tail, vec!["--", "agent", "--flag;"]);
         assert!(session.windows(2).any(|w| w == ["-e", "FLEET_NAME=w1"]));
         assert!(session.windows(2).any(|w| w == ["-c", "/tmp"]));
+    }
+
+    fn spec_in(cwd: &str) -> PaneSpec {
+        PaneSpec {
+            label: "w1".into(),
+            argv: vec!["sh".into(), "-c".into(), "echo '#S #(id)'".into()],
+            env: [
+                ("FLEET_TOKEN".to_string(), "fleet_s3cret".to_string()),
+                ("PROMPT".to_string(), "#S #(id)".to_string()),
+            ]
+            .into(),
+            cwd: cwd.into(),
+        }
+    }
+
+    fn session_words(spec: &PaneSpec) -> Vec<String> {
+        spawn_commands(spec).unwrap().remove(2)
+    }
+
+    fn refusal(result: Result<Vec<Vec<String>>, MuxError>) -> String {
+        match result {
+            Err(MuxError::Refused(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn paths_reach_tmux_formats_as_themselves() {
+        let session = session_words(&spec_in("/src/#(touch owned)/C#Sharp"));
+        assert!(
+            session
+                .windows(2)
+                .any(|w| w == ["-c", "/src/##(touch owned)/C##Sharp"]),
+            "{session:?}"
+        );
+        // -e values and the program's argv are not formats: they go as they are.
+        assert!(session.windows(2).any(|w| w == ["-e", "PROMPT=#S #(id)"]));
+        assert_eq!(session.last().map(String::as_str), Some("echo '#S #(id)'"));
+        assert_eq!(format_literal("##"), "####");
+        assert_eq!(
+            load_file_args("b1", Path::new("/state/C#/paste/b1")).unwrap(),
+            ["load-buffer", "-b", "b1", "/state/C##/paste/b1"]
+        );
+    }
+
+    #[test]
+    fn control_characters_are_refused_naming_the_argument_never_its_value() {
+        let why = refusal(spawn_commands(&spec_in(
+            "/tmp/x\nrun-shell touch /tmp/owned",
+        )));
+        assert!(why.contains("the working directory"), "{why}");
+        assert!(why.contains("U+000A (newline), at character 6"), "{why}");
+
+        let mut spec = spec_in("/tmp");
+        spec.env
+            .insert("FLEET_TOKEN".into(), "fleet_s3cret\nrun-shell x".into());
+        let why = refusal(spawn_commands(&spec));
+        assert!(why.contains("environment variable FLEET_TOKEN"), "{why}");
+        assert!(!why.contains("s3cret"), "{why}");
+
+        let mut spec = spec_in("/tmp");
+        spec.env.insert("A=B".into(), "x".into());
+        assert!(refusal(spawn_commands(&spec)).contains("\"A=B\""));
+
+        let mut spec = spec_in("/tmp");
+        spec.argv.push("--token=fleet_s3cret\r".into());
+        let why = refusal(spawn_commands(&spec));
+        assert!(why.contains("argument 3 of the program"), "{why}");
+        assert!(!why.contains("s3cret"), "{why}");
+
+        let mut spec = spec_in("/tmp");
+        spec.label = "w\u{1b}1".into();
+        assert!(refusal(spawn_commands(&spec)).contains("label"));
+
+        let why = match load_file_args("b1", Path::new("/state\n/b1")) {
+            Err(MuxError::Refused(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(why.contains("staged paste"), "{why}");
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_is_refused_not_mangled() {
+        use std::os::unix::ffi::OsStrExt;
+        let mut spec = spec_in("/tmp");
+        spec.cwd = std::ffi::OsStr::from_bytes(b"/tmp/caf\xe9").into();
+        let why = refusal(spawn_commands(&spec));
+        assert!(why.contains("not valid UTF-8"), "{why}");
     }
 
     #[test]
@@ -303,7 +453,7 @@ mod tests {
     #[test]
     fn pane_lists_parse_and_skip_junk() {
         let panes = parse_list(
-            "%0\t0\t\t\tw0\n%3\t1\t2\t\tw3\njunk\n%4\t1\t\t\tw4\n%5\t1\t\t9\tw5\n%9\t0\t\t\t_fleetd\n",
+            "%0 0   w0\n%3 1 2  w3\njunk\n%4 1   w4\n%5 1  9 w5\n%9 0   _fleetd\n%6 0   a b\n",
         );
         assert_eq!(panes.get(&PaneId("%0".into())), Some(&PaneLife::Alive));
         assert_eq!(
@@ -318,7 +468,8 @@ mod tests {
             panes.get(&PaneId("%5".into())),
             Some(&PaneLife::Exited(Some(137)))
         );
-        assert_eq!(panes.len(), 4);
+        assert_eq!(panes.get(&PaneId("%6".into())), Some(&PaneLife::Alive));
+        assert_eq!(panes.len(), 5);
     }
 
     #[test]
@@ -341,5 +492,15 @@ mod tests {
             classify_failure(&args, "unknown key: Entr"),
             MuxError::Command { command, .. } if command == "send-keys"
         ));
+        // A spawn's argv is not searched for a target (it may hold `-t` and then a secret),
+        // and a failure names the command only.
+        let spawn =
+            "'new-session' '-e' 'FLEET_TOKEN=fleet_s3cret' '--' 'docker' '-t' 'fleet_s3cret'";
+        assert!(matches!(
+            classify_failure(spawn, "no such file or directory"),
+            MuxError::NoPane(PaneId(p)) if p.is_empty()
+        ));
+        let failed = classify_failure(spawn, "duplicate session: w1").to_string();
+        assert_eq!(failed, "new-session failed: duplicate session: w1");
     }
 }

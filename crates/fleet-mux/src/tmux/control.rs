@@ -3,11 +3,15 @@
 //! ~2 ms). The client attaches to a session of its own ([`CONTROL_SESSION`]) whose pane does
 //! nothing; `%output` is switched off, and every other notification is skipped.
 //!
-//! [`Blocks`] and [`quote`] are the pure half; [`Control`] owns the process.
+//! [`Blocks`], [`quote`] and [`line()`] are the pure half; [`Control`] owns the process. A command
+//! line is one line: a word holding a newline (or any control character) is refused before
+//! anything is written, since what followed the newline would run as a command of its own and
+//! every later answer would be read as the answer to the command before it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 
+use fleet_core::typed::{ControlChar, first_control};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::Mutex;
@@ -18,30 +22,56 @@ use crate::MuxError;
 pub const CONTROL_SESSION: &str = "_fleetd";
 
 /// Quotes `arg` for tmux's command parser: single quotes when it has none, else double quotes
-/// with `\`, `"`, `$` and newlines escaped.
-pub fn quote(arg: &str) -> String {
+/// with `\`, `"` and `$` escaped. An `arg` holding a control character has no quoted form.
+pub fn quote(arg: &str) -> Result<String, ControlChar> {
+    if let Some(found) = first_control(arg) {
+        return Err(found);
+    }
     if !arg.contains('\'') {
-        return format!("'{arg}'");
+        return Ok(format!("'{arg}'"));
     }
     let mut quoted = String::with_capacity(arg.len() + 2);
     quoted.push('"');
     for c in arg.chars() {
-        match c {
-            '\\' | '"' | '$' => {
-                quoted.push('\\');
-                quoted.push(c);
-            }
-            '\n' => quoted.push_str("\\n"),
-            c => quoted.push(c),
+        if matches!(c, '\\' | '"' | '$') {
+            quoted.push('\\');
         }
+        quoted.push(c);
     }
     quoted.push('"');
-    quoted
+    Ok(quoted)
 }
 
-/// One command line from words, each quoted.
-pub fn line(words: &[&str]) -> String {
-    words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+/// One command line from words, each quoted; refused if a word has no quoted form, naming the
+/// command and the word's place (never the word: it may carry a token).
+pub fn line<S: AsRef<str>>(words: &[S]) -> Result<String, MuxError> {
+    let mut quoted = Vec::with_capacity(words.len());
+    for (i, word) in words.iter().enumerate() {
+        let word = quote(word.as_ref()).map_err(|found| {
+            MuxError::Refused(format!(
+                "word {i} of a tmux {} command holds {found}, which would end its command line",
+                name(words)
+            ))
+        })?;
+        quoted.push(word);
+    }
+    Ok(quoted.join(" "))
+}
+
+/// The command `words` run, as errors may name it (the rest may carry a token).
+fn name<S: AsRef<str>>(words: &[S]) -> String {
+    words
+        .first()
+        .map(|w| w.as_ref().escape_debug().to_string())
+        .unwrap_or_default()
+}
+
+/// The error of a command tmux did not answer in time: it names the command only.
+fn no_answer<S: AsRef<str>>(words: &[S]) -> MuxError {
+    MuxError::Command {
+        command: name(words),
+        stderr: format!("tmux did not answer within {:?}", super::COMMAND_TIMEOUT),
+    }
 }
 
 /// Reassembles answer blocks from control-mode lines.
@@ -221,16 +251,21 @@ impl Control {
         }
     }
 
-    /// Runs `commands` (already quoted lines) one after the other; returns each one's lines.
-    /// Stops at the first failure. A dead connection, or one a cancelled call left with an
-    /// unread answer, is replaced before the first command (so this is cancel-safe).
-    pub async fn run(&self, commands: &[String]) -> Result<Vec<Vec<String>>, MuxError> {
+    /// Runs `commands` (each as its words, unquoted) one after the other; returns each one's
+    /// lines. Stops at the first failure. Nothing is sent when any word cannot be quoted
+    /// ([`line()`]). A dead connection, or one a cancelled call left with an unread answer, is
+    /// replaced before the first command (so this is cancel-safe).
+    pub async fn run(&self, commands: &[Vec<String>]) -> Result<Vec<Vec<String>>, MuxError> {
+        let lines = commands
+            .iter()
+            .map(|words| line(words))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut guard = self.connection.lock().await;
         if guard.as_ref().is_none_or(|c| c.unread) {
             *guard = Some(Connection::open(&self.program, &self.socket).await?);
         }
         let mut answers = Vec::with_capacity(commands.len());
-        for command in commands {
+        for (words, command) in commands.iter().zip(&lines) {
             let Some(connection) = guard.as_mut() else {
                 return Err(MuxError::Disconnected);
             };
@@ -238,10 +273,7 @@ impl Control {
                 tokio::time::timeout(super::COMMAND_TIMEOUT, connection.run(command)).await;
             let Ok(answer) = answer else {
                 // The answer may still come: this connection is done for (it reads as unread).
-                return Err(MuxError::Command {
-                    command: command.clone(),
-                    stderr: format!("tmux did not answer within {:?}", super::COMMAND_TIMEOUT),
-                });
+                return Err(no_answer(words));
             };
             match answer {
                 Ok(lines) => answers.push(lines),
@@ -262,20 +294,68 @@ mod tests {
 
     #[test]
     fn quoting_survives_tmux_syntax() {
-        assert_eq!(quote("%3"), "'%3'");
+        let quoted = |arg: &str| quote(arg).unwrap();
+        assert_eq!(quoted("%3"), "'%3'");
         assert_eq!(
-            quote("#{cursor_x} #{cursor_y}"),
+            quoted("#{cursor_x} #{cursor_y}"),
             "'#{cursor_x} #{cursor_y}'"
         );
-        assert_eq!(quote("a;b"), "'a;b'");
+        assert_eq!(quoted("a;b"), "'a;b'");
         assert_eq!(
-            quote("it's $HOME \"x\"\\"),
+            quoted("it's $HOME \"x\"\\"),
             "\"it's \\$HOME \\\"x\\\"\\\\\""
         );
         assert_eq!(
-            line(&["send-keys", "-t", "%1", "Enter"]),
+            line(&["send-keys", "-t", "%1", "Enter"]).unwrap(),
             "'send-keys' '-t' '%1' 'Enter'"
         );
+    }
+
+    #[test]
+    fn no_line_ever_holds_a_control_character() {
+        // In single quotes and in double quotes alike (a word with a quote takes the latter).
+        for arg in [
+            "a\nrun-shell touch /tmp/owned",
+            "it's\nrun-shell x",
+            "\r",
+            "\t",
+            "\u{85}",
+        ] {
+            assert!(quote(arg).is_err(), "{arg:?}");
+        }
+        let err = line(&[
+            "new-session",
+            "-e",
+            "FLEET_TOKEN=fleet_s3cret\nrun-shell 'touch /tmp/owned'",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("word 2 of a tmux new-session command"),
+            "{err}"
+        );
+        assert!(err.contains("U+000A (newline)"), "{err}");
+        assert!(
+            !err.contains("s3cret") && !err.contains("run-shell"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_command_left_unanswered_is_named_without_its_words() {
+        let words = [
+            "new-session",
+            "-e",
+            "FLEET_TOKEN=fleet_s3cret",
+            "--",
+            "agent",
+        ];
+        let err = no_answer(&words).to_string();
+        assert!(
+            err.starts_with("new-session failed: tmux did not answer"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     #[test]

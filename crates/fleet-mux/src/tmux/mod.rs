@@ -12,7 +12,7 @@ pub mod control;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::{AgentState, MuxError, PaneHost, PaneId, PaneLife, PaneSpec, PaneState, Snapshot};
-use control::{Control, line};
+use control::Control;
 
 /// How long one tmux command may take: a wedged server or client must not hold up the pump or
 /// the nudger for ever.
@@ -138,11 +138,7 @@ impl Tmux {
     async fn exec(&self, commands: &[Vec<String>]) -> Result<String, MuxError> {
         match &self.control {
             Some((control, _)) => {
-                let lines: Vec<String> = commands
-                    .iter()
-                    .map(|words| line(&words.iter().map(String::as_str).collect::<Vec<_>>()))
-                    .collect();
-                let answers = control.run(&lines).await?;
+                let answers = control.run(commands).await?;
                 Ok(answers
                     .into_iter()
                     .map(|lines| lines.join("\n") + "\n")
@@ -204,8 +200,8 @@ impl Tmux {
         }
     }
 
-    /// Writes `text` to a user-only file in `scratch` for `load-buffer` to read.
-    fn stage(scratch: &PathBuf, buffer: &str, text: &str) -> Result<PathBuf, MuxError> {
+    /// Writes `text` to `path`, a user-only file in `scratch`, for `load-buffer` to read.
+    fn stage(scratch: &Path, path: &Path, text: &str) -> Result<(), MuxError> {
         let io = |source| MuxError::Spawn {
             program: format!("staging a paste in {}", scratch.display()),
             source,
@@ -215,23 +211,21 @@ impl Tmux {
             .mode(0o700)
             .create(scratch)
             .map_err(io)?;
-        let path = scratch.join(buffer);
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .open(&path)
+            .open(path)
             .map_err(io)?;
-        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)?;
-        Ok(path)
+        std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)
     }
 }
 
 #[async_trait]
 impl PaneHost for Tmux {
     async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError> {
-        let out = self.exec(&codec::spawn_commands(spec)).await?;
+        let out = self.exec(&codec::spawn_commands(spec)?).await?;
         codec::parse_pane_id(&out)
     }
 
@@ -243,13 +237,11 @@ impl PaneHost for Tmux {
         let buffer = format!("fleet-{}", uuid::Uuid::now_v7().simple());
         match &self.control {
             Some((_, scratch)) => {
-                let path = Self::stage(scratch, &buffer, text)?;
-                let path_text = path.to_string_lossy().into_owned();
+                let path = scratch.join(&buffer);
+                let load = codec::load_file_args(&buffer, &path)?;
+                Self::stage(scratch, &path, text)?;
                 let result = self
-                    .exec(&[
-                        codec::load_file_args(&buffer, &path_text),
-                        codec::paste_buffer_args(pane, &buffer),
-                    ])
+                    .exec(&[load, codec::paste_buffer_args(pane, &buffer)])
                     .await;
                 let _ = std::fs::remove_file(&path);
                 if result.is_err() {

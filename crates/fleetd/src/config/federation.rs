@@ -1,12 +1,13 @@
 //! `[broker]` and `[federation]`: the federated plane. Without a `[broker]` block fleetd is a
 //! single-host gateway and never opens a broker connection.
 
+use fleet_core::redact::MASK;
 use serde::Deserialize;
 
 use super::{MAX_WAIT_S, within};
 
-/// `[broker]`: the AMQP broker the gateways share.
-#[derive(Clone, Debug, Deserialize)]
+/// `[broker]`: the AMQP broker the gateways share. Its `Debug` masks the URI's password.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerConfig {
     /// `amqp://` or `amqps://` URI with this gateway's own login and the vhost; the password
@@ -22,6 +23,30 @@ pub struct BrokerConfig {
     /// How many unacknowledged deliveries one inbox consumer may hold.
     #[serde(default = "default_prefetch")]
     pub prefetch: u16,
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("uri", &redacted_uri(&self.uri))
+            .field("password_env", &self.password_env)
+            .field("heartbeat_s", &self.heartbeat_s)
+            .field("prefetch", &self.prefetch)
+            .finish()
+    }
+}
+
+/// The URI as logs and `Debug` may show it: its password masked.
+pub fn redacted_uri(uri: &str) -> String {
+    match url::Url::parse(uri) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some(MASK));
+            }
+            url.to_string()
+        }
+        Err(_) => "(not a URI)".into(),
+    }
 }
 
 fn default_password_env() -> String {

@@ -15,8 +15,8 @@ use serde::Deserialize;
 mod federation;
 mod profile;
 
-pub use federation::{BrokerConfig, FederationConfig};
-pub use profile::{ProfileConfig, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
+pub use federation::{BrokerConfig, FederationConfig, redacted_uri};
+pub use profile::{ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
 
 /// The default address of the MCP endpoint: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
@@ -206,7 +206,7 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
         let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string().trim().to_string(),
+            message: parse_error(text, &e),
         })?;
         config.validate().map_err(|message| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -312,6 +312,31 @@ impl Config {
     pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
         self.profiles.iter().find(|p| p.name == name)
     }
+}
+
+/// toml's error as where (line, column, and the key the line sets) and what, without the line
+/// itself, which toml quotes: its value may be the broker's password or an API key.
+fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim();
+    let Some(span) = e.span() else {
+        return what.to_string();
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    let key = text
+        .lines()
+        .nth(line - 1)
+        .and_then(|l| l.split_once('='))
+        .map(|(key, _)| format!(" ({} = …)", key.trim()))
+        .unwrap_or_default();
+    format!("line {line}, column {column}{key}: {what}")
 }
 
 /// Checks that `value` (the key `what`) lies in `min..=max`.
@@ -437,6 +462,55 @@ mod tests {
     }
 
     #[test]
+    fn debug_masks_the_broker_password_and_profile_env_values() {
+        let config = parse(
+            r#"
+            [broker]
+            uri = "amqp://gw:pa55word@broker.internal:5672/fleet"
+            [[profiles]]
+            name = "claude"
+            kind = "claude-code"
+            env = { ANTHROPIC_API_KEY = "sk-ant-api03-s3cret", RUST_LOG = "info" }
+            "#,
+        )
+        .unwrap();
+        for shown in [format!("{config:?}"), format!("{config:#?}")] {
+            assert!(!shown.contains("pa55word"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(
+                shown.contains("amqp://gw:***@broker.internal:5672/fleet"),
+                "{shown}"
+            );
+            assert!(shown.contains("ANTHROPIC_API_KEY"), "{shown}");
+        }
+        // The values are all still there for the launch.
+        let claude = config.profile("claude").unwrap();
+        assert_eq!(claude.env["ANTHROPIC_API_KEY"], "sk-ant-api03-s3cret");
+        assert_eq!(redacted_uri("amqp://gw@b/fleet"), "amqp://gw@b/fleet");
+        assert_eq!(redacted_uri("amqp://:p%40ss@b/"), "amqp://:***@b/");
+        assert_eq!(redacted_uri("not a uri pa55word"), "(not a URI)");
+    }
+
+    #[test]
+    fn a_syntax_error_says_where_without_quoting_the_line() {
+        let err = parse("[broker]\nuri = \"amqp://gw:pa55word@b/fleet\" heartbeat_s = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("config test.toml: line 2, column 36 (uri = …): "),
+            "{err}"
+        );
+        assert!(!err.contains("pa55word"), "{err}");
+        let err = parse("[gateway]\nlisten_on = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2, column 1 (listen_on = …): unknown field `listen_on`"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = parse("[gateway]\nlisten_on = \"x\"\n")
             .unwrap_err()
@@ -537,11 +611,24 @@ mod tests {
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\ncontext_cap=0\n",
                 "context_cap is 0",
             ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nenv={KEY=\"s3cret\\nrun-shell x\"}\n",
+                "profiles 'a': env KEY holds a control character, U+000A (newline), at character 6",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\", \"a\\tb\"]\n",
+                "profiles 'a': argv[1] holds a control character, U+0009 (tab)",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"sandbox\"\nruntime=[\"bwrap\", \"\\r\"]\nagent=[\"x\"]\n",
+                "profiles 'a': runtime[1] holds",
+            ),
         ];
         for (text, needle) in cases {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{needle}: {err}");
             assert!(err.contains("test.toml"), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
         }
     }
 }

@@ -3,10 +3,13 @@
 //! Enter and its empty input box) fall back to the kind's.
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use fleet_core::entity::validate_name;
+use fleet_core::redact::EnvNames;
+use fleet_core::typed::first_control;
 use serde::Deserialize;
 
 use super::{CLAUDE_EMPTY_INPUT, MAX_WAIT_S, within};
@@ -83,6 +86,32 @@ impl ProfileKind {
     }
 }
 
+/// A profile's extra environment. Its values are often credentials (`ANTHROPIC_API_KEY`), so
+/// its `Debug` shows the names only.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct ProfileEnv(pub BTreeMap<String, String>);
+
+impl Deref for ProfileEnv {
+    type Target = BTreeMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for ProfileEnv {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for ProfileEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        EnvNames(&self.0).fmt(f)
+    }
+}
+
 /// `[[profiles]]`
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,7 +126,7 @@ pub struct ProfileConfig {
     pub argv: Vec<String>,
     /// Extra environment.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: ProfileEnv,
     /// Working directory; fleetd's own when unset. A spawn may override it.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
@@ -166,6 +195,17 @@ fn default_submit_verify_ms() -> u64 {
     DEFAULT_SUBMIT_VERIFY_MS
 }
 
+/// Refuses a control character in the value of `what`, naming the key, never the value (an env
+/// value is often a credential).
+fn one_line(what: &str, value: &str) -> Result<(), String> {
+    match first_control(value) {
+        Some(found) => Err(format!(
+            "{what} holds {found}; a pane's command line must stay one line"
+        )),
+        None => Ok(()),
+    }
+}
+
 impl ProfileConfig {
     /// A `command` profile running `argv`, every other key at its default.
     pub fn command(name: &str, argv: Vec<String>) -> Self {
@@ -173,7 +213,7 @@ impl ProfileConfig {
             name: name.into(),
             kind: ProfileKind::Command,
             argv,
-            env: BTreeMap::new(),
+            env: ProfileEnv::default(),
             cwd: None,
             groups: Vec::new(),
             role: None,
@@ -285,11 +325,22 @@ impl ProfileConfig {
         if let Some(cap) = self.context_cap {
             within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;
         }
-        for env in self.env.keys() {
+        for (env, value) in self.env.iter() {
             if env.is_empty() || env.contains('=') || env.starts_with("FLEET_") {
                 return Err(key(&format!(
                     "env key '{env}' is not allowed (empty, has '=', or is one of fleetd's own FLEET_* variables)"
                 )));
+            }
+            one_line(&key(&format!("env {env}")), value)?;
+        }
+        // What goes into a pane's command line stays one line (tmux ends a command at a newline).
+        for (what, words) in [
+            ("argv", &self.argv),
+            ("agent", &self.agent),
+            ("runtime", &self.runtime),
+        ] {
+            for (i, word) in words.iter().enumerate() {
+                one_line(&key(&format!("{what}[{i}]")), word)?;
             }
         }
         self.validate_kind()

@@ -34,9 +34,9 @@ use super::messages::Placement;
 use super::sessions::now_ms;
 use crate::broker::{
     BROADCAST_ALL, Link, LinkError, MSG_EXCHANGE, Published, ROSTER_EXCHANGE, broadcast_key,
-    decode, redacted_uri, roster_key,
+    decode, roster_key,
 };
-use crate::config::{BrokerConfig, FederationConfig};
+use crate::config::{BrokerConfig, FederationConfig, redacted_uri};
 
 /// The longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);

@@ -249,7 +249,7 @@ mod tests {
         );
         let mut launch = Launch {
             argv: profile.program(),
-            env: profile.env.clone(),
+            env: profile.env.0.clone(),
             teardown: None,
         };
         private_dir(&w.dir).unwrap();

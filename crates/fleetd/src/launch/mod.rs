@@ -13,6 +13,7 @@ mod opencode;
 mod sandbox;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_core::Gid;
+use fleet_core::redact::{EnvNames, MASK, ProgramOnly};
 
 use crate::config::{ProfileConfig, ProfileKind};
 
@@ -40,8 +42,8 @@ pub fn charter(name: &str) -> String {
     )
 }
 
-/// The worker a launch is for.
-#[derive(Clone, Debug)]
+/// The worker a launch is for. Its `Debug` masks the token.
+#[derive(Clone)]
 pub struct Worker {
     /// Its gid.
     pub gid: Gid,
@@ -59,8 +61,23 @@ pub struct Worker {
     pub dir: PathBuf,
 }
 
-/// What goes into the pane.
-#[derive(Clone, Debug, PartialEq, Eq)]
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("gid", &self.gid)
+            .field("name", &self.name)
+            .field("host", &self.host)
+            .field("token", &format_args!("{MASK}"))
+            .field("mcp_url", &self.mcp_url)
+            .field("cwd", &self.cwd)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+/// What goes into the pane. Its `Debug` shows the programs and the environment's names only:
+/// the values hold the token, and so may a sandbox's arguments (`{token}`).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Launch {
     /// The argv.
     pub argv: Vec<String>,
@@ -68,6 +85,16 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     /// An argv to run when the pane goes.
     pub teardown: Option<Vec<String>>,
+}
+
+impl fmt::Debug for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launch")
+            .field("argv", &ProgramOnly(&self.argv))
+            .field("env", &EnvNames(&self.env))
+            .field("teardown", &self.teardown.as_deref().map(ProgramOnly))
+            .finish()
+    }
 }
 
 /// One way of launching: adds to a launch what its kind of agent needs.
@@ -134,7 +161,7 @@ impl Launchers {
     /// Prepares the launch of `profile` for `worker` (whose `dir` is made here).
     pub fn prepare(&self, profile: &ProfileConfig, worker: &Worker) -> std::io::Result<Launch> {
         private_dir(&worker.dir)?;
-        let mut env = profile.env.clone();
+        let mut env = profile.env.0.clone();
         env.insert("FLEET_MCP_URL".into(), worker.mcp_url.clone());
         env.insert("FLEET_TOKEN".into(), worker.token.clone());
         env.insert("FLEET_GID".into(), worker.gid.to_string());
@@ -201,6 +228,8 @@ async fn run_teardown(argv: &[String]) {
         .args(args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
+    // The program only: `{token}` may be among the arguments.
+    let argv = ProgramOnly(argv);
     match tokio::time::timeout(TEARDOWN_TIMEOUT, command.output()).await {
         Ok(Ok(output)) if output.status.success() => {
             tracing::info!(?argv, "ran a sandbox's teardown");

@@ -243,6 +243,40 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_and_its_worker_debug_print_without_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        let mut profile = ProfileConfig::command("box", Vec::new());
+        profile.kind = ProfileKind::Sandbox;
+        profile.runtime = ["docker", "run", "-e", "FLEET_TOKEN={token}", "img"]
+            .map(String::from)
+            .to_vec();
+        profile.teardown = ["curl", "-H", "Authorization: Bearer {token}", "http://x/"]
+            .map(String::from)
+            .to_vec();
+        let launch = Launch {
+            argv: vec!["agent".into()],
+            env: [("FLEET_TOKEN".to_string(), w.token.clone())].into(),
+            teardown: None,
+        };
+        let launch = launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
+        assert!(launch.argv.contains(&format!("FLEET_TOKEN={}", w.token)));
+        for shown in [
+            format!("{launch:?}"),
+            format!("{launch:#?}"),
+            format!("{w:?}"),
+        ] {
+            assert!(!shown.contains(&w.token), "{shown}");
+        }
+        let shown = format!("{launch:?}");
+        assert!(
+            shown.contains(r#"["docker", …5 more]"#) && shown.contains(r#""FLEET_TOKEN": ***"#),
+            "{shown}"
+        );
+        assert!(shown.contains(r#"Some(["curl", …3 more])"#), "{shown}");
+    }
+
+    #[test]
     fn placeholders_fill_in_anywhere_in_a_word_and_other_braces_stay() {
         let dir = tempfile::tempdir().unwrap();
         let w = worker(dir.path());

@@ -39,6 +39,16 @@ async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
     );
     let (status, _) = post_mcp(&fleet, &[("authorization", "Bearer fleet_0000")]).await?;
     assert_eq!(status, 401);
+    // A client started without FLEET_TOKEN sends the placeholder: told so.
+    let (status, body) = post_mcp(&fleet, &[("authorization", "Bearer ${FLEET_TOKEN}")]).await?;
+    assert_eq!(status, 401);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("without FLEET_TOKEN set"),
+        "{body}"
+    );
     let token = fleet.token("lead")?;
     let bearer = format!("Bearer {token}");
     let (status, _) = post_mcp(&fleet, &[("authorization", &bearer)]).await?;

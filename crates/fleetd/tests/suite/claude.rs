@@ -3,7 +3,7 @@
 //! task by calling `fleet_reply` with `echo: <task>`).
 
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, claude_profile};
+use fleet_testkit::fleet::{Fleet, claude_binary, claude_profile};
 use fleet_testkit::model::ModelSim;
 use serde_json::Value;
 
@@ -85,5 +85,55 @@ async fn a_real_claude_code_worker_asks_mid_task_and_uses_the_answer() -> anyhow
         "{answered}\nc1's screen:\n{}",
         fleet.screen(&pane).unwrap_or_default()
     );
+    Ok(())
+}
+
+/// The lead's side, as a user does it: the export line and the `claude mcp add` line that
+/// `fleetd mcp-config` prints by default, run in one shell, connect a real Claude Code to fleetd
+/// (it expands `${FLEET_TOKEN}` itself), and the token is in no file Claude Code wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_connects_claude_code_with_the_lines_mcp_config_prints() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let out = fleet.cli(&["mcp-config", "lead"])?;
+    let text = String::from_utf8(out.stdout)?;
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .ok_or(anyhow::anyhow!("no '{start}' line in {text}"))
+    };
+    let script = format!(
+        "{}\n{} >/dev/null\nclaude mcp list",
+        line("export FLEET_TOKEN=")?,
+        line("claude mcp add ")?
+    );
+    let home = tempfile::tempdir()?;
+    let project = home.path().join("project");
+    std::fs::create_dir(&project)?;
+    let claude = std::path::PathBuf::from(claude_binary());
+    let mut path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(dir) = claude.parent().filter(|d| !d.as_os_str().is_empty()) {
+        path = std::env::join_paths(
+            std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(&path)),
+        )?;
+    }
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&project)
+        .env("HOME", home.path())
+        .env("PATH", path)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env_remove("FLEET_TOKEN")
+        .output()
+        .await?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("fleet: ") && listed.contains("Connected") && !listed.contains("Failed"),
+        "{listed}\n{}\nfleetd's log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        fleet.log()
+    );
+    let stored = std::fs::read_to_string(home.path().join(".claude.json"))?;
+    assert!(stored.contains("Bearer ${FLEET_TOKEN}"), "{stored}");
+    assert!(!stored.contains(&fleet.token("lead")?), "{stored}");
     Ok(())
 }

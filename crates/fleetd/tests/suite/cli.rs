@@ -1,6 +1,7 @@
 //! The command line as a user meets it: help, tokens, the MCP config to paste, config errors.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Command;
 
 use fleet_testkit::bins::binary;
@@ -60,17 +61,98 @@ async fn mcp_config_prints_what_claude_code_needs() -> anyhow::Result<()> {
     let server = &config["mcpServers"]["fleet"];
     assert_eq!(server["type"], "http");
     assert_eq!(server["url"], fleet.url());
+    assert_eq!(server["headers"]["Authorization"], "Bearer ${FLEET_TOKEN}");
+    assert_eq!(server["headers"]["X-Fleet-Pane"], "${TMUX_PANE:-}");
+    let out = fleet.cli(&["mcp-config", "alice", "--json", "--literal"])?;
+    assert!(out.status.success());
+    let config: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(
-        server["headers"]["Authorization"],
+        config["mcpServers"]["fleet"]["headers"]["Authorization"],
         format!("Bearer {}", fleet.token("alice")?)
     );
-    assert_eq!(server["headers"]["X-Fleet-Pane"], "${TMUX_PANE:-}");
-    let out = fleet.cli(&["mcp-config", "alice"])?;
-    let text = String::from_utf8(out.stdout)?;
-    assert!(
-        text.contains("claude mcp add --transport http fleet"),
-        "{text}"
+    assert!(String::from_utf8(out.stderr)?.contains("holds the token itself"));
+    Ok(())
+}
+
+/// Runs `script` in `sh` with `bin` first on `PATH`; returns its stdout.
+fn sh(script: &str, bin: &Path) -> anyhow::Result<String> {
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH")?);
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .env("PATH", path)
+        .env("FLEET_TOKEN", "from-the-callers-environment")
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{script}: {out:?}");
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[test]
+fn mcp_config_keeps_the_token_out_of_what_it_prints() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("fleetd.toml");
+    std::fs::write(&config, "[leads.alice]\n")?;
+    // A state dir whose path a shell would split or expand if it were not quoted.
+    let state = dir.path().join("it's a \"state\" $HOME dir");
+    let run = |extra: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new(binary("fleetd")?)
+            .args(["mcp-config", "alice", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(extra)
+            .output()?;
+        anyhow::ensure!(out.status.success(), "{out:?}");
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let text = run(&[])?;
+    let token = std::fs::read_to_string(state.join("leads/alice.token"))?
+        .trim()
+        .to_string();
+    assert!(token.starts_with("fleet_"));
+    assert!(!text.contains(&token), "{text}");
+    // It opens with the JSON config.
+    let mut stream = serde_json::Deserializer::from_str(&text).into_iter::<Value>();
+    let json = stream
+        .next()
+        .ok_or(anyhow::anyhow!("no JSON in {text}"))??;
+    assert_eq!(
+        json["mcpServers"]["fleet"]["headers"]["Authorization"],
+        "Bearer ${FLEET_TOKEN}"
     );
+    // The export line, run by a shell, sets FLEET_TOKEN to the token.
+    let export = text
+        .lines()
+        .find(|l| l.starts_with("export FLEET_TOKEN="))
+        .ok_or(anyhow::anyhow!("no export line in {text}"))?;
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin)?;
+    assert_eq!(
+        sh(&format!("{export}\nprintf %s \"$FLEET_TOKEN\""), &bin)?,
+        token
+    );
+    // The claude mcp add line hands claude `${FLEET_TOKEN}` itself, for claude to expand: the
+    // shell expands nothing (a stand-in claude prints its arguments).
+    let add = text
+        .lines()
+        .find(|l| l.starts_with("claude mcp add"))
+        .ok_or(anyhow::anyhow!("no claude line in {text}"))?;
+    let claude = bin.join("claude");
+    std::fs::write(&claude, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n")?;
+    std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755))?;
+    let args = sh(add, &bin)?;
+    assert!(
+        args.lines()
+            .any(|a| a == "Authorization: Bearer ${FLEET_TOKEN}"),
+        "{args}"
+    );
+    assert!(!args.contains("from-the-callers-environment"), "{args}");
+    // --literal writes the token, in the JSON and the claude line alike.
+    let literal = run(&["--literal"])?;
+    assert!(
+        literal.contains(&format!("--header 'Authorization: Bearer {token}'")),
+        "{literal}"
+    );
+    assert!(!literal.contains("export FLEET_TOKEN"), "{literal}");
     Ok(())
 }
 
