@@ -7,6 +7,7 @@ mod delivery;
 mod durability;
 mod federation;
 mod herdr;
+mod hostile;
 mod lifecycle;
 mod nudge;
 mod opencode;
