@@ -262,7 +262,17 @@ impl Control {
             .collect::<Result<Vec<_>, _>>()?;
         let mut guard = self.connection.lock().await;
         if guard.as_ref().is_none_or(|c| c.unread) {
-            *guard = Some(Connection::open(&self.program, &self.socket).await?);
+            // A wedged server must not hold the lock (and every caller behind it) for ever.
+            let opened = tokio::time::timeout(
+                super::COMMAND_TIMEOUT,
+                Connection::open(&self.program, &self.socket),
+            )
+            .await
+            .map_err(|_| MuxError::Command {
+                command: "a control connection".into(),
+                stderr: format!("tmux did not answer within {:?}", super::COMMAND_TIMEOUT),
+            })?;
+            *guard = Some(opened?);
         }
         let mut answers = Vec::with_capacity(commands.len());
         for (words, command) in commands.iter().zip(&lines) {
