@@ -249,3 +249,77 @@ async fn a_read_herdr_sits_on_is_asked_again_and_the_first_answer_counts() {
     assert_eq!(seen.recv().await.unwrap(), "pane.get");
     assert_eq!(seen.recv().await.unwrap(), "pane.get");
 }
+
+#[tokio::test]
+async fn a_failed_second_ask_does_not_cost_the_first_answer() {
+    // The first connection answers late (after the read was asked again); the second one is
+    // dropped unanswered: the late answer still counts.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("herdr.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    tokio::spawn(async move {
+        let (first, _) = listener.accept().await.unwrap();
+        let (read, mut write) = first.into_split();
+        let mut line = String::new();
+        BufReader::new(read).read_line(&mut line).await.unwrap();
+        let request: Value = serde_json::from_str(&line).unwrap();
+        let (second, _) = listener.accept().await.unwrap();
+        drop(second);
+        let answer = json!({"id": request["id"], "result": {"type": "pane_list", "panes": []}});
+        let _ = write.write_all(format!("{answer}\n").as_bytes()).await;
+    });
+    let got = Driver::new(socket).read(codec::pane_list()).await.unwrap();
+    assert_eq!(got["panes"], json!([]));
+}
+
+#[tokio::test]
+async fn a_full_accept_queue_is_waited_out() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+    // A listener with the smallest queue, filled by one client nobody accepts yet.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("herdr.sock");
+    let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+    rustix::net::bind(&fd, &SocketAddrUnix::new(&socket).unwrap()).unwrap();
+    rustix::net::listen(&fd, 0).unwrap();
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    let mut fillers = Vec::new();
+    loop {
+        let filler = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            rustix::net::SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        match rustix::net::connect(&filler, &SocketAddrUnix::new(&socket).unwrap()) {
+            Ok(()) => fillers.push(filler),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(fillers.len() < 64, "the queue never filled");
+    }
+    // herdr comes back to its queue a little later and answers everyone.
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                let mut line = String::new();
+                if std::io::BufReader::new(&stream)
+                    .read_line(&mut line)
+                    .is_ok()
+                    && let Ok(request) = serde_json::from_str::<Value>(&line)
+                {
+                    let answer = json!({"id": request["id"], "result": {"type": "pong", "version": "0.8.0", "protocol": 19}});
+                    let _ = stream.write_all(format!("{answer}\n").as_bytes());
+                }
+            });
+        }
+    });
+    assert_eq!(
+        Driver::new(socket).ping().await.unwrap(),
+        ("0.8.0".to_string(), 19)
+    );
+    drop(fillers);
+}

@@ -25,6 +25,11 @@ use crate::{MuxError, PaneId};
 
 /// How long connecting may take before herdr counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first pause before connecting again when herdr's accept queue is full; doubled up to
+/// [`MAX_CONNECT_RETRY`].
+const FIRST_CONNECT_RETRY: Duration = Duration::from_millis(1);
+/// The longest pause between attempts to connect.
+const MAX_CONNECT_RETRY: Duration = Duration::from_millis(100);
 /// How long one answer may take. herdr polls for a request every ~100 ms, so stalls of that
 /// size are normal; much longer means it is wedged.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,17 +73,23 @@ impl Driver {
     /// in one step).
     async fn send(&self, request: &str) -> Result<UnixStream, MuxError> {
         let bytes = request.as_bytes();
-        let (mut stream, written) = match connect_and_write(&self.socket, bytes) {
-            Ok(sent) => sent,
-            // herdr's accept queue is full (herdr busy or wedged): wait for it like any client.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match timeout(CONNECT_TIMEOUT, UnixStream::connect(&self.socket)).await {
-                    Ok(Ok(stream)) => (stream, 0),
-                    Ok(Err(e)) => return Err(self.unreachable(e)),
-                    Err(_) => return Err(self.unreachable("connecting timed out")),
+        let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+        let mut pause = FIRST_CONNECT_RETRY;
+        let (mut stream, written) = loop {
+            match connect_and_write(&self.socket, bytes) {
+                Ok(sent) => break sent,
+                // herdr's accept queue is full (herdr busy or wedged): try again shortly.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if tokio::time::Instant::now() + pause > deadline {
+                        return Err(self.unreachable(format!(
+                            "its accept queue stayed full for {CONNECT_TIMEOUT:?}"
+                        )));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_CONNECT_RETRY);
                 }
+                Err(e) => return Err(self.unreachable(e)),
             }
-            Err(e) => return Err(self.unreachable(e)),
         };
         if written < bytes.len() {
             stream
@@ -140,9 +151,18 @@ impl Driver {
             answer = &mut first => answer,
             () = tokio::time::sleep(HEDGE_AFTER) => {
                 tracing::debug!(method, "herdr is slow to answer a read: asking again");
+                let second = self.exchange(method, params);
+                tokio::pin!(second);
+                // The first answer that is an answer counts; an error waits for the other.
                 tokio::select! {
-                    answer = &mut first => answer,
-                    answer = self.exchange(method, params) => answer,
+                    answer = &mut first => match answer {
+                        Ok(answer) => Ok(answer),
+                        Err(_) => second.await,
+                    },
+                    answer = &mut second => match answer {
+                        Ok(answer) => Ok(answer),
+                        Err(_) => first.await,
+                    },
                 }
             }
         }?;
