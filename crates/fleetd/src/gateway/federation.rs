@@ -632,8 +632,14 @@ impl Gateway {
                     ..incoming(&envelope, owner, body)
                 };
                 fed.audit(&envelope, size, "taken");
-                if let Err(e) = self.deliver(message).await {
+                if let Err(e) = self.deliver(message.clone()).await {
+                    // Taken off the broker already (at most once): its sender is told.
                     tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
+                    self.notify_failed(
+                        &message,
+                        &format!("not queued by its recipient's gateway: {}", e.message),
+                    )
+                    .await;
                 }
             }
             Kind::Injected => {
@@ -680,15 +686,35 @@ impl Gateway {
             count = kept.len(),
             "holding messages off the broker together"
         );
-        let held = self
+        let outcomes = match self
             .hold(kept.iter().map(|i| i.message.clone()).collect())
-            .await;
-        if held.is_ok() {
-            for i in &kept {
-                fed.held(&i.envelope, i.delivery.data.len());
+            .await
+        {
+            Ok(outcomes) => outcomes,
+            Err(e) => return settle(&last.envelope, &last.delivery, Err(e), true).await,
+        };
+        // Those over the cap are dead-lettered first, one by one; then one frame acknowledges
+        // the rest (an acknowledgement covers only what is still unsettled).
+        let mut last_held = None;
+        for (i, outcome) in kept.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    fed.held(&i.envelope, i.delivery.data.len());
+                    last_held = Some(i);
+                }
+                Err(full) => {
+                    let why = format!(
+                        "its recipient already has {} messages waiting, the most allowed ({full})",
+                        full.count
+                    );
+                    self.refuse_and_tell(i.message.to, &i.envelope, &i.delivery, "too many", &why)
+                        .await;
+                }
             }
         }
-        settle(&last.envelope, &last.delivery, held, true).await;
+        if let Some(last) = last_held {
+            settle(&last.envelope, &last.delivery, Ok(()), true).await;
+        }
     }
 
     /// Waits until `gid`'s session can take a task (or is gone, when the brief fails as any
