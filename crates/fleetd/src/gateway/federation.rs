@@ -9,12 +9,13 @@
 //! gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
 //! only after the local store holds it, duplicates dropped by message id.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use fleet_core::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
 use fleet_core::typed::typeable;
@@ -118,11 +119,42 @@ pub struct Federation {
 struct FedState {
     remote: HashMap<Gid, RemoteEntry>,
     hosts: HashMap<String, RemoteHost>,
+    /// How many heartbeats the roster's caps made it ignore (the log says so at powers of two:
+    /// loud at first, never a flood of its own).
+    ignored_heartbeats: u64,
     pending: HashMap<MsgId, Pending>,
     /// The names remote senders gave in their messages (`name@host`), for showing them.
     senders: HashMap<Gid, String>,
     /// The inbox consumers running on the current link.
     consumers: HashMap<Gid, CancellationToken>,
+}
+
+impl FedState {
+    /// What the roster holds, as a heartbeat from `host` finds it.
+    fn count(&self, host: &str) -> RosterCount {
+        let mut hosts: HashSet<&str> = self.hosts.keys().map(String::as_str).collect();
+        let mut entities_of_host = 0;
+        for entry in self.remote.values() {
+            hosts.insert(&entry.entity.host);
+            if entry.entity.host == host {
+                entities_of_host += 1;
+            }
+        }
+        RosterCount {
+            hosts: hosts.len(),
+            host_known: hosts.contains(host),
+            entities_of_host,
+        }
+    }
+
+    /// Notes a heartbeat from `host` ignored at the roster's cap `full`.
+    fn ignored(&mut self, host: &str, full: &Full) {
+        self.ignored_heartbeats += 1;
+        let ignored = self.ignored_heartbeats;
+        if ignored.is_power_of_two() {
+            tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
+        }
+    }
 }
 
 impl Federation {
@@ -1076,12 +1108,22 @@ impl Gateway {
             return;
         };
         let (now, now_wall) = (Instant::now(), now_ms());
+        let caps = RosterCaps {
+            hosts: fed.config.max_remote_hosts,
+            entities_per_host: fed.config.max_remote_entities_per_host,
+        };
         let mut state = fed.lock();
         match presence.entity {
             Some(entity) if entity.host == host => {
                 if presence.status == "gone" {
                     state.remote.remove(&entity.gid);
                 } else {
+                    if !state.remote.contains_key(&entity.gid)
+                        && let Err(full) = admit_remote_entity(state.count(&host), caps)
+                    {
+                        state.ignored(&host, &full);
+                        return;
+                    }
                     state.remote.insert(
                         entity.gid,
                         RemoteEntry {
@@ -1101,6 +1143,10 @@ impl Gateway {
                 state.remote.retain(|_, e| e.entity.host != host);
             }
             None => {
+                if let Err(full) = admit_remote_host(state.count(&host), caps) {
+                    state.ignored(&host, &full);
+                    return;
+                }
                 state.hosts.insert(
                     host,
                     RemoteHost {
