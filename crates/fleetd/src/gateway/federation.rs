@@ -10,7 +10,6 @@
 //! only after the local store holds it, duplicates dropped by message id.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -33,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::Gateway;
 use super::messages::Placement;
 use super::sessions::now_ms;
+use crate::audit::AuditLog;
 use crate::broker::{
     BROADCAST_ALL, Link, LinkError, MSG_EXCHANGE, Published, ROSTER_EXCHANGE, broadcast_key,
     decode, redacted_uri, roster_key,
@@ -112,7 +112,8 @@ pub struct Federation {
     /// The gid this gateway's own presence entry is published under.
     gateway_gid: Gid,
     state: Mutex<FedState>,
-    audit: Mutex<Option<std::fs::File>>,
+    /// The audit log: one line per broker hop, never a message's text.
+    audit: Mutex<AuditLog>,
 }
 
 #[derive(Default)]
@@ -160,12 +161,11 @@ impl FedState {
 impl Federation {
     /// The federated plane for `broker`, writing its audit log into `state_dir`.
     pub fn new(broker: BrokerConfig, config: FederationConfig, state_dir: &Path) -> Self {
-        let audit = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(state_dir.join("audit.jsonl"))
-            .map_err(|e| tracing::error!(error = %e, "cannot open the audit log"))
-            .ok();
+        let audit = AuditLog::open(
+            state_dir.join("audit.jsonl"),
+            config.audit_max_bytes,
+            config.audit_keep_files,
+        );
         Self {
             broker,
             config,
@@ -198,18 +198,10 @@ impl Federation {
             "size": size,
             "outcome": outcome,
         });
-        let mut audit = self
-            .audit
+        self.audit
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // One write per line (a `writeln!` to a file writes each piece on its own).
-        let mut text = line.to_string();
-        text.push('\n');
-        if let Some(file) = audit.as_mut()
-            && let Err(e) = file.write_all(text.as_bytes())
-        {
-            tracing::error!(error = %e, "cannot write the audit log");
-        }
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .append(&line.to_string());
     }
 
     /// Notes a message from another host now held here: an answer ends the wait for its
