@@ -8,6 +8,7 @@ pub mod config;
 pub mod gateway;
 pub mod http;
 pub mod launch;
+pub mod limits;
 pub mod mcp;
 pub mod mux;
 pub mod serve;
