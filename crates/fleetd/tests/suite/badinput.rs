@@ -167,7 +167,10 @@ async fn messages_held_for_a_lead_or_a_worker_stop_at_the_cap_and_none_accepted_
     }
     // ...one more is refused to its sender, naming the cap.
     let over = worker
-        .call("fleet_send", json!({"to": "alice", "message": "q4"}))
+        .call(
+            "fleet_send",
+            json!({"to": "alice", "message": "q4", "wait_s": 0}),
+        )
         .await?
         .expect_err("a fourth message was held");
     assert!(at_the_cap(&over, "alice"), "{over}");
