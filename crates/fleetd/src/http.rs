@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Caller, Gateway, NudgeTarget};
-use crate::limits::{CallSlots, SessionLedger};
+use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::mcp::FleetMcp;
 use crate::token;
 
@@ -144,12 +144,11 @@ async fn authenticate(
     );
     // Only a POST is the agent acting; a GET stream (re)connecting proves nothing about a submit.
     let acting = req.method() == Method::POST;
-    match gateway
-        .authenticate(token::hash(bearer), nudge, acting)
-        .await
-    {
+    let hash = token::hash(bearer);
+    match gateway.authenticate(hash, nudge, acting).await {
         Ok(Ok(caller)) => {
             req.extensions_mut().insert(caller);
+            req.extensions_mut().insert(TokenHash(hash));
             next.run(req).await
         }
         Ok(Err(why)) => refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
@@ -170,8 +169,8 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
     .into_response()
 }
 
-/// Notes each MCP session a caller opens (a POST without `Mcp-Session-Id` that the MCP
-/// service answered with one); one over the caller's cap is closed again and answered 429.
+/// Notes each MCP session opened with a token (a POST without `Mcp-Session-Id` that the MCP
+/// service answered with one); one over the token's cap is closed again and answered 429.
 async fn cap_sessions(
     State(ledger): State<Arc<SessionLedger>>,
     req: Request,
@@ -179,14 +178,15 @@ async fn cap_sessions(
 ) -> Response {
     let opens = req.method() == Method::POST && !req.headers().contains_key(HEADER_SESSION_ID);
     let caller = req.extensions().get::<Caller>().map(|c| c.entity.clone());
+    let token = req.extensions().get::<TokenHash>().copied();
     let response = next.run(req).await;
-    let (true, Some(caller)) = (opens, caller) else {
+    let (true, Some(caller), Some(token)) = (opens, caller, token) else {
         return response;
     };
     let Some(id) = header_text(response.headers(), HEADER_SESSION_ID) else {
         return response;
     };
-    match ledger.opened(caller.gid, id.into()).await {
+    match ledger.opened(token, id.into()).await {
         Ok(()) => response,
         Err(full) => {
             tracing::warn!(gid = %caller.gid, name = %caller.name, cap = %full, "REFUSED an MCP session over the cap");
@@ -194,7 +194,7 @@ async fn cap_sessions(
                 StatusCode::TOO_MANY_REQUESTS,
                 ErrorCode::TooMany.as_str(),
                 format!(
-                    "'{}' already holds {} live MCP sessions, the most allowed ({full}): close one (an MCP client deletes its session when it disconnects) or use the stateless protocol, which needs none",
+                    "'{}' already holds {} live MCP sessions with this token, the most allowed ({full}): close one (an MCP client deletes its session when it disconnects) or use the stateless protocol, which needs none",
                     caller.name, full.count
                 ),
             )

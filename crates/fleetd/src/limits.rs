@@ -1,7 +1,8 @@
-//! What one caller may hold open at the MCP front: long calls (`gateway.max_long_calls_per_caller`)
-//! and sessions of the older protocol (`gateway.max_sessions_per_token`). The rule is
-//! `fleet_core::bounds::admit`; this module only counts, per caller, and gives a place back
-//! when its call or session ends. It never refuses what it already let in.
+//! What one caller may hold open at the MCP front: long calls per caller
+//! (`gateway.max_long_calls_per_caller`) and sessions of the older protocol per token
+//! (`gateway.max_sessions_per_token`). The rule is `fleet_core::bounds::admit`; this module
+//! only counts, and gives a place back when a call or session ends. It never refuses what it
+//! already let in.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -75,35 +76,40 @@ impl Drop for CallSlot {
     }
 }
 
-/// The live MCP sessions of each caller. rmcp's session manager knows which sessions still
-/// live (a session ends by DELETE, by its idle timeout or at shutdown): the ledger asks it
-/// rather than following every end.
+/// The hash of the bearer token a request was authenticated with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenHash(pub [u8; 32]);
+
+/// The live MCP sessions opened with each token (a token, not its entity: a recycled worker's
+/// new token is not held to what its old program left lingering). rmcp's session manager knows
+/// which sessions still live (a session ends by DELETE, by its idle timeout or at shutdown): the
+/// ledger asks it rather than following every end.
 pub struct SessionLedger {
-    /// The most live sessions one caller may hold.
+    /// The most live sessions one token may hold.
     cap: usize,
     /// The sessions themselves.
     manager: Arc<LocalSessionManager>,
-    /// The sessions each caller opened, ended ones forgotten at the next opening. Held across
-    /// the manager's answers, so two openings at once cannot both take the last place.
-    by_caller: tokio::sync::Mutex<HashMap<Gid, Vec<SessionId>>>,
+    /// The sessions opened with each token, ended ones forgotten at the next opening. Held
+    /// across the manager's answers, so two openings at once cannot both take the last place.
+    by_token: tokio::sync::Mutex<HashMap<TokenHash, Vec<SessionId>>>,
 }
 
 impl SessionLedger {
-    /// A ledger of `manager`'s sessions, at most `cap` per caller.
+    /// A ledger of `manager`'s sessions, at most `cap` per token.
     pub fn new(cap: usize, manager: Arc<LocalSessionManager>) -> Self {
         Self {
             cap,
             manager,
-            by_caller: tokio::sync::Mutex::new(HashMap::new()),
+            by_token: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
-    /// Notes that `gid` opened session `id`; if `gid` already held as many live sessions as
-    /// the cap, the new one is closed again and the cap is the answer.
-    pub async fn opened(&self, gid: Gid, id: SessionId) -> Result<(), Full> {
-        let mut by_caller = self.by_caller.lock().await;
-        // Forget the sessions that ended, every caller's (a gone caller's would linger).
-        for ids in by_caller.values_mut() {
+    /// Notes that session `id` was opened with `token`; if the token already held as many
+    /// live sessions as the cap, the new one is closed again and the cap is the answer.
+    pub async fn opened(&self, token: TokenHash, id: SessionId) -> Result<(), Full> {
+        let mut by_token = self.by_token.lock().await;
+        // Forget the sessions that ended, every token's (a revoked one's would linger).
+        for ids in by_token.values_mut() {
             let mut live = Vec::with_capacity(ids.len());
             for id in ids.drain(..) {
                 if self.manager.has_session(&id).await.unwrap_or(false) {
@@ -112,16 +118,16 @@ impl SessionLedger {
             }
             *ids = live;
         }
-        by_caller.retain(|_, ids| !ids.is_empty());
-        let held = by_caller.get(&gid).map_or(0, Vec::len);
+        by_token.retain(|_, ids| !ids.is_empty());
+        let held = by_token.get(&token).map_or(0, Vec::len);
         if let Err(full) = admit(held, self.cap, SESSIONS_KEY) {
-            drop(by_caller);
+            drop(by_token);
             if let Err(e) = self.manager.close_session(&id).await {
-                tracing::warn!(%gid, error = %e, "cannot close a session over the cap");
+                tracing::warn!(error = %e, "cannot close a session over the cap");
             }
             return Err(full);
         }
-        by_caller.entry(gid).or_default().push(id);
+        by_token.entry(token).or_default().push(id);
         Ok(())
     }
 }

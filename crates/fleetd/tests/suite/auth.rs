@@ -314,7 +314,11 @@ async fn a_callers_long_calls_stop_at_the_cap_and_one_that_ends_gives_its_place_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokens_mcp_sessions_stop_at_the_cap_with_429_and_a_closed_one_gives_its_place_back()
 -> anyhow::Result<()> {
-    let fleet = Fleet::start("max_sessions_per_token = 2", "").await?;
+    let fleet = Fleet::start(
+        "max_sessions_per_token = 2",
+        "[leads.lead]\n[leads.other]\n",
+    )
+    .await?;
     let (url, token) = (fleet.url(), fleet.token("lead")?);
     let session = || Client::connect(&url, &token, Protocol::Session, &[]);
     let first = session().await?;
@@ -333,13 +337,19 @@ async fn a_tokens_mcp_sessions_stop_at_the_cap_with_429_and_a_closed_one_gives_i
     );
     assert!(session().await.is_err(), "a third session was opened");
 
-    // The sessions held still serve, and the stateless protocol needs no session.
+    // Another token has places of its own; the sessions held still serve, and the stateless
+    // protocol needs no session.
+    let other = fleet.lead("other", Protocol::Session).await?;
+    assert_eq!(
+        other.ok("fleet_list", json!({})).await?["you"]["name"],
+        "other"
+    );
     assert_eq!(
         first.ok("fleet_list", json!({})).await?["you"]["name"],
         "lead"
     );
     let stateless = fleet.lead("lead", Protocol::Stateless).await?;
-    assert_eq!(stateless.names().await?, vec!["lead"]);
+    assert_eq!(stateless.names().await?, vec!["lead", "other"]);
 
     // A session the client closes gives its place back.
     second.close().await?;
