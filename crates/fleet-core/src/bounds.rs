@@ -55,7 +55,8 @@ pub fn admit(count: usize, cap: usize, key: &'static str) -> Result<(), Full> {
 /// - A new message (a task, a reply, an ask, an answer) stops at the cap. Its sender is refused
 ///   at once with an error naming the cap (a local call fails `too_many`; one off the broker is
 ///   dead-lettered and its sender gets a `FAILED` notice) and may send it again once the
-///   recipient has taken some: the message was never accepted, so nothing is lost.
+///   recipient has taken some: the message was never accepted, so nothing is lost. A worker
+///   whose `fleet_reply` is refused keeps its task in flight, so it can reply again.
 /// - A notice about the recipient's *own* earlier message (`FAILED`, `TOO_LATE`, `NO_WAITER`,
 ///   `ABANDONED`, `INJECTED`) has a reserve of as many again. It has no sender to refuse, and
 ///   it is the only word its recipient gets that a message it sent was not delivered: a
