@@ -491,6 +491,9 @@ impl Gateway {
         let me = caller.entity.gid;
         let deadline = Instant::now() + wait;
         loop {
+            // A change seen for the first time here counts too: an answer may come back before
+            // the wait starts (another host's gateway refusing at once).
+            look |= inbox.has_changed().unwrap_or(true);
             inbox.borrow_and_update();
             if look && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
                 self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
