@@ -252,6 +252,16 @@ async fn tasks_queued_for_a_busy_worker_stop_at_the_cap_and_none_accepted_is_los
         .await?
         .expect_err("a fourth task was queued");
     assert!(at_the_cap(&over, "w1"), "{over}");
+    // A broadcast makes no copy for it, and says so.
+    let broadcast = lead
+        .ok("fleet_broadcast", json!({"message": "to all"}))
+        .await?;
+    assert_eq!(broadcast["copies"], 0, "{broadcast}");
+    let note = broadcast["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("no copy: 'w1' already has 3 messages waiting"),
+        "{broadcast}"
+    );
 
     // Every accepted task is typed in and answered, in order; then the queue takes more.
     let mut answers = Vec::new();
