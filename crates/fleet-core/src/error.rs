@@ -37,6 +37,9 @@ pub enum ErrorCode {
     NoWaiter,
     /// An answer came after the ask it answers was over; it was not delivered.
     TooLate,
+    /// A cap on how many was reached (messages waiting for one recipient, one caller's long
+    /// calls, one token's sessions): the message names the cap and its config key.
+    TooMany,
 }
 
 impl ErrorCode {
@@ -57,6 +60,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::NoWaiter => "no_waiter",
             ErrorCode::TooLate => "too_late",
+            ErrorCode::TooMany => "too_many",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! (ids are minted by the caller through [`ids`]), so every rule here is tested without tokio.
 
 pub mod authz;
+pub mod bounds;
 pub mod entity;
 pub mod envelope;
 pub mod error;

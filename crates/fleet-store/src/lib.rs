@@ -8,6 +8,7 @@
 mod schema;
 mod sqlite;
 
+use fleet_core::bounds::Full;
 use fleet_core::{Entity, Gid, Message, MsgId, MsgState, WorkerStatus};
 
 pub use sqlite::SqliteStore;
@@ -108,6 +109,19 @@ pub trait Store: Send + Sync + 'static {
     /// Accepts messages in one transaction (all or none): for each, whether it was new (see
     /// [`Store::insert_message`]).
     fn insert_messages(&self, messages: &[Message]) -> StoreResult<Vec<bool>>;
+
+    /// Accepts messages in one transaction as [`Store::insert_messages`] does, except that a
+    /// new message that is to wait for its recipient (`held` or `queued`) goes in only if
+    /// `admit` allows it, asked with how many messages already wait for that recipient (those
+    /// accepted earlier in the same call included). For each: whether it was new, or the cap
+    /// that refused it (nothing of it is then stored). A message seen before is a duplicate,
+    /// never refused, so a redelivery is settled as before. The count and the insert are one
+    /// transaction: concurrent callers never take a recipient past the cap together.
+    fn insert_messages_within(
+        &self,
+        messages: &[Message],
+        admit: &dyn Fn(&Message, usize) -> Result<(), Full>,
+    ) -> StoreResult<Vec<Result<bool, Full>>>;
 
     /// Moves a message to `next`, refusing transitions the message rules forbid.
     fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()>;

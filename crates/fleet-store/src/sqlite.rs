@@ -8,8 +8,9 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use fleet_core::bounds::Full;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
 
 use crate::schema::migrate;
 use crate::{EntityRecord, Store, StoreError, StoreResult};
@@ -194,6 +195,28 @@ fn query_messages(
     raws.into_iter().map(RawMessage::parse).collect()
 }
 
+/// Inserts `m` unless a message with its id is there already; whether it went in.
+fn insert_row(tx: &Transaction<'_>, m: &Message) -> StoreResult<bool> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT OR IGNORE INTO messages
+         (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )?;
+    let inserted = stmt.execute(params![
+        m.msg_id.to_string(),
+        m.trace_id.to_string(),
+        m.kind.as_str(),
+        m.from.to_string(),
+        m.to.to_string(),
+        m.in_reply_to.map(|id| id.to_string()),
+        m.body,
+        m.state.name(),
+        m.state.reason(),
+        m.created_ms,
+    ])?;
+    Ok(inserted == 1)
+}
+
 fn groups_json(groups: &[String]) -> StoreResult<String> {
     serde_json::to_string(groups).map_err(corrupt)
 }
@@ -341,31 +364,44 @@ impl Store for SqliteStore {
     fn insert_messages(&self, messages: &[Message]) -> StoreResult<Vec<bool>> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let mut fresh = Vec::with_capacity(messages.len());
+        let fresh = messages
+            .iter()
+            .map(|m| insert_row(&tx, m))
+            .collect::<StoreResult<Vec<bool>>>()?;
+        tx.commit()?;
+        Ok(fresh)
+    }
+
+    fn insert_messages_within(
+        &self,
+        messages: &[Message],
+        admit: &dyn Fn(&Message, usize) -> Result<(), Full>,
+    ) -> StoreResult<Vec<Result<bool, Full>>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let mut outcomes = Vec::with_capacity(messages.len());
         {
-            let mut stmt = tx.prepare_cached(
-                "INSERT OR IGNORE INTO messages
-                 (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+            let mut seen = tx.prepare_cached("SELECT 1 FROM messages WHERE msg_id = ?1")?;
+            let mut waiting = tx.prepare_cached(
+                "SELECT COUNT(*) FROM messages WHERE to_gid = ?1 AND state IN ('held', 'queued')",
             )?;
             for m in messages {
-                let inserted = stmt.execute(params![
-                    m.msg_id.to_string(),
-                    m.trace_id.to_string(),
-                    m.kind.as_str(),
-                    m.from.to_string(),
-                    m.to.to_string(),
-                    m.in_reply_to.map(|id| id.to_string()),
-                    m.body,
-                    m.state.name(),
-                    m.state.reason(),
-                    m.created_ms,
-                ])?;
-                fresh.push(inserted == 1);
+                if seen.exists([m.msg_id.to_string()])? {
+                    outcomes.push(Ok(false));
+                    continue;
+                }
+                if matches!(m.state, MsgState::Held | MsgState::Queued) {
+                    let count: i64 = waiting.query_row([m.to.to_string()], |row| row.get(0))?;
+                    if let Err(full) = admit(m, usize::try_from(count).unwrap_or(usize::MAX)) {
+                        outcomes.push(Err(full));
+                        continue;
+                    }
+                }
+                outcomes.push(Ok(insert_row(&tx, m)?));
             }
         }
         tx.commit()?;
-        Ok(fresh)
+        Ok(outcomes)
     }
 
     fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()> {

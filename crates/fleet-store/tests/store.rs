@@ -1,5 +1,6 @@
 //! The SQLite store against a real database file in a temp dir.
 
+use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
 use fleet_store::{EntityRecord, SqliteStore, Store, StoreError};
 
@@ -129,6 +130,84 @@ fn a_message_id_is_accepted_once() {
     assert!(store.insert_message(&m).unwrap());
     assert!(!store.insert_message(&m).unwrap());
     assert_eq!(store.held_count(m.to).unwrap(), 1);
+}
+
+#[test]
+fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let cap = 3;
+    let admit = |m: &Message, waiting: usize| admit_waiting(m.kind, waiting, cap);
+    // Held and queued both wait: two held and one queued fill the cap, one at a time.
+    let first = message(w, lead, MsgState::Held, "one");
+    for m in [
+        first.clone(),
+        message(w, lead, MsgState::Held, "two"),
+        message(w, lead, MsgState::Queued, "three"),
+    ] {
+        assert_eq!(
+            store.insert_messages_within(&[m], &admit).unwrap(),
+            [Ok(true)]
+        );
+    }
+    // One more is refused, naming the count and the cap, and nothing of it is stored.
+    let over = message(w, lead, MsgState::Held, "four");
+    let refused = store
+        .insert_messages_within(std::slice::from_ref(&over), &admit)
+        .unwrap();
+    assert_eq!(
+        refused,
+        [Err(Full {
+            count: 3,
+            cap: 3,
+            key: HELD_KEY
+        })]
+    );
+    assert!(store.message(over.msg_id).unwrap().is_none());
+    // A redelivery of what was accepted is a duplicate, not a refusal; a record that does not
+    // wait (a failed one) is not counted; another recipient has a cap of its own.
+    assert_eq!(
+        store.insert_messages_within(&[first], &admit).unwrap(),
+        [Ok(false)]
+    );
+    let failed = message(lead, w, MsgState::Failed("gone".into()), "x");
+    let failed_to_lead = Message {
+        to: lead,
+        ..failed.clone()
+    };
+    assert_eq!(
+        store
+            .insert_messages_within(&[failed_to_lead], &admit)
+            .unwrap(),
+        [Ok(true)]
+    );
+    assert_eq!(
+        store
+            .insert_messages_within(&[message(lead, w, MsgState::Queued, "t")], &admit)
+            .unwrap(),
+        [Ok(true)]
+    );
+    // A notice has its reserve.
+    let notice = Message {
+        kind: Kind::Failed,
+        ..message(w, lead, MsgState::Held, "not delivered")
+    };
+    assert_eq!(
+        store.insert_messages_within(&[notice], &admit).unwrap(),
+        [Ok(true)]
+    );
+    // Four wait now (the notice among them); taking two frees one place, and in one call
+    // those accepted earlier count.
+    assert_eq!(store.take_held(lead, None, 2).unwrap().len(), 2);
+    let batch = [
+        message(w, lead, MsgState::Held, "five"),
+        message(w, lead, MsgState::Held, "six"),
+    ];
+    let outcomes = store.insert_messages_within(&batch, &admit).unwrap();
+    assert_eq!(outcomes[0], Ok(true));
+    assert!(outcomes[1].is_err(), "{outcomes:?}");
+    assert_eq!(store.held_count(lead).unwrap(), 2);
 }
 
 #[test]

@@ -11,12 +11,15 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use fleet_core::ErrorCode;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{Gateway, NudgeTarget};
+use crate::gateway::{Caller, Gateway, NudgeTarget};
+use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::mcp::FleetMcp;
 use crate::mcp_config;
 use crate::token;
@@ -145,12 +148,11 @@ async fn authenticate(
     );
     // Only a POST is the agent acting; a GET stream (re)connecting proves nothing about a submit.
     let acting = req.method() == Method::POST;
-    match gateway
-        .authenticate(token::hash(bearer), nudge, acting)
-        .await
-    {
+    let hash = token::hash(bearer);
+    match gateway.authenticate(hash, nudge, acting).await {
         Ok(Ok(caller)) => {
             req.extensions_mut().insert(caller);
+            req.extensions_mut().insert(TokenHash(hash));
             next.run(req).await
         }
         Ok(Err(why)) => refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
@@ -171,9 +173,60 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
     .into_response()
 }
 
-/// The whole HTTP app. `shutdown` ends every open MCP stream and call.
-pub fn app(gateway: Arc<Gateway>, allowed: AllowedHosts, shutdown: &CancellationToken) -> Router {
+/// Notes each MCP session opened with a token (a POST without `Mcp-Session-Id` that the MCP
+/// service answered with one); one over the token's cap is closed again and answered 429.
+async fn cap_sessions(
+    State(ledger): State<Arc<SessionLedger>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let opens = req.method() == Method::POST && !req.headers().contains_key(HEADER_SESSION_ID);
+    let caller = req.extensions().get::<Caller>().map(|c| c.entity.clone());
+    let token = req.extensions().get::<TokenHash>().copied();
+    let response = next.run(req).await;
+    let (true, Some(caller), Some(token)) = (opens, caller, token) else {
+        return response;
+    };
+    let Some(id) = header_text(response.headers(), HEADER_SESSION_ID) else {
+        return response;
+    };
+    match ledger.opened(token, id.into()).await {
+        Ok(()) => response,
+        Err(full) => {
+            tracing::warn!(gid = %caller.gid, name = %caller.name, cap = %full, "REFUSED an MCP session over the cap");
+            refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::TooMany.as_str(),
+                format!(
+                    "'{}' already holds {} live MCP sessions with this token, the most allowed ({full}): close one (an MCP client deletes its session when it disconnects) or use the stateless protocol, which needs none",
+                    caller.name, full.count
+                ),
+            )
+        }
+    }
+}
+
+/// What one caller may hold open at once.
+#[derive(Clone, Copy, Debug)]
+pub struct CallerCaps {
+    /// Long calls (`gateway.max_long_calls_per_caller`).
+    pub long_calls: usize,
+    /// MCP sessions (`gateway.max_sessions_per_token`).
+    pub sessions: usize,
+}
+
+/// The whole HTTP app, each caller held to `caps`. `shutdown` ends every open MCP stream and
+/// call.
+pub fn app(
+    gateway: Arc<Gateway>,
+    allowed: AllowedHosts,
+    caps: CallerCaps,
+    shutdown: &CancellationToken,
+) -> Router {
     let handler_gateway = Arc::clone(&gateway);
+    let calls = CallSlots::new(caps.long_calls);
+    let sessions = Arc::new(LocalSessionManager::default());
+    let ledger = Arc::new(SessionLedger::new(caps.sessions, Arc::clone(&sessions)));
     // Host checking is done once, by our guard, for every route alike. A stateless call that
     // answers without notifying first gets a plain JSON response, not a one-event SSE stream
     // (cheaper on both ends, and the connection is free again at once); one that reports
@@ -183,12 +236,19 @@ pub fn app(gateway: Arc<Gateway>, allowed: AllowedHosts, shutdown: &Cancellation
         .with_json_response(true)
         .with_cancellation_token(shutdown.child_token());
     let mcp = StreamableHttpService::new(
-        move || Ok(FleetMcp::new(Arc::clone(&handler_gateway))),
-        Arc::new(LocalSessionManager::default()),
+        move || {
+            Ok(FleetMcp::new(
+                Arc::clone(&handler_gateway),
+                Arc::clone(&calls),
+            ))
+        },
+        sessions,
         config,
     );
+    // Layers run outside in: authentication first, so the session cap knows the caller.
     let protected = Router::new()
         .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(ledger, cap_sessions))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             authenticate,

@@ -1,12 +1,14 @@
 //! fleetd, the gateway of one host: it spawns agents into panes, types their tasks in when they
 //! are ready, and holds every answer durably until the lead pulls it.
 
+pub mod audit;
 pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod gateway;
 pub mod http;
 pub mod launch;
+pub mod limits;
 pub mod mcp;
 pub mod mcp_config;
 pub mod mux;

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::gateway::{Federation, Gateway, Parts, Workdirs};
-use crate::http::{AllowedHosts, app};
+use crate::http::{AllowedHosts, CallerCaps, app};
 use crate::launch::Launchers;
 use crate::mux::{MuxChoice, choose};
 use crate::state::StateDir;
@@ -170,6 +170,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .broker
         .clone()
         .map(|broker| Federation::new(broker, config.federation.clone(), state.root()));
+    let caps = CallerCaps {
+        long_calls: config.gateway.max_long_calls_per_caller,
+        sessions: config.gateway.max_sessions_per_token,
+    };
     let gateway = Gateway::new(
         Arc::new(config),
         host.clone(),
@@ -187,6 +191,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     let router = app(
         Arc::clone(&gateway),
         AllowedHosts::new(extra_hosts),
+        caps,
         &shutdown,
     );
 

@@ -81,7 +81,29 @@ pub struct FederationConfig {
     pub inbox_expires_s: u64,
     /// The most messages the dead-letter queue keeps.
     pub dlq_max_length: u64,
+    /// The most roster entries kept of one remote host; heartbeats naming more are ignored
+    /// (loudly), so a forged flood of entity names grows no memory.
+    pub max_remote_entities_per_host: usize,
+    /// The most remote hosts the roster keeps; heartbeats from more are ignored (loudly).
+    pub max_remote_hosts: usize,
+    /// The size at which the audit log (`<state_dir>/audit.jsonl`) is rotated, in bytes.
+    pub audit_max_bytes: u64,
+    /// How many rotated audit logs are kept (`audit.jsonl.1` the newest); the oldest goes.
+    pub audit_keep_files: usize,
 }
+
+/// The roster entries kept of one remote host, by default: far above the agents one machine's
+/// terminals run, and at a few hundred bytes each a bound of well under a megabyte per host.
+const DEFAULT_MAX_REMOTE_ENTITIES_PER_HOST: usize = 256;
+/// The remote hosts the roster keeps, by default: a fleet is a handful of machines.
+const DEFAULT_MAX_REMOTE_HOSTS: usize = 64;
+/// The audit log's rotation size, by default (64 MiB: some 250 000 hops, a busy week).
+const DEFAULT_AUDIT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// The rotated audit logs kept, by default: with the live one at most 320 MiB.
+const DEFAULT_AUDIT_KEEP_FILES: usize = 4;
+/// The smallest audit rotation size: a line is a few hundred bytes, and less would rotate at
+/// nearly every line.
+const MIN_AUDIT_MAX_BYTES: u64 = 1024;
 
 impl Default for FederationConfig {
     fn default() -> Self {
@@ -93,6 +115,10 @@ impl Default for FederationConfig {
             inbox_message_ttl_s: 86_400,
             inbox_expires_s: 604_800,
             dlq_max_length: 100_000,
+            max_remote_entities_per_host: DEFAULT_MAX_REMOTE_ENTITIES_PER_HOST,
+            max_remote_hosts: DEFAULT_MAX_REMOTE_HOSTS,
+            audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
+            audit_keep_files: DEFAULT_AUDIT_KEEP_FILES,
         }
     }
 }
@@ -160,6 +186,31 @@ impl FederationConfig {
             self.dlq_max_length,
             1,
             100_000_000,
+        )?;
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        within(
+            "federation.max_remote_entities_per_host",
+            count(self.max_remote_entities_per_host),
+            1,
+            100_000,
+        )?;
+        within(
+            "federation.max_remote_hosts",
+            count(self.max_remote_hosts),
+            1,
+            10_000,
+        )?;
+        within(
+            "federation.audit_max_bytes",
+            self.audit_max_bytes,
+            MIN_AUDIT_MAX_BYTES,
+            1 << 40,
+        )?;
+        within(
+            "federation.audit_keep_files",
+            count(self.audit_keep_files),
+            1,
+            1_000,
         )?;
         Ok(())
     }

@@ -36,6 +36,19 @@ pub const CLAUDE_EMPTY_INPUT: &str = "❯\u{a0}";
 pub(crate) const MAX_WAIT_S: u64 = 86_400;
 /// How long a lead's pane must hold still to count as idle for a nudge, by default.
 const DEFAULT_NUDGE_QUIET_MS: u64 = 1_000;
+/// How many messages may wait for one recipient, by default: as many as its inbox on the
+/// broker holds (`federation.inbox_max_length`), far more than a lead reads in a sitting or a
+/// worker works through, and at the default message size at most 256 MiB of disk per recipient.
+const DEFAULT_MAX_HELD_PER_RECIPIENT: usize = 1_000;
+/// How many long calls one caller may have open at once, by default: a lead fanning out to a
+/// large fleet keeps one open send per worker plus a poll; a client that loops on calls that
+/// never return is held there.
+const DEFAULT_MAX_LONG_CALLS_PER_CALLER: usize = 32;
+/// How many live MCP sessions one token may hold, by default: a client keeps one, and one more
+/// per reconnect while the abandoned one lingers (rmcp closes an idle session after 5 min).
+const DEFAULT_MAX_SESSIONS_PER_TOKEN: usize = 16;
+/// The largest cap a count key takes: more is a typo.
+const MAX_COUNT_CAP: u64 = 1_000_000;
 
 /// A configuration problem, naming the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +117,17 @@ pub struct GatewayConfig {
     /// The directories workers may work under (`~` is the home); empty: anywhere but fleetd's
     /// state dir and what holds it.
     pub workdir_roots: Vec<PathBuf>,
+    /// The most messages that may wait for one recipient (held for its pull or queued for its
+    /// pane), so that a flood fills no disk: one more is refused to its sender, `too_many`
+    /// (off the broker: dead-lettered and its sender told); notices about the recipient's own
+    /// messages have a reserve as large (see `fleet_core::bounds::admit_waiting`).
+    pub max_held_per_recipient: usize,
+    /// The most long calls (`fleet_send` or `fleet_poll` with a wait, `fleet_ask`,
+    /// `fleet_spawn`) one caller may have open at once; one more fails `too_many`.
+    pub max_long_calls_per_caller: usize,
+    /// The most live MCP sessions (the older `Mcp-Session-Id` protocol) one token may hold;
+    /// one more `initialize` gets HTTP 429.
+    pub max_sessions_per_token: usize,
 }
 
 impl Default for GatewayConfig {
@@ -118,6 +142,9 @@ impl Default for GatewayConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             keep_messages_days: DEFAULT_KEEP_MESSAGES_DAYS,
             workdir_roots: Vec::new(),
+            max_held_per_recipient: DEFAULT_MAX_HELD_PER_RECIPIENT,
+            max_long_calls_per_caller: DEFAULT_MAX_LONG_CALLS_PER_CALLER,
+            max_sessions_per_token: DEFAULT_MAX_SESSIONS_PER_TOKEN,
         }
     }
 }
@@ -251,6 +278,27 @@ impl Config {
             1,
             3650,
         )?;
+        for (key, cap) in [
+            (
+                "gateway.max_held_per_recipient",
+                self.gateway.max_held_per_recipient,
+            ),
+            (
+                "gateway.max_long_calls_per_caller",
+                self.gateway.max_long_calls_per_caller,
+            ),
+            (
+                "gateway.max_sessions_per_token",
+                self.gateway.max_sessions_per_token,
+            ),
+        ] {
+            within(
+                key,
+                u64::try_from(cap).unwrap_or(u64::MAX),
+                1,
+                MAX_COUNT_CAP,
+            )?;
+        }
         if let Some(url) = &self.gateway.advertise_url {
             let parsed = url::Url::parse(url)
                 .map_err(|e| format!("gateway.advertise_url '{url}' is not a URL: {e}"))?;
@@ -511,6 +559,24 @@ mod tests {
     }
 
     #[test]
+    fn the_caps_have_defaults_and_take_their_smallest_values() {
+        let defaults = parse("").unwrap();
+        assert_eq!(defaults.gateway.max_held_per_recipient, 1_000);
+        assert_eq!(defaults.gateway.max_long_calls_per_caller, 32);
+        assert_eq!(defaults.gateway.max_sessions_per_token, 16);
+        assert_eq!(defaults.federation.max_remote_entities_per_host, 256);
+        assert_eq!(defaults.federation.max_remote_hosts, 64);
+        assert_eq!(defaults.federation.audit_max_bytes, 64 * 1024 * 1024);
+        assert_eq!(defaults.federation.audit_keep_files, 4);
+        let smallest = parse(
+            "[gateway]\nmax_held_per_recipient = 1\nmax_long_calls_per_caller = 1\nmax_sessions_per_token = 1\n[federation]\nmax_remote_entities_per_host = 1\nmax_remote_hosts = 1\naudit_max_bytes = 1024\naudit_keep_files = 1\n",
+        )
+        .unwrap();
+        assert_eq!(smallest.gateway.max_held_per_recipient, 1);
+        assert_eq!(smallest.federation.audit_max_bytes, 1024);
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = parse("[gateway]\nlisten_on = \"x\"\n")
             .unwrap_err()
@@ -571,6 +637,42 @@ mod tests {
                 "ready_timeout_s is 99999999999",
             ),
             ("[leads.x]\nnudge_interval_s = 0\n", "nudge_interval_s is 0"),
+            (
+                "[gateway]\nmax_held_per_recipient = 0\n",
+                "gateway.max_held_per_recipient is 0",
+            ),
+            (
+                "[gateway]\nmax_long_calls_per_caller = 0\n",
+                "gateway.max_long_calls_per_caller is 0",
+            ),
+            (
+                "[gateway]\nmax_sessions_per_token = 0\n",
+                "gateway.max_sessions_per_token is 0",
+            ),
+            (
+                "[gateway]\nmax_held_per_recipient = 1000001\n",
+                "between 1 and 1000000",
+            ),
+            (
+                "[gateway]\nmax_sessions_per_token = -1\n",
+                "max_sessions_per_token",
+            ),
+            (
+                "[federation]\nmax_remote_entities_per_host = 0\n",
+                "federation.max_remote_entities_per_host is 0",
+            ),
+            (
+                "[federation]\nmax_remote_hosts = 0\n",
+                "federation.max_remote_hosts is 0",
+            ),
+            (
+                "[federation]\naudit_max_bytes = 1023\n",
+                "federation.audit_max_bytes is 1023",
+            ),
+            (
+                "[federation]\naudit_keep_files = 0\n",
+                "federation.audit_keep_files is 0",
+            ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nbase_url=\"http://m\"\n",
                 "base_url applies to claude-code and opencode profiles",

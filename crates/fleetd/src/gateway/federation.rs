@@ -9,12 +9,12 @@
 //! gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
 //! only after the local store holds it, duplicates dropped by message id.
 
-use std::collections::HashMap;
-use std::io::Write;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use fleet_core::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
 use fleet_core::typed::typeable;
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::Gateway;
 use super::messages::Placement;
 use super::sessions::now_ms;
+use crate::audit::AuditLog;
 use crate::broker::{
     BROADCAST_ALL, Link, LinkError, MSG_EXCHANGE, Published, ROSTER_EXCHANGE, broadcast_key,
     decode, roster_key,
@@ -111,13 +112,17 @@ pub struct Federation {
     /// The gid this gateway's own presence entry is published under.
     gateway_gid: Gid,
     state: Mutex<FedState>,
-    audit: Mutex<Option<std::fs::File>>,
+    /// The audit log: one line per broker hop, never a message's text.
+    audit: Mutex<AuditLog>,
 }
 
 #[derive(Default)]
 struct FedState {
     remote: HashMap<Gid, RemoteEntry>,
     hosts: HashMap<String, RemoteHost>,
+    /// How many heartbeats the roster's caps made it ignore (the log says so at powers of two:
+    /// loud at first, never a flood of its own).
+    ignored_heartbeats: u64,
     pending: HashMap<MsgId, Pending>,
     /// The names remote senders gave in their messages (`name@host`), for showing them.
     senders: HashMap<Gid, String>,
@@ -125,15 +130,42 @@ struct FedState {
     consumers: HashMap<Gid, CancellationToken>,
 }
 
+impl FedState {
+    /// What the roster holds, as a heartbeat from `host` finds it.
+    fn count(&self, host: &str) -> RosterCount {
+        let mut hosts: HashSet<&str> = self.hosts.keys().map(String::as_str).collect();
+        let mut entities_of_host = 0;
+        for entry in self.remote.values() {
+            hosts.insert(&entry.entity.host);
+            if entry.entity.host == host {
+                entities_of_host += 1;
+            }
+        }
+        RosterCount {
+            hosts: hosts.len(),
+            host_known: hosts.contains(host),
+            entities_of_host,
+        }
+    }
+
+    /// Notes a heartbeat from `host` ignored at the roster's cap `full`.
+    fn ignored(&mut self, host: &str, full: &Full) {
+        self.ignored_heartbeats += 1;
+        let ignored = self.ignored_heartbeats;
+        if ignored.is_power_of_two() {
+            tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
+        }
+    }
+}
+
 impl Federation {
     /// The federated plane for `broker`, writing its audit log into `state_dir`.
     pub fn new(broker: BrokerConfig, config: FederationConfig, state_dir: &Path) -> Self {
-        let audit = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(state_dir.join("audit.jsonl"))
-            .map_err(|e| tracing::error!(error = %e, "cannot open the audit log"))
-            .ok();
+        let audit = AuditLog::open(
+            state_dir.join("audit.jsonl"),
+            config.audit_max_bytes,
+            config.audit_keep_files,
+        );
         Self {
             broker,
             config,
@@ -166,18 +198,10 @@ impl Federation {
             "size": size,
             "outcome": outcome,
         });
-        let mut audit = self
-            .audit
+        self.audit
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // One write per line (a `writeln!` to a file writes each piece on its own).
-        let mut text = line.to_string();
-        text.push('\n');
-        if let Some(file) = audit.as_mut()
-            && let Err(e) = file.write_all(text.as_bytes())
-        {
-            tracing::error!(error = %e, "cannot write the audit log");
-        }
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .append(&line.to_string());
     }
 
     /// Notes a message from another host now held here: an answer ends the wait for its
@@ -632,8 +656,14 @@ impl Gateway {
                     ..incoming(&envelope, owner, body)
                 };
                 fed.audit(&envelope, size, "taken");
-                if let Err(e) = self.deliver(message).await {
+                if let Err(e) = self.deliver(message.clone()).await {
+                    // Taken off the broker already (at most once): its sender is told.
                     tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
+                    self.notify_failed(
+                        &message,
+                        &format!("not queued by its recipient's gateway: {}", e.message),
+                    )
+                    .await;
                 }
             }
             Kind::Injected => {
@@ -680,15 +710,35 @@ impl Gateway {
             count = kept.len(),
             "holding messages off the broker together"
         );
-        let held = self
+        let outcomes = match self
             .hold(kept.iter().map(|i| i.message.clone()).collect())
-            .await;
-        if held.is_ok() {
-            for i in &kept {
-                fed.held(&i.envelope, i.delivery.data.len());
+            .await
+        {
+            Ok(outcomes) => outcomes,
+            Err(e) => return settle(&last.envelope, &last.delivery, Err(e), true).await,
+        };
+        // Those over the cap are dead-lettered first, one by one; then one frame acknowledges
+        // the rest (an acknowledgement covers only what is still unsettled).
+        let mut last_held = None;
+        for (i, outcome) in kept.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    fed.held(&i.envelope, i.delivery.data.len());
+                    last_held = Some(i);
+                }
+                Err(full) => {
+                    let why = format!(
+                        "its recipient already has {} messages waiting, the most allowed ({full})",
+                        full.count
+                    );
+                    self.refuse_and_tell(i.message.to, &i.envelope, &i.delivery, "too many", &why)
+                        .await;
+                }
             }
         }
-        settle(&last.envelope, &last.delivery, held, true).await;
+        if let Some(last) = last_held {
+            settle(&last.envelope, &last.delivery, Ok(()), true).await;
+        }
     }
 
     /// Waits until `gid`'s session can take a task (or is gone, when the brief fails as any
@@ -1050,12 +1100,22 @@ impl Gateway {
             return;
         };
         let (now, now_wall) = (Instant::now(), now_ms());
+        let caps = RosterCaps {
+            hosts: fed.config.max_remote_hosts,
+            entities_per_host: fed.config.max_remote_entities_per_host,
+        };
         let mut state = fed.lock();
         match presence.entity {
             Some(entity) if entity.host == host => {
                 if presence.status == "gone" {
                     state.remote.remove(&entity.gid);
                 } else {
+                    if !state.remote.contains_key(&entity.gid)
+                        && let Err(full) = admit_remote_entity(state.count(&host), caps)
+                    {
+                        state.ignored(&host, &full);
+                        return;
+                    }
                     state.remote.insert(
                         entity.gid,
                         RemoteEntry {
@@ -1075,6 +1135,10 @@ impl Gateway {
                 state.remote.retain(|_, e| e.entity.host != host);
             }
             None => {
+                if let Err(full) = admit_remote_host(state.count(&host), caps) {
+                    state.ignored(&host, &full);
+                    return;
+                }
                 state.hosts.insert(
                     host,
                     RemoteHost {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_send, check_tool};
+use fleet_core::bounds::Full;
 use fleet_core::message::check_size;
 use fleet_core::routing::{Route, resolve};
 use fleet_core::typed::typeable;
@@ -289,7 +290,10 @@ impl Gateway {
         message.state = match placement {
             Placement::Hold => {
                 message.state = MsgState::Held;
-                self.hold(vec![message]).await?;
+                let to = message.to;
+                if let Some(Err(full)) = self.hold(vec![message]).await?.pop() {
+                    return Err(self.over_cap(to, &full).await);
+                }
                 return Ok(placement);
             }
             Placement::Queue => MsgState::Queued,
@@ -298,7 +302,7 @@ impl Gateway {
             Placement::Remote => return self.publish_remote(&message).await,
         };
         let kept = message.clone();
-        let fresh = self.db(move |s| s.insert_message(&message)).await?;
+        let fresh = self.store_one_within_cap(message).await?;
         let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
         if fresh && placement == Placement::Queue {
@@ -322,20 +326,32 @@ impl Gateway {
     }
 
     /// Holds `messages` (each for an entity whose placement is [`Placement::Hold`]) in one
-    /// transaction, and wakes their recipients' calls. Duplicate ids are accepted once.
-    pub(super) async fn hold(&self, messages: Vec<Message>) -> Result<(), FleetError> {
+    /// transaction, and wakes their recipients' calls. Duplicate ids are accepted once; one
+    /// whose recipient is at `gateway.max_held_per_recipient` is not stored: for each, held,
+    /// or the cap that refused it.
+    pub(super) async fn hold(
+        &self,
+        messages: Vec<Message>,
+    ) -> Result<Vec<Result<(), Full>>, FleetError> {
         let ids: Vec<(Gid, MsgId, TraceId, Kind)> = messages
             .iter()
             .map(|m| (m.to, m.msg_id, m.trace_id, m.kind))
             .collect();
-        let fresh = self.db(move |s| s.insert_messages(&messages)).await?;
-        for ((to, msg_id, trace_id, kind), fresh) in ids.into_iter().zip(fresh) {
-            tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
-            if fresh {
-                self.bump_inbox(to);
+        let outcomes = self.store_within_cap(messages).await?;
+        for ((to, msg_id, trace_id, kind), outcome) in ids.into_iter().zip(&outcomes) {
+            match outcome {
+                Ok(fresh) => {
+                    tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
+                    if *fresh {
+                        self.bump_inbox(to);
+                    }
+                }
+                Err(full) => {
+                    tracing::warn!(%trace_id, %msg_id, %kind, %to, cap = %full, waiting = full.count, "REFUSED: its recipient has too many messages waiting");
+                }
             }
         }
-        Ok(())
+        Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
@@ -475,6 +491,9 @@ impl Gateway {
         let me = caller.entity.gid;
         let deadline = Instant::now() + wait;
         loop {
+            // A change seen for the first time here counts too: an answer may come back before
+            // the wait starts (another host's gateway refusing at once).
+            look |= inbox.has_changed().unwrap_or(true);
             inbox.borrow_and_update();
             if look && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
                 self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
@@ -751,9 +770,11 @@ impl Gateway {
             fleet_core::entity::validate_name("group", group)?;
         }
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
-        let copies = if self.federation.is_some() {
-            self.publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
-                .await?
+        let (copies, refused) = if self.federation.is_some() {
+            let copies = self
+                .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
+                .await?;
+            (copies, Vec::new())
         } else {
             let targets: Vec<Gid> = self
                 .lock()
@@ -767,7 +788,7 @@ impl Gateway {
                 })
                 .map(|e| e.gid)
                 .collect();
-            let mut copies = 0;
+            let (mut copies, mut full) = (0, Vec::new());
             for gid in targets {
                 let copy = Message {
                     msg_id: msg_id.derived(&gid.to_string()),
@@ -780,17 +801,29 @@ impl Gateway {
                     state: MsgState::Queued,
                     created_ms: now_ms(),
                 };
-                if self.deliver(copy).await? == Placement::Queue {
-                    copies += 1;
+                match self.deliver(copy).await {
+                    Ok(Placement::Queue) => copies += 1,
+                    Ok(_) => {}
+                    // A worker at its cap gets no copy; the others still do, and the note says
+                    // who did not.
+                    Err(e) if e.code == ErrorCode::TooMany => full.push(e.message),
+                    Err(e) => return Err(e),
                 }
             }
-            copies
+            (copies, full)
         };
         tracing::info!(%trace_id, %msg_id, group = ?group, copies, "broadcast");
+        let mut note = String::from(
+            "each copy is typed in when its worker is free; their answers come back as ordinary replies (fleet_poll)",
+        );
+        for why in refused {
+            note.push_str("; no copy: ");
+            note.push_str(&why);
+        }
         Ok(BroadcastResult {
             msg_id,
             copies,
-            note: "each copy is typed in when its worker is free; their answers come back as ordinary replies (fleet_poll)".into(),
+            note,
         })
     }
 

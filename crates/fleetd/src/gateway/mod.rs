@@ -7,6 +7,7 @@
 //! run's panes and keeps every held message.
 
 mod asks;
+mod bounds;
 mod delivery;
 mod federation;
 mod lifecycle;

@@ -21,6 +21,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
+use crate::limits::{CallSlot, CallSlots};
 use params::{
     AskParams, BroadcastParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams,
     StopParams,
@@ -42,19 +43,34 @@ pub const DEFAULT_ASK_WAIT_S: u64 = 300;
 pub struct FleetMcp {
     /// The gateway behind every tool.
     gateway: Arc<Gateway>,
+    /// The places for long calls, per caller (shared by every handler).
+    calls: Arc<CallSlots>,
     /// The tools: built once, shared by every handler (a stateless client gets a handler per
     /// request, and building the router each time was a good part of a call's cost).
     tool_router: Arc<ToolRouter<Self>>,
 }
 
 impl FleetMcp {
-    /// A handler over `gateway`.
-    pub fn new(gateway: Arc<Gateway>) -> Self {
+    /// A handler over `gateway`, its long calls counted in `calls`.
+    pub fn new(gateway: Arc<Gateway>, calls: Arc<CallSlots>) -> Self {
         static TOOLS: OnceLock<Arc<ToolRouter<FleetMcp>>> = OnceLock::new();
         Self {
             gateway,
+            calls,
             tool_router: Arc::clone(TOOLS.get_or_init(|| Arc::new(Self::tool_router()))),
         }
+    }
+
+    /// A place for a long call of `caller` to `tool` when `long` (a call that returns at
+    /// once needs none), or `too_many`; the place is given back when the call ends.
+    fn long_call(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        long: bool,
+    ) -> Result<Option<CallSlot>, FleetError> {
+        long.then(|| self.calls.take(caller.entity.gid, tool))
+            .transpose()
     }
 }
 
@@ -135,6 +151,7 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
     ) -> CallToolResult {
         let outcome = async {
             let caller = caller(&ctx)?;
+            let _slot = self.long_call(&caller, "fleet_spawn", true)?;
             let request = SpawnRequest {
                 profile: p.profile,
                 name: p.name,
@@ -163,6 +180,7 @@ send only to their lead."
         let outcome = async {
             let caller = caller(&ctx)?;
             let wait = wait(p.wait_s, DEFAULT_SEND_WAIT_S)?;
+            let _slot = self.long_call(&caller, "fleet_send", !wait.is_zero())?;
             let to = match (p.to, p.coord_id, p.turn_id) {
                 (Some(to), None, None) => to,
                 (None, Some(_), None) => {
@@ -224,6 +242,7 @@ your fleet_reply."
         let outcome = async {
             let caller = caller(&ctx)?;
             let wait = wait(p.wait_s, DEFAULT_ASK_WAIT_S)?;
+            let _slot = self.long_call(&caller, "fleet_ask", true)?;
             self.gateway.ask(&caller, p.question, wait, &ctx.ct).await
         };
         errors::result(with_progress(&ctx, "fleet_ask", outcome).await)
@@ -243,6 +262,7 @@ Waits up to wait_s seconds for the first one; from filters by sender."
         let outcome = async {
             let caller = caller(&ctx)?;
             let wait = wait(p.wait_s, 0)?;
+            let _slot = self.long_call(&caller, "fleet_poll", !wait.is_zero())?;
             self.gateway
                 .poll(&caller, p.from.as_deref(), wait, &ctx.ct)
                 .await

@@ -2,6 +2,8 @@
 
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+
+use super::as_worker;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -137,25 +139,6 @@ async fn healthz_answers_without_a_token() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Spawns a worker whose token the test can read, and connects as that worker.
-async fn as_worker(
-    fleet: &Fleet,
-    lead: &Client,
-    dir: &tempfile::TempDir,
-    name: &str,
-) -> anyhow::Result<Client> {
-    lead.ok("fleet_spawn", json!({"profile": "spy", "name": name}))
-        .await?;
-    let token = until("the worker to write its token", LIMIT, || async {
-        std::fs::read_to_string(dir.path().join("token"))
-            .ok()
-            .filter(|t| !t.is_empty())
-    })
-    .await?;
-    std::fs::remove_file(dir.path().join("token"))?;
-    Client::connect(&fleet.url(), &token, Protocol::Stateless, &[]).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_may_not_spawn_stop_or_message_each_other() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -259,6 +242,134 @@ async fn a_stateless_call_that_does_not_notify_is_answered_in_plain_json() -> an
     assert_eq!(
         answer["result"]["structuredContent"]["you"]["name"], "lead",
         "{answer}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_long_calls_stop_at_the_cap_and_one_that_ends_gives_its_place_back()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("max_long_calls_per_caller = 2", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    // Two polls on two more connections of the same lead: the cap is per caller.
+    let mut polls = Vec::new();
+    for _ in 0..2 {
+        let other = fleet.lead("lead", Protocol::Stateless).await?;
+        polls.push(tokio::spawn(async move {
+            other.ok("fleet_poll", json!({"wait_s": 60})).await
+        }));
+    }
+    let open_calls = || async {
+        lead.entry("lead")
+            .await
+            .ok()
+            .and_then(|e| e["open_calls"].as_u64())
+    };
+    until("both polls to be open (the cap)", LIMIT, || async {
+        open_calls().await.filter(|n| *n == 2)
+    })
+    .await?;
+
+    // One more long call of any kind is refused, naming the cap and its key.
+    for (tool, args) in [
+        ("fleet_poll", json!({"wait_s": 5})),
+        (
+            "fleet_send",
+            json!({"to": "w1", "message": "x", "wait_s": 5}),
+        ),
+        ("fleet_spawn", json!({"profile": "sim"})),
+    ] {
+        let err = lead
+            .call(tool, args)
+            .await?
+            .expect_err(&format!("a third long call ran: {tool}"));
+        assert_eq!(err.code, "too_many", "{tool}: {err}");
+        assert!(
+            err.message.contains(tool)
+                && err.message.contains("2 long calls")
+                && err
+                    .message
+                    .contains("gateway.max_long_calls_per_caller = 2"),
+            "{err}"
+        );
+    }
+    // Calls that return at once are not long calls: they still work.
+    assert_eq!(lead.poll(0).await?, Vec::<Value>::new());
+    let sent = lead.send("w1", "for a poll", 0).await?;
+    assert_eq!(sent["status"], "pending", "{sent}");
+
+    // The answer ends one of the open polls (nothing was lost), which gives its place back.
+    until("one poll to end", LIMIT, || async {
+        open_calls().await.filter(|n| *n == 1)
+    })
+    .await?;
+    let ended = polls
+        .iter()
+        .position(|p| p.is_finished())
+        .ok_or_else(|| anyhow::anyhow!("no poll ended"))?;
+    let polled = polls.swap_remove(ended).await??;
+    assert_eq!(
+        polled["messages"][0]["text"], "echo: for a poll",
+        "{polled}"
+    );
+    let again = lead.ok("fleet_poll", json!({"wait_s": 1})).await?;
+    assert_eq!(again["messages"], json!([]), "{again}");
+    for poll in polls {
+        poll.abort();
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokens_mcp_sessions_stop_at_the_cap_with_429_and_a_closed_one_gives_its_place_back()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start(
+        "max_sessions_per_token = 2",
+        "[leads.lead]\n[leads.other]\n",
+    )
+    .await?;
+    let (url, token) = (fleet.url(), fleet.token("lead")?);
+    let session = || Client::connect(&url, &token, Protocol::Session, &[]);
+    let first = session().await?;
+    let second = session().await?;
+
+    // One more session: HTTP 429 naming the cap and its key; the real client is refused too.
+    let bearer = format!("Bearer {token}");
+    let (status, body) = post_mcp(&fleet, &[("authorization", &bearer)]).await?;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"], "too_many", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("2 live MCP sessions")
+            && message.contains("gateway.max_sessions_per_token = 2"),
+        "{body}"
+    );
+    assert!(session().await.is_err(), "a third session was opened");
+
+    // Another token has places of its own; the sessions held still serve, and the stateless
+    // protocol needs no session.
+    let other = fleet.lead("other", Protocol::Session).await?;
+    assert_eq!(
+        other.ok("fleet_list", json!({})).await?["you"]["name"],
+        "other"
+    );
+    assert_eq!(
+        first.ok("fleet_list", json!({})).await?["you"]["name"],
+        "lead"
+    );
+    let stateless = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(stateless.names().await?, vec!["lead", "other"]);
+
+    // A session the client closes gives its place back.
+    second.close().await?;
+    let third = until("a place for a new session", LIMIT, || async {
+        session().await.ok()
+    })
+    .await?;
+    assert_eq!(
+        third.ok("fleet_list", json!({})).await?["you"]["name"],
+        "lead"
     );
     Ok(())
 }

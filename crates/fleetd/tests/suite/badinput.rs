@@ -1,8 +1,15 @@
 //! Bad input gets a clear error naming what is wrong, and nothing already accepted is lost.
 
-use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, sim_profile};
-use serde_json::json;
+use std::time::Duration;
+
+use fleet_testkit::client::{Protocol, ToolError};
+use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+use super::as_worker;
+
+const LIMIT: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_named_and_lose_nothing() -> anyhow::Result<()> {
@@ -124,5 +131,151 @@ async fn bad_requests_are_named_and_lose_nothing() -> anyhow::Result<()> {
     // What was accepted before is still there.
     let polled = lead.ok("fleet_poll", json!({"wait_s": 20})).await?;
     assert_eq!(polled["messages"][0]["text"], "echo: kept", "{polled}");
+    Ok(())
+}
+
+/// Whether `err` is the refusal at the cap of messages waiting for `name`, 3 of them.
+fn at_the_cap(err: &ToolError, name: &str) -> bool {
+    err.code == "too_many"
+        && err
+            .message
+            .contains(&format!("'{name}' already has 3 messages waiting"))
+        && err.message.contains("gateway.max_held_per_recipient = 3")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_held_for_a_lead_or_a_worker_stop_at_the_cap_and_none_accepted_is_lost()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fleet = Fleet::start(
+        "max_held_per_recipient = 3",
+        &format!(
+            "[leads.alice]\n{}",
+            token_spy_profile("spy", &dir.path().join("token"))
+        ),
+    )
+    .await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    let worker = as_worker(&fleet, &alice, &dir, "spy-1").await?;
+
+    // A worker's messages to its lead are held for her: three (the cap) are taken...
+    let mut questions = Vec::new();
+    for n in 1..=3 {
+        let sent = worker.send("alice", &format!("q{n}"), 0).await?;
+        assert_eq!(sent["status"], "pending", "{sent}");
+        questions.push(sent["msg_id"].as_str().unwrap_or_default().to_string());
+    }
+    // ...one more is refused to its sender, naming the cap.
+    let over = worker
+        .call(
+            "fleet_send",
+            json!({"to": "alice", "message": "q4", "wait_s": 0}),
+        )
+        .await?
+        .expect_err("a fourth message was held");
+    assert!(at_the_cap(&over, "alice"), "{over}");
+
+    // The same for the lead's replies held for the worker: the fourth fleet_reply fails.
+    for (n, question) in questions.iter().enumerate() {
+        alice
+            .ok(
+                "fleet_reply",
+                json!({"message": format!("a{}", n + 1), "in_reply_to": question}),
+            )
+            .await?;
+    }
+    let over = alice
+        .call(
+            "fleet_reply",
+            json!({"message": "a4", "in_reply_to": questions[0]}),
+        )
+        .await?
+        .expect_err("a fourth reply was held");
+    assert!(at_the_cap(&over, "spy-1"), "{over}");
+
+    // Nothing accepted is lost: each gets its three, in order.
+    let texts = |polled: Value| -> Vec<String> {
+        polled["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|m| m["text"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        texts(alice.ok("fleet_poll", json!({})).await?),
+        ["q1", "q2", "q3"]
+    );
+    assert_eq!(
+        texts(worker.ok("fleet_poll", json!({})).await?),
+        ["a1", "a2", "a3"]
+    );
+    // Taken, they make room: the refused ones go through when sent again.
+    worker.send("alice", "q4", 0).await?;
+    alice
+        .ok(
+            "fleet_reply",
+            json!({"message": "a4", "in_reply_to": questions[0]}),
+        )
+        .await?;
+    assert_eq!(texts(alice.ok("fleet_poll", json!({})).await?), ["q4"]);
+    assert_eq!(texts(worker.ok("fleet_poll", json!({})).await?), ["a4"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_queued_for_a_busy_worker_stop_at_the_cap_and_none_accepted_is_lost()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("max_held_per_recipient = 3", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    lead.send("w1", "/slow 8000 t1", 0).await?;
+    until("w1 to be busy with its first task", LIMIT, || async {
+        lead.entry("w1")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    // Three wait in its queue (the cap); a fourth is refused to its sender.
+    for n in 2..=4 {
+        let sent = lead.send("w1", &format!("t{n}"), 0).await?;
+        assert_eq!(sent["state"], "queued", "{sent}");
+    }
+    let over = lead
+        .call(
+            "fleet_send",
+            json!({"to": "w1", "message": "t5", "wait_s": 0}),
+        )
+        .await?
+        .expect_err("a fourth task was queued");
+    assert!(at_the_cap(&over, "w1"), "{over}");
+    // A broadcast makes no copy for it, and says so.
+    let broadcast = lead
+        .ok("fleet_broadcast", json!({"message": "to all"}))
+        .await?;
+    assert_eq!(broadcast["copies"], 0, "{broadcast}");
+    let note = broadcast["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("no copy: 'w1' already has 3 messages waiting"),
+        "{broadcast}"
+    );
+
+    // Every accepted task is typed in and answered, in order; then the queue takes more.
+    let mut answers = Vec::new();
+    while answers.len() < 4 {
+        let polled = lead.ok("fleet_poll", json!({"wait_s": 30})).await?;
+        let got = polled["messages"].as_array().cloned().unwrap_or_default();
+        anyhow::ensure!(!got.is_empty(), "answers stopped after {answers:?}");
+        answers.extend(
+            got.iter()
+                .filter_map(|m| m["text"].as_str().map(String::from)),
+        );
+    }
+    assert_eq!(answers, ["echo: t1", "echo: t2", "echo: t3", "echo: t4"]);
+    let sent = lead.send("w1", "t5", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: t5", "{sent}");
     Ok(())
 }

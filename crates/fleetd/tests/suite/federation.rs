@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fleet_core::envelope::{Envelope, HeaderValue, VERSION};
-use fleet_core::{Gid, Kind, MsgId, TraceId};
+use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
@@ -16,13 +16,28 @@ use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// The `[federation]` keys of a test gateway: quick presence and receipts.
+const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
+
 /// A gateway of host `host` with lead `lead` and the scripted agent as profile `sim`, on the
 /// broker at `uri`; `extra` is more config.
 async fn gateway(uri: &str, host: &str, lead: &str, extra: &str) -> anyhow::Result<Fleet> {
+    gateway_with(uri, host, lead, "", &format!("{QUICK}{extra}")).await
+}
+
+/// [`gateway`] with more `[gateway]` lines and `[federation]` keys (and what follows them)
+/// of its own.
+async fn gateway_with(
+    uri: &str,
+    host: &str,
+    lead: &str,
+    gateway: &str,
+    federation: &str,
+) -> anyhow::Result<Fleet> {
     Fleet::start(
-        &format!("host_id = \"{host}\""),
+        &format!("host_id = \"{host}\"\n{gateway}"),
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n{extra}",
+            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}",
             sim_profile("sim", &[])?
         ),
     )
@@ -48,6 +63,71 @@ fn text(s: &str) -> AMQPValue {
 /// The ids in a gateway's audit log.
 fn audited(fleet: &Fleet) -> String {
     std::fs::read_to_string(fleet.state_dir().join("audit.jsonl")).unwrap_or_default()
+}
+
+/// An envelope as another host's gateway writes one: `kind` from `from` on `host` to `to`,
+/// stamped now, expiring in a minute.
+fn forged(kind: Kind, from: Gid, host: &str, to: &str) -> anyhow::Result<Envelope> {
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    Ok(Envelope {
+        version: VERSION,
+        kind,
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        from,
+        to: to.to_string(),
+        turn_id: None,
+        spawn_id: None,
+        in_reply_to: None,
+        from_name: None,
+        from_host: Some(host.to_string()),
+        ts_ms: now_ms,
+        expires_at_ms: now_ms + 60_000,
+    })
+}
+
+/// `envelope` as AMQP headers.
+fn headers(envelope: &Envelope) -> FieldTable {
+    let mut headers = FieldTable::default();
+    for (name, value) in envelope.encode() {
+        let value = match value {
+            HeaderValue::Str(value) => text(&value),
+            HeaderValue::Int(value) => AMQPValue::LongLongInt(value),
+            HeaderValue::Bytes(_) | HeaderValue::Other => continue,
+        };
+        headers.insert(name.into(), value);
+    }
+    headers
+}
+
+/// Publishes `body` under `envelope` to `exchange` with routing key `key`.
+async fn publish(
+    channel: &lapin::Channel,
+    exchange: &str,
+    key: &str,
+    envelope: &Envelope,
+    body: &[u8],
+) -> anyhow::Result<()> {
+    channel
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default().with_headers(headers(envelope)),
+        )
+        .await?
+        .await?;
+    Ok(())
+}
+
+/// The gid in a `fleet_list` or `fleet_spawn` entry.
+fn gid_of(entry: &Value) -> String {
+    entry["gid"].as_str().unwrap_or_default().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,39 +579,16 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
     let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
     let channel = conn.create_channel().await?;
     let carol = Gid::mint();
-    let now_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
     let mut confirms = Vec::new();
     for i in 0..150 {
-        let mut headers = FieldTable::default();
-        if i != 75 {
-            let envelope = Envelope {
-                version: VERSION,
-                kind: Kind::Send,
-                msg_id: MsgId::mint(),
-                trace_id: TraceId::mint(),
-                from: carol,
-                to: gid.clone(),
-                turn_id: None,
-                spawn_id: None,
-                in_reply_to: None,
+        let headers = if i == 75 {
+            FieldTable::default()
+        } else {
+            headers(&Envelope {
                 from_name: Some("carol".into()),
-                from_host: Some("hostc".into()),
-                ts_ms: now_ms,
-                expires_at_ms: now_ms + 60_000,
-            };
-            for (name, value) in envelope.encode() {
-                let value = match value {
-                    HeaderValue::Str(value) => text(&value),
-                    HeaderValue::Int(value) => AMQPValue::LongLongInt(value),
-                    HeaderValue::Bytes(_) | HeaderValue::Other => continue,
-                };
-                headers.insert(name.into(), value);
-            }
-        }
+                ..forged(Kind::Send, carol, "hostc", &gid)?
+            })
+        };
         confirms.push(
             channel
                 .basic_publish(
@@ -656,5 +713,325 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
     })
     .await?;
     assert_eq!(back, "echo: after");
+    Ok(())
+}
+
+/// Every line of a gateway's audit log and its rotated files, oldest first, each parsed.
+fn audit_lines(fleet: &Fleet) -> anyhow::Result<(usize, Vec<Value>)> {
+    let live = fleet.state_dir().join("audit.jsonl");
+    let mut files = vec![live.clone()];
+    for n in 1.. {
+        let rotated = fleet.state_dir().join(format!("audit.jsonl.{n}"));
+        if !rotated.exists() {
+            break;
+        }
+        files.push(rotated);
+    }
+    let mut lines = Vec::new();
+    for file in files.iter().rev() {
+        for line in std::fs::read_to_string(file)?.lines() {
+            lines.push(serde_json::from_str::<Value>(line)?);
+        }
+    }
+    Ok((files.len(), lines))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_told()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    // hostb takes smaller messages than hosta sends, and rotates its audit log at 1 KiB.
+    let b = gateway_with(
+        &vhost.uri(),
+        "hostb",
+        "bob",
+        "max_message_bytes = 1000",
+        &format!("{QUICK}audit_max_bytes = 1024\naudit_keep_files = 50\n"),
+    )
+    .await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+
+    // A task of exactly the cap is typed in (the worker answers with a short file's text).
+    let dir = tempfile::tempdir()?;
+    let answer = dir.path().join("answer");
+    std::fs::write(&answer, "short answer")?;
+    let task = |size: usize| format!("{:<size$}", format!("/read {}", answer.display()));
+    let at_cap = alice.send("wb", &task(1000), 20).await?;
+    assert_eq!(at_cap["reply"]["text"], "short answer", "{at_cap}");
+
+    // One byte more: the sender's send ends failed, naming both sizes and the key.
+    let over = alice.send("wb", &task(1001), 20).await?;
+    assert_eq!(over["status"], "failed", "{over}\n{}", b.log());
+    let reason = over["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("1001 bytes")
+            && reason.contains("1000 bytes")
+            && reason.contains("gateway.max_message_bytes"),
+        "{over}"
+    );
+    until("the refused message in fleet.dlq", LIMIT, || async {
+        (dead_letters(&channel).await.ok()? == 1).then_some(())
+    })
+    .await?;
+
+    // The gateway still serves.
+    let after = alice.send("wb", "after", 20).await?;
+    assert_eq!(after["reply"]["text"], "echo: after", "{after}");
+
+    // Its audit log rotated, lost no line and holds no text: every hop of the three flows is
+    // there, and every line is whole JSON. (A hop is audited once the broker confirmed it,
+    // which may be after its recipient saw it.)
+    let last = after["reply"]["msg_id"].clone();
+    let (files, lines) = until("the last reply's audit line", LIMIT, || async {
+        audit_lines(&b)
+            .ok()
+            .filter(|(_, lines)| lines.iter().any(|l| l["msg_id"] == last))
+    })
+    .await?;
+    assert!(files >= 2, "the audit log did not rotate: {files} file(s)");
+    let outcomes = |id: &Value| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["msg_id"] == *id)
+            .filter_map(|l| l["outcome"].as_str().map(String::from))
+            .collect()
+    };
+    assert_eq!(outcomes(&at_cap["msg_id"]), ["taken"], "{lines:?}");
+    assert_eq!(
+        outcomes(&over["msg_id"]),
+        ["refused: too large"],
+        "{lines:?}"
+    );
+    assert_eq!(outcomes(&after["msg_id"]), ["taken"], "{lines:?}");
+    for id in [&at_cap["reply"]["msg_id"], &after["reply"]["msg_id"]] {
+        assert_eq!(outcomes(id), ["published"], "{lines:?}");
+    }
+    let all = lines.iter().map(Value::to_string).collect::<String>();
+    assert!(!all.contains("/read") && !all.contains("short answer") && !all.contains("echo"));
+    conn.close(200, "done".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sender_and_never_typed()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+
+    // A gateway that does not check (an older one, or a hostile one) publishes the paste
+    // breakout as alice's: hosta itself would refuse to send it.
+    let to = gid_of(&wb);
+    let from = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
+    let envelope = forged(Kind::Send, from, "hosta", &to)?;
+    publish(
+        &channel,
+        "fleet.msg",
+        &to,
+        &envelope,
+        b"echo part-one\x1b[201~\recho smuggled-two\r",
+    )
+    .await?;
+
+    // Its sender is told why, naming the character, and it is dead-lettered.
+    let msg_id = envelope.msg_id.to_string();
+    let notice = until("the FAILED notice", LIMIT, || async {
+        alice
+            .poll(1)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|m| m["in_reply_to"] == msg_id.as_str())
+    })
+    .await?;
+    assert_eq!(notice["kind"], "FAILED", "{notice}");
+    let text = notice["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("U+001B") && text.contains("control character"),
+        "{notice}"
+    );
+    until("the brief in fleet.dlq", LIMIT, || async {
+        (dead_letters(&channel).await.ok()? == 1).then_some(())
+    })
+    .await?;
+
+    // Never typed: the worker takes the next task as its first, and its screen shows neither
+    // part of the refused one.
+    let after = alice.send("wb", "after", 20).await?;
+    assert_eq!(after["reply"]["text"], "echo: after", "{after}");
+    let screen = b.screen(wb["pane"].as_str().unwrap_or_default())?;
+    assert!(
+        screen.contains("[task 1: 5 bytes]") && !screen.contains("task 2"),
+        "{screen}"
+    );
+    assert!(
+        !screen.contains("part-one") && !screen.contains("smuggled"),
+        "{screen}"
+    );
+    conn.close(200, "done".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_off_the_broker_over_a_leads_held_cap_are_dead_lettered_and_their_senders_told()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway_with(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "max_held_per_recipient = 3",
+        QUICK,
+    )
+    .await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    sees(&bob, "alice").await?;
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+
+    // Three are held for alice on her host (the cap)...
+    for n in 1..=3 {
+        let sent = bob.send("alice@hosta", &format!("m{n}"), 0).await?;
+        assert_eq!(sent["state"], "held", "{sent}");
+    }
+    // ...a fourth is refused there: its sender's send ends failed, naming the cap.
+    let over = bob.send("alice@hosta", "m4", 20).await?;
+    assert_eq!(over["status"], "failed", "{over}\n{}", a.log());
+    let reason = over["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("already has 3 messages waiting")
+            && reason.contains("gateway.max_held_per_recipient = 3"),
+        "{over}"
+    );
+    until("the refused message in fleet.dlq", LIMIT, || async {
+        (dead_letters(&channel).await.ok()? == 1).then_some(())
+    })
+    .await?;
+
+    // Nothing accepted is lost; once taken, there is room again.
+    assert_eq!(texts(&drain(&alice, 3).await?), ["m1", "m2", "m3"]);
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
+    bob.send("alice@hosta", "m5", 0).await?;
+    assert_eq!(texts(&drain(&alice, 1).await?), ["m5"]);
+    conn.close(200, "done".into()).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // Entries live long here: what the roster keeps is not what expired.
+    let a = gateway_with(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "",
+        "presence_interval_s = 1\npresence_ttl_s = 600\nmax_remote_entities_per_host = 3\nmax_remote_hosts = 2\n",
+    )
+    .await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    // A heartbeat from `host`: its gateway entry, or the entity `name`, of `gid`.
+    let beat = |host: &'static str, who: Option<(&'static str, Gid)>, status: &'static str| {
+        let channel = channel.clone();
+        async move {
+            let gid = who.map_or_else(Gid::mint, |(_, gid)| gid);
+            let entity = who.map(|(name, gid)| Entity {
+                gid,
+                name: name.into(),
+                host: host.into(),
+                role: Role::Worker,
+                profile: Some("sim".into()),
+                groups: Vec::new(),
+                parent: None,
+            });
+            let body = json!({"entity": entity, "status": status, "profiles": ["sim"]});
+            let key = format!(
+                "roster.{host}.{}",
+                who.map_or_else(|| "_gateway".to_string(), |(_, gid)| gid.to_string())
+            );
+            let envelope = forged(Kind::Presence, gid, host, "fleet.roster")?;
+            publish(
+                &channel,
+                "fleet.roster",
+                &key,
+                &envelope,
+                body.to_string().as_bytes(),
+            )
+            .await
+        }
+    };
+    let f: Vec<(&'static str, Gid)> = ["f1", "f2", "f3", "f4"]
+        .into_iter()
+        .map(|n| (n, Gid::mint()))
+        .collect();
+
+    // Four entities of one host: three (the cap) are kept, the fourth ignored. A later
+    // refresh of a kept one shows when the roster has read them all (in order).
+    beat("hostf", None, "up").await?;
+    for entity in &f {
+        beat("hostf", Some(*entity), "idle").await?;
+    }
+    beat("hostf", Some(f[0]), "busy").await?;
+    until("f1 to read busy", LIMIT, || async {
+        alice
+            .entry("f1")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let names = alice.names().await?;
+    assert_eq!(names, ["alice", "f1", "f2", "f3"], "{}", a.log());
+
+    // A second host (the cap) is kept; a third is ignored, its entities too.
+    beat("hostg", None, "up").await?;
+    beat("hosth", None, "up").await?;
+    beat("hosth", Some(("h1", Gid::mint())), "idle").await?;
+    beat("hostg", Some(("g1", Gid::mint())), "idle").await?;
+    sees(&alice, "g1").await?;
+    let list = alice.ok("fleet_list", json!({})).await?;
+    let hosts: Vec<&str> = list["hosts"]
+        .as_array()
+        .map(|h| h.iter().filter_map(|h| h["host"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(hosts, ["hosta", "hostf", "hostg"], "{list}");
+    assert_eq!(
+        alice.names().await?,
+        ["alice", "f1", "f2", "f3", "g1"],
+        "{list}"
+    );
+
+    // Loudly, naming each cap; and the gateway still serves.
+    let log = a.log();
+    for cap in [
+        "federation.max_remote_entities_per_host = 3",
+        "federation.max_remote_hosts = 2",
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("REFUSED a roster entry over the cap") && l.contains(cap)),
+            "{cap}:\n{log}"
+        );
+    }
+    alice.spawn("sim", "wa").await?;
+    let sent = alice.send("wa", "still here", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: still here");
+    conn.close(200, "done".into()).await?;
     Ok(())
 }

@@ -1,0 +1,195 @@
+//! The audit log's file: JSON lines appended to `<state_dir>/audit.jsonl`, rotated by size
+//! (`federation.audit_max_bytes`) into `audit.jsonl.1` (the newest) … `audit.jsonl.<keep>`
+//! (`federation.audit_keep_files`), the oldest going when a new one comes.
+//!
+//! What a line holds is its caller's business (ids, kinds, sizes, outcomes: never a message's
+//! text nor a token); this module only appends whole lines and rotates. It must never lose a
+//! line: each goes whole, in one write, into the live file, after a rotation when it would take
+//! that file over the cap ([`fleet_core::bounds::rotate_before`] decides); if the rotation
+//! fails, the line still goes into the file at hand, over the cap, and the log says so loudly.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use fleet_core::bounds::rotate_before;
+
+/// An append-only, size-rotated log of lines.
+pub struct AuditLog {
+    /// The live file's path; rotated files are this path with `.1` … `.<keep>` appended.
+    path: PathBuf,
+    /// The live file; none while it cannot be opened (tried again at the next line).
+    file: Option<File>,
+    /// How long the live file is, in bytes.
+    len: u64,
+    /// The size past which the live file is rotated.
+    max_bytes: u64,
+    /// How many rotated files are kept.
+    keep: usize,
+}
+
+impl AuditLog {
+    /// The log at `path` (appended to if it exists), rotated past `max_bytes` with `keep`
+    /// rotated files kept.
+    pub fn open(path: PathBuf, max_bytes: u64, keep: usize) -> Self {
+        let mut log = Self {
+            path,
+            file: None,
+            len: 0,
+            max_bytes,
+            keep,
+        };
+        if let Err(e) = log.open_live() {
+            tracing::error!(path = %log.path.display(), error = %e, "cannot open the audit log");
+        }
+        log
+    }
+
+    /// Opens the live file for appending and learns its length.
+    fn open_live(&mut self) -> io::Result<()> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        self.len = file.metadata()?.len();
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// Appends `line` (without its newline) as one line, rotating first if it would take the
+    /// live file over the cap.
+    pub fn append(&mut self, line: &str) {
+        let mut text = String::with_capacity(line.len() + 1);
+        text.push_str(line);
+        text.push('\n');
+        if self.file.is_none()
+            && let Err(e) = self.open_live()
+        {
+            tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: cannot open the audit log");
+            return;
+        }
+        let size = u64::try_from(text.len()).unwrap_or(u64::MAX);
+        if rotate_before(self.len, size, self.max_bytes)
+            && let Err(e) = self.rotate()
+        {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the audit log: it grows past its cap");
+        }
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        // One write per line (a `writeln!` to a file writes each piece on its own).
+        match file.write_all(text.as_bytes()) {
+            Ok(()) => self.len = self.len.saturating_add(size),
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: cannot write the audit log");
+            }
+        }
+    }
+
+    /// Shifts the rotated files up by one (the oldest goes), moves the live file to `.1` and
+    /// opens a fresh one. Until the fresh one is open, lines go on into the file at hand.
+    fn rotate(&mut self) -> io::Result<()> {
+        remove_if_there(&rotated(&self.path, self.keep))?;
+        for n in (1..self.keep).rev() {
+            rename_if_there(&rotated(&self.path, n), &rotated(&self.path, n + 1))?;
+        }
+        std::fs::rename(&self.path, rotated(&self.path, 1))?;
+        let kept = self.file.take();
+        let len = self.len;
+        if let Err(e) = self.open_live() {
+            self.file = kept;
+            self.len = len;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// The path of the `n`th rotated file of `path`.
+fn rotated(path: &Path, n: usize) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+fn remove_if_there(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn rename_if_there(from: &Path, to: &Path) -> io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 10-byte line (with its newline).
+    fn line(n: usize) -> String {
+        format!("{{\"n\":{n:03}}}")
+    }
+
+    fn read(path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    fn lines(ns: &[usize]) -> String {
+        ns.iter().map(|n| line(*n) + "\n").collect()
+    }
+
+    #[test]
+    fn rotation_keeps_every_line_whole_and_in_order_and_drops_only_the_oldest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let (one, two, three) = (rotated(&path, 1), rotated(&path, 2), rotated(&path, 3));
+        let mut log = AuditLog::open(path.clone(), 20, 2);
+        // Two lines take the file exactly to its cap: kept as it is.
+        log.append(&line(0));
+        log.append(&line(1));
+        assert_eq!(read(&path), lines(&[0, 1]));
+        assert!(!one.exists());
+        // One more would take it over: rotated first, and the line starts the fresh file.
+        log.append(&line(2));
+        assert_eq!((read(&one), read(&path)), (lines(&[0, 1]), lines(&[2])));
+        for n in 3..8 {
+            log.append(&line(n));
+        }
+        // Two rotated files kept; the oldest (lines 0 and 1) went, no other line did.
+        assert_eq!(read(&two), lines(&[2, 3]));
+        assert_eq!(read(&one), lines(&[4, 5]));
+        assert_eq!(read(&path), lines(&[6, 7]));
+        assert!(!three.exists());
+        // A line longer than the cap is never split or dropped: it gets a file of its own.
+        let long = "x".repeat(50);
+        log.append(&long);
+        log.append(&line(8));
+        assert_eq!(read(&one), format!("{long}\n"));
+        assert_eq!(read(&path), lines(&[8]));
+        // Opened again, the log knows how full its live file is.
+        drop(log);
+        let mut log = AuditLog::open(path.clone(), 20, 2);
+        log.append(&line(9));
+        assert_eq!(read(&path), lines(&[8, 9]));
+        log.append(&line(10));
+        assert_eq!((read(&one), read(&path)), (lines(&[8, 9]), lines(&[10])));
+    }
+
+    #[test]
+    fn a_rotation_that_fails_still_writes_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut log = AuditLog::open(path.clone(), 10, 1);
+        log.append(&line(0));
+        // A directory where the rotated file goes: the rename fails.
+        std::fs::create_dir(rotated(&path, 1)).unwrap();
+        std::fs::write(rotated(&path, 1).join("x"), "").unwrap();
+        log.append(&line(1));
+        assert_eq!(read(&path), lines(&[0, 1]));
+    }
+}
