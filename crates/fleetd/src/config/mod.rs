@@ -16,7 +16,9 @@ mod federation;
 mod profile;
 
 pub use federation::{BrokerConfig, FederationConfig};
-pub use profile::{ProfileConfig, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
+pub use profile::{
+    CLAUDE_CREDENTIALS, ProfileConfig, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
+};
 
 /// The default address of the MCP endpoint: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
@@ -308,6 +310,14 @@ impl Config {
         Ok(())
     }
 
+    /// What only `serve` can check, with fleetd's environment at hand (`fleetd_env`): every
+    /// claude-code profile with an isolated home has a login (see [`ProfileConfig::check_login`]).
+    pub fn check_logins(&self, fleetd_env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        self.profiles
+            .iter()
+            .try_for_each(|profile| profile.check_login(fleetd_env))
+    }
+
     /// The profile called `name`.
     pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
         self.profiles.iter().find(|p| p.name == name)
@@ -437,6 +447,70 @@ mod tests {
     }
 
     #[test]
+    fn an_isolated_claude_code_without_a_login_is_refused_naming_what_to_add() {
+        let nothing = |_: &str| None;
+        let profile = |extra: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\nisolated_home = true\n{extra}\n"
+            ))
+            .unwrap()
+        };
+        let refused = [
+            "",
+            // Empty is unset; other variables are no login, and their values are never shown.
+            "env = { ANTHROPIC_API_KEY = \"\", OTHER_SECRET = \"s3cr3t-value\" }",
+            "env = { ANTHROPIC_BASE_URL_X = \"sk-ant-lookalike\" }",
+        ];
+        for extra in refused {
+            let err = profile(extra).check_logins(&nothing).unwrap_err();
+            for needle in [
+                "profiles 'claude'",
+                "isolated_home",
+                "Not logged in",
+                "add ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_OAUTH_TOKEN)",
+            ] {
+                assert!(err.contains(needle), "{extra}: {needle}: {err}");
+            }
+            assert!(!err.contains("s3cr3t") && !err.contains("sk-ant"), "{err}");
+        }
+        // A sandboxed Claude Code in an isolated home is held to the same rule.
+        let sandboxed = parse(
+            "[[profiles]]\nname = \"box\"\nkind = \"sandbox\"\nruntime = [\"bwrap\"]\nagent_kind = \"claude-code\"\nisolated_home = true\n",
+        )
+        .unwrap();
+        let err = sandboxed.check_logins(&nothing).unwrap_err();
+        assert!(err.contains("profiles 'box'"), "{err}");
+
+        let allowed = [
+            "env = { ANTHROPIC_API_KEY = \"sk-ant-x\" }",
+            "env = { ANTHROPIC_AUTH_TOKEN = \"t\" }",
+            "env = { CLAUDE_CODE_OAUTH_TOKEN = \"t\" }",
+            "env = { CLAUDE_CODE_USE_BEDROCK = \"1\" }",
+            "env = { CLAUDE_CODE_USE_VERTEX = \"1\" }",
+            "argv = [\"claude\", \"--settings\", \"/etc/fleet/claude-settings.json\"]",
+            "argv = [\"claude\", \"--settings={}\"]",
+        ];
+        for extra in allowed {
+            assert_eq!(profile(extra).check_logins(&nothing), Ok(()), "{extra}");
+        }
+        // The user's own home has the user's own login.
+        let own = parse("[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\n").unwrap();
+        assert_eq!(own.check_logins(&nothing), Ok(()));
+        // A credential in fleetd's own environment counts (the launcher hands it on).
+        for key in CLAUDE_CREDENTIALS {
+            let env = |k: &str| (k == key).then(|| "secret".to_string());
+            assert_eq!(profile("").check_logins(&env), Ok(()), "{key}");
+        }
+        let empty = |_: &str| Some(String::new());
+        assert!(profile("").check_logins(&empty).is_err());
+        // Other kinds sign in their own way.
+        let opencode =
+            parse("[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\nisolated_home = true\n")
+                .unwrap();
+        assert_eq!(opencode.check_logins(&nothing), Ok(()));
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = parse("[gateway]\nlisten_on = \"x\"\n")
             .unwrap_err()
@@ -512,6 +586,14 @@ mod tests {
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nisolated_home=true\n",
                 "isolated_home applies to claude-code and opencode",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"opencode\"\ntrust_workdir=false\n",
+                "trust_workdir applies to claude-code profiles, not to kind \"opencode\"",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"claude-code\"\nisolated_home=true\ntrust_workdir=false\n",
+                "an isolated home is fleetd's own",
             ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nruntime=[\"docker\"]\n",
