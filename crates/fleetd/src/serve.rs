@@ -186,7 +186,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                 HostFacts {
                     user_home: std::env::var_os("HOME").map(PathBuf::from),
                     workdir_roots: workdirs.roots().to_vec(),
-                    claude_credentials: CLAUDE_CREDENTIALS
+                    credentials: CLAUDE_CREDENTIALS
                         .iter()
                         .filter_map(|key| {
                             fleetd_env(key)

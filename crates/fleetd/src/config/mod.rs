@@ -311,7 +311,7 @@ impl Config {
     }
 
     /// What only `serve` can check, with fleetd's environment at hand (`fleetd_env`): every
-    /// claude-code profile with an isolated home has a login (see [`ProfileConfig::check_login`]).
+    /// profile with an isolated home has a login (see [`ProfileConfig::check_login`]).
     pub fn check_logins(&self, fleetd_env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         self.profiles
             .iter()
@@ -503,11 +503,40 @@ mod tests {
         }
         let empty = |_: &str| Some(String::new());
         assert!(profile("").check_logins(&empty).is_err());
-        // Other kinds sign in their own way.
-        let opencode =
-            parse("[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\nisolated_home = true\n")
-                .unwrap();
-        assert_eq!(opencode.check_logins(&nothing), Ok(()));
+    }
+
+    #[test]
+    fn an_isolated_opencode_on_an_anthropic_model_without_its_key_is_refused() {
+        let nothing = |_: &str| None;
+        let opencode = |extra: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\nisolated_home = true\n{extra}\n"
+            ))
+            .unwrap()
+        };
+        let anthropic = "model = \"anthropic/claude-sonnet-4-5\"";
+        let err = opencode(anthropic).check_logins(&nothing).unwrap_err();
+        for needle in [
+            "profiles 'oc'",
+            "anthropic/claude-sonnet-4-5",
+            "API key is missing",
+            "add ANTHROPIC_API_KEY",
+        ] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let with_key = format!("{anthropic}\nenv = {{ ANTHROPIC_API_KEY = \"k\" }}");
+        assert_eq!(opencode(&with_key).check_logins(&nothing), Ok(()));
+        let fleetds = |k: &str| (k == "ANTHROPIC_API_KEY").then(|| "k".to_string());
+        assert_eq!(opencode(anthropic).check_logins(&fleetds), Ok(()));
+        // Another provider's variables are its own business; so is the user's own home.
+        for extra in ["model = \"ollama/llama3\"", ""] {
+            assert_eq!(opencode(extra).check_logins(&nothing), Ok(()), "{extra}");
+        }
+        let own = parse(&format!(
+            "[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\n{anthropic}\n"
+        ))
+        .unwrap();
+        assert_eq!(own.check_logins(&nothing), Ok(()));
     }
 
     #[test]

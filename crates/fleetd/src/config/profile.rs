@@ -40,6 +40,9 @@ const CLAUDE_PROVIDERS: [&str; 6] = [
 ];
 /// The flag that hands Claude Code a settings file or JSON, which may name an `apiKeyHelper`.
 const CLAUDE_SETTINGS_FLAG: &str = "--settings";
+/// The provider of opencode's models that fleetd sets up (`base_url`), and the one variable it
+/// takes a login from.
+const OPENCODE_ANTHROPIC: (&str, &str) = ("anthropic/", "ANTHROPIC_API_KEY");
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
 pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
     "name",
@@ -324,14 +327,18 @@ impl ProfileConfig {
         self.validate_kind()
     }
 
-    /// A claude-code agent in an isolated home starts with no login of its own: without a
-    /// credential it shows "Not logged in" and never answers. Refuses such a profile unless a
-    /// credential ([`CLAUDE_CREDENTIALS`]) is set, in its `env` or in fleetd's environment
-    /// (`fleetd_env`, which the launcher hands on), or something else signs it in: a cloud
-    /// provider (`CLAUDE_CODE_USE_BEDROCK` …), or a `--settings` argument (which may name an
-    /// `apiKeyHelper`). The error names the variables, never their values.
+    /// An agent in an isolated home starts with no login of its own: without a credential it
+    /// takes a task and never answers. Refuses such a profile when a credential is missing
+    /// (looked for in its `env` and in fleetd's environment, `fleetd_env`, which the launcher
+    /// hands on); the error names the variables, never their values.
+    ///
+    /// Claude Code ("Not logged in"): one of [`CLAUDE_CREDENTIALS`], unless something else
+    /// signs it in: a cloud provider (`CLAUDE_CODE_USE_BEDROCK` …) or a `--settings` argument
+    /// (which may name an `apiKeyHelper`). opencode ("Anthropic API key is missing"): only for an
+    /// `anthropic/…` model, the provider fleetd sets up, whose key is `ANTHROPIC_API_KEY`;
+    /// other providers have variables of their own, which fleetd does not know.
     pub fn check_login(&self, fleetd_env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
-        if self.agent_kind() != ProfileKind::ClaudeCode || !self.isolated_home {
+        if !self.isolated_home {
             return Ok(());
         }
         let set = |key: &str| {
@@ -341,6 +348,24 @@ impl ProfileConfig {
                 .or_else(|| fleetd_env(key))
                 .is_some_and(|value| !value.is_empty())
         };
+        match self.agent_kind() {
+            ProfileKind::ClaudeCode => self.check_claude_login(&set),
+            ProfileKind::Opencode => {
+                let (provider, key) = OPENCODE_ANTHROPIC;
+                match &self.model {
+                    Some(model) if model.starts_with(provider) && !set(key) => Err(format!(
+                        "profiles '{}': isolated_home = true starts opencode with no login, where its model '{model}' fails with \"Anthropic API key is missing\" and it never answers: add {key} to the profile's env or to fleetd's environment, or drop isolated_home to use your own login",
+                        self.name
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            ProfileKind::Command | ProfileKind::Sandbox => Ok(()),
+        }
+    }
+
+    /// [`ProfileConfig::check_login`] for Claude Code, `set` telling which variables are set.
+    fn check_claude_login(&self, set: &dyn Fn(&str) -> bool) -> Result<(), String> {
         let settings = self.program().iter().any(|arg| {
             arg == CLAUDE_SETTINGS_FLAG
                 || arg

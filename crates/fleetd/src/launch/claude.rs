@@ -46,7 +46,7 @@ impl ClaudeLauncher {
         Self {
             user_home: facts.user_home,
             roots: facts.workdir_roots,
-            credentials: facts.claude_credentials,
+            credentials: facts.credentials,
         }
     }
 }
@@ -184,7 +184,7 @@ mod tests {
         HostFacts {
             user_home: user_home.map(Path::to_path_buf),
             workdir_roots: roots.iter().map(|r| r.to_path_buf()).collect(),
-            claude_credentials: credentials
+            credentials: credentials
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),

@@ -101,10 +101,11 @@ pub struct HostFacts {
     /// `gateway.workdir_roots`, resolved (empty: none): no directory outside them is marked
     /// trusted, whatever a launch is asked for.
     pub workdir_roots: Vec<PathBuf>,
-    /// Claude Code's credentials in fleetd's own environment (by name), handed to a worker in
-    /// an isolated home whose profile sets none: a pane host need not pass fleetd's environment
-    /// on (herdr's panes get herdr's).
-    pub claude_credentials: BTreeMap<String, String>,
+    /// The model credentials in fleetd's own environment (by name: Claude Code's, of which
+    /// opencode's Anthropic provider takes `ANTHROPIC_API_KEY`), handed to a worker in an
+    /// isolated home whose profile sets none: a pane host need not pass fleetd's environment on
+    /// (herdr's panes get herdr's).
+    pub credentials: BTreeMap<String, String>,
 }
 
 /// The launchers by kind, and the workers' directories.
@@ -128,8 +129,8 @@ impl Launchers {
                 state_dir: state_dir.to_path_buf(),
                 home: facts.user_home.clone(),
             },
+            opencode: opencode::OpencodeLauncher::new(&facts),
             claude: claude::ClaudeLauncher::new(facts),
-            opencode: opencode::OpencodeLauncher,
         }
     }
 
