@@ -23,20 +23,28 @@ pub fn check_text(path: &str) -> Result<(), FleetError> {
     Ok(())
 }
 
+/// Whether the resolved directory `dir` lies under one of the resolved `roots` (`forbidden`
+/// if not), or there are no roots.
+pub fn check_roots(dir: &Path, roots: &[PathBuf]) -> Result<(), FleetError> {
+    if roots.is_empty() || roots.iter().any(|root| dir.starts_with(root)) {
+        return Ok(());
+    }
+    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(FleetError::new(
+        ErrorCode::Forbidden,
+        format!(
+            "cwd {} is outside gateway.workdir_roots ({}): workers may work only under those",
+            dir.display(),
+            listed.join(", ")
+        ),
+    ))
+}
+
 /// Whether the resolved directory `dir` may be a worker's working directory, given fleetd's
 /// resolved `state_dir` and the resolved `roots` (empty: anywhere else).
 pub fn check_place(dir: &Path, state_dir: &Path, roots: &[PathBuf]) -> Result<(), FleetError> {
+    check_roots(dir, roots)?;
     let shown = dir.display();
-    if !roots.is_empty() && !roots.iter().any(|root| dir.starts_with(root)) {
-        let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-        return Err(FleetError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "cwd {shown} is outside gateway.workdir_roots ({}): workers may work only under those",
-                listed.join(", ")
-            ),
-        ));
-    }
     if dir.starts_with(state_dir) {
         return Err(FleetError::invalid(format!(
             "cwd {shown} is fleetd's state dir or inside it (tokens, database, workers' files): pick a directory of your own"

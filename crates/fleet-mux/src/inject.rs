@@ -4,7 +4,9 @@
 //! paste the text (bracketed when the program asked for it), wait the profile's pause, press
 //! Enter as a separate key, and *verify* the submit, by the agent calling in or by the screen
 //! showing the input was taken; press Enter once more if not; else report not submitted.
-//! Verification, not fixed sleeps, is the mechanism.
+//! Verification, not fixed sleeps, is the mechanism. A program that has only just started may
+//! still be drawing its first screen, and drop keys meanwhile: the first keys of a session can
+//! be made to wait until its screen holds still ([`Settle`]; the decision is [`SettleWatch`]).
 
 use std::time::Duration;
 
@@ -23,6 +25,69 @@ const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a paste may take to show on screen before Enter is pressed anyway (a program that
 /// does not echo never shows it).
 const ECHO_WAIT: Duration = Duration::from_millis(250);
+/// How often a settling screen is looked at: finer than a redraw at a usual frame rate, so a
+/// screen still being drawn is seen to change.
+const SETTLE_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How a screen must settle before keys go in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settle {
+    /// How long the screen must hold still.
+    pub still: Duration,
+    /// The longest wait for that: a screen that never holds still (a clock) gets the keys
+    /// after this anyway.
+    pub limit: Duration,
+}
+
+/// What a [`SettleWatch`] makes of the latest look at the screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The screen held still long enough: type now.
+    Still,
+    /// It kept changing until the limit: type anyway.
+    GaveUp,
+    /// Look again after this long.
+    LookAgainIn(Duration),
+}
+
+/// Watches a screen settle. Pure: it is told what the screen showed and when (the time since
+/// the watch began), and says whether to type, or when to look again.
+#[derive(Clone, Debug)]
+pub struct SettleWatch {
+    settle: Settle,
+    /// The screen seen last, and since when it has shown that.
+    last: Option<(Snapshot, Duration)>,
+}
+
+impl SettleWatch {
+    /// A watch that has seen nothing yet.
+    pub fn new(settle: Settle) -> Self {
+        Self { settle, last: None }
+    }
+
+    /// Takes in that the screen showed `screen` at `at` (since the watch began).
+    pub fn look(&mut self, screen: Snapshot, at: Duration) -> Settled {
+        let since = match &self.last {
+            Some((seen, since)) if *seen == screen => *since,
+            _ => {
+                self.last = Some((screen, at));
+                at
+            }
+        };
+        let held = at.saturating_sub(since);
+        if held >= self.settle.still {
+            return Settled::Still;
+        }
+        if at >= self.settle.limit {
+            return Settled::GaveUp;
+        }
+        Settled::LookAgainIn(
+            (self.settle.still - held)
+                .min(self.settle.limit - at)
+                .min(SETTLE_CHECK_INTERVAL),
+        )
+    }
+}
 
 /// How to type into one kind of program.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +100,10 @@ pub struct InjectOptions {
     /// With it, only that marker (or the agent calling in) proves a submit; without it, any
     /// change of screen or cursor does.
     pub submitted_marker: Option<String>,
+    /// When set, nothing is typed until the screen has held still (or the limit passed): for
+    /// the first task of a session, whose program may have called in before its screen was
+    /// up, and would drop keys typed while it is still drawing.
+    pub settle_first: Option<Settle>,
 }
 
 /// How an injection ended.
@@ -71,6 +140,9 @@ pub async fn inject(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
+    if let Some(settle) = options.settle_first {
+        hold_still(host, pane, settle).await?;
+    }
     let mut pre = host.snapshot(pane).await?;
     if pre.in_mode {
         // A human scrolling back in the pane: the paste would reach the program, but Enter
@@ -106,6 +178,23 @@ pub async fn inject(
         tracing::warn!(%pane, attempt, "Enter not seen to submit");
     }
     Ok(InjectOutcome::NotSubmitted)
+}
+
+/// Waits until the screen holds still for `settle.still`, or `settle.limit` passes.
+async fn hold_still(host: &dyn PaneHost, pane: &PaneId, settle: Settle) -> Result<(), MuxError> {
+    let began = Instant::now();
+    let mut watch = SettleWatch::new(settle);
+    loop {
+        let screen = host.snapshot(pane).await?;
+        match watch.look(screen, began.elapsed()) {
+            Settled::Still => return Ok(()),
+            Settled::GaveUp => {
+                tracing::info!(%pane, limit = ?settle.limit, "the screen never held still; typing anyway");
+                return Ok(());
+            }
+            Settled::LookAgainIn(nap) => sleep(nap).await,
+        }
+    }
 }
 
 /// Waits up to `limit` for `marker` (the empty input box) to show; returns the screen showing
@@ -190,6 +279,72 @@ mod tests {
             in_mode: false,
             text: text.into(),
         }
+    }
+
+    const SETTLE: Settle = Settle {
+        still: Duration::from_millis(200),
+        limit: Duration::from_millis(1_000),
+    };
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_screen_that_holds_still_long_enough_settles() {
+        let mut watch = SettleWatch::new(SETTLE);
+        // The first look starts the count; looks come back at most every check interval.
+        assert_eq!(
+            watch.look(snap((0, 0), "ready"), ms(0)),
+            Settled::LookAgainIn(SETTLE_CHECK_INTERVAL)
+        );
+        assert!(matches!(
+            watch.look(snap((0, 0), "ready"), ms(150)),
+            Settled::LookAgainIn(_)
+        ));
+        // The rest of the stillness is all that is left to wait.
+        assert_eq!(
+            watch.look(snap((0, 0), "ready"), ms(190)),
+            Settled::LookAgainIn(ms(10))
+        );
+        assert_eq!(watch.look(snap((0, 0), "ready"), ms(200)), Settled::Still);
+    }
+
+    #[test]
+    fn a_change_starts_the_count_again() {
+        let mut watch = SettleWatch::new(SETTLE);
+        watch.look(snap((0, 0), "frame 1"), ms(0));
+        watch.look(snap((0, 0), "frame 2"), ms(150));
+        // 200 ms after the first look, but only 50 ms after the last change.
+        assert!(matches!(
+            watch.look(snap((0, 0), "frame 2"), ms(200)),
+            Settled::LookAgainIn(_)
+        ));
+        // A moved cursor is a change too.
+        watch.look(snap((1, 0), "frame 2"), ms(300));
+        assert!(matches!(
+            watch.look(snap((1, 0), "frame 2"), ms(450)),
+            Settled::LookAgainIn(_)
+        ));
+        assert_eq!(watch.look(snap((1, 0), "frame 2"), ms(500)), Settled::Still);
+    }
+
+    #[test]
+    fn a_screen_that_never_holds_still_gets_the_keys_at_the_limit() {
+        let mut watch = SettleWatch::new(SETTLE);
+        let mut at = 0;
+        let outcome = loop {
+            match watch.look(snap((0, 0), &format!("12:00:{at:04}")), ms(at)) {
+                Settled::LookAgainIn(nap) => {
+                    // Never asked to wait past the limit.
+                    assert!(ms(at) + nap <= SETTLE.limit, "{at} + {nap:?}");
+                    at += 20;
+                }
+                done => break done,
+            }
+        };
+        assert_eq!(outcome, Settled::GaveUp);
+        assert_eq!(at, 1_000);
     }
 
     #[test]

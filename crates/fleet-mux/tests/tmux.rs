@@ -73,6 +73,7 @@ fn options() -> InjectOptions {
         enter_pause: Duration::ZERO,
         verify_window: Duration::from_millis(400),
         submitted_marker: None,
+        settle_first: None,
     }
 }
 

@@ -31,6 +31,8 @@ pub struct Fleet {
     child: Option<Child>,
     /// How many times it was started (each start logs to its own file).
     starts: usize,
+    /// Variables set (`Some`) or removed (`None`) in its environment, over the test's own.
+    env: Vec<(String, Option<String>)>,
 }
 
 /// A free loopback port (the kernel's pick; released for fleetd to bind).
@@ -65,11 +67,14 @@ pub fn agent_workdir() -> String {
     dir.display().to_string()
 }
 
+/// The API key the real agents are given: the scripted model takes any.
+pub const TEST_API_KEY: &str = "sk-ant-fleet-test-0123456789abcdefghij";
+
 /// A `[[profiles]]` block for a real Claude Code worker in an isolated home, its model the
 /// scripted one at `base_url` (see [`crate::model`]).
 pub fn claude_profile(name: &str, base_url: &str) -> String {
     format!(
-        "[[profiles]]\nname = \"{name}\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
+        "[[profiles]]\nname = \"{name}\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"{TEST_API_KEY}\" }}\nready_timeout_s = 90\n",
         claude_binary(),
         agent_workdir()
     )
@@ -85,7 +90,7 @@ pub fn opencode_binary() -> String {
 /// scripted one at `base_url` (see [`crate::model`]).
 pub fn opencode_profile(name: &str, base_url: &str) -> String {
     format!(
-        "[[profiles]]\nname = \"{name}\"\nkind = \"opencode\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nmodel = \"anthropic/claude-sonnet-4-5\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"sk-ant-fleet-test-0123456789abcdefghij\" }}\nready_timeout_s = 90\n",
+        "[[profiles]]\nname = \"{name}\"\nkind = \"opencode\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nmodel = \"anthropic/claude-sonnet-4-5\"\nisolated_home = true\ncwd = {:?}\nenv = {{ ANTHROPIC_API_KEY = \"{TEST_API_KEY}\" }}\nready_timeout_s = 90\n",
         opencode_binary(),
         agent_workdir()
     )
@@ -149,14 +154,31 @@ impl Fleet {
     /// [`Fleet::start`], with its config, state dir and logs in a new directory under `parent`
     /// (a test that needs the state dir outside `/tmp`, say).
     pub async fn start_under(parent: &Path, gateway: &str, rest: &str) -> anyhow::Result<Self> {
+        Self::start_with_env(parent, gateway, rest, &[]).await
+    }
+
+    /// [`Fleet::start_under`], with fleetd's environment (and so its tmux server's and its
+    /// workers') changed by `env`: each variable set to `Some` value or removed (`None`). A test
+    /// of the user's own settings gives fleetd a `HOME` of its own this way.
+    pub async fn start_with_env(
+        parent: &Path,
+        gateway: &str,
+        rest: &str,
+        env: &[(&str, Option<&str>)],
+    ) -> anyhow::Result<Self> {
         let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
         let dir = tempfile::tempdir_in(parent)?;
+        let env = env
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.map(String::from)))
+            .collect();
         Self::start_with(
             dir,
             &format!("socket = \"{socket}\""),
             socket,
             gateway,
             rest,
+            env,
         )
         .await
     }
@@ -174,6 +196,7 @@ impl Fleet {
             format!("fleet-test-{}", uuid::Uuid::now_v7().simple()),
             "",
             rest,
+            Vec::new(),
         )
         .await
     }
@@ -184,6 +207,7 @@ impl Fleet {
         socket: String,
         gateway: &str,
         rest: &str,
+        env: Vec<(String, Option<String>)>,
     ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let config = dir.path().join("fleetd.toml");
@@ -208,6 +232,7 @@ impl Fleet {
             socket,
             child: None,
             starts: 0,
+            env,
         };
         fleet.launch().await?;
         Ok(fleet)
@@ -217,7 +242,14 @@ impl Fleet {
     pub async fn launch(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = std::fs::File::create(self.log_path(self.starts))?;
-        let child = Command::new(binary("fleetd")?)
+        let mut command = Command::new(binary("fleetd")?);
+        for (key, value) in &self.env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&self.config)

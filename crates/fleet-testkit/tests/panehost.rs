@@ -157,6 +157,7 @@ fn options() -> InjectOptions {
         enter_pause: Duration::ZERO,
         verify_window: Duration::from_millis(600),
         submitted_marker: None,
+        settle_first: None,
     }
 }
 

@@ -16,10 +16,10 @@ use fleet_store::SqliteStore;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{CLAUDE_CREDENTIALS, Config};
 use crate::gateway::{Federation, Gateway, Parts, Workdirs};
 use crate::http::{AllowedHosts, CallerCaps, app};
-use crate::launch::Launchers;
+use crate::launch::{HostFacts, Launchers};
 use crate::mux::{MuxChoice, choose};
 use crate::state::StateDir;
 
@@ -120,6 +120,10 @@ fn lock_state(state: &StateDir) -> anyhow::Result<File> {
 /// Runs the gateway until a signal (or `shutdown`) stops it.
 pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let ServeOptions { config, state } = options;
+    let fleetd_env = |key: &str| std::env::var(key).ok();
+    config
+        .check_logins(&fleetd_env)
+        .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
     state
         .prepare()
         .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
@@ -181,7 +185,21 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         Parts {
             store: Arc::new(store),
             panes: panes.pane_host(),
-            launchers: Launchers::new(state.root(), std::env::var_os("HOME").map(PathBuf::from)),
+            launchers: Launchers::new(
+                state.root(),
+                HostFacts {
+                    user_home: std::env::var_os("HOME").map(PathBuf::from),
+                    workdir_roots: workdirs.roots().to_vec(),
+                    credentials: CLAUDE_CREDENTIALS
+                        .iter()
+                        .filter_map(|key| {
+                            fleetd_env(key)
+                                .filter(|value| !value.is_empty())
+                                .map(|value| (key.to_string(), value))
+                        })
+                        .collect(),
+                },
+            ),
             federation,
             workdirs,
         },

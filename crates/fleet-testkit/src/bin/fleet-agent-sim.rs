@@ -2,6 +2,11 @@
 //! as a real MCP client (`FLEET_MCP_URL`, `FLEET_TOKEN`), reads its tasks from its terminal the
 //! way an agent's input box does (raw mode, bracketed paste, Enter submits), and answers each
 //! with `fleet_reply`, as scripted by the task's directive (see `fleet_testkit::sim`).
+//!
+//! Two flags make it a program whose screen keeps moving: `--draw-after-ready-ms` keeps
+//! drawing for a while after it called in and drops the keys typed meanwhile (a TUI that
+//! reaches its MCP servers before its input box is up); `--clock-ms` redraws a clock for as
+//! long as it runs, taking keys all along.
 
 use std::io::Write;
 use std::time::Duration;
@@ -12,6 +17,10 @@ use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::sim::{Directive, Event, LineEditor};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
+use tokio::time::{Instant, interval};
+
+/// How often a moving screen is redrawn while it starts.
+const FRAME: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Mode {
@@ -41,6 +50,13 @@ struct Args {
     /// Do not ask the terminal for bracketed paste.
     #[arg(long)]
     no_bracketed_paste: bool,
+    /// After calling in, keep drawing the screen this long before reading any key, and drop
+    /// the keys typed meanwhile.
+    #[arg(long, default_value_t = 0)]
+    draw_after_ready_ms: u64,
+    /// Redraw a clock on the top line this often, for as long as it runs.
+    #[arg(long)]
+    clock_ms: Option<u64>,
 }
 
 fn env(name: &str) -> anyhow::Result<String> {
@@ -51,6 +67,24 @@ fn show(text: &str) {
     let mut out = std::io::stdout();
     let _ = out.write_all(text.as_bytes());
     let _ = out.flush();
+}
+
+/// Draws a changing line for `ms`, then drops whatever was typed meanwhile: a program only now
+/// starting to read its input.
+async fn draw_while_starting(ms: u64) {
+    let started = Instant::now();
+    let mut frames = interval(FRAME);
+    let mut frame = 0u64;
+    while started.elapsed() < Duration::from_millis(ms) {
+        frames.tick().await;
+        frame += 1;
+        show(&format!("\r\x1b[2Kstarting: frame {frame}"));
+    }
+    let _ = rustix::termios::tcflush(
+        rustix::stdio::stdin(),
+        rustix::termios::QueueSelector::IFlush,
+    );
+    show("\r\n");
 }
 
 fn raw_terminal() {
@@ -151,13 +185,33 @@ async fn main() -> anyhow::Result<()> {
             Some(client)
         }
     };
+    if args.draw_after_ready_ms > 0 {
+        draw_while_starting(args.draw_after_ready_ms).await;
+    }
     show(&format!("sim {name} ready\r\n> "));
     let mut editor = LineEditor::new();
     let mut stdin = tokio::io::stdin();
     let mut chunk = [0u8; 4096];
     let mut tasks = 0usize;
+    let mut clock = args
+        .clock_ms
+        .map(|ms| interval(Duration::from_millis(ms.max(1))));
+    let started = Instant::now();
     loop {
-        let n = stdin.read(&mut chunk).await?;
+        let tick = async {
+            match clock.as_mut() {
+                Some(clock) => clock.tick().await,
+                None => std::future::pending().await,
+            }
+        };
+        let n = tokio::select! {
+            read = stdin.read(&mut chunk) => read?,
+            _ = tick => {
+                // Save the cursor, draw on the top line, put the cursor back.
+                show(&format!("\x1b7\x1b[1;1H\x1b[2Kclock {} ms\x1b8", started.elapsed().as_millis()));
+                continue;
+            }
+        };
         if n == 0 {
             return Ok(());
         }

@@ -16,7 +16,9 @@ mod federation;
 mod profile;
 
 pub use federation::{BrokerConfig, FederationConfig, redacted_uri};
-pub use profile::{ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS};
+pub use profile::{
+    CLAUDE_CREDENTIALS, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
+};
 
 /// The default address of the MCP endpoint: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
@@ -356,6 +358,14 @@ impl Config {
         Ok(())
     }
 
+    /// What only `serve` can check, with fleetd's environment at hand (`fleetd_env`): every
+    /// profile with an isolated home has a login (see [`ProfileConfig::check_login`]).
+    pub fn check_logins(&self, fleetd_env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        self.profiles
+            .iter()
+            .try_for_each(|profile| profile.check_login(fleetd_env))
+    }
+
     /// The profile called `name`.
     pub fn profile(&self, name: &str) -> Option<&ProfileConfig> {
         self.profiles.iter().find(|p| p.name == name)
@@ -577,6 +587,99 @@ mod tests {
     }
 
     #[test]
+    fn an_isolated_claude_code_without_a_login_is_refused_naming_what_to_add() {
+        let nothing = |_: &str| None;
+        let profile = |extra: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\nisolated_home = true\n{extra}\n"
+            ))
+            .unwrap()
+        };
+        let refused = [
+            "",
+            // Empty is unset; other variables are no login, and their values are never shown.
+            "env = { ANTHROPIC_API_KEY = \"\", OTHER_SECRET = \"s3cr3t-value\" }",
+            "env = { ANTHROPIC_BASE_URL_X = \"sk-ant-lookalike\" }",
+        ];
+        for extra in refused {
+            let err = profile(extra).check_logins(&nothing).unwrap_err();
+            for needle in [
+                "profiles 'claude'",
+                "isolated_home",
+                "Not logged in",
+                "add ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_OAUTH_TOKEN)",
+            ] {
+                assert!(err.contains(needle), "{extra}: {needle}: {err}");
+            }
+            assert!(!err.contains("s3cr3t") && !err.contains("sk-ant"), "{err}");
+        }
+        // A sandboxed Claude Code in an isolated home is held to the same rule.
+        let sandboxed = parse(
+            "[[profiles]]\nname = \"box\"\nkind = \"sandbox\"\nruntime = [\"bwrap\"]\nagent_kind = \"claude-code\"\nisolated_home = true\n",
+        )
+        .unwrap();
+        let err = sandboxed.check_logins(&nothing).unwrap_err();
+        assert!(err.contains("profiles 'box'"), "{err}");
+
+        let allowed = [
+            "env = { ANTHROPIC_API_KEY = \"sk-ant-x\" }",
+            "env = { ANTHROPIC_AUTH_TOKEN = \"t\" }",
+            "env = { CLAUDE_CODE_OAUTH_TOKEN = \"t\" }",
+            "env = { CLAUDE_CODE_USE_BEDROCK = \"1\" }",
+            "env = { CLAUDE_CODE_USE_VERTEX = \"1\" }",
+            "argv = [\"claude\", \"--settings\", \"/etc/fleet/claude-settings.json\"]",
+            "argv = [\"claude\", \"--settings={}\"]",
+        ];
+        for extra in allowed {
+            assert_eq!(profile(extra).check_logins(&nothing), Ok(()), "{extra}");
+        }
+        // The user's own home has the user's own login.
+        let own = parse("[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\n").unwrap();
+        assert_eq!(own.check_logins(&nothing), Ok(()));
+        // A credential in fleetd's own environment counts (the launcher hands it on).
+        for key in CLAUDE_CREDENTIALS {
+            let env = |k: &str| (k == key).then(|| "secret".to_string());
+            assert_eq!(profile("").check_logins(&env), Ok(()), "{key}");
+        }
+        let empty = |_: &str| Some(String::new());
+        assert!(profile("").check_logins(&empty).is_err());
+    }
+
+    #[test]
+    fn an_isolated_opencode_on_an_anthropic_model_without_its_key_is_refused() {
+        let nothing = |_: &str| None;
+        let opencode = |extra: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\nisolated_home = true\n{extra}\n"
+            ))
+            .unwrap()
+        };
+        let anthropic = "model = \"anthropic/claude-sonnet-4-5\"";
+        let err = opencode(anthropic).check_logins(&nothing).unwrap_err();
+        for needle in [
+            "profiles 'oc'",
+            "anthropic/claude-sonnet-4-5",
+            "API key is missing",
+            "add ANTHROPIC_API_KEY",
+        ] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        let with_key = format!("{anthropic}\nenv = {{ ANTHROPIC_API_KEY = \"k\" }}");
+        assert_eq!(opencode(&with_key).check_logins(&nothing), Ok(()));
+        let fleetds = |k: &str| (k == "ANTHROPIC_API_KEY").then(|| "k".to_string());
+        assert_eq!(opencode(anthropic).check_logins(&fleetds), Ok(()));
+        // Another provider's variables are its own business; so is the user's own home.
+        for extra in ["model = \"ollama/llama3\"", ""] {
+            assert_eq!(opencode(extra).check_logins(&nothing), Ok(()), "{extra}");
+        }
+        let own = parse(&format!(
+            "[[profiles]]\nname = \"oc\"\nkind = \"opencode\"\n{anthropic}\n"
+        ))
+        .unwrap();
+        assert_eq!(own.check_logins(&nothing), Ok(()));
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = parse("[gateway]\nlisten_on = \"x\"\n")
             .unwrap_err()
@@ -688,6 +791,14 @@ mod tests {
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nisolated_home=true\n",
                 "isolated_home applies to claude-code and opencode",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"opencode\"\ntrust_workdir=false\n",
+                "trust_workdir applies to claude-code profiles, not to kind \"opencode\"",
+            ),
+            (
+                "[[profiles]]\nname=\"a\"\nkind=\"claude-code\"\nisolated_home=true\ntrust_workdir=false\n",
+                "an isolated home is fleetd's own",
             ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nruntime=[\"docker\"]\n",

@@ -24,6 +24,28 @@ const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
 const OPENCODE_READY: &str = "Ask anything";
 /// The most tasks a `context_cap` may allow.
 const MAX_CONTEXT_CAP: u64 = 1_000_000;
+/// What Claude Code takes from its environment as a login (2.1.332): an API key, a bearer
+/// token (for a gateway in front of the API), a long-lived OAuth token (`claude setup-token`).
+pub const CLAUDE_CREDENTIALS: [&str; 3] = [
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+];
+/// The variables that point Claude Code at a cloud provider (2.1.332), which signs in by that
+/// cloud's own means.
+const CLAUDE_PROVIDERS: [&str; 6] = [
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+    "CLAUDE_CODE_USE_ANTHROPIC_AWS",
+    "CLAUDE_CODE_USE_ANTHROPIC_GOOGLE_CLOUD",
+    "CLAUDE_CODE_USE_MANTLE",
+];
+/// The flag that hands Claude Code a settings file or JSON, which may name an `apiKeyHelper`.
+const CLAUDE_SETTINGS_FLAG: &str = "--settings";
+/// The provider of opencode's models that fleetd sets up (`base_url`), and the one variable it
+/// takes a login from.
+const OPENCODE_ANTHROPIC: (&str, &str) = ("anthropic/", "ANTHROPIC_API_KEY");
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
 pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
     "name",
@@ -170,6 +192,11 @@ pub struct ProfileConfig {
     /// settings.
     #[serde(default)]
     pub isolated_home: bool,
+    /// claude-code (not in an isolated home): mark the working directory trusted in the user's
+    /// `~/.claude.json`, so Claude Code starts without asking; false leaves that file alone
+    /// (the directory must then be trusted already, or Claude Code asks and never gets ready).
+    #[serde(default = "default_trust_workdir")]
+    pub trust_workdir: bool,
     /// sandbox: the image (or other reference) for `{image}`; fleetd never builds it.
     #[serde(default)]
     pub image: Option<String>,
@@ -206,6 +233,10 @@ fn one_line(what: &str, value: &str) -> Result<(), String> {
     }
 }
 
+fn default_trust_workdir() -> bool {
+    true
+}
+
 impl ProfileConfig {
     /// A `command` profile running `argv`, every other key at its default.
     pub fn command(name: &str, argv: Vec<String>) -> Self {
@@ -227,6 +258,7 @@ impl ProfileConfig {
             base_url: None,
             model: None,
             isolated_home: false,
+            trust_workdir: default_trust_workdir(),
             image: None,
             runtime: Vec::new(),
             teardown: Vec::new(),
@@ -346,6 +378,66 @@ impl ProfileConfig {
         self.validate_kind()
     }
 
+    /// An agent in an isolated home starts with no login of its own: without a credential it
+    /// takes a task and never answers. Refuses such a profile when a credential is missing
+    /// (looked for in its `env` and in fleetd's environment, `fleetd_env`, which the launcher
+    /// hands on); the error names the variables, never their values.
+    ///
+    /// Claude Code ("Not logged in"): one of [`CLAUDE_CREDENTIALS`], unless something else
+    /// signs it in: a cloud provider (`CLAUDE_CODE_USE_BEDROCK` …) or a `--settings` argument
+    /// (which may name an `apiKeyHelper`). opencode ("Anthropic API key is missing"): only for an
+    /// `anthropic/…` model, the provider fleetd sets up, whose key is `ANTHROPIC_API_KEY`;
+    /// other providers have variables of their own, which fleetd does not know.
+    pub fn check_login(&self, fleetd_env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        if !self.isolated_home {
+            return Ok(());
+        }
+        let set = |key: &str| {
+            self.env
+                .get(key)
+                .cloned()
+                .or_else(|| fleetd_env(key))
+                .is_some_and(|value| !value.is_empty())
+        };
+        match self.agent_kind() {
+            ProfileKind::ClaudeCode => self.check_claude_login(&set),
+            ProfileKind::Opencode => {
+                let (provider, key) = OPENCODE_ANTHROPIC;
+                match &self.model {
+                    Some(model) if model.starts_with(provider) && !set(key) => Err(format!(
+                        "profiles '{}': isolated_home = true starts opencode with no login, where its model '{model}' fails with \"Anthropic API key is missing\" and it never answers: add {key} to the profile's env or to fleetd's environment, or drop isolated_home to use your own login",
+                        self.name
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            ProfileKind::Command | ProfileKind::Sandbox => Ok(()),
+        }
+    }
+
+    /// [`ProfileConfig::check_login`] for Claude Code, `set` telling which variables are set.
+    fn check_claude_login(&self, set: &dyn Fn(&str) -> bool) -> Result<(), String> {
+        let settings = self.program().iter().any(|arg| {
+            arg == CLAUDE_SETTINGS_FLAG
+                || arg
+                    .strip_prefix(CLAUDE_SETTINGS_FLAG)
+                    .is_some_and(|rest| rest.starts_with('='))
+        });
+        if CLAUDE_CREDENTIALS
+            .iter()
+            .chain(&CLAUDE_PROVIDERS)
+            .any(|key| set(key))
+            || settings
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "profiles '{}': isolated_home = true starts Claude Code in a fresh home with no login, where it shows \"Not logged in\" and never answers: add ANTHROPIC_API_KEY (or {}) to the profile's env or to fleetd's environment, or drop isolated_home to use your own login",
+            self.name,
+            CLAUDE_CREDENTIALS[1..].join(", ")
+        ))
+    }
+
     /// The keys that belong to some kinds only, and what each kind needs.
     fn validate_kind(&self) -> Result<(), String> {
         let name = &self.name;
@@ -377,6 +469,16 @@ impl ProfileConfig {
             "isolated_home",
             "claude-code and opencode",
         )?;
+        only(
+            !self.trust_workdir && agent != ProfileKind::ClaudeCode,
+            "trust_workdir",
+            "claude-code",
+        )?;
+        if !self.trust_workdir && self.isolated_home {
+            return Err(format!(
+                "profiles '{name}': trust_workdir = false is about your own ~/.claude.json; an isolated home is fleetd's own and trusts its directory (without that Claude Code asks and never gets ready): drop one of them"
+            ));
+        }
         for (set, key) in [
             (self.image.is_some(), "image"),
             (!self.runtime.is_empty(), "runtime"),

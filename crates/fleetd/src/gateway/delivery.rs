@@ -11,12 +11,19 @@ use std::time::Duration;
 use fleet_core::typed::typeable;
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
-use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
 
 use super::Gateway;
 
 /// How long the pump waits before looking at its queue again after the store failed.
 const STORE_RETRY: Duration = Duration::from_secs(1);
+/// How the screen must settle before a session's first task is typed: a program may call in
+/// before its screen is up and drop the keys typed while it still draws. Held still this long
+/// it is taken to be up; one that never holds still (a clock) gets the task after the limit.
+const FIRST_TASK_SETTLE: Settle = Settle {
+    still: Duration::from_millis(250),
+    limit: Duration::from_secs(3),
+};
 
 /// What the pump does next.
 enum Step {
@@ -225,10 +232,11 @@ impl Gateway {
                 s.pane.clone(),
                 Arc::clone(&s.profile),
                 s.activity.subscribe(),
+                s.tasks_started,
             )
         });
         // Gone: the end of its session fails what it held.
-        let Some((pane, profile, mut activity)) = found else {
+        let Some((pane, profile, mut activity, tasks_started)) = found else {
             return;
         };
         let from_name = self.name_of(task.from).await;
@@ -236,6 +244,8 @@ impl Gateway {
             enter_pause: profile.enter_pause(),
             verify_window: Duration::from_millis(profile.submit_verify_ms),
             submitted_marker: profile.submitted_marker(),
+            // The session's first task (a recycled session counts afresh).
+            settle_first: (tasks_started == 1).then_some(FIRST_TASK_SETTLE),
         };
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
         // The last gate before keys: whatever path the task came by (a local send checked it

@@ -35,6 +35,11 @@ impl Workdirs {
         })
     }
 
+    /// `gateway.workdir_roots`, resolved (empty: none).
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
     /// The directory a worker may work in for the requested `dir`: plain text, an existing
     /// directory, resolved, and allowed by the core rule.
     pub fn resolve(&self, dir: &Path, host: &str) -> Result<PathBuf, FleetError> {

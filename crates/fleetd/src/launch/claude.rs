@@ -7,16 +7,22 @@
 //! - the environment that keeps it quiet offline (no non-essential traffic, no tool search),
 //!   and the profile's `base_url` as `ANTHROPIC_BASE_URL`;
 //! - by default the user's own login and settings, with only the trust prompt for the working
-//!   directory answered in advance; with `isolated_home`, a private `HOME` seeded so it starts
-//!   without dialogs (API-key setups, tests).
+//!   directory answered in advance (in `~/.claude.json`, under Claude Code's own lock, see
+//!   [`super::trust`]; never for a directory outside `gateway.workdir_roots`; not at all with
+//!   the profile's `trust_workdir = false`); with `isolated_home`, a private `HOME` seeded so
+//!   it starts without dialogs (API-key setups, tests), and the login fleetd was given when the
+//!   profile names none.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use fleet_core::workdir::check_roots;
 use serde_json::{Map, Value, json};
 
-use super::{Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{MAX_WAIT_S, ProfileConfig};
+use super::trust::trust_directory;
+use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
+use crate::config::{CLAUDE_CREDENTIALS, MAX_WAIT_S, ProfileConfig};
 
 /// The MCP server's name in Claude Code (its tools: `mcp__fleet__fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -28,11 +34,20 @@ const APPROVED_KEY_CHARS: usize = 20;
 pub(super) struct ClaudeLauncher {
     /// The user's home, whose `.claude.json` gets the working directory's trust.
     user_home: Option<PathBuf>,
+    /// The resolved `gateway.workdir_roots`: no directory outside them is marked trusted.
+    roots: Vec<PathBuf>,
+    /// Claude Code's credentials in fleetd's environment, for an isolated home whose profile
+    /// names none.
+    credentials: BTreeMap<String, String>,
 }
 
 impl ClaudeLauncher {
-    pub(super) fn new(user_home: Option<PathBuf>) -> Self {
-        Self { user_home }
+    pub(super) fn new(facts: HostFacts) -> Self {
+        Self {
+            user_home: facts.user_home,
+            roots: facts.workdir_roots,
+            credentials: facts.credentials,
+        }
     }
 }
 
@@ -74,40 +89,64 @@ impl PeerLauncher for ClaudeLauncher {
         if let Some(url) = &profile.base_url {
             launch.env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
         }
+        // The working directory was checked at spawn; the trust given here reaches no further.
+        let keys = trusted_keys(&worker.cwd, &self.roots)?;
         if profile.isolated_home {
             let home = worker.dir.join("home");
             private_dir(&home)?;
-            let key = launch
-                .env
-                .get("ANTHROPIC_API_KEY")
-                .cloned()
-                .or_else(|| std::env::var("ANTHROPIC_API_KEY").ok());
+            let own_login = CLAUDE_CREDENTIALS
+                .iter()
+                .any(|key| launch.env.get(*key).is_some_and(|value| !value.is_empty()));
+            if !own_login {
+                launch.env.extend(self.credentials.clone());
+            }
             private_file(
                 &home.join(CLAUDE_JSON),
-                serde_json::to_string_pretty(&seeded_settings(&worker.cwd, key.as_deref()))?
-                    .as_bytes(),
+                serde_json::to_string_pretty(&seeded_settings(
+                    &keys,
+                    // The key it will see: its own, else fleetd's (a pane host may pass that on).
+                    launch
+                        .env
+                        .get("ANTHROPIC_API_KEY")
+                        .or_else(|| self.credentials.get("ANTHROPIC_API_KEY"))
+                        .map(String::as_str),
+                ))?
+                .as_bytes(),
             )?;
             launch.env.insert("HOME".into(), home.display().to_string());
-        } else if let Some(home) = &self.user_home {
-            trust_directory(&home.join(CLAUDE_JSON), &worker.cwd)?;
+        } else if profile.trust_workdir
+            && let Some(home) = &self.user_home
+        {
+            trust_directory(&home.join(CLAUDE_JSON), &keys)?;
         }
         Ok(launch)
     }
 }
 
-/// The working directory as Claude Code keys it, and its canonical form if that differs.
-fn project_keys(cwd: &Path) -> Vec<String> {
-    let mut keys = vec![cwd.display().to_string()];
+/// The working directory as Claude Code keys it, and its canonical form if that differs; each
+/// must lie under the `roots` (when there are any), or nothing is trusted.
+fn trusted_keys(cwd: &Path, roots: &[PathBuf]) -> std::io::Result<Vec<String>> {
+    let mut dirs = vec![cwd.to_path_buf()];
     if let Ok(real) = fs::canonicalize(cwd)
         && real != cwd
     {
-        keys.push(real.display().to_string());
+        dirs.push(real);
     }
-    keys
+    dirs.iter()
+        .map(|dir| {
+            check_roots(dir, roots).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("not marking it trusted for Claude Code: {}", e.message),
+                )
+            })?;
+            Ok(dir.display().to_string())
+        })
+        .collect()
 }
 
-/// A fresh home's settings: onboarding done, the key approved, the directory trusted.
-fn seeded_settings(cwd: &Path, api_key: Option<&str>) -> Value {
+/// A fresh home's settings: onboarding done, the key approved, the directories trusted.
+fn seeded_settings(keys: &[String], api_key: Option<&str>) -> Value {
     let approved: Vec<String> = api_key
         .map(|key| {
             let skip = key.chars().count().saturating_sub(APPROVED_KEY_CHARS);
@@ -115,9 +154,9 @@ fn seeded_settings(cwd: &Path, api_key: Option<&str>) -> Value {
         })
         .into_iter()
         .collect();
-    let projects: Map<String, Value> = project_keys(cwd)
-        .into_iter()
-        .map(|key| (key, json!({"hasTrustDialogAccepted": true})))
+    let projects: Map<String, Value> = keys
+        .iter()
+        .map(|key| (key.clone(), json!({"hasTrustDialogAccepted": true})))
         .collect();
     json!({
         "hasCompletedOnboarding": true,
@@ -126,54 +165,6 @@ fn seeded_settings(cwd: &Path, api_key: Option<&str>) -> Value {
         "customApiKeyResponses": {"approved": approved, "rejected": []},
         "projects": projects,
     })
-}
-
-/// Marks `cwd` trusted in the Claude Code settings file at `file`, keeping everything else in
-/// it. The file is rewritten whole (to a temporary file, then renamed over it).
-fn trust_directory(file: &Path, cwd: &Path) -> std::io::Result<()> {
-    let mut settings: Value = match fs::read_to_string(file) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| {
-            std::io::Error::other(format!(
-                "{} is not JSON ({e}): cannot mark {} trusted for Claude Code",
-                file.display(),
-                cwd.display()
-            ))
-        })?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({}),
-        Err(e) => return Err(e),
-    };
-    let Some(root) = settings.as_object_mut() else {
-        return Err(std::io::Error::other(format!(
-            "{} is not a JSON object",
-            file.display()
-        )));
-    };
-    let projects = root.entry("projects").or_insert_with(|| json!({}));
-    let Some(projects) = projects.as_object_mut() else {
-        return Err(std::io::Error::other(format!(
-            "{}: 'projects' is not an object",
-            file.display()
-        )));
-    };
-    let mut changed = false;
-    for key in project_keys(cwd) {
-        let project = projects.entry(key).or_insert_with(|| json!({}));
-        if let Some(project) = project.as_object_mut()
-            && project.get("hasTrustDialogAccepted") != Some(&Value::Bool(true))
-        {
-            project.insert("hasTrustDialogAccepted".into(), Value::Bool(true));
-            changed = true;
-        }
-    }
-    if !changed {
-        return Ok(());
-    }
-    let temporary = file.with_extension(format!("json.fleetd-{}", std::process::id()));
-    private_file(
-        &temporary,
-        serde_json::to_string_pretty(&settings)?.as_bytes(),
-    )?;
-    fs::rename(&temporary, file)
 }
 
 #[cfg(test)]
@@ -188,16 +179,43 @@ mod tests {
         profile
     }
 
-    fn prepare(profile: &ProfileConfig, user_home: Option<PathBuf>, w: &Worker) -> Launch {
+    /// A host whose user's home is `user_home`, with `roots` and fleetd's `credentials`.
+    fn facts(user_home: Option<&Path>, roots: &[&Path], credentials: &[(&str, &str)]) -> HostFacts {
+        HostFacts {
+            user_home: user_home.map(Path::to_path_buf),
+            workdir_roots: roots.iter().map(|r| r.to_path_buf()).collect(),
+            credentials: credentials
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn try_prepare(
+        profile: &ProfileConfig,
+        facts: HostFacts,
+        w: &Worker,
+    ) -> std::io::Result<Launch> {
         private_dir(&w.dir).unwrap();
         let launch = Launch {
             argv: profile.program(),
-            env: Default::default(),
+            env: profile.env.0.clone(),
             teardown: None,
         };
-        ClaudeLauncher::new(user_home)
-            .prepare(profile, w, launch)
-            .unwrap()
+        ClaudeLauncher::new(facts).prepare(profile, w, launch)
+    }
+
+    fn prepare(profile: &ProfileConfig, user_home: Option<PathBuf>, w: &Worker) -> Launch {
+        try_prepare(profile, facts(user_home.as_deref(), &[], &[]), w).unwrap()
+    }
+
+    /// A user's home holding a `.claude.json` with `text`; returns the file.
+    fn users_settings(dir: &Path, text: &str) -> PathBuf {
+        let home = dir.join("home");
+        fs::create_dir(&home).unwrap();
+        let file = home.join(CLAUDE_JSON);
+        fs::write(&file, text).unwrap();
+        file
     }
 
     #[test]
@@ -247,15 +265,7 @@ mod tests {
             "ANTHROPIC_API_KEY".into(),
             "sk-ant-0123456789-abcdefghijklmnopqrst".into(),
         );
-        let mut launch = Launch {
-            argv: profile.program(),
-            env: profile.env.0.clone(),
-            teardown: None,
-        };
-        private_dir(&w.dir).unwrap();
-        launch = ClaudeLauncher::new(None)
-            .prepare(&profile, &w, launch)
-            .unwrap();
+        let launch = prepare(&profile, None, &w);
         let home = PathBuf::from(&launch.env["HOME"]);
         assert!(home.starts_with(&w.dir));
         let seeded: Value =
@@ -270,17 +280,46 @@ mod tests {
     }
 
     #[test]
+    fn an_isolated_home_gets_fleetds_login_when_its_profile_names_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        let mut profile = claude_profile();
+        profile.isolated_home = true;
+        let fleetds = [(
+            "ANTHROPIC_API_KEY",
+            "sk-ant-fleetd-0123456789-abcdefghijklmnop",
+        )];
+        let launch = try_prepare(&profile, facts(None, &[], &fleetds), &w).unwrap();
+        assert_eq!(launch.env["ANTHROPIC_API_KEY"], fleetds[0].1);
+        let home = PathBuf::from(&launch.env["HOME"]);
+        let seeded: Value =
+            serde_json::from_str(&fs::read_to_string(home.join(CLAUDE_JSON)).unwrap()).unwrap();
+        assert_eq!(
+            seeded["customApiKeyResponses"]["approved"][0],
+            "789-abcdefghijklmnop"
+        );
+        // A profile with a login of its own keeps it, and gets nothing of fleetd's.
+        let w2 = Worker {
+            dir: dir.path().join("w2"),
+            ..worker(dir.path())
+        };
+        profile
+            .env
+            .insert("ANTHROPIC_AUTH_TOKEN".into(), "gateway-token".into());
+        let launch = try_prepare(&profile, facts(None, &[], &fleetds), &w2).unwrap();
+        assert_eq!(launch.env["ANTHROPIC_AUTH_TOKEN"], "gateway-token");
+        assert!(!launch.env.contains_key("ANTHROPIC_API_KEY"));
+    }
+
+    #[test]
     fn the_users_own_settings_only_gain_the_directorys_trust() {
         let dir = tempfile::tempdir().unwrap();
         let w = worker(dir.path());
-        let home = dir.path().join("home");
-        fs::create_dir(&home).unwrap();
-        let file = home.join(CLAUDE_JSON);
-        fs::write(
-            &file,
+        let file = users_settings(
+            dir.path(),
             r#"{"oauthAccount": {"email": "me@example.com"}, "projects": {"/elsewhere": {"x": 1}}}"#,
-        )
-        .unwrap();
+        );
+        let home = file.parent().unwrap().to_path_buf();
         let launch = prepare(&claude_profile(), Some(home.clone()), &w);
         assert!(!launch.env.contains_key("HOME"));
         let settings: Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
@@ -288,10 +327,83 @@ mod tests {
         assert_eq!(settings["projects"]["/elsewhere"]["x"], 1);
         let cwd = w.cwd.display().to_string();
         assert_eq!(settings["projects"][&cwd]["hasTrustDialogAccepted"], true);
-        // A file that is not JSON is left alone, with an error naming it.
+        // A file that is not JSON is left alone, and the launch fails naming it.
         fs::write(&file, "not json").unwrap();
-        let err = trust_directory(&file, &w.cwd).unwrap_err().to_string();
+        let err = try_prepare(&claude_profile(), facts(Some(&home), &[], &[]), &w)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(".claude.json"), "{err}");
         assert_eq!(fs::read_to_string(&file).unwrap(), "not json");
+    }
+
+    #[test]
+    fn with_trust_workdir_off_the_users_settings_are_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        let text = r#"{"projects": {"/elsewhere": {"x": 1}}}"#;
+        let file = users_settings(dir.path(), text);
+        let home = file.parent().unwrap().to_path_buf();
+        let before = fs::metadata(&file).unwrap().modified().unwrap();
+        let mut profile = claude_profile();
+        profile.trust_workdir = false;
+        prepare(&profile, Some(home.clone()), &w);
+        assert_eq!(fs::read_to_string(&file).unwrap(), text);
+        assert_eq!(fs::metadata(&file).unwrap().modified().unwrap(), before);
+        // Not even its lock was taken: nothing but the file is in the home.
+        let names: Vec<_> = fs::read_dir(&home)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [CLAUDE_JSON]);
+    }
+
+    #[test]
+    fn a_directory_outside_the_roots_is_never_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("src");
+        let inside = root.join("app");
+        let outside = dir.path().join("elsewhere");
+        fs::create_dir_all(&inside).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        // A link under the root that leads out of it.
+        std::os::unix::fs::symlink(&outside, root.join("way-out")).unwrap();
+        let text = r#"{"projects": {}}"#;
+        let file = users_settings(dir.path(), text);
+        let home = file.parent().unwrap().to_path_buf();
+        for cwd in [
+            outside.clone(),
+            root.join("way-out"),
+            dir.path().to_path_buf(),
+        ] {
+            let w = Worker {
+                cwd: cwd.clone(),
+                ..worker(dir.path())
+            };
+            let err =
+                try_prepare(&claude_profile(), facts(Some(&home), &[&root], &[]), &w).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{cwd:?}");
+            assert!(
+                err.to_string().contains("outside gateway.workdir_roots"),
+                "{err}"
+            );
+            assert_eq!(fs::read_to_string(&file).unwrap(), text);
+        }
+        // An isolated home does not trust such a directory either.
+        let mut isolated = claude_profile();
+        isolated.isolated_home = true;
+        let w = Worker {
+            cwd: outside.clone(),
+            ..worker(dir.path())
+        };
+        assert!(try_prepare(&isolated, facts(None, &[&root], &[]), &w).is_err());
+        // Under the root: trusted.
+        let w = Worker {
+            cwd: inside.clone(),
+            ..worker(dir.path())
+        };
+        try_prepare(&claude_profile(), facts(Some(&home), &[&root], &[]), &w).unwrap();
+        let settings: Value = serde_json::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+        let key = inside.display().to_string();
+        assert_eq!(settings["projects"][&key]["hasTrustDialogAccepted"], true);
     }
 }

@@ -11,6 +11,7 @@ mod bwrap;
 mod claude;
 mod opencode;
 mod sandbox;
+mod trust;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -118,6 +119,22 @@ impl PeerLauncher for CommandLauncher {
     }
 }
 
+/// What the launchers take from this host, read once at start.
+#[derive(Clone, Default)]
+pub struct HostFacts {
+    /// The user's home: its `.claude.json` gets a worker's directory trusted; `{home}` of a
+    /// sandbox template.
+    pub user_home: Option<PathBuf>,
+    /// `gateway.workdir_roots`, resolved (empty: none): no directory outside them is marked
+    /// trusted, whatever a launch is asked for.
+    pub workdir_roots: Vec<PathBuf>,
+    /// The model credentials in fleetd's own environment (by name: Claude Code's, of which
+    /// opencode's Anthropic provider takes `ANTHROPIC_API_KEY`), handed to a worker in an
+    /// isolated home whose profile sets none: a pane host need not pass fleetd's environment on
+    /// (herdr's panes get herdr's).
+    pub credentials: BTreeMap<String, String>,
+}
+
 /// The launchers by kind, and the workers' directories.
 pub struct Launchers {
     /// `<state>/workers`.
@@ -130,18 +147,17 @@ pub struct Launchers {
 
 impl Launchers {
     /// The launchers of the gateway with state dir `state_dir`, keeping workers' files in its
-    /// `workers`. `user_home` is the user's home, whose Claude Code settings a non-isolated
-    /// claude-code worker uses.
-    pub fn new(state_dir: &Path, user_home: Option<PathBuf>) -> Self {
+    /// `workers`, on a host with `facts`.
+    pub fn new(state_dir: &Path, facts: HostFacts) -> Self {
         Self {
             root: state_dir.join("workers"),
             command: CommandLauncher,
-            claude: claude::ClaudeLauncher::new(user_home.clone()),
-            opencode: opencode::OpencodeLauncher,
             sandbox: sandbox::SandboxLauncher {
                 state_dir: state_dir.to_path_buf(),
-                home: user_home,
+                home: facts.user_home.clone(),
             },
+            opencode: opencode::OpencodeLauncher::new(&facts),
+            claude: claude::ClaudeLauncher::new(facts),
         }
     }
 
@@ -283,7 +299,7 @@ mod tests {
     #[test]
     fn a_command_runs_as_given_with_fleet_variables() {
         let dir = tempfile::tempdir().unwrap();
-        let launchers = Launchers::new(dir.path(), None);
+        let launchers = Launchers::new(dir.path(), HostFacts::default());
         let profile = ProfileConfig::command("p", vec!["prog".into(), "--x".into()]);
         let w = worker(dir.path());
         let launch = launchers.prepare(&profile, &w).unwrap();

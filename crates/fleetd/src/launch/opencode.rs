@@ -7,14 +7,15 @@
 //!   Anthropic provider's endpoint), no updates, sharing, LSP or formatters;
 //! - the environment that keeps it from fetching model lists, updates or language servers;
 //! - with `isolated_home`, a private `HOME` and XDG dirs, so it neither reads nor writes the
-//!   user's own opencode files (its plugin install is pre-seeded so it does not reach npm).
+//!   user's own opencode files (its plugin install is pre-seeded so it does not reach npm), and
+//!   fleetd's `ANTHROPIC_API_KEY` when the profile names none.
 //!
 //! Its screen is ready when its input box shows the placeholder (see
 //! [`ProfileConfig::ready_marker`]).
 
 use serde_json::{Value, json};
 
-use super::{Launch, PeerLauncher, Worker, charter, private_dir, private_file};
+use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
 use crate::config::{MAX_WAIT_S, ProfileConfig};
 
 /// The MCP server's name in opencode (its tools: `fleet_fleet_reply`, …).
@@ -27,7 +28,21 @@ const XDG_DIRS: [(&str, &str); 4] = [
     ("XDG_STATE_HOME", ".local/state"),
 ];
 
-pub(super) struct OpencodeLauncher;
+/// The variable opencode's Anthropic provider takes its key from.
+const ANTHROPIC_KEY: &str = "ANTHROPIC_API_KEY";
+
+pub(super) struct OpencodeLauncher {
+    /// fleetd's own `ANTHROPIC_API_KEY`, for an isolated home whose profile names none.
+    api_key: Option<String>,
+}
+
+impl OpencodeLauncher {
+    pub(super) fn new(facts: &HostFacts) -> Self {
+        Self {
+            api_key: facts.credentials.get(ANTHROPIC_KEY).cloned(),
+        }
+    }
+}
 
 impl PeerLauncher for OpencodeLauncher {
     fn prepare(
@@ -67,6 +82,11 @@ impl PeerLauncher for OpencodeLauncher {
                 &own.join("package-lock.json"),
                 br#"{"packages":{"":{"dependencies":{"@opencode-ai/plugin":"*"}}}}"#,
             )?;
+            if let Some(key) = &self.api_key
+                && launch.env.get(ANTHROPIC_KEY).is_none_or(String::is_empty)
+            {
+                launch.env.insert(ANTHROPIC_KEY.into(), key.clone());
+            }
             launch.env.insert("HOME".into(), home.display().to_string());
         }
         Ok(launch)
@@ -129,7 +149,14 @@ mod tests {
             env: Default::default(),
             teardown: None,
         };
-        let launch = OpencodeLauncher.prepare(&profile, &w, launch).unwrap();
+        // fleetd's own key is handed on to an isolated home whose profile names none.
+        let facts = HostFacts {
+            credentials: [(ANTHROPIC_KEY.to_string(), "fleetds-key".to_string())].into(),
+            ..HostFacts::default()
+        };
+        let launcher = OpencodeLauncher::new(&facts);
+        let launch = launcher.prepare(&profile, &w, launch).unwrap();
+        assert_eq!(launch.env[ANTHROPIC_KEY], "fleetds-key");
         assert_eq!(launch.argv, ["opencode"]);
         let file = PathBuf::from(&launch.env["OPENCODE_CONFIG"]);
         let text = fs::read_to_string(&file).unwrap();
@@ -154,5 +181,13 @@ mod tests {
         assert!(home.starts_with(&w.dir));
         assert!(PathBuf::from(&launch.env["XDG_CONFIG_HOME"]).starts_with(&home));
         assert_eq!(launch.env["OPENCODE_DISABLE_MODELS_FETCH"], "1");
+        // A profile's own key is kept.
+        let own = Launch {
+            argv: profile.program(),
+            env: [(ANTHROPIC_KEY.to_string(), "profiles-key".to_string())].into(),
+            teardown: None,
+        };
+        let launch = launcher.prepare(&profile, &w, own).unwrap();
+        assert_eq!(launch.env[ANTHROPIC_KEY], "profiles-key");
     }
 }

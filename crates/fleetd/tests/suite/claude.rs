@@ -2,10 +2,19 @@
 //! real tmux panes; only the model is scripted (`fleet_testkit::model`: it answers every typed
 //! task by calling `fleet_reply` with `echo: <task>`).
 
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, claude_binary, claude_profile};
+use fleet_testkit::fleet::{Fleet, TEST_API_KEY, claude_binary, claude_profile};
 use fleet_testkit::model::ModelSim;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+/// How often a test looks at the user's settings file while workers start.
+const SETTINGS_LOOK: Duration = Duration::from_millis(5);
 
 /// A fleet whose profile `claude` is a real Claude Code on the scripted model, with one such
 /// worker `c1` spawned.
@@ -135,5 +144,108 @@ async fn a_lead_connects_claude_code_with_the_lines_mcp_config_prints() -> anyho
     let stored = std::fs::read_to_string(home.path().join(".claude.json"))?;
     assert!(stored.contains("Bearer ${FLEET_TOKEN}"), "{stored}");
     assert!(!stored.contains(&fleet.token("lead")?), "{stored}");
+    Ok(())
+}
+
+/// A profile of real Claude Code workers on the user's own settings (fleetd's `HOME`), their
+/// model the scripted one at `base_url`.
+fn own_settings_profile(base_url: &str) -> String {
+    format!(
+        "[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{base_url}\"\nenv = {{ ANTHROPIC_API_KEY = \"{TEST_API_KEY}\" }}\nready_timeout_s = 90\n",
+        claude_binary()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory()
+-> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let dir = tempfile::tempdir()?;
+    // The user's home (this test's own): onboarding done and the key approved, as a user's is.
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home)?;
+    let settings = home.join(".claude.json");
+    let approved = &TEST_API_KEY[TEST_API_KEY.len() - 20..];
+    std::fs::write(
+        &settings,
+        serde_json::to_string_pretty(&json!({
+            "hasCompletedOnboarding": true,
+            "lastOnboardingVersion": "2.1.332",
+            "theme": "dark",
+            "customApiKeyResponses": {"approved": [approved], "rejected": []},
+            "fleetTestNote": "the user's own, kept",
+        }))?,
+    )?;
+    let work = dir.path().join("work");
+    let cwds: Vec<PathBuf> = (1..=3).map(|i| work.join(format!("project-{i}"))).collect();
+    for cwd in &cwds {
+        std::fs::create_dir_all(cwd)?;
+    }
+    let home_text = home.display().to_string();
+    let fleet = Fleet::start_with_env(
+        &std::env::temp_dir(),
+        &format!("workdir_roots = [{:?}]", work.display().to_string()),
+        &own_settings_profile(&model.base_url()),
+        &[("HOME", Some(&home_text)), ("CLAUDE_CONFIG_DIR", None)],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+
+    // While they start, every read of the file finds it whole.
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = tokio::spawn({
+        let (settings, watching) = (settings.clone(), Arc::clone(&watching));
+        async move {
+            let (mut reads, mut torn) = (0usize, Vec::new());
+            let mut looks = tokio::time::interval(SETTINGS_LOOK);
+            while watching.load(Ordering::Relaxed) {
+                looks.tick().await;
+                if let Ok(text) = tokio::fs::read_to_string(&settings).await {
+                    reads += 1;
+                    if serde_json::from_str::<Value>(&text).is_err() {
+                        torn.push(text);
+                    }
+                }
+            }
+            (reads, torn)
+        }
+    });
+    let spawn = |i: usize| {
+        lead.ok(
+            "fleet_spawn",
+            json!({"profile": "claude", "name": format!("c{i}"), "cwd": cwds[i - 1]}),
+        )
+    };
+    let spawned = tokio::join!(spawn(1), spawn(2), spawn(3));
+    watching.store(false, Ordering::Relaxed);
+    let (reads, torn) = watcher.await?;
+    for result in [spawned.0, spawned.1, spawned.2] {
+        let result = result.with_context(|| fleet.log())?;
+        assert_eq!(result["status"], "idle", "{result}");
+    }
+    assert!(
+        reads > 0 && torn.is_empty(),
+        "{reads} reads, torn: {torn:?}"
+    );
+
+    let now: Value = serde_json::from_str(&std::fs::read_to_string(&settings)?)?;
+    assert_eq!(now["fleetTestNote"], "the user's own, kept", "{now}");
+    for cwd in &cwds {
+        let key = std::fs::canonicalize(cwd)?.display().to_string();
+        assert_eq!(
+            now["projects"][&key]["hasTrustDialogAccepted"], true,
+            "{key}: {now}"
+        );
+    }
+    // None of fleetd's temporary files is left beside it.
+    let strays: Vec<String> = std::fs::read_dir(&home)?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("fleetd"))
+        .collect();
+    assert!(strays.is_empty(), "{strays:?}");
+    // And the workers work.
+    let sent = lead.send("c2", "hello from the lead", 90).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
     Ok(())
 }

@@ -192,6 +192,39 @@ fn a_malformed_config_is_refused_naming_the_key() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+fn an_isolated_claude_code_without_a_login_is_refused_at_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("fleetd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:{}\"\n[[profiles]]\nname = \"sealed\"\nkind = \"claude-code\"\nisolated_home = true\n",
+            free_port()?
+        ),
+    )?;
+    // fleetd's own environment holds no login either (whatever the test's has).
+    let out = Command::new(binary("fleetd")?)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir.path())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()?;
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr)?;
+    for needle in [
+        "profiles 'sealed'",
+        "Not logged in",
+        "add ANTHROPIC_API_KEY",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_gateway_on_the_same_state_dir_is_refused() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;

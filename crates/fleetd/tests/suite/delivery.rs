@@ -209,3 +209,39 @@ async fn a_program_that_never_takes_the_task_is_reported_not_submitted() -> anyh
     assert_eq!(again["reason"], "not submitted");
     Ok(())
 }
+
+/// Sends `task` to w1 and expects its echo, with w1's screen and fleetd's log on failure.
+async fn expect_echo(fleet: &Fleet, lead: &Client, pane: &str, task: &str) -> anyhow::Result<()> {
+    let sent = lead.send("w1", task, 20).await?;
+    anyhow::ensure!(
+        sent["reply"]["text"] == format!("echo: {task}"),
+        "{sent}\nw1's screen:\n{}\nfleetd's log:\n{}",
+        fleet.screen(pane).unwrap_or_default(),
+        fleet.log()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_still_drawing_its_screen_gets_its_first_task() -> anyhow::Result<()> {
+    // It calls in (ready), then draws for 1.5 s and drops whatever was typed meanwhile.
+    let (fleet, lead) = fleet_with_sim(&["--draw-after-ready-ms", "1500"]).await?;
+    let pane = lead.spawn("sim", "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    expect_echo(&fleet, &lead, &pane, "the first task").await?;
+    expect_echo(&fleet, &lead, &pane, "and the next").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_screen_never_holds_still_still_gets_its_tasks() -> anyhow::Result<()> {
+    // A clock redrawn every 50 ms: the screen never holds still, yet the task goes in.
+    let (fleet, lead) = fleet_with_sim(&["--clock-ms", "50"]).await?;
+    let pane = lead.spawn("sim", "w1").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    expect_echo(&fleet, &lead, &pane, "the first task").await?;
+    expect_echo(&fleet, &lead, &pane, "and the next").await
+}
