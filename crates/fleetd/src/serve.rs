@@ -127,6 +127,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     state
         .prepare()
         .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let state = state
+        .resolved()
+        .with_context(|| "cannot resolve the state dir's path")?;
     let _lock = lock_state(&state)?;
     let store = SqliteStore::open(&state.db_path())
         .with_context(|| format!("cannot open {}", state.db_path().display()))?;
@@ -188,7 +191,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             launchers: Launchers::new(
                 state.root(),
                 HostFacts {
-                    user_home: std::env::var_os("HOME").map(PathBuf::from),
+                    // Resolved, as the state dir is: a sandbox template names both.
+                    user_home: std::env::var_os("HOME")
+                        .map(PathBuf::from)
+                        .map(|home| std::fs::canonicalize(&home).unwrap_or(home)),
                     workdir_roots: workdirs.roots().to_vec(),
                     credentials: CLAUDE_CREDENTIALS
                         .iter()

@@ -51,6 +51,14 @@ impl StateDir {
         Ok(())
     }
 
+    /// The same dir by its resolved path (links followed): what a sandbox template names and
+    /// what a worker's directory is compared with. The dir must exist ([`StateDir::prepare`]).
+    pub fn resolved(self) -> std::io::Result<Self> {
+        Ok(Self {
+            root: fs::canonicalize(&self.root)?,
+        })
+    }
+
     /// The root.
     pub fn root(&self) -> &Path {
         &self.root

@@ -3,10 +3,10 @@
 //! instead of ending with bwrap's `execvp … No such file or directory` on the worker's screen.
 //! Pure: reads an argv, looks at no file system.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
-/// bwrap's options that take two arguments, a source and a destination, and mount the source
-/// there.
+/// bwrap's options that take two arguments, a host path and a destination, and show the host
+/// path there.
 const BINDS: [&str; 6] = [
     "--bind",
     "--bind-try",
@@ -17,27 +17,34 @@ const BINDS: [&str; 6] = [
 ];
 /// bwrap's options that mount something fresh and empty (of the host's files) at their one
 /// argument.
-const FRESH: [&str; 5] = ["--tmpfs", "--dev", "--proc", "--mqueue", "--dir"];
-/// bwrap's other options that take two arguments.
-const OTHER_TWO: [&str; 6] = [
-    "--setenv",
-    "--symlink",
+const FRESH: [&str; 4] = ["--tmpfs", "--dev", "--proc", "--mqueue"];
+/// bwrap's options that put something other than a host path at their second argument (an
+/// open file descriptor's file or directory, a copy of one, a symlink).
+const OPAQUE: [&str; 6] = [
+    "--bind-fd",
+    "--ro-bind-fd",
     "--file",
     "--bind-data",
     "--ro-bind-data",
-    "--chmod",
+    "--symlink",
 ];
-/// bwrap's other options that take one argument.
-const OTHER_ONE: [&str; 22] = [
-    "--args",
-    "--argv0",
-    "--unsetenv",
-    "--lock-file",
-    "--sync-fd",
-    "--chdir",
+/// bwrap's other options that take two arguments.
+const OTHER_TWO: [&str; 2] = ["--setenv", "--chmod"];
+/// bwrap's other options that take one argument (`--dir` makes a directory where none is,
+/// hiding nothing).
+const OTHER_ONE: [&str; 24] = [
+    "--dir",
+    "--userns",
+    "--userns2",
+    "--pidns",
     "--uid",
     "--gid",
     "--hostname",
+    "--chdir",
+    "--unsetenv",
+    "--lock-file",
+    "--sync-fd",
+    "--remount-ro",
     "--exec-label",
     "--file-label",
     "--seccomp",
@@ -50,7 +57,27 @@ const OTHER_ONE: [&str; 22] = [
     "--cap-drop",
     "--perms",
     "--size",
-    "--remount-ro",
+];
+/// bwrap's options that take no argument.
+const FLAGS: [&str; 18] = [
+    "--help",
+    "--version",
+    "--unshare-all",
+    "--share-net",
+    "--unshare-user",
+    "--unshare-user-try",
+    "--unshare-ipc",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-uts",
+    "--unshare-cgroup",
+    "--unshare-cgroup-try",
+    "--disable-userns",
+    "--assert-userns-disabled",
+    "--clearenv",
+    "--new-session",
+    "--die-with-parent",
+    "--as-pid-1",
 ];
 
 /// One mount of a bwrap command line.
@@ -58,9 +85,11 @@ const OTHER_ONE: [&str; 22] = [
 enum Mount {
     /// The host's `source` shown at the destination.
     Bind { source: PathBuf },
-    /// Something of bwrap's own at the destination (a tmpfs, `/dev`, `/proc`, an empty dir),
-    /// showing none of the host's files.
+    /// Something of bwrap's own at the destination (a tmpfs, `/dev`, `/proc`), showing none of
+    /// the host's files.
     Fresh { option: String },
+    /// Something whose content this reading cannot know (a file descriptor's, a symlink).
+    Opaque,
 }
 
 /// How a host path looks from inside the sandbox.
@@ -78,6 +107,9 @@ pub enum Sight {
     },
     /// No mount covers it: bwrap starts from an empty root.
     Unmounted,
+    /// This reading cannot tell (an option it does not know, arguments from a file descriptor,
+    /// a mount of a descriptor's content): never a reason to refuse.
+    Unknown,
 }
 
 /// Whether `argv` runs bwrap (by its program's file name).
@@ -87,51 +119,75 @@ pub fn is_bwrap(argv: &[String]) -> bool {
         .is_some_and(|name| name == "bwrap")
 }
 
-/// The mounts of bwrap's `argv` (its program first), in order, up to the end of its options.
-fn mounts(argv: &[String]) -> Vec<(PathBuf, Mount)> {
-    let mut mounts = Vec::new();
-    let mut words = argv.iter().skip(1);
-    while let Some(word) = words.next() {
-        let word = word.as_str();
-        if BINDS.contains(&word) {
-            if let (Some(source), Some(dest)) = (words.next(), words.next()) {
-                mounts.push((
-                    PathBuf::from(dest),
-                    Mount::Bind {
-                        source: PathBuf::from(source),
-                    },
-                ));
+/// `path` with `.` and `..` resolved by its words alone (bwrap takes paths as written; the
+/// host's links are another matter).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
             }
-        } else if FRESH.contains(&word) {
-            if let Some(dest) = words.next() {
-                mounts.push((
-                    PathBuf::from(dest),
-                    Mount::Fresh {
-                        option: word.to_string(),
-                    },
-                ));
-            }
-        } else if OTHER_TWO.contains(&word) {
-            words.next();
-            words.next();
-        } else if OTHER_ONE.contains(&word) {
-            words.next();
-        } else if word == "--" || !word.starts_with("--") {
-            break;
+            other => out.push(other),
         }
     }
-    mounts
+    out
+}
+
+/// The mounts of bwrap's `argv` (its program first), in order, up to the end of its options;
+/// `None` when the reading cannot tell what the options do.
+fn mounts(argv: &[String]) -> Option<Vec<(PathBuf, Mount)>> {
+    let mut mounts = Vec::new();
+    let mut words = argv.iter().skip(1).map(String::as_str);
+    while let Some(word) = words.next() {
+        if BINDS.contains(&word) {
+            let (source, dest) = (words.next()?, words.next()?);
+            mounts.push((
+                lexical(Path::new(dest)),
+                Mount::Bind {
+                    source: lexical(Path::new(source)),
+                },
+            ));
+        } else if FRESH.contains(&word) {
+            let option = word.to_string();
+            mounts.push((lexical(Path::new(words.next()?)), Mount::Fresh { option }));
+        } else if OPAQUE.contains(&word) {
+            words.next()?;
+            mounts.push((lexical(Path::new(words.next()?)), Mount::Opaque));
+        } else if word == "--args" {
+            // The rest of the options come from a file descriptor.
+            return None;
+        } else if OTHER_TWO.contains(&word) {
+            words.next()?;
+            words.next()?;
+        } else if OTHER_ONE.contains(&word) {
+            words.next()?;
+        } else if word == "--" || !word.starts_with('-') {
+            return Some(mounts);
+        } else if !FLAGS.contains(&word) {
+            // An option this reading does not know: how many arguments it takes, and what it
+            // does, cannot be told.
+            return None;
+        }
+    }
+    Some(mounts)
 }
 
 /// How the absolute host path `path` looks from inside the sandbox bwrap's `argv` makes: the
 /// last mount whose destination holds `path` decides.
 pub fn sight(argv: &[String], path: &Path) -> Sight {
-    let deciding = mounts(argv)
+    let Some(mounts) = mounts(argv) else {
+        return Sight::Unknown;
+    };
+    let path = lexical(path);
+    let deciding = mounts
         .into_iter()
         .rev()
         .find(|(dest, _)| path.starts_with(dest));
     match deciding {
         None => Sight::Unmounted,
+        Some((_, Mount::Opaque)) => Sight::Unknown,
         Some((dest, Mount::Bind { source })) => {
             let shown = path
                 .strip_prefix(&dest)
@@ -221,5 +277,44 @@ mod tests {
         assert!(is_bwrap(&argv("/usr/bin/bwrap --ro-bind / /")));
         assert!(!is_bwrap(&argv("docker run")));
         assert!(!is_bwrap(&[]));
+    }
+
+    #[test]
+    fn every_option_of_bwrap_0_8_is_read_with_its_arguments() {
+        // Descriptor and namespace options take an argument that is not the command; --dir
+        // makes a directory and hides nothing.
+        let recipe = argv(
+            "bwrap --userns 3 --pidns 4 --userns2 5 --uid 0 --perms 0700 --size 1024 --dir /opt/tools \
+             --ro-bind / / --chmod 0755 /opt --unsetenv SSH_AUTH_SOCK --clearenv --as-pid-1 -- agent",
+        );
+        assert_eq!(sight(&recipe, Path::new("/opt/tools/agent")), Sight::Seen);
+        // A descriptor's content, arguments read from a descriptor, an option this reading
+        // does not know: it cannot tell, and so never refuses.
+        for unknowable in [
+            "bwrap --ro-bind / / --ro-bind-fd 7 /opt -- agent",
+            "bwrap --args 3 -- agent",
+            "bwrap --ro-bind / / --some-future-option 9 --tmpfs /opt -- agent",
+        ] {
+            assert_eq!(
+                sight(&argv(unknowable), Path::new("/opt/agent")),
+                Sight::Unknown,
+                "{unknowable}"
+            );
+        }
+    }
+
+    #[test]
+    fn dot_dot_is_resolved_by_the_words() {
+        let hides = argv("bwrap --ro-bind / / --tmpfs /home/me/../me -- agent");
+        assert_eq!(
+            sight(&hides, Path::new("/home/me/bin/agent")),
+            Sight::Hidden {
+                option: "--tmpfs".into(),
+                at: "/home/me".into()
+            }
+        );
+        let shows =
+            argv("bwrap --ro-bind / / --tmpfs /tmp --ro-bind /tmp/a/../a/agent /tmp/a/agent --");
+        assert_eq!(sight(&shows, Path::new("/tmp/a/./agent")), Sight::Seen);
     }
 }

@@ -43,11 +43,11 @@ impl PeerLauncher for SandboxLauncher {
                 .any(|word| word.contains(&format!("{{{placeholder}}}")))
         };
         let program = launch.argv.first().cloned().unwrap_or_default();
-        let found = find_program(&program, &launch.env);
+        let found = find_program(&program, &launch.env, &worker.cwd);
         let agent = match (&found, names("agent")) {
-            (Some(path), true) => {
-                launch.argv[0] = path.display().to_string();
-                Some(path.clone())
+            (Some(found), true) => {
+                launch.argv[0] = found.resolved.display().to_string();
+                Some(found.resolved.clone())
             }
             (None, true) => {
                 return Err(io::Error::new(
@@ -74,16 +74,26 @@ impl PeerLauncher for SandboxLauncher {
         let fill = |word: &String| fill(word, &values);
         let mut argv: Vec<String> = profile.runtime.iter().map(fill).collect();
         if bwrap::is_bwrap(&argv)
-            && let Some(path) = &found
-            && let Some(why) = hidden(&argv, path)
+            && let Some(found) = &found
         {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!(
-                    "the sandbox would not see the agent {}: {why}; bind it in with \"--ro-bind\", \"{{agent}}\", \"{{agent}}\" in the profile's runtime",
-                    path.display()
-                ),
-            ));
+            // What the sandbox execs (the path as started) and what that leads to (the file
+            // itself, its links followed): both must be in sight.
+            let started = if agent.is_some() {
+                &found.resolved
+            } else {
+                &found.named
+            };
+            for path in [started, &found.resolved] {
+                if let Some(why) = hidden(&argv, path) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!(
+                            "the sandbox would not see the agent {}: {why}; bind it in with \"--ro-bind\", \"{{agent}}\", \"{{agent}}\" in the profile's runtime (the agent's program alone: an agent made of several files needs its directory bound)",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
         }
         argv.extend(launch.argv);
         let teardown =
@@ -105,29 +115,43 @@ fn hidden(argv: &[String], path: &Path) -> Option<String> {
             at.display()
         )),
         Sight::Unmounted => Some("no mount of the runtime covers it".into()),
+        // What the reading cannot tell is no reason to refuse.
+        Sight::Unknown => None,
     }
 }
 
-/// Where `program` is on this host, absolute with links resolved: itself when it names a path,
-/// else the first match on the `PATH` the pane gets (the profile's, else fleetd's own).
+/// An agent's program as found on this host.
+struct Found {
+    /// The absolute path it is started by: itself when it names a path (relative to the
+    /// worker's working directory, where the pane starts), else the first match on `PATH`.
+    named: PathBuf,
+    /// That path with its links followed.
+    resolved: PathBuf,
+}
+
+/// Where `program` is on this host, for a pane in `cwd` with the `PATH` it gets (the
+/// profile's, else fleetd's own).
 fn find_program(
     program: &str,
     env: &std::collections::BTreeMap<String, String>,
-) -> Option<PathBuf> {
+    cwd: &Path,
+) -> Option<Found> {
     if program.is_empty() {
         return None;
     }
-    if program.contains('/') {
-        return std::fs::canonicalize(program).ok();
-    }
-    let path = env
-        .get("PATH")
-        .map(std::ffi::OsString::from)
-        .or_else(|| std::env::var_os("PATH"))?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| is_executable(candidate))
-        .and_then(|found| std::fs::canonicalize(found).ok())
+    let named = if program.contains('/') {
+        cwd.join(program)
+    } else {
+        let path = env
+            .get("PATH")
+            .map(std::ffi::OsString::from)
+            .or_else(|| std::env::var_os("PATH"))?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .find(|candidate| is_executable(candidate))?
+    };
+    let resolved = std::fs::canonicalize(&named).ok()?;
+    Some(Found { named, resolved })
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -353,7 +377,9 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         let text = err.to_string();
-        assert!(text.contains(&real.display().to_string()), "{text}");
+        // Named by the path it is started by.
+        let started = link.join("target/agent").display().to_string();
+        assert!(text.contains(&started), "{text}");
         assert!(
             text.contains("under /tmp, where the runtime mounts --tmpfs"),
             "{text}"
@@ -377,6 +403,31 @@ mod tests {
             .collect();
         assert_eq!(around, ["--ro-bind", &real, &real, "--", &real]);
         assert_eq!(launch.argv.last().map(String::as_str), Some("--flag"));
+    }
+
+    #[test]
+    fn a_link_in_sight_to_an_agent_out_of_sight_is_refused_too() {
+        // /usr-like place the sandbox sees, linking into /tmp, which it does not.
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let seen = tempfile::tempdir_in("/var/tmp").unwrap();
+        let real = dir.path().join("agent");
+        executable(&real);
+        let link = seen.path().join("agent");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let (profile, launch) = bwrap(&link, &[]);
+        let err = launcher(dir.path())
+            .prepare(&profile, &worker(dir.path()), launch)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&real.display().to_string()),
+            "{err}"
+        );
+        // A relative agent is found in the worker's working directory, where the pane starts.
+        let (profile, launch) = bwrap(Path::new("./agent"), &[]);
+        let err = launcher(dir.path())
+            .prepare(&profile, &worker(dir.path()), launch)
+            .unwrap_err();
+        assert!(err.to_string().contains("under /tmp"), "{err}");
     }
 
     #[test]
