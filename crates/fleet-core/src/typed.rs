@@ -91,6 +91,20 @@ pub fn typeable(text: &str) -> Result<Cow<'_, str>, ControlChar> {
     Ok(Cow::Owned(text.replace("\r\n", "\n").replace('\r', "\n")))
 }
 
+/// Where the first line ends in `text` (a newline or a CR), counted in characters: for a
+/// program that takes one line at a time, what follows would be a submit of its own.
+pub fn first_line_end(text: &str) -> Option<usize> {
+    text.chars().position(|c| c == '\n' || c == '\r')
+}
+
+/// The error a sender gets for a multi-line message to `name`, whose program takes one line at
+/// a time.
+pub fn multi_line_refusal(name: &str, offset: usize) -> FleetError {
+    FleetError::invalid(format!(
+        "the message holds a line break at character {offset}, and '{name}' takes one line at a time (its profile sets single_line): what follows would reach it as a task of its own; send one line"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +124,18 @@ mod tests {
         assert_eq!(refusal.code, crate::ErrorCode::InvalidParams);
         assert!(
             refusal.message.contains("U+001B (ESC), at character 13"),
+            "{refusal}"
+        );
+    }
+
+    #[test]
+    fn a_line_break_is_found_wherever_it_is() {
+        assert_eq!(first_line_end("one line"), None);
+        assert_eq!(first_line_end("ab\ncd"), Some(2));
+        assert_eq!(first_line_end("é\rx"), Some(1));
+        let refusal = multi_line_refusal("sh1", 2);
+        assert!(
+            refusal.message.contains("'sh1' takes one line at a time"),
             "{refusal}"
         );
     }

@@ -173,6 +173,11 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
 
     let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
         .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
+    if let Ok(here) = std::env::current_dir()
+        && let Err(e) = workdirs.resolve(&here, "this host")
+    {
+        tracing::warn!(reason = %e.message, "a spawn with no cwd (from a profile without one) will be refused: fleetd's own working directory may not be a worker's");
+    }
     let federation = config
         .broker
         .clone()

@@ -175,6 +175,11 @@ pub struct ProfileConfig {
     /// its empty input box when unset).
     #[serde(default)]
     pub submitted_marker: Option<String>,
+    /// The program reads one line at a time and does not ask for bracketed paste (a plain shell,
+    /// a line-based REPL): each line of a pasted message would reach it as a submit of its own,
+    /// so a message holding a newline is refused for it.
+    #[serde(default)]
+    pub single_line: bool,
     /// A worker idle this long is stopped.
     #[serde(default)]
     pub idle_ttl_s: Option<u64>,
@@ -253,6 +258,7 @@ impl ProfileConfig {
             enter_pause_ms: None,
             submit_verify_ms: DEFAULT_SUBMIT_VERIFY_MS,
             submitted_marker: None,
+            single_line: false,
             idle_ttl_s: None,
             context_cap: None,
             base_url: None,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::typed::typeable;
+use fleet_core::typed::{first_line_end, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
@@ -248,14 +248,12 @@ impl Gateway {
             settle_first: (tasks_started == 1).then_some(FIRST_TASK_SETTLE),
         };
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
-        // The last gate before keys: whatever path the task came by (a local send checked it
-        // already; a remote one was checked on arrival), nothing but text is typed.
-        let text = match typeable(&pane_text(&task, &from_name)) {
-            Ok(text) => text.into_owned(),
-            Err(found) => {
-                tracing::error!(%trace_id, %msg_id, %gid, %found, "REFUSED to type a task holding a control character");
-                self.untyped(gid, &task, &format!("refused: it holds {found}"))
-                    .await;
+        // The last gate before keys.
+        let text = match typed_text(&task, &from_name, profile.single_line) {
+            Ok(text) => text,
+            Err(why) => {
+                tracing::error!(%trace_id, %msg_id, %gid, why, "REFUSED to type a task");
+                self.untyped(gid, &task, &format!("refused: {why}")).await;
                 return;
             }
         };
@@ -304,6 +302,21 @@ impl Gateway {
     }
 }
 
+/// What is typed for `task` (from `from_name`), or why nothing may be: whatever path the task
+/// came by (a local send was checked already; one off the broker on arrival), nothing but text
+/// reaches the keys, and a program taking one line at a time (`single_line`) gets one line.
+fn typed_text(task: &Message, from_name: &str, single_line: bool) -> Result<String, String> {
+    let text = typeable(&pane_text(task, from_name))
+        .map_err(|found| format!("it holds {found}"))?
+        .into_owned();
+    if single_line && let Some(offset) = first_line_end(&text) {
+        return Err(format!(
+            "it holds a line break at character {offset}, and the worker's program takes one line at a time (single_line)"
+        ));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,5 +342,32 @@ mod tests {
         let text = pane_text(&message, "alice");
         assert!(text.starts_with(&format!("[fleet REPLY from alice, answering {answered}]\n")));
         assert!(text.ends_with("line one\nline two"));
+    }
+
+    #[test]
+    fn the_last_gate_types_text_only_and_one_line_where_asked() {
+        let mut message = Message {
+            msg_id: MsgId::mint(),
+            trace_id: TraceId::mint(),
+            kind: Kind::Send,
+            from: Gid::mint(),
+            to: Gid::mint(),
+            in_reply_to: None,
+            body: "a\r\nb".into(),
+            state: MsgState::Queued,
+            created_ms: 0,
+        };
+        assert_eq!(typed_text(&message, "alice", false).unwrap(), "a\nb");
+        let why = typed_text(&message, "alice", true).unwrap_err();
+        assert!(why.contains("line break at character 1"), "{why}");
+        // A task that got past every earlier check (queued before an upgrade, say).
+        message.body = "x\u{1b}[201~y".into();
+        let why = typed_text(&message, "alice", false).unwrap_err();
+        assert!(why.contains("U+001B (ESC)"), "{why}");
+        // A reply's label carries its sender's name: a hostile one stops it too.
+        message.body = "fine".into();
+        message.kind = Kind::Reply;
+        message.in_reply_to = Some(MsgId::mint());
+        assert!(typed_text(&message, "evil\u{1b}]0;x", false).is_err());
     }
 }

@@ -12,7 +12,7 @@ use fleet_core::authz::{Tool, check_send, check_tool};
 use fleet_core::bounds::Full;
 use fleet_core::message::check_size;
 use fleet_core::routing::{Route, resolve};
-use fleet_core::typed::typeable;
+use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
 use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
 };
@@ -394,6 +394,14 @@ impl Gateway {
         if recipient.role.is_injected() {
             // Typed into its pane (here or on its host): inert text only.
             typeable(&text).map_err(|found| found.refusal())?;
+            let single_line = self
+                .lock()
+                .panes
+                .get(&recipient.gid)
+                .is_some_and(|s| s.profile.single_line);
+            if single_line && let Some(offset) = first_line_end(&text) {
+                return Err(multi_line_refusal(&recipient.name, offset));
+            }
         }
         if !remote
             && recipient.role.is_injected()

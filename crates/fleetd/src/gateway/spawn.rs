@@ -156,13 +156,29 @@ impl Gateway {
             validate_name("group", &group)?;
             groups.insert(group);
         }
-        let requested = match request.cwd.or_else(|| profile.cwd.clone()) {
-            Some(dir) => dir,
-            None => std::env::current_dir().map_err(|e| {
-                FleetError::internal(format!("fleetd has no working directory: {e}"))
-            })?,
+        // Where the directory came from, for an error about one the caller did not give.
+        let (requested, from) = match (request.cwd, profile.cwd.clone()) {
+            (Some(dir), _) => (dir, None),
+            (None, Some(dir)) => (dir, Some(format!("profile '{}''s cwd", profile.name))),
+            (None, None) => (
+                std::env::current_dir().map_err(|e| {
+                    FleetError::internal(format!("fleetd has no working directory: {e}"))
+                })?,
+                Some("fleetd's own working directory, as no cwd was given".to_string()),
+            ),
         };
-        let cwd = self.workdirs.resolve(&requested, &self.host_id)?;
+        let cwd = self
+            .workdirs
+            .resolve(&requested, &self.host_id)
+            .map_err(|mut e| {
+                if let Some(from) = &from {
+                    e.message = format!(
+                        "{} (the cwd is {from}: give fleet_spawn a cwd, or set the profile's)",
+                        e.message
+                    );
+                }
+                e
+            })?;
         // Reserve the name and the session in one step, so parallel spawns never pick the same
         // name; from here on the guard undoes everything if the spawn does not complete.
         let gid = Gid::mint();

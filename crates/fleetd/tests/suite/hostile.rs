@@ -84,9 +84,15 @@ async fn answer(lead: &Client, name: &str, task: &str) -> anyhow::Result<String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
 -> anyhow::Result<()> {
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let profiles = format!(
+        "{}{}single_line = true\n",
+        sim_profile("sim", &[])?,
+        sim_profile("oneline", &[])?
+    );
+    let fleet = Fleet::start("", &profiles).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let spawned = lead.spawn("sim", "w1").await?;
+    lead.spawn("oneline", "sh1").await?;
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
     // Accepted before the rows: a reply held for the lead.
     let pending = lead.send("w1", "/slow 300 kept", 0).await?;
@@ -133,6 +139,13 @@ async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
             json!({"message": "mode switch \u{1b}[Z"}),
             "invalid_params",
             "U+001B (ESC), at character 12",
+        ),
+        refused(
+            "a second line for a program that takes one line at a time",
+            "fleet_send",
+            json!({"to": "sh1", "message": "ls\nrm -rf ~"}),
+            "invalid_params",
+            "line break at character 2, and 'sh1' takes one line at a time",
         ),
         // 2. Paths are paths.
         refused(
