@@ -210,6 +210,8 @@ impl PaneHost for Herdr {
         })
     }
 
+    /// herdr's default read (up to 80 lines), cut to `lines`: asking for more lines makes a
+    /// headless herdr read a screen that is not full as empty (see [`codec::pane_read`]).
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
         let result = self
             .driver

@@ -22,6 +22,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let scratch = std::env::temp_dir().join(format!("fleet-herdr-standin-{}", std::process::id()));
+    // Pastes are staged beside the socket, in the directory whoever started it cleans up.
+    let scratch = args.socket.with_extension("paste");
     StandIn::serve(args.socket, args.tmux, scratch, args.stall_every).await
 }

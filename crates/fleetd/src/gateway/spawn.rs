@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
-use fleet_core::entity::{validate_name, validate_worker_name};
+use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
@@ -76,7 +76,8 @@ fn free_name(taken: &HashSet<String>, profile: &str) -> String {
     let base = profile.replace('.', "-");
     let base = match base.trim_start_matches(['_', '-']) {
         "" => "worker",
-        trimmed => trimmed,
+        // Room for the number: a name stays within the length names may have.
+        trimmed => &trimmed[..trimmed.len().min(MAX_NAME_LEN - 12)],
     };
     (1..)
         .map(|n| format!("{base}-{n}"))
@@ -513,7 +514,14 @@ mod tests {
     fn generated_names_are_free_and_valid_worker_names() {
         let taken: HashSet<String> = ["sim-1".to_string()].into();
         assert_eq!(free_name(&taken, "sim"), "sim-2");
-        for (profile, expected) in [("a.b", "a-b-1"), ("_x", "x-1"), ("__", "worker-1")] {
+        let long = "p".repeat(64);
+        let cut = format!("{}-1", &long[..52]);
+        for (profile, expected) in [
+            ("a.b", "a-b-1"),
+            ("_x", "x-1"),
+            ("__", "worker-1"),
+            (long.as_str(), cut.as_str()),
+        ] {
             let name = free_name(&HashSet::new(), profile);
             assert_eq!(name, expected);
             assert!(validate_worker_name(&name).is_ok(), "{name}");

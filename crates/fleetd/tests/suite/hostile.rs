@@ -101,7 +101,10 @@ async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
     let places = tempfile::tempdir()?;
     let state = std::fs::canonicalize(fleet.state_dir())?;
     std::os::unix::fs::symlink(state.join("leads"), places.path().join("into-state"))?;
-    let newline = places.path().join("x\nrun-shell touch /tmp/fleet-owned");
+    let smuggled_run = places.path().join("run-shell-ran");
+    let newline = places
+        .path()
+        .join(format!("x\nrun-shell touch {}", smuggled_run.display()));
 
     let rows = [
         // 1. Typed text is text.
@@ -226,10 +229,7 @@ async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
         );
         still_serves(&lead, row.what).await?;
     }
-    assert!(
-        !Path::new("/tmp/fleet-owned").exists(),
-        "a control-mode command ran"
-    );
+    assert!(!smuggled_run.exists(), "a control-mode command ran");
     assert!(
         !fleet.screen(&pane)?.contains("smuggled"),
         "the smuggled line reached the worker"

@@ -156,9 +156,9 @@ async fn an_agent_under_a_hidden_path_runs_when_bound_and_is_refused_by_name_whe
         .await?
         .expect_err("a sandbox that hides its agent");
     assert_eq!(refused.code, "not_ready", "{refused}");
-    let real = std::fs::canonicalize(&agent)?;
+    // Named by the path it is started by (the one behind the symlink is hidden as well).
     assert!(
-        refused.message.contains(&real.display().to_string())
+        refused.message.contains(&agent.display().to_string())
             && refused.message.contains("under /tmp")
             && refused.message.contains("--tmpfs"),
         "names the path and the mount that hides it: {refused}"
@@ -177,12 +177,17 @@ async fn an_agent_under_a_hidden_path_runs_when_bound_and_is_refused_by_name_whe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_settings()
 -> anyhow::Result<()> {
-    // The state dir outside /tmp, so only the recipe's {state_dir} mount can hide it.
+    // The state dir and the user's home outside /tmp, so only the recipe's {state_dir} and
+    // {home} mounts can hide them; the home is the test's own, holding the user's settings.
     let workdir = tempfile::tempdir()?;
-    let fleet = Fleet::start_under(
+    let home = tempfile::tempdir_in("/var/tmp")?;
+    let settings = home.path().join(".claude.json");
+    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+    let fleet = Fleet::start_with_env(
         Path::new("/var/tmp"),
         "",
         &bwrap_profile("boxed", workdir.path())?,
+        &[("HOME", Some(&home.path().display().to_string()))],
     )
     .await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
@@ -213,15 +218,12 @@ async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_setti
         got.starts_with(&format!("cannot read {}", token.display())),
         "the sandbox read the lead's token: {got}"
     );
-    // Nor anything in the user's home (where ~/.claude.json lives): a file made there now.
-    let home = std::path::PathBuf::from(std::env::var("HOME")?);
-    let mut private = tempfile::NamedTempFile::with_prefix_in(".fleet-test-", &home)?;
-    std::io::Write::write_all(&mut private, b"secret settings")?;
-    let got = read(private.path().to_path_buf()).await?;
+    // Nor the user's Claude Code settings in the home.
+    let got = read(settings.clone()).await?;
     assert!(
         got.starts_with("cannot read"),
         "the sandbox read {}: {got}",
-        private.path().display()
+        settings.display()
     );
     // The worker's own working directory is there, and it still answers.
     std::fs::write(workdir.path().join("note.txt"), "visible")?;
