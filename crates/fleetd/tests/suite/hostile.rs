@@ -4,9 +4,20 @@
 //! what was accepted before the rows (a held reply) is still there, exactly once. On a real
 //! fleetd with real tmux and the scripted agent in real panes.
 //!
-//! Elsewhere, for the same issue: sandboxes hiding the keys (`sandbox.rs`), the same refusal
-//! on herdr (`herdr.rs`) and for a real Claude Code worker (`claude.rs`), refusals off the broker
-//! (`federation.rs`), tmux's own handling of hostile paths (`fleet-mux/tests/tmux.rs`).
+//! The same issue's other items, each tested where its machinery lives:
+//! - typed text off the broker: `federation.rs` (a forged SEND holding an ESC: FAILED to its
+//!   sender, dead-lettered, never typed); tmux's own handling of hostile paths and command
+//!   lines: `fleet-mux/tests/tmux.rs`;
+//! - secrets: `cli.rs` and `claude.rs` (`mcp-config` keeps the token out of files and argv),
+//!   `auth.rs` (a literal `${FLEET_TOKEN}` bearer), `fleet-mux/tests/tmux.rs` (a timeout names
+//!   no token), config and launch unit tests (`Debug` masks);
+//! - sandboxes hiding the keys: `sandbox.rs`;
+//! - Claude Code's trust file: `claude.rs` (parallel spawns keep it whole) and
+//!   `launch/trust.rs`;
+//! - bounds: `federation.rs` (size off the broker, held cap off the broker, forged presence
+//!   flood), `badinput.rs` (held cap), `auth.rs` (long calls, sessions), `audit.rs`;
+//! - misconfigurations: `cli.rs` (an isolated claude-code home without a login refused at
+//!   start), `delivery.rs` (a worker still drawing its screen gets its first task).
 
 use std::path::Path;
 
