@@ -322,19 +322,24 @@ mod tests {
     use super::*;
     use fleet_core::{MsgId, TraceId};
 
-    #[test]
-    fn tasks_go_in_verbatim_and_answers_labelled() {
-        let mut message = Message {
+    /// A task with `body`.
+    fn task(body: &str) -> Message {
+        Message {
             msg_id: MsgId::mint(),
             trace_id: TraceId::mint(),
             kind: Kind::Send,
             from: Gid::mint(),
             to: Gid::mint(),
             in_reply_to: None,
-            body: "line one\nline two".into(),
+            body: body.into(),
             state: MsgState::Queued,
             created_ms: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn tasks_go_in_verbatim_and_answers_labelled() {
+        let mut message = task("line one\nline two");
         assert_eq!(pane_text(&message, "alice"), "line one\nline two");
         let answered = MsgId::mint();
         message.kind = Kind::Reply;
@@ -346,17 +351,7 @@ mod tests {
 
     #[test]
     fn the_last_gate_types_text_only_and_one_line_where_asked() {
-        let mut message = Message {
-            msg_id: MsgId::mint(),
-            trace_id: TraceId::mint(),
-            kind: Kind::Send,
-            from: Gid::mint(),
-            to: Gid::mint(),
-            in_reply_to: None,
-            body: "a\r\nb".into(),
-            state: MsgState::Queued,
-            created_ms: 0,
-        };
+        let mut message = task("a\r\nb");
         assert_eq!(typed_text(&message, "alice", false).unwrap(), "a\nb");
         let why = typed_text(&message, "alice", true).unwrap_err();
         assert!(why.contains("line break at character 1"), "{why}");

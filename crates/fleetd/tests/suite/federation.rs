@@ -45,6 +45,22 @@ async fn gateway_with(
 }
 
 /// Waits until `lead`'s `fleet_list` shows `name` with a status other than `unknown`.
+/// Two gateways on one vhost and their leads: `hosta` with alice, `hostb` with bob.
+struct Pair {
+    a: Fleet,
+    b: Fleet,
+    alice: Client,
+    bob: Client,
+}
+
+async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    Ok(Pair { a, b, alice, bob })
+}
+
 async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     until(&format!("the roster to show {name}"), LIMIT, || async {
         lead.entry(name)
@@ -201,10 +217,12 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
 async fn a_late_remote_reply_is_held_until_polled_and_a_busy_worker_keeps_it_queued()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let Pair {
+        a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
 
@@ -275,10 +293,12 @@ async fn three_gateways_converge_on_one_roster_and_a_dead_one_expires() -> anyho
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let Pair {
+        a: _a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
     alice.spawn("sim", "wa").await?;
     bob.ok(
         "fleet_spawn",
@@ -665,10 +685,12 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
     let vhost = Vhost::create(&node.broker()).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let Pair {
+        a: _a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
     alice.spawn("sim", "wa").await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -822,10 +844,12 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
 async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sender_and_never_typed()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let Pair {
+        a: _a,
+        b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
     let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
