@@ -620,6 +620,9 @@ mod tests {
         .unwrap();
         let err = sandboxed.check_logins(&nothing).unwrap_err();
         assert!(err.contains("profiles 'box'"), "{err}");
+        // fleetd's own login is never handed into a sandbox, so it does not count there.
+        let fleetds = |key: &str| (key == "ANTHROPIC_API_KEY").then(|| "sk-ant-fleetd".to_string());
+        assert!(sandboxed.check_logins(&fleetds).is_err());
 
         let allowed = [
             "env = { ANTHROPIC_API_KEY = \"sk-ant-x\" }",

@@ -386,8 +386,8 @@ impl ProfileConfig {
 
     /// An agent in an isolated home starts with no login of its own: without a credential it
     /// takes a task and never answers. Refuses such a profile when a credential is missing
-    /// (looked for in its `env` and in fleetd's environment, `fleetd_env`, which the launcher
-    /// hands on); the error names the variables, never their values.
+    /// (looked for in its `env` and, but for a sandbox, in fleetd's environment, `fleetd_env`,
+    /// which the launcher hands on); the error names the variables, never their values.
     ///
     /// Claude Code ("Not logged in"): one of [`CLAUDE_CREDENTIALS`], unless something else
     /// signs it in: a cloud provider (`CLAUDE_CODE_USE_BEDROCK` …) or a `--settings` argument
@@ -398,11 +398,13 @@ impl ProfileConfig {
         if !self.isolated_home {
             return Ok(());
         }
+        // fleetd's own login is never handed into a sandbox: there only the profile's counts.
+        let sandboxed = self.kind == ProfileKind::Sandbox;
         let set = |key: &str| {
             self.env
                 .get(key)
                 .cloned()
-                .or_else(|| fleetd_env(key))
+                .or_else(|| (!sandboxed).then(|| fleetd_env(key)).flatten())
                 .is_some_and(|value| !value.is_empty())
         };
         match self.agent_kind() {
@@ -437,8 +439,13 @@ impl ProfileConfig {
         {
             return Ok(());
         }
+        let whose = if self.kind == ProfileKind::Sandbox {
+            "the profile's env (fleetd's own login never goes into a sandbox)"
+        } else {
+            "the profile's env or to fleetd's environment"
+        };
         Err(format!(
-            "profiles '{}': isolated_home = true starts Claude Code in a fresh home with no login, where it shows \"Not logged in\" and never answers: add ANTHROPIC_API_KEY (or {}) to the profile's env or to fleetd's environment, or drop isolated_home to use your own login",
+            "profiles '{}': isolated_home = true starts Claude Code in a fresh home with no login, where it shows \"Not logged in\" and never answers: add ANTHROPIC_API_KEY (or {}) to {whose}, or drop isolated_home to use your own login",
             self.name,
             CLAUDE_CREDENTIALS[1..].join(", ")
         ))

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::trust::trust_directory;
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{CLAUDE_CREDENTIALS, MAX_WAIT_S, ProfileConfig};
+use crate::config::{CLAUDE_CREDENTIALS, MAX_WAIT_S, ProfileConfig, ProfileKind};
 
 /// The MCP server's name in Claude Code (its tools: `mcp__fleet__fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -97,7 +97,8 @@ impl PeerLauncher for ClaudeLauncher {
             let own_login = CLAUDE_CREDENTIALS
                 .iter()
                 .any(|key| launch.env.get(*key).is_some_and(|value| !value.is_empty()));
-            if !own_login {
+            // fleetd's own login goes to its own panes, never into a sandbox.
+            if !own_login && profile.kind != ProfileKind::Sandbox {
                 launch.env.extend(self.credentials.clone());
             }
             private_file(
@@ -108,7 +109,11 @@ impl PeerLauncher for ClaudeLauncher {
                     launch
                         .env
                         .get("ANTHROPIC_API_KEY")
-                        .or_else(|| self.credentials.get("ANTHROPIC_API_KEY"))
+                        .or_else(|| {
+                            (profile.kind != ProfileKind::Sandbox)
+                                .then(|| self.credentials.get("ANTHROPIC_API_KEY"))
+                                .flatten()
+                        })
                         .map(String::as_str),
                 ))?
                 .as_bytes(),
@@ -309,6 +314,20 @@ mod tests {
         let launch = try_prepare(&profile, facts(None, &[], &fleetds), &w2).unwrap();
         assert_eq!(launch.env["ANTHROPIC_AUTH_TOKEN"], "gateway-token");
         assert!(!launch.env.contains_key("ANTHROPIC_API_KEY"));
+        // A sandboxed Claude Code never gets fleetd's login, even with none of its own.
+        let w3 = Worker {
+            dir: dir.path().join("w3"),
+            ..worker(dir.path())
+        };
+        let mut boxed = claude_profile();
+        boxed.kind = ProfileKind::Sandbox;
+        boxed.agent_kind = Some(ProfileKind::ClaudeCode);
+        boxed.isolated_home = true;
+        let launch = try_prepare(&boxed, facts(None, &[], &fleetds), &w3).unwrap();
+        assert!(
+            !launch.env.contains_key("ANTHROPIC_API_KEY"),
+            "fleetd's key went into a sandbox"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use serde_json::{Value, json};
 
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{MAX_WAIT_S, ProfileConfig};
+use crate::config::{MAX_WAIT_S, ProfileConfig, ProfileKind};
 
 /// The MCP server's name in opencode (its tools: `fleet_fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -82,7 +82,9 @@ impl PeerLauncher for OpencodeLauncher {
                 &own.join("package-lock.json"),
                 br#"{"packages":{"":{"dependencies":{"@opencode-ai/plugin":"*"}}}}"#,
             )?;
+            // fleetd's own key goes to its own panes, never into a sandbox.
             if let Some(key) = &self.api_key
+                && profile.kind != ProfileKind::Sandbox
                 && launch.env.get(ANTHROPIC_KEY).is_none_or(String::is_empty)
             {
                 launch.env.insert(ANTHROPIC_KEY.into(), key.clone());
