@@ -91,6 +91,16 @@ pub fn typeable(text: &str) -> Result<Cow<'_, str>, ControlChar> {
     Ok(Cow::Owned(text.replace("\r\n", "\n").replace('\r', "\n")))
 }
 
+/// Whether `text` opens (after any blank) with one of `prefixes`: the characters an agent's
+/// input box reads as a command when they start the input (Claude Code: `!` runs what follows
+/// in a shell, `/` a slash command, `#` writes a memory), whatever the rest holds.
+pub fn opens_a_command(text: &str, prefixes: &[char]) -> bool {
+    text.trim_start()
+        .chars()
+        .next()
+        .is_some_and(|first| prefixes.contains(&first))
+}
+
 /// Where the first line ends in `text` (a newline or a CR), counted in characters: for a
 /// program that takes one line at a time, what follows would be a submit of its own.
 pub fn first_line_end(text: &str) -> Option<usize> {
@@ -126,6 +136,18 @@ mod tests {
             refusal.message.contains("U+001B (ESC), at character 13"),
             "{refusal}"
         );
+    }
+
+    #[test]
+    fn a_command_opening_is_found_behind_blanks_only() {
+        let claude = ['!', '/', '#'];
+        for opens in ["!touch x", "  /add-dir /etc", "\n\t#remember", "/"] {
+            assert!(opens_a_command(opens, &claude), "{opens:?}");
+        }
+        for plain in ["fix /src/main.rs", "say !hi", "", "   ", "[fleet] !x"] {
+            assert!(!opens_a_command(plain, &claude), "{plain:?}");
+        }
+        assert!(!opens_a_command("!x", &[]));
     }
 
     #[test]

@@ -173,6 +173,16 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
 
     let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
         .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
+    if config.gateway.workdir_roots.is_empty()
+        && config
+            .profiles
+            .iter()
+            .any(|p| p.kind == crate::config::ProfileKind::Sandbox)
+    {
+        tracing::warn!(
+            "sandbox profiles but no gateway.workdir_roots: a lead may give a sandboxed worker any directory fleetd can reach as its cwd (~/.ssh, say), which the sandbox then sees; set workdir_roots"
+        );
+    }
     if let Ok(here) = std::env::current_dir()
         && let Err(e) = workdirs.resolve(&here, "this host")
     {
@@ -200,6 +210,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                     user_home: std::env::var_os("HOME")
                         .map(PathBuf::from)
                         .map(|home| std::fs::canonicalize(&home).unwrap_or(home)),
+                    claude_config_dir: std::env::var_os("CLAUDE_CONFIG_DIR")
+                        .filter(|dir| !dir.is_empty())
+                        .map(PathBuf::from),
                     workdir_roots: workdirs.roots().to_vec(),
                     credentials: CLAUDE_CREDENTIALS
                         .iter()

@@ -273,6 +273,18 @@ impl ProfileConfig {
         }
     }
 
+    /// The characters the agent's input box reads as a command when they open the input: a
+    /// task that opens with one is typed after a label line, so it is a task, not a command
+    /// (Claude Code: `!` shell, `/` slash command, `#` memory; opencode: `!` shell, `/`
+    /// command). None for other programs: fleetd does not know their input.
+    pub fn command_prefixes(&self) -> &'static [char] {
+        match self.agent_kind() {
+            ProfileKind::ClaudeCode => &['!', '/', '#'],
+            ProfileKind::Opencode => &['!', '/'],
+            ProfileKind::Command | ProfileKind::Sandbox => &[],
+        }
+    }
+
     /// The kind of program in the pane: a sandbox's agent kind, else the profile's own.
     pub fn agent_kind(&self) -> ProfileKind {
         match self.kind {

@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::typed::{first_line_end, typeable};
+use fleet_core::typed::{first_line_end, opens_a_command, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
 
 use super::Gateway;
+use crate::config::ProfileConfig;
 
 /// How long the pump waits before looking at its queue again after the store failed.
 const STORE_RETRY: Duration = Duration::from_secs(1);
@@ -54,10 +55,15 @@ fn reported(status: WorkerStatus) -> Option<AgentState> {
     }
 }
 
-/// The text typed into the pane for `message`: a task verbatim; anything else labelled, so
-/// the agent can tell an answer from a new task.
-fn pane_text(message: &Message, from_name: &str) -> String {
+/// The text typed into the pane for `message`: a task verbatim, unless it opens with one of
+/// `prefixes` (what the agent's input box reads as a command: Claude Code's `!` runs a shell
+/// command), when a label line comes first; anything else labelled, so the agent can tell an
+/// answer from a new task.
+fn pane_text(message: &Message, from_name: &str, prefixes: &[char]) -> String {
     match message.kind {
+        Kind::Send if opens_a_command(&message.body, prefixes) => {
+            format!("[fleet task from {from_name}]\n{}", message.body)
+        }
         Kind::Send => message.body.clone(),
         kind => format!(
             "[fleet {kind} from {from_name}, answering {}]\n{}",
@@ -249,7 +255,7 @@ impl Gateway {
         };
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
         // The last gate before keys.
-        let text = match typed_text(&task, &from_name, profile.single_line) {
+        let text = match typed_text(&task, &from_name, &profile) {
             Ok(text) => text,
             Err(why) => {
                 tracing::error!(%trace_id, %msg_id, %gid, why, "REFUSED to type a task");
@@ -302,14 +308,17 @@ impl Gateway {
     }
 }
 
-/// What is typed for `task` (from `from_name`), or why nothing may be: whatever path the task
-/// came by (a local send was checked already; one off the broker on arrival), nothing but text
-/// reaches the keys, and a program taking one line at a time (`single_line`) gets one line.
-fn typed_text(task: &Message, from_name: &str, single_line: bool) -> Result<String, String> {
-    let text = typeable(&pane_text(task, from_name))
+/// What is typed for `task` (from `from_name`) into a pane of `profile`, or why nothing may
+/// be: whatever path the task came by (a local send was checked already; one off the broker on
+/// arrival), nothing but text reaches the keys, a task is never read as the agent's own command,
+/// and a program taking one line at a time (`single_line`) gets one line.
+fn typed_text(task: &Message, from_name: &str, profile: &ProfileConfig) -> Result<String, String> {
+    let text = typeable(&pane_text(task, from_name, profile.command_prefixes()))
         .map_err(|found| format!("it holds {found}"))?
         .into_owned();
-    if single_line && let Some(offset) = first_line_end(&text) {
+    if profile.single_line
+        && let Some(offset) = first_line_end(&text)
+    {
         return Err(format!(
             "it holds a line break at character {offset}, and the worker's program takes one line at a time (single_line)"
         ));
@@ -320,6 +329,7 @@ fn typed_text(task: &Message, from_name: &str, single_line: bool) -> Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ProfileKind;
     use fleet_core::{MsgId, TraceId};
 
     /// A task with `body`.
@@ -340,11 +350,11 @@ mod tests {
     #[test]
     fn tasks_go_in_verbatim_and_answers_labelled() {
         let mut message = task("line one\nline two");
-        assert_eq!(pane_text(&message, "alice"), "line one\nline two");
+        assert_eq!(pane_text(&message, "alice", &[]), "line one\nline two");
         let answered = MsgId::mint();
         message.kind = Kind::Reply;
         message.in_reply_to = Some(answered);
-        let text = pane_text(&message, "alice");
+        let text = pane_text(&message, "alice", &[]);
         assert!(text.starts_with(&format!("[fleet REPLY from alice, answering {answered}]\n")));
         assert!(text.ends_with("line one\nline two"));
     }
@@ -352,17 +362,37 @@ mod tests {
     #[test]
     fn the_last_gate_types_text_only_and_one_line_where_asked() {
         let mut message = task("a\r\nb");
-        assert_eq!(typed_text(&message, "alice", false).unwrap(), "a\nb");
-        let why = typed_text(&message, "alice", true).unwrap_err();
+        let sim = ProfileConfig::command("sim", vec!["sim".into()]);
+        let mut one_line = sim.clone();
+        one_line.single_line = true;
+        assert_eq!(typed_text(&message, "alice", &sim).unwrap(), "a\nb");
+        let why = typed_text(&message, "alice", &one_line).unwrap_err();
         assert!(why.contains("line break at character 1"), "{why}");
         // A task that got past every earlier check (queued before an upgrade, say).
         message.body = "x\u{1b}[201~y".into();
-        let why = typed_text(&message, "alice", false).unwrap_err();
+        let why = typed_text(&message, "alice", &sim).unwrap_err();
         assert!(why.contains("U+001B (ESC)"), "{why}");
         // A reply's label carries its sender's name: a hostile one stops it too.
         message.body = "fine".into();
         message.kind = Kind::Reply;
         message.in_reply_to = Some(MsgId::mint());
-        assert!(typed_text(&message, "evil\u{1b}]0;x", false).is_err());
+        assert!(typed_text(&message, "evil\u{1b}]0;x", &sim).is_err());
+    }
+
+    #[test]
+    fn a_task_claude_code_would_read_as_a_command_is_typed_as_a_task() {
+        let mut claude = ProfileConfig::command("claude", Vec::new());
+        claude.kind = ProfileKind::ClaudeCode;
+        let sim = ProfileConfig::command("sim", vec!["sim".into()]);
+        for body in ["!touch /tmp/x", "/add-dir /etc", "  #remember this"] {
+            let typed = typed_text(&task(body), "alice", &claude).unwrap();
+            assert_eq!(typed, format!("[fleet task from alice]\n{body}"));
+            // A program fleetd does not know gets it as it is.
+            assert_eq!(typed_text(&task(body), "alice", &sim).unwrap(), body);
+        }
+        assert_eq!(
+            typed_text(&task("fix /src/main.rs"), "alice", &claude).unwrap(),
+            "fix /src/main.rs"
+        );
     }
 }

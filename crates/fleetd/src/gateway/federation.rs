@@ -697,11 +697,26 @@ impl Gateway {
             .into_iter()
             .partition(|i| self.placement(&i.message) == Placement::Hold);
         for other in others {
-            let delivered = self.deliver(other.message).await.map(|_| ());
-            if delivered.is_ok() {
-                fed.held(&other.envelope, other.delivery.data.len());
+            let to = other.message.to;
+            match self.deliver(other.message).await.map(|_| ()) {
+                // Over a cap: refused for good (requeued, it would only come straight back).
+                Err(e) if e.code == ErrorCode::TooMany => {
+                    self.refuse_and_tell(
+                        to,
+                        &other.envelope,
+                        &other.delivery,
+                        "too many",
+                        &e.message,
+                    )
+                    .await;
+                }
+                delivered => {
+                    if delivered.is_ok() {
+                        fed.held(&other.envelope, other.delivery.data.len());
+                    }
+                    settle(&other.envelope, &other.delivery, delivered, false).await;
+                }
             }
-            settle(&other.envelope, &other.delivery, delivered, false).await;
         }
         let Some(last) = kept.last() else {
             return;

@@ -50,6 +50,8 @@ impl Workdirs {
         let resolved = std::fs::canonicalize(dir).map_err(|e| {
             FleetError::invalid(format!("cwd '{text}' cannot be used on host '{host}': {e}"))
         })?;
+        // A link may lead to a name no one would type: the path that is used is checked too.
+        check_text(&resolved.to_string_lossy())?;
         if !resolved.is_dir() {
             return Err(FleetError::invalid(format!(
                 "cwd '{text}' is not a directory on host '{host}'"

@@ -28,12 +28,15 @@ use crate::config::{CLAUDE_CREDENTIALS, MAX_WAIT_S, ProfileConfig, ProfileKind};
 const SERVER: &str = "fleet";
 /// Claude Code's settings file in a home.
 const CLAUDE_JSON: &str = ".claude.json";
+/// The variable that moves Claude Code's settings (its `.claude.json`) out of the home.
+const CLAUDE_CONFIG_DIR: &str = "CLAUDE_CONFIG_DIR";
 /// How many trailing characters of an API key Claude Code remembers as approved.
 const APPROVED_KEY_CHARS: usize = 20;
 
 pub(super) struct ClaudeLauncher {
-    /// The user's home, whose `.claude.json` gets the working directory's trust.
-    user_home: Option<PathBuf>,
+    /// Where the user's Claude Code keeps its `.claude.json`, which gets the working
+    /// directory's trust: `CLAUDE_CONFIG_DIR` when fleetd's environment sets it, else the home.
+    settings_dir: Option<PathBuf>,
     /// The resolved `gateway.workdir_roots`: no directory outside them is marked trusted.
     roots: Vec<PathBuf>,
     /// Claude Code's credentials in fleetd's environment, for an isolated home whose profile
@@ -44,7 +47,7 @@ pub(super) struct ClaudeLauncher {
 impl ClaudeLauncher {
     pub(super) fn new(facts: HostFacts) -> Self {
         Self {
-            user_home: facts.user_home,
+            settings_dir: facts.claude_config_dir.or(facts.user_home),
             roots: facts.workdir_roots,
             credentials: facts.credentials,
         }
@@ -120,9 +123,14 @@ impl PeerLauncher for ClaudeLauncher {
             )?;
             launch.env.insert("HOME".into(), home.display().to_string());
         } else if profile.trust_workdir
-            && let Some(home) = &self.user_home
+            && let Some(dir) = profile
+                .env
+                .get(CLAUDE_CONFIG_DIR)
+                .map(PathBuf::from)
+                .or_else(|| self.settings_dir.clone())
         {
-            trust_directory(&home.join(CLAUDE_JSON), &keys)?;
+            // The profile's own CLAUDE_CONFIG_DIR is where its Claude Code looks.
+            trust_directory(&dir.join(CLAUDE_JSON), &keys)?;
         }
         Ok(launch)
     }
@@ -188,6 +196,7 @@ mod tests {
     fn facts(user_home: Option<&Path>, roots: &[&Path], credentials: &[(&str, &str)]) -> HostFacts {
         HostFacts {
             user_home: user_home.map(Path::to_path_buf),
+            claude_config_dir: None,
             workdir_roots: roots.iter().map(|r| r.to_path_buf()).collect(),
             credentials: credentials
                 .iter()
@@ -353,6 +362,40 @@ mod tests {
             .to_string();
         assert!(err.contains(".claude.json"), "{err}");
         assert_eq!(fs::read_to_string(&file).unwrap(), "not json");
+    }
+
+    #[test]
+    fn claude_config_dir_moves_the_settings_that_get_the_trust() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        let file = users_settings(dir.path(), "{}");
+        let home = file.parent().unwrap().to_path_buf();
+        let cwd = w.cwd.display().to_string();
+        let trusted = |file: &Path| {
+            let settings: Value = serde_json::from_str(&fs::read_to_string(file).unwrap()).unwrap();
+            settings["projects"][&cwd]["hasTrustDialogAccepted"] == true
+        };
+        // fleetd's own CLAUDE_CONFIG_DIR.
+        let config = dir.path().join("config");
+        fs::create_dir(&config).unwrap();
+        let mut facts = facts(Some(&home), &[], &[]);
+        facts.claude_config_dir = Some(config.clone());
+        try_prepare(&claude_profile(), facts, &w).unwrap();
+        assert!(trusted(&config.join(CLAUDE_JSON)));
+        assert!(!trusted(&file), "the home's file was edited instead");
+        // A profile's own wins.
+        let own = dir.path().join("own");
+        fs::create_dir(&own).unwrap();
+        let mut profile = claude_profile();
+        profile
+            .env
+            .insert(CLAUDE_CONFIG_DIR.into(), own.display().to_string());
+        let w2 = Worker {
+            dir: dir.path().join("w2"),
+            ..worker(dir.path())
+        };
+        prepare(&profile, Some(home.clone()), &w2);
+        assert!(trusted(&own.join(CLAUDE_JSON)));
     }
 
     #[test]

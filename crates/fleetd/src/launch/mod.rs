@@ -125,6 +125,9 @@ pub struct HostFacts {
     /// The user's home: its `.claude.json` gets a worker's directory trusted; `{home}` of a
     /// sandbox template.
     pub user_home: Option<PathBuf>,
+    /// `CLAUDE_CONFIG_DIR` in fleetd's environment: where Claude Code then keeps its
+    /// `.claude.json` instead of the home.
+    pub claude_config_dir: Option<PathBuf>,
     /// `gateway.workdir_roots`, resolved (empty: none): no directory outside them is marked
     /// trusted, whatever a launch is asked for.
     pub workdir_roots: Vec<PathBuf>,

@@ -14,7 +14,7 @@
 
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,7 +37,7 @@ const TRUSTED: &str = "hasTrustDialogAccepted";
 /// Marks each of `keys` (working directories, as Claude Code keys its projects) trusted in
 /// the settings file `file`, keeping everything else in it.
 pub(super) fn trust_directory(file: &Path, keys: &[String]) -> io::Result<()> {
-    let _lock = SettingsLock::take(file)?;
+    let lock = SettingsLock::take(file)?;
     let text = match fs::read_to_string(file) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -51,7 +51,7 @@ pub(super) fn trust_directory(file: &Path, keys: &[String]) -> io::Result<()> {
         ))
     })?;
     match edited {
-        Some(edited) => replace(file, edited.as_bytes()),
+        Some(edited) => replace(file, edited.as_bytes(), || lock.confirm()),
         None => Ok(()),
     }
 }
@@ -101,6 +101,10 @@ fn is_stale(touched: SystemTime, now: SystemTime) -> bool {
 struct SettingsLock {
     /// The lock directory, `<file>.lock`.
     dir: PathBuf,
+    /// The directory's inode and time when it was made: a lock directory of the same name with
+    /// another is someone else's (ours was broken as stale and taken; an inode number may be
+    /// reused at once, the time of making is not).
+    made: (u64, SystemTime),
 }
 
 impl SettingsLock {
@@ -113,7 +117,10 @@ impl SettingsLock {
         let mut pause = LOCK_RETRY_FIRST;
         loop {
             match fs::create_dir(&dir) {
-                Ok(()) => return Ok(Self { dir }),
+                Ok(()) => {
+                    let made = identity(&fs::metadata(&dir)?)?;
+                    return Ok(Self { dir, made });
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
             }
@@ -148,18 +155,49 @@ impl SettingsLock {
     }
 }
 
+/// What tells one lock directory from another made under the same name.
+fn identity(meta: &fs::Metadata) -> io::Result<(u64, SystemTime)> {
+    Ok((meta.ino(), meta.modified()?))
+}
+
+impl SettingsLock {
+    /// Whether the lock is still this one's and not old enough for another writer to break
+    /// it: checked right before the file is replaced, so a hold that outlived the stale limit
+    /// never overwrites what the writer who broke it wrote.
+    fn confirm(&self) -> io::Result<()> {
+        let meta = fs::metadata(&self.dir)?;
+        if identity(&meta)? != self.made || is_stale(meta.modified()?, SystemTime::now()) {
+            return Err(io::Error::other(format!(
+                "the lock {} was held too long and may be another writer's now: the settings were not written",
+                self.dir.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for SettingsLock {
     fn drop(&mut self) {
-        if let Err(e) = fs::remove_dir(&self.dir) {
-            tracing::warn!(lock = %self.dir.display(), error = %e, "cannot let go of the lock on Claude Code's settings");
+        // Only our own lock goes: one of that name with another inode is someone else's.
+        match fs::metadata(&self.dir).and_then(|meta| identity(&meta)) {
+            Ok(made) if made == self.made => {
+                if let Err(e) = fs::remove_dir(&self.dir) {
+                    tracing::warn!(lock = %self.dir.display(), error = %e, "cannot let go of the lock on Claude Code's settings");
+                }
+            }
+            _ => {
+                tracing::warn!(lock = %self.dir.display(), "the lock on Claude Code's settings was broken while held: left to its new holder")
+            }
         }
     }
 }
 
 /// Replaces `file` with `bytes` at once: a new file beside it under a name of its own, with the
 /// permissions of the file it replaces, flushed to disk and renamed over it; then the directory
-/// is flushed. A symlink is followed: the file it points at is replaced, the link kept.
-fn replace(file: &Path, bytes: &[u8]) -> io::Result<()> {
+/// is flushed. `still_ours` is asked right before the rename (is the lock still held?); when it
+/// says no, nothing is replaced. A symlink is followed: the file it points at is replaced, the
+/// link kept.
+fn replace(file: &Path, bytes: &[u8], still_ours: impl Fn() -> io::Result<()>) -> io::Result<()> {
     let target = match fs::canonicalize(file) {
         Ok(real) => real,
         Err(e) if e.kind() == io::ErrorKind::NotFound => file.to_path_buf(),
@@ -187,6 +225,7 @@ fn replace(file: &Path, bytes: &[u8]) -> io::Result<()> {
         .set_permissions(fs::Permissions::from_mode(mode))?;
     temporary.write_all(bytes)?;
     temporary.as_file().sync_all()?;
+    still_ours()?;
     temporary.persist(&target).map_err(|e| e.error)?;
     fs::File::open(dir)?.sync_all()
 }
@@ -194,6 +233,25 @@ fn replace(file: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_broken_and_taken_by_another_is_neither_written_under_nor_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(".claude.json");
+        fs::write(&file, "{}").unwrap();
+        let lock = SettingsLock::take(&file).unwrap();
+        // Another writer breaks it and takes it: a new directory under the same name.
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        fs::remove_dir(&lock.dir).unwrap();
+        fs::rename(&theirs, &lock.dir).unwrap();
+        let err = replace(&file, b"{\"x\": 1}", || lock.confirm()).unwrap_err();
+        assert!(err.to_string().contains("not written"), "{err}");
+        assert_eq!(fs::read_to_string(&file).unwrap(), "{}");
+        let held = lock.dir.clone();
+        drop(lock);
+        assert!(held.is_dir(), "another writer's lock was removed");
+    }
 
     fn keys(list: &[&str]) -> Vec<String> {
         list.iter().map(|k| k.to_string()).collect()

@@ -112,10 +112,11 @@ async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
     let places = tempfile::tempdir()?;
     let state = std::fs::canonicalize(fleet.state_dir())?;
     std::os::unix::fs::symlink(state.join("leads"), places.path().join("into-state"))?;
-    let smuggled_run = places.path().join("run-shell-ran");
-    let newline = places
-        .path()
-        .join(format!("x\nrun-shell touch {}", smuggled_run.display()));
+    // Refused before tmux sees it (tmux's own refusal is tested in fleet-mux's tmux tests).
+    let newline = places.path().join(format!(
+        "x\nrun-shell touch {}",
+        places.path().join("ran").display()
+    ));
 
     let rows = [
         // 1. Typed text is text.
@@ -240,7 +241,6 @@ async fn hostile_text_paths_and_names_are_refused_or_inert_and_nothing_is_lost()
         );
         still_serves(&lead, row.what).await?;
     }
-    assert!(!smuggled_run.exists(), "a control-mode command ran");
     assert!(
         !fleet.screen(&pane)?.contains("smuggled"),
         "the smuggled line reached the worker"
@@ -346,7 +346,8 @@ async fn a_paste_breakout_never_reaches_a_worker_on_herdr() -> anyhow::Result<()
 }
 
 /// The breakout against a real Claude Code worker (on the scripted model): refused, so its
-/// model never hears of it, and the worker takes its next task.
+/// model never hears of it, and the worker takes its next task; and tasks that open with
+/// Claude Code's command characters reach its model as tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paste_breakout_never_reaches_a_real_claude_code_worker() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
@@ -363,6 +364,20 @@ async fn a_paste_breakout_never_reaches_a_real_claude_code_worker() -> anyhow::R
     };
     assert_eq!(sent["reply"]["text"], "echo: the next task");
     assert!(model.requests() > before, "the next task reached the model");
+    // A task opening with Claude Code's own command characters is a task, not a command:
+    // `!` would run the rest in a shell, `/` a slash command.
+    let marker = tempfile::tempdir()?;
+    let ran = marker.path().join("ran");
+    for task in [format!("!touch {}", ran.display()), "/add-dir /etc".into()] {
+        let sent = lead.send("c1", &task, 90).await?;
+        assert_eq!(
+            sent["reply"]["text"],
+            format!("echo: [fleet task from lead]\n{task}"),
+            "{sent}\n{}",
+            fleet.screen(&pane)?
+        );
+    }
+    assert!(!ran.exists(), "Claude Code ran a task as a shell command");
     assert!(
         !fleet.screen(&pane)?.contains("smuggled"),
         "{}",
