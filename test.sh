@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs fleetd's whole test suite. First installs what a fresh Debian machine lacks: tmux (the
-# tests drive real tmux servers), bubblewrap (the sandbox tests' runtime), rabbitmq-server (the
-# federation tests' broker, and their private node), in a virtualenv
-# outside the tree the Python `mcp` SDK (a second real MCP client), and outside the tree the
-# pinned Claude Code and opencode releases from npm (real agent workers, on a scripted model).
+# Runs fleetd's whole test suite, after cargo fmt --check and clippy. First installs what a
+# fresh Debian machine lacks: tmux (the tests drive real tmux servers), bubblewrap (the sandbox
+# tests' runtime), rabbitmq-server (the federation tests' broker, and their private node), in a
+# virtualenv outside the tree the Python `mcp` SDK (a second real MCP client), and outside the
+# tree the pinned Claude Code and opencode releases from npm (real agent workers, on a scripted
+# model).
 # Extra arguments go to the test runner.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -43,6 +44,11 @@ if ! "$claude" --version 2>/dev/null | grep -q "^$claude_version " ||
     "@anthropic-ai/claude-code@$claude_version" "opencode-ai@$opencode_version"
 fi
 export FLEET_TEST_CLAUDE="$claude" FLEET_TEST_OPENCODE="$opencode"
+
+# The house rules are checked, not remembered: unformatted code or a clippy warning (an unwrap
+# outside tests among them, see [workspace.lints]) fails the run before any test.
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 # The tests start the workspace's binaries (fleetd, fleet-agent-sim): build them all first.
 cargo build --workspace --bins

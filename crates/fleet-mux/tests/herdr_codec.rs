@@ -4,6 +4,9 @@
 //! recorded with `fleet-herdr-record`, which replays the first one's requests). Every test
 //! runs on each.
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use fleet_mux::AgentState;
 use fleet_mux::herdr::codec::{self, Answer, Event, Source};
 use serde_json::{Value, json};

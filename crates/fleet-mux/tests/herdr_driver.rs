@@ -2,6 +2,9 @@
 //! was recorded to (one answer per connection, error shapes, an event stream, a stall, lines it
 //! cannot read): stand-ins for the protocol's edges, not herdr.
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,6 +1,9 @@
 //! What is particular to the tmux pane host, against a real private tmux server per test (the
 //! behaviour every host shares is the pane-host suite in fleet-testkit's tests).
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The SQLite store against a real database file in a temp dir.
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
 use fleet_store::{EntityRecord, SqliteStore, Store, StoreError};

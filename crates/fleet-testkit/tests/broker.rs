@@ -1,6 +1,9 @@
 //! The broker helpers against the real RabbitMQ: a vhost of a test's own on the tests' broker,
 //! and a private node that stops and restarts with its durable queue.
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};

@@ -2,6 +2,9 @@
 //! herdr stand-in (`fleet_testkit::standin`: herdr's protocol, panes in tmux — a stand-in, not
 //! herdr), and a real herdr whenever `HERDR_BIN` points at one (skipped, with a note, when not).
 
+// A test may unwrap: a panic is how it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
