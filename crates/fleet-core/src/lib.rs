@@ -1,11 +1,15 @@
 //! The domain core of fleetd: global ids, entities and roles, messages and their states, the
 //! routing decision, the worker session state machine and the authorisation rules.
 //!
-//! This crate does no I/O and knows no clock: timestamps and randomness come in as arguments
-//! (ids are minted by the caller through [`ids`]), so every rule here is tested without tokio.
+//! This crate does no I/O, and its rules know no clock: timestamps come in as arguments (the
+//! adapters read the one clock, [`clock::now_ms`]), so every rule here is tested with explicit
+//! times and without tokio.
 
+pub mod asks;
 pub mod authz;
 pub mod bounds;
+pub mod clock;
+pub mod delivery;
 pub mod entity;
 pub mod envelope;
 pub mod error;

@@ -198,6 +198,64 @@ pub struct Message {
     pub created_ms: i64,
 }
 
+impl Message {
+    /// A new task (or plain message) from `from` to `to`, queued for its recipient, in the flow
+    /// `trace_id`, accepted at `now_ms`.
+    pub fn task(from: Gid, to: Gid, body: String, trace_id: TraceId, now_ms: i64) -> Message {
+        Message {
+            msg_id: MsgId::mint(),
+            trace_id,
+            kind: Kind::Send,
+            from,
+            to,
+            in_reply_to: None,
+            body,
+            state: MsgState::Queued,
+            created_ms: now_ms,
+        }
+    }
+
+    /// The answer to `answered`, from its recipient to its sender, in its flow, held for the
+    /// sender's pull.
+    pub fn reply_to(answered: &Message, body: String, now_ms: i64) -> Message {
+        Message {
+            msg_id: MsgId::mint(),
+            trace_id: answered.trace_id,
+            kind: Kind::Reply,
+            from: answered.to,
+            to: answered.from,
+            in_reply_to: Some(answered.msg_id),
+            body,
+            state: MsgState::Held,
+            created_ms: now_ms,
+        }
+    }
+
+    /// What the gateway of `original`'s recipient tells its sender about it (`kind` is a
+    /// notice or a receipt: `FAILED`, `INJECTED` …), held for the sender. Its id derives from
+    /// the original's and the kind, so however many paths report the same thing, the sender
+    /// hears it once.
+    pub fn notice(original: &Message, kind: Kind, body: String, now_ms: i64) -> Message {
+        Message {
+            msg_id: original.msg_id.derived(&kind.as_str().to_ascii_lowercase()),
+            trace_id: original.trace_id,
+            kind,
+            from: original.to,
+            to: original.from,
+            in_reply_to: Some(original.msg_id),
+            body,
+            state: MsgState::Held,
+            created_ms: now_ms,
+        }
+    }
+
+    /// The same message under the id `msg_id` (a broadcast's copy, or a brief rebuilt from
+    /// what was kept of it).
+    pub fn with_id(self, msg_id: MsgId) -> Message {
+        Message { msg_id, ..self }
+    }
+}
+
 /// Rejects a body over `limit` bytes with an error that names both sizes.
 pub fn check_size(body: &str, limit: usize) -> Result<(), FleetError> {
     if body.len() > limit {
@@ -241,6 +299,40 @@ mod tests {
         assert!(!MsgState::Injected.can_become(&MsgState::Injecting));
         assert!(!MsgState::Consumed.can_become(&MsgState::Held));
         assert!(MsgState::Held.can_become(&MsgState::Consumed));
+    }
+
+    #[test]
+    fn replies_and_notices_answer_their_message_in_its_flow() {
+        let (lead, worker) = (Gid::mint(), Gid::mint());
+        let task = Message::task(lead, worker, "do it".into(), TraceId::mint(), 5);
+        assert_eq!(
+            (task.kind, task.state.clone(), task.created_ms),
+            (Kind::Send, MsgState::Queued, 5)
+        );
+        let reply = Message::reply_to(&task, "done".into(), 9);
+        assert_eq!((reply.from, reply.to), (worker, lead));
+        assert_eq!(
+            (reply.in_reply_to, reply.trace_id),
+            (Some(task.msg_id), task.trace_id)
+        );
+        assert_eq!((reply.kind, reply.state), (Kind::Reply, MsgState::Held));
+        assert_ne!(reply.msg_id, task.msg_id);
+        let failed = Message::notice(&task, Kind::Failed, "gone".into(), 9);
+        assert_eq!(
+            (failed.from, failed.to, failed.kind),
+            (worker, lead, Kind::Failed)
+        );
+        assert_eq!(failed.in_reply_to, Some(task.msg_id));
+        // One notice of a kind per message, however many paths report it; ids as before.
+        assert_eq!(
+            failed.msg_id,
+            Message::notice(&task, Kind::Failed, "x".into(), 1).msg_id
+        );
+        assert_eq!(failed.msg_id, task.msg_id.derived("failed"));
+        let receipt = Message::notice(&task, Kind::Injected, String::new(), 9);
+        assert_eq!(receipt.msg_id, task.msg_id.derived("injected"));
+        let copy_id = MsgId::mint();
+        assert_eq!(task.clone().with_id(copy_id).msg_id, copy_id);
     }
 
     #[test]

@@ -9,22 +9,27 @@ use crate::error::{ErrorCode, FleetError};
 use crate::ids::Gid;
 
 /// Where a message to a recipient goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route<'a> {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
     /// The recipient lives on this gateway's host.
-    Local(&'a Entity),
+    Local(Entity),
     /// The recipient lives on another host.
-    Remote(&'a Entity),
+    Remote(Entity),
+}
+
+impl Route {
+    /// The recipient, wherever it lives.
+    pub fn entity(&self) -> &Entity {
+        match self {
+            Route::Local(entity) | Route::Remote(entity) => entity,
+        }
+    }
 }
 
 /// Resolves `to` (a gid, a name, or `name@host`) against `roster` as seen from `local_host`.
 /// A bare name prefers the local entity; a bare name held only by several remote entities is
 /// ambiguous and asks for `name@host`.
-pub fn resolve<'a>(
-    roster: &'a [Entity],
-    local_host: &str,
-    to: &str,
-) -> Result<Route<'a>, FleetError> {
+pub fn resolve(roster: &[Entity], local_host: &str, to: &str) -> Result<Route, FleetError> {
     let to = to.trim();
     let found = if let Ok(gid) = to.parse::<Gid>() {
         roster.iter().find(|e| e.gid == gid)
@@ -48,8 +53,8 @@ pub fn resolve<'a>(
         }
     };
     match found {
-        Some(entity) if entity.host == local_host => Ok(Route::Local(entity)),
-        Some(entity) => Ok(Route::Remote(entity)),
+        Some(entity) if entity.host == local_host => Ok(Route::Local(entity.clone())),
+        Some(entity) => Ok(Route::Remote(entity.clone())),
         None => Err(unknown_recipient(roster, to)),
     }
 }
@@ -90,12 +95,12 @@ mod tests {
         let roster = vec![entity("w1", "a"), entity("w2", "a")];
         assert_eq!(
             resolve(&roster, "a", "w2").unwrap(),
-            Route::Local(&roster[1])
+            Route::Local(roster[1].clone())
         );
         let by_gid = roster[0].gid.to_string();
         assert_eq!(
             resolve(&roster, "a", &by_gid).unwrap(),
-            Route::Local(&roster[0])
+            Route::Local(roster[0].clone())
         );
     }
 
@@ -104,15 +109,15 @@ mod tests {
         let roster = vec![entity("w1", "a"), entity("w1", "b"), entity("w9", "b")];
         assert_eq!(
             resolve(&roster, "a", "w1").unwrap(),
-            Route::Local(&roster[0])
+            Route::Local(roster[0].clone())
         );
         assert_eq!(
             resolve(&roster, "a", "w1@b").unwrap(),
-            Route::Remote(&roster[1])
+            Route::Remote(roster[1].clone())
         );
         assert_eq!(
             resolve(&roster, "a", "w9").unwrap(),
-            Route::Remote(&roster[2])
+            Route::Remote(roster[2].clone())
         );
     }
 

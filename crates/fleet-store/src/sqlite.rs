@@ -6,9 +6,10 @@
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fleet_core::bounds::Full;
+use fleet_core::clock::now_ms;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
 
@@ -64,13 +65,6 @@ impl SqliteStore {
 /// (rusqlite rolls back on drop), so a poisoned lock is still safe to use.
 fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {

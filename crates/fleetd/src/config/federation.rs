@@ -4,7 +4,7 @@
 use fleet_core::redact::MASK;
 use serde::Deserialize;
 
-use super::{MAX_WAIT_S, within};
+use super::{MAX_CONFIG_WAIT_S, within};
 
 /// `[broker]`: the AMQP broker the gateways share. Its `Debug` masks the URI's password.
 #[derive(Clone, Deserialize)]
@@ -153,14 +153,14 @@ impl FederationConfig {
             "federation.presence_ttl_s",
             self.presence_ttl_s,
             self.presence_interval_s + 1,
-            MAX_WAIT_S,
+            MAX_CONFIG_WAIT_S,
         )
         .map_err(|e| format!("{e} (more than presence_interval_s)"))?;
         within(
             "federation.injected_bound_s",
             self.injected_bound_s,
             1,
-            MAX_WAIT_S,
+            MAX_CONFIG_WAIT_S,
         )?;
         within(
             "federation.inbox_max_length",
@@ -172,13 +172,13 @@ impl FederationConfig {
             "federation.inbox_message_ttl_s",
             self.inbox_message_ttl_s,
             1,
-            MAX_WAIT_S * 30,
+            MAX_CONFIG_WAIT_S * 30,
         )?;
         within(
             "federation.inbox_expires_s",
             self.inbox_expires_s,
             self.inbox_message_ttl_s,
-            MAX_WAIT_S * 365,
+            MAX_CONFIG_WAIT_S * 365,
         )
         .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
         within(

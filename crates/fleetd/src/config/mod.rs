@@ -35,7 +35,7 @@ const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
 /// Claude Code's empty input box: `❯` and a no-break space.
 pub const CLAUDE_EMPTY_INPUT: &str = "❯\u{a0}";
 /// The longest any configured wait may be, in seconds (a day): longer is a typo.
-pub(crate) const MAX_WAIT_S: u64 = 86_400;
+pub(crate) const MAX_CONFIG_WAIT_S: u64 = 86_400;
 /// How long a lead's pane must hold still to count as idle for a nudge, by default.
 const DEFAULT_NUDGE_QUIET_MS: u64 = 1_000;
 /// How many messages may wait for one recipient, by default: as many as its inbox on the
@@ -335,13 +335,13 @@ impl Config {
                 &format!("leads.{name}.nudge_interval_s"),
                 lead.nudge_interval_s,
                 1,
-                MAX_WAIT_S,
+                MAX_CONFIG_WAIT_S,
             )?;
             within(
                 &format!("leads.{name}.nudge_quiet_ms"),
                 lead.nudge_quiet_ms,
                 0,
-                MAX_WAIT_S * 1000,
+                MAX_CONFIG_WAIT_S * 1000,
             )?;
         }
         if let Some(broker) = &self.broker {

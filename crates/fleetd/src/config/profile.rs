@@ -12,7 +12,7 @@ use fleet_core::redact::EnvNames;
 use fleet_core::typed::first_control;
 use serde::Deserialize;
 
-use super::{CLAUDE_EMPTY_INPUT, MAX_WAIT_S, within};
+use super::{CLAUDE_EMPTY_INPUT, MAX_CONFIG_WAIT_S, within};
 
 /// How long a spawned worker has to call in, by default.
 pub(super) const DEFAULT_READY_TIMEOUT_S: u64 = 30;
@@ -359,18 +359,23 @@ impl ProfileConfig {
         if let Some(role) = &self.role {
             named(&key("role"), role)?;
         }
-        within(&key("ready_timeout_s"), self.ready_timeout_s, 1, MAX_WAIT_S)?;
+        within(
+            &key("ready_timeout_s"),
+            self.ready_timeout_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
         within(
             &key("submit_verify_ms"),
             self.submit_verify_ms,
             1,
-            MAX_WAIT_S * 1000,
+            MAX_CONFIG_WAIT_S * 1000,
         )?;
         if let Some(pause) = self.enter_pause_ms {
-            within(&key("enter_pause_ms"), pause, 0, MAX_WAIT_S * 1000)?;
+            within(&key("enter_pause_ms"), pause, 0, MAX_CONFIG_WAIT_S * 1000)?;
         }
         if let Some(ttl) = self.idle_ttl_s {
-            within(&key("idle_ttl_s"), ttl, 1, MAX_WAIT_S * 365)?;
+            within(&key("idle_ttl_s"), ttl, 1, MAX_CONFIG_WAIT_S * 365)?;
         }
         if let Some(cap) = self.context_cap {
             within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;

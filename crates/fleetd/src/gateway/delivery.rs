@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::delivery::Taker;
 use fleet_core::typed::{first_line_end, opens_a_command, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
@@ -36,12 +37,6 @@ enum Step {
     Retry,
     /// The session is over.
     Done,
-}
-
-/// Whether the agent the pane host recognises is busy (working, or blocked on a human): then it
-/// gets no task, whatever fleetd's own session state says.
-fn agent_busy(agent: Option<&(String, AgentState)>) -> bool {
-    matches!(agent, Some((_, AgentState::Working | AgentState::Blocked)))
 }
 
 /// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
@@ -159,9 +154,8 @@ impl Gateway {
     /// instead. [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
         let mut sessions = self.lock();
-        if sessions.host_down.is_some() {
-            return false;
-        }
+        let taker = if by_poll { Taker::Poll } else { Taker::Pump };
+        let free = sessions.may_take_task(gid, taker);
         let Some(s) = sessions.panes.get_mut(&gid) else {
             return false;
         };
@@ -171,10 +165,6 @@ impl Gateway {
             s.claim_missed = true;
             return false;
         }
-        let free = s.status == WorkerStatus::Idle
-            && !s.cap_reached()
-            && (by_poll || s.polls == 0)
-            && !agent_busy(s.host_agent.as_ref());
         s.claiming = free;
         free
     }
@@ -334,17 +324,7 @@ mod tests {
 
     /// A task with `body`.
     fn task(body: &str) -> Message {
-        Message {
-            msg_id: MsgId::mint(),
-            trace_id: TraceId::mint(),
-            kind: Kind::Send,
-            from: Gid::mint(),
-            to: Gid::mint(),
-            in_reply_to: None,
-            body: body.into(),
-            state: MsgState::Queued,
-            created_ms: 0,
-        }
+        Message::task(Gid::mint(), Gid::mint(), body.into(), TraceId::mint(), 0)
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::token;
 const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
 
 /// What the lifecycle loop found to do.
-enum Due {
+enum LifeStep {
     /// Stop it: idle longer than its profile allows.
     Reap(Gid, Duration),
     /// Give it a fresh session: it took as many tasks as its profile allows.
@@ -118,7 +118,7 @@ impl Gateway {
 
     /// Reaps workers idle past their `idle_ttl` and recycles those at their `context_cap`.
     async fn check_lifecycles(self: &Arc<Self>) {
-        let due: Vec<Due> = {
+        let due: Vec<LifeStep> = {
             let mut sessions = self.lock();
             if sessions.host_down.is_some() {
                 return;
@@ -133,7 +133,7 @@ impl Gateway {
                 {
                     // Spawning again from here on: the pump types nothing into it meanwhile.
                     if session.apply(SessionEvent::Recycle).is_ok() {
-                        due.push(Due::Recycle(*gid, cap));
+                        due.push(LifeStep::Recycle(*gid, cap));
                     }
                     continue;
                 }
@@ -141,18 +141,18 @@ impl Gateway {
                     && since.elapsed() >= ttl
                     && session.apply(SessionEvent::Stop).is_ok()
                 {
-                    due.push(Due::Reap(*gid, ttl));
+                    due.push(LifeStep::Reap(*gid, ttl));
                 }
             }
             due
         };
         for item in due {
             match item {
-                Due::Reap(gid, ttl) => {
+                LifeStep::Reap(gid, ttl) => {
                     let reason = format!("idle for {} s, its profile's idle_ttl_s", ttl.as_secs());
                     self.end_session(gid, &reason, true).await;
                 }
-                Due::Recycle(gid, cap) => {
+                LifeStep::Recycle(gid, cap) => {
                     let gateway = Arc::clone(self);
                     self.tasks
                         .spawn(async move { gateway.recycle(gid, cap).await });

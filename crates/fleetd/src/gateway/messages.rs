@@ -10,132 +10,25 @@ use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_send, check_tool};
 use fleet_core::bounds::Full;
+use fleet_core::clock::now_ms;
+// Re-exported for federation.rs until it names fleet-core's itself.
+pub(super) use fleet_core::delivery::Placement;
+use fleet_core::delivery::place;
 use fleet_core::message::check_size;
 use fleet_core::routing::{Route, resolve};
 use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
 use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, SessionEvent, TraceId,
 };
-use serde::Serialize;
 use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::asks::AskView;
-use super::sessions::now_ms;
+use super::views::{AskView, BroadcastResult, Delivered, PollResult, ReplyResult, SendResult};
 use super::{Caller, Gateway};
 
 /// The most messages one poll hands out; the rest wait for the next poll.
 const POLL_BATCH: usize = 100;
-
-/// A message as its recipient sees it.
-#[derive(Clone, Debug, Serialize)]
-pub struct Delivered {
-    /// Its id.
-    pub msg_id: MsgId,
-    /// What it is.
-    pub kind: Kind,
-    /// Sender's gid.
-    pub from: Gid,
-    /// Sender's name.
-    pub from_name: String,
-    /// What it answers.
-    pub in_reply_to: Option<MsgId>,
-    /// The text.
-    pub text: String,
-    /// When it was sent (Unix ms).
-    pub sent_ms: i64,
-    /// Its flow.
-    pub trace_id: TraceId,
-}
-
-/// How a send ended.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "status", rename_all = "lowercase")]
-pub enum SendResult {
-    /// The recipient answered in time.
-    Replied {
-        /// The message sent.
-        msg_id: MsgId,
-        /// The answer.
-        reply: Delivered,
-    },
-    /// The message could not be delivered.
-    Failed {
-        /// The message sent.
-        msg_id: MsgId,
-        /// Why.
-        reason: String,
-    },
-    /// A worker asks you something mid-task (maybe not the one you sent to): answer with
-    /// `fleet_send{turn_id, message}`. Your message's answer is still on its way.
-    Asked {
-        /// The message sent.
-        msg_id: MsgId,
-        /// The question.
-        ask: AskView,
-        /// What to do next.
-        note: String,
-    },
-    /// Your answer to an ask went to the worker (who is not working on a task of yours).
-    Answered {
-        /// The ask answered.
-        turn_id: String,
-    },
-    /// No answer yet; it will be held for `fleet_poll`.
-    Pending {
-        /// The message sent.
-        msg_id: MsgId,
-        /// Where the message is now (`queued`, `injecting`, `injected`, `held`).
-        state: String,
-        /// What to do next.
-        note: String,
-    },
-}
-
-/// The answer to `fleet_reply`.
-#[derive(Clone, Debug, Serialize)]
-pub struct ReplyResult {
-    /// The reply's id.
-    pub msg_id: MsgId,
-    /// Who it went to.
-    pub to: Gid,
-    /// Their name.
-    pub to_name: String,
-}
-
-/// The answer to `fleet_poll`.
-#[derive(Clone, Debug, Serialize)]
-pub struct PollResult {
-    /// Held messages, oldest first (at most a batch).
-    pub messages: Vec<Delivered>,
-    /// Questions workers are asking you now; answer each with `fleet_send{turn_id, message}`.
-    pub asks: Vec<AskView>,
-}
-
-/// What `fleet_broadcast` did.
-#[derive(Clone, Debug, Serialize)]
-pub struct BroadcastResult {
-    /// The broadcast's id (each copy's id derives from it and its recipient).
-    pub msg_id: MsgId,
-    /// How many workers the roster knows to get a copy.
-    pub copies: usize,
-    /// What happens next.
-    pub note: String,
-}
-
-/// Where a message starts its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Placement {
-    /// Hold for an MCP pull (or a blocked call).
-    Hold,
-    /// Queue for the recipient's pump.
-    Queue,
-    /// The recipient is gone.
-    Dead,
-    /// The recipient lives on another host: published to its inbox on the broker.
-    Remote,
-}
 
 /// Counts a caller's open call while it lives: leads are not nudged while blocked in one, a
 /// lead's open call is where workers' asks surface (`listens`: asks from that worker only, or
@@ -200,30 +93,30 @@ impl Gateway {
     }
 
     /// Resolves `to` among the live entities of this host and, with a broker, of the roster's
-    /// other hosts: the entity, and whether it is remote; or a clear error.
-    pub(super) fn resolve_route(&self, to: &str) -> Result<(Entity, bool), FleetError> {
+    /// other hosts: where it lives, or a clear error (a remote recipient without a broker is
+    /// one: nothing could reach it).
+    pub(super) fn resolve_route(&self, to: &str) -> Result<Route, FleetError> {
         let mut roster = self.lock().entities();
         if let Some(fed) = &self.federation {
             roster.extend(fed.remote_entities());
         }
         match resolve(&roster, &self.host_id, to)? {
-            Route::Local(entity) => Ok((entity.clone(), false)),
-            Route::Remote(entity) if self.federation.is_some() => Ok((entity.clone(), true)),
-            Route::Remote(entity) => Err(FleetError::new(
+            Route::Remote(entity) if self.federation.is_none() => Err(FleetError::new(
                 ErrorCode::BrokerUnavailable,
                 format!(
                     "'{}' lives on host '{}', and this gateway has no broker to reach it",
                     entity.name, entity.host
                 ),
             )),
+            route => Ok(route),
         }
     }
 
     /// Resolves `to` among this host's live entities: local, or a clear error.
     pub(super) fn resolve_local(&self, to: &str) -> Result<Entity, FleetError> {
         match self.resolve_route(to)? {
-            (entity, false) => Ok(entity),
-            (entity, true) => Err(FleetError::invalid(format!(
+            Route::Local(entity) => Ok(entity),
+            Route::Remote(entity) => Err(FleetError::invalid(format!(
                 "'{}' lives on host '{}': only its own gateway can do that",
                 entity.name, entity.host
             ))),
@@ -263,21 +156,10 @@ impl Gateway {
         }
     }
 
-    /// Where `message` goes: to a lead, held for its pull; to a pane-bound entity, a task is
-    /// queued to be typed in, and anything else (an answer to its own send, a notice) is held
-    /// for its poll or blocked call, never typed in as if it were a task.
+    /// Where `message` goes (the rule: [`place`]).
     pub(super) fn placement(&self, message: &Message) -> Placement {
-        let sessions = self.lock();
-        if sessions.leads.contains_key(&message.to) {
-            return Placement::Hold;
-        }
-        match sessions.panes.get(&message.to) {
-            Some(s) if !s.status.is_live() => Placement::Dead,
-            Some(_) if message.kind == Kind::Send => Placement::Queue,
-            Some(_) => Placement::Hold,
-            None if self.federation.is_some() => Placement::Remote,
-            None => Placement::Dead,
-        }
+        let recipient = self.lock().recipient(message.to);
+        place(message.kind, recipient, self.federation.is_some())
     }
 
     /// Accepts `message` into the local plane: held, queued, or failed if its recipient is
@@ -358,17 +240,7 @@ impl Gateway {
     /// answering it (a blocked send returns it; otherwise `fleet_poll` does). A message gets
     /// one notice however many paths find it failed: the notice's id derives from its id.
     pub(super) async fn notify_failed(self: &Arc<Self>, original: &Message, reason: &str) {
-        let notice = Message {
-            msg_id: original.msg_id.derived("failed"),
-            trace_id: original.trace_id,
-            kind: Kind::Failed,
-            from: original.to,
-            to: original.from,
-            in_reply_to: Some(original.msg_id),
-            body: reason.to_string(),
-            state: MsgState::Held,
-            created_ms: now_ms(),
-        };
+        let notice = Message::notice(original, Kind::Failed, reason.to_string(), now_ms());
         tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason, "not delivered");
         if let Err(e) = self.deliver(notice).await {
             tracing::error!(msg_id = %original.msg_id, error = %e, "could not record a failure notice");
@@ -386,11 +258,13 @@ impl Gateway {
     ) -> Result<SendResult, FleetError> {
         check_tool(&caller.entity, Tool::Send)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
-        let (recipient, remote) = self.resolve_route(to)?;
+        let route = self.resolve_route(to)?;
+        let remote = matches!(route, Route::Remote(_));
+        let recipient = route.entity();
         if recipient.gid == caller.entity.gid {
             return Err(FleetError::invalid("you cannot send a message to yourself"));
         }
-        check_send(&caller.entity, &recipient)?;
+        check_send(&caller.entity, recipient)?;
         if recipient.role.is_injected() {
             // Typed into its pane (here or on its host): inert text only.
             typeable(&text).map_err(|found| found.refusal())?;
@@ -421,17 +295,7 @@ impl Gateway {
             .get(&caller.entity.gid)
             .and_then(|s| s.current.as_ref().map(|m| m.trace_id))
             .unwrap_or_else(TraceId::mint);
-        let message = Message {
-            msg_id: MsgId::mint(),
-            trace_id,
-            kind: Kind::Send,
-            from: caller.entity.gid,
-            to: recipient.gid,
-            in_reply_to: None,
-            body: text,
-            state: MsgState::Queued,
-            created_ms: now_ms(),
-        };
+        let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
         let msg_id = message.msg_id;
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
         // Watched from before the message leaves: until the inbox changes, no answer can be in
@@ -591,17 +455,7 @@ impl Gateway {
                     )
                 })?,
         };
-        let reply = Message {
-            msg_id: MsgId::mint(),
-            trace_id: answered.trace_id,
-            kind: Kind::Reply,
-            from: me,
-            to: answered.from,
-            in_reply_to: Some(answered.msg_id),
-            body: text,
-            state: MsgState::Held,
-            created_ms: now_ms(),
-        };
+        let reply = Message::reply_to(&answered, text, now_ms());
         let msg_id = reply.msg_id;
         if matches!(self.placement(&reply), Placement::Dead) {
             return Err(FleetError::new(
@@ -798,17 +652,8 @@ impl Gateway {
                 .collect();
             let (mut copies, mut full) = (0, Vec::new());
             for gid in targets {
-                let copy = Message {
-                    msg_id: msg_id.derived(&gid.to_string()),
-                    trace_id,
-                    kind: Kind::Send,
-                    from: caller.entity.gid,
-                    to: gid,
-                    in_reply_to: None,
-                    body: text.clone(),
-                    state: MsgState::Queued,
-                    created_ms: now_ms(),
-                };
+                let copy = Message::task(caller.entity.gid, gid, text.clone(), trace_id, now_ms())
+                    .with_id(msg_id.derived(&gid.to_string()));
                 match self.deliver(copy).await {
                     Ok(Placement::Queue) => copies += 1,
                     Ok(_) => {}
@@ -841,8 +686,8 @@ impl Gateway {
         if let Ok(gid) = name.parse::<Gid>() {
             return Ok(gid);
         }
-        if let Ok((entity, _)) = self.resolve_route(name) {
-            return Ok(entity.gid);
+        if let Ok(route) = self.resolve_route(name) {
+            return Ok(route.entity().gid);
         }
         let owned = name.to_string();
         match self.db(move |s| s.latest_named(&owned)).await? {

@@ -9,12 +9,15 @@
 mod asks;
 mod bounds;
 mod delivery;
+mod ending;
 mod federation;
 mod lifecycle;
 mod messages;
 mod nudge;
+mod prune;
 mod sessions;
 mod spawn;
+mod views;
 mod watch;
 mod workdir;
 
@@ -31,12 +34,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::launch::Launchers;
 
-pub use asks::{AskResult, AskView};
 pub use federation::{Federation, HostView};
-pub use messages::{BroadcastResult, Delivered, PollResult, ReplyResult, SendResult};
 pub use nudge::NudgeTarget;
-pub use sessions::{ListResult, RosterEntry};
-pub use spawn::{SpawnRequest, SpawnResult, StopResult};
+pub use spawn::SpawnRequest;
+pub use views::{
+    AskResult, AskView, BroadcastResult, Delivered, ListResult, PollResult, ReplyResult,
+    RosterEntry, SendResult, SpawnResult, StopResult,
+};
 pub use workdir::Workdirs;
 
 use sessions::Sessions;
@@ -136,6 +140,7 @@ impl Gateway {
         self.start_federation().await?;
         self.recover().await?;
         watch::start(self);
+        prune::start(self);
         nudge::start(self);
         lifecycle::start(self);
         Ok(())

@@ -68,7 +68,7 @@ impl NudgeTarget {
 }
 
 /// What the nudger should do now.
-enum Due {
+enum NudgeStep {
     /// Nothing is held, or there is nowhere to nudge.
     Nothing,
     /// Look again after this long.
@@ -102,9 +102,9 @@ impl Gateway {
         loop {
             inbox.borrow_and_update();
             let wait = match self.nudge_due(gid, &lead).await {
-                Due::Nothing => None,
-                Due::Later(after) => Some(after),
-                Due::Now(target, count) => {
+                NudgeStep::Nothing => None,
+                NudgeStep::Later(after) => Some(after),
+                NudgeStep::Now(target, count) => {
                     if self.nudge(gid, &target, count, &lead).await {
                         Some(Duration::from_secs(lead.nudge_interval_s))
                     } else {
@@ -129,32 +129,32 @@ impl Gateway {
     /// Whether to nudge `gid` now. What memory answers is looked at first: the held
     /// messages are counted only when a nudge is otherwise due (counting on every arrival made
     /// holding n messages cost O(n²)).
-    async fn nudge_due(&self, gid: Gid, lead: &LeadConfig) -> Due {
+    async fn nudge_due(&self, gid: Gid, lead: &LeadConfig) -> NudgeStep {
         let target = {
             let sessions = self.lock();
             let Some(state) = sessions.leads.get(&gid) else {
-                return Due::Nothing;
+                return NudgeStep::Nothing;
             };
             let Some(target) = state.nudge.clone() else {
-                return Due::Nothing;
+                return NudgeStep::Nothing;
             };
             if state.open_calls > 0 {
-                return Due::Later(NUDGE_RECHECK);
+                return NudgeStep::Later(NUDGE_RECHECK);
             }
             let interval = Duration::from_secs(lead.nudge_interval_s);
             if let Some(since) = state.last_nudge.map(|at| at.elapsed())
                 && since < interval
             {
-                return Due::Later(interval - since);
+                return NudgeStep::Later(interval - since);
             }
             target
         };
         match self.db(move |s| s.held_count(gid)).await {
-            Ok(0) => Due::Nothing,
-            Ok(held) => Due::Now(target, held),
+            Ok(0) => NudgeStep::Nothing,
+            Ok(held) => NudgeStep::Now(target, held),
             Err(e) => {
                 tracing::warn!(%gid, error = %e, "cannot count held messages");
-                Due::Later(NUDGE_RECHECK)
+                NudgeStep::Later(NUDGE_RECHECK)
             }
         }
     }

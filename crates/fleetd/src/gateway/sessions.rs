@@ -5,25 +5,19 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use fleet_core::{Entity, Gid, Message, Role, SessionEvent, WorkerStatus};
+// Re-exported for federation.rs until it takes the clock from fleet-core itself.
+pub(super) use fleet_core::clock::now_ms;
+use fleet_core::delivery::{Recipient, Taker, TaskGate, may_take_task};
+use fleet_core::{Entity, Gid, Message, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
+use super::views::{ListResult, RosterEntry};
 use crate::config::{ProfileConfig, ReadyCall};
-
-/// Milliseconds since the Unix epoch, now.
-pub(super) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 /// A lead, reached by MCP pull.
 pub(super) struct LeadState {
@@ -130,59 +124,31 @@ impl PaneSession {
             .is_some_and(|cap| self.tasks_started >= cap)
     }
 
-    /// Whether the session would take a task now (a brief from another host waits on the
-    /// broker until it would).
+    /// Whether a brief from another host would be taken now (federation.rs, until it asks
+    /// [`Sessions::may_take_task`] itself).
     pub fn takes_task(&self) -> bool {
-        self.status == WorkerStatus::Idle && !self.cap_reached()
+        may_take_task(&self.gate(false), Taker::Broker)
+    }
+
+    /// What decides whether the session takes a task now (`host_down`: the pane host cannot
+    /// be reached).
+    pub fn gate(&self, host_down: bool) -> TaskGate {
+        TaskGate {
+            status: self.status,
+            cap_reached: self.cap_reached(),
+            polls_open: self.polls,
+            agent_busy: matches!(
+                self.host_agent,
+                Some((_, AgentState::Working | AgentState::Blocked))
+            ),
+            host_down,
+        }
     }
 
     /// Wakes the pump and the readiness gate.
     pub fn kick(&self) {
         self.kick.send_modify(|v| *v = v.wrapping_add(1));
     }
-}
-
-/// One entry of `fleet_list`.
-#[derive(Clone, Debug, Serialize)]
-pub struct RosterEntry {
-    /// Global id.
-    pub gid: Gid,
-    /// Name.
-    pub name: String,
-    /// Host id.
-    pub host: String,
-    /// Role.
-    pub role: Role,
-    /// Profile it was spawned from.
-    pub profile: Option<String>,
-    /// Session status (`idle` for leads; `unknown` while the pane host cannot be reached).
-    pub status: String,
-    /// The agent the pane host recognises in the pane, if any (herdr).
-    pub agent: Option<String>,
-    /// What the pane host says that agent is doing (`idle`, `working`, `blocked`, `done`).
-    pub agent_status: Option<String>,
-    /// Broadcast groups.
-    pub groups: Vec<String>,
-    /// Its pane, for pane-bound entities.
-    pub pane: Option<String>,
-    /// When it last called in (Unix ms).
-    pub last_seen_ms: Option<i64>,
-    /// For a lead: how many fleet calls it is waiting in now (where workers' asks surface).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub open_calls: Option<usize>,
-}
-
-/// The answer to `fleet_list`.
-#[derive(Clone, Debug, Serialize)]
-pub struct ListResult {
-    /// The caller.
-    pub you: RosterEntry,
-    /// The caller's lead-to-lead coordination id (none until a coordinator is configured).
-    pub coord_id: Option<String>,
-    /// Every live entity: this host's, then other hosts' as the roster last heard of them.
-    pub entities: Vec<RosterEntry>,
-    /// The hosts of the fleet (this one first), with the profiles each can spawn.
-    pub hosts: Vec<super::HostView>,
 }
 
 /// Leads and pane sessions.
@@ -246,6 +212,26 @@ impl Sessions {
         self.panes.get_mut(&gid).is_some_and(|session| {
             session.profile.ready_call() != ReadyCall::None && session.signal_ready()
         })
+    }
+
+    /// Who `gid` is to this gateway, for a message's placement.
+    pub fn recipient(&self, gid: Gid) -> Recipient {
+        if self.leads.contains_key(&gid) {
+            return Recipient::Lead;
+        }
+        match self.panes.get(&gid) {
+            Some(s) => Recipient::Pane {
+                live: s.status.is_live(),
+            },
+            None => Recipient::Elsewhere,
+        }
+    }
+
+    /// Whether `taker` may hand `gid` its next task now (`false` for no session here).
+    pub fn may_take_task(&self, gid: Gid, taker: Taker) -> bool {
+        self.panes
+            .get(&gid)
+            .is_some_and(|s| may_take_task(&s.gate(self.host_down.is_some()), taker))
     }
 
     /// Whether `gid` is (or was, in this run) an entity of this gateway.

@@ -1,5 +1,5 @@
-//! Session lifecycle: spawn behind the readiness gate, stop, the end of a session however it
-//! comes, and the start-up reap of what a previous run left behind.
+//! `fleet_spawn`: a worker's pane opened behind the readiness gate, and its session recorded.
+//! (Its end is in `ending.rs`; its life between, in `lifecycle.rs`.)
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -7,25 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
+use fleet_core::clock::now_ms;
 use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::sessions::{PaneSession, now_ms};
+use super::sessions::PaneSession;
+use super::views::SpawnResult;
 use super::{Caller, Gateway};
 
 /// How often the readiness gate looks for the ready marker on screen.
 const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// How many lines of a failed worker's screen an error quotes.
 pub(super) const LAST_WORDS_LINES: usize = 8;
-/// How many ended sessions stay in memory (for their last words and late replies' names);
-/// older ones are forgotten, the store keeps them.
-const MAX_GONE_KEPT: usize = 32;
 
 /// What `fleet_spawn` asks for.
 #[derive(Clone, Debug, Default)]
@@ -40,34 +38,6 @@ pub struct SpawnRequest {
     pub cwd: Option<PathBuf>,
     /// Extra broadcast groups.
     pub groups: Vec<String>,
-}
-
-/// The answer to `fleet_spawn`.
-#[derive(Clone, Debug, Serialize)]
-pub struct SpawnResult {
-    /// The new entity's gid.
-    pub gid: Gid,
-    /// Its name.
-    pub name: String,
-    /// Its host.
-    pub host: String,
-    /// Its pane.
-    pub pane: String,
-    /// Its profile.
-    pub profile: String,
-    /// Its status (`idle`: ready for a task).
-    pub status: WorkerStatus,
-}
-
-/// The answer to `fleet_stop`.
-#[derive(Clone, Debug, Serialize)]
-pub struct StopResult {
-    /// Who was stopped.
-    pub gid: Gid,
-    /// Their name.
-    pub name: String,
-    /// Their status now.
-    pub status: WorkerStatus,
 }
 
 /// The first `<profile>-<n>` not in `taken`, made a valid worker name (a profile's name may hold
@@ -365,144 +335,6 @@ impl Gateway {
                 tracing::error!(%gid, error = %e, "cannot record a session status");
             }
         }
-    }
-
-    /// `fleet_stop`: ends a worker's session and closes its pane.
-    pub async fn stop(
-        self: &Arc<Self>,
-        caller: &Caller,
-        to: &str,
-    ) -> Result<StopResult, FleetError> {
-        check_tool(&caller.entity, Tool::Stop)?;
-        let entity = self.resolve_local(to)?;
-        if !entity.role.is_injected() {
-            return Err(FleetError::invalid(format!(
-                "'{}' is a lead: leads are declared in config and cannot be stopped",
-                entity.name
-            )));
-        }
-        let reason = format!("stopped by {}", caller.entity.name);
-        self.end_session(entity.gid, &reason, true).await;
-        Ok(StopResult {
-            gid: entity.gid,
-            name: entity.name,
-            status: WorkerStatus::Gone,
-        })
-    }
-
-    /// Ends the session of `gid` however it ended: marks it gone, revokes its token, fails
-    /// whatever was on its way to it (telling each sender) and the task it had in flight, then
-    /// closes its pane when `close` (its program may already be gone).
-    pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
-        let ended = {
-            let mut sessions = self.lock();
-            match sessions.panes.get_mut(&gid) {
-                Some(session) if session.status != WorkerStatus::Gone => {
-                    if session.status != WorkerStatus::Stopping {
-                        let _ = session.apply(SessionEvent::Stop);
-                    }
-                    let _ = session.apply(SessionEvent::Exited);
-                    Some((
-                        session.pane.clone(),
-                        session.current.take(),
-                        session.entity.name.clone(),
-                        session.entity.clone(),
-                    ))
-                }
-                _ => None,
-            }
-        };
-        let Some((pane, current, name, entity)) = ended else {
-            return;
-        };
-        self.federation_left(&entity).await;
-        self.lock().asks.close_from(gid);
-        tracing::info!(%gid, %name, reason, "session ended");
-        self.persist_status(gid).await;
-        if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
-            tracing::error!(%gid, error = %e, "cannot revoke a token");
-        }
-        let why = format!("'{name}' is gone ({reason})");
-        let owned = why.clone();
-        match self.db(move |s| s.fail_undelivered_to(gid, &owned)).await {
-            Ok(failed) => {
-                for message in failed {
-                    self.notify_failed(&message, &why).await;
-                }
-            }
-            Err(e) => tracing::error!(%gid, error = %e, "cannot fail undelivered messages"),
-        }
-        if let Some(task) = current {
-            self.notify_failed(&task, &format!("'{name}' ended before replying ({reason})"))
-                .await;
-        }
-        // Only now close the pane: a brief being typed into it fails with the reason above,
-        // not with the pane host's complaint about a closed pane.
-        if close
-            && let Some(pane) = &pane
-            && let Err(e) = self.panes.close(pane).await
-        {
-            tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
-        }
-        self.launchers.finish(gid).await;
-        self.lock().prune_gone(MAX_GONE_KEPT);
-        self.forget_inbox(gid);
-    }
-
-    /// At start-up: fails what a previous run was typing or still had queued when it died,
-    /// reaps its sessions (their tokens stop working) and tells the senders of the tasks they
-    /// were working on; held messages stay.
-    pub(super) async fn recover(self: &Arc<Self>) -> Result<(), FleetError> {
-        let leftovers = self
-            .db(|s| {
-                s.fail_leftovers(
-                    "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried",
-                    "its recipient is gone: fleetd restarted",
-                )
-            })
-            .await?;
-        for message in &leftovers {
-            let reason = message
-                .state
-                .reason()
-                .unwrap_or("fleetd restarted")
-                .to_string();
-            self.notify_failed(message, &reason).await;
-        }
-        let stale: Vec<EntityRecord> = self
-            .db(|s| s.live_entities())
-            .await?
-            .into_iter()
-            .filter(|r| r.entity.role.is_injected())
-            .collect();
-        for record in stale {
-            let gid = record.entity.gid;
-            tracing::info!(%gid, name = %record.entity.name, "reaping a session of a previous run");
-            self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
-                .await?;
-            self.db(move |s| s.revoke_tokens(gid)).await?;
-            let reason = format!(
-                "'{}' never answered: fleetd restarted while it worked on this",
-                record.entity.name
-            );
-            for task in self.db(move |s| s.unanswered_tasks_to(gid)).await? {
-                self.notify_failed(&task, &reason).await;
-            }
-        }
-        // Nothing is live yet, so every pane in this gateway's private server is a leftover,
-        // including one whose spawn died before it was recorded.
-        let leftovers =
-            self.panes.panes().await.map_err(|e| {
-                FleetError::new(ErrorCode::PaneHost, format!("cannot list panes: {e}"))
-            })?;
-        for pane in leftovers.keys() {
-            tracing::info!(%pane, "closing a previous run's pane");
-            if let Err(e) = self.panes.close(pane).await {
-                tracing::warn!(%pane, error = %e, "cannot close a previous run's pane");
-            }
-        }
-        self.launchers.finish_leftovers().await;
-        Ok(())
     }
 }
 

@@ -1,7 +1,6 @@
-//! The watchers: the pane watcher notices panes whose program exited or that were closed under
-//! fleetd and ends their sessions (its interval bounds how late an exit is seen); the pruner
-//! deletes settled messages older than `gateway.keep_messages_days`, so the store does not
-//! grow without end.
+//! The pane watcher: notices panes whose program exited or that were closed under fleetd and
+//! ends their sessions (its interval bounds how late an exit is seen), and records what the
+//! pane host sees of the agent in each.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -17,21 +16,7 @@ const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How far back to read an ended pane for its last words.
 const HISTORY_LINES: usize = 200;
 
-/// How often settled messages are pruned.
-const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
-const MS_PER_DAY: i64 = 86_400_000;
-
 pub(super) fn start(gateway: &Arc<Gateway>) {
-    let pruner = Arc::clone(gateway);
-    gateway.tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(PRUNE_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => pruner.prune().await,
-                () = pruner.shutdown.cancelled() => return,
-            }
-        }
-    });
     let gateway = Arc::clone(gateway);
     let tasks = gateway.tasks.clone();
     tasks.spawn(async move {
@@ -57,16 +42,6 @@ impl Gateway {
             tracing::info!(%gid, agent = ?agent, "the pane host sees the agent");
             session.host_agent = agent;
             session.kick();
-        }
-    }
-
-    async fn prune(&self) {
-        let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
-        let before = super::sessions::now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));
-        match self.db(move |s| s.prune(before)).await {
-            Ok(0) => {}
-            Ok(pruned) => tracing::info!(pruned, "pruned settled messages"),
-            Err(e) => tracing::warn!(error = %e, "cannot prune messages"),
         }
     }
 

@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::trust::trust_directory;
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{CLAUDE_CREDENTIALS, MAX_WAIT_S, ProfileConfig, ProfileKind};
+use crate::config::{CLAUDE_CREDENTIALS, MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind};
 
 /// The MCP server's name in Claude Code (its tools: `mcp__fleet__fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -67,7 +67,7 @@ impl PeerLauncher for ClaudeLauncher {
             "url": worker.mcp_url,
             "headers": {"Authorization": "Bearer ${FLEET_TOKEN}"},
             // A fleet call may block as long as its wait allows (milliseconds).
-            "timeout": MAX_WAIT_S * 1000,
+            "timeout": MAX_CONFIG_WAIT_S * 1000,
         }}});
         private_file(&config, serde_json::to_string_pretty(&servers)?.as_bytes())?;
         launch.argv.extend([

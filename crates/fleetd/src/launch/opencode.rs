@@ -16,7 +16,7 @@
 use serde_json::{Value, json};
 
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{MAX_WAIT_S, ProfileConfig, ProfileKind};
+use crate::config::{MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind};
 
 /// The MCP server's name in opencode (its tools: `fleet_fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -111,7 +111,7 @@ fn config(profile: &ProfileConfig, worker: &Worker, instructions: &std::path::Pa
             "oauth": false,
             "enabled": true,
             // A fleet call may block as long as its wait allows (milliseconds).
-            "timeout": MAX_WAIT_S * 1000,
+            "timeout": MAX_CONFIG_WAIT_S * 1000,
         }},
         "permission": {format!("{SERVER}_*"): "allow"},
     });

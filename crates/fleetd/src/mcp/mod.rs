@@ -32,7 +32,7 @@ use params::{
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The longest a call may wait, in seconds.
-pub const MAX_WAIT_S: u64 = 3600;
+pub const MAX_CALL_WAIT_S: u64 = 3600;
 /// How long `fleet_send` waits for an answer when not told.
 pub const DEFAULT_SEND_WAIT_S: u64 = 60;
 /// How long `fleet_ask` waits for the answer when the call does not say.
@@ -113,8 +113,8 @@ async fn with_progress<T>(
 
 fn wait(wait_s: Option<u64>, default_s: u64) -> Result<Duration, FleetError> {
     match wait_s.unwrap_or(default_s) {
-        s if s > MAX_WAIT_S => Err(FleetError::invalid(format!(
-            "wait_s is {s}; it may be at most {MAX_WAIT_S}"
+        s if s > MAX_CALL_WAIT_S => Err(FleetError::invalid(format!(
+            "wait_s is {s}; it may be at most {MAX_CALL_WAIT_S}"
         ))),
         s => Ok(Duration::from_secs(s)),
     }

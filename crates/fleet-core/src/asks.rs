@@ -1,0 +1,245 @@
+//! The rules of mid-turn asks (U2 on one host): whom a worker's question goes to, when it may
+//! be asked at all, which lead call surfaces it, and what an answer finds.
+//!
+//! Asks are live only: the table holds the open ones (each with `A`, the handle its answer
+//! travels back through, the asking call) and remembers the recently finished ones, so a late
+//! answer hears `too_late` rather than "unknown turn".
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::error::{ErrorCode, FleetError};
+use crate::ids::{Gid, MsgId};
+
+/// How many finished asks are remembered.
+pub const OVER_KEPT: usize = 256;
+
+/// A question as the lead sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Question {
+    /// Answer it with `fleet_send{turn_id, message}`.
+    pub turn_id: String,
+    /// The asking worker's gid.
+    pub from: Gid,
+    /// Its name.
+    pub from_name: String,
+    /// The question.
+    pub question: String,
+    /// The task it is working on, if any.
+    pub in_task: Option<MsgId>,
+    /// When it asked (Unix ms).
+    pub asked_ms: i64,
+}
+
+/// Whom a worker asks: the sender of its task in flight, else the lead that spawned it.
+pub fn whom_to_ask(task_from: Option<Gid>, parent: Option<Gid>) -> Result<Gid, FleetError> {
+    task_from
+        .or(parent)
+        .ok_or_else(|| FleetError::invalid("you have no task in flight and no lead to ask"))
+}
+
+/// Whether a lead whose open calls listen as `listening` (per call, one worker's gid or `None`
+/// for anyone) is waiting for a question from `worker` now.
+pub fn listens_for(listening: &[Option<Gid>], worker: Gid) -> bool {
+    listening.iter().any(|l| l.is_none_or(|g| g == worker))
+}
+
+/// An ask waiting for its answer.
+struct Open<A> {
+    question: Question,
+    /// The lead it is for.
+    to: Gid,
+    /// Whether a lead's call has handed it out.
+    surfaced: bool,
+    /// Where the answer goes.
+    answer: A,
+}
+
+/// Open asks, oldest first, and the recently finished ones.
+pub struct AskTable<A> {
+    open: Vec<Open<A>>,
+    /// (turn id, the lead it was for, how it ended).
+    over: VecDeque<(String, Gid, &'static str)>,
+}
+
+impl<A> Default for AskTable<A> {
+    fn default() -> Self {
+        Self {
+            open: Vec::new(),
+            over: VecDeque::new(),
+        }
+    }
+}
+
+impl<A> AskTable<A> {
+    /// Opens `question` for the lead `to`; its answer goes to `answer`.
+    pub fn open(&mut self, question: Question, to: Gid, answer: A) {
+        self.open.push(Open {
+            question,
+            to,
+            surfaced: false,
+            answer,
+        });
+    }
+
+    /// Hands out the oldest ask for `lead` not yet handed out (from `from` only, if given).
+    pub fn surface(&mut self, lead: Gid, from: Option<Gid>) -> Option<Question> {
+        let ask = self
+            .open
+            .iter_mut()
+            .find(|a| a.to == lead && !a.surfaced && from.is_none_or(|f| a.question.from == f))?;
+        ask.surfaced = true;
+        Some(ask.question.clone())
+    }
+
+    /// Ends the ask `turn_id` (if still open), remembering `how`; returns it and its handle.
+    pub fn close(&mut self, turn_id: &str, how: &'static str) -> Option<(Question, A)> {
+        let at = self
+            .open
+            .iter()
+            .position(|a| a.question.turn_id == turn_id)?;
+        let ask = self.open.remove(at);
+        self.over.push_back((turn_id.to_string(), ask.to, how));
+        while self.over.len() > OVER_KEPT {
+            self.over.pop_front();
+        }
+        Some((ask.question, ask.answer))
+    }
+
+    /// Ends every open ask of worker `gid` (its session ended), dropping their handles: each
+    /// asking call returns.
+    pub fn close_from(&mut self, gid: Gid) {
+        let turns: Vec<String> = self
+            .open
+            .iter()
+            .filter(|a| a.question.from == gid)
+            .map(|a| a.question.turn_id.clone())
+            .collect();
+        for turn in turns {
+            self.close(&turn, "its worker's session ended");
+        }
+    }
+
+    /// Takes the ask `turn_id` for `lead`'s answer: its question and handle; or why not —
+    /// asked of someone else (`forbidden`), over already (`too_late`, saying how), or unknown.
+    pub fn take_for_answer(
+        &mut self,
+        turn_id: &str,
+        lead: Gid,
+    ) -> Result<(Question, A), FleetError> {
+        match self.open.iter().find(|a| a.question.turn_id == turn_id) {
+            Some(ask) if ask.to != lead => Err(FleetError::new(
+                ErrorCode::Forbidden,
+                format!("the question {turn_id} was not asked of you"),
+            )),
+            Some(_) => self
+                .close(turn_id, "it was answered")
+                .ok_or_else(|| FleetError::internal("an open ask vanished")),
+            None => Err(match self.over.iter().find(|(t, _, _)| t == turn_id) {
+                Some((_, to, how)) if *to == lead => FleetError::new(
+                    ErrorCode::TooLate,
+                    format!(
+                        "the question {turn_id} is over ({how}); your answer was not delivered"
+                    ),
+                ),
+                _ => FleetError::invalid(format!(
+                    "no question with turn_id '{turn_id}' is waiting for your answer"
+                )),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn question(turn: &str, from: Gid, asked_ms: i64) -> Question {
+        Question {
+            turn_id: turn.into(),
+            from,
+            from_name: "w1".into(),
+            question: "which branch?".into(),
+            in_task: None,
+            asked_ms,
+        }
+    }
+
+    #[test]
+    fn a_worker_asks_its_tasks_sender_else_its_parent() {
+        let (sender, parent) = (Gid::mint(), Gid::mint());
+        assert_eq!(whom_to_ask(Some(sender), Some(parent)).unwrap(), sender);
+        assert_eq!(whom_to_ask(None, Some(parent)).unwrap(), parent);
+        assert_eq!(
+            whom_to_ask(None, None).unwrap_err().code,
+            ErrorCode::InvalidParams
+        );
+    }
+
+    #[test]
+    fn only_a_call_listening_for_the_worker_or_anyone_waits_for_it() {
+        let (w1, w2) = (Gid::mint(), Gid::mint());
+        assert!(!listens_for(&[], w1));
+        assert!(listens_for(&[None], w1));
+        assert!(listens_for(&[Some(w2), Some(w1)], w1));
+        assert!(!listens_for(&[Some(w2)], w1));
+    }
+
+    #[test]
+    fn asks_surface_once_oldest_first_and_by_worker() {
+        let (lead, w1, w2) = (Gid::mint(), Gid::mint(), Gid::mint());
+        let mut table = AskTable::default();
+        table.open(question("t1", w1, 1), lead, ());
+        table.open(question("t2", w2, 2), lead, ());
+        assert_eq!(table.surface(lead, Some(w2)).unwrap().turn_id, "t2");
+        assert_eq!(table.surface(lead, None).unwrap().turn_id, "t1");
+        assert_eq!(table.surface(lead, None), None);
+        assert_eq!(table.surface(Gid::mint(), None), None);
+    }
+
+    #[test]
+    fn an_answer_finds_its_ask_once_then_hears_too_late() {
+        let (lead, other, w1) = (Gid::mint(), Gid::mint(), Gid::mint());
+        let mut table = AskTable::default();
+        table.open(question("t1", w1, 1), lead, "handle");
+        let err = table.take_for_answer("t1", other).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Forbidden);
+        let (asked, handle) = table.take_for_answer("t1", lead).unwrap();
+        assert_eq!((asked.turn_id.as_str(), handle), ("t1", "handle"));
+        let late = table.take_for_answer("t1", lead).unwrap_err();
+        assert_eq!(late.code, ErrorCode::TooLate);
+        assert!(late.message.contains("it was answered"), "{late}");
+        // Someone else's finished ask is just unknown to this lead.
+        assert_eq!(
+            table.take_for_answer("t1", other).unwrap_err().code,
+            ErrorCode::InvalidParams
+        );
+        assert_eq!(
+            table.take_for_answer("t9", lead).unwrap_err().code,
+            ErrorCode::InvalidParams
+        );
+    }
+
+    #[test]
+    fn a_worker_gone_ends_its_asks_and_the_memory_is_bounded() {
+        let (lead, w1, w2) = (Gid::mint(), Gid::mint(), Gid::mint());
+        let mut table = AskTable::default();
+        table.open(question("t1", w1, 1), lead, ());
+        table.open(question("t2", w2, 2), lead, ());
+        table.close_from(w1);
+        let err = table.take_for_answer("t1", lead).unwrap_err();
+        assert!(err.message.contains("its worker's session ended"), "{err}");
+        assert!(table.take_for_answer("t2", lead).is_ok());
+        for i in 0..OVER_KEPT + 10 {
+            let turn = format!("x{i}");
+            table.open(question(&turn, w2, 3), lead, ());
+            table.close(&turn, "the worker stopped waiting");
+        }
+        assert!(table.over.len() <= OVER_KEPT);
+        assert_eq!(
+            table.take_for_answer("x0", lead).unwrap_err().code,
+            ErrorCode::InvalidParams
+        );
+    }
+}

@@ -1,0 +1,180 @@
+//! The delivery rules of the local plane: where a message starts its life, and when a
+//! pane-bound entity may take its next task. The gateway gathers the facts under its lock,
+//! asks here, and acts on the answer.
+
+use crate::message::Kind;
+use crate::session::WorkerStatus;
+
+/// Who a message is for, as this gateway knows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recipient {
+    /// A lead of this gateway (reached by MCP pull).
+    Lead,
+    /// A pane-bound entity of this gateway (worker, architect); `live` until its session ended.
+    Pane {
+        /// Whether its session is still live.
+        live: bool,
+    },
+    /// Nobody here: another host's, as far as this gateway can tell.
+    Elsewhere,
+}
+
+/// Where a message starts its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Held for an MCP pull (or a blocked call).
+    Hold,
+    /// Queued for the recipient's pump, to be typed into its pane.
+    Queue,
+    /// Failed at once: its recipient is gone.
+    Dead,
+    /// Published to its recipient's inbox on the broker; its own gateway places it there.
+    Remote,
+}
+
+/// Where a message of `kind` for `recipient` goes (`federated`: this gateway has a broker).
+/// To a lead, held for its pull; to a pane-bound entity, a task is queued to be typed in and
+/// anything else (an answer to its own send, a notice) is held for its poll or blocked call,
+/// never typed in as if it were a task; to nobody here, the broker if there is one.
+pub fn place(kind: Kind, recipient: Recipient, federated: bool) -> Placement {
+    match recipient {
+        Recipient::Lead => Placement::Hold,
+        Recipient::Pane { live: false } => Placement::Dead,
+        Recipient::Pane { live: true } if kind == Kind::Send => Placement::Queue,
+        Recipient::Pane { live: true } => Placement::Hold,
+        Recipient::Elsewhere if federated => Placement::Remote,
+        Recipient::Elsewhere => Placement::Dead,
+    }
+}
+
+/// Who would take a pane-bound entity's next task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taker {
+    /// Its pump, to type it in: only while no poll of its own is open to take it instead.
+    Pump,
+    /// Its own open `fleet_poll`.
+    Poll,
+    /// A brief from another host, waiting on the broker until one of the two would take it.
+    Broker,
+}
+
+/// What decides whether a pane-bound entity takes a task now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskGate {
+    /// Its session's status.
+    pub status: WorkerStatus,
+    /// It took as many tasks as its profile's `context_cap` allows (recycled before the next).
+    pub cap_reached: bool,
+    /// Its `fleet_poll` calls now open.
+    pub polls_open: usize,
+    /// The pane host recognises the agent in its pane and says it is working or blocked on a
+    /// human, whatever fleetd's own status says.
+    pub agent_busy: bool,
+    /// The pane host cannot be reached.
+    pub host_down: bool,
+}
+
+/// Whether `taker` may hand the entity its next task now: the one rule for the pump, a poll
+/// and a brief waiting on the broker. Only an idle session under its cap, whose agent is not
+/// busy by the pane host's account, on a pane host that answers; the pump also yields to an
+/// open poll.
+pub fn may_take_task(gate: &TaskGate, taker: Taker) -> bool {
+    gate.status == WorkerStatus::Idle
+        && !gate.cap_reached
+        && !gate.agent_busy
+        && !gate.host_down
+        && (taker != Taker::Pump || gate.polls_open == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leads_hold_workers_queue_tasks_and_hold_the_rest() {
+        for kind in Kind::ALL {
+            assert_eq!(place(kind, Recipient::Lead, false), Placement::Hold);
+            assert_eq!(
+                place(kind, Recipient::Pane { live: false }, true),
+                Placement::Dead
+            );
+        }
+        let live = Recipient::Pane { live: true };
+        assert_eq!(place(Kind::Send, live, false), Placement::Queue);
+        for kind in [Kind::Reply, Kind::Failed, Kind::Answer] {
+            assert_eq!(place(kind, live, false), Placement::Hold, "{kind}");
+        }
+    }
+
+    #[test]
+    fn nobody_here_goes_to_the_broker_or_nowhere() {
+        assert_eq!(
+            place(Kind::Send, Recipient::Elsewhere, true),
+            Placement::Remote
+        );
+        assert_eq!(
+            place(Kind::Reply, Recipient::Elsewhere, false),
+            Placement::Dead
+        );
+    }
+
+    fn idle() -> TaskGate {
+        TaskGate {
+            status: WorkerStatus::Idle,
+            cap_reached: false,
+            polls_open: 0,
+            agent_busy: false,
+            host_down: false,
+        }
+    }
+
+    #[test]
+    fn an_idle_worker_takes_a_task_from_anyone() {
+        for taker in [Taker::Pump, Taker::Poll, Taker::Broker] {
+            assert!(may_take_task(&idle(), taker), "{taker:?}");
+        }
+    }
+
+    #[test]
+    fn every_taker_refuses_a_worker_that_is_not_free() {
+        let not_free = [
+            TaskGate {
+                status: WorkerStatus::Busy,
+                ..idle()
+            },
+            TaskGate {
+                status: WorkerStatus::Spawning,
+                ..idle()
+            },
+            TaskGate {
+                cap_reached: true,
+                ..idle()
+            },
+            // The pane host sees the agent working (herdr): fleetd's idle is not enough.
+            TaskGate {
+                agent_busy: true,
+                ..idle()
+            },
+            TaskGate {
+                host_down: true,
+                ..idle()
+            },
+        ];
+        for gate in not_free {
+            for taker in [Taker::Pump, Taker::Poll, Taker::Broker] {
+                assert!(!may_take_task(&gate, taker), "{gate:?} {taker:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_pump_yields_to_an_open_poll() {
+        let polling = TaskGate {
+            polls_open: 1,
+            ..idle()
+        };
+        assert!(!may_take_task(&polling, Taker::Pump));
+        assert!(may_take_task(&polling, Taker::Poll));
+        assert!(may_take_task(&polling, Taker::Broker));
+    }
+}

@@ -1,0 +1,183 @@
+//! What the tools answer: the shapes a caller sees, serialized as each tool's result. The
+//! gateway fills them; nothing here decides anything.
+
+use fleet_core::{Gid, Kind, MsgId, Role, TraceId, WorkerStatus};
+use serde::Serialize;
+
+pub use fleet_core::asks::Question as AskView;
+
+/// A message as its recipient sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Delivered {
+    /// Its id.
+    pub msg_id: MsgId,
+    /// What it is.
+    pub kind: Kind,
+    /// Sender's gid.
+    pub from: Gid,
+    /// Sender's name.
+    pub from_name: String,
+    /// What it answers.
+    pub in_reply_to: Option<MsgId>,
+    /// The text.
+    pub text: String,
+    /// When it was sent (Unix ms).
+    pub sent_ms: i64,
+    /// Its flow.
+    pub trace_id: TraceId,
+}
+
+/// How a send ended.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum SendResult {
+    /// The recipient answered in time.
+    Replied {
+        /// The message sent.
+        msg_id: MsgId,
+        /// The answer.
+        reply: Delivered,
+    },
+    /// The message could not be delivered.
+    Failed {
+        /// The message sent.
+        msg_id: MsgId,
+        /// Why.
+        reason: String,
+    },
+    /// A worker asks you something mid-task (maybe not the one you sent to): answer with
+    /// `fleet_send{turn_id, message}`. Your message's answer is still on its way.
+    Asked {
+        /// The message sent.
+        msg_id: MsgId,
+        /// The question.
+        ask: AskView,
+        /// What to do next.
+        note: String,
+    },
+    /// Your answer to an ask went to the worker (who is not working on a task of yours).
+    Answered {
+        /// The ask answered.
+        turn_id: String,
+    },
+    /// No answer yet; it will be held for `fleet_poll`.
+    Pending {
+        /// The message sent.
+        msg_id: MsgId,
+        /// Where the message is now (`queued`, `injecting`, `injected`, `held`).
+        state: String,
+        /// What to do next.
+        note: String,
+    },
+}
+
+/// The answer to `fleet_reply`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplyResult {
+    /// The reply's id.
+    pub msg_id: MsgId,
+    /// Who it went to.
+    pub to: Gid,
+    /// Their name.
+    pub to_name: String,
+}
+
+/// The answer to `fleet_poll`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PollResult {
+    /// Held messages, oldest first (at most a batch).
+    pub messages: Vec<Delivered>,
+    /// Questions workers are asking you now; answer each with `fleet_send{turn_id, message}`.
+    pub asks: Vec<AskView>,
+}
+
+/// What `fleet_broadcast` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct BroadcastResult {
+    /// The broadcast's id (each copy's id derives from it and its recipient).
+    pub msg_id: MsgId,
+    /// How many workers the roster knows to get a copy.
+    pub copies: usize,
+    /// What happens next.
+    pub note: String,
+}
+
+/// The answer to `fleet_ask`.
+#[derive(Clone, Debug, Serialize)]
+pub struct AskResult {
+    /// The ask's turn id.
+    pub turn_id: String,
+    /// The lead's answer.
+    pub answer: String,
+}
+
+/// One entry of `fleet_list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RosterEntry {
+    /// Global id.
+    pub gid: Gid,
+    /// Name.
+    pub name: String,
+    /// Host id.
+    pub host: String,
+    /// Role.
+    pub role: Role,
+    /// Profile it was spawned from.
+    pub profile: Option<String>,
+    /// Session status (`idle` for leads; `unknown` while the pane host cannot be reached).
+    pub status: String,
+    /// The agent the pane host recognises in the pane, if any (herdr).
+    pub agent: Option<String>,
+    /// What the pane host says that agent is doing (`idle`, `working`, `blocked`, `done`).
+    pub agent_status: Option<String>,
+    /// Broadcast groups.
+    pub groups: Vec<String>,
+    /// Its pane, for pane-bound entities.
+    pub pane: Option<String>,
+    /// When it last called in (Unix ms).
+    pub last_seen_ms: Option<i64>,
+    /// For a lead: how many fleet calls it is waiting in now (where workers' asks surface).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_calls: Option<usize>,
+}
+
+/// The answer to `fleet_list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ListResult {
+    /// The caller.
+    pub you: RosterEntry,
+    /// The caller's lead-to-lead coordination id (none until a coordinator is configured).
+    pub coord_id: Option<String>,
+    /// Every live entity: this host's, then other hosts' as the roster last heard of them.
+    pub entities: Vec<RosterEntry>,
+    /// The hosts of the fleet (this one first), with the profiles each can spawn.
+    pub hosts: Vec<super::HostView>,
+}
+
+/// The answer to `fleet_spawn`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpawnResult {
+    /// The new entity's gid.
+    pub gid: Gid,
+    /// Its name.
+    pub name: String,
+    /// Its host.
+    pub host: String,
+    /// Its pane.
+    pub pane: String,
+    /// Its profile.
+    pub profile: String,
+    /// Its status (`idle`: ready for a task).
+    pub status: WorkerStatus,
+}
+
+/// The answer to `fleet_stop`.
+#[derive(Clone, Debug, Serialize)]
+pub struct StopResult {
+    /// Who was stopped.
+    pub gid: Gid,
+    /// Their name.
+    pub name: String,
+    /// Their status now.
+    pub status: WorkerStatus,
+}
