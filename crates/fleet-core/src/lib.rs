@@ -14,6 +14,7 @@ pub mod entity;
 pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod lifecycle;
 pub mod message;
 pub mod redact;
 pub mod routing;

@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::gateway::{Caller, Gateway, NudgeTarget};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
@@ -84,6 +85,20 @@ fn refuse(status: StatusCode, code: &str, message: String) -> Response {
         );
     }
     response
+}
+
+/// Runs each request in a span: its method, path and MCP session (the tool call inside names
+/// its caller).
+async fn trace_request(req: Request, next: Next) -> Response {
+    let session = header_text(req.headers(), HEADER_SESSION_ID)
+        .map(|s| s.chars().take(64).collect::<String>());
+    let span = tracing::info_span!(
+        "http",
+        method = %req.method(),
+        path = %req.uri().path(),
+        session = session.as_deref().map(tracing::field::display),
+    );
+    next.run(req).instrument(span).await
 }
 
 async fn guard_host(
@@ -261,6 +276,7 @@ pub fn app(
             Arc::new(allowed),
             guard_host,
         ))
+        .layer(middleware::from_fn(trace_request))
 }
 
 #[cfg(test)]

@@ -13,9 +13,11 @@ use fleet_core::typed::{first_line_end, opens_a_command, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
+use tracing::Instrument;
 
 use super::Gateway;
 use crate::config::ProfileConfig;
+use crate::logs::message_span;
 
 /// How long the pump waits before looking at its queue again after the store failed.
 const STORE_RETRY: Duration = Duration::from_secs(1);
@@ -75,7 +77,9 @@ impl Gateway {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
         let gateway = Arc::clone(self);
-        self.tasks.spawn(async move { gateway.pump(gid).await });
+        let span = self.session_span(gid);
+        self.tasks
+            .spawn(async move { gateway.pump(gid).await }.instrument(span));
     }
 
     async fn pump(self: Arc<Self>, gid: Gid) {
@@ -128,7 +132,8 @@ impl Gateway {
             }
         };
         if self.start_task(gid, task.clone()).await {
-            self.type_task(gid, task).await;
+            let span = message_span(&task);
+            self.type_task(gid, task).instrument(span).await;
         }
         Step::Again
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
 use fleet_store::EntityRecord;
+use tracing::Instrument;
 
 use super::views::StopResult;
 use super::{Caller, Gateway};
@@ -42,6 +43,14 @@ impl Gateway {
     /// whatever was on its way to it (telling each sender) and the task it had in flight, then
     /// closes its pane when `close` (its program may already be gone).
     pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
+        let span = self.session_span(gid);
+        self.close_session(gid, reason, close)
+            .instrument(span)
+            .await;
+    }
+
+    /// [`Gateway::end_session`], in the session's span.
+    async fn close_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
         let ended = {
             let mut sessions = self.lock();
             match sessions.panes.get_mut(&gid) {

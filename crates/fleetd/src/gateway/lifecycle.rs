@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::lifecycle::{LifeFacts, Turnover, turnover};
 use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
 use fleet_mux::{PaneId, PaneSpec};
 
@@ -125,23 +126,28 @@ impl Gateway {
             }
             let mut due = Vec::new();
             for (gid, session) in sessions.panes.iter_mut() {
-                if session.status != WorkerStatus::Idle || session.claiming {
-                    continue;
-                }
-                if let Some(cap) = session.profile.context_cap
-                    && session.cap_reached()
-                {
+                let facts = LifeFacts {
+                    status: session.status,
+                    claiming: session.claiming,
+                    cap_reached: session.cap_reached(),
+                    idle_for: session.idle_since.map(|since| since.elapsed()),
+                    idle_ttl: session.profile.idle_ttl(),
+                };
+                match (turnover(&facts), session.profile.context_cap) {
                     // Spawning again from here on: the pump types nothing into it meanwhile.
-                    if session.apply(SessionEvent::Recycle).is_ok() {
-                        due.push(LifeStep::Recycle(*gid, cap));
+                    (Some(Turnover::Recycle), Some(cap)) => {
+                        if session.apply(SessionEvent::Recycle).is_ok() {
+                            due.push(LifeStep::Recycle(*gid, cap));
+                        }
                     }
-                    continue;
-                }
-                if let (Some(ttl), Some(since)) = (session.profile.idle_ttl(), session.idle_since)
-                    && since.elapsed() >= ttl
-                    && session.apply(SessionEvent::Stop).is_ok()
-                {
-                    due.push(LifeStep::Reap(*gid, ttl));
+                    (Some(Turnover::Reap), _) => {
+                        if let Some(ttl) = facts.idle_ttl
+                            && session.apply(SessionEvent::Stop).is_ok()
+                        {
+                            due.push(LifeStep::Reap(*gid, ttl));
+                        }
+                    }
+                    _ => {}
                 }
             }
             due

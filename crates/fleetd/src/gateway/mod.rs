@@ -8,6 +8,8 @@
 
 mod asks;
 mod bounds;
+mod broadcast;
+mod calls;
 mod delivery;
 mod ending;
 mod federation;
@@ -15,6 +17,7 @@ mod lifecycle;
 mod messages;
 mod nudge;
 mod prune;
+mod reply;
 mod sessions;
 mod spawn;
 mod views;
@@ -212,6 +215,17 @@ impl Gateway {
         if self.lock().listed_tools(gid) {
             self.persist_status(gid).await;
         }
+    }
+
+    /// The span of the session of `gid` (named as this gateway knows it).
+    fn session_span(&self, gid: Gid) -> tracing::Span {
+        let name = self
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| s.entity.name.clone())
+            .unwrap_or_default();
+        crate::logs::session_span(gid, &name)
     }
 
     fn lock(&self) -> MutexGuard<'_, Sessions> {

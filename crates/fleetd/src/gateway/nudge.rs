@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::Gid;
+use fleet_core::lifecycle::nudge_wait;
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{MuxError, PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
@@ -138,14 +139,10 @@ impl Gateway {
             let Some(target) = state.nudge.clone() else {
                 return NudgeStep::Nothing;
             };
-            if state.open_calls > 0 {
-                return NudgeStep::Later(NUDGE_RECHECK);
-            }
             let interval = Duration::from_secs(lead.nudge_interval_s);
-            if let Some(since) = state.last_nudge.map(|at| at.elapsed())
-                && since < interval
-            {
-                return NudgeStep::Later(interval - since);
+            let since_last = state.last_nudge.map(|at| at.elapsed());
+            if let Some(wait) = nudge_wait(state.open_calls, since_last, interval, NUDGE_RECHECK) {
+                return NudgeStep::Later(wait);
             }
             target
         };

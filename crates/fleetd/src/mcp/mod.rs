@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use fleet_core::{ErrorCode, FleetError, MsgId};
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProtocolVersion,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use tracing::Instrument;
 
 use crate::gateway::{Caller, Gateway, SpawnRequest};
 use crate::limits::{CallSlot, CallSlots};
@@ -307,6 +309,22 @@ on their way to it fail and their senders are told. Leads only."
 
 #[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply, and may ask its lead a question mid-task with fleet_ask (the lead answers with fleet_send{turn_id}). fleet_list shows who is there.")]
 impl ServerHandler for FleetMcp {
+    /// Every tool call runs in a span naming the tool and its caller, so each log line of the
+    /// call says whose it was.
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let span =
+            tracing::info_span!("call", tool = %request.name, caller = tracing::field::Empty);
+        if let Ok(caller) = caller(&ctx) {
+            span.record("caller", tracing::field::display(&caller.entity.name));
+        }
+        let call = ToolCallContext::new(self, request, ctx);
+        self.tool_router.call(call).instrument(span).await
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,

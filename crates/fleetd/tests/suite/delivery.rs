@@ -245,3 +245,52 @@ async fn a_worker_whose_screen_never_holds_still_still_gets_its_tasks() -> anyho
     expect_echo(&fleet, &lead, &pane, "the first task").await?;
     expect_echo(&fleet, &lead, &pane, "and the next").await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_follows_a_task_by_its_trace_id_and_says_whose_call_it_was() -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_with_sim(&[]).await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead.send("w1", "trace me", 30).await?;
+    let trace = sent["reply"]["trace_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!trace.is_empty(), "{sent}");
+    let needle = format!("trace_id={trace}");
+    let lines = |log: &str, what: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(&needle) && l.contains(what))
+            .map(String::from)
+            .collect()
+    };
+    // The send is accepted inside the lead's call; the task is typed in by w1's session; the
+    // reply is accepted inside w1's call, in the same flow.
+    until("the flow's lines in the log", LIMIT, || {
+        let log = fleet.log();
+        let found = !lines(&log, "injected").is_empty() && lines(&log, "accepted").len() >= 2;
+        async move { found.then_some(()) }
+    })
+    .await?;
+    let log = fleet.log();
+    let accepted = lines(&log, "accepted");
+    assert!(
+        accepted
+            .iter()
+            .any(|l| l.contains("tool=fleet_send") && l.contains("caller=lead")),
+        "{accepted:#?}"
+    );
+    assert!(
+        accepted
+            .iter()
+            .any(|l| l.contains("tool=fleet_reply") && l.contains("caller=w1")),
+        "{accepted:#?}"
+    );
+    let injected = lines(&log, "injected");
+    assert!(
+        injected
+            .iter()
+            .any(|l| l.contains("session{") && l.contains("name=w1")),
+        "{injected:#?}"
+    );
+    Ok(())
+}

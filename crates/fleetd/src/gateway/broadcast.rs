@@ -1,0 +1,81 @@
+//! `fleet_broadcast`: one message to every worker (or a group), each copy delivered by the
+//! normal rules of its worker's gateway.
+
+use std::sync::Arc;
+
+use fleet_core::authz::{Tool, check_tool};
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::Placement;
+use fleet_core::message::check_size;
+use fleet_core::typed::typeable;
+use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId, TraceId};
+
+use super::views::BroadcastResult;
+use super::{Caller, Gateway};
+
+impl Gateway {
+    /// `fleet_broadcast`: one message to every worker (or those of `group`), each copy
+    /// delivered by the normal rules of its worker's gateway. With a broker it is published
+    /// once and the broker copies it into every bound inbox; without one, this host's workers
+    /// get a copy each.
+    pub async fn broadcast(
+        self: &Arc<Self>,
+        caller: &Caller,
+        text: String,
+        group: Option<String>,
+    ) -> Result<BroadcastResult, FleetError> {
+        check_tool(&caller.entity, Tool::Broadcast)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        typeable(&text).map_err(|found| found.refusal())?;
+        if let Some(group) = &group {
+            fleet_core::entity::validate_name("group", group)?;
+        }
+        let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
+        let (copies, refused) = if self.federation.is_some() {
+            let copies = self
+                .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
+                .await?;
+            (copies, Vec::new())
+        } else {
+            let targets: Vec<Gid> = self
+                .lock()
+                .entities()
+                .into_iter()
+                .filter(|e| e.role.is_injected() && e.gid != caller.entity.gid)
+                .filter(|e| {
+                    group
+                        .as_ref()
+                        .is_none_or(|g| e.groups.iter().any(|x| x == g))
+                })
+                .map(|e| e.gid)
+                .collect();
+            let (mut copies, mut full) = (0, Vec::new());
+            for gid in targets {
+                let copy = Message::task(caller.entity.gid, gid, text.clone(), trace_id, now_ms())
+                    .with_id(msg_id.derived(&gid.to_string()));
+                match self.deliver(copy).await {
+                    Ok(Placement::Queue) => copies += 1,
+                    Ok(_) => {}
+                    // A worker at its cap gets no copy; the others still do, and the note says
+                    // who did not.
+                    Err(e) if e.code == ErrorCode::TooMany => full.push(e.message),
+                    Err(e) => return Err(e),
+                }
+            }
+            (copies, full)
+        };
+        tracing::info!(%trace_id, %msg_id, group = ?group, copies, "broadcast");
+        let mut note = String::from(
+            "each copy is typed in when its worker is free; their answers come back as ordinary replies (fleet_poll)",
+        );
+        for why in refused {
+            note.push_str("; no copy: ");
+            note.push_str(&why);
+        }
+        Ok(BroadcastResult {
+            msg_id,
+            copies,
+            note,
+        })
+    }
+}

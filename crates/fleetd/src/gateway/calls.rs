@@ -1,0 +1,359 @@
+//! The calls that wait: `fleet_send` (for the answer) and `fleet_poll` (for held messages),
+//! and how a caller waits. Waiting callers watch their inbox version and re-read the store, so
+//! a wake-up can never be lost between a look and a wait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::authz::{Tool, check_send, check_tool};
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::Placement;
+use fleet_core::message::check_size;
+use fleet_core::routing::Route;
+use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use tokio::sync::watch as tokio_watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::views::{AskView, PollResult, SendResult};
+use super::{Caller, Gateway};
+
+/// The most messages one poll hands out; the rest wait for the next poll.
+const POLL_BATCH: usize = 100;
+
+/// Counts a caller's open call while it lives: leads are not nudged while blocked in one, a
+/// lead's open call is where workers' asks surface (`listens`: asks from that worker only, or
+/// from anyone), and a pane-bound caller blocked in a poll gets its next task through it.
+struct OpenCall {
+    gateway: Arc<Gateway>,
+    gid: Gid,
+    poll: bool,
+    listens: Option<Gid>,
+}
+
+/// What a wait for an answer holds: the open call, the caller's inbox (watched from before the
+/// awaited message could be answered), whether an answer may already be held, and whether the
+/// awaited message is held on another host.
+struct Waiting {
+    open: OpenCall,
+    inbox: tokio_watch::Receiver<u64>,
+    look_first: bool,
+    held_remotely: bool,
+}
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        let mut sessions = self.gateway.lock();
+        if let Some(lead) = sessions.leads.get_mut(&self.gid) {
+            lead.open_calls = lead.open_calls.saturating_sub(1);
+            if let Some(at) = lead.listening.iter().position(|l| *l == self.listens) {
+                lead.listening.swap_remove(at);
+            }
+        } else if let Some(session) = sessions.panes.get_mut(&self.gid)
+            && self.poll
+        {
+            session.polls = session.polls.saturating_sub(1);
+            session.kick();
+        }
+    }
+}
+
+fn cancelled() -> FleetError {
+    FleetError::new(ErrorCode::Cancelled, "the call was cancelled")
+}
+
+impl Gateway {
+    /// Opens a call of `gid`: a poll, or a wait for an answer; a lead's call surfaces asks
+    /// from `listens` (anyone when `None`).
+    fn open_call(self: &Arc<Self>, gid: Gid, poll: bool, listens: Option<Gid>) -> OpenCall {
+        let mut sessions = self.lock();
+        if let Some(lead) = sessions.leads.get_mut(&gid) {
+            lead.open_calls += 1;
+            lead.listening.push(listens);
+        } else if let Some(session) = sessions.panes.get_mut(&gid)
+            && poll
+        {
+            session.polls += 1;
+        }
+        OpenCall {
+            gateway: Arc::clone(self),
+            gid,
+            poll,
+            listens,
+        }
+    }
+
+    /// `fleet_send`: sends `text` to `to` and waits up to `wait` for the answer.
+    pub async fn send(
+        self: &Arc<Self>,
+        caller: &Caller,
+        to: &str,
+        text: String,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        check_tool(&caller.entity, Tool::Send)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        let route = self.resolve_route(to)?;
+        let remote = matches!(route, Route::Remote(_));
+        let recipient = route.entity();
+        if recipient.gid == caller.entity.gid {
+            return Err(FleetError::invalid("you cannot send a message to yourself"));
+        }
+        check_send(&caller.entity, recipient)?;
+        if recipient.role.is_injected() {
+            // Typed into its pane (here or on its host): inert text only.
+            typeable(&text).map_err(|found| found.refusal())?;
+            let single_line = self
+                .lock()
+                .panes
+                .get(&recipient.gid)
+                .is_some_and(|s| s.profile.single_line);
+            if single_line && let Some(offset) = first_line_end(&text) {
+                return Err(multi_line_refusal(&recipient.name, offset));
+            }
+        }
+        if !remote
+            && recipient.role.is_injected()
+            && let Some(down) = self.lock().host_down.clone()
+        {
+            return Err(FleetError::new(
+                ErrorCode::PaneHost,
+                format!(
+                    "'{}' cannot be reached: {down}; nothing was queued, and messages held for you are kept",
+                    recipient.name
+                ),
+            ));
+        }
+        let trace_id = self
+            .lock()
+            .panes
+            .get(&caller.entity.gid)
+            .and_then(|s| s.current.as_ref().map(|m| m.trace_id))
+            .unwrap_or_else(TraceId::mint);
+        let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
+        let msg_id = message.msg_id;
+        let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
+        // Watched from before the message leaves: until the inbox changes, no answer can be in
+        // it, and the store need not be asked.
+        let inbox = self.inbox(caller.entity.gid);
+        if remote && recipient.role.is_injected() {
+            // Tracked before it is published: its receipt may come back at once.
+            self.track_remote_brief(&message);
+        }
+        let placement = self.deliver(message).await;
+        if placement.is_err()
+            && let Some(fed) = &self.federation
+        {
+            fed.forget_brief(msg_id);
+        }
+        if placement? == Placement::Dead {
+            return Ok(SendResult::Failed {
+                msg_id,
+                reason: format!("'{}' is gone", recipient.name),
+            });
+        }
+        let waiting = Waiting {
+            open,
+            inbox,
+            look_first: false,
+            // A message to a remote lead is held for it on its host; nothing of it is stored
+            // here to ask about.
+            held_remotely: remote && !recipient.role.is_injected(),
+        };
+        self.await_answer(caller, msg_id, wait, ct, waiting).await
+    }
+
+    /// Waits up to `wait` for the answer to the caller's earlier message `msg_id` to `to`.
+    pub(super) async fn await_reply_to(
+        self: &Arc<Self>,
+        caller: &Caller,
+        to: Gid,
+        msg_id: MsgId,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        let waiting = Waiting {
+            open: self.open_call(caller.entity.gid, false, Some(to)),
+            inbox: self.inbox(caller.entity.gid),
+            look_first: true,
+            held_remotely: false,
+        };
+        self.await_answer(caller, msg_id, wait, ct, waiting).await
+    }
+
+    async fn await_answer(
+        self: &Arc<Self>,
+        caller: &Caller,
+        msg_id: MsgId,
+        wait: Duration,
+        ct: &CancellationToken,
+        waiting: Waiting,
+    ) -> Result<SendResult, FleetError> {
+        let Waiting {
+            open,
+            mut inbox,
+            look_first: mut look,
+            held_remotely,
+        } = waiting;
+        let me = caller.entity.gid;
+        let deadline = Instant::now() + wait;
+        loop {
+            // A change seen for the first time here counts too: an answer may come back before
+            // the wait starts (another host's gateway refusing at once).
+            look |= inbox.has_changed().unwrap_or(true);
+            inbox.borrow_and_update();
+            if look && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
+                self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
+                return Ok(match answer.kind {
+                    Kind::Failed => SendResult::Failed {
+                        msg_id,
+                        reason: answer.body,
+                    },
+                    _ => SendResult::Replied {
+                        msg_id,
+                        reply: self.describe(answer).await,
+                    },
+                });
+            }
+            let asked = self.lock().asks.surface(me, open.listens);
+            if let Some(ask) = asked {
+                return Ok(SendResult::Asked {
+                    msg_id,
+                    note: format!(
+                        "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
+                        ask.from_name, ask.turn_id
+                    ),
+                    ask,
+                });
+            }
+            tokio::select! {
+                changed = inbox.changed() => match changed {
+                    Ok(()) => look = true,
+                    Err(_) => break,
+                },
+                () = sleep_until(deadline) => break,
+                () = ct.cancelled() => return Err(cancelled()),
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        let remote_state = self
+            .federation
+            .as_ref()
+            .and_then(|f| f.pending_state(msg_id));
+        let state = match remote_state {
+            Some(state) => state.to_string(),
+            None if held_remotely => MsgState::Held.to_string(),
+            None => self
+                .db(move |s| s.message(msg_id))
+                .await?
+                .map(|m| m.state.to_string())
+                .unwrap_or_else(|| "unknown".into()),
+        };
+        Ok(SendResult::Pending {
+            msg_id,
+            state,
+            note: format!(
+                "no answer within {} s; it will be held for you: collect it with fleet_poll",
+                wait.as_secs()
+            ),
+        })
+    }
+
+    /// Gives messages just taken for `to`'s call back to `held` if the call was cancelled
+    /// meanwhile (the client would never see them), wakes `to`'s other calls to them, and
+    /// reports the cancellation.
+    async fn keep_unless_cancelled(
+        &self,
+        ct: &CancellationToken,
+        to: Gid,
+        taken: &[MsgId],
+    ) -> Result<(), FleetError> {
+        if !ct.is_cancelled() {
+            return Ok(());
+        }
+        let ids = taken.to_vec();
+        self.db(move |s| s.release(&ids)).await?;
+        self.bump_inbox(to);
+        Err(cancelled())
+    }
+
+    /// `fleet_poll`: held messages for the caller (only those from `from`, when given),
+    /// waiting up to `wait` for the first.
+    pub async fn poll(
+        self: &Arc<Self>,
+        caller: &Caller,
+        from: Option<&str>,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<PollResult, FleetError> {
+        check_tool(&caller.entity, Tool::Poll)?;
+        let from = match from {
+            Some(name) => Some(self.resolve_sender(name).await?),
+            None => None,
+        };
+        let me = caller.entity.gid;
+        let _open = self.open_call(me, true, from);
+        let mut inbox = self.inbox(me);
+        let mut kick = self.lock().panes.get(&me).map(|s| s.kick.subscribe());
+        let deadline = Instant::now() + wait;
+        loop {
+            inbox.borrow_and_update();
+            if let Some(kick) = kick.as_mut() {
+                kick.borrow_and_update();
+            }
+            let mut batch = self.db(move |s| s.take_held(me, from, POLL_BATCH)).await?;
+            if batch.is_empty() && from.is_none() && self.take_task_by_poll(me).await? {
+                batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
+            }
+            let asks: Vec<AskView> = {
+                let mut sessions = self.lock();
+                std::iter::from_fn(|| sessions.asks.surface(me, from)).collect()
+            };
+            if !batch.is_empty() || !asks.is_empty() {
+                let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
+                self.keep_unless_cancelled(ct, me, &ids).await?;
+                let mut messages = Vec::with_capacity(batch.len());
+                for message in batch {
+                    messages.push(self.describe(message).await);
+                }
+                return Ok(PollResult { messages, asks });
+            }
+            let kicked = async {
+                match kick.as_mut() {
+                    Some(kick) => kick.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = inbox.changed() => if changed.is_err() { break },
+                alive = kicked => if !alive { break },
+                () = sleep_until(deadline) => break,
+                () = ct.cancelled() => return Err(cancelled()),
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        Ok(PollResult {
+            messages: Vec::new(),
+            asks: Vec::new(),
+        })
+    }
+
+    /// For an idle pane-bound caller blocked in a poll: takes its next queued task off the
+    /// queue and holds it for this poll (a TUI would only queue typed text while the call runs).
+    async fn take_task_by_poll(self: &Arc<Self>, gid: Gid) -> Result<bool, FleetError> {
+        if !self.claim(gid, true) {
+            return Ok(false);
+        }
+        let task = match self.db(move |s| s.dequeue(gid, &MsgState::Held)).await {
+            Ok(Some(task)) => task,
+            other => {
+                self.unclaim(gid);
+                return other.map(|_| false);
+            }
+        };
+        self.start_task(gid, task).await;
+        Ok(true)
+    }
+}

@@ -1,0 +1,110 @@
+//! `fleet_reply`: an answer to a task (the caller's in flight, or a message named by id), and
+//! the end of the turn it answers.
+
+use std::sync::Arc;
+
+use fleet_core::authz::{Tool, check_tool};
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::Placement;
+use fleet_core::message::check_size;
+use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId, SessionEvent};
+
+use super::views::ReplyResult;
+use super::{Caller, Gateway};
+
+impl Gateway {
+    /// `fleet_reply`: answers `in_reply_to`, or the caller's task in flight.
+    pub async fn reply(
+        self: &Arc<Self>,
+        caller: &Caller,
+        text: String,
+        in_reply_to: Option<MsgId>,
+    ) -> Result<ReplyResult, FleetError> {
+        check_tool(&caller.entity, Tool::Reply)?;
+        check_size(&text, self.config.gateway.max_message_bytes)?;
+        let me = caller.entity.gid;
+        let answered = match in_reply_to {
+            Some(id) => self
+                .db(move |s| s.message(id))
+                .await?
+                .filter(|m| m.to == me)
+                .ok_or_else(|| {
+                    FleetError::invalid(format!(
+                        "in_reply_to {id} is not a message sent to you; fleet_poll shows what you received"
+                    ))
+                })?,
+            None => self
+                .lock()
+                .panes
+                .get(&me)
+                .and_then(|s| s.current.clone())
+                .ok_or_else(|| {
+                    FleetError::invalid(
+                        "you have no task in flight to answer: pass in_reply_to (the msg_id you answer)",
+                    )
+                })?,
+        };
+        let reply = Message::reply_to(&answered, text, now_ms());
+        let msg_id = reply.msg_id;
+        if matches!(self.placement(&reply), Placement::Dead) {
+            return Err(FleetError::new(
+                ErrorCode::Gone,
+                format!(
+                    "'{}' who sent message {} is gone; your reply has nowhere to go",
+                    self.name_of(answered.from).await,
+                    answered.msg_id
+                ),
+            ));
+        }
+        // Take the task out of flight first, so a session ending while the reply is stored
+        // does not also report the task unanswered; put it back if storing fails.
+        let ending = self.take_current(me, answered.msg_id);
+        if let Err(e) = self.deliver(reply).await {
+            if let Some(task) = ending {
+                self.restore_current(me, task);
+            }
+            return Err(e);
+        }
+        if ending.is_some() {
+            self.end_turn(me);
+        }
+        Ok(ReplyResult {
+            msg_id,
+            to: answered.from,
+            to_name: self.name_of(answered.from).await,
+        })
+    }
+
+    /// Takes `gid`'s task in flight out of flight if it is `answered`.
+    fn take_current(&self, gid: Gid, answered: MsgId) -> Option<Message> {
+        let mut sessions = self.lock();
+        let session = sessions.panes.get_mut(&gid)?;
+        if session
+            .current
+            .as_ref()
+            .is_some_and(|m| m.msg_id == answered)
+        {
+            session.current.take()
+        } else {
+            None
+        }
+    }
+
+    /// Puts a task taken by [`Gateway::take_current`] back in flight.
+    fn restore_current(&self, gid: Gid, task: Message) {
+        if let Some(session) = self.lock().panes.get_mut(&gid)
+            && session.current.is_none()
+        {
+            session.current = Some(task);
+        }
+    }
+
+    /// Ends `gid`'s turn: the worker is idle again and its next task may go in.
+    fn end_turn(&self, gid: Gid) {
+        if let Some(session) = self.lock().panes.get_mut(&gid)
+            && let Err(e) = session.apply(SessionEvent::TurnDone)
+        {
+            tracing::warn!(%gid, error = %e, "reply outside a turn");
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The spans fleetd's log lines carry, so each line says what it is about: a tool call (the
+//! tool and its caller, see `mcp`), an HTTP request (see `http`), a session (its gid and
+//! name) and a message (its trace id, which every hop of a flow shares, and its id).
+
+use fleet_core::{Gid, Message};
+use tracing::Span;
+
+/// The span of everything done for the session of `gid`, named `name`.
+pub fn session_span(gid: Gid, name: &str) -> Span {
+    tracing::info_span!("session", %gid, name)
+}
+
+/// The span of everything done with `message`: grep a trace id to follow a flow across its
+/// hops (and across hosts: the id travels in the envelope).
+pub fn message_span(message: &Message) -> Span {
+    tracing::info_span!(
+        "message",
+        trace_id = %message.trace_id,
+        msg_id = %message.msg_id,
+        kind = %message.kind,
+    )
+}
