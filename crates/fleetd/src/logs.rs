@@ -5,9 +5,16 @@
 use fleet_core::{Gid, Message};
 use tracing::Span;
 
-/// The span of everything done for the session of `gid`, named `name`.
+/// The span of work for the session of `gid`, named `name`, inside whatever called for it (a
+/// `fleet_stop`, say).
 pub fn session_span(gid: Gid, name: &str) -> Span {
-    tracing::info_span!("session", %gid, name)
+    tracing::info_span!("session", %gid, name = %name)
+}
+
+/// The span of a session's own task (its pump): a root, since the task outlives the
+/// `fleet_spawn` call that started it.
+pub fn session_task_span(gid: Gid, name: &str) -> Span {
+    tracing::info_span!(parent: None, "session", %gid, name = %name)
 }
 
 /// The span of everything done with `message`: grep a trace id to follow a flow across its

@@ -77,7 +77,7 @@ impl Gateway {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
         let gateway = Arc::clone(self);
-        let span = self.session_span(gid);
+        let span = self.session_span(gid, true);
         self.tasks
             .spawn(async move { gateway.pump(gid).await }.instrument(span));
     }

@@ -43,7 +43,7 @@ impl Gateway {
     /// whatever was on its way to it (telling each sender) and the task it had in flight, then
     /// closes its pane when `close` (its program may already be gone).
     pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
-        let span = self.session_span(gid);
+        let span = self.session_span(gid, false);
         self.close_session(gid, reason, close)
             .instrument(span)
             .await;

@@ -217,15 +217,20 @@ impl Gateway {
         }
     }
 
-    /// The span of the session of `gid` (named as this gateway knows it).
-    fn session_span(&self, gid: Gid) -> tracing::Span {
+    /// The span of the session of `gid` (named as this gateway knows it): a root for the
+    /// session's own task (`task`), else inside the current span.
+    fn session_span(&self, gid: Gid, task: bool) -> tracing::Span {
         let name = self
             .lock()
             .panes
             .get(&gid)
             .map(|s| s.entity.name.clone())
             .unwrap_or_default();
-        crate::logs::session_span(gid, &name)
+        if task {
+            crate::logs::session_task_span(gid, &name)
+        } else {
+            crate::logs::session_span(gid, &name)
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Sessions> {
