@@ -367,7 +367,7 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|line| line.split_once(' '))
-            .filter(|(_, session)| *session != fleet_mux::tmux::control::CONTROL_SESSION)
+            .filter(|(_, session)| *session != fleet_mux::tmux::codec::control::CONTROL_SESSION)
             .map(|(pane, _)| pane.to_string())
             .collect())
     }
