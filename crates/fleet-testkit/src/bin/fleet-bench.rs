@@ -301,7 +301,7 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
     let http = reqwest::Client::new();
     for _ in 0..runs {
         let dir = tempfile::tempdir()?;
-        // fleetd serves on a socket bound here, so the clock also covers no port race.
+        // fleetd serves on a socket bound here: no other process can take the port first.
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let config = dir.path().join("fleetd.toml");
