@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
+use fleet_mux::tmux::COMMAND_TIMEOUT;
 use fleet_mux::tmux::codec::spawn_commands;
 use fleet_mux::tmux::control::Control;
 use fleet_mux::tmux::{Socket, Tmux};
@@ -181,7 +182,7 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     let Socket::Name(name) = server.tmux.socket().clone() else {
         panic!("a private server has a name");
     };
-    let control = Control::new("tmux".into(), name);
+    let control = Control::new("tmux".into(), name, COMMAND_TIMEOUT);
     // A command whose answer takes a while (tmux holds later commands until a run-shell ends),
     // abandoned after it was sent.
     let slow = [
@@ -305,7 +306,7 @@ async fn a_newline_in_a_directory_is_refused_and_the_connection_stays_in_step() 
     let Socket::Name(name) = server.tmux.socket().clone() else {
         panic!("a private server has a name");
     };
-    let control = Control::new("tmux".into(), name);
+    let control = Control::new("tmux".into(), name, COMMAND_TIMEOUT);
     let err = control
         .run(&[
             words(&["display-message", "-p", "first"]),
@@ -366,7 +367,7 @@ async fn a_command_tmux_never_answers_fails_without_quoting_the_token() {
         panic!("a private server has a name");
     };
     // Connected, then the server wedges.
-    let control = Control::new("tmux".into(), name.clone());
+    let control = Control::new("tmux".into(), name.clone(), COMMAND_TIMEOUT);
     control
         .run(&[words(&["display-message", "-p", "connected"])])
         .await

@@ -29,7 +29,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::fleet::free_port;
 use crate::wait::until;
 
 /// How long a private node may take to take AMQP connections after it is started (7–11 s on
@@ -47,6 +46,10 @@ const CTL_LIMIT: Duration = Duration::from_secs(60);
 
 /// How long one AMQP connection attempt may take before it counts as failed.
 const PROBE_LIMIT: Duration = Duration::from_secs(5);
+
+/// How many times [`PrivateNode::start`] starts a node on fresh ports after another process
+/// took one of them first.
+const PORT_ATTEMPTS: usize = 3;
 
 /// The port of the machine's shared RabbitMQ.
 const SHARED_PORT: u16 = 5672;
@@ -565,10 +568,11 @@ impl Drop for Vhost {
     }
 }
 
-/// A RabbitMQ node of a test's own: its own node name, free AMQP and distribution ports on
-/// 127.0.0.1, its own Erlang cookie, no plugins, its data and logs in a temporary directory.
-/// Stopping it stops only it; a restart keeps its port and data, so durable queues and
-/// persistent messages survive. Dropping it kills it and removes its directory.
+/// A RabbitMQ node of a test's own: its own node name, AMQP and distribution ports on
+/// 127.0.0.1 that were free when picked (see [`PrivateNode::start`]), its own Erlang cookie, no
+/// plugins, its data and logs in a temporary directory. Stopping it stops only it; a restart
+/// keeps its port and data, so durable queues and persistent messages survive (a restart fails
+/// if another process took the port meanwhile). Dropping it kills it and removes its directory.
 pub struct PrivateNode {
     /// Its data, logs, config and `HOME`; removed on drop.
     dir: tempfile::TempDir,
@@ -584,9 +588,43 @@ pub struct PrivateNode {
     starts: usize,
 }
 
+/// A loopback port nobody listened on a moment ago, for a program that binds its ports itself
+/// (RabbitMQ takes port numbers, not inherited sockets). Racy by necessity: the port is free
+/// when picked and released at once, and another process may take it before the program binds
+/// it.
+fn unclaimed_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether a node failed to start because one of its ports was taken (what RabbitMQ and the
+/// Erlang VM say when a listen fails: `eaddrinuse`, "in use").
+fn port_taken(failure: &anyhow::Error) -> bool {
+    let text = format!("{failure:#}").to_ascii_lowercase();
+    text.contains("eaddrinuse") || text.contains("in use")
+}
+
 impl PrivateNode {
-    /// Starts a node and waits until it takes AMQP connections.
+    /// Starts a node and waits until it takes AMQP connections. Its ports are picked with
+    /// [`unclaimed_port`], so another process may take one first: the node then fails to bind
+    /// it, and a new node starts on new ports, up to [`PORT_ATTEMPTS`] times. (Left: another
+    /// AMQP server taking the port could answer the readiness probe in the node's place.)
     pub async fn start() -> anyhow::Result<PrivateNode> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once().await {
+                Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
+                    eprintln!("a private RabbitMQ node's port was taken; new ports: {e:#}");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// [`PrivateNode::start`], once.
+    async fn start_once() -> anyhow::Result<PrivateNode> {
         let dir = tempfile::Builder::new().prefix("fleet-rabbit-").tempdir()?;
         let base = dir.path();
         let home = base.join("home");
@@ -621,7 +659,7 @@ impl PrivateNode {
         let name = format!("fleet-{}@localhost", uuid::Uuid::now_v7().simple());
         let broker = Broker {
             host: "127.0.0.1".into(),
-            port: free_port()?,
+            port: unclaimed_port()?,
             user: "guest".into(),
             password: "guest".into(),
             ctl: Ctl {
@@ -638,7 +676,7 @@ impl PrivateNode {
         };
         let mut node = PrivateNode {
             name,
-            dist_port: free_port()?,
+            dist_port: unclaimed_port()?,
             broker,
             dir,
             child: None,

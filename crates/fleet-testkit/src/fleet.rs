@@ -1,7 +1,8 @@
-//! A real `fleetd serve` process for a test: a temp state dir, a free loopback port, a private
-//! tmux server, and its log kept for when a test fails. Dropping it kills the process and the
-//! tmux server.
+//! A real `fleetd serve` process for a test: a temp state dir, a loopback socket the test binds
+//! (on a port the kernel picks) and fleetd inherits (`--listen-fd`), a private tmux server, and
+//! its log kept for when a test fails. Dropping it kills the process and the tmux server.
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use tokio::process::{Child, Command};
 
 use crate::bins::binary;
 use crate::client::{Client, Protocol};
+use crate::inherit::inherit;
 use crate::wait::until;
 
 /// How long fleetd may take to answer `/healthz` after it starts.
@@ -23,7 +25,10 @@ pub struct Fleet {
     config: PathBuf,
     /// The state dir.
     state: PathBuf,
-    /// The port fleetd listens on.
+    /// The socket fleetd serves on, bound here and held for the Fleet's life: every start
+    /// inherits it, so no other process can take the port before fleetd or between restarts.
+    listener: TcpListener,
+    /// Its port.
     port: u16,
     /// The private tmux server's socket name.
     socket: String,
@@ -33,12 +38,6 @@ pub struct Fleet {
     starts: usize,
     /// Variables set (`Some`) or removed (`None`) in its environment, over the test's own.
     env: Vec<(String, Option<String>)>,
-}
-
-/// A free loopback port (the kernel's pick; released for fleetd to bind).
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// A `[[profiles]]` block running the scripted agent with `args`.
@@ -209,9 +208,11 @@ impl Fleet {
         rest: &str,
         env: Vec<(String, Option<String>)>,
     ) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
         let config = dir.path().join("fleetd.toml");
-        // `gateway` may name the host; else every test gateway is `testhost`.
+        // `gateway` may name the host; else every test gateway is `testhost`. `listen` names the
+        // socket's own address, as `mcp-config` prints it.
         let host = if gateway.contains("host_id") {
             ""
         } else {
@@ -228,6 +229,7 @@ impl Fleet {
             dir,
             config,
             state,
+            listener,
             port,
             socket,
             child: None,
@@ -243,6 +245,7 @@ impl Fleet {
         self.starts += 1;
         let log = std::fs::File::create(self.log_path(self.starts))?;
         let mut command = Command::new(binary("fleetd")?);
+        let fd = inherit(command.as_std_mut(), &self.listener)?;
         for (key, value) in &self.env {
             match value {
                 Some(value) => command.env(key, value),
@@ -250,7 +253,7 @@ impl Fleet {
             };
         }
         let child = command
-            .arg("serve")
+            .args(["serve", "--listen-fd", &fd.to_string()])
             .arg("--config")
             .arg(&self.config)
             .arg("--state-dir")
@@ -263,31 +266,28 @@ impl Fleet {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()?;
-        self.child = Some(child);
+        let child = self.child.insert(child);
         let url = format!("http://127.0.0.1:{}/healthz", self.port);
         let http = reqwest::Client::new();
-        let ready = until("fleetd to answer /healthz", START_LIMIT, || {
-            let (http, url) = (http.clone(), url.clone());
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
+        // Connections wait in the socket's backlog until fleetd takes them, so a probe may wait
+        // as long as fleetd starts: fleetd's exit ends the wait, and so does the limit.
+        let healthy = until("fleetd to answer /healthz", START_LIMIT, || {
+            let request = http.get(&url).send();
             async move {
-                if let Some(status) = exited {
-                    return Some(Err(status));
-                }
-                match http.get(&url).send().await {
-                    Ok(resp) if resp.status().is_success() => Some(Ok(())),
-                    _ => None,
-                }
+                let response = request.await.ok()?;
+                response.status().is_success().then_some(())
             }
-        })
-        .await;
-        match ready {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(status)) => anyhow::bail!("fleetd exited ({status}) at start:\n{}", self.log()),
-            Err(e) => anyhow::bail!("{e}\n{}", self.log()),
-        }
+        });
+        let ready = tokio::select! {
+            status = child.wait() => Err(match status {
+                Ok(status) => anyhow::anyhow!("fleetd exited ({status}) at start"),
+                Err(e) => anyhow::anyhow!("cannot wait for fleetd: {e}"),
+            }),
+            ready = tokio::time::timeout(START_LIMIT, healthy) => ready.unwrap_or_else(|_| {
+                Err(anyhow::anyhow!("gave up after {START_LIMIT:?} waiting for fleetd to answer /healthz"))
+            }),
+        };
+        ready.map_err(|e| anyhow::anyhow!("{e}:\n{}", self.log()))
     }
 
     fn log_path(&self, start: usize) -> PathBuf {
@@ -367,7 +367,7 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|line| line.split_once(' '))
-            .filter(|(_, session)| *session != fleet_mux::tmux::control::CONTROL_SESSION)
+            .filter(|(_, session)| *session != fleet_mux::tmux::codec::control::CONTROL_SESSION)
             .map(|(pane, _)| pane.to_string())
             .collect())
     }

@@ -1,6 +1,8 @@
 //! herdr servers for tests and benches: the stand-in (`fleet-herdr-standin`) as a separate
 //! process a test can kill and start again, the way a user's herdr might stop and come back
-//! (a stand-in, not herdr); and a real herdr when `HERDR_BIN` points at one.
+//! (a stand-in, not herdr); and a real herdr when `HERDR_BIN` points at one (the tests that run
+//! only on one are built to run with the cfg `herdr_bin`, which build.rs sets when `HERDR_BIN`
+//! is set, and are ignored without it).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -110,11 +112,24 @@ pub struct RealHerdr {
 }
 
 impl RealHerdr {
-    /// Starts the herdr binary `HERDR_BIN` names; `None` when it names none.
+    /// Starts the herdr binary `HERDR_BIN` names; `None` when it is unset (or empty).
     pub async fn from_env() -> anyhow::Result<Option<Self>> {
-        let Some(bin) = std::env::var_os("HERDR_BIN") else {
-            return Ok(None);
-        };
+        match std::env::var_os("HERDR_BIN").filter(|bin| !bin.is_empty()) {
+            Some(bin) => Ok(Some(Self::start(PathBuf::from(bin)).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts the herdr binary `HERDR_BIN` names, for a test that runs only on a real herdr
+    /// (built with the cfg `herdr_bin`); an error when it is unset.
+    pub async fn required() -> anyhow::Result<Self> {
+        Self::from_env().await?.ok_or_else(|| {
+            anyhow::anyhow!("HERDR_BIN is not set: point it at a herdr binary to run this test")
+        })
+    }
+
+    /// Starts the herdr binary `bin`.
+    async fn start(bin: PathBuf) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("config");
         std::fs::create_dir_all(config.join("herdr"))?;
@@ -123,13 +138,13 @@ impl RealHerdr {
             "onboarding = false\n[update]\nversion_check = false\nmanifest_check = false\n",
         )?;
         let mut herdr = Self {
-            bin: PathBuf::from(bin),
+            bin,
             dir,
             session: format!("fleet-{}", uuid::Uuid::now_v7().simple()),
             child: None,
         };
         herdr.launch().await?;
-        Ok(Some(herdr))
+        Ok(herdr)
     }
 
     /// Its socket.

@@ -1,4 +1,4 @@
-//! The test harness of fleetd: start the real `fleetd` binary on a free loopback port with a
+//! The test harness of fleetd: start the real `fleetd` binary on a loopback socket of its own with a
 //! private state dir and tmux server ([`fleet::Fleet`]), talk to it as a real MCP client
 //! ([`client::Client`]), and the scripted agent `fleet-agent-sim` that runs in panes
 //! ([`sim`]).
@@ -8,6 +8,7 @@ pub mod broker;
 pub mod client;
 pub mod fleet;
 pub mod herdr;
+pub mod inherit;
 pub mod model;
 pub mod sim;
 pub mod standin;

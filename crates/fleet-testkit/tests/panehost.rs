@@ -1,6 +1,7 @@
 //! The pane-host test suite, run against every host: tmux (a real private tmux server), the
 //! herdr stand-in (`fleet_testkit::standin`: herdr's protocol, panes in tmux — a stand-in, not
-//! herdr), and a real herdr whenever `HERDR_BIN` points at one (skipped, with a note, when not).
+//! herdr), and a real herdr, on the binary `HERDR_BIN` names (built without `HERDR_BIN`, those
+//! tests are ignored, with the reason: see build.rs).
 
 // A test may unwrap: a panic is how it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -58,10 +59,10 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
 }
 
-async fn tmux() -> Option<Fixture> {
-    let dir = tempfile::tempdir().ok()?;
+async fn tmux() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
     let name = unique("fleet-panehost");
-    Some(Fixture {
+    Fixture {
         host: Arc::new(Tmux::private(name.clone(), dir.path().join("paste"))),
         exit_status: true,
         herdr: None,
@@ -71,7 +72,7 @@ async fn tmux() -> Option<Fixture> {
             task: None,
             _dir: dir,
         },
-    })
+    }
 }
 
 async fn wait_for_socket(socket: &std::path::Path) {
@@ -82,8 +83,8 @@ async fn wait_for_socket(socket: &std::path::Path) {
     .unwrap();
 }
 
-async fn herdr_standin() -> Option<Fixture> {
-    let dir = tempfile::tempdir().ok()?;
+async fn herdr_standin() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("herdr.sock");
     let name = unique("fleet-standin");
     // Every third answer stalls ~100 ms, as herdr's do now and then.
@@ -95,7 +96,7 @@ async fn herdr_standin() -> Option<Fixture> {
     ));
     wait_for_socket(&socket).await;
     let host = Herdr::connect(&socket, "fleet").await.unwrap();
-    Some(Fixture {
+    Fixture {
         host: Arc::new(host),
         exit_status: false,
         herdr: Some(socket),
@@ -105,17 +106,14 @@ async fn herdr_standin() -> Option<Fixture> {
             task: Some(task),
             _dir: dir,
         },
-    })
+    }
 }
 
-async fn herdr_real() -> Option<Fixture> {
-    let Some(herdr) = RealHerdr::from_env().await.unwrap() else {
-        eprintln!("skipped: HERDR_BIN does not point at a herdr binary");
-        return None;
-    };
+async fn herdr_real() -> Fixture {
+    let herdr = RealHerdr::required().await.unwrap();
     let socket = herdr.socket();
     let host = Herdr::connect(&socket, "fleet").await.unwrap();
-    Some(Fixture {
+    Fixture {
         host: Arc::new(host),
         exit_status: false,
         herdr: Some(socket),
@@ -123,9 +121,9 @@ async fn herdr_real() -> Option<Fixture> {
             tmux: None,
             herdr: Some(herdr),
             task: None,
-            _dir: tempfile::tempdir().ok()?,
+            _dir: tempfile::tempdir().unwrap(),
         },
-    })
+    }
 }
 
 fn spec(label: &str, script: &str) -> PaneSpec {
@@ -350,16 +348,16 @@ async fn agents_the_host_sees_are_listed(f: &Fixture) {
     );
 }
 
+/// Every case on every host, each host's tests with the attributes given before it.
 macro_rules! suite {
-    ($($host:ident),*) => {$(
+    ($($(#[$attr:meta])* $host:ident),*) => {$(
         mod $host {
             macro_rules! case {
                 ($case:ident) => {
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    $(#[$attr])*
                     async fn $case() {
-                        if let Some(fixture) = super::$host().await {
-                            super::$case(&fixture).await;
-                        }
+                        super::$case(&super::$host().await).await;
                     }
                 };
             }
@@ -376,4 +374,12 @@ macro_rules! suite {
     )*};
 }
 
-suite!(tmux, herdr_standin, herdr_real);
+suite!(
+    tmux,
+    herdr_standin,
+    #[cfg_attr(
+        not(herdr_bin),
+        ignore = "needs a real herdr: set HERDR_BIN to its binary"
+    )]
+    herdr_real
+);

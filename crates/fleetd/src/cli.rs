@@ -48,6 +48,11 @@ pub struct ServeArgs {
     /// Log JSON lines instead of text.
     #[arg(long)]
     pub log_json: bool,
+    /// Serve on the TCP socket inherited as file descriptor N, already bound and listening
+    /// (from a systemd socket unit: 3), instead of binding gateway.listen. Workers are given
+    /// its address; keep gateway.listen the same, for `mcp-config`.
+    #[arg(long, value_name = "N")]
+    pub listen_fd: Option<u32>,
 }
 
 /// `fleetd token`
@@ -136,7 +141,7 @@ pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
 pub fn mcp_config_command(cli: &Cli, args: &McpConfigArgs) -> anyhow::Result<()> {
     let (config, state) = context(cli)?;
     let secret = lead_token(&config, &state, &args.name, false)?;
-    let url = mcp_url(&config);
+    let url = mcp_url(&config, config.gateway.listen);
     let file = state.lead_token_path(&args.name);
     let file = std::fs::canonicalize(&file)
         .with_context(|| format!("cannot resolve {}", file.display()))?;

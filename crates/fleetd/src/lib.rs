@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod http;
 pub mod launch;
 pub mod limits;
+pub mod listen;
 pub mod logs;
 pub mod mcp;
 pub mod mcp_config;

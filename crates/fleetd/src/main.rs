@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fleetd::cli::{Cli, Command, context, mcp_config_command, token_command};
+use fleetd::listen::Listen;
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -30,14 +31,21 @@ const MAX_BLOCKING_THREADS: usize = 4;
 fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Serve(args) => {
+            // First, while the number can only be the descriptor fleetd was given.
+            let inherited = args.listen_fd.map(Listen::inherited).transpose()?;
             init_logging(args.log_json);
             let (config, state) = context(cli)?;
+            let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .max_blocking_threads(MAX_BLOCKING_THREADS)
                 .build()?;
             runtime.block_on(serve(
-                ServeOptions { config, state },
+                ServeOptions {
+                    config,
+                    state,
+                    listen,
+                },
                 CancellationToken::new(),
             ))
         }

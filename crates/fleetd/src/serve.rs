@@ -20,6 +20,7 @@ use crate::config::{CLAUDE_CREDENTIALS, Config};
 use crate::gateway::{Federation, Gateway, Parts, Workdirs};
 use crate::http::{AllowedHosts, CallerCaps, app};
 use crate::launch::{HostFacts, Launchers};
+use crate::listen::Listen;
 use crate::mux::{MuxChoice, choose};
 use crate::state::StateDir;
 
@@ -29,6 +30,8 @@ pub struct ServeOptions {
     pub config: Config,
     /// The state dir.
     pub state: StateDir,
+    /// Where to listen: `gateway.listen`, or a socket already bound (`--listen-fd`).
+    pub listen: Listen,
 }
 
 /// This host's id: from config, else the machine's hostname made into a valid name.
@@ -59,13 +62,15 @@ pub fn host_id(config: &Config) -> String {
     }
 }
 
-/// The MCP URL workers are given.
-pub fn mcp_url(config: &Config) -> String {
+/// The MCP URL workers (and, through `mcp-config`, leads) are given: `gateway.advertise_url`,
+/// else `http://<listening>/mcp`. `serve` passes the address its socket is bound to;
+/// `mcp-config`, which has no socket, `gateway.listen`.
+pub fn mcp_url(config: &Config, listening: SocketAddr) -> String {
     config
         .gateway
         .advertise_url
         .clone()
-        .unwrap_or_else(|| format!("http://{}/mcp", config.gateway.listen))
+        .unwrap_or_else(|| format!("http://{listening}/mcp"))
 }
 
 /// The pane host fleetd drives, for what only serve does with it: say where panes are, and
@@ -104,6 +109,21 @@ impl Host {
     }
 }
 
+/// The listening socket, bound here to `gateway.listen` or given ready.
+async fn listener(listen: Listen) -> anyhow::Result<tokio::net::TcpListener> {
+    match listen {
+        Listen::Bind(addr) => tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} (gateway.listen)")),
+        Listen::Bound(listener) => {
+            listener
+                .set_nonblocking(true)
+                .context("cannot make the given socket non-blocking")?;
+            tokio::net::TcpListener::from_std(listener).context("cannot serve on the given socket")
+        }
+    }
+}
+
 /// Takes the state dir's lock, so two gateways never share one state dir (and its panes).
 fn lock_state(state: &StateDir) -> anyhow::Result<File> {
     let path = state.root().join("serve.lock");
@@ -119,7 +139,11 @@ fn lock_state(state: &StateDir) -> anyhow::Result<File> {
 
 /// Runs the gateway until a signal (or `shutdown`) stops it.
 pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let ServeOptions { config, state } = options;
+    let ServeOptions {
+        config,
+        state,
+        listen,
+    } = options;
     let fleetd_env = |key: &str| std::env::var(key).ok();
     config
         .check_logins(&fleetd_env)
@@ -153,8 +177,17 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         )),
     };
     tracing::info!(panes = %panes.describe(), why = %why, "pane host chosen");
-    let listen: SocketAddr = config.gateway.listen;
-    let url = mcp_url(&config);
+    let listener = listener(listen).await?;
+    let bound = listener.local_addr()?;
+    let url = mcp_url(&config, bound);
+    let configured = mcp_url(&config, config.gateway.listen);
+    if url != configured {
+        tracing::warn!(
+            mcp = %url,
+            mcp_config = %configured,
+            "workers are given the socket's own URL, but `fleetd mcp-config` prints one from gateway.listen: set gateway.listen to the socket's address (or gateway.advertise_url) so leads get the right one"
+        );
+    }
     let host = host_id(&config);
     let mut extra_hosts = Vec::new();
     if let Some(advertised) = url::Url::parse(&url)
@@ -163,13 +196,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     {
         extra_hosts.push(advertised);
     }
-    if !listen.ip().is_loopback() && !listen.ip().is_unspecified() {
-        extra_hosts.push(listen.ip().to_string());
+    if !bound.ip().is_loopback() && !bound.ip().is_unspecified() {
+        extra_hosts.push(bound.ip().to_string());
     }
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen} (gateway.listen)"))?;
-    let bound = listener.local_addr()?;
 
     let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
         .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;

@@ -1,4 +1,5 @@
-//! tmux command lines and the answers to them. Pure: no processes, no I/O.
+//! tmux command lines and the answers to them. Pure: no processes, no I/O. The lines of the
+//! control-mode connection itself (quoting, answer blocks) are [`control`]'s.
 //!
 //! What a lead chose (a working directory, a name) or a config holds (environment values,
 //! arguments) must reach tmux as itself, never as a command:
@@ -12,6 +13,8 @@
 //! - a control character (a newline above all) in any argument is refused (`one_line`): over
 //!   the control connection it would end the command line, and what followed would run as a
 //!   command of its own.
+
+pub mod control;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -242,7 +245,7 @@ pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
             let [id, dead, status, signal, session, ..] = fields.as_slice() else {
                 return None;
             };
-            if !id.starts_with('%') || *session == super::control::CONTROL_SESSION {
+            if !id.starts_with('%') || *session == control::CONTROL_SESSION {
                 return None;
             }
             let life = match *dead {

@@ -66,7 +66,10 @@ impl Tmux {
     pub fn private(name: String, scratch: PathBuf) -> Self {
         let program = PathBuf::from("tmux");
         Self {
-            control: Some((Control::new(program.clone(), name.clone()), scratch)),
+            control: Some((
+                Control::new(program.clone(), name.clone(), COMMAND_TIMEOUT),
+                scratch,
+            )),
             program,
             socket: Socket::Name(name),
         }

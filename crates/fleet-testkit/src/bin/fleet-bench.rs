@@ -17,10 +17,11 @@ use fleet_testkit::bins::binary;
 use fleet_testkit::broker::{Broker, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{
-    Fleet, bwrap_profile, claude_binary, claude_profile, free_port, opencode_binary,
-    opencode_profile, sim_profile, stop_tmux,
+    Fleet, bwrap_profile, claude_binary, claude_profile, opencode_binary, opencode_profile,
+    sim_profile, stop_tmux,
 };
 use fleet_testkit::herdr::RealHerdr;
+use fleet_testkit::inherit::inherit;
 use fleet_testkit::model::ModelSim;
 use serde_json::json;
 
@@ -282,13 +283,19 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok((ticks(11) + ticks(12)) / 100.0)
 }
 
-/// Time from exec of `fleetd serve` to its first `/healthz` 200, polled every 0.2 ms.
+/// How long a started fleetd may take to answer `/healthz`.
+const START_LIMIT: Duration = Duration::from_secs(10);
+
+/// Time from exec of `fleetd serve` (on a socket it inherits) to its first `/healthz` 200: a
+/// request sent at once waits in the socket's backlog until fleetd serves.
 async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(runs);
     let http = reqwest::Client::new();
     for _ in 0..runs {
         let dir = tempfile::tempdir()?;
-        let port = free_port()?;
+        // fleetd serves on a socket bound here: no other process can take the port first.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
         let config = dir.path().join("fleetd.toml");
         std::fs::write(
             &config,
@@ -296,9 +303,11 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
                 "[gateway]\nlisten = \"127.0.0.1:{port}\"\n[mux]\nsocket = \"fleet-bench-{port}\"\n"
             ),
         )?;
+        let mut command = tokio::process::Command::new(binary("fleetd")?);
+        let fd = inherit(command.as_std_mut(), &listener)?;
         let started = Instant::now();
-        let mut child = tokio::process::Command::new(binary("fleetd")?)
-            .arg("serve")
+        let mut child = command
+            .args(["serve", "--listen-fd", &fd.to_string()])
             .arg("--config")
             .arg(&config)
             .arg("--state-dir")
@@ -309,13 +318,15 @@ async fn start_to_healthy(runs: usize) -> anyhow::Result<Vec<Duration>> {
             .spawn()?;
         let url = format!("http://127.0.0.1:{port}/healthz");
         loop {
-            if let Ok(resp) = http.get(&url).send().await
+            // The request waits in the socket's backlog until fleetd takes it: bounded, in case
+            // fleetd never does.
+            if let Ok(resp) = http.get(&url).timeout(START_LIMIT).send().await
                 && resp.status().is_success()
             {
                 break;
             }
             anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(10),
+                started.elapsed() < START_LIMIT,
                 "fleetd never became healthy"
             );
             tokio::time::sleep(Duration::from_micros(200)).await;

@@ -14,6 +14,8 @@ use serde::Deserialize;
 
 mod federation;
 mod profile;
+#[cfg(test)]
+mod readme;
 
 pub use federation::{BrokerConfig, FederationConfig, redacted_uri};
 pub use profile::{

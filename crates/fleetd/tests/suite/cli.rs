@@ -1,11 +1,16 @@
 //! The command line as a user meets it: help, tokens, the MCP config to paste, config errors.
 
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use fleet_testkit::bins::binary;
-use fleet_testkit::fleet::{Fleet, free_port};
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, stop_tmux};
+use fleet_testkit::inherit::inherit;
+use fleet_testkit::wait::until;
 use serde_json::Value;
 
 fn fleetd(args: &[&str]) -> anyhow::Result<std::process::Output> {
@@ -162,10 +167,7 @@ fn a_malformed_config_is_refused_naming_the_key() -> anyhow::Result<()> {
     let config = dir.path().join("bad.toml");
     let cases = [
         (
-            format!(
-                "[gateway]\nlisten = \"127.0.0.1:{}\"\nlisten_port = 1\n",
-                free_port()?
-            ),
+            "[gateway]\nlisten = \"127.0.0.1:0\"\nlisten_port = 1\n".to_string(),
             "listen_port",
         ),
         (
@@ -198,10 +200,7 @@ fn an_isolated_claude_code_without_a_login_is_refused_at_start() -> anyhow::Resu
     let config = dir.path().join("fleetd.toml");
     std::fs::write(
         &config,
-        format!(
-            "[gateway]\nlisten = \"127.0.0.1:{}\"\n[[profiles]]\nname = \"sealed\"\nkind = \"claude-code\"\nisolated_home = true\n",
-            free_port()?
-        ),
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n[[profiles]]\nname = \"sealed\"\nkind = \"claude-code\"\nisolated_home = true\n",
     )?;
     // fleetd's own environment holds no login either (whatever the test's has).
     let out = Command::new(binary("fleetd")?)
@@ -238,5 +237,142 @@ async fn a_second_gateway_on_the_same_state_dir_is_refused() -> anyhow::Result<(
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr)?;
     assert!(err.contains("already serving the state dir"), "{err}");
+    Ok(())
+}
+
+/// `fleetd serve --listen-fd N`, with `fd` passed as N (or N itself when `fd` is a number).
+fn serve_on_fd(
+    config: &Path,
+    state: &Path,
+    fd: Result<&dyn std::os::fd::AsFd, u32>,
+) -> anyhow::Result<Command> {
+    let mut command = Command::new(binary("fleetd")?);
+    let number = match fd {
+        Ok(fd) => inherit(&mut command, fd)?.to_string(),
+        Err(number) => number.to_string(),
+    };
+    command
+        .args(["serve", "--listen-fd", &number, "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(state);
+    Ok(command)
+}
+
+#[test]
+fn a_listen_fd_that_is_not_a_listening_tcp_socket_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("fleetd.toml");
+    std::fs::write(&config, "[gateway]\nlisten = \"127.0.0.1:0\"\n")?;
+    let state = dir.path().join("state");
+    let file = std::fs::File::open(&config)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let connection = TcpStream::connect(listener.local_addr()?)?;
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    let cases: [(Result<&dyn std::os::fd::AsFd, u32>, &str); 4] = [
+        (Ok(&file), "is not a socket"),
+        (Ok(&connection), "is a TCP socket that is not listening"),
+        (Ok(&udp), "is not a TCP socket"),
+        // Nothing is open under that number in fleetd.
+        (Err(1000), "descriptor 1000 is not open"),
+    ];
+    for (fd, needle) in cases {
+        let out = serve_on_fd(&config, &state, fd)?.output()?;
+        let err = String::from_utf8(out.stderr)?;
+        assert!(!out.status.success(), "{needle}: {err}");
+        assert!(
+            err.starts_with("fleetd: error: --listen-fd ") && err.contains(needle),
+            "{needle}: {err}"
+        );
+        // Refused before anything was done.
+        assert!(!state.exists(), "{needle}: the state dir was made");
+    }
+    for number in ["-1", "3x"] {
+        let out = fleetd(&["serve", &format!("--listen-fd={number}")])?;
+        assert!(!out.status.success());
+        let err = String::from_utf8(out.stderr)?;
+        assert!(
+            err.contains(&format!("invalid value '{number}' for '--listen-fd <N>'")),
+            "{err}"
+        );
+    }
+    Ok(())
+}
+
+/// Stops a test's fleetd (its private tmux server too) however the test ends.
+struct Served {
+    child: std::process::Child,
+    tmux: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        stop_tmux(&self.tmux);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_inherited_socket_workers_are_given_its_address() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let url_file = dir.path().join("url");
+    let tmux = format!("fleet-test-fd-{}", std::process::id());
+    // gateway.listen names another port, which fleetd must neither bind nor advertise.
+    let config = dir.path().join("fleetd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:9\"\n[mux]\nsocket = \"{tmux}\"\n[[profiles]]\nname = \"spy\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"printf %s \\\"$FLEET_MCP_URL\\\" > '{}'; echo SPY-READY; exec sleep 600\"]\nready_marker = \"SPY-READY\"\n",
+            url_file.display()
+        ),
+    )?;
+    let state = dir.path().join("state");
+    let log = dir.path().join("fleetd.log");
+    let served = Served {
+        child: serve_on_fd(&config, &state, Ok(&listener))?
+            .env_remove("TMUX")
+            .env_remove("TMUX_PANE")
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?,
+        tmux,
+    };
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    until(
+        "fleetd to answer on the socket",
+        Duration::from_secs(20),
+        || {
+            let request = http.get(format!("{base}/healthz")).send();
+            async move { request.await.ok()?.status().is_success().then_some(()) }
+        },
+    )
+    .await?;
+    let token = fleetd(&[
+        "token",
+        "lead",
+        "--config",
+        &config.display().to_string(),
+        "--state-dir",
+        &state.display().to_string(),
+    ])?;
+    let token = String::from_utf8(token.stdout)?.trim().to_string();
+    let lead = Client::connect(&format!("{base}/mcp"), &token, Protocol::Stateless, &[]).await?;
+    lead.spawn("spy", "w1").await?;
+    assert_eq!(
+        std::fs::read_to_string(&url_file)?,
+        format!("{base}/mcp"),
+        "{}",
+        std::fs::read_to_string(&log)?
+    );
+    // The log says that mcp-config, which reads gateway.listen, prints another URL.
+    let logged = std::fs::read_to_string(&log)?;
+    assert!(
+        logged.contains("mcp-config") && logged.contains("http://127.0.0.1:9/mcp"),
+        "{logged}"
+    );
+    drop(served);
     Ok(())
 }

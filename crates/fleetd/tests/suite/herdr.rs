@@ -1,7 +1,8 @@
 //! fleetd on herdr: the real fleetd binary driving, in turn, the herdr stand-in
 //! (`fleet-herdr-standin`: herdr's protocol with the panes in tmux — a stand-in, since herdr
-//! cannot be built in CI) and a real herdr whenever `HERDR_BIN` points at one (skipped, saying
-//! so, when not); the scripted agent in its panes, the rmcp client as the lead.
+//! cannot be built in CI) and a real herdr, the binary `HERDR_BIN` names (built without
+//! `HERDR_BIN`, those tests are ignored, with the reason); the scripted agent in its panes, the
+//! rmcp client as the lead.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use fleet_mux::AgentState;
 use fleet_mux::herdr::codec;
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
-use fleet_testkit::herdr::TestHerdr;
+use fleet_testkit::herdr::{RealHerdr, TestHerdr};
 use fleet_testkit::wait::until;
 use serde_json::json;
 
@@ -170,11 +171,10 @@ macro_rules! on_every_herdr {
         mod real {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(not(herdr_bin), ignore = "needs a real herdr: set HERDR_BIN to its binary")]
                 async fn $case() -> anyhow::Result<()> {
-                    match super::TestHerdr::real().await? {
-                        Some(herdr) => super::$case(herdr).await,
-                        None => Ok(()),
-                    }
+                    let herdr = super::RealHerdr::required().await?;
+                    super::$case(super::TestHerdr::Real(herdr)).await
                 }
             )*
         }
