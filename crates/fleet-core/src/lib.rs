@@ -1,9 +1,11 @@
 //! The domain core of fleetd: global ids, entities and roles, messages and their states, the
-//! routing decision, the worker session state machine and the authorisation rules.
+//! routing decision, the worker session state machine, the authorisation rules, and the rules of
+//! the federated plane (admission of a broker delivery, the remote roster, the receipt bound).
 //!
 //! This crate does no I/O and knows no clock: timestamps and randomness come in as arguments
 //! (ids are minted by the caller through [`ids`]), so every rule here is tested without tokio.
 
+pub mod admission;
 pub mod authz;
 pub mod bounds;
 pub mod entity;
@@ -11,7 +13,9 @@ pub mod envelope;
 pub mod error;
 pub mod ids;
 pub mod message;
+pub mod receipts;
 pub mod redact;
+pub mod roster;
 pub mod routing;
 pub mod session;
 pub mod typed;
