@@ -21,7 +21,16 @@ pub struct Delivery {
     /// Its headers, as the envelope codec reads them.
     headers: Vec<(String, HeaderValue)>,
     /// Settles it on the channel it came on (a no-op for an auto-acknowledged queue).
-    acker: lapin::Acker,
+    acker: Acker,
+}
+
+/// Who a delivery is settled with.
+pub(crate) enum Acker {
+    /// The broker, on the delivery's channel.
+    Lapin(lapin::Acker),
+    /// A test's record.
+    #[cfg(feature = "fake")]
+    Fake(crate::fake::Recorder),
 }
 
 impl Delivery {
@@ -31,7 +40,24 @@ impl Delivery {
             body: delivery.data,
             routing_key: delivery.routing_key.as_str().to_string(),
             redelivered: delivery.redelivered,
-            acker: delivery.acker,
+            acker: Acker::Lapin(delivery.acker),
+        }
+    }
+
+    /// A delivery that came from somewhere else than lapin (the fake broker).
+    #[cfg(feature = "fake")]
+    pub(crate) fn made(
+        body: Vec<u8>,
+        routing_key: String,
+        headers: Vec<(String, HeaderValue)>,
+        acker: Acker,
+    ) -> Self {
+        Self {
+            body,
+            routing_key,
+            redelivered: false,
+            headers,
+            acker,
         }
     }
 
@@ -60,14 +86,19 @@ impl Delivery {
     /// exchange. An error means the broker was not told (the channel is closed, or it was
     /// settled already): an unsettled delivery comes again on the next consumer.
     pub async fn settle(&self, how: Settlement, through: bool) -> Result<(), AmqpError> {
+        let acker = match &self.acker {
+            Acker::Lapin(acker) => acker,
+            #[cfg(feature = "fake")]
+            Acker::Fake(recorder) => return recorder.settle(how, through),
+        };
         let (what, done) = match how {
             Settlement::Ack => (
                 "acknowledging a delivery",
-                self.acker.ack(BasicAckOptions { multiple: through }).await,
+                acker.ack(BasicAckOptions { multiple: through }).await,
             ),
             Settlement::Requeue => (
                 "returning a delivery to its queue",
-                self.acker
+                acker
                     .nack(BasicNackOptions {
                         requeue: true,
                         multiple: through,
@@ -76,7 +107,7 @@ impl Delivery {
             ),
             Settlement::DeadLetter if through => (
                 "dead-lettering deliveries",
-                self.acker
+                acker
                     .nack(BasicNackOptions {
                         requeue: false,
                         multiple: true,
@@ -85,9 +116,7 @@ impl Delivery {
             ),
             Settlement::DeadLetter => (
                 "dead-lettering a delivery",
-                self.acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await,
+                acker.reject(BasicRejectOptions { requeue: false }).await,
             ),
         };
         match done {
@@ -102,26 +131,54 @@ impl Delivery {
 
 /// The deliveries of one consumer, in the order the broker sent them.
 pub struct Deliveries {
-    consumer: lapin::Consumer,
+    source: Source,
+}
+
+/// Where deliveries come from.
+enum Source {
+    /// A broker consumer.
+    Lapin(lapin::Consumer),
+    /// The fake broker's queue.
+    #[cfg(feature = "fake")]
+    Fake(tokio::sync::mpsc::Receiver<Delivery>),
 }
 
 impl Deliveries {
     pub(crate) fn new(consumer: lapin::Consumer) -> Self {
-        Self { consumer }
+        Self {
+            source: Source::Lapin(consumer),
+        }
+    }
+
+    /// Deliveries off the fake broker's queue.
+    #[cfg(feature = "fake")]
+    pub(crate) fn fake(queue: tokio::sync::mpsc::Receiver<Delivery>) -> Self {
+        Self {
+            source: Source::Fake(queue),
+        }
     }
 
     /// The next delivery; `None` once the consumer ended (its channel or connection closed,
     /// or the broker cancelled it). Cancel-safe.
     pub async fn next(&mut self) -> Option<Result<Delivery, AmqpError>> {
-        self.consumer.next().await.map(converted)
+        match &mut self.source {
+            Source::Lapin(consumer) => consumer.next().await.map(converted),
+            #[cfg(feature = "fake")]
+            Source::Fake(queue) => queue.recv().await.map(Ok),
+        }
     }
 
     /// The next delivery if one has arrived already (`None`: none yet), without waiting.
     pub fn next_now(&mut self) -> Option<Option<Result<Delivery, AmqpError>>> {
-        self.consumer
-            .next()
-            .now_or_never()
-            .map(|next| next.map(converted))
+        match &mut self.source {
+            Source::Lapin(consumer) => consumer.next().now_or_never().map(|n| n.map(converted)),
+            #[cfg(feature = "fake")]
+            Source::Fake(queue) => match queue.try_recv() {
+                Ok(delivery) => Some(Some(Ok(delivery))),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Some(None),
+            },
+        }
     }
 }
 

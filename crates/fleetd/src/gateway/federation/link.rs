@@ -152,7 +152,7 @@ impl Gateway {
     }
 
     /// Declares `entity`'s inbox and starts consuming it.
-    async fn attach_inbox(
+    pub(super) async fn attach_inbox(
         self: &Arc<Self>,
         link: &dyn Broker,
         entity: &Entity,

@@ -21,6 +21,8 @@ mod presence;
 mod publish;
 mod receipts;
 mod take;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::path::Path;
