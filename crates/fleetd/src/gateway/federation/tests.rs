@@ -354,3 +354,66 @@ async fn heartbeats_off_the_roster_queue_are_merged_and_our_own_and_others_ignor
     assert_eq!(hosts, ["hosta", "hostb"]);
     gateway.shutdown.cancel();
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_quiet_entry() {
+    let Harness { gateway, alice, .. } = harness(10).await;
+    let fed = gateway.fed().unwrap();
+    let bound = Duration::from_secs(fed.config.injected_bound_s);
+    let ttl = Duration::from_secs(fed.config.presence_ttl_s);
+    assert!(ttl < bound, "the entry expires first");
+    let worker = Entity {
+        gid: Gid::mint(),
+        name: "wb".into(),
+        host: "hostb".into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        groups: Vec::new(),
+        parent: None,
+    };
+    let heard = Presence {
+        entity: Some(worker.clone()),
+        status: "idle".into(),
+        profiles: Vec::new(),
+    };
+    let now = tokio::time::Instant::now().into_std();
+    fed.lock().roster.hear("hostb", heard, now, 0);
+    let brief = Message {
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        kind: Kind::Send,
+        from: alice.gid,
+        to: worker.gid,
+        in_reply_to: None,
+        body: "task".into(),
+        state: MsgState::Queued,
+        created_ms: 0,
+    };
+    gateway.track_remote_brief(&brief);
+    let looping = Arc::clone(&gateway);
+    tokio::spawn(async move { looping.presence_loop().await });
+
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert!(gateway.remote_view().0.is_empty(), "the quiet entry stayed");
+    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+
+    tokio::time::sleep(bound - ttl).await;
+    assert_eq!(fed.pending_state(brief.msg_id), None);
+    // Its sender holds the FAILED notice, naming the bound (and the recipient by its gid: the
+    // roster forgot its name).
+    let gid = alice.gid;
+    let notice = gateway
+        .db(move |s| s.take_held(gid, None, 10))
+        .await
+        .unwrap();
+    assert_eq!(notice.len(), 1, "{notice:?}");
+    assert_eq!(notice[0].kind, Kind::Failed);
+    assert_eq!(notice[0].in_reply_to, Some(brief.msg_id));
+    let expected = format!(
+        "no INJECTED receipt from '{}' within {} s",
+        worker.gid,
+        bound.as_secs()
+    );
+    assert!(notice[0].body.contains(&expected), "{}", notice[0].body);
+    gateway.shutdown.cancel();
+}
