@@ -1,10 +1,12 @@
 //! The domain core of fleetd: global ids, entities and roles, messages and their states, the
-//! routing decision, the worker session state machine and the authorisation rules.
+//! routing decision, the worker session state machine, the authorisation rules, and the rules of
+//! the federated plane (admission of a broker delivery, the remote roster, the receipt bound).
 //!
 //! This crate does no I/O, and its rules know no clock: timestamps come in as arguments (the
 //! adapters read the one clock, [`clock::now_ms`]), so every rule here is tested with explicit
 //! times and without tokio.
 
+pub mod admission;
 pub mod asks;
 pub mod authz;
 pub mod bounds;
@@ -16,7 +18,9 @@ pub mod error;
 pub mod ids;
 pub mod lifecycle;
 pub mod message;
+pub mod receipts;
 pub mod redact;
+pub mod roster;
 pub mod routing;
 pub mod session;
 pub mod typed;

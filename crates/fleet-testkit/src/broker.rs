@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::Context;
-use lapin::{Connection, ConnectionProperties};
+use fleet_amqp::Client;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use rustix::process::{Pid, Signal};
 use serde::Deserialize;
@@ -288,10 +288,10 @@ fn installed(preferred: &str, fallback: &str) -> PathBuf {
 
 /// Whether an AMQP connection to `uri` opens within [`PROBE_LIMIT`] (it is closed again).
 async fn probe(uri: &str) -> bool {
-    let connect = Connection::connect(uri, ConnectionProperties::default());
-    match tokio::time::timeout(PROBE_LIMIT, connect).await {
-        Ok(Ok(conn)) => {
-            let _ = conn.close(200, "probe".into()).await;
+    match tokio::time::timeout(PROBE_LIMIT, Client::connect(uri)).await {
+        Ok(Ok(client)) => {
+            // It answered; whether the close goes through does not matter.
+            let _ = client.close().await;
             true
         }
         _ => false,
@@ -468,9 +468,9 @@ impl Vhost {
         self.broker.uri(&self.name)
     }
 
-    /// An AMQP connection to it.
-    pub async fn connect(&self) -> anyhow::Result<Connection> {
-        Connection::connect(&self.uri(), ConnectionProperties::default())
+    /// A plain AMQP client on it, its channel in confirm mode.
+    pub async fn connect(&self) -> anyhow::Result<Client> {
+        Client::connect(&self.uri())
             .await
             .with_context(|| format!("connecting to vhost {}", self.name))
     }

@@ -6,25 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use fleet_amqp::{Client, Field, Published, Raw, Table};
+use fleet_core::admission::Settlement;
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::wait::until;
-use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// A durable queue.
-fn durable() -> QueueDeclareOptions {
-    QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    }
-}
 
 #[test]
 fn a_broker_url_and_vhost_uris_are_percent_encoded() {
@@ -54,39 +41,19 @@ async fn a_vhost_is_usable_shows_its_topology_and_is_gone_after_drop() -> anyhow
     assert!(name.starts_with("fleet-test-"));
     assert!(vhost.uri().ends_with(&format!("/{name}")));
 
-    let conn = vhost.connect().await?;
-    let channel = conn.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-message-ttl".into(), AMQPValue::LongUInt(60_000));
-    let mut nested = FieldTable::default();
-    nested.insert("host".into(), AMQPValue::LongString("hosta".into()));
-    arguments.insert("x-fleet-test".into(), AMQPValue::FieldTable(nested));
-    channel
-        .queue_declare("probe".into(), durable(), arguments)
-        .await?;
-    channel
-        .queue_bind(
-            "probe".into(),
-            "amq.topic".into(),
-            "probe.#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let confirm = channel
-        .basic_publish(
-            "amq.topic".into(),
-            "probe.one".into(),
-            BasicPublishOptions::default(),
-            b"hello",
-            BasicProperties::default(),
-        )
-        .await?
-        .await?;
-    assert!(confirm.is_ack(), "{confirm:?}");
+    let client = vhost.connect().await?;
+    let arguments = Table::new().with("x-message-ttl", 60_000).with(
+        "x-fleet-test",
+        Field::Table(Table::new().with("host", "hosta")),
+    );
+    client.declare_queue("probe", true, &arguments).await?;
+    client.bind("probe", "amq.topic", "probe.#").await?;
+    let message = Raw {
+        body: b"hello".to_vec(),
+        ..Raw::default()
+    };
+    let confirm = client.publish("amq.topic", "probe.one", &message).await?;
+    assert_eq!(confirm, Published::Routed);
 
     let queue = until("the queue to hold the message", LIMIT, || async {
         vhost
@@ -123,19 +90,16 @@ async fn a_vhost_is_usable_shows_its_topology_and_is_gone_after_drop() -> anyhow
         "{exchanges:?}"
     );
 
-    let mut consumer = channel
-        .basic_consume(
-            "probe".into(),
-            "probe-consumer".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumer = client.consume("probe", "probe-consumer", false).await?;
     let delivery = tokio::time::timeout(LIMIT, consumer.next())
         .await?
         .ok_or_else(|| anyhow::anyhow!("the consumer ended"))??;
-    assert_eq!(delivery.data, b"hello");
-    delivery.ack(BasicAckOptions::default()).await?;
+    assert_eq!(delivery.body(), b"hello");
+    assert_eq!(delivery.routing_key(), "probe.one");
+    assert!(!delivery.redelivered());
+    delivery.settle(Settlement::Ack, false).await?;
+    // Settled once: a second settlement is an error, not silence.
+    assert!(delivery.settle(Settlement::Ack, false).await.is_err());
     until(
         "the queue to be drained, with its consumer",
         LIMIT,
@@ -149,7 +113,7 @@ async fn a_vhost_is_usable_shows_its_topology_and_is_gone_after_drop() -> anyhow
         },
     )
     .await?;
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
 
     let uri = vhost.uri();
     let started = Instant::now();
@@ -158,9 +122,7 @@ async fn a_vhost_is_usable_shows_its_topology_and_is_gone_after_drop() -> anyhow
     let vhosts = broker.rabbitmqctl(&["-q", "list_vhosts"]).await?;
     assert!(!vhosts.lines().any(|l| l.trim() == name), "{vhosts}");
     assert!(
-        Connection::connect(&uri, ConnectionProperties::default())
-            .await
-            .is_err(),
+        Client::connect(&uri).await.is_err(),
         "a connection to the deleted vhost opened"
     );
     Ok(())
@@ -177,25 +139,15 @@ async fn a_private_node_stops_and_restarts_with_its_durable_queue() -> anyhow::R
     assert_ne!(port, 5672);
     let vhost = Vhost::create(&node).await?;
 
-    let conn = vhost.connect().await?;
-    let channel = conn.create_channel().await?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    channel
-        .queue_declare("kept".into(), durable(), FieldTable::default())
-        .await?;
-    let confirm = channel
-        .basic_publish(
-            "".into(),
-            "kept".into(),
-            BasicPublishOptions::default(),
-            b"survives",
-            BasicProperties::default().with_delivery_mode(2),
-        )
-        .await?
-        .await?;
-    assert!(confirm.is_ack(), "{confirm:?}");
+    let client = vhost.connect().await?;
+    client.declare_queue("kept", true, &Table::new()).await?;
+    let message = Raw {
+        body: b"survives".to_vec(),
+        persistent: true,
+        ..Raw::default()
+    };
+    let confirm = client.publish("", "kept", &message).await?;
+    assert_eq!(confirm, Published::Routed);
 
     let started = Instant::now();
     node.stop().await?;
@@ -203,9 +155,7 @@ async fn a_private_node_stops_and_restarts_with_its_durable_queue() -> anyhow::R
     assert!(!node.is_running());
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
     assert!(
-        Connection::connect(&vhost.uri(), ConnectionProperties::default())
-            .await
-            .is_err(),
+        Client::connect(&vhost.uri()).await.is_err(),
         "a connection to the stopped node opened"
     );
     assert!(node.stop().await.is_err(), "a stopped node stopped again");
@@ -220,13 +170,12 @@ async fn a_private_node_stops_and_restarts_with_its_durable_queue() -> anyhow::R
         .ok_or_else(|| anyhow::anyhow!("the durable queue is gone"))?;
     assert!(queue.durable);
     assert_eq!(queue.messages, 1, "{queue:?}");
-    let conn = vhost.connect().await?;
-    let channel = conn.create_channel().await?;
-    let got = channel
-        .basic_get("kept".into(), BasicGetOptions { no_ack: true })
+    let client = vhost.connect().await?;
+    let got = client
+        .get("kept")
         .await?
         .ok_or_else(|| anyhow::anyhow!("the persistent message is gone"))?;
-    assert_eq!(got.delivery.data, b"survives");
-    conn.close(200, "done".into()).await?;
+    assert_eq!(got.body(), b"survives");
+    client.close().await?;
     Ok(())
 }

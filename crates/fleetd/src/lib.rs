@@ -2,7 +2,6 @@
 //! are ready, and holds every answer durably until the lead pulls it.
 
 pub mod audit;
-pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod gateway;

@@ -543,6 +543,10 @@ async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fl
 /// Bare lapin on the same broker: `trips` ping-pong round trips (persistent messages on two
 /// durable queues, confirms on, a consumer that answers each ping), and the rate of `count`
 /// pipelined publishes with confirms, consumed back.
+///
+/// Raw lapin on purpose, the one place outside `fleet-amqp` that names it: this is the
+/// baseline fleetd's broker path is measured against, so nothing of fleetd's (not even
+/// `fleet-amqp`) may sit in it.
 async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Vec<Duration>, f64)> {
     use futures_util::StreamExt;
     use lapin::options::{

@@ -3,15 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_core::envelope::{Envelope, HeaderValue, VERSION};
+use fleet_amqp::{InboxLimits, Raw, Table, inbox_args};
+use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -71,11 +69,6 @@ async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     .await
 }
 
-/// A text header value.
-fn text(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
-}
-
 /// The ids in a gateway's audit log.
 fn audited(fleet: &Fleet) -> String {
     std::fs::read_to_string(fleet.state_dir().join("audit.jsonl")).unwrap_or_default()
@@ -106,37 +99,25 @@ fn forged(kind: Kind, from: Gid, host: &str, to: &str) -> anyhow::Result<Envelop
     })
 }
 
-/// `envelope` as AMQP headers.
-fn headers(envelope: &Envelope) -> FieldTable {
-    let mut headers = FieldTable::default();
-    for (name, value) in envelope.encode() {
-        let value = match value {
-            HeaderValue::Str(value) => text(&value),
-            HeaderValue::Int(value) => AMQPValue::LongLongInt(value),
-            HeaderValue::Bytes(_) | HeaderValue::Other => continue,
-        };
-        headers.insert(name.into(), value);
+/// A message with `headers` and `body`, as a test publishes it.
+fn raw(headers: Table, body: &[u8]) -> Raw {
+    Raw {
+        headers,
+        body: body.to_vec(),
+        persistent: false,
     }
-    headers
 }
 
 /// Publishes `body` under `envelope` to `exchange` with routing key `key`.
 async fn publish(
-    channel: &lapin::Channel,
+    client: &fleet_amqp::Client,
     exchange: &str,
     key: &str,
     envelope: &Envelope,
     body: &[u8],
 ) -> anyhow::Result<()> {
-    channel
-        .basic_publish(
-            exchange.into(),
-            key.into(),
-            BasicPublishOptions::default(),
-            body,
-            BasicProperties::default().with_headers(headers(envelope)),
-        )
-        .await?
+    client
+        .publish(exchange, key, &raw(Table::of_envelope(envelope), body))
         .await?;
     Ok(())
 }
@@ -509,48 +490,23 @@ async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_oth
     let queue = format!("agent.{gid}.inbox.v2");
 
     // Another consumer holds the lead's inbox exclusively: fleetd says so and stops.
-    let other = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = other.create_channel().await?;
-    let _held = channel
-        .basic_consume(
-            queue.as_str().into(),
-            "another-gateway".into(),
-            lapin::options::BasicConsumeOptions {
-                exclusive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
+    let other = vhost.connect().await?;
+    let _held = other.consume(&queue, "another-gateway", true).await?;
     refused_start(&mut a, &queue, "another gateway").await?;
-    other.close(200, "done".into()).await?;
+    other.close().await?;
 
     // The inbox exists with other arguments: a clear start-up error naming queue and argument.
-    let admin = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = admin.create_channel().await?;
-    channel
-        .queue_delete(queue.as_str().into(), Default::default())
-        .await?;
-    // fleetd's arguments but for the length cap.
-    let mut args = FieldTable::default();
-    args.insert("x-dead-letter-exchange".into(), text("fleet.dlx"));
-    args.insert("x-max-length".into(), AMQPValue::LongLongInt(5));
-    args.insert("x-overflow".into(), text("reject-publish-dlx"));
-    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(86_400_000));
-    args.insert("x-expires".into(), AMQPValue::LongLongInt(604_800_000));
-    args.insert("x-queue-type".into(), text("classic"));
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?;
+    let admin = vhost.connect().await?;
+    admin.delete_queue(&queue).await?;
+    // fleetd's arguments (the defaults) but for the length cap.
+    let args = inbox_args(&InboxLimits {
+        max_length: 5,
+        message_ttl_s: 86_400,
+        expires_s: 604_800,
+    });
+    admin.declare_queue(&queue, true, &args).await?;
     refused_start(&mut a, &queue, "x-max-length").await?;
-    admin.close(200, "done".into()).await?;
+    admin.close().await?;
     Ok(())
 }
 
@@ -575,18 +531,8 @@ async fn alice_alone(vhost: &Vhost) -> anyhow::Result<(Fleet, Client, String)> {
 }
 
 /// How many messages `fleet.dlq` holds.
-async fn dead_letters(channel: &lapin::Channel) -> anyhow::Result<u32> {
-    let dlq = channel
-        .queue_declare(
-            "fleet.dlq".into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(dlq.message_count())
+async fn dead_letters(client: &fleet_amqp::Client) -> anyhow::Result<u32> {
+    Ok(client.ready("fleet.dlq").await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -596,34 +542,21 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
     let (a, alice, gid) = alice_alone(&vhost).await?;
     // The real broker; the publisher stands in for another host's gateway, writing
     // envelopes as one would, all at once so that they arrive together.
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let client = vhost.connect().await?;
     let carol = Gid::mint();
-    let mut confirms = Vec::new();
+    let mut burst = Vec::new();
     for i in 0..150 {
         let headers = if i == 75 {
-            FieldTable::default()
+            Table::new()
         } else {
-            headers(&Envelope {
+            Table::of_envelope(&Envelope {
                 from_name: Some("carol".into()),
                 ..forged(Kind::Send, carol, "hostc", &gid)?
             })
         };
-        confirms.push(
-            channel
-                .basic_publish(
-                    "fleet.msg".into(),
-                    gid.as_str().into(),
-                    BasicPublishOptions::default(),
-                    format!("m{i}").as_bytes(),
-                    BasicProperties::default().with_headers(headers),
-                )
-                .await?,
-        );
+        burst.push(raw(headers, format!("m{i}").as_bytes()));
     }
-    for confirm in confirms {
-        confirm.await?;
-    }
+    client.publish_burst("fleet.msg", &gid, &burst).await?;
     let got = drain(&alice, 149).await?;
     let expected: Vec<String> = (0..150)
         .filter(|i| *i != 75)
@@ -634,8 +567,8 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
     assert!(senders.iter().all(|n| n == "carol@hostc"), "{senders:?}");
     // None twice, and the garbage dead-lettered.
     assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
-    assert_eq!(dead_letters(&channel).await?, 1);
-    conn.close(200, "done".into()).await?;
+    assert_eq!(dead_letters(&client).await?, 1);
+    client.close().await?;
     Ok(())
 }
 
@@ -644,28 +577,16 @@ async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_go
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let (a, alice, gid) = alice_alone(&vhost).await?;
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
-    let mut newer = FieldTable::default();
-    newer.insert("v".into(), text("99.0"));
-    newer.insert("kind".into(), text("REPLY"));
-    let mut garbage = FieldTable::default();
-    garbage.insert("v".into(), text("1.0"));
-    garbage.insert("kind".into(), text("NONSENSE"));
-    for headers in [newer, garbage, FieldTable::default()] {
-        channel
-            .basic_publish(
-                "fleet.msg".into(),
-                gid.as_str().into(),
-                BasicPublishOptions::default(),
-                b"not for you",
-                BasicProperties::default().with_headers(headers),
-            )
-            .await?
+    let client = vhost.connect().await?;
+    let newer = Table::new().with("v", "99.0").with("kind", "REPLY");
+    let garbage = Table::new().with("v", "1.0").with("kind", "NONSENSE");
+    for headers in [newer, garbage, Table::new()] {
+        client
+            .publish("fleet.msg", &gid, &raw(headers, b"not for you"))
             .await?;
     }
     until("three dead letters", LIMIT, || async {
-        (dead_letters(&channel).await.ok()? == 3).then_some(())
+        (dead_letters(&client).await.ok()? == 3).then_some(())
     })
     .await?;
     assert!(
@@ -676,7 +597,7 @@ async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_go
     alice.spawn("sim", "w1").await?;
     let sent = alice.send("w1", "still here", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: still here");
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
     Ok(())
 }
 
@@ -776,8 +697,7 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
     let bob = b.lead("bob", Protocol::Stateless).await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let client = vhost.connect().await?;
 
     // A task of exactly the cap is typed in (the worker answers with a short file's text).
     let dir = tempfile::tempdir()?;
@@ -798,7 +718,7 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
         "{over}"
     );
     until("the refused message in fleet.dlq", LIMIT, || async {
-        (dead_letters(&channel).await.ok()? == 1).then_some(())
+        (dead_letters(&client).await.ok()? == 1).then_some(())
     })
     .await?;
 
@@ -836,7 +756,7 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
     }
     let all = lines.iter().map(Value::to_string).collect::<String>();
     assert!(!all.contains("/read") && !all.contains("short answer") && !all.contains("echo"));
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
     Ok(())
 }
 
@@ -852,8 +772,7 @@ async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sen
     } = pair(&vhost).await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let client = vhost.connect().await?;
 
     // A gateway that does not check (an older one, or a hostile one) publishes the paste
     // breakout as alice's: hosta itself would refuse to send it.
@@ -861,7 +780,7 @@ async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sen
     let from = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
     let envelope = forged(Kind::Send, from, "hosta", &to)?;
     publish(
-        &channel,
+        &client,
         "fleet.msg",
         &to,
         &envelope,
@@ -887,7 +806,7 @@ async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sen
         "{notice}"
     );
     until("the brief in fleet.dlq", LIMIT, || async {
-        (dead_letters(&channel).await.ok()? == 1).then_some(())
+        (dead_letters(&client).await.ok()? == 1).then_some(())
     })
     .await?;
 
@@ -904,7 +823,7 @@ async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sen
         !screen.contains("part-one") && !screen.contains("smuggled"),
         "{screen}"
     );
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
     Ok(())
 }
 
@@ -924,8 +843,7 @@ async fn messages_off_the_broker_over_a_leads_held_cap_are_dead_lettered_and_the
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let bob = b.lead("bob", Protocol::Stateless).await?;
     sees(&bob, "alice").await?;
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let client = vhost.connect().await?;
 
     // Three are held for alice on her host (the cap)...
     for n in 1..=3 {
@@ -942,7 +860,7 @@ async fn messages_off_the_broker_over_a_leads_held_cap_are_dead_lettered_and_the
         "{over}"
     );
     until("the refused message in fleet.dlq", LIMIT, || async {
-        (dead_letters(&channel).await.ok()? == 1).then_some(())
+        (dead_letters(&client).await.ok()? == 1).then_some(())
     })
     .await?;
 
@@ -951,7 +869,7 @@ async fn messages_off_the_broker_over_a_leads_held_cap_are_dead_lettered_and_the
     assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
     bob.send("alice@hosta", "m5", 0).await?;
     assert_eq!(texts(&drain(&alice, 1).await?), ["m5"]);
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
     Ok(())
 }
 
@@ -968,11 +886,10 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
     )
     .await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    let conn = Connection::connect(&vhost.uri(), ConnectionProperties::default()).await?;
-    let channel = conn.create_channel().await?;
+    let client = vhost.connect().await?;
     // A heartbeat from `host`: its gateway entry, or the entity `name`, of `gid`.
     let beat = |host: &'static str, who: Option<(&'static str, Gid)>, status: &'static str| {
-        let channel = channel.clone();
+        let client = &client;
         async move {
             let gid = who.map_or_else(Gid::mint, |(_, gid)| gid);
             let entity = who.map(|(name, gid)| Entity {
@@ -991,7 +908,7 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
             );
             let envelope = forged(Kind::Presence, gid, host, "fleet.roster")?;
             publish(
-                &channel,
+                client,
                 "fleet.roster",
                 &key,
                 &envelope,
@@ -1056,6 +973,6 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
     alice.spawn("sim", "wa").await?;
     let sent = alice.send("wa", "still here", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: still here");
-    conn.close(200, "done".into()).await?;
+    client.close().await?;
     Ok(())
 }

@@ -1,0 +1,81 @@
+//! The broker as the federated plane sees it: the one trait at this I/O boundary, and what a
+//! publish comes to.
+
+use async_trait::async_trait;
+use fleet_core::Gid;
+use fleet_core::envelope::Envelope;
+
+use crate::delivery::Deliveries;
+use crate::error::AmqpError;
+
+/// Where a publish went, once the broker confirmed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// The broker took it and routed it to at least one queue (or `mandatory` was off).
+    Routed,
+    /// No queue is bound to the key: the recipient's inbox does not exist.
+    Unroutable,
+    /// The broker refused it (the recipient's inbox is full: it went to the dead letters).
+    Refused,
+}
+
+/// One gateway's link to the broker.
+///
+/// The contract every implementation keeps:
+/// - **Confirms.** [`Broker::publish`] returns only once the broker has answered for the
+///   message: [`Published::Routed`] means the broker holds it (persistent ones on disk) in every
+///   queue it was routed to; it is never "sent and hoped". No answer within a bounded time is
+///   [`AmqpError::Unavailable`], and then the message may or may not have gone: nothing is
+///   buffered or retried here.
+/// - **Returns.** With `mandatory`, a message no queue is bound for comes back:
+///   [`Published::Unroutable`]. Without it, an unroutable message is dropped and reads
+///   `Routed` (a broadcast to an empty group is legal silence). A queue at its cap refuses the
+///   message into the dead letters: [`Published::Refused`].
+/// - **Ordering.** Messages published through one link to one queue arrive in the order
+///   their publishes began; publishes from many tasks may be in flight at once.
+/// - **Delivery.** An inbox's [`Deliveries`] come in queue order, each settled by the
+///   consumer (ack, dead-letter or requeue). One left unsettled when its consumer or the link
+///   goes is delivered again (flagged redelivered) to the next consumer: at least once, so the
+///   consumer drops duplicates by message id where it must. An inbox has one consumer at a
+///   time: a second is refused ([`AmqpError::Refused`]).
+/// - **Roster.** The roster queue's deliveries are settled by the broker on delivery
+///   (presence is soft state) and their settlement is a no-op.
+/// - **Teardown.** [`Broker::close`] and [`Broker::delete_inbox`] give up after a bounded wait:
+///   a stop never hangs on a confused broker.
+#[async_trait]
+pub trait Broker: Send + Sync {
+    /// Whether the link still works.
+    fn is_up(&self) -> bool;
+
+    /// Waits until the link fails or is closed. Cancel-safe.
+    async fn closed(&self);
+
+    /// Closes the link (giving up after a bounded wait; the socket goes with the process, or
+    /// with the next connection attempt).
+    async fn close(&self);
+
+    /// Declares `gid`'s inbox, binds it to its own key and to `broadcast` (a worker's
+    /// broadcast keys), and starts the one exclusive, manually settled consumer on it, with
+    /// the prefetch bound.
+    async fn open_inbox(&self, gid: Gid, broadcast: &[String]) -> Result<Deliveries, AmqpError>;
+
+    /// Deletes `gid`'s inbox (its bindings and messages go with it).
+    async fn delete_inbox(&self, gid: Gid) -> Result<(), AmqpError>;
+
+    /// Declares `host`'s roster queue (exclusive, deleted with the link) bound to every
+    /// heartbeat, and consumes it.
+    async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError>;
+
+    /// Publishes `body` under `envelope` to `exchange` with routing key `key`, `mandatory`
+    /// (returned if unroutable) and `persistent` (kept across a broker restart) as asked, and
+    /// waits for the broker's confirm.
+    async fn publish(
+        &self,
+        exchange: &str,
+        key: &str,
+        envelope: &Envelope,
+        body: &[u8],
+        mandatory: bool,
+        persistent: bool,
+    ) -> Result<Published, AmqpError>;
+}

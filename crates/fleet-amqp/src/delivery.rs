@@ -1,0 +1,188 @@
+//! What comes off a queue: a typed delivery (its body, routing key, redelivered flag and the
+//! header values the envelope codec reads) whose settlement returns a `Result`, and the
+//! consumer it comes from. Nothing here decides what a delivery means or how to settle it.
+
+use fleet_core::admission::Settlement;
+use fleet_core::envelope::{Envelope, EnvelopeError, HeaderValue};
+use futures_util::{FutureExt, StreamExt};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+
+use crate::error::AmqpError;
+use crate::table::header_values;
+
+/// One message off a queue.
+pub struct Delivery {
+    /// The message body, as sent.
+    body: Vec<u8>,
+    /// The routing key it was published with.
+    routing_key: String,
+    /// Whether the broker delivered it before (to a consumer that did not settle it).
+    redelivered: bool,
+    /// Its headers, as the envelope codec reads them.
+    headers: Vec<(String, HeaderValue)>,
+    /// Settles it on the channel it came on (a no-op for an auto-acknowledged queue).
+    acker: Acker,
+}
+
+/// Who a delivery is settled with.
+pub(crate) enum Acker {
+    /// The broker, on the delivery's channel.
+    Lapin(lapin::Acker),
+    /// A test's record.
+    #[cfg(feature = "fake")]
+    Fake(crate::fake::Recorder),
+}
+
+impl Delivery {
+    pub(crate) fn from_lapin(delivery: lapin::message::Delivery) -> Self {
+        Self {
+            headers: header_values(delivery.properties.headers().as_ref()),
+            body: delivery.data,
+            routing_key: delivery.routing_key.as_str().to_string(),
+            redelivered: delivery.redelivered,
+            acker: Acker::Lapin(delivery.acker),
+        }
+    }
+
+    /// A delivery that came from somewhere else than lapin (the fake broker).
+    #[cfg(feature = "fake")]
+    pub(crate) fn made(
+        body: Vec<u8>,
+        routing_key: String,
+        headers: Vec<(String, HeaderValue)>,
+        acker: Acker,
+    ) -> Self {
+        Self {
+            body,
+            routing_key,
+            redelivered: false,
+            headers,
+            acker,
+        }
+    }
+
+    /// The body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The routing key it was published with.
+    pub fn routing_key(&self) -> &str {
+        &self.routing_key
+    }
+
+    /// Whether the broker delivered it before.
+    pub fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+
+    /// Its envelope, decoded from its headers (spec 10 §4's rules, in `fleet_core::envelope`).
+    pub fn envelope(&self) -> Result<Envelope, EnvelopeError> {
+        Envelope::decode(self.headers.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    /// Settles it as `how` says; with `through`, every unsettled delivery before it on its
+    /// channel too (one frame for a batch). A dead letter goes to the queue's dead-letter
+    /// exchange. An error means the broker was not told (the channel is closed, or it was
+    /// settled already): an unsettled delivery comes again on the next consumer.
+    pub async fn settle(&self, how: Settlement, through: bool) -> Result<(), AmqpError> {
+        let acker = match &self.acker {
+            Acker::Lapin(acker) => acker,
+            #[cfg(feature = "fake")]
+            Acker::Fake(recorder) => return recorder.settle(how, through),
+        };
+        let (what, done) = match how {
+            Settlement::Ack => (
+                "acknowledging a delivery",
+                acker.ack(BasicAckOptions { multiple: through }).await,
+            ),
+            Settlement::Requeue => (
+                "returning a delivery to its queue",
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        multiple: through,
+                    })
+                    .await,
+            ),
+            Settlement::DeadLetter if through => (
+                "dead-lettering deliveries",
+                acker
+                    .nack(BasicNackOptions {
+                        requeue: false,
+                        multiple: true,
+                    })
+                    .await,
+            ),
+            Settlement::DeadLetter => (
+                "dead-lettering a delivery",
+                acker.reject(BasicRejectOptions { requeue: false }).await,
+            ),
+        };
+        match done {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(AmqpError::Unavailable(format!(
+                "{what}: it was settled already, or its channel is closed"
+            ))),
+            Err(e) => Err(AmqpError::from_lapin(what, &e)),
+        }
+    }
+}
+
+/// The deliveries of one consumer, in the order the broker sent them.
+pub struct Deliveries {
+    source: Source,
+}
+
+/// Where deliveries come from.
+enum Source {
+    /// A broker consumer.
+    Lapin(lapin::Consumer),
+    /// The fake broker's queue.
+    #[cfg(feature = "fake")]
+    Fake(tokio::sync::mpsc::Receiver<Delivery>),
+}
+
+impl Deliveries {
+    pub(crate) fn new(consumer: lapin::Consumer) -> Self {
+        Self {
+            source: Source::Lapin(consumer),
+        }
+    }
+
+    /// Deliveries off the fake broker's queue.
+    #[cfg(feature = "fake")]
+    pub(crate) fn fake(queue: tokio::sync::mpsc::Receiver<Delivery>) -> Self {
+        Self {
+            source: Source::Fake(queue),
+        }
+    }
+
+    /// The next delivery; `None` once the consumer ended (its channel or connection closed,
+    /// or the broker cancelled it). Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Delivery, AmqpError>> {
+        match &mut self.source {
+            Source::Lapin(consumer) => consumer.next().await.map(converted),
+            #[cfg(feature = "fake")]
+            Source::Fake(queue) => queue.recv().await.map(Ok),
+        }
+    }
+
+    /// The next delivery if one has arrived already (`None`: none yet), without waiting.
+    pub fn next_now(&mut self) -> Option<Option<Result<Delivery, AmqpError>>> {
+        match &mut self.source {
+            Source::Lapin(consumer) => consumer.next().now_or_never().map(|n| n.map(converted)),
+            #[cfg(feature = "fake")]
+            Source::Fake(queue) => match queue.try_recv() {
+                Ok(delivery) => Some(Some(Ok(delivery))),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => Some(None),
+            },
+        }
+    }
+}
+
+fn converted(next: Result<lapin::message::Delivery, lapin::Error>) -> Result<Delivery, AmqpError> {
+    next.map(Delivery::from_lapin)
+        .map_err(|e| AmqpError::from_lapin("consuming", &e))
+}

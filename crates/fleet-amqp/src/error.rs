@@ -1,0 +1,63 @@
+//! The one error of the broker link. It says what went wrong as a sentence and whether a later
+//! attempt may succeed on its own; the daemon maps it onto its domain error at the boundary.
+
+/// A broker call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    /// The broker cannot be reached, the link broke, or it did not answer in time: try again
+    /// later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The broker refused what was asked (a queue declared otherwise, an inbox another
+    /// consumer holds, a permission): a configuration problem to report, not to retry blindly.
+    #[error("{0}")]
+    Refused(String),
+    /// The connection URI cannot be used.
+    #[error("{0}")]
+    BadUri(String),
+}
+
+impl AmqpError {
+    /// Whether a later attempt may succeed on its own.
+    pub fn retry(&self) -> bool {
+        matches!(self, AmqpError::Unavailable(_))
+    }
+
+    /// The same failure, counted as a refusal (not to be retried blindly).
+    pub(crate) fn refused(self) -> Self {
+        match self {
+            AmqpError::Unavailable(message) => AmqpError::Refused(message),
+            other => other,
+        }
+    }
+
+    /// A lapin failure while doing `what`: a channel-level (soft) protocol error is the
+    /// broker refusing; anything else is the link failing.
+    pub(crate) fn from_lapin(what: &str, err: &lapin::Error) -> Self {
+        let detail = match err.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => amqp.get_message().to_string(),
+            _ => err.to_string(),
+        };
+        let message = format!("{what}: {detail}");
+        if err.is_amqp_soft_error() {
+            AmqpError::Refused(message)
+        } else {
+            AmqpError::Unavailable(message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unavailable_broker_is_retried() {
+        assert!(AmqpError::Unavailable("down".into()).retry());
+        assert!(!AmqpError::Refused("403".into()).retry());
+        assert!(!AmqpError::BadUri("no".into()).retry());
+        let refused = AmqpError::Unavailable("x".into()).refused();
+        assert!(!refused.retry());
+        assert_eq!(refused.to_string(), "x");
+    }
+}

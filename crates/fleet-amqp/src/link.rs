@@ -1,0 +1,442 @@
+//! The broker link of one gateway (spec 10 §3, §4, §8): one connection, the shared exchanges,
+//! per-entity inboxes, this host's roster queue, and a publish channel with confirms,
+//! `mandatory` and returns. It knows envelopes and queues, not sessions: the gateway decides
+//! what a delivery means.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fleet_core::Gid;
+use fleet_core::envelope::Envelope;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
+
+use crate::broker::{Broker, Published};
+use crate::delivery::Deliveries;
+use crate::error::AmqpError;
+use crate::table::Table;
+use crate::topology::{
+    CONTROL_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits, MSG_EXCHANGE,
+    ROSTER_EXCHANGE, dead_letter_args, inbox_args, inbox_queue, roster_queue,
+};
+
+/// How long a publish may wait for the broker's confirm before it counts as unavailable.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest wait for the broker to delete an inbox or to close the connection: a stop or a
+/// shutdown never hangs on a slow or confused broker link (seen once: lapin's close waited
+/// forever after a channel error).
+const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often [`Link::closed`] looks at the connection's state between its events.
+const CLOSED_POLL: Duration = Duration::from_millis(500);
+
+/// What a link is opened with. No `Debug`: the URI may hold a password.
+#[derive(Clone)]
+pub struct LinkSettings {
+    /// `amqp://` or `amqps://` URI with the login and the vhost.
+    pub uri: String,
+    /// The environment variable that holds the password, when the URI has none.
+    pub password_env: String,
+    /// The AMQP heartbeat, in seconds.
+    pub heartbeat_s: u16,
+    /// How many unacknowledged deliveries one inbox consumer may hold.
+    pub prefetch: u16,
+    /// The caps of every inbox.
+    pub inbox: InboxLimits,
+    /// The most messages the dead-letter queue keeps.
+    pub dlq_max_length: u64,
+}
+
+/// The connection URI with the password from the environment (when the URI has none) and the
+/// configured heartbeat.
+fn connection_uri(settings: &LinkSettings) -> Result<String, AmqpError> {
+    let mut url = url::Url::parse(&settings.uri)
+        .map_err(|e| AmqpError::BadUri(format!("broker.uri: {e}")))?;
+    if url.password().is_none()
+        && let Ok(password) = std::env::var(&settings.password_env)
+    {
+        url.set_password(Some(&password))
+            .map_err(|()| AmqpError::BadUri("broker.uri cannot carry a password".into()))?;
+    }
+    if !url.query_pairs().any(|(k, _)| k == "heartbeat") {
+        url.query_pairs_mut()
+            .append_pair("heartbeat", &settings.heartbeat_s.to_string());
+    }
+    Ok(url.to_string())
+}
+
+/// One live connection with its publish channel.
+pub struct Link {
+    connection: Connection,
+    publish: Channel,
+    inbox: InboxLimits,
+    prefetch: u16,
+}
+
+impl Link {
+    /// Connects as `fleetd@<host>`, opens the publish channel and declares the shared
+    /// exchanges and the dead letter queue.
+    pub async fn connect(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
+        let uri = connection_uri(settings)?;
+        let properties =
+            ConnectionProperties::default().with_connection_name(format!("fleetd@{host}").into());
+        let connection = Connection::connect(&uri, properties)
+            .await
+            .map_err(|e| AmqpError::from_lapin("cannot connect to the broker", &e))?;
+        let publish = connection
+            .create_channel()
+            .await
+            .map_err(|e| AmqpError::from_lapin("cannot open a channel", &e))?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| AmqpError::from_lapin("cannot turn on publisher confirms", &e))?;
+        let link = Link {
+            connection,
+            publish,
+            inbox: settings.inbox,
+            prefetch: settings.prefetch,
+        };
+        link.declare_shared(settings.dlq_max_length).await?;
+        Ok(link)
+    }
+
+    async fn channel(&self, what: &str) -> Result<Channel, AmqpError> {
+        self.connection
+            .create_channel()
+            .await
+            .map_err(|e| AmqpError::from_lapin(what, &e))
+    }
+
+    /// `fleet.msg`, `fleet.roster`, `fleet.control`, `fleet.dlx` and the capped `fleet.dlq`.
+    async fn declare_shared(&self, dlq_max_length: u64) -> Result<(), AmqpError> {
+        let channel = self.channel("cannot open a channel").await?;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        for (name, kind) in [
+            (MSG_EXCHANGE, ExchangeKind::Topic),
+            (ROSTER_EXCHANGE, ExchangeKind::Topic),
+            (CONTROL_EXCHANGE, ExchangeKind::Direct),
+            (DEAD_LETTER_EXCHANGE, ExchangeKind::Fanout),
+        ] {
+            channel
+                .exchange_declare(name.into(), kind, durable, FieldTable::default())
+                .await
+                .map_err(|e| AmqpError::from_lapin(&format!("declaring exchange {name}"), &e))?;
+        }
+        declare_queue(
+            &channel,
+            DEAD_LETTER_QUEUE,
+            true,
+            &dead_letter_args(dlq_max_length),
+        )
+        .await?;
+        channel
+            .queue_bind(
+                DEAD_LETTER_QUEUE.into(),
+                DEAD_LETTER_EXCHANGE.into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin("binding fleet.dlq", &e))?;
+        close_quietly(&channel, "declared").await;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Broker for Link {
+    fn is_up(&self) -> bool {
+        self.connection.status().connected() && self.publish.status().connected()
+    }
+
+    async fn closed(&self) {
+        use futures_util::StreamExt;
+        let mut events = std::pin::pin!(self.connection.events_listener());
+        while self.is_up() {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(lapin::Event::Error(_)) | None => break,
+                    Some(_) => {}
+                },
+                () = tokio::time::sleep(CLOSED_POLL) => {}
+            }
+        }
+    }
+
+    async fn close(&self) {
+        let closing = self.connection.close(200, "fleetd stopping".into());
+        if tokio::time::timeout(TEARDOWN_TIMEOUT, closing)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the broker did not confirm the close within {} s; letting the link go",
+                TEARDOWN_TIMEOUT.as_secs()
+            );
+        }
+    }
+
+    async fn open_inbox(&self, gid: Gid, broadcast: &[String]) -> Result<Deliveries, AmqpError> {
+        let queue = inbox_queue(gid);
+        let channel = self.channel("cannot open an inbox channel").await?;
+        declare_queue(&channel, &queue, true, &inbox_args(&self.inbox)).await?;
+        let mut keys = vec![gid.to_string()];
+        keys.extend(broadcast.iter().cloned());
+        for key in keys {
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    MSG_EXCHANGE.into(),
+                    key.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| AmqpError::from_lapin(&format!("binding {queue} to {key}"), &e))?;
+        }
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::from_lapin("setting the prefetch bound", &e))?;
+        let consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                format!("fleetd-{gid}").into(),
+                BasicConsumeOptions {
+                    exclusive: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                AmqpError::from_lapin(
+                    &format!("cannot consume {queue} (is another gateway consuming it?)"),
+                    &e,
+                )
+                .refused()
+            })?;
+        Ok(Deliveries::new(consumer))
+    }
+
+    async fn delete_inbox(&self, gid: Gid) -> Result<(), AmqpError> {
+        let queue = inbox_queue(gid);
+        let deleting = async {
+            let channel = self.channel("cannot open a channel").await?;
+            channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .map_err(|e| AmqpError::from_lapin(&format!("deleting {queue}"), &e))?;
+            close_quietly(&channel, "deleted").await;
+            Ok(())
+        };
+        tokio::time::timeout(TEARDOWN_TIMEOUT, deleting)
+            .await
+            .unwrap_or_else(|_| {
+                Err(AmqpError::Unavailable(format!(
+                    "deleting {queue}: no answer from the broker within {} s",
+                    TEARDOWN_TIMEOUT.as_secs()
+                )))
+            })
+    }
+
+    async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError> {
+        let queue = roster_queue(host);
+        let channel = self.channel("cannot open the roster channel").await?;
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| declare_error(&queue, &e))?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                ROSTER_EXCHANGE.into(),
+                "roster.#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
+        let consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                format!("fleetd-roster-{host}").into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    exclusive: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e))?;
+        Ok(Deliveries::new(consumer))
+    }
+
+    async fn publish(
+        &self,
+        exchange: &str,
+        key: &str,
+        envelope: &Envelope,
+        body: &[u8],
+        mandatory: bool,
+        persistent: bool,
+    ) -> Result<Published, AmqpError> {
+        let properties = BasicProperties::default()
+            .with_headers(Table::of_envelope(envelope).to_lapin())
+            .with_message_id(envelope.msg_id.to_string().into())
+            .with_content_type("text/plain; charset=utf-8".into())
+            .with_delivery_mode(if persistent { 2 } else { 1 });
+        let started = std::time::Instant::now();
+        let published =
+            confirmed(&self.publish, exchange, key, body, properties, mandatory).await?;
+        tracing::debug!(
+            key,
+            confirm_us = started.elapsed().as_micros() as u64,
+            "confirmed"
+        );
+        Ok(published)
+    }
+}
+
+/// Publishes on `channel` (in confirm mode) and waits for the broker's confirm, at most
+/// [`CONFIRM_TIMEOUT`].
+pub(crate) async fn confirmed(
+    channel: &Channel,
+    exchange: &str,
+    key: &str,
+    body: &[u8],
+    properties: BasicProperties,
+    mandatory: bool,
+) -> Result<Published, AmqpError> {
+    let unavailable = |e: lapin::Error| {
+        AmqpError::Unavailable(format!("the broker did not take the message: {e}"))
+    };
+    let confirm = async {
+        let pending = channel
+            .basic_publish(
+                exchange.into(),
+                key.into(),
+                BasicPublishOptions {
+                    mandatory,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                properties,
+            )
+            .await
+            .map_err(unavailable)?;
+        pending.await.map_err(unavailable)
+    };
+    let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+        .await
+        .map_err(|_| {
+            AmqpError::Unavailable(format!(
+                "the broker did not confirm the message within {} s",
+                CONFIRM_TIMEOUT.as_secs()
+            ))
+        })??;
+    Ok(published(&confirmation))
+}
+
+/// Where a confirmed publish went: a message returned with its ack was unroutable.
+pub(crate) fn published(confirmation: &Confirmation) -> Published {
+    match confirmation {
+        Confirmation::Ack(Some(_)) => Published::Unroutable,
+        Confirmation::Ack(None) | Confirmation::NotRequested => Published::Routed,
+        Confirmation::Nack(_) => Published::Refused,
+    }
+}
+
+/// Declares queue `name` with `args`, durable or not.
+pub(crate) async fn declare_queue(
+    channel: &Channel,
+    name: &str,
+    durable: bool,
+    args: &Table,
+) -> Result<(), AmqpError> {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable,
+                ..QueueDeclareOptions::default()
+            },
+            args.to_lapin(),
+        )
+        .await
+        .map_err(|e| declare_error(name, &e))?;
+    Ok(())
+}
+
+/// A declare failure; a 406 names the queue and the argument the broker's copy differs in.
+fn declare_error(queue: &str, err: &lapin::Error) -> AmqpError {
+    let out = AmqpError::from_lapin(&format!("declaring queue {queue}"), err);
+    let message = out.to_string();
+    if message.contains("PRECONDITION_FAILED") {
+        return AmqpError::Refused(format!(
+            "the broker already has queue {queue} with other arguments ({message}); delete it or match fleetd's [federation] settings"
+        ));
+    }
+    out
+}
+
+/// Closes a channel that did its work; a failure only means it is closed already.
+pub(crate) async fn close_quietly(channel: &Channel, why: &str) {
+    if let Err(e) = channel.close(200, why.into()).await {
+        tracing::debug!(error = %e, "a channel was closed already");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_uri_gains_the_heartbeat() {
+        let settings = LinkSettings {
+            uri: "amqp://gw@broker.internal:5672/fleet".into(),
+            password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
+            heartbeat_s: 10,
+            prefetch: 32,
+            inbox: InboxLimits {
+                max_length: 1,
+                message_ttl_s: 1,
+                expires_s: 1,
+            },
+            dlq_max_length: 1,
+        };
+        let uri = connection_uri(&settings).unwrap();
+        assert!(uri.ends_with("/fleet?heartbeat=10"), "{uri}");
+        let bad = LinkSettings {
+            uri: "not a uri".into(),
+            ..settings
+        };
+        assert!(matches!(connection_uri(&bad), Err(AmqpError::BadUri(_))));
+    }
+
+    #[test]
+    fn a_returned_message_is_unroutable_and_a_nack_refused() {
+        assert_eq!(published(&Confirmation::Ack(None)), Published::Routed);
+        assert_eq!(published(&Confirmation::NotRequested), Published::Routed);
+        assert_eq!(published(&Confirmation::Nack(None)), Published::Refused);
+    }
+}

@@ -1,0 +1,117 @@
+//! The names and shapes of the federated plane on the broker (spec 10 §3): the shared
+//! exchanges, the dead letters, the per-entity inboxes and their arguments, the roster queues.
+//! Pure: names and tables, no I/O.
+
+use fleet_core::Gid;
+
+use crate::table::{Table, clamp_i64};
+
+/// Entity → entity messages and broadcasts; routing key = recipient gid or `broadcast.*`.
+pub const MSG_EXCHANGE: &str = "fleet.msg";
+/// Presence heartbeats; routing key = `roster.<host>.<gid>`.
+pub const ROSTER_EXCHANGE: &str = "fleet.roster";
+/// Cross-host control (spawn, stop); routing key = host id.
+pub const CONTROL_EXCHANGE: &str = "fleet.control";
+/// Where inboxes dead-letter to.
+pub const DEAD_LETTER_EXCHANGE: &str = "fleet.dlx";
+/// The capped queue behind [`DEAD_LETTER_EXCHANGE`].
+pub const DEAD_LETTER_QUEUE: &str = "fleet.dlq";
+/// The broadcast key every worker inbox is bound to.
+pub const BROADCAST_ALL: &str = "broadcast.all";
+
+/// The inbox queue of entity `gid` (`.v2`: recipient-keyed, spec 10 §3).
+pub fn inbox_queue(gid: Gid) -> String {
+    format!("agent.{gid}.inbox.v2")
+}
+
+/// The broadcast key of `group`.
+pub fn broadcast_key(group: &str) -> String {
+    format!("broadcast.{group}")
+}
+
+/// This host's roster queue.
+pub fn roster_queue(host: &str) -> String {
+    format!("roster.{host}")
+}
+
+/// The roster routing key of `who` (a gid, or `_gateway` for the host entry) on `host`.
+pub fn roster_key(host: &str, who: &str) -> String {
+    format!("roster.{host}.{who}")
+}
+
+/// The caps of every inbox. All gateways on a broker must agree on them: the broker refuses
+/// to declare a queue again with other arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboxLimits {
+    /// The most messages an inbox holds; more are dead-lettered (`reject-publish-dlx`: the
+    /// publisher's confirm is a nack).
+    pub max_length: u64,
+    /// How long a message may wait in an inbox before it is dead-lettered, in seconds.
+    pub message_ttl_s: u64,
+    /// How long an inbox nobody consumes lives, in seconds.
+    pub expires_s: u64,
+}
+
+/// The arguments every inbox is declared with: dead-lettered to [`DEAD_LETTER_EXCHANGE`],
+/// capped at `limits.max_length` (a publish over the cap is refused and dead-lettered), its
+/// messages expiring, the queue itself expiring when unused, a classic queue.
+pub fn inbox_args(limits: &InboxLimits) -> Table {
+    Table::new()
+        .with("x-dead-letter-exchange", DEAD_LETTER_EXCHANGE)
+        .with("x-max-length", clamp_i64(limits.max_length))
+        .with("x-overflow", "reject-publish-dlx")
+        .with(
+            "x-message-ttl",
+            clamp_i64(limits.message_ttl_s.saturating_mul(1000)),
+        )
+        .with(
+            "x-expires",
+            clamp_i64(limits.expires_s.saturating_mul(1000)),
+        )
+        .with("x-queue-type", "classic")
+}
+
+/// The arguments of [`DEAD_LETTER_QUEUE`]: capped at `max_length` (the oldest go first).
+pub fn dead_letter_args(max_length: u64) -> Table {
+    Table::new()
+        .with("x-max-length", clamp_i64(max_length))
+        .with("x-queue-type", "classic")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::Field;
+
+    #[test]
+    fn queue_and_key_names_follow_the_spec() {
+        let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
+        assert_eq!(
+            inbox_queue(gid),
+            "agent.01a22d73-fb25-719f-b332-14b28da5c6c4.inbox.v2"
+        );
+        assert_eq!(broadcast_key("core"), "broadcast.core");
+        assert_eq!(roster_key("hostA", "_gateway"), "roster.hostA._gateway");
+        assert_eq!(roster_queue("hostA"), "roster.hostA");
+    }
+
+    #[test]
+    fn inbox_arguments_are_in_milliseconds_and_never_overflow() {
+        let args = inbox_args(&InboxLimits {
+            max_length: 1_000,
+            message_ttl_s: 86_400,
+            expires_s: u64::MAX,
+        });
+        assert_eq!(args.get("x-max-length"), Some(&Field::Int(1_000)));
+        assert_eq!(args.get("x-message-ttl"), Some(&Field::Int(86_400_000)));
+        assert_eq!(args.get("x-expires"), Some(&Field::Int(i64::MAX)));
+        assert_eq!(
+            args.get("x-overflow"),
+            Some(&Field::Text("reject-publish-dlx".into()))
+        );
+        assert_eq!(
+            dead_letter_args(u64::MAX).get("x-max-length"),
+            Some(&Field::Int(i64::MAX))
+        );
+    }
+}

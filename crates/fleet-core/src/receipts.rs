@@ -1,0 +1,176 @@
+//! The pending-receipt bound: a brief published to a remote worker awaits its `INJECTED`
+//! receipt, and is failed loudly if none comes within the bound of its recipient being free.
+//! Time its recipient reads busy does not count (the brief waits on the broker meanwhile).
+//! Pure: every call takes the time as a value; nothing here reads a clock.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::{Gid, MsgId, TraceId};
+
+/// How long an injected remote brief's bookkeeping is kept while its answer is awaited.
+pub const INJECTED_KEPT: Duration = Duration::from_secs(3_600);
+
+/// A brief this gateway published, awaiting its `INJECTED` receipt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// Who sent it.
+    pub sender: Gid,
+    /// The remote worker it went to.
+    pub recipient: Gid,
+    /// Its trace.
+    pub trace_id: TraceId,
+    /// Whether its receipt came.
+    pub injected: bool,
+    /// When it is overdue (or, once injected, forgotten).
+    pub deadline: Instant,
+}
+
+/// The briefs awaiting receipts.
+#[derive(Debug)]
+pub struct Receipts {
+    /// How long a receipt may take once the recipient is free.
+    bound: Duration,
+    /// The briefs, by message id.
+    pending: HashMap<MsgId, Pending>,
+}
+
+impl Receipts {
+    /// None pending yet; a receipt may take `bound` once its recipient is free.
+    pub fn new(bound: Duration) -> Self {
+        Self {
+            bound,
+            pending: HashMap::new(),
+        }
+    }
+
+    /// The bound.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// Starts awaiting the receipt of brief `msg_id`, published at `now`.
+    pub fn track(
+        &mut self,
+        msg_id: MsgId,
+        sender: Gid,
+        recipient: Gid,
+        trace_id: TraceId,
+        now: Instant,
+    ) {
+        let pending = Pending {
+            sender,
+            recipient,
+            trace_id,
+            injected: false,
+            deadline: now + self.bound,
+        };
+        self.pending.insert(msg_id, pending);
+    }
+
+    /// Stops awaiting it (not published after all, or answered).
+    pub fn forget(&mut self, msg_id: MsgId) {
+        self.pending.remove(&msg_id);
+    }
+
+    /// `queued` or `injected`, while it is tracked.
+    pub fn state(&self, msg_id: MsgId) -> Option<&'static str> {
+        self.pending
+            .get(&msg_id)
+            .map(|p| if p.injected { "injected" } else { "queued" })
+    }
+
+    /// Its receipt came at `now`: kept [`INJECTED_KEPT`] more while its answer is awaited.
+    pub fn injected(&mut self, msg_id: MsgId, now: Instant) {
+        if let Some(pending) = self.pending.get_mut(&msg_id) {
+            pending.injected = true;
+            pending.deadline = now + INJECTED_KEPT;
+        }
+    }
+
+    /// At `now`, with the recipients in `busy` working: pushes the deadline of a brief for a
+    /// busy recipient to at least a whole bound away, drops what is past its deadline, and
+    /// returns the overdue briefs whose receipt never came (to fail them loudly).
+    pub fn sweep(&mut self, now: Instant, busy: &[Gid]) -> Vec<(MsgId, Pending)> {
+        for pending in self.pending.values_mut() {
+            if !pending.injected && busy.contains(&pending.recipient) {
+                pending.deadline = pending.deadline.max(now + self.bound);
+            }
+        }
+        let due: Vec<MsgId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        due.into_iter()
+            .filter_map(|id| self.pending.remove(&id).map(|p| (id, p)))
+            .filter(|(_, p)| !p.injected)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUND: Duration = Duration::from_secs(3);
+    const S: Duration = Duration::from_secs(1);
+
+    fn tracked(t0: Instant) -> (Receipts, MsgId, Gid) {
+        let mut receipts = Receipts::new(BOUND);
+        let (msg_id, recipient) = (MsgId::mint(), Gid::mint());
+        receipts.track(msg_id, Gid::mint(), recipient, TraceId::mint(), t0);
+        (receipts, msg_id, recipient)
+    }
+
+    #[test]
+    fn a_brief_without_a_receipt_is_overdue_at_the_bound_and_only_then() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, _) = tracked(t0);
+        assert_eq!(receipts.state(msg_id), Some("queued"));
+        assert!(receipts.sweep(t0 + BOUND - S, &[]).is_empty());
+        let overdue = receipts.sweep(t0 + BOUND, &[]);
+        assert_eq!(overdue.len(), 1);
+        assert_eq!(overdue[0].0, msg_id);
+        assert_eq!(receipts.state(msg_id), None, "failed once, then forgotten");
+        assert!(receipts.sweep(t0 + BOUND * 10, &[]).is_empty());
+    }
+
+    #[test]
+    fn time_the_recipient_is_busy_does_not_count() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, recipient) = tracked(t0);
+        // Busy from 2 s to 10 s: every sweep meanwhile pushes the deadline a bound away.
+        for s in 2..=10 {
+            assert!(receipts.sweep(t0 + S * s, &[recipient]).is_empty(), "{s}");
+        }
+        // Free at 10 s: a whole bound from the last busy sweep.
+        assert!(receipts.sweep(t0 + S * 12, &[]).is_empty());
+        assert_eq!(receipts.sweep(t0 + S * 13, &[]).len(), 1);
+        assert_eq!(receipts.state(msg_id), None);
+    }
+
+    #[test]
+    fn an_injected_brief_is_never_failed_and_is_kept_while_its_answer_is_awaited() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, recipient) = tracked(t0);
+        receipts.injected(msg_id, t0 + S);
+        assert_eq!(receipts.state(msg_id), Some("injected"));
+        assert!(receipts.sweep(t0 + BOUND * 2, &[recipient]).is_empty());
+        assert_eq!(receipts.state(msg_id), Some("injected"));
+        assert!(receipts.sweep(t0 + S + INJECTED_KEPT, &[]).is_empty());
+        assert_eq!(receipts.state(msg_id), None, "forgotten without a failure");
+    }
+
+    #[test]
+    fn an_answer_or_an_unpublished_brief_is_forgotten() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, _) = tracked(t0);
+        receipts.forget(msg_id);
+        assert!(receipts.sweep(t0 + BOUND, &[]).is_empty());
+        // A receipt for a brief no longer tracked changes nothing.
+        receipts.injected(msg_id, t0);
+        assert_eq!(receipts.state(msg_id), None);
+    }
+}

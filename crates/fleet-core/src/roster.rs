@@ -1,0 +1,381 @@
+//! The remote roster: what this gateway knows of other hosts and their entities, merged from
+//! their presence heartbeats, expired when they go quiet, and capped so that a flood of forged
+//! heartbeats grows no memory. Pure: the time of each heartbeat comes in as a value (a
+//! monotonic instant for expiry, Unix ms for showing), and nothing here reads a clock.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
+use crate::{Entity, Gid};
+
+/// The status a heartbeat carries when its entity (or host) leaves.
+pub const GONE: &str = "gone";
+
+/// What a presence heartbeat carries (its body, JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Presence {
+    /// The entity; none for the host's own entry.
+    pub entity: Option<Entity>,
+    /// Its status ([`GONE`] when it leaves).
+    pub status: String,
+    /// For the host entry: the profiles it can spawn.
+    #[serde(default)]
+    pub profiles: Vec<String>,
+}
+
+/// A remote entity as the roster last heard of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteEntry {
+    /// The entity, as its host announced it.
+    pub entity: Entity,
+    /// Its status, as its host announced it.
+    pub status: String,
+    /// When it was last heard of (for expiry).
+    pub heard: Instant,
+    /// When it was last heard of, Unix ms (for showing).
+    pub heard_ms: i64,
+}
+
+impl RemoteEntry {
+    /// Whether its host says it is working, so a brief for it waits on the broker.
+    pub fn is_busy(&self) -> bool {
+        matches!(self.status.as_str(), "busy" | "asking" | "spawning")
+    }
+}
+
+/// A remote host as its gateway entry last told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteHost {
+    /// The profiles it can spawn.
+    pub profiles: Vec<String>,
+    /// When it was last heard of (for expiry).
+    pub heard: Instant,
+    /// When it was last heard of, Unix ms (for showing).
+    pub heard_ms: i64,
+}
+
+/// What a heartbeat did to the roster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// An entry was added or refreshed.
+    Merged,
+    /// An entry (or a host with all its entries) left.
+    Left,
+    /// Ignored: the roster is at a cap. `ignored` counts every such heartbeat so far.
+    OverCap {
+        /// The cap that was reached.
+        full: Full,
+        /// How many heartbeats the caps made the roster ignore, this one included.
+        ignored: u64,
+    },
+    /// Ignored: a host announced an entity of another host.
+    NotItsOwn {
+        /// The host the entity claims.
+        claimed: String,
+    },
+}
+
+/// The remote roster.
+#[derive(Debug)]
+pub struct Roster {
+    /// The caps on what it keeps.
+    caps: RosterCaps,
+    /// How long an entry lives without a heartbeat.
+    ttl: Duration,
+    /// Remote entities by gid.
+    entities: HashMap<Gid, RemoteEntry>,
+    /// Remote hosts by host id.
+    hosts: HashMap<String, RemoteHost>,
+    /// How many heartbeats the caps made it ignore.
+    ignored: u64,
+}
+
+impl Roster {
+    /// An empty roster under `caps`, whose entries live `ttl` without a heartbeat.
+    pub fn new(caps: RosterCaps, ttl: Duration) -> Self {
+        Self {
+            caps,
+            ttl,
+            entities: HashMap::new(),
+            hosts: HashMap::new(),
+            ignored: 0,
+        }
+    }
+
+    /// Merges a heartbeat `host` sent, heard at `now` (`now_ms` Unix ms). An entity of
+    /// another host is ignored; a new entry over a cap is ignored (a known one is always
+    /// refreshed: a cap never drops what was accepted); a `gone` host takes its entities along.
+    pub fn hear(&mut self, host: &str, presence: Presence, now: Instant, now_ms: i64) -> Heard {
+        let gone = presence.status == GONE;
+        match presence.entity {
+            Some(entity) if entity.host != host => Heard::NotItsOwn {
+                claimed: entity.host,
+            },
+            Some(entity) if gone => {
+                self.entities.remove(&entity.gid);
+                Heard::Left
+            }
+            Some(entity) => {
+                if !self.entities.contains_key(&entity.gid)
+                    && let Err(full) = admit_remote_entity(self.count(host), self.caps)
+                {
+                    return self.over_cap(full);
+                }
+                let entry = RemoteEntry {
+                    entity,
+                    status: presence.status,
+                    heard: now,
+                    heard_ms: now_ms,
+                };
+                self.entities.insert(entry.entity.gid, entry);
+                Heard::Merged
+            }
+            None if gone => {
+                self.hosts.remove(host);
+                self.entities.retain(|_, e| e.entity.host != host);
+                Heard::Left
+            }
+            None => {
+                if let Err(full) = admit_remote_host(self.count(host), self.caps) {
+                    return self.over_cap(full);
+                }
+                let entry = RemoteHost {
+                    profiles: presence.profiles,
+                    heard: now,
+                    heard_ms: now_ms,
+                };
+                self.hosts.insert(host.to_string(), entry);
+                Heard::Merged
+            }
+        }
+    }
+
+    fn over_cap(&mut self, full: Full) -> Heard {
+        self.ignored += 1;
+        Heard::OverCap {
+            full,
+            ignored: self.ignored,
+        }
+    }
+
+    /// Drops every entry not heard of within the ttl before `now`.
+    pub fn expire(&mut self, now: Instant) {
+        let ttl = self.ttl;
+        self.entities
+            .retain(|_, e| now.saturating_duration_since(e.heard) < ttl);
+        self.hosts
+            .retain(|_, h| now.saturating_duration_since(h.heard) < ttl);
+    }
+
+    /// What the roster holds, as a heartbeat from `host` finds it.
+    fn count(&self, host: &str) -> RosterCount {
+        let mut hosts: HashSet<&str> = self.hosts.keys().map(String::as_str).collect();
+        let mut entities_of_host = 0;
+        for entry in self.entities.values() {
+            hosts.insert(&entry.entity.host);
+            if entry.entity.host == host {
+                entities_of_host += 1;
+            }
+        }
+        RosterCount {
+            hosts: hosts.len(),
+            host_known: hosts.contains(host),
+            entities_of_host,
+        }
+    }
+
+    /// The remote entity `gid`.
+    pub fn entity(&self, gid: Gid) -> Option<&RemoteEntry> {
+        self.entities.get(&gid)
+    }
+
+    /// Every remote entity, in no order.
+    pub fn entities(&self) -> impl Iterator<Item = &RemoteEntry> {
+        self.entities.values()
+    }
+
+    /// Every remote host, in no order.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, &RemoteHost)> {
+        self.hosts.iter().map(|(host, h)| (host.as_str(), h))
+    }
+
+    /// The remote entities that are working now.
+    pub fn busy(&self) -> Vec<Gid> {
+        self.entities
+            .values()
+            .filter(|e| e.is_busy())
+            .map(|e| e.entity.gid)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Role;
+    use crate::bounds::{REMOTE_ENTITIES_KEY, REMOTE_HOSTS_KEY};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    fn roster(hosts: usize, entities_per_host: usize) -> Roster {
+        Roster::new(
+            RosterCaps {
+                hosts,
+                entities_per_host,
+            },
+            TTL,
+        )
+    }
+
+    fn entity(name: &str, host: &str) -> Entity {
+        Entity {
+            gid: Gid::mint(),
+            name: name.into(),
+            host: host.into(),
+            role: Role::Worker,
+            profile: Some("sim".into()),
+            groups: Vec::new(),
+            parent: None,
+        }
+    }
+
+    fn beat(entity: Option<&Entity>, status: &str) -> Presence {
+        Presence {
+            entity: entity.cloned(),
+            status: status.into(),
+            profiles: vec!["sim".into()],
+        }
+    }
+
+    fn names(roster: &Roster) -> Vec<String> {
+        let mut names: Vec<String> = roster.entities().map(|e| e.entity.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn heartbeats_merge_refresh_and_leave() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let w = entity("w", "hostb");
+        assert_eq!(roster.hear("hostb", beat(None, "up"), t0, 1), Heard::Merged);
+        assert_eq!(
+            roster.hear("hostb", beat(Some(&w), "idle"), t0, 1),
+            Heard::Merged
+        );
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(
+            roster.hear("hostb", beat(Some(&w), "busy"), later, 2),
+            Heard::Merged
+        );
+        let entry = roster.entity(w.gid).unwrap();
+        assert_eq!(
+            (entry.status.as_str(), entry.heard, entry.heard_ms),
+            ("busy", later, 2)
+        );
+        assert_eq!(roster.busy(), vec![w.gid]);
+        assert_eq!(
+            roster.hear("hostb", beat(Some(&w), GONE), later, 2),
+            Heard::Left
+        );
+        assert!(roster.entity(w.gid).is_none());
+        assert_eq!(roster.hosts().count(), 1);
+    }
+
+    #[test]
+    fn a_host_that_leaves_takes_its_entities_along() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let (b1, c1) = (entity("b1", "hostb"), entity("c1", "hostc"));
+        roster.hear("hostb", beat(None, "up"), t0, 0);
+        roster.hear("hostb", beat(Some(&b1), "idle"), t0, 0);
+        roster.hear("hostc", beat(Some(&c1), "idle"), t0, 0);
+        assert_eq!(roster.hear("hostb", beat(None, GONE), t0, 0), Heard::Left);
+        assert_eq!(names(&roster), ["c1"]);
+        assert_eq!(roster.hosts().count(), 0);
+    }
+
+    #[test]
+    fn a_host_may_not_announce_another_hosts_entity() {
+        let mut roster = roster(4, 4);
+        let c1 = entity("c1", "hostc");
+        assert_eq!(
+            roster.hear("hostb", beat(Some(&c1), "idle"), Instant::now(), 0),
+            Heard::NotItsOwn {
+                claimed: "hostc".into()
+            }
+        );
+        assert!(names(&roster).is_empty());
+    }
+
+    #[test]
+    fn entries_expire_after_the_ttl_without_a_heartbeat() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let (old, fresh) = (entity("old", "hostb"), entity("fresh", "hostb"));
+        roster.hear("hostb", beat(None, "up"), t0, 0);
+        roster.hear("hostb", beat(Some(&old), "idle"), t0, 0);
+        roster.hear(
+            "hostb",
+            beat(Some(&fresh), "idle"),
+            t0 + Duration::from_secs(2),
+            0,
+        );
+        roster.expire(t0 + TTL - Duration::from_millis(1));
+        assert_eq!(names(&roster), ["fresh", "old"]);
+        roster.expire(t0 + TTL);
+        assert_eq!(names(&roster), ["fresh"]);
+        assert_eq!(roster.hosts().count(), 0, "the host entry went quiet too");
+        // A clock that went backwards expires nothing.
+        roster.expire(t0);
+        assert_eq!(names(&roster), ["fresh"]);
+    }
+
+    #[test]
+    fn the_caps_ignore_new_entries_and_count_every_ignored_heartbeat() {
+        let t0 = Instant::now();
+        let mut roster = roster(2, 2);
+        let f: Vec<Entity> = (1..=3).map(|i| entity(&format!("f{i}"), "hostf")).collect();
+        for e in &f[..2] {
+            assert_eq!(
+                roster.hear("hostf", beat(Some(e), "idle"), t0, 0),
+                Heard::Merged
+            );
+        }
+        let Heard::OverCap { full, ignored } =
+            roster.hear("hostf", beat(Some(&f[2]), "idle"), t0, 0)
+        else {
+            panic!("a third entity was kept");
+        };
+        assert_eq!((full.key, full.count, ignored), (REMOTE_ENTITIES_KEY, 2, 1));
+        // A kept entry is still refreshed at the cap.
+        assert_eq!(
+            roster.hear("hostf", beat(Some(&f[0]), "busy"), t0, 0),
+            Heard::Merged
+        );
+        // hostf counts as a host by its entities; one more host is the cap.
+        assert_eq!(roster.hear("hostg", beat(None, "up"), t0, 0), Heard::Merged);
+        let h1 = entity("h1", "hosth");
+        for presence in [beat(None, "up"), beat(Some(&h1), "idle")] {
+            assert!(matches!(
+                roster.hear("hosth", presence, t0, 0),
+                Heard::OverCap { full, .. } if full.key == REMOTE_HOSTS_KEY
+            ));
+        }
+        assert!(matches!(
+            roster.hear("hostf", beat(Some(&f[2]), "idle"), t0, 0),
+            Heard::OverCap { ignored: 4, .. }
+        ));
+        assert_eq!(names(&roster), ["f1", "f2"]);
+    }
+
+    #[test]
+    fn a_heartbeat_body_reads_without_profiles() {
+        let presence: Presence =
+            serde_json::from_str(r#"{"entity": null, "status": "up"}"#).unwrap();
+        assert_eq!(presence.profiles, Vec::<String>::new());
+    }
+}

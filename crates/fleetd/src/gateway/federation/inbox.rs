@@ -1,0 +1,228 @@
+//! An inbox consumer: deliveries come off `owner`'s inbox in batches, are admitted (or
+//! dead-lettered, loudly) by `fleet_core::admission`, and go to be held or taken; and the one
+//! function that tells the broker how a delivery was settled.
+
+use std::sync::Arc;
+
+use fleet_amqp::{Deliveries, Delivery};
+use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind, refusal_told};
+use fleet_core::entity::validate_name;
+use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
+use fleet_core::{Gid, Kind, Message, MsgState};
+use tokio_util::sync::CancellationToken;
+
+use super::super::Gateway;
+use super::super::sessions::now_ms;
+
+/// The most deliveries taken off an inbox at once (held ones are stored together).
+const DELIVERY_BATCH: usize = 64;
+
+/// A message off an inbox, on its way to be held.
+pub(super) struct Incoming {
+    pub(super) delivery: Delivery,
+    pub(super) envelope: Envelope,
+    pub(super) message: Message,
+}
+
+/// The local message an envelope from a remote sender makes for `owner`, held (a broadcast
+/// is a send like any other once it arrives).
+pub(super) fn incoming(envelope: &Envelope, owner: Gid, body: String) -> Message {
+    Message {
+        msg_id: envelope.msg_id,
+        trace_id: envelope.trace_id,
+        kind: if envelope.kind == Kind::Broadcast {
+            Kind::Send
+        } else {
+            envelope.kind
+        },
+        from: envelope.from,
+        to: owner,
+        in_reply_to: envelope.in_reply_to,
+        body,
+        state: MsgState::Held,
+        created_ms: i64::try_from(envelope.ts_ms).unwrap_or_else(|_| now_ms()),
+    }
+}
+
+/// Tells the broker how `delivery` was handled (with `through`, every delivery before it on
+/// its channel too): the one place a delivery is settled. False if the broker was not told
+/// (the channel is gone: the delivery comes again to the next consumer).
+pub(super) async fn settle(delivery: &Delivery, handled: Handled, through: bool) -> bool {
+    let how = handled.settlement();
+    match delivery.settle(how, through).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(?how, through, error = %e, "a delivery was not settled; the broker delivers it again");
+            false
+        }
+    }
+}
+
+impl Gateway {
+    /// Consumes `owner`'s inbox until the link or the entity goes.
+    pub(super) async fn consume_inbox(
+        self: Arc<Self>,
+        owner: Gid,
+        mut deliveries: Deliveries,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let mut next = tokio::select! {
+                next = deliveries.next() => next,
+                () = stop.cancelled() => return,
+            };
+            // What has arrived already comes along, so that held messages are stored in one
+            // transaction and acknowledged in one frame.
+            let mut batch = Vec::new();
+            let ended = loop {
+                match next {
+                    Some(Ok(delivery)) => batch.push(delivery),
+                    Some(Err(e)) => {
+                        tracing::warn!(%owner, error = %e, "inbox consumer failed");
+                        break true;
+                    }
+                    None => break true,
+                }
+                if batch.len() >= DELIVERY_BATCH {
+                    break false;
+                }
+                match deliveries.next_now() {
+                    Some(more) => next = more,
+                    None => break false,
+                }
+            };
+            if !self.on_deliveries(owner, batch, &stop).await || ended {
+                return;
+            }
+        }
+    }
+
+    /// Messages off `owner`'s inbox, in their order; false if the consumer is to stop (what
+    /// is left of the batch stays unacknowledged, for the broker to deliver again).
+    async fn on_deliveries(
+        self: &Arc<Self>,
+        owner: Gid,
+        batch: Vec<Delivery>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut held = Vec::new();
+        for delivery in batch {
+            let Some((envelope, body)) = self.admit(owner, &delivery).await else {
+                continue;
+            };
+            let to_pane = self.lock().panes.contains_key(&owner);
+            if held_kind(envelope.kind, to_pane) {
+                held.push(Incoming {
+                    message: incoming(&envelope, owner, body),
+                    envelope,
+                    delivery,
+                });
+                continue;
+            }
+            self.hold_all(std::mem::take(&mut held)).await;
+            if !self
+                .on_delivery(owner, delivery, envelope, body, stop)
+                .await
+            {
+                return false;
+            }
+        }
+        self.hold_all(held).await;
+        true
+    }
+
+    /// Checks a delivery: its envelope and body, or it is dead-lettered (malformed, of a newer
+    /// version, for another recipient, expired, too large or not text) with a loud log line.
+    async fn admit(
+        self: &Arc<Self>,
+        owner: Gid,
+        delivery: &Delivery,
+    ) -> Option<(Envelope, String)> {
+        let fed = self.fed()?;
+        let arrival = Arrival {
+            owner,
+            routing_key: delivery.routing_key(),
+            body: delivery.body(),
+        };
+        let now = u64::try_from(now_ms()).unwrap_or(0);
+        let limit = self.config.gateway.max_message_bytes;
+        let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
+            Admission::Admitted { envelope, body } => {
+                // A name from another host is shown and typed (a reply's label): kept only if
+                // valid.
+                if let Some(name) = &envelope.from_name
+                    && validate_name("sender name", name).is_ok()
+                {
+                    self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
+                }
+                return Some((envelope, body));
+            }
+            Admission::Malformed(e) => {
+                match &e {
+                    EnvelopeError::NewerMajor { .. } => tracing::error!(
+                        %owner, error = %e, supported = %VERSION,
+                        "REFUSED a message of a newer envelope version: dead-lettered (upgrade this gateway)"
+                    ),
+                    _ => {
+                        tracing::error!(%owner, error = %e, "REFUSED a malformed message: dead-lettered")
+                    }
+                }
+                settle(delivery, Handled::Refused, false).await;
+                return None;
+            }
+            Admission::Refused { envelope, why } => (envelope, why),
+        };
+        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        let size = delivery.body().len();
+        match why {
+            Refusal::WrongRecipient => {
+                tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, "REFUSED a message whose recipient is not this inbox: dead-lettered");
+                fed.audit(&envelope, size, "refused: recipient mismatch");
+            }
+            Refusal::Expired => {
+                tracing::warn!(%trace_id, %msg_id, %kind, "expired before delivery: dead-lettered");
+                fed.audit(&envelope, size, "expired");
+            }
+            Refusal::TooLarge { size, limit } => {
+                let why = format!(
+                    "{size} bytes, over the {limit} bytes its recipient's gateway takes (gateway.max_message_bytes)"
+                );
+                self.refuse_and_tell(owner, &envelope, delivery, "too large", &why)
+                    .await;
+                return None;
+            }
+            Refusal::NotText => {
+                tracing::error!(%trace_id, %msg_id, "REFUSED a message whose body is not UTF-8: dead-lettered");
+            }
+        }
+        settle(delivery, Handled::Refused, false).await;
+        None
+    }
+
+    /// Dead-letters a delivery that breaks a rule of this gateway, with a loud log line and an
+    /// audit line, and tells its sender with a `FAILED` notice when it is a message one waits
+    /// on (not a notice or a receipt, which would only start a loop).
+    pub(super) async fn refuse_and_tell(
+        self: &Arc<Self>,
+        owner: Gid,
+        envelope: &Envelope,
+        delivery: &Delivery,
+        rule: &str,
+        why: &str,
+    ) {
+        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, "REFUSED a message off the broker: dead-lettered");
+        if let Some(fed) = self.fed() {
+            fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
+        }
+        if refusal_told(kind) {
+            let original = incoming(envelope, owner, String::new());
+            self.notify_failed(
+                &original,
+                &format!("refused by its recipient's gateway: {why}"),
+            )
+            .await;
+        }
+        settle(delivery, Handled::Refused, false).await;
+    }
+}

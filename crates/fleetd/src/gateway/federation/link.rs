@@ -1,0 +1,220 @@
+//! Keeping the broker link: connecting (a broker that refuses our topology is a start-up
+//! error; one that cannot be reached is retried in the background), attaching the roster and
+//! every local inbox, connecting again with backoff after an outage, and an inbox per local
+//! entity as entities join and leave.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
+use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
+use fleet_core::{Entity, FleetError, Gid};
+
+use super::super::Gateway;
+use super::Federation;
+use crate::config::redacted_uri;
+
+/// The longest pause between two connection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The first pause after a failed connection attempt.
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+
+impl Federation {
+    /// What the link is opened with, from `[broker]` and `[federation]`.
+    fn settings(&self) -> LinkSettings {
+        LinkSettings {
+            uri: self.broker.uri.clone(),
+            password_env: self.broker.password_env.clone(),
+            heartbeat_s: self.broker.heartbeat_s,
+            prefetch: self.broker.prefetch,
+            inbox: InboxLimits {
+                max_length: self.config.inbox_max_length,
+                message_ttl_s: self.config.inbox_message_ttl_s,
+                expires_s: self.config.inbox_expires_s,
+            },
+            dlq_max_length: self.config.dlq_max_length,
+        }
+    }
+}
+
+impl Gateway {
+    /// Connects to the broker (a broker that refuses our topology is a start-up error; one
+    /// that cannot be reached is retried in the background) and starts the link keeper and
+    /// the presence loop.
+    pub(in crate::gateway) async fn start_federation(self: &Arc<Self>) -> Result<(), FleetError> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        tracing::info!(uri = %redacted_uri(&fed.broker.uri), host_id = %self.host_id, "federated plane on");
+        match self.connect_link().await {
+            Ok(()) => {}
+            Err(e) if !e.retry() => {
+                return Err(FleetError::internal(format!("broker: {e}")));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the broker cannot be reached yet; same-host traffic works, retrying")
+            }
+        }
+        let gateway = Arc::clone(self);
+        self.tasks.spawn(async move { gateway.keep_link().await });
+        let gateway = Arc::clone(self);
+        self.tasks
+            .spawn(async move { gateway.presence_loop().await });
+        Ok(())
+    }
+
+    /// Connects, declares, and attaches the roster and every local inbox.
+    async fn connect_link(self: &Arc<Self>) -> Result<(), AmqpError> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        let link: Arc<dyn Broker> = Arc::new(Link::connect(&fed.settings(), &self.host_id).await?);
+        let attached = async {
+            let roster = link.open_roster(&self.host_id).await?;
+            let gateway = Arc::clone(self);
+            self.tasks
+                .spawn(async move { gateway.consume_roster(roster).await });
+            let local = self.lock().entities();
+            for entity in &local {
+                self.attach_inbox(link.as_ref(), entity).await?;
+            }
+            Ok::<usize, AmqpError>(local.len())
+        };
+        match attached.await {
+            Ok(inboxes) => {
+                fed.link.send_replace(Some(Arc::clone(&link)));
+                tracing::info!(host_id = %self.host_id, inboxes, "broker link up");
+                self.publish_presence().await;
+                Ok(())
+            }
+            Err(e) => {
+                // Half attached: let go of all of it, so the next attempt starts clean.
+                fed.lock().stop_consumers();
+                link.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Keeps the link up: waits for it to fail, then connects again with backoff.
+    async fn keep_link(self: Arc<Self>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            if let Some(link) = fed.link() {
+                tokio::select! {
+                    () = link.closed() => {}
+                    () = self.shutdown.cancelled() => {
+                        self.leave_roster().await;
+                        // The workers go with fleetd: so do their inboxes (the leads' stay,
+                        // holding what arrives for them meanwhile).
+                        let panes: Vec<Gid> = self.lock().panes.keys().copied().collect();
+                        for gid in panes {
+                            if let Err(e) = link.delete_inbox(gid).await {
+                                tracing::debug!(%gid, error = %e, "inbox not deleted");
+                            }
+                        }
+                        link.close().await;
+                        return;
+                    }
+                }
+                tracing::warn!(
+                    "the broker link is down; remote entities read unknown, remote sends fail fast"
+                );
+                fed.link.send_replace(None);
+                fed.lock().stop_consumers();
+                backoff = FIRST_BACKOFF;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            let connected = tokio::select! {
+                connected = self.connect_link() => connected,
+                () = self.shutdown.cancelled() => return,
+            };
+            match connected {
+                Ok(()) => backoff = FIRST_BACKOFF,
+                Err(e) => {
+                    if e.retry() {
+                        tracing::debug!(error = %e, "the broker is still unreachable");
+                    } else {
+                        // Say so loudly, and keep trying: after a crash the broker may hold a
+                        // dead gateway's exclusive consumers until its heartbeat runs out.
+                        tracing::error!(error = %e, "the broker refuses this gateway's topology; retrying");
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Declares `entity`'s inbox and starts consuming it.
+    pub(super) async fn attach_inbox(
+        self: &Arc<Self>,
+        link: &dyn Broker,
+        entity: &Entity,
+    ) -> Result<(), AmqpError> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        let keys: Vec<String> = if entity.role.is_injected() {
+            std::iter::once(BROADCAST_ALL.to_string())
+                .chain(entity.groups.iter().map(|g| broadcast_key(g)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let deliveries = link.open_inbox(entity.gid, &keys).await?;
+        let token = self.shutdown.child_token();
+        if let Some(old) = fed.lock().consumers.insert(entity.gid, token.clone()) {
+            old.cancel();
+        }
+        let gateway = Arc::clone(self);
+        let owner = entity.gid;
+        self.tasks.spawn(async move {
+            gateway.consume_inbox(owner, deliveries, token).await;
+        });
+        Ok(())
+    }
+
+    /// A local entity joined (a worker became ready): give it an inbox on the broker.
+    pub(in crate::gateway) async fn federation_joined(self: &Arc<Self>, gid: Gid) {
+        let Some(link) = self.fed().and_then(Federation::link) else {
+            return;
+        };
+        let Some(entity) = self.lock().entities().into_iter().find(|e| e.gid == gid) else {
+            return;
+        };
+        if let Err(e) = self.attach_inbox(link.as_ref(), &entity).await {
+            tracing::error!(%gid, error = %e, "cannot attach the inbox");
+        }
+        self.publish_presence().await;
+    }
+
+    /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
+    /// gateways hear it is gone.
+    pub(in crate::gateway) async fn federation_left(self: &Arc<Self>, entity: &Entity) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        if let Some(token) = fed.lock().consumers.remove(&entity.gid) {
+            token.cancel();
+        }
+        let Some(link) = fed.link() else {
+            return;
+        };
+        if let Err(e) = link.delete_inbox(entity.gid).await {
+            tracing::warn!(gid = %entity.gid, error = %e, "cannot delete the inbox");
+        }
+        self.announce(
+            link.as_ref(),
+            Some(entity.clone()),
+            "gone".into(),
+            Vec::new(),
+        )
+        .await;
+    }
+}

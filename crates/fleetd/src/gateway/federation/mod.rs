@@ -1,0 +1,236 @@
+//! The federated plane (spec 10): this gateway's side of the broker. It keeps the link up
+//! (connecting again after an outage and declaring everything anew), consumes the inboxes of
+//! its local entities and its roster queue, publishes messages to remote entities, presence
+//! for its own, and the `INJECTED` receipts of remote briefs.
+//!
+//! Forward path (a brief into a local worker): at most once. The brief stays unacknowledged
+//! on the broker while the worker is busy, is acknowledged when the worker turns idle, then
+//! goes into the local plane to be typed in; once the submit is verified the sender's gateway
+//! gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
+//! only after the local store holds it, duplicates dropped by message id.
+//!
+//! The rules live in `fleet_core` (admission, the remote roster, the receipt bound) and the
+//! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
+//! [`link`] keeps the link and the inbox consumers, [`inbox`] admits and settles deliveries,
+//! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`publish`] sends,
+//! [`receipts`] fails overdue briefs.
+
+mod inbox;
+mod link;
+mod presence;
+mod publish;
+mod receipts;
+mod take;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use fleet_amqp::{AmqpError, Broker};
+use fleet_core::bounds::RosterCaps;
+use fleet_core::envelope::Envelope;
+use fleet_core::receipts::Receipts;
+use fleet_core::roster::Roster;
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::watch as tokio_watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Gateway;
+use super::sessions::now_ms;
+use crate::audit::AuditLog;
+use crate::config::{BrokerConfig, FederationConfig};
+
+/// How many remote senders' names are kept (then forgotten all at once).
+const MAX_SENDER_NAMES: usize = 10_000;
+
+/// One host as `fleet_list` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostView {
+    /// The host id.
+    pub host: String,
+    /// `up`, or `unknown` while the broker cannot be reached.
+    pub status: String,
+    /// The profiles it can spawn.
+    pub profiles: Vec<String>,
+    /// When its gateway was last heard of (Unix ms); none for this host.
+    pub last_seen_ms: Option<i64>,
+}
+
+/// The broker side of a gateway.
+pub struct Federation {
+    broker: BrokerConfig,
+    config: FederationConfig,
+    /// The live link; `None` while the broker is unreachable.
+    link: tokio_watch::Sender<Option<Arc<dyn Broker>>>,
+    /// The gid this gateway's own presence entry is published under.
+    gateway_gid: Gid,
+    state: Mutex<FedState>,
+    /// The audit log: one line per broker hop, never a message's text.
+    audit: Mutex<AuditLog>,
+}
+
+/// What the federated plane holds in memory.
+struct FedState {
+    /// The other hosts and their entities, as their heartbeats told.
+    roster: Roster,
+    /// The briefs this gateway published, awaiting their `INJECTED` receipts.
+    receipts: Receipts,
+    /// The names remote senders gave in their messages (`name@host`), for showing them.
+    senders: HashMap<Gid, String>,
+    /// The inbox consumers running on the current link.
+    consumers: HashMap<Gid, CancellationToken>,
+}
+
+impl FedState {
+    /// Stops every inbox consumer of the current link.
+    fn stop_consumers(&mut self) {
+        for (_, token) in self.consumers.drain() {
+            token.cancel();
+        }
+    }
+}
+
+impl Federation {
+    /// The federated plane for `broker`, writing its audit log into `state_dir`.
+    pub fn new(broker: BrokerConfig, config: FederationConfig, state_dir: &Path) -> Self {
+        let audit = AuditLog::open(
+            state_dir.join("audit.jsonl"),
+            config.audit_max_bytes,
+            config.audit_keep_files,
+        );
+        let caps = RosterCaps {
+            hosts: config.max_remote_hosts,
+            entities_per_host: config.max_remote_entities_per_host,
+        };
+        let state = FedState {
+            roster: Roster::new(caps, Duration::from_secs(config.presence_ttl_s)),
+            receipts: Receipts::new(Duration::from_secs(config.injected_bound_s)),
+            senders: HashMap::new(),
+            consumers: HashMap::new(),
+        };
+        Self {
+            broker,
+            config,
+            link: tokio_watch::channel(None).0,
+            gateway_gid: Gid::mint(),
+            state: Mutex::new(state),
+            audit: Mutex::new(audit),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FedState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn link(&self) -> Option<Arc<dyn Broker>> {
+        self.link.borrow().clone().filter(|l| l.is_up())
+    }
+
+    /// One audit line: what moved, never its text.
+    fn audit(&self, envelope: &Envelope, size: usize, outcome: &str) {
+        let line = json!({
+            "ts_ms": now_ms(),
+            "trace_id": envelope.trace_id,
+            "msg_id": envelope.msg_id,
+            "kind": envelope.kind,
+            "from": envelope.from,
+            "to": envelope.to,
+            "size": size,
+            "outcome": outcome,
+        });
+        self.audit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .append(&line.to_string());
+    }
+
+    /// Notes a message from another host now held here: an answer ends the wait for its
+    /// brief's receipt; and the audit line.
+    fn held(&self, envelope: &Envelope, size: usize) {
+        if let Some(original) = envelope.in_reply_to
+            && matches!(envelope.kind, Kind::Reply | Kind::Failed)
+        {
+            self.lock().receipts.forget(original);
+        }
+        self.audit(envelope, size, "held");
+    }
+
+    /// The name of a remote entity: as the roster knows it, else as its last message said.
+    pub(super) fn remote_name(&self, gid: Gid) -> Option<String> {
+        let state = self.lock();
+        state
+            .roster
+            .entity(gid)
+            .map(|e| e.entity.name.clone())
+            .or_else(|| state.senders.get(&gid).cloned())
+    }
+
+    /// The remote entities, for routing.
+    pub(super) fn remote_entities(&self) -> Vec<Entity> {
+        self.lock()
+            .roster
+            .entities()
+            .map(|e| e.entity.clone())
+            .collect()
+    }
+
+    /// Stops tracking a brief that was not published after all.
+    pub(super) fn forget_brief(&self, msg_id: MsgId) {
+        self.lock().receipts.forget(msg_id);
+    }
+
+    /// The state of a brief this gateway published, if it still tracks it.
+    pub(super) fn pending_state(&self, msg_id: MsgId) -> Option<&'static str> {
+        self.lock().receipts.state(msg_id)
+    }
+}
+
+fn unavailable(what: &str) -> FleetError {
+    FleetError::new(
+        ErrorCode::BrokerUnavailable,
+        format!("the broker cannot be reached, so {what}; same-host traffic still works"),
+    )
+}
+
+/// A failed publish as the domain sees it: the broker is unavailable (whatever the link said).
+fn not_taken(err: AmqpError) -> FleetError {
+    FleetError::new(ErrorCode::BrokerUnavailable, err.to_string())
+}
+
+impl Gateway {
+    fn fed(&self) -> Option<&Federation> {
+        self.federation.as_ref()
+    }
+
+    /// Whether messages to `gid` leave through the broker: federation is on and `gid` is not
+    /// an entity of this gateway.
+    pub(super) fn is_remote(&self, gid: Gid) -> bool {
+        self.fed().is_some() && !self.lock().is_local(gid)
+    }
+
+    /// Notes the name and host a remote sender gave, for showing its messages.
+    fn remember_remote_name(&self, gid: Gid, name: &str, host: Option<&str>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        if self.lock().is_local(gid) {
+            return;
+        }
+        let mut state = fed.lock();
+        if state.senders.len() >= MAX_SENDER_NAMES {
+            state.senders.clear();
+        }
+        let shown = match host {
+            Some(host) => format!("{name}@{host}"),
+            None => name.to_string(),
+        };
+        state.senders.insert(gid, shown);
+    }
+}

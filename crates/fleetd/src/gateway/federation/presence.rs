@@ -1,0 +1,236 @@
+//! Presence: heartbeats for this host and its entities, the roster queue read into the
+//! remote roster (merged, capped and expired by `fleet_core::roster`), and the roster as
+//! `fleet_list` shows it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
+use fleet_amqp::{Broker, Deliveries, Delivery};
+use fleet_core::roster::{Heard, Presence};
+use fleet_core::{Entity, Kind, MsgId, TraceId};
+use tokio::time::Instant;
+
+use super::super::Gateway;
+use super::super::sessions::now_ms;
+use super::{Federation, HostView};
+
+/// How often receipts and presence are checked for expiry.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+/// The routing-key name of a host's own roster entry.
+const GATEWAY_ENTRY: &str = "_gateway";
+
+impl Gateway {
+    /// Heartbeats every local entity and the host entry, and expires what went quiet.
+    pub(super) async fn presence_loop(self: Arc<Self>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let interval = Duration::from_secs(fed.config.presence_interval_s);
+        let mut next_beat = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(SWEEP_INTERVAL) => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            if Instant::now() >= next_beat {
+                self.publish_presence().await;
+                next_beat = Instant::now() + interval;
+            }
+            self.sweep().await;
+        }
+    }
+
+    /// Publishes the presence of every local entity and of this host.
+    pub(super) async fn publish_presence(&self) {
+        let Some(link) = self.fed().and_then(Federation::link) else {
+            return;
+        };
+        let entries: Vec<(Entity, String)> = {
+            let sessions = self.lock();
+            sessions
+                .entities()
+                .into_iter()
+                .map(|e| {
+                    let status = sessions
+                        .entry(e.gid)
+                        .map(|r| r.status)
+                        .unwrap_or_else(|| "unknown".into());
+                    (e, status)
+                })
+                .collect()
+        };
+        let beats = entries
+            .into_iter()
+            .map(|(entity, status)| self.announce(link.as_ref(), Some(entity), status, Vec::new()));
+        futures_util::future::join_all(beats).await;
+        let profiles = self
+            .config
+            .profiles
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        self.announce(link.as_ref(), None, "up".into(), profiles)
+            .await;
+    }
+
+    /// Tells the other gateways this host and its entities are gone.
+    pub(super) async fn leave_roster(&self) {
+        let Some(link) = self.fed().and_then(Federation::link) else {
+            return;
+        };
+        let local = self.lock().entities();
+        let beats = local
+            .into_iter()
+            .map(|entity| self.announce(link.as_ref(), Some(entity), "gone".into(), Vec::new()));
+        futures_util::future::join_all(beats).await;
+        self.announce(link.as_ref(), None, "gone".into(), Vec::new())
+            .await;
+    }
+
+    /// One presence heartbeat.
+    pub(super) async fn announce(
+        &self,
+        link: &dyn Broker,
+        entity: Option<Entity>,
+        status: String,
+        profiles: Vec<String>,
+    ) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let (from, who) = match &entity {
+            Some(e) => (e.gid, e.gid.to_string()),
+            None => (fed.gateway_gid, GATEWAY_ENTRY.to_string()),
+        };
+        let presence = Presence {
+            entity,
+            status,
+            profiles,
+        };
+        let Ok(body) = serde_json::to_vec(&presence) else {
+            return;
+        };
+        let envelope = self.outgoing(
+            Kind::Presence,
+            (MsgId::mint(), TraceId::mint()),
+            from,
+            ROSTER_EXCHANGE.to_string(),
+            fed.config.presence_ttl_s,
+        );
+        let key = roster_key(&self.host_id, &who);
+        if let Err(e) = link
+            .publish(ROSTER_EXCHANGE, &key, &envelope, &body, false, false)
+            .await
+        {
+            tracing::debug!(error = %e, "a heartbeat was not published");
+        }
+    }
+
+    /// Reads the roster queue into the union view until the link goes, or fleetd stops
+    /// (whether or not the link's close goes through).
+    pub(super) async fn consume_roster(self: Arc<Self>, mut deliveries: Deliveries) {
+        loop {
+            let next = tokio::select! {
+                next = deliveries.next() => next,
+                () = self.shutdown.cancelled() => return,
+            };
+            match next {
+                Some(Ok(delivery)) => self.on_presence(&delivery),
+                _ => return,
+            }
+        }
+    }
+
+    /// One heartbeat off the roster queue (settled by the broker on delivery).
+    fn on_presence(&self, delivery: &Delivery) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let Ok(envelope) = delivery.envelope() else {
+            tracing::warn!("a malformed heartbeat was ignored");
+            return;
+        };
+        let Some(host) = envelope.from_host.clone() else {
+            return;
+        };
+        if host == self.host_id || envelope.kind != Kind::Presence {
+            return;
+        }
+        let Ok(presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
+            tracing::warn!(%host, "a heartbeat with an unreadable body was ignored");
+            return;
+        };
+        let now = Instant::now().into_std();
+        let heard = fed.lock().roster.hear(&host, presence, now, now_ms());
+        match heard {
+            Heard::Merged | Heard::Left => {}
+            Heard::NotItsOwn { claimed } => {
+                tracing::warn!(%host, %claimed, "a heartbeat for an entity of another host was ignored");
+            }
+            // Loud at first, never a flood of its own: at powers of two.
+            Heard::OverCap { full, ignored } if ignored.is_power_of_two() => {
+                tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
+            }
+            Heard::OverCap { .. } => {}
+        }
+    }
+
+    /// The remote entries for `fleet_list`, and the hosts.
+    pub(in crate::gateway) fn remote_view(
+        &self,
+    ) -> (Vec<super::super::RosterEntry>, Vec<HostView>) {
+        let mut hosts = vec![HostView {
+            host: self.host_id.clone(),
+            status: "up".into(),
+            profiles: self
+                .config
+                .profiles
+                .iter()
+                .map(|p| p.name.clone())
+                .collect(),
+            last_seen_ms: None,
+        }];
+        let Some(fed) = self.fed() else {
+            return (Vec::new(), hosts);
+        };
+        let up = fed.link().is_some();
+        let state = fed.lock();
+        let mut entries: Vec<super::super::RosterEntry> = state
+            .roster
+            .entities()
+            .map(|e| super::super::RosterEntry {
+                gid: e.entity.gid,
+                name: e.entity.name.clone(),
+                host: e.entity.host.clone(),
+                role: e.entity.role,
+                profile: e.entity.profile.clone(),
+                status: if up {
+                    e.status.clone()
+                } else {
+                    "unknown".into()
+                },
+                agent: None,
+                agent_status: None,
+                groups: e.entity.groups.clone(),
+                pane: None,
+                last_seen_ms: Some(e.heard_ms),
+                open_calls: None,
+            })
+            .collect();
+        entries.sort_by(|a, b| (&a.host, &a.name).cmp(&(&b.host, &b.name)));
+        let mut remote_hosts: Vec<HostView> = state
+            .roster
+            .hosts()
+            .map(|(host, h)| HostView {
+                host: host.to_string(),
+                status: if up { "up".into() } else { "unknown".into() },
+                profiles: h.profiles.clone(),
+                last_seen_ms: Some(h.heard_ms),
+            })
+            .collect();
+        remote_hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        hosts.extend(remote_hosts);
+        (entries, hosts)
+    }
+}

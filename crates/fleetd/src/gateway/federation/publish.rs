@@ -1,0 +1,189 @@
+//! Sending through the broker: a message to a remote entity's inbox (its outcome decided by
+//! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
+//! everything this gateway publishes.
+
+use fleet_amqp::Published;
+use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
+use fleet_core::envelope::{Envelope, VERSION};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use tokio::time::Instant;
+
+use super::super::Gateway;
+use super::super::messages::Placement;
+use super::super::sessions::now_ms;
+use super::{not_taken, unavailable};
+
+impl Gateway {
+    /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
+    /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
+    pub(in crate::gateway) async fn publish_remote(
+        &self,
+        message: &Message,
+    ) -> Result<Placement, FleetError> {
+        let Some(fed) = self.fed() else {
+            return Ok(Placement::Dead);
+        };
+        let Some(link) = fed.link() else {
+            return Err(unavailable(&format!(
+                "'{}' on another host cannot be reached now; nothing was queued",
+                self.name_of(message.to).await
+            )));
+        };
+        let envelope = Envelope {
+            in_reply_to: message.in_reply_to,
+            from_name: Some(self.name_of(message.from).await),
+            ..self.outgoing(
+                message.kind,
+                (message.msg_id, message.trace_id),
+                message.from,
+                message.to.to_string(),
+                fed.config.inbox_message_ttl_s,
+            )
+        };
+        let body = message.body.as_bytes();
+        let published = link
+            .publish(MSG_EXCHANGE, &envelope.to, &envelope, body, true, true)
+            .await;
+        let outcome = match &published {
+            Ok(Published::Routed) => "published",
+            Ok(Published::Unroutable) => "unroutable",
+            Ok(Published::Refused) => "refused: inbox full",
+            Err(_) => "broker unavailable",
+        };
+        fed.audit(&envelope, body.len(), outcome);
+        tracing::info!(trace_id = %message.trace_id, msg_id = %message.msg_id, kind = %message.kind, to = %message.to, outcome, "published");
+        let refused = match published.map_err(not_taken)? {
+            Published::Routed => return Ok(Placement::Remote),
+            Published::Unroutable => (
+                ErrorCode::Gone,
+                "has no inbox on the broker any more: it is gone",
+            ),
+            Published::Refused => (
+                ErrorCode::BrokerUnavailable,
+                "has a full inbox; the message was dead-lettered",
+            ),
+        };
+        let to_name = self.name_of(message.to).await;
+        Err(FleetError::new(
+            refused.0,
+            format!("'{to_name}' {}", refused.1),
+        ))
+    }
+
+    /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
+    pub(super) fn outgoing(
+        &self,
+        kind: Kind,
+        (msg_id, trace_id): (MsgId, TraceId),
+        from: Gid,
+        to: String,
+        ttl_s: u64,
+    ) -> Envelope {
+        let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
+        Envelope {
+            version: VERSION,
+            kind,
+            msg_id,
+            trace_id,
+            from,
+            to,
+            turn_id: None,
+            spawn_id: None,
+            in_reply_to: None,
+            from_name: None,
+            from_host: Some(self.host_id.clone()),
+            ts_ms,
+            expires_at_ms: ts_ms.saturating_add(ttl_s.saturating_mul(1000)),
+        }
+    }
+
+    /// Remembers a brief published to a remote worker, to fail it loudly if its `INJECTED`
+    /// receipt does not come in time.
+    pub(in crate::gateway) fn track_remote_brief(&self, message: &Message) {
+        if let Some(fed) = self.fed() {
+            fed.lock().receipts.track(
+                message.msg_id,
+                message.from,
+                message.to,
+                message.trace_id,
+                Instant::now().into_std(),
+            );
+        }
+    }
+
+    /// After a brief from a remote sender was typed in and its submit verified: tell the
+    /// sender's gateway.
+    pub(in crate::gateway) async fn receipt_injected(&self, task: &Message) {
+        if !self.is_remote(task.from) {
+            return;
+        }
+        let receipt = Message {
+            msg_id: task.msg_id.derived("injected"),
+            trace_id: task.trace_id,
+            kind: Kind::Injected,
+            from: task.to,
+            to: task.from,
+            in_reply_to: Some(task.msg_id),
+            body: String::new(),
+            state: MsgState::Held,
+            created_ms: now_ms(),
+        };
+        if let Err(e) = self.publish_remote(&receipt).await {
+            tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
+        }
+    }
+
+    /// `fleet_broadcast` through the broker: one publish, a copy in every bound inbox.
+    /// Returns how many workers the roster knows to be bound.
+    pub(in crate::gateway) async fn publish_broadcast(
+        &self,
+        from: &Entity,
+        group: Option<&str>,
+        text: &str,
+        msg_id: MsgId,
+        trace_id: TraceId,
+    ) -> Result<usize, FleetError> {
+        let Some(fed) = self.fed() else {
+            return Err(FleetError::internal("no broker"));
+        };
+        let Some(link) = fed.link() else {
+            return Err(unavailable("the broadcast was not sent"));
+        };
+        let key = group.map_or_else(|| BROADCAST_ALL.to_string(), broadcast_key);
+        let envelope = Envelope {
+            from_name: Some(from.name.clone()),
+            ..self.outgoing(
+                Kind::Broadcast,
+                (msg_id, trace_id),
+                from.gid,
+                key.clone(),
+                fed.config.inbox_message_ttl_s,
+            )
+        };
+        // An empty group is legal silence: not mandatory.
+        let published = link
+            .publish(MSG_EXCHANGE, &key, &envelope, text.as_bytes(), false, true)
+            .await;
+        fed.audit(
+            &envelope,
+            text.len(),
+            if published.is_ok() {
+                "published"
+            } else {
+                "broker unavailable"
+            },
+        );
+        published.map_err(not_taken)?;
+        let in_group = |e: &Entity| {
+            e.role.is_injected() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
+        };
+        let local = self.lock().entities().into_iter().filter(in_group).count();
+        let remote = fed
+            .lock()
+            .roster
+            .entities()
+            .filter(|e| in_group(&e.entity))
+            .count();
+        Ok(local + remote)
+    }
+}

@@ -1,0 +1,49 @@
+//! The sweep: expires quiet roster entries (while the link is up: with it down, nobody can be
+//! heard) and fails remote briefs whose `INJECTED` receipt is overdue, by the bound
+//! `fleet_core::receipts` keeps.
+
+use std::sync::Arc;
+
+use fleet_core::{Kind, Message, MsgState};
+use tokio::time::Instant;
+
+use super::super::Gateway;
+use super::super::sessions::now_ms;
+
+impl Gateway {
+    /// Expires quiet roster entries, and fails remote briefs whose receipt is overdue.
+    pub(super) async fn sweep(self: &Arc<Self>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let now = Instant::now().into_std();
+        let (overdue, bound) = {
+            let mut state = fed.lock();
+            if fed.link().is_some() {
+                state.roster.expire(now);
+            }
+            let busy = state.roster.busy();
+            (state.receipts.sweep(now, &busy), state.receipts.bound())
+        };
+        for (msg_id, pending) in overdue {
+            let name = self.name_of(pending.recipient).await;
+            let reason = format!(
+                "no INJECTED receipt from '{name}' within {} s of it being free: the brief may not have been typed in, and is not retried",
+                bound.as_secs()
+            );
+            tracing::warn!(trace_id = %pending.trace_id, %msg_id, "remote brief not confirmed");
+            let original = Message {
+                msg_id,
+                trace_id: pending.trace_id,
+                kind: Kind::Send,
+                from: pending.sender,
+                to: pending.recipient,
+                in_reply_to: None,
+                body: String::new(),
+                state: MsgState::Queued,
+                created_ms: now_ms(),
+            };
+            Box::pin(self.notify_failed(&original, &reason)).await;
+        }
+    }
+}

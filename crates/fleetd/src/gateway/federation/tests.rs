@@ -1,0 +1,419 @@
+//! The federated plane's orchestration against the in-memory broker (`fleet_amqp::fake`): a
+//! real gateway (its store on disk, no panes) whose link is the fake, so that what it makes of
+//! each delivery — how it is settled, what is held, what is published back — is seen directly.
+//! The same flows against the real RabbitMQ are in the `federation` integration tests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fleet_amqp::fake::{FakeBroker, Settled};
+use fleet_amqp::{Broker, Table};
+use fleet_core::admission::Settlement;
+use fleet_core::envelope::{Envelope, VERSION};
+use fleet_core::roster::Presence;
+use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
+use fleet_mux::{AgentState, MuxError, PaneHost, PaneId, PaneSpec, PaneState, Snapshot};
+use fleet_store::{SqliteStore, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::super::{Gateway, Parts, Workdirs};
+use super::Federation;
+use crate::config::{BrokerConfig, Config, FederationConfig};
+use crate::launch::{HostFacts, Launchers};
+
+/// How long a test waits for the gateway to act on what the fake delivered.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A pane host with no panes: these tests hold messages for a lead only.
+struct NoPanes;
+
+#[async_trait]
+impl PaneHost for NoPanes {
+    async fn spawn(&self, _: &PaneSpec) -> Result<PaneId, MuxError> {
+        Err(MuxError::Refused("no panes here".into()))
+    }
+    async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn paste(&self, pane: &PaneId, _: &str) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn history(&self, pane: &PaneId, _: usize) -> Result<String, MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
+        Ok(BTreeMap::new())
+    }
+    async fn report(&self, pane: &PaneId, _: AgentState) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+    async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
+}
+
+/// A gateway of `hosta` with lead alice, its link the fake, alice's inbox consumed.
+struct Harness {
+    gateway: Arc<Gateway>,
+    broker: Arc<FakeBroker>,
+    alice: Entity,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(max_held: usize) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::embedded();
+    config.gateway.max_held_per_recipient = max_held;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
+    let broker_config = BrokerConfig {
+        uri: "amqp://127.0.0.1:1/fake".into(),
+        password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
+        heartbeat_s: 10,
+        prefetch: 32,
+    };
+    let federation = Federation::new(broker_config, FederationConfig::default(), dir.path());
+    let parts = Parts {
+        store,
+        panes: Arc::new(NoPanes),
+        launchers: Launchers::new(dir.path(), HostFacts::default()),
+        federation: Some(federation),
+        workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
+    };
+    let gateway = Gateway::new(
+        Arc::new(config),
+        "hosta".into(),
+        "http://127.0.0.1:1/mcp".into(),
+        parts,
+        CancellationToken::new(),
+    );
+    let gid = gateway
+        .db(|s| s.ensure_lead("alice", "hosta", &[]))
+        .await
+        .unwrap();
+    let alice = gateway
+        .db(move |s| s.entity(gid))
+        .await
+        .unwrap()
+        .unwrap()
+        .entity;
+    gateway.lock().add_lead(alice.clone());
+    let broker = Arc::new(FakeBroker::new());
+    let link: Arc<dyn Broker> = broker.clone();
+    gateway.fed().unwrap().link.send_replace(Some(link));
+    gateway.attach_inbox(broker.as_ref(), &alice).await.unwrap();
+    Harness {
+        gateway,
+        broker,
+        alice,
+        _dir: dir,
+    }
+}
+
+/// An envelope as another host's gateway writes one, of `kind` from `from` to `to`.
+fn envelope(kind: Kind, from: Gid, to: &str) -> Envelope {
+    let now = u64::try_from(super::now_ms()).unwrap();
+    Envelope {
+        version: VERSION,
+        kind,
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        from,
+        to: to.into(),
+        turn_id: None,
+        spawn_id: None,
+        in_reply_to: None,
+        from_name: Some("carol".into()),
+        from_host: Some("hostc".into()),
+        ts_ms: now,
+        expires_at_ms: now + 60_000,
+    }
+}
+
+/// Waits until `done` holds of the fake's settlements; they, then.
+async fn settled_until(broker: &FakeBroker, done: impl Fn(&[Settled]) -> bool) -> Vec<Settled> {
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let settled = broker.settled();
+            if done(&settled) {
+                return settled;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("settlements so far: {:?}", broker.settled()))
+}
+
+fn how_of(settled: &[Settled], tag: u64) -> Vec<(Settlement, bool)> {
+    settled
+        .iter()
+        .filter(|s| s.tag == tag)
+        .map(|s| (s.how, s.through))
+        .collect()
+}
+
+#[tokio::test]
+async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_held_once() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        ..
+    } = harness(10).await;
+    let key = alice.gid.to_string();
+    let carol = Gid::mint();
+    let garbage = broker
+        .deliver(alice.gid, &key, &Table::new(), b"x")
+        .await
+        .unwrap();
+    let elsewhere = Table::of_envelope(&envelope(Kind::Send, carol, &Gid::mint().to_string()));
+    let misaddressed = broker
+        .deliver(alice.gid, &key, &elsewhere, b"x")
+        .await
+        .unwrap();
+    let good = Table::of_envelope(&envelope(Kind::Send, carol, &key));
+    broker
+        .deliver(alice.gid, &key, &good, b"hello")
+        .await
+        .unwrap();
+    // The same message again (a redelivery): held once.
+    let again = broker
+        .deliver(alice.gid, &key, &good, b"hello")
+        .await
+        .unwrap();
+
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == again)).await;
+    assert_eq!(how_of(&settled, garbage), [(Settlement::DeadLetter, false)]);
+    assert_eq!(
+        how_of(&settled, misaddressed),
+        [(Settlement::DeadLetter, false)]
+    );
+    // Held ones are acknowledged in one frame up to the last of their batch.
+    assert_eq!(how_of(&settled, again), [(Settlement::Ack, true)]);
+    assert!(
+        settled
+            .iter()
+            .filter(|s| s.tag > misaddressed)
+            .all(|s| s.how == Settlement::Ack),
+        "{settled:?}"
+    );
+    let gid = alice.gid;
+    let held = gateway.db(move |s| s.held_count(gid)).await.unwrap();
+    assert_eq!(held, 1);
+    assert_eq!(
+        gateway.fed().unwrap().remote_name(carol).as_deref(),
+        Some("carol@hostc")
+    );
+}
+
+#[tokio::test]
+async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_through_the_broker() {
+    let Harness { broker, alice, .. } = harness(1).await;
+    let key = alice.gid.to_string();
+    let carol = Gid::mint();
+    broker.bind(&carol.to_string());
+    let first = broker
+        .deliver(
+            alice.gid,
+            &key,
+            &Table::of_envelope(&envelope(Kind::Send, carol, &key)),
+            b"m1",
+        )
+        .await
+        .unwrap();
+    settled_until(&broker, |s| !s.is_empty()).await;
+    let over = envelope(Kind::Send, carol, &key);
+    let second = broker
+        .deliver(alice.gid, &key, &Table::of_envelope(&over), b"m2")
+        .await
+        .unwrap();
+
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == second)).await;
+    assert_eq!(how_of(&settled, first), [(Settlement::Ack, true)]);
+    assert_eq!(how_of(&settled, second), [(Settlement::DeadLetter, false)]);
+    let notices: Vec<_> = broker
+        .published()
+        .into_iter()
+        .filter(|p| p.envelope.kind == Kind::Failed)
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let notice = &notices[0];
+    assert_eq!(notice.key, carol.to_string());
+    assert_eq!(notice.envelope.in_reply_to, Some(over.msg_id));
+    assert!(notice.mandatory && notice.persistent);
+    let text = String::from_utf8_lossy(&notice.body);
+    assert!(
+        text.contains("gateway.max_held_per_recipient = 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        ..
+    } = harness(10).await;
+    let worker = Gid::mint();
+    let brief = Message {
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        kind: Kind::Send,
+        from: alice.gid,
+        to: worker,
+        in_reply_to: None,
+        body: "task".into(),
+        state: MsgState::Queued,
+        created_ms: 0,
+    };
+    gateway.track_remote_brief(&brief);
+    let fed = gateway.fed().unwrap();
+    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+    let key = alice.gid.to_string();
+    let receipt = Envelope {
+        in_reply_to: Some(brief.msg_id),
+        ..envelope(Kind::Injected, worker, &key)
+    };
+    let tag = broker
+        .deliver(alice.gid, &key, &Table::of_envelope(&receipt), b"")
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| !s.is_empty()).await;
+    assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)]);
+    assert_eq!(fed.pending_state(brief.msg_id), Some("injected"));
+}
+
+#[tokio::test]
+async fn heartbeats_off_the_roster_queue_are_merged_and_our_own_and_others_ignored() {
+    let Harness {
+        gateway, broker, ..
+    } = harness(10).await;
+    let roster = broker.open_roster("hosta").await.unwrap();
+    let consumer = Arc::clone(&gateway);
+    tokio::spawn(async move { consumer.consume_roster(roster).await });
+    let beat = |host: &str, entity: Option<Entity>, kind: Kind| {
+        let from = entity.as_ref().map_or_else(Gid::mint, |e| e.gid);
+        let presence = Presence {
+            entity,
+            status: "idle".into(),
+            profiles: vec!["sim".into()],
+        };
+        let envelope = Envelope {
+            from_host: Some(host.into()),
+            ..envelope(kind, from, "fleet.roster")
+        };
+        (
+            Table::of_envelope(&envelope),
+            serde_json::to_vec(&presence).unwrap(),
+        )
+    };
+    let worker = |name: &str, host: &str| Entity {
+        gid: Gid::mint(),
+        name: name.into(),
+        host: host.into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        groups: Vec::new(),
+        parent: None,
+    };
+    for (host, entity, kind) in [
+        ("hosta", Some(worker("mine", "hosta")), Kind::Presence),
+        ("hostb", Some(worker("notpresence", "hostb")), Kind::Send),
+        ("hostb", Some(worker("claimed", "hostc")), Kind::Presence),
+        ("hostb", None, Kind::Presence),
+        ("hostb", Some(worker("wb", "hostb")), Kind::Presence),
+    ] {
+        let (headers, body) = beat(host, entity, kind);
+        broker.beat("roster.x", &headers, &body).await.unwrap();
+    }
+    let (entries, hosts) = tokio::time::timeout(LIMIT, async {
+        loop {
+            let (entries, hosts) = gateway.remote_view();
+            if !entries.is_empty() {
+                return (entries, hosts);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["wb"]);
+    assert_eq!(entries[0].status, "idle");
+    let hosts: Vec<&str> = hosts.iter().map(|h| h.host.as_str()).collect();
+    assert_eq!(hosts, ["hosta", "hostb"]);
+    gateway.shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_quiet_entry() {
+    let Harness { gateway, alice, .. } = harness(10).await;
+    let fed = gateway.fed().unwrap();
+    let bound = Duration::from_secs(fed.config.injected_bound_s);
+    let ttl = Duration::from_secs(fed.config.presence_ttl_s);
+    assert!(ttl < bound, "the entry expires first");
+    let worker = Entity {
+        gid: Gid::mint(),
+        name: "wb".into(),
+        host: "hostb".into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        groups: Vec::new(),
+        parent: None,
+    };
+    let heard = Presence {
+        entity: Some(worker.clone()),
+        status: "idle".into(),
+        profiles: Vec::new(),
+    };
+    let now = tokio::time::Instant::now().into_std();
+    fed.lock().roster.hear("hostb", heard, now, 0);
+    let brief = Message {
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        kind: Kind::Send,
+        from: alice.gid,
+        to: worker.gid,
+        in_reply_to: None,
+        body: "task".into(),
+        state: MsgState::Queued,
+        created_ms: 0,
+    };
+    gateway.track_remote_brief(&brief);
+    let looping = Arc::clone(&gateway);
+    tokio::spawn(async move { looping.presence_loop().await });
+
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert!(gateway.remote_view().0.is_empty(), "the quiet entry stayed");
+    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+
+    tokio::time::sleep(bound - ttl).await;
+    assert_eq!(fed.pending_state(brief.msg_id), None);
+    // Its sender holds the FAILED notice, naming the bound (and the recipient by its gid: the
+    // roster forgot its name).
+    let gid = alice.gid;
+    let notice = gateway
+        .db(move |s| s.take_held(gid, None, 10))
+        .await
+        .unwrap();
+    assert_eq!(notice.len(), 1, "{notice:?}");
+    assert_eq!(notice[0].kind, Kind::Failed);
+    assert_eq!(notice[0].in_reply_to, Some(brief.msg_id));
+    let expected = format!(
+        "no INJECTED receipt from '{}' within {} s",
+        worker.gid,
+        bound.as_secs()
+    );
+    assert!(notice[0].body.contains(&expected), "{}", notice[0].body);
+    gateway.shutdown.cancel();
+}
