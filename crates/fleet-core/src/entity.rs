@@ -33,8 +33,9 @@ impl Role {
         }
     }
 
-    /// Whether messages to this role are typed into a pane (true) or held for an MCP pull.
-    pub fn is_injected(self) -> bool {
+    /// Whether this role lives in a pane (worker, architect: its tasks are typed in) or is a
+    /// lead (reached by MCP pull only).
+    pub fn is_pane_bound(self) -> bool {
         !matches!(self, Role::Lead)
     }
 }
@@ -135,9 +136,9 @@ mod tests {
 
     #[test]
     fn only_leads_are_pulled() {
-        assert!(!Role::Lead.is_injected());
-        assert!(Role::Worker.is_injected());
-        assert!(Role::Architect.is_injected());
+        assert!(!Role::Lead.is_pane_bound());
+        assert!(Role::Worker.is_pane_bound());
+        assert!(Role::Architect.is_pane_bound());
     }
 
     #[test]

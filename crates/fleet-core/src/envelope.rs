@@ -33,7 +33,7 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::ids::{Gid, MsgId, TraceId};
-use crate::message::Kind;
+use crate::message::{Kind, Message, MsgState};
 
 /// A header value as the codec sees it; the AMQP layer maps its field values to and from these.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -324,6 +324,44 @@ impl Envelope {
     pub fn expired(&self, now_ms: u64) -> bool {
         now_ms >= self.expires_at_ms
     }
+
+    /// The local message this envelope makes for `owner`, its recipient here, held for a pull
+    /// (a broadcast is a send like any other once it arrives). Its time is the sender's, or
+    /// `now_ms` when that does not fit.
+    pub fn held_for(&self, owner: Gid, body: String, now_ms: i64) -> Message {
+        Message {
+            msg_id: self.msg_id,
+            trace_id: self.trace_id,
+            kind: if self.kind == Kind::Broadcast {
+                Kind::Send
+            } else {
+                self.kind
+            },
+            from: self.from,
+            to: owner,
+            in_reply_to: self.in_reply_to,
+            body,
+            state: MsgState::Held,
+            created_ms: i64::try_from(self.ts_ms).unwrap_or(now_ms),
+        }
+    }
+
+    /// The brief this envelope makes for `owner`, a pane-bound recipient here: queued to be
+    /// typed in, answering nothing. A broadcast's copy takes an id of its own, derived from the
+    /// broadcast's and its recipient, so each copy is accepted once.
+    pub fn brief_for(&self, owner: Gid, body: String, now_ms: i64) -> Message {
+        let msg_id = if self.kind == Kind::Broadcast {
+            self.msg_id.derived(&owner.to_string())
+        } else {
+            self.msg_id
+        };
+        Message {
+            msg_id,
+            in_reply_to: None,
+            state: MsgState::Queued,
+            ..self.held_for(owner, body, now_ms)
+        }
+    }
 }
 
 fn bad(header: &'static str, why: String) -> EnvelopeError {
@@ -436,6 +474,56 @@ mod tests {
 
     use proptest::prelude::*;
     use uuid::Uuid;
+
+    #[test]
+    fn an_envelope_makes_a_held_message_or_a_brief_for_its_recipient() {
+        let owner = Gid::mint();
+        let reply = Envelope {
+            kind: Kind::Reply,
+            in_reply_to: Some(MsgId::mint()),
+            ..sample()
+        };
+        let held = reply.held_for(owner, "done".into(), 7);
+        assert_eq!(
+            (held.msg_id, held.trace_id, held.from),
+            (reply.msg_id, reply.trace_id, reply.from)
+        );
+        assert_eq!(
+            (held.to, held.kind, held.state.clone()),
+            (owner, Kind::Reply, MsgState::Held)
+        );
+        assert_eq!(held.in_reply_to, reply.in_reply_to);
+        assert_eq!(held.created_ms, i64::try_from(reply.ts_ms).unwrap());
+        let late = Envelope {
+            ts_ms: u64::MAX,
+            ..sample()
+        };
+        assert_eq!(late.held_for(owner, String::new(), 7).created_ms, 7);
+        let task = Envelope {
+            kind: Kind::Send,
+            ..sample()
+        };
+        let brief = task.brief_for(owner, "do it".into(), 7);
+        assert_eq!(
+            (brief.msg_id, brief.state, brief.in_reply_to),
+            (task.msg_id, MsgState::Queued, None)
+        );
+        // Each copy of a broadcast is a send with an id of its own.
+        let broadcast = Envelope {
+            kind: Kind::Broadcast,
+            ..sample()
+        };
+        let (a, b) = (
+            broadcast.brief_for(owner, String::new(), 7),
+            broadcast.brief_for(Gid::mint(), String::new(), 7),
+        );
+        assert_eq!(a.kind, Kind::Send);
+        assert_ne!(a.msg_id, b.msg_id);
+        assert_eq!(
+            a.msg_id,
+            broadcast.brief_for(owner, String::new(), 9).msg_id
+        );
+    }
 
     fn sample() -> Envelope {
         Envelope {

@@ -1,6 +1,7 @@
 //! The domain core of fleetd: global ids, entities and roles, messages and their states, the
-//! routing decision, the worker session state machine, the authorisation rules, and the rules of
-//! the federated plane (admission of a broker delivery, the remote roster, the receipt bound).
+//! routing decision, the worker session state machine, the authorisation rules, the rules of the
+//! local plane (placement, who may take a task, asks, turnover and nudges) and those of the
+//! federated plane (admission of a broker delivery, the remote roster, the receipt bound).
 //!
 //! This crate does no I/O, and its rules know no clock: timestamps come in as arguments (the
 //! adapters read the one clock, [`clock::now_ms`]), so every rule here is tested with explicit

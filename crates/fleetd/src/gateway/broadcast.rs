@@ -41,7 +41,7 @@ impl Gateway {
                 .lock()
                 .entities()
                 .into_iter()
-                .filter(|e| e.role.is_injected() && e.gid != caller.entity.gid)
+                .filter(|e| e.role.is_pane_bound() && e.gid != caller.entity.gid)
                 .filter(|e| {
                     group
                         .as_ref()

@@ -102,7 +102,7 @@ impl Gateway {
             return Err(FleetError::invalid("you cannot send a message to yourself"));
         }
         check_send(&caller.entity, recipient)?;
-        if recipient.role.is_injected() {
+        if recipient.role.is_pane_bound() {
             // Typed into its pane (here or on its host): inert text only.
             typeable(&text).map_err(|found| found.refusal())?;
             let single_line = self
@@ -115,7 +115,7 @@ impl Gateway {
             }
         }
         if !remote
-            && recipient.role.is_injected()
+            && recipient.role.is_pane_bound()
             && let Some(down) = self.lock().host_down.clone()
         {
             return Err(FleetError::new(
@@ -138,7 +138,7 @@ impl Gateway {
         // Watched from before the message leaves: until the inbox changes, no answer can be in
         // it, and the store need not be asked.
         let inbox = self.inbox(caller.entity.gid);
-        if remote && recipient.role.is_injected() {
+        if remote && recipient.role.is_pane_bound() {
             // Tracked before it is published: its receipt may come back at once.
             self.track_remote_brief(&message);
         }
@@ -160,7 +160,7 @@ impl Gateway {
             look_first: false,
             // A message to a remote lead is held for it on its host; nothing of it is stored
             // here to ask about.
-            held_remotely: remote && !recipient.role.is_injected(),
+            held_remotely: remote && !recipient.role.is_pane_bound(),
         };
         self.await_answer(caller, msg_id, wait, ct, waiting).await
     }

@@ -24,7 +24,7 @@ impl Gateway {
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
         let entity = self.resolve_local(to)?;
-        if !entity.role.is_injected() {
+        if !entity.role.is_pane_bound() {
             return Err(FleetError::invalid(format!(
                 "'{}' is a lead: leads are declared in config and cannot be stopped",
                 entity.name
@@ -130,7 +130,7 @@ impl Gateway {
             .db(|s| s.live_entities())
             .await?
             .into_iter()
-            .filter(|r| r.entity.role.is_injected())
+            .filter(|r| r.entity.role.is_pane_bound())
             .collect();
         for record in stale {
             let gid = record.entity.gid;

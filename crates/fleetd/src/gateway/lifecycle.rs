@@ -135,10 +135,10 @@ impl Gateway {
                 };
                 match (turnover(&facts), session.profile.context_cap) {
                     // Spawning again from here on: the pump types nothing into it meanwhile.
-                    (Some(Turnover::Recycle), Some(cap)) => {
-                        if session.apply(SessionEvent::Recycle).is_ok() {
-                            due.push(LifeStep::Recycle(*gid, cap));
-                        }
+                    (Some(Turnover::Recycle), Some(cap))
+                        if session.apply(SessionEvent::Recycle).is_ok() =>
+                    {
+                        due.push(LifeStep::Recycle(*gid, cap));
                     }
                     (Some(Turnover::Reap), _) => {
                         if let Some(ttl) = facts.idle_ttl

@@ -9,9 +9,7 @@ use std::sync::Arc;
 
 use fleet_core::bounds::Full;
 use fleet_core::clock::now_ms;
-// Re-exported for federation.rs until it names fleet-core's itself.
-pub(super) use fleet_core::delivery::Placement;
-use fleet_core::delivery::place;
+use fleet_core::delivery::{Placement, place};
 use fleet_core::routing::{Route, resolve};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use tracing::Instrument;

@@ -37,11 +37,11 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::launch::Launchers;
 
-pub use federation::{Federation, HostView};
+pub use federation::Federation;
 pub use nudge::NudgeTarget;
 pub use spawn::SpawnRequest;
 pub use views::{
-    AskResult, AskView, BroadcastResult, Delivered, ListResult, PollResult, ReplyResult,
+    AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,
     RosterEntry, SendResult, SpawnResult, StopResult,
 };
 pub use workdir::Workdirs;

@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-// Re-exported for federation.rs until it takes the clock from fleet-core itself.
-pub(super) use fleet_core::clock::now_ms;
+use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Recipient, Taker, TaskGate, may_take_task};
 use fleet_core::{Entity, Gid, Message, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
@@ -122,12 +121,6 @@ impl PaneSession {
         self.profile
             .context_cap
             .is_some_and(|cap| self.tasks_started >= cap)
-    }
-
-    /// Whether a brief from another host would be taken now (federation.rs, until it asks
-    /// [`Sessions::may_take_task`] itself).
-    pub fn takes_task(&self) -> bool {
-        may_take_task(&self.gate(false), Taker::Broker)
     }
 
     /// What decides whether the session takes a task now (`host_down`: the pane host cannot

@@ -151,7 +151,7 @@ pub struct ListResult {
     /// Every live entity: this host's, then other hosts' as the roster last heard of them.
     pub entities: Vec<RosterEntry>,
     /// The hosts of the fleet (this one first), with the profiles each can spawn.
-    pub hosts: Vec<super::HostView>,
+    pub hosts: Vec<HostView>,
 }
 
 /// The answer to `fleet_spawn`.
@@ -180,4 +180,17 @@ pub struct StopResult {
     pub name: String,
     /// Their status now.
     pub status: WorkerStatus,
+}
+
+/// One host as `fleet_list` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostView {
+    /// The host id.
+    pub host: String,
+    /// `up`, or `unknown` while the broker cannot be reached.
+    pub status: String,
+    /// The profiles it can spawn.
+    pub profiles: Vec<String>,
+    /// When its gateway was last heard of (Unix ms); none for this host.
+    pub last_seen_ms: Option<i64>,
 }

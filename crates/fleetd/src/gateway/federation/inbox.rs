@@ -8,11 +8,11 @@ use fleet_amqp::{Deliveries, Delivery};
 use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind, refusal_told};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
-use fleet_core::{Gid, Kind, Message, MsgState};
+use fleet_core::{Gid, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
-use super::super::sessions::now_ms;
+use fleet_core::clock::now_ms;
 
 /// The most deliveries taken off an inbox at once (held ones are stored together).
 const DELIVERY_BATCH: usize = 64;
@@ -22,26 +22,6 @@ pub(super) struct Incoming {
     pub(super) delivery: Delivery,
     pub(super) envelope: Envelope,
     pub(super) message: Message,
-}
-
-/// The local message an envelope from a remote sender makes for `owner`, held (a broadcast
-/// is a send like any other once it arrives).
-pub(super) fn incoming(envelope: &Envelope, owner: Gid, body: String) -> Message {
-    Message {
-        msg_id: envelope.msg_id,
-        trace_id: envelope.trace_id,
-        kind: if envelope.kind == Kind::Broadcast {
-            Kind::Send
-        } else {
-            envelope.kind
-        },
-        from: envelope.from,
-        to: owner,
-        in_reply_to: envelope.in_reply_to,
-        body,
-        state: MsgState::Held,
-        created_ms: i64::try_from(envelope.ts_ms).unwrap_or_else(|_| now_ms()),
-    }
 }
 
 /// Tells the broker how `delivery` was handled (with `through`, every delivery before it on
@@ -113,7 +93,7 @@ impl Gateway {
             let to_pane = self.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {
                 held.push(Incoming {
-                    message: incoming(&envelope, owner, body),
+                    message: envelope.held_for(owner, body, now_ms()),
                     envelope,
                     delivery,
                 });
@@ -216,7 +196,7 @@ impl Gateway {
             fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
         }
         if refusal_told(kind) {
-            let original = incoming(envelope, owner, String::new());
+            let original = envelope.held_for(owner, String::new(), now_ms());
             self.notify_failed(
                 &original,
                 &format!("refused by its recipient's gateway: {why}"),

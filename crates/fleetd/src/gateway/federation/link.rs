@@ -160,7 +160,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        let keys: Vec<String> = if entity.role.is_injected() {
+        let keys: Vec<String> = if entity.role.is_pane_bound() {
             std::iter::once(BROADCAST_ALL.to_string())
                 .chain(entity.groups.iter().map(|g| broadcast_key(g)))
                 .collect()

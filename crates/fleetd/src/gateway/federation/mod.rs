@@ -35,31 +35,17 @@ use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
 use fleet_core::roster::Roster;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
-use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
-use super::sessions::now_ms;
 use crate::audit::AuditLog;
 use crate::config::{BrokerConfig, FederationConfig};
+use fleet_core::clock::now_ms;
 
 /// How many remote senders' names are kept (then forgotten all at once).
 const MAX_SENDER_NAMES: usize = 10_000;
-
-/// One host as `fleet_list` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct HostView {
-    /// The host id.
-    pub host: String,
-    /// `up`, or `unknown` while the broker cannot be reached.
-    pub status: String,
-    /// The profiles it can spawn.
-    pub profiles: Vec<String>,
-    /// When its gateway was last heard of (Unix ms); none for this host.
-    pub last_seen_ms: Option<i64>,
-}
 
 /// The broker side of a gateway.
 pub struct Federation {
@@ -207,12 +193,6 @@ fn not_taken(err: AmqpError) -> FleetError {
 impl Gateway {
     fn fed(&self) -> Option<&Federation> {
         self.federation.as_ref()
-    }
-
-    /// Whether messages to `gid` leave through the broker: federation is on and `gid` is not
-    /// an entity of this gateway.
-    pub(super) fn is_remote(&self, gid: Gid) -> bool {
-        self.fed().is_some() && !self.lock().is_local(gid)
     }
 
     /// Notes the name and host a remote sender gave, for showing its messages.

@@ -12,8 +12,9 @@ use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::super::sessions::now_ms;
-use super::{Federation, HostView};
+use super::super::views::{HostView, RosterEntry};
+use super::Federation;
+use fleet_core::clock::now_ms;
 
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
@@ -177,9 +178,7 @@ impl Gateway {
     }
 
     /// The remote entries for `fleet_list`, and the hosts.
-    pub(in crate::gateway) fn remote_view(
-        &self,
-    ) -> (Vec<super::super::RosterEntry>, Vec<HostView>) {
+    pub(in crate::gateway) fn remote_view(&self) -> (Vec<RosterEntry>, Vec<HostView>) {
         let mut hosts = vec![HostView {
             host: self.host_id.clone(),
             status: "up".into(),
@@ -196,10 +195,10 @@ impl Gateway {
         };
         let up = fed.link().is_some();
         let state = fed.lock();
-        let mut entries: Vec<super::super::RosterEntry> = state
+        let mut entries: Vec<RosterEntry> = state
             .roster
             .entities()
-            .map(|e| super::super::RosterEntry {
+            .map(|e| RosterEntry {
                 gid: e.entity.gid,
                 name: e.entity.name.clone(),
                 host: e.entity.host.clone(),

@@ -5,13 +5,13 @@
 use fleet_amqp::Published;
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
 use fleet_core::envelope::{Envelope, VERSION};
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::super::messages::Placement;
-use super::super::sessions::now_ms;
 use super::{not_taken, unavailable};
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::Placement;
 
 impl Gateway {
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
@@ -114,20 +114,10 @@ impl Gateway {
     /// After a brief from a remote sender was typed in and its submit verified: tell the
     /// sender's gateway.
     pub(in crate::gateway) async fn receipt_injected(&self, task: &Message) {
-        if !self.is_remote(task.from) {
+        let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
+        if self.placement(&receipt) != Placement::Remote {
             return;
         }
-        let receipt = Message {
-            msg_id: task.msg_id.derived("injected"),
-            trace_id: task.trace_id,
-            kind: Kind::Injected,
-            from: task.to,
-            to: task.from,
-            in_reply_to: Some(task.msg_id),
-            body: String::new(),
-            state: MsgState::Held,
-            created_ms: now_ms(),
-        };
         if let Err(e) = self.publish_remote(&receipt).await {
             tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
         }
@@ -175,7 +165,7 @@ impl Gateway {
         );
         published.map_err(not_taken)?;
         let in_group = |e: &Entity| {
-            e.role.is_injected() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
+            e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
         };
         let local = self.lock().entities().into_iter().filter(in_group).count();
         let remote = fed

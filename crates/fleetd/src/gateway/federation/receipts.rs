@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use fleet_core::{Kind, Message, MsgState};
+use fleet_core::Message;
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::super::sessions::now_ms;
+use fleet_core::clock::now_ms;
 
 impl Gateway {
     /// Expires quiet roster entries, and fails remote briefs whose receipt is overdue.
@@ -32,17 +32,14 @@ impl Gateway {
                 bound.as_secs()
             );
             tracing::warn!(trace_id = %pending.trace_id, %msg_id, "remote brief not confirmed");
-            let original = Message {
-                msg_id,
-                trace_id: pending.trace_id,
-                kind: Kind::Send,
-                from: pending.sender,
-                to: pending.recipient,
-                in_reply_to: None,
-                body: String::new(),
-                state: MsgState::Queued,
-                created_ms: now_ms(),
-            };
+            let original = Message::task(
+                pending.sender,
+                pending.recipient,
+                String::new(),
+                pending.trace_id,
+                now_ms(),
+            )
+            .with_id(msg_id);
             Box::pin(self.notify_failed(&original, &reason)).await;
         }
     }

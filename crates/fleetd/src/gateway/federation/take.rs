@@ -6,15 +6,17 @@ use std::sync::Arc;
 
 use fleet_amqp::Delivery;
 use fleet_core::admission::Handled;
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::Taker;
 use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
-use fleet_core::{ErrorCode, Gid, Kind, Message, MsgState};
+use fleet_core::{ErrorCode, Gid, Kind};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
-use super::super::messages::Placement;
-use super::inbox::{Incoming, incoming, settle};
+use super::inbox::{Incoming, settle};
+use fleet_core::delivery::Placement;
 
 impl Gateway {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
@@ -54,17 +56,7 @@ impl Gateway {
                 if !settle(&delivery, Handled::Taken, false).await {
                     return false;
                 }
-                let local_id = if kind == Kind::Broadcast {
-                    msg_id.derived(&owner.to_string())
-                } else {
-                    msg_id
-                };
-                let message = Message {
-                    msg_id: local_id,
-                    in_reply_to: None,
-                    state: MsgState::Queued,
-                    ..incoming(&envelope, owner, body)
-                };
+                let message = envelope.brief_for(owner, body, now_ms());
                 fed.audit(&envelope, size, "taken");
                 if let Err(e) = self.deliver(message.clone()).await {
                     // Taken off the broker already (at most once): its sender is told.
@@ -179,9 +171,12 @@ impl Gateway {
         };
         loop {
             kick.borrow_and_update();
-            let ready = match self.lock().panes.get(&gid) {
-                Some(s) => !s.status.is_live() || s.takes_task(),
-                None => true,
+            let ready = {
+                let sessions = self.lock();
+                match sessions.panes.get(&gid) {
+                    Some(s) if s.status.is_live() => sessions.may_take_task(gid, Taker::Broker),
+                    _ => true,
+                }
             };
             if ready {
                 return true;
