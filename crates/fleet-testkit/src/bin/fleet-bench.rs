@@ -527,13 +527,15 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
     Ok(())
 }
 
-/// A gateway of host `host` on the broker at `uri`, with `leads` and the scripted agent.
+/// A gateway of host `host` on the broker at `uri`, with `leads` and the scripted agent. Its
+/// inboxes take as many messages as a throughput run sends (the default 1,000 is a cap on what
+/// may wait, which a run of 20,000 pipelined sends outpaces while the consumer catches up).
 async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fleet> {
     let leads: String = leads.iter().map(|l| format!("[leads.{l}]\n")).collect();
     Fleet::start(
         &format!("host_id = \"{host}\"\n{BENCH_HELD}"),
         &format!(
-            "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\n",
+            "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\ninbox_max_length = 1000000\n",
             sim_profile("sim", &[])?
         ),
     )
