@@ -2,7 +2,9 @@
 //! the trait's contract where a test can see it — inboxes are exclusive, a mandatory publish
 //! to a key nothing is bound to comes back unroutable, deliveries come in order and each is
 //! settled once — and records every publish and every settlement. No expiry, no dead-letter
-//! queue, no persistence: what those need is tested against the real RabbitMQ.
+//! queue, no persistence: what those need is tested against the real RabbitMQ. A settlement
+//! `through` a delivery is recorded as such but does not mark the ones before it settled: a
+//! test that settles one of those again is not caught here (RabbitMQ would close the channel).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -86,6 +86,17 @@ pub fn may_take_task(gate: &TaskGate, taker: Taker) -> bool {
         && (taker != Taker::Pump || gate.polls_open == 0)
 }
 
+/// The status other hosts hear for a pane-bound entity: its own, except that an idle one whose
+/// agent the pane host sees busy is announced `busy` — a brief for it waits on the broker (see
+/// [`may_take_task`]), and its sender's receipt bound waits with it.
+pub fn announced(gate: &TaskGate) -> WorkerStatus {
+    if gate.status == WorkerStatus::Idle && gate.agent_busy {
+        WorkerStatus::Busy
+    } else {
+        gate.status
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +176,22 @@ mod tests {
                 assert!(!may_take_task(&gate, taker), "{gate:?} {taker:?}");
             }
         }
+    }
+
+    #[test]
+    fn an_idle_worker_the_pane_host_sees_busy_is_announced_busy() {
+        assert_eq!(announced(&idle()), WorkerStatus::Idle);
+        let working = TaskGate {
+            agent_busy: true,
+            ..idle()
+        };
+        assert_eq!(announced(&working), WorkerStatus::Busy);
+        let asking = TaskGate {
+            status: WorkerStatus::Asking,
+            agent_busy: true,
+            ..idle()
+        };
+        assert_eq!(announced(&asking), WorkerStatus::Asking);
     }
 
     #[test]

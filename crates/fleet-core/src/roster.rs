@@ -40,9 +40,13 @@ pub struct RemoteEntry {
 }
 
 impl RemoteEntry {
-    /// Whether its host says it is working, so a brief for it waits on the broker.
+    /// Whether its host says it cannot take a task now (working, asking, spawning, or its pane
+    /// host cannot tell), so a brief for it waits on the broker and the receipt bound waits too.
     pub fn is_busy(&self) -> bool {
-        matches!(self.status.as_str(), "busy" | "asking" | "spawning")
+        matches!(
+            self.status.as_str(),
+            "busy" | "asking" | "spawning" | "unknown"
+        )
     }
 }
 
@@ -277,6 +281,12 @@ mod tests {
             ("busy", later, 2)
         );
         assert_eq!(roster.busy(), vec![w.gid]);
+        // A worker whose pane host cannot tell is not free either: its brief waits, and so does
+        // its sender's receipt bound.
+        roster.hear("hostb", beat(Some(&w), "unknown"), later, 2);
+        assert_eq!(roster.busy(), vec![w.gid]);
+        roster.hear("hostb", beat(Some(&w), "idle"), later, 2);
+        assert!(roster.busy().is_empty());
         assert_eq!(
             roster.hear("hostb", beat(Some(&w), GONE), later, 2),
             Heard::Left

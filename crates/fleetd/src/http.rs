@@ -87,15 +87,21 @@ fn refuse(status: StatusCode, code: &str, message: String) -> Response {
     response
 }
 
+/// How much of a client's path or session id a log line carries.
+const LOGGED_CHARS: usize = 128;
+
 /// Runs each request in a span: its method, path and MCP session (the tool call inside names
 /// its caller).
 async fn trace_request(req: Request, next: Next) -> Response {
     let session = header_text(req.headers(), HEADER_SESSION_ID)
-        .map(|s| s.chars().take(64).collect::<String>());
+        .map(|s| s.chars().take(LOGGED_CHARS).collect::<String>());
+    // Anyone may send a request, authenticated or not: what it names goes into the log cut
+    // short (the path can hold only URI characters, so it cannot forge a line).
+    let path: String = req.uri().path().chars().take(LOGGED_CHARS).collect();
     let span = tracing::info_span!(
         "http",
         method = %req.method(),
-        path = %req.uri().path(),
+        path = %path,
         session = session.as_deref().map(tracing::field::display),
     );
     next.run(req).instrument(span).await

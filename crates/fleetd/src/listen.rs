@@ -64,7 +64,8 @@ pub enum ListenFdError {
 impl Listen {
     /// The listener on inherited descriptor `fd`, checked to be an open TCP socket that
     /// listens, and made close-on-exec. Call it before anything else opens a descriptor (it
-    /// must be the one fleetd was given, not one of fleetd's own under the same number).
+    /// must be the one fleetd was given, not one of fleetd's own under the same number), and
+    /// once: the listener owns the descriptor and closes it.
     pub fn inherited(fd: u32) -> Result<Self, ListenFdError> {
         let raw = RawFd::try_from(fd).map_err(|_| ListenFdError::OutOfRange(fd))?;
         // SAFETY: borrowed only for the checks below, and no other code of this process closes

@@ -154,11 +154,16 @@ impl Gateway {
         }
     }
 
-    /// Claims the right to take `gid`'s next task off its queue: only while it is idle, no
-    /// one else holds the claim, and (for the pump, `by_poll` false) no poll is open to take it
-    /// instead. [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
+    /// Claims the right to take `gid`'s next task off its queue: only while no one else holds
+    /// the claim and the rule ([`fleet_core::delivery::may_take_task`]) lets this taker hand it
+    /// a task (idle, under its cap, its agent not busy by the pane host's account, the pane host
+    /// up; for the pump, `by_poll` false, no poll open to take it instead).
+    /// [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
         let mut sessions = self.lock();
+        if sessions.host_down.is_some() {
+            return false;
+        }
         let taker = if by_poll { Taker::Poll } else { Taker::Pump };
         let free = sessions.may_take_task(gid, taker);
         let Some(s) = sessions.panes.get_mut(&gid) else {

@@ -304,6 +304,18 @@ impl Sessions {
         })
     }
 
+    /// The status other hosts hear for `gid`: as `fleet_list` shows it (`unknown` while the
+    /// pane host cannot be reached), a worker's as the rule announces it ([`announced`]).
+    pub fn presence_status(&self, gid: Gid) -> String {
+        match (self.entry(gid), self.panes.get(&gid)) {
+            (None, _) => "unknown".into(),
+            (Some(_), Some(s)) if self.host_down.is_none() => {
+                announced(&s.gate(false)).as_str().to_string()
+            }
+            (Some(entry), _) => entry.status,
+        }
+    }
+
     /// The whole roster as seen by `caller`.
     pub fn list(&self, caller: Gid) -> Option<ListResult> {
         let entities = self

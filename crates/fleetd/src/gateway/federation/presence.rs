@@ -53,10 +53,7 @@ impl Gateway {
                 .entities()
                 .into_iter()
                 .map(|e| {
-                    let status = sessions
-                        .entry(e.gid)
-                        .map(|r| r.status)
-                        .unwrap_or_else(|| "unknown".into());
+                    let status = sessions.presence_status(e.gid);
                     (e, status)
                 })
                 .collect()
