@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use fleet_core::clock::now_ms;
-use fleet_core::delivery::{Recipient, Taker, TaskGate, may_take_task};
+use fleet_core::delivery::{Recipient, Taker, TaskGate, announced, may_take_task};
 use fleet_core::{Entity, Gid, Message, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::sync::watch;
