@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -49,6 +49,40 @@ CREATE INDEX messages_inbox ON messages(to_gid, state, seq);
 CREATE INDEX messages_answers ON messages(in_reply_to) WHERE in_reply_to IS NOT NULL;
 ";
 
+/// Version 2: how many messages wait (held or queued) for each recipient, kept by triggers in
+/// the transaction that changes them, so the cap on waiting messages is checked with one lookup
+/// instead of a count that grows with the backlog (which made holding n messages cost O(n²)).
+const SCHEMA_V2: &str = "
+CREATE TABLE waiting (
+    to_gid TEXT PRIMARY KEY,
+    count  INTEGER NOT NULL
+);
+INSERT INTO waiting (to_gid, count)
+    SELECT to_gid, COUNT(*) FROM messages WHERE state IN ('held', 'queued') GROUP BY to_gid;
+CREATE TRIGGER waiting_inserted AFTER INSERT ON messages
+    WHEN NEW.state IN ('held', 'queued')
+BEGIN
+    INSERT INTO waiting (to_gid, count) VALUES (NEW.to_gid, 1)
+        ON CONFLICT (to_gid) DO UPDATE SET count = count + 1;
+END;
+CREATE TRIGGER waiting_entered AFTER UPDATE OF state ON messages
+    WHEN OLD.state NOT IN ('held', 'queued') AND NEW.state IN ('held', 'queued')
+BEGIN
+    INSERT INTO waiting (to_gid, count) VALUES (NEW.to_gid, 1)
+        ON CONFLICT (to_gid) DO UPDATE SET count = count + 1;
+END;
+CREATE TRIGGER waiting_left AFTER UPDATE OF state ON messages
+    WHEN OLD.state IN ('held', 'queued') AND NEW.state NOT IN ('held', 'queued')
+BEGIN
+    UPDATE waiting SET count = count - 1 WHERE to_gid = OLD.to_gid;
+END;
+CREATE TRIGGER waiting_deleted AFTER DELETE ON messages
+    WHEN OLD.state IN ('held', 'queued')
+BEGIN
+    UPDATE waiting SET count = count - 1 WHERE to_gid = OLD.to_gid;
+END;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -61,8 +95,13 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
             known: SCHEMA_VERSION,
         });
     }
-    if found == 0 {
+    if found < 1 {
         tx.execute_batch(SCHEMA_V1)?;
+    }
+    if found < 2 {
+        tx.execute_batch(SCHEMA_V2)?;
+    }
+    if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
     tx.commit()?;

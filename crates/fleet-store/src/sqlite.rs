@@ -376,16 +376,18 @@ impl Store for SqliteStore {
         let mut outcomes = Vec::with_capacity(messages.len());
         {
             let mut seen = tx.prepare_cached("SELECT 1 FROM messages WHERE msg_id = ?1")?;
-            let mut waiting = tx.prepare_cached(
-                "SELECT COUNT(*) FROM messages WHERE to_gid = ?1 AND state IN ('held', 'queued')",
-            )?;
+            // Kept by the schema's triggers: one lookup, whatever the backlog.
+            let mut waiting = tx.prepare_cached("SELECT count FROM waiting WHERE to_gid = ?1")?;
             for m in messages {
                 if seen.exists([m.msg_id.to_string()])? {
                     outcomes.push(Ok(false));
                     continue;
                 }
                 if matches!(m.state, MsgState::Held | MsgState::Queued) {
-                    let count: i64 = waiting.query_row([m.to.to_string()], |row| row.get(0))?;
+                    let count: i64 = waiting
+                        .query_row([m.to.to_string()], |row| row.get(0))
+                        .optional()?
+                        .unwrap_or(0);
                     if let Err(full) = admit(m, usize::try_from(count).unwrap_or(usize::MAX)) {
                         outcomes.push(Err(full));
                         continue;

@@ -416,3 +416,92 @@ fn a_newer_schema_is_refused() {
     let err = SqliteStore::open(&path).err().unwrap();
     assert!(err.to_string().contains("schema 99 is newer"), "{err}");
 }
+
+/// How many messages wait for `to` as the cap check sees them (nothing is stored).
+fn waiting_seen(store: &SqliteStore, to: Gid) -> usize {
+    let seen = std::cell::Cell::new(usize::MAX);
+    let probe = message(Gid::mint(), to, MsgState::Held, "probe");
+    let refuse = |_: &Message, waiting: usize| {
+        seen.set(waiting);
+        Err(Full {
+            count: waiting,
+            cap: 0,
+            key: HELD_KEY,
+        })
+    };
+    store.insert_messages_within(&[probe], &refuse).unwrap();
+    seen.get()
+}
+
+/// How many messages wait for `to`, counted in the database itself.
+fn waiting_counted(path: &std::path::Path, to: Gid) -> usize {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let count: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM messages WHERE to_gid = ?1 AND state IN ('held', 'queued')",
+            [to.to_string()],
+            |row| row.get(0),
+        )
+        .unwrap();
+    usize::try_from(count).unwrap()
+}
+
+#[test]
+fn the_waiting_count_follows_every_change_and_an_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let (lead, w) = mixed_traffic(&store);
+    let both = |store: &SqliteStore| {
+        for to in [lead, w] {
+            assert_eq!(waiting_seen(store, to), waiting_counted(&path, to), "{to}");
+        }
+    };
+    both(&store);
+    for body in ["a", "b", "c"] {
+        store
+            .insert_message(&message(w, lead, MsgState::Held, body))
+            .unwrap();
+    }
+    store
+        .insert_message(&message(lead, w, MsgState::Queued, "q2"))
+        .unwrap();
+    both(&store);
+    assert_eq!(waiting_seen(&store, lead), 4);
+    // Taken for typing, pulled, given back, failed, pruned: each moves the count.
+    store.dequeue(w, &MsgState::Injecting).unwrap();
+    both(&store);
+    let taken = store.take_held(lead, None, 2).unwrap();
+    both(&store);
+    store.release(&[taken[0].msg_id]).unwrap();
+    both(&store);
+    assert_eq!(waiting_seen(&store, lead), 3);
+    store.fail_undelivered_to(w, "gone").unwrap();
+    both(&store);
+    assert_eq!(waiting_seen(&store, w), 0);
+    store.prune(i64::MAX).unwrap();
+    both(&store);
+    drop(store);
+    // A database of the first schema (no count kept) is brought up to date with its counts.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP TRIGGER waiting_inserted; DROP TRIGGER waiting_entered; DROP TRIGGER waiting_left;
+         DROP TRIGGER waiting_deleted; DROP TABLE waiting; PRAGMA user_version = 1;",
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO messages (msg_id, trace_id, kind, from_gid, to_gid, body, state, created_ms, updated_ms)
+         VALUES (?1, ?2, 'SEND', ?3, ?4, 'old', 'held', 1, 1)",
+        [
+            MsgId::mint().to_string(),
+            TraceId::mint().to_string(),
+            w.to_string(),
+            lead.to_string(),
+        ],
+    )
+    .unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path).unwrap();
+    both(&store);
+    assert_eq!(waiting_seen(&store, lead), 4);
+}
