@@ -24,6 +24,7 @@ pub mod redact;
 pub mod roster;
 pub mod routing;
 pub mod session;
+pub mod signing;
 pub mod typed;
 pub mod workdir;
 

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use fleet_store::{SqliteStore, Store};
 
 use crate::config::Config;
+use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
@@ -40,6 +41,9 @@ pub enum Command {
     /// FLEET_TOKEN, with the line that sets it from the token file; --literal for the token
     /// itself).
     McpConfig(McpConfigArgs),
+    /// Print this gateway's public key (ed25519:<base64>), which the other hosts pin, and its
+    /// fingerprint; the key pair is made in the state dir on first use.
+    Key,
 }
 
 /// `fleetd serve`
@@ -134,6 +138,24 @@ fn lead_token(
 pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
     let (config, state) = context(cli)?;
     println!("{}", lead_token(&config, &state, &args.name, args.rotate)?);
+    Ok(())
+}
+
+/// `fleetd key`: the gateway's public key on one line, its fingerprint on the next.
+pub fn key_command(cli: &Cli) -> anyhow::Result<()> {
+    let (_config, state) = context(cli)?;
+    state
+        .prepare()
+        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let (key, made) = GatewayKey::load_or_create(&state)?;
+    if made {
+        eprintln!(
+            "fleetd: made this gateway's key pair in {}",
+            state.root().display()
+        );
+    }
+    println!("{}", key.public_text());
+    println!("fingerprint {}", key.fingerprint());
     Ok(())
 }
 

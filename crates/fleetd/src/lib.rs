@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod gateway;
 pub mod http;
+pub mod identity;
 pub mod launch;
 pub mod limits;
 pub mod listen;

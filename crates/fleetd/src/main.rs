@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use fleetd::cli::{Cli, Command, context, mcp_config_command, token_command};
+use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
 use fleetd::listen::Listen;
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
@@ -51,6 +51,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         Command::Token(args) => token_command(cli, args),
         Command::McpConfig(args) => mcp_config_command(cli, args),
+        Command::Key => key_command(cli),
     }
 }
 

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{CLAUDE_CREDENTIALS, Config};
 use crate::gateway::{Federation, Gateway, Parts, Workdirs};
 use crate::http::{AllowedHosts, CallerCaps, app};
+use crate::identity::GatewayKey;
 use crate::launch::{HostFacts, Launchers};
 use crate::listen::Listen;
 use crate::mux::{MuxChoice, choose};
@@ -155,6 +156,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .resolved()
         .with_context(|| "cannot resolve the state dir's path")?;
     let _lock = lock_state(&state)?;
+    // Made at first start; other hosts pin its public key (`fleetd key`). A key file others
+    // could read is refused here, before anything is served.
+    let (key, made) = GatewayKey::load_or_create(&state)?;
+    tracing::info!(public = %key.public_text(), fingerprint = %key.fingerprint(), made, "gateway key");
     let store = SqliteStore::open(&state.db_path())
         .with_context(|| format!("cannot open {}", state.db_path().display()))?;
     let (choice, why) =

@@ -376,3 +376,41 @@ async fn on_an_inherited_socket_workers_are_given_its_address() -> anyhow::Resul
     drop(served);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_key_is_made_at_first_start_and_printed_for_pinning() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    // Made by serve, user-only, and the one `fleetd key` prints (again and again).
+    let file = fleet.state_dir().join("gateway.key");
+    assert_eq!(
+        std::fs::metadata(&file)?.permissions().mode() & 0o777,
+        0o600
+    );
+    let printed = |out: std::process::Output| -> anyhow::Result<(String, String)> {
+        anyhow::ensure!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout)?;
+        let mut lines = text.lines();
+        Ok((
+            lines.next().unwrap_or_default().to_string(),
+            lines.next().unwrap_or_default().to_string(),
+        ))
+    };
+    let (key, fingerprint) = printed(fleet.cli(&["key"])?)?;
+    assert!(key.starts_with("ed25519:") && key.len() == 8 + 44, "{key}");
+    assert!(fingerprint.starts_with("fingerprint ") && fingerprint.len() == 12 + 16);
+    assert_eq!(printed(fleet.cli(&["key"])?)?, (key.clone(), fingerprint));
+    assert!(
+        fleet.log().contains(&key),
+        "serve logs the key it started with:\n{}",
+        fleet.log()
+    );
+    // A key file others may read stops the next start, naming the file and the fix.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640))?;
+    let out = fleet.cli(&["key"])?;
+    let err = String::from_utf8(out.stderr)?;
+    assert!(
+        !out.status.success() && err.contains("gateway.key") && err.contains("chmod 600"),
+        "{err}"
+    );
+    Ok(())
+}
