@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::gateway::{Caller, Gateway, NudgeTarget};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
+use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp_config;
 use crate::token;
@@ -87,17 +88,12 @@ fn refuse(status: StatusCode, code: &str, message: String) -> Response {
     response
 }
 
-/// How much of a client's path or session id a log line carries.
-const LOGGED_CHARS: usize = 128;
-
 /// Runs each request in a span: its method, path and MCP session (the tool call inside names
 /// its caller).
 async fn trace_request(req: Request, next: Next) -> Response {
-    let session = header_text(req.headers(), HEADER_SESSION_ID)
-        .map(|s| s.chars().take(LOGGED_CHARS).collect::<String>());
-    // Anyone may send a request, authenticated or not: what it names goes into the log cut
-    // short (the path can hold only URI characters, so it cannot forge a line).
-    let path: String = req.uri().path().chars().take(LOGGED_CHARS).collect();
+    // Anyone may send a request, authenticated or not: what it names is logged inert and short.
+    let session = header_text(req.headers(), HEADER_SESSION_ID).map(shown);
+    let path = shown(req.uri().path());
     let span = tracing::info_span!(
         "http",
         method = %req.method(),

@@ -5,6 +5,18 @@
 use fleet_core::{Gid, Message};
 use tracing::Span;
 
+/// The most characters of a client's text (a path, a session id, a tool name) a log line shows.
+pub const SHOWN_CHARS: usize = 128;
+
+/// A client's `text` as a log line may show it: at most [`SHOWN_CHARS`] characters, anything
+/// but visible ASCII shown as `?`, so it can neither forge a line nor flood the log.
+pub fn shown(text: &str) -> String {
+    text.chars()
+        .take(SHOWN_CHARS)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
 /// The span of work for the session of `gid`, named `name`, inside whatever called for it (a
 /// `fleet_stop`, say).
 pub fn session_span(gid: Gid, name: &str) -> Span {
@@ -26,4 +38,21 @@ pub fn message_span(message: &Message) -> Span {
         msg_id = %message.msg_id,
         kind = %message.kind,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clients_text_is_shown_inert_and_short() {
+        assert_eq!(shown("fleet_send"), "fleet_send");
+        assert_eq!(shown("/mcp?x=1"), "/mcp?x=1");
+        assert_eq!(
+            shown("a\nINFO forged line\u{1b}[31m"),
+            "a?INFO?forged?line?[31m"
+        );
+        assert_eq!(shown(&"x".repeat(100_000)).len(), SHOWN_CHARS);
+        assert_eq!(shown(""), "");
+    }
 }

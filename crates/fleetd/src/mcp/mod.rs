@@ -316,20 +316,8 @@ impl ServerHandler for FleetMcp {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // The tool's name is whatever the caller sent: logged cut short and with anything but
-        // a name's characters shown as `?`, so it cannot forge or flood a log line.
-        let tool: String = request
-            .name
-            .chars()
-            .take(64)
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
-                    c
-                } else {
-                    '?'
-                }
-            })
-            .collect();
+        // The tool's name is whatever the caller sent: logged inert and short.
+        let tool = crate::logs::shown(&request.name);
         let span = tracing::info_span!("call", tool = %tool, caller = tracing::field::Empty);
         if let Ok(caller) = caller(&ctx) {
             span.record("caller", tracing::field::display(&caller.entity.name));

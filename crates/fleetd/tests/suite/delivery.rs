@@ -222,10 +222,9 @@ async fn expect_echo(fleet: &Fleet, lead: &Client, pane: &str, task: &str) -> an
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_still_drawing_its_screen_gets_its_first_task() -> anyhow::Result<()> {
-    // It calls in (ready), then draws for 1.5 s and drops whatever was typed meanwhile.
-    let (fleet, lead) = fleet_with_sim(&["--draw-after-ready-ms", "1500"]).await?;
+/// A worker running the scripted agent with `args` gets its first task and the next.
+async fn first_two_tasks_go_in(args: &[&str]) -> anyhow::Result<()> {
+    let (fleet, lead) = fleet_with_sim(args).await?;
     let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
@@ -235,15 +234,15 @@ async fn a_worker_still_drawing_its_screen_gets_its_first_task() -> anyhow::Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_still_drawing_its_screen_gets_its_first_task() -> anyhow::Result<()> {
+    // It calls in (ready), then draws for 1.5 s and drops whatever was typed meanwhile.
+    first_two_tasks_go_in(&["--draw-after-ready-ms", "1500"]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_screen_never_holds_still_still_gets_its_tasks() -> anyhow::Result<()> {
     // A clock redrawn every 50 ms: the screen never holds still, yet the task goes in.
-    let (fleet, lead) = fleet_with_sim(&["--clock-ms", "50"]).await?;
-    let pane = lead.spawn("sim", "w1").await?["pane"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    expect_echo(&fleet, &lead, &pane, "the first task").await?;
-    expect_echo(&fleet, &lead, &pane, "and the next").await
+    first_two_tasks_go_in(&["--clock-ms", "50"]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
