@@ -25,6 +25,7 @@ pub mod roster;
 pub mod routing;
 pub mod session;
 pub mod signing;
+pub mod trust;
 pub mod typed;
 pub mod workdir;
 

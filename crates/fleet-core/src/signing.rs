@@ -19,7 +19,8 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
+use ed25519_dalek::Signer;
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
@@ -83,6 +84,23 @@ pub fn signed_bytes(envelope: &Envelope, body: &[u8]) -> Vec<u8> {
 /// The signature of `envelope` carrying `body` by `key`, as the `sig` header writes it.
 pub fn sign(key: &SigningKey, envelope: &Envelope, body: &[u8]) -> String {
     STANDARD.encode(key.sign(&signed_bytes(envelope, body)).to_bytes())
+}
+
+/// A signature as it travels with a message: the `sig` and `keyId` headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    /// The signature ([`sign`]).
+    pub sig: String,
+    /// The signer's key fingerprint ([`fingerprint`]).
+    pub key_id: String,
+}
+
+/// `envelope` carrying `body` signed by `key`, with the key named.
+pub fn signature(key: &SigningKey, envelope: &Envelope, body: &[u8]) -> Signature {
+    Signature {
+        sig: sign(key, envelope, body),
+        key_id: fingerprint(&key.verifying_key()),
+    }
 }
 
 /// Checks the signature text `sig` of `envelope` carrying `body` against `key`.

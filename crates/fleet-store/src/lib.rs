@@ -162,6 +162,22 @@ pub trait Store: Send + Sync + 'static {
     /// could reach the client. Only for messages this process just handed out.
     fn release(&self, msg_ids: &[MsgId]) -> StoreResult<()>;
 
+    /// Records that each `(msg_id, owner, until_ms)` came off the broker for `owner`, to be
+    /// remembered until `until_ms` (Unix ms), in one transaction; for each, whether it had been
+    /// seen before (a replay, or the broker delivering it again).
+    fn see(&self, arrivals: &[(MsgId, Gid, i64)]) -> StoreResult<Vec<bool>>;
+
+    /// Records that each `(msg_id, host, until_ms)` was published to an entity on `host`,
+    /// remembered until `until_ms` (Unix ms).
+    fn record_sent(&self, sent: &[(MsgId, String, i64)]) -> StoreResult<()>;
+
+    /// For each `(msg_id, host)`: whether `msg_id` was published to an entity on `host`.
+    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<bool>>;
+
+    /// Forgets what [`Store::see`] and [`Store::record_sent`] remembered until before
+    /// `now_ms`; returns how many.
+    fn forget(&self, now_ms: i64) -> StoreResult<usize>;
+
     /// Deletes messages that reached the end of their life (`injected`, `consumed`, `failed`)
     /// before `before_ms` (Unix ms); returns how many.
     fn prune(&self, before_ms: i64) -> StoreResult<usize>;

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -83,6 +83,28 @@ BEGIN
 END;
 ";
 
+/// Version 3: what signed federation remembers across a restart. `seen`: the ids of messages
+/// that came off the broker, per recipient, until they could no longer pass the freshness check
+/// (a replay within that time is refused). `sent`: which host each message this gateway
+/// published to a remote entity went to, for as long as an answer may come (an answer from any
+/// other host is refused).
+const SCHEMA_V3: &str = "
+CREATE TABLE seen (
+    msg_id     TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    until_ms   INTEGER NOT NULL,
+    PRIMARY KEY (msg_id, owner)
+) WITHOUT ROWID;
+CREATE INDEX seen_until ON seen(until_ms);
+CREATE TABLE sent (
+    msg_id     TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    until_ms   INTEGER NOT NULL,
+    PRIMARY KEY (msg_id, host)
+) WITHOUT ROWID;
+CREATE INDEX sent_until ON sent(until_ms);
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -100,6 +122,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 2 {
         tx.execute_batch(SCHEMA_V2)?;
+    }
+    if found < 3 {
+        tx.execute_batch(SCHEMA_V3)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -570,4 +570,55 @@ impl Store for SqliteStore {
             [before_ms],
         )?)
     }
+
+    fn see(&self, arrivals: &[(MsgId, Gid, i64)]) -> StoreResult<Vec<bool>> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut seen = Vec::with_capacity(arrivals.len());
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO seen (msg_id, owner, until_ms) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            )?;
+            for (msg_id, owner, until_ms) in arrivals {
+                let added = insert.execute(params![msg_id.to_string(), owner.to_string(), until_ms])?;
+                seen.push(added == 0);
+            }
+        }
+        tx.commit()?;
+        Ok(seen)
+    }
+
+    fn record_sent(&self, sent: &[(MsgId, String, i64)]) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO sent (msg_id, host, until_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT DO UPDATE SET until_ms = MAX(until_ms, excluded.until_ms)",
+            )?;
+            for (msg_id, host, until_ms) in sent {
+                insert.execute(params![msg_id.to_string(), host, until_ms])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<bool>> {
+        let conn = self.conn();
+        let mut query = conn.prepare_cached("SELECT 1 FROM sent WHERE msg_id = ?1 AND host = ?2")?;
+        asked
+            .iter()
+            .map(|(msg_id, host)| Ok(query.exists(params![msg_id.to_string(), host])?))
+            .collect()
+    }
+
+    fn forget(&self, now_ms: i64) -> StoreResult<usize> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let seen = tx.execute("DELETE FROM seen WHERE until_ms < ?1", [now_ms])?;
+        let sent = tx.execute("DELETE FROM sent WHERE until_ms < ?1", [now_ms])?;
+        tx.commit()?;
+        Ok(seen + sent)
+    }
 }

@@ -486,7 +486,8 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "DROP TRIGGER waiting_inserted; DROP TRIGGER waiting_entered; DROP TRIGGER waiting_left;
-         DROP TRIGGER waiting_deleted; DROP TABLE waiting; PRAGMA user_version = 1;",
+         DROP TRIGGER waiting_deleted; DROP TABLE waiting; DROP TABLE seen; DROP TABLE sent;
+         PRAGMA user_version = 1;",
     )
     .unwrap();
     conn.execute(
@@ -504,4 +505,38 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     let store = SqliteStore::open(&path).unwrap();
     both(&store);
     assert_eq!(waiting_seen(&store, lead), 4);
+}
+
+#[test]
+fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_their_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (owner, other) = (Gid::mint(), Gid::mint());
+    let (a, b) = (MsgId::mint(), MsgId::mint());
+    {
+        let store = open(&dir);
+        assert_eq!(
+            store.see(&[(a, owner, 100), (b, owner, 200), (a, owner, 300)]).unwrap(),
+            [false, false, true],
+            "a second arrival in the same batch is seen"
+        );
+        // The same id for another recipient (a broadcast's copy) is its own arrival.
+        assert_eq!(store.see(&[(a, other, 100)]).unwrap(), [false]);
+        store
+            .record_sent(&[(a, "hostb".into(), 100), (b, "hostc".into(), 200)])
+            .unwrap();
+    }
+    let store = open(&dir);
+    assert_eq!(store.see(&[(a, owner, 100), (b, other, 100)]).unwrap(), [true, false]);
+    assert_eq!(
+        store
+            .sent_to(&[(a, "hostb".into()), (a, "hostc".into()), (b, "hostc".into())])
+            .unwrap(),
+        [true, false, true]
+    );
+    // Forgotten once their time is past, not before.
+    assert_eq!(store.forget(100).unwrap(), 0);
+    // a for owner and for other, b for other, and a sent to hostb.
+    assert_eq!(store.forget(150).unwrap(), 4);
+    assert_eq!(store.see(&[(a, owner, 100), (b, owner, 300)]).unwrap(), [false, true]);
+    assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [false]);
 }

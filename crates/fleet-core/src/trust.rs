@@ -1,0 +1,772 @@
+//! Trust between gateways (spec 10 §2.1, §10): which keys — and which broker login — each host
+//! is pinned to, and the checks a message off the broker passes before anything acts on it.
+//! Pure: the clock, the roster's answers and the store's answers come in as values.
+//!
+//! The checks run in this order, each with a refusal of its own ([`Refusal`]):
+//! 1. [`check_seal`]: the signature is valid for a key pinned for the envelope's `fromHost`,
+//!    and the broker login that published it is the one pinned for that host (when one is);
+//! 2. for presence, [`check_presence_key`]: the routing key names `fromHost` and the entity
+//!    it speaks for, and the entity is that host's;
+//! 3. [`check_sender`]: `from` is not placed on any other host (this one included) and, for a
+//!    message that needs its sender's role, is known on `fromHost`;
+//! 4. [`check_time`]: `ts` is not ahead of this clock by more than the skew allowed nor older
+//!    than the window, `expiresAt` has not passed, and the message does not live longer than
+//!    the window (its id is remembered that long, so it cannot be replayed afterwards);
+//! 5. the seen-set (the caller's, persistent): a message id seen before for the same
+//!    recipient, on a delivery the broker has not flagged as redelivered, is a replay;
+//! 6. [`check_authority`]: the rules that hold on one host hold across hosts — a task only
+//!    from a lead (or a worker to its own lead), a broadcast only from a lead, an answer
+//!    (`REPLY`, `ANSWER` and the notices: `FAILED`, `INJECTED`, `TOO_LATE`, `NO_WAITER`,
+//!    `ABANDONED`) only from the host the answered message was sent to.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ed25519_dalek::VerifyingKey;
+
+use crate::authz;
+use crate::entity::{Entity, Role};
+use crate::envelope::Envelope;
+use crate::message::Kind;
+use crate::signing::{fingerprint, verify};
+
+/// What one host is pinned to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinnedHost {
+    /// Its keys with their fingerprints (two while it rotates).
+    keys: Vec<(String, VerifyingKey)>,
+    /// The broker login it publishes as, when pinned.
+    login: Option<String>,
+}
+
+impl PinnedHost {
+    /// A host pinned to `keys` and, when given, the broker `login`.
+    pub fn new(keys: Vec<VerifyingKey>, login: Option<String>) -> Self {
+        let keys = keys.into_iter().map(|k| (fingerprint(&k), k)).collect();
+        Self { keys, login }
+    }
+
+    /// The key whose fingerprint is `key_id`.
+    fn key(&self, key_id: &str) -> Option<&VerifyingKey> {
+        self.keys.iter().find(|(id, _)| id == key_id).map(|(_, k)| k)
+    }
+}
+
+/// The pinned hosts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trust {
+    hosts: BTreeMap<String, PinnedHost>,
+}
+
+impl Trust {
+    /// The trust table `hosts`.
+    pub fn new(hosts: BTreeMap<String, PinnedHost>) -> Self {
+        Self { hosts }
+    }
+
+    /// Pins `host` (this gateway's own) to `key` as well: a gateway trusts what it signed itself
+    /// (its broadcasts come back to its own workers' inboxes through the broker).
+    pub fn pin_own(&mut self, host: &str, key: VerifyingKey) {
+        let entry = self
+            .hosts
+            .entry(host.to_string())
+            .or_insert_with(|| PinnedHost::new(Vec::new(), None));
+        if !entry.keys.iter().any(|(_, k)| *k == key) {
+            entry.keys.push((fingerprint(&key), key));
+        }
+    }
+
+    /// How many hosts are pinned.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether no host is pinned.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+}
+
+/// What a delivery carries beside its envelope that proves where it came from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seal<'a> {
+    /// The `sig` header.
+    pub sig: Option<&'a str>,
+    /// The `keyId` header.
+    pub key_id: Option<&'a str>,
+    /// The broker login that published it (the AMQP `user_id`, which RabbitMQ checks).
+    pub login: Option<&'a str>,
+}
+
+/// Where the roster (or this host's own registry) places an entity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On this host (its own gateway knows it).
+    Here,
+    /// On the named other host, as its signed heartbeats said.
+    There(String),
+    /// Nowhere this gateway knows of.
+    Unknown,
+}
+
+/// How old (and how far ahead) a message may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// How far a sender's clock may run ahead of this one, in ms.
+    pub skew_ms: u64,
+    /// The oldest a message may be when it arrives, and the longest it may live, in ms.
+    pub max_age_ms: u64,
+}
+
+/// Why a message off the broker was refused by a check of this module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// It carries no signature.
+    Unsigned,
+    /// Its envelope names no sending host.
+    NoHost,
+    /// Its sending host is not pinned here.
+    UnpinnedHost(String),
+    /// It is signed by a key not pinned for its sending host.
+    UnknownKey {
+        /// The sending host.
+        host: String,
+    },
+    /// The signature does not match the message.
+    BadSignature,
+    /// It was published by another broker login than the one pinned for its host.
+    WrongLogin {
+        /// The sending host.
+        host: String,
+        /// The login it came by, if the broker said.
+        login: Option<String>,
+    },
+    /// A heartbeat's routing key does not name its sending host, or the entity it speaks for.
+    PresenceKey,
+    /// A heartbeat speaks for an entity of another host.
+    ForeignEntity {
+        /// The host it claims the entity is on.
+        claimed: String,
+    },
+    /// `from` is an entity of another host.
+    Impostor {
+        /// Where it actually is (`this host` for one of this gateway's own).
+        placed: String,
+    },
+    /// `from` is an entity nobody has announced, and the message needs its sender's role.
+    UnknownSender,
+    /// `ts` is ahead of this clock by more than the skew allowed.
+    Future {
+        /// By how much, in ms.
+        ahead_ms: u64,
+    },
+    /// `ts` is older than the window.
+    Stale {
+        /// How old, in ms.
+        age_ms: u64,
+    },
+    /// `expiresAt` has passed.
+    Expired,
+    /// It would live longer than the window, past the time its id is remembered.
+    TooLongLived,
+    /// Its id was seen before for the same recipient.
+    Replay,
+    /// The sender may not send it (a rule that holds on one host too).
+    Forbidden(String),
+    /// An answer about a message this gateway did not send to the answering host.
+    NotTheRecipient,
+}
+
+impl Refusal {
+    /// The check, as the audit line (`refused: <reason>`) and the log name it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Unsigned => "unsigned",
+            Refusal::NoHost => "no sending host",
+            Refusal::UnpinnedHost(_) => "unpinned host",
+            Refusal::UnknownKey { .. } => "key not pinned",
+            Refusal::BadSignature => "bad signature",
+            Refusal::WrongLogin { .. } => "broker login",
+            Refusal::PresenceKey => "presence key",
+            Refusal::ForeignEntity { .. } => "presence for another host",
+            Refusal::Impostor { .. } => "impostor sender",
+            Refusal::UnknownSender => "unknown sender",
+            Refusal::Future { .. } => "from the future",
+            Refusal::Stale { .. } => "stale",
+            Refusal::Expired => "expired",
+            Refusal::TooLongLived => "lifetime too long",
+            Refusal::Replay => "replay",
+            Refusal::Forbidden(_) => "not allowed",
+            Refusal::NotTheRecipient => "answer from another host",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Unsigned => f.write_str("it carries no signature"),
+            Refusal::NoHost => f.write_str("its envelope names no sending host (fromHost)"),
+            Refusal::UnpinnedHost(host) => write!(
+                f,
+                "its sending host {host:?} is not pinned in [federation.trust]"
+            ),
+            Refusal::UnknownKey { host } => {
+                write!(f, "it is signed by a key not pinned for {host:?}")
+            }
+            Refusal::BadSignature => f.write_str("its signature does not match it"),
+            Refusal::WrongLogin { host, login } => write!(
+                f,
+                "it was published by broker login {login:?}, not the one pinned for {host:?}"
+            ),
+            Refusal::PresenceKey => f.write_str(
+                "the heartbeat's routing key does not name its sending host and the entity it speaks for",
+            ),
+            Refusal::ForeignEntity { claimed } => {
+                write!(f, "the heartbeat speaks for an entity of {claimed:?}")
+            }
+            Refusal::Impostor { placed } => {
+                write!(f, "its sender is an entity of {placed}, not of its sending host")
+            }
+            Refusal::UnknownSender => f.write_str(
+                "its sender is no entity its sending host has announced, and only a known sender may send this",
+            ),
+            Refusal::Future { ahead_ms } => write!(
+                f,
+                "it is stamped {ahead_ms} ms ahead of this clock, more than the skew allowed (federation.clock_skew_s)"
+            ),
+            Refusal::Stale { age_ms } => write!(
+                f,
+                "it is stamped {age_ms} ms ago, older than the window (federation.max_message_age_s)"
+            ),
+            Refusal::Expired => f.write_str("it expired"),
+            Refusal::TooLongLived => f.write_str(
+                "it would live longer than the window (federation.max_message_age_s), past the time its id is remembered",
+            ),
+            Refusal::Replay => f.write_str("its id was seen before: a replay"),
+            Refusal::Forbidden(why) => f.write_str(why),
+            Refusal::NotTheRecipient => f.write_str(
+                "it answers a message this gateway did not send to its sending host",
+            ),
+        }
+    }
+}
+
+/// Check 1: the signature (over `envelope` and `body`) is valid for a key pinned for the
+/// envelope's `fromHost`, and the login is the pinned one when the host has one.
+pub fn check_seal(
+    trust: &Trust,
+    envelope: &Envelope,
+    body: &[u8],
+    seal: Seal<'_>,
+) -> Result<(), Refusal> {
+    let Some(sig) = seal.sig else {
+        return Err(Refusal::Unsigned);
+    };
+    let Some(host) = envelope.from_host.as_deref() else {
+        return Err(Refusal::NoHost);
+    };
+    let Some(pinned) = trust.hosts.get(host) else {
+        return Err(Refusal::UnpinnedHost(host.to_string()));
+    };
+    let Some(key) = seal.key_id.and_then(|id| pinned.key(id)) else {
+        return Err(Refusal::UnknownKey {
+            host: host.to_string(),
+        });
+    };
+    verify(key, envelope, body, sig).map_err(|_| Refusal::BadSignature)?;
+    match &pinned.login {
+        Some(login) if seal.login != Some(login.as_str()) => Err(Refusal::WrongLogin {
+            host: host.to_string(),
+            login: seal.login.map(str::to_string),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The routing-key name of a host's own roster entry.
+pub const GATEWAY_ENTRY: &str = "_gateway";
+
+/// Check 2, for a heartbeat published with `routing_key` (`roster.<host>.<who>`): it names
+/// the envelope's `fromHost` and the entity the heartbeat speaks for (`entity`, or the
+/// host's own entry), and that entity is that host's.
+pub fn check_presence_key(
+    routing_key: &str,
+    envelope: &Envelope,
+    entity: Option<&Entity>,
+) -> Result<(), Refusal> {
+    let host = envelope.from_host.as_deref().ok_or(Refusal::NoHost)?;
+    let (key_host, who) = routing_key
+        .strip_prefix("roster.")
+        .and_then(|rest| rest.rsplit_once('.'))
+        .ok_or(Refusal::PresenceKey)?;
+    let speaks_for = match entity {
+        Some(e) => who == e.gid.to_string() && envelope.from == e.gid,
+        None => who == GATEWAY_ENTRY,
+    };
+    if key_host != host || !speaks_for {
+        return Err(Refusal::PresenceKey);
+    }
+    match entity {
+        Some(e) if e.host != host => Err(Refusal::ForeignEntity {
+            claimed: e.host.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a message of `kind` needs its sender's role (so an unknown sender is refused):
+/// a task, a broadcast, an ask.
+pub fn needs_known_sender(kind: Kind) -> bool {
+    matches!(kind, Kind::Send | Kind::Broadcast | Kind::Ask)
+}
+
+/// Check 3: `from` (placed at `place`) may speak for the envelope's `fromHost`, which is
+/// `this_host` for a message this gateway published itself.
+pub fn check_sender(envelope: &Envelope, place: &Place, this_host: &str) -> Result<(), Refusal> {
+    let host = envelope.from_host.as_deref().ok_or(Refusal::NoHost)?;
+    let placed = match place {
+        Place::Here => this_host,
+        Place::There(other) => other.as_str(),
+        Place::Unknown if needs_known_sender(envelope.kind) => {
+            return Err(Refusal::UnknownSender);
+        }
+        Place::Unknown => return Ok(()),
+    };
+    if placed == host {
+        Ok(())
+    } else if placed == this_host {
+        Err(Refusal::Impostor {
+            placed: "this host".into(),
+        })
+    } else {
+        Err(Refusal::Impostor {
+            placed: format!("{placed:?}"),
+        })
+    }
+}
+
+/// Check 4: the envelope's times against `now_ms` (Unix ms) and `window`.
+pub fn check_time(envelope: &Envelope, now_ms: u64, window: Window) -> Result<(), Refusal> {
+    let ts = envelope.ts_ms;
+    if ts > now_ms.saturating_add(window.skew_ms) {
+        return Err(Refusal::Future {
+            ahead_ms: ts - now_ms,
+        });
+    }
+    let age_ms = now_ms.saturating_sub(ts);
+    if age_ms > window.max_age_ms {
+        return Err(Refusal::Stale { age_ms });
+    }
+    if envelope.expired(now_ms) {
+        return Err(Refusal::Expired);
+    }
+    if envelope.expires_at_ms.saturating_sub(ts) > window.max_age_ms {
+        return Err(Refusal::TooLongLived);
+    }
+    Ok(())
+}
+
+/// Check 5: a message id `seen` before for the same recipient is a replay, unless the broker
+/// flagged the delivery `redelivered` (it came again because it was not settled: the store's
+/// dedup takes care of it).
+pub fn check_replay(seen: bool, redelivered: bool) -> Result<(), Refusal> {
+    if seen && !redelivered {
+        Err(Refusal::Replay)
+    } else {
+        Ok(())
+    }
+}
+
+/// What the authority rules need to know of a message.
+#[derive(Clone, Copy, Debug)]
+pub struct Authority<'a> {
+    /// The sender, as this host or the roster knows it.
+    pub sender: Option<&'a Entity>,
+    /// The recipient here (none for a broadcast's key).
+    pub recipient: Option<&'a Entity>,
+    /// For an answer: whether the message it answers was sent by this gateway to the sending
+    /// host.
+    pub answers_own: bool,
+}
+
+/// Check 6: the rules that hold on one host, across hosts.
+pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> {
+    match kind {
+        Kind::Send | Kind::Ask => {
+            let (Some(sender), Some(recipient)) = (facts.sender, facts.recipient) else {
+                return Err(Refusal::UnknownSender);
+            };
+            authz::check_send(sender, recipient).map_err(|e| Refusal::Forbidden(e.message))
+        }
+        Kind::Broadcast => match facts.sender {
+            Some(sender) if sender.role == Role::Lead => Ok(()),
+            Some(sender) => Err(Refusal::Forbidden(format!(
+                "{} '{}' may not broadcast: only a lead may",
+                sender.role, sender.name
+            ))),
+            None => Err(Refusal::UnknownSender),
+        },
+        Kind::Reply
+        | Kind::Answer
+        | Kind::Failed
+        | Kind::Injected
+        | Kind::TooLate
+        | Kind::NoWaiter
+        | Kind::Abandoned => {
+            if facts.answers_own {
+                Ok(())
+            } else {
+                Err(Refusal::NotTheRecipient)
+            }
+        }
+        Kind::Presence | Kind::Spawn => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::VERSION;
+    use crate::ids::{Gid, MsgId, TraceId};
+    use crate::signing::sign;
+    use ed25519_dalek::SigningKey;
+
+    const NOW: u64 = 1_764_547_200_000;
+
+    fn key(seed: u8) -> SigningKey {
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    fn envelope(kind: Kind, host: &str) -> Envelope {
+        Envelope {
+            version: VERSION,
+            kind,
+            msg_id: MsgId::mint(),
+            trace_id: TraceId::mint(),
+            from: Gid::mint(),
+            to: Gid::mint().to_string(),
+            turn_id: None,
+            spawn_id: None,
+            in_reply_to: None,
+            from_name: Some("alice".into()),
+            from_host: Some(host.into()),
+            ts_ms: NOW - 1_000,
+            expires_at_ms: NOW + 60_000,
+        }
+    }
+
+    fn trust(login: Option<&str>) -> Trust {
+        let mut hosts = BTreeMap::new();
+        hosts.insert(
+            "hostb".to_string(),
+            PinnedHost::new(
+                vec![key(1).verifying_key(), key(2).verifying_key()],
+                login.map(str::to_string),
+            ),
+        );
+        Trust::new(hosts)
+    }
+
+    fn sealed<'a>(sig: &'a str, key_id: &'a str, login: Option<&'a str>) -> Seal<'a> {
+        Seal {
+            sig: Some(sig),
+            key_id: Some(key_id),
+            login,
+        }
+    }
+
+    #[test]
+    fn a_message_signed_by_either_pinned_key_of_its_host_passes() {
+        let trust = trust(None);
+        let sent = envelope(Kind::Send, "hostb");
+        for seed in [1, 2] {
+            let sig = sign(&key(seed), &sent, b"task");
+            let id = fingerprint(&key(seed).verifying_key());
+            assert_eq!(
+                check_seal(&trust, &sent, b"task", sealed(&sig, &id, None)),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn each_forgery_of_the_seal_is_refused_with_its_own_reason() {
+        let trust = trust(Some("gw-hostb"));
+        let sent = envelope(Kind::Send, "hostb");
+        let sig = sign(&key(1), &sent, b"task");
+        let id = fingerprint(&key(1).verifying_key());
+        let good = sealed(&sig, &id, Some("gw-hostb"));
+        assert_eq!(check_seal(&trust, &sent, b"task", good), Ok(()));
+        let refused = |envelope: &Envelope, body: &[u8], seal| {
+            check_seal(&trust, envelope, body, seal).unwrap_err()
+        };
+        assert_eq!(
+            refused(&sent, b"task", Seal::default()),
+            Refusal::Unsigned
+        );
+        assert_eq!(
+            refused(&sent, b"tasK", good),
+            Refusal::BadSignature,
+            "a tampered body"
+        );
+        let mut tampered = sent.clone();
+        tampered.from_name = Some("mallory".into());
+        assert_eq!(refused(&tampered, b"task", good), Refusal::BadSignature);
+        let mut elsewhere = sent.clone();
+        elsewhere.from_host = Some("hostz".into());
+        assert_eq!(
+            refused(&elsewhere, b"task", good),
+            Refusal::UnpinnedHost("hostz".into())
+        );
+        let mut nowhere = sent.clone();
+        nowhere.from_host = None;
+        assert_eq!(refused(&nowhere, b"task", good), Refusal::NoHost);
+        // Signed by a key pinned for nobody, naming it or a pinned one.
+        let other = sign(&key(9), &sent, b"task");
+        let other_id = fingerprint(&key(9).verifying_key());
+        let unknown = Refusal::UnknownKey {
+            host: "hostb".into(),
+        };
+        assert_eq!(
+            refused(&sent, b"task", sealed(&other, &other_id, Some("gw-hostb"))),
+            unknown
+        );
+        assert_eq!(
+            refused(&sent, b"task", sealed(&other, &id, Some("gw-hostb"))),
+            Refusal::BadSignature
+        );
+        assert_eq!(
+            refused(&sent, b"task", sealed(&sig, &id, Some("gw-hostc"))),
+            Refusal::WrongLogin {
+                host: "hostb".into(),
+                login: Some("gw-hostc".into())
+            }
+        );
+        assert!(matches!(
+            refused(&sent, b"task", sealed(&sig, &id, None)),
+            Refusal::WrongLogin { login: None, .. }
+        ));
+    }
+
+    #[test]
+    fn a_gateway_trusts_its_own_key_beside_the_table() {
+        let mut trust = Trust::default();
+        assert!(trust.is_empty());
+        trust.pin_own("hosta", key(3).verifying_key());
+        trust.pin_own("hosta", key(3).verifying_key());
+        assert_eq!(trust.len(), 1);
+        let sent = envelope(Kind::Broadcast, "hosta");
+        let sig = sign(&key(3), &sent, b"all");
+        let id = fingerprint(&key(3).verifying_key());
+        assert_eq!(
+            check_seal(&trust, &sent, b"all", sealed(&sig, &id, None)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_speaks_only_for_its_own_host_and_entity() {
+        let mut sent = envelope(Kind::Presence, "hostb");
+        let entity = Entity {
+            gid: sent.from,
+            name: "w".into(),
+            host: "hostb".into(),
+            role: Role::Worker,
+            profile: None,
+            groups: vec![],
+            parent: None,
+        };
+        let key = format!("roster.hostb.{}", entity.gid);
+        assert_eq!(check_presence_key(&key, &sent, Some(&entity)), Ok(()));
+        let other_host = format!("roster.hostc.{}", entity.gid);
+        assert_eq!(
+            check_presence_key(&other_host, &sent, Some(&entity)),
+            Err(Refusal::PresenceKey)
+        );
+        assert_eq!(
+            check_presence_key("roster.hostb._gateway", &sent, Some(&entity)),
+            Err(Refusal::PresenceKey)
+        );
+        assert_eq!(
+            check_presence_key("roster.hostb._gateway", &sent, None),
+            Ok(())
+        );
+        assert_eq!(
+            check_presence_key("nonsense", &sent, None),
+            Err(Refusal::PresenceKey)
+        );
+        let foreign = Entity {
+            host: "hostc".into(),
+            ..entity.clone()
+        };
+        assert_eq!(
+            check_presence_key(&key, &sent, Some(&foreign)),
+            Err(Refusal::ForeignEntity {
+                claimed: "hostc".into()
+            })
+        );
+        // `from` must be the entity itself.
+        sent.from = Gid::mint();
+        assert_eq!(
+            check_presence_key(&key, &sent, Some(&entity)),
+            Err(Refusal::PresenceKey)
+        );
+    }
+
+    #[test]
+    fn a_sender_placed_on_another_host_is_an_impostor_and_an_unknown_one_sends_no_task() {
+        let send = envelope(Kind::Send, "hostb");
+        let at = |host: &str| Place::There(host.into());
+        assert_eq!(check_sender(&send, &at("hostb"), "hosta"), Ok(()));
+        assert_eq!(
+            check_sender(&send, &at("hostc"), "hosta"),
+            Err(Refusal::Impostor {
+                placed: "\"hostc\"".into()
+            })
+        );
+        assert_eq!(
+            check_sender(&send, &Place::Here, "hosta"),
+            Err(Refusal::Impostor {
+                placed: "this host".into()
+            })
+        );
+        assert_eq!(
+            check_sender(&send, &Place::Unknown, "hosta"),
+            Err(Refusal::UnknownSender)
+        );
+        // An answer may come from an entity gone since (its host vouches, the authority rule
+        // checks what it answers).
+        let reply = envelope(Kind::Reply, "hostb");
+        assert_eq!(check_sender(&reply, &Place::Unknown, "hosta"), Ok(()));
+        assert!(check_sender(&reply, &at("hostc"), "hosta").is_err());
+        // This gateway's own broadcast, back through the broker.
+        let own = envelope(Kind::Broadcast, "hosta");
+        assert_eq!(check_sender(&own, &Place::Here, "hosta"), Ok(()));
+    }
+
+    #[test]
+    fn times_outside_the_window_are_refused() {
+        let window = Window {
+            skew_ms: 5_000,
+            max_age_ms: 600_000,
+        };
+        let mut sent = envelope(Kind::Send, "hostb");
+        assert_eq!(check_time(&sent, NOW, window), Ok(()));
+        sent.ts_ms = NOW + 5_000;
+        assert_eq!(check_time(&sent, NOW, window), Ok(()), "within the skew");
+        sent.ts_ms = NOW + 5_001;
+        assert_eq!(
+            check_time(&sent, NOW, window),
+            Err(Refusal::Future { ahead_ms: 5_001 })
+        );
+        sent.ts_ms = NOW - 600_001;
+        assert_eq!(
+            check_time(&sent, NOW, window),
+            Err(Refusal::Stale { age_ms: 600_001 })
+        );
+        sent.ts_ms = NOW - 1_000;
+        sent.expires_at_ms = NOW;
+        assert_eq!(check_time(&sent, NOW, window), Err(Refusal::Expired));
+        sent.expires_at_ms = NOW - 1_000 + 600_001;
+        assert_eq!(check_time(&sent, NOW, window), Err(Refusal::TooLongLived));
+    }
+
+    #[test]
+    fn a_seen_id_is_a_replay_unless_the_broker_delivers_it_again() {
+        assert_eq!(check_replay(false, false), Ok(()));
+        assert_eq!(check_replay(true, false), Err(Refusal::Replay));
+        assert_eq!(check_replay(true, true), Ok(()));
+    }
+
+    fn entity(role: Role, parent: Option<Gid>) -> Entity {
+        Entity {
+            gid: Gid::mint(),
+            name: "e".into(),
+            host: "hostb".into(),
+            role,
+            profile: None,
+            groups: vec![],
+            parent,
+        }
+    }
+
+    #[test]
+    fn the_local_authority_rules_hold_across_hosts() {
+        let lead = entity(Role::Lead, None);
+        let worker = entity(Role::Worker, Some(lead.gid));
+        let stranger = entity(Role::Worker, None);
+        let facts = |sender, recipient| Authority {
+            sender,
+            recipient,
+            answers_own: false,
+        };
+        assert_eq!(
+            check_authority(Kind::Send, facts(Some(&lead), Some(&worker))),
+            Ok(())
+        );
+        assert!(matches!(
+            check_authority(Kind::Send, facts(Some(&stranger), Some(&worker))),
+            Err(Refusal::Forbidden(_))
+        ));
+        // A worker sends to its own lead.
+        assert_eq!(
+            check_authority(Kind::Send, facts(Some(&worker), Some(&lead))),
+            Ok(())
+        );
+        assert_eq!(
+            check_authority(Kind::Send, facts(None, Some(&worker))),
+            Err(Refusal::UnknownSender)
+        );
+        assert_eq!(
+            check_authority(Kind::Broadcast, facts(Some(&lead), None)),
+            Ok(())
+        );
+        assert!(matches!(
+            check_authority(Kind::Broadcast, facts(Some(&worker), None)),
+            Err(Refusal::Forbidden(why)) if why.contains("only a lead")
+        ));
+        for kind in [Kind::Reply, Kind::Failed, Kind::Injected] {
+            assert_eq!(
+                check_authority(kind, facts(Some(&worker), Some(&lead))),
+                Err(Refusal::NotTheRecipient)
+            );
+            let own = Authority {
+                answers_own: true,
+                ..facts(None, Some(&lead))
+            };
+            assert_eq!(check_authority(kind, own), Ok(()));
+        }
+    }
+
+    #[test]
+    fn every_refusal_names_its_check_and_says_why() {
+        let all = [
+            Refusal::Unsigned,
+            Refusal::NoHost,
+            Refusal::UnpinnedHost("h".into()),
+            Refusal::UnknownKey { host: "h".into() },
+            Refusal::BadSignature,
+            Refusal::WrongLogin {
+                host: "h".into(),
+                login: None,
+            },
+            Refusal::PresenceKey,
+            Refusal::ForeignEntity {
+                claimed: "h".into(),
+            },
+            Refusal::Impostor { placed: "h".into() },
+            Refusal::UnknownSender,
+            Refusal::Future { ahead_ms: 1 },
+            Refusal::Stale { age_ms: 1 },
+            Refusal::Expired,
+            Refusal::TooLongLived,
+            Refusal::Replay,
+            Refusal::Forbidden("x".into()),
+            Refusal::NotTheRecipient,
+        ];
+        let reasons: std::collections::HashSet<&str> = all.iter().map(Refusal::reason).collect();
+        assert_eq!(reasons.len(), all.len(), "one reason per check");
+        assert!(all.iter().all(|r| !r.to_string().is_empty()));
+    }
+}
