@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 use fleet_core::Gid;
 use fleet_core::envelope::Envelope;
+use fleet_core::signing::Signature;
 
 use crate::delivery::Deliveries;
 use crate::error::AmqpError;
@@ -17,6 +18,25 @@ pub enum Published {
     Unroutable,
     /// The broker refused it (the recipient's inbox is full: it went to the dead letters).
     Refused,
+}
+
+/// A message to publish: where, under what envelope and signature, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    /// The exchange.
+    pub exchange: &'a str,
+    /// The routing key.
+    pub key: &'a str,
+    /// The envelope (the message's AMQP headers).
+    pub envelope: &'a Envelope,
+    /// The gateway's signature of the envelope and the body (the `sig` and `keyId` headers).
+    pub signature: &'a Signature,
+    /// The body.
+    pub body: &'a [u8],
+    /// Returned if no queue is bound to the key.
+    pub mandatory: bool,
+    /// Kept across a broker restart.
+    pub persistent: bool,
 }
 
 /// One gateway's link to the broker.
@@ -38,8 +58,8 @@ pub enum Published {
 ///   goes is delivered again (flagged redelivered) to the next consumer: at least once, so the
 ///   consumer drops duplicates by message id where it must. An inbox has one consumer at a
 ///   time: a second is refused ([`AmqpError::Refused`]).
-/// - **Roster.** The roster queue's deliveries are settled by the broker on delivery
-///   (presence is soft state) and their settlement is a no-op.
+/// - **Roster.** The roster queue's deliveries are settled by the consumer like an inbox's:
+///   acknowledged once read, dead-lettered when refused.
 /// - **Teardown.** [`Broker::close`] and [`Broker::delete_inbox`] give up after a bounded wait:
 ///   a stop never hangs on a confused broker.
 #[async_trait]
@@ -66,16 +86,7 @@ pub trait Broker: Send + Sync {
     /// heartbeat, and consumes it.
     async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError>;
 
-    /// Publishes `body` under `envelope` to `exchange` with routing key `key`, `mandatory`
-    /// (returned if unroutable) and `persistent` (kept across a broker restart) as asked, and
-    /// waits for the broker's confirm.
-    async fn publish(
-        &self,
-        exchange: &str,
-        key: &str,
-        envelope: &Envelope,
-        body: &[u8],
-        mandatory: bool,
-        persistent: bool,
-    ) -> Result<Published, AmqpError>;
+    /// Publishes `message` (signed, under the link's own broker login as the AMQP `user_id`,
+    /// which RabbitMQ checks) and waits for the broker's confirm.
+    async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError>;
 }

@@ -31,6 +31,9 @@ pub struct Raw {
     pub body: Vec<u8>,
     /// Whether it is kept across a broker restart.
     pub persistent: bool,
+    /// The broker login it claims to be published by (its AMQP `user_id`; RabbitMQ refuses a
+    /// message whose `user_id` is not the connection's login). `None`: not set.
+    pub user_id: Option<String>,
 }
 
 impl Client {
@@ -195,7 +198,11 @@ impl Client {
 }
 
 fn properties(message: &Raw) -> BasicProperties {
-    BasicProperties::default()
+    let properties = BasicProperties::default()
         .with_headers(message.headers.to_lapin())
-        .with_delivery_mode(if message.persistent { 2 } else { 1 })
+        .with_delivery_mode(if message.persistent { 2 } else { 1 });
+    match &message.user_id {
+        Some(login) => properties.with_user_id(login.as_str().into()),
+        None => properties,
+    }
 }

@@ -20,6 +20,8 @@ pub struct Delivery {
     redelivered: bool,
     /// Its headers, as the envelope codec reads them.
     headers: Vec<(String, HeaderValue)>,
+    /// The broker login that published it (its AMQP `user_id`, which RabbitMQ checks), if set.
+    login: Option<String>,
     /// Settles it on the channel it came on (a no-op for an auto-acknowledged queue).
     acker: Acker,
 }
@@ -37,6 +39,11 @@ impl Delivery {
     pub(crate) fn from_lapin(delivery: lapin::message::Delivery) -> Self {
         Self {
             headers: header_values(delivery.properties.headers().as_ref()),
+            login: delivery
+                .properties
+                .user_id()
+                .as_ref()
+                .map(|u| u.as_str().to_string()),
             body: delivery.data,
             routing_key: delivery.routing_key.as_str().to_string(),
             redelivered: delivery.redelivered,
@@ -50,6 +57,7 @@ impl Delivery {
         body: Vec<u8>,
         routing_key: String,
         headers: Vec<(String, HeaderValue)>,
+        login: Option<String>,
         acker: Acker,
     ) -> Self {
         Self {
@@ -57,6 +65,7 @@ impl Delivery {
             routing_key,
             redelivered: false,
             headers,
+            login,
             acker,
         }
     }
@@ -74,6 +83,22 @@ impl Delivery {
     /// Whether the broker delivered it before.
     pub fn redelivered(&self) -> bool {
         self.redelivered
+    }
+
+    /// The broker login that published it, as the broker vouches for it (`None`: the
+    /// publisher set no `user_id`).
+    pub fn login(&self) -> Option<&str> {
+        self.login.as_deref()
+    }
+
+    /// The text of header `name`, when it is there once and is text (a repeated header reads
+    /// as absent: which copy was meant cannot be told).
+    pub fn text_header(&self, name: &str) -> Option<&str> {
+        let mut found = self.headers.iter().filter(|(k, _)| k == name);
+        match (found.next(), found.next()) {
+            (Some((_, HeaderValue::Str(text))), None) => Some(text),
+            _ => None,
+        }
     }
 
     /// Its envelope, decoded from its headers (spec 10 §4's rules, in `fleet_core::envelope`).

@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use fleet_core::Gid;
 use fleet_core::admission::Settlement;
 use fleet_core::envelope::Envelope;
+use fleet_core::signing::Signature;
 use tokio::sync::{Notify, mpsc};
 
-use crate::broker::{Broker, Published};
+use crate::broker::{Broker, Outgoing, Published};
 use crate::delivery::{Acker, Deliveries, Delivery};
 use crate::error::AmqpError;
 use crate::table::{Table, header_values};
@@ -34,6 +35,8 @@ pub struct Sent {
     pub key: String,
     /// The envelope.
     pub envelope: Envelope,
+    /// The signature it was published with.
+    pub signature: Signature,
     /// The body.
     pub body: Vec<u8>,
     /// Whether it was mandatory.
@@ -136,25 +139,26 @@ impl FakeBroker {
         self.went_down.notify_waiters();
     }
 
-    /// Puts a message with `headers` and `body`, published with `key`, on `gid`'s open inbox;
-    /// its delivery tag.
+    /// Puts a message with `headers` and `body`, published with `key` by broker login
+    /// `login`, on `gid`'s open inbox; its delivery tag.
     pub async fn deliver(
         &self,
         gid: Gid,
         key: &str,
         headers: &Table,
         body: &[u8],
+        login: Option<&str>,
     ) -> Result<u64, AmqpError> {
         let queue = lock(&self.state).inboxes.get(&gid).cloned();
         let queue = queue.ok_or_else(|| AmqpError::Refused(format!("no inbox open for {gid}")))?;
-        self.send(&queue, key, headers, body).await
+        self.send(&queue, key, headers, body, login).await
     }
 
     /// Puts a heartbeat with `headers` and `body` on the open roster queue; its delivery tag.
     pub async fn beat(&self, key: &str, headers: &Table, body: &[u8]) -> Result<u64, AmqpError> {
         let queue = lock(&self.state).roster.clone();
         let queue = queue.ok_or_else(|| AmqpError::Refused("no roster queue open".into()))?;
-        self.send(&queue, key, headers, body).await
+        self.send(&queue, key, headers, body, None).await
     }
 
     async fn send(
@@ -163,6 +167,7 @@ impl FakeBroker {
         key: &str,
         headers: &Table,
         body: &[u8],
+        login: Option<&str>,
     ) -> Result<u64, AmqpError> {
         let tag = {
             let mut state = lock(&self.state);
@@ -178,6 +183,7 @@ impl FakeBroker {
             body.to_vec(),
             key.to_string(),
             header_values(Some(&headers.to_lapin())),
+            login.map(str::to_string),
             Acker::Fake(recorder),
         );
         queue
@@ -246,15 +252,16 @@ impl Broker for FakeBroker {
         opened
     }
 
-    async fn publish(
-        &self,
-        exchange: &str,
-        key: &str,
-        envelope: &Envelope,
-        body: &[u8],
-        mandatory: bool,
-        persistent: bool,
-    ) -> Result<Published, AmqpError> {
+    async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError> {
+        let Outgoing {
+            exchange,
+            key,
+            envelope,
+            signature,
+            body,
+            mandatory,
+            persistent,
+        } = message;
         if !self.is_up() {
             return Err(AmqpError::Unavailable(
                 "the broker did not take the message: the fake broker is down".into(),
@@ -267,6 +274,7 @@ impl Broker for FakeBroker {
             exchange: exchange.to_string(),
             key: key.to_string(),
             envelope: envelope.clone(),
+            signature: signature.clone(),
             body: body.to_vec(),
             mandatory,
             persistent,
@@ -294,11 +302,11 @@ mod tests {
             Err(AmqpError::Refused(_))
         ));
         let first = broker
-            .deliver(gid, &key, &Table::new(), b"one")
+            .deliver(gid, &key, &Table::new(), b"one", None)
             .await
             .unwrap();
         broker
-            .deliver(gid, &key, &Table::new(), b"two")
+            .deliver(gid, &key, &Table::new(), b"two", None)
             .await
             .unwrap();
         let one = inbox.next().await.unwrap().unwrap();

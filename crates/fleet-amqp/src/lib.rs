@@ -18,7 +18,7 @@ mod link;
 mod table;
 pub mod topology;
 
-pub use broker::{Broker, Published};
+pub use broker::{Broker, Outgoing, Published};
 pub use client::{Client, Raw};
 pub use delivery::{Deliveries, Delivery};
 pub use error::AmqpError;

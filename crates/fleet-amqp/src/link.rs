@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::Gid;
-use fleet_core::envelope::Envelope;
+use percent_encoding::percent_decode_str;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -17,15 +17,17 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 
-use crate::broker::{Broker, Published};
+use crate::broker::{Broker, Outgoing, Published};
 use crate::delivery::Deliveries;
 use crate::error::AmqpError;
 use crate::table::Table;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits, MSG_EXCHANGE,
-    ROSTER_EXCHANGE, dead_letter_args, inbox_args, inbox_queue, roster_queue,
+    ROSTER_EXCHANGE, dead_letter_args, inbox_args, inbox_queue, roster_args, roster_queue,
 };
 
+/// How many heartbeats the roster consumer may hold unsettled.
+const ROSTER_PREFETCH: u16 = 256;
 /// How long a publish may wait for the broker's confirm before it counts as unavailable.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest wait for the broker to delete an inbox or to close the connection: a stop or a
@@ -70,10 +72,24 @@ fn connection_uri(settings: &LinkSettings) -> Result<String, AmqpError> {
     Ok(url.to_string())
 }
 
+/// The login a connection to `uri` authenticates as: its user, or AMQP's default `guest`.
+fn login_of(uri: &str) -> String {
+    url::Url::parse(uri)
+        .ok()
+        .map(|url| url.username().to_string())
+        .filter(|user| !user.is_empty())
+        .map_or_else(
+            || "guest".to_string(),
+            |user| percent_decode_str(&user).decode_utf8_lossy().into_owned(),
+        )
+}
+
 /// One live connection with its publish channel.
 pub struct Link {
     connection: Connection,
     publish: Channel,
+    /// The broker login this link publishes as (the AMQP `user_id` of each message).
+    login: String,
     inbox: InboxLimits,
     prefetch: u16,
 }
@@ -99,6 +115,7 @@ impl Link {
         let link = Link {
             connection,
             publish,
+            login: login_of(&uri),
             inbox: settings.inbox,
             prefetch: settings.prefetch,
         };
@@ -254,6 +271,10 @@ impl Broker for Link {
         let queue = roster_queue(host);
         let channel = self.channel("cannot open the roster channel").await?;
         channel
+            .basic_qos(ROSTER_PREFETCH, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::from_lapin("cannot set the roster prefetch", &e))?;
+        channel
             .queue_declare(
                 queue.as_str().into(),
                 QueueDeclareOptions {
@@ -261,7 +282,7 @@ impl Broker for Link {
                     auto_delete: true,
                     ..QueueDeclareOptions::default()
                 },
-                FieldTable::default(),
+                roster_args().to_lapin(),
             )
             .await
             .map_err(|e| declare_error(&queue, &e))?;
@@ -280,7 +301,6 @@ impl Broker for Link {
                 queue.as_str().into(),
                 format!("fleetd-roster-{host}").into(),
                 BasicConsumeOptions {
-                    no_ack: true,
                     exclusive: true,
                     ..BasicConsumeOptions::default()
                 },
@@ -291,18 +311,20 @@ impl Broker for Link {
         Ok(Deliveries::new(consumer))
     }
 
-    async fn publish(
-        &self,
-        exchange: &str,
-        key: &str,
-        envelope: &Envelope,
-        body: &[u8],
-        mandatory: bool,
-        persistent: bool,
-    ) -> Result<Published, AmqpError> {
+    async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError> {
+        let Outgoing {
+            exchange,
+            key,
+            envelope,
+            signature,
+            body,
+            mandatory,
+            persistent,
+        } = message;
         let properties = BasicProperties::default()
-            .with_headers(Table::of_envelope(envelope).to_lapin())
+            .with_headers(Table::of_signed(envelope, signature).to_lapin())
             .with_message_id(envelope.msg_id.to_string().into())
+            .with_user_id(self.login.as_str().into())
             .with_content_type("text/plain; charset=utf-8".into())
             .with_delivery_mode(if persistent { 2 } else { 1 });
         let started = std::time::Instant::now();

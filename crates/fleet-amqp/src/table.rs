@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use fleet_core::envelope::{Envelope, HeaderValue};
+use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER, Signature};
 use lapin::types::{AMQPValue, ByteArray, FieldTable, LongString, ShortString};
 
 /// One value of a [`Table`].
@@ -67,6 +68,13 @@ impl Table {
             table.0.insert(name, value);
         }
         table
+    }
+
+    /// `envelope` as message headers with `signature`: what a gateway publishes.
+    pub fn of_signed(envelope: &Envelope, signature: &Signature) -> Self {
+        Table::of_envelope(envelope)
+            .with(SIG_HEADER, signature.sig.as_str())
+            .with(KEY_ID_HEADER, signature.key_id.as_str())
     }
 
     /// The table in lapin's terms.

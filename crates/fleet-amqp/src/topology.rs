@@ -71,6 +71,12 @@ pub fn inbox_args(limits: &InboxLimits) -> Table {
         .with("x-queue-type", "classic")
 }
 
+/// The arguments of a roster queue: a heartbeat its gateway refuses is dead-lettered to
+/// [`DEAD_LETTER_EXCHANGE`], like a refused message.
+pub fn roster_args() -> Table {
+    Table::new().with("x-dead-letter-exchange", DEAD_LETTER_EXCHANGE)
+}
+
 /// The arguments of [`DEAD_LETTER_QUEUE`]: capped at `max_length` (the oldest go first).
 pub fn dead_letter_args(max_length: u64) -> Table {
     Table::new()

@@ -27,6 +27,7 @@ use ed25519_dalek::VerifyingKey;
 use crate::authz;
 use crate::entity::{Entity, Role};
 use crate::envelope::Envelope;
+use crate::ids::MsgId;
 use crate::message::Kind;
 use crate::signing::{fingerprint, verify};
 
@@ -407,28 +408,47 @@ pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> 
             ))),
             None => Err(Refusal::UnknownSender),
         },
-        Kind::Reply
-        | Kind::Answer
-        | Kind::Failed
-        | Kind::Injected
-        | Kind::TooLate
-        | Kind::NoWaiter
-        | Kind::Abandoned => {
+        kind if is_answer(kind) => {
             if facts.answers_own {
                 Ok(())
             } else {
                 Err(Refusal::NotTheRecipient)
             }
         }
-        Kind::Presence | Kind::Spawn => Ok(()),
+        _ => Ok(()),
     }
+}
+
+/// Whether a message of `kind` answers another (a reply or a notice about it), and so is taken
+/// only from the host the answered message went to.
+pub fn is_answer(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Reply
+            | Kind::Answer
+            | Kind::Failed
+            | Kind::Injected
+            | Kind::TooLate
+            | Kind::NoWaiter
+            | Kind::Abandoned
+    )
+}
+
+/// For an answer: the message it answers and the host it must have gone to (its sender's).
+/// `None` for a message that answers nothing, or an answer that names no message or no host
+/// (which [`check_authority`] then refuses).
+pub fn answered(envelope: &Envelope) -> Option<(MsgId, String)> {
+    if !is_answer(envelope.kind) {
+        return None;
+    }
+    Some((envelope.in_reply_to?, envelope.from_host.clone()?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::envelope::VERSION;
-    use crate::ids::{Gid, MsgId, TraceId};
+    use crate::ids::{Gid, TraceId};
     use crate::signing::sign;
     use ed25519_dalek::SigningKey;
 
@@ -737,6 +757,22 @@ mod tests {
             };
             assert_eq!(check_authority(kind, own), Ok(()));
         }
+    }
+
+    #[test]
+    fn an_answer_names_what_it_answers_and_where_that_went() {
+        let mut reply = envelope(Kind::Reply, "hostb");
+        assert_eq!(answered(&reply), None, "no inReplyTo: nothing to look up");
+        let task = MsgId::mint();
+        reply.in_reply_to = Some(task);
+        assert_eq!(answered(&reply), Some((task, "hostb".to_string())));
+        let mut send = envelope(Kind::Send, "hostb");
+        send.in_reply_to = Some(task);
+        assert_eq!(answered(&send), None, "a task answers nothing");
+        for kind in [Kind::Failed, Kind::Injected, Kind::Abandoned, Kind::NoWaiter] {
+            assert!(is_answer(kind), "{kind}");
+        }
+        assert!(!is_answer(Kind::Broadcast) && !is_answer(Kind::Presence));
     }
 
     #[test]

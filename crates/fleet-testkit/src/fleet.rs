@@ -178,6 +178,24 @@ impl Fleet {
             gateway,
             rest,
             env,
+            None,
+        )
+        .await
+    }
+
+    /// Starts the gateway of test host `host` (its `host_id`, and its key the test key of that
+    /// name: [`crate::keys`]), with more `[gateway]` lines `gateway` and the rest of the config
+    /// `rest`.
+    pub async fn start_as(host: &str, gateway: &str, rest: &str) -> anyhow::Result<Self> {
+        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
+        Self::start_with(
+            tempfile::tempdir()?,
+            &format!("socket = \"{socket}\""),
+            socket,
+            &format!("host_id = \"{host}\"\n{gateway}"),
+            rest,
+            Vec::new(),
+            Some(host),
         )
         .await
     }
@@ -196,6 +214,7 @@ impl Fleet {
             "",
             rest,
             Vec::new(),
+            None,
         )
         .await
     }
@@ -207,6 +226,7 @@ impl Fleet {
         gateway: &str,
         rest: &str,
         env: Vec<(String, Option<String>)>,
+        key_of: Option<&str>,
     ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
@@ -225,6 +245,9 @@ impl Fleet {
             ),
         )?;
         let state = dir.path().join("state");
+        if let Some(host) = key_of {
+            crate::keys::place(&state, host)?;
+        }
         let mut fleet = Self {
             dir,
             config,

@@ -9,6 +9,7 @@ pub mod client;
 pub mod fleet;
 pub mod herdr;
 pub mod inherit;
+pub mod keys;
 pub mod model;
 pub mod sim;
 pub mod standin;

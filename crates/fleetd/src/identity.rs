@@ -151,6 +151,11 @@ impl GatewayKey {
         }
     }
 
+    /// The key pair, for signing what this gateway publishes.
+    pub fn signing_key(&self) -> SigningKey {
+        self.secret.clone()
+    }
+
     /// The public key as other hosts pin it (`ed25519:<base64>`).
     pub fn public_text(&self) -> String {
         key_text(&self.secret.verifying_key())

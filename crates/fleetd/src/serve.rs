@@ -222,10 +222,26 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     {
         tracing::warn!(reason = %e.message, "a spawn with no cwd (from a profile without one) will be refused: fleetd's own working directory may not be a worker's");
     }
-    let federation = config
-        .broker
-        .clone()
-        .map(|broker| Federation::new(broker, config.federation.clone(), state.root()));
+    let federation = match config.broker.clone() {
+        Some(broker) => {
+            if config.federation.insecure_unsigned {
+                tracing::error!(
+                    "INSECURE: [federation] insecure_unsigned = true — messages off the broker are taken without checking who signed them, so anyone who can publish on the vhost can type into this host's workers; for a lab only"
+                );
+            }
+            let federation = Federation::new(
+                broker,
+                config.federation.clone(),
+                state.root(),
+                &host,
+                key.signing_key(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            tracing::info!(pinned_hosts = federation.pinned_hosts(), "federation trust");
+            Some(federation)
+        }
+        None => None,
+    };
     let caps = CallerCaps {
         long_calls: config.gateway.max_long_calls_per_caller,
         sessions: config.gateway.max_sessions_per_token,

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use fleet_core::envelope::{Envelope, VERSION};
+use fleet_core::signing;
 use fleet_core::{Gid, Kind, Message, MsgId, MsgState, TraceId};
 use fleet_mux::herdr::driver::Driver;
 use fleet_mux::herdr::host::Herdr;
@@ -22,6 +24,7 @@ use fleet_testkit::fleet::{
 };
 use fleet_testkit::herdr::RealHerdr;
 use fleet_testkit::inherit::inherit;
+use fleet_testkit::keys;
 use fleet_testkit::model::ModelSim;
 use serde_json::json;
 
@@ -542,11 +545,13 @@ async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<
 /// may wait, which a run of 20,000 pipelined sends outpaces while the consumer catches up).
 async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fleet> {
     let leads: String = leads.iter().map(|l| format!("[leads.{l}]\n")).collect();
-    Fleet::start(
-        &format!("host_id = \"{host}\"\n{BENCH_HELD}"),
+    Fleet::start_as(
+        host,
+        BENCH_HELD,
         &format!(
-            "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\ninbox_max_length = 1000000\n",
-            sim_profile("sim", &[])?
+            "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\ninbox_max_length = 1000000\n{}",
+            sim_profile("sim", &[])?,
+            keys::trust_table(&BENCH_HOSTS)
         ),
     )
     .await
@@ -677,6 +682,48 @@ async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Ve
     Ok((samples, rate))
 }
 
+/// The hosts of the federation benchmark's gateways, each pinning all of them.
+const BENCH_HOSTS: [&str; 5] = ["hosta", "hostb", "ra", "rb", "rc"];
+
+/// What signing costs a hop: the mean time to sign an envelope with a `size`-byte body, and to
+/// verify it, over `rounds` rounds.
+fn sign_and_verify(size: usize, rounds: u32) -> (Duration, Duration) {
+    let key = keys::host_key("hosta");
+    let public = key.verifying_key();
+    let body = vec![b'x'; size];
+    let now = u64::try_from(fleet_core::clock::now_ms()).unwrap_or(0);
+    let envelope = Envelope {
+        version: VERSION,
+        kind: Kind::Send,
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        from: Gid::mint(),
+        to: Gid::mint().to_string(),
+        turn_id: None,
+        spawn_id: None,
+        in_reply_to: None,
+        from_name: Some("alice".into()),
+        from_host: Some("hosta".into()),
+        ts_ms: now,
+        expires_at_ms: now + 86_400_000,
+    };
+    let started = Instant::now();
+    let mut signed = None;
+    for _ in 0..rounds {
+        signed = Some(signing::signature(&key, &envelope, &body));
+    }
+    let sign = started.elapsed() / rounds;
+    let sig = signed.map(|s| s.sig).unwrap_or_default();
+    let started = Instant::now();
+    let mut valid = true;
+    for _ in 0..rounds {
+        valid &= signing::verify(&public, &envelope, &body, &sig).is_ok();
+    }
+    let verify = started.elapsed() / rounds;
+    assert!(valid, "a signature of the benchmark did not verify");
+    (sign, verify)
+}
+
 /// Concurrent senders for the cross-host throughput figures: a lead's few parallel calls, and
 /// a fleet's many (bare lapin pipelines without bound).
 const THROUGHPUT_LANES: [usize; 2] = [8, 32];
@@ -730,6 +777,15 @@ async fn federation(trips: usize, messages: usize, entities: usize) -> anyhow::R
         "  fleetd's added cost per broker hop = (cross p50 - same-host p50 - bare p50) / 2 = {:.2} ms  [target ≤ 2 ms]",
         (cross50 - same50 - bare50) / 2.0
     );
+    for size in [100, 10_000, 256 * 1024] {
+        let (sign, verify) = sign_and_verify(size, 500);
+        println!(
+            "  of which signing + verifying (Ed25519 over the envelope and SHA-256 of a {size}-byte body), per hop: {:.3} ms (sign {:.3} ms, verify {:.3} ms)",
+            (sign + verify).as_secs_f64() * 1000.0,
+            sign.as_secs_f64() * 1000.0,
+            verify.as_secs_f64() * 1000.0
+        );
+    }
 
     println!(
         "bare lapin publish with confirms (pipelined) + consume, {messages} messages: {bare_rate:.0}/s (median of {:.0}, {:.0}, {:.0})",

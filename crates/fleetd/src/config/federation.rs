@@ -1,7 +1,12 @@
 //! `[broker]` and `[federation]`: the federated plane. Without a `[broker]` block fleetd is a
 //! single-host gateway and never opens a broker connection.
 
+use std::collections::BTreeMap;
+
+use fleet_core::entity::validate_name;
 use fleet_core::redact::MASK;
+use fleet_core::signing::parse_key;
+use fleet_core::trust::{PinnedHost, Trust};
 use serde::Deserialize;
 
 use super::{MAX_CONFIG_WAIT_S, within};
@@ -90,7 +95,52 @@ pub struct FederationConfig {
     pub audit_max_bytes: u64,
     /// How many rotated audit logs are kept (`audit.jsonl.1` the newest); the oldest goes.
     pub audit_keep_files: usize,
+    /// The other hosts' gateway keys (`fleetd key` on each prints its own), by host id: a
+    /// message signed by any other key, or from a host not here, is refused.
+    pub trust: BTreeMap<String, TrustEntry>,
+    /// Takes messages that are unsigned or signed by keys nobody pinned (the signature is not
+    /// checked at all). For a lab only: anyone who can publish on the vhost can then type into
+    /// this host's workers. Logged loudly at every start.
+    pub insecure_unsigned: bool,
+    /// How far another gateway's clock may run ahead of this one's before its messages are
+    /// refused, in seconds.
+    pub clock_skew_s: u64,
+    /// The oldest a message off the broker may be when it arrives (and the longest it may be
+    /// meant to live), in seconds; its id is remembered that long, so a replay is refused for
+    /// as long as it could otherwise pass. At least `inbox_message_ttl_s`: a message may wait
+    /// that long in an inbox. Every gateway of a fleet must agree on it.
+    pub max_message_age_s: u64,
 }
+
+/// One host's entry in `[federation.trust]`: a key, two keys (while it rotates), or a table
+/// with the keys and the broker login the host publishes as.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a host's pinned key: \"ed25519:…\", a list of one or two such keys, or a table with `keys` and `login`"
+)]
+pub enum TrustEntry {
+    /// `hostb = "ed25519:…"`
+    Key(String),
+    /// `hostb = ["ed25519:…", "ed25519:…"]`
+    Keys(Vec<String>),
+    /// `[federation.trust.hostb]` with `keys = [...]` and `login = "gw-hostb"`.
+    Pinned(PinnedEntry),
+}
+
+/// `[federation.trust.<host>]` written as a table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedEntry {
+    /// Its keys (one, or two while it rotates).
+    pub keys: Vec<String>,
+    /// The broker login it publishes as (RabbitMQ vouches for it): a message from this host
+    /// published by any other login is refused.
+    pub login: Option<String>,
+}
+
+/// The most keys one host may be pinned to: the current one and the next, while it rotates.
+const MAX_KEYS_PER_HOST: usize = 2;
 
 /// The roster entries kept of one remote host, by default: far above the agents one machine's
 /// terminals run, and at a few hundred bytes each a bound of well under a megabyte per host.
@@ -119,6 +169,10 @@ impl Default for FederationConfig {
             max_remote_hosts: DEFAULT_MAX_REMOTE_HOSTS,
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
             audit_keep_files: DEFAULT_AUDIT_KEEP_FILES,
+            trust: BTreeMap::new(),
+            insecure_unsigned: false,
+            clock_skew_s: 60,
+            max_message_age_s: 86_400,
         }
     }
 }
@@ -212,6 +266,49 @@ impl FederationConfig {
             1,
             1_000,
         )?;
-        Ok(())
+        within("federation.clock_skew_s", self.clock_skew_s, 0, 3_600)?;
+        within(
+            "federation.max_message_age_s",
+            self.max_message_age_s,
+            self.inbox_message_ttl_s,
+            MAX_CONFIG_WAIT_S * 30,
+        )
+        .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
+        self.trust_table().map(|_| ())
+    }
+
+    /// The trust table as the checks use it; an error names the host and what is wrong.
+    pub fn trust_table(&self) -> Result<Trust, String> {
+        let mut hosts = BTreeMap::new();
+        for (host, entry) in &self.trust {
+            validate_name("federation.trust host", host).map_err(|e| e.message)?;
+            let (texts, login) = match entry {
+                TrustEntry::Key(key) => (std::slice::from_ref(key), None),
+                TrustEntry::Keys(keys) => (keys.as_slice(), None),
+                TrustEntry::Pinned(p) => (p.keys.as_slice(), p.login.as_deref()),
+            };
+            if texts.is_empty() || texts.len() > MAX_KEYS_PER_HOST {
+                return Err(format!(
+                    "federation.trust.{host} lists {} keys: pin one, or two while the host rotates its key",
+                    texts.len()
+                ));
+            }
+            let keys = texts
+                .iter()
+                .map(|text| parse_key(text).map_err(|e| format!("federation.trust.{host}: {e}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(login) = login
+                && (login.is_empty() || login.len() > 255 || login.chars().any(char::is_control))
+            {
+                return Err(format!(
+                    "federation.trust.{host}.login must be a broker user name: 1 to 255 characters, no control characters"
+                ));
+            }
+            hosts.insert(
+                host.clone(),
+                PinnedHost::new(keys, login.map(str::to_string)),
+            );
+        }
+        Ok(Trust::new(hosts))
     }
 }

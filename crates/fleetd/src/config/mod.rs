@@ -17,7 +17,7 @@ mod profile;
 #[cfg(test)]
 mod readme;
 
-pub use federation::{BrokerConfig, FederationConfig, redacted_uri};
+pub use federation::{BrokerConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri};
 pub use profile::{
     CLAUDE_CREDENTIALS, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
 };
@@ -32,6 +32,8 @@ pub const DEFAULT_PROFILE: &str = "sim";
 pub const SIM_BINARY: &str = "fleet-agent-sim";
 /// How many days settled messages are kept, by default.
 const DEFAULT_KEEP_MESSAGES_DAYS: u64 = 7;
+/// Why a gateway with a broker and nobody to trust does not start.
+const UNTRUSTED: &str = "[broker] is set but [federation.trust] pins no host, so every message off the broker would be refused: run `fleetd key` on each host and pin its key here (hostb = \"ed25519:…\" under [federation.trust]); for a lab only, [federation] insecure_unsigned = true takes unsigned messages instead";
 /// The least time between two nudges into a lead's pane, by default.
 const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
 /// Claude Code's empty input box: `❯` and a no-break space.
@@ -348,6 +350,9 @@ impl Config {
         }
         if let Some(broker) = &self.broker {
             broker.validate()?;
+            if self.federation.trust.is_empty() && !self.federation.insecure_unsigned {
+                return Err(UNTRUSTED.into());
+            }
         }
         self.federation.validate()?;
         let mut seen = std::collections::BTreeSet::new();
@@ -527,6 +532,8 @@ mod tests {
             r#"
             [broker]
             uri = "amqp://gw:pa55word@broker.internal:5672/fleet"
+            [federation]
+            insecure_unsigned = true
             [[profiles]]
             name = "claude"
             kind = "claude-code"
@@ -549,6 +556,72 @@ mod tests {
         assert_eq!(redacted_uri("amqp://gw@b/fleet"), "amqp://gw@b/fleet");
         assert_eq!(redacted_uri("amqp://:p%40ss@b/"), "amqp://:***@b/");
         assert_eq!(redacted_uri("not a uri pa55word"), "(not a URI)");
+    }
+
+    /// A public key to pin in a test: of the seed `seed` × 32.
+    fn pinned(seed: u8) -> String {
+        fleet_core::signing::key_text(
+            &fleet_core::signing::SigningKey::from_bytes(&[seed; 32]).verifying_key(),
+        )
+    }
+
+    #[test]
+    fn a_broker_needs_a_trust_table_or_an_explicit_insecure_lab() {
+        let err = parse("[broker]\nuri = \"amqp://b/fleet\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[federation.trust] pins no host"), "{err}");
+        assert!(err.contains("fleetd key"), "{err}");
+        let lab = parse("[broker]\nuri = \"amqp://b/fleet\"\n[federation]\ninsecure_unsigned = true\n")
+            .unwrap();
+        assert!(lab.federation.insecure_unsigned);
+        // Without a broker nothing is needed.
+        assert!(parse("").unwrap().federation.trust.is_empty());
+    }
+
+    #[test]
+    fn a_host_is_pinned_to_one_key_two_while_it_rotates_and_optionally_a_login() {
+        let (k1, k2, k3) = (pinned(1), pinned(2), pinned(3));
+        let config = parse(&format!(
+            "[broker]\nuri = \"amqp://b/fleet\"\n[federation.trust]\nhostb = \"{k1}\"\nhostc = [\"{k1}\", \"{k2}\"]\n[federation.trust.hostd]\nkeys = [\"{k3}\"]\nlogin = \"gw-hostd\"\n"
+        ))
+        .unwrap();
+        assert_eq!(config.federation.trust_table().unwrap().len(), 3);
+        for (trust, wrong) in [
+            ("hostb = []".to_string(), "lists 0 keys"),
+            (
+                format!("hostb = [\"{k1}\", \"{k2}\", \"{k3}\"]"),
+                "lists 3 keys",
+            ),
+            ("hostb = \"ed25519:AAAA\"".to_string(), "federation.trust.hostb"),
+            (format!("\"bad host\" = \"{k1}\""), "bad host"),
+            (
+                format!("hostb = {{ keys = [\"{k1}\"], login = \"\" }}"),
+                "federation.trust.hostb.login",
+            ),
+            (
+                format!("hostb = {{ keys = [\"{k1}\"], user = \"x\" }}"),
+                "a host's pinned key",
+            ),
+        ] {
+            let err = parse(&format!(
+                "[broker]\nuri = \"amqp://b/fleet\"\n[federation.trust]\n{trust}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(wrong), "{trust}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_message_window_covers_the_time_a_message_may_wait_in_an_inbox() {
+        let err = parse("[federation]\ninbox_message_ttl_s = 100\nmax_message_age_s = 99\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("federation.max_message_age_s"), "{err}");
+        let ok = parse("[federation]\ninbox_message_ttl_s = 100\nmax_message_age_s = 100\nclock_skew_s = 0\n")
+            .unwrap();
+        assert_eq!(ok.federation.max_message_age_s, 100);
     }
 
     #[test]

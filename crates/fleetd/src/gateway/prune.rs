@@ -1,5 +1,5 @@
-//! The pruner: deletes settled messages older than `gateway.keep_messages_days`, so the store
-//! does not grow without end.
+//! The pruner: deletes settled messages older than `gateway.keep_messages_days`, and the ids
+//! signed federation remembers once past their time, so the store does not grow without end.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +34,14 @@ impl Gateway {
             Ok(0) => {}
             Ok(pruned) => tracing::info!(pruned, "pruned settled messages"),
             Err(e) => tracing::warn!(error = %e, "cannot prune messages"),
+        }
+        // What signed federation remembers (message ids against replay, where sends went)
+        // goes once it could no longer matter.
+        let now = now_ms();
+        match self.db(move |s| s.forget(now)).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "forgot message ids past their window"),
+            Err(e) => tracing::warn!(error = %e, "cannot forget message ids past their window"),
         }
     }
 }

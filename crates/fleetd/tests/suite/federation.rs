@@ -9,10 +9,15 @@ use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(30);
+
+/// The test hosts every test gateway pins (each to its test key, `fleet_testkit::keys`):
+/// those of the gateways the tests start, and those a test stands in for.
+const HOSTS: [&str; 7] = ["hosta", "hostb", "hostc", "hostd", "hostf", "hostg", "hosth"];
 
 /// The `[federation]` keys of a test gateway: quick presence and receipts.
 const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
@@ -32,11 +37,13 @@ async fn gateway_with(
     gateway: &str,
     federation: &str,
 ) -> anyhow::Result<Fleet> {
-    Fleet::start(
-        &format!("host_id = \"{host}\"\n{gateway}"),
+    Fleet::start_as(
+        host,
+        gateway,
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}",
-            sim_profile("sim", &[])?
+            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}\n{}",
+            sim_profile("sim", &[])?,
+            keys::trust_table(&HOSTS)
         ),
     )
     .await
@@ -104,11 +111,12 @@ fn raw(headers: Table, body: &[u8]) -> Raw {
     Raw {
         headers,
         body: body.to_vec(),
-        persistent: false,
+        ..Raw::default()
     }
 }
 
-/// Publishes `body` under `envelope` to `exchange` with routing key `key`.
+/// Publishes `body` under `envelope`, signed by the key of the host it names, to `exchange`
+/// with routing key `key`.
 async fn publish(
     client: &fleet_amqp::Client,
     exchange: &str,
@@ -117,9 +125,34 @@ async fn publish(
     body: &[u8],
 ) -> anyhow::Result<()> {
     client
-        .publish(exchange, key, &raw(Table::of_envelope(envelope), body))
+        .publish(exchange, key, &raw(keys::signed(envelope, body), body))
         .await?;
     Ok(())
+}
+
+/// Publishes a heartbeat of test host `host` (signed with its key) for a new entity `name`
+/// of `role` on it; its gid.
+async fn announce(
+    client: &fleet_amqp::Client,
+    host: &str,
+    name: &str,
+    role: Role,
+) -> anyhow::Result<Gid> {
+    let gid = Gid::mint();
+    let entity = Entity {
+        gid,
+        name: name.into(),
+        host: host.into(),
+        role,
+        profile: None,
+        groups: Vec::new(),
+        parent: None,
+    };
+    let body = json!({"entity": entity, "status": "idle", "profiles": []}).to_string();
+    let envelope = forged(Kind::Presence, gid, host, "fleet.roster")?;
+    let key = format!("roster.{host}.{gid}");
+    publish(client, "fleet.roster", &key, &envelope, body.as_bytes()).await?;
+    Ok(gid)
 }
 
 /// The gid in a `fleet_list` or `fleet_spawn` entry.
@@ -543,18 +576,21 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
     // The real broker; the publisher stands in for another host's gateway, writing
     // envelopes as one would, all at once so that they arrive together.
     let client = vhost.connect().await?;
-    let carol = Gid::mint();
+    let carol = announce(&client, "hostc", "carol", Role::Lead).await?;
+    sees(&alice, "carol").await?;
     let mut burst = Vec::new();
     for i in 0..150 {
+        let body = format!("m{i}");
         let headers = if i == 75 {
             Table::new()
         } else {
-            Table::of_envelope(&Envelope {
+            let envelope = Envelope {
                 from_name: Some("carol".into()),
                 ..forged(Kind::Send, carol, "hostc", &gid)?
-            })
+            };
+            keys::signed(&envelope, body.as_bytes())
         };
-        burst.push(raw(headers, format!("m{i}").as_bytes()));
+        burst.push(raw(headers, body.as_bytes()));
     }
     client.publish_burst("fleet.msg", &gid, &burst).await?;
     let got = drain(&alice, 149).await?;
@@ -564,7 +600,8 @@ async fn a_burst_for_a_lead_is_held_whole_in_order_and_once_with_garbage_among_i
         .collect();
     assert_eq!(texts(&got), expected, "{}", a.log());
     let senders = field(&got, "from_name");
-    assert!(senders.iter().all(|n| n == "carol@hostc"), "{senders:?}");
+    // Named as her host's heartbeats name her.
+    assert!(senders.iter().all(|n| n == "carol"), "{senders:?}");
     // None twice, and the garbage dead-lettered.
     assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
     assert_eq!(dead_letters(&client).await?, 1);
@@ -761,21 +798,16 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sender_and_never_typed()
+async fn a_brief_off_the_broker_holding_a_control_character_is_refused_and_never_typed()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
-        a: _a,
-        b,
-        alice,
-        bob,
-    } = pair(&vhost).await?;
+    let Pair { a, b, alice, bob } = pair(&vhost).await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
     let client = vhost.connect().await?;
 
     // A gateway that does not check (an older one, or a hostile one) publishes the paste
-    // breakout as alice's: hosta itself would refuse to send it.
+    // breakout as alice's, signed with its own key: hosta itself would refuse to send it.
     let to = gid_of(&wb);
     let from = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
     let envelope = forged(Kind::Send, from, "hosta", &to)?;
@@ -788,27 +820,39 @@ async fn a_brief_off_the_broker_holding_a_control_character_is_failed_to_its_sen
     )
     .await?;
 
-    // Its sender is told why, naming the character, and it is dead-lettered.
+    // hostb refuses it, naming the character, and tells its sender's gateway with a FAILED
+    // notice; hosta in turn refuses that notice, for it answers nothing hosta sent. Both are
+    // dead-lettered.
     let msg_id = envelope.msg_id.to_string();
-    let notice = until("the FAILED notice", LIMIT, || async {
-        alice
-            .poll(1)
-            .await
-            .ok()?
-            .into_iter()
-            .find(|m| m["in_reply_to"] == msg_id.as_str())
+    let failed = envelope.msg_id.derived("failed").to_string();
+    let outcomes = |fleet: &Fleet, id: &str| -> Vec<String> {
+        audit_lines(fleet)
+            .map(|(_, lines)| {
+                lines
+                    .iter()
+                    .filter(|l| l["msg_id"] == id)
+                    .filter_map(|l| l["outcome"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    until("both refusals in fleet.dlq", LIMIT, || async {
+        (dead_letters(&client).await.ok()? == 2).then_some(())
     })
     .await?;
-    assert_eq!(notice["kind"], "FAILED", "{notice}");
-    let text = notice["text"].as_str().unwrap_or_default();
+    assert_eq!(outcomes(&b, &msg_id), ["refused: control character"]);
+    assert_eq!(outcomes(&b, &failed), ["published"]);
+    let a_saw = until("hosta's refusal of the notice", LIMIT, || async {
+        Some(outcomes(&a, &failed)).filter(|o| !o.is_empty())
+    })
+    .await?;
+    assert_eq!(a_saw, ["refused: answer from another host"]);
     assert!(
-        text.contains("U+001B") && text.contains("control character"),
-        "{notice}"
+        b.log().contains("U+001B") && b.log().contains("control character"),
+        "{}",
+        b.log()
     );
-    until("the brief in fleet.dlq", LIMIT, || async {
-        (dead_letters(&client).await.ok()? == 1).then_some(())
-    })
-    .await?;
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
 
     // Never typed: the worker takes the next task as its first, and its screen shows neither
     // part of the refused one.

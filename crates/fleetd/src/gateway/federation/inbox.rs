@@ -12,6 +12,7 @@ use fleet_core::{Gid, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
+use super::trust::Vouched;
 use fleet_core::clock::now_ms;
 
 /// The most deliveries taken off an inbox at once (held ones are stored together).
@@ -85,11 +86,23 @@ impl Gateway {
         batch: Vec<Delivery>,
         stop: &CancellationToken,
     ) -> bool {
-        let mut held = Vec::new();
+        let mut admitted = Vec::with_capacity(batch.len());
         for delivery in batch {
-            let Some((envelope, body)) = self.admit(owner, &delivery).await else {
-                continue;
-            };
+            if let Some((envelope, body)) = self.admit(owner, &delivery).await {
+                admitted.push(Vouched {
+                    delivery,
+                    envelope,
+                    body,
+                });
+            }
+        }
+        let mut held = Vec::new();
+        for Vouched {
+            delivery,
+            envelope,
+            body,
+        } in self.check_batch(owner, admitted).await
+        {
             let to_pane = self.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {
                 held.push(Incoming {
@@ -112,7 +125,8 @@ impl Gateway {
     }
 
     /// Checks a delivery: its envelope and body, or it is dead-lettered (malformed, of a newer
-    /// version, for another recipient, expired, too large or not text) with a loud log line.
+    /// version, for another recipient, expired, too large or not text, or failing a trust check
+    /// that can be made one message at a time) with a loud log line.
     async fn admit(
         self: &Arc<Self>,
         owner: Gid,
@@ -128,8 +142,12 @@ impl Gateway {
         let limit = self.config.gateway.max_message_bytes;
         let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
             Admission::Admitted { envelope, body } => {
+                if let Err(refusal) = self.check_one(owner, delivery, &envelope).await {
+                    self.refuse_untrusted(delivery, &envelope, &refusal).await;
+                    return None;
+                }
                 // A name from another host is shown and typed (a reply's label): kept only if
-                // valid.
+                // valid, and only once the message is known to be genuine.
                 if let Some(name) = &envelope.from_name
                     && validate_name("sender name", name).is_ok()
                 {

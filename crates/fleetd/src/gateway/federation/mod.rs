@@ -13,7 +13,8 @@
 //! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
 //! [`link`] keeps the link and the inbox consumers, [`inbox`] admits and settles deliveries,
 //! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`publish`] sends,
-//! [`receipts`] fails overdue briefs.
+//! [`receipts`] fails overdue briefs, [`trust`] signs what goes out and checks what comes in
+//! (the rules are `fleet_core::trust`'s).
 
 mod inbox;
 mod link;
@@ -23,6 +24,7 @@ mod receipts;
 mod take;
 #[cfg(test)]
 mod tests;
+mod trust;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -34,6 +36,8 @@ use fleet_core::bounds::RosterCaps;
 use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
 use fleet_core::roster::Roster;
+use fleet_core::signing::{Signature, SigningKey, signature};
+use fleet_core::trust::Trust;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
 use serde_json::json;
 use tokio::sync::watch as tokio_watch;
@@ -58,6 +62,13 @@ pub struct Federation {
     state: Mutex<FedState>,
     /// The audit log: one line per broker hop, never a message's text.
     audit: Mutex<AuditLog>,
+    /// This gateway's key pair: it signs everything it publishes.
+    key: SigningKey,
+    /// The hosts whose signatures are taken (this one's own key among them).
+    trust: Trust,
+    /// Bumped whenever a heartbeat adds to the roster: a message from a sender not yet
+    /// announced waits on it a while.
+    roster_heard: tokio_watch::Sender<u64>,
 }
 
 /// What the federated plane holds in memory.
@@ -70,6 +81,12 @@ struct FedState {
     senders: HashMap<Gid, String>,
     /// The inbox consumers running on the current link.
     consumers: HashMap<Gid, CancellationToken>,
+    /// The ids of the heartbeats taken, until they would be refused as stale anyway (a
+    /// replayed heartbeat is refused).
+    heartbeats_seen: HashMap<MsgId, u64>,
+    /// How many messages off the broker the trust checks refused (their log lines are
+    /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
+    refused: u64,
 }
 
 impl FedState {
@@ -82,8 +99,17 @@ impl FedState {
 }
 
 impl Federation {
-    /// The federated plane for `broker`, writing its audit log into `state_dir`.
-    pub fn new(broker: BrokerConfig, config: FederationConfig, state_dir: &Path) -> Self {
+    /// The federated plane for `broker` of gateway `host_id`, signing with `key` and writing
+    /// its audit log into `state_dir`; an error names what is wrong with the trust table.
+    pub fn new(
+        broker: BrokerConfig,
+        config: FederationConfig,
+        state_dir: &Path,
+        host_id: &str,
+        key: SigningKey,
+    ) -> Result<Self, String> {
+        let mut trust = config.trust_table()?;
+        trust.pin_own(host_id, key.verifying_key());
         let audit = AuditLog::open(
             state_dir.join("audit.jsonl"),
             config.audit_max_bytes,
@@ -98,15 +124,30 @@ impl Federation {
             receipts: Receipts::new(Duration::from_secs(config.injected_bound_s)),
             senders: HashMap::new(),
             consumers: HashMap::new(),
+            heartbeats_seen: HashMap::new(),
+            refused: 0,
         };
-        Self {
+        Ok(Self {
             broker,
             config,
             link: tokio_watch::channel(None).0,
             gateway_gid: Gid::mint(),
             state: Mutex::new(state),
             audit: Mutex::new(audit),
-        }
+            key,
+            trust,
+            roster_heard: tokio_watch::channel(0).0,
+        })
+    }
+
+    /// How many hosts' keys are taken (this one's own included).
+    pub fn pinned_hosts(&self) -> usize {
+        self.trust.len()
+    }
+
+    /// This gateway's signature of `envelope` carrying `body`.
+    fn sign(&self, envelope: &Envelope, body: &[u8]) -> Signature {
+        signature(&self.key, envelope, body)
     }
 
     fn lock(&self) -> MutexGuard<'_, FedState> {

@@ -6,20 +6,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
-use fleet_amqp::{Broker, Deliveries, Delivery};
+use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
+use fleet_core::admission::Handled;
 use fleet_core::roster::{Heard, Presence};
+use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
+use super::inbox::settle;
+use super::trust::forget_heartbeats;
 use super::super::views::{HostView, RosterEntry};
 use super::Federation;
 use fleet_core::clock::now_ms;
 
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-/// The routing-key name of a host's own roster entry.
-const GATEWAY_ENTRY: &str = "_gateway";
 
 impl Gateway {
     /// Heartbeats every local entity and the host entry, and expires what went quiet.
@@ -39,6 +41,7 @@ impl Gateway {
                 next_beat = Instant::now() + interval;
             }
             self.sweep().await;
+            forget_heartbeats(fed);
         }
     }
 
@@ -117,10 +120,19 @@ impl Gateway {
             fed.config.presence_ttl_s,
         );
         let key = roster_key(&self.host_id, &who);
-        if let Err(e) = link
-            .publish(ROSTER_EXCHANGE, &key, &envelope, &body, false, false)
-            .await
-        {
+        let signature = fed.sign(&envelope, &body);
+        let published = link
+            .publish(Outgoing {
+                exchange: ROSTER_EXCHANGE,
+                key: &key,
+                envelope: &envelope,
+                signature: &signature,
+                body: &body,
+                mandatory: false,
+                persistent: false,
+            })
+            .await;
+        if let Err(e) = published {
             tracing::debug!(error = %e, "a heartbeat was not published");
         }
     }
@@ -134,35 +146,52 @@ impl Gateway {
                 () = self.shutdown.cancelled() => return,
             };
             match next {
-                Some(Ok(delivery)) => self.on_presence(&delivery),
+                Some(Ok(delivery)) => {
+                    let handled = self.on_presence(&delivery);
+                    settle(&delivery, handled, false).await;
+                }
                 _ => return,
             }
         }
     }
 
-    /// One heartbeat off the roster queue (settled by the broker on delivery).
-    fn on_presence(&self, delivery: &Delivery) {
+    /// One heartbeat off the roster queue, and how it is settled: taken, or refused (to the
+    /// dead letters) when it fails a check.
+    fn on_presence(&self, delivery: &Delivery) -> Handled {
         let Some(fed) = self.fed() else {
-            return;
+            return Handled::Noted;
         };
         let Ok(envelope) = delivery.envelope() else {
-            tracing::warn!("a malformed heartbeat was ignored");
-            return;
+            tracing::warn!("a malformed heartbeat was refused");
+            return Handled::Refused;
         };
         let Some(host) = envelope.from_host.clone() else {
-            return;
+            tracing::warn!("a heartbeat naming no host was refused");
+            return Handled::Refused;
         };
-        if host == self.host_id || envelope.kind != Kind::Presence {
-            return;
+        if host == self.host_id {
+            // This gateway's own, back through the exchange.
+            return Handled::Noted;
+        }
+        if envelope.kind != Kind::Presence {
+            tracing::warn!(%host, kind = %envelope.kind, "a message on the roster that is no heartbeat was refused");
+            return Handled::Refused;
         }
         let Ok(presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
-            tracing::warn!(%host, "a heartbeat with an unreadable body was ignored");
-            return;
+            tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
+            return Handled::Refused;
         };
+        if let Err(refusal) = self.check_heartbeat(delivery, &envelope, &presence) {
+            self.note_untrusted(delivery, &envelope, &refusal);
+            return Handled::Refused;
+        }
         let now = Instant::now().into_std();
         let heard = fed.lock().roster.hear(&host, presence, now, now_ms());
         match heard {
-            Heard::Merged | Heard::Left => {}
+            Heard::Merged => {
+                fed.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Heard::Left => {}
             Heard::NotItsOwn { claimed } => {
                 tracing::warn!(%host, %claimed, "a heartbeat for an entity of another host was ignored");
             }
@@ -172,6 +201,7 @@ impl Gateway {
             }
             Heard::OverCap { .. } => {}
         }
+        Handled::Noted
     }
 
     /// The remote entries for `fleet_list`, and the hosts.

@@ -2,7 +2,7 @@
 //! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
 //! everything this gateway publishes.
 
-use fleet_amqp::Published;
+use fleet_amqp::{Outgoing, Published};
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
@@ -41,8 +41,23 @@ impl Gateway {
             )
         };
         let body = message.body.as_bytes();
+        // Where it goes is remembered first, so an answer from there is taken (and one from
+        // anywhere else refused) however soon it comes.
+        let host = fed.lock().roster.entity(message.to).map(|e| e.entity.host.clone());
+        if let Some(host) = host {
+            self.remember_sent(vec![(message.msg_id, host)]).await?;
+        }
+        let signature = fed.sign(&envelope, body);
         let published = link
-            .publish(MSG_EXCHANGE, &envelope.to, &envelope, body, true, true)
+            .publish(Outgoing {
+                exchange: MSG_EXCHANGE,
+                key: &envelope.to,
+                envelope: &envelope,
+                signature: &signature,
+                body,
+                mandatory: true,
+                persistent: true,
+            })
             .await;
         let outcome = match &published {
             Ok(Published::Routed) => "published",
@@ -150,9 +165,39 @@ impl Gateway {
                 fed.config.inbox_message_ttl_s,
             )
         };
+        let in_group = |e: &Entity| {
+            e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
+        };
+        // Each remote copy's answers are taken from its recipient's host only.
+        let remote: Vec<(Gid, String)> = fed
+            .lock()
+            .roster
+            .entities()
+            .filter(|e| in_group(&e.entity))
+            .map(|e| (e.entity.gid, e.entity.host.clone()))
+            .collect();
+        let sent = remote
+            .iter()
+            .flat_map(|(gid, host)| {
+                [
+                    (msg_id, host.clone()),
+                    (msg_id.derived(&gid.to_string()), host.clone()),
+                ]
+            })
+            .collect();
+        self.remember_sent(sent).await?;
+        let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
         let published = link
-            .publish(MSG_EXCHANGE, &key, &envelope, text.as_bytes(), false, true)
+            .publish(Outgoing {
+                exchange: MSG_EXCHANGE,
+                key: &key,
+                envelope: &envelope,
+                signature: &signature,
+                body: text.as_bytes(),
+                mandatory: false,
+                persistent: true,
+            })
             .await;
         fed.audit(
             &envelope,
@@ -164,16 +209,20 @@ impl Gateway {
             },
         );
         published.map_err(not_taken)?;
-        let in_group = |e: &Entity| {
-            e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
-        };
         let local = self.lock().entities().into_iter().filter(in_group).count();
-        let remote = fed
-            .lock()
-            .roster
-            .entities()
-            .filter(|e| in_group(&e.entity))
-            .count();
-        Ok(local + remote)
+        Ok(local + remote.len())
+    }
+
+    /// Remembers that each `(msg_id, host)` was published to an entity on `host`, for as long
+    /// as settled messages are kept (`gateway.keep_messages_days`): answers about it are taken
+    /// from that host only.
+    async fn remember_sent(&self, sent: Vec<(MsgId, String)>) -> Result<(), FleetError> {
+        if sent.is_empty() {
+            return Ok(());
+        }
+        let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
+        let until = now_ms().saturating_add(days.saturating_mul(86_400_000));
+        let rows = sent.into_iter().map(|(id, host)| (id, host, until)).collect::<Vec<_>>();
+        self.db(move |s| s.record_sent(&rows)).await
     }
 }

@@ -13,6 +13,7 @@ use fleet_amqp::{Broker, Table};
 use fleet_core::admission::Settlement;
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::roster::Presence;
+use fleet_core::signing::{SigningKey, key_text, signature};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use fleet_mux::{AgentState, MuxError, PaneHost, PaneId, PaneSpec, PaneState, Snapshot};
 use fleet_store::{SqliteStore, Store};
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::{Gateway, Parts, Workdirs};
 use super::Federation;
-use crate::config::{BrokerConfig, Config, FederationConfig};
+use crate::config::{BrokerConfig, Config, FederationConfig, TrustEntry};
 use crate::launch::{HostFacts, Launchers};
 
 /// How long a test waits for the gateway to act on what the fake delivered.
@@ -60,12 +61,43 @@ impl PaneHost for NoPanes {
     }
 }
 
-/// A gateway of `hosta` with lead alice, its link the fake, alice's inbox consumed.
+/// A gateway of `hosta` with lead alice, its link the fake, alice's inbox consumed; `hostb`
+/// and `hostc` are pinned to their test keys, and carol is a lead on `hostc`.
 struct Harness {
     gateway: Arc<Gateway>,
     broker: Arc<FakeBroker>,
     alice: Entity,
+    carol: Gid,
     _dir: tempfile::TempDir,
+}
+
+/// A test host's key: `hostb` and `hostc` are pinned by the harness, any other host is not.
+fn host_key(host: &str) -> SigningKey {
+    let seed = match host {
+        "hostb" => 2,
+        "hostc" => 3,
+        _ => 9,
+    };
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+/// `envelope` with `body` as headers signed by its sending host's test key.
+fn signed(envelope: &Envelope, body: &[u8]) -> Table {
+    let host = envelope.from_host.as_deref().unwrap_or_default();
+    Table::of_signed(envelope, &signature(&host_key(host), envelope, body))
+}
+
+/// A lead of `host`, as its heartbeats tell.
+fn lead_of(host: &str) -> Entity {
+    Entity {
+        gid: Gid::mint(),
+        name: "carol".into(),
+        host: host.into(),
+        role: Role::Lead,
+        profile: None,
+        groups: Vec::new(),
+        parent: None,
+    }
 }
 
 async fn harness(max_held: usize) -> Harness {
@@ -79,7 +111,24 @@ async fn harness(max_held: usize) -> Harness {
         heartbeat_s: 10,
         prefetch: 32,
     };
-    let federation = Federation::new(broker_config, FederationConfig::default(), dir.path());
+    let trust = ["hostb", "hostc"]
+        .into_iter()
+        .map(|h| {
+            let key = key_text(&host_key(h).verifying_key());
+            (h.to_string(), TrustEntry::Key(key))
+        })
+        .collect();
+    let federation = Federation::new(
+        broker_config,
+        FederationConfig {
+            trust,
+            ..FederationConfig::default()
+        },
+        dir.path(),
+        "hosta",
+        SigningKey::from_bytes(&[1; 32]),
+    )
+    .unwrap();
     let parts = Parts {
         store,
         panes: Arc::new(NoPanes),
@@ -109,10 +158,24 @@ async fn harness(max_held: usize) -> Harness {
     let link: Arc<dyn Broker> = broker.clone();
     gateway.fed().unwrap().link.send_replace(Some(link));
     gateway.attach_inbox(broker.as_ref(), &alice).await.unwrap();
+    let carol = lead_of("hostc");
+    let heard = Presence {
+        entity: Some(carol.clone()),
+        status: "idle".into(),
+        profiles: Vec::new(),
+    };
+    let now = tokio::time::Instant::now().into_std();
+    gateway
+        .fed()
+        .unwrap()
+        .lock()
+        .roster
+        .hear("hostc", heard, now, 0);
     Harness {
         gateway,
         broker,
         alice,
+        carol: carol.gid,
         _dir: dir,
     }
 }
@@ -166,73 +229,70 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
         gateway,
         broker,
         alice,
+        carol,
         ..
     } = harness(10).await;
     let key = alice.gid.to_string();
-    let carol = Gid::mint();
     let garbage = broker
-        .deliver(alice.gid, &key, &Table::new(), b"x")
+        .deliver(alice.gid, &key, &Table::new(), b"x", None)
         .await
         .unwrap();
-    let elsewhere = Table::of_envelope(&envelope(Kind::Send, carol, &Gid::mint().to_string()));
+    let elsewhere = envelope(Kind::Send, carol, &Gid::mint().to_string());
     let misaddressed = broker
-        .deliver(alice.gid, &key, &elsewhere, b"x")
+        .deliver(alice.gid, &key, &signed(&elsewhere, b"x"), b"x", None)
         .await
         .unwrap();
-    let good = Table::of_envelope(&envelope(Kind::Send, carol, &key));
-    broker
-        .deliver(alice.gid, &key, &good, b"hello")
+    let good = envelope(Kind::Send, carol, &key);
+    let unsigned = broker
+        .deliver(alice.gid, &key, &Table::of_envelope(&good), b"hello", None)
         .await
         .unwrap();
-    // The same message again (a redelivery): held once.
+    let kept = broker
+        .deliver(alice.gid, &key, &signed(&good, b"hello"), b"hello", None)
+        .await
+        .unwrap();
+    // The same message again, not flagged redelivered by the broker: a replay.
     let again = broker
-        .deliver(alice.gid, &key, &good, b"hello")
+        .deliver(alice.gid, &key, &signed(&good, b"hello"), b"hello", None)
         .await
         .unwrap();
 
     let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == again)).await;
-    assert_eq!(how_of(&settled, garbage), [(Settlement::DeadLetter, false)]);
-    assert_eq!(
-        how_of(&settled, misaddressed),
-        [(Settlement::DeadLetter, false)]
-    );
+    for refused in [garbage, misaddressed, unsigned, again] {
+        assert_eq!(
+            how_of(&settled, refused),
+            [(Settlement::DeadLetter, false)],
+            "{refused}"
+        );
+    }
     // Held ones are acknowledged in one frame up to the last of their batch.
-    assert_eq!(how_of(&settled, again), [(Settlement::Ack, true)]);
-    assert!(
-        settled
-            .iter()
-            .filter(|s| s.tag > misaddressed)
-            .all(|s| s.how == Settlement::Ack),
-        "{settled:?}"
-    );
+    assert_eq!(how_of(&settled, kept), [(Settlement::Ack, true)]);
     let gid = alice.gid;
     let held = gateway.db(move |s| s.held_count(gid)).await.unwrap();
     assert_eq!(held, 1);
-    assert_eq!(
-        gateway.fed().unwrap().remote_name(carol).as_deref(),
-        Some("carol@hostc")
-    );
+    let shown = gateway.fed().unwrap().lock().senders.get(&carol).cloned();
+    assert_eq!(shown.as_deref(), Some("carol@hostc"));
 }
 
 #[tokio::test]
 async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_through_the_broker() {
-    let Harness { broker, alice, .. } = harness(1).await;
+    let Harness {
+        broker,
+        alice,
+        carol,
+        ..
+    } = harness(1).await;
     let key = alice.gid.to_string();
-    let carol = Gid::mint();
     broker.bind(&carol.to_string());
+    let first = envelope(Kind::Send, carol, &key);
     let first = broker
-        .deliver(
-            alice.gid,
-            &key,
-            &Table::of_envelope(&envelope(Kind::Send, carol, &key)),
-            b"m1",
-        )
+        .deliver(alice.gid, &key, &signed(&first, b"m1"), b"m1", None)
         .await
         .unwrap();
     settled_until(&broker, |s| !s.is_empty()).await;
     let over = envelope(Kind::Send, carol, &key);
     let second = broker
-        .deliver(alice.gid, &key, &Table::of_envelope(&over), b"m2")
+        .deliver(alice.gid, &key, &signed(&over, b"m2"), b"m2", None)
         .await
         .unwrap();
 
@@ -249,6 +309,12 @@ async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_throu
     assert_eq!(notice.key, carol.to_string());
     assert_eq!(notice.envelope.in_reply_to, Some(over.msg_id));
     assert!(notice.mandatory && notice.persistent);
+    // Signed by this gateway's key, over what went out.
+    let own = SigningKey::from_bytes(&[1; 32]);
+    assert_eq!(
+        notice.signature,
+        signature(&own, &notice.envelope, &notice.body)
+    );
     let text = String::from_utf8_lossy(&notice.body);
     assert!(
         text.contains("gateway.max_held_per_recipient = 1"),
@@ -277,6 +343,11 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         created_ms: 0,
     };
     gateway.track_remote_brief(&brief);
+    let id = brief.msg_id;
+    gateway
+        .db(move |s| s.record_sent(&[(id, "hostc".into(), i64::MAX)]))
+        .await
+        .unwrap();
     let fed = gateway.fed().unwrap();
     assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
     let key = alice.gid.to_string();
@@ -284,25 +355,42 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         in_reply_to: Some(brief.msg_id),
         ..envelope(Kind::Injected, worker, &key)
     };
-    let tag = broker
-        .deliver(alice.gid, &key, &Table::of_envelope(&receipt), b"")
+    // The same receipt from a host the brief did not go to is refused, and changes nothing.
+    let forged = Envelope {
+        from_host: Some("hostb".into()),
+        msg_id: MsgId::mint(),
+        ..receipt.clone()
+    };
+    let refused = broker
+        .deliver(alice.gid, &key, &signed(&forged, b""), b"", None)
         .await
         .unwrap();
     let settled = settled_until(&broker, |s| !s.is_empty()).await;
+    assert_eq!(how_of(&settled, refused), [(Settlement::DeadLetter, false)]);
+    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+    let tag = broker
+        .deliver(alice.gid, &key, &signed(&receipt, b""), b"", None)
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
     assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)]);
     assert_eq!(fed.pending_state(brief.msg_id), Some("injected"));
 }
 
 #[tokio::test]
-async fn heartbeats_off_the_roster_queue_are_merged_and_our_own_and_others_ignored() {
+async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     let Harness {
         gateway, broker, ..
     } = harness(10).await;
     let roster = broker.open_roster("hosta").await.unwrap();
     let consumer = Arc::clone(&gateway);
     tokio::spawn(async move { consumer.consume_roster(roster).await });
+    // A heartbeat of `host` for `entity` (or the host itself), its routing key and body.
     let beat = |host: &str, entity: Option<Entity>, kind: Kind| {
         let from = entity.as_ref().map_or_else(Gid::mint, |e| e.gid);
+        let who = entity
+            .as_ref()
+            .map_or_else(|| "_gateway".to_string(), |e| e.gid.to_string());
         let presence = Presence {
             entity,
             status: "idle".into(),
@@ -312,10 +400,8 @@ async fn heartbeats_off_the_roster_queue_are_merged_and_our_own_and_others_ignor
             from_host: Some(host.into()),
             ..envelope(kind, from, "fleet.roster")
         };
-        (
-            Table::of_envelope(&envelope),
-            serde_json::to_vec(&presence).unwrap(),
-        )
+        let body = serde_json::to_vec(&presence).unwrap();
+        (format!("roster.{host}.{who}"), envelope, body)
     };
     let worker = |name: &str, host: &str| Entity {
         gid: Gid::mint(),
@@ -326,29 +412,46 @@ async fn heartbeats_off_the_roster_queue_are_merged_and_our_own_and_others_ignor
         groups: Vec::new(),
         parent: None,
     };
+    let mut refused = Vec::new();
+    let mut taken = Vec::new();
     for (host, entity, kind) in [
         ("hosta", Some(worker("mine", "hosta")), Kind::Presence),
         ("hostb", Some(worker("notpresence", "hostb")), Kind::Send),
         ("hostb", Some(worker("claimed", "hostc")), Kind::Presence),
-        ("hostb", None, Kind::Presence),
-        ("hostb", Some(worker("wb", "hostb")), Kind::Presence),
+        ("hostz", Some(worker("unpinned", "hostz")), Kind::Presence),
     ] {
-        let (headers, body) = beat(host, entity, kind);
-        broker.beat("roster.x", &headers, &body).await.unwrap();
-    }
-    let (entries, hosts) = tokio::time::timeout(LIMIT, async {
-        loop {
-            let (entries, hosts) = gateway.remote_view();
-            if !entries.is_empty() {
-                return (entries, hosts);
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let (key, envelope, body) = beat(host, entity, kind);
+        let tag = broker.beat(&key, &signed(&envelope, &body), &body).await;
+        if host == "hosta" {
+            taken.push(tag.unwrap());
+        } else {
+            refused.push(tag.unwrap());
         }
-    })
-    .await
-    .unwrap();
+    }
+    // Unsigned; by hostb for a key of hostc's; a good one, then its replay.
+    let (key, unsigned, body) = beat("hostb", Some(worker("unsigned", "hostb")), Kind::Presence);
+    let tag = broker.beat(&key, &Table::of_envelope(&unsigned), &body).await;
+    refused.push(tag.unwrap());
+    let (_, moved, body) = beat("hostb", Some(worker("moved", "hostb")), Kind::Presence);
+    let key = format!("roster.hostc.{}", moved.from);
+    refused.push(broker.beat(&key, &signed(&moved, &body), &body).await.unwrap());
+    let (key, host, body) = beat("hostb", None, Kind::Presence);
+    taken.push(broker.beat(&key, &signed(&host, &body), &body).await.unwrap());
+    let (key, wb, body) = beat("hostb", Some(worker("wb", "hostb")), Kind::Presence);
+    taken.push(broker.beat(&key, &signed(&wb, &body), &body).await.unwrap());
+    let replay = broker.beat(&key, &signed(&wb, &body), &body).await.unwrap();
+    refused.push(replay);
+
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == replay)).await;
+    for tag in refused {
+        assert_eq!(how_of(&settled, tag), [(Settlement::DeadLetter, false)], "{tag}");
+    }
+    for tag in taken {
+        assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");
+    }
+    let (entries, hosts) = gateway.remote_view();
     let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-    assert_eq!(names, ["wb"]);
+    assert_eq!(names, ["wb", "carol"], "carol is the harness's");
     assert_eq!(entries[0].status, "idle");
     let hosts: Vec<&str> = hosts.iter().map(|h| h.host.as_str()).collect();
     assert_eq!(hosts, ["hosta", "hostb"]);
