@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::Gid;
-use percent_encoding::percent_decode_str;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -16,6 +15,7 @@ use lapin::types::FieldTable;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
+use percent_encoding::percent_decode_str;
 
 use crate::broker::{Broker, Outgoing, Published};
 use crate::delivery::Deliveries;

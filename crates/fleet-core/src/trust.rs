@@ -49,7 +49,10 @@ impl PinnedHost {
 
     /// The key whose fingerprint is `key_id`.
     fn key(&self, key_id: &str) -> Option<&VerifyingKey> {
-        self.keys.iter().find(|(id, _)| id == key_id).map(|(_, k)| k)
+        self.keys
+            .iter()
+            .find(|(id, _)| id == key_id)
+            .map(|(_, k)| k)
     }
 }
 
@@ -521,10 +524,7 @@ mod tests {
         let refused = |envelope: &Envelope, body: &[u8], seal| {
             check_seal(&trust, envelope, body, seal).unwrap_err()
         };
-        assert_eq!(
-            refused(&sent, b"task", Seal::default()),
-            Refusal::Unsigned
-        );
+        assert_eq!(refused(&sent, b"task", Seal::default()), Refusal::Unsigned);
         assert_eq!(
             refused(&sent, b"tasK", good),
             Refusal::BadSignature,
@@ -769,7 +769,12 @@ mod tests {
         let mut send = envelope(Kind::Send, "hostb");
         send.in_reply_to = Some(task);
         assert_eq!(answered(&send), None, "a task answers nothing");
-        for kind in [Kind::Failed, Kind::Injected, Kind::Abandoned, Kind::NoWaiter] {
+        for kind in [
+            Kind::Failed,
+            Kind::Injected,
+            Kind::Abandoned,
+            Kind::NoWaiter,
+        ] {
             assert!(is_answer(kind), "{kind}");
         }
         assert!(!is_answer(Kind::Broadcast) && !is_answer(Kind::Presence));

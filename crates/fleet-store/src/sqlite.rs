@@ -580,7 +580,8 @@ impl Store for SqliteStore {
                 "INSERT INTO seen (msg_id, owner, until_ms) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
             )?;
             for (msg_id, owner, until_ms) in arrivals {
-                let added = insert.execute(params![msg_id.to_string(), owner.to_string(), until_ms])?;
+                let added =
+                    insert.execute(params![msg_id.to_string(), owner.to_string(), until_ms])?;
                 seen.push(added == 0);
             }
         }
@@ -606,7 +607,8 @@ impl Store for SqliteStore {
 
     fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<bool>> {
         let conn = self.conn();
-        let mut query = conn.prepare_cached("SELECT 1 FROM sent WHERE msg_id = ?1 AND host = ?2")?;
+        let mut query =
+            conn.prepare_cached("SELECT 1 FROM sent WHERE msg_id = ?1 AND host = ?2")?;
         asked
             .iter()
             .map(|(msg_id, host)| Ok(query.exists(params![msg_id.to_string(), host])?))

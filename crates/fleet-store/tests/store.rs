@@ -515,7 +515,9 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
     {
         let store = open(&dir);
         assert_eq!(
-            store.see(&[(a, owner, 100), (b, owner, 200), (a, owner, 300)]).unwrap(),
+            store
+                .see(&[(a, owner, 100), (b, owner, 200), (a, owner, 300)])
+                .unwrap(),
             [false, false, true],
             "a second arrival in the same batch is seen"
         );
@@ -526,10 +528,17 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
             .unwrap();
     }
     let store = open(&dir);
-    assert_eq!(store.see(&[(a, owner, 100), (b, other, 100)]).unwrap(), [true, false]);
+    assert_eq!(
+        store.see(&[(a, owner, 100), (b, other, 100)]).unwrap(),
+        [true, false]
+    );
     assert_eq!(
         store
-            .sent_to(&[(a, "hostb".into()), (a, "hostc".into()), (b, "hostc".into())])
+            .sent_to(&[
+                (a, "hostb".into()),
+                (a, "hostc".into()),
+                (b, "hostc".into())
+            ])
             .unwrap(),
         [true, false, true]
     );
@@ -537,6 +546,9 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
     assert_eq!(store.forget(100).unwrap(), 0);
     // a for owner and for other, b for other, and a sent to hostb.
     assert_eq!(store.forget(150).unwrap(), 4);
-    assert_eq!(store.see(&[(a, owner, 100), (b, owner, 300)]).unwrap(), [false, true]);
+    assert_eq!(
+        store.see(&[(a, owner, 100), (b, owner, 300)]).unwrap(),
+        [false, true]
+    );
     assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [false]);
 }

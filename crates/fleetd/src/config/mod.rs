@@ -572,8 +572,9 @@ mod tests {
             .to_string();
         assert!(err.contains("[federation.trust] pins no host"), "{err}");
         assert!(err.contains("fleetd key"), "{err}");
-        let lab = parse("[broker]\nuri = \"amqp://b/fleet\"\n[federation]\ninsecure_unsigned = true\n")
-            .unwrap();
+        let lab =
+            parse("[broker]\nuri = \"amqp://b/fleet\"\n[federation]\ninsecure_unsigned = true\n")
+                .unwrap();
         assert!(lab.federation.insecure_unsigned);
         // Without a broker nothing is needed.
         assert!(parse("").unwrap().federation.trust.is_empty());
@@ -593,7 +594,10 @@ mod tests {
                 format!("hostb = [\"{k1}\", \"{k2}\", \"{k3}\"]"),
                 "lists 3 keys",
             ),
-            ("hostb = \"ed25519:AAAA\"".to_string(), "federation.trust.hostb"),
+            (
+                "hostb = \"ed25519:AAAA\"".to_string(),
+                "federation.trust.hostb",
+            ),
             (format!("\"bad host\" = \"{k1}\""), "bad host"),
             (
                 format!("hostb = {{ keys = [\"{k1}\"], login = \"\" }}"),
@@ -619,8 +623,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("federation.max_message_age_s"), "{err}");
-        let ok = parse("[federation]\ninbox_message_ttl_s = 100\nmax_message_age_s = 100\nclock_skew_s = 0\n")
-            .unwrap();
+        let ok = parse(
+            "[federation]\ninbox_message_ttl_s = 100\nmax_message_age_s = 100\nclock_skew_s = 0\n",
+        )
+        .unwrap();
         assert_eq!(ok.federation.max_message_age_s, 100);
     }
 

@@ -13,18 +13,25 @@ use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-const LIMIT: Duration = Duration::from_secs(30);
+pub(super) const LIMIT: Duration = Duration::from_secs(30);
 
 /// The test hosts every test gateway pins (each to its test key, `fleet_testkit::keys`):
 /// those of the gateways the tests start, and those a test stands in for.
-const HOSTS: [&str; 7] = ["hosta", "hostb", "hostc", "hostd", "hostf", "hostg", "hosth"];
+const HOSTS: [&str; 7] = [
+    "hosta", "hostb", "hostc", "hostd", "hostf", "hostg", "hosth",
+];
 
 /// The `[federation]` keys of a test gateway: quick presence and receipts.
 const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
 
 /// A gateway of host `host` with lead `lead` and the scripted agent as profile `sim`, on the
 /// broker at `uri`; `extra` is more config.
-async fn gateway(uri: &str, host: &str, lead: &str, extra: &str) -> anyhow::Result<Fleet> {
+pub(super) async fn gateway(
+    uri: &str,
+    host: &str,
+    lead: &str,
+    extra: &str,
+) -> anyhow::Result<Fleet> {
     gateway_with(uri, host, lead, "", &format!("{QUICK}{extra}")).await
 }
 
@@ -51,14 +58,14 @@ async fn gateway_with(
 
 /// Waits until `lead`'s `fleet_list` shows `name` with a status other than `unknown`.
 /// Two gateways on one vhost and their leads: `hosta` with alice, `hostb` with bob.
-struct Pair {
-    a: Fleet,
-    b: Fleet,
-    alice: Client,
-    bob: Client,
+pub(super) struct Pair {
+    pub(super) a: Fleet,
+    pub(super) b: Fleet,
+    pub(super) alice: Client,
+    pub(super) bob: Client,
 }
 
-async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
+pub(super) async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
@@ -66,7 +73,7 @@ async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
     Ok(Pair { a, b, alice, bob })
 }
 
-async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
+pub(super) async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     until(&format!("the roster to show {name}"), LIMIT, || async {
         lead.entry(name)
             .await
@@ -83,7 +90,7 @@ fn audited(fleet: &Fleet) -> String {
 
 /// An envelope as another host's gateway writes one: `kind` from `from` on `host` to `to`,
 /// stamped now, expiring in a minute.
-fn forged(kind: Kind, from: Gid, host: &str, to: &str) -> anyhow::Result<Envelope> {
+pub(super) fn forged(kind: Kind, from: Gid, host: &str, to: &str) -> anyhow::Result<Envelope> {
     let now_ms = u64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -107,7 +114,7 @@ fn forged(kind: Kind, from: Gid, host: &str, to: &str) -> anyhow::Result<Envelop
 }
 
 /// A message with `headers` and `body`, as a test publishes it.
-fn raw(headers: Table, body: &[u8]) -> Raw {
+pub(super) fn raw(headers: Table, body: &[u8]) -> Raw {
     Raw {
         headers,
         body: body.to_vec(),
@@ -117,7 +124,7 @@ fn raw(headers: Table, body: &[u8]) -> Raw {
 
 /// Publishes `body` under `envelope`, signed by the key of the host it names, to `exchange`
 /// with routing key `key`.
-async fn publish(
+pub(super) async fn publish(
     client: &fleet_amqp::Client,
     exchange: &str,
     key: &str,
@@ -132,7 +139,7 @@ async fn publish(
 
 /// Publishes a heartbeat of test host `host` (signed with its key) for a new entity `name`
 /// of `role` on it; its gid.
-async fn announce(
+pub(super) async fn announce(
     client: &fleet_amqp::Client,
     host: &str,
     name: &str,
@@ -156,7 +163,7 @@ async fn announce(
 }
 
 /// The gid in a `fleet_list` or `fleet_spawn` entry.
-fn gid_of(entry: &Value) -> String {
+pub(super) fn gid_of(entry: &Value) -> String {
     entry["gid"].as_str().unwrap_or_default().to_string()
 }
 
@@ -367,7 +374,7 @@ async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow
 }
 
 /// Polls until `n` messages came (or fails after [`LIMIT`]).
-async fn drain(lead: &Client, n: usize) -> anyhow::Result<Vec<Value>> {
+pub(super) async fn drain(lead: &Client, n: usize) -> anyhow::Result<Vec<Value>> {
     let deadline = Instant::now() + LIMIT;
     let mut got = Vec::new();
     while got.len() < n {
@@ -390,7 +397,7 @@ fn field(messages: &[Value], field: &str) -> Vec<String> {
 }
 
 /// The texts of `messages`.
-fn texts(messages: &[Value]) -> Vec<String> {
+pub(super) fn texts(messages: &[Value]) -> Vec<String> {
     field(messages, "text")
 }
 
@@ -564,7 +571,7 @@ async fn alice_alone(vhost: &Vhost) -> anyhow::Result<(Fleet, Client, String)> {
 }
 
 /// How many messages `fleet.dlq` holds.
-async fn dead_letters(client: &fleet_amqp::Client) -> anyhow::Result<u32> {
+pub(super) async fn dead_letters(client: &fleet_amqp::Client) -> anyhow::Result<u32> {
     Ok(client.ready("fleet.dlq").await?)
 }
 
@@ -697,7 +704,7 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
 }
 
 /// Every line of a gateway's audit log and its rotated files, oldest first, each parsed.
-fn audit_lines(fleet: &Fleet) -> anyhow::Result<(usize, Vec<Value>)> {
+pub(super) fn audit_lines(fleet: &Fleet) -> anyhow::Result<(usize, Vec<Value>)> {
     let live = fleet.state_dir().join("audit.jsonl");
     let mut files = vec![live.clone()];
     for n in 1.. {

@@ -14,10 +14,10 @@ use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::inbox::settle;
-use super::trust::forget_heartbeats;
 use super::super::views::{HostView, RosterEntry};
 use super::Federation;
+use super::inbox::settle;
+use super::trust::forget_heartbeats;
 use fleet_core::clock::now_ms;
 
 /// How often receipts and presence are checked for expiry.

@@ -2,8 +2,8 @@
 //! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
 //! everything this gateway publishes.
 
-use fleet_amqp::{Outgoing, Published};
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
+use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
 use tokio::time::Instant;
@@ -43,7 +43,11 @@ impl Gateway {
         let body = message.body.as_bytes();
         // Where it goes is remembered first, so an answer from there is taken (and one from
         // anywhere else refused) however soon it comes.
-        let host = fed.lock().roster.entity(message.to).map(|e| e.entity.host.clone());
+        let host = fed
+            .lock()
+            .roster
+            .entity(message.to)
+            .map(|e| e.entity.host.clone());
         if let Some(host) = host {
             self.remember_sent(vec![(message.msg_id, host)]).await?;
         }
@@ -222,7 +226,10 @@ impl Gateway {
         }
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let until = now_ms().saturating_add(days.saturating_mul(86_400_000));
-        let rows = sent.into_iter().map(|(id, host)| (id, host, until)).collect::<Vec<_>>();
+        let rows = sent
+            .into_iter()
+            .map(|(id, host)| (id, host, until))
+            .collect::<Vec<_>>();
         self.db(move |s| s.record_sent(&rows)).await
     }
 }

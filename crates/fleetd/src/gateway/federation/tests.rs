@@ -430,13 +430,25 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     }
     // Unsigned; by hostb for a key of hostc's; a good one, then its replay.
     let (key, unsigned, body) = beat("hostb", Some(worker("unsigned", "hostb")), Kind::Presence);
-    let tag = broker.beat(&key, &Table::of_envelope(&unsigned), &body).await;
+    let tag = broker
+        .beat(&key, &Table::of_envelope(&unsigned), &body)
+        .await;
     refused.push(tag.unwrap());
     let (_, moved, body) = beat("hostb", Some(worker("moved", "hostb")), Kind::Presence);
     let key = format!("roster.hostc.{}", moved.from);
-    refused.push(broker.beat(&key, &signed(&moved, &body), &body).await.unwrap());
+    refused.push(
+        broker
+            .beat(&key, &signed(&moved, &body), &body)
+            .await
+            .unwrap(),
+    );
     let (key, host, body) = beat("hostb", None, Kind::Presence);
-    taken.push(broker.beat(&key, &signed(&host, &body), &body).await.unwrap());
+    taken.push(
+        broker
+            .beat(&key, &signed(&host, &body), &body)
+            .await
+            .unwrap(),
+    );
     let (key, wb, body) = beat("hostb", Some(worker("wb", "hostb")), Kind::Presence);
     taken.push(broker.beat(&key, &signed(&wb, &body), &body).await.unwrap());
     let replay = broker.beat(&key, &signed(&wb, &body), &body).await.unwrap();
@@ -444,7 +456,11 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
 
     let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == replay)).await;
     for tag in refused {
-        assert_eq!(how_of(&settled, tag), [(Settlement::DeadLetter, false)], "{tag}");
+        assert_eq!(
+            how_of(&settled, tag),
+            [(Settlement::DeadLetter, false)],
+            "{tag}"
+        );
     }
     for tag in taken {
         assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");

@@ -122,8 +122,7 @@ impl Gateway {
             return found;
         }
         let mut heard = fed.roster_heard.subscribe();
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_secs(fed.config.presence_ttl_s);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(fed.config.presence_ttl_s);
         loop {
             let found = self.whereabouts(fed, envelope.from);
             if found.0 != Place::Unknown {
@@ -183,10 +182,8 @@ impl Gateway {
             })
             .collect();
         // For each answer, whether what it answers went to its sending host.
-        let asked: Vec<(MsgId, String)> = batch
-            .iter()
-            .filter_map(|v| answered(&v.envelope))
-            .collect();
+        let asked: Vec<(MsgId, String)> =
+            batch.iter().filter_map(|v| answered(&v.envelope)).collect();
         let looked = self
             .db(move |s| Ok((s.see(&arrivals)?, s.sent_to(&asked)?)))
             .await;
@@ -240,7 +237,12 @@ impl Gateway {
     }
 
     /// The log and audit lines of a refusal (its settlement is the caller's).
-    pub(super) fn note_untrusted(&self, delivery: &Delivery, envelope: &Envelope, refusal: &Refusal) {
+    pub(super) fn note_untrusted(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        refusal: &Refusal,
+    ) {
         let Some(fed) = self.fed() else {
             return;
         };
@@ -297,7 +299,10 @@ impl Gateway {
         if state.heartbeats_seen.len() >= MAX_HEARTBEATS_SEEN {
             state.heartbeats_seen.clear();
         }
-        let seen = state.heartbeats_seen.insert(envelope.msg_id, until).is_some();
+        let seen = state
+            .heartbeats_seen
+            .insert(envelope.msg_id, until)
+            .is_some();
         check_replay(seen, false)
     }
 }

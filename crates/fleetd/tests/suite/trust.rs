@@ -1,0 +1,305 @@
+//! Signed federation on the real RabbitMQ: two real gateways, and a test client standing in for
+//! a forger who can publish anything on the fleet's vhost (and holds the keys of hosts it was
+//! given: `hostc`'s is pinned everywhere, `hostz`'s nowhere). Each forgery is refused by the
+//! gateway it reaches, with its reason in that gateway's audit log, and dead-lettered; genuine
+//! traffic flows throughout.
+
+use fleet_amqp::Table;
+use fleet_core::envelope::Envelope;
+use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER, Signature};
+use fleet_core::{Gid, Kind, MsgId, Role};
+use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::fleet::Fleet;
+use fleet_testkit::keys;
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+use super::federation::{
+    LIMIT, Pair, audit_lines, dead_letters, drain, forged, gid_of, pair, publish, raw, sees, texts,
+};
+
+/// The outcomes `fleet`'s audit log gives message `id`.
+fn outcomes(fleet: &Fleet, id: &MsgId) -> Vec<String> {
+    let id = id.to_string();
+    audit_lines(fleet)
+        .map(|(_, lines)| {
+            lines
+                .iter()
+                .filter(|l| l["msg_id"] == id.as_str())
+                .filter_map(|l| l["outcome"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until `fleet` audits message `id` as refused for `reason`; every outcome it audited
+/// for `id`, then.
+async fn refused_for(fleet: &Fleet, id: &MsgId, reason: &str) -> anyhow::Result<Vec<String>> {
+    let wanted = format!("refused: {reason}");
+    let waited = until(
+        &format!("{id} to be refused for {reason}"),
+        LIMIT,
+        || async { Some(outcomes(fleet, id)).filter(|o| o.contains(&wanted)) },
+    )
+    .await;
+    waited.map_err(|e| anyhow::anyhow!("{e}: {:?}\n{}", outcomes(fleet, id), fleet.log()))
+}
+
+/// Now, in Unix ms.
+fn now_ms() -> u64 {
+    u64::try_from(fleet_core::clock::now_ms()).unwrap_or(0)
+}
+
+/// A heartbeat of host `host` for `entity`, published with routing key `key` and signed by
+/// `signer`'s key; its envelope.
+async fn heartbeat(
+    client: &fleet_amqp::Client,
+    host: &str,
+    entity: &fleet_core::Entity,
+    key: &str,
+    signer: &str,
+) -> anyhow::Result<Envelope> {
+    let envelope = forged(Kind::Presence, entity.gid, host, "fleet.roster")?;
+    let body = json!({"entity": entity, "status": "idle", "profiles": []}).to_string();
+    let headers = keys::signed_by(signer, &envelope, body.as_bytes());
+    client
+        .publish("fleet.roster", key, &raw(headers, body.as_bytes()))
+        .await?;
+    Ok(envelope)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() -> anyhow::Result<()>
+{
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair { a, b, alice, bob } = pair(&vhost).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    let wa = alice.spawn("sim", "wa").await?;
+    sees(&alice, "wb").await?;
+    sees(&bob, "wa").await?;
+    let (alice_gid, wa_gid) = (
+        gid_of(&alice.entry("alice").await?).parse::<Gid>()?,
+        gid_of(&wa).parse::<Gid>()?,
+    );
+    let (wb_key, wb_gid) = (gid_of(&wb), gid_of(&wb).parse::<Gid>()?);
+    let client = vhost.connect().await?;
+    let first = alice.send("wb", "one", 20).await?;
+    assert_eq!(first["reply"]["text"], "echo: one", "{first}");
+    let task_id = first["msg_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<MsgId>()?;
+
+    // Into wb's inbox, judged by hostb: a task that claims to be alice's …
+    let task = || forged(Kind::Send, alice_gid, "hosta", &wb_key);
+    let mut expected = Vec::new();
+    // … unsigned,
+    let unsigned = task()?;
+    client
+        .publish(
+            "fleet.msg",
+            &wb_key,
+            &raw(Table::of_envelope(&unsigned), b"x"),
+        )
+        .await?;
+    expected.push((&b, unsigned.msg_id, "unsigned"));
+    // … its body changed after signing,
+    let tampered = task()?;
+    let headers = keys::signed(&tampered, b"the task signed");
+    client
+        .publish("fleet.msg", &wb_key, &raw(headers, b"another task"))
+        .await?;
+    expected.push((&b, tampered.msg_id, "bad signature"));
+    // … a header changed after signing,
+    let renamed = task()?;
+    let headers = keys::signed(&renamed, b"x").with("fromName", "mallory");
+    client
+        .publish("fleet.msg", &wb_key, &raw(headers, b"x"))
+        .await?;
+    expected.push((&b, renamed.msg_id, "bad signature"));
+    // … signed by another host's key,
+    let wrong_key = task()?;
+    let headers = keys::signed_by("hostc", &wrong_key, b"x");
+    client
+        .publish("fleet.msg", &wb_key, &raw(headers, b"x"))
+        .await?;
+    expected.push((&b, wrong_key.msg_id, "key not pinned"));
+    // … stamped two days ago (still unexpired),
+    let stale = Envelope {
+        ts_ms: now_ms() - 2 * 86_400_000,
+        expires_at_ms: now_ms() + 3_600_000,
+        ..task()?
+    };
+    publish(&client, "fleet.msg", &wb_key, &stale, b"x").await?;
+    expected.push((&b, stale.msg_id, "stale"));
+    // … from a host nobody pinned,
+    let unpinned = forged(Kind::Send, Gid::mint(), "hostz", &wb_key)?;
+    publish(&client, "fleet.msg", &wb_key, &unpinned, b"x").await?;
+    expected.push((&b, unpinned.msg_id, "unpinned host"));
+    // … alice's gid, signed by hostc (pinned, but alice is hosta's),
+    let impostor = forged(Kind::Send, alice_gid, "hostc", &wb_key)?;
+    publish(&client, "fleet.msg", &wb_key, &impostor, b"x").await?;
+    expected.push((&b, impostor.msg_id, "impostor sender"));
+    // … a sender hostc never announced (refused once a heartbeat could have told),
+    let nobody = forged(Kind::Send, Gid::mint(), "hostc", &wb_key)?;
+    publish(&client, "fleet.msg", &wb_key, &nobody, b"x").await?;
+    expected.push((&b, nobody.msg_id, "unknown sender"));
+    // … and a task from a worker to another lead's worker, signed by its own gateway.
+    let from_worker = forged(Kind::Send, wa_gid, "hosta", &wb_key)?;
+    publish(&client, "fleet.msg", &wb_key, &from_worker, b"x").await?;
+    expected.push((&b, from_worker.msg_id, "not allowed"));
+
+    // Into alice's inbox, judged by hosta: answers about her task from a host it did not go to.
+    let alice_key = alice_gid.to_string();
+    for kind in [Kind::Reply, Kind::Injected] {
+        let answer = Envelope {
+            in_reply_to: Some(task_id),
+            ..forged(kind, Gid::mint(), "hostc", &alice_key)?
+        };
+        publish(&client, "fleet.msg", &alice_key, &answer, b"forged").await?;
+        expected.push((&a, answer.msg_id, "answer from another host"));
+    }
+    // A broadcast from a worker reaches every worker's inbox: each gateway refuses it.
+    let broadcast = forged(Kind::Broadcast, wb_gid, "hostb", "broadcast.all")?;
+    publish(&client, "fleet.msg", "broadcast.all", &broadcast, b"all").await?;
+    expected.push((&a, broadcast.msg_id, "not allowed"));
+    expected.push((&b, broadcast.msg_id, "not allowed"));
+    // Heartbeats, judged by every gateway's roster: hostc speaking for one of hostb's keys,
+    // and hostc claiming wb as its own.
+    let stranger = fleet_core::Entity {
+        gid: Gid::mint(),
+        name: "stranger".into(),
+        host: "hostb".into(),
+        role: Role::Lead,
+        profile: None,
+        groups: Vec::new(),
+        parent: None,
+    };
+    let key = format!("roster.hostb.{}", stranger.gid);
+    let other_host = heartbeat(&client, "hostc", &stranger, &key, "hostc").await?;
+    let captured = fleet_core::Entity {
+        gid: wb_gid,
+        name: "wb".into(),
+        host: "hostc".into(),
+        role: Role::Worker,
+        profile: None,
+        groups: Vec::new(),
+        parent: None,
+    };
+    let key = format!("roster.hostc.{wb_gid}");
+    let capture = heartbeat(&client, "hostc", &captured, &key, "hostc").await?;
+    for gateway in [&a, &b] {
+        expected.push((gateway, other_host.msg_id, "presence key"));
+        expected.push((gateway, capture.msg_id, "impostor sender"));
+    }
+
+    for (gateway, id, reason) in &expected {
+        let audited = refused_for(gateway, id, reason).await?;
+        assert_eq!(audited, [format!("refused: {reason}")], "{id}");
+    }
+    let count = u32::try_from(expected.len())?;
+    until("every forgery in fleet.dlq", LIMIT, || async {
+        (dead_letters(&client).await.ok()? == count).then_some(())
+    })
+    .await?;
+    let log = b.log();
+    assert!(
+        log.contains("REFUSED a message off the broker that failed a trust check")
+            && log.contains("check=\"bad signature\""),
+        "{log}"
+    );
+
+    // Genuine traffic flows: the task is typed (its worker's second), a lead's message is
+    // held, and nothing forged reached anyone.
+    let second = alice.send("wb", "two", 20).await?;
+    assert_eq!(second["reply"]["text"], "echo: two", "{second}");
+    let screen = b.screen(wb["pane"].as_str().unwrap_or_default())?;
+    assert!(
+        screen.contains("[task 2: 3 bytes]") && !screen.contains("task 3"),
+        "{screen}"
+    );
+    bob.send("alice@hosta", "hi", 0).await?;
+    assert_eq!(texts(&drain(&alice, 1).await?), ["hi"]);
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
+    let wb_entry = alice.entry("wb").await?;
+    assert_eq!(wb_entry["host"], "hostb", "{wb_entry}");
+    assert!(
+        !alice.names().await?.contains(&"stranger".to_string()),
+        "a forged heartbeat reached the roster"
+    );
+    client.close().await?;
+    Ok(())
+}
+
+/// A message as captured off the broker, published again exactly: headers, signature, body.
+async fn replay(
+    client: &fleet_amqp::Client,
+    key: &str,
+    captured: &fleet_amqp::Delivery,
+) -> anyhow::Result<MsgId> {
+    let envelope = captured.envelope()?;
+    let signature = Signature {
+        sig: captured.text_header(SIG_HEADER).unwrap_or_default().into(),
+        key_id: captured
+            .text_header(KEY_ID_HEADER)
+            .unwrap_or_default()
+            .into(),
+    };
+    let headers = Table::of_signed(&envelope, &signature);
+    client
+        .publish("fleet.msg", key, &raw(headers, captured.body()))
+        .await?;
+    Ok(envelope.msg_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_message_replayed_before_and_after_its_receivers_restart_is_refused()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair {
+        mut a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    sees(&bob, "alice").await?;
+    let alice_key = gid_of(&alice.entry("alice").await?);
+    // The forger copies everything sent to alice off the exchange.
+    let client = vhost.connect().await?;
+    client.declare_queue("spy", false, &Table::new()).await?;
+    client.bind("spy", "fleet.msg", &alice_key).await?;
+
+    bob.send("alice@hosta", "genuine", 0).await?;
+    assert_eq!(texts(&drain(&alice, 1).await?), ["genuine"]);
+    let captured = until("a copy of bob's message", LIMIT, || async {
+        client.get("spy").await.ok().flatten()
+    })
+    .await?;
+
+    let id = replay(&client, &alice_key, &captured).await?;
+    let audited = refused_for(&a, &id, "replay").await?;
+    assert_eq!(audited, ["held", "refused: replay"]);
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
+
+    // The seen ids are on disk: a restart forgets none of them.
+    alice.close().await?;
+    assert!(a.terminate().await?);
+    a.launch().await?;
+    let alice = a
+        .lead("alice", fleet_testkit::client::Protocol::Stateless)
+        .await?;
+    replay(&client, &alice_key, &captured).await?;
+    let refusals = until("the second refusal", LIMIT, || async {
+        Some(outcomes(&a, &id)).filter(|o| o.len() == 3)
+    })
+    .await?;
+    assert_eq!(refusals, ["held", "refused: replay", "refused: replay"]);
+    assert_eq!(alice.poll(0).await?, Vec::<Value>::new());
+    assert_eq!(dead_letters(&client).await?, 2);
+
+    // And bob still reaches her.
+    bob.send("alice@hosta", "after", 0).await?;
+    assert_eq!(texts(&drain(&alice, 1).await?), ["after"]);
+    client.close().await?;
+    Ok(())
+}
