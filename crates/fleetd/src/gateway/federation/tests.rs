@@ -78,6 +78,9 @@ async fn harness(max_held: usize) -> Harness {
         password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
         heartbeat_s: 10,
         prefetch: 32,
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
     };
     let federation = Federation::new(broker_config, FederationConfig::default(), dir.path());
     let parts = Parts {
