@@ -580,9 +580,9 @@ impl Drop for Vhost {
 /// A RabbitMQ node of a test's own: its own node name, AMQP and distribution ports on
 /// 127.0.0.1 that were free when picked (see [`PrivateNode::start`]), its own Erlang cookie, no
 /// plugins, its data and logs in a temporary directory; maybe a TLS listener too (see
-/// [`PrivateNode::start_tls`]). Stopping it stops only it; a restart
-/// keeps its port and data, so durable queues and persistent messages survive (a restart fails
-/// if another process took the port meanwhile). Dropping it kills it and removes its directory.
+/// [`PrivateNode::start_tls`]). Stopping it stops only it; a restart keeps its ports and data,
+/// so durable queues and persistent messages survive (a restart fails if another process took
+/// a port meanwhile). Dropping it kills it and removes its directory.
 pub struct PrivateNode {
     /// Its data, logs, config and `HOME`; removed on drop.
     dir: tempfile::TempDir,
