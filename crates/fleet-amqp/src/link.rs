@@ -91,9 +91,9 @@ impl Link {
             ConnectionProperties::default().with_connection_name(format!("fleetd@{host}").into());
         let failed = |e: lapin::Error| {
             let broker = uri.host_str().unwrap_or_default();
-            settings
-                .tls
-                .refusal(&e, broker)
+            (uri.scheme() == "amqps")
+                .then(|| settings.tls.failure(&e, broker))
+                .flatten()
                 .unwrap_or_else(|| AmqpError::from_lapin("cannot connect to the broker", &e))
         };
         let runtime = lapin::runtime::default_runtime().map_err(failed)?;

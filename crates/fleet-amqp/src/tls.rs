@@ -75,11 +75,17 @@ impl TlsFiles {
         })
     }
 
-    /// What a failed connect to `host` says when its TLS handshake failed: which check
-    /// failed and the key to look at, a refusal (retrying will not help until the files or
-    /// the broker change). `None`: not a TLS failure.
-    pub(crate) fn refusal(&self, err: &lapin::Error, host: &str) -> Option<AmqpError> {
-        let tls = rustls_error(err)?;
+    /// What a failed connect to `host` over TLS says. A failed handshake is a refusal (retrying
+    /// will not help until the files or the broker change) naming the check that failed and
+    /// the key to look at. A connection the broker reset or ended is retried, with a hint: in
+    /// TLS 1.3 a broker refuses a client certificate (or its absence) only after the client's
+    /// handshake is done, and the client's first AMQP bytes, arriving after the broker closed,
+    /// can make it reset the connection, so the alert that said why is lost. `None`: nothing
+    /// TLS can tell.
+    pub(crate) fn failure(&self, err: &lapin::Error, host: &str) -> Option<AmqpError> {
+        let Some(tls) = rustls_error(err) else {
+            return self.reset(err);
+        };
         let ca = match &self.ca_file {
             Some(path) => format!("the CA in broker.ca_file ({})", path.display()),
             None => "a CA of this machine's (set broker.ca_file to the CA that signs it)".into(),
@@ -120,6 +126,29 @@ impl TlsFiles {
             other => format!("the handshake with the broker failed: {other}"),
         };
         Some(AmqpError::Refused(format!("TLS: {message}")))
+    }
+
+    /// The hint for a connection reset or ended during a TLS connect (see
+    /// [`TlsFiles::failure`]); `None` for any other failure.
+    fn reset(&self, err: &lapin::Error) -> Option<AmqpError> {
+        let lapin::ErrorKind::IOError(io) = err.kind() else {
+            return None;
+        };
+        if !matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+        ) {
+            return None;
+        }
+        let check = match &self.cert_file {
+            None => "set broker.cert_file and broker.key_file".to_string(),
+            Some(cert) => format!("check that it trusts broker.cert_file ({})", cert.display()),
+        };
+        Some(AmqpError::Unavailable(format!(
+            "cannot connect to the broker: {io} (TLS: a broker that demands client certificates may end the connection so when it refuses one; if it does, {check})"
+        )))
     }
 }
 
@@ -307,7 +336,7 @@ mod tests {
         let cert = Path::new("/etc/fleet/gw.pem");
         let with_ca = files(Some(ca), None, None);
         let said = |files: &TlsFiles, err: rustls::Error| {
-            refusal(&files.refusal(&handshake(err), "broker.internal").unwrap())
+            refusal(&files.failure(&handshake(err), "broker.internal").unwrap())
         };
 
         let unknown = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
@@ -350,6 +379,33 @@ mod tests {
         // Not a TLS failure: left to the caller.
         let refused: lapin::Error =
             std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
-        assert!(with_ca.refusal(&refused, "broker.internal").is_none());
+        assert!(with_ca.failure(&refused, "broker.internal").is_none());
+    }
+
+    #[test]
+    fn a_reset_during_a_tls_connect_is_retried_with_a_hint_at_client_certificates() {
+        let reset = || -> lapin::Error {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "Connection reset by peer",
+            )
+            .into()
+        };
+        let bare = TlsFiles::default().failure(&reset(), "b").unwrap();
+        assert!(bare.retry(), "{bare}");
+        assert_eq!(
+            bare.to_string(),
+            "cannot connect to the broker: Connection reset by peer (TLS: a broker that demands client certificates may end the connection so when it refuses one; if it does, set broker.cert_file and broker.key_file)"
+        );
+        let cert = Path::new("/etc/fleet/gw.pem");
+        let with_cert = files(None, Some(cert), Some(cert))
+            .failure(&reset(), "b")
+            .unwrap();
+        assert!(
+            with_cert.to_string().ends_with(
+                "if it does, check that it trusts broker.cert_file (/etc/fleet/gw.pem))"
+            ),
+            "{with_cert}"
+        );
     }
 }
