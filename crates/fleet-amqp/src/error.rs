@@ -15,6 +15,10 @@ pub enum AmqpError {
     /// The connection URI cannot be used.
     #[error("{0}")]
     BadUri(String),
+    /// The TLS files cannot be used: one cannot be read or holds no PEM of its kind, a
+    /// certificate comes without its key, or the URI is not `amqps://`.
+    #[error("{0}")]
+    BadTls(String),
 }
 
 impl AmqpError {
@@ -56,6 +60,7 @@ mod tests {
         assert!(AmqpError::Unavailable("down".into()).retry());
         assert!(!AmqpError::Refused("403".into()).retry());
         assert!(!AmqpError::BadUri("no".into()).retry());
+        assert!(!AmqpError::BadTls("no".into()).retry());
         let refused = AmqpError::Unavailable("x".into()).refused();
         assert!(!refused.retry());
         assert_eq!(refused.to_string(), "x");

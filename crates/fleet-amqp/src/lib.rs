@@ -16,6 +16,7 @@ mod error;
 pub mod fake;
 mod link;
 mod table;
+mod tls;
 pub mod topology;
 
 pub use broker::{Broker, Outgoing, Published};
@@ -24,4 +25,5 @@ pub use delivery::{Deliveries, Delivery};
 pub use error::AmqpError;
 pub use link::{Link, LinkSettings};
 pub use table::{Field, Table};
+pub use tls::TlsFiles;
 pub use topology::{InboxLimits, inbox_args};

@@ -21,6 +21,7 @@ use crate::broker::{Broker, Outgoing, Published};
 use crate::delivery::Deliveries;
 use crate::error::AmqpError;
 use crate::table::Table;
+use crate::tls::TlsFiles;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits, MSG_EXCHANGE,
     ROSTER_EXCHANGE, dead_letter_args, inbox_args, inbox_queue, roster_args, roster_queue,
@@ -52,11 +53,13 @@ pub struct LinkSettings {
     pub inbox: InboxLimits,
     /// The most messages the dead-letter queue keeps.
     pub dlq_max_length: u64,
+    /// The CA to trust and the client certificate of an `amqps://` link.
+    pub tls: TlsFiles,
 }
 
 /// The connection URI with the password from the environment (when the URI has none) and the
 /// configured heartbeat.
-fn connection_uri(settings: &LinkSettings) -> Result<String, AmqpError> {
+fn connection_uri(settings: &LinkSettings) -> Result<url::Url, AmqpError> {
     let mut url = url::Url::parse(&settings.uri)
         .map_err(|e| AmqpError::BadUri(format!("broker.uri: {e}")))?;
     if url.password().is_none()
@@ -69,19 +72,15 @@ fn connection_uri(settings: &LinkSettings) -> Result<String, AmqpError> {
         url.query_pairs_mut()
             .append_pair("heartbeat", &settings.heartbeat_s.to_string());
     }
-    Ok(url.to_string())
+    Ok(url)
 }
 
 /// The login a connection to `uri` authenticates as: its user, or AMQP's default `guest`.
-fn login_of(uri: &str) -> String {
-    url::Url::parse(uri)
-        .ok()
-        .map(|url| url.username().to_string())
-        .filter(|user| !user.is_empty())
-        .map_or_else(
-            || "guest".to_string(),
-            |user| percent_decode_str(&user).decode_utf8_lossy().into_owned(),
-        )
+fn login_of(uri: &url::Url) -> String {
+    match uri.username() {
+        "" => "guest".to_string(),
+        user => percent_decode_str(user).decode_utf8_lossy().into_owned(),
+    }
 }
 
 /// One live connection with its publish channel.
@@ -99,11 +98,20 @@ impl Link {
     /// exchanges and the dead letter queue.
     pub async fn connect(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
         let uri = connection_uri(settings)?;
+        let tls = settings.tls.config(uri.scheme()).await?;
         let properties =
             ConnectionProperties::default().with_connection_name(format!("fleetd@{host}").into());
-        let connection = Connection::connect(&uri, properties)
+        let failed = |e: lapin::Error| {
+            let broker = uri.host_str().unwrap_or_default();
+            (uri.scheme() == "amqps")
+                .then(|| settings.tls.failure(&e, broker))
+                .flatten()
+                .unwrap_or_else(|| AmqpError::from_lapin("cannot connect to the broker", &e))
+        };
+        let runtime = lapin::runtime::default_runtime().map_err(failed)?;
+        let connection = Connection::connect_with_config(uri.as_str(), properties, tls, runtime)
             .await
-            .map_err(|e| AmqpError::from_lapin("cannot connect to the broker", &e))?;
+            .map_err(failed)?;
         let publish = connection
             .create_channel()
             .await
@@ -445,9 +453,10 @@ mod tests {
                 expires_s: 1,
             },
             dlq_max_length: 1,
+            tls: TlsFiles::default(),
         };
         let uri = connection_uri(&settings).unwrap();
-        assert!(uri.ends_with("/fleet?heartbeat=10"), "{uri}");
+        assert!(uri.as_str().ends_with("/fleet?heartbeat=10"), "{uri}");
         let bad = LinkSettings {
             uri: "not a uri".into(),
             ..settings

@@ -1,6 +1,7 @@
 //! The real RabbitMQ for broker tests and benchmarks: where it is ([`Broker`]), a vhost of a
 //! test's own, removed when dropped ([`Vhost`]), and a private node a test may stop and restart
-//! ([`PrivateNode`]); the machine's shared broker is never stopped or reconfigured.
+//! ([`PrivateNode`]), with a TLS listener if asked ([`TlsSetup`]); the machine's shared broker is
+//! never stopped or reconfigured.
 //!
 //! Vhosts are made and removed with `rabbitmqctl` on the broker's node, so the broker must run
 //! on this machine and its node must be reachable by `rabbitmqctl` run as we are.
@@ -30,6 +31,10 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::wait::until;
+
+mod tls;
+
+pub use tls::{CLIENT_NAME, TlsCerts, TlsSetup};
 
 /// How long a private node may take to take AMQP connections after it is started (7–11 s on
 /// a busy 2-CPU machine; about half of it the Erlang VM's boot).
@@ -183,16 +188,20 @@ impl Broker {
 
     /// The base URL, no vhost: `amqp://user:pass@host:port`.
     pub fn url(&self) -> String {
+        self.url_at("amqp", self.port)
+    }
+
+    /// The base URL with `scheme` and `port` in place of this broker's.
+    fn url_at(&self, scheme: &str, port: u16) -> String {
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
             self.host.clone()
         };
         format!(
-            "amqp://{}:{}@{host}:{}",
+            "{scheme}://{}:{}@{host}:{port}",
             utf8_percent_encode(&self.user, COMPONENT),
             utf8_percent_encode(&self.password, COMPONENT),
-            self.port
         )
     }
 
@@ -570,9 +579,10 @@ impl Drop for Vhost {
 
 /// A RabbitMQ node of a test's own: its own node name, AMQP and distribution ports on
 /// 127.0.0.1 that were free when picked (see [`PrivateNode::start`]), its own Erlang cookie, no
-/// plugins, its data and logs in a temporary directory. Stopping it stops only it; a restart
-/// keeps its port and data, so durable queues and persistent messages survive (a restart fails
-/// if another process took the port meanwhile). Dropping it kills it and removes its directory.
+/// plugins, its data and logs in a temporary directory; maybe a TLS listener too (see
+/// [`PrivateNode::start_tls`]). Stopping it stops only it; a restart keeps its ports and data,
+/// so durable queues and persistent messages survive (a restart fails if another process took
+/// a port meanwhile). Dropping it kills it and removes its directory.
 pub struct PrivateNode {
     /// Its data, logs, config and `HOME`; removed on drop.
     dir: tempfile::TempDir,
@@ -586,6 +596,16 @@ pub struct PrivateNode {
     child: Option<Child>,
     /// How many times it was started (each start's output goes to its own file).
     starts: usize,
+    /// Its TLS listener, if it has one.
+    tls: Option<NodeTls>,
+}
+
+/// A private node's TLS listener.
+struct NodeTls {
+    /// Its port on 127.0.0.1.
+    port: u16,
+    /// The files made for it.
+    certs: TlsCerts,
 }
 
 /// A loopback port nobody listened on a moment ago, for a program that binds its ports itself
@@ -611,9 +631,23 @@ impl PrivateNode {
     /// it, and a new node starts on new ports, up to [`PORT_ATTEMPTS`] times. (Left: another
     /// AMQP server taking the port could answer the readiness probe in the node's place.)
     pub async fn start() -> anyhow::Result<PrivateNode> {
+        Self::start_with(None).await
+    }
+
+    /// [`PrivateNode::start`], with a TLS listener besides the plain one, on another port picked
+    /// the same way: the harness makes a CA, the node's certificate for `setup`'s names, a
+    /// client certificate and an unrelated CA (see [`PrivateNode::tls_certs`]), and the node
+    /// demands a client certificate if `setup` says so. It is ready once the TLS port takes
+    /// connections too.
+    pub async fn start_tls(setup: &TlsSetup) -> anyhow::Result<PrivateNode> {
+        Self::start_with(Some(setup)).await
+    }
+
+    /// Starts a node, with a TLS listener for `tls`, on fresh ports after a taken one.
+    async fn start_with(tls: Option<&TlsSetup>) -> anyhow::Result<PrivateNode> {
         let mut attempt = 1;
         loop {
-            match Self::start_once().await {
+            match Self::start_once(tls).await {
                 Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     eprintln!("a private RabbitMQ node's port was taken; new ports: {e:#}");
                     attempt += 1;
@@ -623,8 +657,8 @@ impl PrivateNode {
         }
     }
 
-    /// [`PrivateNode::start`], once.
-    async fn start_once() -> anyhow::Result<PrivateNode> {
+    /// [`PrivateNode::start_with`], once.
+    async fn start_once(tls: Option<&TlsSetup>) -> anyhow::Result<PrivateNode> {
         let dir = tempfile::Builder::new().prefix("fleet-rabbit-").tempdir()?;
         let base = dir.path();
         let home = base.join("home");
@@ -651,9 +685,21 @@ impl PrivateNode {
         // second of every start). No free-disk alarm over a small /tmp: it would block
         // publishers without a word.
         std::fs::write(base.join("rabbitmq-env.conf"), "")?;
+        let tls = match tls {
+            Some(setup) => {
+                let certs = TlsCerts::make(&base.join("tls"), setup)?;
+                let port = unclaimed_port()?;
+                Some((certs.rabbit_settings(port, setup), NodeTls { port, certs }))
+            }
+            None => None,
+        };
+        let listener = tls
+            .as_ref()
+            .map(|(settings, _)| format!(",\n {settings}"))
+            .unwrap_or_default();
         std::fs::write(
             base.join("rabbitmq.config"),
-            "[{rabbit, [{disk_free_limit, 1000000}]}].\n",
+            format!("[{{rabbit, [{{disk_free_limit, 1000000}}{listener}]}}].\n"),
         )?;
         std::fs::write(base.join("advanced.config"), "[].\n")?;
         let name = format!("fleet-{}@localhost", uuid::Uuid::now_v7().simple());
@@ -681,6 +727,7 @@ impl PrivateNode {
             dir,
             child: None,
             starts: 0,
+            tls: tls.map(|(_, tls)| tls),
         };
         node.restart().await?;
         Ok(node)
@@ -704,6 +751,22 @@ impl PrivateNode {
     /// The URI of `vhost` on this node (`"/"`: the default vhost).
     pub fn uri(&self, vhost: &str) -> String {
         self.broker.uri(vhost)
+    }
+
+    /// The `amqps://` URI of `vhost` on this node's TLS listener, at 127.0.0.1; `None` without
+    /// one.
+    pub fn amqps_uri(&self, vhost: &str) -> Option<String> {
+        let tls = self.tls.as_ref()?;
+        Some(format!(
+            "{}/{}",
+            self.broker.url_at("amqps", tls.port),
+            utf8_percent_encode(vhost, COMPONENT)
+        ))
+    }
+
+    /// The CA, certificates and keys made for its TLS listener; `None` without one.
+    pub fn tls_certs(&self) -> Option<&TlsCerts> {
+        self.tls.as_ref().map(|tls| &tls.certs)
     }
 
     /// Whether it is running (started and not stopped).
@@ -762,6 +825,23 @@ impl PrivateNode {
         )
         .await
         .and_then(|ready| ready);
+        // The TLS listener starts with the plain one; it counts only once it takes connections.
+        let ready = match (ready, self.tls.as_ref().map(|tls| tls.port)) {
+            (Ok(()), Some(port)) => {
+                until(
+                    &format!("TLS port {port} of the node to take connections"),
+                    NODE_START_LIMIT,
+                    || async move {
+                        tokio::net::TcpStream::connect(("127.0.0.1", port))
+                            .await
+                            .ok()
+                            .map(drop)
+                    },
+                )
+                .await
+            }
+            (ready, _) => ready,
+        };
         if let Err(e) = ready {
             self.kill();
             return Err(e.context(format!("its output and log:\n{}", self.log())));

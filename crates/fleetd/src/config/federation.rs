@@ -2,7 +2,9 @@
 //! single-host gateway and never opens a broker connection.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
+use fleet_amqp::TlsFiles;
 use fleet_core::entity::validate_name;
 use fleet_core::redact::MASK;
 use fleet_core::signing::parse_key;
@@ -28,6 +30,17 @@ pub struct BrokerConfig {
     /// How many unacknowledged deliveries one inbox consumer may hold.
     #[serde(default = "default_prefetch")]
     pub prefetch: u16,
+    /// An `amqps://` link's CA: the PEM certificate(s) that sign the broker's certificate,
+    /// trusted besides the system's CAs. An absolute path, read at every connect.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// This gateway's PEM certificate, for a broker that asks for one (mutual TLS); needs
+    /// `key_file`. An absolute path, read at every connect.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// The PEM private key of `cert_file`. An absolute path, read at every connect.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -37,6 +50,9 @@ impl std::fmt::Debug for BrokerConfig {
             .field("password_env", &self.password_env)
             .field("heartbeat_s", &self.heartbeat_s)
             .field("prefetch", &self.prefetch)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .finish()
     }
 }
@@ -190,7 +206,30 @@ impl BrokerConfig {
         }
         within("broker.heartbeat_s", self.heartbeat_s.into(), 1, 300)?;
         within("broker.prefetch", self.prefetch.into(), 1, 10_000)?;
-        Ok(())
+        for (key, path) in [
+            ("broker.ca_file", &self.ca_file),
+            ("broker.cert_file", &self.cert_file),
+            ("broker.key_file", &self.key_file),
+        ] {
+            if let Some(path) = path
+                && !path.is_absolute()
+            {
+                return Err(format!(
+                    "{key} '{}' must be an absolute path (fleetd resolves it against no directory)",
+                    path.display()
+                ));
+            }
+        }
+        self.tls().check(parsed.scheme()).map_err(|e| e.to_string())
+    }
+
+    /// The TLS files of the link.
+    pub fn tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+        }
     }
 }
 
@@ -310,5 +349,57 @@ impl FederationConfig {
             );
         }
         Ok(Trust::new(hosts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(Path::new("test.toml"), text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_tls_files_are_absolute_go_with_amqps_and_a_certificate_with_its_key() {
+        let config = parse(
+            "[broker]\nuri = \"amqps://b/fleet\"\nca_file = \"/etc/fleet/ca.pem\"\ncert_file = \"/etc/fleet/gw.pem\"\nkey_file = \"/etc/fleet/gw.key\"\n[federation]\ninsecure_unsigned = true\n",
+        )
+        .unwrap();
+        let tls = config.broker.unwrap().tls();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/fleet/ca.pem")));
+        assert_eq!(
+            tls.key_file.as_deref(),
+            Some(Path::new("/etc/fleet/gw.key"))
+        );
+
+        let cases = [
+            (
+                "uri = \"amqps://b\"\nca_file = \"ca.pem\"",
+                "broker.ca_file 'ca.pem' must be an absolute path",
+            ),
+            (
+                "uri = \"amqps://b\"\nkey_file = \"~/gw.key\"\ncert_file = \"/gw.pem\"",
+                "broker.key_file '~/gw.key' must be an absolute path",
+            ),
+            (
+                "uri = \"amqp://b\"\nca_file = \"/ca.pem\"",
+                "broker.ca_file set, but broker.uri is amqp://, not amqps://",
+            ),
+            (
+                "uri = \"amqps://b\"\ncert_file = \"/gw.pem\"",
+                "broker.cert_file is set without broker.key_file",
+            ),
+            (
+                "uri = \"amqps://b\"\nkey_file = \"/gw.key\"",
+                "broker.key_file is set without broker.cert_file",
+            ),
+        ];
+        for (broker, expected) in cases {
+            let err = parse(&format!("[broker]\n{broker}\n")).unwrap_err();
+            assert!(err.contains(expected), "{broker}: {err}");
+        }
     }
 }

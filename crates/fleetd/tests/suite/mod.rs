@@ -13,6 +13,7 @@ mod nudge;
 mod opencode;
 mod python;
 mod sandbox;
+mod tls;
 mod trust;
 
 use std::time::Duration;

@@ -33,6 +33,7 @@ impl Federation {
                 expires_s: self.config.inbox_expires_s,
             },
             dlq_max_length: self.config.dlq_max_length,
+            tls: self.broker.tls(),
         }
     }
 }
@@ -143,7 +144,7 @@ impl Gateway {
                     } else {
                         // Say so loudly, and keep trying: after a crash the broker may hold a
                         // dead gateway's exclusive consumers until its heartbeat runs out.
-                        tracing::error!(error = %e, "the broker refuses this gateway's topology; retrying");
+                        tracing::error!(error = %e, "the broker refuses this gateway; retrying");
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }

@@ -110,6 +110,9 @@ async fn harness(max_held: usize) -> Harness {
         password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
         heartbeat_s: 10,
         prefetch: 32,
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
     };
     let trust = ["hostb", "hostc"]
         .into_iter()
