@@ -26,4 +26,4 @@ pub use error::AmqpError;
 pub use link::{Link, LinkSettings};
 pub use table::{Field, Table};
 pub use tls::TlsFiles;
-pub use topology::{InboxLimits, inbox_args};
+pub use topology::{InboxLimits, Permissions, gateway_permissions, inbox_args};

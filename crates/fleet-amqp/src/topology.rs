@@ -39,6 +39,37 @@ pub fn roster_key(host: &str, who: &str) -> String {
     format!("roster.{host}.{who}")
 }
 
+/// The narrowest RabbitMQ permissions a gateway of one host needs on the fleet's vhost
+/// (`rabbitmqctl set_permissions` and `set_topic_permissions`), as regular expressions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permissions {
+    /// What it may declare and delete: the shared exchanges and dead-letter queue, inboxes,
+    /// and its own roster queue.
+    pub configure: String,
+    /// What it may publish to or bind to: the message and roster exchanges, the dead letters,
+    /// inboxes, and its own roster queue.
+    pub write: String,
+    /// What it may consume or bind from: the same, less the dead-letter queue.
+    pub read: String,
+    /// The routing keys it may publish on [`ROSTER_EXCHANGE`] (topic permission): its own
+    /// host's heartbeats only.
+    pub roster_write: String,
+}
+
+/// The permissions of the gateway of `host` (an id of letters, digits, `-`, `_` and `.`).
+/// Inbox names carry no host (their gids are minted at spawn), so any gateway may declare any
+/// inbox: what keeps one out of another's is the exclusive consumer and the signatures.
+pub fn gateway_permissions(host: &str) -> Permissions {
+    let host = host.replace('.', "\\.");
+    let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
+    Permissions {
+        configure: format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|roster\.{host})$"),
+        write: format!(r"^(fleet\.(msg|roster|dlx|dlq)|{inbox}|roster\.{host})$"),
+        read: format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.{host})$"),
+        roster_write: format!(r"^roster\.{host}\."),
+    }
+}
+
 /// The caps of every inbox. All gateways on a broker must agree on them: the broker refuses
 /// to declare a queue again with other arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +130,28 @@ mod tests {
         assert_eq!(broadcast_key("core"), "broadcast.core");
         assert_eq!(roster_key("hostA", "_gateway"), "roster.hostA._gateway");
         assert_eq!(roster_queue("hostA"), "roster.hostA");
+    }
+
+    #[test]
+    fn a_gateways_permissions_name_its_own_roster_only() {
+        let p = gateway_permissions("gpu.box");
+        let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
+        assert_eq!(
+            p.configure,
+            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|roster\.gpu\.box)$")
+        );
+        assert_eq!(
+            p.write,
+            format!(r"^(fleet\.(msg|roster|dlx|dlq)|{inbox}|roster\.gpu\.box)$")
+        );
+        assert_eq!(
+            p.read,
+            format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.gpu\.box)$")
+        );
+        assert_eq!(p.roster_write, r"^roster\.gpu\.box\.");
+        // An inbox name is a gid of 36 characters, as the pattern has it.
+        let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
+        assert_eq!(gid.to_string().len(), 36);
     }
 
     #[test]

@@ -33,8 +33,10 @@ use tokio::time::Instant;
 use crate::wait::until;
 
 mod tls;
+mod users;
 
 pub use tls::{CLIENT_NAME, TlsCerts, TlsSetup};
+pub use users::BrokerUser;
 
 /// How long a private node may take to take AMQP connections after it is started (7–11 s on
 /// a busy 2-CPU machine; about half of it the Erlang VM's boot).

@@ -145,3 +145,15 @@ fn a_block_that_does_not_load_is_named_by_its_line() {
         "{failures:?}"
     );
 }
+
+#[test]
+fn the_broker_permissions_the_readme_shows_are_the_ones_fleetd_needs() {
+    // The same patterns the broker-login test applies with rabbitmqctl.
+    let p = fleet_amqp::gateway_permissions("build-box");
+    for pattern in [&p.configure, &p.write, &p.read, &p.roster_write] {
+        assert!(
+            README.contains(&format!("'{pattern}'")),
+            "the README's rabbitmqctl lines lack '{pattern}'"
+        );
+    }
+}

@@ -8,8 +8,9 @@ use fleet_amqp::Table;
 use fleet_core::envelope::Envelope;
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER, Signature};
 use fleet_core::{Gid, Kind, MsgId, Role};
-use fleet_testkit::broker::{Broker, Vhost};
-use fleet_testkit::fleet::Fleet;
+use fleet_testkit::broker::{Broker, BrokerUser, Vhost};
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
@@ -301,5 +302,129 @@ async fn a_captured_message_replayed_before_and_after_its_receivers_restart_is_r
     bob.send("alice@hosta", "after", 0).await?;
     assert_eq!(texts(&drain(&alice, 1).await?), ["after"]);
     client.close().await?;
+    Ok(())
+}
+
+/// A gateway of `host` with lead `lead` logging in to the broker as `user`, pinning `hosta`
+/// and `hostb` to their keys and to the logins in `logins`.
+async fn logged_in(
+    vhost: &Vhost,
+    user: &BrokerUser,
+    host: &str,
+    lead: &str,
+    logins: &[(&str, &BrokerUser)],
+) -> anyhow::Result<Fleet> {
+    let trust: String = logins
+        .iter()
+        .map(|(host, user)| {
+            format!(
+                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
+                keys::public(host),
+                user.name()
+            )
+        })
+        .collect();
+    Fleet::start_as(
+        host,
+        "",
+        &format!(
+            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n\n[federation.trust]\n{trust}",
+            sim_profile("sim", &[])?,
+            user.uri(vhost)
+        ),
+    )
+    .await
+}
+
+/// What the broker says to `login` publishing `message` on `exchange` with `key`: its refusal,
+/// or an error if it took it.
+async fn broker_refusal(
+    uri: &str,
+    exchange: &str,
+    key: &str,
+    message: &fleet_amqp::Raw,
+) -> anyhow::Result<String> {
+    let client = fleet_amqp::Client::connect(uri).await?;
+    match client.publish(exchange, key, message).await {
+        Ok(taken) => anyhow::bail!("the broker took it ({taken:?})"),
+        Err(e) => Ok(e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_gateway_broker_logins_keep_each_gateway_to_its_own_place() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let (ua, ub) = (
+        vhost.add_gateway_user("hosta").await?,
+        vhost.add_gateway_user("hostb").await?,
+    );
+    let logins = [("hosta", &ua), ("hostb", &ub)];
+    // The documented permissions are enough for everything a gateway does.
+    let a = logged_in(&vhost, &ua, "hosta", "alice", &logins).await?;
+    let b = logged_in(&vhost, &ub, "hostb", "bob", &logins).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    let first = alice.send("wb", "one", 20).await?;
+    assert_eq!(first["reply"]["text"], "echo: one", "{first}");
+
+    // hostb's login cannot publish hosta's heartbeats …
+    let alice_gid = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
+    let heartbeat = forged(Kind::Presence, alice_gid, "hosta", "fleet.roster")?;
+    let said = broker_refusal(
+        &ub.uri(&vhost),
+        "fleet.roster",
+        &format!("roster.hosta.{alice_gid}"),
+        &raw(keys::signed(&heartbeat, b"{}"), b"{}"),
+    )
+    .await?;
+    assert!(said.contains("ACCESS_REFUSED"), "{said}");
+    // … nor claim hosta's login as the publisher …
+    let to = gid_of(&wb);
+    let task = forged(Kind::Send, alice_gid, "hosta", &to)?;
+    let claimed = fleet_amqp::Raw {
+        user_id: Some(ua.name().into()),
+        ..raw(keys::signed(&task, b"x"), b"x")
+    };
+    let said = broker_refusal(&ub.uri(&vhost), "fleet.msg", &to, &claimed).await?;
+    assert!(said.contains("PRECONDITION_FAILED"), "{said}");
+    // … nor declare hosta's roster queue.
+    let client = fleet_amqp::Client::connect(&ub.uri(&vhost)).await?;
+    let said = client
+        .declare_queue("roster.hosta", false, &Table::new())
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(said.contains("ACCESS_REFUSED"), "{said}");
+
+    // A message signed with hosta's key (stolen, say) but published by hostb's login is
+    // refused by its receiver, with or without a user_id.
+    let mut expected = Vec::new();
+    for user_id in [Some(ub.name().to_string()), None] {
+        let task = forged(Kind::Send, alice_gid, "hosta", &to)?;
+        let message = fleet_amqp::Raw {
+            user_id,
+            ..raw(keys::signed(&task, b"x"), b"x")
+        };
+        let client = fleet_amqp::Client::connect(&ub.uri(&vhost)).await?;
+        client.publish("fleet.msg", &to, &message).await?;
+        expected.push(task.msg_id);
+    }
+    for id in &expected {
+        let audited = refused_for(&b, id, "broker login").await?;
+        assert_eq!(audited, ["refused: broker login"]);
+    }
+    let admin = vhost.connect().await?;
+    until("both in fleet.dlq", LIMIT, || async {
+        (dead_letters(&admin).await.ok()? == 2).then_some(())
+    })
+    .await?;
+
+    // Genuine traffic flows.
+    let second = alice.send("wb", "two", 20).await?;
+    assert_eq!(second["reply"]["text"], "echo: two", "{second}");
+    admin.close().await?;
     Ok(())
 }
