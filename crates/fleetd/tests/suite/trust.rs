@@ -428,3 +428,31 @@ async fn per_gateway_broker_logins_keep_each_gateway_to_its_own_place() -> anyho
     admin.close().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_a_broker_and_nobody_to_trust_does_not_start_and_a_lab_says_so_loudly()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let broker = format!("[broker]\nuri = \"{}\"\n", vhost.uri());
+    let refused = match Fleet::start("", &broker).await {
+        Ok(fleet) => anyhow::bail!("fleetd started:\n{}", fleet.log()),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        refused.contains("[federation.trust] pins no host") && refused.contains("fleetd key"),
+        "{refused}"
+    );
+    let lab = Fleet::start(
+        "",
+        &format!("{broker}[federation]\ninsecure_unsigned = true\n"),
+    )
+    .await?;
+    let log = lab.log();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("INSECURE")
+            && l.contains("insecure_unsigned")),
+        "{log}"
+    );
+    Ok(())
+}
