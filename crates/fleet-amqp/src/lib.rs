@@ -23,7 +23,7 @@ pub use broker::{Broker, Outgoing, Published};
 pub use client::{Client, Raw};
 pub use delivery::{Deliveries, Delivery};
 pub use error::AmqpError;
-pub use link::{Link, LinkSettings};
+pub use link::{Link, LinkSettings, login_of};
 pub use table::{Field, Table};
 pub use tls::TlsFiles;
 pub use topology::{InboxLimits, Permissions, gateway_permissions, inbox_args};

@@ -76,11 +76,17 @@ fn connection_uri(settings: &LinkSettings) -> Result<url::Url, AmqpError> {
 }
 
 /// The login a connection to `uri` authenticates as: its user, or AMQP's default `guest`.
-fn login_of(uri: &url::Url) -> String {
+fn login_of_url(uri: &url::Url) -> String {
     match uri.username() {
         "" => "guest".to_string(),
         user => percent_decode_str(user).decode_utf8_lossy().into_owned(),
     }
+}
+
+/// The broker login a link to `uri` publishes as: its user, or AMQP's default `guest` (an
+/// unparsable URI never connects; `guest` then).
+pub fn login_of(uri: &str) -> String {
+    url::Url::parse(uri).map_or_else(|_| "guest".to_string(), |url| login_of_url(&url))
 }
 
 /// One live connection with its publish channel.
@@ -123,7 +129,7 @@ impl Link {
         let link = Link {
             connection,
             publish,
-            login: login_of(&uri),
+            login: login_of_url(&uri),
             inbox: settings.inbox,
             prefetch: settings.prefetch,
         };

@@ -66,7 +66,7 @@ pub fn gateway_permissions(host: &str) -> Permissions {
         configure: format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|roster\.{host})$"),
         write: format!(r"^(fleet\.(msg|roster|dlx|dlq)|{inbox}|roster\.{host})$"),
         read: format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.{host})$"),
-        roster_write: format!(r"^roster\.{host}\."),
+        roster_write: format!(r"^roster\.{host}\.[^.]+$"),
     }
 }
 
@@ -148,7 +148,9 @@ mod tests {
             p.read,
             format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.gpu\.box)$")
         );
-        assert_eq!(p.roster_write, r"^roster\.gpu\.box\.");
+        // The last segment (a gid, or `_gateway`) holds no dot: host `gpu` cannot publish as
+        // host `gpu.box`.
+        assert_eq!(p.roster_write, r"^roster\.gpu\.box\.[^.]+$");
         // An inbox name is a gid of 36 characters, as the pattern has it.
         let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
         assert_eq!(gid.to_string().len(), 36);

@@ -47,6 +47,14 @@ uuid_id!(
     /// The global id of a message-addressable entity (lead, architect, worker).
     Gid
 );
+impl Gid {
+    /// When it was minted, in Unix ms (a UUID v7 carries it); `None` for an id of another
+    /// version.
+    pub fn minted_ms(&self) -> Option<u64> {
+        let (secs, nanos) = self.0.get_timestamp()?.to_unix();
+        Some(secs.saturating_mul(1000) + u64::from(nanos / 1_000_000))
+    }
+}
 uuid_id!(
     /// The id of one message: the dedup key on every path.
     MsgId
@@ -90,6 +98,20 @@ mod tests {
         assert_eq!(original.derived("failed"), original.derived("failed"));
         assert_ne!(original.derived("failed"), original.derived("other"));
         assert_ne!(original.derived("failed"), MsgId::mint().derived("failed"));
+    }
+
+    #[test]
+    fn a_gid_tells_when_it_was_minted() {
+        let before = u64::try_from(crate::clock::now_ms()).unwrap();
+        let gid = Gid::mint();
+        let after = u64::try_from(crate::clock::now_ms()).unwrap();
+        let minted = gid.minted_ms().unwrap();
+        assert!(
+            before <= minted && minted <= after,
+            "{before} {minted} {after}"
+        );
+        let v4: Gid = "5b7f2c3e-8a1d-4c2b-9e3f-1a2b3c4d5e6f".parse().unwrap();
+        assert_eq!(v4.minted_ms(), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! heartbeats grows no memory. Pure: the time of each heartbeat comes in as a value (a
 //! monotonic instant for expiry, Unix ms for showing), and nothing here reads a clock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -95,7 +95,14 @@ pub struct Roster {
     hosts: HashMap<String, RemoteHost>,
     /// How many heartbeats the caps made it ignore.
     ignored: u64,
+    /// Entities that left or went quiet, most recent last (at most [`MAX_DEPARTED`]): a
+    /// message one sent before it left may still be on its way, and its sender must still be
+    /// known for what it is.
+    departed: VecDeque<Entity>,
 }
+
+/// The most departed entities remembered.
+pub const MAX_DEPARTED: usize = 4096;
 
 impl Roster {
     /// An empty roster under `caps`, whose entries live `ttl` without a heartbeat.
@@ -106,7 +113,22 @@ impl Roster {
             entities: HashMap::new(),
             hosts: HashMap::new(),
             ignored: 0,
+            departed: VecDeque::new(),
         }
+    }
+
+    /// Remembers that `entity` left.
+    fn depart(&mut self, entity: Entity) {
+        if self.departed.len() >= MAX_DEPARTED {
+            self.departed.pop_front();
+        }
+        self.departed.push_back(entity);
+    }
+
+    /// An entity that left or went quiet, as its host last announced it (the most recent, if
+    /// it left more than once).
+    pub fn departed(&self, gid: Gid) -> Option<&Entity> {
+        self.departed.iter().rev().find(|e| e.gid == gid)
     }
 
     /// Merges a heartbeat `host` sent, heard at `now` (`now_ms` Unix ms). An entity of
@@ -119,7 +141,9 @@ impl Roster {
                 claimed: entity.host,
             },
             Some(entity) if gone => {
-                self.entities.remove(&entity.gid);
+                if let Some(left) = self.entities.remove(&entity.gid) {
+                    self.depart(left.entity);
+                }
                 Heard::Left
             }
             Some(entity) => {
@@ -139,7 +163,13 @@ impl Roster {
             }
             None if gone => {
                 self.hosts.remove(host);
-                self.entities.retain(|_, e| e.entity.host != host);
+                let (left, kept) = std::mem::take(&mut self.entities)
+                    .into_iter()
+                    .partition::<HashMap<_, _>, _>(|(_, e)| e.entity.host == host);
+                self.entities = kept;
+                for (_, entry) in left {
+                    self.depart(entry.entity);
+                }
                 Heard::Left
             }
             None => {
@@ -168,8 +198,13 @@ impl Roster {
     /// Drops every entry not heard of within the ttl before `now`.
     pub fn expire(&mut self, now: Instant) {
         let ttl = self.ttl;
-        self.entities
-            .retain(|_, e| now.saturating_duration_since(e.heard) < ttl);
+        let (quiet, kept) = std::mem::take(&mut self.entities)
+            .into_iter()
+            .partition::<HashMap<_, _>, _>(|(_, e)| now.saturating_duration_since(e.heard) >= ttl);
+        self.entities = kept;
+        for (_, entry) in quiet {
+            self.depart(entry.entity);
+        }
         self.hosts
             .retain(|_, h| now.saturating_duration_since(h.heard) < ttl);
     }
@@ -306,6 +341,29 @@ mod tests {
         assert_eq!(roster.hear("hostb", beat(None, GONE), t0, 0), Heard::Left);
         assert_eq!(names(&roster), ["c1"]);
         assert_eq!(roster.hosts().count(), 0);
+        // Gone, but still known for what it was.
+        assert_eq!(roster.departed(b1.gid), Some(&b1));
+        assert_eq!(roster.departed(c1.gid), None);
+    }
+
+    #[test]
+    fn what_left_or_went_quiet_is_remembered_up_to_a_bound() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let (left, quiet) = (entity("left", "hostb"), entity("quiet", "hostb"));
+        roster.hear("hostb", beat(Some(&left), "idle"), t0, 0);
+        roster.hear("hostb", beat(Some(&quiet), "idle"), t0, 0);
+        roster.hear("hostb", beat(Some(&left), GONE), t0, 0);
+        roster.expire(t0 + Duration::from_secs(3600));
+        assert!(roster.entities().next().is_none());
+        assert_eq!(roster.departed(left.gid), Some(&left));
+        assert_eq!(roster.departed(quiet.gid), Some(&quiet));
+        for i in 0..MAX_DEPARTED {
+            let e = entity(&format!("e{i}"), "hostb");
+            roster.hear("hostb", beat(Some(&e), "idle"), t0, 0);
+            roster.hear("hostb", beat(Some(&e), GONE), t0, 0);
+        }
+        assert_eq!(roster.departed(left.gid), None, "the oldest went first");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use ed25519_dalek::VerifyingKey;
 use crate::authz;
 use crate::entity::{Entity, Role};
 use crate::envelope::Envelope;
-use crate::ids::MsgId;
+use crate::ids::{Gid, MsgId};
 use crate::message::Kind;
 use crate::signing::{fingerprint, verify};
 
@@ -68,16 +68,12 @@ impl Trust {
         Self { hosts }
     }
 
-    /// Pins `host` (this gateway's own) to `key` as well: a gateway trusts what it signed itself
-    /// (its broadcasts come back to its own workers' inboxes through the broker).
-    pub fn pin_own(&mut self, host: &str, key: VerifyingKey) {
-        let entry = self
-            .hosts
-            .entry(host.to_string())
-            .or_insert_with(|| PinnedHost::new(Vec::new(), None));
-        if !entry.keys.iter().any(|(_, k)| *k == key) {
-            entry.keys.push((fingerprint(&key), key));
-        }
+    /// Pins `host` (this gateway's own) to `key` and its own broker `login`, in place of
+    /// whatever the table said of it: a gateway trusts what it published itself (its
+    /// broadcasts come back to its own workers' inboxes through the broker), and only that.
+    pub fn pin_own(&mut self, host: &str, key: VerifyingKey, login: String) {
+        self.hosts
+            .insert(host.to_string(), PinnedHost::new(vec![key], Some(login)));
     }
 
     /// How many hosts are pinned.
@@ -179,6 +175,9 @@ pub enum Refusal {
     Forbidden(String),
     /// An answer about a message this gateway did not send to the answering host.
     NotTheRecipient,
+    /// A broadcast's copy in an inbox not bound to its key, or from before its recipient
+    /// joined.
+    StrayBroadcast,
 }
 
 impl Refusal {
@@ -202,6 +201,7 @@ impl Refusal {
             Refusal::Replay => "replay",
             Refusal::Forbidden(_) => "not allowed",
             Refusal::NotTheRecipient => "answer from another host",
+            Refusal::StrayBroadcast => "stray broadcast",
         }
     }
 }
@@ -250,7 +250,10 @@ impl fmt::Display for Refusal {
             Refusal::Replay => f.write_str("its id was seen before: a replay"),
             Refusal::Forbidden(why) => f.write_str(why),
             Refusal::NotTheRecipient => f.write_str(
-                "it answers a message this gateway did not send to its sending host",
+                "it answers a message this gateway did not send to its sending host, or not between these two",
+            ),
+            Refusal::StrayBroadcast => f.write_str(
+                "a broadcast for a group its recipient is not in, or from before its recipient joined",
             ),
         }
     }
@@ -319,20 +322,32 @@ pub fn check_presence_key(
     }
 }
 
-/// Whether a message of `kind` needs its sender's role (so an unknown sender is refused):
-/// a task, a broadcast, an ask.
-pub fn needs_known_sender(kind: Kind) -> bool {
-    matches!(kind, Kind::Send | Kind::Broadcast | Kind::Ask)
+/// Whether a message of `kind` for a recipient that is pane-bound (`to_pane`: its text is
+/// typed in) or not needs its sender's role, so that an unknown sender is refused: a task, an
+/// ask or a broadcast typed into a pane. What is only held for a lead needs none (any pinned
+/// host could announce a lead of its own).
+pub fn needs_known_sender(kind: Kind, to_pane: bool) -> bool {
+    match kind {
+        Kind::Broadcast => true,
+        Kind::Send | Kind::Ask => to_pane,
+        _ => false,
+    }
 }
 
 /// Check 3: `from` (placed at `place`) may speak for the envelope's `fromHost`, which is
-/// `this_host` for a message this gateway published itself.
-pub fn check_sender(envelope: &Envelope, place: &Place, this_host: &str) -> Result<(), Refusal> {
+/// `this_host` for a message this gateway published itself; `to_pane` as for
+/// [`needs_known_sender`].
+pub fn check_sender(
+    envelope: &Envelope,
+    place: &Place,
+    this_host: &str,
+    to_pane: bool,
+) -> Result<(), Refusal> {
     let host = envelope.from_host.as_deref().ok_or(Refusal::NoHost)?;
     let placed = match place {
         Place::Here => this_host,
         Place::There(other) => other.as_str(),
-        Place::Unknown if needs_known_sender(envelope.kind) => {
+        Place::Unknown if needs_known_sender(envelope.kind, to_pane) => {
             return Err(Refusal::UnknownSender);
         }
         Place::Unknown => return Ok(()),
@@ -347,6 +362,29 @@ pub fn check_sender(envelope: &Envelope, place: &Place, this_host: &str) -> Resu
         Err(Refusal::Impostor {
             placed: format!("{placed:?}"),
         })
+    }
+}
+
+/// For a broadcast's copy in `owner`'s inbox (check 6's part that needs the recipient): its
+/// key is one `owner` is bound to (`broadcast.all`, or one of its groups), and it was sent
+/// after `owner` joined (`joined_ms`, allowing `skew_ms`): a copy from before could only be a
+/// replay into a newer inbox.
+pub fn check_broadcast_copy(
+    envelope: &Envelope,
+    owner: &Entity,
+    joined_ms: Option<u64>,
+    skew_ms: u64,
+) -> Result<(), Refusal> {
+    let bound = envelope.to == "broadcast.all"
+        || envelope
+            .to
+            .strip_prefix("broadcast.")
+            .is_some_and(|group| owner.groups.iter().any(|g| g == group));
+    let after = joined_ms.is_none_or(|joined| envelope.ts_ms.saturating_add(skew_ms) >= joined);
+    if bound && after {
+        Ok(())
+    } else {
+        Err(Refusal::StrayBroadcast)
     }
 }
 
@@ -397,12 +435,14 @@ pub struct Authority<'a> {
 /// Check 6: the rules that hold on one host, across hosts.
 pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> {
     match kind {
-        Kind::Send | Kind::Ask => {
-            let (Some(sender), Some(recipient)) = (facts.sender, facts.recipient) else {
-                return Err(Refusal::UnknownSender);
-            };
-            authz::check_send(sender, recipient).map_err(|e| Refusal::Forbidden(e.message))
-        }
+        Kind::Send | Kind::Ask => match (facts.sender, facts.recipient) {
+            (Some(sender), Some(recipient)) => {
+                authz::check_send(sender, recipient).map_err(|e| Refusal::Forbidden(e.message))
+            }
+            // Held for a lead: nothing is typed, and the sender's host vouches for it.
+            (None, Some(recipient)) if !recipient.role.is_pane_bound() => Ok(()),
+            _ => Err(Refusal::UnknownSender),
+        },
         Kind::Broadcast => match facts.sender {
             Some(sender) if sender.role == Role::Lead => Ok(()),
             Some(sender) => Err(Refusal::Forbidden(format!(
@@ -437,6 +477,29 @@ pub fn is_answer(kind: Kind) -> bool {
     )
 }
 
+/// Whether `envelope`, an answer, answers a message this gateway sent to its sending host,
+/// between the same two entities: `exact` is the sender and recipient recorded for its
+/// `inReplyTo` on that host (the recipient is none for a broadcast's own id); failing that,
+/// a broadcast among `broadcasts` (id, sender) whose copy for `from` it answers.
+pub fn answers_own(
+    envelope: &Envelope,
+    exact: Option<(Gid, Option<Gid>)>,
+    broadcasts: &[(MsgId, Gid)],
+) -> bool {
+    let Some(answered) = envelope.in_reply_to else {
+        return false;
+    };
+    let Ok(to) = envelope.to.parse::<Gid>() else {
+        return false;
+    };
+    match exact {
+        Some((sender, recipient)) => sender == to && recipient.is_none_or(|r| r == envelope.from),
+        None => broadcasts.iter().any(|(id, sender)| {
+            *sender == to && id.derived(&envelope.from.to_string()) == answered
+        }),
+    }
+}
+
 /// For an answer: the message it answers and the host it must have gone to (its sender's).
 /// `None` for a message that answers nothing, or an answer that names no message or no host
 /// (which [`check_authority`] then refuses).
@@ -451,7 +514,7 @@ pub fn answered(envelope: &Envelope) -> Option<(MsgId, String)> {
 mod tests {
     use super::*;
     use crate::envelope::VERSION;
-    use crate::ids::{Gid, TraceId};
+    use crate::ids::TraceId;
     use crate::signing::sign;
     use ed25519_dalek::SigningKey;
 
@@ -573,16 +636,21 @@ mod tests {
     fn a_gateway_trusts_its_own_key_beside_the_table() {
         let mut trust = Trust::default();
         assert!(trust.is_empty());
-        trust.pin_own("hosta", key(3).verifying_key());
-        trust.pin_own("hosta", key(3).verifying_key());
+        trust.pin_own("hosta", key(3).verifying_key(), "gw-a".into());
+        trust.pin_own("hosta", key(3).verifying_key(), "gw-a".into());
         assert_eq!(trust.len(), 1);
         let sent = envelope(Kind::Broadcast, "hosta");
         let sig = sign(&key(3), &sent, b"all");
         let id = fingerprint(&key(3).verifying_key());
         assert_eq!(
-            check_seal(&trust, &sent, b"all", sealed(&sig, &id, None)),
+            check_seal(&trust, &sent, b"all", sealed(&sig, &id, Some("gw-a"))),
             Ok(())
         );
+        // Its own, published by another login: refused.
+        assert!(matches!(
+            check_seal(&trust, &sent, b"all", sealed(&sig, &id, Some("gw-b"))),
+            Err(Refusal::WrongLogin { .. })
+        ));
     }
 
     #[test]
@@ -638,31 +706,33 @@ mod tests {
     fn a_sender_placed_on_another_host_is_an_impostor_and_an_unknown_one_sends_no_task() {
         let send = envelope(Kind::Send, "hostb");
         let at = |host: &str| Place::There(host.into());
-        assert_eq!(check_sender(&send, &at("hostb"), "hosta"), Ok(()));
+        assert_eq!(check_sender(&send, &at("hostb"), "hosta", true), Ok(()));
         assert_eq!(
-            check_sender(&send, &at("hostc"), "hosta"),
+            check_sender(&send, &at("hostc"), "hosta", true),
             Err(Refusal::Impostor {
                 placed: "\"hostc\"".into()
             })
         );
         assert_eq!(
-            check_sender(&send, &Place::Here, "hosta"),
+            check_sender(&send, &Place::Here, "hosta", true),
             Err(Refusal::Impostor {
                 placed: "this host".into()
             })
         );
         assert_eq!(
-            check_sender(&send, &Place::Unknown, "hosta"),
+            check_sender(&send, &Place::Unknown, "hosta", true),
             Err(Refusal::UnknownSender)
         );
+        // Only held for a lead: its host vouches.
+        assert_eq!(check_sender(&send, &Place::Unknown, "hosta", false), Ok(()));
         // An answer may come from an entity gone since (its host vouches, the authority rule
         // checks what it answers).
         let reply = envelope(Kind::Reply, "hostb");
-        assert_eq!(check_sender(&reply, &Place::Unknown, "hosta"), Ok(()));
-        assert!(check_sender(&reply, &at("hostc"), "hosta").is_err());
+        assert_eq!(check_sender(&reply, &Place::Unknown, "hosta", true), Ok(()));
+        assert!(check_sender(&reply, &at("hostc"), "hosta", true).is_err());
         // This gateway's own broadcast, back through the broker.
         let own = envelope(Kind::Broadcast, "hosta");
-        assert_eq!(check_sender(&own, &Place::Here, "hosta"), Ok(()));
+        assert_eq!(check_sender(&own, &Place::Here, "hosta", true), Ok(()));
     }
 
     #[test]
@@ -690,6 +760,39 @@ mod tests {
         assert_eq!(check_time(&sent, NOW, window), Err(Refusal::Expired));
         sent.expires_at_ms = NOW - 1_000 + 600_001;
         assert_eq!(check_time(&sent, NOW, window), Err(Refusal::TooLongLived));
+    }
+
+    #[test]
+    fn a_broadcast_copy_is_taken_by_an_inbox_bound_to_its_key_after_its_recipient_joined() {
+        let worker = Entity {
+            groups: vec!["core".into()],
+            ..entity(Role::Worker, None)
+        };
+        let mut copy = envelope(Kind::Broadcast, "hostb");
+        for (to, bound) in [
+            ("broadcast.all", true),
+            ("broadcast.core", true),
+            ("broadcast.web", false),
+            ("broadcast.", false),
+        ] {
+            copy.to = to.into();
+            assert_eq!(
+                check_broadcast_copy(&copy, &worker, Some(NOW - 1_000), 0).is_ok(),
+                bound,
+                "{to}"
+            );
+        }
+        copy.to = "broadcast.all".into();
+        // Sent before its recipient joined: a replay into a newer inbox, unless within the skew.
+        let joined = copy.ts_ms + 5_000;
+        assert_eq!(
+            check_broadcast_copy(&copy, &worker, Some(joined), 1_000),
+            Err(Refusal::StrayBroadcast)
+        );
+        assert_eq!(
+            check_broadcast_copy(&copy, &worker, Some(joined), 5_000),
+            Ok(())
+        );
     }
 
     #[test]
@@ -739,6 +842,11 @@ mod tests {
             Err(Refusal::UnknownSender)
         );
         assert_eq!(
+            check_authority(Kind::Send, facts(None, Some(&lead))),
+            Ok(()),
+            "held for a lead"
+        );
+        assert_eq!(
             check_authority(Kind::Broadcast, facts(Some(&lead), None)),
             Ok(())
         );
@@ -781,6 +889,52 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_is_taken_only_between_the_two_its_message_went_between() {
+        let (lead, worker) = (Gid::mint(), Gid::mint());
+        let task = MsgId::mint();
+        let reply = Envelope {
+            from: worker,
+            to: lead.to_string(),
+            in_reply_to: Some(task),
+            ..envelope(Kind::Reply, "hostb")
+        };
+        assert!(answers_own(&reply, Some((lead, Some(worker))), &[]));
+        assert!(
+            !answers_own(&reply, Some((Gid::mint(), Some(worker))), &[]),
+            "to another lead"
+        );
+        assert!(
+            !answers_own(&reply, Some((lead, Some(Gid::mint()))), &[]),
+            "from another"
+        );
+        assert!(!answers_own(&reply, None, &[]));
+        // A broadcast's own id names no recipient; a copy's answer is matched by its id.
+        assert!(answers_own(&reply, Some((lead, None)), &[]));
+        let broadcast = MsgId::mint();
+        let copy = Envelope {
+            in_reply_to: Some(broadcast.derived(&worker.to_string())),
+            ..reply.clone()
+        };
+        assert!(answers_own(
+            &copy,
+            None,
+            &[(MsgId::mint(), lead), (broadcast, lead)]
+        ));
+        assert!(
+            !answers_own(&copy, None, &[(broadcast, Gid::mint())]),
+            "another's broadcast"
+        );
+        let stranger = Envelope {
+            from: Gid::mint(),
+            ..copy.clone()
+        };
+        assert!(
+            !answers_own(&stranger, None, &[(broadcast, lead)]),
+            "another worker's copy"
+        );
+    }
+
+    #[test]
     fn every_refusal_names_its_check_and_says_why() {
         let all = [
             Refusal::Unsigned,
@@ -805,6 +959,7 @@ mod tests {
             Refusal::Replay,
             Refusal::Forbidden("x".into()),
             Refusal::NotTheRecipient,
+            Refusal::StrayBroadcast,
         ];
         let reasons: std::collections::HashSet<&str> = all.iter().map(Refusal::reason).collect();
         assert_eq!(reasons.len(), all.len(), "one reason per check");

@@ -64,6 +64,25 @@ pub struct EntityRecord {
     pub created_ms: i64,
 }
 
+/// Who a remembered message went between: its sender, and its recipient (none for a
+/// broadcast's own id).
+pub type SentBetween = (Gid, Option<Gid>);
+
+/// A message this gateway published to another host, as remembered for its answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentRecord {
+    /// Its id.
+    pub msg_id: MsgId,
+    /// The host it went to (`*` for a broadcast, besides a row per host it reached).
+    pub host: String,
+    /// Its sender.
+    pub from: Gid,
+    /// Its recipient (none for a broadcast's own id).
+    pub to: Option<Gid>,
+    /// Until when it is remembered, Unix ms.
+    pub until_ms: i64,
+}
+
 /// The durable state of one gateway. Every method is atomic; none blocks for long.
 pub trait Store: Send + Sync + 'static {
     /// Returns the gid of the lead `name`, minting it on first use (fixed from then on).
@@ -167,12 +186,16 @@ pub trait Store: Send + Sync + 'static {
     /// seen before (a replay, or the broker delivering it again).
     fn see(&self, arrivals: &[(MsgId, Gid, i64)]) -> StoreResult<Vec<bool>>;
 
-    /// Records that each `(msg_id, host, until_ms)` was published to an entity on `host`,
-    /// remembered until `until_ms` (Unix ms).
-    fn record_sent(&self, sent: &[(MsgId, String, i64)]) -> StoreResult<()>;
+    /// Records each message published to an entity on another host (see [`SentRecord`]).
+    fn record_sent(&self, sent: &[SentRecord]) -> StoreResult<()>;
 
-    /// For each `(msg_id, host)`: whether `msg_id` was published to an entity on `host`.
-    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<bool>>;
+    /// For each `(msg_id, host)`: from whom and to whom `msg_id` was published to `host`, if
+    /// it was.
+    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<Option<SentBetween>>>;
+
+    /// The newest `limit` broadcasts this gateway published (those recorded under the host
+    /// `*`), with their senders.
+    fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>>;
 
     /// Forgets what [`Store::see`] and [`Store::record_sent`] remembered until before
     /// `now_ms`; returns how many.

@@ -86,8 +86,9 @@ END;
 /// Version 3: what signed federation remembers across a restart. `seen`: the ids of messages
 /// that came off the broker, per recipient, until they could no longer pass the freshness check
 /// (a replay within that time is refused). `sent`: which host each message this gateway
-/// published to a remote entity went to, for as long as an answer may come (an answer from any
-/// other host is refused).
+/// published to a remote entity went to, from whom and to whom, for as long as an answer may
+/// come (an answer from any other host, or between others, is refused); a broadcast is kept
+/// under the host `*` as well, for its copies' answers.
 const SCHEMA_V3: &str = "
 CREATE TABLE seen (
     msg_id     TEXT NOT NULL,
@@ -99,6 +100,8 @@ CREATE INDEX seen_until ON seen(until_ms);
 CREATE TABLE sent (
     msg_id     TEXT NOT NULL,
     host       TEXT NOT NULL,
+    from_gid   TEXT NOT NULL,
+    to_gid     TEXT,
     until_ms   INTEGER NOT NULL,
     PRIMARY KEY (msg_id, host)
 ) WITHOUT ROWID;

@@ -14,7 +14,7 @@ use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
 
 use crate::schema::migrate;
-use crate::{EntityRecord, Store, StoreError, StoreResult};
+use crate::{EntityRecord, SentBetween, SentRecord, Store, StoreError, StoreResult};
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -589,30 +589,65 @@ impl Store for SqliteStore {
         Ok(seen)
     }
 
-    fn record_sent(&self, sent: &[(MsgId, String, i64)]) -> StoreResult<()> {
+    fn record_sent(&self, sent: &[SentRecord]) -> StoreResult<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         {
             let mut insert = tx.prepare_cached(
-                "INSERT INTO sent (msg_id, host, until_ms) VALUES (?1, ?2, ?3) \
+                "INSERT INTO sent (msg_id, host, from_gid, to_gid, until_ms) VALUES (?1, ?2, ?3, ?4, ?5) \
                  ON CONFLICT DO UPDATE SET until_ms = MAX(until_ms, excluded.until_ms)",
             )?;
-            for (msg_id, host, until_ms) in sent {
-                insert.execute(params![msg_id.to_string(), host, until_ms])?;
+            for r in sent {
+                insert.execute(params![
+                    r.msg_id.to_string(),
+                    r.host,
+                    r.from.to_string(),
+                    r.to.map(|g| g.to_string()),
+                    r.until_ms
+                ])?;
             }
         }
         tx.commit()?;
         Ok(())
     }
 
-    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<bool>> {
+    fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<Option<SentBetween>>> {
         let conn = self.conn();
-        let mut query =
-            conn.prepare_cached("SELECT 1 FROM sent WHERE msg_id = ?1 AND host = ?2")?;
-        asked
-            .iter()
-            .map(|(msg_id, host)| Ok(query.exists(params![msg_id.to_string(), host])?))
-            .collect()
+        let mut query = conn
+            .prepare_cached("SELECT from_gid, to_gid FROM sent WHERE msg_id = ?1 AND host = ?2")?;
+        let mut found = Vec::with_capacity(asked.len());
+        for (msg_id, host) in asked {
+            let row: Option<(String, Option<String>)> = query
+                .query_row(params![msg_id.to_string(), host], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()?;
+            found.push(match row {
+                Some((from, to)) => Some((
+                    parse(&from, "sent sender")?,
+                    to.map(|t| parse(&t, "sent recipient")).transpose()?,
+                )),
+                None => None,
+            });
+        }
+        Ok(found)
+    }
+
+    fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>> {
+        let conn = self.conn();
+        let mut query = conn.prepare_cached(
+            "SELECT msg_id, from_gid FROM sent WHERE host = '*' ORDER BY until_ms DESC LIMIT ?1",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = query.query_map([limit], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, from) = row?;
+            out.push((parse(&id, "sent id")?, parse(&from, "sent sender")?));
+        }
+        Ok(out)
     }
 
     fn forget(&self, now_ms: i64) -> StoreResult<usize> {

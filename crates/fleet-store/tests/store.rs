@@ -5,7 +5,7 @@
 
 use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
-use fleet_store::{EntityRecord, SqliteStore, Store, StoreError};
+use fleet_store::{EntityRecord, SentRecord, SqliteStore, Store, StoreError};
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("fleet.db")).unwrap()
@@ -510,8 +510,15 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
 #[test]
 fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_their_time() {
     let dir = tempfile::tempdir().unwrap();
-    let (owner, other) = (Gid::mint(), Gid::mint());
+    let (owner, other, lead, w) = (Gid::mint(), Gid::mint(), Gid::mint(), Gid::mint());
     let (a, b) = (MsgId::mint(), MsgId::mint());
+    let sent = |msg_id, host: &str, from, to, until_ms| SentRecord {
+        msg_id,
+        host: host.into(),
+        from,
+        to,
+        until_ms,
+    };
     {
         let store = open(&dir);
         assert_eq!(
@@ -524,7 +531,11 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
         // The same id for another recipient (a broadcast's copy) is its own arrival.
         assert_eq!(store.see(&[(a, other, 100)]).unwrap(), [false]);
         store
-            .record_sent(&[(a, "hostb".into(), 100), (b, "hostc".into(), 200)])
+            .record_sent(&[
+                sent(a, "hostb", lead, Some(w), 100),
+                sent(b, "hostc", lead, None, 200),
+                sent(b, "*", lead, None, 200),
+            ])
             .unwrap();
     }
     let store = open(&dir);
@@ -540,8 +551,9 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
                 (b, "hostc".into())
             ])
             .unwrap(),
-        [true, false, true]
+        [Some((lead, Some(w))), None, Some((lead, None))]
     );
+    assert_eq!(store.recent_broadcasts(10).unwrap(), [(b, lead)]);
     // Forgotten once their time is past, not before.
     assert_eq!(store.forget(100).unwrap(), 0);
     // a for owner and for other, b for other, and a sent to hostb.
@@ -550,5 +562,5 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
         store.see(&[(a, owner, 100), (b, owner, 300)]).unwrap(),
         [false, true]
     );
-    assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [false]);
+    assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [None]);
 }

@@ -160,11 +160,42 @@ async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() ->
         publish(&client, "fleet.msg", &alice_key, &answer, b"forged").await?;
         expected.push((&a, answer.msg_id, "answer from another host"));
     }
-    // A broadcast from a worker reaches every worker's inbox: each gateway refuses it.
+    // A broadcast from a worker reaches every worker's inbox: each gateway refuses it. (What
+    // claims hostb is published as hostb's gateway would, under its broker login: hostb takes
+    // its own messages from that login only.)
+    let login = vhost.broker().user().to_string();
+    let as_hostb = |envelope: &Envelope, body: &[u8]| fleet_amqp::Raw {
+        user_id: Some(login.clone()),
+        ..raw(keys::signed(envelope, body), body)
+    };
     let broadcast = forged(Kind::Broadcast, wb_gid, "hostb", "broadcast.all")?;
-    publish(&client, "fleet.msg", "broadcast.all", &broadcast, b"all").await?;
+    client
+        .publish("fleet.msg", "broadcast.all", &as_hostb(&broadcast, b"all"))
+        .await?;
     expected.push((&a, broadcast.msg_id, "not allowed"));
     expected.push((&b, broadcast.msg_id, "not allowed"));
+    // A lead's broadcast stamped from before the workers joined (a replay into newer inboxes),
+    // and one for a group wa is not in, into wa's inbox bound to that group behind fleetd's back.
+    let bob_gid = gid_of(&bob.entry("bob").await?).parse::<Gid>()?;
+    let old = Envelope {
+        ts_ms: now_ms() - 120_000,
+        ..forged(Kind::Broadcast, bob_gid, "hostb", "broadcast.all")?
+    };
+    client
+        .publish("fleet.msg", "broadcast.all", &as_hostb(&old, b"old"))
+        .await?;
+    expected.push((&a, old.msg_id, "stray broadcast"));
+    expected.push((&b, old.msg_id, "stray broadcast"));
+    client
+        .bind(
+            &format!("agent.{wa_gid}.inbox.v2"),
+            "fleet.msg",
+            "broadcast.web",
+        )
+        .await?;
+    let other_group = forged(Kind::Broadcast, bob_gid, "hostb", "broadcast.web")?;
+    publish(&client, "fleet.msg", "broadcast.web", &other_group, b"web").await?;
+    expected.push((&a, other_group.msg_id, "stray broadcast"));
     // Heartbeats, judged by every gateway's roster: hostc speaking for one of hostb's keys,
     // and hostc claiming wb as its own.
     let stranger = fleet_core::Entity {

@@ -12,7 +12,7 @@ use fleet_core::{Gid, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
-use super::trust::Vouched;
+use super::trust::{Patience, Vouched};
 use fleet_core::clock::now_ms;
 
 /// The most deliveries taken off an inbox at once (held ones are stored together).
@@ -86,9 +86,17 @@ impl Gateway {
         batch: Vec<Delivery>,
         stop: &CancellationToken,
     ) -> bool {
+        let Some(fed) = self.fed() else {
+            return false;
+        };
+        // One wait for senders not yet announced, for the whole batch.
+        let patience = Patience {
+            until: tokio::time::Instant::now() + fed.patience(),
+            stop,
+        };
         let mut admitted = Vec::with_capacity(batch.len());
         for delivery in batch {
-            if let Some((envelope, body)) = self.admit(owner, &delivery).await {
+            if let Some((envelope, body)) = self.admit(owner, &delivery, &patience).await {
                 admitted.push(Vouched {
                     delivery,
                     envelope,
@@ -103,6 +111,13 @@ impl Gateway {
             body,
         } in self.check_batch(owner, admitted).await
         {
+            // A name from another host is shown and typed (a reply's label): kept only if
+            // valid, and only from a message that passed every check.
+            if let Some(name) = &envelope.from_name
+                && validate_name("sender name", name).is_ok()
+            {
+                self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
+            }
             let to_pane = self.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {
                 held.push(Incoming {
@@ -131,6 +146,7 @@ impl Gateway {
         self: &Arc<Self>,
         owner: Gid,
         delivery: &Delivery,
+        patience: &Patience<'_>,
     ) -> Option<(Envelope, String)> {
         let fed = self.fed()?;
         let arrival = Arrival {
@@ -142,39 +158,48 @@ impl Gateway {
         let limit = self.config.gateway.max_message_bytes;
         let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
             Admission::Admitted { envelope, body } => {
-                if let Err(refusal) = self.check_one(owner, delivery, &envelope).await {
+                if let Err(refusal) = self.check_one(owner, delivery, &envelope, patience).await {
                     self.refuse_untrusted(delivery, &envelope, &refusal).await;
                     return None;
-                }
-                // A name from another host is shown and typed (a reply's label): kept only if
-                // valid, and only once the message is known to be genuine.
-                if let Some(name) = &envelope.from_name
-                    && validate_name("sender name", name).is_ok()
-                {
-                    self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
                 }
                 return Some((envelope, body));
             }
             Admission::Malformed(e) => {
+                let (loud, count) = fed.loud();
                 match &e {
-                    EnvelopeError::NewerMajor { .. } => tracing::error!(
-                        %owner, error = %e, supported = %VERSION,
+                    EnvelopeError::NewerMajor { .. } if loud => tracing::error!(
+                        %owner, error = %e, supported = %VERSION, refused_so_far = count,
                         "REFUSED a message of a newer envelope version: dead-lettered (upgrade this gateway)"
                     ),
-                    _ => {
-                        tracing::error!(%owner, error = %e, "REFUSED a malformed message: dead-lettered")
+                    _ if loud => {
+                        tracing::error!(%owner, error = %e, refused_so_far = count, "REFUSED a malformed message: dead-lettered")
                     }
+                    _ => {}
                 }
                 settle(delivery, Handled::Refused, false).await;
                 return None;
             }
             Admission::Refused { envelope, why } => (envelope, why),
         };
+        // Nothing is done about an envelope before it is known to be genuine, not even telling
+        // its sender: an expired one only has to be signed, the others pass what a message
+        // taken would.
+        let checked = match why {
+            Refusal::Expired => fed.check_seal(&envelope, delivery),
+            _ => self.check_one(owner, delivery, &envelope, patience).await,
+        };
+        if let Err(refusal) = checked {
+            self.refuse_untrusted(delivery, &envelope, &refusal).await;
+            return None;
+        }
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         let size = delivery.body().len();
+        let (loud, count) = fed.loud();
         match why {
             Refusal::WrongRecipient => {
-                tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, "REFUSED a message whose recipient is not this inbox: dead-lettered");
+                if loud {
+                    tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, refused_so_far = count, "REFUSED a message whose recipient is not this inbox: dead-lettered");
+                }
                 fed.audit(&envelope, size, "refused: recipient mismatch");
             }
             Refusal::Expired => {
@@ -190,7 +215,10 @@ impl Gateway {
                 return None;
             }
             Refusal::NotText => {
-                tracing::error!(%trace_id, %msg_id, "REFUSED a message whose body is not UTF-8: dead-lettered");
+                if loud {
+                    tracing::error!(%trace_id, %msg_id, refused_so_far = count, "REFUSED a message whose body is not UTF-8: dead-lettered");
+                }
+                fed.audit(&envelope, size, "refused: not text");
             }
         }
         settle(delivery, Handled::Refused, false).await;

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use fleet_amqp::{AmqpError, Broker};
+use fleet_amqp::{AmqpError, Broker, login_of};
 use fleet_core::bounds::RosterCaps;
 use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
@@ -81,9 +81,13 @@ struct FedState {
     senders: HashMap<Gid, String>,
     /// The inbox consumers running on the current link.
     consumers: HashMap<Gid, CancellationToken>,
-    /// The ids of the heartbeats taken, until they would be refused as stale anyway (a
-    /// replayed heartbeat is refused).
-    heartbeats_seen: HashMap<MsgId, u64>,
+    /// The stamp and id of the last heartbeat taken from each host for each of its entities
+    /// (and itself), until a heartbeat so stamped would be refused as stale anyway: an older
+    /// or repeated one is refused.
+    heartbeats_last: HashMap<(String, String), (u64, MsgId)>,
+    /// The hosts remote senders' checked messages came from, for where an answer to them goes
+    /// when the roster no longer knows them.
+    sender_hosts: HashMap<Gid, String>,
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
@@ -109,7 +113,7 @@ impl Federation {
         key: SigningKey,
     ) -> Result<Self, String> {
         let mut trust = config.trust_table()?;
-        trust.pin_own(host_id, key.verifying_key());
+        trust.pin_own(host_id, key.verifying_key(), login_of(&broker.uri));
         let audit = AuditLog::open(
             state_dir.join("audit.jsonl"),
             config.audit_max_bytes,
@@ -124,7 +128,8 @@ impl Federation {
             receipts: Receipts::new(Duration::from_secs(config.injected_bound_s)),
             senders: HashMap::new(),
             consumers: HashMap::new(),
-            heartbeats_seen: HashMap::new(),
+            heartbeats_last: HashMap::new(),
+            sender_hosts: HashMap::new(),
             refused: 0,
         };
         Ok(Self {
@@ -248,10 +253,30 @@ impl Gateway {
         if state.senders.len() >= MAX_SENDER_NAMES {
             state.senders.clear();
         }
+        if state.sender_hosts.len() >= MAX_SENDER_NAMES {
+            state.sender_hosts.clear();
+        }
         let shown = match host {
-            Some(host) => format!("{name}@{host}"),
+            Some(host) => {
+                state.sender_hosts.insert(gid, host.to_string());
+                format!("{name}@{host}")
+            }
             None => name.to_string(),
         };
         state.senders.insert(gid, shown);
+    }
+
+    /// The host a remote entity is on: as the roster knows it (or last knew it), else as its
+    /// last checked message said.
+    fn remote_host(&self, gid: Gid) -> Option<String> {
+        let fed = self.fed()?;
+        let state = fed.lock();
+        state
+            .roster
+            .entity(gid)
+            .map(|e| &e.entity)
+            .or_else(|| state.roster.departed(gid))
+            .map(|e| e.host.clone())
+            .or_else(|| state.sender_hosts.get(&gid).cloned())
     }
 }

@@ -6,6 +6,7 @@ use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
+use fleet_store::SentRecord;
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -42,14 +43,30 @@ impl Gateway {
         };
         let body = message.body.as_bytes();
         // Where it goes is remembered first, so an answer from there is taken (and one from
-        // anywhere else refused) however soon it comes.
-        let host = fed
-            .lock()
-            .roster
-            .entity(message.to)
-            .map(|e| e.entity.host.clone());
-        if let Some(host) = host {
-            self.remember_sent(vec![(message.msg_id, host)]).await?;
+        // anywhere else refused) however soon it comes. A task or an ask whose way cannot be
+        // remembered is not sent (its sender hears why); a reply or an answer goes anyway, for
+        // only a notice about it could come back.
+        if matches!(
+            message.kind,
+            Kind::Send | Kind::Ask | Kind::Reply | Kind::Answer
+        ) {
+            let remembered = match self.remote_host(message.to) {
+                Some(host) => {
+                    let record = (message.msg_id, host, message.from, Some(message.to));
+                    self.remember_sent(vec![record]).await
+                }
+                None => {
+                    tracing::warn!(msg_id = %message.msg_id, to = %message.to, "no host is known for the recipient: what answers this message will be refused");
+                    Ok(())
+                }
+            };
+            match remembered {
+                Err(e) if matches!(message.kind, Kind::Send | Kind::Ask) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(msg_id = %message.msg_id, error = %e, "where the message went is not remembered: a notice about it will be refused");
+                }
+                Ok(()) => {}
+            }
         }
         let signature = fed.sign(&envelope, body);
         let published = link
@@ -172,7 +189,8 @@ impl Gateway {
         let in_group = |e: &Entity| {
             e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
         };
-        // Each remote copy's answers are taken from its recipient's host only.
+        // Each remote copy's answers are taken from its recipient's host only; a copy the
+        // roster did not know of is matched by its id (see `fleet_core::trust::answers_own`).
         let remote: Vec<(Gid, String)> = fed
             .lock()
             .roster
@@ -180,15 +198,16 @@ impl Gateway {
             .filter(|e| in_group(&e.entity))
             .map(|e| (e.entity.gid, e.entity.host.clone()))
             .collect();
-        let sent = remote
-            .iter()
-            .flat_map(|(gid, host)| {
-                [
-                    (msg_id, host.clone()),
-                    (msg_id.derived(&gid.to_string()), host.clone()),
-                ]
-            })
-            .collect();
+        let mut sent = vec![(msg_id, "*".to_string(), from.gid, None)];
+        for (gid, host) in &remote {
+            sent.push((msg_id, host.clone(), from.gid, None));
+            sent.push((
+                msg_id.derived(&gid.to_string()),
+                host.clone(),
+                from.gid,
+                Some(*gid),
+            ));
+        }
         self.remember_sent(sent).await?;
         let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
@@ -217,19 +236,26 @@ impl Gateway {
         Ok(local + remote.len())
     }
 
-    /// Remembers that each `(msg_id, host)` was published to an entity on `host`, for as long
-    /// as settled messages are kept (`gateway.keep_messages_days`): answers about it are taken
-    /// from that host only.
-    async fn remember_sent(&self, sent: Vec<(MsgId, String)>) -> Result<(), FleetError> {
-        if sent.is_empty() {
-            return Ok(());
-        }
+    /// Remembers that each `(msg_id, host, from, to)` was published from `from` to `to` (an
+    /// entity on `host`), for as long as settled messages are kept
+    /// (`gateway.keep_messages_days`): answers about it are taken from that host, between
+    /// those two, only.
+    async fn remember_sent(
+        &self,
+        sent: Vec<(MsgId, String, Gid, Option<Gid>)>,
+    ) -> Result<(), FleetError> {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
-        let until = now_ms().saturating_add(days.saturating_mul(86_400_000));
-        let rows = sent
+        let until_ms = now_ms().saturating_add(days.saturating_mul(86_400_000));
+        let rows: Vec<SentRecord> = sent
             .into_iter()
-            .map(|(id, host)| (id, host, until))
-            .collect::<Vec<_>>();
+            .map(|(msg_id, host, from, to)| SentRecord {
+                msg_id,
+                host,
+                from,
+                to,
+                until_ms,
+            })
+            .collect();
         self.db(move |s| s.record_sent(&rows)).await
     }
 }

@@ -278,6 +278,52 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
 }
 
 #[tokio::test]
+async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_wrong_with_it() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        carol,
+        ..
+    } = harness(10).await;
+    let key = alice.gid.to_string();
+    broker.bind(&carol.to_string());
+    // Over the size cap (which a genuine sender is told of), but unsigned; and signed by hostc
+    // but claiming alice, this host's own lead, as its sender.
+    let big = "x".repeat(gateway.config.gateway.max_message_bytes + 1);
+    let unsigned = envelope(Kind::Send, carol, &key);
+    let first = broker
+        .deliver(
+            alice.gid,
+            &key,
+            &Table::of_envelope(&unsigned),
+            big.as_bytes(),
+            None,
+        )
+        .await
+        .unwrap();
+    let impostor = envelope(Kind::Send, alice.gid, &key);
+    let second = broker
+        .deliver(
+            alice.gid,
+            &key,
+            &signed(&impostor, big.as_bytes()),
+            big.as_bytes(),
+            None,
+        )
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == second)).await;
+    for tag in [first, second] {
+        assert_eq!(how_of(&settled, tag), [(Settlement::DeadLetter, false)]);
+    }
+    assert!(broker.published().is_empty(), "{:?}", broker.published());
+    let gid = alice.gid;
+    let held = gateway.db(move |s| s.held_count(gid)).await.unwrap();
+    assert_eq!(held, 0);
+}
+
+#[tokio::test]
 async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_through_the_broker() {
     let Harness {
         broker,
@@ -348,7 +394,15 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
     gateway.track_remote_brief(&brief);
     let id = brief.msg_id;
     gateway
-        .db(move |s| s.record_sent(&[(id, "hostc".into(), i64::MAX)]))
+        .db(move |s| {
+            s.record_sent(&[fleet_store::SentRecord {
+                msg_id: id,
+                host: "hostc".into(),
+                from: brief.from,
+                to: Some(brief.to),
+                until_ms: i64::MAX,
+            }])
+        })
         .await
         .unwrap();
     let fed = gateway.fed().unwrap();

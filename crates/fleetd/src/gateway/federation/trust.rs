@@ -1,7 +1,8 @@
 //! The trust checks on what comes off the broker, in the order `fleet_core::trust` gives
 //! them: the facts each rule needs are looked up here (this host's registry, the roster, the
 //! store), the rules decide, and a refusal is dead-lettered with a loud log line and an audit
-//! line `refused: <reason>`. The gateway carries on.
+//! line `refused: <reason>`. Nothing a message says is acted on — no notice sent, no name
+//! remembered — before it passed. The gateway carries on.
 
 use std::time::Duration;
 
@@ -12,18 +13,26 @@ use fleet_core::envelope::Envelope;
 use fleet_core::roster::Presence;
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER};
 use fleet_core::trust::{
-    Authority, Place, Refusal, Seal, Window, answered, check_authority, check_presence_key,
-    check_replay, check_seal, check_sender, check_time, is_answer, needs_known_sender,
+    Authority, GATEWAY_ENTRY, Place, Refusal, Seal, Window, answered, answers_own, check_authority,
+    check_broadcast_copy, check_presence_key, check_replay, check_seal, check_sender, check_time,
+    is_answer, needs_known_sender,
 };
 use fleet_core::{Entity, Gid, Kind, MsgId};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::Federation;
 use super::inbox::settle;
 
-/// The most heartbeat ids remembered against replay; past it the oldest half is let go (a
-/// flood of distinct forged heartbeats is refused by its signatures before it gets here).
-const MAX_HEARTBEATS_SEEN: usize = 100_000;
+/// The most heartbeat senders whose last stamp is remembered (a pinned host could otherwise
+/// grow the map by announcing ever new entities); past it, a new one is taken unremembered.
+const MAX_HEARTBEAT_SENDERS: usize = 100_000;
+/// How many of this gateway's newest broadcasts an answer about a broadcast's copy is matched
+/// against (a copy's id is derived from the broadcast's and its recipient's).
+const RECENT_BROADCASTS: usize = 1_000;
+/// Refusals logged one by one before the log is thinned out to powers of two.
+const LOGGED_IN_FULL: u64 = 16;
 
 /// A message off an inbox that passed the checks made one by one, waiting for those made
 /// against the store for the whole batch.
@@ -31,6 +40,15 @@ pub(super) struct Vouched {
     pub(super) delivery: Delivery,
     pub(super) envelope: Envelope,
     pub(super) body: String,
+}
+
+/// How long the checks of one batch may wait for senders not yet announced, and what stops
+/// the wait early.
+pub(super) struct Patience<'a> {
+    /// When the waiting ends for the whole batch.
+    pub(super) until: Instant,
+    /// The consumer's stop.
+    pub(super) stop: &'a CancellationToken,
 }
 
 impl Federation {
@@ -44,7 +62,11 @@ impl Federation {
     }
 
     /// Check 1, unless this gateway was told to take unsigned messages (a lab).
-    fn check_seal(&self, envelope: &Envelope, delivery: &Delivery) -> Result<(), Refusal> {
+    pub(super) fn check_seal(
+        &self,
+        envelope: &Envelope,
+        delivery: &Delivery,
+    ) -> Result<(), Refusal> {
         if self.config.insecure_unsigned {
             return Ok(());
         }
@@ -56,19 +78,23 @@ impl Federation {
         )
     }
 
+    fn skew_ms(&self) -> u64 {
+        self.config.clock_skew_s.saturating_mul(1000)
+    }
+
     /// The window messages on an inbox are judged by.
     fn message_window(&self) -> Window {
         Window {
-            skew_ms: self.config.clock_skew_s.saturating_mul(1000),
+            skew_ms: self.skew_ms(),
             max_age_ms: self.config.max_message_age_s.saturating_mul(1000),
         }
     }
 
     /// The window heartbeats are judged by: one older than the roster keeps an entry is no
-    /// news, and a replayed one must not bring back what left.
+    /// news.
     fn heartbeat_window(&self) -> Window {
         Window {
-            skew_ms: self.config.clock_skew_s.saturating_mul(1000),
+            skew_ms: self.skew_ms(),
             max_age_ms: self
                 .config
                 .presence_ttl_s
@@ -86,11 +112,26 @@ impl Federation {
             .saturating_add(window.skew_ms);
         i64::try_from(until).unwrap_or(i64::MAX)
     }
+
+    /// How long a batch may wait for senders not yet announced: until a heartbeat could have
+    /// told (`presence_ttl_s`).
+    pub(super) fn patience(&self) -> Duration {
+        Duration::from_secs(self.config.presence_ttl_s)
+    }
+
+    /// Counts a line about something refused; whether to write it (the first few, then at
+    /// powers of two: a flood of forgeries cannot flood the log), and the count.
+    pub(super) fn loud(&self) -> (bool, u64) {
+        let mut state = self.lock();
+        state.refused += 1;
+        let count = state.refused;
+        (count <= LOGGED_IN_FULL || count.is_power_of_two(), count)
+    }
 }
 
 impl Gateway {
     /// Where `gid` is, and who it is: one of this host's, another host's as the roster heard
-    /// it, or unknown.
+    /// it (or last heard it, if it left), or unknown.
     fn whereabouts(&self, fed: &Federation, gid: Gid) -> (Place, Option<Entity>) {
         let local = {
             let sessions = self.lock();
@@ -103,57 +144,67 @@ impl Gateway {
         if let Some(entity) = local {
             return (Place::Here, Some(entity));
         }
-        match fed.lock().roster.entity(gid) {
-            Some(entry) => (
-                Place::There(entry.entity.host.clone()),
-                Some(entry.entity.clone()),
-            ),
+        let state = fed.lock();
+        let known = state
+            .roster
+            .entity(gid)
+            .map(|entry| &entry.entity)
+            .or_else(|| state.roster.departed(gid));
+        match known {
+            Some(entity) => (Place::There(entity.host.clone()), Some(entity.clone())),
             None => (Place::Unknown, None),
         }
     }
 
     /// Where the sender of `envelope` is. One not announced yet, of a message that needs its
-    /// role, is waited for until a heartbeat could have told (`federation.presence_ttl_s`):
-    /// its host announces a new entity before it can send, but heartbeats and messages travel
-    /// by different queues.
-    async fn sender_of(&self, fed: &Federation, envelope: &Envelope) -> (Place, Option<Entity>) {
-        let found = self.whereabouts(fed, envelope.from);
-        if found.0 != Place::Unknown || !needs_known_sender(envelope.kind) {
-            return found;
-        }
+    /// role, is waited for within `patience`: its host announces a new entity before it can
+    /// send, but heartbeats and messages travel by different queues.
+    async fn sender_of(
+        &self,
+        fed: &Federation,
+        envelope: &Envelope,
+        to_pane: bool,
+        patience: &Patience<'_>,
+    ) -> (Place, Option<Entity>) {
         let mut heard = fed.roster_heard.subscribe();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(fed.config.presence_ttl_s);
         loop {
             let found = self.whereabouts(fed, envelope.from);
-            if found.0 != Place::Unknown {
+            if found.0 != Place::Unknown || !needs_known_sender(envelope.kind, to_pane) {
                 return found;
             }
             tokio::select! {
                 changed = heard.changed() => if changed.is_err() { return found },
-                () = tokio::time::sleep_until(deadline) => return found,
-                () = self.shutdown.cancelled() => return found,
+                () = tokio::time::sleep_until(patience.until) => return found,
+                () = patience.stop.cancelled() => return found,
             }
         }
     }
 
-    /// Checks 1, 3, 4 and, for a task or a broadcast, the sender's authority: what can be
+    /// Checks 1, 3, 4 and, for a task, an ask or a broadcast, the authority rules: what can be
     /// judged one message at a time.
     pub(super) async fn check_one(
         &self,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
+        patience: &Patience<'_>,
     ) -> Result<(), Refusal> {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
         fed.check_seal(envelope, delivery)?;
-        let (place, sender) = self.sender_of(fed, envelope).await;
-        check_sender(envelope, &place, &self.host_id)?;
+        let to_pane = self.lock().panes.contains_key(&owner);
+        let (place, sender) = self.sender_of(fed, envelope, to_pane, patience).await;
+        check_sender(envelope, &place, &self.host_id, to_pane)?;
         let now = u64::try_from(now_ms()).unwrap_or(0);
         check_time(envelope, now, fed.message_window())?;
         if matches!(envelope.kind, Kind::Send | Kind::Broadcast | Kind::Ask) {
             let (_, recipient) = self.whereabouts(fed, owner);
+            if envelope.kind == Kind::Broadcast
+                && let Some(owner_entity) = &recipient
+            {
+                check_broadcast_copy(envelope, owner_entity, owner.minted_ms(), fed.skew_ms())?;
+            }
             let facts = Authority {
                 sender: sender.as_ref(),
                 recipient: recipient.as_ref(),
@@ -181,13 +232,23 @@ impl Gateway {
                 (v.envelope.msg_id, owner, until)
             })
             .collect();
-        // For each answer, whether what it answers went to its sending host.
+        // For each answer, what it answers as recorded for its sending host; and, should one
+        // find nothing there, this gateway's recent broadcasts (whose copies it may answer).
         let asked: Vec<(MsgId, String)> =
             batch.iter().filter_map(|v| answered(&v.envelope)).collect();
         let looked = self
-            .db(move |s| Ok((s.see(&arrivals)?, s.sent_to(&asked)?)))
+            .db(move |s| {
+                let seen = s.see(&arrivals)?;
+                let sent = s.sent_to(&asked)?;
+                let broadcasts = if sent.iter().any(Option::is_none) {
+                    s.recent_broadcasts(RECENT_BROADCASTS)?
+                } else {
+                    Vec::new()
+                };
+                Ok((seen, sent, broadcasts))
+            })
             .await;
-        let (seen, sent) = match looked {
+        let (seen, sent, broadcasts) = match looked {
             Ok(found) => found,
             Err(e) => {
                 tracing::error!(%owner, error = %e, "cannot check messages off the broker against the store: they go back to the broker");
@@ -200,13 +261,17 @@ impl Gateway {
         let mut sent = sent.into_iter();
         let mut passed = Vec::with_capacity(batch.len());
         for (v, seen) in batch.into_iter().zip(seen) {
-            let answers_own = answered(&v.envelope).is_some() && sent.next().unwrap_or(false);
+            let exact = if answered(&v.envelope).is_some() {
+                sent.next().flatten()
+            } else {
+                None
+            };
             let judged = check_replay(seen, v.delivery.redelivered()).and_then(|()| {
                 if is_answer(v.envelope.kind) {
                     let facts = Authority {
                         sender: None,
                         recipient: None,
-                        answers_own,
+                        answers_own: answers_own(&v.envelope, exact, &broadcasts),
                     };
                     check_authority(v.envelope.kind, facts)
                 } else {
@@ -224,8 +289,7 @@ impl Gateway {
         passed
     }
 
-    /// Dead-letters `delivery`, refused by a trust check, with a loud log line (thinned out at
-    /// powers of two past the first few, so a flood cannot flood the log) and an audit line.
+    /// Dead-letters `delivery`, refused by a trust check, with its log and audit lines.
     pub(super) async fn refuse_untrusted(
         &self,
         delivery: &Delivery,
@@ -236,7 +300,8 @@ impl Gateway {
         settle(delivery, Handled::Refused, false).await;
     }
 
-    /// The log and audit lines of a refusal (its settlement is the caller's).
+    /// The log line (thinned out: [`Federation::loud`]) and the audit line of a refusal (its
+    /// settlement is the caller's).
     pub(super) fn note_untrusted(
         &self,
         delivery: &Delivery,
@@ -246,12 +311,8 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        let count = {
-            let mut state = fed.lock();
-            state.refused += 1;
-            state.refused
-        };
-        if count <= 16 || count.is_power_of_two() {
+        let (loud, count) = fed.loud();
+        if loud {
             let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
             let host = envelope.from_host.as_deref().unwrap_or("(none)");
             tracing::error!(
@@ -268,8 +329,9 @@ impl Gateway {
     }
 
     /// Checks a heartbeat from another host (`presence`, under `envelope`): its seal, its
-    /// routing key and entity, that the entity is no other host's, its time, and that it was
-    /// not taken before.
+    /// routing key and entity, that the entity is no other host's, its time, and that it is
+    /// newer than the last one taken for the same entity (a replayed or delayed one cannot
+    /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
         &self,
         delivery: &Delivery,
@@ -283,32 +345,40 @@ impl Gateway {
         check_presence_key(delivery.routing_key(), envelope, presence.entity.as_ref())?;
         if let Some(entity) = &presence.entity {
             let (place, _) = self.whereabouts(fed, entity.gid);
-            check_sender(envelope, &place, &self.host_id)?;
+            check_sender(envelope, &place, &self.host_id, false)?;
         }
         let now = u64::try_from(now_ms()).unwrap_or(0);
-        let window = fed.heartbeat_window();
-        check_time(envelope, now, window)?;
+        check_time(envelope, now, fed.heartbeat_window())?;
+        let host = envelope.from_host.clone().unwrap_or_default();
+        let who = presence
+            .entity
+            .as_ref()
+            .map_or_else(|| GATEWAY_ENTRY.to_string(), |e| e.gid.to_string());
         let mut state = fed.lock();
-        let until = envelope
-            .ts_ms
-            .saturating_add(window.max_age_ms)
-            .saturating_add(window.skew_ms);
-        if state.heartbeats_seen.len() >= MAX_HEARTBEATS_SEEN {
-            state.heartbeats_seen.retain(|_, kept| *kept > now);
+        let key = (host, who);
+        let stale = state
+            .heartbeats_last
+            .get(&key)
+            .is_some_and(|(ts, id)| envelope.ts_ms < *ts || *id == envelope.msg_id);
+        check_replay(stale, false)?;
+        if state.heartbeats_last.len() < MAX_HEARTBEAT_SENDERS
+            || state.heartbeats_last.contains_key(&key)
+        {
+            state
+                .heartbeats_last
+                .insert(key, (envelope.ts_ms, envelope.msg_id));
         }
-        if state.heartbeats_seen.len() >= MAX_HEARTBEATS_SEEN {
-            state.heartbeats_seen.clear();
-        }
-        let seen = state
-            .heartbeats_seen
-            .insert(envelope.msg_id, until)
-            .is_some();
-        check_replay(seen, false)
+        Ok(())
     }
 }
 
-/// Forgets the heartbeat ids that could no longer pass the time check.
+/// Forgets the last heartbeat stamps old enough that a heartbeat stamped so would be refused
+/// as stale anyway.
 pub(super) fn forget_heartbeats(fed: &Federation) {
     let now = u64::try_from(now_ms()).unwrap_or(0);
-    fed.lock().heartbeats_seen.retain(|_, until| *until > now);
+    let window = fed.heartbeat_window();
+    let oldest = now.saturating_sub(window.max_age_ms.saturating_add(window.skew_ms));
+    fed.lock()
+        .heartbeats_last
+        .retain(|_, (ts, _)| *ts >= oldest);
 }
