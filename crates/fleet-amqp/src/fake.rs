@@ -253,15 +253,12 @@ impl Broker for FakeBroker {
     }
 
     async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError> {
-        let Outgoing {
-            exchange,
-            key,
-            envelope,
-            signature,
-            body,
-            mandatory,
-            persistent,
-        } = message;
+        let (exchange, key, envelope, body) = (
+            message.exchange,
+            message.key,
+            message.envelope,
+            message.body,
+        );
         if !self.is_up() {
             return Err(AmqpError::Unavailable(
                 "the broker did not take the message: the fake broker is down".into(),
@@ -274,12 +271,12 @@ impl Broker for FakeBroker {
             exchange: exchange.to_string(),
             key: key.to_string(),
             envelope: envelope.clone(),
-            signature: signature.clone(),
+            signature: message.signature.clone(),
             body: body.to_vec(),
-            mandatory,
-            persistent,
+            mandatory: message.mandatory,
+            persistent: message.persistent,
         });
-        Ok(if mandatory && !routed {
+        Ok(if message.mandatory && !routed {
             Published::Unroutable
         } else {
             Published::Routed

@@ -326,24 +326,28 @@ impl Broker for Link {
     }
 
     async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError> {
-        let Outgoing {
-            exchange,
-            key,
-            envelope,
-            signature,
-            body,
-            mandatory,
-            persistent,
-        } = message;
+        let (exchange, key, envelope, body) = (
+            message.exchange,
+            message.key,
+            message.envelope,
+            message.body,
+        );
         let properties = BasicProperties::default()
-            .with_headers(Table::of_signed(envelope, signature).to_lapin())
+            .with_headers(Table::of_signed(envelope, message.signature).to_lapin())
             .with_message_id(envelope.msg_id.to_string().into())
             .with_user_id(self.login.as_str().into())
             .with_content_type("text/plain; charset=utf-8".into())
-            .with_delivery_mode(if persistent { 2 } else { 1 });
+            .with_delivery_mode(if message.persistent { 2 } else { 1 });
         let started = std::time::Instant::now();
-        let published =
-            confirmed(&self.publish, exchange, key, body, properties, mandatory).await?;
+        let published = confirmed(
+            &self.publish,
+            exchange,
+            key,
+            body,
+            properties,
+            message.mandatory,
+        )
+        .await?;
         tracing::debug!(
             key,
             confirm_us = started.elapsed().as_micros() as u64,

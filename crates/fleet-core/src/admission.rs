@@ -158,27 +158,11 @@ pub fn refusal_told(kind: Kind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::VERSION;
-    use crate::{MsgId, TraceId};
 
     const NOW: u64 = 1_700_000_000_000;
 
     fn envelope(kind: Kind, to: &str) -> Envelope {
-        Envelope {
-            version: VERSION,
-            kind,
-            msg_id: MsgId::mint(),
-            trace_id: TraceId::mint(),
-            from: Gid::mint(),
-            to: to.into(),
-            turn_id: None,
-            spawn_id: None,
-            in_reply_to: None,
-            from_name: None,
-            from_host: Some("hostb".into()),
-            ts_ms: NOW - 1_000,
-            expires_at_ms: NOW + 60_000,
-        }
+        crate::envelope::sample(kind, "hostb", to, NOW)
     }
 
     fn arrival<'a>(owner: Gid, key: &'a str, body: &'a [u8]) -> Arrival<'a> {

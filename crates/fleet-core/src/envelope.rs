@@ -468,6 +468,27 @@ fn millis(index: usize, value: &HeaderValue) -> Result<u64, EnvelopeError> {
     }
 }
 
+/// An envelope for tests of the rules: `kind` from a new gid on `host` to `to`, stamped a
+/// second before `now_ms` and expiring a minute after it.
+#[cfg(test)]
+pub(crate) fn sample(kind: Kind, host: &str, to: &str, now_ms: u64) -> Envelope {
+    Envelope {
+        version: VERSION,
+        kind,
+        msg_id: MsgId::mint(),
+        trace_id: TraceId::mint(),
+        from: Gid::mint(),
+        to: to.into(),
+        turn_id: None,
+        spawn_id: None,
+        in_reply_to: None,
+        from_name: None,
+        from_host: Some(host.into()),
+        ts_ms: now_ms - 1_000,
+        expires_at_ms: now_ms + 60_000,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

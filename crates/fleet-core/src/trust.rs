@@ -513,8 +513,6 @@ pub fn answered(envelope: &Envelope) -> Option<(MsgId, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envelope::VERSION;
-    use crate::ids::TraceId;
     use crate::signing::sign;
     use ed25519_dalek::SigningKey;
 
@@ -526,19 +524,8 @@ mod tests {
 
     fn envelope(kind: Kind, host: &str) -> Envelope {
         Envelope {
-            version: VERSION,
-            kind,
-            msg_id: MsgId::mint(),
-            trace_id: TraceId::mint(),
-            from: Gid::mint(),
-            to: Gid::mint().to_string(),
-            turn_id: None,
-            spawn_id: None,
-            in_reply_to: None,
             from_name: Some("alice".into()),
-            from_host: Some(host.into()),
-            ts_ms: NOW - 1_000,
-            expires_at_ms: NOW + 60_000,
+            ..crate::envelope::sample(kind, host, &Gid::mint().to_string(), NOW)
         }
     }
 
