@@ -39,6 +39,7 @@ use fleet_core::roster::Roster;
 use fleet_core::signing::{Signature, SigningKey, signature};
 use fleet_core::trust::Trust;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
+use fleet_store::SentBetween;
 use serde_json::json;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -88,12 +89,33 @@ struct FedState {
     /// The hosts remote senders' checked messages came from, for where an answer to them goes
     /// when the roster no longer knows them.
     sender_hosts: HashMap<Gid, String>,
+    /// Where messages just published went (`(msg_id, host)` → from, to), until the store has
+    /// it: an answer is matched however soon it comes.
+    sent_pending: HashMap<(MsgId, String), SentBetween>,
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
 }
 
+/// The most published messages whose way is remembered in memory only (the store failing);
+/// past it they are let go.
+const MAX_SENT_PENDING: usize = 10_000;
+
 impl FedState {
+    /// Notes where `(msg_id, host, from, to)` went, before it goes.
+    fn note_sent(&mut self, (msg_id, host, from, to): &(MsgId, String, Gid, Option<Gid>)) {
+        if self.sent_pending.len() >= MAX_SENT_PENDING {
+            self.sent_pending.clear();
+        }
+        self.sent_pending
+            .insert((*msg_id, host.clone()), (*from, *to));
+    }
+
+    /// The store has where `(msg_id, host, …)` went.
+    fn sent_kept(&mut self, (msg_id, host, _, _): &(MsgId, String, Gid, Option<Gid>)) {
+        self.sent_pending.remove(&(*msg_id, host.clone()));
+    }
+
     /// Stops every inbox consumer of the current link.
     fn stop_consumers(&mut self) {
         for (_, token) in self.consumers.drain() {
@@ -130,6 +152,7 @@ impl Federation {
             consumers: HashMap::new(),
             heartbeats_last: HashMap::new(),
             sender_hosts: HashMap::new(),
+            sent_pending: HashMap::new(),
             refused: 0,
         };
         Ok(Self {

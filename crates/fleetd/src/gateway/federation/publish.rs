@@ -42,44 +42,51 @@ impl Gateway {
             )
         };
         let body = message.body.as_bytes();
-        // Where it goes is remembered first, so an answer from there is taken (and one from
-        // anywhere else refused) however soon it comes. A task or an ask whose way cannot be
-        // remembered is not sent (its sender hears why); a reply or an answer goes anyway, for
-        // only a notice about it could come back.
-        if matches!(
+        // Where it goes is remembered before it goes (in memory at once, so an answer however
+        // quick is matched; in the store alongside the publish, so a restart keeps it): an
+        // answer from there is taken, one from anywhere else refused.
+        let record = if matches!(
             message.kind,
             Kind::Send | Kind::Ask | Kind::Reply | Kind::Answer
         ) {
-            let remembered = match self.remote_host(message.to) {
+            match self.remote_host(message.to) {
                 Some(host) => {
                     let record = (message.msg_id, host, message.from, Some(message.to));
-                    self.remember_sent(vec![record]).await
+                    fed.lock().note_sent(&record);
+                    Some(record)
                 }
                 None => {
                     tracing::warn!(msg_id = %message.msg_id, to = %message.to, "no host is known for the recipient: what answers this message will be refused");
-                    Ok(())
+                    None
                 }
-            };
-            match remembered {
-                Err(e) if matches!(message.kind, Kind::Send | Kind::Ask) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(msg_id = %message.msg_id, error = %e, "where the message went is not remembered: a notice about it will be refused");
-                }
-                Ok(()) => {}
             }
-        }
+        } else {
+            None
+        };
         let signature = fed.sign(&envelope, body);
-        let published = link
-            .publish(Outgoing {
-                exchange: MSG_EXCHANGE,
-                key: &envelope.to,
-                envelope: &envelope,
-                signature: &signature,
-                body,
-                mandatory: true,
-                persistent: true,
-            })
-            .await;
+        let publish = link.publish(Outgoing {
+            exchange: MSG_EXCHANGE,
+            key: &envelope.to,
+            envelope: &envelope,
+            signature: &signature,
+            body,
+            mandatory: true,
+            persistent: true,
+        });
+        let remember = async {
+            match record.clone() {
+                Some(record) => self.remember_sent(vec![record]).await,
+                None => Ok(()),
+            }
+        };
+        let (published, remembered) = tokio::join!(publish, remember);
+        match (remembered, record) {
+            (Ok(()), Some(record)) => fed.lock().sent_kept(&record),
+            (Err(e), Some(_)) => {
+                tracing::warn!(msg_id = %message.msg_id, error = %e, "where the message went is remembered in memory only: an answer after a restart will be refused");
+            }
+            _ => {}
+        }
         let outcome = match &published {
             Ok(Published::Routed) => "published",
             Ok(Published::Unroutable) => "unroutable",

@@ -261,11 +261,11 @@ impl Gateway {
         let mut sent = sent.into_iter();
         let mut passed = Vec::with_capacity(batch.len());
         for (v, seen) in batch.into_iter().zip(seen) {
-            let exact = if answered(&v.envelope).is_some() {
-                sent.next().flatten()
-            } else {
-                None
-            };
+            // What was just published may not be in the store yet: the memory has it.
+            let exact = answered(&v.envelope).and_then(|asked| {
+                let stored = sent.next().flatten();
+                stored.or_else(|| fed.lock().sent_pending.get(&asked).copied())
+            });
             let judged = check_replay(seen, v.delivery.redelivered()).and_then(|()| {
                 if is_answer(v.envelope.kind) {
                     let facts = Authority {
