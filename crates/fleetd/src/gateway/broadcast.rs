@@ -16,8 +16,9 @@ use super::{Caller, Gateway};
 impl Gateway {
     /// `fleet_broadcast`: one message to every worker (or those of `group`), each copy
     /// delivered by the normal rules of its worker's gateway. With a broker it is published
-    /// once and the broker copies it into every bound inbox; without one, this host's workers
-    /// get a copy each.
+    /// once and the broker copies it into every bound inbox; without one, or with the broker
+    /// down (the note then says the other hosts were not reached), this host's workers get a
+    /// copy each.
     pub async fn broadcast(
         self: &Arc<Self>,
         caller: &Caller,
@@ -31,38 +32,25 @@ impl Gateway {
             fleet_core::entity::validate_name("group", group)?;
         }
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
+        let mut unreached = None;
         let (copies, refused) = if self.federation.is_some() {
-            let copies = self
+            match self
                 .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
-                .await?;
-            (copies, Vec::new())
-        } else {
-            let targets: Vec<Gid> = self
-                .lock()
-                .entities()
-                .into_iter()
-                .filter(|e| e.role.is_pane_bound() && e.gid != caller.entity.gid)
-                .filter(|e| {
-                    group
-                        .as_ref()
-                        .is_none_or(|g| e.groups.iter().any(|x| x == g))
-                })
-                .map(|e| e.gid)
-                .collect();
-            let (mut copies, mut full) = (0, Vec::new());
-            for gid in targets {
-                let copy = Message::task(caller.entity.gid, gid, text.clone(), trace_id, now_ms())
-                    .with_id(msg_id.derived(&gid.to_string()));
-                match self.deliver(copy).await {
-                    Ok(Placement::Queue) => copies += 1,
-                    Ok(_) => {}
-                    // A worker at its cap gets no copy; the others still do, and the note says
-                    // who did not.
-                    Err(e) if e.code == ErrorCode::TooMany => full.push(e.message),
-                    Err(e) => return Err(e),
+                .await
+            {
+                Ok(copies) => (copies, Vec::new()),
+                // This host's workers still get theirs; the caller hears the others did not.
+                Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                    tracing::warn!(%msg_id, error = %e.message, "the broker cannot be reached: the broadcast goes to this host's workers only");
+                    unreached = Some(e.message);
+                    self.broadcast_here(caller, &text, group.as_deref(), msg_id, trace_id)
+                        .await?
                 }
+                Err(e) => return Err(e),
             }
-            (copies, full)
+        } else {
+            self.broadcast_here(caller, &text, group.as_deref(), msg_id, trace_id)
+                .await?
         };
         tracing::info!(%trace_id, %msg_id, group = ?group, copies, "broadcast");
         let mut note = String::from(
@@ -72,10 +60,51 @@ impl Gateway {
             note.push_str("; no copy: ");
             note.push_str(&why);
         }
+        if let Some(why) = unreached {
+            note.push_str(
+                "; only this host's workers got a copy, the other hosts were not reached (",
+            );
+            note.push_str(&why);
+            note.push(')');
+        }
         Ok(BroadcastResult {
             msg_id,
             copies,
             note,
         })
+    }
+
+    /// A copy of a broadcast for each of this host's workers (of `group`), queued here: how
+    /// many were queued, and why any worker got none (at its cap).
+    async fn broadcast_here(
+        self: &Arc<Self>,
+        caller: &Caller,
+        text: &str,
+        group: Option<&str>,
+        msg_id: MsgId,
+        trace_id: TraceId,
+    ) -> Result<(usize, Vec<String>), FleetError> {
+        let targets: Vec<Gid> = self
+            .lock()
+            .entities()
+            .into_iter()
+            .filter(|e| e.role.is_pane_bound() && e.gid != caller.entity.gid)
+            .filter(|e| group.is_none_or(|g| e.groups.iter().any(|x| x == g)))
+            .map(|e| e.gid)
+            .collect();
+        let (mut copies, mut full) = (0, Vec::new());
+        for gid in targets {
+            let copy = Message::task(caller.entity.gid, gid, text.to_string(), trace_id, now_ms())
+                .with_id(msg_id.derived(&gid.to_string()));
+            match self.deliver(copy).await {
+                Ok(Placement::Queue) => copies += 1,
+                Ok(_) => {}
+                // A worker at its cap gets no copy; the others still do, and the note says who
+                // did not.
+                Err(e) if e.code == ErrorCode::TooMany => full.push(e.message),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((copies, full))
     }
 }

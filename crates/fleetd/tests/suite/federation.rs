@@ -692,6 +692,15 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
         .ok_or_else(|| anyhow::anyhow!("the send went through"))?;
     assert_eq!(error.code, "broker_unavailable", "{error:?}");
     println!("remote send with the broker down failed in {took:?}");
+    // A broadcast still reaches this host's workers, and says the others were not reached.
+    let broadcast = alice
+        .ok("fleet_broadcast", json!({"message": "to all during"}))
+        .await?;
+    assert_eq!(broadcast["copies"], 1, "{broadcast}");
+    let note = broadcast["note"].as_str().unwrap_or_default();
+    assert!(note.contains("the other hosts were not reached"), "{broadcast}");
+    let answers = texts(&drain(&alice, 1).await?);
+    assert_eq!(answers, ["echo: to all during"]);
 
     node.restart().await?;
     let back = until("remote traffic to resume", LIMIT, || async {
