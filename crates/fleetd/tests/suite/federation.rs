@@ -698,7 +698,10 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
         .await?;
     assert_eq!(broadcast["copies"], 1, "{broadcast}");
     let note = broadcast["note"].as_str().unwrap_or_default();
-    assert!(note.contains("the other hosts were not reached"), "{broadcast}");
+    assert!(
+        note.contains("the other hosts were not reached"),
+        "{broadcast}"
+    );
     let answers = texts(&drain(&alice, 1).await?);
     assert_eq!(answers, ["echo: to all during"]);
 
@@ -1034,5 +1037,57 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
     let sent = alice.send("wa", "still here", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: still here");
     client.close().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brief_that_expires_while_its_worker_is_busy_is_failed_to_its_sender_never_typed()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // hosta's messages live 3 s (its inboxes are declared so too); hostb's are the default.
+    let a = gateway(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "inbox_message_ttl_s = 3\ninbox_expires_s = 600\n",
+    )
+    .await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+
+    // The first task keeps wb busy past the second's expiry; the second is sent once hostb
+    // says wb is busy, so it waits on the broker.
+    let first = alice.send("wb", "/slow 6000 first done", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice.entry("wb").await.ok().filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let second = alice.send("wb", "second", 0).await?;
+    let second_id = second["msg_id"].as_str().unwrap_or_default().to_string();
+    let got = drain(&alice, 2).await?;
+    let reply = got
+        .iter()
+        .find(|m| m["in_reply_to"] == first["msg_id"])
+        .ok_or_else(|| anyhow::anyhow!("no reply to the first: {got:?}"))?;
+    assert_eq!(reply["text"], "echo: first done", "{got:?}");
+    let failed = got
+        .iter()
+        .find(|m| m["in_reply_to"] == second_id.as_str())
+        .ok_or_else(|| anyhow::anyhow!("no notice about the second: {got:?}"))?;
+    assert_eq!(failed["kind"], "FAILED", "{failed}");
+    let text = failed["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("expired") && text.contains("not typed"),
+        "{failed}"
+    );
+    // Never typed: wb's screen shows one task only.
+    let screen = b.screen(wb["pane"].as_str().unwrap_or_default())?;
+    assert!(
+        screen.contains("[task 1") && !screen.contains("[task 2"),
+        "{screen}"
+    );
     Ok(())
 }

@@ -52,6 +52,18 @@ impl Gateway {
                 if !self.await_injectable(owner, stop).await {
                     return false;
                 }
+                // One that expired meanwhile is never typed late: its sender is told.
+                if envelope.expired(u64::try_from(now_ms()).unwrap_or(u64::MAX)) {
+                    self.refuse_and_tell(
+                        owner,
+                        &envelope,
+                        &delivery,
+                        "expired",
+                        "it expired (expiresAt) while it waited for its worker to be free; it was not typed in",
+                    )
+                    .await;
+                    return true;
+                }
                 // At most once: acknowledged before it goes anywhere near the pane.
                 if !settle(&delivery, Handled::Taken, false).await {
                     return false;
