@@ -12,6 +12,10 @@ pub enum AmqpError {
     /// consumer holds, a permission): a configuration problem to report, not to retry blindly.
     #[error("{0}")]
     Refused(String),
+    /// An inbox another consumer holds exclusively: a second gateway of the same host, or a
+    /// crashed run of this one whose connection the broker has not yet timed out.
+    #[error("{0}")]
+    Held(String),
     /// The connection URI cannot be used.
     #[error("{0}")]
     BadUri(String),
@@ -27,10 +31,17 @@ impl AmqpError {
         matches!(self, AmqpError::Unavailable(_))
     }
 
-    /// The same failure, counted as a refusal (not to be retried blindly).
-    pub(crate) fn refused(self) -> Self {
+    /// Whether an inbox is held by another consumer (which may let go of it).
+    pub fn is_held(&self) -> bool {
+        matches!(self, AmqpError::Held(_))
+    }
+
+    /// The same failure, counted as an inbox another consumer holds.
+    pub(crate) fn held(self) -> Self {
         match self {
-            AmqpError::Unavailable(message) => AmqpError::Refused(message),
+            AmqpError::Unavailable(message) | AmqpError::Refused(message) => {
+                AmqpError::Held(message)
+            }
             other => other,
         }
     }
@@ -61,8 +72,9 @@ mod tests {
         assert!(!AmqpError::Refused("403".into()).retry());
         assert!(!AmqpError::BadUri("no".into()).retry());
         assert!(!AmqpError::BadTls("no".into()).retry());
-        let refused = AmqpError::Unavailable("x".into()).refused();
-        assert!(!refused.retry());
-        assert_eq!(refused.to_string(), "x");
+        let held = AmqpError::Unavailable("x".into()).held();
+        assert!(!held.retry() && held.is_held());
+        assert_eq!(held.to_string(), "x");
+        assert!(!AmqpError::BadUri("no".into()).held().is_held());
     }
 }

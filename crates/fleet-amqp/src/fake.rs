@@ -202,7 +202,7 @@ impl FakeBroker {
             return Err(AmqpError::Unavailable("the fake broker is down".into()));
         }
         if slot.as_ref().is_some_and(|queue| !queue.is_closed()) {
-            return Err(AmqpError::Refused(format!(
+            return Err(AmqpError::Held(format!(
                 "cannot consume {what} (is another gateway consuming it?)"
             )));
         }
@@ -296,7 +296,7 @@ mod tests {
         let mut inbox = broker.open_inbox(gid, &[]).await.unwrap();
         assert!(matches!(
             broker.open_inbox(gid, &[]).await,
-            Err(AmqpError::Refused(_))
+            Err(AmqpError::Held(_))
         ));
         let first = broker
             .deliver(gid, &key, &Table::new(), b"one", None)

@@ -255,7 +255,7 @@ impl Broker for Link {
                     &format!("cannot consume {queue} (is another gateway consuming it?)"),
                     &e,
                 )
-                .refused()
+                .held()
             })?;
         Ok(Deliveries::new(consumer))
     }

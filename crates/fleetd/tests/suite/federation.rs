@@ -550,6 +550,57 @@ async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_oth
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_waits_for_an_inbox_a_crashed_run_still_holds() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let (mut a, alice, gid) = alice_alone(&vhost).await?;
+    alice.close().await?;
+    assert!(a.terminate().await?);
+    // The broker still holds the lead's inbox for a run whose connection it has not timed
+    // out yet (a consumer of the test's stands in for it) …
+    let queue = format!("agent.{gid}.inbox.v2");
+    let other = vhost.connect().await?;
+    let _held = other.consume(&queue, "a-crashed-run", true).await?;
+    // … and lets go of it once fleetd has started waiting.
+    let logs = a
+        .state_dir()
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let waiting = || {
+        std::fs::read_dir(&logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|f| f.file_name().to_string_lossy().starts_with("fleetd-"))
+            .any(|f| {
+                std::fs::read_to_string(f.path())
+                    .unwrap_or_default()
+                    .contains("held by another consumer")
+            })
+    };
+    let release = async {
+        until("fleetd to wait for the held inbox", LIMIT, || async {
+            waiting().then_some(())
+        })
+        .await?;
+        other.close().await?;
+        anyhow::Ok(())
+    };
+    let (started, released) = tokio::join!(a.launch(), release);
+    released?;
+    started?;
+    assert!(a.log().contains("the held inbox was let go"), "{}", a.log());
+    // Its lead's inbox is its own again.
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&bob, "alice").await?;
+    bob.send("alice@hosta", "after the wait", 0).await?;
+    assert_eq!(texts(&drain(&alice, 1).await?), ["after the wait"]);
+    Ok(())
+}
+
 /// Starts `fleet` again and checks that it refuses to, naming `queue` and `why`.
 async fn refused_start(fleet: &mut Fleet, queue: &str, why: &str) -> anyhow::Result<()> {
     anyhow::ensure!(fleet.launch().await.is_err(), "fleetd started ({why})");
@@ -1062,7 +1113,11 @@ async fn a_brief_that_expires_while_its_worker_is_busy_is_failed_to_its_sender_n
     // says wb is busy, so it waits on the broker.
     let first = alice.send("wb", "/slow 6000 first done", 0).await?;
     until("wb to read busy", LIMIT, || async {
-        alice.entry("wb").await.ok().filter(|e| e["status"] == "busy")
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
     })
     .await?;
     let second = alice.send("wb", "second", 0).await?;

@@ -1,5 +1,6 @@
 //! Keeping the broker link: connecting (a broker that refuses our topology is a start-up
-//! error; one that cannot be reached is retried in the background), attaching the roster and
+//! error, an inbox another consumer holds is waited for a few heartbeats first; one that
+//! cannot be reached is retried in the background), attaching the roster and
 //! every local inbox, connecting again with backoff after an outage, and an inbox per local
 //! entity as entities join and leave.
 
@@ -18,6 +19,10 @@ use crate::config::redacted_uri;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The first pause after a failed connection attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// How many broker heartbeats an inbox held by another consumer is waited for at start.
+const HELD_HEARTBEATS: u64 = 3;
+/// The pause between two attempts on a held inbox.
+const HELD_RETRY: Duration = Duration::from_millis(500);
 
 impl Federation {
     /// What the link is opened with, from `[broker]` and `[federation]`.
@@ -47,13 +52,37 @@ impl Gateway {
             return Ok(());
         };
         tracing::info!(uri = %redacted_uri(&fed.broker.uri), host_id = %self.host_id, "federated plane on");
-        match self.connect_link().await {
-            Ok(()) => {}
-            Err(e) if !e.retry() => {
-                return Err(FleetError::internal(format!("broker: {e}")));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the broker cannot be reached yet; same-host traffic works, retrying")
+        // An inbox held by another consumer may be a crashed run of this gateway whose
+        // connection the broker has not timed out yet (it does after about two heartbeats):
+        // waited for a while, then a start-up error (a second gateway of this host).
+        let held_until = tokio::time::Instant::now()
+            + Duration::from_secs(u64::from(fed.broker.heartbeat_s) * HELD_HEARTBEATS);
+        let mut waited = false;
+        loop {
+            match self.connect_link().await {
+                Ok(()) => {
+                    if waited {
+                        tracing::info!("the held inbox was let go: the broker link is up");
+                    }
+                    break;
+                }
+                Err(e) if e.is_held() && tokio::time::Instant::now() < held_until => {
+                    if !waited {
+                        tracing::warn!(error = %e, wait_s = u64::from(fed.broker.heartbeat_s) * HELD_HEARTBEATS, "an inbox of this host is held by another consumer: waiting for the broker to let a crashed run's connection go");
+                        waited = true;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(HELD_RETRY) => {}
+                        () = self.shutdown.cancelled() => return Ok(()),
+                    }
+                }
+                Err(e) if !e.retry() => {
+                    return Err(FleetError::internal(format!("broker: {e}")));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the broker cannot be reached yet; same-host traffic works, retrying");
+                    break;
+                }
             }
         }
         let gateway = Arc::clone(self);
