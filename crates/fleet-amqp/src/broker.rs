@@ -6,7 +6,7 @@ use fleet_core::Gid;
 use fleet_core::envelope::Envelope;
 use fleet_core::signing::Signature;
 
-use crate::delivery::Deliveries;
+use crate::delivery::{Deliveries, Delivery};
 use crate::error::AmqpError;
 
 /// Where a publish went, once the broker confirmed it.
@@ -81,6 +81,10 @@ pub trait Broker: Send + Sync {
 
     /// Deletes `gid`'s inbox (its bindings and messages go with it).
     async fn delete_inbox(&self, gid: Gid) -> Result<(), AmqpError>;
+
+    /// Takes what waits in `gid`'s inbox (at most `limit` messages), each to be settled by the
+    /// caller, without consuming it: for an inbox whose entity is gone, before it is deleted.
+    async fn drain_inbox(&self, gid: Gid, limit: usize) -> Result<Vec<Delivery>, AmqpError>;
 
     /// Declares `host`'s roster queue (exclusive, deleted with the link) bound to every
     /// heartbeat, and consumes it.

@@ -24,6 +24,9 @@ pub struct Delivery {
     login: Option<String>,
     /// Settles it on the channel it came on (a no-op for an auto-acknowledged queue).
     acker: Acker,
+    /// The channel it came on, kept open until it is dropped (for one taken by a get, whose
+    /// channel nothing else holds).
+    _channel: Option<lapin::Channel>,
 }
 
 /// Who a delivery is settled with.
@@ -48,6 +51,15 @@ impl Delivery {
             routing_key: delivery.routing_key.as_str().to_string(),
             redelivered: delivery.redelivered,
             acker: Acker::Lapin(delivery.acker),
+            _channel: None,
+        }
+    }
+
+    /// A delivery taken by a get on `channel`, which stays open as long as it does.
+    pub(crate) fn got_on(delivery: lapin::message::Delivery, channel: lapin::Channel) -> Self {
+        Self {
+            _channel: Some(channel),
+            ..Self::from_lapin(delivery)
         }
     }
 
@@ -67,6 +79,7 @@ impl Delivery {
             headers,
             login,
             acker,
+            _channel: None,
         }
     }
 

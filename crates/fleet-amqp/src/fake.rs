@@ -244,6 +244,11 @@ impl Broker for FakeBroker {
         Ok(())
     }
 
+    async fn drain_inbox(&self, _gid: Gid, _limit: usize) -> Result<Vec<Delivery>, AmqpError> {
+        // The fake keeps nothing for an inbox nobody consumes.
+        Ok(Vec::new())
+    }
+
     async fn open_roster(&self, _host: &str) -> Result<Deliveries, AmqpError> {
         let mut state = lock(&self.state);
         let mut slot = state.roster.take();

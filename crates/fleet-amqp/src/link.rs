@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fleet_core::Gid;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{
@@ -18,7 +19,7 @@ use lapin::{
 use percent_encoding::percent_decode_str;
 
 use crate::broker::{Broker, Outgoing, Published};
-use crate::delivery::Deliveries;
+use crate::delivery::{Deliveries, Delivery};
 use crate::error::AmqpError;
 use crate::table::Table;
 use crate::tls::TlsFiles;
@@ -279,6 +280,25 @@ impl Broker for Link {
                     TEARDOWN_TIMEOUT.as_secs()
                 )))
             })
+    }
+
+    async fn drain_inbox(&self, gid: Gid, limit: usize) -> Result<Vec<Delivery>, AmqpError> {
+        let queue = inbox_queue(gid);
+        // A channel of its own: a missing queue closes it, not the publish channel. Each
+        // delivery keeps it open until settled and dropped.
+        let channel = self.channel("cannot open a channel").await?;
+        let mut taken = Vec::new();
+        while taken.len() < limit {
+            let got = channel
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+                .await
+                .map_err(|e| AmqpError::from_lapin(&format!("draining {queue}"), &e))?;
+            match got {
+                Some(message) => taken.push(Delivery::got_on(message.delivery, channel.clone())),
+                None => break,
+            }
+        }
+        Ok(taken)
     }
 
     async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError> {

@@ -138,6 +138,7 @@ impl Gateway {
             self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
                 .await?;
             self.db(move |s| s.revoke_tokens(gid)).await?;
+            self.clear_reaped_inbox(&record.entity).await;
             let reason = format!(
                 "'{}' never answered: fleetd restarted while it worked on this",
                 record.entity.name

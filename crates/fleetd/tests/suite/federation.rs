@@ -1146,3 +1146,62 @@ async fn a_brief_that_expires_while_its_worker_is_busy_is_failed_to_its_sender_n
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_deletes_their_inboxes()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair {
+        a: _a,
+        mut b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    // One task being worked on, and one waiting on the broker behind it.
+    let first = alice.send("wb", "/slow 60000 never finished", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let second = alice.send("wb", "waits on the broker", 0).await?;
+
+    // hostb crashes and comes back: wb is reaped, and so is its inbox.
+    b.kill9().await?;
+    b.launch().await?;
+    let got = drain(&alice, 2).await?;
+    let about = |sent: &Value| {
+        got.iter()
+            .find(|m| m["in_reply_to"] == sent["msg_id"])
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (typed, waiting) = (about(&first), about(&second));
+    assert_eq!(typed["kind"], "FAILED", "{got:?}");
+    // Being typed in or worked on when its gateway died: either way its sender hears.
+    let text = typed["text"].as_str().unwrap_or_default();
+    assert!(text.contains("fleetd"), "{typed}");
+    assert_eq!(waiting["kind"], "FAILED", "{got:?}");
+    assert!(
+        waiting["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gateway restarted before"),
+        "{waiting}"
+    );
+    let inbox = format!("agent.{}.inbox.v2", gid_of(&wb));
+    assert!(
+        vhost.queue(&inbox).await?.is_none(),
+        "{inbox} is still there"
+    );
+    assert!(
+        b.log()
+            .contains("deleted the inbox of a previous run's worker")
+    );
+    Ok(())
+}

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
 use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
+use fleet_core::admission::Handled;
 use fleet_core::{Entity, FleetError, Gid};
 
 use super::super::Gateway;
 use super::Federation;
+use super::inbox::settle;
 use crate::config::redacted_uri;
 
 /// The longest pause between two connection attempts.
@@ -21,6 +23,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// How many broker heartbeats an inbox held by another consumer is waited for at start.
 const HELD_HEARTBEATS: u64 = 3;
+/// How many messages are taken off a reaped worker's inbox at once.
+const DRAIN_BATCH: usize = 64;
 /// The pause between two attempts on a held inbox.
 const HELD_RETRY: Duration = Duration::from_millis(500);
 
@@ -246,5 +250,67 @@ impl Gateway {
             Vec::new(),
         )
         .await;
+    }
+
+    /// The inbox of a worker a previous run left (reaped at start): every brief still
+    /// waiting there is dead-lettered and its sender told the worker is gone, then the inbox is
+    /// deleted — nothing sent to it vanishes unannounced.
+    pub(in crate::gateway) async fn clear_reaped_inbox(self: &Arc<Self>, entity: &Entity) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let Some(link) = fed.link() else {
+            return;
+        };
+        let gid = entity.gid;
+        let why = format!(
+            "'{}' is gone: its gateway restarted before the message could be typed in",
+            entity.name
+        );
+        let mut told = 0usize;
+        let mut handled = std::collections::HashSet::new();
+        loop {
+            let batch = match link.drain_inbox(gid, DRAIN_BATCH).await {
+                Ok(batch) if batch.is_empty() => break,
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::debug!(%gid, error = %e, "nothing drained from a reaped inbox");
+                    break;
+                }
+            };
+            // A message handled already came again: its settlement did not reach the broker.
+            // Stop rather than go round; the inbox goes, and what is left in it, with it.
+            let again = batch
+                .iter()
+                .any(|d| d.envelope().is_ok_and(|e| handled.contains(&e.msg_id)));
+            if again {
+                tracing::warn!(%gid, "a reaped inbox gives back what was settled: deleting it as it is");
+                break;
+            }
+            for delivery in batch {
+                let Ok(envelope) = delivery.envelope() else {
+                    settle(&delivery, Handled::Refused, false).await;
+                    continue;
+                };
+                handled.insert(envelope.msg_id);
+                // Only a genuine sender is told.
+                match fed.check_seal(&envelope, &delivery) {
+                    Ok(()) => {
+                        self.refuse_and_tell(gid, &envelope, &delivery, "recipient gone", &why)
+                            .await;
+                        told += 1;
+                    }
+                    Err(refusal) => self.refuse_untrusted(&delivery, &envelope, &refusal).await,
+                }
+            }
+        }
+        match link.delete_inbox(gid).await {
+            Ok(()) => {
+                tracing::info!(%gid, name = %entity.name, refused = told, "deleted the inbox of a previous run's worker")
+            }
+            Err(e) => {
+                tracing::warn!(%gid, error = %e, "cannot delete the inbox of a previous run's worker")
+            }
+        }
     }
 }
