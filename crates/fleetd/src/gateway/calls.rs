@@ -341,7 +341,8 @@ impl Gateway {
     }
 
     /// For an idle pane-bound caller blocked in a poll: takes its next queued task off the
-    /// queue and holds it for this poll (a TUI would only queue typed text while the call runs).
+    /// queue and holds it for this poll (a TUI would only queue typed text while the call runs);
+    /// a brief from another host is receipted `INJECTED` then, as a typed one would be.
     async fn take_task_by_poll(self: &Arc<Self>, gid: Gid) -> Result<bool, FleetError> {
         if !self.claim(gid, true) {
             return Ok(false);
@@ -353,7 +354,11 @@ impl Gateway {
                 return other.map(|_| false);
             }
         };
+        // Handed over: for a brief from another host, as good as typed in — its sender's
+        // gateway hears so, or it would fail the brief at the receipt bound.
+        let handed = task.clone();
         self.start_task(gid, task).await;
+        self.receipt_injected(&handed).await;
         Ok(true)
     }
 }

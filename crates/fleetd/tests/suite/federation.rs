@@ -1205,3 +1205,41 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair {
+        a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    // wb answers, then waits in fleet_poll for its next task.
+    let polling = alice.send("wb", "/poll 30", 20).await?;
+    assert_eq!(polling["reply"]["text"], "polling", "{polling}");
+    let sent = alice.send("wb", "handed over", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: handed over", "{sent}");
+    // Its INJECTED receipt came back (else hosta would fail it at the bound).
+    let task = sent["msg_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<MsgId>()?;
+    let receipt = task.derived("injected").to_string();
+    let (_, lines) = until("the receipt in hosta's audit log", LIMIT, || async {
+        audit_lines(&a)
+            .ok()
+            .filter(|(_, lines)| lines.iter().any(|l| l["msg_id"] == receipt.as_str()))
+    })
+    .await?;
+    let outcomes: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["msg_id"] == receipt.as_str())
+        .map(|l| &l["outcome"])
+        .collect();
+    assert_eq!(outcomes, [&json!("receipt")], "{lines:?}");
+    Ok(())
+}
