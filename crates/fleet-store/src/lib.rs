@@ -9,7 +9,7 @@ mod schema;
 mod sqlite;
 
 use fleet_core::bounds::Full;
-use fleet_core::{Entity, Gid, Message, MsgId, MsgState, WorkerStatus};
+use fleet_core::{Entity, Gid, Message, MsgId, MsgState, TraceId, WorkerStatus};
 
 pub use sqlite::SqliteStore;
 
@@ -67,6 +67,19 @@ pub struct EntityRecord {
 /// Who a remembered message went between: its sender, and its recipient (none for a
 /// broadcast's own id).
 pub type SentBetween = (Gid, Option<Gid>);
+
+/// A brief published to a remote worker, whose `INJECTED` receipt is awaited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwaitedReceipt {
+    /// The brief's id.
+    pub msg_id: MsgId,
+    /// Who sent it.
+    pub sender: Gid,
+    /// The remote worker it went to.
+    pub recipient: Gid,
+    /// Its trace.
+    pub trace_id: TraceId,
+}
 
 /// A message this gateway published to another host, as remembered for its answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +209,15 @@ pub trait Store: Send + Sync + 'static {
     /// The newest `limit` broadcasts this gateway published (those recorded under the host
     /// `*`), with their senders.
     fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>>;
+
+    /// Records a brief published to a remote worker whose `INJECTED` receipt is awaited.
+    fn await_receipt(&self, brief: &AwaitedReceipt) -> StoreResult<()>;
+
+    /// Stops awaiting the receipts of `msg_ids` (come, overdue, or not published after all).
+    fn receipts_settled(&self, msg_ids: &[MsgId]) -> StoreResult<()>;
+
+    /// Every brief whose receipt is still awaited.
+    fn awaited_receipts(&self) -> StoreResult<Vec<AwaitedReceipt>>;
 
     /// Forgets what [`Store::see`] and [`Store::record_sent`] remembered until before
     /// `now_ms`; returns how many.

@@ -88,7 +88,9 @@ END;
 /// (a replay within that time is refused). `sent`: which host each message this gateway
 /// published to a remote entity went to, from whom and to whom, for as long as an answer may
 /// come (an answer from any other host, or between others, is refused); a broadcast is kept
-/// under the host `*` as well, for its copies' answers.
+/// under the host `*` as well, for its copies' answers. `awaited`: the briefs published to
+/// remote workers whose `INJECTED` receipt has not come, so a restart keeps failing them at
+/// the bound.
 const SCHEMA_V3: &str = "
 CREATE TABLE seen (
     msg_id     TEXT NOT NULL,
@@ -106,6 +108,12 @@ CREATE TABLE sent (
     PRIMARY KEY (msg_id, host)
 ) WITHOUT ROWID;
 CREATE INDEX sent_until ON sent(until_ms);
+CREATE TABLE awaited (
+    msg_id     TEXT PRIMARY KEY,
+    sender     TEXT NOT NULL,
+    recipient  TEXT NOT NULL,
+    trace_id   TEXT NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// Brings a fresh database to the current schema and refuses one from a newer build.

@@ -14,7 +14,9 @@ use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, WorkerStatus
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
 
 use crate::schema::migrate;
-use crate::{EntityRecord, SentBetween, SentRecord, Store, StoreError, StoreResult};
+use crate::{
+    AwaitedReceipt, EntityRecord, SentBetween, SentRecord, Store, StoreError, StoreResult,
+};
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -646,6 +648,58 @@ impl Store for SqliteStore {
         for row in rows {
             let (id, from) = row?;
             out.push((parse(&id, "sent id")?, parse(&from, "sent sender")?));
+        }
+        Ok(out)
+    }
+
+    fn await_receipt(&self, brief: &AwaitedReceipt) -> StoreResult<()> {
+        self.conn().execute(
+            "INSERT INTO awaited (msg_id, sender, recipient, trace_id) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT DO NOTHING",
+            params![
+                brief.msg_id.to_string(),
+                brief.sender.to_string(),
+                brief.recipient.to_string(),
+                brief.trace_id.to_string()
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn receipts_settled(&self, msg_ids: &[MsgId]) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut delete = tx.prepare_cached("DELETE FROM awaited WHERE msg_id = ?1")?;
+            for id in msg_ids {
+                delete.execute([id.to_string()])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn awaited_receipts(&self) -> StoreResult<Vec<AwaitedReceipt>> {
+        let conn = self.conn();
+        let mut query =
+            conn.prepare_cached("SELECT msg_id, sender, recipient, trace_id FROM awaited")?;
+        let rows = query.query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (msg_id, sender, recipient, trace_id) = row?;
+            out.push(AwaitedReceipt {
+                msg_id: parse(&msg_id, "awaited id")?,
+                sender: parse(&sender, "awaited sender")?,
+                recipient: parse(&recipient, "awaited recipient")?,
+                trace_id: parse(&trace_id, "awaited trace")?,
+            });
         }
         Ok(out)
     }

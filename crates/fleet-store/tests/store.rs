@@ -5,7 +5,7 @@
 
 use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
-use fleet_store::{EntityRecord, SentRecord, SqliteStore, Store, StoreError};
+use fleet_store::{AwaitedReceipt, EntityRecord, SentRecord, SqliteStore, Store, StoreError};
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("fleet.db")).unwrap()
@@ -487,6 +487,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     conn.execute_batch(
         "DROP TRIGGER waiting_inserted; DROP TRIGGER waiting_entered; DROP TRIGGER waiting_left;
          DROP TRIGGER waiting_deleted; DROP TABLE waiting; DROP TABLE seen; DROP TABLE sent;
+         DROP TABLE awaited;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -563,4 +564,30 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
         [false, true]
     );
     assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [None]);
+}
+
+#[test]
+fn an_awaited_receipt_outlives_a_restart_until_it_is_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let brief = || AwaitedReceipt {
+        msg_id: MsgId::mint(),
+        sender: Gid::mint(),
+        recipient: Gid::mint(),
+        trace_id: TraceId::mint(),
+    };
+    let (a, b) = (brief(), brief());
+    {
+        let store = open(&dir);
+        store.await_receipt(&a).unwrap();
+        store.await_receipt(&b).unwrap();
+        store.await_receipt(&a).unwrap();
+    }
+    let store = open(&dir);
+    let mut awaited = store.awaited_receipts().unwrap();
+    awaited.sort_by_key(|r| r.msg_id);
+    let mut expected = vec![a.clone(), b.clone()];
+    expected.sort_by_key(|r| r.msg_id);
+    assert_eq!(awaited, expected);
+    store.receipts_settled(&[a.msg_id]).unwrap();
+    assert_eq!(store.awaited_receipts().unwrap(), [b]);
 }

@@ -140,13 +140,11 @@ impl Gateway {
         let inbox = self.inbox(caller.entity.gid);
         if remote && recipient.role.is_pane_bound() {
             // Tracked before it is published: its receipt may come back at once.
-            self.track_remote_brief(&message);
+            self.track_remote_brief(&message).await;
         }
         let placement = self.deliver(message).await;
-        if placement.is_err()
-            && let Some(fed) = &self.federation
-        {
-            fed.forget_brief(msg_id);
+        if placement.is_err() {
+            self.receipts_settled(vec![msg_id]).await;
         }
         if placement? == Placement::Dead {
             return Ok(SendResult::Failed {

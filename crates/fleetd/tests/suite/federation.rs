@@ -1243,3 +1243,41 @@ async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected(
     assert_eq!(outcomes, [&json!("receipt")], "{lines:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_awaited_across_the_senders_restart_still_fails_its_brief_at_the_bound()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // Its bound is long enough that it cannot run out before the restart.
+    let mut a = gateway_with(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "",
+        "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 8\n",
+    )
+    .await?;
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    // Nobody is left to type the brief in or receipt it.
+    b.kill9().await?;
+    let sent = alice.send("wb", "never typed", 0).await?;
+    assert_eq!(sent["state"], "queued", "{sent}");
+    alice.close().await?;
+    assert!(a.terminate().await?);
+    a.launch().await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let got = drain(&alice, 1).await?;
+    assert_eq!(got[0]["kind"], "FAILED", "{got:?}");
+    assert_eq!(got[0]["in_reply_to"], sent["msg_id"], "{got:?}");
+    let text = got[0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("no INJECTED receipt"), "{text}");
+    assert!(
+        a.log()
+            .contains("awaiting the receipts a previous run awaited")
+    );
+    Ok(())
+}

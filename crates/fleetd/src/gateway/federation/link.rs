@@ -56,6 +56,9 @@ impl Gateway {
             return Ok(());
         };
         tracing::info!(uri = %redacted_uri(&fed.broker.uri), host_id = %self.host_id, "federated plane on");
+        // Before any inbox is read: a receipt that came while this gateway was down ends its
+        // brief's wait.
+        self.await_receipts_again().await?;
         // An inbox held by another consumer may be a crashed run of this gateway whose
         // connection the broker has not timed out yet (it does after about two heartbeats):
         // waited for a while, then a start-up error (a second gateway of this host).

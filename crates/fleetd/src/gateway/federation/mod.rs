@@ -206,15 +206,16 @@ impl Federation {
             .append(&line.to_string());
     }
 
-    /// Notes a message from another host now held here: an answer ends the wait for its
-    /// brief's receipt; and the audit line.
-    fn held(&self, envelope: &Envelope, size: usize) {
-        if let Some(original) = envelope.in_reply_to
-            && matches!(envelope.kind, Kind::Reply | Kind::Failed)
-        {
-            self.lock().receipts.forget(original);
-        }
+    /// Notes a message from another host now held here, with its audit line: an answer ends
+    /// the wait for its brief's receipt (the brief it answers, whose record is then to go).
+    fn held(&self, envelope: &Envelope, size: usize) -> Option<MsgId> {
         self.audit(envelope, size, "held");
+        let original = envelope.in_reply_to?;
+        if !matches!(envelope.kind, Kind::Reply | Kind::Failed) {
+            return None;
+        }
+        self.lock().receipts.forget(original);
+        Some(original)
     }
 
     /// The name of a remote entity: as the roster knows it, else as its last message said.
@@ -234,11 +235,6 @@ impl Federation {
             .entities()
             .map(|e| e.entity.clone())
             .collect()
-    }
-
-    /// Stops tracking a brief that was not published after all.
-    pub(super) fn forget_brief(&self, msg_id: MsgId) {
-        self.lock().receipts.forget(msg_id);
     }
 
     /// The state of a brief this gateway published, if it still tracks it.

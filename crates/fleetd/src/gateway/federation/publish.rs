@@ -6,7 +6,7 @@ use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
-use fleet_store::SentRecord;
+use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -141,17 +141,76 @@ impl Gateway {
     }
 
     /// Remembers a brief published to a remote worker, to fail it loudly if its `INJECTED`
-    /// receipt does not come in time.
-    pub(in crate::gateway) fn track_remote_brief(&self, message: &Message) {
-        if let Some(fed) = self.fed() {
-            fed.lock().receipts.track(
-                message.msg_id,
-                message.from,
-                message.to,
-                message.trace_id,
-                Instant::now().into_std(),
+    /// receipt does not come in time — in the store too, so a restart keeps the bound.
+    pub(in crate::gateway) async fn track_remote_brief(&self, message: &Message) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        fed.lock().receipts.track(
+            message.msg_id,
+            message.from,
+            message.to,
+            message.trace_id,
+            Instant::now().into_std(),
+        );
+        let brief = AwaitedReceipt {
+            msg_id: message.msg_id,
+            sender: message.from,
+            recipient: message.to,
+            trace_id: message.trace_id,
+        };
+        if let Err(e) = self.db(move |s| s.await_receipt(&brief)).await {
+            tracing::warn!(msg_id = %message.msg_id, error = %e, "the receipt bound of a brief is kept in memory only: a restart forgets it");
+        }
+    }
+
+    /// Stops awaiting the receipts of `msg_ids` (come, answered, overdue, or the brief was not
+    /// published after all), in memory and in the store.
+    pub(in crate::gateway) async fn receipts_settled(&self, msg_ids: Vec<MsgId>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        if msg_ids.is_empty() {
+            return;
+        }
+        {
+            let mut state = fed.lock();
+            for id in &msg_ids {
+                if state.receipts.state(*id) == Some("queued") {
+                    state.receipts.forget(*id);
+                }
+            }
+        }
+        if let Err(e) = self.db(move |s| s.receipts_settled(&msg_ids)).await {
+            tracing::warn!(error = %e, "settled receipts stay in the store: a restart fails their briefs at the bound");
+        }
+    }
+
+    /// At start: awaits again the receipts a previous run was awaiting, their bound counted
+    /// from now.
+    pub(in crate::gateway) async fn await_receipts_again(&self) -> Result<(), FleetError> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        let awaited = self.db(|s| s.awaited_receipts()).await?;
+        let now = Instant::now().into_std();
+        let mut state = fed.lock();
+        for brief in &awaited {
+            state.receipts.track(
+                brief.msg_id,
+                brief.sender,
+                brief.recipient,
+                brief.trace_id,
+                now,
             );
         }
+        if !awaited.is_empty() {
+            tracing::info!(
+                briefs = awaited.len(),
+                "awaiting the receipts a previous run awaited"
+            );
+        }
+        Ok(())
     }
 
     /// After a brief from a remote sender was typed in and its submit verified: tell the

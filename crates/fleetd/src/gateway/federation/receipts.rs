@@ -25,6 +25,8 @@ impl Gateway {
             let busy = state.roster.busy();
             (state.receipts.sweep(now, &busy), state.receipts.bound())
         };
+        self.receipts_settled(overdue.iter().map(|(id, _)| *id).collect())
+            .await;
         for (msg_id, pending) in overdue {
             let name = self.name_of(pending.recipient).await;
             let reason = format!(

@@ -85,6 +85,9 @@ impl Gateway {
                     fed.lock()
                         .receipts
                         .injected(original, Instant::now().into_std());
+                    if let Err(e) = self.db(move |s| s.receipts_settled(&[original])).await {
+                        tracing::warn!(%original, error = %e, "a receipt stays awaited in the store: a restart fails its brief at the bound");
+                    }
                 }
                 tracing::info!(%trace_id, %msg_id, in_reply_to = ?envelope.in_reply_to, "remote brief injected");
                 fed.audit(&envelope, size, "receipt");
@@ -128,7 +131,9 @@ impl Gateway {
                     settle(&other.delivery, Handled::NotStored, false).await;
                 }
                 Ok(()) => {
-                    fed.held(&other.envelope, other.delivery.body().len());
+                    if let Some(original) = fed.held(&other.envelope, other.delivery.body().len()) {
+                        self.receipts_settled(vec![original]).await;
+                    }
                     settle(&other.delivery, Handled::Held, false).await;
                 }
             }
@@ -154,10 +159,11 @@ impl Gateway {
         // Those over the cap are dead-lettered first, one by one; then one frame acknowledges
         // the rest (an acknowledgement covers only what is still unsettled).
         let mut last_held = None;
+        let mut answered = Vec::new();
         for (i, outcome) in kept.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
-                    fed.held(&i.envelope, i.delivery.body().len());
+                    answered.extend(fed.held(&i.envelope, i.delivery.body().len()));
                     last_held = Some(i);
                 }
                 Err(full) => {
@@ -170,6 +176,7 @@ impl Gateway {
                 }
             }
         }
+        self.receipts_settled(answered).await;
         if let Some(last) = last_held {
             settle(&last.delivery, Handled::Held, true).await;
         }
