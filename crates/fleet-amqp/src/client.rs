@@ -115,6 +115,23 @@ impl Client {
         declare_queue(&self.channel, name, durable, args).await
     }
 
+    /// Declares queue `name` with `args`, exclusive to this client's connection (as a gateway
+    /// declares its roster queue).
+    pub async fn declare_exclusive_queue(&self, name: &str, args: &Table) -> Result<(), AmqpError> {
+        self.channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                args.to_lapin(),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| AmqpError::from_lapin(&format!("declaring {name}"), &e))
+    }
+
     /// Binds queue `name` to `exchange` with `key`.
     pub async fn bind(&self, name: &str, exchange: &str, key: &str) -> Result<(), AmqpError> {
         self.channel

@@ -8,8 +8,8 @@ pub enum AmqpError {
     /// later.
     #[error("{0}")]
     Unavailable(String),
-    /// The broker refused what was asked (a queue declared otherwise, an inbox another
-    /// consumer holds, a permission): a configuration problem to report, not to retry blindly.
+    /// The broker refused what was asked (a queue declared otherwise, a permission): a
+    /// configuration problem to report, not to retry blindly.
     #[error("{0}")]
     Refused(String),
     /// An inbox another consumer holds exclusively: a second gateway of the same host, or a
@@ -36,10 +36,12 @@ impl AmqpError {
         matches!(self, AmqpError::Held(_))
     }
 
-    /// The same failure, counted as an inbox another consumer holds.
+    /// The same failure, counted as a queue another connection holds when the broker refused
+    /// it for exclusive use (`ACCESS_REFUSED … in exclusive use` to a consumer,
+    /// `RESOURCE_LOCKED … exclusive access` to a declare); any other failure as it is.
     pub(crate) fn held(self) -> Self {
         match self {
-            AmqpError::Unavailable(message) | AmqpError::Refused(message) => {
+            AmqpError::Refused(message) if message.contains("exclusive") => {
                 AmqpError::Held(message)
             }
             other => other,
@@ -72,9 +74,17 @@ mod tests {
         assert!(!AmqpError::Refused("403".into()).retry());
         assert!(!AmqpError::BadUri("no".into()).retry());
         assert!(!AmqpError::BadTls("no".into()).retry());
-        let held = AmqpError::Unavailable("x".into()).held();
+        let locked = "declaring queue roster.a: RESOURCE_LOCKED - cannot obtain exclusive access to locked queue";
+        let held = AmqpError::Refused(locked.into()).held();
         assert!(!held.retry() && held.is_held());
-        assert_eq!(held.to_string(), "x");
+        assert_eq!(held.to_string(), locked);
+        // A permission refused, or a link down, is not an inbox held.
+        assert!(
+            !AmqpError::Refused("ACCESS_REFUSED - no access".into())
+                .held()
+                .is_held()
+        );
+        assert!(AmqpError::Unavailable("x".into()).held().retry());
         assert!(!AmqpError::BadUri("no".into()).held().is_held());
     }
 }

@@ -319,7 +319,7 @@ impl Broker for Link {
                 roster_args().to_lapin(),
             )
             .await
-            .map_err(|e| declare_error(&queue, &e))?;
+            .map_err(|e| declare_error(&queue, &e).held())?;
         channel
             .queue_bind(
                 queue.as_str().into(),
@@ -341,7 +341,7 @@ impl Broker for Link {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e))?;
+            .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e).held())?;
         Ok(Deliveries::new(consumer))
     }
 

@@ -73,6 +73,15 @@ impl Receipts {
         self.pending.remove(&msg_id);
     }
 
+    /// The briefs `sender` sent that are still tracked.
+    pub fn sent_by(&self, sender: Gid) -> Vec<MsgId> {
+        self.pending
+            .iter()
+            .filter(|(_, p)| p.sender == sender)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// `queued` or `injected`, while it is tracked.
     pub fn state(&self, msg_id: MsgId) -> Option<&'static str> {
         self.pending
@@ -122,6 +131,18 @@ mod tests {
         let (msg_id, recipient) = (MsgId::mint(), Gid::mint());
         receipts.track(msg_id, Gid::mint(), recipient, TraceId::mint(), t0);
         (receipts, msg_id, recipient)
+    }
+
+    #[test]
+    fn the_briefs_of_one_sender_are_found_by_it() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, _) = tracked(t0);
+        let sender = Gid::mint();
+        let other = MsgId::mint();
+        receipts.track(other, sender, Gid::mint(), TraceId::mint(), t0);
+        assert_eq!(receipts.sent_by(sender), [other]);
+        assert!(!receipts.sent_by(sender).contains(&msg_id));
+        assert!(receipts.sent_by(Gid::mint()).is_empty());
     }
 
     #[test]

@@ -108,6 +108,7 @@ CREATE TABLE sent (
     PRIMARY KEY (msg_id, host)
 ) WITHOUT ROWID;
 CREATE INDEX sent_until ON sent(until_ms);
+CREATE INDEX sent_host ON sent(host, until_ms);
 CREATE TABLE awaited (
     msg_id     TEXT PRIMARY KEY,
     sender     TEXT NOT NULL,

@@ -32,7 +32,7 @@ impl Gateway {
             fleet_core::entity::validate_name("group", group)?;
         }
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
-        let mut unreached = None;
+        let mut unreached = false;
         let (copies, refused) = if self.federation.is_some() {
             match self
                 .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
@@ -42,7 +42,7 @@ impl Gateway {
                 // This host's workers still get theirs; the caller hears the others did not.
                 Err(e) if e.code == ErrorCode::BrokerUnavailable => {
                     tracing::warn!(%msg_id, error = %e.message, "the broker cannot be reached: the broadcast goes to this host's workers only");
-                    unreached = Some(e.message);
+                    unreached = true;
                     self.broadcast_here(caller, &text, group.as_deref(), msg_id, trace_id)
                         .await?
                 }
@@ -60,12 +60,10 @@ impl Gateway {
             note.push_str("; no copy: ");
             note.push_str(&why);
         }
-        if let Some(why) = unreached {
+        if unreached {
             note.push_str(
-                "; only this host's workers got a copy, the other hosts were not reached (",
+                "; only this host's workers got a copy: the broker cannot be reached, so the other hosts were not reached",
             );
-            note.push_str(&why);
-            note.push(')');
         }
         Ok(BroadcastResult {
             msg_id,

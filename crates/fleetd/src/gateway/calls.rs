@@ -143,7 +143,7 @@ impl Gateway {
             self.track_remote_brief(&message).await;
         }
         let placement = self.deliver(message).await;
-        if placement.is_err() {
+        if !matches!(placement, Ok(Placement::Remote)) {
             self.receipts_settled(vec![msg_id]).await;
         }
         if placement? == Placement::Dead {
@@ -355,8 +355,9 @@ impl Gateway {
         // Handed over: for a brief from another host, as good as typed in — its sender's
         // gateway hears so, or it would fail the brief at the receipt bound.
         let handed = task.clone();
-        self.start_task(gid, task).await;
-        self.receipt_injected(&handed).await;
+        if self.start_task(gid, task).await {
+            self.receipt_injected(&handed).await;
+        }
         Ok(true)
     }
 }

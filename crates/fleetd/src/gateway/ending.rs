@@ -138,7 +138,8 @@ impl Gateway {
             self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
                 .await?;
             self.db(move |s| s.revoke_tokens(gid)).await?;
-            self.clear_reaped_inbox(&record.entity).await;
+            self.receipts_sent_by(gid).await;
+            self.reaped(record.entity.clone()).await;
             let reason = format!(
                 "'{}' never answered: fleetd restarted while it worked on this",
                 record.entity.name

@@ -561,6 +561,10 @@ async fn a_gateway_waits_for_an_inbox_a_crashed_run_still_holds() -> anyhow::Res
     let queue = format!("agent.{gid}.inbox.v2");
     let other = vhost.connect().await?;
     let _held = other.consume(&queue, "a-crashed-run", true).await?;
+    // (A crashed run's connection holds its roster queue too: exclusive, declared first.)
+    other
+        .declare_exclusive_queue("roster.hosta", &fleet_amqp::topology::roster_args())
+        .await?;
     // … and lets go of it once fleetd has started waiting.
     let logs = a
         .state_dir()
@@ -1210,19 +1214,22 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
 async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
-        a,
-        b: _b,
-        alice,
-        bob,
-    } = pair(&vhost).await?;
-    bob.spawn("sim", "wb").await?;
+    let Pair { a, b, alice, bob } = pair(&vhost).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    let pane = wb["pane"].as_str().unwrap_or_default().to_string();
     sees(&alice, "wb").await?;
     // wb answers, then waits in fleet_poll for its next task.
     let polling = alice.send("wb", "/poll 30", 20).await?;
     assert_eq!(polling["reply"]["text"], "polling", "{polling}");
+    until("wb to wait in fleet_poll", LIMIT, || async {
+        b.screen(&pane).ok().filter(|s| s.contains("[polling]"))
+    })
+    .await?;
     let sent = alice.send("wb", "handed over", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: handed over", "{sent}");
+    // Handed over through the poll, never typed.
+    let screen = b.screen(&pane)?;
+    assert!(!screen.contains("[task 2"), "{screen}");
     // Its INJECTED receipt came back (else hosta would fail it at the bound).
     let task = sent["msg_id"]
         .as_str()

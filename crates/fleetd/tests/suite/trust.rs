@@ -177,8 +177,14 @@ async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() ->
     // A lead's broadcast stamped from before the workers joined (a replay into newer inboxes),
     // and one for a group wa is not in, into wa's inbox bound to that group behind fleetd's back.
     let bob_gid = gid_of(&bob.entry("bob").await?).parse::<Gid>()?;
+    // Stamped a second before the skew allowed (60 s by default) around the older worker's
+    // joining.
+    let joined = wa_gid
+        .minted_ms()
+        .unwrap_or_default()
+        .min(wb_gid.minted_ms().unwrap_or_default());
     let old = Envelope {
-        ts_ms: now_ms() - 120_000,
+        ts_ms: joined - 61_000,
         ..forged(Kind::Broadcast, bob_gid, "hostb", "broadcast.all")?
     };
     client

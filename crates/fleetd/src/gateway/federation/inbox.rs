@@ -8,7 +8,7 @@ use fleet_amqp::{Deliveries, Delivery};
 use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind, refusal_told};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
-use fleet_core::{Gid, Message};
+use fleet_core::{Gid, Kind, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
@@ -242,7 +242,12 @@ impl Gateway {
             fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
         }
         if refusal_told(kind) {
-            let original = envelope.held_for(owner, String::new(), now_ms());
+            // A broadcast's copy is told of by the copy's own id (derived from the broadcast's
+            // and its recipient's), so each refused copy is a notice of its own.
+            let mut original = envelope.held_for(owner, String::new(), now_ms());
+            if kind == Kind::Broadcast {
+                original = original.with_id(envelope.msg_id.derived(&owner.to_string()));
+            }
             self.notify_failed(
                 &original,
                 &format!("refused by its recipient's gateway: {why}"),

@@ -48,9 +48,10 @@ impl Federation {
 }
 
 impl Gateway {
-    /// Connects to the broker (a broker that refuses our topology is a start-up error; one
-    /// that cannot be reached is retried in the background) and starts the link keeper and
-    /// the presence loop.
+    /// Awaits again the receipts a previous run awaited, connects to the broker (a broker
+    /// that refuses our topology is a start-up error, a queue of this host another connection
+    /// holds is waited for a few heartbeats first; one that cannot be reached is retried in the
+    /// background) and starts the link keeper and the presence loop.
     pub(in crate::gateway) async fn start_federation(self: &Arc<Self>) -> Result<(), FleetError> {
         let Some(fed) = self.fed() else {
             return Ok(());
@@ -122,6 +123,7 @@ impl Gateway {
                 fed.link.send_replace(Some(Arc::clone(&link)));
                 tracing::info!(host_id = %self.host_id, inboxes, "broker link up");
                 self.publish_presence().await;
+                self.clear_reaped_inboxes().await;
                 Ok(())
             }
             Err(e) => {
@@ -255,16 +257,42 @@ impl Gateway {
         .await;
     }
 
-    /// The inbox of a worker a previous run left (reaped at start): every brief still
-    /// waiting there is dead-lettered and its sender told the worker is gone, then the inbox is
-    /// deleted — nothing sent to it vanishes unannounced.
-    pub(in crate::gateway) async fn clear_reaped_inbox(self: &Arc<Self>, entity: &Entity) {
+    /// Notes a worker a previous run left (reaped at start) whose inbox is to be cleared, and
+    /// clears what can be now.
+    pub(in crate::gateway) async fn reaped(self: &Arc<Self>, entity: Entity) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        fed.lock().reaped.push(entity);
+        self.clear_reaped_inboxes().await;
+    }
+
+    /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
+    /// link does).
+    async fn clear_reaped_inboxes(self: &Arc<Self>) {
         let Some(fed) = self.fed() else {
             return;
         };
         let Some(link) = fed.link() else {
+            let waiting = fed.lock().reaped.len();
+            if waiting > 0 {
+                tracing::warn!(
+                    inboxes = waiting,
+                    "the broker cannot be reached: the inboxes of a previous run's workers are cleared once it can"
+                );
+            }
             return;
         };
+        let reaped = std::mem::take(&mut fed.lock().reaped);
+        for entity in reaped {
+            self.clear_reaped_inbox(link.as_ref(), &entity).await;
+        }
+    }
+
+    /// The inbox of a worker a previous run left: every brief still waiting there is
+    /// dead-lettered and its (genuine) sender told the worker is gone, then the inbox is
+    /// deleted — nothing sent to it vanishes unannounced.
+    async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) {
         let gid = entity.gid;
         let why = format!(
             "'{}' is gone: its gateway restarted before the message could be typed in",
@@ -297,7 +325,7 @@ impl Gateway {
                 };
                 handled.insert(envelope.msg_id);
                 // Only a genuine sender is told.
-                match fed.check_seal(&envelope, &delivery) {
+                match self.check_genuine(&envelope, &delivery) {
                     Ok(()) => {
                         self.refuse_and_tell(gid, &envelope, &delivery, "recipient gone", &why)
                             .await;

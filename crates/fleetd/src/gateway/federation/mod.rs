@@ -5,8 +5,8 @@
 //!
 //! Forward path (a brief into a local worker): at most once. The brief stays unacknowledged
 //! on the broker while the worker is busy, is acknowledged when the worker turns idle, then
-//! goes into the local plane to be typed in; once the submit is verified the sender's gateway
-//! gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
+//! goes into the local plane to be typed in; once the submit is verified (or the brief is
+//! handed to the worker blocked in `fleet_poll`) the sender's gateway gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
 //! only after the local store holds it, duplicates dropped by message id.
 //!
 //! The rules live in `fleet_core` (admission, the remote roster, the receipt bound) and the
@@ -92,6 +92,9 @@ struct FedState {
     /// Where messages just published went (`(msg_id, host)` → from, to), until the store has
     /// it: an answer is matched however soon it comes.
     sent_pending: HashMap<(MsgId, String), SentBetween>,
+    /// Workers of a previous run reaped at start whose inboxes are still to be cleared (the
+    /// broker could not be reached then).
+    reaped: Vec<Entity>,
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
@@ -153,6 +156,7 @@ impl Federation {
             heartbeats_last: HashMap::new(),
             sender_hosts: HashMap::new(),
             sent_pending: HashMap::new(),
+            reaped: Vec::new(),
             refused: 0,
         };
         Ok(Self {

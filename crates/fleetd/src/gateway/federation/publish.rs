@@ -186,6 +186,16 @@ impl Gateway {
         }
     }
 
+    /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is
+    /// no longer there to be told).
+    pub(in crate::gateway) async fn receipts_sent_by(&self, sender: Gid) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let sent = fed.lock().receipts.sent_by(sender);
+        self.receipts_settled(sent).await;
+    }
+
     /// At start: awaits again the receipts a previous run was awaiting, their bound counted
     /// from now.
     pub(in crate::gateway) async fn await_receipts_again(&self) -> Result<(), FleetError> {

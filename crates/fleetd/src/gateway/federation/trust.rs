@@ -18,6 +18,7 @@ use fleet_core::trust::{
     is_answer, needs_known_sender,
 };
 use fleet_core::{Entity, Gid, Kind, MsgId};
+use fleet_store::SentBetween;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -215,6 +216,27 @@ impl Gateway {
         Ok(())
     }
 
+    /// Checks 1, 3 and 4 for a message this gateway will answer but not deliver (one waiting
+    /// for a worker a restart reaped): whoever it claims to be from is told only if that is
+    /// who sent it.
+    pub(super) fn check_genuine(
+        &self,
+        envelope: &Envelope,
+        delivery: &Delivery,
+    ) -> Result<(), Refusal> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        fed.check_seal(envelope, delivery)?;
+        let (place, _) = self.whereabouts(fed, envelope.from);
+        check_sender(envelope, &place, &self.host_id, false)?;
+        check_time(
+            envelope,
+            u64::try_from(now_ms()).unwrap_or(0),
+            fed.message_window(),
+        )
+    }
+
     /// Check 5 and the answers' authority, against the store, for a batch off `owner`'s inbox:
     /// what passes. A refused message is dead-lettered; if the store cannot answer, the batch
     /// goes back to the broker to come again.
@@ -236,11 +258,22 @@ impl Gateway {
         // find nothing there, this gateway's recent broadcasts (whose copies it may answer).
         let asked: Vec<(MsgId, String)> =
             batch.iter().filter_map(|v| answered(&v.envelope)).collect();
+        // What was just published may not be in the store yet: the memory has it. Read first,
+        // for the memory lets go of an entry only once the store has it.
+        let pending: Vec<Option<SentBetween>> = {
+            let state = fed.lock();
+            asked
+                .iter()
+                .map(|key| state.sent_pending.get(key).copied())
+                .collect()
+        };
+        let in_memory: Vec<bool> = pending.iter().map(Option::is_some).collect();
         let looked = self
             .db(move |s| {
                 let seen = s.see(&arrivals)?;
                 let sent = s.sent_to(&asked)?;
-                let broadcasts = if sent.iter().any(Option::is_none) {
+                let unmatched = sent.iter().zip(&in_memory).any(|(s, m)| s.is_none() && !m);
+                let broadcasts = if unmatched {
                     s.recent_broadcasts(RECENT_BROADCASTS)?
                 } else {
                     Vec::new()
@@ -258,14 +291,12 @@ impl Gateway {
                 return Vec::new();
             }
         };
-        let mut sent = sent.into_iter();
+        let mut sent = sent.into_iter().zip(pending);
         let mut passed = Vec::with_capacity(batch.len());
         for (v, seen) in batch.into_iter().zip(seen) {
-            // What was just published may not be in the store yet: the memory has it.
-            let exact = answered(&v.envelope).and_then(|asked| {
-                let stored = sent.next().flatten();
-                stored.or_else(|| fed.lock().sent_pending.get(&asked).copied())
-            });
+            let exact = answered(&v.envelope)
+                .and_then(|_| sent.next())
+                .and_then(|(stored, pending)| stored.or(pending));
             let judged = check_replay(seen, v.delivery.redelivered()).and_then(|()| {
                 if is_answer(v.envelope.kind) {
                     let facts = Authority {
