@@ -1288,3 +1288,64 @@ async fn a_receipt_awaited_across_the_senders_restart_still_fails_its_brief_at_t
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaped_inbox_the_broker_could_not_be_reached_for_at_start_is_cleared_once_it_can()
+-> anyhow::Result<()> {
+    let mut node = PrivateNode::start().await?;
+    let vhost = Vhost::create(&node.broker()).await?;
+    let Pair {
+        a: _a,
+        mut b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    alice.send("wb", "/slow 60000 never finished", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let second = alice.send("wb", "waits on the broker", 0).await?;
+
+    // hostb crashes, and comes back while the broker is down: it reaps wb, but cannot reach
+    // its inbox until the broker is back.
+    b.kill9().await?;
+    node.stop().await?;
+    b.launch().await?;
+    until("hostb to put off the clearing", LIMIT, || async {
+        b.log()
+            .contains("the inboxes of a previous run's workers are cleared once it can")
+            .then_some(())
+    })
+    .await?;
+    node.restart().await?;
+    // (The notice about the task being typed was for a broker that was down: see Not yet.)
+    let waiting = until("the notice about the waiting brief", LIMIT, || async {
+        alice
+            .poll(1)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|m| m["in_reply_to"] == second["msg_id"])
+    })
+    .await?;
+    assert_eq!(waiting["kind"], "FAILED", "{waiting}");
+    let inbox = format!("agent.{}.inbox.v2", gid_of(&wb));
+    let gone = until("the reaped inbox to go", LIMIT, || async {
+        vhost
+            .queue(&inbox)
+            .await
+            .ok()
+            .map(|q| q.is_none())
+            .filter(|g| *g)
+    })
+    .await?;
+    assert!(gone);
+    Ok(())
+}
