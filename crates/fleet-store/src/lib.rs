@@ -210,6 +210,15 @@ pub trait Store: Send + Sync + 'static {
     /// `*`), with their senders.
     fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>>;
 
+    /// Keeps `message` (a notice for another host) until the broker can take it; kept once.
+    fn put_outbox(&self, message: &Message, now_ms: i64) -> StoreResult<()>;
+
+    /// What waits for the broker, oldest first.
+    fn outbox(&self) -> StoreResult<Vec<Message>>;
+
+    /// `msg_id` was published (or cannot be, ever): it leaves the outbox.
+    fn outbox_sent(&self, msg_id: MsgId) -> StoreResult<()>;
+
     /// Records a brief published to a remote worker whose `INJECTED` receipt is awaited.
     fn await_receipt(&self, brief: &AwaitedReceipt) -> StoreResult<()>;
 

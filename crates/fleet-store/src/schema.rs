@@ -90,7 +90,8 @@ END;
 /// come (an answer from any other host, or between others, is refused); a broadcast is kept
 /// under the host `*` as well, for its copies' answers. `awaited`: the briefs published to
 /// remote workers whose `INJECTED` receipt has not come, so a restart keeps failing them at
-/// the bound.
+/// the bound. `outbox`: notices for senders on other hosts made while the broker could not be
+/// reached, published once it can.
 const SCHEMA_V3: &str = "
 CREATE TABLE seen (
     msg_id     TEXT NOT NULL,
@@ -109,6 +110,11 @@ CREATE TABLE sent (
 ) WITHOUT ROWID;
 CREATE INDEX sent_until ON sent(until_ms);
 CREATE INDEX sent_host ON sent(host, until_ms);
+CREATE TABLE outbox (
+    msg_id     TEXT PRIMARY KEY,
+    message    TEXT NOT NULL,
+    since_ms   INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE awaited (
     msg_id     TEXT PRIMARY KEY,
     sender     TEXT NOT NULL,

@@ -652,6 +652,32 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    fn put_outbox(&self, message: &Message, now_ms: i64) -> StoreResult<()> {
+        let text = serde_json::to_string(message).map_err(corrupt)?;
+        self.conn().execute(
+            "INSERT INTO outbox (msg_id, message, since_ms) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            params![message.msg_id.to_string(), text, now_ms],
+        )?;
+        Ok(())
+    }
+
+    fn outbox(&self) -> StoreResult<Vec<Message>> {
+        let conn = self.conn();
+        let mut query = conn.prepare_cached("SELECT message FROM outbox ORDER BY since_ms")?;
+        let rows = query.query_map([], |row| row.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?).map_err(corrupt)?);
+        }
+        Ok(out)
+    }
+
+    fn outbox_sent(&self, msg_id: MsgId) -> StoreResult<()> {
+        self.conn()
+            .execute("DELETE FROM outbox WHERE msg_id = ?1", [msg_id.to_string()])?;
+        Ok(())
+    }
+
     fn await_receipt(&self, brief: &AwaitedReceipt) -> StoreResult<()> {
         self.conn().execute(
             "INSERT INTO awaited (msg_id, sender, recipient, trace_id) VALUES (?1, ?2, ?3, ?4) \

@@ -487,7 +487,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     conn.execute_batch(
         "DROP TRIGGER waiting_inserted; DROP TRIGGER waiting_entered; DROP TRIGGER waiting_left;
          DROP TRIGGER waiting_deleted; DROP TABLE waiting; DROP TABLE seen; DROP TABLE sent;
-         DROP TABLE awaited;
+         DROP TABLE awaited; DROP TABLE outbox;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -590,4 +590,22 @@ fn an_awaited_receipt_outlives_a_restart_until_it_is_settled() {
     assert_eq!(awaited, expected);
     store.receipts_settled(&[a.msg_id]).unwrap();
     assert_eq!(store.awaited_receipts().unwrap(), [b]);
+}
+
+#[test]
+fn the_outbox_keeps_notices_across_a_restart_until_they_are_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let first = message(w, lead, MsgState::Held, "first");
+    let second = message(w, lead, MsgState::Held, "second");
+    {
+        let store = open(&dir);
+        store.put_outbox(&first, 1).unwrap();
+        store.put_outbox(&second, 2).unwrap();
+        store.put_outbox(&first, 3).unwrap();
+    }
+    let store = open(&dir);
+    assert_eq!(store.outbox().unwrap(), [first.clone(), second.clone()]);
+    store.outbox_sent(first.msg_id).unwrap();
+    assert_eq!(store.outbox().unwrap(), [second]);
 }

@@ -175,8 +175,13 @@ impl Gateway {
     pub(super) async fn notify_failed(self: &Arc<Self>, original: &Message, reason: &str) {
         let notice = Message::notice(original, Kind::Failed, reason.to_string(), now_ms());
         tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason, "not delivered");
-        if let Err(e) = self.deliver(notice).await {
-            tracing::error!(msg_id = %original.msg_id, error = %e, "could not record a failure notice");
+        if let Err(e) = self.deliver(notice.clone()).await {
+            if e.code == ErrorCode::BrokerUnavailable {
+                // For a sender on another host: kept until the broker can take it.
+                self.keep_for_broker(&notice).await;
+            } else {
+                tracing::error!(msg_id = %original.msg_id, error = %e, "could not record a failure notice");
+            }
         }
     }
 

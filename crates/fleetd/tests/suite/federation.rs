@@ -1290,7 +1290,7 @@ async fn a_receipt_awaited_across_the_senders_restart_still_fails_its_brief_at_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reaped_inbox_the_broker_could_not_be_reached_for_at_start_is_cleared_once_it_can()
+async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_for_the_broker()
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
     let vhost = Vhost::create(&node.broker()).await?;
@@ -1302,7 +1302,7 @@ async fn a_reaped_inbox_the_broker_could_not_be_reached_for_at_start_is_cleared_
     } = pair(&vhost).await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
-    alice.send("wb", "/slow 60000 never finished", 0).await?;
+    let first = alice.send("wb", "/slow 60000 never finished", 0).await?;
     until("wb to read busy", LIMIT, || async {
         alice
             .entry("wb")
@@ -1325,17 +1325,22 @@ async fn a_reaped_inbox_the_broker_could_not_be_reached_for_at_start_is_cleared_
     })
     .await?;
     node.restart().await?;
-    // (The notice about the task being typed was for a broker that was down: see Not yet.)
-    let waiting = until("the notice about the waiting brief", LIMIT, || async {
-        alice
-            .poll(1)
-            .await
-            .ok()?
-            .into_iter()
-            .find(|m| m["in_reply_to"] == second["msg_id"])
-    })
-    .await?;
-    assert_eq!(waiting["kind"], "FAILED", "{waiting}");
+    // Both senders hear: the notice about the task being typed was made while the broker was
+    // down, kept, and published once it was back; the waiting brief's once its inbox could be
+    // cleared.
+    let got = drain(&alice, 2).await?;
+    for sent in [&first, &second] {
+        let notice = got
+            .iter()
+            .find(|m| m["in_reply_to"] == sent["msg_id"])
+            .ok_or_else(|| anyhow::anyhow!("no notice about {sent}: {got:?}"))?;
+        assert_eq!(notice["kind"], "FAILED", "{notice}");
+    }
+    assert!(
+        b.log().contains("the notice is kept until it can"),
+        "{}",
+        b.log()
+    );
     let inbox = format!("agent.{}.inbox.v2", gid_of(&wb));
     let gone = until("the reaped inbox to go", LIMIT, || async {
         vhost

@@ -124,6 +124,7 @@ impl Gateway {
                 tracing::info!(host_id = %self.host_id, inboxes, "broker link up");
                 self.publish_presence().await;
                 self.clear_reaped_inboxes().await;
+                self.flush_outbox().await;
                 Ok(())
             }
             Err(e) => {

@@ -186,6 +186,46 @@ impl Gateway {
         }
     }
 
+    /// Keeps `notice` (for a sender on another host) in the store until the broker can take
+    /// it: a notice this gateway made has no caller to retry it.
+    pub(in crate::gateway) async fn keep_for_broker(&self, notice: &Message) {
+        let kept = notice.clone();
+        match self.db(move |s| s.put_outbox(&kept, now_ms())).await {
+            Ok(()) => {
+                tracing::warn!(msg_id = %notice.msg_id, kind = %notice.kind, "the broker cannot be reached: the notice is kept until it can");
+            }
+            Err(e) => {
+                tracing::error!(msg_id = %notice.msg_id, error = %e, "a notice for another host is lost: the broker cannot be reached and the store cannot keep it");
+            }
+        }
+    }
+
+    /// Publishes what was kept for the broker, oldest first, once it can be reached; stops at
+    /// the first that finds it gone again. One that can never go (its recipient's inbox is
+    /// gone) is dropped, loudly.
+    pub(in crate::gateway) async fn flush_outbox(&self) {
+        let kept = match self.db(|s| s.outbox()).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read what waits for the broker");
+                return;
+            }
+        };
+        for notice in kept {
+            let msg_id = notice.msg_id;
+            match self.publish_remote(&notice).await {
+                Err(e) if e.code == ErrorCode::BrokerUnavailable => return,
+                Err(e) => {
+                    tracing::error!(%msg_id, kind = %notice.kind, error = %e, "a kept notice cannot be delivered: dropped");
+                }
+                Ok(_) => {}
+            }
+            if let Err(e) = self.db(move |s| s.outbox_sent(msg_id)).await {
+                tracing::warn!(%msg_id, error = %e, "a sent notice stays in the outbox: it may be sent twice (its receiver drops the copy)");
+            }
+        }
+    }
+
     /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is
     /// no longer there to be told).
     pub(in crate::gateway) async fn receipts_sent_by(&self, sender: Gid) {
@@ -230,8 +270,14 @@ impl Gateway {
         if self.placement(&receipt) != Placement::Remote {
             return;
         }
-        if let Err(e) = self.publish_remote(&receipt).await {
-            tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
+        match self.publish_remote(&receipt).await {
+            Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                self.keep_for_broker(&receipt).await;
+            }
+            Err(e) => {
+                tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
+            }
+            Ok(_) => {}
         }
     }
 
