@@ -605,6 +605,27 @@ async fn a_gateway_waits_for_an_inbox_a_crashed_run_still_holds() -> anyhow::Res
     Ok(())
 }
 
+/// wb on hostb working on a long task from alice, and a second task of hers waiting on the
+/// broker behind it: wb's entry, and the two sends.
+async fn busy_with_one_waiting(
+    alice: &Client,
+    bob: &Client,
+) -> anyhow::Result<(Value, Value, Value)> {
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(alice, "wb").await?;
+    let first = alice.send("wb", "/slow 60000 never finished", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    let second = alice.send("wb", "waits on the broker", 0).await?;
+    Ok((wb, first, second))
+}
+
 /// Starts `fleet` again and checks that it refuses to, naming `queue` and `why`.
 async fn refused_start(fleet: &mut Fleet, queue: &str, why: &str) -> anyhow::Result<()> {
     anyhow::ensure!(fleet.launch().await.is_err(), "fleetd started ({why})");
@@ -1161,19 +1182,8 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
         alice,
         bob,
     } = pair(&vhost).await?;
-    let wb = bob.spawn("sim", "wb").await?;
-    sees(&alice, "wb").await?;
     // One task being worked on, and one waiting on the broker behind it.
-    let first = alice.send("wb", "/slow 60000 never finished", 0).await?;
-    until("wb to read busy", LIMIT, || async {
-        alice
-            .entry("wb")
-            .await
-            .ok()
-            .filter(|e| e["status"] == "busy")
-    })
-    .await?;
-    let second = alice.send("wb", "waits on the broker", 0).await?;
+    let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 
     // hostb crashes and comes back: wb is reaped, and so is its inbox.
     b.kill9().await?;
@@ -1300,18 +1310,8 @@ async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_f
         alice,
         bob,
     } = pair(&vhost).await?;
-    let wb = bob.spawn("sim", "wb").await?;
-    sees(&alice, "wb").await?;
-    let first = alice.send("wb", "/slow 60000 never finished", 0).await?;
-    until("wb to read busy", LIMIT, || async {
-        alice
-            .entry("wb")
-            .await
-            .ok()
-            .filter(|e| e["status"] == "busy")
-    })
-    .await?;
-    let second = alice.send("wb", "waits on the broker", 0).await?;
+    // One task being worked on, and one waiting on the broker behind it.
+    let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 
     // hostb crashes, and comes back while the broker is down: it reaps wb, but cannot reach
     // its inbox until the broker is back.
