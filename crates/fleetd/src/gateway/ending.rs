@@ -139,7 +139,7 @@ impl Gateway {
                 .await?;
             self.db(move |s| s.revoke_tokens(gid)).await?;
             self.receipts_sent_by(gid).await;
-            self.reaped(record.entity.clone()).await;
+            self.reaped(record.entity.clone());
             let reason = format!(
                 "'{}' never answered: fleetd restarted while it worked on this",
                 record.entity.name

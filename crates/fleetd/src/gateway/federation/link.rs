@@ -259,13 +259,16 @@ impl Gateway {
     }
 
     /// Notes a worker a previous run left (reaped at start) whose inbox is to be cleared, and
-    /// clears what can be now.
-    pub(in crate::gateway) async fn reaped(self: &Arc<Self>, entity: Entity) {
+    /// clears what can be now, in the background (each brief found there is a confirmed
+    /// publish: the gateway serves meanwhile).
+    pub(in crate::gateway) fn reaped(self: &Arc<Self>, entity: Entity) {
         let Some(fed) = self.fed() else {
             return;
         };
         fed.lock().reaped.push(entity);
-        self.clear_reaped_inboxes().await;
+        let gateway = Arc::clone(self);
+        self.tasks
+            .spawn(async move { gateway.clear_reaped_inboxes().await });
     }
 
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
