@@ -138,12 +138,13 @@ impl Gateway {
         // Watched from before the message leaves: until the inbox changes, no answer can be in
         // it, and the store need not be asked.
         let inbox = self.inbox(caller.entity.gid);
-        if remote && recipient.role.is_pane_bound() {
+        let brief = remote && recipient.role.is_pane_bound();
+        if brief {
             // Tracked before it is published: its receipt may come back at once.
             self.track_remote_brief(&message).await;
         }
         let placement = self.deliver(message).await;
-        if !matches!(placement, Ok(Placement::Remote)) {
+        if brief && !matches!(placement, Ok(Placement::Remote)) {
             self.receipts_settled(vec![msg_id]).await;
         }
         if placement? == Placement::Dead {

@@ -194,9 +194,9 @@ impl Gateway {
         }
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         let size = delivery.body().len();
-        let (loud, count) = fed.loud();
         match why {
             Refusal::WrongRecipient => {
+                let (loud, count) = fed.loud();
                 if loud {
                     tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, refused_so_far = count, "REFUSED a message whose recipient is not this inbox: dead-lettered");
                 }
@@ -215,6 +215,7 @@ impl Gateway {
                 return None;
             }
             Refusal::NotText => {
+                let (loud, count) = fed.loud();
                 if loud {
                     tracing::error!(%trace_id, %msg_id, refused_so_far = count, "REFUSED a message whose body is not UTF-8: dead-lettered");
                 }

@@ -6,8 +6,9 @@
 //! Forward path (a brief into a local worker): at most once. The brief stays unacknowledged
 //! on the broker while the worker is busy, is acknowledged when the worker turns idle, then
 //! goes into the local plane to be typed in; once the submit is verified (or the brief is
-//! handed to the worker blocked in `fleet_poll`) the sender's gateway gets `INJECTED`. Pull path (anything held for an entity): at least once — acknowledged
-//! only after the local store holds it, duplicates dropped by message id.
+//! handed to the worker blocked in `fleet_poll`) the sender's gateway gets `INJECTED`. Pull
+//! path (anything held for an entity): at least once — acknowledged only after the local
+//! store holds it, duplicates dropped by message id.
 //!
 //! The rules live in `fleet_core` (admission, the remote roster, the receipt bound) and the
 //! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
@@ -211,15 +212,20 @@ impl Federation {
     }
 
     /// Notes a message from another host now held here, with its audit line: an answer ends
-    /// the wait for its brief's receipt (the brief it answers, whose record is then to go).
+    /// the wait for its brief's receipt (the brief it answers, if its record in the store is
+    /// then to go).
     fn held(&self, envelope: &Envelope, size: usize) -> Option<MsgId> {
         self.audit(envelope, size, "held");
         let original = envelope.in_reply_to?;
         if !matches!(envelope.kind, Kind::Reply | Kind::Failed) {
             return None;
         }
-        self.lock().receipts.forget(original);
-        Some(original)
+        let mut state = self.lock();
+        // Only a brief still awaiting its receipt has a record in the store to go (a receipt
+        // that came settled it already): no store call for every reply.
+        let awaited = state.receipts.state(original) == Some("queued");
+        state.receipts.forget(original);
+        awaited.then_some(original)
     }
 
     /// The name of a remote entity: as the roster knows it, else as its last message said.

@@ -320,16 +320,17 @@ impl Gateway {
             .filter(|e| in_group(&e.entity))
             .map(|e| (e.entity.gid, e.entity.host.clone()))
             .collect();
+        let hosts: std::collections::BTreeSet<&String> = remote.iter().map(|(_, h)| h).collect();
         let mut sent = vec![(msg_id, "*".to_string(), from.gid, None)];
-        for (gid, host) in &remote {
-            sent.push((msg_id, host.clone(), from.gid, None));
-            sent.push((
-                msg_id.derived(&gid.to_string()),
-                host.clone(),
-                from.gid,
-                Some(*gid),
-            ));
-        }
+        sent.extend(
+            hosts
+                .into_iter()
+                .map(|h| (msg_id, h.clone(), from.gid, None)),
+        );
+        sent.extend(remote.iter().map(|(gid, host)| {
+            let copy = msg_id.derived(&gid.to_string());
+            (copy, host.clone(), from.gid, Some(*gid))
+        }));
         self.remember_sent(sent).await?;
         let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.

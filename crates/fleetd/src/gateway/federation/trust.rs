@@ -167,10 +167,15 @@ impl Gateway {
         to_pane: bool,
         patience: &Patience<'_>,
     ) -> (Place, Option<Entity>) {
+        let found = self.whereabouts(fed, envelope.from);
+        if found.0 != Place::Unknown || !needs_known_sender(envelope.kind, to_pane) {
+            return found;
+        }
         let mut heard = fed.roster_heard.subscribe();
         loop {
+            // Looked at again after subscribing: a heartbeat heard in between is not missed.
             let found = self.whereabouts(fed, envelope.from);
-            if found.0 != Place::Unknown || !needs_known_sender(envelope.kind, to_pane) {
+            if found.0 != Place::Unknown {
                 return found;
             }
             tokio::select! {
