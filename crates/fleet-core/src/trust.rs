@@ -620,6 +620,44 @@ mod tests {
     }
 
     #[test]
+    fn hostile_seal_headers_are_refused_and_shown_inert() {
+        let trust = trust(None);
+        let sent = envelope(Kind::Send, "hostb");
+        let id = fingerprint(&key(1).verifying_key());
+        let huge = "A".repeat(100_000);
+        for garbage in ["", "not base64!", "\u{1b}[31m", huge.as_str()] {
+            assert_eq!(
+                check_seal(&trust, &sent, b"x", sealed(garbage, &id, None)),
+                Err(Refusal::BadSignature),
+                "{garbage:.20}"
+            );
+        }
+        let sig = sign(&key(1), &sent, b"x");
+        for key_id in ["", "\u{1b}]0;pwned\u{7}", huge.as_str()] {
+            assert_eq!(
+                check_seal(&trust, &sent, b"x", sealed(&sig, key_id, None)),
+                Err(Refusal::UnknownKey {
+                    host: "hostb".into()
+                })
+            );
+        }
+        // A host name full of control characters is named escaped, never raw.
+        let mut forged = sent.clone();
+        forged.from_host = Some("evil\u{1b}[2J\nhost".into());
+        let refused = check_seal(&trust, &forged, b"x", sealed(&sig, &id, None)).unwrap_err();
+        let shown = refused.to_string();
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\n'),
+            "{shown}"
+        );
+        let login = Refusal::WrongLogin {
+            host: "hostb".into(),
+            login: Some("\u{1b}[31mroot".into()),
+        };
+        assert!(!login.to_string().contains('\u{1b}'), "{login}");
+    }
+
+    #[test]
     fn a_gateway_trusts_its_own_key_beside_the_table() {
         let mut trust = Trust::default();
         assert!(trust.is_empty());

@@ -250,6 +250,13 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
         .deliver(alice.gid, &key, &Table::of_envelope(&good), b"hello", None)
         .await
         .unwrap();
+    // A signature header of the wrong type (a number) is no signature.
+    let wrong_type = envelope(Kind::Send, carol, &key);
+    let headers = signed(&wrong_type, b"hello").with(fleet_core::signing::SIG_HEADER, 42);
+    let numeric = broker
+        .deliver(alice.gid, &key, &headers, b"hello", None)
+        .await
+        .unwrap();
     let kept = broker
         .deliver(alice.gid, &key, &signed(&good, b"hello"), b"hello", None)
         .await
@@ -267,7 +274,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
             .all(|tag| s.iter().any(|s| s.tag == *tag))
     })
     .await;
-    for refused in [garbage, misaddressed, unsigned, again] {
+    for refused in [garbage, misaddressed, unsigned, numeric, again] {
         assert_eq!(
             how_of(&settled, refused),
             [(Settlement::DeadLetter, false)],
