@@ -90,6 +90,10 @@ pub trait Broker: Send + Sync {
     /// heartbeat, and consumes it.
     async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError>;
 
+    /// Declares `host`'s durable control queue, bound to the control exchange by the host id,
+    /// and starts the one exclusive, manually settled consumer on it.
+    async fn open_control(&self, host: &str) -> Result<Deliveries, AmqpError>;
+
     /// Publishes `message` (signed, under the link's own broker login as the AMQP `user_id`,
     /// which RabbitMQ checks) and waits for the broker's confirm.
     async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError>;

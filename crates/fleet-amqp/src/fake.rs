@@ -100,6 +100,8 @@ struct State {
     inboxes: HashMap<Gid, mpsc::Sender<Delivery>>,
     /// What feeds the roster consumer.
     roster: Option<mpsc::Sender<Delivery>>,
+    /// What feeds the control consumer.
+    control: Option<mpsc::Sender<Delivery>>,
     /// Keys bound to queues elsewhere (another host's inboxes).
     bound: HashSet<String>,
     /// The last delivery tag handed out.
@@ -254,6 +256,14 @@ impl Broker for FakeBroker {
         let mut slot = state.roster.take();
         let opened = self.open(&mut slot, "the roster queue");
         state.roster = slot;
+        opened
+    }
+
+    async fn open_control(&self, _host: &str) -> Result<Deliveries, AmqpError> {
+        let mut state = lock(&self.state);
+        let mut slot = state.control.take();
+        let opened = self.open(&mut slot, "the control queue");
+        state.control = slot;
         opened
     }
 

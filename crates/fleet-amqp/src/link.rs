@@ -25,11 +25,14 @@ use crate::table::Table;
 use crate::tls::TlsFiles;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits, MSG_EXCHANGE,
-    ROSTER_EXCHANGE, dead_letter_args, inbox_args, inbox_queue, roster_args, roster_queue,
+    ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args, inbox_args, inbox_queue,
+    roster_args, roster_queue,
 };
 
 /// How many heartbeats the roster consumer may hold unsettled.
 const ROSTER_PREFETCH: u16 = 256;
+/// How many control requests (spawns, stops) a gateway works on at once.
+const CONTROL_PREFETCH: u16 = 8;
 /// How long a publish may wait for the broker's confirm before it counts as unavailable.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest wait for the broker to delete an inbox or to close the connection: a stop or a
@@ -342,6 +345,45 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e).held())?;
+        Ok(Deliveries::new(consumer))
+    }
+
+    async fn open_control(&self, host: &str) -> Result<Deliveries, AmqpError> {
+        let queue = control_queue(host);
+        let channel = self.channel("cannot open the control channel").await?;
+        declare_queue(&channel, &queue, true, &control_args()).await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                CONTROL_EXCHANGE.into(),
+                host.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
+        channel
+            .basic_qos(CONTROL_PREFETCH, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::from_lapin("cannot set the control prefetch", &e))?;
+        let consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                format!("fleetd-control-{host}").into(),
+                BasicConsumeOptions {
+                    exclusive: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                AmqpError::from_lapin(
+                    &format!("cannot consume {queue} (is another gateway of this host running?)"),
+                    &e,
+                )
+                .held()
+            })?;
         Ok(Deliveries::new(consumer))
     }
 

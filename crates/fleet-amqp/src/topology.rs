@@ -34,6 +34,11 @@ pub fn roster_queue(host: &str) -> String {
     format!("roster.{host}")
 }
 
+/// This host's control queue: the spawns and stops other hosts ask of it (spec 10 §4).
+pub fn control_queue(host: &str) -> String {
+    format!("control.{host}")
+}
+
 /// The roster routing key of `who` (a gid, or `_gateway` for the host entry) on `host`.
 pub fn roster_key(host: &str, who: &str) -> String {
     format!("roster.{host}.{who}")
@@ -44,10 +49,10 @@ pub fn roster_key(host: &str, who: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permissions {
     /// What it may declare and delete: the shared exchanges and dead-letter queue, inboxes,
-    /// and its own roster queue.
+    /// and its own roster and control queues.
     pub configure: String,
-    /// What it may publish to or bind to: the message and roster exchanges, the dead letters,
-    /// inboxes, and its own roster queue.
+    /// What it may publish to or bind to: the message, roster and control exchanges, the dead
+    /// letters, inboxes, and its own roster and control queues.
     pub write: String,
     /// What it may consume or bind from: the same, less the dead-letter queue.
     pub read: String,
@@ -63,9 +68,11 @@ pub fn gateway_permissions(host: &str) -> Permissions {
     let host = host.replace('.', "\\.");
     let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
     Permissions {
-        configure: format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|roster\.{host})$"),
-        write: format!(r"^(fleet\.(msg|roster|dlx|dlq)|{inbox}|roster\.{host})$"),
-        read: format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.{host})$"),
+        configure: format!(
+            r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.{host})$"
+        ),
+        write: format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.{host})$"),
+        read: format!(r"^(fleet\.(msg|roster|control|dlx)|{inbox}|(roster|control)\.{host})$"),
         roster_write: format!(r"^roster\.{host}\.[^.]+$"),
     }
 }
@@ -108,6 +115,14 @@ pub fn roster_args() -> Table {
     Table::new().with("x-dead-letter-exchange", DEAD_LETTER_EXCHANGE)
 }
 
+/// The arguments of a control queue: a request its gateway refuses (or one that expired
+/// before it was read) is dead-lettered to [`DEAD_LETTER_EXCHANGE`].
+pub fn control_args() -> Table {
+    Table::new()
+        .with("x-dead-letter-exchange", DEAD_LETTER_EXCHANGE)
+        .with("x-queue-type", "classic")
+}
+
 /// The arguments of [`DEAD_LETTER_QUEUE`]: capped at `max_length` (the oldest go first).
 pub fn dead_letter_args(max_length: u64) -> Table {
     Table::new()
@@ -130,6 +145,7 @@ mod tests {
         assert_eq!(broadcast_key("core"), "broadcast.core");
         assert_eq!(roster_key("hostA", "_gateway"), "roster.hostA._gateway");
         assert_eq!(roster_queue("hostA"), "roster.hostA");
+        assert_eq!(control_queue("hostA"), "control.hostA");
     }
 
     #[test]
@@ -138,15 +154,15 @@ mod tests {
         let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
         assert_eq!(
             p.configure,
-            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|roster\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.gpu\.box)$")
         );
         assert_eq!(
             p.write,
-            format!(r"^(fleet\.(msg|roster|dlx|dlq)|{inbox}|roster\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.gpu\.box)$")
         );
         assert_eq!(
             p.read,
-            format!(r"^(fleet\.(msg|roster|dlx)|{inbox}|roster\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx)|{inbox}|(roster|control)\.gpu\.box)$")
         );
         // The last segment (a gid, or `_gateway`) holds no dot: host `gpu` cannot publish as
         // host `gpu.box`.

@@ -34,7 +34,8 @@ pub enum Handled {
     /// A brief taken for a worker free to take it, before it goes near the pane (the forward
     /// path: at most once).
     Taken,
-    /// A receipt, noted.
+    /// A receipt or a heartbeat noted, or a control request carried out (or answered with
+    /// why not), or its answer handed to the call awaiting it.
     Noted,
 }
 

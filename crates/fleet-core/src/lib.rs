@@ -12,6 +12,7 @@ pub mod asks;
 pub mod authz;
 pub mod bounds;
 pub mod clock;
+pub mod control;
 pub mod delivery;
 pub mod entity;
 pub mod envelope;

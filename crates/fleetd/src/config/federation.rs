@@ -126,6 +126,10 @@ pub struct FederationConfig {
     /// as long as it could otherwise pass. At least `inbox_message_ttl_s`: a message may wait
     /// that long in an inbox. Every gateway of a fleet must agree on it.
     pub max_message_age_s: u64,
+    /// How long `fleet_spawn` and `fleet_stop` wait for another host's gateway to answer, in
+    /// seconds (a spawn there includes its readiness gate); a request that has waited this long
+    /// on the broker is not acted on.
+    pub control_wait_s: u64,
 }
 
 /// One host's entry in `[federation.trust]`: a key, two keys (while it rotates), or a table
@@ -189,6 +193,7 @@ impl Default for FederationConfig {
             insecure_unsigned: false,
             clock_skew_s: 60,
             max_message_age_s: 86_400,
+            control_wait_s: 300,
         }
     }
 }
@@ -252,6 +257,12 @@ impl FederationConfig {
         within(
             "federation.injected_bound_s",
             self.injected_bound_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
+        within(
+            "federation.control_wait_s",
+            self.control_wait_s,
             1,
             MAX_CONFIG_WAIT_S,
         )?;

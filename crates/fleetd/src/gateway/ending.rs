@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use fleet_core::authz::{Tool, check_tool};
+use fleet_core::routing::Route;
 use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
@@ -23,12 +24,18 @@ impl Gateway {
         to: &str,
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
-        let entity = self.resolve_local(to)?;
+        let (entity, remote) = match self.resolve_route(to)? {
+            Route::Local(entity) => (entity, false),
+            Route::Remote(entity) => (entity, true),
+        };
         if !entity.role.is_pane_bound() {
             return Err(FleetError::invalid(format!(
                 "'{}' is a lead: leads are declared in config and cannot be stopped",
                 entity.name
             )));
+        }
+        if remote {
+            return self.stop_remote(caller, &entity).await;
         }
         let reason = format!("stopped by {}", caller.entity.name);
         self.end_session(entity.gid, &reason, true).await;

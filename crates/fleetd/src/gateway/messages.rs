@@ -11,7 +11,7 @@ use fleet_core::bounds::Full;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Placement, place};
 use fleet_core::routing::{Route, resolve};
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use tracing::Instrument;
 
 use super::Gateway;
@@ -36,17 +36,6 @@ impl Gateway {
                 ),
             )),
             route => Ok(route),
-        }
-    }
-
-    /// Resolves `to` among this host's live entities: local, or a clear error.
-    pub(super) fn resolve_local(&self, to: &str) -> Result<Entity, FleetError> {
-        match self.resolve_route(to)? {
-            Route::Local(entity) => Ok(entity),
-            Route::Remote(entity) => Err(FleetError::invalid(format!(
-                "'{}' lives on host '{}': only its own gateway can do that",
-                entity.name, entity.host
-            ))),
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
+use fleet_core::control::Target;
 use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
@@ -84,7 +85,8 @@ impl Drop for SpawnGuard {
 }
 
 impl Gateway {
-    /// `fleet_spawn`: starts a worker from a profile and returns once it is ready.
+    /// `fleet_spawn`: starts a worker from a profile, here or (through its gateway) on another
+    /// host, and returns once it is ready.
     pub async fn spawn(
         self: &Arc<Self>,
         caller: &Caller,
@@ -92,12 +94,33 @@ impl Gateway {
         ct: &CancellationToken,
     ) -> Result<SpawnResult, FleetError> {
         check_tool(&caller.entity, Tool::Spawn)?;
-        if let Some(host) = request.host.as_deref().filter(|h| *h != self.host_id) {
+        let requested = request.host.as_deref().filter(|h| *h != self.host_id);
+        if let Some(host) = requested
+            && self.federation.is_none()
+        {
             return Err(FleetError::invalid(format!(
                 "host '{host}' is not reachable: this gateway has no broker, so it spawns only on '{}'",
                 self.host_id
             )));
         }
+        match self.spawn_target(requested)? {
+            Target::Here => {
+                self.spawn_here(&caller.entity, request, Gid::mint(), ct)
+                    .await
+            }
+            Target::There(host) => self.spawn_remote(caller, request, &host, ct).await,
+        }
+    }
+
+    /// Starts worker `gid` here for lead `parent` (of this host or, through the control plane,
+    /// of another), and returns once it is ready.
+    pub(super) async fn spawn_here(
+        self: &Arc<Self>,
+        parent: &Entity,
+        request: SpawnRequest,
+        gid: Gid,
+        ct: &CancellationToken,
+    ) -> Result<SpawnResult, FleetError> {
         let profile = self
             .config
             .profile(&request.profile)
@@ -152,9 +175,14 @@ impl Gateway {
             })?;
         // Reserve the name and the session in one step, so parallel spawns never pick the same
         // name; from here on the guard undoes everything if the spawn does not complete.
-        let gid = Gid::mint();
         let entity = {
             let mut sessions = self.lock();
+            // A spawn asked for twice (a control request delivered again) spawns once.
+            if sessions.panes.contains_key(&gid) {
+                return Err(FleetError::invalid(format!(
+                    "worker {gid} was spawned here already"
+                )));
+            }
             let entities = sessions.entities();
             let taken: HashSet<String> = entities.iter().map(|e| e.name.clone()).collect();
             let name = match request.name {
@@ -181,7 +209,7 @@ impl Gateway {
                 role: Role::Worker,
                 profile: Some(profile.name.clone()),
                 groups: groups.into_iter().collect(),
-                parent: Some(caller.entity.gid),
+                parent: Some(parent.gid),
             };
             sessions.panes.insert(
                 gid,

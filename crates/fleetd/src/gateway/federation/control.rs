@@ -1,0 +1,533 @@
+//! The control plane (U4, spec 10 §7.2): `fleet_spawn` and `fleet_stop` for another host.
+//!
+//! The caller's gateway publishes a `SPAWN` to `fleet.control` keyed by the host id (the
+//! request in its body, the worker's gid as its `spawnId`) and waits for the answer, a `REPLY`
+//! from that gid to the lead's inbox, which goes to the waiting call instead of being held.
+//! The host's gateway consumes its own `control.<host>` queue: it checks each request as it
+//! checks a task (signed, from a lead the roster knows, in time), runs its own launcher and
+//! readiness gate (or stops its worker), and answers with the entity or the error, as a local
+//! call would have. A request delivered twice spawns once: the gid is taken only once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_amqp::topology::CONTROL_EXCHANGE;
+use fleet_amqp::{Deliveries, Delivery, Outgoing, Published};
+use fleet_core::admission::Handled;
+use fleet_core::clock::now_ms;
+use fleet_core::control::{
+    ControlAnswer, ControlRequest, Target, check_request, read_answer, read_request, spawn_target,
+};
+use fleet_core::envelope::Envelope;
+use fleet_core::{
+    Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId, WorkerStatus,
+};
+use tokio::sync::oneshot;
+
+use super::super::Gateway;
+use super::super::spawn::SpawnRequest;
+use super::super::views::{SpawnResult, StopResult};
+use super::inbox::settle;
+use super::trust::Patience;
+use super::{Federation, not_taken, unavailable};
+use crate::gateway::Caller;
+use tokio_util::sync::CancellationToken;
+
+/// The most control requests whose answers are watched for at once; past it, those whose
+/// calls gave up are forgotten (a late answer to one is then held as it came).
+const MAX_CONTROL_CALLS: usize = 10_000;
+
+/// A control request this gateway published, by its message id.
+pub(super) enum ControlCall {
+    /// Its call waits for the answer.
+    Waiting(oneshot::Sender<(Envelope, String)>),
+    /// Its call stopped waiting: a late answer is held for the lead, in words.
+    GaveUp,
+}
+
+/// Marks a control call given up however it ends (answered calls are gone from the table
+/// already).
+struct CallGuard<'a> {
+    fed: &'a Federation,
+    msg_id: MsgId,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.fed.lock();
+        if let Some(call) = state.control.get_mut(&self.msg_id) {
+            *call = ControlCall::GaveUp;
+        }
+    }
+}
+
+impl Gateway {
+    /// Where a spawn asked for `requested` (another host than this one, if any) goes: here,
+    /// or a host whose gateway the roster hears from.
+    pub(in crate::gateway) fn spawn_target(
+        &self,
+        requested: Option<&str>,
+    ) -> Result<Target, FleetError> {
+        let (Some(fed), Some(_)) = (self.fed(), requested) else {
+            return Ok(Target::Here);
+        };
+        if fed.link().is_none() {
+            return Err(unavailable("nothing can be spawned on another host now"));
+        }
+        let known: Vec<String> = fed
+            .lock()
+            .roster
+            .hosts()
+            .map(|(host, _)| host.to_string())
+            .collect();
+        let known: Vec<&str> = known.iter().map(String::as_str).collect();
+        spawn_target(requested, &self.host_id, &known)
+    }
+
+    /// `fleet_spawn` on `host`: its gateway spawns the worker, and the call returns what it
+    /// answers (once the roster knows the worker, so it can be sent to at once).
+    pub(in crate::gateway) async fn spawn_remote(
+        self: &Arc<Self>,
+        caller: &Caller,
+        request: SpawnRequest,
+        host: &str,
+        ct: &CancellationToken,
+    ) -> Result<SpawnResult, FleetError> {
+        let gid = Gid::mint();
+        let cwd = match request.cwd {
+            Some(dir) => Some(dir.into_os_string().into_string().map_err(|dir| {
+                FleetError::invalid(format!("the cwd {dir:?} is not UTF-8 text"))
+            })?),
+            None => None,
+        };
+        let asked = ControlRequest::Spawn {
+            profile: request.profile,
+            name: request.name,
+            cwd,
+            groups: request.groups,
+        };
+        match self
+            .control_call(&caller.entity, host, gid, &asked, ct)
+            .await?
+        {
+            ControlAnswer::Spawned {
+                name,
+                pane,
+                profile,
+            } => {
+                self.await_announced(gid).await;
+                Ok(SpawnResult {
+                    gid,
+                    name,
+                    host: host.to_string(),
+                    pane,
+                    profile,
+                    status: WorkerStatus::Idle,
+                })
+            }
+            ControlAnswer::Failed { code, message } => Err(FleetError::new(
+                code,
+                format!("on host '{host}': {message}"),
+            )),
+            ControlAnswer::Stopped { .. } => Err(FleetError::internal(format!(
+                "host '{host}' answered a spawn as if it were a stop"
+            ))),
+        }
+    }
+
+    /// `fleet_stop` of `worker`, another host's: its gateway stops it.
+    pub(in crate::gateway) async fn stop_remote(
+        self: &Arc<Self>,
+        caller: &Caller,
+        worker: &Entity,
+    ) -> Result<StopResult, FleetError> {
+        let host = worker.host.as_str();
+        let ct = self.shutdown.child_token();
+        match self
+            .control_call(&caller.entity, host, worker.gid, &ControlRequest::Stop, &ct)
+            .await?
+        {
+            ControlAnswer::Stopped { name } => Ok(StopResult {
+                gid: worker.gid,
+                name,
+                status: WorkerStatus::Gone,
+            }),
+            ControlAnswer::Failed { code, message } => Err(FleetError::new(
+                code,
+                format!("on host '{host}': {message}"),
+            )),
+            ControlAnswer::Spawned { .. } => Err(FleetError::internal(format!(
+                "host '{host}' answered a stop as if it were a spawn"
+            ))),
+        }
+    }
+
+    /// Publishes `request` about worker `gid` to `host`'s control queue, from `lead`, and waits
+    /// for its answer (`federation.control_wait_s` at most).
+    async fn control_call(
+        self: &Arc<Self>,
+        lead: &Entity,
+        host: &str,
+        gid: Gid,
+        request: &ControlRequest,
+        ct: &CancellationToken,
+    ) -> Result<ControlAnswer, FleetError> {
+        let Some(fed) = self.fed() else {
+            return Err(FleetError::internal("no broker"));
+        };
+        let body = serde_json::to_vec(request)
+            .map_err(|e| FleetError::internal(format!("cannot write the request: {e}")))?;
+        // What the host would refuse is refused here first, with the same words.
+        read_request(&body).map_err(FleetError::invalid)?;
+        let Some(link) = fed.link() else {
+            return Err(unavailable(&format!(
+                "host '{host}' cannot be asked anything now"
+            )));
+        };
+        let wait_s = fed.config.control_wait_s;
+        let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
+        let envelope = Envelope {
+            spawn_id: Some(gid),
+            from_name: Some(lead.name.clone()),
+            ..self.outgoing(
+                Kind::Spawn,
+                (msg_id, trace_id),
+                lead.gid,
+                host.to_string(),
+                wait_s,
+            )
+        };
+        // The answer is taken from that host, from that gid, to this lead only.
+        let sent = (msg_id, host.to_string(), lead.gid, Some(gid));
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = fed.lock();
+            if state.control.len() >= MAX_CONTROL_CALLS {
+                state
+                    .control
+                    .retain(|_, call| matches!(call, ControlCall::Waiting(_)));
+            }
+            state.control.insert(msg_id, ControlCall::Waiting(tx));
+            state.note_sent(&sent);
+        }
+        let _guard = CallGuard { fed, msg_id };
+        match self.remember_sent(vec![sent.clone()]).await {
+            Ok(()) => fed.lock().sent_kept(&sent),
+            Err(e) => {
+                tracing::warn!(%msg_id, error = %e, "where the control request went is remembered in memory only");
+            }
+        }
+        let signature = fed.sign(&envelope, &body);
+        let published = link
+            .publish(Outgoing {
+                exchange: CONTROL_EXCHANGE,
+                key: host,
+                envelope: &envelope,
+                signature: &signature,
+                body: &body,
+                mandatory: true,
+                persistent: true,
+            })
+            .await;
+        let outcome = match &published {
+            Ok(Published::Routed) => "published",
+            Ok(Published::Unroutable) => "unroutable",
+            Ok(Published::Refused) => "refused",
+            Err(_) => "broker unavailable",
+        };
+        fed.audit(&envelope, body.len(), outcome);
+        tracing::info!(%trace_id, %msg_id, %gid, %host, outcome, "control request published");
+        match published.map_err(not_taken)? {
+            Published::Routed => {}
+            Published::Unroutable => {
+                return Err(FleetError::new(
+                    ErrorCode::Gone,
+                    format!(
+                        "host '{host}' has no control queue on the broker: its gateway has not run with this fleetd's control plane"
+                    ),
+                ));
+            }
+            Published::Refused => {
+                return Err(FleetError::new(
+                    ErrorCode::BrokerUnavailable,
+                    format!("the broker refused the request for host '{host}'"),
+                ));
+            }
+        }
+        let (_, answer) = tokio::select! {
+            got = rx => got.map_err(|_| FleetError::internal("the control call was dropped"))?,
+            () = tokio::time::sleep(Duration::from_secs(wait_s)) => {
+                return Err(FleetError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "host '{host}' did not answer within {wait_s} s (federation.control_wait_s); it may still carry the request out: fleet_list will show what it did"
+                    ),
+                ));
+            }
+            () = ct.cancelled() => {
+                return Err(FleetError::new(ErrorCode::Cancelled, "the call was cancelled; the other host may still carry the request out"));
+            }
+            () = self.shutdown.cancelled() => {
+                return Err(FleetError::new(ErrorCode::Gone, "fleetd is shutting down"));
+            }
+        };
+        read_answer(answer.as_bytes()).map_err(|why| {
+            FleetError::internal(format!("host '{host}' answered what cannot be read: {why}"))
+        })
+    }
+
+    /// Waits (a heartbeat's time at most) until the roster knows `gid`.
+    async fn await_announced(&self, gid: Gid) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let mut heard = fed.roster_heard.subscribe();
+        let until = tokio::time::Instant::now() + fed.patience();
+        while fed.lock().roster.entity(gid).is_none() {
+            tokio::select! {
+                changed = heard.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep_until(until) => return,
+                () = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// An answer (from this lead's inbox, checked) to a control request of this gateway goes
+    /// to the call awaiting it: true if it went. An answer whose call gave up is held for the
+    /// lead in words; anything else is not a control answer.
+    pub(super) fn control_answered(&self, envelope: &Envelope, body: &mut String) -> bool {
+        let (Some(fed), Some(original)) = (self.fed(), envelope.in_reply_to) else {
+            return false;
+        };
+        if envelope.kind != Kind::Reply {
+            return false;
+        }
+        let call = fed.lock().control.remove(&original);
+        let late = match call {
+            None => return false,
+            Some(ControlCall::Waiting(tx)) => match tx.send((envelope.clone(), body.clone())) {
+                Ok(()) => return true,
+                Err(_) => true,
+            },
+            Some(ControlCall::GaveUp) => true,
+        };
+        let host = envelope.from_host.as_deref().unwrap_or("?");
+        if late && let Ok(answer) = read_answer(body.as_bytes()) {
+            *body = answer.late(host, envelope.from);
+        }
+        false
+    }
+
+    /// Consumes this host's control queue until the link goes: each request checked, then
+    /// carried out in a task of its own.
+    pub(super) async fn consume_control(self: Arc<Self>, mut deliveries: Deliveries) {
+        let stop = self.shutdown.child_token();
+        loop {
+            let next = tokio::select! {
+                next = deliveries.next() => next,
+                () = stop.cancelled() => return,
+            };
+            match next {
+                Some(Ok(delivery)) => self.on_control(delivery, &stop).await,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "control consumer failed");
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// A request off the control queue: refused (dead-lettered, and its lead told if it is
+    /// genuine), or carried out and answered.
+    async fn on_control(self: &Arc<Self>, delivery: Delivery, stop: &CancellationToken) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let envelope = match delivery.envelope() {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                let (loud, count) = fed.loud();
+                if loud {
+                    tracing::error!(error = %e, refused_so_far = count, "REFUSED a malformed control request: dead-lettered");
+                }
+                settle(&delivery, Handled::Refused, false).await;
+                return;
+            }
+        };
+        let patience = Patience {
+            until: tokio::time::Instant::now() + fed.patience(),
+            stop,
+        };
+        let lead = match self.check_control(&envelope, &delivery, &patience).await {
+            Ok(lead) => lead,
+            Err(refusal) => {
+                self.refuse_untrusted(&delivery, &envelope, &refusal).await;
+                return;
+            }
+        };
+        let size = delivery.body().len();
+        let checked = check_request(
+            &envelope,
+            delivery.routing_key(),
+            &self.host_id,
+            delivery.body(),
+        );
+        let (gid, request) = match checked {
+            Ok(taken) => taken,
+            Err(why) => {
+                tracing::error!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, why, "REFUSED a control request: dead-lettered");
+                fed.audit(&envelope, size, "refused: control request");
+                if let Some(gid) = envelope.spawn_id {
+                    let answer = ControlAnswer::Failed {
+                        code: ErrorCode::InvalidParams,
+                        message: format!("the request was refused: {why}"),
+                    };
+                    self.answer_control(&envelope, gid, &answer).await;
+                }
+                settle(&delivery, Handled::Refused, false).await;
+                return;
+            }
+        };
+        fed.audit(&envelope, size, "control: taken");
+        tracing::info!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, "control request taken");
+        let gateway = Arc::clone(self);
+        self.tasks.spawn(async move {
+            let answer = match request {
+                ControlRequest::Spawn {
+                    profile,
+                    name,
+                    cwd,
+                    groups,
+                } => {
+                    let request = SpawnRequest {
+                        profile,
+                        name,
+                        host: None,
+                        cwd: cwd.map(Into::into),
+                        groups,
+                    };
+                    gateway.control_spawn(&lead, gid, request).await
+                }
+                ControlRequest::Stop => Some(gateway.control_stop(&lead, gid).await),
+            };
+            if let Some(answer) = answer {
+                gateway.answer_control(&envelope, gid, &answer).await;
+            }
+            settle(&delivery, Handled::Noted, false).await;
+        });
+    }
+
+    /// Spawns worker `gid` for `lead` of another host, unless it was spawned already (a
+    /// request delivered again): then what became of it, or nothing while that first spawn
+    /// still runs (it answers).
+    async fn control_spawn(
+        self: &Arc<Self>,
+        lead: &Entity,
+        gid: Gid,
+        request: SpawnRequest,
+    ) -> Option<ControlAnswer> {
+        let known = self.lock().panes.get(&gid).map(|s| {
+            (
+                s.status,
+                s.entity.name.clone(),
+                s.pane.as_ref().map(|p| p.0.clone()),
+                s.profile.name.clone(),
+            )
+        });
+        match known {
+            Some((WorkerStatus::Spawning, ..)) => return None,
+            Some((status, name, pane, profile)) if status.is_live() => {
+                return Some(ControlAnswer::Spawned {
+                    name,
+                    pane: pane.unwrap_or_default(),
+                    profile,
+                });
+            }
+            Some(_) => return Some(gone_already(gid)),
+            None => {}
+        }
+        if matches!(self.db(move |s| s.entity(gid)).await, Ok(Some(_))) {
+            return Some(gone_already(gid));
+        }
+        let ct = self.shutdown.child_token();
+        Some(match self.spawn_here(lead, request, gid, &ct).await {
+            Ok(spawned) => ControlAnswer::Spawned {
+                name: spawned.name,
+                pane: spawned.pane,
+                profile: spawned.profile,
+            },
+            Err(e) => ControlAnswer::Failed {
+                code: e.code,
+                message: e.message,
+            },
+        })
+    }
+
+    /// Stops worker `gid` of this host for `lead` of another.
+    async fn control_stop(self: &Arc<Self>, lead: &Entity, gid: Gid) -> ControlAnswer {
+        let found = self
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| (s.entity.name.clone(), s.status));
+        match found {
+            Some((name, status)) if status.is_live() => {
+                let reason = format!("stopped by {}@{}", lead.name, lead.host);
+                self.end_session(gid, &reason, true).await;
+                ControlAnswer::Stopped { name }
+            }
+            Some((name, _)) => ControlAnswer::Failed {
+                code: ErrorCode::Gone,
+                message: format!("'{name}' is gone already"),
+            },
+            None => ControlAnswer::Failed {
+                code: ErrorCode::UnknownRecipient,
+                message: format!("no worker {gid} is on host '{}'", self.host_id),
+            },
+        }
+    }
+
+    /// Answers the control request under `request` (about worker `gid`) in its lead's inbox;
+    /// kept for the broker while it cannot be reached.
+    async fn answer_control(
+        self: &Arc<Self>,
+        request: &Envelope,
+        gid: Gid,
+        answer: &ControlAnswer,
+    ) {
+        let body = match serde_json::to_string(answer) {
+            Ok(body) => body,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot write a control answer");
+                return;
+            }
+        };
+        let reply = Message {
+            msg_id: MsgId::mint(),
+            trace_id: request.trace_id,
+            kind: Kind::Reply,
+            from: gid,
+            to: request.from,
+            in_reply_to: Some(request.msg_id),
+            body,
+            state: MsgState::Held,
+            created_ms: now_ms(),
+        };
+        match self.deliver(reply.clone()).await {
+            Err(e) if e.code == ErrorCode::BrokerUnavailable => self.keep_for_broker(&reply).await,
+            Err(e) => {
+                tracing::error!(trace_id = %request.trace_id, error = %e, "cannot answer a control request");
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The answer about a worker spawned here before and gone since.
+fn gone_already(gid: Gid) -> ControlAnswer {
+    ControlAnswer::Failed {
+        code: ErrorCode::Gone,
+        message: format!("worker {gid} was spawned here before and is gone"),
+    }
+}
