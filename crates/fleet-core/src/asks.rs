@@ -107,6 +107,16 @@ impl<A> AskTable<A> {
         Some((ask.question, ask.answer))
     }
 
+    /// Ends the ask `turn_id` if worker `from` asked it (it stopped waiting), dropping its
+    /// handle: whether it was open.
+    pub fn abandon(&mut self, turn_id: &str, from: Gid) -> bool {
+        let asked_by = self
+            .open
+            .iter()
+            .any(|a| a.question.turn_id == turn_id && a.question.from == from);
+        asked_by && self.close(turn_id, "the worker stopped waiting").is_some()
+    }
+
     /// Ends every open ask of worker `gid` (its session ended), dropping their handles: each
     /// asking call returns.
     pub fn close_from(&mut self, gid: Gid) {
@@ -164,6 +174,20 @@ mod tests {
             in_task: None,
             asked_ms,
         }
+    }
+
+    #[test]
+    fn only_its_asker_abandons_an_ask_and_a_later_answer_is_too_late() {
+        let (lead, worker, other) = (Gid::mint(), Gid::mint(), Gid::mint());
+        let mut table = AskTable::default();
+        table.open(question("t1", worker, 1), lead, ());
+        assert!(!table.abandon("t1", other), "another worker's abandon");
+        assert!(!table.abandon("t9", worker), "an unknown turn");
+        assert!(table.abandon("t1", worker));
+        assert!(!table.abandon("t1", worker), "once");
+        let err = table.take_for_answer("t1", lead).unwrap_err();
+        assert_eq!(err.code, ErrorCode::TooLate);
+        assert!(err.message.contains("stopped waiting"), "{err}");
     }
 
     #[test]

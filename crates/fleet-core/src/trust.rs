@@ -328,7 +328,7 @@ pub fn check_presence_key(
 /// host could announce a lead of its own).
 pub fn needs_known_sender(kind: Kind, to_pane: bool) -> bool {
     match kind {
-        Kind::Broadcast => true,
+        Kind::Broadcast | Kind::Spawn => true,
         Kind::Send | Kind::Ask => to_pane,
         _ => false,
     }
@@ -428,13 +428,15 @@ pub struct Authority<'a> {
     /// The recipient here (none for a broadcast's key).
     pub recipient: Option<&'a Entity>,
     /// For an answer: whether the message it answers was sent by this gateway to the sending
-    /// host.
+    /// host. For an ask: whether it is about a task its recipient sent to its sender.
     pub answers_own: bool,
 }
 
 /// Check 6: the rules that hold on one host, across hosts.
 pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> {
     match kind {
+        // A worker asks the lead whose task it works on, wherever that lead lives.
+        Kind::Ask if facts.answers_own => Ok(()),
         Kind::Send | Kind::Ask => match (facts.sender, facts.recipient) {
             (Some(sender), Some(recipient)) => {
                 authz::check_send(sender, recipient).map_err(|e| Refusal::Forbidden(e.message))
@@ -443,11 +445,17 @@ pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> 
             (None, Some(recipient)) if !recipient.role.is_pane_bound() => Ok(()),
             _ => Err(Refusal::UnknownSender),
         },
-        Kind::Broadcast => match facts.sender {
+        Kind::Broadcast | Kind::Spawn => match facts.sender {
             Some(sender) if sender.role == Role::Lead => Ok(()),
             Some(sender) => Err(Refusal::Forbidden(format!(
-                "{} '{}' may not broadcast: only a lead may",
-                sender.role, sender.name
+                "{} '{}' may not {}: only a lead may",
+                sender.role,
+                sender.name,
+                if kind == Kind::Spawn {
+                    "spawn or stop workers"
+                } else {
+                    "broadcast"
+                }
             ))),
             None => Err(Refusal::UnknownSender),
         },
@@ -878,6 +886,30 @@ mod tests {
         assert!(matches!(
             check_authority(Kind::Broadcast, facts(Some(&worker), None)),
             Err(Refusal::Forbidden(why)) if why.contains("only a lead")
+        ));
+        // A spawn or stop on another host: from a lead the roster knows, only.
+        assert_eq!(
+            check_authority(Kind::Spawn, facts(Some(&lead), None)),
+            Ok(())
+        );
+        assert!(matches!(
+            check_authority(Kind::Spawn, facts(Some(&worker), None)),
+            Err(Refusal::Forbidden(why)) if why.contains("may not spawn or stop workers")
+        ));
+        assert_eq!(
+            check_authority(Kind::Spawn, facts(None, None)),
+            Err(Refusal::UnknownSender)
+        );
+        assert!(needs_known_sender(Kind::Spawn, false));
+        // An ask about a task the lead sent to the worker: taken whoever spawned the worker.
+        let about_own_task = Authority {
+            answers_own: true,
+            ..facts(Some(&stranger), Some(&lead))
+        };
+        assert_eq!(check_authority(Kind::Ask, about_own_task), Ok(()));
+        assert!(matches!(
+            check_authority(Kind::Ask, facts(Some(&stranger), Some(&lead))),
+            Err(Refusal::Forbidden(_))
         ));
         for kind in [Kind::Reply, Kind::Failed, Kind::Injected] {
             assert_eq!(

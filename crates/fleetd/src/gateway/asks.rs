@@ -14,7 +14,9 @@ use fleet_core::asks::{AskTable, listens_for, whom_to_ask};
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::message::check_size;
-use fleet_core::{ErrorCode, FleetError, Gid, MsgId, SessionEvent, WorkerStatus};
+use fleet_core::{
+    ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, TraceId, WorkerStatus,
+};
 use tokio::sync::oneshot;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
@@ -22,8 +24,12 @@ use tokio_util::sync::CancellationToken;
 use super::views::{AskResult, AskView, SendResult};
 use super::{Caller, Gateway};
 
-/// The open asks of this gateway; each answer travels back through its asking call.
-pub(super) type Asks = AskTable<oneshot::Sender<String>>;
+/// How long past its asker's wait an ask to another host is good for (seconds).
+const ASK_GRACE_S: u64 = 5;
+
+/// The open asks of this gateway; each answer (or, from another host, why there is none)
+/// travels back through its asking call.
+pub(super) type Asks = AskTable<oneshot::Sender<Result<String, FleetError>>>;
 
 /// Ends an ask however its call ends (answered, timed out, cancelled): the worker is back to
 /// work, and a later answer hears `too_late`.
@@ -31,18 +37,35 @@ struct AskGuard {
     gateway: Arc<Gateway>,
     worker: Gid,
     turn_id: String,
+    /// For an ask of a lead on another host: the ask's message, to tell that lead it is over.
+    remote: Option<Message>,
+    /// Whether its call heard back (an answer, or that nobody waits).
+    heard: bool,
 }
 
 impl Drop for AskGuard {
     fn drop(&mut self) {
-        let mut sessions = self.gateway.lock();
-        sessions
-            .asks
-            .close(&self.turn_id, "the worker stopped waiting");
-        if let Some(session) = sessions.panes.get_mut(&self.worker)
-            && session.status == WorkerStatus::Asking
         {
-            let _ = session.apply(SessionEvent::AskEnded);
+            let mut sessions = self.gateway.lock();
+            sessions
+                .asks
+                .close(&self.turn_id, "the worker stopped waiting");
+            if let Some(session) = sessions.panes.get_mut(&self.worker)
+                && session.status == WorkerStatus::Asking
+            {
+                let _ = session.apply(SessionEvent::AskEnded);
+            }
+        }
+        // Unanswered (timed out, cancelled, its session ended): the lead on the other host
+        // hears the ask is over.
+        if !self.heard
+            && let Some(ask) = self.remote.take()
+        {
+            let gateway = Arc::clone(&self.gateway);
+            let turn_id = self.turn_id.clone();
+            self.gateway
+                .tasks
+                .spawn(async move { gateway.ask_abandoned(&ask, &turn_id).await });
         }
     }
 }
@@ -62,19 +85,24 @@ impl Gateway {
         let me = caller.entity.gid;
         let turn_id = format!("turn-{}", MsgId::mint());
         let (tx, rx) = oneshot::channel();
-        let lead = {
+        let (to, remote_ask) = {
             let mut sessions = self.lock();
             let session = sessions.panes.get(&me);
             let task = session.and_then(|s| s.current.clone());
             let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
-            let Some(lead) = sessions.leads.get(&to) else {
+            let remote = !sessions.is_local(to) && self.federation.is_some();
+            let lead = sessions.leads.get(&to);
+            if lead.is_none() && !remote {
                 return Err(FleetError::new(
                     ErrorCode::NoWaiter,
                     "whoever gave you this task is not a lead on this host, so nobody can answer: decide yourself, and say what you decided in your fleet_reply",
                 ));
-            };
-            let lead_name = lead.entity.name.clone();
-            if !listens_for(&lead.listening, me) {
+            }
+            let lead_name = lead.map_or_else(|| to.to_string(), |l| l.entity.name.clone());
+            // A lead on another host: its own gateway decides whether it is waiting.
+            if let Some(lead) = lead
+                && !listens_for(&lead.listening, me)
+            {
                 return Err(FleetError::new(
                     ErrorCode::NoWaiter,
                     format!(
@@ -82,6 +110,18 @@ impl Gateway {
                     ),
                 ));
             }
+            // What goes to a lead on another host: the question, about the task (in its flow).
+            let remote_ask = remote.then(|| Message {
+                kind: Kind::Ask,
+                in_reply_to: task.as_ref().map(|t| t.msg_id),
+                ..Message::task(
+                    me,
+                    to,
+                    question.clone(),
+                    task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
+                    now_ms(),
+                )
+            });
             let question = AskView {
                 turn_id: turn_id.clone(),
                 from: me,
@@ -96,18 +136,32 @@ impl Gateway {
             {
                 let _ = session.apply(SessionEvent::Asked);
             }
-            tracing::info!(gid = %me, %turn_id, lead = %lead_name, "asked");
-            to
+            tracing::info!(gid = %me, %turn_id, lead = %lead_name, remote, "asked");
+            (to, remote_ask)
         };
-        let _guard = AskGuard {
+        let mut guard = AskGuard {
             gateway: Arc::clone(self),
             worker: me,
             turn_id: turn_id.clone(),
+            remote: None,
+            heard: false,
         };
-        self.bump_inbox(lead);
+        match remote_ask {
+            // It is good for as long as the worker waits, and a little more: the lead's gateway
+            // ends it then should the worker's `ABANDONED` be lost.
+            Some(ask) => {
+                let ttl_s = wait.as_secs().max(1) + ASK_GRACE_S;
+                self.publish_in_turn(&ask, Some((&turn_id, ttl_s))).await?;
+                guard.remote = Some(ask);
+            }
+            None => self.bump_inbox(to),
+        }
         tokio::select! {
             answer = rx => match answer {
-                Ok(answer) => Ok(AskResult { turn_id, answer }),
+                Ok(answer) => {
+                    guard.heard = true;
+                    answer.map(|answer| AskResult { turn_id, answer })
+                }
                 Err(_) => Err(FleetError::new(
                     ErrorCode::Gone,
                     "your ask ended without an answer (your session is ending)",
@@ -143,7 +197,7 @@ impl Gateway {
         let me = caller.entity.gid;
         let (question, answer) = self.lock().asks.take_for_answer(turn_id, me)?;
         let (worker, task) = (question.from, question.in_task);
-        if answer.send(text).is_err() {
+        if answer.send(Ok(text)).is_err() {
             return Err(FleetError::new(
                 ErrorCode::TooLate,
                 format!(
@@ -153,10 +207,14 @@ impl Gateway {
         }
         tracing::info!(gid = %worker, %turn_id, "answered");
         let sent_by_me = match task {
-            Some(task) => self
-                .db(move |s| s.message(task))
-                .await?
-                .is_some_and(|m| m.from == me),
+            Some(task) => match self.remote_host(worker) {
+                // A task to another host's worker is not stored here: where it went is.
+                Some(host) => self.sent_between(task, host, me, worker).await,
+                None => self
+                    .db(move |s| s.message(task))
+                    .await?
+                    .is_some_and(|m| m.from == me),
+            },
             None => false,
         };
         match task {

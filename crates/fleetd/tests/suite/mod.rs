@@ -3,6 +3,7 @@ mod auth;
 mod badinput;
 mod claude;
 mod cli;
+mod control;
 mod delivery;
 mod durability;
 mod federation;

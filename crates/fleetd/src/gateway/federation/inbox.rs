@@ -108,15 +108,31 @@ impl Gateway {
         for Vouched {
             delivery,
             envelope,
-            body,
+            mut body,
         } in self.check_batch(owner, admitted).await
         {
+            // The answer to a spawn or stop on another host goes to the call awaiting it.
+            if self.control_answered(&envelope, &mut body) {
+                fed.audit(&envelope, delivery.body().len(), "control: answered");
+                settle(&delivery, Handled::Noted, false).await;
+                continue;
+            }
             // A name from another host is shown and typed (a reply's label): kept only if
             // valid, and only from a message that passed every check.
             if let Some(name) = &envelope.from_name
                 && validate_name("sender name", name).is_ok()
             {
                 self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
+            }
+            // An ask's conversation with another host is live: never held.
+            if matches!(
+                envelope.kind,
+                Kind::Ask | Kind::Answer | Kind::NoWaiter | Kind::Abandoned
+            ) && self.ask_flow(owner, &envelope, &body).await
+            {
+                fed.audit(&envelope, delivery.body().len(), "ask: handled");
+                settle(&delivery, Handled::Noted, false).await;
+                continue;
             }
             let to_pane = self.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {

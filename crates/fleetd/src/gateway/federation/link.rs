@@ -112,6 +112,10 @@ impl Gateway {
             let gateway = Arc::clone(self);
             self.tasks
                 .spawn(async move { gateway.consume_roster(roster).await });
+            let control = link.open_control(&self.host_id).await?;
+            let gateway = Arc::clone(self);
+            self.tasks
+                .spawn(async move { gateway.consume_control(control).await });
             let local = self.lock().entities();
             for entity in &local {
                 self.attach_inbox(link.as_ref(), entity).await?;

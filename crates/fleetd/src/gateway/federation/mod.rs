@@ -14,9 +14,11 @@
 //! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
 //! [`link`] keeps the link and the inbox consumers, [`inbox`] admits and settles deliveries,
 //! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`publish`] sends,
-//! [`receipts`] fails overdue briefs, [`trust`] signs what goes out and checks what comes in
+//! [`receipts`] fails overdue briefs, [`control`] spawns and stops workers across hosts,
+//! [`turns`] carries asks across hosts, [`trust`] signs what goes out and checks what comes in
 //! (the rules are `fleet_core::trust`'s).
 
+mod control;
 mod inbox;
 mod link;
 mod presence;
@@ -26,6 +28,7 @@ mod take;
 #[cfg(test)]
 mod tests;
 mod trust;
+mod turns;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -93,6 +96,8 @@ struct FedState {
     /// Where messages just published went (`(msg_id, host)` → from, to), until the store has
     /// it: an answer is matched however soon it comes.
     sent_pending: HashMap<(MsgId, String), SentBetween>,
+    /// The control requests this gateway published, awaiting their answers.
+    control: HashMap<MsgId, control::ControlCall>,
     /// Workers of a previous run reaped at start whose inboxes are still to be cleared (the
     /// broker could not be reached then).
     reaped: Vec<Entity>,
@@ -157,6 +162,7 @@ impl Federation {
             heartbeats_last: HashMap::new(),
             sender_hosts: HashMap::new(),
             sent_pending: HashMap::new(),
+            control: HashMap::new(),
             reaped: Vec::new(),
             refused: 0,
         };
@@ -297,7 +303,7 @@ impl Gateway {
 
     /// The host a remote entity is on: as the roster knows it (or last knew it), else as its
     /// last checked message said.
-    fn remote_host(&self, gid: Gid) -> Option<String> {
+    pub(in crate::gateway) fn remote_host(&self, gid: Gid) -> Option<String> {
         let fed = self.fed()?;
         let state = fed.lock();
         state

@@ -21,6 +21,16 @@ impl Gateway {
         &self,
         message: &Message,
     ) -> Result<Placement, FleetError> {
+        self.publish_in_turn(message, None).await
+    }
+
+    /// [`Gateway::publish_remote`], for a message of an ask's conversation: `turn` is the
+    /// asking turn's id, and how long (seconds) the message is good for.
+    pub(in crate::gateway) async fn publish_in_turn(
+        &self,
+        message: &Message,
+        turn: Option<(&str, u64)>,
+    ) -> Result<Placement, FleetError> {
         let Some(fed) = self.fed() else {
             return Ok(Placement::Dead);
         };
@@ -32,13 +42,14 @@ impl Gateway {
         };
         let envelope = Envelope {
             in_reply_to: message.in_reply_to,
+            turn_id: turn.map(|(id, _)| id.to_string()),
             from_name: Some(self.name_of(message.from).await),
             ..self.outgoing(
                 message.kind,
                 (message.msg_id, message.trace_id),
                 message.from,
                 message.to.to_string(),
-                fed.config.inbox_message_ttl_s,
+                turn.map_or(fed.config.inbox_message_ttl_s, |(_, ttl_s)| ttl_s),
             )
         };
         let body = message.body.as_bytes();
@@ -363,7 +374,7 @@ impl Gateway {
     /// entity on `host`), for as long as settled messages are kept
     /// (`gateway.keep_messages_days`): answers about it are taken from that host, between
     /// those two, only.
-    async fn remember_sent(
+    pub(super) async fn remember_sent(
         &self,
         sent: Vec<(MsgId, String, Gid, Option<Gid>)>,
     ) -> Result<(), FleetError> {

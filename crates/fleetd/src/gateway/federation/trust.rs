@@ -211,14 +211,73 @@ impl Gateway {
             {
                 check_broadcast_copy(envelope, owner_entity, owner.minted_ms(), fed.skew_ms())?;
             }
+            let answers_own =
+                envelope.kind == Kind::Ask && self.asks_of_own_task(owner, envelope).await;
             let facts = Authority {
                 sender: sender.as_ref(),
                 recipient: recipient.as_ref(),
-                answers_own: false,
+                answers_own,
             };
             check_authority(envelope.kind, facts)?;
         }
         Ok(())
+    }
+
+    /// Whether an ask for `owner` is about a task `owner` sent its asker (on the host it says).
+    async fn asks_of_own_task(&self, owner: Gid, envelope: &Envelope) -> bool {
+        match (envelope.in_reply_to, envelope.from_host.clone()) {
+            (Some(task), Some(host)) => self.sent_between(task, host, owner, envelope.from).await,
+            _ => false,
+        }
+    }
+
+    /// Whether this gateway published `msg_id` from `from` to `to` on `host`.
+    pub(in crate::gateway) async fn sent_between(
+        &self,
+        msg_id: MsgId,
+        host: String,
+        from: Gid,
+        to: Gid,
+    ) -> bool {
+        let Some(fed) = self.fed() else {
+            return false;
+        };
+        let key = (msg_id, host);
+        let pending = fed.lock().sent_pending.get(&key).copied();
+        let sent = match pending {
+            Some(sent) => Some(sent),
+            None => self
+                .db(move |s| s.sent_to(&[key]))
+                .await
+                .ok()
+                .and_then(|mut found| found.pop().flatten()),
+        };
+        sent.is_some_and(|(by, went)| by == from && went == Some(to))
+    }
+
+    /// Checks 1, 3, 4 and 6 for a request off this host's control queue: signed, from a lead
+    /// the roster knows on the host it says, in time. The lead, when it passes.
+    pub(super) async fn check_control(
+        &self,
+        envelope: &Envelope,
+        delivery: &Delivery,
+        patience: &Patience<'_>,
+    ) -> Result<Entity, Refusal> {
+        let Some(fed) = self.fed() else {
+            return Err(Refusal::UnknownSender);
+        };
+        fed.check_seal(envelope, delivery)?;
+        let (place, sender) = self.sender_of(fed, envelope, false, patience).await;
+        check_sender(envelope, &place, &self.host_id, false)?;
+        let now = u64::try_from(now_ms()).unwrap_or(0);
+        check_time(envelope, now, fed.message_window())?;
+        let facts = Authority {
+            sender: sender.as_ref(),
+            recipient: None,
+            answers_own: false,
+        };
+        check_authority(Kind::Spawn, facts)?;
+        sender.ok_or(Refusal::UnknownSender)
     }
 
     /// Checks 1, 3 and 4 for a message this gateway will answer but not deliver (one waiting

@@ -1,0 +1,249 @@
+//! Asks across hosts (U2, spec 10 §7.4): the conversation of a worker's `fleet_ask` with a lead
+//! on another host, carried by `ASK`, `ANSWER`, `NO_WAITER`, `TOO_LATE` and `ABANDONED`, each
+//! with the asking turn's id.
+//!
+//! The lead's gateway decides whether anyone listens: an `ASK` opens the question in its own
+//! ask table (it surfaces on the lead's open `fleet_send` or `fleet_poll` as a local one
+//! does), or is answered `NO_WAITER` at once. The lead's `fleet_send{turn_id}` goes back as
+//! `ANSWER`; the worker's gateway hands it to the asking call only while that call waits (an
+//! answer is never typed into a later turn), else answers `TOO_LATE`. A worker that stops
+//! waiting sends `ABANDONED`, and the question is over for the lead too. Asks stay live only:
+//! nothing of them is stored, and each expires with its asker's wait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::asks::listens_for;
+use fleet_core::clock::now_ms;
+use fleet_core::envelope::Envelope;
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+
+use super::super::Gateway;
+use super::super::views::AskView;
+
+/// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
+const MAX_TURN_ID: usize = 64;
+
+/// A message of an ask's conversation: `kind` from `from` to `to`, about message `about` (in
+/// its flow).
+fn notice(
+    kind: Kind,
+    from: Gid,
+    to: Gid,
+    (about, trace_id): (MsgId, TraceId),
+    body: String,
+) -> Message {
+    Message {
+        msg_id: MsgId::mint(),
+        trace_id,
+        kind,
+        from,
+        to,
+        in_reply_to: Some(about),
+        body,
+        state: MsgState::Held,
+        created_ms: now_ms(),
+    }
+}
+
+/// The turn id of `envelope`, if it is one this gateway can use.
+fn turn_of(envelope: &Envelope) -> Option<&str> {
+    envelope.turn_id.as_deref().filter(|t| {
+        !t.is_empty()
+            && t.len() <= MAX_TURN_ID
+            && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    })
+}
+
+/// How long (seconds, at least one) until `envelope` expires.
+fn seconds_left(envelope: &Envelope) -> u64 {
+    let now = u64::try_from(now_ms()).unwrap_or(0);
+    (envelope.expires_at_ms.saturating_sub(now) / 1000).max(1)
+}
+
+impl Gateway {
+    /// A checked message of an ask's conversation off `owner`'s inbox: handled here (true), or
+    /// not one (false: it is held as any other).
+    pub(super) async fn ask_flow(
+        self: &Arc<Self>,
+        owner: Gid,
+        envelope: &Envelope,
+        body: &str,
+    ) -> bool {
+        let is_lead = self.lock().leads.contains_key(&owner);
+        match envelope.kind {
+            Kind::Ask if is_lead => self.asked_from_afar(owner, envelope, body).await,
+            Kind::Abandoned if is_lead => {
+                if let Some(turn) = turn_of(envelope) {
+                    let over = self.lock().asks.abandon(turn, envelope.from);
+                    tracing::info!(
+                        turn_id = turn,
+                        over,
+                        "a worker on another host stopped waiting for its answer"
+                    );
+                }
+            }
+            Kind::Answer if !is_lead => self.answered_from_afar(owner, envelope, body).await,
+            Kind::NoWaiter if !is_lead => {
+                let closed = turn_of(envelope)
+                    .and_then(|turn| self.lock().asks.close(turn, "nobody was waiting"));
+                if let Some((_, call)) = closed {
+                    let lead = self.name_of(envelope.from).await;
+                    let _ = call.send(Err(FleetError::new(
+                        ErrorCode::NoWaiter,
+                        format!(
+                            "nobody is waiting for your question: '{lead}' is not waiting for you in a fleet call now. Decide yourself, and say what you decided in your fleet_reply"
+                        ),
+                    )));
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// An `ASK` for lead `lead` here from a worker on another host: open while the lead
+    /// listens (its answer goes back as `ANSWER`), else `NO_WAITER` at once.
+    async fn asked_from_afar(self: &Arc<Self>, lead: Gid, ask: &Envelope, question: &str) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let worker = ask.from;
+        let Some(turn) = turn_of(ask).map(str::to_string) else {
+            tracing::warn!(msg_id = %ask.msg_id, "an ask from another host carries no usable turn id: dropped");
+            return;
+        };
+        let from_name = self.name_of(worker).await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let open = {
+            let mut sessions = self.lock();
+            let listening = sessions
+                .leads
+                .get(&lead)
+                .is_some_and(|l| listens_for(&l.listening, worker));
+            if listening {
+                let question = AskView {
+                    turn_id: turn.clone(),
+                    from: worker,
+                    from_name,
+                    question: question.to_string(),
+                    in_task: ask.in_reply_to,
+                    asked_ms: now_ms(),
+                };
+                sessions.asks.open(question, lead, tx);
+            }
+            listening
+        };
+        let ttl_s = seconds_left(ask);
+        if !open {
+            let name = self.name_of(lead).await;
+            let body = format!("'{name}' is not waiting for you in a fleet call now");
+            let no_waiter = notice(
+                Kind::NoWaiter,
+                lead,
+                worker,
+                (ask.msg_id, ask.trace_id),
+                body,
+            );
+            if let Err(e) = self.publish_in_turn(&no_waiter, Some((&turn, ttl_s))).await {
+                tracing::warn!(turn_id = %turn, error = %e, "cannot tell a worker on another host that nobody waits");
+            }
+            return;
+        }
+        tracing::info!(gid = %worker, turn_id = %turn, %lead, "asked from another host");
+        // What is said of the ask from then on is taken from the asker's host, between the two.
+        if let Some(host) = ask.from_host.clone() {
+            fed.lock()
+                .note_sent(&(ask.msg_id, host, lead, Some(worker)));
+        }
+        self.bump_inbox(lead);
+        let gateway = Arc::clone(self);
+        let ask = ask.clone();
+        self.tasks.spawn(async move {
+            let expires = Duration::from_millis(
+                ask.expires_at_ms
+                    .saturating_sub(u64::try_from(now_ms()).unwrap_or(0)),
+            );
+            tokio::select! {
+                answered = rx => {
+                    if let Ok(Ok(text)) = answered {
+                        gateway.answer_afar(lead, &ask, &turn, text).await;
+                    }
+                }
+                () = tokio::time::sleep(expires) => {
+                    gateway.lock().asks.close(&turn, "it expired");
+                }
+                () = gateway.shutdown.cancelled() => {}
+            }
+        });
+    }
+
+    /// The lead's answer to an ask from another host, sent back as `ANSWER`; the lead is told
+    /// if it cannot go.
+    async fn answer_afar(self: &Arc<Self>, lead: Gid, ask: &Envelope, turn: &str, text: String) {
+        let answer = notice(
+            Kind::Answer,
+            lead,
+            ask.from,
+            (ask.msg_id, ask.trace_id),
+            text,
+        );
+        if let Err(e) = self
+            .publish_in_turn(&answer, Some((turn, seconds_left(ask))))
+            .await
+        {
+            let why = format!(
+                "your answer to the question {turn} could not reach its worker: {}",
+                e.message
+            );
+            Box::pin(self.notify_failed(&answer, &why)).await;
+        }
+    }
+
+    /// An `ANSWER` for `worker` here: to its asking call while it waits, else `TOO_LATE` back
+    /// to the lead.
+    async fn answered_from_afar(self: &Arc<Self>, worker: Gid, answer: &Envelope, text: &str) {
+        let Some(turn) = turn_of(answer).map(str::to_string) else {
+            tracing::warn!(msg_id = %answer.msg_id, "an answer from another host carries no usable turn id: dropped");
+            return;
+        };
+        let taken = self.lock().asks.take_for_answer(&turn, answer.from);
+        let why = match taken {
+            Ok((_, call)) => match call.send(Ok(text.to_string())) {
+                Ok(()) => {
+                    tracing::info!(gid = %worker, turn_id = %turn, "answered from another host");
+                    return;
+                }
+                Err(_) => format!(
+                    "the question {turn} is over (the worker stopped waiting); your answer was not delivered"
+                ),
+            },
+            Err(e) => e.message,
+        };
+        let too_late = notice(
+            Kind::TooLate,
+            worker,
+            answer.from,
+            (answer.msg_id, answer.trace_id),
+            why,
+        );
+        if let Err(e) = self.publish_in_turn(&too_late, Some((&turn, 60))).await {
+            tracing::warn!(turn_id = %turn, error = %e, "cannot tell a lead on another host its answer came too late");
+        }
+    }
+
+    /// The asking call of `ask` (to a lead on another host) stopped waiting: that lead hears
+    /// the question is over.
+    pub(in crate::gateway) async fn ask_abandoned(&self, ask: &Message, turn: &str) {
+        let abandoned = notice(
+            Kind::Abandoned,
+            ask.from,
+            ask.to,
+            (ask.msg_id, ask.trace_id),
+            "the worker stopped waiting for an answer".into(),
+        );
+        if let Err(e) = self.publish_in_turn(&abandoned, Some((turn, 60))).await {
+            tracing::debug!(turn_id = %turn, error = %e, "cannot tell a lead on another host an ask is over (it expires there)");
+        }
+    }
+}
