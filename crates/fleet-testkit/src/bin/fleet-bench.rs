@@ -682,6 +682,9 @@ async fn bare_lapin(uri: &str, trips: usize, count: usize) -> anyhow::Result<(Ve
     Ok((samples, rate))
 }
 
+/// How many workers the federation benchmark spawns on each side.
+const SPAWNS: usize = 10;
+
 /// The hosts of the federation benchmark's gateways, each pinning all of them.
 const BENCH_HOSTS: [&str; 5] = ["hosta", "hostb", "ra", "rb", "rc"];
 
@@ -727,6 +730,54 @@ fn sign_and_verify(size: usize, rounds: u32) -> (Duration, Duration) {
 /// Concurrent senders for the cross-host throughput figures: a lead's few parallel calls, and
 /// a fleet's many (bare lapin pipelines without bound).
 const THROUGHPUT_LANES: [usize; 2] = [8, 32];
+
+/// How long `lead`'s `fleet_spawn` of profile `sim` on `host` (this one's when `None`) takes
+/// to return a ready worker, `spawns` times (each stopped before the next).
+async fn spawns_on(
+    lead: &Client,
+    host: Option<&str>,
+    spawns: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(spawns);
+    for i in 0..spawns {
+        let name = format!("spawned-{}-{i}", host.unwrap_or("here"));
+        let mut args = json!({"profile": "sim", "name": name});
+        if let Some(host) = host {
+            args["host"] = json!(host);
+        }
+        let started = Instant::now();
+        lead.ok("fleet_spawn", args).await?;
+        samples.push(started.elapsed());
+        lead.ok("fleet_stop", json!({"to": name})).await?;
+    }
+    Ok(samples)
+}
+
+/// Mid-task asks, `trips` times: `lead` sends `to` a task whose worker asks it a question,
+/// answers it, and gets the task's reply; the time from the answer to the reply (the answer's
+/// way to the asking call, and the reply's back).
+async fn ask_trips(lead: &Client, to: &str, trips: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(trips);
+    for _ in 0..trips {
+        let asked = lead
+            .ok(
+                "fleet_send",
+                json!({"to": to, "message": "/ask 20 go?", "wait_s": 20}),
+            )
+            .await?;
+        anyhow::ensure!(asked["status"] == "asked", "no ask: {asked}");
+        let started = Instant::now();
+        let replied = lead
+            .ok(
+                "fleet_send",
+                json!({"turn_id": asked["ask"]["turn_id"], "message": "go", "wait_s": 20}),
+            )
+            .await?;
+        anyhow::ensure!(replied["status"] == "replied", "no reply: {replied}");
+        samples.push(started.elapsed());
+    }
+    Ok(samples)
+}
 
 async fn federation(trips: usize, messages: usize, entities: usize) -> anyhow::Result<()> {
     let broker = Broker::find().await?;
@@ -776,6 +827,27 @@ async fn federation(trips: usize, messages: usize, entities: usize) -> anyhow::R
     println!(
         "  fleetd's added cost per broker hop = (cross p50 - same-host p50 - bare p50) / 2 = {:.2} ms  [target ≤ 2 ms]",
         (cross50 - same50 - bare50) / 2.0
+    );
+    let mut asked_far = ask_trips(&alice, "wb", trips.min(50)).await?;
+    let mut asked_here = ask_trips(&alice, "wa", trips.min(50)).await?;
+    let (far50, far99) = percentiles(&mut asked_far);
+    let (here50, here99) = percentiles(&mut asked_here);
+    println!(
+        "mid-task ask, answer → reply, worker on B ({} asks):      p50 {far50:.2} ms  p99 {far99:.2} ms",
+        asked_far.len()
+    );
+    println!(
+        "the same on one host, same run:                        p50 {here50:.2} ms  p99 {here99:.2} ms"
+    );
+    let mut far = spawns_on(&alice, Some("hostb"), SPAWNS).await?;
+    let mut here = spawns_on(&alice, None, SPAWNS).await?;
+    let (far50, far99) = percentiles(&mut far);
+    let (here50, here99) = percentiles(&mut here);
+    println!(
+        "fleet_spawn → ready on host B from a lead on A ({SPAWNS} spawns): p50 {far50:.2} ms  p99 {far99:.2} ms"
+    );
+    println!(
+        "fleet_spawn → ready on the lead's own host, same run:    p50 {here50:.2} ms  p99 {here99:.2} ms"
     );
     for size in [100, 10_000, 256 * 1024] {
         let (sign, verify) = sign_and_verify(size, 500);
