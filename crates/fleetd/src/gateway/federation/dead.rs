@@ -194,9 +194,22 @@ impl Gateway {
         }
     }
 
-    /// The name of `gid` as a notice shows it: with its host, when it is another host's.
+    /// The name of `gid` as a notice shows it: with its host, when it is another host's (one
+    /// the roster has let go since, its gateway down, is still named as it was).
     async fn shown_name(&self, gid: Gid) -> String {
-        let name = self.name_of(gid).await;
+        let departed = self.fed().and_then(|fed| {
+            let state = fed.lock();
+            state
+                .roster
+                .entity(gid)
+                .is_none()
+                .then(|| state.roster.departed(gid).map(|e| e.name.clone()))
+                .flatten()
+        });
+        let name = match departed {
+            Some(name) => name,
+            None => self.name_of(gid).await,
+        };
         match self.remote_host(gid) {
             Some(host) if !name.contains('@') => format!("{name}@{host}"),
             _ => name,
