@@ -37,7 +37,7 @@ pub(super) async fn gateway(
 
 /// [`gateway`] with more `[gateway]` lines and `[federation]` keys (and what follows them)
 /// of its own.
-async fn gateway_with(
+pub(super) async fn gateway_with(
     uri: &str,
     host: &str,
     lead: &str,

@@ -3,6 +3,7 @@ mod auth;
 mod badinput;
 mod claude;
 mod cli;
+mod dead;
 mod delivery;
 mod durability;
 mod federation;
