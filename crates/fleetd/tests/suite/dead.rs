@@ -9,7 +9,7 @@ use fleet_core::envelope::Envelope;
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER, Signature};
 use fleet_core::{Gid, Kind, MsgId};
 use fleet_store::{SqliteStore, Store};
-use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::broker::{Broker, BrokerUser, Vhost};
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::Fleet;
 use fleet_testkit::keys;
@@ -306,5 +306,56 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
     })
     .await?;
     admin.close().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_login_and_is_told()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let (ua, ub) = (
+        vhost.add_gateway_user("hosta").await?,
+        vhost.add_gateway_user("hostb").await?,
+    );
+    // Each pins the other's key and login, and its own login is its broker user's; hostb's
+    // inboxes keep a message 3 s.
+    let trust = [("hosta", &ua), ("hostb", &ub)]
+        .iter()
+        .map(|(host, user)| {
+            format!(
+                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
+                keys::public(host),
+                user.name()
+            )
+        })
+        .collect::<String>();
+    let start = |host: &'static str, lead: &'static str, user: &BrokerUser, extra: &str| {
+        let config = format!(
+            "[leads.{lead}]\ngroups = []\n\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 300\n{extra}\n[federation.trust]\n{trust}",
+            user.uri(&vhost)
+        );
+        async move { Fleet::start_as(host, "", &config).await }
+    };
+    let a = start("hosta", "alice", &ua, "").await?;
+    let mut b = start("hostb", "bob", &ub, "inbox_message_ttl_s = 3\n").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    b.kill9().await?;
+    let sent = alice.send("bob@hostb", "for a dead gateway", 0).await?;
+    let id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    let got = drain(&alice, 1).await?;
+    assert_eq!(
+        (got[0]["kind"].as_str(), got[0]["in_reply_to"].as_str()),
+        (Some("FAILED"), Some(id.as_str())),
+        "{got:?}\n{}",
+        a.log()
+    );
+    assert!(
+        got[0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("in the inbox of 'bob@hostb'"),
+        "{got:?}"
+    );
     Ok(())
 }
