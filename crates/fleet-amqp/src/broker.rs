@@ -60,6 +60,9 @@ pub struct Outgoing<'a> {
 ///   time: a second is refused ([`AmqpError::Refused`]).
 /// - **Roster.** The roster queue's deliveries are settled by the consumer like an inbox's:
 ///   acknowledged once read, dead-lettered when refused.
+/// - **Dead letters.** Every dead letter goes to `fleet.dlq`, and to the dead-letter queue of
+///   the host its `fromHost` header names, whose consumer (one at a time, like an inbox's) gets
+///   it with its `x-death` ([`Delivery::death`]) and settles it like an inbox's delivery.
 /// - **Teardown.** [`Broker::close`] and [`Broker::delete_inbox`] give up after a bounded wait:
 ///   a stop never hangs on a confused broker.
 #[async_trait]
@@ -93,6 +96,10 @@ pub trait Broker: Send + Sync {
     /// Declares `host`'s durable control queue, bound to the control exchange by the host id,
     /// and starts the one exclusive, manually settled consumer on it.
     async fn open_control(&self, host: &str) -> Result<Deliveries, AmqpError>;
+    /// Declares `host`'s dead-letter queue (durable, capped, bound to the dead letters whose
+    /// `fromHost` is `host`) and starts the one exclusive, manually settled consumer on it, with
+    /// the prefetch bound.
+    async fn open_dead_letters(&self, host: &str) -> Result<Deliveries, AmqpError>;
 
     /// Publishes `message` (signed, under the link's own broker login as the AMQP `user_id`,
     /// which RabbitMQ checks) and waits for the broker's confirm.

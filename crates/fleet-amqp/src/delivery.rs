@@ -1,14 +1,15 @@
-//! What comes off a queue: a typed delivery (its body, routing key, redelivered flag and the
-//! header values the envelope codec reads) whose settlement returns a `Result`, and the
-//! consumer it comes from. Nothing here decides what a delivery means or how to settle it.
+//! What comes off a queue: a typed delivery (its body, routing key, redelivered flag, the
+//! header values the envelope codec reads and, for a dead letter, what its `x-death` says)
+//! whose settlement returns a `Result`, and the consumer it comes from. Nothing here decides what a delivery means or how to settle it.
 
 use fleet_core::admission::Settlement;
+use fleet_core::dead::Death;
 use fleet_core::envelope::{Envelope, EnvelopeError, HeaderValue};
 use futures_util::{FutureExt, StreamExt};
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 
 use crate::error::AmqpError;
-use crate::table::header_values;
+use crate::table::{death_of, header_values};
 
 /// One message off a queue.
 pub struct Delivery {
@@ -20,6 +21,8 @@ pub struct Delivery {
     redelivered: bool,
     /// Its headers, as the envelope codec reads them.
     headers: Vec<(String, HeaderValue)>,
+    /// What its `x-death` header says (unknown for a message that was never dead-lettered).
+    death: Death,
     /// The broker login that published it (its AMQP `user_id`, which RabbitMQ checks), if set.
     login: Option<String>,
     /// Settles it on the channel it came on (a no-op for an auto-acknowledged queue).
@@ -42,6 +45,7 @@ impl Delivery {
     pub(crate) fn from_lapin(delivery: lapin::message::Delivery) -> Self {
         Self {
             headers: header_values(delivery.properties.headers().as_ref()),
+            death: death_of(delivery.properties.headers().as_ref()),
             login: delivery
                 .properties
                 .user_id()
@@ -68,7 +72,7 @@ impl Delivery {
     pub(crate) fn made(
         body: Vec<u8>,
         routing_key: String,
-        headers: Vec<(String, HeaderValue)>,
+        headers: &lapin::types::FieldTable,
         login: Option<String>,
         acker: Acker,
     ) -> Self {
@@ -76,7 +80,8 @@ impl Delivery {
             body,
             routing_key,
             redelivered: false,
-            headers,
+            headers: header_values(Some(headers)),
+            death: death_of(Some(headers)),
             login,
             acker,
             _channel: None,
@@ -112,6 +117,13 @@ impl Delivery {
             (Some((_, HeaderValue::Str(text))), None) => Some(text),
             _ => None,
         }
+    }
+
+    /// What its `x-death` header says of its latest death: for a dead letter, why (expired,
+    /// maxlen, rejected, delivery_limit) and in which queue; unknown when there is none or it
+    /// cannot be read.
+    pub fn death(&self) -> &Death {
+        &self.death
     }
 
     /// Its envelope, decoded from its headers (spec 10 §4's rules, in `fleet_core::envelope`).

@@ -1,10 +1,11 @@
 //! An in-memory [`Broker`] for tests of the federated plane's logic (feature `fake`): it keeps
 //! the trait's contract where a test can see it — inboxes are exclusive, a mandatory publish
 //! to a key nothing is bound to comes back unroutable, deliveries come in order and each is
-//! settled once — and records every publish and every settlement. No expiry, no dead-letter
-//! queue, no persistence: what those need is tested against the real RabbitMQ. A settlement
-//! `through` a delivery is recorded as such but does not mark the ones before it settled: a
-//! test that settles one of those again is not caught here (RabbitMQ would close the channel).
+//! settled once — and records every publish and every settlement. No expiry, no dead-lettering
+//! (a test puts a dead letter on the dead-letter queue itself), no persistence: what those need
+//! is tested against the real RabbitMQ. A settlement `through` a delivery is recorded as such
+//! but does not mark the ones before it settled: a test that settles one of those again is not
+//! caught here (RabbitMQ would close the channel).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::broker::{Broker, Outgoing, Published};
 use crate::delivery::{Acker, Deliveries, Delivery};
 use crate::error::AmqpError;
-use crate::table::{Table, header_values};
+use crate::table::Table;
 
 /// How many deliveries a fake queue holds before [`FakeBroker::deliver`] waits: more than any
 /// test puts in one.
@@ -102,6 +103,8 @@ struct State {
     roster: Option<mpsc::Sender<Delivery>>,
     /// What feeds the control consumer.
     control: Option<mpsc::Sender<Delivery>>,
+    /// What feeds the dead-letter consumer.
+    dead_letters: Option<mpsc::Sender<Delivery>>,
     /// Keys bound to queues elsewhere (another host's inboxes).
     bound: HashSet<String>,
     /// The last delivery tag handed out.
@@ -163,6 +166,19 @@ impl FakeBroker {
         self.send(&queue, key, headers, body, None).await
     }
 
+    /// Puts a dead letter with `headers` (its `x-death` among them) and `body`, published by
+    /// broker login `login`, on the open dead-letter queue; its delivery tag.
+    pub async fn dead_letter(
+        &self,
+        headers: &Table,
+        body: &[u8],
+        login: Option<&str>,
+    ) -> Result<u64, AmqpError> {
+        let queue = lock(&self.state).dead_letters.clone();
+        let queue = queue.ok_or_else(|| AmqpError::Refused("no dead-letter queue open".into()))?;
+        self.send(&queue, "", headers, body, login).await
+    }
+
     async fn send(
         &self,
         queue: &mpsc::Sender<Delivery>,
@@ -184,7 +200,7 @@ impl FakeBroker {
         let delivery = Delivery::made(
             body.to_vec(),
             key.to_string(),
-            header_values(Some(&headers.to_lapin())),
+            &headers.to_lapin(),
             login.map(str::to_string),
             Acker::Fake(recorder),
         );
@@ -264,6 +280,14 @@ impl Broker for FakeBroker {
         let mut slot = state.control.take();
         let opened = self.open(&mut slot, "the control queue");
         state.control = slot;
+        opened
+    }
+
+    async fn open_dead_letters(&self, _host: &str) -> Result<Deliveries, AmqpError> {
+        let mut state = lock(&self.state);
+        let mut slot = state.dead_letters.take();
+        let opened = self.open(&mut slot, "the dead-letter queue");
+        state.dead_letters = slot;
         opened
     }
 

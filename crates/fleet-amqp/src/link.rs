@@ -1,6 +1,6 @@
 //! The broker link of one gateway (spec 10 §3, §4, §8): one connection, the shared exchanges,
-//! per-entity inboxes, this host's roster queue, and a publish channel with confirms,
-//! `mandatory` and returns. It knows envelopes and queues, not sessions: the gateway decides
+//! per-entity inboxes, this host's roster and dead-letter queues, and a publish channel with
+//! confirms, `mandatory` and returns. It knows envelopes and queues, not sessions: the gateway decides
 //! what a delivery means.
 
 use std::time::Duration;
@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use fleet_core::Gid;
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{
@@ -24,9 +24,9 @@ use crate::error::AmqpError;
 use crate::table::Table;
 use crate::tls::TlsFiles;
 use crate::topology::{
-    CONTROL_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits, MSG_EXCHANGE,
-    ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args, inbox_args, inbox_queue,
-    roster_args, roster_queue,
+    CONTROL_EXCHANGE, DEAD_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits,
+    MSG_EXCHANGE, ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args,
+    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, roster_args, roster_queue,
 };
 
 /// How many heartbeats the roster consumer may hold unsettled.
@@ -101,6 +101,8 @@ pub struct Link {
     login: String,
     inbox: InboxLimits,
     prefetch: u16,
+    /// The most messages a dead-letter queue keeps.
+    dlq_max_length: u64,
 }
 
 impl Link {
@@ -136,8 +138,9 @@ impl Link {
             login: login_of_url(&uri),
             inbox: settings.inbox,
             prefetch: settings.prefetch,
+            dlq_max_length: settings.dlq_max_length,
         };
-        link.declare_shared(settings.dlq_max_length).await?;
+        link.declare_shared().await?;
         Ok(link)
     }
 
@@ -148,8 +151,9 @@ impl Link {
             .map_err(|e| AmqpError::from_lapin(what, &e))
     }
 
-    /// `fleet.msg`, `fleet.roster`, `fleet.control`, `fleet.dlx` and the capped `fleet.dlq`.
-    async fn declare_shared(&self, dlq_max_length: u64) -> Result<(), AmqpError> {
+    /// `fleet.msg`, `fleet.roster`, `fleet.control`, `fleet.dlx` with the capped `fleet.dlq`,
+    /// and `fleet.dead` bound to `fleet.dlx`.
+    async fn declare_shared(&self) -> Result<(), AmqpError> {
         let channel = self.channel("cannot open a channel").await?;
         let durable = ExchangeDeclareOptions {
             durable: true,
@@ -160,6 +164,7 @@ impl Link {
             (ROSTER_EXCHANGE, ExchangeKind::Topic),
             (CONTROL_EXCHANGE, ExchangeKind::Direct),
             (DEAD_LETTER_EXCHANGE, ExchangeKind::Fanout),
+            (DEAD_EXCHANGE, ExchangeKind::Headers),
         ] {
             channel
                 .exchange_declare(name.into(), kind, durable, FieldTable::default())
@@ -170,7 +175,7 @@ impl Link {
             &channel,
             DEAD_LETTER_QUEUE,
             true,
-            &dead_letter_args(dlq_max_length),
+            &dead_letter_args(self.dlq_max_length),
         )
         .await?;
         channel
@@ -183,6 +188,16 @@ impl Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin("binding fleet.dlq", &e))?;
+        channel
+            .exchange_bind(
+                DEAD_EXCHANGE.into(),
+                DEAD_LETTER_EXCHANGE.into(),
+                "".into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin("binding fleet.dead to fleet.dlx", &e))?;
         close_quietly(&channel, "declared").await;
         Ok(())
     }
@@ -345,6 +360,53 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e).held())?;
+        Ok(Deliveries::new(consumer))
+    }
+
+    async fn open_dead_letters(&self, host: &str) -> Result<Deliveries, AmqpError> {
+        let queue = dead_letter_queue(host);
+        let channel = self.channel("cannot open the dead-letter channel").await?;
+        declare_queue(
+            &channel,
+            &queue,
+            true,
+            &dead_letter_args(self.dlq_max_length),
+        )
+        .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                DEAD_EXCHANGE.into(),
+                "".into(),
+                QueueBindOptions::default(),
+                dead_letter_binding(host).to_lapin(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
+        channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| AmqpError::from_lapin("setting the prefetch bound", &e))?;
+        let consumer = channel
+            .basic_consume(
+                queue.as_str().into(),
+                format!("fleetd-dead-{host}").into(),
+                BasicConsumeOptions {
+                    exclusive: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                AmqpError::from_lapin(
+                    &format!(
+                        "cannot consume {queue} (is another gateway of this host consuming it?)"
+                    ),
+                    &e,
+                )
+                .held()
+            })?;
         Ok(Deliveries::new(consumer))
     }
 

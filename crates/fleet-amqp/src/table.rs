@@ -1,9 +1,11 @@
 //! AMQP field tables without lapin's types: message headers and queue arguments as the daemon
-//! and the tests write them, and the envelope codec's header values read off a delivery.
+//! and the tests write them, the envelope codec's header values read off a delivery, and what a
+//! dead letter's `x-death` header says.
 
 use std::collections::BTreeMap;
 
-use fleet_core::envelope::{Envelope, HeaderValue};
+use fleet_core::dead::{Cause, Death};
+use fleet_core::envelope::{Envelope, HeaderValue, MAX_TOKEN_BYTES};
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER, Signature};
 use lapin::types::{AMQPValue, ByteArray, FieldTable, LongString, ShortString};
 
@@ -18,6 +20,8 @@ pub enum Field {
     Bytes(Vec<u8>),
     /// A nested table.
     Table(Table),
+    /// An array of values (as in a dead letter's `x-death`).
+    Array(Vec<Field>),
 }
 
 impl From<&str> for Field {
@@ -93,6 +97,9 @@ fn field_to_lapin(value: &Field) -> AMQPValue {
         Field::Int(i) => AMQPValue::LongLongInt(*i),
         Field::Bytes(b) => AMQPValue::ByteArray(ByteArray::from(b.clone())),
         Field::Table(t) => AMQPValue::FieldTable(t.to_lapin()),
+        Field::Array(a) => {
+            AMQPValue::FieldArray(a.iter().map(field_to_lapin).collect::<Vec<_>>().into())
+        }
     }
 }
 
@@ -131,6 +138,49 @@ fn header_value(value: &AMQPValue) -> HeaderValue {
         AMQPValue::ShortShortUInt(i) => HeaderValue::Int((*i).into()),
         AMQPValue::Timestamp(t) => HeaderValue::Int(clamp_i64(*t)),
         _ => HeaderValue::Other,
+    }
+}
+
+/// What the `x-death` header the broker adds to a dead letter says of its latest death (its
+/// first entry): the cause, the queue and the time. Hostile input is read as far as it makes
+/// sense and no further: no header, not an array, a first entry that is no table, or a reason
+/// that is not text is an unknown cause; a queue name that is not a short, printable text is
+/// none; a time that is no non-negative integer is none. Never panics.
+pub(crate) fn death_of(headers: Option<&FieldTable>) -> Death {
+    let entry = headers
+        .and_then(|h| h.inner().get("x-death"))
+        .and_then(|value| match value {
+            AMQPValue::FieldArray(entries) => entries.as_slice().first(),
+            _ => None,
+        })
+        .and_then(|first| match first {
+            AMQPValue::FieldTable(entry) => Some(entry),
+            _ => None,
+        });
+    let Some(entry) = entry else {
+        return Death::unknown();
+    };
+    let field = |name: &str| entry.inner().get(name);
+    let queue = field("queue").and_then(text_of).filter(|q| {
+        !q.is_empty() && q.len() <= MAX_TOKEN_BYTES && !q.chars().any(char::is_control)
+    });
+    Death {
+        cause: field("reason")
+            .and_then(text_of)
+            .map_or(Cause::Unknown, |reason| Cause::from_wire(&reason)),
+        queue,
+        time_s: field("time").and_then(|time| match header_value(time) {
+            HeaderValue::Int(seconds) => u64::try_from(seconds).ok(),
+            _ => None,
+        }),
+    }
+}
+
+/// A value's text, when it is UTF-8 text.
+fn text_of(value: &AMQPValue) -> Option<String> {
+    match header_value(value) {
+        HeaderValue::Str(text) => Some(text),
+        _ => None,
     }
 }
 
@@ -185,5 +235,130 @@ mod tests {
             lapin.inner().get("x-fleet"),
             Some(AMQPValue::FieldTable(inner)) if inner.inner().contains_key("host")
         ));
+    }
+
+    /// Headers with `x-death` set to `value`.
+    fn with_death(value: AMQPValue) -> FieldTable {
+        let mut headers = FieldTable::default();
+        headers.insert("x-death".into(), value);
+        headers
+    }
+
+    /// An `x-death` of one entry with `fields`, as lapin reads it.
+    fn one_death(fields: &[(&str, AMQPValue)]) -> FieldTable {
+        let mut entry = FieldTable::default();
+        for (name, value) in fields {
+            entry.insert((*name).into(), value.clone());
+        }
+        with_death(AMQPValue::FieldArray(
+            vec![AMQPValue::FieldTable(entry)].into(),
+        ))
+    }
+
+    fn text(value: &str) -> AMQPValue {
+        AMQPValue::LongString(value.into())
+    }
+
+    #[test]
+    fn the_latest_death_is_read_off_x_death() {
+        // As RabbitMQ writes it: the latest death first, the time a timestamp.
+        let mut older = FieldTable::default();
+        older.insert("reason".into(), text("rejected"));
+        let mut latest = FieldTable::default();
+        latest.insert("reason".into(), text("expired"));
+        latest.insert("queue".into(), text("agent.x.inbox.v2"));
+        latest.insert("time".into(), AMQPValue::Timestamp(1_700_000_000));
+        latest.insert("count".into(), AMQPValue::LongLongInt(1));
+        let headers = with_death(AMQPValue::FieldArray(
+            vec![AMQPValue::FieldTable(latest), AMQPValue::FieldTable(older)].into(),
+        ));
+        assert_eq!(
+            death_of(Some(&headers)),
+            Death {
+                cause: Cause::Expired,
+                queue: Some("agent.x.inbox.v2".into()),
+                time_s: Some(1_700_000_000),
+            }
+        );
+        // Written by a test through a [`Table`], it reads the same.
+        let written = Table::new().with(
+            "x-death",
+            Field::Array(vec![Field::Table(
+                Table::new()
+                    .with("reason", "maxlen")
+                    .with("queue", "q")
+                    .with("time", 5),
+            )]),
+        );
+        assert_eq!(
+            death_of(Some(&written.to_lapin())),
+            Death {
+                cause: Cause::MaxLen,
+                queue: Some("q".into()),
+                time_s: Some(5),
+            }
+        );
+    }
+
+    #[test]
+    fn a_missing_or_malformed_x_death_is_an_unknown_death() {
+        let unknown = Death::unknown();
+        assert_eq!(death_of(None), unknown);
+        assert_eq!(death_of(Some(&FieldTable::default())), unknown);
+        for value in [
+            text("expired"),
+            AMQPValue::FieldArray(Vec::new().into()),
+            AMQPValue::FieldArray(vec![text("expired")].into()),
+            AMQPValue::FieldTable(FieldTable::default()),
+            AMQPValue::Boolean(true),
+        ] {
+            assert_eq!(
+                death_of(Some(&with_death(value.clone()))),
+                unknown,
+                "{value:?}"
+            );
+        }
+        // An entry with a reason of another type, or not UTF-8, or of a name nobody uses.
+        for reason in [
+            AMQPValue::LongLongInt(1),
+            AMQPValue::LongString(vec![0xff, 0xfe].into()),
+            text("EXPIRED"),
+        ] {
+            let got = death_of(Some(&one_death(&[("reason", reason.clone())])));
+            assert_eq!(got.cause, Cause::Unknown, "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn a_hostile_queue_or_time_is_none_and_the_rest_still_reads() {
+        let long = "q".repeat(256);
+        for queue in [
+            text(""),
+            text(&long),
+            text("agent.\u{1b}[2J.inbox.v2"),
+            AMQPValue::LongLongInt(7),
+            AMQPValue::FieldArray(Vec::new().into()),
+        ] {
+            let got = death_of(Some(&one_death(&[
+                ("reason", text("expired")),
+                ("queue", queue.clone()),
+                ("time", AMQPValue::LongLongInt(-1)),
+            ])));
+            assert_eq!(
+                got,
+                Death {
+                    cause: Cause::Expired,
+                    queue: None,
+                    time_s: None,
+                },
+                "{queue:?}"
+            );
+        }
+        let short = death_of(Some(&one_death(&[(
+            "queue",
+            AMQPValue::ShortString("fleet.dlq".into()),
+        )])));
+        assert_eq!(short.queue.as_deref(), Some("fleet.dlq"));
+        assert_eq!(short.cause, Cause::Unknown);
     }
 }

@@ -14,14 +14,38 @@ pub const ROSTER_EXCHANGE: &str = "fleet.roster";
 pub const CONTROL_EXCHANGE: &str = "fleet.control";
 /// Where inboxes dead-letter to.
 pub const DEAD_LETTER_EXCHANGE: &str = "fleet.dlx";
-/// The capped queue behind [`DEAD_LETTER_EXCHANGE`].
+/// The capped queue behind [`DEAD_LETTER_EXCHANGE`]: every dead letter, the operators' record.
 pub const DEAD_LETTER_QUEUE: &str = "fleet.dlq";
+/// A headers exchange bound to [`DEAD_LETTER_EXCHANGE`]: it sorts the dead letters by their
+/// `fromHost` header into each sending host's [`dead_letter_queue`].
+pub const DEAD_EXCHANGE: &str = "fleet.dead";
 /// The broadcast key every worker inbox is bound to.
 pub const BROADCAST_ALL: &str = "broadcast.all";
 
 /// The inbox queue of entity `gid` (`.v2`: recipient-keyed, spec 10 §3).
 pub fn inbox_queue(gid: Gid) -> String {
     format!("agent.{gid}.inbox.v2")
+}
+
+/// The entity whose inbox `queue` is (`agent.<gid>.inbox.v2`), if it is one.
+pub fn inbox_owner(queue: &str) -> Option<Gid> {
+    let gid: Gid = queue
+        .strip_prefix("agent.")?
+        .strip_suffix(".inbox.v2")?
+        .parse()
+        .ok()?;
+    (inbox_queue(gid) == queue).then_some(gid)
+}
+
+/// The queue of the dead letters `host` published: its gateway tells their senders.
+pub fn dead_letter_queue(host: &str) -> String {
+    format!("{DEAD_LETTER_QUEUE}.{host}")
+}
+
+/// The arguments of [`dead_letter_queue`]'s binding to [`DEAD_EXCHANGE`]: the messages whose
+/// `fromHost` header is `host`.
+pub fn dead_letter_binding(host: &str) -> Table {
+    Table::new().with("x-match", "all").with("fromHost", host)
 }
 
 /// The broadcast key of `group`.
@@ -49,12 +73,13 @@ pub fn roster_key(host: &str, who: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permissions {
     /// What it may declare and delete: the shared exchanges and dead-letter queue, inboxes,
-    /// and its own roster and control queues.
+    /// and its own roster, control and dead-letter queues.
     pub configure: String,
     /// What it may publish to or bind to: the message, roster and control exchanges, the dead
-    /// letters, inboxes, and its own roster and control queues.
+    /// letters (`fleet.dead` is bound to `fleet.dlx`), inboxes, and its own roster, control and
+    /// dead-letter queues.
     pub write: String,
-    /// What it may consume or bind from: the same, less the dead-letter queue.
+    /// What it may consume or bind from: the same, less the shared dead-letter queue.
     pub read: String,
     /// The routing keys it may publish on [`ROSTER_EXCHANGE`] (topic permission): its own
     /// host's heartbeats only.
@@ -63,16 +88,17 @@ pub struct Permissions {
 
 /// The permissions of the gateway of `host` (an id of letters, digits, `-`, `_` and `.`).
 /// Inbox names carry no host (their gids are minted at spawn), so any gateway may declare any
-/// inbox: what keeps one out of another's is the exclusive consumer and the signatures.
+/// inbox: what keeps one out of another's is the exclusive consumer and the signatures. Binding
+/// `fleet.dead` to `fleet.dlx` takes write on the first and read on the second; binding a queue
+/// to an exchange, write on the queue and read on the exchange.
 pub fn gateway_permissions(host: &str) -> Permissions {
     let host = host.replace('.', "\\.");
     let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
+    let own = format!(r"roster\.{host}|control\.{host}|fleet\.dlq\.{host}");
     Permissions {
-        configure: format!(
-            r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.{host})$"
-        ),
-        write: format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.{host})$"),
-        read: format!(r"^(fleet\.(msg|roster|control|dlx)|{inbox}|(roster|control)\.{host})$"),
+        configure: format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own})$"),
+        write: format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own})$"),
+        read: format!(r"^(fleet\.(msg|roster|control|dlx|dead)|{inbox}|{own})$"),
         roster_write: format!(r"^roster\.{host}\.[^.]+$"),
     }
 }
@@ -123,7 +149,8 @@ pub fn control_args() -> Table {
         .with("x-queue-type", "classic")
 }
 
-/// The arguments of [`DEAD_LETTER_QUEUE`]: capped at `max_length` (the oldest go first).
+/// The arguments of [`DEAD_LETTER_QUEUE`] and of each [`dead_letter_queue`]: capped at
+/// `max_length` (the oldest go first), a classic queue.
 pub fn dead_letter_args(max_length: u64) -> Table {
     Table::new()
         .with("x-max-length", clamp_i64(max_length))
@@ -146,23 +173,52 @@ mod tests {
         assert_eq!(roster_key("hostA", "_gateway"), "roster.hostA._gateway");
         assert_eq!(roster_queue("hostA"), "roster.hostA");
         assert_eq!(control_queue("hostA"), "control.hostA");
+        assert_eq!(dead_letter_queue("hostA"), "fleet.dlq.hostA");
+        assert_eq!(
+            dead_letter_binding("hostA").get("fromHost"),
+            Some(&Field::Text("hostA".into()))
+        );
+        assert_eq!(
+            dead_letter_binding("hostA").get("x-match"),
+            Some(&Field::Text("all".into()))
+        );
     }
 
     #[test]
-    fn a_gateways_permissions_name_its_own_roster_only() {
+    fn an_inbox_names_its_owner_and_nothing_else_does() {
+        let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
+        assert_eq!(inbox_owner(&inbox_queue(gid)), Some(gid));
+        for other in [
+            "fleet.dlq",
+            "roster.hostA",
+            "agent.01a22d73-fb25-719f-b332-14b28da5c6c4.inbox",
+            "agent.01a22d73-fb25-719f-b332-14b28da5c6c4.inbox.v2.x",
+            "agent.not-a-gid.inbox.v2",
+            // Another spelling of the same gid is another queue.
+            "agent.01A22D73-FB25-719F-B332-14B28DA5C6C4.inbox.v2",
+            "agent.{01a22d73-fb25-719f-b332-14b28da5c6c4}.inbox.v2",
+            "",
+        ] {
+            assert_eq!(inbox_owner(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_gateways_permissions_name_its_own_roster_control_and_dead_letters_only() {
         let p = gateway_permissions("gpu.box");
         let inbox = r"agent\.[0-9a-f-]{36}\.inbox\.v2";
+        let own = r"roster\.gpu\.box|control\.gpu\.box|fleet\.dlq\.gpu\.box";
         assert_eq!(
             p.configure,
-            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own})$")
         );
         assert_eq!(
             p.write,
-            format!(r"^(fleet\.(msg|roster|control|dlx|dlq)|{inbox}|(roster|control)\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own})$")
         );
         assert_eq!(
             p.read,
-            format!(r"^(fleet\.(msg|roster|control|dlx)|{inbox}|(roster|control)\.gpu\.box)$")
+            format!(r"^(fleet\.(msg|roster|control|dlx|dead)|{inbox}|{own})$")
         );
         // The last segment (a gid, or `_gateway`) holds no dot: host `gpu` cannot publish as
         // host `gpu.box`.

@@ -37,13 +37,15 @@ pub enum Handled {
     /// A receipt or a heartbeat noted, or a control request carried out (or answered with
     /// why not), or its answer handed to the call awaiting it.
     Noted,
+    /// Read and let go: a dead letter nobody is to be told of (`fleet.dlq` keeps its copy).
+    Dropped,
 }
 
 impl Handled {
     /// How the broker is told: the one place this is decided.
     pub fn settlement(self) -> Settlement {
         match self {
-            Handled::Held | Handled::Taken | Handled::Noted => Settlement::Ack,
+            Handled::Held | Handled::Taken | Handled::Noted | Handled::Dropped => Settlement::Ack,
             Handled::Refused => Settlement::DeadLetter,
             Handled::NotStored => Settlement::Requeue,
         }
@@ -295,10 +297,11 @@ mod tests {
     }
 
     #[test]
-    fn held_taken_and_noted_are_acknowledged_refused_dead_lettered_unstored_requeued() {
+    fn held_taken_noted_and_dropped_are_acknowledged_refused_dead_lettered_unstored_requeued() {
         assert_eq!(Handled::Held.settlement(), Settlement::Ack);
         assert_eq!(Handled::Taken.settlement(), Settlement::Ack);
         assert_eq!(Handled::Noted.settlement(), Settlement::Ack);
+        assert_eq!(Handled::Dropped.settlement(), Settlement::Ack);
         assert_eq!(Handled::Refused.settlement(), Settlement::DeadLetter);
         assert_eq!(Handled::NotStored.settlement(), Settlement::Requeue);
     }

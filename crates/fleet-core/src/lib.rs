@@ -1,7 +1,8 @@
 //! The domain core of fleetd: global ids, entities and roles, messages and their states, the
 //! routing decision, the worker session state machine, the authorisation rules, the rules of the
 //! local plane (placement, who may take a task, asks, turnover and nudges) and those of the
-//! federated plane (admission of a broker delivery, the remote roster, the receipt bound).
+//! federated plane (admission of a broker delivery, the remote roster, the receipt bound, which
+//! dead letters are told of).
 //!
 //! This crate does no I/O, and its rules know no clock: timestamps come in as arguments (the
 //! adapters read the one clock, [`clock::now_ms`]), so every rule here is tested with explicit
@@ -13,6 +14,7 @@ pub mod authz;
 pub mod bounds;
 pub mod clock;
 pub mod control;
+pub mod dead;
 pub mod delivery;
 pub mod entity;
 pub mod envelope;

@@ -206,6 +206,10 @@ pub trait Store: Send + Sync + 'static {
     /// it was.
     fn sent_to(&self, asked: &[(MsgId, String)]) -> StoreResult<Vec<Option<SentBetween>>>;
 
+    /// Every record of `msg_ids` being published, whatever host it went to: `(id, from, to)`,
+    /// `to` none for a broadcast's own id.
+    fn sent_records(&self, msg_ids: &[MsgId]) -> StoreResult<Vec<(MsgId, Gid, Option<Gid>)>>;
+
     /// The newest `limit` broadcasts this gateway published (those recorded under the host
     /// `*`), with their senders.
     fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>>;

@@ -635,6 +635,27 @@ impl Store for SqliteStore {
         Ok(found)
     }
 
+    fn sent_records(&self, msg_ids: &[MsgId]) -> StoreResult<Vec<(MsgId, Gid, Option<Gid>)>> {
+        let conn = self.conn();
+        let mut query =
+            conn.prepare_cached("SELECT from_gid, to_gid FROM sent WHERE msg_id = ?1")?;
+        let mut found = Vec::new();
+        for msg_id in msg_ids {
+            let rows = query.query_map([msg_id.to_string()], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?))
+            })?;
+            for row in rows {
+                let (from, to) = row?;
+                found.push((
+                    *msg_id,
+                    parse(&from, "sent sender")?,
+                    to.map(|t| parse(&t, "sent recipient")).transpose()?,
+                ));
+            }
+        }
+        Ok(found)
+    }
+
     fn recent_broadcasts(&self, limit: usize) -> StoreResult<Vec<(MsgId, Gid)>> {
         let conn = self.conn();
         let mut query = conn.prepare_cached(

@@ -555,6 +555,12 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
         [Some((lead, Some(w))), None, Some((lead, None))]
     );
     assert_eq!(store.recent_broadcasts(10).unwrap(), [(b, lead)]);
+    // Every record of an id, whatever its host.
+    let mut records = store.sent_records(&[b, a, MsgId::mint()]).unwrap();
+    records.sort_by_key(|(id, _, to)| (*id, to.is_some()));
+    let mut expected = vec![(a, lead, Some(w)), (b, lead, None), (b, lead, None)];
+    expected.sort_by_key(|(id, _, to)| (*id, to.is_some()));
+    assert_eq!(records, expected);
     // Forgotten once their time is past, not before.
     assert_eq!(store.forget(100).unwrap(), 0);
     // a for owner and for other, b for other, and a sent to hostb.
@@ -564,6 +570,7 @@ fn what_came_off_the_broker_and_where_messages_went_outlive_a_restart_until_thei
         [false, true]
     );
     assert_eq!(store.sent_to(&[(a, "hostb".into())]).unwrap(), [None]);
+    assert_eq!(store.sent_records(&[a]).unwrap(), []);
 }
 
 #[test]

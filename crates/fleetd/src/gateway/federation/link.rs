@@ -116,6 +116,10 @@ impl Gateway {
             let gateway = Arc::clone(self);
             self.tasks
                 .spawn(async move { gateway.consume_control(control).await });
+            let dead = link.open_dead_letters(&self.host_id).await?;
+            let gateway = Arc::clone(self);
+            self.tasks
+                .spawn(async move { gateway.consume_dead_letters(dead).await });
             let local = self.lock().entities();
             for entity in &local {
                 self.attach_inbox(link.as_ref(), entity).await?;

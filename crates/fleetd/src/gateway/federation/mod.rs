@@ -14,11 +14,12 @@
 //! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
 //! [`link`] keeps the link and the inbox consumers, [`inbox`] admits and settles deliveries,
 //! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`publish`] sends,
-//! [`receipts`] fails overdue briefs, [`control`] spawns and stops workers across hosts,
-//! [`turns`] carries asks across hosts, [`trust`] signs what goes out and checks what comes in
-//! (the rules are `fleet_core::trust`'s).
+//! [`receipts`] fails overdue briefs, [`dead`] tells the senders of this host's dead letters,
+//! [`control`] spawns and stops workers across hosts, [`turns`] carries asks across hosts,
+//! [`trust`] signs what goes out and checks what comes in (the rules are `fleet_core::trust`'s).
 
 mod control;
+mod dead;
 mod inbox;
 mod link;
 mod presence;

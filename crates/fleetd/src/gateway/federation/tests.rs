@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_amqp::fake::{FakeBroker, Settled};
+use fleet_amqp::topology::inbox_queue;
 use fleet_amqp::{Broker, Table};
 use fleet_core::admission::Settlement;
 use fleet_core::envelope::{Envelope, VERSION};
@@ -605,4 +606,360 @@ async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_qu
     );
     assert!(notice[0].body.contains(&expected), "{}", notice[0].body);
     gateway.shutdown.cancel();
+}
+
+/// The harness with this host's dead-letter queue consumed.
+async fn with_dead_letters() -> Harness {
+    let harness = harness(10).await;
+    let dead = harness.broker.open_dead_letters("hosta").await.unwrap();
+    let consumer = Arc::clone(&harness.gateway);
+    tokio::spawn(async move { consumer.consume_dead_letters(dead).await });
+    harness
+}
+
+/// Worker `wb` on hostb, as its heartbeats told hosta.
+fn hear_wb(gateway: &Gateway) -> Gid {
+    let wb = Entity {
+        gid: Gid::mint(),
+        name: "wb".into(),
+        host: "hostb".into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        groups: Vec::new(),
+        parent: None,
+    };
+    let heard = Presence {
+        entity: Some(wb.clone()),
+        status: "idle".into(),
+        profiles: Vec::new(),
+    };
+    let now = tokio::time::Instant::now().into_std();
+    gateway
+        .fed()
+        .unwrap()
+        .lock()
+        .roster
+        .hear("hostb", heard, now, 0);
+    wb.gid
+}
+
+/// Records that hosta published `(msg_id, host, from, to)`, as `publish_remote` does.
+async fn sent_from_here(gateway: &Gateway, records: Vec<(MsgId, &str, Gid, Option<Gid>)>) {
+    let rows: Vec<fleet_store::SentRecord> = records
+        .into_iter()
+        .map(|(msg_id, host, from, to)| fleet_store::SentRecord {
+            msg_id,
+            host: host.into(),
+            from,
+            to,
+            until_ms: i64::MAX,
+        })
+        .collect();
+    gateway.db(move |s| s.record_sent(&rows)).await.unwrap();
+}
+
+/// `envelope` with `body` sealed by hosta (this gateway), as the broker dead-letters it for
+/// `reason` off `queue` a minute after it was sent.
+fn dead_letter(
+    gateway: &Gateway,
+    envelope: &Envelope,
+    body: &[u8],
+    reason: &str,
+    queue: &str,
+) -> Table {
+    let fed = gateway.fed().unwrap();
+    let died_s = i64::try_from(envelope.ts_ms / 1000 + 60).unwrap();
+    let death = Table::new()
+        .with("reason", reason)
+        .with("queue", queue)
+        .with("time", died_s)
+        .with("count", 1);
+    Table::of_signed(envelope, &fed.sign(envelope, body)).with(
+        "x-death",
+        fleet_amqp::Field::Array(vec![fleet_amqp::Field::Table(death)]),
+    )
+}
+
+/// The outcomes of the audit lines in `dir`, in order.
+fn audited_outcomes(dir: &tempfile::TempDir) -> Vec<String> {
+    std::fs::read_to_string(dir.path().join("audit.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            line["outcome"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+/// What is held for `gid`, taken.
+async fn taken(gateway: &Gateway, gid: Gid) -> Vec<Message> {
+    gateway
+        .db(move |s| s.take_held(gid, None, 10))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_awaits_its_receipt() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        _dir: dir,
+        ..
+    } = with_dead_letters().await;
+    let wb = hear_wb(&gateway);
+    let brief = Message::task(alice.gid, wb, "task".into(), TraceId::mint(), 0);
+    gateway.track_remote_brief(&brief).await;
+    sent_from_here(&gateway, vec![(brief.msg_id, "hostb", alice.gid, Some(wb))]).await;
+    let sent = gateway.outgoing(
+        Kind::Send,
+        (brief.msg_id, brief.trace_id),
+        alice.gid,
+        wb.to_string(),
+        60,
+    );
+    let headers = dead_letter(&gateway, &sent, b"task", "expired", &inbox_queue(wb));
+    // The same dead letter twice (the broker delivering it again after a crash, say).
+    let first = broker
+        .dead_letter(&headers, b"task", Some("guest"))
+        .await
+        .unwrap();
+    let again = broker
+        .dead_letter(&headers, b"task", Some("guest"))
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == again)).await;
+    for tag in [first, again] {
+        assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");
+    }
+    let held = taken(&gateway, alice.gid).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    let notice = &held[0];
+    assert_eq!(
+        (notice.kind, notice.from, notice.in_reply_to),
+        (Kind::Failed, wb, Some(brief.msg_id))
+    );
+    assert_eq!(notice.msg_id, brief.msg_id.derived("failed"));
+    assert_eq!(
+        notice.body,
+        "expired after 60 s unread in the inbox of 'wb@hostb', never taken: its gateway may be down"
+    );
+    // Its receipt is no longer awaited: the bound will not fail it again.
+    assert_eq!(gateway.fed().unwrap().pending_state(brief.msg_id), None);
+    let awaited = gateway.db(|s| s.awaited_receipts()).await.unwrap();
+    assert!(awaited.is_empty(), "{awaited:?}");
+    // Nothing goes back through the broker: the sender is here.
+    assert!(broker.published().is_empty(), "{:?}", broker.published());
+    assert_eq!(
+        audited_outcomes(&dir),
+        ["dead letter: expired, sender told"; 2]
+    );
+}
+
+#[tokio::test]
+async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        ..
+    } = with_dead_letters().await;
+    let wb = hear_wb(&gateway);
+    let brief = Message::task(alice.gid, wb, "task".into(), TraceId::mint(), 0);
+    sent_from_here(&gateway, vec![(brief.msg_id, "hostb", alice.gid, Some(wb))]).await;
+    // What the sweep does when the bound runs out; the sender takes the notice.
+    gateway
+        .notify_failed(&brief, "no INJECTED receipt from 'wb'")
+        .await;
+    assert_eq!(taken(&gateway, alice.gid).await.len(), 1);
+    let sent = gateway.outgoing(
+        Kind::Send,
+        (brief.msg_id, brief.trace_id),
+        alice.gid,
+        wb.to_string(),
+        60,
+    );
+    let headers = dead_letter(&gateway, &sent, b"task", "expired", &inbox_queue(wb));
+    let tag = broker
+        .dead_letter(&headers, b"task", Some("guest"))
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
+    assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)]);
+    assert_eq!(taken(&gateway, alice.gid).await, []);
+}
+
+#[tokio::test]
+async fn an_expired_broadcast_copy_is_told_of_by_the_copys_id() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        ..
+    } = with_dead_letters().await;
+    let wb = hear_wb(&gateway);
+    let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
+    // As `publish_broadcast` records a broadcast the roster knew no copy of.
+    sent_from_here(
+        &gateway,
+        vec![
+            (msg_id, "*", alice.gid, None),
+            (msg_id, "hostb", alice.gid, None),
+        ],
+    )
+    .await;
+    let sent = gateway.outgoing(
+        Kind::Broadcast,
+        (msg_id, trace_id),
+        alice.gid,
+        "broadcast.all".into(),
+        60,
+    );
+    let headers = dead_letter(&gateway, &sent, b"all", "expired", &inbox_queue(wb));
+    let tag = broker
+        .dead_letter(&headers, b"all", Some("guest"))
+        .await
+        .unwrap();
+    settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
+    let held = taken(&gateway, alice.gid).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    let copy = msg_id.derived(&wb.to_string());
+    assert_eq!(
+        (held[0].kind, held[0].in_reply_to, held[0].msg_id),
+        (Kind::Failed, Some(copy), copy.derived("failed"))
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged_and_tell_nobody() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        carol,
+        _dir: dir,
+    } = with_dead_letters().await;
+    let wb = hear_wb(&gateway);
+    let inbox = inbox_queue(wb);
+    // A brief alice really sent, and one whose receipt came (it was typed in).
+    let ours = |kind: Kind| {
+        gateway.outgoing(
+            kind,
+            (MsgId::mint(), TraceId::mint()),
+            alice.gid,
+            wb.to_string(),
+            60,
+        )
+    };
+    let sent = ours(Kind::Send);
+    let injected = ours(Kind::Send);
+    let notice = Envelope {
+        in_reply_to: Some(MsgId::mint()),
+        ..ours(Kind::Failed)
+    };
+    let unrecorded = ours(Kind::Send);
+    sent_from_here(
+        &gateway,
+        [&sent, &injected, &notice]
+            .iter()
+            .map(|e| (e.msg_id, "hostb", alice.gid, Some(wb)))
+            .collect(),
+    )
+    .await;
+    let brief =
+        Message::task(alice.gid, wb, "task".into(), injected.trace_id, 0).with_id(injected.msg_id);
+    gateway.track_remote_brief(&brief).await;
+    gateway
+        .fed()
+        .unwrap()
+        .lock()
+        .receipts
+        .injected(injected.msg_id, tokio::time::Instant::now().into_std());
+    let genuine =
+        |e: &Envelope, reason: &str, queue: &str| dead_letter(&gateway, e, b"x", reason, queue);
+    let death = |reason: &str| {
+        fleet_amqp::Field::Array(vec![fleet_amqp::Field::Table(
+            Table::new()
+                .with("reason", reason)
+                .with("queue", inbox.as_str()),
+        )])
+    };
+    let mut letters: Vec<(Table, Option<&str>)> = vec![
+        // Sealed by another key, unsigned, or published by another broker login.
+        (
+            Table::of_signed(&sent, &signature(&host_key("hostb"), &sent, b"x"))
+                .with("x-death", death("expired")),
+            Some("guest"),
+        ),
+        (
+            Table::of_envelope(&sent).with("x-death", death("expired")),
+            Some("guest"),
+        ),
+        (genuine(&sent, "expired", &inbox), Some("mallory")),
+        (genuine(&sent, "expired", &inbox), None),
+        // Told of already: over the cap, refused by its recipient's gateway.
+        (genuine(&sent, "maxlen", &inbox), Some("guest")),
+        (genuine(&sent, "rejected", &inbox), Some("guest")),
+        // A cause nobody names, no x-death at all, another entity's inbox, or no inbox.
+        (genuine(&sent, "eaten", &inbox), Some("guest")),
+        (
+            Table::of_signed(&sent, &gateway.fed().unwrap().sign(&sent, b"x")),
+            Some("guest"),
+        ),
+        (
+            genuine(&sent, "expired", &inbox_queue(Gid::mint())),
+            Some("guest"),
+        ),
+        (genuine(&sent, "expired", "fleet.dlq"), Some("guest")),
+        // A notice never is; one this gateway has no record of sending; one typed in.
+        (genuine(&notice, "expired", &inbox), Some("guest")),
+        (genuine(&unrecorded, "expired", &inbox), Some("guest")),
+        (genuine(&injected, "expired", &inbox), Some("guest")),
+    ];
+    // Another host's message (hostc's lead carol), genuinely sealed by it.
+    let theirs = envelope(Kind::Send, carol, &wb.to_string());
+    letters.push((
+        signed(&theirs, b"x").with("x-death", death("expired")),
+        Some("guest"),
+    ));
+    let mut tags = Vec::new();
+    for (headers, login) in &letters {
+        tags.push(broker.dead_letter(headers, b"x", *login).await.unwrap());
+    }
+    let last = *tags.last().unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == last)).await;
+    for tag in tags {
+        assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");
+    }
+    assert_eq!(taken(&gateway, alice.gid).await, []);
+    assert!(broker.published().is_empty(), "{:?}", broker.published());
+    // Each for its own reason, in the order they came.
+    let reasons = [
+        "key not pinned",
+        "unsigned",
+        "broker login",
+        "broker login",
+        "maxlen",
+        "rejected",
+        "no cause",
+        "no cause",
+        "another inbox",
+        "no inbox",
+        "a notice",
+        "not sent",
+        "delivered",
+        "another host's",
+    ];
+    let expected: Vec<String> = reasons
+        .iter()
+        .map(|r| format!("dead letter dropped: {r}"))
+        .collect();
+    assert_eq!(audited_outcomes(&dir), expected);
+    // The brief that was typed in still awaits its answer.
+    assert_eq!(
+        gateway.fed().unwrap().pending_state(injected.msg_id),
+        Some("injected")
+    );
 }

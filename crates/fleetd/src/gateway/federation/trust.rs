@@ -79,6 +79,21 @@ impl Federation {
         )
     }
 
+    /// Whether `delivery` under `envelope` is sealed by this gateway itself: its own key and
+    /// broker login (whatever `insecure_unsigned` says: this gateway signs all it publishes).
+    pub(super) fn check_own_seal(
+        &self,
+        envelope: &Envelope,
+        delivery: &Delivery,
+    ) -> Result<(), Refusal> {
+        check_seal(
+            &self.trust,
+            envelope,
+            delivery.body(),
+            Self::seal_of(delivery),
+        )
+    }
+
     fn skew_ms(&self) -> u64 {
         self.config.clock_skew_s.saturating_mul(1000)
     }
