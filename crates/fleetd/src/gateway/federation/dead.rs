@@ -1,7 +1,8 @@
 //! This host's dead letters (spec 10 §10 "Inbox caps"): the broker sorts every dead letter
 //! whose `fromHost` is this host into `fleet.dlq.<host>`, and the consumer here tells the
 //! sender of a message that expired unread in its recipient's inbox (the recipient's gateway
-//! down, say) with one `FAILED` notice, as if from that recipient. What `fleet_core::dead`
+//! down, say), or of a broadcast's copy a full inbox refused, with one `FAILED` notice, as if
+//! from that recipient. What `fleet_core::dead`
 //! decides is acted on: a dead letter not sealed by this gateway is dropped with a thinned
 //! error line, others quietly; `fleet.dlq` keeps every one.
 //!
