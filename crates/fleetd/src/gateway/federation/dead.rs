@@ -93,7 +93,8 @@ impl Gateway {
 
     /// What this gateway recorded of `candidate`'s message: where it was published (in the
     /// store, or in memory only, just published or the store failing), whether its `INJECTED`
-    /// receipt came, and whether its sender is still here.
+    /// receipt came, and whether its sender is still here (a lead, or a worker whose session
+    /// is live).
     async fn record_of(&self, candidate: &Candidate) -> Result<(Sent, bool, bool), FleetError> {
         let ids = candidate.ids();
         let (mut sent, injected) = match self.fed() {
@@ -111,7 +112,10 @@ impl Gateway {
             None => (Vec::new(), false),
         };
         sent.extend(self.db(move |s| s.sent_records(&ids)).await?);
-        let sender_here = self.lock().recipient(candidate.sender) != Recipient::Elsewhere;
+        let sender_here = matches!(
+            self.lock().recipient(candidate.sender),
+            Recipient::Lead | Recipient::Pane { live: true }
+        );
         Ok((sent, injected, sender_here))
     }
 
