@@ -417,3 +417,41 @@ async fn a_broadcast_copy_a_full_inbox_refused_is_failed_to_its_sender_by_the_co
     assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_expired_before_its_recipients_gateway_came_back_is_failed_to_its_sender()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // hosta's messages live 3 s; hostb's inboxes keep them a day.
+    let a = gateway(&vhost.uri(), "hosta", "alice", "inbox_message_ttl_s = 3\n").await?;
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    b.kill9().await?;
+    let sent_at = std::time::Instant::now();
+    let sent = alice.send("bob@hostb", "read me soon", 0).await?;
+    let id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    // hostb comes back once the message's expiresAt has passed (it still waits in bob's
+    // inbox): it refuses it, and tells alice; the refused dead letter coming back to hosta
+    // makes no second notice.
+    until("the message's expiry", LIMIT, || async {
+        (sent_at.elapsed() > std::time::Duration::from_millis(3_500)).then_some(())
+    })
+    .await?;
+    b.launch().await?;
+    let got = drain(&alice, 1).await?;
+    assert_eq!(
+        (got[0]["kind"].as_str(), got[0]["in_reply_to"].as_str()),
+        (Some("FAILED"), Some(id.as_str())),
+        "{got:?}\n{}",
+        b.log()
+    );
+    let text = got[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("expired (expiresAt) before its recipient's gateway could take it"),
+        "{text}"
+    );
+    audited(&a, &id, "dead letter dropped: rejected", 1).await?;
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "a second notice");
+    Ok(())
+}
