@@ -7,10 +7,12 @@
 //! A dead letter is as hostile as anything else off the broker: anyone who may publish on the
 //! vhost can put one on `fleet.dlx`. Only one sealed by this gateway itself (its own key and
 //! broker login), naming this host, is looked at; of those only a message one waits on (never
-//! a notice: no loops) that the broker dropped by itself — it `expired` in an inbox, or hit a
-//! quorum queue's `delivery_limit`. The others were told of already: over an inbox's cap
-//! (`maxlen`) the publisher's confirm was a nack and the sending call failed; a message its
-//! recipient's gateway refused (`rejected`) was told of by that gateway, or was not genuine.
+//! a notice: no loops) that the broker dropped by itself — it `expired` in an inbox, hit a
+//! quorum queue's `delivery_limit`, or, a broadcast's copy, found its inbox full (`maxlen`).
+//! The others were told of already: a message over an inbox's cap made the publisher's confirm
+//! a nack and the sending call failed (a broadcast's publish succeeds for the copies that went
+//! in, so a refused copy has no other word); a message its recipient's gateway refused
+//! (`rejected`) was told of by that gateway, or was not genuine.
 
 use std::fmt;
 
@@ -123,8 +125,8 @@ pub enum Dropped {
     /// A notice or a receipt (`FAILED`, `INJECTED` …), or a kind no inbox takes: telling of it
     /// would only start a loop.
     Notice(Kind),
-    /// Its sender was told already (`maxlen`: the publish failed; `rejected`: by the
-    /// recipient's gateway, or it was not genuine).
+    /// Its sender was told already (`maxlen`, but for a broadcast's copy: the publish failed;
+    /// `rejected`: by the recipient's gateway, or it was not genuine).
     ToldOtherwise(Cause),
     /// Its `x-death` is missing or names no cause this gateway knows.
     NoCause,
@@ -200,7 +202,7 @@ fn told_of(kind: Kind) -> bool {
 /// The first look at a dead letter under `envelope` that died for `cause` in the inbox of
 /// `recipient` (none: its `x-death` names no inbox), with `seal` the check of this gateway's
 /// own seal on it, on host `this_host`: a candidate to tell its sender of, or why not. In this
-/// order: the seal, the kind, the cause, the inbox.
+/// order: the seal, the kind, the cause (for the kind), the inbox.
 pub fn screen(
     envelope: &Envelope,
     cause: Cause,
@@ -215,13 +217,14 @@ pub fn screen(
     if !told_of(envelope.kind) {
         return Err(Dropped::Notice(envelope.kind));
     }
+    let broadcast = envelope.kind == Kind::Broadcast;
     match cause {
         Cause::Expired | Cause::DeliveryLimit => {}
+        Cause::MaxLen if broadcast => {}
         Cause::MaxLen | Cause::Rejected => return Err(Dropped::ToldOtherwise(cause)),
         Cause::Unknown => return Err(Dropped::NoCause),
     }
     let recipient = recipient.ok_or(Dropped::NoInbox)?;
-    let broadcast = envelope.kind == Kind::Broadcast;
     if !broadcast && envelope.to != recipient.to_string() {
         return Err(Dropped::OtherInbox);
     }
@@ -281,6 +284,9 @@ pub fn failure(death: &Death, sent_ms: u64, recipient: &str) -> String {
     match death.cause {
         Cause::DeliveryLimit => format!(
             "dead-lettered by the broker{waited} from the inbox of '{recipient}' after too many delivery attempts, never taken"
+        ),
+        Cause::MaxLen => format!(
+            "refused: the inbox of '{recipient}' was full (federation.inbox_max_length of its host), so this copy never went in"
         ),
         _ => format!(
             "expired{waited} unread in the inbox of '{recipient}', never taken: its gateway may be down"
@@ -346,14 +352,18 @@ mod tests {
     }
 
     #[test]
-    fn a_broadcast_copy_is_told_of_by_the_copys_own_id() {
+    fn a_broadcast_copy_is_told_of_by_the_copys_own_id_expired_or_refused_by_a_full_inbox() {
         let recipient = Gid::mint();
         let sent = ours(Kind::Broadcast, "broadcast.core");
-        let candidate = screened(&sent, Cause::Expired, Some(recipient)).unwrap();
         let copy = sent.msg_id.derived(&recipient.to_string());
-        assert_eq!(candidate.original, copy);
-        assert!(candidate.broadcast);
-        assert_eq!(candidate.ids(), [sent.msg_id, copy]);
+        // The broadcast's publish does not fail for one full inbox among many: the copy that
+        // found its inbox full has no other word.
+        for cause in [Cause::Expired, Cause::MaxLen] {
+            let candidate = screened(&sent, cause, Some(recipient)).unwrap();
+            assert_eq!(candidate.original, copy);
+            assert!(candidate.broadcast);
+            assert_eq!(candidate.ids(), [sent.msg_id, copy]);
+        }
     }
 
     #[test]
@@ -401,11 +411,18 @@ mod tests {
             assert_eq!(got, Err(Dropped::Notice(kind)));
             assert!(!got.unwrap_err().suspicious());
         }
-        for cause in [Cause::MaxLen, Cause::Rejected] {
-            let got = screened(&ours(Kind::Send, &to), cause, Some(recipient));
-            assert_eq!(got, Err(Dropped::ToldOtherwise(cause)));
-            assert!(!got.unwrap_err().suspicious());
+        for kind in [Kind::Send, Kind::Reply, Kind::Ask, Kind::Answer] {
+            for cause in [Cause::MaxLen, Cause::Rejected] {
+                let got = screened(&ours(kind, &to), cause, Some(recipient));
+                assert_eq!(got, Err(Dropped::ToldOtherwise(cause)), "{kind}");
+                assert!(!got.unwrap_err().suspicious());
+            }
         }
+        let copy = ours(Kind::Broadcast, "broadcast.all");
+        assert_eq!(
+            screened(&copy, Cause::Rejected, Some(recipient)),
+            Err(Dropped::ToldOtherwise(Cause::Rejected))
+        );
         assert_eq!(
             Dropped::ToldOtherwise(Cause::MaxLen).reason(),
             "maxlen",
@@ -532,5 +549,10 @@ mod tests {
             time_s: None,
         };
         assert!(failure(&limit, NOW, "wb").contains("too many delivery attempts"));
+        let full = Death {
+            cause: Cause::MaxLen,
+            ..limit
+        };
+        assert!(failure(&full, NOW, "wb").starts_with("refused: the inbox of 'wb' was full"));
     }
 }

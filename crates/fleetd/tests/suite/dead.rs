@@ -1,7 +1,8 @@
 //! Dead letters on the real RabbitMQ: a message that expires unread in a remote inbox (its
-//! gateway down) comes back to its sender's gateway through `fleet.dead` and
-//! `fleet.dlq.<host>`, and its sender gets exactly one `FAILED`, whichever way it went and
-//! however often the dead letter comes; a forged dead letter tells nobody.
+//! gateway down), or a broadcast's copy a full inbox refused, comes back to its sender's
+//! gateway through `fleet.dead` and `fleet.dlq.<host>`, and its sender gets exactly one
+//! `FAILED`, whichever way it went and however often the dead letter comes; a forged dead
+//! letter tells nobody.
 
 use fleet_amqp::{Field, Raw, Table};
 use fleet_core::dead::{Cause, Death};
@@ -14,7 +15,7 @@ use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::Fleet;
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::federation::{
     LIMIT, Pair, audit_lines, dead_letters, drain, forged, gateway, gateway_with, gid_of, pair,
@@ -357,5 +358,100 @@ async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_logi
             .contains("in the inbox of 'bob@hostb'"),
         "{got:?}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_copy_a_full_inbox_refused_is_failed_to_its_sender_by_the_copys_id()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway_with(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "",
+        "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 300\n",
+    )
+    .await?;
+    // hostb's inboxes hold one message.
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", "inbox_max_length = 1\n").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    // hostb dies; one brief fills wb's inbox, and the broadcast's copy finds it full. The
+    // broadcast itself goes (there could be other inboxes): only the copy is refused.
+    b.kill9().await?;
+    let first = alice.send("wb", "fills the inbox", 0).await?;
+    assert_eq!(first["state"], "queued", "{first}");
+    let all = alice
+        .ok("fleet_broadcast", json!({"message": "everyone"}))
+        .await?;
+    let copy = all["msg_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<MsgId>()?
+        .derived(&gid_of(&wb));
+    let got = drain(&alice, 1).await?;
+    assert_eq!(
+        (got[0]["kind"].as_str(), got[0]["in_reply_to"].as_str()),
+        (Some("FAILED"), Some(copy.to_string().as_str())),
+        "{got:?}\n{}",
+        a.log()
+    );
+    let text = got[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("refused: the inbox of 'wb@hostb' was full"),
+        "{text}"
+    );
+    assert_eq!(
+        audited(
+            &a,
+            all["msg_id"].as_str().unwrap_or_default(),
+            "dead letter: maxlen, sender told",
+            1
+        )
+        .await?,
+        ["published", "dead letter: maxlen, sender told"]
+    );
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_expired_before_its_recipients_gateway_came_back_is_failed_to_its_sender()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // hosta's messages live 3 s; hostb's inboxes keep them a day.
+    let a = gateway(&vhost.uri(), "hosta", "alice", "inbox_message_ttl_s = 3\n").await?;
+    let mut b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    b.kill9().await?;
+    let sent_at = std::time::Instant::now();
+    let sent = alice.send("bob@hostb", "read me soon", 0).await?;
+    let id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    // hostb comes back once the message's expiresAt has passed (it still waits in bob's
+    // inbox): it refuses it, and tells alice; the refused dead letter coming back to hosta
+    // makes no second notice.
+    until("the message's expiry", LIMIT, || async {
+        (sent_at.elapsed() > std::time::Duration::from_millis(3_500)).then_some(())
+    })
+    .await?;
+    b.launch().await?;
+    let got = drain(&alice, 1).await?;
+    assert_eq!(
+        (got[0]["kind"].as_str(), got[0]["in_reply_to"].as_str()),
+        (Some("FAILED"), Some(id.as_str())),
+        "{got:?}\n{}",
+        b.log()
+    );
+    let text = got[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("expired (expiresAt) before its recipient's gateway could take it"),
+        "{text}"
+    );
+    audited(&a, &id, "dead letter dropped: rejected", 1).await?;
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "a second notice");
     Ok(())
 }

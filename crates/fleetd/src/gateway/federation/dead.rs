@@ -1,7 +1,8 @@
 //! This host's dead letters (spec 10 §10 "Inbox caps"): the broker sorts every dead letter
 //! whose `fromHost` is this host into `fleet.dlq.<host>`, and the consumer here tells the
 //! sender of a message that expired unread in its recipient's inbox (the recipient's gateway
-//! down, say) with one `FAILED` notice, as if from that recipient. What `fleet_core::dead`
+//! down, say), or of a broadcast's copy a full inbox refused, with one `FAILED` notice, as if
+//! from that recipient. What `fleet_core::dead`
 //! decides is acted on: a dead letter not sealed by this gateway is dropped with a thinned
 //! error line, others quietly; `fleet.dlq` keeps every one.
 //!
@@ -92,7 +93,8 @@ impl Gateway {
 
     /// What this gateway recorded of `candidate`'s message: where it was published (in the
     /// store, or in memory only, just published or the store failing), whether its `INJECTED`
-    /// receipt came, and whether its sender is still here.
+    /// receipt came, and whether its sender is still here (a lead, or a worker whose session
+    /// is live).
     async fn record_of(&self, candidate: &Candidate) -> Result<(Sent, bool, bool), FleetError> {
         let ids = candidate.ids();
         let (mut sent, injected) = match self.fed() {
@@ -110,7 +112,10 @@ impl Gateway {
             None => (Vec::new(), false),
         };
         sent.extend(self.db(move |s| s.sent_records(&ids)).await?);
-        let sender_here = self.lock().recipient(candidate.sender) != Recipient::Elsewhere;
+        let sender_here = matches!(
+            self.lock().recipient(candidate.sender),
+            Recipient::Lead | Recipient::Pane { live: true }
+        );
         Ok((sent, injected, sender_here))
     }
 

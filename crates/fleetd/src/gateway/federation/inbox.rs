@@ -157,7 +157,8 @@ impl Gateway {
 
     /// Checks a delivery: its envelope and body, or it is dead-lettered (malformed, of a newer
     /// version, for another recipient, expired, too large or not text, or failing a trust check
-    /// that can be made one message at a time) with a loud log line.
+    /// that can be made one message at a time) with a loud log line, and the sender of one
+    /// expired or too large told.
     async fn admit(
         self: &Arc<Self>,
         owner: Gid,
@@ -198,17 +199,17 @@ impl Gateway {
             Admission::Refused { envelope, why } => (envelope, why),
         };
         // Nothing is done about an envelope before it is known to be genuine, not even telling
-        // its sender: an expired one only has to be signed, the others pass what a message
-        // taken would.
+        // its sender: an expired one only has to be signed by its sender's host, the others pass
+        // what a message taken would.
         let checked = match why {
-            Refusal::Expired => fed.check_seal(&envelope, delivery),
+            Refusal::Expired => self.check_expired(&envelope, delivery),
             _ => self.check_one(owner, delivery, &envelope, patience).await,
         };
         if let Err(refusal) = checked {
             self.refuse_untrusted(delivery, &envelope, &refusal).await;
             return None;
         }
-        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let size = delivery.body().len();
         match why {
             Refusal::WrongRecipient => {
@@ -219,8 +220,12 @@ impl Gateway {
                 fed.audit(&envelope, size, "refused: recipient mismatch");
             }
             Refusal::Expired => {
-                tracing::warn!(%trace_id, %msg_id, %kind, "expired before delivery: dead-lettered");
-                fed.audit(&envelope, size, "expired");
+                // Its sender is told (the dead letter coming back to its host, refused, is not
+                // told of again): nothing vanishes.
+                let why = "it expired (expiresAt) before its recipient's gateway could take it: that gateway was down, or its inboxes keep messages longer than the sender's gateway lets them live";
+                self.refuse_and_tell(owner, &envelope, delivery, "expired", why)
+                    .await;
+                return None;
             }
             Refusal::TooLarge { size, limit } => {
                 let why = format!(

@@ -792,14 +792,14 @@ async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter
 }
 
 #[tokio::test]
-async fn an_expired_broadcast_copy_is_told_of_by_the_copys_id() {
+async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the_copys_id() {
     let Harness {
         gateway,
         broker,
         alice,
         ..
     } = with_dead_letters().await;
-    let wb = hear_wb(&gateway);
+    let (wb, wc) = (hear_wb(&gateway), Gid::mint());
     let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
     // As `publish_broadcast` records a broadcast the roster knew no copy of.
     sent_from_here(
@@ -817,18 +817,40 @@ async fn an_expired_broadcast_copy_is_told_of_by_the_copys_id() {
         "broadcast.all".into(),
         60,
     );
-    let headers = dead_letter(&gateway, &sent, b"all", "expired", &inbox_queue(wb));
+    let expired = dead_letter(&gateway, &sent, b"all", "expired", &inbox_queue(wb));
+    let full = dead_letter(&gateway, &sent, b"all", "maxlen", &inbox_queue(wc));
+    broker
+        .dead_letter(&expired, b"all", Some("guest"))
+        .await
+        .unwrap();
     let tag = broker
-        .dead_letter(&headers, b"all", Some("guest"))
+        .dead_letter(&full, b"all", Some("guest"))
         .await
         .unwrap();
     settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
-    let held = taken(&gateway, alice.gid).await;
-    assert_eq!(held.len(), 1, "{held:?}");
-    let copy = msg_id.derived(&wb.to_string());
+    let mut held: Vec<(Kind, Option<MsgId>, MsgId, bool)> = taken(&gateway, alice.gid)
+        .await
+        .into_iter()
+        .map(|m| (m.kind, m.in_reply_to, m.msg_id, m.body.contains("was full")))
+        .collect();
+    held.sort_by_key(|(_, _, _, full)| *full);
+    let copy = |gid: Gid| msg_id.derived(&gid.to_string());
     assert_eq!(
-        (held[0].kind, held[0].in_reply_to, held[0].msg_id),
-        (Kind::Failed, Some(copy), copy.derived("failed"))
+        held,
+        [
+            (
+                Kind::Failed,
+                Some(copy(wb)),
+                copy(wb).derived("failed"),
+                false
+            ),
+            (
+                Kind::Failed,
+                Some(copy(wc)),
+                copy(wc).derived("failed"),
+                true
+            ),
+        ]
     );
 }
 

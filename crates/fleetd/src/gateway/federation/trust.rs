@@ -306,14 +306,27 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        fed.check_seal(envelope, delivery)?;
-        let (place, _) = self.whereabouts(fed, envelope.from);
-        check_sender(envelope, &place, &self.host_id, false)?;
+        self.check_expired(envelope, delivery)?;
         check_time(
             envelope,
             u64::try_from(now_ms()).unwrap_or(0),
             fed.message_window(),
         )
+    }
+
+    /// Checks 1 and 3 for a message refused as expired, whose sender is told: only if that is
+    /// who sent it.
+    pub(super) fn check_expired(
+        &self,
+        envelope: &Envelope,
+        delivery: &Delivery,
+    ) -> Result<(), Refusal> {
+        let Some(fed) = self.fed() else {
+            return Ok(());
+        };
+        fed.check_seal(envelope, delivery)?;
+        let (place, _) = self.whereabouts(fed, envelope.from);
+        check_sender(envelope, &place, &self.host_id, false)
     }
 
     /// Check 5 and the answers' authority, against the store, for a batch off `owner`'s inbox:
