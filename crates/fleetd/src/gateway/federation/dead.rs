@@ -2,9 +2,9 @@
 //! whose `fromHost` is this host into `fleet.dlq.<host>`, and the consumer here tells the
 //! sender of a message that expired unread in its recipient's inbox (the recipient's gateway
 //! down, say), or of a broadcast's copy a full inbox refused, with one `FAILED` notice, as if
-//! from that recipient. What `fleet_core::dead`
-//! decides is acted on: a dead letter not sealed by this gateway is dropped with a thinned
-//! error line, others quietly; `fleet.dlq` keeps every one.
+//! from that recipient. What `fleet_core::dead` decides is acted on: a dead letter not sealed
+//! by this gateway is dropped with a thinned error line, others quietly; `fleet.dlq` keeps
+//! every one.
 //!
 //! At least once: a dead letter is acknowledged once its notice is stored. The notice's id
 //! derives from the message's (`Message::notice`), so a redelivered dead letter, or one whose
