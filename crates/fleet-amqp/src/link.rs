@@ -254,29 +254,7 @@ impl Broker for Link {
                 .await
                 .map_err(|e| AmqpError::from_lapin(&format!("binding {queue} to {key}"), &e))?;
         }
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::from_lapin("setting the prefetch bound", &e))?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                format!("fleetd-{gid}").into(),
-                BasicConsumeOptions {
-                    exclusive: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| {
-                AmqpError::from_lapin(
-                    &format!("cannot consume {queue} (is another gateway consuming it?)"),
-                    &e,
-                )
-                .held()
-            })?;
-        Ok(Deliveries::new(consumer))
+        consume_exclusive(&channel, &queue, &format!("fleetd-{gid}"), self.prefetch).await
     }
 
     async fn delete_inbox(&self, gid: Gid) -> Result<(), AmqpError> {
@@ -323,10 +301,6 @@ impl Broker for Link {
         let queue = roster_queue(host);
         let channel = self.channel("cannot open the roster channel").await?;
         channel
-            .basic_qos(ROSTER_PREFETCH, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::from_lapin("cannot set the roster prefetch", &e))?;
-        channel
             .queue_declare(
                 queue.as_str().into(),
                 QueueDeclareOptions {
@@ -348,19 +322,13 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                format!("fleetd-roster-{host}").into(),
-                BasicConsumeOptions {
-                    exclusive: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {queue}"), &e).held())?;
-        Ok(Deliveries::new(consumer))
+        consume_exclusive(
+            &channel,
+            &queue,
+            &format!("fleetd-roster-{host}"),
+            ROSTER_PREFETCH,
+        )
+        .await
     }
 
     async fn open_dead_letters(&self, host: &str) -> Result<Deliveries, AmqpError> {
@@ -383,31 +351,13 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::from_lapin("setting the prefetch bound", &e))?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                format!("fleetd-dead-{host}").into(),
-                BasicConsumeOptions {
-                    exclusive: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| {
-                AmqpError::from_lapin(
-                    &format!(
-                        "cannot consume {queue} (is another gateway of this host consuming it?)"
-                    ),
-                    &e,
-                )
-                .held()
-            })?;
-        Ok(Deliveries::new(consumer))
+        consume_exclusive(
+            &channel,
+            &queue,
+            &format!("fleetd-dead-{host}"),
+            self.prefetch,
+        )
+        .await
     }
 
     async fn open_control(&self, host: &str) -> Result<Deliveries, AmqpError> {
@@ -424,29 +374,13 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        channel
-            .basic_qos(CONTROL_PREFETCH, BasicQosOptions::default())
-            .await
-            .map_err(|e| AmqpError::from_lapin("cannot set the control prefetch", &e))?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                format!("fleetd-control-{host}").into(),
-                BasicConsumeOptions {
-                    exclusive: true,
-                    ..BasicConsumeOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| {
-                AmqpError::from_lapin(
-                    &format!("cannot consume {queue} (is another gateway of this host running?)"),
-                    &e,
-                )
-                .held()
-            })?;
-        Ok(Deliveries::new(consumer))
+        consume_exclusive(
+            &channel,
+            &queue,
+            &format!("fleetd-control-{host}"),
+            CONTROL_PREFETCH,
+        )
+        .await
     }
 
     async fn publish(&self, message: Outgoing<'_>) -> Result<Published, AmqpError> {
@@ -528,6 +462,40 @@ pub(crate) fn published(confirmation: &Confirmation) -> Published {
         Confirmation::Ack(None) | Confirmation::NotRequested => Published::Routed,
         Confirmation::Nack(_) => Published::Refused,
     }
+}
+
+/// Starts the one exclusive, manually settled consumer (tagged `tag`) on `queue`, with
+/// `prefetch` deliveries unsettled at most. A queue another connection consumes is
+/// [`AmqpError::Held`].
+async fn consume_exclusive(
+    channel: &Channel,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+) -> Result<Deliveries, AmqpError> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .map_err(|e| AmqpError::from_lapin(&format!("setting the prefetch of {queue}"), &e))?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            tag.into(),
+            BasicConsumeOptions {
+                exclusive: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| {
+            AmqpError::from_lapin(
+                &format!("cannot consume {queue} (is another gateway consuming it?)"),
+                &e,
+            )
+            .held()
+        })?;
+    Ok(Deliveries::new(consumer))
 }
 
 /// Declares queue `name` with `args`, durable or not.
