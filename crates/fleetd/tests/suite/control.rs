@@ -325,6 +325,45 @@ async fn a_worker_asks_the_lead_on_another_host_whose_task_it_works_on() -> anyh
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_reaches_an_asking_worker_past_the_briefs_queued_for_it() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let p = pair_with_wb(&vhost).await?;
+
+    // wb asks mid-task; meanwhile alice queues two more tasks for it, which wait on the broker
+    // in its inbox, ahead of her answer.
+    let sent = p.alice.send("wb", "/ask 30 which port?", 20).await?;
+    assert_eq!(sent["status"], "asked", "{sent}\n{}", p.b.log());
+    for task in ["second", "third"] {
+        let queued = p.alice.send("wb", task, 0).await?;
+        assert_eq!(queued["status"], "pending", "{queued}");
+    }
+    // Her answer is not stuck behind them: the worker hears it, finishes, then takes the rest.
+    let turn = sent["ask"]["turn_id"].clone();
+    let answered = p
+        .alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": turn, "message": "8080", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", p.b.log());
+    assert_eq!(answered["reply"]["text"], "asked which port?, heard: 8080");
+    let texts = std::sync::Mutex::new(Vec::new());
+    until("the two queued tasks' replies", LIMIT, || async {
+        let got = p.alice.poll(0).await.ok()?;
+        let mut texts = texts.lock().ok()?;
+        texts.extend(
+            got.iter()
+                .map(|r| r["text"].as_str().unwrap_or_default().to_owned()),
+        );
+        (texts.len() >= 2).then_some(())
+    })
+    .await?;
+    assert_eq!(*texts.lock().unwrap(), ["echo: second", "echo: third"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ask_across_hosts_that_ended_is_over_for_the_lead_and_a_late_answer_hears_too_late()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;

@@ -12,6 +12,7 @@ use fleet_core::{Gid, Kind, Message};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
+use super::take::{WAITED_TOO_LONG, Waiting, until_due};
 use super::trust::{Patience, Vouched};
 use fleet_core::clock::now_ms;
 
@@ -40,16 +41,31 @@ pub(super) async fn settle(delivery: &Delivery, handled: Handled, through: bool)
 }
 
 impl Gateway {
-    /// Consumes `owner`'s inbox until the link or the entity goes.
+    /// Consumes `owner`'s inbox until the link or the entity goes. Briefs for a busy worker
+    /// wait here unacknowledged, in their order, while everything behind them goes on: an
+    /// answer to the worker's own ask, a notice or a reply is never stuck behind a task. One
+    /// that expires while it waits is failed to its sender then, never typed late.
     pub(super) async fn consume_inbox(
         self: Arc<Self>,
         owner: Gid,
         mut deliveries: Deliveries,
         stop: CancellationToken,
     ) {
+        let mut waiting = Waiting::default();
         loop {
+            let due = waiting.due();
             let mut next = tokio::select! {
                 next = deliveries.next() => next,
+                () = self.until_injectable(owner), if !waiting.is_empty() => {
+                    if !self.take_next_brief(owner, &mut waiting).await {
+                        return;
+                    }
+                    continue;
+                }
+                () = until_due(due), if due.is_some() => {
+                    self.fail_expired(owner, &mut waiting).await;
+                    continue;
+                }
                 () = stop.cancelled() => return,
             };
             // What has arrived already comes along, so that held messages are stored in one
@@ -72,9 +88,35 @@ impl Gateway {
                     None => break false,
                 }
             };
-            if !self.on_deliveries(owner, batch, &stop).await || ended {
+            if !self.on_deliveries(owner, batch, &mut waiting, &stop).await || ended {
                 return;
             }
+        }
+    }
+
+    /// Fails every brief in `waiting` that expired meanwhile: its sender is told, it is never
+    /// typed.
+    async fn fail_expired(self: &Arc<Self>, owner: Gid, waiting: &mut Waiting) {
+        let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
+        for brief in waiting.expired(now) {
+            self.refuse_and_tell(
+                owner,
+                &brief.envelope,
+                &brief.delivery,
+                "expired",
+                WAITED_TOO_LONG,
+            )
+            .await;
+        }
+    }
+
+    /// Takes the first brief waiting, now that its worker is free (or gone, when it fails as
+    /// any other would), unless it expired; false if the consumer is to stop.
+    async fn take_next_brief(self: &Arc<Self>, owner: Gid, waiting: &mut Waiting) -> bool {
+        self.fail_expired(owner, waiting).await;
+        match waiting.next() {
+            Some(brief) => self.take_brief(owner, brief).await,
+            None => true,
         }
     }
 
@@ -84,6 +126,7 @@ impl Gateway {
         self: &Arc<Self>,
         owner: Gid,
         batch: Vec<Delivery>,
+        waiting: &mut Waiting,
         stop: &CancellationToken,
     ) -> bool {
         let Some(fed) = self.fed() else {
@@ -143,15 +186,18 @@ impl Gateway {
                 });
                 continue;
             }
-            self.hold_all(std::mem::take(&mut held)).await;
-            if !self
-                .on_delivery(owner, delivery, envelope, body, stop)
-                .await
-            {
+            self.hold_all(std::mem::take(&mut held), waiting.is_empty())
+                .await;
+            let vouched = Vouched {
+                delivery,
+                envelope,
+                body,
+            };
+            if !self.on_delivery(owner, vouched, waiting).await {
                 return false;
             }
         }
-        self.hold_all(held).await;
+        self.hold_all(held, waiting.is_empty()).await;
         true
     }
 

@@ -2,9 +2,10 @@
 //! least once: acknowledged only once stored), briefs taken for local workers (the forward
 //! path, at most once: acknowledged before they go near the pane), and receipts.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
-use fleet_amqp::Delivery;
 use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Taker;
@@ -12,26 +13,94 @@ use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, Gid, Kind};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::inbox::{Incoming, settle};
+use super::trust::Vouched;
 use fleet_core::delivery::Placement;
+
+/// What the sender of a brief that expired while it waited for its worker is told.
+pub(super) const WAITED_TOO_LONG: &str =
+    "it expired (expiresAt) while it waited for its worker to be free; it was not typed in";
+
+/// Items waiting for their turn, in their order, each with the time it expires (milliseconds
+/// since the Unix epoch): the briefs of a busy worker, unacknowledged on the broker.
+pub(super) struct Waiting<T = Vouched> {
+    items: VecDeque<(u64, T)>,
+}
+
+impl<T> Default for Waiting<T> {
+    fn default() -> Self {
+        Waiting {
+            items: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Waiting<T> {
+    /// Adds one at the back.
+    pub(super) fn push(&mut self, expires_at_ms: u64, item: T) {
+        self.items.push_back((expires_at_ms, item));
+    }
+
+    /// Whether nothing waits.
+    pub(super) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// When the first of them expires.
+    pub(super) fn first_expiry(&self) -> Option<u64> {
+        self.items.iter().map(|(at, _)| *at).min()
+    }
+
+    /// Takes out, in their order, those expired at `now_ms`.
+    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<T> {
+        let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.items)
+            .into_iter()
+            .partition(|(at, _)| now_ms >= *at);
+        self.items = kept;
+        gone.into_iter().map(|(_, item)| item).collect()
+    }
+
+    /// Takes out the first.
+    pub(super) fn next(&mut self) -> Option<T> {
+        self.items.pop_front().map(|(_, item)| item)
+    }
+
+    /// When the first of them expires, on the runtime's clock.
+    pub(super) fn due(&self) -> Option<Instant> {
+        let at = self.first_expiry()?;
+        let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
+        Some(Instant::now() + Duration::from_millis(at.saturating_sub(now)))
+    }
+}
+
+/// Returns at `due` (never, without one).
+pub(super) async fn until_due(due: Option<Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 impl Gateway {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
-    /// worker, a receipt, or a kind an inbox does not take. False if the consumer is to stop.
+    /// worker (it joins `waiting`), a receipt, or a kind an inbox does not take. False if the
+    /// consumer is to stop.
     pub(super) async fn on_delivery(
         self: &Arc<Self>,
         owner: Gid,
-        delivery: Delivery,
-        envelope: Envelope,
-        body: String,
-        stop: &CancellationToken,
+        vouched: Vouched,
+        waiting: &mut Waiting,
     ) -> bool {
         let Some(fed) = self.fed() else {
             return false;
         };
+        let Vouched {
+            delivery,
+            envelope,
+            body,
+        } = vouched;
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         let size = delivery.body().len();
         match kind {
@@ -48,37 +117,15 @@ impl Gateway {
                     .await;
                     return true;
                 }
-                // The brief waits on the broker (unacknowledged) while the worker is busy.
-                if !self.await_injectable(owner, stop).await {
-                    return false;
-                }
-                // One that expired meanwhile is never typed late: its sender is told.
-                if envelope.expired(u64::try_from(now_ms()).unwrap_or(u64::MAX)) {
-                    self.refuse_and_tell(
-                        owner,
-                        &envelope,
-                        &delivery,
-                        "expired",
-                        "it expired (expiresAt) while it waited for its worker to be free; it was not typed in",
-                    )
-                    .await;
-                    return true;
-                }
-                // At most once: acknowledged before it goes anywhere near the pane.
-                if !settle(&delivery, Handled::Taken, false).await {
-                    return false;
-                }
-                let message = envelope.brief_for(owner, body, now_ms());
-                fed.audit(&envelope, size, "taken");
-                if let Err(e) = self.deliver(message.clone()).await {
-                    // Taken off the broker already (at most once): its sender is told.
-                    tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
-                    self.notify_failed(
-                        &message,
-                        &format!("not queued by its recipient's gateway: {}", e.message),
-                    )
-                    .await;
-                }
+                // It waits on the broker (unacknowledged) until the worker is free.
+                waiting.push(
+                    envelope.expires_at_ms,
+                    Vouched {
+                        delivery,
+                        envelope,
+                        body,
+                    },
+                );
             }
             Kind::Injected => {
                 if let Some(original) = envelope.in_reply_to {
@@ -102,10 +149,48 @@ impl Gateway {
         true
     }
 
+    /// Takes a brief whose worker is free (or gone, when it fails as any other would): one
+    /// that expired meanwhile is never typed late, its sender is told. False if the consumer is
+    /// to stop.
+    pub(super) async fn take_brief(self: &Arc<Self>, owner: Gid, brief: Vouched) -> bool {
+        let Some(fed) = self.fed() else {
+            return false;
+        };
+        let Vouched {
+            delivery,
+            envelope,
+            body,
+        } = brief;
+        if envelope.expired(u64::try_from(now_ms()).unwrap_or(u64::MAX)) {
+            self.refuse_and_tell(owner, &envelope, &delivery, "expired", WAITED_TOO_LONG)
+                .await;
+            return true;
+        }
+        // At most once: acknowledged before it goes anywhere near the pane.
+        if !settle(&delivery, Handled::Taken, false).await {
+            return false;
+        }
+        let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
+        let message = envelope.brief_for(owner, body, now_ms());
+        fed.audit(&envelope, delivery.body().len(), "taken");
+        if let Err(e) = self.deliver(message.clone()).await {
+            // Taken off the broker already (at most once): its sender is told.
+            tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
+            self.notify_failed(
+                &message,
+                &format!("not queued by its recipient's gateway: {}", e.message),
+            )
+            .await;
+        }
+        true
+    }
+
     /// Holds messages for local entities (the pull path), stored in one transaction and then
     /// acknowledged in one frame: at least once, never acknowledged before the store has them.
-    /// One whose recipient has no place to hold it any more goes the ordinary way.
-    pub(super) async fn hold_all(self: &Arc<Self>, incoming: Vec<Incoming>) {
+    /// One whose recipient has no place to hold it any more goes the ordinary way. With
+    /// `together` false (a brief before them on the channel waits, unacknowledged), each is
+    /// settled on its own, never through that brief.
+    pub(super) async fn hold_all(self: &Arc<Self>, incoming: Vec<Incoming>, together: bool) {
         let Some(fed) = self.fed() else {
             return;
         };
@@ -152,7 +237,13 @@ impl Gateway {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 not_stored(&last.envelope, &e);
-                settle(&last.delivery, Handled::NotStored, true).await;
+                if together {
+                    settle(&last.delivery, Handled::NotStored, true).await;
+                } else {
+                    for i in &kept {
+                        settle(&i.delivery, Handled::NotStored, false).await;
+                    }
+                }
                 return;
             }
         };
@@ -164,6 +255,9 @@ impl Gateway {
             match outcome {
                 Ok(()) => {
                     answered.extend(fed.held(&i.envelope, i.delivery.body().len()));
+                    if !together {
+                        settle(&i.delivery, Handled::Held, false).await;
+                    }
                     last_held = Some(i);
                 }
                 Err(full) => {
@@ -177,16 +271,18 @@ impl Gateway {
             }
         }
         self.receipts_settled(answered).await;
-        if let Some(last) = last_held {
+        if let Some(last) = last_held
+            && together
+        {
             settle(&last.delivery, Handled::Held, true).await;
         }
     }
 
-    /// Waits until `gid`'s session can take a task (or is gone, when the brief fails as any
-    /// other would); false if the consumer stops first.
-    async fn await_injectable(&self, gid: Gid, stop: &CancellationToken) -> bool {
+    /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any
+    /// other would).
+    pub(super) async fn until_injectable(&self, gid: Gid) {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
-            return true;
+            return;
         };
         loop {
             kick.borrow_and_update();
@@ -197,12 +293,8 @@ impl Gateway {
                     _ => true,
                 }
             };
-            if ready {
-                return true;
-            }
-            tokio::select! {
-                changed = kick.changed() => if changed.is_err() { return true },
-                () = stop.cancelled() => return false,
+            if ready || kick.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -212,4 +304,28 @@ impl Gateway {
 fn not_stored(envelope: &Envelope, e: &fleet_core::FleetError) {
     let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
     tracing::error!(%trace_id, %msg_id, error = %e, "cannot hold a message; the broker keeps it");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Waiting;
+
+    #[test]
+    fn what_waits_keeps_its_order_and_the_expired_leave_from_anywhere() {
+        let mut waiting = Waiting::default();
+        assert!(waiting.is_empty());
+        assert_eq!(waiting.first_expiry(), None);
+        waiting.push(300, "first");
+        waiting.push(100, "second");
+        waiting.push(200, "third");
+        waiting.push(400, "fourth");
+        assert_eq!(waiting.first_expiry(), Some(100));
+        assert_eq!(waiting.expired(99), Vec::<&str>::new());
+        assert_eq!(waiting.expired(200), ["second", "third"]);
+        assert_eq!(waiting.first_expiry(), Some(300));
+        assert_eq!(waiting.next(), Some("first"));
+        assert_eq!(waiting.next(), Some("fourth"));
+        assert_eq!(waiting.next(), None);
+        assert!(waiting.is_empty());
+    }
 }
