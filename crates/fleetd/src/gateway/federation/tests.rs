@@ -985,3 +985,50 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         Some("injected")
     );
 }
+
+#[tokio::test]
+async fn a_too_late_about_an_answer_of_ours_is_held_for_the_lead_who_answered() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        ..
+    } = harness(10).await;
+    let wb = hear_wb(&gateway);
+    // alice answered wb's question; her ANSWER went to hostb.
+    let answer = MsgId::mint();
+    sent_from_here(&gateway, vec![(answer, "hostb", alice.gid, Some(wb))]).await;
+    let key = alice.gid.to_string();
+    let too_late = Envelope {
+        in_reply_to: Some(answer),
+        turn_id: Some("turn-1".into()),
+        from_name: Some("wb".into()),
+        from_host: Some("hostb".into()),
+        ..envelope(Kind::TooLate, wb, &key)
+    };
+    let body = b"the question turn-1 is over (the worker stopped waiting)";
+    // The same notice about an answer hosta never sent is refused, and held nowhere.
+    let unknown = Envelope {
+        in_reply_to: Some(MsgId::mint()),
+        msg_id: MsgId::mint(),
+        ..too_late.clone()
+    };
+    let refused = broker
+        .deliver(alice.gid, &key, &signed(&unknown, body), body, None)
+        .await
+        .unwrap();
+    let tag = broker
+        .deliver(alice.gid, &key, &signed(&too_late, body), body, None)
+        .await
+        .unwrap();
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
+    assert_eq!(how_of(&settled, refused), [(Settlement::DeadLetter, false)]);
+    assert_eq!(how_of(&settled, tag), [(Settlement::Ack, true)]);
+    let held = taken(&gateway, alice.gid).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (held[0].kind, held[0].from, held[0].in_reply_to),
+        (Kind::TooLate, wb, Some(answer))
+    );
+    assert_eq!(held[0].body.as_bytes(), body);
+}
