@@ -120,6 +120,10 @@ impl Gateway {
             return Step::Wait;
         }
         let task = match self.db(move |s| s.dequeue(gid, &MsgState::Injecting)).await {
+            Ok(Some(task)) if self.expired_in_queue(&task).await => {
+                self.unclaim(gid);
+                return Step::Again;
+            }
             Ok(Some(task)) => task,
             Ok(None) => {
                 self.unclaim(gid);

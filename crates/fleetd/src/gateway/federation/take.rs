@@ -11,7 +11,7 @@ use fleet_core::clock::now_ms;
 use fleet_core::delivery::Taker;
 use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
-use fleet_core::{ErrorCode, Gid, Kind};
+use fleet_core::{ErrorCode, Gid, Kind, Message};
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -22,6 +22,10 @@ use fleet_core::delivery::Placement;
 /// What the sender of a brief that expired while it waited for its worker is told.
 pub(super) const WAITED_TOO_LONG: &str =
     "it expired (expiresAt) while it waited for its worker to be free; it was not typed in";
+
+/// How long past its expiry a brief queued here is remembered (one failed otherwise, its
+/// session ended say, is never taken off the queue to be forgotten then).
+const FORGET_EXPIRY_AFTER_MS: u64 = 3_600_000;
 
 /// Items waiting for their turn, in their order, each with the time it expires (milliseconds
 /// since the Unix epoch): the briefs of a busy worker, unacknowledged on the broker.
@@ -173,6 +177,15 @@ impl Gateway {
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let message = envelope.brief_for(owner, body, now_ms());
         fed.audit(&envelope, delivery.body().len(), "taken");
+        // Should another task get ahead of it here, its expiry still holds.
+        {
+            let mut state = fed.lock();
+            let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
+            state
+                .queued_expiry
+                .retain(|_, at| at.saturating_add(FORGET_EXPIRY_AFTER_MS) > now);
+            state.queued_expiry.insert(msg_id, envelope.expires_at_ms);
+        }
         if let Err(e) = self.deliver(message.clone()).await {
             // Taken off the broker already (at most once): its sender is told.
             tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
@@ -182,6 +195,22 @@ impl Gateway {
             )
             .await;
         }
+        true
+    }
+
+    /// Whether `task`, just taken off a local queue, is a brief from another host that expired
+    /// while it waited there behind another task: then it is failed to its sender, never typed.
+    pub(in crate::gateway) async fn expired_in_queue(self: &Arc<Self>, task: &Message) -> bool {
+        let Some(fed) = self.fed() else {
+            return false;
+        };
+        let Some(at) = fed.lock().queued_expiry.remove(&task.msg_id) else {
+            return false;
+        };
+        if u64::try_from(now_ms()).unwrap_or(u64::MAX) < at {
+            return false;
+        }
+        self.fail(task, WAITED_TOO_LONG).await;
         true
     }
 

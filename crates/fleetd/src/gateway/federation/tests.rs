@@ -1032,3 +1032,67 @@ async fn a_too_late_about_an_answer_of_ours_is_held_for_the_lead_who_answered() 
     );
     assert_eq!(held[0].body.as_bytes(), body);
 }
+
+#[tokio::test]
+async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_when_its_turn_comes() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        carol,
+        ..
+    } = harness(10).await;
+    broker.bind(&carol.to_string());
+    // Three briefs queued here (to alice, standing in for a worker): one from afar that expired
+    // meanwhile, one from afar still in time, one that never came through the broker.
+    let now = u64::try_from(super::now_ms()).unwrap();
+    let expired = Message::task(carol, alice.gid, "late".into(), TraceId::mint(), 0);
+    let in_time = Message::task(carol, alice.gid, "on time".into(), TraceId::mint(), 0);
+    let local = Message::task(alice.gid, alice.gid, "local".into(), TraceId::mint(), 0);
+    for (brief, at) in [(&expired, now - 1), (&in_time, now + 60_000)] {
+        let fed = gateway.fed().unwrap();
+        fed.lock().queued_expiry.insert(brief.msg_id, at);
+    }
+    for message in [&expired, &in_time, &local] {
+        let message = message.clone();
+        gateway
+            .db(move |s| s.insert_message(&message))
+            .await
+            .unwrap();
+    }
+    let gid = alice.gid;
+    let mut typed = Vec::new();
+    while let Some(task) = gateway
+        .db(move |s| s.dequeue(gid, &MsgState::Injecting))
+        .await
+        .unwrap()
+    {
+        if !gateway.expired_in_queue(&task).await {
+            typed.push(task.body);
+        }
+    }
+    assert_eq!(typed, ["on time", "local"]);
+    let id = expired.msg_id;
+    let state = gateway
+        .db(move |s| s.message(id))
+        .await
+        .unwrap()
+        .unwrap()
+        .state;
+    assert_eq!(state.name(), "failed", "{state}");
+    // Its sender hears why, through the broker.
+    let notices: Vec<_> = broker
+        .published()
+        .into_iter()
+        .filter(|p| p.envelope.kind == Kind::Failed)
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].envelope.in_reply_to, Some(expired.msg_id));
+    let text = String::from_utf8_lossy(&notices[0].body);
+    assert!(
+        text.contains("expired") && text.contains("not typed"),
+        "{text}"
+    );
+    // Taken once, its expiry is forgotten.
+    assert!(gateway.fed().unwrap().lock().queued_expiry.is_empty());
+}
