@@ -38,6 +38,9 @@ pub enum ControlRequest {
         /// Extra broadcast groups.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         groups: Vec<String>,
+        /// An advisory architect (for a consult) rather than a worker.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        architect: bool,
     },
     /// Stop the worker whose gid is the message's `spawnId`.
     Stop,
@@ -150,6 +153,7 @@ pub fn read_request(body: &[u8]) -> Result<ControlRequest, String> {
         name,
         cwd,
         groups,
+        ..
     } = &request
     {
         validate_name("profile", profile).map_err(|e| e.message)?;
@@ -281,6 +285,7 @@ mod tests {
             name: Some("w1".into()),
             cwd: Some("/srv/repo".into()),
             groups: vec!["core".into()],
+            architect: true,
         };
         let body = serde_json::to_vec(&spawn).unwrap();
         assert_eq!(read_request(&body).unwrap(), spawn);
@@ -294,7 +299,8 @@ mod tests {
                 profile: "p".into(),
                 name: None,
                 cwd: None,
-                groups: vec![]
+                groups: vec![],
+                architect: false,
             }
         );
     }

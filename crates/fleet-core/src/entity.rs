@@ -12,7 +12,7 @@ use crate::ids::Gid;
 pub const MAX_NAME_LEN: usize = 64;
 
 /// What an entity may do and how it is reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Human-driven, declared in config, reached by MCP pull (and a nudge into its pane).
@@ -20,6 +20,7 @@ pub enum Role {
     /// An advisory architect: spawned into a pane like a worker, but may not spawn or stop.
     Architect,
     /// A worker agent spawned into a pane; tasks are typed into it.
+    #[default]
     Worker,
 }
 

@@ -12,11 +12,13 @@ use fleet_core::entity::validate_name;
 use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
 use serde::Deserialize;
 
+mod architects;
 mod federation;
 mod profile;
 #[cfg(test)]
 mod readme;
 
+pub use architects::{ArchitectsConfig, SlotConfig, model_identity};
 pub use federation::{BrokerConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri};
 pub use profile::{
     CLAUDE_CREDENTIALS, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
@@ -97,6 +99,8 @@ pub struct Config {
     pub leads: BTreeMap<String, LeadConfig>,
     /// Worker profiles.
     pub profiles: Vec<ProfileConfig>,
+    /// The advisory architects' slots (`fleet_consult`).
+    pub architects: ArchitectsConfig,
     /// The broker of the federated plane; none: a single-host gateway.
     pub broker: Option<BrokerConfig>,
     /// Presence, receipts and inbox caps of the federated plane.
@@ -362,6 +366,9 @@ impl Config {
                 return Err(format!("profile '{}' is declared twice", profile.name));
             }
         }
+        let leads = self.leads.keys().map(String::as_str).collect();
+        self.architects
+            .validate(&self.profiles, self.gateway.host_id.as_deref(), &leads)?;
         Ok(())
     }
 
@@ -773,8 +780,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("heartbeat"), "{err}");
-        let err = parse("[architects]\nslots = []\n").unwrap_err().to_string();
-        assert!(err.contains("architects"), "{err}");
+        let err = parse("[architects]\nslot = []\n").unwrap_err().to_string();
+        assert!(err.contains("slot"), "{err}");
+        let err = parse("[architects]\nslots = [{ name = \"a1\", profile = \"sim\", keep = 1 }]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("keep"), "{err}");
         let err = parse("[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nargs=[]\n")
             .unwrap_err()
             .to_string();

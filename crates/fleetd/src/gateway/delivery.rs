@@ -158,6 +158,27 @@ impl Gateway {
         }
     }
 
+    /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any
+    /// other would).
+    pub(super) async fn until_injectable(&self, gid: Gid) {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+            return;
+        };
+        loop {
+            kick.borrow_and_update();
+            let ready = {
+                let sessions = self.lock();
+                match sessions.panes.get(&gid) {
+                    Some(s) if s.status.is_live() => sessions.may_take_task(gid, Taker::Broker),
+                    _ => true,
+                }
+            };
+            if ready || kick.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Claims the right to take `gid`'s next task off its queue: only while no one else holds
     /// the claim and the rule ([`fleet_core::delivery::may_take_task`]) lets this taker hand it
     /// a task (idle, under its cap, its agent not busy by the pane host's account, the pane host

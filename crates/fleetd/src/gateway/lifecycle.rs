@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::lifecycle::{LifeFacts, Turnover, turnover};
-use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
+use fleet_core::{ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::{PaneId, PaneSpec};
 
 use super::Gateway;
@@ -59,9 +59,15 @@ impl Gateway {
         if let Some(session) = self.lock().panes.get_mut(&gid) {
             session.ready_early = false;
         }
+        let role = self
+            .lock()
+            .panes
+            .get(&gid)
+            .map_or(Role::Worker, |s| s.entity.role);
         let worker = Worker {
             gid,
             name: name.to_string(),
+            role,
             host: self.host_id.clone(),
             token: secret,
             mcp_url: self.mcp_url.clone(),

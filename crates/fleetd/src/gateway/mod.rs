@@ -10,6 +10,7 @@ mod asks;
 mod bounds;
 mod broadcast;
 mod calls;
+mod consult;
 mod delivery;
 mod ending;
 mod federation;
@@ -37,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::launch::Launchers;
 
+pub use consult::{ConsultRequest, ConsultResult};
 pub use federation::Federation;
 pub use nudge::NudgeTarget;
 pub use spawn::SpawnRequest;

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
-use super::views::{ListResult, RosterEntry};
+use super::views::{ListResult, RosterEntry, slot_of};
 use crate::config::{ProfileConfig, ReadyCall};
 
 /// A lead, reached by MCP pull.
@@ -270,6 +270,7 @@ impl Sessions {
                 name: lead.entity.name.clone(),
                 host: lead.entity.host.clone(),
                 role: lead.entity.role,
+                slot: None,
                 profile: None,
                 status: WorkerStatus::Idle.as_str().to_string(),
                 agent: None,
@@ -286,6 +287,7 @@ impl Sessions {
             name: s.entity.name.clone(),
             host: s.entity.host.clone(),
             role: s.entity.role,
+            slot: slot_of(s.entity.role, &s.entity.name),
             profile: s.entity.profile.clone(),
             status: if self.host_down.is_some() {
                 "unknown".to_string()

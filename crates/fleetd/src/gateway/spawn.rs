@@ -39,6 +39,8 @@ pub struct SpawnRequest {
     pub cwd: Option<PathBuf>,
     /// Extra broadcast groups.
     pub groups: Vec<String>,
+    /// What it is: a worker, or (started by `fleet_consult`) an advisory architect.
+    pub role: Role,
 }
 
 /// The first `<profile>-<n>` not in `taken`, made a valid worker name (a profile's name may hold
@@ -206,7 +208,7 @@ impl Gateway {
                 gid,
                 name,
                 host: self.host_id.clone(),
-                role: Role::Worker,
+                role: request.role,
                 profile: Some(profile.name.clone()),
                 groups: groups.into_iter().collect(),
                 parent: Some(parent.gid),

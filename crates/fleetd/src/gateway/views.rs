@@ -122,6 +122,9 @@ pub struct RosterEntry {
     pub host: String,
     /// Role.
     pub role: Role,
+    /// For an architect: the slot it fills (`[architects]`), which it is named after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
     /// Profile it was spawned from.
     pub profile: Option<String>,
     /// Session status (`idle` for leads; `unknown` while the pane host cannot be reached).
@@ -139,6 +142,11 @@ pub struct RosterEntry {
     /// For a lead: how many fleet calls it is waiting in now (where workers' asks surface).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open_calls: Option<usize>,
+}
+
+/// The slot an entity called `name` in `role` fills: an architect's is its name.
+pub fn slot_of(role: Role, name: &str) -> Option<String> {
+    (role == Role::Architect).then(|| name.to_string())
 }
 
 /// The answer to `fleet_list`.

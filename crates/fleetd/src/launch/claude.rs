@@ -77,7 +77,7 @@ impl PeerLauncher for ClaudeLauncher {
             "--allowedTools".into(),
             format!("mcp__{SERVER}"),
             "--append-system-prompt".into(),
-            charter(&worker.name),
+            charter(worker),
         ]);
         launch.env.insert(
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),

@@ -21,8 +21,8 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fleet_core::Gid;
 use fleet_core::redact::{EnvNames, MASK, ProgramOnly};
+use fleet_core::{Gid, Role};
 
 use crate::config::{ProfileConfig, ProfileKind};
 
@@ -31,16 +31,32 @@ const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The file in a worker's directory that keeps its teardown argv.
 const TEARDOWN_FILE: &str = "teardown.json";
 
-/// What every agent is told about answering (appended to its system prompt or instructions).
-pub fn charter(name: &str) -> String {
-    format!(
-        "You are '{name}', a worker in a fleet run by fleetd. Every message typed to you is a task \
-         from your lead. When a task is done, call the fleet_reply tool with your answer: only \
-         what you pass to fleet_reply reaches the lead, never what you only write on screen. If \
-         you need a decision from the lead in the middle of a task, call fleet_ask with your \
-         question; it returns the lead's answer, or says nobody is waiting, in which case decide \
-         yourself and say so in your reply."
-    )
+/// What every agent is told of its part and of answering (appended to its system prompt or
+/// instructions): a worker's charter, or an advisory architect's.
+pub fn charter(worker: &Worker) -> String {
+    let name = &worker.name;
+    match worker.role {
+        Role::Architect => format!(
+            "You are '{name}', an advisory architect in a fleet run by fleetd. The message typed \
+             to you is a brief from the lead consulting you; another architect, on another model, \
+             gets the same brief and answers on its own. Assess it and recommend: you are an \
+             adviser, so do not modify the repository or run anything that changes it unless the \
+             brief asks you to. When your assessment is done, call the fleet_reply tool with it: \
+             only what you pass to fleet_reply reaches the lead, never what you only write on \
+             screen. If you need a clarification from the lead, call fleet_ask with your \
+             question; it returns the lead's answer, or says nobody is waiting, in which case \
+             decide yourself and say so. You may message only that lead; you may not spawn, stop \
+             or broadcast."
+        ),
+        Role::Lead | Role::Worker => format!(
+            "You are '{name}', a worker in a fleet run by fleetd. Every message typed to you is a \
+             task from your lead. When a task is done, call the fleet_reply tool with your \
+             answer: only what you pass to fleet_reply reaches the lead, never what you only \
+             write on screen. If you need a decision from the lead in the middle of a task, call \
+             fleet_ask with your question; it returns the lead's answer, or says nobody is \
+             waiting, in which case decide yourself and say so in your reply."
+        ),
+    }
 }
 
 /// The worker a launch is for. Its `Debug` masks the token.
@@ -50,6 +66,8 @@ pub struct Worker {
     pub gid: Gid,
     /// Its name.
     pub name: String,
+    /// Its role: a worker or an advisory architect (each has its charter).
+    pub role: Role,
     /// This gateway's host id.
     pub host: String,
     /// Its bearer token.
@@ -67,6 +85,7 @@ impl fmt::Debug for Worker {
         f.debug_struct("Worker")
             .field("gid", &self.gid)
             .field("name", &self.name)
+            .field("role", &self.role)
             .field("host", &self.host)
             .field("token", &format_args!("{MASK}"))
             .field("mcp_url", &self.mcp_url)
@@ -291,6 +310,7 @@ mod tests {
         Worker {
             gid: Gid::mint(),
             name: "w1".into(),
+            role: Role::Worker,
             host: "testhost".into(),
             token: "secret-token".into(),
             mcp_url: "http://127.0.0.1:9/mcp".into(),

@@ -52,7 +52,7 @@ impl PeerLauncher for OpencodeLauncher {
         mut launch: Launch,
     ) -> std::io::Result<Launch> {
         let instructions = worker.dir.join("fleet-charter.md");
-        private_file(&instructions, charter(&worker.name).as_bytes())?;
+        private_file(&instructions, charter(worker).as_bytes())?;
         let file = worker.dir.join("opencode.json");
         private_file(
             &file,

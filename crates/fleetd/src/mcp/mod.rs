@@ -9,8 +9,9 @@ mod params;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::sync::mpsc;
 
-use fleet_core::{ErrorCode, FleetError, MsgId};
+use fleet_core::{ErrorCode, FleetError, MsgId, Role};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
@@ -22,11 +23,11 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tracing::Instrument;
 
-use crate::gateway::{Caller, Gateway, SpawnRequest};
+use crate::gateway::{Caller, ConsultRequest, Gateway, SpawnRequest};
 use crate::limits::{CallSlot, CallSlots};
 use params::{
-    AskParams, BroadcastParams, ListParams, PollParams, ReplyParams, SendParams, SpawnParams,
-    StopParams,
+    AskParams, BroadcastParams, ConsultParams, ListParams, PollParams, ReplyParams, SendParams,
+    SpawnParams, StopParams,
 };
 
 /// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
@@ -39,6 +40,8 @@ pub const MAX_CALL_WAIT_S: u64 = 3600;
 pub const DEFAULT_SEND_WAIT_S: u64 = 60;
 /// How long `fleet_ask` waits for the answer when the call does not say.
 pub const DEFAULT_ASK_WAIT_S: u64 = 300;
+/// How long `fleet_consult` waits for the architects' answers when the call does not say.
+pub const DEFAULT_CONSULT_WAIT_S: u64 = 600;
 
 /// The MCP handler; one per request or session, all sharing the gateway.
 #[derive(Clone)]
@@ -92,23 +95,42 @@ async fn with_progress<T>(
     what: &str,
     work: impl Future<Output = T>,
 ) -> T {
+    let (_quiet, events) = mpsc::unbounded_channel();
+    with_progress_events(ctx, what, events, work).await
+}
+
+/// [`with_progress`], also telling the client each line `events` hears as it comes.
+async fn with_progress_events<T>(
+    ctx: &RequestContext<RoleServer>,
+    what: &str,
+    mut events: mpsc::UnboundedReceiver<String>,
+    work: impl Future<Output = T>,
+) -> T {
     let Some(token) = ctx.meta.get_progress_token() else {
         return work.await;
     };
     tokio::pin!(work);
     let started = tokio::time::Instant::now();
     let mut ticks = tokio::time::interval_at(started + PROGRESS_INTERVAL, PROGRESS_INTERVAL);
+    let mut told = 0u32;
     loop {
-        tokio::select! {
+        let message = tokio::select! {
             out = &mut work => return out,
             _ = ticks.tick() => {
-                let waited = started.elapsed().as_secs();
-                let note = ProgressNotificationParam::new(token.clone(), waited as f64)
-                    .with_message(format!("{what}: still waiting after {waited} s"));
-                if let Err(e) = ctx.peer.notify_progress(note).await {
-                    tracing::debug!(error = %e, "cannot send progress");
-                }
+                format!("{what}: still waiting after {} s", started.elapsed().as_secs())
             }
+            Some(event) = events.recv() => {
+                told += 1;
+                format!("{what}: {event}")
+            }
+        };
+        let note = ProgressNotificationParam::new(
+            token.clone(),
+            started.elapsed().as_secs_f64() + f64::from(told),
+        )
+        .with_message(message);
+        if let Err(e) = ctx.peer.notify_progress(note).await {
+            tracing::debug!(error = %e, "cannot send progress");
         }
     }
 }
@@ -160,6 +182,7 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
                 host: p.host,
                 cwd: p.cwd.map(PathBuf::from),
                 groups: p.groups.unwrap_or_default(),
+                role: Role::Worker,
             };
             self.gateway.spawn(&caller, request, &ctx.ct).await
         };
@@ -291,6 +314,35 @@ send tailored briefs one by one. Leads only."
     }
 
     #[tool(
+        description = "Consult the advisory architects (configured under [architects], on \
+different model families): each is started afresh, gets the same brief at the same moment, \
+and answers on its own. Waits up to wait_s seconds (default 600) for every answer and returns \
+them in slot order: architect, profile, model, host, status (answered, failed, timeout, asking, \
+working), text, ms. An architect's question ends the wait as on fleet_send: answer it with \
+fleet_send{turn_id, message}. Architects are stopped once they answered (or kept keep_s for a \
+follow-up by name); a late answer is held for fleet_poll. Leads only."
+    )]
+    async fn fleet_consult(
+        &self,
+        Parameters(p): Parameters<ConsultParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let (tell, events) = mpsc::unbounded_channel();
+        let outcome = async {
+            let caller = caller(&ctx)?;
+            let wait = wait(p.wait_s, DEFAULT_CONSULT_WAIT_S)?;
+            let _slot = self.long_call(&caller, "fleet_consult", true)?;
+            let request = ConsultRequest {
+                brief: p.brief,
+                wait,
+                slots: p.slots,
+            };
+            self.gateway.consult(&caller, request, tell, &ctx.ct).await
+        };
+        errors::result(with_progress_events(&ctx, "fleet_consult", events, outcome).await)
+    }
+
+    #[tool(
         description = "Stop a worker: closes its pane and ends its session; messages still \
 on their way to it fail and their senders are told. Leads only."
     )]
@@ -307,7 +359,7 @@ on their way to it fail and their senders are told. Leads only."
     }
 }
 
-#[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll). A worker answers its task with fleet_reply, and may ask its lead a question mid-task with fleet_ask (the lead answers with fleet_send{turn_id}). fleet_list shows who is there.")]
+#[tool_handler(router = self.tool_router, name = "fleetd", instructions = "fleetd runs a fleet of terminal coding agents. A lead spawns workers (fleet_spawn), sends them tasks (fleet_send, which waits for the answer) and collects answers that came late (fleet_poll); it may consult its advisory architects, on different model families, with one brief (fleet_consult). A worker answers its task with fleet_reply, and may ask its lead a question mid-task with fleet_ask (the lead answers with fleet_send{turn_id}). fleet_list shows who is there.")]
 impl ServerHandler for FleetMcp {
     /// Every tool call runs in a span naming the tool and its caller, so each log line of the
     /// call says whose it was.

@@ -102,3 +102,18 @@ pub struct BroadcastParams {
     #[serde(default)]
     pub group: Option<String>,
 }
+
+/// `fleet_consult`
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConsultParams {
+    /// The brief: typed byte for byte into every architect, each in a fresh session.
+    pub brief: String,
+    /// Seconds to wait for the answers (default 600, at most 3600). A later answer is held for
+    /// fleet_poll.
+    #[serde(default)]
+    pub wait_s: Option<u64>,
+    /// The slots to consult, by name (as configured under [architects]); all when left out.
+    #[serde(default)]
+    pub slots: Option<Vec<String>>,
+}

@@ -1,3 +1,4 @@
+mod architects;
 mod asks;
 mod auth;
 mod badinput;

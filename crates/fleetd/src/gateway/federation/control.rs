@@ -20,7 +20,7 @@ use fleet_core::control::{
 };
 use fleet_core::envelope::Envelope;
 use fleet_core::{
-    Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId, WorkerStatus,
+    Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus,
 };
 use tokio::sync::oneshot;
 
@@ -105,6 +105,7 @@ impl Gateway {
             name: request.name,
             cwd,
             groups: request.groups,
+            architect: request.role == Role::Architect,
         };
         match self
             .control_call(&caller.entity, host, gid, &asked, ct)
@@ -399,6 +400,7 @@ impl Gateway {
                     name,
                     cwd,
                     groups,
+                    architect,
                 } => {
                     let request = SpawnRequest {
                         profile,
@@ -406,6 +408,11 @@ impl Gateway {
                         host: None,
                         cwd: cwd.map(Into::into),
                         groups,
+                        role: if architect {
+                            Role::Architect
+                        } else {
+                            Role::Worker
+                        },
                     };
                     gateway.control_spawn(&lead, gid, request).await
                 }

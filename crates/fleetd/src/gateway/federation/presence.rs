@@ -14,7 +14,7 @@ use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::super::views::{HostView, RosterEntry};
+use super::super::views::{HostView, RosterEntry, slot_of};
 use super::Federation;
 use super::inbox::settle;
 use super::trust::forget_heartbeats;
@@ -230,6 +230,7 @@ impl Gateway {
                 name: e.entity.name.clone(),
                 host: e.entity.host.clone(),
                 role: e.entity.role,
+                slot: slot_of(e.entity.role, &e.entity.name),
                 profile: e.entity.profile.clone(),
                 status: if up {
                     e.status.clone()

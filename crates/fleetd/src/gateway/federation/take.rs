@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
-use fleet_core::delivery::Taker;
 use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, Gid, Kind, Message};
@@ -304,27 +303,6 @@ impl Gateway {
             && together
         {
             settle(&last.delivery, Handled::Held, true).await;
-        }
-    }
-
-    /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any
-    /// other would).
-    pub(super) async fn until_injectable(&self, gid: Gid) {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
-            return;
-        };
-        loop {
-            kick.borrow_and_update();
-            let ready = {
-                let sessions = self.lock();
-                match sessions.panes.get(&gid) {
-                    Some(s) if s.status.is_live() => sessions.may_take_task(gid, Taker::Broker),
-                    _ => true,
-                }
-            };
-            if ready || kick.changed().await.is_err() {
-                return;
-            }
         }
     }
 }

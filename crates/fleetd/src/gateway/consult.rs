@@ -1,0 +1,332 @@
+//! `fleet_consult`: a lead's brief to its advisory architects (DESIGN §1, CB-500 U6/U7).
+//!
+//! Every slot's architect is started afresh (a session of its own, no shared context), all of
+//! them get the byte-identical brief at the same moment once all are ready, and the call
+//! waits for every answer up to its wait, telling the client as each one comes. Each slot is
+//! reported on its own: one that fails, crashes or runs out of time does not hide the others'
+//! answers. An architect's `fleet_ask` surfaces on the call as a worker's does on a send.
+//! Afterwards each architect is stopped once it answered (or kept `keep_s` for a follow-up by
+//! name); one still working may answer late (held for `fleet_poll`) within another wait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::authz::{Tool, check_tool};
+use fleet_core::message::check_size;
+use fleet_core::typed::typeable;
+use fleet_core::{FleetError, Gid, Role};
+use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::spawn::SpawnRequest;
+use super::views::{AskView, SendResult, SpawnResult};
+use super::{Caller, Gateway};
+use crate::config::{SlotConfig, model_identity};
+
+/// What `fleet_consult` asks for.
+#[derive(Clone, Debug)]
+pub struct ConsultRequest {
+    /// The brief, typed byte for byte into every architect.
+    pub brief: String,
+    /// How long to wait for the answers.
+    pub wait: Duration,
+    /// The slots to consult, by name; every configured one when absent.
+    pub slots: Option<Vec<String>>,
+}
+
+/// How one slot's consultation went.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlotAnswer {
+    /// The slot, which its architect is named after.
+    pub architect: String,
+    /// The architect's gid, once started.
+    pub gid: Option<Gid>,
+    /// Its profile.
+    pub profile: String,
+    /// The model it runs, as far as this gateway can tell.
+    pub model: Option<String>,
+    /// Its host.
+    pub host: String,
+    /// `answered`, `failed`, `timeout`, `asking` (its question is in `asks`) or `working` (the
+    /// call returned for another's question first).
+    pub status: &'static str,
+    /// Its answer, or why there is none.
+    pub text: String,
+    /// Milliseconds from the brief to the answer (or to giving up).
+    pub ms: u64,
+}
+
+/// The answer to `fleet_consult`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConsultResult {
+    /// One entry per slot, in the configured order.
+    pub answers: Vec<SlotAnswer>,
+    /// Questions an architect asks you now: answer each with `fleet_send{turn_id, message}`.
+    pub asks: Vec<AskView>,
+    /// What happens next.
+    pub note: String,
+}
+
+/// The slots `wanted` names, in configured order, or all of them; an unknown name is refused.
+fn chosen<'a>(
+    configured: &'a [SlotConfig],
+    wanted: Option<&[String]>,
+) -> Result<Vec<&'a SlotConfig>, FleetError> {
+    if configured.is_empty() {
+        return Err(FleetError::invalid(
+            "no architects are configured: declare them in the config, [architects] slots = [{ name = \"arch-claude\", profile = \"claude\" }, …]",
+        ));
+    }
+    let Some(wanted) = wanted else {
+        return Ok(configured.iter().collect());
+    };
+    let names: Vec<&str> = configured.iter().map(|s| s.name.as_str()).collect();
+    if let Some(unknown) = wanted.iter().find(|w| !names.contains(&w.as_str())) {
+        return Err(FleetError::invalid(format!(
+            "no architect slot is named '{}' (slots: {})",
+            unknown.escape_debug(),
+            names.join(", ")
+        )));
+    }
+    if wanted.is_empty() {
+        return Err(FleetError::invalid(
+            "slots is empty: leave it out to consult every architect",
+        ));
+    }
+    Ok(configured
+        .iter()
+        .filter(|s| wanted.contains(&s.name))
+        .collect())
+}
+
+/// How a slot's answer reads when the send to its architect ended as `sent`.
+fn outcome(sent: Result<SendResult, FleetError>) -> (&'static str, String, Option<AskView>) {
+    match sent {
+        Ok(SendResult::Replied { reply, .. }) => ("answered", reply.text, None),
+        Ok(SendResult::Failed { reason, .. }) => ("failed", reason, None),
+        Ok(SendResult::Asked { ask, .. }) => (
+            "asking",
+            format!("it asks you: {} (turn_id {})", ask.question, ask.turn_id),
+            Some(ask),
+        ),
+        Ok(SendResult::Pending { state, .. }) => (
+            "timeout",
+            format!(
+                "no answer in time (its brief is {state}); a later answer is held for fleet_poll"
+            ),
+            None,
+        ),
+        Ok(SendResult::Answered { .. }) => ("failed", "no answer".into(), None),
+        Err(e) => ("failed", e.to_string(), None),
+    }
+}
+
+impl Gateway {
+    /// `fleet_consult`: see the module's documentation. `progress` hears a line as each
+    /// architect is ready and as each answers.
+    pub async fn consult(
+        self: &Arc<Self>,
+        caller: &Caller,
+        request: ConsultRequest,
+        progress: UnboundedSender<String>,
+        ct: &CancellationToken,
+    ) -> Result<ConsultResult, FleetError> {
+        check_tool(&caller.entity, Tool::Consult)?;
+        let slots = chosen(&self.config.architects.slots, request.slots.as_deref())?;
+        check_size(&request.brief, self.config.gateway.max_message_bytes)?;
+        typeable(&request.brief).map_err(|found| found.refusal())?;
+        let deadline = Instant::now() + request.wait;
+        // Each slot afresh: one still kept from an earlier consult goes first.
+        let started = join_all(slots.iter().map(|slot| async {
+            self.retire_slot(caller, slot).await;
+            let spawned = self.spawn(caller, self.slot_request(slot), ct).await;
+            if let Ok(s) = &spawned {
+                let _ = progress.send(format!("{} is ready", s.name));
+            }
+            spawned
+        }))
+        .await;
+        // The same brief to every architect that started, at the same moment.
+        let briefed = Instant::now();
+        let wait = deadline.saturating_duration_since(briefed);
+        let mut sends: FuturesUnordered<_> = started
+            .iter()
+            .enumerate()
+            .filter_map(|(i, spawned)| {
+                let spawned = spawned.as_ref().ok()?;
+                let brief = request.brief.clone();
+                Some(async move {
+                    let sent = self
+                        .send(caller, &spawned.gid.to_string(), brief, wait, ct)
+                        .await;
+                    let ms = u64::try_from(briefed.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    (i, &spawned.name, sent, ms)
+                })
+            })
+            .collect();
+        // As each answers; an architect's question ends the wait, as it ends a send's.
+        let mut sent: Vec<Option<(Result<SendResult, FleetError>, u64)>> =
+            started.iter().map(|_| None).collect();
+        while let Some((i, name, outcome, ms)) = sends.next().await {
+            let _ = progress.send(format!("{name} {}", outcome_word(&outcome)));
+            let asked = matches!(outcome, Ok(SendResult::Asked { .. }));
+            if let Some(place) = sent.get_mut(i) {
+                *place = Some((outcome, ms));
+            }
+            if asked {
+                break;
+            }
+        }
+        drop(sends);
+        let mut answers = Vec::with_capacity(slots.len());
+        let mut asks = Vec::new();
+        for ((slot, spawned), sent) in slots.iter().zip(started).zip(sent) {
+            let (status, text, ms) = match (spawned.as_ref(), sent) {
+                (Err(e), _) => ("failed", format!("it did not start: {e}"), 0),
+                (Ok(_), Some((sent, ms))) => {
+                    let (status, text, ask) = outcome(sent);
+                    asks.extend(ask);
+                    (status, text, ms)
+                }
+                (Ok(_), None) => (
+                    "working",
+                    "still working on the brief: its answer will be held for fleet_poll".into(),
+                    u64::try_from(briefed.elapsed().as_millis()).unwrap_or(u64::MAX),
+                ),
+            };
+            if let Ok(spawned) = &spawned {
+                self.retire_later(caller, slot, spawned, status == "answered", request.wait);
+            }
+            answers.push(SlotAnswer {
+                architect: slot.name.clone(),
+                gid: spawned.as_ref().ok().map(|s| s.gid),
+                profile: slot.profile.clone(),
+                model: self.config.profile(&slot.profile).and_then(|p| {
+                    slot.host
+                        .as_deref()
+                        .is_none_or(|h| h == self.host_id)
+                        .then(|| model_identity(p))
+                }),
+                host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
+                status,
+                text,
+                ms,
+            });
+        }
+        let note = if asks.is_empty() {
+            "each architect is stopped once it answered (or kept keep_s for a follow-up by name); one still working may answer late: that answer is held for fleet_poll".to_string()
+        } else {
+            "an architect asks you something: answer with fleet_send{turn_id, message}, which then waits for that architect's answer; the others' answers are above or held for fleet_poll".to_string()
+        };
+        Ok(ConsultResult {
+            answers,
+            asks,
+            note,
+        })
+    }
+
+    /// What starts `slot`'s architect.
+    fn slot_request(&self, slot: &SlotConfig) -> SpawnRequest {
+        SpawnRequest {
+            profile: slot.profile.clone(),
+            name: Some(slot.name.clone()),
+            host: slot.host.clone(),
+            cwd: None,
+            groups: Vec::new(),
+            role: Role::Architect,
+        }
+    }
+
+    /// Stops the architect that still holds `slot`'s name, if any (kept from an earlier
+    /// consult); a worker of that name is left alone (its spawn then fails, naming it).
+    async fn retire_slot(self: &Arc<Self>, caller: &Caller, slot: &SlotConfig) {
+        let holder = self
+            .resolve_route(&slot.name)
+            .ok()
+            .map(|route| route.entity().clone())
+            .filter(|e| e.role == Role::Architect);
+        if let Some(architect) = holder
+            && let Err(e) = self.stop(caller, &architect.gid.to_string()).await
+        {
+            tracing::warn!(name = %architect.name, error = %e, "cannot stop an earlier architect of a slot");
+        }
+    }
+
+    /// Stops `spawned` (of `slot`) once it is done: `keep_s` after its answer, or, while it is
+    /// still working, once it answers late or another `wait` has passed.
+    fn retire_later(
+        self: &Arc<Self>,
+        caller: &Caller,
+        slot: &SlotConfig,
+        spawned: &SpawnResult,
+        answered: bool,
+        wait: Duration,
+    ) {
+        let (gateway, caller, gid) = (Arc::clone(self), caller.clone(), spawned.gid);
+        let keep = Duration::from_secs(slot.keep_s);
+        self.tasks.spawn(async move {
+            if !answered {
+                let done = gateway.until_injectable(gid);
+                if tokio::time::timeout(wait, done).await.is_err() {
+                    tracing::info!(%gid, "an architect did not answer within another wait: stopped");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(keep) => {}
+                () = gateway.shutdown.cancelled() => return,
+            }
+            // Gone already (stopped by the lead, say): nothing to do.
+            let _ = gateway.stop(&caller, &gid.to_string()).await;
+        });
+    }
+}
+
+/// One word for how a send to an architect ended, for a progress line.
+fn outcome_word(sent: &Result<SendResult, FleetError>) -> &'static str {
+    match sent {
+        Ok(SendResult::Replied { .. }) => "answered",
+        Ok(SendResult::Asked { .. }) => "asks you something",
+        Ok(SendResult::Pending { .. }) => "ran out of time",
+        _ => "failed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str) -> SlotConfig {
+        SlotConfig {
+            name: name.into(),
+            profile: "p".into(),
+            host: None,
+            keep_s: 0,
+        }
+    }
+
+    #[test]
+    fn slots_are_chosen_in_configured_order_and_unknown_ones_refused() {
+        let configured = [slot("a"), slot("b"), slot("c")];
+        let names = |chosen: Vec<&SlotConfig>| -> Vec<String> {
+            chosen.iter().map(|s| s.name.clone()).collect()
+        };
+        assert_eq!(names(chosen(&configured, None).unwrap()), ["a", "b", "c"]);
+        let wanted = ["c".to_string(), "a".to_string()];
+        assert_eq!(
+            names(chosen(&configured, Some(&wanted)).unwrap()),
+            ["a", "c"]
+        );
+        let err = chosen(&configured, Some(&["z\u{1b}".to_string()])).unwrap_err();
+        assert!(
+            err.message.contains(r"'z\u{1b}'") && err.message.contains("slots: a, b, c"),
+            "{err}"
+        );
+        assert!(chosen(&configured, Some(&[])).is_err());
+        let err = chosen(&[], None).unwrap_err();
+        assert!(err.message.contains("[architects]"), "{err}");
+    }
+}

@@ -1,0 +1,239 @@
+//! Advisory architects and `fleet_consult`, with scripted agents (`fleet-agent-sim`) as the
+//! architects: one brief to every slot, answers side by side, failures reported per slot, an
+//! architect's question answered through the consult, what an architect may not do, and the
+//! end of its life.
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+use super::as_worker;
+
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A profile whose program is ready at once and exits on the first line typed to it: an
+/// architect that crashes mid-consult.
+fn crashing_profile(name: &str) -> String {
+    format!(
+        "[[profiles]]\nname = \"{name}\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"echo CRASHY-READY; read line; exit 3\"]\nready_marker = \"CRASHY-READY\"\nready_timeout_s = 20\n"
+    )
+}
+
+/// The live entities of the fleet as `lead` sees them, with their roles.
+async fn roles(lead: &fleet_testkit::client::Client) -> anyhow::Result<Vec<(String, String)>> {
+    let list = lead.ok("fleet_list", json!({})).await?;
+    Ok(list["entities"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e["role"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+/// The answer of slot `name` in a consult's result.
+fn slot<'a>(consult: &'a Value, name: &str) -> &'a Value {
+    consult["answers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["architect"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consult_briefs_every_architect_alike_and_returns_each_slots_outcome()
+-> anyhow::Result<()> {
+    let config = format!(
+        "{}{}{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"sim-a\" }}, {{ name = \"arch-b\", profile = \"sim-b\" }}, {{ name = \"arch-crash\", profile = \"crashy\" }}]\n",
+        sim_profile("sim-a", &[])?,
+        sim_profile("sim-b", &[])?,
+        crashing_profile("crashy"),
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let brief = "Assess the plan:\n  1. split the gateway\n  2. keep the store";
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": brief, "wait_s": 30}))
+        .await?;
+    // In slot order, each on its own: both scripted architects got the brief byte for byte,
+    // the one that crashed is reported with why, and hides nothing of the others.
+    let order: Vec<&str> = consult["answers"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s["architect"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(order, ["arch-a", "arch-b", "arch-crash"], "{consult}");
+    for name in ["arch-a", "arch-b"] {
+        let answer = slot(&consult, name);
+        assert_eq!(answer["status"], "answered", "{consult}\n{}", fleet.log());
+        assert_eq!(answer["text"], format!("echo: {brief}"), "{answer}");
+        assert_eq!(answer["host"], "testhost");
+        assert!(answer["ms"].as_u64().is_some(), "{answer}");
+    }
+    assert_ne!(
+        slot(&consult, "arch-a")["gid"],
+        slot(&consult, "arch-b")["gid"]
+    );
+    assert_eq!(
+        slot(&consult, "arch-a")["model"],
+        "the program of profile 'sim-a'"
+    );
+    let crashed = slot(&consult, "arch-crash");
+    assert_eq!(crashed["status"], "failed", "{consult}");
+    assert!(
+        crashed["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("exit"),
+        "{crashed}"
+    );
+    // Afterwards they are gone: stopped once they answered.
+    until("the architects to be stopped", LIMIT, || async {
+        let roles = roles(&alice).await.ok()?;
+        (!roles.iter().any(|(_, role)| role == "architect")).then_some(())
+    })
+    .await?;
+    // A second consult starts them afresh, of the slots asked for only.
+    let again = alice
+        .ok(
+            "fleet_consult",
+            json!({"brief": "second", "wait_s": 30, "slots": ["arch-b"]}),
+        )
+        .await?;
+    assert_eq!(
+        again["answers"].as_array().map(Vec::len),
+        Some(1),
+        "{again}"
+    );
+    assert_eq!(slot(&again, "arch-b")["text"], "echo: second");
+    assert_ne!(
+        slot(&again, "arch-b")["gid"],
+        slot(&consult, "arch-b")["gid"]
+    );
+    let unknown = alice
+        .call("fleet_consult", json!({"brief": "x", "slots": ["arch-z"]}))
+        .await?
+        .expect_err("an unknown slot");
+    assert_eq!(unknown.code, "invalid_params");
+    assert!(
+        unknown.message.contains("arch-a, arch-b, arch-crash"),
+        "{unknown}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architects_question_surfaces_on_the_consult_and_is_answered_through_it()
+-> anyhow::Result<()> {
+    let config = format!(
+        "{}{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"sim-a\" }}, {{ name = \"arch-b\", profile = \"sim-b\" }}]\n",
+        sim_profile("sim-a", &[])?,
+        sim_profile("sim-b", &[])?,
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let consult = alice
+        .ok(
+            "fleet_consult",
+            json!({"brief": "/ask 20 which database?", "wait_s": 30, "slots": ["arch-a"]}),
+        )
+        .await?;
+    assert_eq!(slot(&consult, "arch-a")["status"], "asking", "{consult}");
+    let ask = &consult["asks"][0];
+    assert_eq!(ask["question"], "which database?", "{consult}");
+    assert_eq!(ask["from_name"], "arch-a");
+    let answered = alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": ask["turn_id"], "message": "postgres", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}");
+    assert_eq!(
+        answered["reply"]["text"],
+        "asked which database?, heard: postgres"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architect_may_only_advise_its_lead_and_a_kept_one_takes_a_follow_up_by_name()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "[leads.alice]\n[leads.bob]\n{}{}[architects]\nslots = [{{ name = \"arch-spy\", profile = \"spy\", keep_s = 600 }}, {{ name = \"arch-a\", profile = \"sim-a\", keep_s = 600 }}]\n",
+        token_spy_profile("spy", &dir.path().join("token")),
+        sim_profile("sim-a", &[])?,
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    // The spy never answers on its own: its slot runs out of time, the other answers.
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": "advise", "wait_s": 3}))
+        .await?;
+    assert_eq!(slot(&consult, "arch-spy")["status"], "timeout", "{consult}");
+    assert_eq!(slot(&consult, "arch-a")["status"], "answered", "{consult}");
+    let token = std::fs::read_to_string(dir.path().join("token"))?;
+    std::fs::remove_file(dir.path().join("token"))?;
+    let spy =
+        fleet_testkit::client::Client::connect(&fleet.url(), &token, Protocol::Stateless, &[])
+            .await?;
+    let me = spy.ok("fleet_list", json!({})).await?;
+    assert_eq!(me["you"]["role"], "architect", "{me}");
+    assert_eq!(me["you"]["slot"], "arch-spy", "{me}");
+    // Never spawn, stop, broadcast, consult, nor reach anyone but the lead consulting it.
+    for (tool, args) in [
+        ("fleet_spawn", json!({"profile": "sim-a"})),
+        ("fleet_stop", json!({"to": "arch-a"})),
+        ("fleet_broadcast", json!({"message": "hi all"})),
+        ("fleet_consult", json!({"brief": "x"})),
+        ("fleet_send", json!({"to": "arch-a", "message": "psst"})),
+        ("fleet_send", json!({"to": "bob", "message": "psst"})),
+    ] {
+        let err = spy.call(tool, args.clone()).await?.expect_err(tool);
+        assert_eq!(err.code, "forbidden", "{tool} {args}: {err}");
+    }
+    // Its late answer is held for the lead.
+    spy.ok("fleet_reply", json!({"message": "late advice"}))
+        .await?;
+    let held = until("the late advice", LIMIT, || async {
+        let got = alice.poll(0).await.ok()?;
+        (!got.is_empty()).then_some(got)
+    })
+    .await?;
+    assert_eq!(held[0]["text"], "late advice");
+    assert_eq!(held[0]["from_name"], "arch-spy");
+    // Kept: a follow-up by name reaches the one that answered.
+    let follow = alice.send("arch-a", "and the risks?", 20).await?;
+    assert_eq!(follow["reply"]["text"], "echo: and the risks?", "{follow}");
+    let listed = roles(&alice).await?;
+    assert!(
+        listed.contains(&("arch-a".to_string(), "architect".to_string())),
+        "{listed:?}"
+    );
+    // A worker may not consult.
+    let worker = as_worker(&fleet, &alice, &dir, "w1").await?;
+    let err = worker
+        .call("fleet_consult", json!({"brief": "x"}))
+        .await?
+        .expect_err("a worker consulted");
+    assert_eq!(err.code, "forbidden", "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_architects_a_consult_says_how_to_configure_them() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "").await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let err = lead
+        .call("fleet_consult", json!({"brief": "x"}))
+        .await?
+        .expect_err("a consult without architects");
+    assert_eq!(err.code, "invalid_params");
+    assert!(err.message.contains("[architects]"), "{err}");
+    Ok(())
+}
