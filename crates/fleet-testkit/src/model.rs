@@ -33,6 +33,12 @@ pub struct ModelSim {
 impl ModelSim {
     /// Starts it on a free loopback port.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::voiced("").await
+    }
+
+    /// [`ModelSim::start`], every answer it gives through `fleet_reply` opening with `voice`:
+    /// two scripted models a test tells apart.
+    pub async fn voiced(voice: &str) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -40,7 +46,7 @@ impl ModelSim {
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
             .fallback(any(|| async { StatusCode::OK }))
-            .with_state(Arc::clone(&seen));
+            .with_state((Arc::clone(&seen), Arc::<str>::from(voice)));
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("the scripted model server stopped: {e}");
@@ -52,6 +58,14 @@ impl ModelSim {
     /// Its base URL, for `ANTHROPIC_BASE_URL`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Whether any request it answered holds `text` (in its system prompt, say).
+    pub fn saw(&self, text: &str) -> bool {
+        self.seen
+            .lock()
+            .map(|seen| seen.iter().any(|r| r.to_string().contains(text)))
+            .unwrap_or_default()
     }
 
     /// How many model requests it has answered.
@@ -71,10 +85,10 @@ async fn count_tokens() -> Response {
 }
 
 async fn messages(
-    State(seen): State<Arc<Mutex<Vec<Value>>>>,
+    State((seen, voice)): State<Shared>,
     axum::Json(request): axum::Json<Value>,
 ) -> Response {
-    let turn = decide(&request);
+    let turn = decide(&request, &voice);
     if let Ok(mut seen) = seen.lock() {
         seen.push(request.clone());
     }
@@ -89,6 +103,9 @@ async fn messages(
     }
 }
 
+/// What every request shares: the requests seen so far, and the voice answers open with.
+type Shared = (Arc<Mutex<Vec<Value>>>, Arc<str>);
+
 /// What the scripted model answers with.
 #[derive(Debug, PartialEq)]
 enum Turn {
@@ -98,8 +115,9 @@ enum Turn {
     Call(String, Value),
 }
 
-/// Decides the answer to a request, from its tools and its latest user turn.
-fn decide(request: &Value) -> Turn {
+/// Decides the answer to a request, from its tools and its latest user turn; a task's echo
+/// opens with `voice`.
+fn decide(request: &Value, voice: &str) -> Turn {
     let tools: Vec<&str> = request["tools"]
         .as_array()
         .map(|tools| tools.iter().filter_map(|t| t["name"].as_str()).collect())
@@ -150,7 +168,7 @@ fn decide(request: &Value) -> Turn {
         return Turn::Call(ask, json!({"question": question}));
     }
     match tool("fleet_reply") {
-        Some(reply) => Turn::Call(reply, json!({"message": format!("echo: {task}")})),
+        Some(reply) => Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
         None => Turn::Say(format!("no fleet_reply tool; the task was: {task}")),
     }
 }
@@ -306,6 +324,20 @@ fn stream_events(request: &Value, turn: &Turn) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_voiced_model_opens_its_echo_with_its_voice() {
+        let request = json!({"tools": tools(), "messages": [
+            {"role": "user", "content": "the brief"}
+        ]});
+        assert_eq!(
+            decide(&request, "[gpt] "),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "[gpt] echo: the brief"})
+            )
+        );
+    }
+
     fn tools() -> Value {
         json!([{"name": "Bash"}, {"name": "mcp__fleet__fleet_reply"}, {"name": "mcp__fleet__fleet_ask"}])
     }
@@ -320,7 +352,7 @@ mod tests {
             ]}
         ]});
         assert_eq!(
-            decide(&request),
+            decide(&request, ""),
             Turn::Call(
                 "mcp__fleet__fleet_reply".into(),
                 json!({"message": "echo: line one\nline two"})
@@ -339,7 +371,7 @@ mod tests {
             ]}
         ]});
         assert_eq!(
-            decide(&request),
+            decide(&request, ""),
             Turn::Call(
                 "mcp__fleet__fleet_reply".into(),
                 json!({"message": "echo: the next task"})
@@ -365,7 +397,7 @@ mod tests {
             {"role": "user", "content": "ask: which port?"}
         ]});
         assert_eq!(
-            decide(&ask),
+            decide(&ask, ""),
             Turn::Call(
                 "mcp__fleet__fleet_ask".into(),
                 json!({"question": "which port?"})
@@ -379,7 +411,7 @@ mod tests {
                 "content": [{"type": "text", "text": "8080"}]}]}
         ]});
         assert_eq!(
-            decide(&answered),
+            decide(&answered, ""),
             Turn::Call(
                 "mcp__fleet__fleet_reply".into(),
                 json!({"message": "asked which port?, heard: 8080"})
@@ -394,9 +426,9 @@ mod tests {
                 "name": "mcp__fleet__fleet_reply", "input": {"message": "x"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}]}
         ]});
-        assert_eq!(decide(&done), Turn::Say("Done: ok".into()));
+        assert_eq!(decide(&done, ""), Turn::Say("Done: ok".into()));
         let title = json!({"tools": [], "messages": [{"role": "user", "content": "hi"}]});
-        assert!(matches!(decide(&title), Turn::Say(text) if text.contains("title")));
+        assert!(matches!(decide(&title, ""), Turn::Say(text) if text.contains("title")));
     }
 
     #[test]

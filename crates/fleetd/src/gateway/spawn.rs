@@ -276,7 +276,12 @@ impl Gateway {
         profile: &crate::config::ProfileConfig,
         ct: &CancellationToken,
     ) -> Result<(), FleetError> {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+        let Some((mut kick, role)) = self
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| (s.kick.subscribe(), s.entity.role))
+        else {
             return Err(FleetError::new(
                 ErrorCode::NotReady,
                 "the worker vanished while spawning",
@@ -296,7 +301,7 @@ impl Gateway {
                     return Err(FleetError::new(
                         ErrorCode::NotReady,
                         format!(
-                            "worker (profile '{}') ended before it was ready; its screen showed:\n{}",
+                            "{role} (profile '{}') ended before it was ready; its screen showed:\n{}",
                             profile.name,
                             last_words.unwrap_or_default()
                         ),
@@ -336,7 +341,7 @@ impl Gateway {
                         return Err(FleetError::new(
                             ErrorCode::NotReady,
                             format!(
-                                "worker (profile '{}') did not call in within {} s, so its pane was closed; its screen showed:\n{screen}",
+                                "{role} (profile '{}') did not call in within {} s, so its pane was closed; its screen showed:\n{screen}",
                                 profile.name, profile.ready_timeout_s
                             ),
                         ));

@@ -4,7 +4,10 @@
 //! end of its life.
 
 use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use fleet_testkit::fleet::{
+    Fleet, claude_profile, opencode_profile, sim_profile, token_spy_profile,
+};
+use fleet_testkit::model::ModelSim;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
@@ -235,5 +238,77 @@ async fn without_architects_a_consult_says_how_to_configure_them() -> anyhow::Re
         .expect_err("a consult without architects");
     assert_eq!(err.code, "invalid_params");
     assert!(err.message.contains("[architects]"), "{err}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_own_model()
+-> anyhow::Result<()> {
+    // Two scripted models, told apart by the voice each answers in.
+    let sonnet = ModelSim::voiced("[sonnet] ").await?;
+    let gpt = ModelSim::voiced("[gpt] ").await?;
+    let config = format!(
+        "{}{}[architects]\nslots = [{{ name = \"arch-claude\", profile = \"claude\" }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\" }}]\n",
+        claude_profile("claude", &sonnet.base_url()),
+        opencode_profile("opencode-gpt", &gpt.base_url()),
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let brief = "Should the gateway's inbox consumer own the waiting briefs?";
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": brief, "wait_s": 180}))
+        .await?;
+    let claude = slot(&consult, "arch-claude");
+    let opencode = slot(&consult, "arch-gpt");
+    assert_eq!(claude["status"], "answered", "{consult}\n{}", fleet.log());
+    assert_eq!(opencode["status"], "answered", "{consult}\n{}", fleet.log());
+    // Each answered on its own model, from the same brief.
+    assert_eq!(claude["text"], format!("[sonnet] echo: {brief}"));
+    assert_eq!(opencode["text"], format!("[gpt] echo: {brief}"));
+    assert_eq!(claude["model"], "the default model of claude-code");
+    assert_eq!(opencode["model"], "model 'claude-sonnet-4-5'");
+    // Each was told it is an adviser, not a worker.
+    for model in [&sonnet, &gpt] {
+        assert!(
+            model.saw("an advisory architect"),
+            "no architect charter reached a model"
+        );
+    }
+    // Gone afterwards: stopped, their panes closed, their files (tokens among them) removed.
+    until("the architects to be stopped", LIMIT, || async {
+        let roles = roles(&alice).await.ok()?;
+        let panes = fleet.panes().ok()?;
+        (!roles.iter().any(|(_, role)| role == "architect") && panes.is_empty()).then_some(())
+    })
+    .await?;
+    for answer in [claude, opencode] {
+        let gid = answer["gid"].as_str().unwrap_or_default();
+        let files = fleet.state_dir().join("workers").join(gid);
+        assert!(!gid.is_empty() && !files.exists(), "{}", files.display());
+    }
+    // A question of a real architect surfaces on the consult and is answered through it.
+    let consult = alice
+        .ok(
+            "fleet_consult",
+            json!({"brief": "ask: which database?", "wait_s": 120, "slots": ["arch-claude"]}),
+        )
+        .await?;
+    assert_eq!(
+        slot(&consult, "arch-claude")["status"],
+        "asking",
+        "{consult}"
+    );
+    let answered = alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": consult["asks"][0]["turn_id"], "message": "postgres", "wait_s": 120}),
+        )
+        .await?;
+    // The model read the answer from fleet_ask's result (the tool result's JSON text).
+    let reply = answered["reply"]["text"].as_str().unwrap_or_default();
+    assert!(
+        reply.starts_with("asked which database?, heard: ") && reply.contains("postgres"),
+        "{answered}"
+    );
     Ok(())
 }
