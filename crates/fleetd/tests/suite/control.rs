@@ -437,3 +437,67 @@ async fn an_ask_across_hosts_that_ended_is_over_for_the_lead_and_a_late_answer_h
     assert!(p.alice.poll(0).await?.is_empty(), "nothing held for alice");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_plane()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "[architects]\nslots = [{ name = \"arch-here\", profile = \"sim\" }, { name = \"arch-far\", profile = \"sim\", host = \"hostb\", keep_s = 600 }]\n",
+    )
+    .await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    let brief = "Is one exchange enough?";
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": brief, "wait_s": 30}))
+        .await?;
+    let answers = consult["answers"].as_array().cloned().unwrap_or_default();
+    let hosts: Vec<(&str, &str, &str)> = answers
+        .iter()
+        .map(|s| {
+            (
+                s["architect"].as_str().unwrap_or_default(),
+                s["host"].as_str().unwrap_or_default(),
+                s["status"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            ("arch-here", "hosta", "answered"),
+            ("arch-far", "hostb", "answered")
+        ],
+        "{consult}\n{}",
+        b.log()
+    );
+    for answer in &answers {
+        assert_eq!(answer["text"], format!("echo: {brief}"), "{answer}");
+    }
+    // The far one is an architect on its host, kept for a follow-up by name.
+    let far = sees(&alice, "arch-far").await?;
+    assert_eq!(
+        (&far["role"], &far["slot"], &far["host"]),
+        (&json!("architect"), &json!("arch-far"), &json!("hostb")),
+        "{far}"
+    );
+    let follow = alice.send("arch-far", "and the cost?", 20).await?;
+    assert_eq!(follow["reply"]["text"], "echo: and the cost?", "{follow}");
+    // The near one is stopped once it answered; the far one when its lead stops it.
+    alice.ok("fleet_stop", json!({"to": "arch-far"})).await?;
+    until("both architects to be stopped", LIMIT, || async {
+        let list = alice.ok("fleet_list", json!({})).await.ok()?;
+        let left = list["entities"]
+            .as_array()?
+            .iter()
+            .any(|e| e["role"] == "architect");
+        (!left).then_some(())
+    })
+    .await?;
+    Ok(())
+}
