@@ -14,7 +14,7 @@ use std::time::Duration;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::message::check_size;
 use fleet_core::typed::typeable;
-use fleet_core::{FleetError, Gid, Role};
+use fleet_core::{ErrorCode, FleetError, Gid, Role};
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Serialize;
@@ -69,6 +69,30 @@ pub struct ConsultResult {
     pub asks: Vec<AskView>,
     /// What happens next.
     pub note: String,
+}
+
+/// Stops the architects a consult started if the call is dropped before it hands them over to
+/// be retired (its client went away mid-wait, say): none is left running for nobody.
+struct ConsultGuard {
+    gateway: Arc<Gateway>,
+    caller: Caller,
+    started: Vec<Gid>,
+}
+
+impl Drop for ConsultGuard {
+    fn drop(&mut self) {
+        let started = std::mem::take(&mut self.started);
+        if started.is_empty() {
+            return;
+        }
+        let (gateway, caller) = (Arc::clone(&self.gateway), self.caller.clone());
+        self.gateway.tasks.spawn(async move {
+            for gid in started {
+                tracing::info!(%gid, "a consult ended before its answers: its architect is stopped");
+                let _ = gateway.stop(&caller, &gid.to_string()).await;
+            }
+        });
+    }
 }
 
 /// The slots `wanted` names, in configured order, or all of them; an unknown name is refused.
@@ -150,6 +174,15 @@ impl Gateway {
             spawned
         }))
         .await;
+        // Should the call be dropped before it ends, what it started is stopped.
+        let mut guard = ConsultGuard {
+            gateway: Arc::clone(self),
+            caller: caller.clone(),
+            started: started
+                .iter()
+                .filter_map(|s| s.as_ref().ok().map(|s| s.gid))
+                .collect(),
+        };
         // The same brief to every architect that started, at the same moment.
         let briefed = Instant::now();
         let wait = deadline.saturating_duration_since(briefed);
@@ -182,6 +215,14 @@ impl Gateway {
             }
         }
         drop(sends);
+        // A call its client gave up on stops what it started (the guard, dropped here).
+        if ct.is_cancelled() {
+            return Err(FleetError::new(
+                ErrorCode::Cancelled,
+                "the consult was cancelled: its architects are stopped",
+            ));
+        }
+        guard.started.clear();
         let mut answers = Vec::with_capacity(slots.len());
         let mut asks = Vec::new();
         for ((slot, spawned), sent) in slots.iter().zip(started).zip(sent) {

@@ -312,3 +312,31 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consult_its_client_gives_up_on_leaves_no_architect_behind() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "{}[architects]\nslots = [{{ name = \"arch-spy\", profile = \"spy\" }}]\n",
+        token_spy_profile("spy", &dir.path().join("token")),
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    // The spy never answers: the client gives up while the consult waits.
+    let gave_up = lead
+        .call_within(
+            "fleet_consult",
+            json!({"brief": "advise", "wait_s": 600}),
+            std::time::Duration::from_secs(3),
+        )
+        .await?;
+    assert!(gave_up.is_none(), "the consult returned: {gave_up:?}");
+    assert!(dir.path().join("token").exists(), "the architect never started");
+    until("the abandoned consult's architect to be stopped", LIMIT, || async {
+        let roles = roles(&lead).await.ok()?;
+        let panes = fleet.panes().ok()?;
+        (!roles.iter().any(|(_, role)| role == "architect") && panes.is_empty()).then_some(())
+    })
+    .await?;
+    Ok(())
+}
