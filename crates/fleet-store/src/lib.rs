@@ -176,6 +176,10 @@ pub trait Store: Send + Sync + 'static {
     /// How many messages are held for `to`.
     fn held_count(&self, to: Gid) -> StoreResult<usize>;
 
+    /// Whether `from` ever answered `to`: a reply, or the notice that a message of `to`'s to
+    /// it failed (held, taken or settled since).
+    fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool>;
+
     /// Fails every queued or injecting message to `to` with `reason`; returns them so their
     /// senders can be told.
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;

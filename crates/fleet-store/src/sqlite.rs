@@ -503,6 +503,15 @@ impl Store for SqliteStore {
         Ok(usize::try_from(count).unwrap_or(0))
     }
 
+    fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT EXISTS(SELECT 1 FROM messages
+                           WHERE to_gid = ?1 AND from_gid = ?2 AND kind IN ('REPLY', 'FAILED'))",
+        )?;
+        Ok(stmt.query_row([to.to_string(), from.to_string()], |row| row.get(0))?)
+    }
+
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>> {
         let conn = self.conn();
         query_messages(

@@ -616,3 +616,33 @@ fn the_outbox_keeps_notices_across_a_restart_until_they_are_sent() {
     store.outbox_sent(first.msg_id).unwrap();
     assert_eq!(store.outbox().unwrap(), [second]);
 }
+
+#[test]
+fn an_answer_counts_once_there_whatever_became_of_it_and_only_from_its_sender() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, arch, other) = (Gid::mint(), Gid::mint(), Gid::mint());
+    let brief = message(lead, arch, MsgState::Injected, "brief");
+    store.insert_message(&brief).unwrap();
+    // Its task and others' answers are no answer of its own.
+    store
+        .insert_message(&Message::reply_to(
+            &message(lead, other, MsgState::Injected, "t"),
+            "r".into(),
+            2,
+        ))
+        .unwrap();
+    assert!(!store.answered_by(lead, arch).unwrap());
+    let reply = Message::reply_to(&brief, "advice".into(), 3);
+    store.insert_message(&reply).unwrap();
+    assert!(store.answered_by(lead, arch).unwrap());
+    // Taken by the lead, it still counts.
+    store.take_held(lead, Some(arch), 10).unwrap();
+    assert!(store.answered_by(lead, arch).unwrap());
+    // A failure notice about a message to it counts as its answer too.
+    let brief2 = message(lead, other, MsgState::Injected, "b2");
+    let failed = Message::notice(&brief2, Kind::Failed, "gone".into(), 4);
+    store.insert_message(&failed).unwrap();
+    assert!(store.answered_by(lead, other).unwrap());
+    assert!(!store.answered_by(arch, lead).unwrap());
+}

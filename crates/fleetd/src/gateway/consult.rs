@@ -15,6 +15,7 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::message::check_size;
 use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, FleetError, Gid, Role};
+use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::Serialize;
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::spawn::SpawnRequest;
-use super::views::{AskView, SendResult, SpawnResult};
+use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 use crate::config::{SlotConfig, model_identity};
 
@@ -71,17 +72,71 @@ pub struct ConsultResult {
     pub note: String,
 }
 
-/// Stops the architects a consult started if the call is dropped before it hands them over to
-/// be retired (its client went away mid-wait, say): none is left running for nobody.
+/// What a consult holds while it runs: its slots (no other consult may use them meanwhile) and
+/// the architects it started. Dropped before it hands those over to be retired (its client went
+/// away, say), it stops them: none is left running for nobody.
 struct ConsultGuard {
     gateway: Arc<Gateway>,
     caller: Caller,
-    started: Vec<Gid>,
+    slots: Vec<String>,
+    started: std::sync::Mutex<Vec<Gid>>,
+}
+
+impl ConsultGuard {
+    /// Claims `slots` for a consult of `caller`'s, or says which one another consult uses.
+    fn claim(
+        gateway: &Arc<Gateway>,
+        caller: &Caller,
+        slots: &[&SlotConfig],
+    ) -> Result<Self, FleetError> {
+        let mut sessions = gateway.lock();
+        if let Some(busy) = slots.iter().find(|s| sessions.consulting.contains(&s.name)) {
+            return Err(FleetError::new(
+                ErrorCode::TooMany,
+                format!(
+                    "architect slot '{}' is in another consult now: wait for it to end, or consult the other slots (slots)",
+                    busy.name
+                ),
+            ));
+        }
+        let names: Vec<String> = slots.iter().map(|s| s.name.clone()).collect();
+        sessions.consulting.extend(names.iter().cloned());
+        Ok(ConsultGuard {
+            gateway: Arc::clone(gateway),
+            caller: caller.clone(),
+            slots: names,
+            started: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Notes an architect started.
+    fn started(&self, gid: Gid) {
+        if let Ok(mut started) = self.started.lock() {
+            started.push(gid);
+        }
+    }
+
+    /// Hands the architects over to be retired as each is done: the guard stops none.
+    fn hand_over(&self) {
+        if let Ok(mut started) = self.started.lock() {
+            started.clear();
+        }
+    }
 }
 
 impl Drop for ConsultGuard {
     fn drop(&mut self) {
-        let started = std::mem::take(&mut self.started);
+        {
+            let mut sessions = self.gateway.lock();
+            for slot in &self.slots {
+                sessions.consulting.remove(slot);
+            }
+        }
+        let started = self
+            .started
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
         if started.is_empty() {
             return;
         }
@@ -164,25 +219,18 @@ impl Gateway {
         check_size(&request.brief, self.config.gateway.max_message_bytes)?;
         typeable(&request.brief).map_err(|found| found.refusal())?;
         let deadline = Instant::now() + request.wait;
-        // Each slot afresh: one still kept from an earlier consult goes first.
+        let guard = ConsultGuard::claim(self, caller, &slots)?;
+        // Each slot afresh: one of the caller's still kept from an earlier consult goes first.
         let started = join_all(slots.iter().map(|slot| async {
             self.retire_slot(caller, slot).await;
             let spawned = self.spawn(caller, self.slot_request(slot), ct).await;
             if let Ok(s) = &spawned {
+                guard.started(s.gid);
                 let _ = progress.send(format!("{} is ready", s.name));
             }
             spawned
         }))
         .await;
-        // Should the call be dropped before it ends, what it started is stopped.
-        let mut guard = ConsultGuard {
-            gateway: Arc::clone(self),
-            caller: caller.clone(),
-            started: started
-                .iter()
-                .filter_map(|s| s.as_ref().ok().map(|s| s.gid))
-                .collect(),
-        };
         // The same brief to every architect that started, at the same moment.
         let briefed = Instant::now();
         let wait = deadline.saturating_duration_since(briefed);
@@ -211,6 +259,12 @@ impl Gateway {
                 *place = Some((outcome, ms));
             }
             if asked {
+                // Those that ended meanwhile are reported as they ended.
+                while let Some(Some((i, _, outcome, ms))) = sends.next().now_or_never() {
+                    if let Some(place) = sent.get_mut(i) {
+                        *place = Some((outcome, ms));
+                    }
+                }
                 break;
             }
         }
@@ -222,7 +276,7 @@ impl Gateway {
                 "the consult was cancelled: its architects are stopped",
             ));
         }
-        guard.started.clear();
+        guard.hand_over();
         let mut answers = Vec::with_capacity(slots.len());
         let mut asks = Vec::new();
         for ((slot, spawned), sent) in slots.iter().zip(started).zip(sent) {
@@ -240,7 +294,8 @@ impl Gateway {
                 ),
             };
             if let Ok(spawned) = &spawned {
-                self.retire_later(caller, slot, spawned, status == "answered", request.wait);
+                let done = status == "answered" || status == "failed";
+                self.retire_later(caller, slot, spawned.gid, done, request.wait);
             }
             answers.push(SlotAnswer {
                 architect: slot.name.clone(),
@@ -282,14 +337,16 @@ impl Gateway {
         }
     }
 
-    /// Stops the architect that still holds `slot`'s name, if any (kept from an earlier
-    /// consult); a worker of that name is left alone (its spawn then fails, naming it).
+    /// Stops the caller's architect that still holds `slot`'s name on the slot's host, if any
+    /// (kept from an earlier consult). Anyone else's of that name is left alone: the spawn then
+    /// fails, naming it.
     async fn retire_slot(self: &Arc<Self>, caller: &Caller, slot: &SlotConfig) {
+        let host = slot.host.as_deref().unwrap_or(&self.host_id);
         let holder = self
-            .resolve_route(&slot.name)
+            .resolve_route(&format!("{}@{host}", slot.name))
             .ok()
             .map(|route| route.entity().clone())
-            .filter(|e| e.role == Role::Architect);
+            .filter(|e| e.role == Role::Architect && e.parent == Some(caller.entity.gid));
         if let Some(architect) = holder
             && let Err(e) = self.stop(caller, &architect.gid.to_string()).await
         {
@@ -297,24 +354,26 @@ impl Gateway {
         }
     }
 
-    /// Stops `spawned` (of `slot`) once it is done: `keep_s` after its answer, or, while it is
-    /// still working, once it answers late or another `wait` has passed.
+    /// Stops architect `gid` (of `slot`) once it is done: `keep_s` after its answer, or, while
+    /// it is still working (`answered` false), once it answers the caller late (or its brief
+    /// fails), it is gone, or another `wait` has passed.
     fn retire_later(
         self: &Arc<Self>,
         caller: &Caller,
         slot: &SlotConfig,
-        spawned: &SpawnResult,
+        gid: Gid,
         answered: bool,
         wait: Duration,
     ) {
-        let (gateway, caller, gid) = (Arc::clone(self), caller.clone(), spawned.gid);
+        let (gateway, caller) = (Arc::clone(self), caller.clone());
         let keep = Duration::from_secs(slot.keep_s);
         self.tasks.spawn(async move {
-            if !answered {
-                let done = gateway.until_injectable(gid);
-                if tokio::time::timeout(wait, done).await.is_err() {
-                    tracing::info!(%gid, "an architect did not answer within another wait: stopped");
-                }
+            if !answered
+                && tokio::time::timeout(wait, gateway.until_answered(caller.entity.gid, gid))
+                    .await
+                    .is_err()
+            {
+                tracing::info!(%gid, "an architect did not answer within another wait: stopped");
             }
             tokio::select! {
                 () = tokio::time::sleep(keep) => {}
@@ -323,6 +382,19 @@ impl Gateway {
             // Gone already (stopped by the lead, say): nothing to do.
             let _ = gateway.stop(&caller, &gid.to_string()).await;
         });
+    }
+
+    /// Returns once `from` has answered `to` (see [`fleet_store::Store::answered_by`]) or is gone.
+    async fn until_answered(&self, to: Gid, from: Gid) {
+        let mut inbox = self.inbox(to);
+        loop {
+            inbox.borrow_and_update();
+            let answered = self.db(move |s| s.answered_by(to, from)).await;
+            let gone = self.resolve_route(&from.to_string()).is_err();
+            if gone || answered.unwrap_or(true) || inbox.changed().await.is_err() {
+                return;
+            }
+        }
     }
 }
 

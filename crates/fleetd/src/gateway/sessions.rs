@@ -2,7 +2,7 @@
 //! each is doing now (status, the task in flight, open calls). Pure bookkeeping under one lock;
 //! no I/O happens here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -156,6 +156,8 @@ pub(super) struct Sessions {
     pub host_down: Option<String>,
     /// Workers' questions waiting for their leads' answers.
     pub asks: Asks,
+    /// The architect slots a consult is using now (one consult of a slot at a time).
+    pub consulting: HashSet<String>,
 }
 
 impl Sessions {

@@ -176,7 +176,7 @@ async fn an_architect_may_only_advise_its_lead_and_a_kept_one_takes_a_follow_up_
     let alice = fleet.lead("alice", Protocol::Stateless).await?;
     // The spy never answers on its own: its slot runs out of time, the other answers.
     let consult = alice
-        .ok("fleet_consult", json!({"brief": "advise", "wait_s": 3}))
+        .ok("fleet_consult", json!({"brief": "advise", "wait_s": 10}))
         .await?;
     assert_eq!(slot(&consult, "arch-spy")["status"], "timeout", "{consult}");
     assert_eq!(slot(&consult, "arch-a")["status"], "answered", "{consult}");
@@ -275,17 +275,22 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
         );
     }
     // Gone afterwards: stopped, their panes closed, their files (tokens among them) removed.
+    let files: Vec<_> = [claude, opencode]
+        .iter()
+        .map(|answer| {
+            let gid = answer["gid"].as_str().unwrap_or_default();
+            fleet.state_dir().join("workers").join(gid)
+        })
+        .collect();
     until("the architects to be stopped", LIMIT, || async {
         let roles = roles(&alice).await.ok()?;
         let panes = fleet.panes().ok()?;
-        (!roles.iter().any(|(_, role)| role == "architect") && panes.is_empty()).then_some(())
+        (!roles.iter().any(|(_, role)| role == "architect")
+            && panes.is_empty()
+            && files.iter().all(|f| !f.exists()))
+        .then_some(())
     })
     .await?;
-    for answer in [claude, opencode] {
-        let gid = answer["gid"].as_str().unwrap_or_default();
-        let files = fleet.state_dir().join("workers").join(gid);
-        assert!(!gid.is_empty() && !files.exists(), "{}", files.display());
-    }
     // A question of a real architect surfaces on the consult and is answered through it.
     let consult = alice
         .ok(
@@ -331,12 +336,19 @@ async fn a_consult_its_client_gives_up_on_leaves_no_architect_behind() -> anyhow
         )
         .await?;
     assert!(gave_up.is_none(), "the consult returned: {gave_up:?}");
-    assert!(dir.path().join("token").exists(), "the architect never started");
-    until("the abandoned consult's architect to be stopped", LIMIT, || async {
-        let roles = roles(&lead).await.ok()?;
-        let panes = fleet.panes().ok()?;
-        (!roles.iter().any(|(_, role)| role == "architect") && panes.is_empty()).then_some(())
-    })
+    assert!(
+        dir.path().join("token").exists(),
+        "the architect never started"
+    );
+    until(
+        "the abandoned consult's architect to be stopped",
+        LIMIT,
+        || async {
+            let roles = roles(&lead).await.ok()?;
+            let panes = fleet.panes().ok()?;
+            (!roles.iter().any(|(_, role)| role == "architect") && panes.is_empty()).then_some(())
+        },
+    )
     .await?;
     Ok(())
 }

@@ -26,6 +26,10 @@ pub(super) const WAITED_TOO_LONG: &str =
 /// session ended say, is never taken off the queue to be forgotten then).
 const FORGET_EXPIRY_AFTER_MS: u64 = 3_600_000;
 
+/// The farthest a waiting brief's expiry is looked ahead (admitted messages live a day at
+/// most; this only keeps the clock's arithmetic far from its end).
+const FARTHEST_DUE: Duration = Duration::from_secs(365 * 86_400);
+
 /// Items waiting for their turn, in their order, each with the time it expires (milliseconds
 /// since the Unix epoch): the briefs of a busy worker, unacknowledged on the broker.
 pub(super) struct Waiting<T = Vouched> {
@@ -74,7 +78,8 @@ impl<T> Waiting<T> {
     pub(super) fn due(&self) -> Option<Instant> {
         let at = self.first_expiry()?;
         let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
-        Some(Instant::now() + Duration::from_millis(at.saturating_sub(now)))
+        let left = Duration::from_millis(at.saturating_sub(now)).min(FARTHEST_DUE);
+        Some(Instant::now() + left)
     }
 }
 
@@ -183,7 +188,10 @@ impl Gateway {
             state
                 .queued_expiry
                 .retain(|_, at| at.saturating_add(FORGET_EXPIRY_AFTER_MS) > now);
-            state.queued_expiry.insert(msg_id, envelope.expires_at_ms);
+            // By the id it is queued under (a broadcast's copy has one of its own).
+            state
+                .queued_expiry
+                .insert(message.msg_id, envelope.expires_at_ms);
         }
         if let Err(e) = self.deliver(message.clone()).await {
             // Taken off the broker already (at most once): its sender is told.
