@@ -366,6 +366,19 @@ impl Config {
                 return Err(format!("profile '{}' is declared twice", profile.name));
             }
         }
+        if self.broker.is_none()
+            && let Some(far) = self.architects.slots.iter().find(|s| {
+                s.host
+                    .as_deref()
+                    .is_some_and(|h| Some(h) != self.gateway.host_id.as_deref())
+            })
+        {
+            return Err(format!(
+                "architects.slots '{}' is on host '{}', which only the control plane reaches: configure [broker], or drop the slot's host",
+                far.name,
+                far.host.as_deref().unwrap_or_default()
+            ));
+        }
         let leads = self.leads.keys().map(String::as_str).collect();
         self.architects
             .validate(&self.profiles, self.gateway.host_id.as_deref(), &leads)?;
@@ -795,6 +808,10 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let cases = [
+            (
+                "[architects]\nslots = [{ name = \"a1\", profile = \"sim\", host = \"far\" }]\n",
+                "configure [broker]",
+            ),
             ("[gateway]\nlisten = \"nowhere\"\n", "listen"),
             ("[gateway]\nmax_message_bytes = 0\n", "max_message_bytes"),
             ("[gateway]\nadvertise_url = \"ftp://x\"\n", "advertise_url"),
