@@ -56,8 +56,7 @@ pub fn check_coordination<'a>(envelope: &'a Envelope, owner: &str) -> Result<&'a
             "it is addressed to another coordination id than the mailbox it is in".into(),
         ));
     }
-    if envelope.turn_id.is_some() || envelope.in_reply_to.is_some() || envelope.spawn_id.is_some()
-    {
+    if envelope.turn_id.is_some() || envelope.in_reply_to.is_some() || envelope.spawn_id.is_some() {
         return Err(Refusal::Forbidden(
             "a coordination message carries no turn, answers nothing and spawns nothing".into(),
         ));
@@ -129,9 +128,7 @@ mod tests {
         assert_eq!(check_coordination(&ok, "bob@hostb"), Ok("alice@hosta"));
         assert!(check_coordination(&ok, "carol@hostc").is_err());
         assert!(check_coordination(&coordination("bob@hostb", None), "bob@hostb").is_err());
-        assert!(
-            check_coordination(&coordination("bob@hostb", Some("@bad")), "bob@hostb").is_err()
-        );
+        assert!(check_coordination(&coordination("bob@hostb", Some("@bad")), "bob@hostb").is_err());
         for kind in [Kind::Reply, Kind::Broadcast, Kind::Ask, Kind::Spawn] {
             let other = Envelope { kind, ..ok.clone() };
             assert!(check_coordination(&other, "bob@hostb").is_err(), "{kind}");
