@@ -31,6 +31,10 @@ mod tests;
 mod trust;
 mod turns;
 
+pub(in crate::gateway) use inbox::settle;
+pub(in crate::gateway) use link::{keep_up, link_settings};
+pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of};
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -272,7 +276,7 @@ fn unavailable(what: &str) -> FleetError {
 }
 
 /// A failed publish as the domain sees it: the broker is unavailable (whatever the link said).
-fn not_taken(err: AmqpError) -> FleetError {
+pub(in crate::gateway) fn not_taken(err: AmqpError) -> FleetError {
     FleetError::new(ErrorCode::BrokerUnavailable, err.to_string())
 }
 

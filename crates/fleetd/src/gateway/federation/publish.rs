@@ -125,7 +125,7 @@ impl Gateway {
     }
 
     /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
-    pub(super) fn outgoing(
+    pub(in crate::gateway) fn outgoing(
         &self,
         kind: Kind,
         (msg_id, trace_id): (MsgId, TraceId),

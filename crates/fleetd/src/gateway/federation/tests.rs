@@ -138,6 +138,7 @@ async fn harness(max_held: usize) -> Harness {
         panes: Arc::new(NoPanes),
         launchers: Launchers::new(dir.path(), HostFacts::default()),
         federation: Some(federation),
+        coordinator: None,
         workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
     };
     let gateway = Gateway::new(
