@@ -10,6 +10,7 @@ mod asks;
 mod bounds;
 mod broadcast;
 mod calls;
+mod coord;
 mod delivery;
 mod ending;
 mod federation;
@@ -37,6 +38,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::launch::Launchers;
 
+pub use coord::Coordinator;
 pub use federation::Federation;
 pub use nudge::NudgeTarget;
 pub use spawn::SpawnRequest;
@@ -73,6 +75,8 @@ pub struct Gateway {
     tasks: TaskTracker,
     /// The federated plane, when a broker is configured.
     federation: Option<Federation>,
+    /// Lead-to-lead coordination, when a coordinator is configured.
+    coordinator: Option<Coordinator>,
     /// Where workers may work.
     workdirs: Workdirs,
 }
@@ -94,6 +98,8 @@ pub struct Parts {
     pub launchers: Launchers,
     /// The federated plane, when a broker is configured.
     pub federation: Option<Federation>,
+    /// Lead-to-lead coordination, when a coordinator is configured.
+    pub coordinator: Option<Coordinator>,
     /// Where workers may work.
     pub workdirs: Workdirs,
 }
@@ -119,6 +125,7 @@ impl Gateway {
             shutdown,
             tasks: TaskTracker::new(),
             federation: parts.federation,
+            coordinator: parts.coordinator,
             workdirs: parts.workdirs,
         })
     }
@@ -141,6 +148,7 @@ impl Gateway {
         // The broker first: notices about what the previous run left half-delivered may be
         // for senders on other hosts.
         self.start_federation().await?;
+        self.start_coordinator().await?;
         self.recover().await?;
         watch::start(self);
         prune::start(self);
@@ -294,6 +302,7 @@ impl Gateway {
         let (remote, hosts) = self.remote_view();
         list.entities.extend(remote);
         list.hosts = hosts;
+        list.coord_id = self.coord_id_of(caller);
         Ok(list)
     }
 }
