@@ -69,6 +69,18 @@ pub fn check_coordination<'a>(envelope: &'a Envelope, owner: &str) -> Result<&'a
     }
 }
 
+/// Checks the sender's coordination id `from` that a message signed by `from_host` claims: one
+/// of this gateway's own leads' ids (`local`) is claimed by this host (`here`) only. Any other
+/// id is what its signing host says of its lead: nothing here can check it further.
+pub fn check_claim(from: &str, from_host: &str, here: &str, local: bool) -> Result<(), Refusal> {
+    if local && from_host != here {
+        return Err(Refusal::Impostor {
+            placed: format!("this host (coordination id '{from}')"),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,5 +155,17 @@ mod tests {
             ..ok
         };
         assert!(check_coordination(&turned, "bob@hostb").is_err());
+    }
+
+    #[test]
+    fn a_local_leads_id_is_claimed_by_this_host_only() {
+        assert!(check_claim("bob@hostb", "hostb", "hostb", true).is_ok());
+        assert!(matches!(
+            check_claim("bob@hostb", "hosta", "hostb", true),
+            Err(Refusal::Impostor { .. })
+        ));
+        assert!(check_claim("alice@hosta", "hosta", "hostb", false).is_ok());
+        // Another host's id is that host's word.
+        assert!(check_claim("alice@hostz", "hosta", "hostb", false).is_ok());
     }
 }

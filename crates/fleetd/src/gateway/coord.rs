@@ -17,7 +17,7 @@ use fleet_amqp::{AmqpError, Broker, Deliveries, Delivery, Link, Outgoing, Publis
 use fleet_core::admission::{self, Admission, Arrival, Handled};
 use fleet_core::authz::check_coordinate;
 use fleet_core::clock::now_ms;
-use fleet_core::coord::{check_coordination, validate_coord_id};
+use fleet_core::coord::{check_claim, check_coordination, validate_coord_id};
 use fleet_core::envelope::Envelope;
 use fleet_core::message::check_size;
 use fleet_core::signing::{SigningKey, signature};
@@ -41,6 +41,8 @@ pub struct Coordinator {
     federation: FederationConfig,
     /// Each local lead's coordination id, by lead name.
     ids: BTreeMap<String, String>,
+    /// This host's id.
+    host_id: String,
     /// The live link; `None` while the coordinator cannot be reached.
     link: tokio_watch::Sender<Option<Arc<Link>>>,
     /// This gateway's key pair: it signs every coordination message it publishes.
@@ -72,6 +74,7 @@ impl Coordinator {
             config,
             federation,
             ids,
+            host_id: host_id.to_string(),
             link: tokio_watch::channel(None).0,
             key,
             trust,
@@ -113,8 +116,8 @@ impl Coordinator {
     }
 
     /// The checks a coordination message off the mailbox of `owner` passes once admitted (in
-    /// `fleet_core::trust`'s order: seal, time, then the coordination rules); its sender's
-    /// coordination id.
+    /// `fleet_core::trust`'s order: seal, time, then the coordination rules and the sender's
+    /// claimed id); its sender's coordination id.
     fn check<'a>(
         &self,
         envelope: &'a Envelope,
@@ -126,7 +129,12 @@ impl Coordinator {
         }
         let now = u64::try_from(now_ms()).unwrap_or(0);
         check_time(envelope, now, message_window(&self.federation))?;
-        check_coordination(envelope, owner)
+        let from = check_coordination(envelope, owner)?;
+        // The seal passed: a sending host is named (only an unsigned lab leaves it out).
+        let from_host = envelope.from_host.as_deref().unwrap_or_default();
+        let local = self.ids.values().any(|id| id == from);
+        check_claim(from, from_host, &self.host_id, local)?;
+        Ok(from)
     }
 }
 
