@@ -3,7 +3,7 @@
 
 use fleet_amqp::Table;
 use fleet_core::{Gid, Kind};
-use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
 use fleet_testkit::keys;
@@ -31,10 +31,15 @@ fn coordinator(coord: &Vhost, extra: &str) -> String {
 }
 
 async fn coordinated(extra_b: &str) -> anyhow::Result<Coordinated> {
+    let coord = Vhost::create(&Broker::find().await?).await?;
+    coordinated_on(coord, extra_b).await
+}
+
+/// [`coordinated`], the coordinator on `coord` (the fleets on the shared test broker).
+async fn coordinated_on(coord: Vhost, extra_b: &str) -> anyhow::Result<Coordinated> {
     let broker = Broker::find().await?;
     let fleet_a = Vhost::create(&broker).await?;
     let fleet_b = Vhost::create(&broker).await?;
-    let coord = Vhost::create(&broker).await?;
     let a = gateway(&fleet_a.uri(), "hosta", "alice", &coordinator(&coord, "")).await?;
     let b = gateway(
         &fleet_b.uri(),
@@ -220,6 +225,9 @@ async fn a_forged_or_unsigned_coordination_message_is_refused_and_not_held() -> 
     publish(&client, "", mailbox, &elsewhere, b"misaddressed").await?;
     // Signed, naming no coordination id of its sender.
     publish(&client, "", mailbox, &coordination(None)?, b"anonymous").await?;
+    // Signed by hosta, claiming to come from bob, a lead of hostb.
+    let impostor = coordination(Some("bob@hostb"))?;
+    publish(&client, "", mailbox, &impostor, b"impostor").await?;
     // A genuine one, last: it alone is held.
     let genuine = coordination(Some("carol@hosta"))?;
     publish(&client, "", mailbox, &genuine, b"genuine").await?;
@@ -228,9 +236,9 @@ async fn a_forged_or_unsigned_coordination_message_is_refused_and_not_held() -> 
     assert_eq!(got.len(), 1, "{got:?}\n{}", c.b.log());
     assert_eq!(got[0]["text"], "genuine");
     assert_eq!(got[0]["from_coord_id"], "carol@hosta");
-    // The four refused went to the coordinator's dead letters.
+    // The five refused went to the coordinator's dead letters.
     until("the refused to be dead-lettered", LIMIT, || async {
-        (client.ready("fleet.dlq").await.ok()? == 4).then_some(())
+        (client.ready("fleet.dlq").await.ok()? == 5).then_some(())
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", c.b.log()))?;
@@ -253,5 +261,33 @@ async fn coordination_waits_in_the_mailbox_while_its_lead_is_down() -> anyhow::R
     assert_eq!(got.len(), 1, "{got:?}\n{}", c.b.log());
     assert_eq!(got[0]["text"], "while you were out");
     assert_eq!(got[0]["from_coord_id"], "alice@hosta");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_coordinator_down_coordination_fails_fast_then_resumes() -> anyhow::Result<()> {
+    let mut node = PrivateNode::start().await?;
+    let coord = Vhost::create(&node.broker()).await?;
+    let c = coordinated_on(coord, "").await?;
+
+    node.stop().await?;
+    let refused = until("coordination to fail fast", LIMIT, || async {
+        match coordinate(&c.alice, "bob@hostb", "during").await.ok()? {
+            Err(e) if e.code == "broker_unavailable" => Some(e),
+            _ => None,
+        }
+    })
+    .await?;
+    assert!(refused.message.contains("coordinator"), "{refused}");
+
+    node.restart().await?;
+    // Both links come back: alice's publishes again, bob's mailbox is consumed again.
+    until("coordination to resume", LIMIT, || async {
+        coordinate(&c.alice, "bob@hostb", "after").await.ok()?.ok()
+    })
+    .await?;
+    let got = c.bob.poll(20).await?;
+    let texts: Vec<&str> = got.iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(texts, ["after"], "{}", c.b.log());
     Ok(())
 }
