@@ -251,7 +251,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                 coordinator,
                 config.federation.clone(),
                 ids,
-                &host,
+                (&host, state.root()),
                 key.signing_key(),
             )
             .map_err(anyhow::Error::msg)?;

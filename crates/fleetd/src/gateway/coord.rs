@@ -10,6 +10,7 @@
 //! link is kept up by the federated plane's `keep_up`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use fleet_amqp::topology::mailbox_queue;
@@ -27,10 +28,12 @@ use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 use super::federation::{
-    keep_up, link_settings, loud, message_window, not_taken, remember_until, seal_of, settle,
+    keep_up, link_settings, loud, message_window, not_taken, publish_outcome, remember_until,
+    seal_of, settle,
 };
 use super::views::SendResult;
 use super::{Caller, Gateway};
+use crate::audit::AuditLog;
 use crate::config::{CoordinatorConfig, FederationConfig, redacted_uri};
 
 /// The coordinator side of a gateway: its link to the coordinator's vhost and its leads'
@@ -55,22 +58,31 @@ pub struct Coordinator {
     consumers: Mutex<Vec<CancellationToken>>,
     /// How many coordination messages the checks refused (for thinning their log lines).
     refused: Mutex<u64>,
+    /// The audit log of coordination (`<state_dir>/coord-audit.jsonl`): one line per message
+    /// published or taken off a mailbox, never its text.
+    audit: Mutex<AuditLog>,
 }
 
 impl Coordinator {
     /// The coordinator side of the gateway of host `host_id`, its leads' coordination ids by
-    /// lead name in `ids`, signing with `key`; an error names what is wrong with the trust
-    /// table.
+    /// lead name in `ids`, signing with `key` and writing its audit log into `state_dir`; an
+    /// error names what is wrong with the trust table.
     pub fn new(
         config: CoordinatorConfig,
         federation: FederationConfig,
         ids: BTreeMap<String, String>,
-        host_id: &str,
+        (host_id, state_dir): (&str, &Path),
         key: SigningKey,
     ) -> Result<Self, String> {
         let mut trust = federation.trust_table()?.keys_only();
         trust.pin_own(host_id, key.verifying_key(), login_of(&config.link.uri));
+        let audit = AuditLog::open(
+            state_dir.join("coord-audit.jsonl"),
+            federation.audit_max_bytes,
+            federation.audit_keep_files,
+        );
         Ok(Self {
+            audit: Mutex::new(audit),
             config,
             federation,
             ids,
@@ -86,6 +98,14 @@ impl Coordinator {
     /// The coordination id of the local lead called `lead`.
     pub fn coord_id(&self, lead: &str) -> Option<&str> {
         self.ids.get(lead).map(String::as_str)
+    }
+
+    /// One audit line: what moved, never its text.
+    fn audit(&self, envelope: &Envelope, size: usize, outcome: &str) {
+        self.audit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .hop(envelope, size, outcome);
     }
 
     fn link(&self) -> Option<Arc<Link>> {
@@ -277,14 +297,16 @@ impl Gateway {
                 Handled::NotStored
             }
             Err(NotHeld::Refused(why)) => {
-                if let Some(coordinator) = self.coordinator()
-                    && let (true, count) = coordinator.loud()
-                {
-                    let (msg_id, from_host) = match delivery.envelope() {
-                        Ok(e) => (Some(e.msg_id), e.from_host),
-                        Err(_) => (None, None),
-                    };
-                    tracing::error!(%coord_id, ?msg_id, ?from_host, why = %why, refused_so_far = count, "REFUSED a coordination message: dead-lettered");
+                if let Some(coordinator) = self.coordinator() {
+                    let envelope = delivery.envelope().ok();
+                    if let Some(envelope) = &envelope {
+                        coordinator.audit(envelope, delivery.body().len(), "refused");
+                    }
+                    if let (true, count) = coordinator.loud() {
+                        let msg_id = envelope.as_ref().map(|e| e.msg_id);
+                        let from_host = envelope.and_then(|e| e.from_host);
+                        tracing::error!(%coord_id, ?msg_id, ?from_host, why = %why, refused_so_far = count, "REFUSED a coordination message: dead-lettered");
+                    }
                 }
                 Handled::Refused
             }
@@ -342,6 +364,7 @@ impl Gateway {
         match self.hold(vec![message]).await.map_err(stored)?.pop() {
             Some(Err(full)) => Err(NotHeld::Refused(format!("the lead's cap: {full}"))),
             _ => {
+                coordinator.audit(&envelope, delivery.body().len(), "held");
                 tracing::info!(trace_id = %envelope.trace_id, %msg_id, from = %from, to = %coord_id, "coordination held");
                 Ok(())
             }
@@ -401,8 +424,10 @@ impl Gateway {
                 mandatory: true,
                 persistent: true,
             })
-            .await
-            .map_err(not_taken)?;
+            .await;
+        let outcome = publish_outcome(&published, "refused: mailbox full");
+        coordinator.audit(&envelope, body.len(), outcome);
+        let published = published.map_err(not_taken)?;
         let msg_id = envelope.msg_id;
         tracing::info!(trace_id = %envelope.trace_id, %msg_id, to = %coord_id, ?published, "coordination published");
         match published {
