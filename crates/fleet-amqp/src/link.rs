@@ -26,7 +26,8 @@ use crate::tls::TlsFiles;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits,
     MSG_EXCHANGE, ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args,
-    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, roster_args, roster_queue,
+    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, mailbox_queue, roster_args,
+    roster_queue,
 };
 
 /// How many heartbeats the roster consumer may hold unsettled.
@@ -109,6 +110,37 @@ impl Link {
     /// Connects as `fleetd@<host>`, opens the publish channel and declares the shared
     /// exchanges and the dead letter queue.
     pub async fn connect(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
+        let link = Link::open(settings, host).await?;
+        link.declare_shared().await?;
+        Ok(link)
+    }
+
+    /// Connects to the coordinator's vhost as `fleetd@coord@<host>`, opens the publish channel
+    /// and declares the dead letters (`fleet.dlx` with the capped `fleet.dlq`) that the lead
+    /// mailboxes ([`Link::open_mailbox`]) dead-letter to; none of the fleet's exchanges.
+    pub async fn connect_coordinator(
+        settings: &LinkSettings,
+        host: &str,
+    ) -> Result<Link, AmqpError> {
+        let link = Link::open(settings, &format!("coord@{host}")).await?;
+        let channel = link.channel("cannot open a channel").await?;
+        link.declare_dead_letters(&channel).await?;
+        close_quietly(&channel, "declared").await;
+        Ok(link)
+    }
+
+    /// Declares the durable mailbox of coordination id `coord_id` (capped and dead-lettered
+    /// like an inbox) and starts the one exclusive, manually settled consumer on it, with the
+    /// prefetch bound. Messages reach it through the default exchange, keyed by its name.
+    pub async fn open_mailbox(&self, coord_id: &str) -> Result<Deliveries, AmqpError> {
+        let queue = mailbox_queue(coord_id);
+        let channel = self.channel("cannot open a mailbox channel").await?;
+        declare_queue(&channel, &queue, true, &inbox_args(&self.inbox)).await?;
+        consume_exclusive(&channel, &queue, &format!("fleetd-{queue}"), self.prefetch).await
+    }
+
+    /// Connects as `fleetd@<host>` and opens the publish channel.
+    async fn open(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
         let uri = connection_uri(settings)?;
         let tls = settings.tls.config(uri.scheme()).await?;
         let properties =
@@ -140,7 +172,6 @@ impl Link {
             prefetch: settings.prefetch,
             dlq_max_length: settings.dlq_max_length,
         };
-        link.declare_shared().await?;
         Ok(link)
     }
 
@@ -151,28 +182,11 @@ impl Link {
             .map_err(|e| AmqpError::from_lapin(what, &e))
     }
 
-    /// `fleet.msg`, `fleet.roster`, `fleet.control`, `fleet.dlx` with the capped `fleet.dlq`,
-    /// and `fleet.dead` bound to `fleet.dlx`.
-    async fn declare_shared(&self) -> Result<(), AmqpError> {
-        let channel = self.channel("cannot open a channel").await?;
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        for (name, kind) in [
-            (MSG_EXCHANGE, ExchangeKind::Topic),
-            (ROSTER_EXCHANGE, ExchangeKind::Topic),
-            (CONTROL_EXCHANGE, ExchangeKind::Direct),
-            (DEAD_LETTER_EXCHANGE, ExchangeKind::Fanout),
-            (DEAD_EXCHANGE, ExchangeKind::Headers),
-        ] {
-            channel
-                .exchange_declare(name.into(), kind, durable, FieldTable::default())
-                .await
-                .map_err(|e| AmqpError::from_lapin(&format!("declaring exchange {name}"), &e))?;
-        }
+    /// `fleet.dlx` with the capped `fleet.dlq` bound to it.
+    async fn declare_dead_letters(&self, channel: &Channel) -> Result<(), AmqpError> {
+        declare_exchange(channel, DEAD_LETTER_EXCHANGE, ExchangeKind::Fanout).await?;
         declare_queue(
-            &channel,
+            channel,
             DEAD_LETTER_QUEUE,
             true,
             &dead_letter_args(self.dlq_max_length),
@@ -187,7 +201,22 @@ impl Link {
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| AmqpError::from_lapin("binding fleet.dlq", &e))?;
+            .map_err(|e| AmqpError::from_lapin("binding fleet.dlq", &e))
+    }
+
+    /// `fleet.msg`, `fleet.roster`, `fleet.control`, the dead letters, and `fleet.dead` bound
+    /// to `fleet.dlx`.
+    async fn declare_shared(&self) -> Result<(), AmqpError> {
+        let channel = self.channel("cannot open a channel").await?;
+        for (name, kind) in [
+            (MSG_EXCHANGE, ExchangeKind::Topic),
+            (ROSTER_EXCHANGE, ExchangeKind::Topic),
+            (CONTROL_EXCHANGE, ExchangeKind::Direct),
+            (DEAD_EXCHANGE, ExchangeKind::Headers),
+        ] {
+            declare_exchange(&channel, name, kind).await?;
+        }
+        self.declare_dead_letters(&channel).await?;
         channel
             .exchange_bind(
                 DEAD_EXCHANGE.into(),
@@ -496,6 +525,22 @@ async fn consume_exclusive(
             .held()
         })?;
     Ok(Deliveries::new(consumer))
+}
+
+/// Declares the durable exchange `name` of `kind`.
+async fn declare_exchange(
+    channel: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+) -> Result<(), AmqpError> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(name.into(), kind, durable, FieldTable::default())
+        .await
+        .map_err(|e| AmqpError::from_lapin(&format!("declaring exchange {name}"), &e))
 }
 
 /// Declares queue `name` with `args`, durable or not.

@@ -37,6 +37,13 @@ pub fn inbox_owner(queue: &str) -> Option<Gid> {
     (inbox_queue(gid) == queue).then_some(gid)
 }
 
+/// The durable mailbox of the lead whose coordination id is `coord_id`, on the coordinator's
+/// vhost (spec 10 "Lead-to-lead"): published to through the default exchange, whose routing key
+/// is the queue's name.
+pub fn mailbox_queue(coord_id: &str) -> String {
+    format!("coord.{coord_id}")
+}
+
 /// The queue of the dead letters `host` published: its gateway tells their senders.
 pub fn dead_letter_queue(host: &str) -> String {
     format!("{DEAD_LETTER_QUEUE}.{host}")
@@ -173,6 +180,7 @@ mod tests {
         assert_eq!(roster_key("hostA", "_gateway"), "roster.hostA._gateway");
         assert_eq!(roster_queue("hostA"), "roster.hostA");
         assert_eq!(control_queue("hostA"), "control.hostA");
+        assert_eq!(mailbox_queue("alice@laptop"), "coord.alice@laptop");
         assert_eq!(dead_letter_queue("hostA"), "fleet.dlq.hostA");
         assert_eq!(
             dead_letter_binding("hostA").get("fromHost"),

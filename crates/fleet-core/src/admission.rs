@@ -6,7 +6,6 @@
 //! this inbox (or, for a broadcast, the key it came by), be unexpired, within the size cap, and
 //! its body text.
 
-use crate::Gid;
 use crate::envelope::{Envelope, EnvelopeError};
 use crate::message::Kind;
 
@@ -94,8 +93,9 @@ pub enum Admission {
 /// A delivery as it came off `owner`'s inbox.
 #[derive(Clone, Copy, Debug)]
 pub struct Arrival<'a> {
-    /// The entity whose inbox it came off.
-    pub owner: Gid,
+    /// The address of the queue it came off: the gid of the entity whose inbox it is, or the
+    /// coordination id whose mailbox.
+    pub owner: &'a str,
     /// The routing key it was published with.
     pub routing_key: &'a str,
     /// Its body.
@@ -115,7 +115,7 @@ pub fn admit(
         Err(e) => return Admission::Malformed(e),
     };
     let refused = |envelope, why| Admission::Refused { envelope, why };
-    let to_ok = envelope.to == arrival.owner.to_string()
+    let to_ok = envelope.to == arrival.owner
         || (envelope.kind == Kind::Broadcast
             && envelope.to == arrival.routing_key
             && envelope.to.starts_with("broadcast."));
@@ -161,6 +161,7 @@ pub fn refusal_told(kind: Kind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Gid;
 
     const NOW: u64 = 1_700_000_000_000;
 
@@ -168,7 +169,7 @@ mod tests {
         crate::envelope::sample(kind, "hostb", to, NOW)
     }
 
-    fn arrival<'a>(owner: Gid, key: &'a str, body: &'a [u8]) -> Arrival<'a> {
+    fn arrival<'a>(owner: &'a str, key: &'a str, body: &'a [u8]) -> Arrival<'a> {
         Arrival {
             owner,
             routing_key: key,
@@ -179,9 +180,10 @@ mod tests {
     #[test]
     fn a_message_for_this_inbox_in_time_and_in_size_is_admitted() {
         let owner = Gid::mint();
+        let address = owner.to_string();
         let to = owner.to_string();
         let sent = envelope(Kind::Send, &to);
-        let got = admit(arrival(owner, &to, b"hello"), Ok(sent.clone()), NOW, 5);
+        let got = admit(arrival(&address, &to, b"hello"), Ok(sent.clone()), NOW, 5);
         assert_eq!(
             got,
             Admission::Admitted {
@@ -194,15 +196,16 @@ mod tests {
     #[test]
     fn a_broadcast_is_admitted_by_the_key_it_came_by_only() {
         let owner = Gid::mint();
+        let address = owner.to_string();
         let sent = envelope(Kind::Broadcast, "broadcast.core");
         let ok = admit(
-            arrival(owner, "broadcast.core", b"x"),
+            arrival(&address, "broadcast.core", b"x"),
             Ok(sent.clone()),
             NOW,
             9,
         );
         assert!(matches!(ok, Admission::Admitted { .. }), "{ok:?}");
-        let other_key = admit(arrival(owner, "broadcast.all", b"x"), Ok(sent), NOW, 9);
+        let other_key = admit(arrival(&address, "broadcast.all", b"x"), Ok(sent), NOW, 9);
         assert!(matches!(
             other_key,
             Admission::Refused {
@@ -212,7 +215,12 @@ mod tests {
         ));
         // A send may not pass itself off as a broadcast by its key.
         let sneaky = envelope(Kind::Send, "broadcast.core");
-        let got = admit(arrival(owner, "broadcast.core", b"x"), Ok(sneaky), NOW, 9);
+        let got = admit(
+            arrival(&address, "broadcast.core", b"x"),
+            Ok(sneaky),
+            NOW,
+            9,
+        );
         assert!(matches!(
             got,
             Admission::Refused {
@@ -225,14 +233,15 @@ mod tests {
     #[test]
     fn the_checks_go_envelope_recipient_expiry_size_text() {
         let owner = Gid::mint();
+        let address = owner.to_string();
         let to = owner.to_string();
         let bad = EnvelopeError::Missing("kind");
         assert_eq!(
-            admit(arrival(owner, &to, b"x"), Err(bad.clone()), NOW, 9),
+            admit(arrival(&address, &to, b"x"), Err(bad.clone()), NOW, 9),
             Admission::Malformed(bad)
         );
         let why = |sent: Envelope, body: &[u8], now| match admit(
-            arrival(owner, &to, body),
+            arrival(&address, &to, body),
             Ok(sent),
             now,
             4,

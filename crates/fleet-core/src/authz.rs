@@ -89,6 +89,18 @@ pub fn check_send(caller: &Entity, recipient: &Entity) -> Result<(), FleetError>
     }
 }
 
+/// Fails with `forbidden` unless `caller` may coordinate with the leads of other fleets
+/// (`fleet_send{coord_id}`): leads only, whose coordination it is.
+pub fn check_coordinate(caller: &Entity) -> Result<(), FleetError> {
+    match caller.role {
+        Role::Lead => Ok(()),
+        Role::Architect | Role::Worker => Err(FleetError::forbidden(format!(
+            "{} '{}' may not send to a coordination id: coordination between leads is for leads only",
+            caller.role, caller.name
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +153,15 @@ mod tests {
         assert!(check_send(&worker, &other).is_err());
         assert!(check_send(&worker, &peer).is_err());
         assert!(check_send(&lead, &worker).is_ok());
+    }
+
+    #[test]
+    fn only_leads_coordinate() {
+        let lead = entity("alice", Role::Lead, None);
+        assert!(check_coordinate(&lead).is_ok());
+        for role in [Role::Worker, Role::Architect] {
+            let err = check_coordinate(&entity("w", role, Some(lead.gid))).unwrap_err();
+            assert!(err.to_string().starts_with("forbidden:"), "{err}");
+        }
     }
 }

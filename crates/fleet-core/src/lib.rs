@@ -14,6 +14,7 @@ pub mod authz;
 pub mod bounds;
 pub mod clock;
 pub mod control;
+pub mod coord;
 pub mod dead;
 pub mod delivery;
 pub mod entity;

@@ -76,6 +76,23 @@ impl Trust {
             .insert(host.to_string(), PinnedHost::new(vec![key], Some(login)));
     }
 
+    /// The same table with the hosts' keys only, no broker logins: for another vhost (the
+    /// coordinator's), on which each host publishes under another login than on the fleet's.
+    pub fn keys_only(&self) -> Trust {
+        let hosts = self
+            .hosts
+            .iter()
+            .map(|(host, pinned)| {
+                let keys = PinnedHost {
+                    keys: pinned.keys.clone(),
+                    login: None,
+                };
+                (host.clone(), keys)
+            })
+            .collect();
+        Trust { hosts }
+    }
+
     /// How many hosts are pinned.
     pub fn len(&self) -> usize {
         self.hosts.len()
@@ -625,6 +642,21 @@ mod tests {
             refused(&sent, b"task", sealed(&sig, &id, None)),
             Refusal::WrongLogin { login: None, .. }
         ));
+    }
+
+    #[test]
+    fn keys_only_drops_the_logins_and_keeps_the_keys() {
+        let trust = trust(Some("gw-hostb")).keys_only();
+        let sent = envelope(Kind::Send, "hostb");
+        let sig = sign(&key(1), &sent, b"task");
+        let id = fingerprint(&key(1).verifying_key());
+        assert_eq!(
+            check_seal(&trust, &sent, b"task", sealed(&sig, &id, Some("coord-b"))),
+            Ok(())
+        );
+        let other = sign(&key(9), &sent, b"task");
+        let other_id = fingerprint(&key(9).verifying_key());
+        assert!(check_seal(&trust, &sent, b"task", sealed(&other, &other_id, None)).is_err());
     }
 
     #[test]

@@ -236,8 +236,18 @@ pub trait Store: Send + Sync + 'static {
     /// Every brief whose receipt is still awaited.
     fn awaited_receipts(&self) -> StoreResult<Vec<AwaitedReceipt>>;
 
+    /// Records that the coordination message `msg_id` came from the lead whose coordination id
+    /// is `coord_id` (before the message is held; kept once): kept as long as the message is,
+    /// and at least until `until_ms` (Unix ms) if the message never is.
+    fn note_coord_sender(&self, msg_id: MsgId, coord_id: &str, until_ms: i64) -> StoreResult<()>;
+
+    /// The coordination id the coordination message `msg_id` came from; none for any other
+    /// message.
+    fn coord_sender(&self, msg_id: MsgId) -> StoreResult<Option<String>>;
+
     /// Forgets what [`Store::see`] and [`Store::record_sent`] remembered until before
-    /// `now_ms`; returns how many.
+    /// `now_ms`, and the coordination senders noted until before `now_ms` of messages never
+    /// held (refused at their cap); returns how many.
     fn forget(&self, now_ms: i64) -> StoreResult<usize>;
 
     /// Deletes messages that reached the end of their life (`injected`, `consumed`, `failed`)

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -123,6 +123,21 @@ CREATE TABLE awaited (
 ) WITHOUT ROWID;
 ";
 
+/// Version 4: the coordination id each coordination message held here came from (lead-to-lead
+/// coordination: its sender is a lead of another fleet, known by that id only). A row goes with
+/// its message, or, for a message never held (refused at its cap), after `until_ms`.
+const SCHEMA_V4: &str = "
+CREATE TABLE coord_senders (
+    msg_id     TEXT PRIMARY KEY,
+    coord_id   TEXT NOT NULL,
+    until_ms   INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TRIGGER coord_senders_pruned AFTER DELETE ON messages
+BEGIN
+    DELETE FROM coord_senders WHERE msg_id = OLD.msg_id;
+END;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -143,6 +158,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 3 {
         tx.execute_batch(SCHEMA_V3)?;
+    }
+    if found < 4 {
+        tx.execute_batch(SCHEMA_V4)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -765,7 +765,31 @@ impl Store for SqliteStore {
         let tx = conn.transaction()?;
         let seen = tx.execute("DELETE FROM seen WHERE until_ms < ?1", [now_ms])?;
         let sent = tx.execute("DELETE FROM sent WHERE until_ms < ?1", [now_ms])?;
+        let senders = tx.execute(
+            "DELETE FROM coord_senders WHERE until_ms < ?1 AND NOT EXISTS \
+             (SELECT 1 FROM messages WHERE messages.msg_id = coord_senders.msg_id)",
+            [now_ms],
+        )?;
         tx.commit()?;
-        Ok(seen + sent)
+        Ok(seen + sent + senders)
+    }
+
+    fn note_coord_sender(&self, msg_id: MsgId, coord_id: &str, until_ms: i64) -> StoreResult<()> {
+        self.conn().execute(
+            "INSERT OR IGNORE INTO coord_senders (msg_id, coord_id, until_ms) VALUES (?1, ?2, ?3)",
+            params![msg_id.to_string(), coord_id, until_ms],
+        )?;
+        Ok(())
+    }
+
+    fn coord_sender(&self, msg_id: MsgId) -> StoreResult<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT coord_id FROM coord_senders WHERE msg_id = ?1",
+                [msg_id.to_string()],
+                |row| row.get(0),
+            )
+            .optional()?)
     }
 }

@@ -488,6 +488,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
         "DROP TRIGGER waiting_inserted; DROP TRIGGER waiting_entered; DROP TRIGGER waiting_left;
          DROP TRIGGER waiting_deleted; DROP TABLE waiting; DROP TABLE seen; DROP TABLE sent;
          DROP TABLE awaited; DROP TABLE outbox;
+         DROP TRIGGER coord_senders_pruned; DROP TABLE coord_senders;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -645,4 +646,41 @@ fn an_answer_counts_once_there_whatever_became_of_it_and_only_from_its_sender() 
     store.insert_message(&failed).unwrap();
     assert!(store.answered_by(lead, other).unwrap());
     assert!(!store.answered_by(arch, lead).unwrap());
+}
+
+#[test]
+fn a_coordination_sender_lasts_as_long_as_its_message_or_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (from, to) = (Gid::mint(), Gid::mint());
+    let held = message(from, to, MsgState::Held, "shared finding");
+    store
+        .note_coord_sender(held.msg_id, "alice@hosta", 100)
+        .unwrap();
+    // Noted once: a redelivery does not change who sent it.
+    store
+        .note_coord_sender(held.msg_id, "mallory@x", 100)
+        .unwrap();
+    assert!(store.insert_message(&held).unwrap());
+    let never = MsgId::mint();
+    store.note_coord_sender(never, "carol@hostc", 100).unwrap();
+    assert_eq!(
+        store.coord_sender(held.msg_id).unwrap().as_deref(),
+        Some("alice@hosta")
+    );
+    assert_eq!(store.coord_sender(MsgId::mint()).unwrap(), None);
+    // Past its time, only the one whose message was never held goes; reopened, it stays.
+    assert_eq!(store.forget(100).unwrap(), 0);
+    assert_eq!(store.forget(101).unwrap(), 1);
+    assert_eq!(store.coord_sender(never).unwrap(), None);
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(
+        store.coord_sender(held.msg_id).unwrap().as_deref(),
+        Some("alice@hosta")
+    );
+    // It goes with its message.
+    assert_eq!(store.take_held(to, None, 10).unwrap().len(), 1);
+    assert!(store.prune(i64::MAX).unwrap() >= 1);
+    assert_eq!(store.coord_sender(held.msg_id).unwrap(), None);
 }

@@ -13,6 +13,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use fleet_core::bounds::rotate_before;
+use fleet_core::clock::now_ms;
+use fleet_core::envelope::Envelope;
+use serde_json::json;
 
 /// An append-only, size-rotated log of lines.
 pub struct AuditLog {
@@ -54,6 +57,22 @@ impl AuditLog {
         self.len = file.metadata()?.len();
         self.file = Some(file);
         Ok(())
+    }
+
+    /// Appends the line of one broker hop: the message under `envelope` (of `size` bytes) and
+    /// its `outcome` — what moved, never its text.
+    pub fn hop(&mut self, envelope: &Envelope, size: usize, outcome: &str) {
+        let line = json!({
+            "ts_ms": now_ms(),
+            "trace_id": envelope.trace_id,
+            "msg_id": envelope.msg_id,
+            "kind": envelope.kind,
+            "from": envelope.from,
+            "to": envelope.to,
+            "size": size,
+            "outcome": outcome,
+        });
+        self.append(&line.to_string());
     }
 
     /// Appends `line` (without its newline) as one line, rotating first if it would take the

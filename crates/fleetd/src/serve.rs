@@ -17,7 +17,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{CLAUDE_CREDENTIALS, Config};
-use crate::gateway::{Federation, Gateway, Parts, Workdirs};
+use crate::gateway::{Coordinator, Federation, Gateway, Parts, Workdirs};
 use crate::http::{AllowedHosts, CallerCaps, app};
 use crate::identity::GatewayKey;
 use crate::launch::{HostFacts, Launchers};
@@ -242,6 +242,23 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         }
         None => None,
     };
+    let coordinator = match config.coordinator.clone() {
+        Some(coordinator) => {
+            let ids = config
+                .coord_ids(&host)
+                .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
+            let coordinator = Coordinator::new(
+                coordinator,
+                config.federation.clone(),
+                ids,
+                (&host, state.root()),
+                key.signing_key(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            Some(coordinator)
+        }
+        None => None,
+    };
     let caps = CallerCaps {
         long_calls: config.gateway.max_long_calls_per_caller,
         sessions: config.gateway.max_sessions_per_token,
@@ -275,6 +292,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                 },
             ),
             federation,
+            coordinator,
             workdirs,
         },
         shutdown.child_token(),

@@ -82,6 +82,49 @@ fn default_prefetch() -> u16 {
     32
 }
 
+/// `[coordinator]`: lead-to-lead coordination (spec 10 "Lead-to-lead") on a vhost of its own,
+/// apart from the fleet's. Its link keys are `[broker]`'s (`uri`, `password_env`,
+/// `heartbeat_s`, `prefetch`, `ca_file`, `cert_file`, `key_file`), the password from
+/// `FLEET_COORD_PASSWORD` by default; `coord_id` is the coordination id of this gateway's one
+/// lead (a gateway with several gives each its own in `[leads.NAME] coord_id`; a lead given
+/// none is `<lead>@<host id>`). Its `Debug` masks the URI's password.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(try_from = "toml::Table")]
+pub struct CoordinatorConfig {
+    /// The link to the coordinator's vhost.
+    pub link: BrokerConfig,
+    /// The coordination id of this gateway's one lead.
+    pub coord_id: Option<String>,
+}
+
+/// Where the coordinator's password comes from when its URI has none, by default.
+const COORD_PASSWORD_ENV: &str = "FLEET_COORD_PASSWORD";
+
+impl TryFrom<toml::Table> for CoordinatorConfig {
+    type Error = String;
+
+    /// `coord_id` taken out, the rest read as a `[broker]` block is (unknown keys refused).
+    fn try_from(mut table: toml::Table) -> Result<Self, String> {
+        let coord_id = match table.remove("coord_id") {
+            None => None,
+            Some(toml::Value::String(id)) => Some(id),
+            Some(other) => {
+                return Err(format!(
+                    "coordinator.coord_id must be a string, not {}",
+                    other.type_str()
+                ));
+            }
+        };
+        table
+            .entry("password_env")
+            .or_insert_with(|| COORD_PASSWORD_ENV.into());
+        let link = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("[coordinator]: {}", e.message().trim()))?;
+        Ok(Self { link, coord_id })
+    }
+}
+
 /// `[federation]`: presence, receipts and the caps of the inboxes.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -199,33 +242,47 @@ impl Default for FederationConfig {
 }
 
 impl BrokerConfig {
-    /// Checks what the parser cannot; errors name the key.
-    pub(super) fn validate(&self) -> Result<(), String> {
+    /// Checks what the parser cannot, of the block `block` (`broker` or `coordinator`); errors
+    /// name the key.
+    pub(super) fn validate(&self, block: &str) -> Result<(), String> {
         let parsed =
-            url::Url::parse(&self.uri).map_err(|e| format!("broker.uri is not a URI: {e}"))?;
+            url::Url::parse(&self.uri).map_err(|e| format!("{block}.uri is not a URI: {e}"))?;
         if !matches!(parsed.scheme(), "amqp" | "amqps") || parsed.host_str().is_none() {
             return Err(format!(
-                "broker.uri must be an amqp:// or amqps:// URI with a host, not '{}://…'",
+                "{block}.uri must be an amqp:// or amqps:// URI with a host, not '{}://…'",
                 parsed.scheme()
             ));
         }
-        within("broker.heartbeat_s", self.heartbeat_s.into(), 1, 300)?;
-        within("broker.prefetch", self.prefetch.into(), 1, 10_000)?;
+        within(
+            &format!("{block}.heartbeat_s"),
+            self.heartbeat_s.into(),
+            1,
+            300,
+        )?;
+        within(
+            &format!("{block}.prefetch"),
+            self.prefetch.into(),
+            1,
+            10_000,
+        )?;
         for (key, path) in [
-            ("broker.ca_file", &self.ca_file),
-            ("broker.cert_file", &self.cert_file),
-            ("broker.key_file", &self.key_file),
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
         ] {
             if let Some(path) = path
                 && !path.is_absolute()
             {
                 return Err(format!(
-                    "{key} '{}' must be an absolute path (fleetd resolves it against no directory)",
+                    "{block}.{key} '{}' must be an absolute path (fleetd resolves it against no directory)",
                     path.display()
                 ));
             }
         }
-        self.tls().check(parsed.scheme()).map_err(|e| e.to_string())
+        // The TLS rules name `broker.*` keys: said of the block at hand.
+        self.tls()
+            .check(parsed.scheme())
+            .map_err(|e| e.to_string().replace("broker.", &format!("{block}.")))
     }
 
     /// The TLS files of the link.
@@ -371,6 +428,89 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(Path::new("test.toml"), text).map_err(|e| e.to_string())
+    }
+
+    /// A config with `[coordinator]` lines `coordinator` and leads `leads` (TOML).
+    fn coordinated(coordinator: &str, leads: &str) -> Result<Config, String> {
+        parse(&format!(
+            "{leads}\n[coordinator]\nuri = \"amqp://coord@b/coord\"\n{coordinator}\n[federation]\ninsecure_unsigned = true\n"
+        ))
+    }
+
+    #[test]
+    fn the_coordinator_is_a_broker_link_with_a_coord_id() {
+        let config = coordinated("coord_id = \"alice@laptop\"\nheartbeat_s = 7", "").unwrap();
+        let coordinator = config.coordinator.clone().unwrap();
+        assert_eq!(coordinator.coord_id.as_deref(), Some("alice@laptop"));
+        assert_eq!(coordinator.link.heartbeat_s, 7);
+        assert_eq!(coordinator.link.password_env, "FLEET_COORD_PASSWORD");
+        let ids = config.coord_ids("laptop").unwrap();
+        assert_eq!(ids.get("lead").map(String::as_str), Some("alice@laptop"));
+        // No id given: the lead's name at the host.
+        let config = coordinated("", "[leads.bob]").unwrap();
+        let ids = config.coord_ids("hostb").unwrap();
+        assert_eq!(ids.get("bob").map(String::as_str), Some("bob@hostb"));
+        // Several leads, each its own.
+        let config = coordinated(
+            "",
+            "[leads.a]\ncoord_id = \"a@x\"\n[leads.b]\ncoord_id = \"b@x\"",
+        )
+        .unwrap();
+        let ids = config.coord_ids("x").unwrap();
+        assert_eq!(ids.values().collect::<Vec<_>>(), ["a@x", "b@x"]);
+        // Without [coordinator], nobody has one.
+        assert!(parse("").unwrap().coord_ids("x").unwrap().is_empty());
+    }
+
+    #[test]
+    fn every_coordinator_key_is_checked_and_named() {
+        let cases = [
+            ("coord_id = \"@alice\"", "", "coordinator.coord_id '@alice'"),
+            (
+                "coord_id = \"a b\"",
+                "",
+                "coordinator.coord_id is not a valid",
+            ),
+            ("coord_id = 7", "", "coordinator.coord_id must be a string"),
+            (
+                "coord_id = \"a\"",
+                "[leads.x]\n[leads.y]",
+                "coordinator.coord_id 'a'",
+            ),
+            (
+                "",
+                "[leads.x]\ncoord_id = \"x/y\"",
+                "leads.x.coord_id is not a valid",
+            ),
+            ("", "[leads.x]\ncoord_id = \"-x\"", "leads.x.coord_id '-x'"),
+            ("color = \"red\"", "", "unknown field `color`"),
+            ("heartbeat_s = 0", "", "coordinator.heartbeat_s is 0"),
+            (
+                "ca_file = \"/ca.pem\"",
+                "",
+                "coordinator.ca_file set, but coordinator.uri is amqp://",
+            ),
+        ];
+        for (coordinator, leads, expected) in cases {
+            let err = coordinated(coordinator, leads).unwrap_err();
+            assert!(err.contains(expected), "{coordinator} {leads}: {err}");
+        }
+        let err = parse("[leads.x]\ncoord_id = \"x@h\"\n").unwrap_err();
+        assert!(
+            err.contains("leads.x.coord_id is set, but there is no [coordinator]"),
+            "{err}"
+        );
+        let err = parse("[coordinator]\nuri = \"amqp://b/coord\"\n").unwrap_err();
+        assert!(err.contains("[coordinator] is set but"), "{err}");
+        let err = parse("[coordinator]\nuri = \"http://b/coord\"\n").unwrap_err();
+        assert!(err.contains("coordinator.uri must be an amqp://"), "{err}");
+        // Two leads on one id: refused, both named.
+        let config = coordinated("", "[leads.a]\ncoord_id = \"b@h\"\n[leads.b]").unwrap();
+        let err = config.coord_ids("h").unwrap_err();
+        assert!(
+            err.contains("'a' and 'b'") && err.contains("'b@h'"),
+            "{err}"
+        );
     }
 
     #[test]

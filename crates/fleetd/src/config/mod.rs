@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use fleet_core::coord::{default_coord_id, validate_coord_id};
 use fleet_core::entity::validate_name;
 use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
 use serde::Deserialize;
@@ -19,7 +20,9 @@ mod profile;
 mod readme;
 
 pub use architects::{ArchitectsConfig, SlotConfig, model_identity};
-pub use federation::{BrokerConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri};
+pub use federation::{
+    BrokerConfig, CoordinatorConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri,
+};
 pub use profile::{
     CLAUDE_CREDENTIALS, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
 };
@@ -36,6 +39,8 @@ pub const SIM_BINARY: &str = "fleet-agent-sim";
 const DEFAULT_KEEP_MESSAGES_DAYS: u64 = 7;
 /// Why a gateway with a broker and nobody to trust does not start.
 const UNTRUSTED: &str = "[broker] is set but [federation.trust] pins no host, so every message off the broker would be refused: run `fleetd key` on each host and pin its key here (hostb = \"ed25519:…\" under [federation.trust]); for a lab only, [federation] insecure_unsigned = true takes unsigned messages instead";
+/// Why a gateway with a coordinator and nobody to trust does not start.
+const UNTRUSTED_COORDINATOR: &str = "[coordinator] is set but [federation.trust] pins no host, so every coordination message would be refused: pin the other leads' gateways' keys (`fleetd key` on each) under [federation.trust]; for a lab only, [federation] insecure_unsigned = true takes unsigned ones instead";
 /// The least time between two nudges into a lead's pane, by default.
 const DEFAULT_NUDGE_INTERVAL_S: u64 = 30;
 /// Claude Code's empty input box: `❯` and a no-break space.
@@ -103,6 +108,8 @@ pub struct Config {
     pub architects: ArchitectsConfig,
     /// The broker of the federated plane; none: a single-host gateway.
     pub broker: Option<BrokerConfig>,
+    /// Lead-to-lead coordination; none: the leads have no coordination ids.
+    pub coordinator: Option<CoordinatorConfig>,
     /// Presence, receipts and inbox caps of the federated plane.
     pub federation: FederationConfig,
 }
@@ -215,6 +222,9 @@ pub struct LeadConfig {
     /// is typed only while it is on screen, so a human's half-typed draft is never submitted
     /// with it. Empty: no such check.
     pub empty_input_marker: String,
+    /// The lead's coordination id (needs `[coordinator]`); `coordinator.coord_id` for a
+    /// gateway's one lead, else `<lead>@<host id>`, when unset.
+    pub coord_id: Option<String>,
 }
 
 impl Default for LeadConfig {
@@ -225,6 +235,7 @@ impl Default for LeadConfig {
             nudge_interval_s: DEFAULT_NUDGE_INTERVAL_S,
             nudge_quiet_ms: DEFAULT_NUDGE_QUIET_MS,
             empty_input_marker: CLAUDE_EMPTY_INPUT.into(),
+            coord_id: None,
         }
     }
 }
@@ -352,12 +363,14 @@ impl Config {
                 MAX_CONFIG_WAIT_S * 1000,
             )?;
         }
+        let untrusted = self.federation.trust.is_empty() && !self.federation.insecure_unsigned;
         if let Some(broker) = &self.broker {
-            broker.validate()?;
-            if self.federation.trust.is_empty() && !self.federation.insecure_unsigned {
+            broker.validate("broker")?;
+            if untrusted {
                 return Err(UNTRUSTED.into());
             }
         }
+        self.validate_coordination(untrusted)?;
         self.federation.validate()?;
         let mut seen = std::collections::BTreeSet::new();
         for profile in &self.profiles {
@@ -383,6 +396,68 @@ impl Config {
         self.architects
             .validate(&self.profiles, self.gateway.host_id.as_deref(), &leads)?;
         Ok(())
+    }
+
+    /// `[coordinator]` and the leads' coordination ids (the defaults, which need the host id,
+    /// are checked by [`Config::coord_ids`]).
+    fn validate_coordination(&self, untrusted: bool) -> Result<(), String> {
+        let coord_id = |what: &str, id: &str| validate_coord_id(what, id).map_err(|e| e.message);
+        let explicit = self
+            .leads
+            .iter()
+            .filter_map(|(name, lead)| lead.coord_id.as_deref().map(|id| (name, id)));
+        let Some(coordinator) = &self.coordinator else {
+            return match explicit.map(|(name, _)| name).next() {
+                Some(name) => Err(format!(
+                    "leads.{name}.coord_id is set, but there is no [coordinator] block to coordinate on"
+                )),
+                None => Ok(()),
+            };
+        };
+        coordinator.link.validate("coordinator")?;
+        if untrusted {
+            return Err(UNTRUSTED_COORDINATOR.into());
+        }
+        for (name, id) in explicit {
+            coord_id(&format!("leads.{name}.coord_id"), id)?;
+        }
+        if let Some(id) = &coordinator.coord_id {
+            coord_id("coordinator.coord_id", id)?;
+            if self.leads.len() > 1 {
+                return Err(format!(
+                    "coordinator.coord_id '{id}' names the mailbox of a gateway's one lead, and this one declares {}: give each lead its own in [leads.NAME] coord_id",
+                    self.leads.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The coordination id of each lead (by name) of the gateway of host `host`: none without
+    /// `[coordinator]`; else its own `coord_id`, or `coordinator.coord_id` for the one lead,
+    /// or `<lead>@<host>`. Two leads with one id are an error naming both.
+    pub fn coord_ids(&self, host: &str) -> Result<BTreeMap<String, String>, String> {
+        let Some(coordinator) = &self.coordinator else {
+            return Ok(BTreeMap::new());
+        };
+        let mut ids = BTreeMap::new();
+        let mut owners: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, lead) in &self.leads {
+            let id = lead
+                .coord_id
+                .clone()
+                .or_else(|| coordinator.coord_id.clone())
+                .unwrap_or_else(|| default_coord_id(name, host));
+            validate_coord_id(&format!("the coordination id of lead '{name}'"), &id)
+                .map_err(|e| e.message)?;
+            if let Some(other) = owners.insert(id.clone(), name) {
+                return Err(format!(
+                    "leads '{other}' and '{name}' have one coordination id, '{id}': set [leads.NAME] coord_id apart"
+                ));
+            }
+            ids.insert(name.clone(), id);
+        }
+        Ok(ids)
     }
 
     /// What only `serve` can check, with fleetd's environment at hand (`fleetd_env`): every

@@ -60,8 +60,13 @@ impl Gateway {
     }
 
     pub(super) async fn describe(&self, message: Message) -> Delivered {
+        let from_coord_id = self.coord_sender(&message).await;
         Delivered {
-            from_name: self.name_of(message.from).await,
+            from_name: match &from_coord_id {
+                Some(coord_id) => coord_id.clone(),
+                None => self.name_of(message.from).await,
+            },
+            from_coord_id,
             msg_id: message.msg_id,
             kind: message.kind,
             from: message.from,
@@ -69,6 +74,22 @@ impl Gateway {
             text: message.body,
             sent_ms: message.created_ms,
             trace_id: message.trace_id,
+        }
+    }
+
+    /// The coordination id `message` came from, if it is coordination from a peer lead (only
+    /// a `SEND`, and only with a coordinator, can be).
+    pub(super) async fn coord_sender(&self, message: &Message) -> Option<String> {
+        if message.kind != Kind::Send || self.config.coordinator.is_none() {
+            return None;
+        }
+        let msg_id = message.msg_id;
+        match self.db(move |s| s.coord_sender(msg_id)).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(%msg_id, error = %e, "cannot look up a coordination sender");
+                None
+            }
         }
     }
 

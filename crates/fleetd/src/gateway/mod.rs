@@ -11,6 +11,7 @@ mod bounds;
 mod broadcast;
 mod calls;
 mod consult;
+mod coord;
 mod delivery;
 mod ending;
 mod federation;
@@ -39,6 +40,7 @@ use crate::config::Config;
 use crate::launch::Launchers;
 
 pub use consult::{ConsultRequest, ConsultResult};
+pub use coord::Coordinator;
 pub use federation::Federation;
 pub use nudge::NudgeTarget;
 pub use spawn::SpawnRequest;
@@ -75,6 +77,8 @@ pub struct Gateway {
     tasks: TaskTracker,
     /// The federated plane, when a broker is configured.
     federation: Option<Federation>,
+    /// Lead-to-lead coordination, when a coordinator is configured.
+    coordinator: Option<Coordinator>,
     /// Where workers may work.
     workdirs: Workdirs,
 }
@@ -96,6 +100,8 @@ pub struct Parts {
     pub launchers: Launchers,
     /// The federated plane, when a broker is configured.
     pub federation: Option<Federation>,
+    /// Lead-to-lead coordination, when a coordinator is configured.
+    pub coordinator: Option<Coordinator>,
     /// Where workers may work.
     pub workdirs: Workdirs,
 }
@@ -121,6 +127,7 @@ impl Gateway {
             shutdown,
             tasks: TaskTracker::new(),
             federation: parts.federation,
+            coordinator: parts.coordinator,
             workdirs: parts.workdirs,
         })
     }
@@ -143,6 +150,7 @@ impl Gateway {
         // The broker first: notices about what the previous run left half-delivered may be
         // for senders on other hosts.
         self.start_federation().await?;
+        self.start_coordinator().await?;
         self.recover().await?;
         watch::start(self);
         prune::start(self);
@@ -296,6 +304,7 @@ impl Gateway {
         let (remote, hosts) = self.remote_view();
         list.entities.extend(remote);
         list.hosts = hosts;
+        list.coord_id = self.coord_id_of(caller);
         Ok(list)
     }
 }

@@ -44,6 +44,12 @@ impl Gateway {
                     )
                 })?,
         };
+        if let Some(coord_id) = self.coord_sender(&answered).await {
+            return Err(FleetError::invalid(format!(
+                "message {} is coordination from the lead '{coord_id}' of another fleet, not a task: answer it with fleet_send{{coord_id: \"{coord_id}\", message}}",
+                answered.msg_id
+            )));
+        }
         let reply = Message::reply_to(&answered, text, now_ms());
         let msg_id = reply.msg_id;
         if matches!(self.placement(&reply), Placement::Dead) {

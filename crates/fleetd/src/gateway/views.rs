@@ -15,8 +15,12 @@ pub struct Delivered {
     pub kind: Kind,
     /// Sender's gid.
     pub from: Gid,
-    /// Sender's name.
+    /// Sender's name (for coordination, the sender's coordination id).
     pub from_name: String,
+    /// For coordination from a peer lead: its coordination id (answer it with
+    /// `fleet_send{coord_id}`; it is no task, and `fleet_reply` refuses it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_coord_id: Option<String>,
     /// What it answers.
     pub in_reply_to: Option<MsgId>,
     /// The text.
@@ -154,7 +158,8 @@ pub fn slot_of(role: Role, name: &str) -> Option<String> {
 pub struct ListResult {
     /// The caller.
     pub you: RosterEntry,
-    /// The caller's lead-to-lead coordination id (none until a coordinator is configured).
+    /// The caller's lead-to-lead coordination id (none without a `[coordinator]`, and for
+    /// anyone but a lead).
     pub coord_id: Option<String>,
     /// Every live entity: this host's, then other hosts' as the roster last heard of them.
     pub entities: Vec<RosterEntry>,

@@ -27,7 +27,7 @@ use crate::gateway::{Caller, ConsultRequest, Gateway, SpawnRequest};
 use crate::limits::{CallSlot, CallSlots};
 use params::{
     AskParams, BroadcastParams, ConsultParams, ListParams, PollParams, ReplyParams, SendParams,
-    SpawnParams, StopParams,
+    SendTarget, SpawnParams, StopParams,
 };
 
 /// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
@@ -195,39 +195,33 @@ task once the worker is idle; waits up to wait_s seconds for the answer and retu
 (status replied), or status failed with the reason, or status asked when a worker asks you \
 something mid-task (answer with fleet_send{turn_id, message}, which then waits for that task's \
 answer), or status pending with the msg_id: a later answer is held for fleet_poll. Workers may \
-send only to their lead."
+send only to their lead. A lead may send coordination to a peer lead of another fleet by its \
+coord_id instead of to: held for that lead's fleet_poll, it returns at once (status pending)."
     )]
     async fn fleet_send(
         &self,
-        Parameters(p): Parameters<SendParams>,
+        Parameters(mut p): Parameters<SendParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let outcome = async {
             let caller = caller(&ctx)?;
             let wait = wait(p.wait_s, DEFAULT_SEND_WAIT_S)?;
             let _slot = self.long_call(&caller, "fleet_send", !wait.is_zero())?;
-            let to = match (p.to, p.coord_id, p.turn_id) {
-                (Some(to), None, None) => to,
-                (None, Some(_), None) => {
-                    return Err(FleetError::invalid(
-                        "coord_id needs a [coordinator] block, and this gateway has none; use to",
-                    ));
+            match p.target()? {
+                SendTarget::To(to) => {
+                    self.gateway
+                        .send(&caller, &to, p.message, wait, &ctx.ct)
+                        .await
                 }
-                (None, None, Some(turn)) => {
-                    return self
-                        .gateway
+                SendTarget::Coord(coord_id) => {
+                    self.gateway.coordinate(&caller, &coord_id, p.message).await
+                }
+                SendTarget::Turn(turn) => {
+                    self.gateway
                         .answer(&caller, &turn, p.message, wait, &ctx.ct)
-                        .await;
+                        .await
                 }
-                _ => {
-                    return Err(FleetError::invalid(
-                        "give exactly one of to, coord_id or turn_id",
-                    ));
-                }
-            };
-            self.gateway
-                .send(&caller, &to, p.message, wait, &ctx.ct)
-                .await
+            }
         };
         errors::result(with_progress(&ctx, "fleet_send", outcome).await)
     }

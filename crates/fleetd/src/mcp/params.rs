@@ -1,5 +1,6 @@
 //! The parameters of the fleet's MCP tools, as their JSON schemas show them to a model.
 
+use fleet_core::FleetError;
 use rmcp::schemars;
 use serde::Deserialize;
 
@@ -36,7 +37,9 @@ pub struct SendParams {
     /// The recipient: a name (as fleet_list shows it), `name@host`, or a gid.
     #[serde(default)]
     pub to: Option<String>,
-    /// A peer lead's coordination id (lead-to-lead coordination), instead of `to`.
+    /// A peer lead's coordination id (fleet_list shows your own), instead of `to`: leads only.
+    /// The message is held in that lead's mailbox for its fleet_poll, never typed anywhere and
+    /// never a task; the call returns at once (status pending) and never waits for an answer.
     #[serde(default)]
     pub coord_id: Option<String>,
     /// The turn id of a worker's question, to answer it, instead of `to`.
@@ -48,6 +51,42 @@ pub struct SendParams {
     /// that comes later is held for fleet_poll.
     #[serde(default)]
     pub wait_s: Option<u64>,
+}
+
+/// Where a `fleet_send` goes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SendTarget {
+    /// An entity of the fleet, by name or gid.
+    To(String),
+    /// A peer lead's mailbox, by coordination id.
+    Coord(String),
+    /// A worker's question, by turn id: the message answers it.
+    Turn(String),
+}
+
+impl SendParams {
+    /// Where the message goes: exactly one of `to`, `coord_id` and `turn_id`, or
+    /// `invalid_params` naming what was given.
+    pub fn target(&mut self) -> Result<SendTarget, FleetError> {
+        match (self.to.take(), self.coord_id.take(), self.turn_id.take()) {
+            (Some(to), None, None) => Ok(SendTarget::To(to)),
+            (None, Some(coord_id), None) => Ok(SendTarget::Coord(coord_id)),
+            (None, None, Some(turn_id)) => Ok(SendTarget::Turn(turn_id)),
+            (to, coord_id, turn_id) => {
+                let given: Vec<&str> = [("to", to), ("coord_id", coord_id), ("turn_id", turn_id)]
+                    .into_iter()
+                    .filter_map(|(name, value)| value.map(|_| name))
+                    .collect();
+                let given = match given.as_slice() {
+                    [] => "none".to_string(),
+                    names => names.join(" and "),
+                };
+                Err(FleetError::invalid(format!(
+                    "give exactly one of to, coord_id or turn_id (given: {given})"
+                )))
+            }
+        }
+    }
 }
 
 /// `fleet_reply`
@@ -116,4 +155,52 @@ pub struct ConsultParams {
     /// The slots to consult, by name (as configured under [architects]); all when left out.
     #[serde(default)]
     pub slots: Option<Vec<String>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(to: Option<&str>, coord_id: Option<&str>, turn_id: Option<&str>) -> SendParams {
+        SendParams {
+            to: to.map(String::from),
+            coord_id: coord_id.map(String::from),
+            turn_id: turn_id.map(String::from),
+            message: "m".into(),
+            wait_s: None,
+        }
+    }
+
+    #[test]
+    fn a_send_goes_to_exactly_one_of_to_coord_id_and_turn_id() {
+        assert_eq!(
+            params(Some("w"), None, None).target().unwrap(),
+            SendTarget::To("w".into())
+        );
+        assert_eq!(
+            params(None, Some("bob@b"), None).target().unwrap(),
+            SendTarget::Coord("bob@b".into())
+        );
+        assert_eq!(
+            params(None, None, Some("t")).target().unwrap(),
+            SendTarget::Turn("t".into())
+        );
+        for (p, given) in [
+            (params(Some("w"), Some("bob@b"), None), "to and coord_id"),
+            (
+                params(None, Some("bob@b"), Some("t")),
+                "coord_id and turn_id",
+            ),
+            (
+                params(Some("w"), Some("b"), Some("t")),
+                "to and coord_id and turn_id",
+            ),
+            (params(None, None, None), "none"),
+        ] {
+            let mut p = p;
+            let err = p.target().unwrap_err();
+            assert_eq!(err.code, fleet_core::ErrorCode::InvalidParams);
+            assert!(err.message.contains(&format!("(given: {given})")), "{err}");
+        }
+    }
 }

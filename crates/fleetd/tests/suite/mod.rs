@@ -5,6 +5,7 @@ mod badinput;
 mod claude;
 mod cli;
 mod control;
+mod coord;
 mod dead;
 mod delivery;
 mod durability;

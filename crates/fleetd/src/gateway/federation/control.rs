@@ -29,7 +29,7 @@ use super::super::spawn::SpawnRequest;
 use super::super::views::{SpawnResult, StopResult};
 use super::inbox::settle;
 use super::trust::Patience;
-use super::{Federation, not_taken, unavailable};
+use super::{Federation, not_taken, publish_outcome, unavailable};
 use crate::gateway::Caller;
 use tokio_util::sync::CancellationToken;
 
@@ -230,12 +230,7 @@ impl Gateway {
                 persistent: true,
             })
             .await;
-        let outcome = match &published {
-            Ok(Published::Routed) => "published",
-            Ok(Published::Unroutable) => "unroutable",
-            Ok(Published::Refused) => "refused",
-            Err(_) => "broker unavailable",
-        };
+        let outcome = publish_outcome(&published, "refused");
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(%trace_id, %msg_id, %gid, %host, outcome, "control request published");
         match published.map_err(not_taken)? {

@@ -29,7 +29,11 @@ pub(super) struct Incoming {
 /// Tells the broker how `delivery` was handled (with `through`, every delivery before it on
 /// its channel too): the one place a delivery is settled. False if the broker was not told
 /// (the channel is gone: the delivery comes again to the next consumer).
-pub(super) async fn settle(delivery: &Delivery, handled: Handled, through: bool) -> bool {
+pub(in crate::gateway) async fn settle(
+    delivery: &Delivery,
+    handled: Handled,
+    through: bool,
+) -> bool {
     let how = handled.settlement();
     match delivery.settle(how, through).await {
         Ok(()) => true,
@@ -212,8 +216,9 @@ impl Gateway {
         patience: &Patience<'_>,
     ) -> Option<(Envelope, String)> {
         let fed = self.fed()?;
+        let address = owner.to_string();
         let arrival = Arrival {
-            owner,
+            owner: &address,
             routing_key: delivery.routing_key(),
             body: delivery.body(),
         };

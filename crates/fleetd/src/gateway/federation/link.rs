@@ -11,11 +11,13 @@ use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
 use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
 use fleet_core::admission::Handled;
 use fleet_core::{Entity, FleetError, Gid};
+use tokio::sync::watch as tokio_watch;
+use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::Federation;
 use super::inbox::settle;
-use crate::config::redacted_uri;
+use crate::config::{BrokerConfig, FederationConfig, redacted_uri};
 
 /// The longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -28,21 +30,75 @@ const DRAIN_BATCH: usize = 64;
 /// The pause between two attempts on a held inbox.
 const HELD_RETRY: Duration = Duration::from_millis(500);
 
-impl Federation {
-    /// What the link is opened with, from `[broker]` and `[federation]`.
-    fn settings(&self) -> LinkSettings {
-        LinkSettings {
-            uri: self.broker.uri.clone(),
-            password_env: self.broker.password_env.clone(),
-            heartbeat_s: self.broker.heartbeat_s,
-            prefetch: self.broker.prefetch,
-            inbox: InboxLimits {
-                max_length: self.config.inbox_max_length,
-                message_ttl_s: self.config.inbox_message_ttl_s,
-                expires_s: self.config.inbox_expires_s,
-            },
-            dlq_max_length: self.config.dlq_max_length,
-            tls: self.broker.tls(),
+/// What a link to `broker` is opened with, its queues capped as `[federation]` says.
+pub(in crate::gateway) fn link_settings(
+    broker: &BrokerConfig,
+    config: &FederationConfig,
+) -> LinkSettings {
+    LinkSettings {
+        uri: broker.uri.clone(),
+        password_env: broker.password_env.clone(),
+        heartbeat_s: broker.heartbeat_s,
+        prefetch: broker.prefetch,
+        inbox: InboxLimits {
+            max_length: config.inbox_max_length,
+            message_ttl_s: config.inbox_message_ttl_s,
+            expires_s: config.inbox_expires_s,
+        },
+        dlq_max_length: config.dlq_max_length,
+        tls: broker.tls(),
+    }
+}
+
+/// Keeps the broker link in `cell` up until `shutdown`: waits for it to fail, then calls
+/// `connect` (which puts a new link in `cell`) again and again, with backoff, until it does.
+/// `down` runs when the link failed, `leave` with the link still up at shutdown.
+pub(in crate::gateway) async fn keep_up<L, C, Left>(
+    cell: &tokio_watch::Sender<Option<Arc<L>>>,
+    shutdown: &CancellationToken,
+    mut connect: impl FnMut() -> C,
+    mut down: impl FnMut(),
+    leave: impl FnOnce(Arc<L>) -> Left,
+) where
+    L: Broker + ?Sized,
+    C: Future<Output = Result<(), AmqpError>>,
+    Left: Future<Output = ()>,
+{
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let up = cell.borrow().clone().filter(|l| l.is_up());
+        if let Some(link) = up {
+            tokio::select! {
+                () = link.closed() => {}
+                () = shutdown.cancelled() => {
+                    leave(link).await;
+                    return;
+                }
+            }
+            cell.send_replace(None);
+            down();
+            backoff = FIRST_BACKOFF;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shutdown.cancelled() => return,
+        }
+        let connected = tokio::select! {
+            connected = connect() => connected,
+            () = shutdown.cancelled() => return,
+        };
+        match connected {
+            Ok(()) => backoff = FIRST_BACKOFF,
+            Err(e) => {
+                if e.retry() {
+                    tracing::debug!(error = %e, "the broker is still unreachable");
+                } else {
+                    // Say so loudly, and keep trying: after a crash the broker may hold a
+                    // dead gateway's exclusive consumers until its heartbeat runs out.
+                    tracing::error!(error = %e, "the broker refuses this gateway; retrying");
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
     }
 }
@@ -106,7 +162,8 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        let link: Arc<dyn Broker> = Arc::new(Link::connect(&fed.settings(), &self.host_id).await?);
+        let settings = link_settings(&fed.broker, &fed.config);
+        let link: Arc<dyn Broker> = Arc::new(Link::connect(&settings, &self.host_id).await?);
         let attached = async {
             let roster = link.open_roster(&self.host_id).await?;
             let gateway = Arc::clone(self);
@@ -149,54 +206,33 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        let mut backoff = FIRST_BACKOFF;
-        loop {
-            if let Some(link) = fed.link() {
-                tokio::select! {
-                    () = link.closed() => {}
-                    () = self.shutdown.cancelled() => {
-                        self.leave_roster().await;
-                        // The workers go with fleetd: so do their inboxes (the leads' stay,
-                        // holding what arrives for them meanwhile).
-                        let panes: Vec<Gid> = self.lock().panes.keys().copied().collect();
-                        for gid in panes {
-                            if let Err(e) = link.delete_inbox(gid).await {
-                                tracing::debug!(%gid, error = %e, "inbox not deleted");
-                            }
-                        }
-                        link.close().await;
-                        return;
-                    }
-                }
-                tracing::warn!(
-                    "the broker link is down; remote entities read unknown, remote sends fail fast"
-                );
-                fed.link.send_replace(None);
-                fed.lock().stop_consumers();
-                backoff = FIRST_BACKOFF;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                () = self.shutdown.cancelled() => return,
-            }
-            let connected = tokio::select! {
-                connected = self.connect_link() => connected,
-                () = self.shutdown.cancelled() => return,
-            };
-            match connected {
-                Ok(()) => backoff = FIRST_BACKOFF,
-                Err(e) => {
-                    if e.retry() {
-                        tracing::debug!(error = %e, "the broker is still unreachable");
-                    } else {
-                        // Say so loudly, and keep trying: after a crash the broker may hold a
-                        // dead gateway's exclusive consumers until its heartbeat runs out.
-                        tracing::error!(error = %e, "the broker refuses this gateway; retrying");
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+        let down = || {
+            tracing::warn!(
+                "the broker link is down; remote entities read unknown, remote sends fail fast"
+            );
+            fed.lock().stop_consumers();
+        };
+        let gateway = &self;
+        let leave = |link: Arc<dyn Broker>| async move {
+            gateway.leave_roster().await;
+            // The workers go with fleetd: so do their inboxes (the leads' stay, holding what
+            // arrives for them meanwhile).
+            let panes: Vec<Gid> = gateway.lock().panes.keys().copied().collect();
+            for gid in panes {
+                if let Err(e) = link.delete_inbox(gid).await {
+                    tracing::debug!(%gid, error = %e, "inbox not deleted");
                 }
             }
-        }
+            link.close().await;
+        };
+        keep_up(
+            &fed.link,
+            &self.shutdown,
+            || self.connect_link(),
+            down,
+            leave,
+        )
+        .await;
     }
 
     /// Declares `entity`'s inbox and starts consuming it.

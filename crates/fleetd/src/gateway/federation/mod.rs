@@ -31,12 +31,16 @@ mod tests;
 mod trust;
 mod turns;
 
+pub(in crate::gateway) use inbox::settle;
+pub(in crate::gateway) use link::{keep_up, link_settings};
+pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of};
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use fleet_amqp::{AmqpError, Broker, login_of};
+use fleet_amqp::{AmqpError, Broker, Published, login_of};
 use fleet_core::bounds::RosterCaps;
 use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
@@ -45,14 +49,12 @@ use fleet_core::signing::{Signature, SigningKey, signature};
 use fleet_core::trust::Trust;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
 use fleet_store::SentBetween;
-use serde_json::json;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
 use crate::audit::AuditLog;
 use crate::config::{BrokerConfig, FederationConfig};
-use fleet_core::clock::now_ms;
 
 /// How many remote senders' names are kept (then forgotten all at once).
 const MAX_SENDER_NAMES: usize = 10_000;
@@ -206,20 +208,10 @@ impl Federation {
 
     /// One audit line: what moved, never its text.
     fn audit(&self, envelope: &Envelope, size: usize, outcome: &str) {
-        let line = json!({
-            "ts_ms": now_ms(),
-            "trace_id": envelope.trace_id,
-            "msg_id": envelope.msg_id,
-            "kind": envelope.kind,
-            "from": envelope.from,
-            "to": envelope.to,
-            "size": size,
-            "outcome": outcome,
-        });
         self.audit
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .append(&line.to_string());
+            .hop(envelope, size, outcome);
     }
 
     /// Notes a message from another host now held here, with its audit line: an answer ends
@@ -271,8 +263,21 @@ fn unavailable(what: &str) -> FleetError {
     )
 }
 
+/// A publish's outcome as its audit line names it; `refused` says what refused it.
+pub(in crate::gateway) fn publish_outcome(
+    published: &Result<Published, AmqpError>,
+    refused: &'static str,
+) -> &'static str {
+    match published {
+        Ok(Published::Routed) => "published",
+        Ok(Published::Unroutable) => "unroutable",
+        Ok(Published::Refused) => refused,
+        Err(_) => "broker unavailable",
+    }
+}
+
 /// A failed publish as the domain sees it: the broker is unavailable (whatever the link said).
-fn not_taken(err: AmqpError) -> FleetError {
+pub(in crate::gateway) fn not_taken(err: AmqpError) -> FleetError {
     FleetError::new(ErrorCode::BrokerUnavailable, err.to_string())
 }
 

@@ -10,7 +10,7 @@ use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::{not_taken, unavailable};
+use super::{not_taken, publish_outcome, unavailable};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 
@@ -98,12 +98,7 @@ impl Gateway {
             }
             _ => {}
         }
-        let outcome = match &published {
-            Ok(Published::Routed) => "published",
-            Ok(Published::Unroutable) => "unroutable",
-            Ok(Published::Refused) => "refused: inbox full",
-            Err(_) => "broker unavailable",
-        };
+        let outcome = publish_outcome(&published, "refused: inbox full");
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(trace_id = %message.trace_id, msg_id = %message.msg_id, kind = %message.kind, to = %message.to, outcome, "published");
         let refused = match published.map_err(not_taken)? {
@@ -125,7 +120,7 @@ impl Gateway {
     }
 
     /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
-    pub(super) fn outgoing(
+    pub(in crate::gateway) fn outgoing(
         &self,
         kind: Kind,
         (msg_id, trace_id): (MsgId, TraceId),

@@ -138,6 +138,7 @@ async fn harness(max_held: usize) -> Harness {
         panes: Arc::new(NoPanes),
         launchers: Launchers::new(dir.path(), HostFacts::default()),
         federation: Some(federation),
+        coordinator: None,
         workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
     };
     let gateway = Gateway::new(
@@ -186,7 +187,7 @@ async fn harness(max_held: usize) -> Harness {
 
 /// An envelope as another host's gateway writes one, of `kind` from `from` to `to`.
 fn envelope(kind: Kind, from: Gid, to: &str) -> Envelope {
-    let now = u64::try_from(super::now_ms()).unwrap();
+    let now = u64::try_from(fleet_core::clock::now_ms()).unwrap();
     Envelope {
         version: VERSION,
         kind,
@@ -1045,7 +1046,7 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     broker.bind(&carol.to_string());
     // Three briefs queued here (to alice, standing in for a worker): one from afar that expired
     // meanwhile, one from afar still in time, one that never came through the broker.
-    let now = u64::try_from(super::now_ms()).unwrap();
+    let now = u64::try_from(fleet_core::clock::now_ms()).unwrap();
     let expired = Message::task(carol, alice.gid, "late".into(), TraceId::mint(), 0);
     let in_time = Message::task(carol, alice.gid, "on time".into(), TraceId::mint(), 0);
     let local = Message::task(alice.gid, alice.gid, "local".into(), TraceId::mint(), 0);

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::Gateway;
 use super::Federation;
 use super::inbox::settle;
+use crate::config::FederationConfig;
 
 /// The most heartbeat senders whose last stamp is remembered (a pinned host could otherwise
 /// grow the map by announcing ever new entities); past it, a new one is taken unremembered.
@@ -52,16 +53,40 @@ pub(super) struct Patience<'a> {
     pub(super) stop: &'a CancellationToken,
 }
 
-impl Federation {
-    /// The signature headers and the broker login of `delivery`.
-    fn seal_of(delivery: &Delivery) -> Seal<'_> {
-        Seal {
-            sig: delivery.text_header(SIG_HEADER),
-            key_id: delivery.text_header(KEY_ID_HEADER),
-            login: delivery.login(),
-        }
+/// The signature headers and the broker login of `delivery`.
+pub(in crate::gateway) fn seal_of(delivery: &Delivery) -> Seal<'_> {
+    Seal {
+        sig: delivery.text_header(SIG_HEADER),
+        key_id: delivery.text_header(KEY_ID_HEADER),
+        login: delivery.login(),
     }
+}
 
+/// Whether the `count`th line about something refused is written: the first few, then at
+/// powers of two (a flood of forgeries cannot flood the log).
+pub(in crate::gateway) fn loud(count: u64) -> bool {
+    count <= LOGGED_IN_FULL || count.is_power_of_two()
+}
+
+/// The window messages off the broker are judged by, as `config` sets it.
+pub(in crate::gateway) fn message_window(config: &FederationConfig) -> Window {
+    Window {
+        skew_ms: config.clock_skew_s.saturating_mul(1000),
+        max_age_ms: config.max_message_age_s.saturating_mul(1000),
+    }
+}
+
+/// Until when (Unix ms) the id of a message stamped `ts_ms` is remembered: as long as it could
+/// pass [`check_time`] in `config`'s window.
+pub(in crate::gateway) fn remember_until(config: &FederationConfig, ts_ms: u64) -> i64 {
+    let window = message_window(config);
+    let until = ts_ms
+        .saturating_add(window.max_age_ms)
+        .saturating_add(window.skew_ms);
+    i64::try_from(until).unwrap_or(i64::MAX)
+}
+
+impl Federation {
     /// Check 1, unless this gateway was told to take unsigned messages (a lab).
     pub(super) fn check_seal(
         &self,
@@ -71,12 +96,7 @@ impl Federation {
         if self.config.insecure_unsigned {
             return Ok(());
         }
-        check_seal(
-            &self.trust,
-            envelope,
-            delivery.body(),
-            Self::seal_of(delivery),
-        )
+        check_seal(&self.trust, envelope, delivery.body(), seal_of(delivery))
     }
 
     /// Whether `delivery` under `envelope` is sealed by this gateway itself: its own key and
@@ -86,12 +106,7 @@ impl Federation {
         envelope: &Envelope,
         delivery: &Delivery,
     ) -> Result<(), Refusal> {
-        check_seal(
-            &self.trust,
-            envelope,
-            delivery.body(),
-            Self::seal_of(delivery),
-        )
+        check_seal(&self.trust, envelope, delivery.body(), seal_of(delivery))
     }
 
     fn skew_ms(&self) -> u64 {
@@ -100,10 +115,7 @@ impl Federation {
 
     /// The window messages on an inbox are judged by.
     fn message_window(&self) -> Window {
-        Window {
-            skew_ms: self.skew_ms(),
-            max_age_ms: self.config.max_message_age_s.saturating_mul(1000),
-        }
+        message_window(&self.config)
     }
 
     /// The window heartbeats are judged by: one older than the roster keeps an entry is no
@@ -122,11 +134,7 @@ impl Federation {
     /// Until when (Unix ms) the id of a message stamped `ts_ms` is remembered: as long as it
     /// could pass [`check_time`].
     fn remember_until(&self, ts_ms: u64) -> i64 {
-        let window = self.message_window();
-        let until = ts_ms
-            .saturating_add(window.max_age_ms)
-            .saturating_add(window.skew_ms);
-        i64::try_from(until).unwrap_or(i64::MAX)
+        remember_until(&self.config, ts_ms)
     }
 
     /// How long a batch may wait for senders not yet announced: until a heartbeat could have
@@ -141,7 +149,7 @@ impl Federation {
         let mut state = self.lock();
         state.refused += 1;
         let count = state.refused;
-        (count <= LOGGED_IN_FULL || count.is_power_of_two(), count)
+        (loud(count), count)
     }
 }
 
