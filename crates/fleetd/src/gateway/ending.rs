@@ -12,6 +12,13 @@ use tracing::Instrument;
 use super::views::StopResult;
 use super::{Caller, Gateway};
 
+/// When an ended session's files are removed again, after its pane closed: an agent that is
+/// still exiting may write into its home meanwhile (a start-up would clear what is left).
+const LATE_WRITES: [std::time::Duration; 2] = [
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(8),
+];
+
 /// How many ended sessions stay in memory (for their last words and late replies' names);
 /// older ones are forgotten, the store keeps them.
 const MAX_GONE_KEPT: usize = 32;
@@ -109,6 +116,17 @@ impl Gateway {
             tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
         self.launchers.finish(gid).await;
+        // An agent still exiting may write into its home after its pane closed (opencode and
+        // Claude Code save their state as they go): what it writes goes too, a while later.
+        let (launchers, shutdown) = (Arc::clone(&self.launchers), self.shutdown.clone());
+        self.tasks.spawn(async move {
+            for after in LATE_WRITES {
+                tokio::select! {
+                    () = tokio::time::sleep(after) => launchers.finish(gid).await,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        });
         self.lock().prune_gone(MAX_GONE_KEPT);
         self.forget_inbox(gid);
     }

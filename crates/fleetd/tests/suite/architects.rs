@@ -282,15 +282,30 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
             fleet.state_dir().join("workers").join(gid)
         })
         .collect();
-    until("the architects to be stopped", LIMIT, || async {
+    until("the architects to leave the roster", LIMIT, || async {
         let roles = roles(&alice).await.ok()?;
-        let panes = fleet.panes().ok()?;
-        (!roles.iter().any(|(_, role)| role == "architect")
-            && panes.is_empty()
-            && files.iter().all(|f| !f.exists()))
-        .then_some(())
+        (!roles.iter().any(|(_, role)| role == "architect")).then_some(())
     })
     .await?;
+    until("the architects' panes to close", LIMIT, || async {
+        fleet.panes().ok().filter(Vec::is_empty)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {:?}", fleet.panes()))?;
+    until("the architects' files to go", LIMIT, || async {
+        files.iter().all(|f| !f.exists()).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        let left: Vec<_> = files
+            .iter()
+            .filter(|f| f.exists())
+            .map(|f| {
+                std::fs::read_dir(f).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            })
+            .collect();
+        anyhow::anyhow!("{e}: still there: {left:?}")
+    })?;
     // A question of a real architect surfaces on the consult and is answered through it.
     let consult = alice
         .ok(
