@@ -139,6 +139,35 @@ async fn an_architects_question_surfaces_on_the_consult_and_is_answered_through_
     );
     let fleet = Fleet::start("", &config).await?;
     let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    // Hostile calls are refused, naming what is wrong, before any architect starts.
+    for (args, code, says) in [
+        (
+            json!({"brief": "clear\u{1b}[2J"}),
+            "invalid_params",
+            "control character",
+        ),
+        (
+            json!({"brief": "x", "wait_s": 3601}),
+            "invalid_params",
+            "wait_s",
+        ),
+        (
+            json!({"brief": "x".repeat(300_000)}),
+            "too_large",
+            "max_message_bytes",
+        ),
+    ] {
+        let err = alice.call("fleet_consult", args).await?.expect_err(says);
+        assert_eq!(err.code, code, "{says}: {err}");
+        assert!(err.message.contains(says), "{says}: {err}");
+    }
+    // A parameter of the wrong type is refused by the MCP layer, saying what it expected.
+    let err = alice
+        .call("fleet_consult", json!({"brief": "x", "slots": "arch-a"}))
+        .await?
+        .expect_err("slots as a string");
+    assert!(err.message.contains("expected a sequence"), "{err}");
+    assert!(fleet.panes()?.is_empty(), "an architect started");
     let consult = alice
         .ok(
             "fleet_consult",
