@@ -2,6 +2,7 @@
 //! pane-bound entity may take its next task. The gateway gathers the facts under its lock,
 //! asks here, and acts on the answer.
 
+use crate::entity::Role;
 use crate::message::Kind;
 use crate::session::WorkerStatus;
 
@@ -75,15 +76,36 @@ pub struct TaskGate {
 }
 
 /// Whether `taker` may hand the entity its next task now: the one rule for the pump, a poll
-/// and a brief waiting on the broker. Only an idle session under its cap, whose agent is not
-/// busy by the pane host's account, on a pane host that answers; the pump also yields to an
-/// open poll.
+/// and a brief waiting on the broker. Only an idle session under its cap, on a pane host that
+/// answers; the pump also yields to an open poll. An agent busy by the pane host's account
+/// gets no task typed in, but one in its own `fleet_poll` is busy with exactly that call: a
+/// poll (or a brief from afar, on its way to that poll) still hands it the task.
 pub fn may_take_task(gate: &TaskGate, taker: Taker) -> bool {
+    let polling = taker != Taker::Pump && gate.polls_open > 0;
     gate.status == WorkerStatus::Idle
         && !gate.cap_reached
-        && !gate.agent_busy
+        && (!gate.agent_busy || polling)
         && !gate.host_down
         && (taker != Taker::Pump || gate.polls_open == 0)
+}
+
+/// How a pane-bound entity's queued task reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Typed into its pane as a prompt.
+    Type,
+    /// Left queued for its own `fleet_poll`; a nudge typed into its pane says it is there.
+    Nudge,
+}
+
+/// How the next queued task reaches an entity of `role` that took `tasks_started` tasks in
+/// this session: a worker gets every task typed; an architect only its brief, the first, and
+/// pulls what comes later (DESIGN §1: a follow-up is held for it, with the nudge).
+pub fn handover(role: Role, tasks_started: u64) -> Handover {
+    match role {
+        Role::Architect if tasks_started > 0 => Handover::Nudge,
+        Role::Architect | Role::Worker | Role::Lead => Handover::Type,
+    }
 }
 
 /// The status other hosts hear for a pane-bound entity: its own, except that an idle one whose
@@ -161,11 +183,6 @@ mod tests {
                 cap_reached: true,
                 ..idle()
             },
-            // The pane host sees the agent working (herdr): fleetd's idle is not enough.
-            TaskGate {
-                agent_busy: true,
-                ..idle()
-            },
             TaskGate {
                 host_down: true,
                 ..idle()
@@ -175,6 +192,41 @@ mod tests {
             for taker in [Taker::Pump, Taker::Poll, Taker::Broker] {
                 assert!(!may_take_task(&gate, taker), "{gate:?} {taker:?}");
             }
+        }
+    }
+
+    #[test]
+    fn an_agent_the_pane_host_sees_busy_is_typed_nothing_but_its_own_poll_takes_a_task() {
+        // The pane host sees the agent working (herdr): fleetd's idle is not enough to type.
+        let working = TaskGate {
+            agent_busy: true,
+            ..idle()
+        };
+        for taker in [Taker::Pump, Taker::Poll, Taker::Broker] {
+            assert!(!may_take_task(&working, taker), "{taker:?}");
+        }
+        // It is working on its own fleet_poll: that poll (and a brief from afar) hands it over.
+        let polling = TaskGate {
+            polls_open: 1,
+            ..working
+        };
+        assert!(may_take_task(&polling, Taker::Poll));
+        assert!(may_take_task(&polling, Taker::Broker));
+        assert!(!may_take_task(&polling, Taker::Pump));
+        let stopping = TaskGate {
+            status: WorkerStatus::Busy,
+            ..polling
+        };
+        assert!(!may_take_task(&stopping, Taker::Poll));
+    }
+
+    #[test]
+    fn an_architect_gets_its_brief_typed_and_pulls_what_comes_later() {
+        assert_eq!(handover(Role::Architect, 0), Handover::Type);
+        assert_eq!(handover(Role::Architect, 1), Handover::Nudge);
+        assert_eq!(handover(Role::Architect, 7), Handover::Nudge);
+        for started in [0, 1, 7] {
+            assert_eq!(handover(Role::Worker, started), Handover::Type);
         }
     }
 

@@ -1,6 +1,6 @@
 //! The time rules of a worker's life after its spawn (given the time passed as values): when
 //! an idle worker is reaped (`idle_ttl`) or given a fresh session (`context_cap`), and when a
-//! lead with messages waiting is nudged.
+//! lead or an architect with messages waiting is nudged.
 
 use std::time::Duration;
 
@@ -47,8 +47,8 @@ pub fn turnover(facts: &LifeFacts) -> Option<Turnover> {
     }
 }
 
-/// When a lead with messages held for it may be nudged next: `None` if now, else how long to
-/// wait first. Never while it waits in a fleet call (it gets its messages there; looked at
+/// When a lead (or an architect) with messages waiting for it may be nudged next: `None` if
+/// now, else how long to wait first. Never while it waits in a fleet call (it gets its messages there; looked at
 /// again after `recheck`), and at most once per `interval` (`since_last`: since the last).
 pub fn nudge_wait(
     open_calls: usize,
@@ -63,6 +63,13 @@ pub fn nudge_wait(
         Some(since) if since < interval => Some(interval - since),
         _ => None,
     }
+}
+
+/// The nudge typed into a pane when `count` messages wait to be pulled: fleetd's own words and
+/// a number, nothing a message put there.
+pub fn nudge_line(count: usize) -> String {
+    let plural = if count == 1 { "" } else { "s" };
+    format!("[fleet] {count} message{plural} waiting for you: call fleet_poll to read them")
 }
 
 #[cfg(test)]
@@ -133,5 +140,14 @@ mod tests {
         );
         assert_eq!(nudge_wait(0, Some(interval), interval, recheck), None);
         assert_eq!(nudge_wait(1, None, interval, recheck), Some(recheck));
+    }
+
+    #[test]
+    fn a_nudge_counts_what_waits_in_fleetds_own_words() {
+        assert_eq!(
+            nudge_line(1),
+            "[fleet] 1 message waiting for you: call fleet_poll to read them"
+        );
+        assert!(nudge_line(3).starts_with("[fleet] 3 messages waiting"));
     }
 }

@@ -176,6 +176,9 @@ pub trait Store: Send + Sync + 'static {
     /// How many messages are held for `to`.
     fn held_count(&self, to: Gid) -> StoreResult<usize>;
 
+    /// How many messages wait for `to` to pull them: held, or queued and not yet taken.
+    fn waiting_count(&self, to: Gid) -> StoreResult<usize>;
+
     /// Whether `from` ever answered `to`: a reply, or the notice that a message of `to`'s to
     /// it failed (held, taken or settled since).
     fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool>;

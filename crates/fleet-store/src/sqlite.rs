@@ -503,6 +503,15 @@ impl Store for SqliteStore {
         Ok(usize::try_from(count).unwrap_or(0))
     }
 
+    fn waiting_count(&self, to: Gid) -> StoreResult<usize> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT count FROM waiting WHERE to_gid = ?1")?;
+        let count: Option<i64> = stmt
+            .query_row([to.to_string()], |row| row.get(0))
+            .optional()?;
+        Ok(count.map_or(0, |c| usize::try_from(c).unwrap_or(0)))
+    }
+
     fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(

@@ -246,8 +246,10 @@ fn queued_briefs_leave_in_order_and_never_go_back() {
     let second = message(lead, w, MsgState::Queued, "two");
     store.insert_message(&first).unwrap();
     store.insert_message(&second).unwrap();
+    assert_eq!(store.waiting_count(w).unwrap(), 2);
     let taken = store.dequeue(w, &MsgState::Injecting).unwrap().unwrap();
     assert_eq!(taken.body, "one");
+    assert_eq!(store.waiting_count(w).unwrap(), 1);
     assert_eq!(taken.state, MsgState::Injecting);
     store.transition(first.msg_id, &MsgState::Injected).unwrap();
     let err = store
@@ -263,6 +265,11 @@ fn queued_briefs_leave_in_order_and_never_go_back() {
         "two"
     );
     assert!(store.dequeue(w, &MsgState::Injecting).unwrap().is_none());
+    // Taken for a poll, the second waits there, held, until the poll drains it.
+    assert_eq!(store.waiting_count(w).unwrap(), 1);
+    assert_eq!(store.take_held(w, None, 10).unwrap().len(), 1);
+    assert_eq!(store.waiting_count(w).unwrap(), 0);
+    assert_eq!(store.waiting_count(Gid::mint()).unwrap(), 0);
     assert!(matches!(
         store.transition(MsgId::mint(), &MsgState::Injected),
         Err(StoreError::NoMessage(_))
