@@ -6,17 +6,29 @@ use std::collections::BTreeSet;
 use fleet_core::entity::validate_worker_name;
 use serde::Deserialize;
 
-use super::{MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind, within};
+use super::{DEFAULT_NUDGE_INTERVAL_S, MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind, within};
 
 /// The most architect slots a gateway may declare.
 pub const MAX_SLOTS: usize = 8;
 
 /// The `[architects]` block.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ArchitectsConfig {
     /// The slots, in the order a consult reports them.
     pub slots: Vec<SlotConfig>,
+    /// The least time between two nudges into an architect's pane while a message waits for
+    /// it to pull (only its brief is typed in).
+    pub nudge_interval_s: u64,
+}
+
+impl Default for ArchitectsConfig {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            nudge_interval_s: DEFAULT_NUDGE_INTERVAL_S,
+        }
+    }
 }
 
 /// One architect slot.
@@ -62,6 +74,12 @@ impl ArchitectsConfig {
         own_host: Option<&str>,
         leads: &BTreeSet<&str>,
     ) -> Result<(), String> {
+        within(
+            "architects.nudge_interval_s",
+            self.nudge_interval_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
         if self.slots.len() > MAX_SLOTS {
             return Err(format!(
                 "architects.slots has {} slots; at most {MAX_SLOTS} are allowed",
@@ -151,7 +169,11 @@ mod tests {
 
     fn check(slots: Vec<SlotConfig>, profiles: &[ProfileConfig]) -> Result<(), String> {
         let leads = BTreeSet::from(["alice"]);
-        ArchitectsConfig { slots }.validate(profiles, Some("here"), &leads)
+        ArchitectsConfig {
+            slots,
+            ..ArchitectsConfig::default()
+        }
+        .validate(profiles, Some("here"), &leads)
     }
 
     #[test]

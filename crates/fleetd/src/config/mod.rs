@@ -887,6 +887,10 @@ mod tests {
                 "[architects]\nslots = [{ name = \"a1\", profile = \"sim\", host = \"far\" }]\n",
                 "configure [broker]",
             ),
+            (
+                "[architects]\nnudge_interval_s = 0\n",
+                "architects.nudge_interval_s is 0",
+            ),
             ("[gateway]\nlisten = \"nowhere\"\n", "listen"),
             ("[gateway]\nmax_message_bytes = 0\n", "max_message_bytes"),
             ("[gateway]\nadvertise_url = \"ftp://x\"\n", "advertise_url"),

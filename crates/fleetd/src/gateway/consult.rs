@@ -5,8 +5,9 @@
 //! waits for every answer up to its wait, telling the client as each one comes. Each slot is
 //! reported on its own: one that fails, crashes or runs out of time does not hide the others'
 //! answers. An architect's `fleet_ask` surfaces on the call as a worker's does on a send.
-//! Afterwards each architect is stopped once it answered (or kept `keep_s` for a follow-up by
-//! name); one still working may answer late (held for `fleet_poll`) within another wait.
+//! Afterwards each architect is stopped once it answered (or kept `keep_s` after its last
+//! answer, for follow-ups by name, which it pulls: see `delivery`); one still working may
+//! answer late (held for `fleet_poll`) within another wait.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -354,9 +355,9 @@ impl Gateway {
         }
     }
 
-    /// Stops architect `gid` (of `slot`) once it is done: `keep_s` after its answer, or, while
-    /// it is still working (`answered` false), once it answers the caller late (or its brief
-    /// fails), it is gone, or another `wait` has passed.
+    /// Stops architect `gid` (of `slot`) once it is done: `keep_s` after its last answer (a
+    /// follow-up answered meanwhile keeps it longer), or, while it is still working on its
+    /// brief (`answered` false), once another `wait` has passed without its answer.
     fn retire_later(
         self: &Arc<Self>,
         caller: &Caller,
@@ -374,14 +375,44 @@ impl Gateway {
                     .is_err()
             {
                 tracing::info!(%gid, "an architect did not answer within another wait: stopped");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(keep) => {}
-                () = gateway.shutdown.cancelled() => return,
+            } else if !gateway.until_idle_for(gid, keep).await {
+                return;
             }
             // Gone already (stopped by the lead, say): nothing to do.
             let _ = gateway.stop(&caller, &gid.to_string()).await;
         });
+    }
+
+    /// Returns once `gid` has been idle (its last answer given, nothing in flight) for `keep`,
+    /// or is gone: true; false when the gateway shuts down first.
+    async fn until_idle_for(&self, gid: Gid, keep: Duration) -> bool {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+            return true;
+        };
+        loop {
+            kick.borrow_and_update();
+            let idle_for = match self.lock().panes.get(&gid) {
+                Some(session) => session.idle_since.map(|at| at.elapsed()),
+                None => return true,
+            };
+            let nap = match idle_for {
+                Some(idle) if idle >= keep => return true,
+                Some(idle) => Some(keep - idle),
+                // Working on a follow-up (or asking): looked at again when that changes.
+                None => None,
+            };
+            let napping = async {
+                match nap {
+                    Some(nap) => tokio::time::sleep(nap).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = kick.changed() => if changed.is_err() { return true },
+                () = napping => {}
+                () = self.shutdown.cancelled() => return false,
+            }
+        }
     }
 
     /// Returns once `from` has answered `to` (see [`fleet_store::Store::answered_by`]) or is gone.

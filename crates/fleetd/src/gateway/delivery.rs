@@ -4,15 +4,21 @@
 //! Forward path, at-most-once: a brief is taken off the queue (`injecting`) *before* it is
 //! typed, so a crash in between loses it visibly (the restart fails it and tells the sender)
 //! instead of typing it twice.
+//!
+//! An architect gets only its brief typed in: what comes for it later stays queued for its own
+//! `fleet_poll`, and the pump types a nudge saying so instead (see
+//! [`fleet_core::delivery::handover`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::delivery::Taker;
+use fleet_core::delivery::{Handover, Taker, handover};
+use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::typed::{first_line_end, opens_a_command, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Gateway;
@@ -35,8 +41,8 @@ enum Step {
     Again,
     /// Nothing to do until kicked.
     Wait,
-    /// The store failed: look again after [`STORE_RETRY`] (or a kick).
-    Retry,
+    /// Look again after this long (or a kick).
+    Later(Duration),
     /// The session is over.
     Done,
 }
@@ -93,7 +99,7 @@ impl Gateway {
             let nap = match self.pump_step(gid).await {
                 Step::Again => continue,
                 Step::Wait => None,
-                Step::Retry => Some(STORE_RETRY),
+                Step::Later(after) => Some(after),
                 Step::Done => return,
             };
             let retry = async {
@@ -119,6 +125,16 @@ impl Gateway {
         if !self.claim(gid, false) {
             return Step::Wait;
         }
+        let pulls = self
+            .lock()
+            .panes
+            .get(&gid)
+            .is_some_and(|s| handover(s.entity.role, s.tasks_started) == Handover::Nudge);
+        if pulls {
+            // Nothing is taken off the queue: its own poll takes it.
+            self.unclaim(gid);
+            return self.nudge_to_pull(gid).await;
+        }
         let task = match self.db(move |s| s.dequeue(gid, &MsgState::Injecting)).await {
             Ok(Some(task)) if self.expired_in_queue(&task).await => {
                 self.unclaim(gid);
@@ -132,7 +148,7 @@ impl Gateway {
             Err(e) => {
                 self.unclaim(gid);
                 tracing::error!(%gid, error = %e, "cannot read the queue");
-                return Step::Retry;
+                return Step::Later(STORE_RETRY);
             }
         };
         if self.start_task(gid, task.clone()).await {
@@ -140,6 +156,51 @@ impl Gateway {
             self.type_task(gid, task).instrument(span).await;
         }
         Step::Again
+    }
+
+    /// For an entity that pulls its tasks (an architect past its brief), idle with nothing in
+    /// flight: types the nudge into its pane when messages wait for it, at most once per
+    /// `architects.nudge_interval_s` until it takes one.
+    async fn nudge_to_pull(self: &Arc<Self>, gid: Gid) -> Step {
+        let interval = Duration::from_secs(self.config.architects.nudge_interval_s);
+        let found = self.lock().panes.get(&gid).map(|s| {
+            (
+                s.last_nudge.map(|at| at.elapsed()),
+                s.pane.clone(),
+                Arc::clone(&s.profile),
+                s.activity.subscribe(),
+            )
+        });
+        let Some((since_last, Some(pane), profile, mut activity)) = found else {
+            return Step::Wait;
+        };
+        // Not in a call: the pump only gets here for an idle entity with no poll open.
+        if let Some(wait) = nudge_wait(0, since_last, interval, interval) {
+            return Step::Later(wait);
+        }
+        let count = match self.db(move |s| s.waiting_count(gid)).await {
+            Ok(0) => return Step::Wait,
+            Ok(count) => count,
+            Err(e) => {
+                tracing::error!(%gid, error = %e, "cannot count what waits to be pulled");
+                return Step::Later(STORE_RETRY);
+            }
+        };
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.last_nudge = Some(Instant::now());
+        }
+        let options = inject_options(&profile, false);
+        let line = nudge_line(count);
+        match inject(self.panes.as_ref(), &pane, &line, &options, &mut activity).await {
+            Ok(InjectOutcome::Submitted { .. }) => {
+                tracing::info!(%gid, count, "nudged to pull what waits");
+            }
+            Ok(outcome) => {
+                tracing::warn!(%gid, count, ?outcome, "a nudge to pull was not submitted; trying again after the interval");
+            }
+            Err(e) => tracing::warn!(%gid, count, error = %e, "cannot nudge to pull"),
+        }
+        Step::Later(interval)
     }
 
     /// Tells the pane host the session's status when it changed since `last`, unless the host
@@ -271,13 +332,8 @@ impl Gateway {
             return;
         };
         let from_name = self.name_of(task.from).await;
-        let options = InjectOptions {
-            enter_pause: profile.enter_pause(),
-            verify_window: Duration::from_millis(profile.submit_verify_ms),
-            submitted_marker: profile.submitted_marker(),
-            // The session's first task (a recycled session counts afresh).
-            settle_first: (tasks_started == 1).then_some(FIRST_TASK_SETTLE),
-        };
+        // The session's first task (a recycled session counts afresh).
+        let options = inject_options(&profile, tasks_started == 1);
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
         // The last gate before keys.
         let text = match typed_text(&task, &from_name, &profile) {
@@ -330,6 +386,17 @@ impl Gateway {
             session.current = None;
             let _ = session.apply(SessionEvent::TurnDone);
         }
+    }
+}
+
+/// How to type into a pane of `profile`; the screen must settle first before a session's
+/// `first` task.
+fn inject_options(profile: &ProfileConfig, first: bool) -> InjectOptions {
+    InjectOptions {
+        enter_pause: profile.enter_pause(),
+        verify_window: Duration::from_millis(profile.submit_verify_ms),
+        submitted_marker: profile.submitted_marker(),
+        settle_first: first.then_some(FIRST_TASK_SETTLE),
     }
 }
 

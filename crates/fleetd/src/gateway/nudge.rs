@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::Gid;
-use fleet_core::lifecycle::nudge_wait;
+use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{MuxError, PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
@@ -200,11 +200,7 @@ impl Gateway {
             }
             state.last_nudge = Some(Instant::now());
         }
-        // fleetd's own words and a number: nothing a message put there.
-        let plural = if count == 1 { "" } else { "s" };
-        let line = format!(
-            "[fleet] {count} message{plural} waiting for you: call fleet_poll to read them"
-        );
+        let line = nudge_line(count);
         let typed = async {
             tmux.type_text(&pane, &line).await?;
             sleep(NUDGE_ENTER_PAUSE).await;

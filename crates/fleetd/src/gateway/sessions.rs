@@ -76,6 +76,9 @@ pub(super) struct PaneSession {
     /// It signalled readiness (called in, or listed the tools) before the pane host had told
     /// us its pane: it is made ready once the pane is known.
     pub ready_early: bool,
+    /// When it was last nudged to pull what waits for it (an architect, past its brief);
+    /// forgotten once it takes a task.
+    pub last_nudge: Option<Instant>,
 }
 
 impl PaneSession {
@@ -86,6 +89,7 @@ impl PaneSession {
         self.status = next;
         if event == SessionEvent::TaskStarted {
             self.tasks_started += 1;
+            self.last_nudge = None;
         }
         self.idle_since = (next == WorkerStatus::Idle).then(Instant::now);
         self.kick();

@@ -233,6 +233,7 @@ impl Gateway {
                     last_words: None,
                     host_agent: None,
                     ready_early: false,
+                    last_nudge: None,
                 },
             );
             entity

@@ -45,8 +45,10 @@ pub fn charter(worker: &Worker) -> String {
              only what you pass to fleet_reply reaches the lead, never what you only write on \
              screen. If you need a clarification from the lead, call fleet_ask with your \
              question; it returns the lead's answer, or says nobody is waiting, in which case \
-             decide yourself and say so. You may message only that lead; you may not spawn, stop \
-             or broadcast."
+             decide yourself and say so. Anything the lead sends you later is not typed to you: \
+             fleetd types a line saying how many messages wait, and you read them with \
+             fleet_poll and answer each with fleet_reply (in_reply_to: its msg_id). You may \
+             message only that lead; you may not spawn, stop or broadcast."
         ),
         Role::Lead | Role::Worker => format!(
             "You are '{name}', a worker in a fleet run by fleetd. Every message typed to you is a \
