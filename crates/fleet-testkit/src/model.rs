@@ -7,6 +7,9 @@
 //!   call `fleet_reply` with `asked QUESTION, heard: ANSWER`;
 //! - any other typed task → call `fleet_reply` with `echo: TASK` (the whole task, so a test can
 //!   see it arrived intact);
+//! - fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`) → call
+//!   `fleet_poll`, then answer each message it returned, one a turn, with `fleet_reply{message:
+//!   "echo: TEXT", in_reply_to: its msg_id}`;
 //! - the result of that `fleet_reply` → end the turn with a short text (unless a task was typed
 //!   meanwhile and came along with the result: that task is answered as above);
 //! - a request without tools (Claude Code's title request) → a JSON `{"title": …}` text.
@@ -158,10 +161,24 @@ fn decide(request: &Value, voice: &str) -> Turn {
                 ),
                 None => Turn::Say(format!("heard: {text}")),
             },
-            _ => Turn::Say(format!("Done: {text}")),
+            // Pulled messages are answered one a turn, each by its id, until none is left.
+            _ => match (next_pulled(&messages), tool("fleet_reply")) {
+                (Some((id, body)), Some(reply)) => Turn::Call(
+                    reply,
+                    json!({"message": format!("{voice}echo: {body}"), "in_reply_to": id}),
+                ),
+                _ => Turn::Say(format!("Done: {text}")),
+            },
         };
     }
     let task = typed;
+    // fleetd's nudge: what waits is pulled.
+    if task.starts_with("[fleet] ")
+        && task.contains("call fleet_poll")
+        && let Some(poll) = tool("fleet_poll")
+    {
+        return Turn::Call(poll, json!({"wait_s": 0}));
+    }
     if let Some(question) = task.strip_prefix("ask: ")
         && let Some(ask) = tool("fleet_ask")
     {
@@ -171,6 +188,43 @@ fn decide(request: &Value, voice: &str) -> Turn {
         Some(reply) => Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
         None => Turn::Say(format!("no fleet_reply tool; the task was: {task}")),
     }
+}
+
+/// The first message the latest `fleet_poll` of the conversation returned that no
+/// `fleet_reply` answered yet: its id and text.
+fn next_pulled(messages: &[Value]) -> Option<(String, String)> {
+    let results: Vec<Value> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .flat_map(blocks)
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    let polled = results.iter().rev().find_map(|result| {
+        let (name, _) = called_tool(messages, result["tool_use_id"].as_str()?)?;
+        name.ends_with("fleet_poll")
+            .then(|| serde_json::from_str::<Value>(&result_text(&result["content"])).ok())?
+    })?;
+    let answered: Vec<Value> = messages
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(blocks)
+        .filter(|b| {
+            b["type"] == "tool_use"
+                && b["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("fleet_reply"))
+        })
+        .map(|b| b["input"]["in_reply_to"].clone())
+        .collect();
+    polled["messages"].as_array()?.iter().find_map(|m| {
+        let id = m["msg_id"].as_str()?;
+        (!answered.contains(&json!(id))).then(|| {
+            (
+                id.to_string(),
+                m["text"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    })
 }
 
 /// The content blocks of a message (a bare string reads as one text block).
@@ -339,7 +393,59 @@ mod tests {
     }
 
     fn tools() -> Value {
-        json!([{"name": "Bash"}, {"name": "mcp__fleet__fleet_reply"}, {"name": "mcp__fleet__fleet_ask"}])
+        json!([{"name": "Bash"}, {"name": "mcp__fleet__fleet_reply"}, {"name": "mcp__fleet__fleet_ask"},
+               {"name": "mcp__fleet__fleet_poll"}])
+    }
+
+    #[test]
+    fn a_nudge_is_pulled_and_each_pulled_message_answered_by_its_id() {
+        let nudge = json!({"role": "user", "content": [
+            {"type": "text", "text": "[fleet] 2 messages waiting for you: call fleet_poll to read them"}
+        ]});
+        let request = json!({"tools": tools(), "messages": [nudge]});
+        assert_eq!(
+            decide(&request, "[gpt] "),
+            Turn::Call("mcp__fleet__fleet_poll".into(), json!({"wait_s": 0}))
+        );
+        let polled = json!({"messages": [{"msg_id": "m1", "text": "first"},
+                                         {"msg_id": "m2", "text": "second"}]});
+        let mut messages = vec![
+            nudge,
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "p1",
+                "name": "mcp__fleet__fleet_poll", "input": {"wait_s": 0}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "p1",
+                "content": [{"type": "text", "text": polled.to_string()}]}]}),
+        ];
+        let answer = |messages: &Vec<Value>| {
+            decide(&json!({"tools": tools(), "messages": messages}), "[gpt] ")
+        };
+        assert_eq!(
+            answer(&messages),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "[gpt] echo: first", "in_reply_to": "m1"})
+            )
+        );
+        messages.push(
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "r1",
+            "name": "mcp__fleet__fleet_reply", "input": {"message": "x", "in_reply_to": "m1"}}]}),
+        );
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": "r1", "content": "sent"}]}));
+        assert_eq!(
+            answer(&messages),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "[gpt] echo: second", "in_reply_to": "m2"})
+            )
+        );
+        messages.push(
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "r2",
+            "name": "mcp__fleet__fleet_reply", "input": {"message": "y", "in_reply_to": "m2"}}]}),
+        );
+        messages.push(json!({"role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": "r2", "content": "sent"}]}));
+        assert!(matches!(answer(&messages), Turn::Say(_)));
     }
 
     #[test]

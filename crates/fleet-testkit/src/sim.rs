@@ -137,13 +137,20 @@ pub enum Directive {
     Read(String),
     /// Reply with the agent's working directory.
     Pwd,
+    /// fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`): pull what
+    /// waits with `fleet_poll` and echo-reply to each message by its id.
+    Pull,
 }
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`, `/read PATH`, `/pwd`; anything else is echoed.
+    /// `/ask S question`, `/read PATH`, `/pwd`, or fleetd's nudge to pull; anything else is
+    /// echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
+        if trimmed.starts_with("[fleet] ") && trimmed.contains("call fleet_poll") {
+            return Directive::Pull;
+        }
         let mut words = trimmed.splitn(3, ' ');
         let number = |w: Option<&str>| w.and_then(|w| w.trim().parse::<u64>().ok());
         match words.next() {
@@ -228,6 +235,14 @@ mod tests {
         );
         assert_eq!(Directive::parse("/read "), Directive::Echo("/read ".into()));
         assert_eq!(Directive::parse("/pwd"), Directive::Pwd);
+        assert_eq!(
+            Directive::parse("[fleet] 2 messages waiting for you: call fleet_poll to read them"),
+            Directive::Pull
+        );
+        assert_eq!(
+            Directive::parse("[fleet] hello"),
+            Directive::Echo("[fleet] hello".into())
+        );
         assert_eq!(
             Directive::parse("/ask 5 which port?"),
             Directive::Ask(5, "which port?".into())

@@ -150,15 +150,25 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
         Directive::Poll(seconds) => {
             reply(client, "polling", None).await?;
             show("[polling]\r\n");
-            let got = client
-                .ok("fleet_poll", json!({ "wait_s": seconds }))
-                .await?;
-            for message in got["messages"].as_array().cloned().unwrap_or_default() {
-                let text = message["text"].as_str().unwrap_or_default();
-                let id = message["msg_id"].as_str();
-                reply(client, &format!("echo: {text}"), id).await?;
-            }
+            pull(client, seconds).await?;
         }
+        Directive::Pull => {
+            show("[pulling]\r\n");
+            pull(client, 0).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits in `fleet_poll` up to `seconds` and echo-replies to every message it returns.
+async fn pull(client: &Client, seconds: u64) -> anyhow::Result<()> {
+    let got = client
+        .ok("fleet_poll", json!({ "wait_s": seconds }))
+        .await?;
+    for message in got["messages"].as_array().cloned().unwrap_or_default() {
+        let text = message["text"].as_str().unwrap_or_default();
+        let id = message["msg_id"].as_str();
+        reply(client, &format!("echo: {text}"), id).await?;
     }
     Ok(())
 }
