@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 use super::as_worker;
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long architects kept 15 s after their last answer may take to go.
+const KEPT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A profile whose program is ready at once and exits on the first line typed to it: an
 /// architect that crashes mid-consult.
@@ -38,6 +40,17 @@ async fn roles(lead: &fleet_testkit::client::Client) -> anyhow::Result<Vec<(Stri
             )
         })
         .collect())
+}
+
+/// The pane of the live entity `name`, as `lead` sees it in `fleet_list`.
+async fn pane_of(lead: &fleet_testkit::client::Client, name: &str) -> anyhow::Result<String> {
+    let list = lead.ok("fleet_list", json!({})).await?;
+    list["entities"]
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["name"] == name))
+        .and_then(|e| e["pane"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("no pane for {name} in {list}"))
 }
 
 /// The answer of slot `name` in a consult's result.
@@ -197,7 +210,7 @@ async fn an_architect_may_only_advise_its_lead_and_a_kept_one_takes_a_follow_up_
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = format!(
-        "[leads.alice]\n[leads.bob]\n{}{}[architects]\nslots = [{{ name = \"arch-spy\", profile = \"spy\", keep_s = 600 }}, {{ name = \"arch-a\", profile = \"sim-a\", keep_s = 600 }}]\n",
+        "[leads.alice]\n[leads.bob]\n{}{}[architects]\nnudge_interval_s = 1\nslots = [{{ name = \"arch-spy\", profile = \"spy\", keep_s = 600 }}, {{ name = \"arch-a\", profile = \"sim-a\", keep_s = 600 }}]\n",
         token_spy_profile("spy", &dir.path().join("token")),
         sim_profile("sim-a", &[])?,
     );
@@ -239,9 +252,44 @@ async fn an_architect_may_only_advise_its_lead_and_a_kept_one_takes_a_follow_up_
     .await?;
     assert_eq!(held[0]["text"], "late advice");
     assert_eq!(held[0]["from_name"], "arch-spy");
-    // Kept: a follow-up by name reaches the one that answered.
+    // Past its brief nothing more is typed to an architect: a follow-up waits for it to pull,
+    // and a nudge saying so is typed instead, again each nudge_interval_s until it pulls.
+    let nudge = "[fleet] 1 message waiting for you: call fleet_poll to read them";
+    alice
+        .ok(
+            "fleet_send",
+            json!({"to": "arch-spy", "message": "and the cost?", "wait_s": 0}),
+        )
+        .await?;
+    let spy_pane = pane_of(&alice, "arch-spy").await?;
+    let screen = until("the spy nudged twice", LIMIT, || async {
+        let screen = fleet.screen(&spy_pane).ok()?;
+        (screen.matches(nudge).count() >= 2).then_some(screen)
+    })
+    .await?;
+    assert!(!screen.contains("and the cost?"), "typed in:\n{screen}");
+    let pulled = spy.ok("fleet_poll", json!({"wait_s": 5})).await?;
+    let follow_up = &pulled["messages"][0];
+    assert_eq!(follow_up["text"], "and the cost?", "{pulled}");
+    spy.ok(
+        "fleet_reply",
+        json!({"message": "cheap", "in_reply_to": follow_up["msg_id"]}),
+    )
+    .await?;
+    let answer = until("the answer to the follow-up", LIMIT, || async {
+        let got = alice.poll(0).await.ok()?;
+        (!got.is_empty()).then_some(got)
+    })
+    .await?;
+    assert_eq!(answer[0]["text"], "cheap");
+    // Kept: a follow-up by name reaches the one that answered, which pulls it when nudged.
     let follow = alice.send("arch-a", "and the risks?", 20).await?;
     assert_eq!(follow["reply"]["text"], "echo: and the risks?", "{follow}");
+    let screen = fleet.screen(&pane_of(&alice, "arch-a").await?)?;
+    assert!(
+        screen.contains(nudge) && !screen.contains("and the risks?"),
+        "{screen}"
+    );
     let listed = roles(&alice).await?;
     assert!(
         listed.contains(&("arch-a".to_string(), "architect".to_string())),
@@ -277,7 +325,7 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     let sonnet = ModelSim::voiced("[sonnet] ").await?;
     let gpt = ModelSim::voiced("[gpt] ").await?;
     let config = format!(
-        "{}{}[architects]\nslots = [{{ name = \"arch-claude\", profile = \"claude\" }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\" }}]\n",
+        "{}{}[architects]\nslots = [{{ name = \"arch-claude\", profile = \"claude\", keep_s = 15 }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\", keep_s = 15 }}]\n",
         claude_profile("claude", &sonnet.base_url()),
         opencode_profile("opencode-gpt", &gpt.base_url()),
     );
@@ -303,6 +351,31 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
             "no architect charter reached a model"
         );
     }
+    // Kept keep_s after their last answer: a follow-up by name is not typed in but pulled by
+    // each, when nudged, and answered on its own model.
+    let (to_claude, to_gpt) = tokio::join!(
+        alice.send("arch-claude", "and the risks?", 120),
+        alice.send("arch-gpt", "and the risks?", 120)
+    );
+    let (to_claude, to_gpt) = (to_claude?, to_gpt?);
+    assert_eq!(
+        to_claude["reply"]["text"],
+        "[sonnet] echo: and the risks?",
+        "{to_claude}\n{}",
+        fleet.log()
+    );
+    assert_eq!(
+        to_gpt["reply"]["text"],
+        "[gpt] echo: and the risks?",
+        "{to_gpt}\n{}",
+        fleet.log()
+    );
+    for model in [&sonnet, &gpt] {
+        assert!(
+            model.saw("[fleet] 1 message waiting for you: call fleet_poll to read them"),
+            "the follow-up reached a model other than by the nudge"
+        );
+    }
     // Gone afterwards: stopped, their panes closed, their files (tokens among them) removed.
     let files: Vec<_> = [claude, opencode]
         .iter()
@@ -311,7 +384,7 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
             fleet.state_dir().join("workers").join(gid)
         })
         .collect();
-    until("the architects to leave the roster", LIMIT, || async {
+    until("the architects to leave the roster", KEPT_LIMIT, || async {
         let roles = roles(&alice).await.ok()?;
         (!roles.iter().any(|(_, role)| role == "architect")).then_some(())
     })
