@@ -374,6 +374,32 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Kills the process group of what runs in pane `pane` with SIGKILL: its program crashing.
+    pub fn kill_pane_program(&self, pane: &str) -> anyhow::Result<()> {
+        let out = std::process::Command::new("tmux")
+            .args([
+                "-L",
+                &self.socket,
+                "display-message",
+                "-p",
+                "-t",
+                pane,
+                "#{pane_pid}",
+            ])
+            .output()?;
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        anyhow::ensure!(
+            out.status.success() && pid.parse::<u32>().is_ok(),
+            "no process in pane {pane}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status()?;
+        anyhow::ensure!(killed.success(), "kill -KILL -{pid} failed");
+        Ok(())
+    }
+
     /// The worker panes of the private tmux server (none when it is not running); the pane
     /// of fleetd's own control session is not one.
     pub fn panes(&self) -> anyhow::Result<Vec<String>> {

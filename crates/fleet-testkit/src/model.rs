@@ -15,6 +15,7 @@
 //! - a request without tools (Claude Code's title request) → a JSON `{"title": …}` text.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -30,6 +31,7 @@ use tokio::task::JoinHandle;
 pub struct ModelSim {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
+    stalled: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -45,17 +47,33 @@ impl ModelSim {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let stalled = Arc::new(AtomicBool::new(false));
         let app = Router::new()
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
             .fallback(any(|| async { StatusCode::OK }))
-            .with_state((Arc::clone(&seen), Arc::<str>::from(voice)));
+            .with_state(Shared {
+                seen: Arc::clone(&seen),
+                voice: Arc::from(voice),
+                stalled: Arc::clone(&stalled),
+            });
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("the scripted model server stopped: {e}");
             }
         });
-        Ok(Self { addr, seen, task })
+        Ok(Self {
+            addr,
+            seen,
+            stalled,
+            task,
+        })
+    }
+
+    /// While `stalled`, a request with tools (an agent's turn) is seen but never answered: the
+    /// agent stays busy on it, as on a model that hangs.
+    pub fn stall(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::SeqCst);
     }
 
     /// Its base URL, for `ANTHROPIC_BASE_URL`.
@@ -88,12 +106,16 @@ async fn count_tokens() -> Response {
 }
 
 async fn messages(
-    State((seen, voice)): State<Shared>,
+    State(shared): State<Shared>,
     axum::Json(request): axum::Json<Value>,
 ) -> Response {
-    let turn = decide(&request, &voice);
-    if let Ok(mut seen) = seen.lock() {
+    let turn = decide(&request, &shared.voice);
+    if let Ok(mut seen) = shared.seen.lock() {
         seen.push(request.clone());
+    }
+    let with_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
+    if with_tools && shared.stalled.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
     }
     if request["stream"].as_bool().unwrap_or(false) {
         (
@@ -106,8 +128,16 @@ async fn messages(
     }
 }
 
-/// What every request shares: the requests seen so far, and the voice answers open with.
-type Shared = (Arc<Mutex<Vec<Value>>>, Arc<str>);
+/// What every request shares.
+#[derive(Clone)]
+struct Shared {
+    /// The requests seen so far.
+    seen: Arc<Mutex<Vec<Value>>>,
+    /// The voice answers open with.
+    voice: Arc<str>,
+    /// Whether an agent's turn is left unanswered ([`ModelSim::stall`]).
+    stalled: Arc<AtomicBool>,
+}
 
 /// What the scripted model answers with.
 #[derive(Debug, PartialEq)]

@@ -432,6 +432,35 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
         reply.starts_with("asked which database?, heard: ") && reply.contains("postgres"),
         "{answered}"
     );
+    // One architect crashing mid-consult: its failure comes with the other's answer. opencode's
+    // model hangs on the brief, and its program is killed while the consult waits.
+    gpt.stall(true);
+    let brief = "Is the store's schema sound?";
+    let consulting = alice.ok("fleet_consult", json!({"brief": brief, "wait_s": 120}));
+    let crash = async {
+        until(
+            "the brief to reach opencode's model",
+            KEPT_LIMIT,
+            || async { gpt.saw(brief).then_some(()) },
+        )
+        .await?;
+        fleet.kill_pane_program(&pane_of(&alice, "arch-gpt").await?)
+    };
+    let (consult, crashed) = tokio::join!(consulting, crash);
+    crashed?;
+    let consult = consult?;
+    let claude = slot(&consult, "arch-claude");
+    let opencode = slot(&consult, "arch-gpt");
+    assert_eq!(claude["status"], "answered", "{consult}\n{}", fleet.log());
+    assert_eq!(claude["text"], format!("[sonnet] echo: {brief}"));
+    assert_eq!(opencode["status"], "failed", "{consult}\n{}", fleet.log());
+    // The reason names what happened: killed, status 128 + SIGKILL.
+    assert!(
+        opencode["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("ended before replying") && t.contains("137")),
+        "{opencode}"
+    );
     Ok(())
 }
 
