@@ -179,9 +179,10 @@ pub trait Store: Send + Sync + 'static {
     /// How many messages wait for `to` to pull them: held, or queued and not yet taken.
     fn waiting_count(&self, to: Gid) -> StoreResult<usize>;
 
-    /// Whether `from` ever answered `to`: a reply, or the notice that a message of `to`'s to
-    /// it failed (held, taken or settled since).
-    fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool>;
+    /// When `from` last answered `to` (Unix ms, as the answer was created): a reply, or the
+    /// notice that a message of `to`'s to it failed (held, taken or settled since); `None` if
+    /// it never did.
+    fn last_answer_ms(&self, to: Gid, from: Gid) -> StoreResult<Option<i64>>;
 
     /// Fails every queued or injecting message to `to` with `reason`; returns them so their
     /// senders can be told.

@@ -512,11 +512,11 @@ impl Store for SqliteStore {
         Ok(count.map_or(0, |c| usize::try_from(c).unwrap_or(0)))
     }
 
-    fn answered_by(&self, to: Gid, from: Gid) -> StoreResult<bool> {
+    fn last_answer_ms(&self, to: Gid, from: Gid) -> StoreResult<Option<i64>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT EXISTS(SELECT 1 FROM messages
-                           WHERE to_gid = ?1 AND from_gid = ?2 AND kind IN ('REPLY', 'FAILED'))",
+            "SELECT MAX(created_ms) FROM messages
+             WHERE to_gid = ?1 AND from_gid = ?2 AND kind IN ('REPLY', 'FAILED')",
         )?;
         Ok(stmt.query_row([to.to_string(), from.to_string()], |row| row.get(0))?)
     }

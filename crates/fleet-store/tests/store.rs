@@ -640,19 +640,25 @@ fn an_answer_counts_once_there_whatever_became_of_it_and_only_from_its_sender() 
             2,
         ))
         .unwrap();
-    assert!(!store.answered_by(lead, arch).unwrap());
+    assert_eq!(store.last_answer_ms(lead, arch).unwrap(), None);
     let reply = Message::reply_to(&brief, "advice".into(), 3);
     store.insert_message(&reply).unwrap();
-    assert!(store.answered_by(lead, arch).unwrap());
+    assert_eq!(store.last_answer_ms(lead, arch).unwrap(), Some(3));
     // Taken by the lead, it still counts.
     store.take_held(lead, Some(arch), 10).unwrap();
-    assert!(store.answered_by(lead, arch).unwrap());
+    assert_eq!(store.last_answer_ms(lead, arch).unwrap(), Some(3));
+    // A later answer is the last.
+    let again = message(lead, arch, MsgState::Injected, "follow-up");
+    store
+        .insert_message(&Message::reply_to(&again, "more".into(), 7))
+        .unwrap();
+    assert_eq!(store.last_answer_ms(lead, arch).unwrap(), Some(7));
     // A failure notice about a message to it counts as its answer too.
     let brief2 = message(lead, other, MsgState::Injected, "b2");
     let failed = Message::notice(&brief2, Kind::Failed, "gone".into(), 4);
     store.insert_message(&failed).unwrap();
-    assert!(store.answered_by(lead, other).unwrap());
-    assert!(!store.answered_by(arch, lead).unwrap());
+    assert_eq!(store.last_answer_ms(lead, other).unwrap(), Some(4));
+    assert_eq!(store.last_answer_ms(arch, lead).unwrap(), None);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
+use fleet_core::clock::now_ms;
 use fleet_core::message::check_size;
 use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, FleetError, Gid, Role};
@@ -28,6 +29,9 @@ use super::spawn::SpawnRequest;
 use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 use crate::config::{SlotConfig, model_identity};
+
+/// How soon a kept architect on another host that its host announces busy is looked at again.
+const KEPT_RECHECK: Duration = Duration::from_secs(1);
 
 /// What `fleet_consult` asks for.
 #[derive(Clone, Debug)]
@@ -375,7 +379,7 @@ impl Gateway {
                     .is_err()
             {
                 tracing::info!(%gid, "an architect did not answer within another wait: stopped");
-            } else if !gateway.until_idle_for(gid, keep).await {
+            } else if !gateway.until_kept(caller.entity.gid, gid, keep).await {
                 return;
             }
             // Gone already (stopped by the lead, say): nothing to do.
@@ -383,8 +387,18 @@ impl Gateway {
         });
     }
 
-    /// Returns once `gid` has been idle (its last answer given, nothing in flight) for `keep`,
-    /// or is gone: true; false when the gateway shuts down first.
+    /// Returns once architect `gid` has been kept `keep` since its last answer to `lead`, with
+    /// nothing in flight, or is gone: true; false when the gateway shuts down first.
+    async fn until_kept(&self, lead: Gid, gid: Gid, keep: Duration) -> bool {
+        if self.lock().panes.contains_key(&gid) {
+            self.until_idle_for(gid, keep).await
+        } else {
+            self.until_kept_afar(lead, gid, keep).await
+        }
+    }
+
+    /// [`Gateway::until_kept`] for an architect of this host: idle (its last answer given,
+    /// nothing in flight) for `keep`.
     async fn until_idle_for(&self, gid: Gid, keep: Duration) -> bool {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
             return true;
@@ -415,14 +429,46 @@ impl Gateway {
         }
     }
 
-    /// Returns once `from` has answered `to` (see [`fleet_store::Store::answered_by`]) or is gone.
+    /// [`Gateway::until_kept`] for an architect on another host, whose idle time only its host
+    /// knows: looked at when `keep` is up, it is kept on while its host announces it busy, and
+    /// for `keep` after an answer it gave `lead` meanwhile.
+    async fn until_kept_afar(&self, lead: Gid, gid: Gid, keep: Duration) -> bool {
+        let mut due = Instant::now() + keep;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                () = self.shutdown.cancelled() => return false,
+            }
+            let busy = match self.federation.as_ref().and_then(|f| f.remote_busy(gid)) {
+                Some(busy) => busy,
+                None => return true,
+            };
+            if busy {
+                due = Instant::now() + KEPT_RECHECK;
+                continue;
+            }
+            let since = match self.db(move |s| s.last_answer_ms(lead, gid)).await {
+                Ok(Some(at)) => {
+                    Duration::from_millis(u64::try_from(now_ms().saturating_sub(at)).unwrap_or(0))
+                }
+                _ => return true,
+            };
+            if since >= keep {
+                return true;
+            }
+            due = Instant::now() + (keep - since);
+        }
+    }
+
+    /// Returns once `from` has answered `to` (see [`fleet_store::Store::last_answer_ms`]) or is
+    /// gone.
     async fn until_answered(&self, to: Gid, from: Gid) {
         let mut inbox = self.inbox(to);
         loop {
             inbox.borrow_and_update();
-            let answered = self.db(move |s| s.answered_by(to, from)).await;
+            let answered = self.db(move |s| s.last_answer_ms(to, from)).await;
             let gone = self.resolve_route(&from.to_string()).is_err();
-            if gone || answered.unwrap_or(true) || inbox.changed().await.is_err() {
+            if gone || answered.map_or(true, |at| at.is_some()) || inbox.changed().await.is_err() {
                 return;
             }
         }

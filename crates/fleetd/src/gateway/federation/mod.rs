@@ -250,6 +250,12 @@ impl Federation {
             .collect()
     }
 
+    /// Whether remote entity `gid` is busy as its host last announced it; `None` when the
+    /// roster does not know it (gone, or its host silent).
+    pub(super) fn remote_busy(&self, gid: Gid) -> Option<bool> {
+        self.lock().roster.entity(gid).map(|e| e.is_busy())
+    }
+
     /// The state of a brief this gateway published, if it still tracks it.
     pub(super) fn pending_state(&self, msg_id: MsgId) -> Option<&'static str> {
         self.lock().receipts.state(msg_id)
