@@ -208,10 +208,19 @@ pub fn read_answer(body: &[u8]) -> Result<ControlAnswer, String> {
 }
 
 impl ControlAnswer {
+    /// Whether this answer, come after its call stopped waiting, started an architect
+    /// (`architect`: the request asked for one) that nobody will consult: it is to be stopped.
+    pub fn orphans(&self, architect: bool) -> bool {
+        architect && matches!(self, ControlAnswer::Spawned { .. })
+    }
+
     /// In words, for a lead whose call on `host` stopped waiting before this answer came:
-    /// what became of worker `gid`.
-    pub fn late(&self, host: &str, gid: Gid) -> String {
+    /// what became of worker `gid` (an architect, if `architect`).
+    pub fn late(&self, host: &str, gid: Gid, architect: bool) -> String {
         match self {
+            ControlAnswer::Spawned { name, .. } if self.orphans(architect) => format!(
+                "host '{host}' answered after your consult stopped waiting: architect '{name}' (gid {gid}) started there, and is stopped, as no consult will use it"
+            ),
             ControlAnswer::Spawned {
                 name,
                 pane,
@@ -390,12 +399,25 @@ mod tests {
         assert_eq!(message.chars().count(), MAX_ANSWER_TEXT + 1);
         assert!(read_answer(br#"{"outcome":"failed","code":"made_up","message":""}"#).is_err());
         let gid = Gid::mint();
-        let late = spawned.late("hostb", gid);
+        let late = spawned.late("hostb", gid, false);
         assert!(
             late.contains("worker 'w1'")
                 && late.contains(&gid.to_string())
                 && late.contains("ready"),
             "{late}"
         );
+        // An architect nobody waits for any more is stopped, and the lead told so.
+        assert!(!spawned.orphans(false));
+        assert!(spawned.orphans(true));
+        let orphan = spawned.late("hostb", gid, true);
+        assert!(
+            orphan.contains("architect 'w1'") && orphan.contains("is stopped"),
+            "{orphan}"
+        );
+        let failed = ControlAnswer::Failed {
+            code: ErrorCode::NotReady,
+            message: "no".into(),
+        };
+        assert!(!failed.orphans(true));
     }
 }

@@ -487,7 +487,12 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
         "{far}"
     );
     let follow = alice.send("arch-far", "and the cost?", 20).await?;
-    assert_eq!(follow["reply"]["text"], "echo: and the cost?", "{follow}");
+    assert_eq!(
+        follow["reply"]["text"],
+        "echo: and the cost?",
+        "{follow}\n{}",
+        b.log()
+    );
     // The near one is stopped once it answered; the far one when its lead stops it.
     alice.ok("fleet_stop", json!({"to": "arch-far"})).await?;
     until("both architects to be stopped", LIMIT, || async {
@@ -499,5 +504,56 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
         (!left).then_some(())
     })
     .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architect_started_afar_after_its_consult_gave_up_is_stopped_and_its_lead_told()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(
+        &vhost.uri(),
+        "hosta",
+        "alice",
+        "[architects]\nslots = [{ name = \"arch-far\", profile = \"slow\", host = \"hostb\" }]\n",
+    )
+    .await?;
+    // Its program shows it is ready only after 3 s.
+    let slow = "[[profiles]]\nname = \"slow\"\nkind = \"command\"\nargv = [\"sh\", \"-c\", \"sleep 3; echo SLOW-READY; exec sleep 600\"]\nready_marker = \"SLOW-READY\"\nready_timeout_s = 20\n";
+    let b = gateway(&vhost.uri(), "hostb", "bob", slow).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    // The client gives up while hostb still starts the architect.
+    let gave_up = alice
+        .call_within(
+            "fleet_consult",
+            json!({"brief": "advise", "wait_s": 60}),
+            std::time::Duration::from_secs(1),
+        )
+        .await?;
+    assert!(gave_up.is_none(), "the consult returned: {gave_up:?}");
+    // When hostb answers, the architect nobody will consult is stopped, and alice is told.
+    let told = until("alice to be told", LIMIT, || async {
+        let held = alice.poll(0).await.ok()?;
+        held.into_iter()
+            .find(|m| m["text"].as_str().is_some_and(|t| t.contains("arch-far")))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}\n{}", a.log(), b.log()))?;
+    let text = told["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("architect 'arch-far'") && text.contains("is stopped"),
+        "{told}"
+    );
+    until("hostb to have no architect left", LIMIT, || async {
+        let list = alice.ok("fleet_list", json!({})).await.ok()?;
+        let left = list["entities"]
+            .as_array()?
+            .iter()
+            .any(|e| e["role"] == "architect");
+        (!left && b.panes().ok()?.is_empty()).then_some(())
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: panes {:?}\n{}", b.panes(), b.log()))?;
     Ok(())
 }

@@ -38,11 +38,12 @@ use tokio_util::sync::CancellationToken;
 const MAX_CONTROL_CALLS: usize = 10_000;
 
 /// A control request this gateway published, by its message id.
-pub(super) enum ControlCall {
-    /// Its call waits for the answer.
-    Waiting(oneshot::Sender<(Envelope, String)>),
-    /// Its call stopped waiting: a late answer is held for the lead, in words.
-    GaveUp,
+pub(super) struct ControlCall {
+    /// Its call, waiting for the answer; `None` once it stopped waiting (a late answer is held
+    /// for the lead, in words).
+    waiting: Option<oneshot::Sender<(Envelope, String)>>,
+    /// It asked for an architect: one started after its consult stopped waiting is stopped.
+    architect: bool,
 }
 
 /// Marks a control call given up however it ends (answered calls are gone from the table
@@ -56,7 +57,7 @@ impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         let mut state = self.fed.lock();
         if let Some(call) = state.control.get_mut(&self.msg_id) {
-            *call = ControlCall::GaveUp;
+            call.waiting = None;
         }
     }
 }
@@ -204,11 +205,20 @@ impl Gateway {
         {
             let mut state = fed.lock();
             if state.control.len() >= MAX_CONTROL_CALLS {
-                state
-                    .control
-                    .retain(|_, call| matches!(call, ControlCall::Waiting(_)));
+                state.control.retain(|_, call| call.waiting.is_some());
             }
-            state.control.insert(msg_id, ControlCall::Waiting(tx));
+            let architect = matches!(
+                request,
+                ControlRequest::Spawn {
+                    architect: true,
+                    ..
+                }
+            );
+            let call = ControlCall {
+                waiting: Some(tx),
+                architect,
+            };
+            state.control.insert(msg_id, call);
             state.note_sent(&sent);
         }
         let _guard = CallGuard { fed, msg_id };
@@ -288,30 +298,57 @@ impl Gateway {
         }
     }
 
-    /// An answer (from this lead's inbox, checked) to a control request of this gateway goes
+    /// An answer (from the inbox of `lead`, checked) to a control request of this gateway goes
     /// to the call awaiting it: true if it went. An answer whose call gave up is held for the
-    /// lead in words; anything else is not a control answer.
-    pub(super) fn control_answered(&self, envelope: &Envelope, body: &mut String) -> bool {
+    /// lead in words (an architect it started is stopped: no consult waits for it); anything
+    /// else is not a control answer.
+    pub(super) fn control_answered(
+        self: &Arc<Self>,
+        lead: Gid,
+        envelope: &Envelope,
+        body: &mut String,
+    ) -> bool {
         let (Some(fed), Some(original)) = (self.fed(), envelope.in_reply_to) else {
             return false;
         };
         if envelope.kind != Kind::Reply {
             return false;
         }
-        let call = fed.lock().control.remove(&original);
-        let late = match call {
-            None => return false,
-            Some(ControlCall::Waiting(tx)) => match tx.send((envelope.clone(), body.clone())) {
-                Ok(()) => return true,
-                Err(_) => true,
-            },
-            Some(ControlCall::GaveUp) => true,
+        let Some(call) = fed.lock().control.remove(&original) else {
+            return false;
         };
+        if let Some(tx) = call.waiting
+            && tx.send((envelope.clone(), body.clone())).is_ok()
+        {
+            return true;
+        }
         let host = envelope.from_host.as_deref().unwrap_or("?");
-        if late && let Ok(answer) = read_answer(body.as_bytes()) {
-            *body = answer.late(host, envelope.from);
+        if let Ok(answer) = read_answer(body.as_bytes()) {
+            if answer.orphans(call.architect) {
+                self.stop_orphan(lead, envelope.from);
+            }
+            *body = answer.late(host, envelope.from, call.architect);
         }
         false
+    }
+
+    /// Stops architect `gid`, started on another host for a consult of `lead`'s that stopped
+    /// waiting before it was there: nobody will consult it.
+    fn stop_orphan(self: &Arc<Self>, lead: Gid, gid: Gid) {
+        let gateway = Arc::clone(self);
+        self.tasks.spawn(async move {
+            gateway.await_announced(gid).await;
+            let caller = gateway.lock().leads.get(&lead).map(|l| Caller {
+                entity: l.entity.clone(),
+            });
+            let Some(caller) = caller else {
+                return;
+            };
+            match gateway.stop(&caller, &gid.to_string()).await {
+                Ok(_) => tracing::info!(%gid, "an architect started after its consult stopped waiting is stopped"),
+                Err(e) => tracing::warn!(%gid, error = %e, "cannot stop an architect started after its consult stopped waiting"),
+            }
+        });
     }
 
     /// Consumes this host's control queue until the link goes: each request checked, then

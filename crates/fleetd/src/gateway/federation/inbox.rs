@@ -159,7 +159,7 @@ impl Gateway {
         } in self.check_batch(owner, admitted).await
         {
             // The answer to a spawn or stop on another host goes to the call awaiting it.
-            if self.control_answered(&envelope, &mut body) {
+            if self.control_answered(owner, &envelope, &mut body) {
                 fed.audit(&envelope, delivery.body().len(), "control: answered");
                 settle(&delivery, Handled::Noted, false).await;
                 continue;
