@@ -98,19 +98,21 @@ pub enum Handover {
     Nudge,
 }
 
-/// How the next queued task reaches an entity of `role` that took `tasks_started` tasks in
-/// this session: a worker gets every task typed; an architect only its brief, the first, and
-/// pulls what comes later (DESIGN §1: a follow-up is held for it, with the nudge).
-pub fn handover(role: Role, tasks_started: u64) -> Handover {
+/// How the next queued task reaches an entity of `role` that was `briefed` already (took a
+/// task, in this session or one before a recycle): a worker gets every task typed; an
+/// architect only its brief, the first, and pulls what comes later (DESIGN §1: a follow-up is
+/// held for it, with the nudge).
+pub fn handover(role: Role, briefed: bool) -> Handover {
     match role {
-        Role::Architect if tasks_started > 0 => Handover::Nudge,
+        Role::Architect if briefed => Handover::Nudge,
         Role::Architect | Role::Worker | Role::Lead => Handover::Type,
     }
 }
 
 /// The status other hosts hear for a pane-bound entity: its own, except that an idle one whose
-/// agent the pane host sees busy is announced `busy` — a brief for it waits on the broker (see
-/// [`may_take_task`]), and its sender's receipt bound waits with it.
+/// agent the pane host sees busy is announced `busy` — a brief for it waits on the broker
+/// unless its own poll is open (see [`may_take_task`]), and its sender's receipt bound waits
+/// with it.
 pub fn announced(gate: &TaskGate) -> WorkerStatus {
     if gate.status == WorkerStatus::Idle && gate.agent_busy {
         WorkerStatus::Busy
@@ -222,11 +224,10 @@ mod tests {
 
     #[test]
     fn an_architect_gets_its_brief_typed_and_pulls_what_comes_later() {
-        assert_eq!(handover(Role::Architect, 0), Handover::Type);
-        assert_eq!(handover(Role::Architect, 1), Handover::Nudge);
-        assert_eq!(handover(Role::Architect, 7), Handover::Nudge);
-        for started in [0, 1, 7] {
-            assert_eq!(handover(Role::Worker, started), Handover::Type);
+        assert_eq!(handover(Role::Architect, false), Handover::Type);
+        assert_eq!(handover(Role::Architect, true), Handover::Nudge);
+        for briefed in [false, true] {
+            assert_eq!(handover(Role::Worker, briefed), Handover::Type);
         }
     }
 

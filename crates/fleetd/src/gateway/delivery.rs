@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::delivery::{Handover, Taker, handover};
+use fleet_core::delivery::Taker;
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::typed::{first_line_end, opens_a_command, typeable};
 use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
@@ -125,11 +125,7 @@ impl Gateway {
         if !self.claim(gid, false) {
             return Step::Wait;
         }
-        let pulls = self
-            .lock()
-            .panes
-            .get(&gid)
-            .is_some_and(|s| handover(s.entity.role, s.tasks_started) == Handover::Nudge);
+        let pulls = self.lock().panes.get(&gid).is_some_and(|s| s.pulls());
         if pulls {
             // Nothing is taken off the queue: its own poll takes it.
             self.unclaim(gid);
@@ -242,8 +238,9 @@ impl Gateway {
 
     /// Claims the right to take `gid`'s next task off its queue: only while no one else holds
     /// the claim and the rule ([`fleet_core::delivery::may_take_task`]) lets this taker hand it
-    /// a task (idle, under its cap, its agent not busy by the pane host's account, the pane host
-    /// up; for the pump, `by_poll` false, no poll open to take it instead).
+    /// a task (idle, under its cap, its agent not busy by the pane host's account unless it is
+    /// in its own poll, the pane host up; for the pump, `by_poll` false, no poll open to take
+    /// it instead).
     /// [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
         let mut sessions = self.lock();

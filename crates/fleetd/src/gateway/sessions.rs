@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use fleet_core::clock::now_ms;
-use fleet_core::delivery::{Recipient, Taker, TaskGate, announced, may_take_task};
+use fleet_core::delivery::{
+    Handover, Recipient, Taker, TaskGate, announced, handover, may_take_task,
+};
 use fleet_core::{Entity, Gid, Message, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::sync::watch;
@@ -71,7 +73,7 @@ pub(super) struct PaneSession {
     pub last_words: Option<String>,
     /// The agent the pane host recognises in the pane, and what it is doing (herdr's agent
     /// detection); `None` where the host knows nothing (tmux, or a program herdr does not
-    /// recognise). A working or blocked agent gets no task.
+    /// recognise). A working or blocked agent gets no task, but through its own open poll.
     pub host_agent: Option<(String, AgentState)>,
     /// It signalled readiness (called in, or listed the tools) before the pane host had told
     /// us its pane: it is made ready once the pane is known.
@@ -79,6 +81,11 @@ pub(super) struct PaneSession {
     /// When it was last nudged to pull what waits for it (an architect, past its brief);
     /// forgotten once it takes a task.
     pub last_nudge: Option<Instant>,
+    /// It took a task, in this session or one before a recycle: an architect pulls what comes
+    /// after its brief.
+    pub briefed: bool,
+    /// When a task was last queued for it.
+    pub last_queued: Option<Instant>,
 }
 
 impl PaneSession {
@@ -90,6 +97,7 @@ impl PaneSession {
         if event == SessionEvent::TaskStarted {
             self.tasks_started += 1;
             self.last_nudge = None;
+            self.briefed = true;
         }
         self.idle_since = (next == WorkerStatus::Idle).then(Instant::now);
         self.kick();
@@ -117,6 +125,12 @@ impl PaneSession {
         std::mem::take(&mut self.ready_early)
             && self.status == WorkerStatus::Spawning
             && self.apply(SessionEvent::Ready).is_ok()
+    }
+
+    /// Whether what is queued for it waits for its own `fleet_poll` (an architect past its
+    /// brief) instead of being typed in.
+    pub fn pulls(&self) -> bool {
+        handover(self.entity.role, self.briefed) == Handover::Nudge
     }
 
     /// Whether the session took as many tasks as its profile allows, and must be recycled

@@ -234,6 +234,8 @@ impl Gateway {
                     host_agent: None,
                     ready_early: false,
                     last_nudge: None,
+                    briefed: false,
+                    last_queued: None,
                 },
             );
             entity
