@@ -131,13 +131,20 @@ impl Gateway {
         let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
         if fresh && placement == Placement::Queue {
-            let live = match self.lock().panes.get(&to) {
+            let (live, pulled) = match self.lock().panes.get_mut(&to) {
                 Some(session) if session.status.is_live() => {
+                    session.last_queued = Some(tokio::time::Instant::now());
                     session.kick();
-                    true
+                    (true, session.pulls())
                 }
-                _ => false,
+                _ => (false, false),
             };
+            // Queued for its own pull, it is as good as typed in: a sender on another host
+            // hears so now, not only once it is pulled (its receipt bound would not wait for
+            // the nudge).
+            if pulled {
+                self.receipt_injected(&kept).await;
+            }
             // Its session ended while the message was being stored, after the sweep of what
             // was on its way: fail it here, or it would wait forever.
             if !live {
@@ -169,6 +176,10 @@ impl Gateway {
                     tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
                     if *fresh {
                         self.bump_inbox(to);
+                        // A pane-bound recipient that pulls is nudged about it too.
+                        if let Some(session) = self.lock().panes.get(&to) {
+                            session.kick();
+                        }
                     }
                 }
                 Err(full) => {
