@@ -219,7 +219,7 @@ impl ControlAnswer {
     pub fn late(&self, host: &str, gid: Gid, architect: bool) -> String {
         match self {
             ControlAnswer::Spawned { name, .. } if self.orphans(architect) => format!(
-                "host '{host}' answered after your consult stopped waiting: architect '{name}' (gid {gid}) started there, and is stopped, as no consult will use it"
+                "host '{host}' answered after your consult stopped waiting: architect '{name}' (gid {gid}) started there, and is being stopped, as no consult will use it"
             ),
             ControlAnswer::Spawned {
                 name,
@@ -411,7 +411,7 @@ mod tests {
         assert!(spawned.orphans(true));
         let orphan = spawned.late("hostb", gid, true);
         assert!(
-            orphan.contains("architect 'w1'") && orphan.contains("is stopped"),
+            orphan.contains("architect 'w1'") && orphan.contains("is being stopped"),
             "{orphan}"
         );
         let failed = ControlAnswer::Failed {

@@ -398,16 +398,21 @@ impl Gateway {
     }
 
     /// [`Gateway::until_kept`] for an architect of this host: idle (its last answer given,
-    /// nothing in flight) for `keep`.
+    /// nothing in flight) for `keep`, and nothing queued for it within `keep`.
     async fn until_idle_for(&self, gid: Gid, keep: Duration) -> bool {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
             return true;
         };
         loop {
             kick.borrow_and_update();
+            // Counted from its last answer, or from the last task queued for it if that came
+            // later (a follow-up it has yet to pull).
             let idle_for = match self.lock().panes.get(&gid) {
-                Some(session) => session.idle_since.map(|at| at.elapsed()),
-                None => return true,
+                Some(session) if session.status.is_live() => session.idle_since.map(|at| {
+                    let idle = at.elapsed();
+                    session.last_queued.map_or(idle, |q| idle.min(q.elapsed()))
+                }),
+                _ => return true,
             };
             let nap = match idle_for {
                 Some(idle) if idle >= keep => return true,

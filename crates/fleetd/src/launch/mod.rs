@@ -47,7 +47,8 @@ pub fn charter(worker: &Worker) -> String {
              question; it returns the lead's answer, or says nobody is waiting, in which case \
              decide yourself and say so. Anything the lead sends you later is not typed to you: \
              fleetd types a line saying how many messages wait, and you read them with \
-             fleet_poll and answer each with fleet_reply (in_reply_to: its msg_id). You may \
+             fleet_poll (leave out from) and answer each with fleet_reply (in_reply_to: its \
+             msg_id). You may \
              message only that lead; you may not spawn, stop or broadcast."
         ),
         Role::Lead | Role::Worker => format!(

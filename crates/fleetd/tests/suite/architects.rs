@@ -498,3 +498,42 @@ async fn a_consult_its_client_gives_up_on_leaves_no_architect_behind() -> anyhow
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_architect_lives_keep_s_after_its_last_answer_then_goes() -> anyhow::Result<()> {
+    let config = format!(
+        "{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"sim-a\", keep_s = 6 }}]\n",
+        sim_profile("sim-a", &[])?,
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": "first", "wait_s": 30}))
+        .await?;
+    let answered = tokio::time::Instant::now();
+    assert_eq!(slot(&consult, "arch-a")["status"], "answered", "{consult}");
+    // Halfway through its keep_s, a follow-up: pulled on the nudge and answered.
+    tokio::time::sleep_until(answered + std::time::Duration::from_secs(3)).await;
+    let follow = alice.send("arch-a", "more?", 10).await?;
+    assert_eq!(follow["reply"]["text"], "echo: more?", "{follow}");
+    let followed = tokio::time::Instant::now();
+    // Past keep_s from the consult's answer it is still there: counted from its last answer…
+    tokio::time::sleep_until(answered + std::time::Duration::from_secs(7)).await;
+    let listed = roles(&alice).await?;
+    assert!(
+        listed.contains(&("arch-a".to_string(), "architect".to_string())),
+        "stopped keep_s after its first answer, not its last: {listed:?}"
+    );
+    // …and it goes keep_s after that.
+    until("the architect to go", LIMIT, || async {
+        let roles = roles(&alice).await.ok()?;
+        (!roles.iter().any(|(_, role)| role == "architect")).then_some(())
+    })
+    .await?;
+    assert!(
+        followed.elapsed() >= std::time::Duration::from_secs(5),
+        "gone {:?} after its last answer",
+        followed.elapsed()
+    );
+    Ok(())
+}

@@ -542,7 +542,7 @@ async fn an_architect_started_afar_after_its_consult_gave_up_is_stopped_and_its_
     .map_err(|e| anyhow::anyhow!("{e}\n{}\n{}", a.log(), b.log()))?;
     let text = told["text"].as_str().unwrap_or_default();
     assert!(
-        text.contains("architect 'arch-far'") && text.contains("is stopped"),
+        text.contains("architect 'arch-far'") && text.contains("is being stopped"),
         "{told}"
     );
     until("hostb to have no architect left", LIMIT, || async {
