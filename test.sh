@@ -2,7 +2,8 @@
 # Runs fleetd's whole test suite, after cargo fmt --check and clippy. First installs what a
 # fresh Debian machine lacks: tmux (the tests drive real tmux servers), bubblewrap (the sandbox
 # tests' runtime), rabbitmq-server (the federation tests' broker, and their private node), in a
-# virtualenv outside the tree the Python `mcp` SDK (a second real MCP client), and outside the
+# virtualenv outside the tree the Python `mcp` SDK (a second real MCP client) and the Prometheus
+# client (its OpenMetrics parser reads /metrics in the tests), and outside the
 # tree the pinned Claude Code and opencode releases from npm (real agent workers, on a scripted
 # model).
 # Extra arguments go to the test runner.
@@ -27,9 +28,9 @@ if ((${#missing[@]})); then
 fi
 
 venv="${FLEET_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetd/test-venv}"
-if ! "$venv/bin/python" -c 'import mcp' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import mcp, prometheus_client' >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet 'mcp==2.3.0'
+  "$venv/bin/pip" install --quiet 'mcp==2.3.0' 'prometheus-client==0.21.1'
 fi
 export FLEET_TEST_PYTHON="$venv/bin/python"
 

@@ -179,6 +179,12 @@ pub trait Store: Send + Sync + 'static {
     /// How many messages wait for `to` to pull them: held, or queued and not yet taken.
     fn waiting_count(&self, to: Gid) -> StoreResult<usize>;
 
+    /// How many messages are stored, by kind and state (the names the store keeps them by).
+    fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>>;
+
+    /// How many messages wait for each recipient, by state: held, or queued.
+    fn waiting_by_recipient(&self) -> StoreResult<Vec<(Gid, String, usize)>>;
+
     /// When `from` last answered `to` (Unix ms, as the answer was created): a reply, or the
     /// notice that a message of `to`'s to it failed (held, taken or settled since); `None` if
     /// it never did.

@@ -512,6 +512,40 @@ impl Store for SqliteStore {
         Ok(count.map_or(0, |c| usize::try_from(c).unwrap_or(0)))
     }
 
+    fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT kind, state, COUNT(*) FROM messages GROUP BY kind, state ORDER BY kind, state",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            let count: i64 = row.get(2)?;
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                usize::try_from(count).unwrap_or(0),
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn waiting_by_recipient(&self) -> StoreResult<Vec<(Gid, String, usize)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT to_gid, state, COUNT(*) FROM messages WHERE state IN ('held', 'queued')
+             GROUP BY to_gid, state ORDER BY to_gid, state",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            let (to, state, count): (String, String, i64) = (row.get(0)?, row.get(1)?, row.get(2)?);
+            Ok((to, state, usize::try_from(count).unwrap_or(0)))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (to, state, count) = row?;
+            out.push((parse(&to, "recipient")?, state, count));
+        }
+        Ok(out)
+    }
+
     fn last_answer_ms(&self, to: Gid, from: Gid) -> StoreResult<Option<i64>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(

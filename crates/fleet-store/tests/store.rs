@@ -697,3 +697,35 @@ fn a_coordination_sender_lasts_as_long_as_its_message_or_its_time() {
     assert!(store.prune(i64::MAX).unwrap() >= 1);
     assert_eq!(store.coord_sender(held.msg_id).unwrap(), None);
 }
+
+#[test]
+fn messages_are_counted_by_kind_and_state_and_what_waits_by_recipient() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    for body in ["one", "two"] {
+        store
+            .insert_message(&message(lead, w, MsgState::Queued, body))
+            .unwrap();
+    }
+    let task = message(lead, w, MsgState::Injected, "three");
+    store.insert_message(&task).unwrap();
+    store
+        .insert_message(&Message::reply_to(&task, "done".into(), 1))
+        .unwrap();
+    let counts = store.message_counts().unwrap();
+    assert_eq!(
+        counts,
+        vec![
+            ("REPLY".to_string(), "held".to_string(), 1),
+            ("SEND".to_string(), "injected".to_string(), 1),
+            ("SEND".to_string(), "queued".to_string(), 2),
+        ]
+    );
+    let mut waiting = store.waiting_by_recipient().unwrap();
+    waiting.sort_by_key(|(gid, state, _)| (*gid == w, state.clone()));
+    assert_eq!(
+        waiting,
+        vec![(lead, "held".to_string(), 1), (w, "queued".to_string(), 2)]
+    );
+}

@@ -139,26 +139,31 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn authenticate(
-    State(gateway): State<Arc<Gateway>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let bearer = header_text(req.headers(), header::AUTHORIZATION.as_str())
+/// The bearer token of a request, or what is wrong with it (refused `401`).
+fn bearer(headers: &HeaderMap) -> Result<&str, String> {
+    let bearer = header_text(headers, header::AUTHORIZATION.as_str())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty());
     let Some(bearer) = bearer else {
-        return refuse(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing bearer token: send Authorization: Bearer <token> (see `fleetd mcp-config NAME`)".into(),
-        );
+        return Err("missing bearer token: send Authorization: Bearer <token> (see `fleetd mcp-config NAME`)".into());
     };
     if let Some(why) = mcp_config::unexpanded(bearer) {
-        return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why);
+        return Err(why);
     }
+    Ok(bearer)
+}
+
+async fn authenticate(
+    State(gateway): State<Arc<Gateway>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let bearer = match bearer(req.headers()) {
+        Ok(bearer) => bearer,
+        Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
+    };
     let nudge = NudgeTarget::from_headers(
         header_text(req.headers(), PANE_HEADER),
         header_text(req.headers(), TMUX_HEADER),
@@ -173,6 +178,39 @@ async fn authenticate(
             next.run(req).await
         }
         Ok(Err(why)) => refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.code.as_str(),
+            e.message,
+        ),
+    }
+}
+
+/// `GET /metrics`: the OpenMetrics text, for a lead's token only.
+async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let bearer = match bearer(&headers) {
+        Ok(bearer) => bearer,
+        Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
+    };
+    match gateway.is_lead_token(&token::hash(bearer)) {
+        Ok(true) => {}
+        Ok(false) => {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "only a lead's bearer token reads the metrics (`fleetd token NAME`)".into(),
+            );
+        }
+        Err(e) => {
+            return refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                e.code.as_str(),
+                e.message,
+            );
+        }
+    }
+    match gateway.metrics_text().await {
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(e) => refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             e.code.as_str(),
@@ -272,6 +310,7 @@ pub fn app(
         ));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .with_state(gateway)
         .merge(protected)
         .layer(middleware::from_fn_with_state(

@@ -13,6 +13,7 @@ pub mod listen;
 pub mod logs;
 pub mod mcp;
 pub mod mcp_config;
+pub mod metrics;
 pub mod mux;
 pub mod serve;
 pub mod state;

@@ -137,6 +137,7 @@ impl Gateway {
                 let _ = session.apply(SessionEvent::Asked);
             }
             tracing::info!(gid = %me, %turn_id, lead = %lead_name, remote, "asked");
+            self.metrics.asked();
             (to, remote_ask)
         };
         let mut guard = AskGuard {

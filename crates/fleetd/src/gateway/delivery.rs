@@ -24,6 +24,7 @@ use tracing::Instrument;
 use super::Gateway;
 use crate::config::ProfileConfig;
 use crate::logs::message_span;
+use crate::metrics::InjectEnd;
 
 /// How long the pump waits before looking at its queue again after the store failed.
 const STORE_RETRY: Duration = Duration::from_secs(1);
@@ -189,6 +190,7 @@ impl Gateway {
         let line = nudge_line(count);
         match inject(self.panes.as_ref(), &pane, &line, &options, &mut activity).await {
             Ok(InjectOutcome::Submitted { .. }) => {
+                self.metrics.nudged("architect");
                 tracing::info!(%gid, count, "nudged to pull what waits");
             }
             Ok(outcome) => {
@@ -348,7 +350,16 @@ impl Gateway {
                 .await;
             return;
         };
+        let started = Instant::now();
         let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;
+        let end = match &outcome {
+            Ok(InjectOutcome::Submitted { retried: false }) => InjectEnd::Submitted,
+            Ok(InjectOutcome::Submitted { retried: true }) => InjectEnd::Retried,
+            Ok(InjectOutcome::NotSubmitted) => InjectEnd::NotSubmitted,
+            Ok(InjectOutcome::InputNotEmpty) => InjectEnd::InputNotEmpty,
+            Err(_) => InjectEnd::PaneHostError,
+        };
+        self.metrics.injected(end, started.elapsed());
         let failure = match outcome {
             Ok(InjectOutcome::Submitted { retried }) => {
                 tracing::info!(%trace_id, %msg_id, %gid, retried, "injected");

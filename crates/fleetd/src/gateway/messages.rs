@@ -124,12 +124,18 @@ impl Gateway {
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
             // Its own gateway keeps it: nothing of it is stored here.
-            Placement::Remote => return self.publish_remote(&message).await,
+            Placement::Remote => {
+                self.metrics.accepted(message.kind, placement);
+                return self.publish_remote(&message).await;
+            }
         };
         let kept = message.clone();
         let fresh = self.store_one_within_cap(message).await?;
         let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
+        if fresh {
+            self.metrics.accepted(kind, placement);
+        }
         if fresh && placement == Placement::Queue {
             let (live, pulled) = match self.lock().panes.get_mut(&to) {
                 Some(session) if session.status.is_live() => {
@@ -175,6 +181,7 @@ impl Gateway {
                 Ok(fresh) => {
                     tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
                     if *fresh {
+                        self.metrics.accepted(kind, Placement::Hold);
                         self.bump_inbox(to);
                         // A pane-bound recipient that pulls is nudged about it too.
                         if let Some(session) = self.lock().panes.get(&to) {

@@ -20,6 +20,7 @@ mod messages;
 mod nudge;
 mod prune;
 mod reply;
+mod scrape;
 mod sessions;
 mod spawn;
 mod views;
@@ -38,6 +39,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::launch::Launchers;
+use crate::metrics::Metrics;
 
 pub use consult::{ConsultRequest, ConsultResult};
 pub use coord::Coordinator;
@@ -81,6 +83,8 @@ pub struct Gateway {
     coordinator: Option<Coordinator>,
     /// Where workers may work.
     workdirs: Workdirs,
+    /// What `/metrics` shows.
+    metrics: Metrics,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -129,6 +133,7 @@ impl Gateway {
             federation: parts.federation,
             coordinator: parts.coordinator,
             workdirs: parts.workdirs,
+            metrics: Metrics::new(),
         })
     }
 

@@ -208,6 +208,7 @@ impl Gateway {
         };
         match typed.await {
             Ok(()) => {
+                self.metrics.nudged("lead");
                 tracing::info!(%gid, pane = %target.pane, count, "nudged");
                 true
             }

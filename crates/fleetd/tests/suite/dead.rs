@@ -21,6 +21,7 @@ use super::federation::{
     LIMIT, Pair, audit_lines, dead_letters, drain, forged, gateway, gateway_with, gid_of, pair,
     sees,
 };
+use super::metrics::{scraped, value};
 
 /// The outcomes `fleet`'s audit log gives message `id`.
 fn outcomes(fleet: &Fleet, id: &str) -> Vec<String> {
@@ -99,6 +100,8 @@ async fn a_brief_for_a_worker_whose_gateway_died_is_failed_to_its_sender_once_wh
     let bob = b.lead("bob", Protocol::Stateless).await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
+    let hosts_up = |samples: &[Value]| value(samples, "fleetd_hosts_up", &json!({}));
+    assert_eq!(hosts_up(&scraped(&a, "alice").await?), Some(2.0));
     // hostb dies; wb's inbox stays, and nobody takes what comes into it.
     b.kill9().await?;
     let sent = alice.send("wb", "never typed", 0).await?;
@@ -119,6 +122,24 @@ async fn a_brief_for_a_worker_whose_gateway_died_is_failed_to_its_sender_once_wh
     assert_eq!(
         audited(&a, &id, "dead letter: expired, sender told", 1).await?,
         ["published", "dead letter: expired, sender told"]
+    );
+    // A scraper of hosta's metrics counts the dead letter, and the publish of the brief.
+    let samples = scraped(&a, "alice").await?;
+    assert_eq!(
+        value(
+            &samples,
+            "fleetd_dead_letters_total",
+            &json!({"cause": "expired", "outcome": "told"})
+        ),
+        Some(1.0)
+    );
+    assert!(
+        value(
+            &samples,
+            "fleetd_broker_publish_duration_seconds_count",
+            &json!({})
+        )
+        .is_some_and(|n| n >= 1.0)
     );
 
     // The same dead letter twice more (as a broker delivering it again would): no second

@@ -13,6 +13,7 @@ mod federation;
 mod herdr;
 mod hostile;
 mod lifecycle;
+mod metrics;
 mod nudge;
 mod opencode;
 mod python;

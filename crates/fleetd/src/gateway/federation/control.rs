@@ -229,6 +229,7 @@ impl Gateway {
             }
         }
         let signature = fed.sign(&envelope, &body);
+        let started = tokio::time::Instant::now();
         let published = link
             .publish(Outgoing {
                 exchange: CONTROL_EXCHANGE,
@@ -240,6 +241,7 @@ impl Gateway {
                 persistent: true,
             })
             .await;
+        self.metrics.published(started.elapsed());
         let outcome = publish_outcome(&published, "refused");
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(%trace_id, %msg_id, %gid, %host, outcome, "control request published");

@@ -132,6 +132,7 @@ impl Gateway {
         };
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         let cause = delivery.death().cause;
+        self.metrics.dead_letter(cause, false);
         if dropped.suspicious() {
             let (loud, count) = fed.loud();
             if loud {
@@ -178,6 +179,7 @@ impl Gateway {
         let size = delivery.body().len();
         match self.deliver(notice).await {
             Ok(_) => {
+                self.metrics.dead_letter(death.cause, true);
                 self.receipts_settled(vec![candidate.original]).await;
                 tracing::warn!(%trace_id, %msg_id, cause = %death.cause, reason, "dead-lettered by the broker: its sender is told");
                 fed.audit(
@@ -188,6 +190,7 @@ impl Gateway {
                 Handled::Held
             }
             Err(e) if e.code == ErrorCode::TooMany => {
+                self.metrics.dead_letter(death.cause, false);
                 tracing::error!(%trace_id, %msg_id, error = %e, "a dead letter's sender cannot be told: it has too many messages waiting");
                 fed.audit(envelope, size, "dead letter dropped: too many");
                 Handled::Dropped

@@ -250,6 +250,11 @@ impl Federation {
             .collect()
     }
 
+    /// How many other hosts the roster hears from.
+    pub(super) fn hosts_heard(&self) -> usize {
+        self.lock().roster.hosts().count()
+    }
+
     /// Whether remote entity `gid` is busy as its host last announced it; `None` when the
     /// roster does not know it (gone, or its host silent).
     pub(super) fn remote_busy(&self, gid: Gid) -> Option<bool> {

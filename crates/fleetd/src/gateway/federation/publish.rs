@@ -75,15 +75,22 @@ impl Gateway {
             None
         };
         let signature = fed.sign(&envelope, body);
-        let publish = link.publish(Outgoing {
-            exchange: MSG_EXCHANGE,
-            key: &envelope.to,
-            envelope: &envelope,
-            signature: &signature,
-            body,
-            mandatory: true,
-            persistent: true,
-        });
+        let publish = async {
+            let started = Instant::now();
+            let published = link
+                .publish(Outgoing {
+                    exchange: MSG_EXCHANGE,
+                    key: &envelope.to,
+                    envelope: &envelope,
+                    signature: &signature,
+                    body,
+                    mandatory: true,
+                    persistent: true,
+                })
+                .await;
+            self.metrics.published(started.elapsed());
+            published
+        };
         let remember = async {
             match record.clone() {
                 Some(record) => self.remember_sent(vec![record]).await,
@@ -340,6 +347,7 @@ impl Gateway {
         self.remember_sent(sent).await?;
         let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
+        let started = Instant::now();
         let published = link
             .publish(Outgoing {
                 exchange: MSG_EXCHANGE,
@@ -351,6 +359,7 @@ impl Gateway {
                 persistent: true,
             })
             .await;
+        self.metrics.published(started.elapsed());
         fed.audit(
             &envelope,
             text.len(),

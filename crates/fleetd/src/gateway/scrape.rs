@@ -1,0 +1,81 @@
+//! What `/metrics` reads off the gateway at a scrape: the gauges' [`Snapshot`], and who may
+//! scrape (a lead's bearer token, checked without counting as the lead calling in).
+
+use std::collections::HashMap;
+
+use fleet_core::{FleetError, Gid, WorkerStatus};
+
+use super::{Gateway, store_error};
+use crate::metrics::Snapshot;
+
+impl Gateway {
+    /// Whether the token hashing to `hash` is a lead's of this gateway: only a lead may read
+    /// the metrics. Unlike [`Gateway::authenticate`] it leaves no trace of a call: a scraper is
+    /// not the lead calling in, and a worker's token makes no worker ready here.
+    pub fn is_lead_token(&self, hash: &[u8; 32]) -> Result<bool, FleetError> {
+        let gid = self.store.gid_for_token(hash).map_err(store_error)?;
+        Ok(gid.is_some_and(|gid| self.lock().leads.contains_key(&gid)))
+    }
+
+    /// The metrics, in the OpenMetrics text format, the gauges read now.
+    pub async fn metrics_text(&self) -> Result<String, FleetError> {
+        let snapshot = self.snapshot().await?;
+        self.metrics
+            .render(&snapshot)
+            .map_err(|e| FleetError::internal(format!("cannot write the metrics: {e}")))
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, FleetError> {
+        let sessions = {
+            let sessions = self.lock();
+            let mut by_status: HashMap<WorkerStatus, i64> = HashMap::new();
+            for session in sessions.panes.values() {
+                *by_status.entry(session.status).or_default() += 1;
+            }
+            WorkerStatus::ALL
+                .iter()
+                .map(|s| {
+                    (
+                        s.as_str().to_string(),
+                        by_status.get(s).copied().unwrap_or(0),
+                    )
+                })
+                .collect()
+        };
+        let messages = self
+            .db(|s| s.message_counts())
+            .await?
+            .into_iter()
+            .map(|(kind, state, n)| (kind, state, count(n)))
+            .collect();
+        let waiting_by_gid = self.db(|s| s.waiting_by_recipient()).await?;
+        let mut names: HashMap<Gid, String> = HashMap::new();
+        let mut waiting = Vec::with_capacity(waiting_by_gid.len());
+        for (gid, state, n) in waiting_by_gid {
+            let name = match names.get(&gid) {
+                Some(name) => name.clone(),
+                None => {
+                    let name = self.name_of(gid).await;
+                    names.insert(gid, name.clone());
+                    name
+                }
+            };
+            waiting.push((name, state, count(n)));
+        }
+        let hosts_up = 1 + self
+            .federation
+            .as_ref()
+            .map_or(0, |fed| count(fed.hosts_heard()));
+        Ok(Snapshot {
+            sessions,
+            messages,
+            waiting,
+            hosts_up,
+        })
+    }
+}
+
+/// A count as a gauge value.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,362 @@
+//! Prometheus metrics, served at `GET /metrics` in the OpenMetrics text format: counts and
+//! timings only. No message text and nothing a message holds ever becomes a label; the only
+//! names are entities' names (validated at spawn or in config) and fleetd's own words.
+//!
+//! Counters and histograms are bumped as things happen; the gauges (sessions by status,
+//! messages by kind and state, what waits for each recipient, hosts up) are set from a
+//! [`Snapshot`] the gateway takes at each scrape.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fleet_core::Kind;
+use fleet_core::dead::Cause;
+use fleet_core::delivery::Placement;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type of what [`Metrics::render`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of a message accepted into the local plane.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Accepted {
+    kind: &'static str,
+    placement: &'static str,
+}
+
+/// A label naming how something ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+/// Labels of a dead letter off the broker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Dead {
+    cause: &'static str,
+    outcome: &'static str,
+}
+
+/// Who was nudged.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Nudged {
+    role: &'static str,
+}
+
+/// A session status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Status {
+    status: String,
+}
+
+/// A message kind and state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindState {
+    kind: String,
+    state: String,
+}
+
+/// A recipient and the state of what waits for it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Waiting {
+    recipient: String,
+    state: String,
+}
+
+/// How typing a task into a pane ended, for [`Metrics::injected`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectEnd {
+    /// Submitted at the first Enter.
+    Submitted,
+    /// Submitted at the second Enter.
+    Retried,
+    /// Not seen submitted.
+    NotSubmitted,
+    /// Not typed: the input box held something.
+    InputNotEmpty,
+    /// The pane host failed.
+    PaneHostError,
+}
+
+impl InjectEnd {
+    fn label(self) -> &'static str {
+        match self {
+            InjectEnd::Submitted => "submitted",
+            InjectEnd::Retried => "submitted_on_retry",
+            InjectEnd::NotSubmitted => "not_submitted",
+            InjectEnd::InputNotEmpty => "input_not_empty",
+            InjectEnd::PaneHostError => "pane_host_error",
+        }
+    }
+}
+
+/// What the gauges show, taken at a scrape.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Pane sessions by status (every status, zeros included).
+    pub sessions: Vec<(String, i64)>,
+    /// Stored messages by kind and state.
+    pub messages: Vec<(String, String, i64)>,
+    /// Messages waiting for a recipient (by name): held, or queued to be typed or pulled.
+    pub waiting: Vec<(String, String, i64)>,
+    /// Gateways up: this one and those the roster hears from.
+    pub hosts_up: i64,
+}
+
+/// The metrics of one gateway.
+pub struct Metrics {
+    registry: Registry,
+    accepted: Family<Accepted, Counter>,
+    injects: Family<Outcome, Counter>,
+    inject_seconds: Histogram,
+    publish_seconds: Histogram,
+    dead_letters: Family<Dead, Counter>,
+    asks: Counter,
+    nudges: Family<Nudged, Counter>,
+    sessions: Family<Status, Gauge>,
+    messages: Family<KindState, Gauge>,
+    waiting: Family<Waiting, Gauge>,
+    hosts_up: Gauge,
+    /// One scrape sets the gauges and encodes at a time.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric, registered under the `fleetd_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("fleetd");
+        registry.register(
+            "build",
+            "The fleetd build",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let metrics = Self {
+            accepted: Family::default(),
+            injects: Family::default(),
+            // 5 ms to about 20 s.
+            inject_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 13)),
+            // 0.5 ms to about 2 s.
+            publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 13)),
+            dead_letters: Family::default(),
+            asks: Counter::default(),
+            nudges: Family::default(),
+            sessions: Family::default(),
+            messages: Family::default(),
+            waiting: Family::default(),
+            hosts_up: Gauge::default(),
+            scrape: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "messages_accepted",
+            "Messages accepted into this gateway's plane, by kind and where they went",
+            metrics.accepted.clone(),
+        );
+        registry.register(
+            "injects",
+            "Tasks typed into panes, by how the submit went",
+            metrics.injects.clone(),
+        );
+        registry.register_with_unit(
+            "inject_duration",
+            "Time to type a task into a pane and see it submitted",
+            Unit::Seconds,
+            metrics.inject_seconds.clone(),
+        );
+        registry.register_with_unit(
+            "broker_publish_duration",
+            "Time from publishing to the broker to its confirm",
+            Unit::Seconds,
+            metrics.publish_seconds.clone(),
+        );
+        registry.register(
+            "dead_letters",
+            "Dead letters off the broker, by cause and whether their sender was told",
+            metrics.dead_letters.clone(),
+        );
+        registry.register(
+            "asks",
+            "Questions workers asked their leads mid-task",
+            metrics.asks.clone(),
+        );
+        registry.register(
+            "nudges",
+            "Nudges typed to pull waiting messages, by the role nudged",
+            metrics.nudges.clone(),
+        );
+        registry.register(
+            "sessions",
+            "Pane sessions (workers, architects) by status",
+            metrics.sessions.clone(),
+        );
+        registry.register(
+            "messages",
+            "Messages in the store, by kind and state",
+            metrics.messages.clone(),
+        );
+        registry.register(
+            "waiting_messages",
+            "Messages waiting for a recipient, held or queued",
+            metrics.waiting.clone(),
+        );
+        registry.register(
+            "hosts_up",
+            "Gateways up: this one and those the roster hears from",
+            metrics.hosts_up.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// A message of `kind` accepted, and where it went.
+    pub fn accepted(&self, kind: Kind, placement: Placement) {
+        let placement = match placement {
+            Placement::Hold => "hold",
+            Placement::Queue => "queue",
+            Placement::Dead => "dead",
+            Placement::Remote => "remote",
+        };
+        self.accepted
+            .get_or_create(&Accepted {
+                kind: kind.as_str(),
+                placement,
+            })
+            .inc();
+    }
+
+    /// A task typed into a pane, ended as `end` after `took`.
+    pub fn injected(&self, end: InjectEnd, took: Duration) {
+        self.injects
+            .get_or_create(&Outcome {
+                outcome: end.label(),
+            })
+            .inc();
+        self.inject_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A publish to the broker confirmed (or refused) after `took`.
+    pub fn published(&self, took: Duration) {
+        self.publish_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A dead letter of `cause`; `told`: its sender was told, else it was dropped.
+    pub fn dead_letter(&self, cause: Cause, told: bool) {
+        let cause = match cause {
+            Cause::Expired => "expired",
+            Cause::MaxLen => "maxlen",
+            Cause::Rejected => "rejected",
+            Cause::DeliveryLimit => "delivery_limit",
+            Cause::Unknown => "unknown",
+        };
+        let outcome = if told { "told" } else { "dropped" };
+        self.dead_letters
+            .get_or_create(&Dead { cause, outcome })
+            .inc();
+    }
+
+    /// A worker asked its lead.
+    pub fn asked(&self) {
+        self.asks.inc();
+    }
+
+    /// An entity of `role` nudged.
+    pub fn nudged(&self, role: &'static str) {
+        self.nudges.get_or_create(&Nudged { role }).inc();
+    }
+
+    /// Every metric in the OpenMetrics text format, the gauges set from `snapshot`.
+    pub fn render(&self, snapshot: &Snapshot) -> Result<String, fmt::Error> {
+        let _one = self.scrape.lock().map_err(|_| fmt::Error)?;
+        self.sessions.clear();
+        for (status, count) in &snapshot.sessions {
+            self.sessions
+                .get_or_create(&Status {
+                    status: status.clone(),
+                })
+                .set(*count);
+        }
+        self.messages.clear();
+        for (kind, state, count) in &snapshot.messages {
+            self.messages
+                .get_or_create(&KindState {
+                    kind: kind.clone(),
+                    state: state.clone(),
+                })
+                .set(*count);
+        }
+        self.waiting.clear();
+        for (recipient, state, count) in &snapshot.waiting {
+            self.waiting
+                .get_or_create(&Waiting {
+                    recipient: recipient.clone(),
+                    state: state.clone(),
+                })
+                .set(*count);
+        }
+        self.hosts_up.set(snapshot.hosts_up);
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_follow_the_naming_rules_and_carry_counts_only() {
+        let metrics = Metrics::new();
+        metrics.accepted(Kind::Send, Placement::Queue);
+        metrics.injected(InjectEnd::Retried, Duration::from_millis(40));
+        metrics.dead_letter(Cause::MaxLen, true);
+        metrics.published(Duration::from_millis(2));
+        metrics.asked();
+        metrics.nudged("architect");
+        let snapshot = Snapshot {
+            sessions: vec![("idle".into(), 2), ("busy".into(), 0)],
+            messages: vec![("SEND".into(), "injected".into(), 3)],
+            waiting: vec![("alice".into(), "held".into(), 1)],
+            hosts_up: 1,
+        };
+        let text = metrics.render(&snapshot).unwrap();
+        for line in [
+            "fleetd_build_info{version=\"",
+            "fleetd_messages_accepted_total{kind=\"SEND\",placement=\"queue\"} 1",
+            "fleetd_injects_total{outcome=\"submitted_on_retry\"} 1",
+            "# UNIT fleetd_inject_duration_seconds seconds",
+            "fleetd_inject_duration_seconds_count 1",
+            "fleetd_broker_publish_duration_seconds_count 1",
+            "fleetd_dead_letters_total{cause=\"maxlen\",outcome=\"told\"} 1",
+            "fleetd_asks_total 1",
+            "fleetd_nudges_total{role=\"architect\"} 1",
+            "fleetd_sessions{status=\"idle\"} 2",
+            "fleetd_sessions{status=\"busy\"} 0",
+            "fleetd_messages{kind=\"SEND\",state=\"injected\"} 3",
+            "fleetd_waiting_messages{recipient=\"alice\",state=\"held\"} 1",
+            "fleetd_hosts_up 1",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // A recipient gone since the last scrape is gone from the next.
+        let text = metrics.render(&Snapshot::default()).unwrap();
+        assert!(!text.contains("recipient=\"alice\""), "{text}");
+    }
+}
