@@ -1,5 +1,6 @@
-//! The command line: `serve`, `token`, `mcp-config`. Every subcommand takes
-//! `--config` and `--state-dir`.
+//! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
+//! a running gateway (`ls`, `hosts`: see [`crate::ops`]). Every subcommand takes `--config`
+//! and `--state-dir`.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,7 @@ use fleet_store::{SqliteStore, Store};
 use crate::config::Config;
 use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
+use crate::ops::OpsArgs;
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -44,6 +46,13 @@ pub enum Command {
     /// Print this gateway's public key (ed25519:<base64>), which the other hosts pin, and its
     /// fingerprint; the key pair is made in the state dir on first use.
     Key,
+    /// List the fleet across hosts, as the running gateway of this state dir sees it: name,
+    /// host, role, profile, status, agent status, pane, messages held and queued, last seen.
+    /// Exit status 3 when no gateway answers, 4 when it refuses the lead's token.
+    Ls(OpsArgs),
+    /// List the hosts of the fleet: status, when last heard of, the profiles each can spawn.
+    /// Exit status 3 when no gateway answers, 4 when it refuses the lead's token.
+    Hosts(OpsArgs),
 }
 
 /// `fleetd serve`
@@ -112,7 +121,7 @@ pub fn context(cli: &Cli) -> anyhow::Result<(Config, StateDir)> {
 }
 
 /// The token of lead `name`, minted on first use.
-fn lead_token(
+pub(crate) fn lead_token(
     config: &Config,
     state: &StateDir,
     name: &str,

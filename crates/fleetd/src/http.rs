@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -186,6 +186,22 @@ async fn authenticate(
     }
 }
 
+/// `GET /api/v1/roster`: the roster as the caller's `fleet_list` shows it, with what waits
+/// for each of this host's entities.
+async fn api_roster(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    match gateway.roster(&caller).await {
+        Ok(view) => axum::Json(view).into_response(),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.code.as_str(),
+            e.message,
+        ),
+    }
+}
+
 /// `GET /metrics`: the OpenMetrics text, for a lead's token only.
 async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     let bearer = match bearer(&headers) {
@@ -301,9 +317,13 @@ pub fn app(
         config,
     );
     // Layers run outside in: authentication first, so the session cap knows the caller.
+    let api = Router::new()
+        .route("/api/v1/roster", get(api_roster))
+        .with_state(Arc::clone(&gateway));
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(ledger, cap_sessions))
+        .merge(api)
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             authenticate,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
 use fleetd::listen::Listen;
+use fleetd::ops::{OpsError, hosts_command, ls_command};
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -52,6 +53,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Token(args) => token_command(cli, args),
         Command::McpConfig(args) => mcp_config_command(cli, args),
         Command::Key => key_command(cli),
+        Command::Ls(args) => ls_command(cli, args),
+        Command::Hosts(args) => hosts_command(cli, args),
     }
 }
 
@@ -61,7 +64,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fleetd: error: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<OpsError>() {
+                Some(ops) => ExitCode::from(ops.exit),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 //! panes close), a second one exits at once.
 
 use std::fs::File;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -72,6 +72,17 @@ pub fn mcp_url(config: &Config, listening: SocketAddr) -> String {
         .advertise_url
         .clone()
         .unwrap_or_else(|| format!("http://{listening}/mcp"))
+}
+
+/// The base URL a command on this host reaches a gateway bound to `bound` at: its own address,
+/// or loopback for a wildcard one.
+pub fn local_base(bound: SocketAddr) -> String {
+    let ip = match bound.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, bound.port()))
 }
 
 /// The pane host fleetd drives, for what only serve does with it: say where panes are, and
@@ -306,6 +317,13 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     );
 
     watch_signals(shutdown.clone());
+    // For `fleetd ls` and the other operator commands: where this gateway answers here, and
+    // its pid (gone, the file is stale).
+    let serving = state.serving_path();
+    let said = format!("{}\npid {}\n", local_base(bound), std::process::id());
+    if let Err(e) = std::fs::write(&serving, said) {
+        tracing::warn!(path = %serving.display(), error = %e, "cannot say where this gateway serves: `fleetd ls` falls back to gateway.listen");
+    }
     tracing::info!(
         host_id = %host,
         listen = %bound,
@@ -355,4 +373,18 @@ fn watch_signals(shutdown: CancellationToken) {
         tracing::warn!("second signal: exiting now");
         std::process::exit(130);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_on_this_host_reaches_a_wildcard_bind_through_loopback() {
+        let at = |s: &str| local_base(s.parse().unwrap());
+        assert_eq!(at("0.0.0.0:8765"), "http://127.0.0.1:8765");
+        assert_eq!(at("[::]:9"), "http://[::1]:9");
+        assert_eq!(at("127.0.0.1:4000"), "http://127.0.0.1:4000");
+        assert_eq!(at("10.1.2.3:80"), "http://10.1.2.3:80");
+    }
 }

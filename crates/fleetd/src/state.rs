@@ -69,6 +69,12 @@ impl StateDir {
         self.root.join("fleet.db")
     }
 
+    /// Where a serving gateway writes the base URL it answers at on this host, for the
+    /// operator commands (`fleetd ls`) to find it.
+    pub fn serving_path(&self) -> PathBuf {
+        self.root.join("serving")
+    }
+
     /// The token file of lead `name`.
     pub fn lead_token_path(&self, name: &str) -> PathBuf {
         self.root.join("leads").join(format!("{name}.token"))

@@ -18,6 +18,7 @@ mod federation;
 mod lifecycle;
 mod messages;
 mod nudge;
+mod operator;
 mod prune;
 mod reply;
 mod scrape;
@@ -45,6 +46,7 @@ pub use consult::{ConsultRequest, ConsultResult};
 pub use coord::Coordinator;
 pub use federation::Federation;
 pub use nudge::NudgeTarget;
+pub use operator::{RosterRow, RosterView};
 pub use spawn::SpawnRequest;
 pub use views::{
     AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,

@@ -24,6 +24,8 @@ fn help_is_everywhere() -> anyhow::Result<()> {
         vec!["serve", "--help"],
         vec!["token", "--help"],
         vec!["mcp-config", "--help"],
+        vec!["ls", "--help"],
+        vec!["hosts", "--help"],
     ] {
         let out = fleetd(&args)?;
         assert!(out.status.success(), "{args:?}");
@@ -410,6 +412,114 @@ async fn the_gateway_key_is_made_at_first_start_and_printed_for_pinning() -> any
     let err = String::from_utf8(out.stderr)?;
     assert!(
         !out.status.success() && err.contains("gateway.key") && err.contains("chmod 600"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// The words of the line of `table` whose first column is `first`.
+fn row_of<'a>(table: &'a str, first: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|words| words.first() == Some(&first))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("sim", "w1").await?;
+    // w1 busy on a task it never answers, a second one queued behind it.
+    lead.ok(
+        "fleet_send",
+        serde_json::json!({"to": "w1", "message": "/never", "wait_s": 0}),
+    )
+    .await?;
+    lead.ok(
+        "fleet_send",
+        serde_json::json!({"to": "w1", "message": "second", "wait_s": 0}),
+    )
+    .await?;
+    let ls = until(
+        "w1 busy with one task queued",
+        Duration::from_secs(20),
+        || async {
+            let out = fleet.cli(&["ls"]).ok()?;
+            let text = String::from_utf8(out.stdout).ok()?;
+            let w1 = row_of(&text, "w1");
+            (out.status.success() && w1.get(4) == Some(&"busy")).then_some(text)
+        },
+    )
+    .await?;
+    // Piped, it is a plain table: no colour, a header, a line per entity.
+    assert!(!ls.contains('\x1b'), "{ls}");
+    assert_eq!(
+        row_of(&ls, "NAME"),
+        [
+            "NAME", "HOST", "ROLE", "PROFILE", "STATUS", "AGENT", "PANE", "HELD", "QUEUED", "LAST",
+            "SEEN"
+        ],
+        "{ls}"
+    );
+    let pane = spawned["pane"].as_str().unwrap_or_default();
+    let w1 = row_of(&ls, "w1");
+    assert_eq!(
+        w1[..9],
+        [
+            "w1", "testhost", "worker", "sim", "busy", "-", pane, "0", "1"
+        ],
+        "{ls}"
+    );
+    assert!(w1[9].ends_with('s') && w1[10] == "ago", "{ls}");
+    assert_eq!(
+        row_of(&ls, "lead")[..5],
+        ["lead", "testhost", "lead", "-", "idle"],
+        "{ls}"
+    );
+    // The same as JSON.
+    let out = fleet.cli(&["ls", "--json"])?;
+    assert!(out.status.success());
+    let entities: Value = serde_json::from_slice(&out.stdout)?;
+    let w1 = entities
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["name"] == "w1"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&w1["status"], &w1["queued"], &w1["held"], &w1["gid"]),
+        (
+            &Value::from("busy"),
+            &Value::from(1),
+            &Value::from(0),
+            &spawned["gid"]
+        ),
+        "{entities}"
+    );
+    // The hosts: this one, with its profiles.
+    let out = fleet.cli(&["hosts"])?;
+    let hosts = String::from_utf8(out.stdout)?;
+    assert_eq!(
+        row_of(&hosts, "testhost"),
+        ["testhost", "up", "(this", "one)", "sim"],
+        "{hosts}"
+    );
+    let out = fleet.cli(&["hosts", "--json"])?;
+    let hosts: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(hosts[0]["host"], "testhost", "{hosts}");
+    // A lead that is not declared is refused, naming those that are.
+    let out = fleet.cli(&["ls", "--lead", "mallory"])?;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr)?;
+    assert!(err.contains("'mallory'") && err.contains("lead"), "{err}");
+    // With no gateway serving the state dir: exit status 3, saying what to do.
+    fleet.terminate().await?;
+    let out = fleet.cli(&["ls"])?;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8(out.stderr)?;
+    assert!(
+        err.contains("no fleetd is serving the state dir") && err.contains("fleetd serve"),
         "{err}"
     );
     Ok(())

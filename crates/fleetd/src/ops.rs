@@ -1,0 +1,542 @@
+//! The operator commands against a running gateway: `fleetd ls` (the roster across hosts) and
+//! `fleetd hosts`. The gateway is found through the state dir (the `serving` file its `serve`
+//! writes; `gateway.listen` when there is none) and asked over `/api/v1` as a lead, with that
+//! lead's token. Tables fit the terminal and are coloured only on one; `--json` prints what the
+//! API answered.
+
+use std::fmt;
+use std::io::IsTerminal;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::cli::{Cli, context, lead_token};
+use crate::config::Config;
+use crate::state::StateDir;
+
+/// The exit status when no gateway answers.
+pub const EXIT_UNREACHABLE: u8 = 3;
+/// The exit status when the gateway refuses the token.
+pub const EXIT_REFUSED: u8 = 4;
+/// How long a gateway may take to answer an operator command.
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// What every operator command takes.
+#[derive(Debug, Args)]
+pub struct OpsArgs {
+    /// The lead to ask as (`[leads.NAME]`); the only one declared when left out.
+    #[arg(long, value_name = "NAME")]
+    pub lead: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A failure with the exit status a script can rely on.
+#[derive(Debug)]
+pub struct OpsError {
+    /// The exit status.
+    pub exit: u8,
+    /// What went wrong, and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for OpsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for OpsError {}
+
+/// One entity as `GET /api/v1/roster` gives it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Row {
+    /// Name.
+    pub name: String,
+    /// Host.
+    pub host: String,
+    /// Role.
+    pub role: String,
+    /// Profile.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Session status.
+    pub status: String,
+    /// What the pane host says its agent does.
+    #[serde(default)]
+    pub agent_status: Option<String>,
+    /// Pane.
+    #[serde(default)]
+    pub pane: Option<String>,
+    /// Messages held for it (this host's only).
+    #[serde(default)]
+    pub held: Option<usize>,
+    /// Messages queued for it (this host's only).
+    #[serde(default)]
+    pub queued: Option<usize>,
+    /// When it last called in, Unix ms.
+    #[serde(default)]
+    pub last_seen_ms: Option<i64>,
+}
+
+/// One host as `GET /api/v1/roster` gives it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Host {
+    /// Host id.
+    pub host: String,
+    /// `up` or `unknown`.
+    pub status: String,
+    /// The profiles it can spawn.
+    #[serde(default)]
+    pub profiles: Vec<String>,
+    /// When it was last heard of, Unix ms; none for the gateway asked.
+    #[serde(default)]
+    pub last_seen_ms: Option<i64>,
+}
+
+/// `GET /api/v1/roster`.
+#[derive(Clone, Debug, Deserialize)]
+struct Roster {
+    entities: Vec<Row>,
+    hosts: Vec<Host>,
+}
+
+/// `then_ms` as time before `now_ms`: `4s ago`, `12m ago`, `3h ago`, `2d ago`; `-` for never.
+pub fn ago(now_ms: i64, then_ms: Option<i64>) -> String {
+    let Some(then) = then_ms else {
+        return "-".into();
+    };
+    let s = (now_ms - then).max(0) / 1000;
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m ago", s / 60),
+        3600..86_400 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
+}
+
+/// The ANSI colour of a status: green for ready, yellow for at work, red for trouble.
+fn status_colour(status: &str) -> Option<&'static str> {
+    match status {
+        "idle" | "up" => Some("32"),
+        "busy" | "asking" | "spawning" | "working" => Some("33"),
+        "stopping" | "gone" | "unknown" | "blocked" => Some("31"),
+        _ => None,
+    }
+}
+
+/// One cell: its text, and the colour it gets on a terminal.
+struct Cell {
+    text: String,
+    colour: Option<&'static str>,
+}
+
+impl Cell {
+    fn plain(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            colour: None,
+        }
+    }
+
+    fn status(text: &str) -> Self {
+        Self {
+            text: text.into(),
+            colour: status_colour(text),
+        }
+    }
+}
+
+/// Column widths for `natural` ones within `limit` characters (a space between columns):
+/// the widest column gives a character at a time, none below its header's width or 4.
+fn fit(natural: &[usize], headers: &[&str], limit: Option<usize>) -> Vec<usize> {
+    let mut widths = natural.to_vec();
+    let Some(limit) = limit else {
+        return widths;
+    };
+    let total = |w: &[usize]| w.iter().sum::<usize>() + w.len().saturating_sub(1);
+    while total(&widths) > limit {
+        let floor = |i: usize| headers.get(i).map_or(4, |h| h.chars().count().max(4));
+        let widest = widths
+            .iter()
+            .enumerate()
+            .filter(|(i, w)| **w > floor(*i))
+            .max_by_key(|(_, w)| **w)
+            .map(|(i, _)| i);
+        match widest {
+            Some(i) => widths[i] -= 1,
+            None => break,
+        }
+    }
+    widths
+}
+
+/// `text` in `width` characters: cut with `…`, else padded.
+fn fitted(text: &str, width: usize) -> String {
+    let n = text.chars().count();
+    if n <= width {
+        format!("{text}{}", " ".repeat(width - n))
+    } else {
+        let cut: String = text.chars().take(width.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+/// A table of `rows` under `headers`, within `width` characters when given, coloured when
+/// `colour`.
+fn table(headers: &[&str], rows: &[Vec<Cell>], width: Option<usize>, colour: bool) -> String {
+    let natural: Vec<usize> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.text.chars().count())
+                .chain([h.chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let widths = fit(&natural, headers, width);
+    let line = |cells: Vec<(String, Option<&'static str>)>| {
+        let last = cells.len().saturating_sub(1);
+        let parts: Vec<String> = cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, (text, paint))| {
+                let w = widths.get(i).copied().unwrap_or(0);
+                let text = fitted(&text, w);
+                let text = if i == last {
+                    text.trim_end().to_string()
+                } else {
+                    text
+                };
+                match paint {
+                    Some(code) if colour => format!("\x1b[{code}m{text}\x1b[0m"),
+                    _ => text,
+                }
+            })
+            .collect();
+        parts.join(" ").trim_end().to_string()
+    };
+    let mut out = line(headers.iter().map(|h| (h.to_string(), None)).collect());
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(
+            row.iter().map(|c| (c.text.clone(), c.colour)).collect(),
+        ));
+        out.push('\n');
+    }
+    out
+}
+
+/// `fleetd ls`'s table.
+pub fn ls_table(rows: &[Row], now_ms: i64, width: Option<usize>, colour: bool) -> String {
+    let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
+    let cells: Vec<Vec<Cell>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                Cell::plain(&r.name),
+                Cell::plain(&r.host),
+                Cell::plain(&r.role),
+                Cell::plain(r.profile.as_deref().unwrap_or("-")),
+                Cell::status(&r.status),
+                match &r.agent_status {
+                    Some(agent) => Cell::status(agent),
+                    None => Cell::plain("-"),
+                },
+                Cell::plain(r.pane.as_deref().unwrap_or("-")),
+                Cell::plain(count(r.held)),
+                Cell::plain(count(r.queued)),
+                Cell::plain(ago(now_ms, r.last_seen_ms)),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME",
+            "HOST",
+            "ROLE",
+            "PROFILE",
+            "STATUS",
+            "AGENT",
+            "PANE",
+            "HELD",
+            "QUEUED",
+            "LAST SEEN",
+        ],
+        &cells,
+        width,
+        colour,
+    )
+}
+
+/// `fleetd hosts`'s table.
+pub fn hosts_table(hosts: &[Host], now_ms: i64, width: Option<usize>, colour: bool) -> String {
+    let cells: Vec<Vec<Cell>> = hosts
+        .iter()
+        .map(|h| {
+            vec![
+                Cell::plain(&h.host),
+                Cell::status(&h.status),
+                Cell::plain(match h.last_seen_ms {
+                    Some(_) => ago(now_ms, h.last_seen_ms),
+                    None => "(this one)".into(),
+                }),
+                Cell::plain(if h.profiles.is_empty() {
+                    "-".into()
+                } else {
+                    h.profiles.join(",")
+                }),
+            ]
+        })
+        .collect();
+    table(
+        &["HOST", "STATUS", "LAST SEEN", "PROFILES"],
+        &cells,
+        width,
+        colour,
+    )
+}
+
+/// The lead to ask as: the one named, or the only one declared.
+fn pick_lead(config: &Config, named: Option<&str>) -> anyhow::Result<String> {
+    let declared: Vec<&str> = config.leads.keys().map(String::as_str).collect();
+    match (named, declared.as_slice()) {
+        (Some(name), _) => Ok(name.to_string()),
+        (None, [only]) => Ok((*only).to_string()),
+        (None, []) => anyhow::bail!(
+            "no lead is declared in config, and the gateway answers leads only: add a [leads.NAME] block"
+        ),
+        (None, many) => anyhow::bail!(
+            "several leads are declared ({}): say which to ask as with --lead NAME",
+            many.join(", ")
+        ),
+    }
+}
+
+/// What a serving gateway wrote of itself: the base URL it answers at, and its pid.
+pub fn read_serving(text: &str) -> Option<(String, Option<i32>)> {
+    let mut lines = text.lines();
+    let url = lines
+        .next()
+        .map(str::trim)
+        .filter(|s| s.starts_with("http://") || s.starts_with("https://"))?;
+    let pid = lines
+        .next()
+        .and_then(|l| l.trim().strip_prefix("pid "))
+        .and_then(|p| p.parse().ok());
+    Some((url.to_string(), pid))
+}
+
+/// Where the gateway of this state dir answers: what its `serve` wrote, else `gateway.listen`.
+/// A gateway that wrote it and is gone since answers nowhere: exit status 3, saying so.
+fn base_url(config: &Config, state: &StateDir) -> anyhow::Result<String> {
+    let written = std::fs::read_to_string(state.serving_path())
+        .ok()
+        .and_then(|text| read_serving(&text));
+    match written {
+        Some((url, Some(pid))) if !alive(pid) => Err(OpsError {
+            exit: EXIT_UNREACHABLE,
+            message: format!(
+                "no fleetd is serving the state dir {}: the one that served at {url} (pid {pid}) is gone; start it with `fleetd serve`",
+                state.root().display()
+            ),
+        }
+        .into()),
+        Some((url, _)) => Ok(url),
+        None => Ok(crate::serve::local_base(config.gateway.listen)),
+    }
+}
+
+/// Whether process `pid` is alive.
+fn alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
+}
+
+/// Asks the gateway for the roster, as the lead picked.
+fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
+    let (config, state) = context(cli)?;
+    let lead = pick_lead(&config, args.lead.as_deref())?;
+    let token = lead_token(&config, &state, &lead, false)?;
+    let url = format!("{}/api/v1/roster", base_url(&config, &state)?);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let response = reqwest::Client::builder()
+            .timeout(ANSWER_WITHIN)
+            .build()?
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .map_err(|e| OpsError {
+                exit: EXIT_UNREACHABLE,
+                message: format!(
+                    "no fleetd answers at {url} (within {} s): is `fleetd serve` running on this state dir ({})? ({e})",
+                    ANSWER_WITHIN.as_secs(),
+                    state.root().display()
+                ),
+            })?;
+        let status = response.status();
+        let body: Value = response
+            .json()
+            .await
+            .with_context(|| format!("{url} answered {status} with no JSON"))?;
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(OpsError {
+                exit: EXIT_REFUSED,
+                message: format!(
+                    "the gateway refused lead '{lead}': {}",
+                    body["message"].as_str().unwrap_or("unauthorized")
+                ),
+            }
+            .into());
+        }
+        anyhow::ensure!(
+            status.is_success(),
+            "{url} answered {status}: {}",
+            body["message"].as_str().unwrap_or_default()
+        );
+        Ok(body)
+    })
+}
+
+/// The terminal's width and whether to colour, for standard output.
+fn terminal() -> (Option<usize>, bool) {
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
+        return (None, false);
+    }
+    let width = rustix::termios::tcgetwinsize(&stdout)
+        .ok()
+        .map(|size| usize::from(size.ws_col))
+        .filter(|w| *w > 0);
+    (width, std::env::var_os("NO_COLOR").is_none())
+}
+
+fn now_ms() -> i64 {
+    fleet_core::clock::now_ms()
+}
+
+/// `fleetd ls`: the roster across hosts.
+pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
+    let body = fetch_roster(cli, args)?;
+    if args.json {
+        println!("{:#}", body["entities"]);
+        return Ok(());
+    }
+    let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
+    let (width, colour) = terminal();
+    print!("{}", ls_table(&roster.entities, now_ms(), width, colour));
+    Ok(())
+}
+
+/// `fleetd hosts`: the hosts of the fleet.
+pub fn hosts_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
+    let body = fetch_roster(cli, args)?;
+    if args.json {
+        println!("{:#}", body["hosts"]);
+        return Ok(());
+    }
+    let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
+    let (width, colour) = terminal();
+    print!("{}", hosts_table(&roster.hosts, now_ms(), width, colour));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, status: &str, held: Option<usize>) -> Row {
+        Row {
+            name: name.into(),
+            host: "laptop".into(),
+            role: "worker".into(),
+            profile: Some("claude".into()),
+            status: status.into(),
+            agent_status: None,
+            pane: Some("%3".into()),
+            held,
+            queued: held,
+            last_seen_ms: Some(1_000),
+        }
+    }
+
+    #[test]
+    fn a_serving_file_gives_the_url_and_the_pid() {
+        assert_eq!(
+            read_serving("http://127.0.0.1:5\npid 42\n"),
+            Some(("http://127.0.0.1:5".to_string(), Some(42)))
+        );
+        assert_eq!(
+            read_serving("http://127.0.0.1:5\n"),
+            Some(("http://127.0.0.1:5".to_string(), None))
+        );
+        assert_eq!(read_serving("garbage\npid 1\n"), None);
+        assert!(alive(i32::try_from(std::process::id()).unwrap()));
+    }
+
+    #[test]
+    fn times_read_as_how_long_ago() {
+        assert_eq!(ago(61_000, Some(1_000)), "1m ago");
+        assert_eq!(ago(5_000, Some(1_000)), "4s ago");
+        assert_eq!(ago(1_000 + 7_200_000, Some(1_000)), "2h ago");
+        assert_eq!(ago(1_000, Some(5_000)), "0s ago");
+        assert_eq!(ago(1_000, None), "-");
+    }
+
+    #[test]
+    fn a_table_lines_its_columns_up_and_colours_only_when_asked() {
+        let rows = [row("w1", "idle", Some(2)), row("a-long-name", "busy", None)];
+        let text = ls_table(&rows, 5_000, None, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("NAME        HOST   ROLE"), "{text}");
+        let status_at = lines[0].find("STATUS").unwrap();
+        assert_eq!(&lines[1][status_at..status_at + 4], "idle", "{text}");
+        assert_eq!(&lines[2][status_at..status_at + 4], "busy", "{text}");
+        assert!(lines[1].ends_with("2    2      4s ago"), "{text}");
+        assert!(lines[2].contains(" -    -      4s ago"), "{text}");
+        assert!(!text.contains('\x1b'), "{text}");
+        let coloured = ls_table(&rows, 5_000, None, true);
+        assert!(coloured.contains("\x1b[32midle"), "{coloured}");
+        assert!(coloured.contains("\x1b[33mbusy"), "{coloured}");
+    }
+
+    #[test]
+    fn a_table_fits_a_narrow_terminal_by_cutting_its_widest_columns() {
+        let mut long = row("w", "idle", Some(1));
+        long.name = "a".repeat(60);
+        long.profile = Some("p".repeat(40));
+        let text = ls_table(&[long], 5_000, Some(80), false);
+        for line in text.lines() {
+            assert!(line.chars().count() <= 80, "{} chars: {line}", line.len());
+        }
+        assert!(text.contains('…'), "{text}");
+        assert!(text.lines().next().unwrap().contains("LAST SEEN"), "{text}");
+    }
+
+    #[test]
+    fn the_lead_to_ask_as_is_the_only_one_or_the_one_named() {
+        let config = |toml: &str| {
+            crate::config::Config::parse(std::path::Path::new("fleetd.toml"), toml).unwrap()
+        };
+        let one = config("[leads.alice]\n");
+        assert_eq!(pick_lead(&one, None).unwrap(), "alice");
+        let two = config("[leads.alice]\n[leads.bob]\n");
+        let err = pick_lead(&two, None).unwrap_err().to_string();
+        assert!(
+            err.contains("alice, bob") && err.contains("--lead"),
+            "{err}"
+        );
+        assert_eq!(pick_lead(&two, Some("bob")).unwrap(), "bob");
+    }
+}
