@@ -121,7 +121,7 @@ pub fn context(cli: &Cli) -> anyhow::Result<(Config, StateDir)> {
 }
 
 /// The token of lead `name`, minted on first use.
-pub(crate) fn lead_token(
+fn lead_token(
     config: &Config,
     state: &StateDir,
     name: &str,

@@ -186,8 +186,8 @@ async fn authenticate(
     }
 }
 
-/// `GET /api/v1/roster`: the roster as the caller's `fleet_list` shows it, with what waits
-/// for each of this host's entities.
+/// `GET /api/v1/roster`: the roster as the lead's `fleet_list` shows it, with what waits for
+/// each of this host's entities (a lead's token only: see [`lead_only`]).
 async fn api_roster(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
@@ -202,29 +202,34 @@ async fn api_roster(
     }
 }
 
-/// `GET /metrics`: the OpenMetrics text, for a lead's token only.
-async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let bearer = match bearer(&headers) {
+/// Lets through only a lead's bearer token, without counting the request as the lead calling
+/// in (the operator surfaces: `/metrics`, `/api/v1`); the caller is in the request's
+/// extensions.
+async fn lead_only(State(gateway): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
+    let bearer = match bearer(req.headers()) {
         Ok(bearer) => bearer,
         Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
     };
-    match gateway.is_lead_token(&token::hash(bearer)) {
-        Ok(true) => {}
-        Ok(false) => {
-            return refuse(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "only a lead's bearer token reads the metrics (`fleetd token NAME`)".into(),
-            );
+    match gateway.lead_caller(&token::hash(bearer)) {
+        Ok(Some(caller)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
         }
-        Err(e) => {
-            return refuse(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                e.code.as_str(),
-                e.message,
-            );
-        }
+        Ok(None) => refuse(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "only a lead's bearer token may use this (`fleetd token NAME` prints one)".into(),
+        ),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.code.as_str(),
+            e.message,
+        ),
     }
+}
+
+/// `GET /metrics`: the OpenMetrics text (a lead's token only: see [`lead_only`]).
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     match gateway.metrics_text().await {
         Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(e) => refuse(
@@ -316,23 +321,28 @@ pub fn app(
         sessions,
         config,
     );
-    // Layers run outside in: authentication first, so the session cap knows the caller.
-    let api = Router::new()
+    // The operator surfaces: a lead's token only, and no call-in.
+    let operator = Router::new()
         .route("/api/v1/roster", get(api_roster))
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&gateway),
+            lead_only,
+        ))
         .with_state(Arc::clone(&gateway));
+    // Layers run outside in: authentication first, so the session cap knows the caller.
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(ledger, cap_sessions))
-        .merge(api)
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             authenticate,
         ));
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
         .with_state(gateway)
         .merge(protected)
+        .merge(operator)
         .layer(middleware::from_fn_with_state(
             Arc::new(allowed),
             guard_host,

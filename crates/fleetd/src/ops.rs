@@ -12,7 +12,7 @@ use clap::Args;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{Cli, context, lead_token};
+use crate::cli::{Cli, context};
 use crate::config::Config;
 use crate::state::StateDir;
 
@@ -135,19 +135,27 @@ struct Cell {
 }
 
 impl Cell {
-    fn plain(text: impl Into<String>) -> Self {
+    fn plain(text: impl AsRef<str>) -> Self {
         Self {
-            text: text.into(),
+            text: printable(text.as_ref()),
             colour: None,
         }
     }
 
     fn status(text: &str) -> Self {
         Self {
-            text: text.into(),
+            text: printable(text),
             colour: status_colour(text),
         }
     }
+}
+
+/// `text` with every control character shown as `?`: what another host announced (a name, a
+/// status) reaches the terminal as text, never as an escape sequence.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// Column widths for `natural` ones within `limit` characters (a space between columns):
@@ -363,7 +371,16 @@ fn alive(pid: i32) -> bool {
 fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
     let (config, state) = context(cli)?;
     let lead = pick_lead(&config, args.lead.as_deref())?;
-    let token = lead_token(&config, &state, &lead, false)?;
+    // Read, never minted: minting would revoke the token the lead is using.
+    let file = state.lead_token_path(&lead);
+    let token = std::fs::read_to_string(&file)
+        .map(|t| t.trim().to_string())
+        .with_context(|| {
+            format!(
+                "no token for lead '{lead}' at {} (is --state-dir right? `fleetd token {lead}` makes one)",
+                file.display()
+            )
+        })?;
     let url = format!("{}/api/v1/roster", base_url(&config, &state)?);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -385,10 +402,10 @@ fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
                 ),
             })?;
         let status = response.status();
-        let body: Value = response
-            .json()
-            .await
-            .with_context(|| format!("{url} answered {status} with no JSON"))?;
+        let body: Value = response.json().await.map_err(|e| OpsError {
+            exit: EXIT_UNREACHABLE,
+            message: format!("{url} answered {status} but not its JSON (within {} s): {e}", ANSWER_WITHIN.as_secs()),
+        })?;
         if status == reqwest::StatusCode::UNAUTHORIZED {
             return Err(OpsError {
                 exit: EXIT_REFUSED,
@@ -418,7 +435,9 @@ fn terminal() -> (Option<usize>, bool) {
         .ok()
         .map(|size| usize::from(size.ws_col))
         .filter(|w| *w > 0);
-    (width, std::env::var_os("NO_COLOR").is_none())
+    // NO_COLOR set to anything but empty turns colour off.
+    let no_colour = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    (width, !no_colour)
 }
 
 fn now_ms() -> i64 {
@@ -522,6 +541,22 @@ mod tests {
         }
         assert!(text.contains('…'), "{text}");
         assert!(text.lines().next().unwrap().contains("LAST SEEN"), "{text}");
+    }
+
+    #[test]
+    fn what_another_host_announced_reaches_the_terminal_as_text() {
+        let mut hostile = row("w\x1b]0;pwned\x07", "idle\x1b[2J", None);
+        hostile.host = "far\r\nbox".into();
+        let text = ls_table(&[hostile], 5_000, None, true);
+        assert!(
+            !text.contains("\x1b]") && !text.contains("\x1b[2J"),
+            "{text:?}"
+        );
+        assert!(!text.contains('\x07') && !text.contains('\r'), "{text:?}");
+        assert!(
+            text.contains("w?]0;pwned?") && text.contains("far??box"),
+            "{text:?}"
+        );
     }
 
     #[test]

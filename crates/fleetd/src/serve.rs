@@ -74,6 +74,13 @@ pub fn mcp_url(config: &Config, listening: SocketAddr) -> String {
         .unwrap_or_else(|| format!("http://{listening}/mcp"))
 }
 
+/// Writes `text` to `path` whole or not at all: a reader never sees half of it.
+fn write_whole(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)
+}
+
 /// The base URL a command on this host reaches a gateway bound to `bound` at: its own address,
 /// or loopback for a wildcard one.
 pub fn local_base(bound: SocketAddr) -> String {
@@ -321,8 +328,8 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     // its pid (gone, the file is stale).
     let serving = state.serving_path();
     let said = format!("{}\npid {}\n", local_base(bound), std::process::id());
-    if let Err(e) = std::fs::write(&serving, said) {
-        tracing::warn!(path = %serving.display(), error = %e, "cannot say where this gateway serves: `fleetd ls` falls back to gateway.listen");
+    if let Err(e) = write_whole(&serving, &said) {
+        tracing::warn!(path = %serving.display(), error = %e, "cannot say where this gateway serves: `fleetd ls` may not find it");
     }
     tracing::info!(
         host_id = %host,
@@ -343,6 +350,10 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .context("the HTTP server failed")?;
+    // Gone, it serves nowhere (unless another has taken the state dir since).
+    if std::fs::read_to_string(&serving).is_ok_and(|s| s == said) {
+        let _ = std::fs::remove_file(&serving);
+    }
     tracing::info!("draining: closing worker panes");
     gateway.shut_down().await;
     panes.shut_down().await;

@@ -125,15 +125,18 @@ impl Gateway {
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
             // Its own gateway keeps it: nothing of it is stored here.
             Placement::Remote => {
-                self.metrics.accepted(message.kind, placement);
-                return self.publish_remote(&message).await;
+                let published = self.publish_remote(&message).await;
+                if published.is_ok() {
+                    self.metrics.accepted(message.kind, placement);
+                }
+                return published;
             }
         };
         let kept = message.clone();
         let fresh = self.store_one_within_cap(message).await?;
         let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
-        if fresh {
+        if fresh && placement == Placement::Dead {
             self.metrics.accepted(kind, placement);
         }
         if fresh && placement == Placement::Queue {
@@ -154,11 +157,13 @@ impl Gateway {
             // Its session ended while the message was being stored, after the sweep of what
             // was on its way: fail it here, or it would wait forever.
             if !live {
+                self.metrics.accepted(kind, Placement::Dead);
                 let why = format!("'{}' is gone", self.name_of(to).await);
                 // Boxed: failing notifies, and notifying delivers (a notice is never queued).
                 Box::pin(self.fail(&kept, &why)).await;
                 return Ok(Placement::Dead);
             }
+            self.metrics.accepted(kind, placement);
         }
         Ok(placement)
     }

@@ -1,20 +1,26 @@
 //! What `/metrics` reads off the gateway at a scrape: the gauges' [`Snapshot`], and who may
-//! scrape (a lead's bearer token, checked without counting as the lead calling in).
+//! use the operator surfaces (a lead's bearer token, checked without counting as the lead
+//! calling in).
 
 use std::collections::HashMap;
 
 use fleet_core::{FleetError, Gid, WorkerStatus};
 
-use super::{Gateway, store_error};
+use super::{Caller, Gateway, store_error};
 use crate::metrics::Snapshot;
 
 impl Gateway {
-    /// Whether the token hashing to `hash` is a lead's of this gateway: only a lead may read
-    /// the metrics. Unlike [`Gateway::authenticate`] it leaves no trace of a call: a scraper is
-    /// not the lead calling in, and a worker's token makes no worker ready here.
-    pub fn is_lead_token(&self, hash: &[u8; 32]) -> Result<bool, FleetError> {
-        let gid = self.store.gid_for_token(hash).map_err(store_error)?;
-        Ok(gid.is_some_and(|gid| self.lock().leads.contains_key(&gid)))
+    /// The lead of this gateway whose token hashes to `hash`, if it is a lead's: only a lead
+    /// may use the operator surfaces (`/metrics`, `/api/v1`). Unlike [`Gateway::authenticate`]
+    /// it leaves no trace of a call: an operator's look is not the lead calling in, and a
+    /// worker's token makes no worker ready here.
+    pub fn lead_caller(&self, hash: &[u8; 32]) -> Result<Option<Caller>, FleetError> {
+        let Some(gid) = self.store.gid_for_token(hash).map_err(store_error)? else {
+            return Ok(None);
+        };
+        Ok(self.lock().leads.get(&gid).map(|lead| Caller {
+            entity: lead.entity.clone(),
+        }))
     }
 
     /// The metrics, in the OpenMetrics text format, the gauges read now.

@@ -497,6 +497,20 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
         ),
         "{entities}"
     );
+    // A look through the operator API is not the lead calling in: its last seen stays.
+    let lead_seen = |entities: &Value| {
+        entities
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["name"] == "lead"))
+            .map(|e| e["last_seen_ms"].clone())
+    };
+    let out = fleet.cli(&["ls", "--json"])?;
+    let again: Value = serde_json::from_slice(&out.stdout)?;
+    assert!(
+        lead_seen(&entities).is_some_and(|seen| seen.is_i64()),
+        "{entities}"
+    );
+    assert_eq!(lead_seen(&again), lead_seen(&entities), "{again}");
     // The hosts: this one, with its profiles.
     let out = fleet.cli(&["hosts"])?;
     let hosts = String::from_utf8(out.stdout)?;
@@ -513,8 +527,17 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr)?;
     assert!(err.contains("'mallory'") && err.contains("lead"), "{err}");
-    // With no gateway serving the state dir: exit status 3, saying what to do.
-    fleet.terminate().await?;
+    // A token the gateway does not know (the file edited by hand): exit status 4.
+    let token_file = fleet.state_dir().join("leads/lead.token");
+    let token = std::fs::read_to_string(&token_file)?;
+    std::fs::write(&token_file, "fleet_not-the-token")?;
+    let out = fleet.cli(&["ls"])?;
+    std::fs::write(&token_file, token)?;
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let err = String::from_utf8(out.stderr)?;
+    assert!(err.contains("refused lead 'lead'"), "{err}");
+    // With the gateway of the state dir gone (killed): exit status 3, saying what to do.
+    fleet.kill9().await?;
     let out = fleet.cli(&["ls"])?;
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     let err = String::from_utf8(out.stderr)?;

@@ -134,6 +134,23 @@ async fn a_scraper_reads_counts_of_what_happened_and_never_a_messages_text() -> 
         Some(1.0),
         "{text}"
     );
+    // The worker's message to the lead: held for its pull; the reply, held for the send.
+    assert_eq!(
+        at(
+            "fleetd_messages_accepted_total",
+            json!({"kind": "SEND", "placement": "hold"})
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        at(
+            "fleetd_messages_accepted_total",
+            json!({"kind": "REPLY", "placement": "hold"})
+        ),
+        Some(1.0),
+        "{text}"
+    );
     assert_eq!(
         at("fleetd_injects_total", json!({"outcome": "submitted"})),
         Some(1.0),

@@ -56,6 +56,7 @@ impl Gateway {
             return Handled::Dropped;
         };
         let Ok(envelope) = delivery.envelope() else {
+            self.metrics.dead_letter(delivery.death().cause, false);
             let (loud, count) = fed.loud();
             if loud {
                 tracing::error!(
@@ -177,9 +178,15 @@ impl Gateway {
         let notice = Message::notice(&original, Kind::Failed, reason.clone(), now_ms());
         let (trace_id, msg_id) = (envelope.trace_id, candidate.original);
         let size = delivery.body().len();
+        // The same dead letter delivered again tells nobody twice (the notice's id derives from
+        // the message's), and counts once.
+        let notice_id = notice.msg_id;
+        let told_before = matches!(self.db(move |s| s.message(notice_id)).await, Ok(Some(_)));
         match self.deliver(notice).await {
             Ok(_) => {
-                self.metrics.dead_letter(death.cause, true);
+                if !told_before {
+                    self.metrics.dead_letter(death.cause, true);
+                }
                 self.receipts_settled(vec![candidate.original]).await;
                 tracing::warn!(%trace_id, %msg_id, cause = %death.cause, reason, "dead-lettered by the broker: its sender is told");
                 fed.audit(

@@ -370,6 +370,7 @@ impl Gateway {
             },
         );
         published.map_err(not_taken)?;
+        self.metrics.accepted(Kind::Send, Placement::Remote);
         let local = self.lock().entities().into_iter().filter(in_group).count();
         Ok(local + remote.len())
     }
