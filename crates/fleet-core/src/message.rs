@@ -116,6 +116,16 @@ pub enum MsgState {
 }
 
 impl MsgState {
+    /// Every state's name, in the order of a message's life.
+    pub const NAMES: [&'static str; 6] = [
+        "queued",
+        "injecting",
+        "injected",
+        "held",
+        "consumed",
+        "failed",
+    ];
+
     /// The state's name without its reason.
     pub fn name(&self) -> &'static str {
         match self {

@@ -96,6 +96,21 @@ pub struct SentRecord {
     pub until_ms: i64,
 }
 
+/// What [`Store::messages`] selects: every condition given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MessageFilter {
+    /// Its state's name (see `MsgState::NAMES`).
+    pub state: Option<String>,
+    /// Its recipient.
+    pub to: Option<Gid>,
+    /// Its sender.
+    pub from: Option<Gid>,
+    /// Made at or after this Unix ms.
+    pub since_ms: Option<i64>,
+    /// At most this many, the newest.
+    pub limit: usize,
+}
+
 /// The durable state of one gateway. Every method is atomic; none blocks for long.
 pub trait Store: Send + Sync + 'static {
     /// Returns the gid of the lead `name`, minting it on first use (fixed from then on).
@@ -178,6 +193,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many messages wait for `to` to pull them: held, or queued and not yet taken.
     fn waiting_count(&self, to: Gid) -> StoreResult<usize>;
+
+    /// The stored messages `filter` selects, newest first.
+    fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>>;
 
     /// How many messages are stored, by kind and state (the names the store keeps them by).
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>>;

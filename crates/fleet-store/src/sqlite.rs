@@ -15,7 +15,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 
 use crate::schema::migrate;
 use crate::{
-    AwaitedReceipt, EntityRecord, SentBetween, SentRecord, Store, StoreError, StoreResult,
+    AwaitedReceipt, EntityRecord, MessageFilter, SentBetween, SentRecord, Store, StoreError,
+    StoreResult,
 };
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
@@ -510,6 +511,26 @@ impl Store for SqliteStore {
             .query_row([to.to_string()], |row| row.get(0))
             .optional()?;
         Ok(count.map_or(0, |c| usize::try_from(c).unwrap_or(0)))
+    }
+
+    fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
+        let conn = self.conn();
+        query_messages(
+            &conn,
+            &format!(
+                "SELECT {MESSAGE_COLUMNS} FROM messages
+                 WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR to_gid = ?2)
+                   AND (?3 IS NULL OR from_gid = ?3) AND (?4 IS NULL OR created_ms >= ?4)
+                 ORDER BY seq DESC LIMIT ?5"
+            ),
+            params![
+                filter.state,
+                filter.to.map(|g| g.to_string()),
+                filter.from.map(|g| g.to_string()),
+                filter.since_ms,
+                i64::try_from(filter.limit).unwrap_or(i64::MAX),
+            ],
+        )
     }
 
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>> {

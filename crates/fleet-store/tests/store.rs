@@ -5,7 +5,9 @@
 
 use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
-use fleet_store::{AwaitedReceipt, EntityRecord, SentRecord, SqliteStore, Store, StoreError};
+use fleet_store::{
+    AwaitedReceipt, EntityRecord, MessageFilter, SentRecord, SqliteStore, Store, StoreError,
+};
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("fleet.db")).unwrap()
@@ -728,4 +730,77 @@ fn messages_are_counted_by_kind_and_state_and_what_waits_by_recipient() {
         waiting,
         vec![(lead, "held".to_string(), 1), (w, "queued".to_string(), 2)]
     );
+}
+
+#[test]
+fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w1, w2) = (Gid::mint(), Gid::mint(), Gid::mint());
+    let mut old = message(lead, w1, MsgState::Injected, "old");
+    old.created_ms = 1_000;
+    store.insert_message(&old).unwrap();
+    let mut queued = message(lead, w1, MsgState::Queued, "queued");
+    queued.created_ms = 5_000;
+    store.insert_message(&queued).unwrap();
+    let mut other = message(lead, w2, MsgState::Failed("gone".into()), "other");
+    other.created_ms = 6_000;
+    store.insert_message(&other).unwrap();
+    let bodies = |filter: MessageFilter| -> Vec<String> {
+        store
+            .messages(&filter)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.body)
+            .collect()
+    };
+    let all = MessageFilter {
+        limit: 10,
+        ..MessageFilter::default()
+    };
+    assert_eq!(bodies(all.clone()), ["other", "queued", "old"]);
+    assert_eq!(
+        bodies(MessageFilter {
+            limit: 2,
+            ..all.clone()
+        }),
+        ["other", "queued"]
+    );
+    assert_eq!(
+        bodies(MessageFilter {
+            to: Some(w1),
+            ..all.clone()
+        }),
+        ["queued", "old"]
+    );
+    assert_eq!(
+        bodies(MessageFilter {
+            state: Some("failed".into()),
+            ..all.clone()
+        }),
+        ["other"]
+    );
+    assert_eq!(
+        bodies(MessageFilter {
+            since_ms: Some(5_000),
+            from: Some(lead),
+            ..all.clone()
+        }),
+        ["other", "queued"]
+    );
+    assert!(
+        bodies(MessageFilter {
+            from: Some(w1),
+            ..all
+        })
+        .is_empty()
+    );
+    let failed = store
+        .messages(&MessageFilter {
+            state: Some("failed".into()),
+            limit: 1,
+            ..MessageFilter::default()
+        })
+        .unwrap();
+    assert_eq!(failed[0].state.reason(), Some("gone"));
 }

@@ -1,5 +1,5 @@
 //! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
-//! a running gateway (`ls`, `hosts`: see [`crate::ops`]). Every subcommand takes `--config`
+//! a running gateway (`ls`, `hosts`, `msgs`: see [`crate::ops`]). Every subcommand takes `--config`
 //! and `--state-dir`.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use fleet_store::{SqliteStore, Store};
 use crate::config::Config;
 use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
-use crate::ops::OpsArgs;
+use crate::ops::{MsgsArgs, OpsArgs};
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -53,6 +53,10 @@ pub enum Command {
     /// List the hosts of the fleet: status, when last heard of, the profiles each can spawn.
     /// Exit status 3 when no gateway answers, 4 when it refuses the lead's token.
     Hosts(OpsArgs),
+    /// List this gateway's messages, newest first: kind, sender, recipient, state, age, why
+    /// one failed; their text only with --text. Exit status 3 when no gateway answers, 4 when
+    /// it refuses the lead's token.
+    Msgs(MsgsArgs),
 }
 
 /// `fleetd serve`

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Extension, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -19,7 +20,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, Gateway, NudgeTarget};
+use crate::gateway::{Caller, Gateway, MessagesQuery, NudgeTarget};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
@@ -228,6 +229,37 @@ async fn lead_only(State(gateway): State<Arc<Gateway>>, mut req: Request, next: 
     }
 }
 
+/// The HTTP status of a refused operator request.
+fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
+        ErrorCode::UnknownRecipient => StatusCode::NOT_FOUND,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: this gateway's messages,
+/// newest first, their text only with `text=true` (a lead's token only: see [`lead_only`]).
+async fn api_messages(
+    State(gateway): State<Arc<Gateway>>,
+    query: Result<Query<MessagesQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(rejected) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParams.as_str(),
+                rejected.body_text(),
+            );
+        }
+    };
+    match gateway.message_rows(&query).await {
+        Ok(rows) => axum::Json(json!({ "messages": rows })).into_response(),
+        Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
+    }
+}
+
 /// `GET /metrics`: the OpenMetrics text (a lead's token only: see [`lead_only`]).
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     match gateway.metrics_text().await {
@@ -324,6 +356,7 @@ pub fn app(
     // The operator surfaces: a lead's token only, and no call-in.
     let operator = Router::new()
         .route("/api/v1/roster", get(api_roster))
+        .route("/api/v1/messages", get(api_messages))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),

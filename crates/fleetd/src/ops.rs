@@ -367,8 +367,8 @@ fn alive(pid: i32) -> bool {
         .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
 }
 
-/// Asks the gateway for the roster, as the lead picked.
-fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
+/// Asks the gateway for `path` with `query`, as the lead picked.
+fn fetch(cli: &Cli, args: &OpsArgs, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
     let (config, state) = context(cli)?;
     let lead = pick_lead(&config, args.lead.as_deref())?;
     // Read, never minted: minting would revoke the token the lead is using.
@@ -381,7 +381,13 @@ fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
                 file.display()
             )
         })?;
-    let url = format!("{}/api/v1/roster", base_url(&config, &state)?);
+    let mut url = url::Url::parse(&base_url(&config, &state)?)
+        .and_then(|base| base.join(path))
+        .context("the gateway's address")?;
+    if !query.is_empty() {
+        url.query_pairs_mut().extend_pairs(query);
+    }
+    let url = url.to_string();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -418,8 +424,8 @@ fn fetch_roster(cli: &Cli, args: &OpsArgs) -> anyhow::Result<Value> {
         }
         anyhow::ensure!(
             status.is_success(),
-            "{url} answered {status}: {}",
-            body["message"].as_str().unwrap_or_default()
+            "{}",
+            body["message"].as_str().unwrap_or(status.as_str())
         );
         Ok(body)
     })
@@ -444,9 +450,169 @@ fn now_ms() -> i64 {
     fleet_core::clock::now_ms()
 }
 
+/// `fleetd msgs`
+#[derive(Debug, Args)]
+pub struct MsgsArgs {
+    /// Who to ask as, and how to print.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// Only messages in this state: queued, injecting, injected, held, consumed or failed.
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only messages to this entity (a name, live or gone, or a gid).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Only messages from this entity (a name, live or gone, or a gid).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Only messages made this long ago or since: 30s, 10m, 2h, 1d.
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<std::time::Duration>,
+    /// Show each message's text too (left out unless asked: it may hold anything).
+    #[arg(long)]
+    pub text: bool,
+    /// At most this many, the newest (1 to 1000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+/// A time span as `--since` takes it: a whole number and `s`, `m`, `h` or `d`.
+pub fn parse_since(text: &str) -> Result<std::time::Duration, String> {
+    let unit = text
+        .chars()
+        .last()
+        .ok_or_else(|| "empty: give a span like 10m".to_string())?;
+    let seconds = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => {
+            return Err(format!(
+                "'{text}' has no unit: give a span like 30s, 10m, 2h or 1d"
+            ));
+        }
+    };
+    let number: u64 = text[..text.len() - unit.len_utf8()]
+        .parse()
+        .map_err(|_| format!("'{text}' is not a whole number and a unit, like 10m"))?;
+    number
+        .checked_mul(seconds)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("'{text}' is too long a span"))
+}
+
+/// One message as `GET /api/v1/messages` gives it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct MessageLine {
+    /// Its id.
+    pub msg_id: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its sender's name.
+    pub from_name: String,
+    /// Its recipient's name.
+    pub to_name: String,
+    /// Its state.
+    pub state: String,
+    /// Why it failed.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When it was made, Unix ms.
+    pub created_ms: i64,
+    /// Its text, when asked for.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `GET /api/v1/messages`.
+#[derive(Clone, Debug, Deserialize)]
+struct Messages {
+    messages: Vec<MessageLine>,
+}
+
+/// The colour of a message state.
+fn state_colour(state: &str) -> Option<&'static str> {
+    match state {
+        "failed" => Some("31"),
+        "queued" | "injecting" | "held" => Some("33"),
+        "injected" | "consumed" => Some("32"),
+        _ => None,
+    }
+}
+
+/// `fleetd msgs`'s table (the `TEXT` column with `text`).
+pub fn msgs_table(
+    lines: &[MessageLine],
+    text: bool,
+    now_ms: i64,
+    width: Option<usize>,
+    colour: bool,
+) -> String {
+    let cells: Vec<Vec<Cell>> = lines
+        .iter()
+        .map(|m| {
+            let mut row = vec![
+                Cell::plain(&m.msg_id),
+                Cell::plain(&m.kind),
+                Cell::plain(&m.from_name),
+                Cell::plain(&m.to_name),
+                Cell {
+                    text: printable(&m.state),
+                    colour: state_colour(&m.state),
+                },
+                Cell::plain(ago(now_ms, Some(m.created_ms))),
+                Cell::plain(m.reason.as_deref().unwrap_or("-")),
+            ];
+            if text {
+                row.push(Cell::plain(m.text.as_deref().unwrap_or("")));
+            }
+            row
+        })
+        .collect();
+    let mut headers = vec!["ID", "KIND", "FROM", "TO", "STATE", "AGE", "REASON"];
+    if text {
+        headers.push("TEXT");
+    }
+    table(&headers, &cells, width, colour)
+}
+
+/// `fleetd msgs`: this gateway's messages and their states.
+pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
+    let mut query = vec![("limit", args.limit.to_string())];
+    for (key, value) in [
+        ("state", &args.state),
+        ("to", &args.to),
+        ("from", &args.from),
+    ] {
+        if let Some(value) = value {
+            query.push((key, value.clone()));
+        }
+    }
+    if let Some(since) = args.since {
+        let span = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
+        query.push(("since_ms", now_ms().saturating_sub(span).to_string()));
+    }
+    if args.text {
+        query.push(("text", "true".into()));
+    }
+    let body = fetch(cli, &args.ops, "/api/v1/messages", &query)?;
+    if args.ops.json {
+        println!("{:#}", body["messages"]);
+        return Ok(());
+    }
+    let listed: Messages = serde_json::from_value(body).context("the messages' shape")?;
+    let (width, colour) = terminal();
+    print!(
+        "{}",
+        msgs_table(&listed.messages, args.text, now_ms(), width, colour)
+    );
+    Ok(())
+}
+
 /// `fleetd ls`: the roster across hosts.
 pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    let body = fetch_roster(cli, args)?;
+    let body = fetch(cli, args, "/api/v1/roster", &[])?;
     if args.json {
         println!("{:#}", body["entities"]);
         return Ok(());
@@ -459,7 +625,7 @@ pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
 
 /// `fleetd hosts`: the hosts of the fleet.
 pub fn hosts_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    let body = fetch_roster(cli, args)?;
+    let body = fetch(cli, args, "/api/v1/roster", &[])?;
     if args.json {
         println!("{:#}", body["hosts"]);
         return Ok(());
@@ -501,6 +667,43 @@ mod tests {
         );
         assert_eq!(read_serving("garbage\npid 1\n"), None);
         assert!(alive(i32::try_from(std::process::id()).unwrap()));
+    }
+
+    #[test]
+    fn spans_read_as_a_number_and_a_unit() {
+        assert_eq!(parse_since("30s"), Ok(std::time::Duration::from_secs(30)));
+        assert_eq!(parse_since("10m"), Ok(std::time::Duration::from_secs(600)));
+        assert_eq!(parse_since("2h"), Ok(std::time::Duration::from_secs(7200)));
+        assert_eq!(
+            parse_since("1d"),
+            Ok(std::time::Duration::from_secs(86_400))
+        );
+        for bad in ["", "10", "m", "1.5h", "-1m", "10w", "99999999999999999999d"] {
+            assert!(parse_since(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_message_listing_shows_text_only_when_asked_and_never_raw() {
+        let line = MessageLine {
+            msg_id: "01a2".into(),
+            kind: "SEND".into(),
+            from_name: "lead".into(),
+            to_name: "w1".into(),
+            state: "failed".into(),
+            reason: Some("'w1' is gone".into()),
+            created_ms: 1_000,
+            text: Some("two\nlines\x1b[2J".into()),
+        };
+        let plain = msgs_table(std::slice::from_ref(&line), false, 61_000, None, false);
+        assert!(!plain.contains("TEXT") && !plain.contains("two"), "{plain}");
+        assert!(
+            plain.contains("'w1' is gone") && plain.contains("1m ago"),
+            "{plain}"
+        );
+        let shown = msgs_table(&[line], true, 61_000, None, true);
+        assert!(shown.contains("two?lines?[2J"), "{shown:?}");
+        assert!(shown.contains("\x1b[31mfailed"), "{shown:?}");
     }
 
     #[test]

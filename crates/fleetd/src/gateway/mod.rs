@@ -46,7 +46,7 @@ pub use consult::{ConsultRequest, ConsultResult};
 pub use coord::Coordinator;
 pub use federation::Federation;
 pub use nudge::NudgeTarget;
-pub use operator::{RosterRow, RosterView};
+pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView};
 pub use spawn::SpawnRequest;
 pub use views::{
     AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,

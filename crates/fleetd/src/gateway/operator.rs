@@ -1,10 +1,12 @@
-//! What the operator surfaces (`/api/v1`, `fleetd ls`) read off the gateway: the roster with
-//! what waits for each of this host's entities.
+//! What the operator surfaces (`/api/v1`, `fleetd ls`, `fleetd msgs`) read off the gateway:
+//! the roster with what waits for each of this host's entities, and the messages of this
+//! gateway's store with their states (their text only when asked).
 
 use std::collections::HashMap;
 
-use fleet_core::{FleetError, Gid};
-use serde::Serialize;
+use fleet_core::{FleetError, Gid, Kind, MsgId, MsgState};
+use fleet_store::MessageFilter;
+use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
 use super::{Caller, Gateway};
@@ -63,5 +65,160 @@ impl Gateway {
             entities,
             hosts: list.hosts,
         })
+    }
+}
+
+/// How many messages a listing gives when it does not say.
+const DEFAULT_LISTED: usize = 50;
+/// The most messages one listing gives.
+pub const MAX_LISTED: usize = 1000;
+
+/// `GET /api/v1/messages`' query: every condition given must hold.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesQuery {
+    /// A state: queued, injecting, injected, held, consumed or failed.
+    pub state: Option<String>,
+    /// The recipient, by name (live or gone) or gid.
+    pub to: Option<String>,
+    /// The sender, by name (live or gone) or gid.
+    pub from: Option<String>,
+    /// Made at or after this Unix ms.
+    pub since_ms: Option<i64>,
+    /// Give each message's text too.
+    #[serde(default)]
+    pub text: bool,
+    /// At most this many, the newest (default 50, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// One message as the operator API lists it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MessageRow {
+    /// Its id.
+    pub msg_id: MsgId,
+    /// Its kind.
+    pub kind: Kind,
+    /// Its sender.
+    pub from: Gid,
+    /// Its sender's name.
+    pub from_name: String,
+    /// Its recipient.
+    pub to: Gid,
+    /// Its recipient's name.
+    pub to_name: String,
+    /// Its state.
+    pub state: &'static str,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+    /// The message it answers.
+    pub in_reply_to: Option<MsgId>,
+    /// When it was made (Unix ms).
+    pub created_ms: i64,
+    /// Its text, only when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// The state and limit of `query`, checked: an unknown state or a limit out of range is
+/// refused, naming what is allowed.
+pub fn checked(query: &MessagesQuery) -> Result<(Option<String>, usize), FleetError> {
+    if let Some(state) = &query.state
+        && !MsgState::NAMES.contains(&state.as_str())
+    {
+        return Err(FleetError::invalid(format!(
+            "state '{}' is none of {}",
+            state.escape_debug(),
+            MsgState::NAMES.join(", ")
+        )));
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_LISTED);
+    if !(1..=MAX_LISTED).contains(&limit) {
+        return Err(FleetError::invalid(format!(
+            "limit is {limit}; it must be between 1 and {MAX_LISTED}"
+        )));
+    }
+    Ok((query.state.clone(), limit))
+}
+
+impl Gateway {
+    /// The name of `gid`, looked up once for a listing that names it again and again.
+    pub(super) async fn cached_name(&self, names: &mut HashMap<Gid, String>, gid: Gid) -> String {
+        if let Some(name) = names.get(&gid) {
+            return name.clone();
+        }
+        let name = self.name_of(gid).await;
+        names.insert(gid, name.clone());
+        name
+    }
+
+    /// The messages of this gateway's store that `query` selects, newest first.
+    pub async fn message_rows(&self, query: &MessagesQuery) -> Result<Vec<MessageRow>, FleetError> {
+        let (state, limit) = checked(query)?;
+        let to = match &query.to {
+            Some(name) => Some(self.resolve_sender(name).await?),
+            None => None,
+        };
+        let from = match &query.from {
+            Some(name) => Some(self.resolve_sender(name).await?),
+            None => None,
+        };
+        let filter = MessageFilter {
+            state,
+            to,
+            from,
+            since_ms: query.since_ms,
+            limit,
+        };
+        let messages = self.db(move |s| s.messages(&filter)).await?;
+        let mut names: HashMap<Gid, String> = HashMap::new();
+        let mut rows = Vec::with_capacity(messages.len());
+        for message in messages {
+            let from_name = self.cached_name(&mut names, message.from).await;
+            let to_name = self.cached_name(&mut names, message.to).await;
+            rows.push(MessageRow {
+                msg_id: message.msg_id,
+                kind: message.kind,
+                from: message.from,
+                from_name,
+                to: message.to,
+                to_name,
+                state: message.state.name(),
+                reason: message.state.reason().map(str::to_string),
+                in_reply_to: message.in_reply_to,
+                created_ms: message.created_ms,
+                text: query.text.then_some(message.body),
+            });
+        }
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_names_the_states_and_bounds_it_takes() {
+        let query = |state: Option<&str>, limit: Option<usize>| MessagesQuery {
+            state: state.map(str::to_string),
+            limit,
+            ..MessagesQuery::default()
+        };
+        assert_eq!(
+            checked(&query(Some("failed"), None)).unwrap(),
+            (Some("failed".to_string()), 50)
+        );
+        let err = checked(&query(Some("lost\u{1b}"), None)).unwrap_err();
+        assert!(
+            err.message.contains("'lost\\u{1b}'") && err.message.contains("queued, injecting"),
+            "{err}"
+        );
+        assert!(checked(&query(None, Some(0))).is_err());
+        assert!(checked(&query(None, Some(MAX_LISTED + 1))).is_err());
+        assert_eq!(
+            checked(&query(None, Some(MAX_LISTED))).unwrap().1,
+            MAX_LISTED
+        );
     }
 }

@@ -58,14 +58,7 @@ impl Gateway {
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut waiting = Vec::with_capacity(waiting_by_gid.len());
         for (gid, state, n) in waiting_by_gid {
-            let name = match names.get(&gid) {
-                Some(name) => name.clone(),
-                None => {
-                    let name = self.name_of(gid).await;
-                    names.insert(gid, name.clone());
-                    name
-                }
-            };
+            let name = self.cached_name(&mut names, gid).await;
             waiting.push((name, state, count(n)));
         }
         let hosts_up = 1 + self

@@ -522,6 +522,86 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
     let out = fleet.cli(&["hosts", "--json"])?;
     let hosts: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(hosts[0]["host"], "testhost", "{hosts}");
+    // The messages: newest first, their states, their text only when asked for.
+    let listed = |args: &[&str]| -> anyhow::Result<Value> {
+        let out = fleet.cli(args)?;
+        anyhow::ensure!(out.status.success(), "{args:?}: {out:?}");
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let msgs = until(
+        "the first task typed in",
+        Duration::from_secs(20),
+        || async {
+            let msgs = listed(&["msgs", "--json"]).ok()?;
+            (msgs[1]["state"] == "injected").then_some(msgs)
+        },
+    )
+    .await?;
+    let states: Vec<(&str, &str, &str)> = msgs
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .map(|m| {
+                    (
+                        m["kind"].as_str().unwrap_or_default(),
+                        m["to_name"].as_str().unwrap_or_default(),
+                        m["state"].as_str().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        states,
+        [("SEND", "w1", "queued"), ("SEND", "w1", "injected")],
+        "{msgs}"
+    );
+    assert!(msgs[0].get("text").is_none(), "{msgs}");
+    let out = fleet.cli(&["msgs"])?;
+    let table = String::from_utf8(out.stdout)?;
+    assert_eq!(
+        row_of(&table, "ID"),
+        ["ID", "KIND", "FROM", "TO", "STATE", "AGE", "REASON"],
+        "{table}"
+    );
+    let newest = msgs[0]["msg_id"].as_str().unwrap_or_default();
+    assert_eq!(
+        row_of(&table, newest)[..5],
+        [newest, "SEND", "lead", "w1", "queued"],
+        "{table}"
+    );
+    assert!(
+        !table.contains("second"),
+        "the text without --text:\n{table}"
+    );
+    let out = fleet.cli(&["msgs", "--text"])?;
+    let table = String::from_utf8(out.stdout)?;
+    assert!(row_of(&table, newest).ends_with(&["second"]), "{table}");
+    assert_eq!(
+        listed(&[
+            "msgs", "--json", "--state", "injected", "--to", "w1", "--since", "1h"
+        ])?
+        .as_array()
+        .map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        listed(&["msgs", "--json", "--from", "w1"])?
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+    for (args, code, says) in [
+        (vec!["msgs", "--state", "lost"], 1, "none of queued"),
+        (vec!["msgs", "--to", "nobody"], 1, "'nobody'"),
+        (vec!["msgs", "--limit", "5000"], 1, "between 1 and 1000"),
+        (vec!["msgs", "--since", "5x"], 2, "30s, 10m, 2h or 1d"),
+    ] {
+        let out = fleet.cli(&args)?;
+        let err = String::from_utf8(out.stderr)?;
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
     // A lead that is not declared is refused, naming those that are.
     let out = fleet.cli(&["ls", "--lead", "mallory"])?;
     assert_eq!(out.status.code(), Some(1));
