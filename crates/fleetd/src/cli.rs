@@ -1,5 +1,5 @@
 //! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
-//! a running gateway (`ls`, `hosts`, `msgs`: see [`crate::ops`]). Every subcommand takes `--config`
+//! a running gateway (`ls`, `hosts`, `msgs`, `send`, `stop`: see [`crate::ops`]). Every subcommand takes `--config`
 //! and `--state-dir`.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use fleet_store::{SqliteStore, Store};
 use crate::config::Config;
 use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
-use crate::ops::{MsgsArgs, OpsArgs};
+use crate::ops::{MsgsArgs, OpsArgs, SendArgs, StopArgs};
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -57,6 +57,12 @@ pub enum Command {
     /// one failed; their text only with --text. Exit status 3 when no gateway answers, 4 when
     /// it refuses the lead's token.
     Msgs(MsgsArgs),
+    /// Send a message (to a worker: a task) as the lead and print its answer. Exit status 5
+    /// when it was not delivered, 6 when no answer came within --wait (it is then held for the
+    /// lead's fleet_poll).
+    Send(SendArgs),
+    /// Stop a worker or architect as the lead.
+    Stop(StopArgs),
 }
 
 /// `fleetd serve`

@@ -6,16 +6,17 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Extension, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use fleet_core::ErrorCode;
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -232,8 +233,10 @@ async fn lead_only(State(gateway): State<Arc<Gateway>>, mut req: Request, next: 
 /// The HTTP status of a refused operator request.
 fn status_of(code: ErrorCode) -> StatusCode {
     match code {
-        ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidParams | ErrorCode::TooLarge => StatusCode::BAD_REQUEST,
         ErrorCode::UnknownRecipient => StatusCode::NOT_FOUND,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::Gone => StatusCode::GONE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -257,6 +260,81 @@ async fn api_messages(
     match gateway.message_rows(&query).await {
         Ok(rows) => axum::Json(json!({ "messages": rows })).into_response(),
         Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
+    }
+}
+
+/// `POST /api/v1/send`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendBody {
+    /// The recipient: a name, `name@host`, or a gid.
+    to: String,
+    /// The message: for a worker, the task as it is to be typed.
+    message: String,
+    /// Seconds to wait for the answer (default 60, at most 3600).
+    #[serde(default)]
+    wait_s: Option<u64>,
+}
+
+/// `POST /api/v1/stop`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StopBody {
+    /// Who: a name, `name@host`, or a gid.
+    to: String,
+}
+
+/// The refusal of a body that is not what the call takes, saying what is wrong with it.
+fn bad_body(rejected: &JsonRejection) -> Response {
+    refuse(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidParams.as_str(),
+        rejected.body_text(),
+    )
+}
+
+/// A gateway call's answer as the operator API gives it.
+fn answered<T: serde::Serialize>(outcome: Result<T, fleet_core::FleetError>) -> Response {
+    match outcome {
+        Ok(value) => axum::Json(value).into_response(),
+        Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
+    }
+}
+
+/// `POST /api/v1/send {to, message, wait_s?}`: `fleet_send` as the lead (a lead's token only:
+/// see [`lead_only`]); the answer is `fleet_send`'s.
+async fn api_send(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    body: Result<axum::Json<SendBody>, JsonRejection>,
+) -> Response {
+    let body = match body {
+        Ok(axum::Json(body)) => body,
+        Err(rejected) => return bad_body(&rejected),
+    };
+    let wait = match crate::mcp::wait(body.wait_s, crate::mcp::DEFAULT_SEND_WAIT_S) {
+        Ok(wait) => wait,
+        Err(e) => return refuse(status_of(e.code), e.code.as_str(), e.message),
+    };
+    // A client that goes away drops this call: the answer is then held for the lead.
+    let ct = CancellationToken::new();
+    answered(
+        gateway
+            .send(&caller, &body.to, body.message, wait, &ct)
+            .await,
+    )
+}
+
+/// `POST /api/v1/stop {to}`: `fleet_stop` as the lead (a lead's token only: see
+/// [`lead_only`]).
+async fn api_stop(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    body: Result<axum::Json<StopBody>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(axum::Json(body)) => answered(gateway.stop(&caller, &body.to).await),
+        Err(rejected) => bad_body(&rejected),
     }
 }
 
@@ -357,6 +435,8 @@ pub fn app(
     let operator = Router::new()
         .route("/api/v1/roster", get(api_roster))
         .route("/api/v1/messages", get(api_messages))
+        .route("/api/v1/send", post(api_send))
+        .route("/api/v1/stop", post(api_stop))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
 use fleetd::listen::Listen;
-use fleetd::ops::{OpsError, hosts_command, ls_command, msgs_command};
+use fleetd::ops::{OpsError, hosts_command, ls_command, msgs_command, send_command, stop_command};
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -56,6 +56,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Ls(args) => ls_command(cli, args),
         Command::Hosts(args) => hosts_command(cli, args),
         Command::Msgs(args) => msgs_command(cli, args),
+        Command::Send(args) => send_command(cli, args),
+        Command::Stop(args) => stop_command(cli, args),
     }
 }
 

@@ -369,6 +369,17 @@ fn alive(pid: i32) -> bool {
 
 /// Asks the gateway for `path` with `query`, as the lead picked.
 fn fetch(cli: &Cli, args: &OpsArgs, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+    request(cli, args, path, query, None)
+}
+
+/// Asks the gateway, as the lead picked: `GET path?query`, or with `body`, `POST path` with it.
+fn request(
+    cli: &Cli,
+    args: &OpsArgs,
+    path: &str,
+    query: &[(&str, String)],
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
     let (config, state) = context(cli)?;
     let lead = pick_lead(&config, args.lead.as_deref())?;
     // Read, never minted: minting would revoke the token the lead is using.
@@ -392,10 +403,17 @@ fn fetch(cli: &Cli, args: &OpsArgs, path: &str, query: &[(&str, String)]) -> any
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let response = reqwest::Client::builder()
-            .timeout(ANSWER_WITHIN)
-            .build()?
-            .get(&url)
+        // A send waits for its answer as long as it asked to, and then some.
+        let wait = body
+            .as_ref()
+            .and_then(|b| b["wait_s"].as_u64())
+            .map_or(ANSWER_WITHIN, |s| ANSWER_WITHIN + std::time::Duration::from_secs(s));
+        let client = reqwest::Client::builder().timeout(wait).build()?;
+        let request = match &body {
+            Some(body) => client.post(&url).json(body),
+            None => client.get(&url),
+        };
+        let response = request
             .bearer_auth(&token)
             .send()
             .await
@@ -610,6 +628,116 @@ pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The exit status when a message was not delivered.
+pub const EXIT_NOT_DELIVERED: u8 = 5;
+/// The exit status when a message has no answer yet (it comes to the lead's `fleet_poll`).
+pub const EXIT_NO_ANSWER_YET: u8 = 6;
+
+/// `fleetd send`
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Who to ask as, and how to print.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// The recipient: a name, `name@host`, or a gid.
+    pub to: String,
+    /// The message: for a worker, the task exactly as it is to be typed.
+    pub message: String,
+    /// Seconds to wait for the answer (0 returns at once; at most 3600).
+    #[arg(long, default_value_t = 60)]
+    pub wait: u64,
+}
+
+/// `fleetd stop`
+#[derive(Debug, Args)]
+pub struct StopArgs {
+    /// Who to ask as, and how to print.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// The worker or architect: a name, `name@host`, or a gid.
+    pub to: String,
+}
+
+/// `text` for a terminal: its control characters shown as `?`, but its line breaks and tabs
+/// kept (an answer may run over several lines).
+fn printable_lines(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c,
+            c if c.is_control() => '?',
+            c => c,
+        })
+        .collect()
+}
+
+/// What `fleetd send` prints for `fleet_send`'s answer, and its exit status: the reply's text
+/// (0); why it was not delivered (5); or that no answer came in time, or a worker asks
+/// something first (6).
+pub fn send_outcome(answer: &Value) -> (String, u8) {
+    let text = |key: &str| printable_lines(answer[key].as_str().unwrap_or_default());
+    match answer["status"].as_str() {
+        Some("replied") => (
+            printable_lines(answer["reply"]["text"].as_str().unwrap_or_default()),
+            0,
+        ),
+        Some("failed") => (
+            format!("not delivered: {}", text("reason")),
+            EXIT_NOT_DELIVERED,
+        ),
+        Some("asked") => (
+            format!(
+                "'{}' asks: {} (answer it as the lead with fleet_send{{turn_id: \"{}\"}})",
+                printable(answer["ask"]["from_name"].as_str().unwrap_or("a worker")),
+                printable_lines(answer["ask"]["question"].as_str().unwrap_or_default()),
+                printable(answer["ask"]["turn_id"].as_str().unwrap_or_default()),
+            ),
+            EXIT_NO_ANSWER_YET,
+        ),
+        _ => (
+            format!(
+                "no answer yet ({}): it will be held for the lead's fleet_poll",
+                text("note")
+            ),
+            EXIT_NO_ANSWER_YET,
+        ),
+    }
+}
+
+/// `fleetd send NAME MESSAGE`: `fleet_send` as the lead.
+pub fn send_command(cli: &Cli, args: &SendArgs) -> anyhow::Result<()> {
+    let body = serde_json::json!({"to": args.to, "message": args.message, "wait_s": args.wait});
+    let answer = request(cli, &args.ops, "/api/v1/send", &[], Some(body))?;
+    if args.ops.json {
+        println!("{answer:#}");
+        return Ok(());
+    }
+    let (text, exit) = send_outcome(&answer);
+    if exit == 0 {
+        println!("{text}");
+        return Ok(());
+    }
+    Err(OpsError {
+        exit,
+        message: text,
+    }
+    .into())
+}
+
+/// `fleetd stop NAME`: `fleet_stop` as the lead.
+pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
+    let body = serde_json::json!({"to": args.to});
+    let answer = request(cli, &args.ops, "/api/v1/stop", &[], Some(body))?;
+    if args.ops.json {
+        println!("{answer:#}");
+    } else {
+        println!(
+            "stopped {}",
+            printable(answer["name"].as_str().unwrap_or(&args.to))
+        );
+    }
+    Ok(())
+}
+
 /// `fleetd ls`: the roster across hosts.
 pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
     let body = fetch(cli, args, "/api/v1/roster", &[])?;
@@ -667,6 +795,29 @@ mod tests {
         );
         assert_eq!(read_serving("garbage\npid 1\n"), None);
         assert!(alive(i32::try_from(std::process::id()).unwrap()));
+    }
+
+    #[test]
+    fn a_sends_answer_reads_as_its_text_or_says_why_not_with_its_exit_status() {
+        let replied =
+            serde_json::json!({"status": "replied", "reply": {"text": "line 1\nok\x1b[2J"}});
+        assert_eq!(send_outcome(&replied), ("line 1\nok?[2J".into(), 0));
+        let failed = serde_json::json!({"status": "failed", "reason": "'w1' is gone"});
+        assert_eq!(
+            send_outcome(&failed),
+            ("not delivered: 'w1' is gone".into(), EXIT_NOT_DELIVERED)
+        );
+        let pending = serde_json::json!({"status": "pending", "note": "no answer within 0 s"});
+        let (text, exit) = send_outcome(&pending);
+        assert_eq!(exit, EXIT_NO_ANSWER_YET);
+        assert!(text.contains("fleet_poll"), "{text}");
+        let asked = serde_json::json!({"status": "asked", "ask": {"question": "port?", "turn_id": "t1", "from_name": "w1"}});
+        let (text, exit) = send_outcome(&asked);
+        assert_eq!(exit, EXIT_NO_ANSWER_YET);
+        assert!(
+            text.contains("'w1' asks: port?") && text.contains("\"t1\""),
+            "{text}"
+        );
     }
 
     #[test]

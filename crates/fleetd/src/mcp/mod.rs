@@ -135,7 +135,8 @@ async fn with_progress_events<T>(
     }
 }
 
-fn wait(wait_s: Option<u64>, default_s: u64) -> Result<Duration, FleetError> {
+/// The wait a call asks for (`wait_s`, else `default_s`), refused past [`MAX_CALL_WAIT_S`].
+pub fn wait(wait_s: Option<u64>, default_s: u64) -> Result<Duration, FleetError> {
     match wait_s.unwrap_or(default_s) {
         s if s > MAX_CALL_WAIT_S => Err(FleetError::invalid(format!(
             "wait_s is {s}; it may be at most {MAX_CALL_WAIT_S}"

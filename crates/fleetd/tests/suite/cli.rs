@@ -602,6 +602,29 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
         assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // A task sent from the command line, as the lead: its answer printed, or why not.
+    lead.spawn("sim", "w2").await?;
+    let out = fleet.cli(&["send", "w2", "hello from a terminal"])?;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        "echo: hello from a terminal\n"
+    );
+    let out = fleet.cli(&["send", "w2", "/never", "--wait", "0"])?;
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    assert!(String::from_utf8(out.stderr)?.contains("fleet_poll"));
+    let out = fleet.cli(&["send", "nobody", "x"])?;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8(out.stderr)?.contains("'nobody'"));
+    let out = fleet.cli(&["send", "w2", "x", "--wait", "3601"])?;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8(out.stderr)?.contains("wait_s is 3601"));
+    // And stopped from it.
+    let out = fleet.cli(&["stop", "w2"])?;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8(out.stdout)?, "stopped w2\n");
+    let out = fleet.cli(&["ls"])?;
+    assert!(row_of(&String::from_utf8(out.stdout)?, "w2").is_empty());
     // A lead that is not declared is refused, naming those that are.
     let out = fleet.cli(&["ls", "--lead", "mallory"])?;
     assert_eq!(out.status.code(), Some(1));

@@ -1,3 +1,4 @@
+mod api;
 mod architects;
 mod asks;
 mod auth;

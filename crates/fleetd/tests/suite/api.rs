@@ -1,0 +1,142 @@
+//! The operator API (`/api/v1`) as a script would call it: a lead's token only, hostile
+//! requests refused with a reason, and the same rules as the MCP tools.
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use serde_json::{Value, json};
+
+/// A request to `path` of `fleet` with `token`: its status and JSON body.
+async fn call(
+    fleet: &Fleet,
+    token: &str,
+    path: &str,
+    body: Option<Value>,
+    origin: Option<&str>,
+) -> anyhow::Result<(u16, Value)> {
+    let client = reqwest::Client::new();
+    let url = format!("{}{path}", fleet.base());
+    let mut request = match body {
+        Some(body) => client.post(url).json(&body),
+        None => client.get(url),
+    };
+    if let Some(origin) = origin {
+        request = request.header("origin", origin);
+    }
+    let response = request.bearer_auth(token).send().await?;
+    let status = response.status().as_u16();
+    let text = response.text().await?;
+    Ok((
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_it()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = format!(
+        "{}{}",
+        sim_profile("sim", &[])?,
+        token_spy_profile("spy", &dir.path().join("token"))
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    let token = fleet.token("lead")?;
+    // A send and its answer, as fleet_send gives them.
+    let (status, sent) = call(
+        &fleet,
+        &token,
+        "/api/v1/send",
+        Some(json!({"to": "w1", "message": "via the api", "wait_s": 20})),
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (status, &sent["status"]),
+        (200, &json!("replied")),
+        "{sent}"
+    );
+    assert_eq!(sent["reply"]["text"], "echo: via the api");
+    // Hostile or wrong requests: refused, saying what is wrong; nothing sent.
+    for (path, body, code, says) in [
+        (
+            "/api/v1/send",
+            Some(json!({"to": "w1", "message": "x", "from": "w1"})),
+            400,
+            "from",
+        ),
+        (
+            "/api/v1/send",
+            Some(json!({"to": "w1", "message": 5})),
+            400,
+            "message",
+        ),
+        (
+            "/api/v1/send",
+            Some(json!({"to": "w1", "message": "\u{1b}[2J"})),
+            400,
+            "control character",
+        ),
+        (
+            "/api/v1/send",
+            Some(json!({"to": "nobody", "message": "x"})),
+            404,
+            "'nobody'",
+        ),
+        ("/api/v1/messages?state=lost", None, 400, "none of queued"),
+        ("/api/v1/messages?colour=red", None, 400, "colour"),
+        ("/api/v1/messages?limit=-1", None, 400, "limit"),
+        ("/api/v1/stop", Some(json!({"to": "lead"})), 400, "lead"),
+    ] {
+        let (status, body) = call(&fleet, &token, path, body.clone(), None).await?;
+        assert_eq!(status, code, "{path} {body}");
+        assert!(body.to_string().contains(says), "{path}: {body}");
+    }
+    let (_, listed) = call(&fleet, &token, "/api/v1/messages", None, None).await?;
+    assert_eq!(
+        listed["messages"].as_array().map(Vec::len),
+        Some(2),
+        "the task and its reply only: {listed}"
+    );
+    // Another origin (a web page the lead's browser opened) is refused before anything else.
+    let (status, _) = call(
+        &fleet,
+        &token,
+        "/api/v1/roster",
+        None,
+        Some("https://evil.example"),
+    )
+    .await?;
+    assert_eq!(status, 403);
+    // Only a lead's token: a worker's is refused.
+    let worker_token = {
+        lead.ok("fleet_spawn", json!({"profile": "spy", "name": "spy2"}))
+            .await?;
+        fleet_testkit::wait::until(
+            "spy2's token",
+            std::time::Duration::from_secs(20),
+            || async {
+                std::fs::read_to_string(dir.path().join("token"))
+                    .ok()
+                    .filter(|t| !t.is_empty())
+            },
+        )
+        .await?
+    };
+    for path in ["/api/v1/roster", "/api/v1/messages", "/metrics"] {
+        let (status, body) = call(&fleet, &worker_token, path, None, None).await?;
+        assert_eq!(status, 401, "{path}: {body}");
+    }
+    let (status, _) = call(
+        &fleet,
+        &worker_token,
+        "/api/v1/stop",
+        Some(json!({"to": "w1"})),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 401);
+    Ok(())
+}
