@@ -15,6 +15,7 @@ pub mod mcp;
 pub mod mcp_config;
 pub mod metrics;
 pub mod mux;
+pub mod notify;
 pub mod ops;
 pub mod serve;
 pub mod state;

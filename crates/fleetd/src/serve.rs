@@ -346,10 +346,12 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
         }
     });
+    crate::notify::notify(&crate::notify::ready_message(std::process::id()));
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .context("the HTTP server failed")?;
+    crate::notify::notify(crate::notify::STOPPING);
     // Gone, it serves nowhere (unless another has taken the state dir since).
     if std::fs::read_to_string(&serving).is_ok_and(|s| s == said) {
         let _ = std::fs::remove_file(&serving);

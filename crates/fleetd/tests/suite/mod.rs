@@ -19,6 +19,7 @@ mod nudge;
 mod opencode;
 mod python;
 mod sandbox;
+mod service;
 mod tls;
 mod trust;
 
