@@ -63,6 +63,10 @@ pub enum Command {
     Send(SendArgs),
     /// Stop a worker or architect as the lead.
     Stop(StopArgs),
+    /// Check what would keep this host's fleetd from working: the config, the state dir, the
+    /// pane host, every profile's program, the broker, and whether a gateway serves now. Exit
+    /// status 1 when a check fails.
+    Doctor,
 }
 
 /// `fleetd serve`

@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod doctor;
 pub mod gateway;
 pub mod http;
 pub mod identity;

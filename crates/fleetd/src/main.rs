@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
+use fleetd::doctor::doctor_command;
 use fleetd::listen::Listen;
 use fleetd::ops::{OpsError, hosts_command, ls_command, msgs_command, send_command, stop_command};
 use fleetd::serve::{ServeOptions, serve};
@@ -58,6 +59,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Msgs(args) => msgs_command(cli, args),
         Command::Send(args) => send_command(cli, args),
         Command::Stop(args) => stop_command(cli, args),
+        Command::Doctor => doctor_command(cli),
     }
 }
 

@@ -317,9 +317,7 @@ fn pick_lead(config: &Config, named: Option<&str>) -> anyhow::Result<String> {
     match (named, declared.as_slice()) {
         (Some(name), _) => Ok(name.to_string()),
         (None, [only]) => Ok((*only).to_string()),
-        (None, []) => anyhow::bail!(
-            "no lead is declared in config, and the gateway answers leads only: add a [leads.NAME] block"
-        ),
+        // The config always declares one at least (a default one when it names none).
         (None, many) => anyhow::bail!(
             "several leads are declared ({}): say which to ask as with --lead NAME",
             many.join(", ")
@@ -362,7 +360,7 @@ fn base_url(config: &Config, state: &StateDir) -> anyhow::Result<String> {
 }
 
 /// Whether process `pid` is alive.
-fn alive(pid: i32) -> bool {
+pub fn alive(pid: i32) -> bool {
     rustix::process::Pid::from_raw(pid)
         .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
 }

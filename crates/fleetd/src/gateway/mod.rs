@@ -316,6 +316,15 @@ impl Gateway {
     }
 }
 
+/// How fleetd reaches `broker` (its login, vhost, TLS, inbox limits), for a check of it from
+/// outside a gateway (`fleetd doctor`).
+pub fn broker_settings(
+    broker: &crate::config::BrokerConfig,
+    federation: &crate::config::FederationConfig,
+) -> fleet_amqp::LinkSettings {
+    federation::link_settings(broker, federation)
+}
+
 /// Maps a store failure onto the domain error.
 fn store_error(err: StoreError) -> FleetError {
     match err {

@@ -650,3 +650,89 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
     );
     Ok(())
 }
+
+/// The line of `fleetd doctor`'s report about `what`.
+fn verdict<'a>(report: &'a str, what: &str) -> &'a str {
+    report
+        .lines()
+        .find(|line| line[5..].starts_with(&format!("{what}:")))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_names_what_would_keep_fleetd_from_working() -> anyhow::Result<()> {
+    let config = format!(
+        "{}[[profiles]]\nname = \"ghost\"\nkind = \"command\"\nargv = [\"no-such-agent-7f3a\"]\n",
+        fleet_testkit::fleet::sim_profile("sim", &[])?
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let out = fleet.cli(&["doctor"])?;
+    let report = String::from_utf8(out.stdout)?;
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        verdict(&report, "pane host").starts_with("ok   pane host: tmux "),
+        "{report}"
+    );
+    assert!(
+        verdict(&report, "profile 'sim'").starts_with("ok   "),
+        "{report}"
+    );
+    assert_eq!(
+        verdict(&report, "profile 'ghost'"),
+        "FAIL profile 'ghost': its program 'no-such-agent-7f3a' is not on PATH: install it, or give its path in argv",
+        "{report}"
+    );
+    let pid = fleet.pid().unwrap_or_default();
+    assert!(
+        verdict(&report, "gateway").starts_with("ok   gateway: serving at http://127.0.0.1:")
+            && verdict(&report, "gateway").ends_with(&format!("(pid {pid})")),
+        "{report}"
+    );
+    assert!(verdict(&report, "broker").is_empty(), "{report}");
+    assert!(!report.contains('\x1b'), "{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
+    let vhost =
+        fleet_testkit::broker::Vhost::create(&fleet_testkit::broker::Broker::find().await?).await?;
+    let fleet = super::federation::gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let out = fleet.cli(&["doctor"])?;
+    let report = String::from_utf8(out.stdout)?;
+    assert!(out.status.success(), "{report}");
+    assert!(
+        verdict(&report, "broker").starts_with("ok   broker: amqp://")
+            && verdict(&report, "broker").ends_with("lets fleetd@hosta in"),
+        "{report}"
+    );
+    // A broker nobody answers at: the doctor says so, and fails.
+    let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("fleetd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[broker]\nuri = \"amqp://guest@{closed}/fleet\"\n[federation]\ninsecure_unsigned = true\n"
+        ),
+    )?;
+    let out = fleetd(&[
+        "doctor",
+        "--config",
+        config.to_str().unwrap_or_default(),
+        "--state-dir",
+        dir.path().join("state").to_str().unwrap_or_default(),
+    ])?;
+    let report = String::from_utf8(out.stdout)?;
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        verdict(&report, "broker")
+            .starts_with(&format!("FAIL broker: amqp://guest@{closed}/fleet")),
+        "{report}"
+    );
+    assert!(
+        verdict(&report, "gateway").starts_with("warn gateway: not serving"),
+        "{report}"
+    );
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! `fleetd doctor`: what would keep this host's fleetd from working, each check with how to fix
+//! what it found — the config, the state dir, the pane host, every profile's program, the
+//! broker (login, vhost, TLS), and whether a gateway serves the state dir now.
+
+use std::io::IsTerminal;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::{Cli, context};
+use crate::config::{Config, ProfileKind};
+use crate::mux::{MuxChoice, choose};
+use crate::ops::{OpsError, alive, read_serving};
+use crate::state::StateDir;
+
+/// How long the broker may take to let fleetd in.
+const BROKER_WITHIN: Duration = Duration::from_secs(10);
+
+/// What a check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Fine, with what was seen.
+    Ok(String),
+    /// Works, but not as meant: why, and what to do.
+    Warn(String),
+    /// Will not work: why, and what to do.
+    Fail(String),
+}
+
+/// One check: what was looked at, and what was found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// What was looked at.
+    pub what: String,
+    /// What was found.
+    pub verdict: Verdict,
+}
+
+impl Check {
+    fn new(what: impl Into<String>, verdict: Verdict) -> Self {
+        Self {
+            what: what.into(),
+            verdict,
+        }
+    }
+}
+
+/// The report, a line per check (`ok`, `warn`, `FAIL`), coloured when `colour`.
+pub fn render(checks: &[Check], colour: bool) -> String {
+    let mut out = String::new();
+    for check in checks {
+        let (word, code, said) = match &check.verdict {
+            Verdict::Ok(said) => ("ok  ", "32", said),
+            Verdict::Warn(said) => ("warn", "33", said),
+            Verdict::Fail(said) => ("FAIL", "31", said),
+        };
+        let word = if colour {
+            format!("\x1b[{code}m{word}\x1b[0m")
+        } else {
+            word.to_string()
+        };
+        out.push_str(&format!("{word} {}: {said}\n", check.what));
+    }
+    out
+}
+
+/// The exit status the report gives: 1 if any check failed.
+pub fn exit_status(checks: &[Check]) -> u8 {
+    u8::from(checks.iter().any(|c| matches!(c.verdict, Verdict::Fail(_))))
+}
+
+/// `program` as the shell would find it: a path as given, else the first in `path` (`PATH`'s
+/// value) that is an executable file.
+pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return executable(&p).then_some(p);
+    }
+    path.into_iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+}
+
+/// The program each profile runs, found or not.
+fn profiles(config: &Config) -> Vec<Check> {
+    let path = std::env::var_os("PATH");
+    config
+        .profiles
+        .iter()
+        .map(|profile| {
+            let what = format!("profile '{}'", profile.name);
+            let Some(program) = profile.argv.first() else {
+                return Check::new(
+                    what,
+                    Verdict::Fail("its argv is empty: name the program it runs".into()),
+                );
+            };
+            let verdict = match find_program(program, path.as_deref()) {
+                Some(found) => Verdict::Ok(format!("runs {}", found.display())),
+                None => Verdict::Fail(format!(
+                    "its program '{program}' is not {}: install it, or give its path in argv",
+                    if program.contains('/') {
+                        "an executable file"
+                    } else {
+                        "on PATH"
+                    }
+                )),
+            };
+            Check::new(what, verdict)
+        })
+        .collect()
+}
+
+/// The config's own warnings: what `serve` would warn of, or refuse.
+fn config_checks(config: &Config) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let env = |key: &str| std::env::var(key).ok();
+    checks.push(Check::new(
+        "logins",
+        match config.check_logins(&env) {
+            Ok(()) => Verdict::Ok("every isolated agent can log in".into()),
+            Err(e) => Verdict::Fail(e),
+        },
+    ));
+    if config.gateway.workdir_roots.is_empty()
+        && config
+            .profiles
+            .iter()
+            .any(|p| p.kind == ProfileKind::Sandbox)
+    {
+        checks.push(Check::new(
+            "gateway.workdir_roots",
+            Verdict::Warn(
+                "sandbox profiles but no workdir_roots: a lead may give a sandboxed worker any directory fleetd can reach as its cwd (~/.ssh, say), which the sandbox then sees; set workdir_roots".into(),
+            ),
+        ));
+    }
+    checks
+}
+
+/// The state dir: there, and the user's own.
+fn state_check(state: &StateDir) -> Check {
+    let root = state.root();
+    let verdict = match root.metadata() {
+        Err(_) => Verdict::Warn(format!(
+            "{} does not exist yet: `fleetd serve` makes it",
+            root.display()
+        )),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => Verdict::Fail(format!(
+            "{} is open to others (mode {:o}): it holds tokens; chmod 700 it",
+            root.display(),
+            meta.permissions().mode() & 0o777
+        )),
+        Ok(_) => Verdict::Ok(format!("{} is the user's own", root.display())),
+    };
+    Check::new("state dir", verdict)
+}
+
+/// The pane host fleetd would choose, and whether it answers.
+fn mux_check(config: &Config, state: &StateDir) -> Check {
+    let verdict = match choose(&config.mux, |key| std::env::var(key).ok(), state) {
+        Err(e) => Verdict::Fail(e),
+        Ok((MuxChoice::Tmux { .. }, why)) => {
+            match std::process::Command::new("tmux").arg("-V").output() {
+                Ok(out) if out.status.success() => Verdict::Ok(format!(
+                    "{} ({why})",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                )),
+                _ => Verdict::Fail(
+                    "tmux does not run here: install tmux (or run fleetd inside herdr)".into(),
+                ),
+            }
+        }
+        Ok((MuxChoice::Herdr { socket, .. }, why)) => {
+            match std::os::unix::net::UnixStream::connect(&socket) {
+                Ok(_) => Verdict::Ok(format!("herdr at {} ({why})", socket.display())),
+                Err(e) => Verdict::Fail(format!(
+                    "herdr's socket {} does not answer ({e}): start herdr, or set [mux]",
+                    socket.display()
+                )),
+            }
+        }
+    };
+    Check::new("pane host", verdict)
+}
+
+/// Whether a gateway serves the state dir now.
+fn serving_check(state: &StateDir) -> Check {
+    let written = std::fs::read_to_string(state.serving_path())
+        .ok()
+        .and_then(|text| read_serving(&text));
+    let verdict = match written {
+        Some((url, Some(pid))) if alive(pid) => {
+            Verdict::Ok(format!("serving at {url} (pid {pid})"))
+        }
+        Some((url, pid)) => Verdict::Warn(format!(
+            "not serving: the last one served at {url}{} and is gone; `fleetd serve` starts it",
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+        )),
+        None => Verdict::Warn("not serving: `fleetd serve` starts it".into()),
+    };
+    Check::new("gateway", verdict)
+}
+
+/// The broker, if one is configured: whether fleetd's login gets in, on its vhost.
+async fn broker_check(config: &Config) -> Option<Check> {
+    let broker = config.broker.as_ref()?;
+    let settings = crate::gateway::broker_settings(broker, &config.federation);
+    let host = crate::serve::host_id(config);
+    let uri = crate::config::redacted_uri(&broker.uri);
+    let connected =
+        tokio::time::timeout(BROKER_WITHIN, fleet_amqp::Link::connect(&settings, &host));
+    let verdict = match connected.await {
+        Ok(Ok(link)) => {
+            fleet_amqp::Broker::close(&link).await;
+            Verdict::Ok(format!("{uri} lets fleetd@{host} in"))
+        }
+        Ok(Err(e)) => Verdict::Fail(format!(
+            "{uri}: {e} (check [broker] uri, the login's password and its permissions on the vhost)"
+        )),
+        Err(_) => Verdict::Fail(format!(
+            "{uri} did not let fleetd in within {} s: is the broker up and reachable?",
+            BROKER_WITHIN.as_secs()
+        )),
+    };
+    Some(Check::new("broker", verdict))
+}
+
+/// `fleetd doctor`.
+pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
+    let (config, state) = context(cli)?;
+    let mut checks = vec![Check::new(
+        "config",
+        Verdict::Ok(match &cli.config {
+            Some(path) => format!("{} loads", path.display()),
+            None => "loads".into(),
+        }),
+    )];
+    checks.extend(config_checks(&config));
+    checks.push(state_check(&state));
+    checks.push(mux_check(&config, &state));
+    checks.extend(profiles(&config));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    checks.extend(runtime.block_on(broker_check(&config)));
+    checks.push(serving_check(&state));
+    let colour = std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    print!("{}", render(&checks, colour));
+    match exit_status(&checks) {
+        0 => Ok(()),
+        exit => Err(OpsError {
+            exit,
+            message: "some checks failed: see FAIL above".into(),
+        }
+        .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_says_what_failed_and_fails_only_then() {
+        let checks = vec![
+            Check::new("tmux", Verdict::Ok("tmux 3.3a".into())),
+            Check::new("leads", Verdict::Warn("none".into())),
+        ];
+        assert_eq!(exit_status(&checks), 0);
+        assert_eq!(
+            render(&checks, false),
+            "ok   tmux: tmux 3.3a\nwarn leads: none\n"
+        );
+        let mut failing = checks;
+        failing.push(Check::new("profile 'x'", Verdict::Fail("missing".into())));
+        assert_eq!(exit_status(&failing), 1);
+        let text = render(&failing, true);
+        assert!(
+            text.contains("\x1b[31mFAIL\x1b[0m profile 'x': missing"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn programs_are_found_as_the_shell_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("agent");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        let path = Some(dir.path().as_os_str());
+        assert_eq!(find_program("agent", path), None, "not executable yet");
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(find_program("agent", path), Some(program.clone()));
+        assert_eq!(
+            find_program(program.to_str().unwrap(), None),
+            Some(program.clone())
+        );
+        assert_eq!(find_program("nope", path), None);
+        assert_eq!(find_program("/no/such/agent", path), None);
+    }
+}
