@@ -1,9 +1,10 @@
 //! The operator API (`/api/v1`) as a script would call it: a lead's token only, hostile
 //! requests refused with a reason, and the same rules as the MCP tools.
 
-use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
+use fleet_testkit::fleet::Fleet;
 use serde_json::{Value, json};
+
+use super::{fleet_with_w1_and_spy, worker_token};
 
 /// A request to `path` of `fleet` with `token`: its status and JSON body.
 async fn call(
@@ -35,14 +36,7 @@ async fn call(
 async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_it()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = format!(
-        "{}{}",
-        sim_profile("sim", &[])?,
-        token_spy_profile("spy", &dir.path().join("token"))
-    );
-    let fleet = Fleet::start("", &config).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("sim", "w1").await?;
+    let (fleet, lead) = fleet_with_w1_and_spy(&dir).await?;
     let token = fleet.token("lead")?;
     // A send and its answer, as fleet_send gives them.
     let (status, sent) = call(
@@ -111,20 +105,7 @@ async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_i
     .await?;
     assert_eq!(status, 403);
     // Only a lead's token: a worker's is refused.
-    let worker_token = {
-        lead.ok("fleet_spawn", json!({"profile": "spy", "name": "spy2"}))
-            .await?;
-        fleet_testkit::wait::until(
-            "spy2's token",
-            std::time::Duration::from_secs(20),
-            || async {
-                std::fs::read_to_string(dir.path().join("token"))
-                    .ok()
-                    .filter(|t| !t.is_empty())
-            },
-        )
-        .await?
-    };
+    let worker_token = worker_token(&lead, &dir, "spy2").await?;
     for path in ["/api/v1/roster", "/api/v1/messages", "/metrics"] {
         let (status, body) = call(&fleet, &worker_token, path, None, None).await?;
         assert_eq!(status, 401, "{path}: {body}");

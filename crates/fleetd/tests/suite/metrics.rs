@@ -6,14 +6,10 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, sim_profile, token_spy_profile};
-use fleet_testkit::wait::until;
+use fleet_testkit::fleet::Fleet;
 use serde_json::{Value, json};
 
-const LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
-
-use super::as_worker;
+use super::{as_worker, fleet_with_w1_and_spy, worker_token};
 
 fn python() -> String {
     std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
@@ -89,14 +85,7 @@ async fn scrape(fleet: &Fleet, token: Option<&str>) -> anyhow::Result<(u16, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scraper_reads_counts_of_what_happened_and_never_a_messages_text() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = format!(
-        "{}{}",
-        sim_profile("sim", &[])?,
-        token_spy_profile("spy", &dir.path().join("token"))
-    );
-    let fleet = Fleet::start("", &config).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("sim", "w1").await?;
+    let (fleet, lead) = fleet_with_w1_and_spy(&dir).await?;
     let secret = "metrics-must-not-show-this-7f3a";
     let sent = lead.send("w1", secret, 20).await?;
     assert_eq!(sent["status"], "replied", "{sent}");
@@ -187,14 +176,7 @@ async fn a_scraper_reads_counts_of_what_happened_and_never_a_messages_text() -> 
     assert_eq!(at("fleetd_hosts_up", json!({})), Some(1.0));
 
     // Only a lead's token reads them: none, a worker's, or a made-up one is refused.
-    lead.ok("fleet_spawn", json!({"profile": "spy", "name": "spy2"}))
-        .await?;
-    let worker_token = until("spy2's token", LIMIT, || async {
-        std::fs::read_to_string(dir.path().join("token"))
-            .ok()
-            .filter(|t| !t.is_empty())
-    })
-    .await?;
+    let worker_token = worker_token(&lead, &dir, "spy2").await?;
     let (status, _) = scrape(&fleet, None).await?;
     assert_eq!(status, 401);
     for token in ["not-a-token", worker_token.as_str()] {

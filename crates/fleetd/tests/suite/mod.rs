@@ -38,6 +38,17 @@ async fn as_worker(
     dir: &tempfile::TempDir,
     name: &str,
 ) -> anyhow::Result<Client> {
+    let token = worker_token(lead, dir, name).await?;
+    Client::connect(&fleet.url(), &token, Protocol::Stateless, &[]).await
+}
+
+/// Spawns a worker of the profile `spy` (writing its token into `dir`) as `name`, and returns
+/// its bearer token.
+async fn worker_token(
+    lead: &Client,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> anyhow::Result<String> {
     lead.ok("fleet_spawn", json!({"profile": "spy", "name": name}))
         .await?;
     let token = until(
@@ -51,5 +62,19 @@ async fn as_worker(
     )
     .await?;
     std::fs::remove_file(dir.path().join("token"))?;
-    Client::connect(&fleet.url(), &token, Protocol::Stateless, &[]).await
+    Ok(token)
+}
+
+/// A fleet with the scripted agent as profile `sim` and the token spy as `spy` (writing into
+/// `dir`), its lead `lead`, and a `sim` worker `w1` spawned.
+async fn fleet_with_w1_and_spy(dir: &tempfile::TempDir) -> anyhow::Result<(Fleet, Client)> {
+    let config = format!(
+        "{}{}",
+        fleet_testkit::fleet::sim_profile("sim", &[])?,
+        fleet_testkit::fleet::token_spy_profile("spy", &dir.path().join("token"))
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    Ok((fleet, lead))
 }
