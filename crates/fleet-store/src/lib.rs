@@ -107,6 +107,8 @@ pub struct MessageFilter {
     pub from: Option<Gid>,
     /// Made at or after this Unix ms.
     pub since_ms: Option<i64>,
+    /// Sent by or to this entity.
+    pub involving: Option<Gid>,
     /// At most this many, the newest.
     pub limit: usize,
 }

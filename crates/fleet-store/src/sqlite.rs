@@ -514,22 +514,43 @@ impl Store for SqliteStore {
     }
 
     fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
+        // Only the conditions given, so SQLite can use an index for them (a recipient's is
+        // `messages_inbox`).
+        let mut values: Vec<rusqlite::types::Value> = Vec::new();
+        let mut bind = |value: rusqlite::types::Value| {
+            values.push(value);
+            format!("?{}", values.len())
+        };
+        let mut clauses = Vec::new();
+        if let Some(state) = &filter.state {
+            clauses.push(format!("state = {}", bind(state.clone().into())));
+        }
+        if let Some(to) = filter.to {
+            clauses.push(format!("to_gid = {}", bind(to.to_string().into())));
+        }
+        if let Some(from) = filter.from {
+            clauses.push(format!("from_gid = {}", bind(from.to_string().into())));
+        }
+        if let Some(since) = filter.since_ms {
+            clauses.push(format!("created_ms >= {}", bind(since.into())));
+        }
+        if let Some(gid) = filter.involving {
+            let at = bind(gid.to_string().into());
+            clauses.push(format!("(from_gid = {at} OR to_gid = {at})"));
+        }
+        let limit = bind(i64::try_from(filter.limit).unwrap_or(i64::MAX).into());
+        let condition = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
         let conn = self.conn();
         query_messages(
             &conn,
             &format!(
-                "SELECT {MESSAGE_COLUMNS} FROM messages
-                 WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR to_gid = ?2)
-                   AND (?3 IS NULL OR from_gid = ?3) AND (?4 IS NULL OR created_ms >= ?4)
-                 ORDER BY seq DESC LIMIT ?5"
+                "SELECT {MESSAGE_COLUMNS} FROM messages {condition} ORDER BY seq DESC LIMIT {limit}"
             ),
-            params![
-                filter.state,
-                filter.to.map(|g| g.to_string()),
-                filter.from.map(|g| g.to_string()),
-                filter.since_ms,
-                i64::try_from(filter.limit).unwrap_or(i64::MAX),
-            ],
+            rusqlite::params_from_iter(values),
         )
     }
 

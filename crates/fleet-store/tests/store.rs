@@ -791,6 +791,20 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
     assert!(
         bodies(MessageFilter {
             from: Some(w1),
+            ..all.clone()
+        })
+        .is_empty()
+    );
+    assert_eq!(
+        bodies(MessageFilter {
+            involving: Some(w2),
+            ..all.clone()
+        }),
+        ["other"]
+    );
+    assert!(
+        bodies(MessageFilter {
+            involving: Some(Gid::mint()),
             ..all
         })
         .is_empty()

@@ -1,5 +1,5 @@
 //! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
-//! a running gateway (`ls`, `hosts`, `msgs`, `send`, `stop`: see [`crate::ops`]). Every subcommand takes `--config`
+//! a running gateway (`ls`, `hosts`, `msgs`, `send`, `answer`, `stop`: see [`crate::ops`]). Every subcommand takes `--config`
 //! and `--state-dir`.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use fleet_store::{SqliteStore, Store};
 use crate::config::Config;
 use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
-use crate::ops::{MsgsArgs, OpsArgs, SendArgs, StopArgs};
+use crate::ops::{AnswerArgs, MsgsArgs, OpsArgs, SendArgs, StopArgs};
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -61,6 +61,9 @@ pub enum Command {
     /// when it was not delivered, 6 when no answer came within --wait (it is then held for the
     /// lead's fleet_poll).
     Send(SendArgs),
+    /// Answer a worker's question (its turn id, as `fleetd send` printed it) as the lead, and
+    /// print the reply that follows; exit statuses as for send.
+    Answer(AnswerArgs),
     /// Stop a worker or architect as the lead.
     Stop(StopArgs),
     /// Check what would keep this host's fleetd from working: the config, the state dir, the

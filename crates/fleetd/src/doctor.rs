@@ -10,11 +10,13 @@ use std::time::Duration;
 use crate::cli::{Cli, context};
 use crate::config::{Config, ProfileKind};
 use crate::mux::{MuxChoice, choose};
-use crate::ops::{OpsError, alive, read_serving};
+use crate::ops::{OpsError, alive, printable, read_serving};
 use crate::state::StateDir;
 
 /// How long the broker may take to let fleetd in.
 const BROKER_WITHIN: Duration = Duration::from_secs(10);
+/// How long a serving gateway may take to answer `/healthz`.
+const HEALTH_WITHIN: Duration = Duration::from_secs(5);
 
 /// What a check found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,7 +61,7 @@ pub fn render(checks: &[Check], colour: bool) -> String {
         } else {
             word.to_string()
         };
-        out.push_str(&format!("{word} {}: {said}\n", check.what));
+        out.push_str(&format!("{word} {}: {}\n", check.what, printable(said)));
     }
     out
 }
@@ -86,32 +88,45 @@ pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<Pat
         .find(|p| executable(p))
 }
 
-/// The program each profile runs, found or not.
+/// The programs each profile runs, found or not: its agent (its kind's default when its argv
+/// is empty), and for a sandbox also the sandbox's runtime.
 fn profiles(config: &Config) -> Vec<Check> {
     let path = std::env::var_os("PATH");
     config
         .profiles
         .iter()
         .map(|profile| {
-            let what = format!("profile '{}'", profile.name);
-            let Some(program) = profile.argv.first() else {
-                return Check::new(
-                    what,
-                    Verdict::Fail("its argv is empty: name the program it runs".into()),
-                );
-            };
-            let verdict = match find_program(program, path.as_deref()) {
-                Some(found) => Verdict::Ok(format!("runs {}", found.display())),
-                None => Verdict::Fail(format!(
-                    "its program '{program}' is not {}: install it, or give its path in argv",
-                    if program.contains('/') {
-                        "an executable file"
-                    } else {
-                        "on PATH"
+            let mut programs = Vec::new();
+            if profile.kind == ProfileKind::Sandbox {
+                programs.extend(profile.runtime.first().cloned());
+            }
+            programs.extend(profile.program().first().cloned());
+            let mut found = Vec::new();
+            for program in &programs {
+                match find_program(program, path.as_deref()) {
+                    Some(at) => found.push(at.display().to_string()),
+                    None => {
+                        let place = if program.contains('/') {
+                            "an executable file"
+                        } else {
+                            "on PATH"
+                        };
+                        return Check::new(
+                            format!("profile '{}'", profile.name),
+                            Verdict::Fail(format!(
+                                "its program '{}' is not {place}: install it, or give its path in the profile",
+                                printable(program)
+                            )),
+                        );
                     }
-                )),
+                }
+            }
+            let verdict = if found.is_empty() {
+                Verdict::Fail("it names no program: set its argv".into())
+            } else {
+                Verdict::Ok(format!("runs {}", found.join(" and ")))
             };
-            Check::new(what, verdict)
+            Check::new(format!("profile '{}'", profile.name), verdict)
         })
         .collect()
 }
@@ -143,16 +158,23 @@ fn config_checks(config: &Config) -> Vec<Check> {
     checks
 }
 
-/// The state dir: there, and the user's own.
+/// The state dir: there, the user's, and closed to others.
 fn state_check(state: &StateDir) -> Check {
+    use std::os::unix::fs::MetadataExt;
     let root = state.root();
+    let me = rustix::process::geteuid().as_raw();
     let verdict = match root.metadata() {
         Err(_) => Verdict::Warn(format!(
             "{} does not exist yet: `fleetd serve` makes it",
             root.display()
         )),
-        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => Verdict::Fail(format!(
-            "{} is open to others (mode {:o}): it holds tokens; chmod 700 it",
+        Ok(meta) if meta.uid() != me => Verdict::Fail(format!(
+            "{} belongs to uid {}, not to this user ({me}): use a state dir of your own",
+            root.display(),
+            meta.uid()
+        )),
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => Verdict::Warn(format!(
+            "{} is open to others (mode {:o}): it holds tokens; `fleetd serve` closes it, or chmod 700 it",
             root.display(),
             meta.permissions().mode() & 0o777
         )),
@@ -189,15 +211,27 @@ fn mux_check(config: &Config, state: &StateDir) -> Check {
     Check::new("pane host", verdict)
 }
 
-/// Whether a gateway serves the state dir now.
-fn serving_check(state: &StateDir) -> Check {
+/// Whether a gateway serves the state dir now: its process is there and `/healthz` answers.
+async fn serving_check(state: &StateDir) -> Check {
     let written = std::fs::read_to_string(state.serving_path())
         .ok()
         .and_then(|text| read_serving(&text));
+    let healthy = |url: String| async move {
+        let client = reqwest::Client::builder()
+            .timeout(HEALTH_WITHIN)
+            .build()
+            .ok()?;
+        let response = client.get(format!("{url}/healthz")).send().await.ok()?;
+        response.status().is_success().then_some(())
+    };
     let verdict = match written {
-        Some((url, Some(pid))) if alive(pid) => {
-            Verdict::Ok(format!("serving at {url} (pid {pid})"))
-        }
+        Some((url, Some(pid))) if alive(pid) => match healthy(url.clone()).await {
+            Some(()) => Verdict::Ok(format!("serving at {url} (pid {pid})")),
+            None => Verdict::Fail(format!(
+                "pid {pid} runs, but {url}/healthz does not answer within {} s: is it hung? (or the pid was reused)",
+                HEALTH_WITHIN.as_secs()
+            )),
+        },
         Some((url, pid)) => Verdict::Warn(format!(
             "not serving: the last one served at {url}{} and is gone; `fleetd serve` starts it",
             pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
@@ -249,7 +283,7 @@ pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     checks.extend(runtime.block_on(broker_check(&config)));
-    checks.push(serving_check(&state));
+    checks.push(runtime.block_on(serving_check(&state)));
     let colour = std::io::stdout().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     print!("{}", render(&checks, colour));

@@ -237,14 +237,17 @@ fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::UnknownRecipient => StatusCode::NOT_FOUND,
         ErrorCode::Forbidden => StatusCode::FORBIDDEN,
         ErrorCode::Gone => StatusCode::GONE,
+        ErrorCode::TooMany => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: this gateway's messages,
-/// newest first, their text only with `text=true` (a lead's token only: see [`lead_only`]).
+/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: the lead's messages in this
+/// gateway's store (sent or received), newest first, their text only with `text=true` (a lead's
+/// token only: see [`lead_only`]).
 async fn api_messages(
     State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<MessagesQuery>, QueryRejection>,
 ) -> Response {
     let Query(query) = match query {
@@ -257,18 +260,22 @@ async fn api_messages(
             );
         }
     };
-    match gateway.message_rows(&query).await {
+    match gateway.message_rows(&caller, &query).await {
         Ok(rows) => axum::Json(json!({ "messages": rows })).into_response(),
         Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
     }
 }
 
-/// `POST /api/v1/send`'s body.
+/// `POST /api/v1/send`'s body: `to` a recipient, or `turn_id` to answer a worker's question.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SendBody {
     /// The recipient: a name, `name@host`, or a gid.
-    to: String,
+    #[serde(default)]
+    to: Option<String>,
+    /// A worker's question to answer, by its turn id, instead of `to`.
+    #[serde(default)]
+    turn_id: Option<String>,
     /// The message: for a worker, the task as it is to be typed.
     message: String,
     /// Seconds to wait for the answer (default 60, at most 3600).
@@ -306,23 +313,34 @@ fn answered<T: serde::Serialize>(outcome: Result<T, fleet_core::FleetError>) -> 
 async fn api_send(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
+    Extension(calls): Extension<Arc<CallSlots>>,
     body: Result<axum::Json<SendBody>, JsonRejection>,
 ) -> Response {
     let body = match body {
         Ok(axum::Json(body)) => body,
         Err(rejected) => return bad_body(&rejected),
     };
-    let wait = match crate::mcp::wait(body.wait_s, crate::mcp::DEFAULT_SEND_WAIT_S) {
-        Ok(wait) => wait,
-        Err(e) => return refuse(status_of(e.code), e.code.as_str(), e.message),
+    let outcome = async {
+        let wait = crate::mcp::wait(body.wait_s, crate::mcp::DEFAULT_SEND_WAIT_S)?;
+        // A long call counts against the lead's cap, as over MCP.
+        let _slot = (!wait.is_zero())
+            .then(|| calls.take(caller.entity.gid, "send"))
+            .transpose()?;
+        // A client that goes away drops this call: the answer is then held for the lead.
+        let ct = CancellationToken::new();
+        match (body.to, body.turn_id) {
+            (Some(to), None) => gateway.send(&caller, &to, body.message, wait, &ct).await,
+            (None, Some(turn)) => {
+                gateway
+                    .answer(&caller, &turn, body.message, wait, &ct)
+                    .await
+            }
+            _ => Err(fleet_core::FleetError::invalid(
+                "give exactly one of to (a recipient) and turn_id (a question to answer)",
+            )),
+        }
     };
-    // A client that goes away drops this call: the answer is then held for the lead.
-    let ct = CancellationToken::new();
-    answered(
-        gateway
-            .send(&caller, &body.to, body.message, wait, &ct)
-            .await,
-    )
+    answered(outcome.await)
 }
 
 /// `POST /api/v1/stop {to}`: `fleet_stop` as the lead (a lead's token only: see
@@ -411,6 +429,7 @@ pub fn app(
 ) -> Router {
     let handler_gateway = Arc::clone(&gateway);
     let calls = CallSlots::new(caps.long_calls);
+    let operator_calls = Arc::clone(&calls);
     let sessions = Arc::new(LocalSessionManager::default());
     let ledger = Arc::new(SessionLedger::new(caps.sessions, Arc::clone(&sessions)));
     // Host checking is done once, by our guard, for every route alike. A stateless call that
@@ -438,6 +457,7 @@ pub fn app(
         .route("/api/v1/send", post(api_send))
         .route("/api/v1/stop", post(api_stop))
         .route("/metrics", get(metrics))
+        .layer(Extension(operator_calls))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             lead_only,

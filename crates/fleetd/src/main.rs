@@ -7,7 +7,10 @@ use clap::Parser;
 use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
 use fleetd::doctor::doctor_command;
 use fleetd::listen::Listen;
-use fleetd::ops::{OpsError, hosts_command, ls_command, msgs_command, send_command, stop_command};
+use fleetd::notify::{NOTIFY_SOCKET, notify_target};
+use fleetd::ops::{
+    OpsError, answer_command, hosts_command, ls_command, msgs_command, send_command, stop_command,
+};
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -35,6 +38,13 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Serve(args) => {
             // First, while the number can only be the descriptor fleetd was given.
             let inherited = args.listen_fd.map(Listen::inherited).transpose()?;
+            let manager = std::env::var(NOTIFY_SOCKET)
+                .ok()
+                .and_then(|v| notify_target(&v));
+            // SAFETY: no other thread runs yet (the runtime is built below, and nothing before
+            // started one), so nothing reads the environment while it changes. Workers and tmux
+            // must not inherit the service manager's socket.
+            unsafe { std::env::remove_var(NOTIFY_SOCKET) };
             init_logging(args.log_json);
             let (config, state) = context(cli)?;
             let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
@@ -47,6 +57,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
                     config,
                     state,
                     listen,
+                    notify: manager,
                 },
                 CancellationToken::new(),
             ))
@@ -58,6 +69,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Hosts(args) => hosts_command(cli, args),
         Command::Msgs(args) => msgs_command(cli, args),
         Command::Send(args) => send_command(cli, args),
+        Command::Answer(args) => answer_command(cli, args),
         Command::Stop(args) => stop_command(cli, args),
         Command::Doctor => doctor_command(cli),
     }

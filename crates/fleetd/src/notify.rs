@@ -1,6 +1,7 @@
 //! Readiness for a service manager (systemd's `Type=notify`): once fleetd serves, it sends
 //! `READY=1` to the datagram socket `NOTIFY_SOCKET` names, and `STOPPING=1` when it begins to
-//! stop. Without `NOTIFY_SOCKET` nothing is sent.
+//! stop. Without `NOTIFY_SOCKET` nothing is sent. The variable is read once at start and taken
+//! out of the environment, so no worker (nor tmux) inherits the manager's socket.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
@@ -33,15 +34,15 @@ pub fn ready_message(pid: u32) -> String {
 /// The message that fleetd is stopping.
 pub const STOPPING: &str = "STOPPING=1\nSTATUS=draining: closing worker panes\n";
 
-/// Sends `message` to the service manager, if `NOTIFY_SOCKET` names one.
-pub fn notify(message: &str) {
-    let Some(target) = std::env::var("NOTIFY_SOCKET")
-        .ok()
-        .and_then(|v| notify_target(&v))
-    else {
+/// The variable that names the service manager's socket.
+pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+
+/// Sends `message` to the service manager at `target`, if there is one.
+pub fn notify(target: Option<&NotifyTarget>, message: &str) {
+    let Some(target) = target else {
         return;
     };
-    let sent = UnixDatagram::unbound().and_then(|socket| match &target {
+    let sent = UnixDatagram::unbound().and_then(|socket| match target {
         NotifyTarget::Path(path) => socket.send_to(message.as_bytes(), path),
         NotifyTarget::Abstract(name) => {
             use std::os::linux::net::SocketAddrExt;

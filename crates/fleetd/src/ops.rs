@@ -152,7 +152,7 @@ impl Cell {
 
 /// `text` with every control character shown as `?`: what another host announced (a name, a
 /// status) reaches the terminal as text, never as an escape sequence.
-fn printable(text: &str) -> String {
+pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()
@@ -419,32 +419,44 @@ fn request(
                 exit: EXIT_UNREACHABLE,
                 message: format!(
                     "no fleetd answers at {url} (within {} s): is `fleetd serve` running on this state dir ({})? ({e})",
-                    ANSWER_WITHIN.as_secs(),
+                    wait.as_secs(),
                     state.root().display()
                 ),
             })?;
         let status = response.status();
-        let body: Value = response.json().await.map_err(|e| OpsError {
+        let text = response.text().await.map_err(|e| OpsError {
             exit: EXIT_UNREACHABLE,
-            message: format!("{url} answered {status} but not its JSON (within {} s): {e}", ANSWER_WITHIN.as_secs()),
+            message: format!("{url} answered {status}, then nothing more within {} s: {e}", wait.as_secs()),
         })?;
+        let Ok(body) = serde_json::from_str::<Value>(&text) else {
+            anyhow::bail!("{url} answered {status}: {}", printable(&text));
+        };
+        let said = printable(body["message"].as_str().unwrap_or(status.as_str()));
         if status == reqwest::StatusCode::UNAUTHORIZED {
             return Err(OpsError {
                 exit: EXIT_REFUSED,
-                message: format!(
-                    "the gateway refused lead '{lead}': {}",
-                    body["message"].as_str().unwrap_or("unauthorized")
-                ),
+                message: format!("the gateway refused lead '{lead}': {said}"),
             }
             .into());
         }
-        anyhow::ensure!(
-            status.is_success(),
-            "{}",
-            body["message"].as_str().unwrap_or(status.as_str())
-        );
+        anyhow::ensure!(status.is_success(), "{said}");
         Ok(body)
     })
+}
+
+/// `value` as pretty JSON that is safe on a terminal: JSON escapes the C0 controls, and the
+/// other control characters (DEL, C1), which may stand only inside strings, are escaped too.
+pub fn terminal_json(value: &Value) -> String {
+    format!("{value:#}")
+        .chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' {
+                format!("\\u{:04x}", u32::from(c))
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// The terminal's width and whether to colour, for standard output.
@@ -614,7 +626,7 @@ pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
     }
     let body = fetch(cli, &args.ops, "/api/v1/messages", &query)?;
     if args.ops.json {
-        println!("{:#}", body["messages"]);
+        println!("{}", terminal_json(&body["messages"]));
         return Ok(());
     }
     let listed: Messages = serde_json::from_value(body).context("the messages' shape")?;
@@ -642,6 +654,21 @@ pub struct SendArgs {
     /// The message: for a worker, the task exactly as it is to be typed.
     pub message: String,
     /// Seconds to wait for the answer (0 returns at once; at most 3600).
+    #[arg(long, default_value_t = 60)]
+    pub wait: u64,
+}
+
+/// `fleetd answer`
+#[derive(Debug, Args)]
+pub struct AnswerArgs {
+    /// Who to ask as, and how to print.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// The question's turn id (as `fleetd send` printed it).
+    pub turn_id: String,
+    /// The answer.
+    pub message: String,
+    /// Seconds to wait, then, for the worker's reply to the task it asked in (at most 3600).
     #[arg(long, default_value_t = 60)]
     pub wait: u64,
 }
@@ -682,9 +709,13 @@ pub fn send_outcome(answer: &Value) -> (String, u8) {
             format!("not delivered: {}", text("reason")),
             EXIT_NOT_DELIVERED,
         ),
+        Some("answered") => (
+            "answered: the worker goes on with a task of someone else's".into(),
+            0,
+        ),
         Some("asked") => (
             format!(
-                "'{}' asks: {} (answer it as the lead with fleet_send{{turn_id: \"{}\"}})",
+                "'{}' asks: {} (answer it with `fleetd answer {} MESSAGE`)",
                 printable(answer["ask"]["from_name"].as_str().unwrap_or("a worker")),
                 printable_lines(answer["ask"]["question"].as_str().unwrap_or_default()),
                 printable(answer["ask"]["turn_id"].as_str().unwrap_or_default()),
@@ -705,11 +736,25 @@ pub fn send_outcome(answer: &Value) -> (String, u8) {
 pub fn send_command(cli: &Cli, args: &SendArgs) -> anyhow::Result<()> {
     let body = serde_json::json!({"to": args.to, "message": args.message, "wait_s": args.wait});
     let answer = request(cli, &args.ops, "/api/v1/send", &[], Some(body))?;
-    if args.ops.json {
-        println!("{answer:#}");
+    print_send(&answer, args.ops.json)
+}
+
+/// `fleetd answer TURN_ID MESSAGE`: answers a worker's question as the lead, as
+/// `fleet_send{turn_id}` does, and prints the reply that follows (exit statuses as for a send).
+pub fn answer_command(cli: &Cli, args: &AnswerArgs) -> anyhow::Result<()> {
+    let body =
+        serde_json::json!({"turn_id": args.turn_id, "message": args.message, "wait_s": args.wait});
+    let answer = request(cli, &args.ops, "/api/v1/send", &[], Some(body))?;
+    print_send(&answer, args.ops.json)
+}
+
+/// Prints a send's answer (or its JSON), failing with the exit status it calls for.
+fn print_send(answer: &Value, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", terminal_json(answer));
         return Ok(());
     }
-    let (text, exit) = send_outcome(&answer);
+    let (text, exit) = send_outcome(answer);
     if exit == 0 {
         println!("{text}");
         return Ok(());
@@ -726,7 +771,7 @@ pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
     let body = serde_json::json!({"to": args.to});
     let answer = request(cli, &args.ops, "/api/v1/stop", &[], Some(body))?;
     if args.ops.json {
-        println!("{answer:#}");
+        println!("{}", terminal_json(&answer));
     } else {
         println!(
             "stopped {}",
@@ -740,7 +785,7 @@ pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
 pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
     let body = fetch(cli, args, "/api/v1/roster", &[])?;
     if args.json {
-        println!("{:#}", body["entities"]);
+        println!("{}", terminal_json(&body["entities"]));
         return Ok(());
     }
     let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
@@ -753,7 +798,7 @@ pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
 pub fn hosts_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
     let body = fetch(cli, args, "/api/v1/roster", &[])?;
     if args.json {
-        println!("{:#}", body["hosts"]);
+        println!("{}", terminal_json(&body["hosts"]));
         return Ok(());
     }
     let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
@@ -813,9 +858,21 @@ mod tests {
         let (text, exit) = send_outcome(&asked);
         assert_eq!(exit, EXIT_NO_ANSWER_YET);
         assert!(
-            text.contains("'w1' asks: port?") && text.contains("\"t1\""),
+            text.contains("'w1' asks: port?") && text.contains("`fleetd answer t1 MESSAGE`"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn json_for_a_terminal_escapes_every_control_character() {
+        let value = serde_json::json!({"name": "a\u{7f}b\u{9b}c\u{1b}d", "n": 1});
+        let text = terminal_json(&value);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, value);
     }
 
     #[test]

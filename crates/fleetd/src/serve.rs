@@ -23,6 +23,7 @@ use crate::identity::GatewayKey;
 use crate::launch::{HostFacts, Launchers};
 use crate::listen::Listen;
 use crate::mux::{MuxChoice, choose};
+use crate::notify::{NotifyTarget, STOPPING, notify, ready_message};
 use crate::state::StateDir;
 
 /// Everything `serve` needs, resolved from the command line and the config.
@@ -33,6 +34,8 @@ pub struct ServeOptions {
     pub state: StateDir,
     /// Where to listen: `gateway.listen`, or a socket already bound (`--listen-fd`).
     pub listen: Listen,
+    /// The service manager to tell when fleetd serves and stops (`NOTIFY_SOCKET`).
+    pub notify: Option<NotifyTarget>,
 }
 
 /// This host's id: from config, else the machine's hostname made into a valid name.
@@ -162,6 +165,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         config,
         state,
         listen,
+        notify: manager,
     } = options;
     let fleetd_env = |key: &str| std::env::var(key).ok();
     config
@@ -346,12 +350,17 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
         }
     });
-    crate::notify::notify(&crate::notify::ready_message(std::process::id()));
+    notify(manager.as_ref(), &ready_message(std::process::id()));
+    // The manager hears of the stop as it begins, not once the drain is over.
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        notify(manager.as_ref(), STOPPING);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .context("the HTTP server failed")?;
-    crate::notify::notify(crate::notify::STOPPING);
     // Gone, it serves nowhere (unless another has taken the state dir since).
     if std::fs::read_to_string(&serving).is_ok_and(|s| s == said) {
         let _ = std::fs::remove_file(&serving);

@@ -152,8 +152,13 @@ impl Gateway {
         name
     }
 
-    /// The messages of this gateway's store that `query` selects, newest first.
-    pub async fn message_rows(&self, query: &MessagesQuery) -> Result<Vec<MessageRow>, FleetError> {
+    /// The messages of this gateway's store that `query` selects among those `caller` sent or
+    /// received (a lead's tasks and what answers them; never another lead's), newest first.
+    pub async fn message_rows(
+        &self,
+        caller: &Caller,
+        query: &MessagesQuery,
+    ) -> Result<Vec<MessageRow>, FleetError> {
         let (state, limit) = checked(query)?;
         let to = match &query.to {
             Some(name) => Some(self.resolve_sender(name).await?),
@@ -168,6 +173,7 @@ impl Gateway {
             to,
             from,
             since_ms: query.since_ms,
+            involving: Some(caller.entity.gid),
             limit,
         };
         let messages = self.db(move |s| s.messages(&filter)).await?;

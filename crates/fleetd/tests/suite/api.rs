@@ -121,3 +121,69 @@ async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_i
     assert_eq!(status, 401);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_through_the_api_counts_against_the_leads_long_calls() -> anyhow::Result<()> {
+    let fleet = Fleet::start(
+        "max_long_calls_per_caller = 1\n",
+        &fleet_testkit::fleet::sim_profile("sim", &[])?,
+    )
+    .await?;
+    let lead = fleet
+        .lead("lead", fleet_testkit::client::Protocol::Stateless)
+        .await?;
+    lead.spawn("sim", "w1").await?;
+    let token = fleet.token("lead")?;
+    // One send waits on a task never answered; a second long call is refused while it does.
+    let waiting = {
+        let (base, token) = (fleet.base(), token.clone());
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/api/v1/send"))
+                .bearer_auth(token)
+                .json(&json!({"to": "w1", "message": "/never", "wait_s": 30}))
+                .send()
+                .await
+        })
+    };
+    let refused = fleet_testkit::wait::until(
+        "the second long call to be refused",
+        std::time::Duration::from_secs(20),
+        || async {
+            let (status, body) = call(
+                &fleet,
+                &token,
+                "/api/v1/send",
+                Some(json!({"to": "w1", "message": "again", "wait_s": 5})),
+                None,
+            )
+            .await
+            .ok()?;
+            (status == 429).then_some(body)
+        },
+    )
+    .await?;
+    assert_eq!(refused["error"], "too_many", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("long calls open")),
+        "{refused}"
+    );
+    // With no wait it is no long call: it goes.
+    let (status, queued) = call(
+        &fleet,
+        &token,
+        "/api/v1/send",
+        Some(json!({"to": "w1", "message": "later", "wait_s": 0})),
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (status, &queued["status"]),
+        (200, &json!("pending")),
+        "{queued}"
+    );
+    waiting.abort();
+    Ok(())
+}

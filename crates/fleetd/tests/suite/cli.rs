@@ -619,6 +619,36 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
     let out = fleet.cli(&["send", "w2", "x", "--wait", "3601"])?;
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8(out.stderr)?.contains("wait_s is 3601"));
+    // A worker that dies on its task: not delivered, exit status 5.
+    lead.spawn("sim", "w3").await?;
+    let out = fleet.cli(&["send", "w3", "/crash", "--wait", "20"])?;
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let err = String::from_utf8(out.stderr)?;
+    assert!(
+        err.contains("not delivered: 'w3' ended before replying"),
+        "{err}"
+    );
+    // A worker's question to the lead surfaces on the send; the operator answers it.
+    lead.spawn("sim", "w4").await?;
+    let asking = fleet.cli(&["send", "w4", "/ask 20 which port?", "--wait", "20"])?;
+    assert_eq!(asking.status.code(), Some(6), "{asking:?}");
+    let err = String::from_utf8(asking.stderr)?;
+    let turn = err
+        .split("`fleetd answer ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        err.contains("'w4' asks: which port?") && !turn.is_empty(),
+        "{err}"
+    );
+    let out = fleet.cli(&["answer", &turn, "8080"])?;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        "asked which port?, heard: 8080\n"
+    );
     // And stopped from it.
     let out = fleet.cli(&["stop", "w2"])?;
     assert!(out.status.success(), "{out:?}");
@@ -679,7 +709,7 @@ async fn the_doctor_names_what_would_keep_fleetd_from_working() -> anyhow::Resul
     );
     assert_eq!(
         verdict(&report, "profile 'ghost'"),
-        "FAIL profile 'ghost': its program 'no-such-agent-7f3a' is not on PATH: install it, or give its path in argv",
+        "FAIL profile 'ghost': its program 'no-such-agent-7f3a' is not on PATH: install it, or give its path in the profile",
         "{report}"
     );
     let pid = fleet.pid().unwrap_or_default();
@@ -691,6 +721,58 @@ async fn the_doctor_names_what_would_keep_fleetd_from_working() -> anyhow::Resul
     assert!(verdict(&report, "broker").is_empty(), "{report}");
     assert!(!report.contains('\x1b'), "{report}");
     Ok(())
+}
+
+#[test]
+fn the_doctor_looks_for_the_programs_a_profile_really_runs() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work)?;
+    let config = dir.path().join("fleetd.toml");
+    // A Claude Code profile that leaves argv to its kind, and a sandbox (its runtime and its
+    // agent are both checked).
+    std::fs::write(
+        &config,
+        format!(
+            "[[profiles]]\nname = \"cc\"\nkind = \"claude-code\"\n{}",
+            fleet_testkit::fleet::bwrap_profile("boxed", &work)?
+        ),
+    )?;
+    let out = Command::new(binary("fleetd")?)
+        .args(["doctor", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("PATH", "/usr/bin:/bin")
+        .output()?;
+    let report = String::from_utf8(out.stdout)?;
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        verdict(&report, "profile 'cc'")
+            .starts_with("FAIL profile 'cc': its program 'claude' is not on PATH"),
+        "{report}"
+    );
+    let boxed = verdict(&report, "profile 'boxed'");
+    let bwrap = find_on("/usr/bin:/bin", "bwrap");
+    match bwrap {
+        Some(bwrap) => assert!(
+            boxed.starts_with(&format!("ok   profile 'boxed': runs {bwrap} and /")),
+            "{report}"
+        ),
+        None => assert!(
+            boxed.starts_with("FAIL profile 'boxed': its program 'bwrap'"),
+            "{report}"
+        ),
+    }
+    Ok(())
+}
+
+/// `program` in one of the directories of `path`.
+fn find_on(path: &str, program: &str) -> Option<String> {
+    path.split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
