@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
+use crate::entity::validate_name;
 use crate::{Entity, Gid};
 
 /// The status a heartbeat carries when its entity (or host) leaves.
@@ -80,6 +81,46 @@ pub enum Heard {
         /// The host the entity claims.
         claimed: String,
     },
+    /// Ignored: the heartbeat holds what no gateway announces (a name, status, group or
+    /// profile that is not one); why.
+    Malformed(String),
+}
+
+/// The statuses a heartbeat may announce for an entity: a session's, or `unknown` (its pane
+/// host cannot tell).
+const ENTITY_STATUSES: [&str; 7] = [
+    "spawning", "idle", "busy", "asking", "stopping", GONE, "unknown",
+];
+
+/// Why `presence` is not a heartbeat a gateway sends, if it is not: every name in it is a
+/// valid name, an entity's status is one a gateway announces. What another host announced is
+/// shown to leads and printed on operators' terminals; nothing else is taken.
+pub fn malformed(presence: &Presence) -> Option<String> {
+    let named = |what: &str, name: &str| validate_name(what, name).err().map(|e| e.message);
+    if let Some(entity) = &presence.entity {
+        if let Some(why) = named("entity name", &entity.name) {
+            return Some(why);
+        }
+        if !ENTITY_STATUSES.contains(&presence.status.as_str()) {
+            return Some(format!(
+                "status '{}' is none of {}",
+                presence.status.escape_debug(),
+                ENTITY_STATUSES.join(", ")
+            ));
+        }
+        if let Some(why) = entity
+            .profile
+            .iter()
+            .chain(&entity.groups)
+            .find_map(|name| named("profile or group", name))
+        {
+            return Some(why);
+        }
+    }
+    presence
+        .profiles
+        .iter()
+        .find_map(|name| named("profile", name))
 }
 
 /// The remote roster.
@@ -135,6 +176,9 @@ impl Roster {
     /// another host is ignored; a new entry over a cap is ignored (a known one is always
     /// refreshed: a cap never drops what was accepted); a `gone` host takes its entities along.
     pub fn hear(&mut self, host: &str, presence: Presence, now: Instant, now_ms: i64) -> Heard {
+        if let Some(why) = malformed(&presence) {
+            return Heard::Malformed(why);
+        }
         let gone = presence.status == GONE;
         match presence.entity {
             Some(entity) if entity.host != host => Heard::NotItsOwn {
@@ -328,6 +372,40 @@ mod tests {
         );
         assert!(roster.entity(w.gid).is_none());
         assert_eq!(roster.hosts().count(), 1);
+    }
+
+    #[test]
+    fn a_heartbeat_holding_what_no_gateway_announces_is_ignored() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let mut hostile = entity("w\u{1b}]0;x\u{7}", "hostb");
+        assert!(matches!(
+            roster.hear("hostb", beat(Some(&hostile), "idle"), t0, 1),
+            Heard::Malformed(why) if why.contains("entity name")
+        ));
+        hostile.name = "w".into();
+        assert!(matches!(
+            roster.hear("hostb", beat(Some(&hostile), "idle\u{1b}[2J"), t0, 1),
+            Heard::Malformed(why) if why.contains("none of spawning")
+        ));
+        hostile.groups = vec!["core team".into()];
+        assert!(matches!(
+            roster.hear("hostb", beat(Some(&hostile), "idle"), t0, 1),
+            Heard::Malformed(_)
+        ));
+        let mut host = beat(None, "up");
+        host.profiles = vec!["sim\r\n".into()];
+        assert!(matches!(
+            roster.hear("hostb", host, t0, 1),
+            Heard::Malformed(_)
+        ));
+        assert_eq!(roster.entities().count(), 0);
+        assert_eq!(roster.hosts().count(), 0);
+        // Every status a gateway announces passes.
+        let w = entity("w", "hostb");
+        for status in ENTITY_STATUSES {
+            assert_eq!(malformed(&beat(Some(&w), status)), None, "{status}");
+        }
     }
 
     #[test]

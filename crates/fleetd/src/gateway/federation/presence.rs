@@ -195,6 +195,9 @@ impl Gateway {
             Heard::NotItsOwn { claimed } => {
                 tracing::warn!(%host, %claimed, "a heartbeat for an entity of another host was ignored");
             }
+            Heard::Malformed(why) => {
+                tracing::warn!(%host, why = %why.escape_debug(), "a heartbeat holding what no gateway announces was ignored");
+            }
             // Loud at first, never a flood of its own: at powers of two.
             Heard::OverCap { full, ignored } if ignored.is_power_of_two() => {
                 tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
