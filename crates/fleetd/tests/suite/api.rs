@@ -146,23 +146,22 @@ async fn a_send_through_the_api_counts_against_the_leads_long_calls() -> anyhow:
                 .await
         })
     };
-    let refused = fleet_testkit::wait::until(
-        "the second long call to be refused",
+    // Once w1 works on that task, the first send is waiting for its answer.
+    fleet_testkit::wait::until(
+        "w1 busy on the first send's task",
         std::time::Duration::from_secs(20),
-        || async {
-            let (status, body) = call(
-                &fleet,
-                &token,
-                "/api/v1/send",
-                Some(json!({"to": "w1", "message": "again", "wait_s": 5})),
-                None,
-            )
-            .await
-            .ok()?;
-            (status == 429).then_some(body)
-        },
+        || async { (lead.entry("w1").await.ok()?["status"] == "busy").then_some(()) },
     )
     .await?;
+    let (status, refused) = call(
+        &fleet,
+        &token,
+        "/api/v1/send",
+        Some(json!({"to": "w1", "message": "again", "wait_s": 5})),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"], "too_many", "{refused}");
     assert!(
         refused["message"]
