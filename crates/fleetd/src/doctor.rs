@@ -4,11 +4,11 @@
 
 use std::io::IsTerminal;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::{Cli, context};
 use crate::config::{Config, ProfileKind};
+use crate::launch::locate_program;
 use crate::mux::{MuxChoice, choose};
 use crate::ops::{OpsError, alive, printable, read_serving};
 use crate::state::StateDir;
@@ -71,27 +71,10 @@ pub fn exit_status(checks: &[Check]) -> u8 {
     u8::from(checks.iter().any(|c| matches!(c.verdict, Verdict::Fail(_))))
 }
 
-/// `program` as the shell would find it: a path as given, else the first in `path` (`PATH`'s
-/// value) that is an executable file.
-pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return executable(&p).then_some(p);
-    }
-    path.into_iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|p| executable(p))
-}
-
 /// The programs each profile runs, found or not: its agent (its kind's default when its argv
 /// is empty), and for a sandbox also the sandbox's runtime.
 fn profiles(config: &Config) -> Vec<Check> {
-    let path = std::env::var_os("PATH");
+    let here = std::env::current_dir().unwrap_or_default();
     config
         .profiles
         .iter()
@@ -101,9 +84,16 @@ fn profiles(config: &Config) -> Vec<Check> {
                 programs.extend(profile.runtime.first().cloned());
             }
             programs.extend(profile.program().first().cloned());
+            // As a pane would: the profile's PATH, else fleetd's; a relative path from its cwd.
+            let path = profile
+                .env
+                .get("PATH")
+                .map(std::ffi::OsString::from)
+                .or_else(|| std::env::var_os("PATH"));
+            let cwd = profile.cwd.as_deref().unwrap_or(&here);
             let mut found = Vec::new();
             for program in &programs {
-                match find_program(program, path.as_deref()) {
+                match locate_program(program, path.as_deref(), cwd) {
                     Some(at) => found.push(at.display().to_string()),
                     None => {
                         let place = if program.contains('/') {
@@ -320,22 +310,5 @@ mod tests {
             text.contains("\x1b[31mFAIL\x1b[0m profile 'x': missing"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn programs_are_found_as_the_shell_finds_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let program = dir.path().join("agent");
-        std::fs::write(&program, "#!/bin/sh\n").unwrap();
-        let path = Some(dir.path().as_os_str());
-        assert_eq!(find_program("agent", path), None, "not executable yet");
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(find_program("agent", path), Some(program.clone()));
-        assert_eq!(
-            find_program(program.to_str().unwrap(), None),
-            Some(program.clone())
-        );
-        assert_eq!(find_program("nope", path), None);
-        assert_eq!(find_program("/no/such/agent", path), None);
     }
 }

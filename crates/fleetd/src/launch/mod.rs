@@ -287,6 +287,29 @@ async fn run_teardown(argv: &[String]) {
 }
 
 /// Makes `dir` (and its parents), readable by the user only.
+/// Where `program` is on this host: itself when it names a path (relative to `cwd`, where a
+/// pane starts), else the first executable file of that name in `path` (a `PATH` value).
+pub fn locate_program(
+    program: &str,
+    path: Option<&std::ffi::OsStr>,
+    cwd: &Path,
+) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        fs::metadata(p).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if program.is_empty() {
+        return None;
+    }
+    if program.contains('/') {
+        let named = cwd.join(program);
+        return executable(&named).then_some(named);
+    }
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(program))
+        .find(|candidate| executable(candidate))
+}
+
 fn private_dir(dir: &Path) -> std::io::Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -308,6 +331,31 @@ fn private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programs_are_found_as_the_shell_finds_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("agent");
+        fs::write(&program, "#!/bin/sh\n").unwrap();
+        let path = Some(dir.path().as_os_str());
+        let cwd = Path::new("/");
+        assert_eq!(
+            locate_program("agent", path, cwd),
+            None,
+            "not executable yet"
+        );
+        fs::set_permissions(&program, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(locate_program("agent", path, cwd), Some(program.clone()));
+        assert_eq!(
+            locate_program("./agent", None, dir.path()),
+            Some(dir.path().join("./agent"))
+        );
+        assert_eq!(locate_program("nope", path, cwd), None);
+        assert_eq!(locate_program("agent", None, cwd), None);
+        assert_eq!(locate_program("/no/such/agent", path, cwd), None);
+        assert_eq!(locate_program("", path, cwd), None);
+    }
 
     pub(super) fn worker(dir: &Path) -> Worker {
         Worker {

@@ -136,28 +136,13 @@ fn find_program(
     env: &std::collections::BTreeMap<String, String>,
     cwd: &Path,
 ) -> Option<Found> {
-    if program.is_empty() {
-        return None;
-    }
-    let named = if program.contains('/') {
-        cwd.join(program)
-    } else {
-        let path = env
-            .get("PATH")
-            .map(std::ffi::OsString::from)
-            .or_else(|| std::env::var_os("PATH"))?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(program))
-            .find(|candidate| is_executable(candidate))?
-    };
+    let path = env
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"));
+    let named = super::locate_program(program, path.as_deref(), cwd)?;
     let resolved = std::fs::canonicalize(&named).ok()?;
     Some(Found { named, resolved })
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path)
-        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
 
 /// What the placeholders stand for in one launch.
