@@ -365,11 +365,6 @@ pub fn alive(pid: i32) -> bool {
         .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
 }
 
-/// Asks the gateway for `path` with `query`, as the lead picked.
-fn fetch(cli: &Cli, args: &OpsArgs, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
-    request(cli, args, path, query, None)
-}
-
 /// Asks the gateway, as the lead picked: `GET path?query`, or with `body`, `POST path` with it.
 fn request(
     cli: &Cli,
@@ -624,7 +619,7 @@ pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
     if args.text {
         query.push(("text", "true".into()));
     }
-    let body = fetch(cli, &args.ops, "/api/v1/messages", &query)?;
+    let body = request(cli, &args.ops, "/api/v1/messages", &query, None)?;
     if args.ops.json {
         println!("{}", terminal_json(&body["messages"]));
         return Ok(());
@@ -781,30 +776,36 @@ pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `fleetd ls`: the roster across hosts.
-pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    let body = fetch(cli, args, "/api/v1/roster", &[])?;
+/// Prints the roster's `part` (`entities` or `hosts`): its JSON, or the table `render` makes.
+fn print_roster(
+    cli: &Cli,
+    args: &OpsArgs,
+    part: &str,
+    render: fn(&Roster, i64, Option<usize>, bool) -> String,
+) -> anyhow::Result<()> {
+    let body = request(cli, args, "/api/v1/roster", &[], None)?;
     if args.json {
-        println!("{}", terminal_json(&body["entities"]));
+        println!("{}", terminal_json(&body[part]));
         return Ok(());
     }
     let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
     let (width, colour) = terminal();
-    print!("{}", ls_table(&roster.entities, now_ms(), width, colour));
+    print!("{}", render(&roster, now_ms(), width, colour));
     Ok(())
+}
+
+/// `fleetd ls`: the roster across hosts.
+pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
+    print_roster(cli, args, "entities", |roster, now, width, colour| {
+        ls_table(&roster.entities, now, width, colour)
+    })
 }
 
 /// `fleetd hosts`: the hosts of the fleet.
 pub fn hosts_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    let body = fetch(cli, args, "/api/v1/roster", &[])?;
-    if args.json {
-        println!("{}", terminal_json(&body["hosts"]));
-        return Ok(());
-    }
-    let roster: Roster = serde_json::from_value(body).context("the roster's shape")?;
-    let (width, colour) = terminal();
-    print!("{}", hosts_table(&roster.hosts, now_ms(), width, colour));
-    Ok(())
+    print_roster(cli, args, "hosts", |roster, now, width, colour| {
+        hosts_table(&roster.hosts, now, width, colour)
+    })
 }
 
 #[cfg(test)]

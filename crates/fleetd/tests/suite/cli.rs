@@ -753,10 +753,17 @@ fn the_doctor_looks_for_the_programs_a_profile_really_runs() -> anyhow::Result<(
         "{report}"
     );
     let boxed = verdict(&report, "profile 'boxed'");
-    let bwrap = find_on("/usr/bin:/bin", "bwrap");
+    let bwrap = fleetd::launch::locate_program(
+        "bwrap",
+        Some(std::ffi::OsStr::new("/usr/bin:/bin")),
+        Path::new("/"),
+    );
     match bwrap {
         Some(bwrap) => assert!(
-            boxed.starts_with(&format!("ok   profile 'boxed': runs {bwrap} and /")),
+            boxed.starts_with(&format!(
+                "ok   profile 'boxed': runs {} and /",
+                bwrap.display()
+            )),
             "{report}"
         ),
         None => assert!(
@@ -765,14 +772,6 @@ fn the_doctor_looks_for_the_programs_a_profile_really_runs() -> anyhow::Result<(
         ),
     }
     Ok(())
-}
-
-/// `program` in one of the directories of `path`.
-fn find_on(path: &str, program: &str) -> Option<String> {
-    path.split(':')
-        .map(|dir| Path::new(dir).join(program))
-        .find(|p| p.is_file())
-        .map(|p| p.display().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use fleet_testkit::bins::binary;
 use fleet_testkit::fleet::Fleet;
+use fleetd::launch::locate_program;
 
 /// The next datagram on `socket`, waiting up to 30 s.
 async fn next_datagram(socket: &UnixDatagram) -> anyhow::Result<String> {
@@ -47,7 +48,8 @@ async fn a_service_manager_hears_when_fleetd_serves_and_when_it_stops() -> anyho
 
 #[test]
 fn the_systemd_unit_is_one_systemd_accepts() -> anyhow::Result<()> {
-    let Ok(analyze) = which("systemd-analyze") else {
+    let path = std::env::var_os("PATH");
+    let Some(analyze) = locate_program("systemd-analyze", path.as_deref(), Path::new("/")) else {
         eprintln!("SKIPPED: systemd-analyze is not installed, so the unit cannot be checked here");
         return Ok(());
     };
@@ -78,14 +80,4 @@ fn the_systemd_unit_is_one_systemd_accepts() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
-}
-
-/// `program` on `PATH`.
-fn which(program: &str) -> anyhow::Result<std::path::PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
-        .ok_or_else(|| anyhow::anyhow!("{program} is not on PATH"))
 }
