@@ -25,6 +25,7 @@ use crate::gateway::{Caller, Gateway, MessagesQuery, NudgeTarget};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
+use crate::mcp::params::SendParams;
 use crate::mcp_config;
 use crate::token;
 
@@ -194,14 +195,7 @@ async fn api_roster(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
 ) -> Response {
-    match gateway.roster(&caller).await {
-        Ok(view) => axum::Json(view).into_response(),
-        Err(e) => refuse(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            e.code.as_str(),
-            e.message,
-        ),
-    }
+    answered(gateway.roster(&caller).await)
 }
 
 /// Lets through only a lead's bearer token, without counting the request as the lead calling
@@ -260,27 +254,12 @@ async fn api_messages(
             );
         }
     };
-    match gateway.message_rows(&caller, &query).await {
-        Ok(rows) => axum::Json(json!({ "messages": rows })).into_response(),
-        Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
-    }
-}
-
-/// `POST /api/v1/send`'s body: `to` a recipient, or `turn_id` to answer a worker's question.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SendBody {
-    /// The recipient: a name, `name@host`, or a gid.
-    #[serde(default)]
-    to: Option<String>,
-    /// A worker's question to answer, by its turn id, instead of `to`.
-    #[serde(default)]
-    turn_id: Option<String>,
-    /// The message: for a worker, the task as it is to be typed.
-    message: String,
-    /// Seconds to wait for the answer (default 60, at most 3600).
-    #[serde(default)]
-    wait_s: Option<u64>,
+    answered(
+        gateway
+            .message_rows(&caller, &query)
+            .await
+            .map(|rows| json!({ "messages": rows })),
+    )
 }
 
 /// `POST /api/v1/stop`'s body.
@@ -309,38 +288,21 @@ fn answered<T: serde::Serialize>(outcome: Result<T, fleet_core::FleetError>) -> 
 }
 
 /// `POST /api/v1/send {to, message, wait_s?}`: `fleet_send` as the lead (a lead's token only:
-/// see [`lead_only`]); the answer is `fleet_send`'s.
+/// `POST /api/v1/send {to | coord_id | turn_id, message, wait_s?}`: `fleet_send` as the lead,
+/// with its parameters, rules and answer (a lead's token only: see [`lead_only`]).
 async fn api_send(
     State(gateway): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
     Extension(calls): Extension<Arc<CallSlots>>,
-    body: Result<axum::Json<SendBody>, JsonRejection>,
+    body: Result<axum::Json<SendParams>, JsonRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(axum::Json(body)) => body,
+    let params = match body {
+        Ok(axum::Json(params)) => params,
         Err(rejected) => return bad_body(&rejected),
     };
-    let outcome = async {
-        let wait = crate::mcp::wait(body.wait_s, crate::mcp::DEFAULT_SEND_WAIT_S)?;
-        // A long call counts against the lead's cap, as over MCP.
-        let _slot = (!wait.is_zero())
-            .then(|| calls.take(caller.entity.gid, "send"))
-            .transpose()?;
-        // A client that goes away drops this call: the answer is then held for the lead.
-        let ct = CancellationToken::new();
-        match (body.to, body.turn_id) {
-            (Some(to), None) => gateway.send(&caller, &to, body.message, wait, &ct).await,
-            (None, Some(turn)) => {
-                gateway
-                    .answer(&caller, &turn, body.message, wait, &ct)
-                    .await
-            }
-            _ => Err(fleet_core::FleetError::invalid(
-                "give exactly one of to (a recipient) and turn_id (a question to answer)",
-            )),
-        }
-    };
-    answered(outcome.await)
+    // A client that goes away drops this call: the answer is then held for the lead.
+    let ct = CancellationToken::new();
+    answered(crate::mcp::send(&gateway, &calls, &caller, params, &ct).await)
 }
 
 /// `POST /api/v1/stop {to}`: `fleet_stop` as the lead (a lead's token only: see

@@ -4,7 +4,7 @@
 //! are served by the same handler; identity is read per HTTP request in both.
 
 mod errors;
-mod params;
+pub mod params;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -21,9 +21,10 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, ConsultRequest, Gateway, SpawnRequest};
+use crate::gateway::{Caller, ConsultRequest, Gateway, SendResult, SpawnRequest};
 use crate::limits::{CallSlot, CallSlots};
 use params::{
     AskParams, BroadcastParams, ConsultParams, ListParams, PollParams, ReplyParams, SendParams,
@@ -76,6 +77,27 @@ impl FleetMcp {
     ) -> Result<Option<CallSlot>, FleetError> {
         long.then(|| self.calls.take(caller.entity.gid, tool))
             .transpose()
+    }
+}
+
+/// `fleet_send` for `caller`, over MCP or the operator API alike: the wait checked, a long call
+/// counted against the caller's cap, the message to a recipient, a peer lead's coordination
+/// id, or a worker's question.
+pub async fn send(
+    gateway: &Arc<Gateway>,
+    calls: &Arc<CallSlots>,
+    caller: &Caller,
+    mut p: SendParams,
+    ct: &CancellationToken,
+) -> Result<SendResult, FleetError> {
+    let wait = wait(p.wait_s, DEFAULT_SEND_WAIT_S)?;
+    let _slot = (!wait.is_zero())
+        .then(|| calls.take(caller.entity.gid, "fleet_send"))
+        .transpose()?;
+    match p.target()? {
+        SendTarget::To(to) => gateway.send(caller, &to, p.message, wait, ct).await,
+        SendTarget::Coord(coord_id) => gateway.coordinate(caller, &coord_id, p.message).await,
+        SendTarget::Turn(turn) => gateway.answer(caller, &turn, p.message, wait, ct).await,
     }
 }
 
@@ -201,28 +223,12 @@ coord_id instead of to: held for that lead's fleet_poll, it returns at once (sta
     )]
     async fn fleet_send(
         &self,
-        Parameters(mut p): Parameters<SendParams>,
+        Parameters(p): Parameters<SendParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let outcome = async {
             let caller = caller(&ctx)?;
-            let wait = wait(p.wait_s, DEFAULT_SEND_WAIT_S)?;
-            let _slot = self.long_call(&caller, "fleet_send", !wait.is_zero())?;
-            match p.target()? {
-                SendTarget::To(to) => {
-                    self.gateway
-                        .send(&caller, &to, p.message, wait, &ctx.ct)
-                        .await
-                }
-                SendTarget::Coord(coord_id) => {
-                    self.gateway.coordinate(&caller, &coord_id, p.message).await
-                }
-                SendTarget::Turn(turn) => {
-                    self.gateway
-                        .answer(&caller, &turn, p.message, wait, &ctx.ct)
-                        .await
-                }
-            }
+            send(&self.gateway, &self.calls, &caller, p, &ctx.ct).await
         };
         errors::result(with_progress(&ctx, "fleet_send", outcome).await)
     }
