@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs fleetd's whole test suite, after cargo fmt --check and clippy. First installs what a
 # fresh Debian machine lacks: tmux (the tests drive real tmux servers), bubblewrap (the sandbox
-# tests' runtime), rabbitmq-server (the federation tests' broker, and their private node), in a
+# tests' runtime), systemd-analyze (the unit in contrib/ is checked), rabbitmq-server (the
+# federation tests' broker, and their private node), in a
 # virtualenv outside the tree the Python `mcp` SDK (a second real MCP client) and the Prometheus
 # client (its OpenMetrics parser reads /metrics in the tests), and outside the
 # tree the pinned Claude Code and opencode releases from npm (real agent workers, on a scripted
@@ -15,6 +16,8 @@ command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v pkill >/dev/null 2>&1 || missing+=(procps)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# The service test checks the systemd unit with systemd-analyze (nothing is started).
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # The broker tests use the machine's RabbitMQ on 127.0.0.1:5672 when it runs, else start a
 # private node; either way they need the server and rabbitmqctl.
 [ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 ||

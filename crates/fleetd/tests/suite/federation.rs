@@ -1357,3 +1357,43 @@ async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_f
     assert!(gone);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_with_a_hostile_name_or_status_never_reaches_the_roster() -> anyhow::Result<()>
+{
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let client = vhost.connect().await?;
+    // Signed by a pinned host, so only what they hold can refuse them.
+    announce(&client, "hostc", "evil\u{1b}]0;owned\u{7}", Role::Worker).await?;
+    let gid = Gid::mint();
+    let entity = json!({"gid": gid, "name": "loud", "host": "hostc", "role": "worker",
+                        "profile": null, "groups": [], "parent": null});
+    let body = json!({"entity": entity, "status": "idle\u{1b}[2J", "profiles": []}).to_string();
+    let envelope = forged(Kind::Presence, gid, "hostc", "fleet.roster")?;
+    publish(
+        &client,
+        "fleet.roster",
+        &format!("roster.hostc.{gid}"),
+        &envelope,
+        body.as_bytes(),
+    )
+    .await?;
+    // A good one after them: once it is in, they were looked at.
+    announce(&client, "hostc", "carol", Role::Lead).await?;
+    sees(&alice, "carol").await?;
+    let names = alice.names().await?;
+    assert!(
+        !names.iter().any(|n| n.contains("evil") || n == "loud"),
+        "{names:?}"
+    );
+    assert!(
+        a.log()
+            .contains("a heartbeat holding what no gateway announces was ignored"),
+        "{}",
+        a.log()
+    );
+    client.close().await?;
+    Ok(())
+}
