@@ -113,6 +113,30 @@ pub struct MessageFilter {
     pub limit: usize,
 }
 
+/// What a recorded change is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subject {
+    /// A message, whose state changed (or which was made).
+    Message(MsgId),
+    /// An entity, whose status changed (or which was made).
+    Entity(Gid),
+}
+
+/// One change of a message's state or an entity's status, as the store recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// Its place in the order of all changes (increasing, never reused).
+    pub seq: i64,
+    /// When it happened, Unix ms.
+    pub at_ms: i64,
+    /// What changed.
+    pub subject: Subject,
+    /// The state (a message's) or status (an entity's) it reached.
+    pub state: String,
+    /// Why, for a message that failed.
+    pub reason: Option<String>,
+}
+
 /// The durable state of one gateway. Every method is atomic; none blocks for long.
 pub trait Store: Send + Sync + 'static {
     /// Returns the gid of the lead `name`, minting it on first use (fixed from then on).
@@ -283,4 +307,14 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes messages that reached the end of their life (`injected`, `consumed`, `failed`)
     /// before `before_ms` (Unix ms); returns how many.
     fn prune(&self, before_ms: i64) -> StoreResult<usize>;
+
+    /// The changes recorded after `after_seq`, oldest first, at most `limit`.
+    fn changes_since(&self, after_seq: i64, limit: usize) -> StoreResult<Vec<Change>>;
+
+    /// The `seq` of the newest change recorded (0 for none): a feed that starts now reads on
+    /// from it.
+    fn last_change(&self) -> StoreResult<i64>;
+
+    /// Every change of one message's state, oldest first (empty for no such message).
+    fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>>;
 }

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -138,6 +138,50 @@ BEGIN
 END;
 ";
 
+/// Version 5: every change of a message's state and of an entity's status, in the order they
+/// happened, written by triggers in the transaction that makes the change (so no code path can
+/// change one without its record): one message's history, and the live feed of the operator
+/// surfaces (`fleetd tail`, the web view), which read on from the last `seq` they saw. Rows
+/// go with their message, and by age with [`crate::Store::prune`].
+const SCHEMA_V5: &str = "
+CREATE TABLE changes (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms      INTEGER NOT NULL,
+    subject    TEXT NOT NULL CHECK (subject IN ('message', 'entity')),
+    id         TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    reason     TEXT
+);
+CREATE INDEX changes_id ON changes(id);
+CREATE INDEX changes_at ON changes(at_ms);
+CREATE TRIGGER changes_message_made AFTER INSERT ON messages
+BEGIN
+    INSERT INTO changes (at_ms, subject, id, state, reason)
+        VALUES (NEW.updated_ms, 'message', NEW.msg_id, NEW.state, NEW.reason);
+END;
+CREATE TRIGGER changes_message_moved AFTER UPDATE OF state ON messages
+    WHEN OLD.state != NEW.state
+BEGIN
+    INSERT INTO changes (at_ms, subject, id, state, reason)
+        VALUES (NEW.updated_ms, 'message', NEW.msg_id, NEW.state, NEW.reason);
+END;
+CREATE TRIGGER changes_message_pruned AFTER DELETE ON messages
+BEGIN
+    DELETE FROM changes WHERE id = OLD.msg_id;
+END;
+CREATE TRIGGER changes_entity_made AFTER INSERT ON entities
+BEGIN
+    INSERT INTO changes (at_ms, subject, id, state, reason)
+        VALUES (NEW.updated_ms, 'entity', NEW.gid, NEW.status, NULL);
+END;
+CREATE TRIGGER changes_entity_moved AFTER UPDATE OF status ON entities
+    WHEN OLD.status != NEW.status
+BEGIN
+    INSERT INTO changes (at_ms, subject, id, state, reason)
+        VALUES (NEW.updated_ms, 'entity', NEW.gid, NEW.status, NULL);
+END;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -161,6 +205,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 4 {
         tx.execute_batch(SCHEMA_V4)?;
+    }
+    if found < 5 {
+        tx.execute_batch(SCHEMA_V5)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -15,8 +15,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 
 use crate::schema::migrate;
 use crate::{
-    AwaitedReceipt, EntityRecord, MessageFilter, SentBetween, SentRecord, Store, StoreError,
-    StoreResult,
+    AwaitedReceipt, Change, EntityRecord, MessageFilter, SentBetween, SentRecord, Store, StoreError,
+    StoreResult, Subject,
 };
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
@@ -26,6 +26,7 @@ const MESSAGE_COLUMNS: &str =
     "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms";
 const ENTITY_COLUMNS: &str =
     "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
+const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
 
 /// The SQLite-backed store. One connection for everything, serialised by a mutex: every call
 /// is a short transaction, so contention costs microseconds. Token lookups, asked on every
@@ -77,6 +78,44 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
 fn parse<T: std::str::FromStr>(text: &str, what: &str) -> StoreResult<T> {
     text.parse()
         .map_err(|_| corrupt(format!("{what} '{text}' does not parse")))
+}
+
+/// The raw columns of a change row.
+struct RawChange {
+    seq: i64,
+    at_ms: i64,
+    subject: String,
+    id: String,
+    state: String,
+    reason: Option<String>,
+}
+
+impl RawChange {
+    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            seq: row.get(0)?,
+            at_ms: row.get(1)?,
+            subject: row.get(2)?,
+            id: row.get(3)?,
+            state: row.get(4)?,
+            reason: row.get(5)?,
+        })
+    }
+
+    fn parse(self) -> StoreResult<Change> {
+        let subject = match self.subject.as_str() {
+            "message" => Subject::Message(parse(&self.id, "change's msg_id")?),
+            "entity" => Subject::Entity(parse(&self.id, "change's gid")?),
+            other => return Err(corrupt(format!("change subject '{other}'"))),
+        };
+        Ok(Change {
+            seq: self.seq,
+            at_ms: self.at_ms,
+            subject,
+            state: self.state,
+            reason: self.reason,
+        })
+    }
 }
 
 /// The raw columns of a message row, read before any parsing so the row closure stays
@@ -661,10 +700,48 @@ impl Store for SqliteStore {
     }
 
     fn prune(&self, before_ms: i64) -> StoreResult<usize> {
-        Ok(self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        // A message's changes go with it (a trigger); an entity's by age.
+        let pruned = tx.execute(
             "DELETE FROM messages WHERE state IN ('injected', 'consumed', 'failed') AND updated_ms < ?1",
             [before_ms],
-        )?)
+        )?;
+        tx.execute(
+            "DELETE FROM changes WHERE subject = 'entity' AND at_ms < ?1",
+            [before_ms],
+        )?;
+        tx.commit()?;
+        Ok(pruned)
+    }
+
+    fn changes_since(&self, after_seq: i64, limit: usize) -> StoreResult<Vec<Change>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {CHANGE_COLUMNS} FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+        ))?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let raws = stmt
+            .query_map(params![after_seq, limit], RawChange::read)?
+            .collect::<Result<Vec<_>, _>>()?;
+        raws.into_iter().map(RawChange::parse).collect()
+    }
+
+    fn last_change(&self) -> StoreResult<i64> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM changes")?;
+        Ok(stmt.query_row([], |row| row.get(0))?)
+    }
+
+    fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {CHANGE_COLUMNS} FROM changes WHERE id = ?1 AND subject = 'message' ORDER BY seq"
+        ))?;
+        let raws = stmt
+            .query_map([msg_id.to_string()], RawChange::read)?
+            .collect::<Result<Vec<_>, _>>()?;
+        raws.into_iter().map(RawChange::parse).collect()
     }
 
     fn see(&self, arrivals: &[(MsgId, Gid, i64)]) -> StoreResult<Vec<bool>> {

@@ -498,6 +498,9 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER waiting_deleted; DROP TABLE waiting; DROP TABLE seen; DROP TABLE sent;
          DROP TABLE awaited; DROP TABLE outbox;
          DROP TRIGGER coord_senders_pruned; DROP TABLE coord_senders;
+         DROP TRIGGER changes_message_made; DROP TRIGGER changes_message_moved;
+         DROP TRIGGER changes_message_pruned; DROP TRIGGER changes_entity_made;
+         DROP TRIGGER changes_entity_moved; DROP TABLE changes;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -514,8 +517,13 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     .unwrap();
     drop(conn);
     let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.last_change().unwrap(), 0, "no history is made up");
     both(&store);
     assert_eq!(waiting_seen(&store, lead), 4);
+    // The upgraded store records changes from now on.
+    let next = message(lead, w, MsgState::Queued, "after the upgrade");
+    store.insert_message(&next).unwrap();
+    assert_eq!(store.history(next.msg_id).unwrap()[0].state, "queued");
 }
 
 #[test]
@@ -817,4 +825,78 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
         })
         .unwrap();
     assert_eq!(failed[0].state.reason(), Some("gone"));
+}
+
+#[test]
+fn every_change_of_a_message_or_an_entity_is_recorded_in_order_and_goes_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let start = store.last_change().unwrap();
+    let lead = Gid::mint();
+    let w = worker("w1", lead);
+    store.insert_entity(&w).unwrap();
+    store
+        .set_session(w.entity.gid, WorkerStatus::Idle, Some("%1"))
+        .unwrap();
+    // The same status again is no change.
+    store
+        .set_session(w.entity.gid, WorkerStatus::Idle, None)
+        .unwrap();
+    let brief = message(lead, w.entity.gid, MsgState::Queued, "task");
+    store.insert_message(&brief).unwrap();
+    store
+        .dequeue(w.entity.gid, &MsgState::Injecting)
+        .unwrap()
+        .unwrap();
+    store.transition(brief.msg_id, &MsgState::Injected).unwrap();
+    let other = message(lead, w.entity.gid, MsgState::Queued, "late");
+    store.insert_message(&other).unwrap();
+    store
+        .fail_undelivered_to(w.entity.gid, "its worker stopped")
+        .unwrap();
+
+    let changes = store.changes_since(start, 100).unwrap();
+    let seen: Vec<(fleet_store::Subject, &str, Option<&str>)> = changes
+        .iter()
+        .map(|c| (c.subject, c.state.as_str(), c.reason.as_deref()))
+        .collect();
+    use fleet_store::Subject::{Entity as E, Message as M};
+    assert_eq!(
+        seen,
+        vec![
+            (E(w.entity.gid), "spawning", None),
+            (E(w.entity.gid), "idle", None),
+            (M(brief.msg_id), "queued", None),
+            (M(brief.msg_id), "injecting", None),
+            (M(brief.msg_id), "injected", None),
+            (M(other.msg_id), "queued", None),
+            (M(other.msg_id), "failed", Some("its worker stopped")),
+        ]
+    );
+    assert!(changes.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(store.last_change().unwrap(), changes[6].seq);
+    // Read on from a point: only what came after it, at most the limit.
+    let after = store.changes_since(changes[2].seq, 2).unwrap();
+    assert_eq!(
+        after.iter().map(|c| c.seq).collect::<Vec<_>>(),
+        vec![changes[3].seq, changes[4].seq]
+    );
+    let history: Vec<String> = store
+        .history(brief.msg_id)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.state)
+        .collect();
+    assert_eq!(history, ["queued", "injecting", "injected"]);
+    assert!(store.history(MsgId::mint()).unwrap().is_empty());
+
+    // Pruned messages take their changes along; entities' go by age.
+    assert_eq!(store.prune(i64::MAX).unwrap(), 2);
+    assert!(store.history(brief.msg_id).unwrap().is_empty());
+    assert!(store.changes_since(start, 100).unwrap().is_empty());
+    // Numbers are never reused: a feed reading on from where it was misses nothing.
+    store
+        .insert_message(&message(lead, w.entity.gid, MsgState::Queued, "next"))
+        .unwrap();
+    assert!(store.changes_since(changes[6].seq, 10).unwrap()[0].seq > changes[6].seq);
 }
