@@ -15,8 +15,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 
 use crate::schema::migrate;
 use crate::{
-    AwaitedReceipt, Change, EntityRecord, MessageFilter, SentBetween, SentRecord, Store, StoreError,
-    StoreResult, Subject,
+    AwaitedReceipt, Change, EntityRecord, MessageFilter, SentBetween, SentRecord, Store,
+    StoreError, StoreResult, Subject,
 };
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.

@@ -352,13 +352,20 @@ impl Fleet {
 
     /// Runs `fleetd ARGS --config … --state-dir …` to completion.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
-        Ok(std::process::Command::new(binary("fleetd")?)
+        Ok(self.cli_command(args)?.output()?)
+    }
+
+    /// The `fleetd` command line `args` against this fleet's config and state dir, not yet
+    /// started (for a command that runs on, like `tail`).
+    pub fn cli_command(&self, args: &[&str]) -> anyhow::Result<std::process::Command> {
+        let mut command = std::process::Command::new(binary("fleetd")?);
+        command
             .args(args)
             .arg("--config")
             .arg(&self.config)
             .arg("--state-dir")
-            .arg(&self.state)
-            .output()?)
+            .arg(&self.state);
+        Ok(command)
     }
 
     /// What pane `pane` of the private tmux server shows.

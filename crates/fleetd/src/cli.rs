@@ -1,6 +1,6 @@
 //! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
-//! a running gateway (`ls`, `hosts`, `msgs`, `send`, `answer`, `stop`: see [`crate::ops`]). Every subcommand takes `--config`
-//! and `--state-dir`.
+//! a running gateway (`ls`, `hosts`, `msgs`, `send`, `answer`, `stop`: see [`crate::ops`];
+//! `tail`: see [`crate::tail`]). Every subcommand takes `--config` and `--state-dir`.
 
 use std::path::{Path, PathBuf};
 
@@ -66,6 +66,11 @@ pub enum Command {
     Answer(AnswerArgs),
     /// Stop a worker or architect as the lead.
     Stop(StopArgs),
+    /// Follow this gateway's changes live: entities made and changing status, messages made
+    /// and moving through their states, failures with their reasons (never a message's text).
+    /// Exit status 3 when the gateway cannot be reached or goes away, 4 when it refuses the
+    /// lead's token.
+    Tail(crate::tail::TailArgs),
     /// Check what would keep this host's fleetd from working: the config, the state dir, the
     /// pane host, every profile's program, the broker, and whether a gateway serves now. Exit
     /// status 1 when a check fails.

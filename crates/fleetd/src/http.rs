@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Extension, Query, Request, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use fleet_core::ErrorCode;
@@ -21,7 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, Gateway, MessagesQuery, NudgeTarget};
+use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
@@ -246,13 +247,7 @@ async fn api_messages(
 ) -> Response {
     let Query(query) = match query {
         Ok(query) => query,
-        Err(rejected) => {
-            return refuse(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidParams.as_str(),
-                rejected.body_text(),
-            );
-        }
+        Err(rejected) => return bad_query(&rejected),
     };
     answered(
         gateway
@@ -287,7 +282,6 @@ fn answered<T: serde::Serialize>(outcome: Result<T, fleet_core::FleetError>) -> 
     }
 }
 
-/// `POST /api/v1/send {to, message, wait_s?}`: `fleet_send` as the lead (a lead's token only:
 /// `POST /api/v1/send {to | coord_id | turn_id, message, wait_s?}`: `fleet_send` as the lead,
 /// with its parameters, rules and answer (a lead's token only: see [`lead_only`]).
 async fn api_send(
@@ -317,6 +311,142 @@ async fn api_stop(
         Err(rejected) => bad_body(&rejected),
     }
 }
+
+/// `GET /api/v1/events`' query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// Read on after this `seq` (a reconnecting `EventSource` sends `Last-Event-ID` instead);
+    /// without either, the feed starts now.
+    after: Option<i64>,
+}
+
+/// How often an idle feed looks for new changes.
+const FEED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `GET /api/v1/events`: the live feed, as server-sent events (each one JSON [`Event`] with
+/// its `seq` as the event id, so a client reconnecting with `Last-Event-ID` misses nothing);
+/// it ends when fleetd shuts down (a lead's token only: see [`lead_only`]).
+async fn api_events(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    Extension(Shutdown(shutdown)): Extension<Shutdown>,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Response {
+    let Query(query) = match query {
+        Ok(query) => query,
+        Err(rejected) => return bad_query(&rejected),
+    };
+    let resumed = header_text(&headers, "last-event-id").and_then(|id| id.trim().parse().ok());
+    let after = match query.after.or(resumed) {
+        Some(after) => after,
+        None => match gateway.feed_start().await {
+            Ok(start) => start,
+            Err(e) => return answered::<()>(Err(e)),
+        },
+    };
+    let state = (
+        gateway,
+        caller,
+        after,
+        std::collections::VecDeque::<Event>::new(),
+    );
+    let stream =
+        futures_util::stream::unfold(state, move |(gateway, caller, mut after, mut pending)| {
+            let shutdown = shutdown.clone();
+            async move {
+                loop {
+                    if let Some(event) = pending.pop_front() {
+                        let sse = SseEvent::default()
+                            .id(event.seq.to_string())
+                            .json_data(&event)
+                            .ok()?;
+                        return Some((
+                            Ok::<_, std::convert::Infallible>(sse),
+                            (gateway, caller, after, pending),
+                        ));
+                    }
+                    let (events, next) = gateway.feed(&caller, after).await.ok()?;
+                    let idle = next == after;
+                    after = next;
+                    pending.extend(events);
+                    if idle {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return None,
+                            () = tokio::time::sleep(FEED_LOOK) => {}
+                        }
+                    }
+                }
+            }
+        });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `GET /api/v1/messages/{msg_id}`: one of the lead's messages and every state it went through
+/// (a lead's token only: see [`lead_only`]).
+async fn api_message(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    Path(msg_id): Path<String>,
+) -> Response {
+    match msg_id.parse() {
+        Ok(msg_id) => answered(gateway.message_history(&caller, msg_id).await),
+        Err(_) => refuse(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidParams.as_str(),
+            format!("'{}' is not a message id", msg_id.escape_debug()),
+        ),
+    }
+}
+
+/// `GET /api/v1/hosts`: the hosts of the fleet, this one first (a lead's token only: see
+/// [`lead_only`]).
+async fn api_hosts(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    answered(
+        gateway
+            .list(&caller)
+            .map(|list| json!({ "hosts": list.hosts })),
+    )
+}
+
+/// `GET /api/v1/screen?name=`' query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScreenQuery {
+    /// Whose screen: a name, `name@host`, or a gid.
+    name: String,
+}
+
+/// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only (a lead's token only:
+/// see [`lead_only`]).
+async fn api_screen(
+    State(gateway): State<Arc<Gateway>>,
+    query: Result<Query<ScreenQuery>, QueryRejection>,
+) -> Response {
+    match query {
+        Ok(Query(query)) => answered(gateway.screen(&query.name).await),
+        Err(rejected) => bad_query(&rejected),
+    }
+}
+
+/// The refusal of a query string that is not what the call takes, saying what is wrong.
+fn bad_query(rejected: &QueryRejection) -> Response {
+    refuse(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidParams.as_str(),
+        rejected.body_text(),
+    )
+}
+
+/// The cancellation of a shutting-down gateway, for the streams that must end with it.
+#[derive(Clone)]
+struct Shutdown(CancellationToken);
 
 /// `GET /metrics`: the OpenMetrics text (a lead's token only: see [`lead_only`]).
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
@@ -416,10 +546,15 @@ pub fn app(
     let operator = Router::new()
         .route("/api/v1/roster", get(api_roster))
         .route("/api/v1/messages", get(api_messages))
+        .route("/api/v1/messages/{msg_id}", get(api_message))
+        .route("/api/v1/hosts", get(api_hosts))
+        .route("/api/v1/events", get(api_events))
+        .route("/api/v1/screen", get(api_screen))
         .route("/api/v1/send", post(api_send))
         .route("/api/v1/stop", post(api_stop))
         .route("/metrics", get(metrics))
         .layer(Extension(operator_calls))
+        .layer(Extension(Shutdown(shutdown.child_token())))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             lead_only,

@@ -20,4 +20,5 @@ pub mod notify;
 pub mod ops;
 pub mod serve;
 pub mod state;
+pub mod tail;
 pub mod token;

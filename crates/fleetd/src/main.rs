@@ -71,6 +71,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Send(args) => send_command(cli, args),
         Command::Answer(args) => answer_command(cli, args),
         Command::Stop(args) => stop_command(cli, args),
+        Command::Tail(args) => fleetd::tail::tail_command(cli, args),
         Command::Doctor => doctor_command(cli),
     }
 }

@@ -365,14 +365,26 @@ pub fn alive(pid: i32) -> bool {
         .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
 }
 
-/// Asks the gateway, as the lead picked: `GET path?query`, or with `body`, `POST path` with it.
-fn request(
+/// Where and as whom an operator command asks: the gateway's URL for a path, the lead's
+/// token, and what to name in an error.
+pub struct Target {
+    /// The URL asked.
+    pub url: String,
+    /// The lead asked as.
+    pub lead: String,
+    /// Its token.
+    pub token: String,
+    /// The state dir the gateway serves, for errors.
+    pub state: StateDir,
+}
+
+/// The gateway to ask `path?query` of, as the lead picked, with that lead's token.
+pub fn target(
     cli: &Cli,
     args: &OpsArgs,
     path: &str,
     query: &[(&str, String)],
-    body: Option<Value>,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<Target> {
     let (config, state) = context(cli)?;
     let lead = pick_lead(&config, args.lead.as_deref())?;
     // Read, never minted: minting would revoke the token the lead is using.
@@ -391,7 +403,54 @@ fn request(
     if !query.is_empty() {
         url.query_pairs_mut().extend_pairs(query);
     }
-    let url = url.to_string();
+    Ok(Target {
+        url: url.to_string(),
+        lead,
+        token,
+        state,
+    })
+}
+
+/// The error of a gateway that did not answer `url` within `wait`.
+pub fn unreachable(target: &Target, wait: std::time::Duration, e: &reqwest::Error) -> OpsError {
+    OpsError {
+        exit: EXIT_UNREACHABLE,
+        message: format!(
+            "no fleetd answers at {} (within {} s): is `fleetd serve` running on this state dir ({})? ({e})",
+            target.url,
+            wait.as_secs(),
+            target.state.root().display()
+        ),
+    }
+}
+
+/// The error of a gateway that answered `status` and `text`, not what was asked: exit status
+/// 4 for a refused token.
+pub fn refusal(target: &Target, status: reqwest::StatusCode, text: &str) -> anyhow::Error {
+    let Ok(body) = serde_json::from_str::<Value>(text) else {
+        return anyhow::anyhow!("{} answered {status}: {}", target.url, printable(text));
+    };
+    let said = printable(body["message"].as_str().unwrap_or(status.as_str()));
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return OpsError {
+            exit: EXIT_REFUSED,
+            message: format!("the gateway refused lead '{}': {said}", target.lead),
+        }
+        .into();
+    }
+    anyhow::anyhow!("{said}")
+}
+
+/// Asks the gateway, as the lead picked: `GET path?query`, or with `body`, `POST path` with it.
+fn request(
+    cli: &Cli,
+    args: &OpsArgs,
+    path: &str,
+    query: &[(&str, String)],
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let target = target(cli, args, path, query)?;
+    let url = &target.url;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -400,41 +459,32 @@ fn request(
         let wait = body
             .as_ref()
             .and_then(|b| b["wait_s"].as_u64())
-            .map_or(ANSWER_WITHIN, |s| ANSWER_WITHIN + std::time::Duration::from_secs(s));
+            .map_or(ANSWER_WITHIN, |s| {
+                ANSWER_WITHIN + std::time::Duration::from_secs(s)
+            });
         let client = reqwest::Client::builder().timeout(wait).build()?;
         let request = match &body {
-            Some(body) => client.post(&url).json(body),
-            None => client.get(&url),
+            Some(body) => client.post(url).json(body),
+            None => client.get(url),
         };
         let response = request
-            .bearer_auth(&token)
+            .bearer_auth(&target.token)
             .send()
             .await
-            .map_err(|e| OpsError {
-                exit: EXIT_UNREACHABLE,
-                message: format!(
-                    "no fleetd answers at {url} (within {} s): is `fleetd serve` running on this state dir ({})? ({e})",
-                    wait.as_secs(),
-                    state.root().display()
-                ),
-            })?;
+            .map_err(|e| unreachable(&target, wait, &e))?;
         let status = response.status();
         let text = response.text().await.map_err(|e| OpsError {
             exit: EXIT_UNREACHABLE,
-            message: format!("{url} answered {status}, then nothing more within {} s: {e}", wait.as_secs()),
+            message: format!(
+                "{url} answered {status}, then nothing more within {} s: {e}",
+                wait.as_secs()
+            ),
         })?;
-        let Ok(body) = serde_json::from_str::<Value>(&text) else {
-            anyhow::bail!("{url} answered {status}: {}", printable(&text));
-        };
-        let said = printable(body["message"].as_str().unwrap_or(status.as_str()));
-        if status == reqwest::StatusCode::UNAUTHORIZED {
-            return Err(OpsError {
-                exit: EXIT_REFUSED,
-                message: format!("the gateway refused lead '{lead}': {said}"),
-            }
-            .into());
+        if !status.is_success() {
+            return Err(refusal(&target, status, &text));
         }
-        anyhow::ensure!(status.is_success(), "{said}");
+        let body = serde_json::from_str::<Value>(&text)
+            .map_err(|_| anyhow::anyhow!("{url} answered {status}: {}", printable(&text)))?;
         Ok(body)
     })
 }
@@ -455,7 +505,7 @@ pub fn terminal_json(value: &Value) -> String {
 }
 
 /// The terminal's width and whether to colour, for standard output.
-fn terminal() -> (Option<usize>, bool) {
+pub fn terminal() -> (Option<usize>, bool) {
     let stdout = std::io::stdout();
     if !stdout.is_terminal() {
         return (None, false);

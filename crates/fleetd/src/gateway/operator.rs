@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use fleet_core::{FleetError, Gid, Kind, MsgId, MsgState};
+use fleet_core::{FleetError, Gid, Kind, Message, MsgId, MsgState};
 use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
 
@@ -152,6 +152,28 @@ impl Gateway {
         name
     }
 
+    /// `message` as a listing shows it, its text only if `text`.
+    pub(super) async fn message_row(
+        &self,
+        names: &mut HashMap<Gid, String>,
+        message: Message,
+        text: bool,
+    ) -> MessageRow {
+        MessageRow {
+            msg_id: message.msg_id,
+            kind: message.kind,
+            from: message.from,
+            from_name: self.cached_name(names, message.from).await,
+            to: message.to,
+            to_name: self.cached_name(names, message.to).await,
+            state: message.state.name(),
+            reason: message.state.reason().map(str::to_string),
+            in_reply_to: message.in_reply_to,
+            created_ms: message.created_ms,
+            text: text.then_some(message.body),
+        }
+    }
+
     /// The messages of this gateway's store that `query` selects among those `caller` sent or
     /// received (a lead's tasks and what answers them; never another lead's), newest first.
     pub async fn message_rows(
@@ -180,21 +202,7 @@ impl Gateway {
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
         for message in messages {
-            let from_name = self.cached_name(&mut names, message.from).await;
-            let to_name = self.cached_name(&mut names, message.to).await;
-            rows.push(MessageRow {
-                msg_id: message.msg_id,
-                kind: message.kind,
-                from: message.from,
-                from_name,
-                to: message.to,
-                to_name,
-                state: message.state.name(),
-                reason: message.state.reason().map(str::to_string),
-                in_reply_to: message.in_reply_to,
-                created_ms: message.created_ms,
-                text: query.text.then_some(message.body),
-            });
+            rows.push(self.message_row(&mut names, message, query.text).await);
         }
         Ok(rows)
     }

@@ -11,6 +11,7 @@ mod dead;
 mod delivery;
 mod durability;
 mod federation;
+mod feed;
 mod herdr;
 mod hostile;
 mod lifecycle;

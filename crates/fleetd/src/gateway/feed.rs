@@ -1,0 +1,256 @@
+//! The live feed of the operator surfaces (`GET /api/v1/events`, `fleetd tail`, the web view)
+//! and one message's history: the store's recorded changes, told as a caller may see them.
+//! A lead sees every entity of this host come and change (the roster shows them all) and the
+//! messages it sent or received (never another lead's); their text never.
+
+use std::collections::HashMap;
+
+use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
+use fleet_store::{Change, Subject};
+use serde::Serialize;
+
+use super::{Caller, Gateway};
+
+/// The most changes one read of the feed gives; the rest come at the next.
+pub const FEED_BATCH: usize = 200;
+
+/// One change, as the feed tells it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    /// Its place in the order of this gateway's changes: read on after it to miss nothing.
+    pub seq: i64,
+    /// When it happened (Unix ms).
+    pub at_ms: i64,
+    /// What changed.
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// What changed.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "subject", rename_all = "snake_case")]
+pub enum What {
+    /// A message was made or moved to another state.
+    Message {
+        /// Its id.
+        msg_id: MsgId,
+        /// Its kind.
+        kind: Kind,
+        /// Its sender's name.
+        from_name: String,
+        /// Its recipient's name.
+        to_name: String,
+        /// The message it answers.
+        in_reply_to: Option<MsgId>,
+        /// The state it reached.
+        state: String,
+        /// Why it failed, if it did.
+        reason: Option<String>,
+    },
+    /// An entity of this host was made or changed status (`gone` when it ended).
+    Entity {
+        /// Its gid.
+        gid: Gid,
+        /// Its name.
+        name: String,
+        /// Its role.
+        role: Role,
+        /// Its profile.
+        profile: Option<String>,
+        /// The status it reached.
+        status: String,
+    },
+}
+
+/// One state a message reached, in its history.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    /// When (Unix ms).
+    pub at_ms: i64,
+    /// The state.
+    pub state: String,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+}
+
+/// `GET /api/v1/messages/{msg_id}`: one message and every state it went through.
+#[derive(Clone, Debug, Serialize)]
+pub struct MessageHistory {
+    /// The message as a listing shows it.
+    #[serde(flatten)]
+    pub message: super::MessageRow,
+    /// Its states, oldest first.
+    pub history: Vec<Step>,
+}
+
+/// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only.
+#[derive(Clone, Debug, Serialize)]
+pub struct Screen {
+    /// Whose pane.
+    pub name: String,
+    /// Its session status.
+    pub status: String,
+    /// The visible text, one line per row, as the program drew it (untrusted: show it as
+    /// text, never as markup or keys).
+    pub text: String,
+}
+
+/// Whether a message between `from` and `to` is `viewer`'s to see: one it sent or received.
+pub fn sees_message(viewer: Gid, from: Gid, to: Gid) -> bool {
+    viewer == from || viewer == to
+}
+
+impl Gateway {
+    /// Where a feed that starts now reads on from.
+    pub async fn feed_start(&self) -> Result<i64, FleetError> {
+        self.db(|s| s.last_change()).await
+    }
+
+    /// The changes after `after` that `caller` may see, oldest first, and the `seq` to read on
+    /// from (past those it may not see as well).
+    pub async fn feed(&self, caller: &Caller, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
+        let changes = self.db(move |s| s.changes_since(after, FEED_BATCH)).await?;
+        let next = changes.last().map_or(after, |c| c.seq);
+        let mut names: HashMap<Gid, String> = HashMap::new();
+        let mut events = Vec::with_capacity(changes.len());
+        for change in changes {
+            if let Some(what) = self.told(caller, &change, &mut names).await? {
+                events.push(Event {
+                    seq: change.seq,
+                    at_ms: change.at_ms,
+                    what,
+                });
+            }
+        }
+        Ok((events, next))
+    }
+
+    /// `change` as `caller` may see it, or none: a message not its own, or one or an entity
+    /// no longer in the store (pruned).
+    async fn told(
+        &self,
+        caller: &Caller,
+        change: &Change,
+        names: &mut HashMap<Gid, String>,
+    ) -> Result<Option<What>, FleetError> {
+        match change.subject {
+            Subject::Message(msg_id) => {
+                let Some(message) = self.db(move |s| s.message(msg_id)).await? else {
+                    return Ok(None);
+                };
+                if !sees_message(caller.entity.gid, message.from, message.to) {
+                    return Ok(None);
+                }
+                Ok(Some(What::Message {
+                    msg_id,
+                    kind: message.kind,
+                    from_name: self.cached_name(names, message.from).await,
+                    to_name: self.cached_name(names, message.to).await,
+                    in_reply_to: message.in_reply_to,
+                    state: change.state.clone(),
+                    reason: change.reason.clone(),
+                }))
+            }
+            Subject::Entity(gid) => {
+                let Some(record) = self.db(move |s| s.entity(gid)).await? else {
+                    return Ok(None);
+                };
+                Ok(Some(What::Entity {
+                    gid,
+                    name: record.entity.name,
+                    role: record.entity.role,
+                    profile: record.entity.profile,
+                    status: change.state.clone(),
+                }))
+            }
+        }
+    }
+
+    /// What the pane of `to` (an entity of this host) shows now. A look only: nothing is
+    /// typed, and the look is not its lead calling in.
+    pub async fn screen(&self, to: &str) -> Result<Screen, FleetError> {
+        let entity = match self.resolve_route(to)? {
+            fleet_core::routing::Route::Local(entity) => entity,
+            fleet_core::routing::Route::Remote(entity) => {
+                return Err(FleetError::invalid(format!(
+                    "'{}' runs on host '{}': its screen is shown by that host's fleetd",
+                    entity.name, entity.host
+                )));
+            }
+        };
+        let (pane, status) = {
+            let sessions = self.lock();
+            let session = sessions.panes.get(&entity.gid);
+            (
+                session.and_then(|s| s.pane.clone()),
+                session.map(|s| s.status),
+            )
+        };
+        let (Some(pane), Some(status)) = (pane, status) else {
+            return Err(FleetError::invalid(format!(
+                "'{}' has no pane: only workers and architects have a screen",
+                entity.name
+            )));
+        };
+        let snapshot = self.panes.snapshot(&pane).await.map_err(|e| {
+            FleetError::new(
+                fleet_core::ErrorCode::Gone,
+                format!("cannot read the screen of '{}': {e}", entity.name),
+            )
+        })?;
+        Ok(Screen {
+            name: entity.name,
+            status: status.as_str().to_string(),
+            text: snapshot.text,
+        })
+    }
+
+    /// One of `caller`'s messages with every state it went through; a message that is not
+    /// its own is as unknown as one that never was.
+    pub async fn message_history(
+        &self,
+        caller: &Caller,
+        msg_id: MsgId,
+    ) -> Result<MessageHistory, FleetError> {
+        let unknown = || {
+            FleetError::new(
+                fleet_core::ErrorCode::UnknownRecipient,
+                format!("no message {msg_id} of yours is kept here (it may have been pruned)"),
+            )
+        };
+        let message = self
+            .db(move |s| s.message(msg_id))
+            .await?
+            .filter(|m| sees_message(caller.entity.gid, m.from, m.to))
+            .ok_or_else(unknown)?;
+        let history = self
+            .db(move |s| s.history(msg_id))
+            .await?
+            .into_iter()
+            .map(|c| Step {
+                at_ms: c.at_ms,
+                state: c.state,
+                reason: c.reason,
+            })
+            .collect();
+        let mut names = HashMap::new();
+        Ok(MessageHistory {
+            message: self.message_row(&mut names, message, false).await,
+            history,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lead_sees_only_the_messages_it_sent_or_received() {
+        let (lead, other, w) = (Gid::mint(), Gid::mint(), Gid::mint());
+        assert!(sees_message(lead, lead, w));
+        assert!(sees_message(lead, w, lead));
+        assert!(!sees_message(lead, other, w));
+        assert!(!sees_message(lead, w, other));
+    }
+}

@@ -1,0 +1,228 @@
+//! `fleetd tail`: the gateway's live feed (`GET /api/v1/events`) as it happens, one line per
+//! change: entities made and changing status, messages made and moving through their states,
+//! failures with their reasons. `--json` prints each event as one JSON line. The stream ends
+//! with exit status 3 when the gateway goes away.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::Value;
+
+use crate::cli::Cli;
+use crate::ops::{
+    EXIT_UNREACHABLE, OpsArgs, OpsError, printable, refusal, target, terminal_json, unreachable,
+};
+
+/// `fleetd tail`
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    /// Who to ask as, and how to print.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// Start after this event number (each `--json` line has its `seq`) instead of now: what
+    /// happened since is printed first.
+    #[arg(long, value_name = "SEQ")]
+    pub after: Option<i64>,
+}
+
+/// Server-sent events read off a byte stream: whole events come out as their `data`, however
+/// the bytes were cut.
+#[derive(Debug, Default)]
+pub struct SseReader {
+    /// Bytes of a line not yet ended.
+    partial: Vec<u8>,
+    /// The data lines of the event being read.
+    data: Vec<String>,
+}
+
+impl SseReader {
+    /// Reads `bytes`; returns the data of every event they completed.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+        let mut done = Vec::new();
+        for &byte in bytes {
+            if byte != b'\n' {
+                self.partial.push(byte);
+                continue;
+            }
+            let line = String::from_utf8_lossy(&self.partial)
+                .trim_end_matches('\r')
+                .to_string();
+            self.partial.clear();
+            if line.is_empty() {
+                if !self.data.is_empty() {
+                    done.push(self.data.join("\n"));
+                    self.data.clear();
+                }
+            } else if let Some(data) = line.strip_prefix("data:") {
+                self.data
+                    .push(data.strip_prefix(' ').unwrap_or(data).to_string());
+            }
+            // `id:`, `event:`, `retry:` and `:` comments (keep-alives) carry nothing to print.
+        }
+        done
+    }
+}
+
+/// `ms` (Unix) as the UTC time of day, `HH:MM:SS.mmm`.
+pub fn clock(ms: i64) -> String {
+    let day_ms = ms.rem_euclid(86_400_000);
+    let (h, m, s, milli) = (
+        day_ms / 3_600_000,
+        day_ms / 60_000 % 60,
+        day_ms / 1000 % 60,
+        day_ms % 1000,
+    );
+    format!("{h:02}:{m:02}:{s:02}.{milli:03}")
+}
+
+/// The line `fleetd tail` prints for one event; none for one it does not know.
+pub fn event_line(event: &Value, colour: bool) -> Option<String> {
+    let text = |key: &str| printable(event[key].as_str().unwrap_or("-"));
+    let at = clock(event["at_ms"].as_i64()?);
+    let paint = |state: &str| {
+        let code = match state {
+            "failed" | "gone" => "31",
+            "queued" | "injecting" | "held" | "spawning" | "busy" | "asking" | "stopping" => "33",
+            _ => "32",
+        };
+        let state = printable(state);
+        if colour {
+            format!("\x1b[{code}m{state}\x1b[0m")
+        } else {
+            state
+        }
+    };
+    match event["subject"].as_str()? {
+        "message" => {
+            let mut line = format!(
+                "{at} message {} {} -> {} {} {}",
+                text("kind"),
+                text("from_name"),
+                text("to_name"),
+                paint(event["state"].as_str()?),
+                text("msg_id"),
+            );
+            if let Some(reason) = event["reason"].as_str() {
+                line.push_str(&format!(": {}", printable(reason)));
+            }
+            Some(line)
+        }
+        "entity" => Some(format!(
+            "{at} entity {} ({}, {}) {}",
+            text("name"),
+            text("role"),
+            text("profile"),
+            paint(event["status"].as_str()?),
+        )),
+        _ => None,
+    }
+}
+
+/// `fleetd tail`: prints the gateway's changes as they happen, until it goes away.
+pub fn tail_command(cli: &Cli, args: &TailArgs) -> anyhow::Result<()> {
+    let query: Vec<(&str, String)> = args
+        .after
+        .map(|after| ("after", after.to_string()))
+        .into_iter()
+        .collect();
+    let target = target(cli, &args.ops, "/api/v1/events", &query)?;
+    let colour = !args.ops.json && crate::ops::terminal().1;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let connect = std::time::Duration::from_secs(15);
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect)
+            .build()?;
+        let mut response = client
+            .get(&target.url)
+            .bearer_auth(&target.token)
+            .send()
+            .await
+            .map_err(|e| unreachable(&target, connect, &e))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            return Err(refusal(&target, status, &text));
+        }
+        // The feed starts once the gateway answered: say so, where a script does not parse.
+        eprintln!("fleetd: following {} (Ctrl-C to stop)", target.url);
+        let mut reader = SseReader::default();
+        let mut out = std::io::stdout().lock();
+        loop {
+            let chunk = match response.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) | Err(_) => break,
+            };
+            for data in reader.feed(&chunk) {
+                let Ok(event) = serde_json::from_str::<Value>(&data) else {
+                    continue;
+                };
+                let line = if args.ops.json {
+                    Some(terminal_json(&event).replace('\n', ""))
+                } else {
+                    event_line(&event, colour)
+                };
+                if let Some(line) = line {
+                    writeln!(out, "{line}").context("standard output")?;
+                    out.flush().context("standard output")?;
+                }
+            }
+        }
+        Err(OpsError {
+            exit: EXIT_UNREACHABLE,
+            message: format!(
+                "the gateway at {} closed the feed (was it stopped?)",
+                target.url
+            ),
+        }
+        .into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_come_whole_however_the_bytes_are_cut() {
+        let stream = b": keep-alive\n\nid: 4\ndata: {\"a\":1}\n\nid: 5\r\ndata:{\"b\":2}\r\n\r\n";
+        for cut in 0..stream.len() {
+            let mut reader = SseReader::default();
+            let mut got = reader.feed(&stream[..cut]);
+            got.extend(reader.feed(&stream[cut..]));
+            assert_eq!(got, ["{\"a\":1}", "{\"b\":2}"], "cut at {cut}");
+        }
+        // An event not yet ended by its blank line is not given out.
+        assert!(SseReader::default().feed(b"data: x\n").is_empty());
+    }
+
+    #[test]
+    fn a_line_names_what_changed_and_never_carries_a_control_character() {
+        let message = serde_json::json!({
+            "seq": 9, "at_ms": 3_723_004_i64, "subject": "message", "msg_id": "m1",
+            "kind": "FAILED", "from_name": "w1", "to_name": "lead\u{1b}[2J",
+            "state": "failed", "reason": "its worker\u{7} stopped",
+        });
+        assert_eq!(
+            event_line(&message, false).unwrap(),
+            "01:02:03.004 message FAILED w1 -> lead?[2J failed m1: its worker? stopped"
+        );
+        assert!(
+            event_line(&message, true)
+                .unwrap()
+                .contains("\x1b[31mfailed\x1b[0m")
+        );
+        let entity = serde_json::json!({
+            "seq": 10, "at_ms": 0, "subject": "entity", "gid": "g", "name": "w1",
+            "role": "worker", "profile": "sim", "status": "idle",
+        });
+        assert_eq!(
+            event_line(&entity, false).unwrap(),
+            "00:00:00.000 entity w1 (worker, sim) idle"
+        );
+        assert!(event_line(&serde_json::json!({"subject": "other", "at_ms": 1}), false).is_none());
+    }
+}
