@@ -2,7 +2,8 @@
 # Runs fleetd's whole test suite, after cargo fmt --check and clippy. First installs what a
 # fresh Debian machine lacks: tmux (the tests drive real tmux servers), bubblewrap (the sandbox
 # tests' runtime), systemd-analyze (the unit in contrib/ is checked), rabbitmq-server (the
-# federation tests' broker, and their private node), in a
+# federation tests' broker, and their private node), chromium and chromium-driver (the web
+# view is tested in a real browser), in a
 # virtualenv outside the tree the Python `mcp` SDK (a second real MCP client) and the Prometheus
 # client (its OpenMetrics parser reads /metrics in the tests), and outside the
 # tree the pinned Claude Code and opencode releases from npm (real agent workers, on a scripted
@@ -23,6 +24,9 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 [ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 ||
   missing+=(rabbitmq-server)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# The web view's test drives a real headless Chromium through its WebDriver.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

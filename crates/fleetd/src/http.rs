@@ -1,7 +1,9 @@
 //! The HTTP front: `GET /healthz` and the MCP endpoint at `/mcp`, behind two layers:
 //! a `Host`/`Origin` guard (DNS-rebinding defence: 403 unless loopback or this gateway's own
 //! advertised host) and bearer authentication (401 unless the token maps to a live entity).
-//! The authenticated caller rides in the request's extensions down to the tool.
+//! The authenticated caller rides in the request's extensions down to the tool. The operator
+//! surfaces (`/api/v1`, `/metrics`, the web view at `/ui`) take a lead's token, or the web
+//! view's session cookie standing for one.
 
 use std::sync::Arc;
 
@@ -29,6 +31,8 @@ use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
 use crate::mcp_config;
 use crate::token;
+use crate::ui;
+use crate::websession::{self, WebSessions};
 
 /// The header a lead sets to its `$TMUX_PANE`, for nudges.
 pub const PANE_HEADER: &str = "x-fleet-pane";
@@ -199,24 +203,75 @@ async fn api_roster(
     answered(gateway.roster(&caller).await)
 }
 
-/// Lets through only a lead's bearer token, without counting the request as the lead calling
-/// in (the operator surfaces: `/metrics`, `/api/v1`); the caller is in the request's
-/// extensions.
-async fn lead_only(State(gateway): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
-    let bearer = match bearer(req.headers()) {
-        Ok(bearer) => bearer,
-        Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
+/// What the operator surfaces check a request against: the gateway's leads, and the web
+/// view's sessions.
+#[derive(Clone)]
+struct Operators {
+    gateway: Arc<Gateway>,
+    web: Arc<WebSessions>,
+}
+
+/// Whether `method` only reads (no CSRF token needed).
+fn reads_only(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD)
+}
+
+/// Lets through only a lead: its bearer token, or the web view's session cookie standing for
+/// it (an action, anything but a read, must then carry the session's CSRF token too). It does
+/// not count the request as the lead calling in (the operator surfaces: `/metrics`,
+/// `/api/v1`, the web view's). The caller is in the request's extensions, with the web
+/// session when it came with one.
+async fn lead_only(State(ops): State<Operators>, mut req: Request, next: Next) -> Response {
+    let cookie = header_text(req.headers(), header::COOKIE.as_str())
+        .and_then(|cookies| websession::cookie_value(cookies, websession::COOKIE))
+        .map(str::to_string);
+    let has_bearer = req.headers().contains_key(header::AUTHORIZATION);
+    let (hash, session) = match (cookie, has_bearer) {
+        (Some(cookie), false) => {
+            let Some(session) = ops.web.find(&cookie, std::time::Instant::now()) else {
+                return refuse(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "your web session has ended (signed out, expired, or fleetd restarted): sign in again at /ui".into(),
+                );
+            };
+            let given = header_text(req.headers(), websession::CSRF_HEADER);
+            if !reads_only(req.method()) && !websession::csrf_ok(&session, given) {
+                return refuse(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!(
+                        "this action needs the page's CSRF token in {}: reload the page",
+                        websession::CSRF_HEADER
+                    ),
+                );
+            }
+            (session.token_hash, Some((cookie, session)))
+        }
+        _ => match bearer(req.headers()) {
+            Ok(bearer) => (token::hash(bearer), None),
+            Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
+        },
     };
-    match gateway.lead_caller(&token::hash(bearer)) {
+    match ops.gateway.lead_caller(&hash) {
         Ok(Some(caller)) => {
             req.extensions_mut().insert(caller);
+            if let Some((cookie, session)) = session {
+                req.extensions_mut()
+                    .insert(ui::SignedIn { cookie, session });
+            }
             next.run(req).await
         }
-        Ok(None) => refuse(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "only a lead's bearer token may use this (`fleetd token NAME` prints one)".into(),
-        ),
+        Ok(None) => {
+            if let Some((cookie, _)) = &session {
+                ops.web.close(cookie);
+            }
+            refuse(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "only a lead's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
+            )
+        }
         Err(e) => refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             e.code.as_str(),
@@ -542,7 +597,9 @@ pub fn app(
         sessions,
         config,
     );
-    // The operator surfaces: a lead's token only, and no call-in.
+    // The operator surfaces: a lead's token (or the web view's session for it) only, and no
+    // call-in.
+    let web = Arc::new(WebSessions::default());
     let operator = Router::new()
         .route("/api/v1/roster", get(api_roster))
         .route("/api/v1/messages", get(api_messages))
@@ -553,10 +610,16 @@ pub fn app(
         .route("/api/v1/send", post(api_send))
         .route("/api/v1/stop", post(api_stop))
         .route("/metrics", get(metrics))
+        .route("/ui/me", get(ui::me))
+        .route("/ui/signout", post(ui::sign_out))
         .layer(Extension(operator_calls))
         .layer(Extension(Shutdown(shutdown.child_token())))
+        .layer(Extension(Arc::clone(&web)))
         .layer(middleware::from_fn_with_state(
-            Arc::clone(&gateway),
+            Operators {
+                gateway: Arc::clone(&gateway),
+                web: Arc::clone(&web),
+            },
             lead_only,
         ))
         .with_state(Arc::clone(&gateway));
@@ -570,9 +633,10 @@ pub fn app(
         ));
     Router::new()
         .route("/healthz", get(healthz))
-        .with_state(gateway)
+        .with_state(Arc::clone(&gateway))
         .merge(protected)
         .merge(operator)
+        .merge(ui::pages(gateway, web))
         .layer(middleware::from_fn_with_state(
             Arc::new(allowed),
             guard_host,

@@ -22,3 +22,5 @@ pub mod serve;
 pub mod state;
 pub mod tail;
 pub mod token;
+pub mod ui;
+pub mod websession;

@@ -109,7 +109,7 @@ pub struct MessageRow {
     pub to_name: String,
     /// Its state.
     pub state: &'static str,
-    /// Why it failed, if it did.
+    /// Why it failed, if it did; for a FAILED notice, the failure it tells of.
     pub reason: Option<String>,
     /// The message it answers.
     pub in_reply_to: Option<MsgId>,
@@ -167,7 +167,12 @@ impl Gateway {
             to: message.to,
             to_name: self.cached_name(names, message.to).await,
             state: message.state.name(),
-            reason: message.state.reason().map(str::to_string),
+            // A FAILED notice's text is the reason it tells (fleetd's words, never a task's).
+            reason: message
+                .state
+                .reason()
+                .map(str::to_string)
+                .or_else(|| (message.kind == Kind::Failed).then(|| message.body.clone())),
             in_reply_to: message.in_reply_to,
             created_ms: message.created_ms,
             text: text.then_some(message.body),

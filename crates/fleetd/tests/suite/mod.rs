@@ -23,6 +23,7 @@ mod sandbox;
 mod service;
 mod tls;
 mod trust;
+mod webview;
 
 use std::time::Duration;
 

@@ -1,0 +1,160 @@
+//! The web view at `/ui`: one page, its script and its style, served from the binary (no build
+//! step, no third-party code), that signs a lead in with its token once (a session cookie from
+//! then on: see [`crate::websession`]) and then reads the operator API like any client:
+//! the roster and hosts, the lead's messages, the live feed (`/api/v1/events`, server-sent),
+//! a worker's screen, and stop buttons. Every value from the fleet reaches the page as text
+//! (the script never builds markup from data), and a strict Content-Security-Policy lets the
+//! page run only its own script.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Extension, Form, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::gateway::{Caller, Gateway};
+use crate::token;
+use crate::websession::{WebSession, WebSessions, clear_cookie, set_cookie};
+
+const INDEX: &str = include_str!("ui/index.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+const STYLE: &str = include_str!("ui/app.css");
+
+/// What the page may load and do: its own script, style and API only; no frames, no plugins,
+/// no inline script, no form posted anywhere else.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// A browser signed in through the web view: its cookie and its session.
+#[derive(Clone, Debug)]
+pub struct SignedIn {
+    /// The session cookie's value.
+    pub cookie: String,
+    /// The session.
+    pub session: WebSession,
+}
+
+/// `body` as `content_type`, with the headers that keep the page to itself.
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, POLICY),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        // Not `no-referrer`: with it a browser posts the sign-in form with `Origin: null`,
+        // which the gateway's origin check rightly refuses.
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+/// The sign-in form's fields.
+#[derive(Debug, Deserialize)]
+pub struct SignIn {
+    /// A lead's bearer token, pasted.
+    token: String,
+}
+
+/// `POST /ui/session` (the sign-in form): a lead's token opens a session, its cookie set and
+/// the browser sent back to the page; anything else sends it back to the form, saying so.
+async fn sign_in(
+    State((gateway, web)): State<(Arc<Gateway>, Arc<WebSessions>)>,
+    form: Result<Form<SignIn>, FormRejection>,
+) -> Response {
+    let refused = || Redirect::to("/ui?signin=refused").into_response();
+    let Ok(Form(form)) = form else {
+        return refused();
+    };
+    let hash = token::hash(form.token.trim());
+    match gateway.lead_caller(&hash) {
+        Ok(Some(caller)) => match web.open(hash, std::time::Instant::now()) {
+            Ok(opened) => {
+                tracing::info!(lead = %caller.entity.name, "signed in to the web view");
+                let mut response = Redirect::to("/ui").into_response();
+                if let Ok(value) = HeaderValue::from_str(&set_cookie(&opened.cookie)) {
+                    response.headers_mut().insert(header::SET_COOKIE, value);
+                }
+                response
+            }
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot make a session: {e}"),
+            )
+                .into_response(),
+        },
+        Ok(None) => {
+            tracing::warn!("REFUSED a web view sign-in: not a lead's token");
+            refused()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.message).into_response(),
+    }
+}
+
+/// `GET /ui/me`: who is signed in, and the CSRF token the page sends with its actions (none
+/// for a bearer token: it needs none).
+pub async fn me(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    signed_in: Option<Extension<SignedIn>>,
+) -> Response {
+    Json(json!({
+        "name": caller.entity.name,
+        "gid": caller.entity.gid,
+        "host": gateway.host_id(),
+        "csrf": signed_in.map(|Extension(s)| s.session.csrf),
+    }))
+    .into_response()
+}
+
+/// `POST /ui/signout`: ends the browser's session and clears its cookie.
+pub async fn sign_out(
+    Extension(web): Extension<Arc<WebSessions>>,
+    signed_in: Option<Extension<SignedIn>>,
+) -> Response {
+    if let Some(Extension(signed_in)) = signed_in {
+        web.close(&signed_in.cookie);
+    }
+    let mut response = Json(json!({ "signed_out": true })).into_response();
+    if let Ok(value) = HeaderValue::from_str(&clear_cookie()) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// The web view's own routes (its page, script, style, and the sign-in form), open to anyone
+/// who reaches the gateway: everything they show of the fleet comes through the API, behind
+/// sign-in.
+pub fn pages(gateway: Arc<Gateway>, web: Arc<WebSessions>) -> Router {
+    Router::new()
+        .route("/ui", get(index))
+        .route("/ui/app.js", get(script))
+        .route("/ui/app.css", get(style))
+        .route("/ui/session", post(sign_in))
+        .with_state((gateway, web))
+}

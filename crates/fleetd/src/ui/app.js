@@ -1,0 +1,287 @@
+// fleetd's web view. Everything the fleet says reaches the page through textContent, never as
+// markup: names, reasons and screens are untrusted text.
+'use strict';
+
+const view = {
+  me: null,
+  trails: new Map(), // msg_id -> the states the feed showed it in, in order
+  replied: new Set(), // msg_ids a reply answered
+  failures: new Map(), // msg_id -> why it was not delivered, from the FAILED notice about it
+  screen: null, // whose screen is open
+  refreshing: false,
+  again: false,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function problem(text) {
+  const node = $('problem');
+  node.textContent = text || '';
+  node.hidden = !text;
+}
+
+async function api(path, body) {
+  const options = { credentials: 'same-origin', headers: {} };
+  if (body !== undefined) {
+    options.method = 'POST';
+    options.headers['Content-Type'] = 'application/json';
+    options.headers['X-Fleet-CSRF'] = view.me ? view.me.csrf : '';
+    options.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, options);
+  const answer = await response.json().catch(() => ({}));
+  if (response.status === 401) {
+    showSignIn();
+    throw new Error(answer.message || 'signed out');
+  }
+  if (!response.ok) throw new Error(answer.message || response.statusText);
+  return answer;
+}
+
+function ago(ms) {
+  if (ms === null || ms === undefined) return '-';
+  const s = Math.max(0, Math.floor((Date.now() - ms) / 1000));
+  if (s < 60) return s + 's ago';
+  if (s < 3600) return Math.floor(s / 60) + 'm ago';
+  if (s < 86400) return Math.floor(s / 3600) + 'h ago';
+  return Math.floor(s / 86400) + 'd ago';
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour12: false }) + '.' + String(ms % 1000).padStart(3, '0');
+}
+
+function statusCell(text, prefix) {
+  return el('td', text === null || text === undefined ? '-' : text, text ? prefix + '-' + text : '');
+}
+
+function showSignIn() {
+  $('fleet').hidden = true;
+  $('signout').hidden = true;
+  $('live').hidden = true;
+  $('signin').hidden = false;
+  $('token').focus();
+}
+
+function drawHosts(hosts) {
+  const body = $('hosts').tBodies[0];
+  body.replaceChildren(...hosts.map((h) => {
+    const row = el('tr');
+    row.dataset.host = h.host;
+    row.append(
+      el('td', h.host),
+      statusCell(h.status, 'status'),
+      el('td', h.last_seen_ms === null ? '(this one)' : ago(h.last_seen_ms)),
+      el('td', (h.profiles || []).join(', ') || '-'),
+    );
+    return row;
+  }));
+}
+
+function stopButton(entity) {
+  const button = el('button', 'Stop', 'stop');
+  button.type = 'button';
+  let timer = null;
+  button.addEventListener('click', async () => {
+    if (!button.classList.contains('armed')) {
+      button.classList.add('armed');
+      button.textContent = 'Confirm stop';
+      timer = setTimeout(() => { button.classList.remove('armed'); button.textContent = 'Stop'; }, 5000);
+      return;
+    }
+    clearTimeout(timer);
+    button.disabled = true;
+    button.textContent = 'Stopping…';
+    try {
+      await api('/api/v1/stop', { to: entity.gid });
+      problem('');
+    } catch (e) {
+      problem('Could not stop ' + entity.name + ': ' + e.message);
+    }
+    refresh();
+  });
+  return button;
+}
+
+function screenButton(entity) {
+  const button = el('button', 'Screen', 'show-screen');
+  button.type = 'button';
+  button.addEventListener('click', () => openScreen(entity.name));
+  return button;
+}
+
+function drawEntities(entities) {
+  const body = $('entities').tBodies[0];
+  body.replaceChildren(...entities.map((e) => {
+    const row = el('tr');
+    row.dataset.name = e.name;
+    row.dataset.status = e.status;
+    const actions = el('td');
+    if (e.role !== 'lead') {
+      if (e.host === view.me.host) actions.append(screenButton(e), ' ');
+      actions.append(stopButton(e));
+    }
+    row.append(
+      el('td', e.name),
+      el('td', e.host),
+      el('td', e.slot ? e.role + ' (' + e.slot + ')' : e.role),
+      el('td', e.profile || '-'),
+      statusCell(e.status, 'status'),
+      statusCell(e.agent_status, 'status'),
+      el('td', e.held === null ? '-' : e.held, 'num'),
+      el('td', e.queued === null ? '-' : e.queued, 'num'),
+      el('td', ago(e.last_seen_ms)),
+      actions,
+    );
+    return row;
+  }));
+}
+
+// The states message `m` went through: those the feed showed, then where it is now.
+function trailOf(m) {
+  const trail = (view.trails.get(m.msg_id) || []).slice();
+  if (trail[trail.length - 1] !== m.state) trail.push(m.state);
+  if (view.replied.has(m.msg_id)) trail.push('replied');
+  else if (view.failures.has(m.msg_id) && m.state !== 'failed') trail.push('failed');
+  return trail;
+}
+
+// "2 queued · 1 failed": how the messages listed stand, failures first.
+function tally(messages) {
+  const counts = new Map();
+  for (const m of messages) counts.set(m.state, (counts.get(m.state) || 0) + 1);
+  const order = ['failed', 'queued', 'injecting', 'held', 'injected', 'consumed'];
+  const node = $('tally');
+  node.replaceChildren();
+  for (const state of order) {
+    if (!counts.has(state)) continue;
+    if (node.childNodes.length) node.append(' · ');
+    node.append(el('span', counts.get(state) + ' ' + state, 'state-' + state));
+  }
+}
+
+function drawMessages(messages) {
+  for (const m of messages) {
+    if (m.kind === 'REPLY' && m.in_reply_to) view.replied.add(m.in_reply_to);
+    if (m.kind === 'FAILED' && m.in_reply_to) view.failures.set(m.in_reply_to, m.reason || '');
+  }
+  tally(messages);
+  const body = $('messages').tBodies[0];
+  body.replaceChildren(...messages.map((m) => {
+    const failed = m.state === 'failed' || m.kind === 'FAILED' || view.failures.has(m.msg_id);
+    const row = el('tr', null, failed ? 'failed' : '');
+    row.dataset.msgId = m.msg_id;
+    row.dataset.kind = m.kind;
+    row.dataset.to = m.to_name;
+    const trail = el('td', null, 'trail');
+    for (const state of trailOf(m)) trail.append(el('span', state, 'state-' + state));
+    row.append(
+      el('td', clock(m.created_ms)),
+      el('td', m.kind),
+      el('td', m.from_name),
+      el('td', m.to_name),
+      trail,
+      el('td', m.reason || view.failures.get(m.msg_id) || ''),
+    );
+    return row;
+  }));
+}
+
+async function refresh() {
+  if (view.refreshing) { view.again = true; return; }
+  view.refreshing = true;
+  try {
+    const [roster, listed] = await Promise.all([api('/api/v1/roster'), api('/api/v1/messages?limit=50')]);
+    drawHosts(roster.hosts);
+    drawEntities(roster.entities);
+    drawMessages(listed.messages);
+  } catch (e) {
+    problem(e.message);
+  } finally {
+    view.refreshing = false;
+    if (view.again) { view.again = false; refresh(); }
+  }
+}
+
+function feedLine(ev) {
+  if (ev.subject === 'message') {
+    let text = clock(ev.at_ms) + ' message ' + ev.kind + ' ' + ev.from_name + ' → ' + ev.to_name + ' ' + ev.state;
+    if (ev.reason) text += ': ' + ev.reason;
+    return el('li', text, ev.state === 'failed' || ev.kind === 'FAILED' ? 'failed' : '');
+  }
+  return el('li', clock(ev.at_ms) + ' ' + ev.role + ' ' + ev.name + ' ' + ev.status, ev.status === 'gone' ? 'failed' : '');
+}
+
+function onEvent(ev) {
+  if (ev.subject === 'message') {
+    const trail = view.trails.get(ev.msg_id) || [];
+    if (trail[trail.length - 1] !== ev.state) trail.push(ev.state);
+    view.trails.set(ev.msg_id, trail);
+    if (ev.kind === 'REPLY' && ev.in_reply_to) view.replied.add(ev.in_reply_to);
+  }
+  const feed = $('feed');
+  feed.prepend(feedLine(ev));
+  while (feed.children.length > 200) feed.lastChild.remove();
+  refresh();
+}
+
+function follow() {
+  const source = new EventSource('/api/v1/events');
+  const live = $('live');
+  live.hidden = false;
+  source.onopen = () => { live.dataset.live = 'true'; live.textContent = 'live'; refresh(); };
+  source.onerror = () => { live.dataset.live = 'false'; live.textContent = 'reconnecting…'; };
+  source.onmessage = (message) => {
+    try { onEvent(JSON.parse(message.data)); } catch (e) { problem('a bad event: ' + e.message); }
+  };
+}
+
+async function showScreen() {
+  if (!view.screen) return;
+  try {
+    const screen = await api('/api/v1/screen?name=' + encodeURIComponent(view.screen));
+    $('screen-text').textContent = screen.text.replace(/\s+$/, '');
+  } catch (e) {
+    $('screen-text').textContent = '(' + e.message + ')';
+  }
+}
+
+function openScreen(name) {
+  view.screen = name;
+  $('screen-name').textContent = name;
+  $('screen').hidden = false;
+  showScreen();
+}
+
+async function start() {
+  if (new URLSearchParams(location.search).get('signin') === 'refused') $('signin-error').hidden = false;
+  $('screen-close').addEventListener('click', () => { view.screen = null; $('screen').hidden = true; });
+  $('signout').addEventListener('click', async () => {
+    try { await api('/ui/signout', {}); } catch (e) { problem(e.message); }
+    location.replace('/ui');
+  });
+  try {
+    view.me = await api('/ui/me');
+  } catch (e) {
+    return;
+  }
+  $('who').textContent = view.me.name + ' @ ' + view.me.host;
+  $('signin').hidden = true;
+  $('fleet').hidden = false;
+  $('signout').hidden = false;
+  if (location.search) history.replaceState(null, '', '/ui');
+  await refresh();
+  follow();
+  // Other hosts come and go through presence, not this gateway's feed: look again now and then.
+  setInterval(refresh, 5000);
+  setInterval(showScreen, 1000);
+}
+
+document.addEventListener('DOMContentLoaded', start);

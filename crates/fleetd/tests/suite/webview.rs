@@ -1,0 +1,362 @@
+//! The web view at `/ui` in a real browser: Debian's Chromium, headless, driven over WebDriver
+//! by its `chromedriver`. A person signs in with a lead's token, sees a worker the lead spawns
+//! appear live, watches its task go queued → injected → replied, reads its screen, and stops it
+//! from the page; the cookie stays out of the page's reach and an action without the page's
+//! CSRF token is refused. Screenshots are saved under the target dir's `tmp/webview/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::Fleet;
+use fleet_testkit::wait::until;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Value, json};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// A headless Chromium under its own chromedriver, both gone when this is dropped.
+struct Browser {
+    driver: tokio::process::Child,
+    client: Option<Client>,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        // Its own process group, so Chromium (its child) goes with it.
+        let driver = tokio::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let status = format!("http://127.0.0.1:{port}/status");
+        until(
+            "chromedriver to be ready",
+            Duration::from_secs(20),
+            || async {
+                let answer = reqwest::get(&status)
+                    .await
+                    .ok()?
+                    .json::<Value>()
+                    .await
+                    .ok()?;
+                (answer["value"]["ready"] == true).then_some(())
+            },
+        )
+        .await?;
+        let profile = tempfile::tempdir()?;
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": [
+                    "--headless=new",
+                    // Chromium's own sandbox cannot start as root (CI runs as root).
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1280,1000",
+                    format!("--user-data-dir={}", profile.path().display()),
+                    // Offline, its start page would wait on DNS for seconds: only loopback
+                    // resolves.
+                    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+                ],
+            },
+        });
+        let Value::Object(capabilities) = capabilities else {
+            anyhow::bail!("capabilities are an object");
+        };
+        // chromedriver speaks plain HTTP on loopback: no TLS.
+        let client = ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await?;
+        Ok(Self {
+            driver,
+            client: Some(client),
+            _profile: profile,
+        })
+    }
+
+    fn page(&self) -> anyhow::Result<&Client> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("the browser is closed"))
+    }
+
+    async fn close(mut self) -> anyhow::Result<()> {
+        if let Some(client) = self.client.take() {
+            client.close().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(pid) = self
+            .driver
+            .id()
+            .and_then(|pid| rustix::process::Pid::from_raw(i32::try_from(pid).unwrap_or(0)))
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// Where the screenshots go.
+fn artifacts() -> anyhow::Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("webview");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn screenshot(page: &Client, name: &str) -> anyhow::Result<()> {
+    let png = page.screenshot().await?;
+    anyhow::ensure!(png.starts_with(b"\x89PNG"), "not a PNG");
+    let path = artifacts()?.join(format!("{name}.png"));
+    std::fs::write(&path, png)?;
+    eprintln!("screenshot: {}", path.display());
+    Ok(())
+}
+
+/// The page's text of every element `css` finds, once `ok` holds for them.
+async fn steps_until(
+    page: &Client,
+    what: &str,
+    css: &str,
+    ok: impl Fn(&[String]) -> bool,
+) -> anyhow::Result<Vec<String>> {
+    let last = std::sync::Mutex::new(Vec::new());
+    let found = until(what, Duration::from_secs(30), || async {
+        let mut texts = Vec::new();
+        for element in page.find_all(Locator::Css(css)).await.ok()? {
+            texts.push(element.text().await.ok()?);
+        }
+        let done = ok(&texts);
+        if let Ok(mut last) = last.lock() {
+            last.clone_from(&texts);
+        }
+        done.then_some(texts)
+    })
+    .await;
+    found.map_err(|e| anyhow::anyhow!("{e}; the page showed {:?}", last.lock().map(|l| l.clone())))
+}
+
+/// Waits for `css` to match; if it never does, the error holds what the page showed (and a
+/// screenshot of it is saved).
+async fn visible(page: &Client, css: &str) -> anyhow::Result<()> {
+    let found = page
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(css))
+        .await;
+    if let Err(e) = found {
+        let _ = screenshot(page, "failed").await;
+        let shown = page
+            .find(Locator::Css("body"))
+            .await?
+            .text()
+            .await
+            .unwrap_or_default();
+        anyhow::bail!("'{css}' never showed ({e}); the page showed:\n{shown}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_the_page()
+-> anyhow::Result<()> {
+    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+        eprintln!(
+            "SKIPPED: {CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver)"
+        );
+        return Ok(());
+    }
+    let fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let token = fleet.token("lead")?;
+    let browser = Browser::start().await?;
+    let page = browser.page()?;
+    page.goto(&format!("{}/ui", fleet.base())).await?;
+    visible(page, "#signin:not([hidden]) #token").await?;
+
+    // A token that is not a lead's: back to the form, saying so.
+    page.find(Locator::Css("#token"))
+        .await?
+        .send_keys("fleet_not-a-token")
+        .await?;
+    page.find(Locator::Css("#signin-button"))
+        .await?
+        .click()
+        .await?;
+    visible(page, "#signin-error:not([hidden])").await?;
+    // The lead's token, pasted once.
+    page.find(Locator::Css("#token"))
+        .await?
+        .send_keys(&token)
+        .await?;
+    page.find(Locator::Css("#signin-button"))
+        .await?
+        .click()
+        .await?;
+    visible(page, "#live[data-live='true']").await?;
+    let who = page.find(Locator::Css("#who")).await?.text().await?;
+    assert_eq!(who, "lead @ testhost");
+    // The session cookie is out of the page's scripts' reach.
+    let cookies = page.execute("return document.cookie", vec![]).await?;
+    assert_eq!(cookies, json!(""), "an HttpOnly cookie");
+    let cookie = page.get_named_cookie("fleetd_session").await?;
+    assert_eq!(cookie.http_only(), Some(true));
+    assert_eq!(format!("{:?}", cookie.same_site()), "Some(Strict)");
+
+    // The lead spawns a worker: it appears on the page without a reload.
+    lead.spawn("sim", "w1").await?;
+    visible(page, "#entities tr[data-name='w1'][data-status='idle']").await?;
+    screenshot(page, "1-worker-spawned").await?;
+
+    // A task that takes a while, its text hostile markup: the page shows it in flight, then
+    // answered, and never as markup.
+    let sender = fleet.lead("lead", Protocol::Stateless).await?;
+    let sending = tokio::spawn(async move {
+        sender
+            .ok(
+                "fleet_send",
+                json!({"to": "w1", "message": "/slow 1500 <img id=pwned src=x>", "wait_s": 30}),
+            )
+            .await
+    });
+    visible(page, "#entities tr[data-name='w1'][data-status='busy']").await?;
+    screenshot(page, "2-task-in-flight").await?;
+    let sent = sending.await??;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    let task = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    let trail = format!("#messages tr[data-msg-id='{task}'] td.trail span");
+    let states = steps_until(
+        page,
+        "the task's states up to its reply",
+        &trail,
+        |states| states.last().is_some_and(|s| s == "replied"),
+    )
+    .await?;
+    assert_eq!(states, ["queued", "injecting", "injected", "replied"]);
+    let reply_row = "#messages tr[data-kind='REPLY'][data-to='lead'] td.trail span";
+    let reply_states = steps_until(page, "the reply taken", reply_row, |states| {
+        states.last().is_some_and(|s| s == "consumed")
+    })
+    .await?;
+    assert!(reply_states.contains(&"consumed".to_string()));
+    assert!(
+        page.find(Locator::Css("#pwned")).await.is_err(),
+        "a task's text never becomes markup"
+    );
+
+    // Its screen, read-only: what the program shows, the hostile text as text.
+    page.find(Locator::Css(
+        "#entities tr[data-name='w1'] button.show-screen",
+    ))
+    .await?
+    .click()
+    .await?;
+    let screen = until("w1's screen", Duration::from_secs(30), || async {
+        let text = page
+            .find(Locator::Css("#screen-text"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.contains("[replied]").then_some(text)
+    })
+    .await?;
+    assert!(screen.contains("<img id=pwned src=x>"), "{screen}");
+    assert!(page.find(Locator::Css("#pwned")).await.is_err());
+    screenshot(page, "3-task-replied-and-screen").await?;
+
+    // An action without the page's CSRF token is refused, even from the page itself.
+    let forged = page
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/api/v1/stop', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                    body: JSON.stringify({to: 'w1'})})
+               .then(r => done(r.status));",
+            vec![],
+        )
+        .await?;
+    assert_eq!(forged, json!(403));
+    let listed = lead.ok("fleet_list", json!({})).await?;
+    assert!(listed.to_string().contains("\"w1\""), "w1 still runs");
+
+    // A task that fails stands out, with its reason.
+    lead.spawn("sim", "w2").await?;
+    let crashed = lead
+        .ok(
+            "fleet_send",
+            json!({"to": "w2", "message": "/crash", "wait_s": 30}),
+        )
+        .await?;
+    let failed = crashed["msg_id"].as_str().unwrap_or_default().to_string();
+    let reason = steps_until(
+        page,
+        "the failed task highlighted with its reason",
+        &format!("#messages tr.failed[data-msg-id='{failed}'] td:last-child"),
+        |cells| cells.iter().any(|c| c.contains("ended before replying")),
+    )
+    .await?;
+    assert_eq!(reason.len(), 1, "{reason:?}");
+    let trail = format!("#messages tr[data-msg-id='{failed}'] td.trail span");
+    let states = steps_until(page, "the failed task's states", &trail, |s| {
+        s.last().is_some_and(|s| s == "failed")
+    })
+    .await?;
+    assert_eq!(states, ["queued", "injecting", "injected", "failed"]);
+    screenshot(page, "4-failure-highlighted").await?;
+
+    // Stopped from the page: one click arms the button, the second stops it.
+    let stop = "#entities tr[data-name='w1'] button.stop";
+    page.find(Locator::Css(stop)).await?.click().await?;
+    visible(page, "#entities tr[data-name='w1'] button.stop.armed").await?;
+    page.find(Locator::Css(stop)).await?.click().await?;
+    until("w1 gone from the page", Duration::from_secs(30), || async {
+        page.find(Locator::Css("#entities tr[data-name='w1']"))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await?;
+    let listed = lead.ok("fleet_list", json!({})).await?;
+    assert!(!listed.to_string().contains("\"w1\""), "{listed}");
+    let feed = steps_until(page, "the feed telling w1 went", "#feed li", |lines| {
+        lines.iter().any(|l| l.ends_with("worker w1 gone"))
+    })
+    .await?;
+    assert!(
+        feed.iter()
+            .any(|l| l.contains("message SEND lead → w1 injected")),
+        "{feed:#?}"
+    );
+    screenshot(page, "5-worker-stopped").await?;
+
+    // Signed out: back to the form, and the cookie opens nothing any more.
+    page.find(Locator::Css("#signout")).await?.click().await?;
+    visible(page, "#signin:not([hidden])").await?;
+    let status = page
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/api/v1/roster').then(r => done(r.status));",
+            vec![],
+        )
+        .await?;
+    assert_eq!(status, json!(401));
+    browser.close().await?;
+    Ok(())
+}
