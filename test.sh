@@ -5,7 +5,8 @@
 # federation tests' broker, and their private node), chromium and chromium-driver (the web
 # view is tested in a real browser), in a
 # virtualenv outside the tree the Python `mcp` SDK (a second real MCP client) and the Prometheus
-# client (its OpenMetrics parser reads /metrics in the tests), and outside the
+# client (its OpenMetrics parser reads /metrics in the tests) and openapi-spec-validator (the
+# API's OpenAPI document is checked, and what the API answers against it), and outside the
 # tree the pinned Claude Code and opencode releases from npm (real agent workers, on a scripted
 # model).
 # Extra arguments go to the test runner.
@@ -35,9 +36,9 @@ if ((${#missing[@]})); then
 fi
 
 venv="${FLEET_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetd/test-venv}"
-if ! "$venv/bin/python" -c 'import mcp, prometheus_client' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import mcp, prometheus_client, openapi_spec_validator' >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet 'mcp==2.3.0' 'prometheus-client==0.21.1'
+  "$venv/bin/pip" install --quiet 'mcp==2.3.0' 'prometheus-client==0.21.1' 'openapi-spec-validator==0.7.1'
 fi
 export FLEET_TEST_PYTHON="$venv/bin/python"
 

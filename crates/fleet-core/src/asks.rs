@@ -16,7 +16,7 @@ use crate::ids::{Gid, MsgId};
 pub const OVER_KEPT: usize = 256;
 
 /// A question as the lead sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Question {
     /// Answer it with `fleet_send{turn_id, message}`.
     pub turn_id: String,

@@ -12,7 +12,9 @@ use crate::ids::Gid;
 pub const MAX_NAME_LEN: usize = 64;
 
 /// What an entity may do and how it is reached.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Human-driven, declared in config, reached by MCP pull (and a nudge into its pane).

@@ -16,7 +16,7 @@ use crate::ids::{Gid, MsgId, TraceId};
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// What a message is. The names are those of the cross-host envelope (spec 10 §2.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Kind {
     /// A task or message sent to an entity.

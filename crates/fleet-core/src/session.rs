@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::FleetError;
 
 /// Where a pane-bound entity is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WorkerStatus {
     /// Its pane is up; it has not yet called in.

@@ -19,7 +19,6 @@ use fleet_core::ErrorCode;
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -30,6 +29,7 @@ use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
 use crate::mcp_config;
+use crate::openapi::{EventsQuery, HostsView, MessagesView, Refusal, ScreenQuery, StopBody};
 use crate::token;
 use crate::ui;
 use crate::websession::{self, WebSessions};
@@ -82,11 +82,11 @@ impl AllowedHosts {
 }
 
 fn refuse(status: StatusCode, code: &str, message: String) -> Response {
-    let mut response = (
-        status,
-        axum::Json(json!({ "error": code, "message": message })),
-    )
-        .into_response();
+    let refusal = Refusal {
+        error: code.to_string(),
+        message,
+    };
+    let mut response = (status, axum::Json(refusal)).into_response();
     if status == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -308,16 +308,8 @@ async fn api_messages(
         gateway
             .message_rows(&caller, &query)
             .await
-            .map(|rows| json!({ "messages": rows })),
+            .map(|messages| MessagesView { messages }),
     )
-}
-
-/// `POST /api/v1/stop`'s body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StopBody {
-    /// Who: a name, `name@host`, or a gid.
-    to: String,
 }
 
 /// The refusal of a body that is not what the call takes, saying what is wrong with it.
@@ -365,15 +357,6 @@ async fn api_stop(
         Ok(axum::Json(body)) => answered(gateway.stop(&caller, &body.to).await),
         Err(rejected) => bad_body(&rejected),
     }
-}
-
-/// `GET /api/v1/events`' query.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EventsQuery {
-    /// Read on after this `seq` (a reconnecting `EventSource` sends `Last-Event-ID` instead);
-    /// without either, the feed starts now.
-    after: Option<i64>,
 }
 
 /// How often an idle feed looks for new changes.
@@ -466,16 +449,8 @@ async fn api_hosts(
     answered(
         gateway
             .list(&caller)
-            .map(|list| json!({ "hosts": list.hosts })),
+            .map(|list| HostsView { hosts: list.hosts }),
     )
-}
-
-/// `GET /api/v1/screen?name=`' query.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ScreenQuery {
-    /// Whose screen: a name, `name@host`, or a gid.
-    name: String,
 }
 
 /// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only (a lead's token only:
@@ -513,6 +488,12 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
             e.message,
         ),
     }
+}
+
+/// `GET /api/v1/openapi.json`: the operator API's OpenAPI document (open to anyone who
+/// reaches the gateway: it says what the API is, nothing of the fleet).
+async fn openapi() -> Response {
+    axum::Json(crate::openapi::document(env!("CARGO_PKG_VERSION"))).into_response()
 }
 
 async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
@@ -633,6 +614,7 @@ pub fn app(
         ));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/api/v1/openapi.json", get(openapi))
         .with_state(Arc::clone(&gateway))
         .merge(protected)
         .merge(operator)

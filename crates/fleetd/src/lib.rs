@@ -17,6 +17,7 @@ pub mod mcp_config;
 pub mod metrics;
 pub mod mux;
 pub mod notify;
+pub mod openapi;
 pub mod ops;
 pub mod serve;
 pub mod state;

@@ -15,7 +15,7 @@ use super::{Caller, Gateway};
 pub const FEED_BATCH: usize = 200;
 
 /// One change, as the feed tells it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Event {
     /// Its place in the order of this gateway's changes: read on after it to miss nothing.
     pub seq: i64,
@@ -27,7 +27,7 @@ pub struct Event {
 }
 
 /// What changed.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 #[serde(tag = "subject", rename_all = "snake_case")]
 pub enum What {
     /// A message was made or moved to another state.
@@ -63,7 +63,7 @@ pub enum What {
 }
 
 /// One state a message reached, in its history.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Step {
     /// When (Unix ms).
     pub at_ms: i64,
@@ -74,7 +74,7 @@ pub struct Step {
 }
 
 /// `GET /api/v1/messages/{msg_id}`: one message and every state it went through.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct MessageHistory {
     /// The message as a listing shows it.
     #[serde(flatten)]
@@ -84,7 +84,7 @@ pub struct MessageHistory {
 }
 
 /// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Screen {
     /// Whose pane.
     pub name: String,

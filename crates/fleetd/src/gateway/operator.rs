@@ -12,7 +12,7 @@ use super::views::{HostView, RosterEntry};
 use super::{Caller, Gateway};
 
 /// One entity of the roster, with what waits for it here.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct RosterRow {
     /// The entity as `fleet_list` shows it.
     #[serde(flatten)]
@@ -24,7 +24,7 @@ pub struct RosterRow {
 }
 
 /// `GET /api/v1/roster`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct RosterView {
     /// The caller.
     pub you: RosterEntry,
@@ -74,7 +74,7 @@ const DEFAULT_LISTED: usize = 50;
 pub const MAX_LISTED: usize = 1000;
 
 /// `GET /api/v1/messages`' query: every condition given must hold.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MessagesQuery {
     /// A state: queued, injecting, injected, held, consumed or failed.
@@ -93,7 +93,7 @@ pub struct MessagesQuery {
 }
 
 /// One message as the operator API lists it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct MessageRow {
     /// Its id.
     pub msg_id: MsgId,

@@ -7,7 +7,7 @@ use serde::Serialize;
 pub use fleet_core::asks::Question as AskView;
 
 /// A message as its recipient sees it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Delivered {
     /// Its id.
     pub msg_id: MsgId,
@@ -32,7 +32,7 @@ pub struct Delivered {
 }
 
 /// How a send ended.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum SendResult {
     /// The recipient answered in time.
@@ -116,7 +116,7 @@ pub struct AskResult {
 }
 
 /// One entry of `fleet_list`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct RosterEntry {
     /// Global id.
     pub gid: Gid,
@@ -185,7 +185,7 @@ pub struct SpawnResult {
 }
 
 /// The answer to `fleet_stop`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct StopResult {
     /// Who was stopped.
     pub gid: Gid,
@@ -196,7 +196,7 @@ pub struct StopResult {
 }
 
 /// One host as `fleet_list` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct HostView {
     /// The host id.
     pub host: String,

@@ -17,6 +17,7 @@ mod hostile;
 mod lifecycle;
 mod metrics;
 mod nudge;
+mod openapi;
 mod opencode;
 mod python;
 mod sandbox;
