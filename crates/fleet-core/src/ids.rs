@@ -55,6 +55,17 @@ impl Gid {
         Some(secs.saturating_mul(1000) + u64::from(nanos / 1_000_000))
     }
 }
+impl Gid {
+    /// The fixed gid an operator's token (`[operators.NAME]`) stands for. No entity has it (an
+    /// entity's gid is a v7 UUID, this one a v5 of the name), so it is never in the roster nor
+    /// a message's sender or recipient.
+    pub fn of_operator(name: &str) -> Gid {
+        Gid(Uuid::new_v5(
+            &Uuid::NAMESPACE_OID,
+            format!("fleetd operator {name}").as_bytes(),
+        ))
+    }
+}
 uuid_id!(
     /// The id of one message: the dedup key on every path.
     MsgId

@@ -93,7 +93,7 @@ pub struct ServeArgs {
 /// `fleetd token`
 #[derive(Debug, Args)]
 pub struct TokenArgs {
-    /// The lead, as declared in `[leads.NAME]`.
+    /// The lead (`[leads.NAME]`) or operator (`[operators.NAME]`).
     pub name: String,
     /// Mint a new token; the old one stops working at once.
     #[arg(long)]
@@ -162,13 +162,46 @@ fn lead_token(
     let store = SqliteStore::open(&state.db_path())
         .with_context(|| format!("cannot open {}", state.db_path().display()))?;
     let gid = store.ensure_lead(name, &host_id(config), &lead.groups)?;
-    token::lead_token(&store, state, name, gid, rotate)
+    token::token_in(&store, &state.lead_token_path(name), gid, rotate)
 }
 
-/// `fleetd token NAME [--rotate]`
+/// The token of operator `name` (`[operators.NAME]`), minted on first use.
+fn operator_token(state: &StateDir, name: &str, rotate: bool) -> anyhow::Result<String> {
+    state
+        .prepare()
+        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let store = SqliteStore::open(&state.db_path())
+        .with_context(|| format!("cannot open {}", state.db_path().display()))?;
+    token::token_in(
+        &store,
+        &state.operator_token_path(name),
+        fleet_core::Gid::of_operator(name),
+        rotate,
+    )
+}
+
+/// `fleetd token NAME [--rotate]`: a lead's token, or an operator's.
 pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
     let (config, state) = context(cli)?;
-    println!("{}", lead_token(&config, &state, &args.name, args.rotate)?);
+    let token = if config.operators.contains_key(&args.name) {
+        operator_token(&state, &args.name, args.rotate)?
+    } else if config.leads.contains_key(&args.name) {
+        lead_token(&config, &state, &args.name, args.rotate)?
+    } else {
+        let names = |keys: Vec<&String>| {
+            keys.into_iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        bail!(
+            "no lead or operator named '{}' is declared in config (leads: {}; operators: {}); add a [leads.{0}] or [operators.{0}] block",
+            args.name,
+            names(config.leads.keys().collect()),
+            names(config.operators.keys().collect()),
+        );
+    };
+    println!("{token}");
     Ok(())
 }
 

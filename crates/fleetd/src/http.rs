@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget};
+use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget, Viewer};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
@@ -195,12 +195,12 @@ async fn authenticate(
 }
 
 /// `GET /api/v1/roster`: the roster as the lead's `fleet_list` shows it, with what waits for
-/// each of this host's entities (a lead's token only: see [`lead_only`]).
+/// each of this host's entities (see [`viewers_only`]).
 async fn api_roster(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
 ) -> Response {
-    answered(gateway.roster(&caller).await)
+    answered(gateway.roster(&viewer).await)
 }
 
 /// What the operator surfaces check a request against: the gateway's leads, and the web
@@ -216,12 +216,13 @@ fn reads_only(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD)
 }
 
-/// Lets through only a lead: its bearer token, or the web view's session cookie standing for
-/// it (an action, anything but a read, must then carry the session's CSRF token too). It does
-/// not count the request as the lead calling in (the operator surfaces: `/metrics`,
-/// `/api/v1`, the web view's). The caller is in the request's extensions, with the web
-/// session when it came with one.
-async fn lead_only(State(ops): State<Operators>, mut req: Request, next: Next) -> Response {
+/// Lets through only a lead or an operator ([`Viewer`]): its bearer token, or the web view's
+/// session cookie standing for it (an action, anything but a read, must then carry the
+/// session's CSRF token too). It does not count the request as a lead calling in (the operator
+/// surfaces: `/metrics`, `/api/v1`, the web view's). The viewer is in the request's
+/// extensions, with the web session when it came with one. What each may do is the gateway's
+/// to say (an operator sends nothing, reads no text).
+async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next) -> Response {
     let cookie = header_text(req.headers(), header::COOKIE.as_str())
         .and_then(|cookies| websession::cookie_value(cookies, websession::COOKIE))
         .map(str::to_string);
@@ -253,9 +254,9 @@ async fn lead_only(State(ops): State<Operators>, mut req: Request, next: Next) -
             Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
         },
     };
-    match ops.gateway.lead_caller(&hash) {
-        Ok(Some(caller)) => {
-            req.extensions_mut().insert(caller);
+    match ops.gateway.viewer(&hash) {
+        Ok(Some(viewer)) => {
+            req.extensions_mut().insert(viewer);
             if let Some((cookie, session)) = session {
                 req.extensions_mut()
                     .insert(ui::SignedIn { cookie, session });
@@ -269,7 +270,7 @@ async fn lead_only(State(ops): State<Operators>, mut req: Request, next: Next) -
             refuse(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "only a lead's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
+                "only a lead's or an operator's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
             )
         }
         Err(e) => refuse(
@@ -292,12 +293,12 @@ fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: the lead's messages in this
-/// gateway's store (sent or received), newest first, their text only with `text=true` (a lead's
-/// token only: see [`lead_only`]).
+/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: the messages of this
+/// gateway's store the viewer may see (a lead: those it sent or received; an operator: all),
+/// newest first, their text only with `text=true`, to a lead (see [`viewers_only`]).
 async fn api_messages(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     query: Result<Query<MessagesQuery>, QueryRejection>,
 ) -> Response {
     let Query(query) = match query {
@@ -306,7 +307,7 @@ async fn api_messages(
     };
     answered(
         gateway
-            .message_rows(&caller, &query)
+            .message_rows(&viewer, &query)
             .await
             .map(|messages| MessagesView { messages }),
     )
@@ -330,31 +331,35 @@ fn answered<T: serde::Serialize>(outcome: Result<T, fleet_core::FleetError>) -> 
 }
 
 /// `POST /api/v1/send {to | coord_id | turn_id, message, wait_s?}`: `fleet_send` as the lead,
-/// with its parameters, rules and answer (a lead's token only: see [`lead_only`]).
+/// with its parameters, rules and answer (see [`viewers_only`]).
 async fn api_send(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     Extension(calls): Extension<Arc<CallSlots>>,
     body: Result<axum::Json<SendParams>, JsonRejection>,
 ) -> Response {
+    let caller = match viewer.lead("send") {
+        Ok(caller) => caller,
+        Err(e) => return answered::<()>(Err(e)),
+    };
     let params = match body {
         Ok(axum::Json(params)) => params,
         Err(rejected) => return bad_body(&rejected),
     };
     // A client that goes away drops this call: the answer is then held for the lead.
     let ct = CancellationToken::new();
-    answered(crate::mcp::send(&gateway, &calls, &caller, params, &ct).await)
+    answered(crate::mcp::send(&gateway, &calls, caller, params, &ct).await)
 }
 
-/// `POST /api/v1/stop {to}`: `fleet_stop` as the lead (a lead's token only: see
-/// [`lead_only`]).
+/// `POST /api/v1/stop {to}`: `fleet_stop` as the lead, or an operator's stop (see
+/// [`viewers_only`]).
 async fn api_stop(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     body: Result<axum::Json<StopBody>, JsonRejection>,
 ) -> Response {
     match body {
-        Ok(axum::Json(body)) => answered(gateway.stop(&caller, &body.to).await),
+        Ok(axum::Json(body)) => answered(gateway.stop_as(&viewer, &body.to).await),
         Err(rejected) => bad_body(&rejected),
     }
 }
@@ -364,10 +369,10 @@ const FEED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// `GET /api/v1/events`: the live feed, as server-sent events (each one JSON [`Event`] with
 /// its `seq` as the event id, so a client reconnecting with `Last-Event-ID` misses nothing);
-/// it ends when fleetd shuts down (a lead's token only: see [`lead_only`]).
+/// it ends when fleetd shuts down (see [`viewers_only`]).
 async fn api_events(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     Extension(Shutdown(shutdown)): Extension<Shutdown>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -386,12 +391,12 @@ async fn api_events(
     };
     let state = (
         gateway,
-        caller,
+        viewer,
         after,
         std::collections::VecDeque::<Event>::new(),
     );
     let stream =
-        futures_util::stream::unfold(state, move |(gateway, caller, mut after, mut pending)| {
+        futures_util::stream::unfold(state, move |(gateway, viewer, mut after, mut pending)| {
             let shutdown = shutdown.clone();
             async move {
                 loop {
@@ -402,10 +407,10 @@ async fn api_events(
                             .ok()?;
                         return Some((
                             Ok::<_, std::convert::Infallible>(sse),
-                            (gateway, caller, after, pending),
+                            (gateway, viewer, after, pending),
                         ));
                     }
-                    let (events, next) = gateway.feed(&caller, after).await.ok()?;
+                    let (events, next) = gateway.feed(&viewer, after).await.ok()?;
                     let idle = next == after;
                     after = next;
                     pending.extend(events);
@@ -424,14 +429,14 @@ async fn api_events(
 }
 
 /// `GET /api/v1/messages/{msg_id}`: one of the lead's messages and every state it went through
-/// (a lead's token only: see [`lead_only`]).
+/// (see [`viewers_only`]).
 async fn api_message(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     Path(msg_id): Path<String>,
 ) -> Response {
     match msg_id.parse() {
-        Ok(msg_id) => answered(gateway.message_history(&caller, msg_id).await),
+        Ok(msg_id) => answered(gateway.message_history(&viewer, msg_id).await),
         Err(_) => refuse(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidParams.as_str(),
@@ -440,27 +445,22 @@ async fn api_message(
     }
 }
 
-/// `GET /api/v1/hosts`: the hosts of the fleet, this one first (a lead's token only: see
-/// [`lead_only`]).
-async fn api_hosts(
-    State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
-) -> Response {
-    answered(
-        gateway
-            .list(&caller)
-            .map(|list| HostsView { hosts: list.hosts }),
-    )
+/// `GET /api/v1/hosts`: the hosts of the fleet, this one first (see [`viewers_only`]).
+async fn api_hosts(State(gateway): State<Arc<Gateway>>) -> Response {
+    axum::Json(HostsView {
+        hosts: gateway.everyone().1,
+    })
+    .into_response()
 }
 
-/// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only (a lead's token only:
-/// see [`lead_only`]).
+/// `GET /api/v1/screen?name=`: what a worker's pane shows now, read-only (see [`viewers_only`]).
 async fn api_screen(
     State(gateway): State<Arc<Gateway>>,
+    Extension(viewer): Extension<Viewer>,
     query: Result<Query<ScreenQuery>, QueryRejection>,
 ) -> Response {
     match query {
-        Ok(Query(query)) => answered(gateway.screen(&query.name).await),
+        Ok(Query(query)) => answered(gateway.screen(&viewer, &query.name).await),
         Err(rejected) => bad_query(&rejected),
     }
 }
@@ -478,7 +478,7 @@ fn bad_query(rejected: &QueryRejection) -> Response {
 #[derive(Clone)]
 struct Shutdown(CancellationToken);
 
-/// `GET /metrics`: the OpenMetrics text (a lead's token only: see [`lead_only`]).
+/// `GET /metrics`: the OpenMetrics text (see [`viewers_only`]).
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> Response {
     match gateway.metrics_text().await {
         Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
@@ -601,7 +601,7 @@ pub fn app(
                 gateway: Arc::clone(&gateway),
                 web: Arc::clone(&web),
             },
-            lead_only,
+            viewers_only,
         ))
         .with_state(Arc::clone(&gateway));
     // Layers run outside in: authentication first, so the session cap knows the caller.

@@ -27,8 +27,12 @@ const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
 #[derive(Debug, Args)]
 pub struct OpsArgs {
     /// The lead to ask as (`[leads.NAME]`); the only one declared when left out.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "operator")]
     pub lead: Option<String>,
+    /// Ask as this operator (`[operators.NAME]`) instead of a lead: it sees the whole fleet
+    /// and may stop workers (unless read-only), never a message's text; it sends nothing.
+    #[arg(long, value_name = "NAME")]
+    pub operator: Option<String>,
     /// Print the API's JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -370,8 +374,8 @@ pub fn alive(pid: i32) -> bool {
 pub struct Target {
     /// The URL asked.
     pub url: String,
-    /// The lead asked as.
-    pub lead: String,
+    /// Who asks: `lead 'NAME'` or `operator 'NAME'`.
+    pub who: String,
     /// Its token.
     pub token: String,
     /// The state dir the gateway serves, for errors.
@@ -386,14 +390,30 @@ pub fn target(
     query: &[(&str, String)],
 ) -> anyhow::Result<Target> {
     let (config, state) = context(cli)?;
-    let lead = pick_lead(&config, args.lead.as_deref())?;
-    // Read, never minted: minting would revoke the token the lead is using.
-    let file = state.lead_token_path(&lead);
+    let (who, name, file) = match &args.operator {
+        Some(name) => {
+            anyhow::ensure!(
+                config.operators.contains_key(name),
+                "no operator named '{name}' is declared in config: add an [operators.{name}] block"
+            );
+            (
+                format!("operator '{name}'"),
+                name.clone(),
+                state.operator_token_path(name),
+            )
+        }
+        None => {
+            let lead = pick_lead(&config, args.lead.as_deref())?;
+            let file = state.lead_token_path(&lead);
+            (format!("lead '{lead}'"), lead, file)
+        }
+    };
+    // Read, never minted: minting would revoke the token in use.
     let token = std::fs::read_to_string(&file)
         .map(|t| t.trim().to_string())
         .with_context(|| {
             format!(
-                "no token for lead '{lead}' at {} (is --state-dir right? `fleetd token {lead}` makes one)",
+                "no token for {who} at {} (is --state-dir right? `fleetd token {name}` makes one)",
                 file.display()
             )
         })?;
@@ -405,7 +425,7 @@ pub fn target(
     }
     Ok(Target {
         url: url.to_string(),
-        lead,
+        who,
         token,
         state,
     })
@@ -434,7 +454,7 @@ pub fn refusal(target: &Target, status: reqwest::StatusCode, text: &str) -> anyh
     if status == reqwest::StatusCode::UNAUTHORIZED {
         return OpsError {
             exit: EXIT_REFUSED,
-            message: format!("the gateway refused lead '{}': {said}", target.lead),
+            message: format!("the gateway refused {}: {said}", target.who),
         }
         .into();
     }

@@ -41,7 +41,11 @@ impl StateDir {
 
     /// Creates the dir (and `leads/`) readable by the user only.
     pub fn prepare(&self) -> std::io::Result<()> {
-        for dir in [self.root.clone(), self.root.join("leads")] {
+        for dir in [
+            self.root.clone(),
+            self.root.join("leads"),
+            self.root.join("operators"),
+        ] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -78,6 +82,11 @@ impl StateDir {
     /// The token file of lead `name`.
     pub fn lead_token_path(&self, name: &str) -> PathBuf {
         self.root.join("leads").join(format!("{name}.token"))
+    }
+
+    /// The token file of operator `name` (`[operators.NAME]`).
+    pub fn operator_token_path(&self, name: &str) -> PathBuf {
+        self.root.join("operators").join(format!("{name}.token"))
     }
 
     /// A tmux socket name unique to this state dir, so two gateways never share a server.

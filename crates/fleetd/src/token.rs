@@ -5,7 +5,9 @@ use fleet_core::Gid;
 use fleet_store::Store;
 use sha2::{Digest, Sha256};
 
-use crate::state::{StateDir, write_private};
+use std::path::Path;
+
+use crate::state::write_private;
 
 /// Every token starts with this, so a leaked one is recognisable in logs and scanners.
 pub const TOKEN_PREFIX: &str = "fleet_";
@@ -22,24 +24,18 @@ pub fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// The token of lead `name` (gid `gid`): read from its file, or minted (and its hash recorded)
-/// on first use or with `rotate`, which makes the old token stop working at once.
-pub fn lead_token(
-    store: &dyn Store,
-    dir: &StateDir,
-    name: &str,
-    gid: Gid,
-    rotate: bool,
-) -> anyhow::Result<String> {
-    let path = dir.lead_token_path(name);
-    if !rotate && let Ok(existing) = std::fs::read_to_string(&path) {
+/// The token of `gid` (a lead's, or an operator's: see [`Gid::of_operator`]) kept in the file
+/// at `path`: read from it, or minted (and its hash recorded) on first use or with `rotate`,
+/// which makes the old token stop working at once.
+pub fn token_in(store: &dyn Store, path: &Path, gid: Gid, rotate: bool) -> anyhow::Result<String> {
+    if !rotate && let Ok(existing) = std::fs::read_to_string(path) {
         let existing = existing.trim().to_string();
         if store.gid_for_token(&hash(&existing))? == Some(gid) {
             return Ok(existing);
         }
     }
     let token = mint()?;
-    write_private(&path, &format!("{token}\n"))?;
+    write_private(path, &format!("{token}\n"))?;
     store.put_token(gid, &hash(&token), true)?;
     Ok(token)
 }
@@ -47,6 +43,7 @@ pub fn lead_token(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::StateDir;
     use fleet_store::SqliteStore;
 
     #[test]
@@ -66,12 +63,10 @@ mod tests {
         dir.prepare().unwrap();
         let store = SqliteStore::open(&dir.db_path()).unwrap();
         let gid = store.ensure_lead("alice", "h", &[]).unwrap();
-        let first = lead_token(&store, &dir, "alice", gid, false).unwrap();
-        assert_eq!(
-            lead_token(&store, &dir, "alice", gid, false).unwrap(),
-            first
-        );
-        let rotated = lead_token(&store, &dir, "alice", gid, true).unwrap();
+        let path = dir.lead_token_path("alice");
+        let first = token_in(&store, &path, gid, false).unwrap();
+        assert_eq!(token_in(&store, &path, gid, false).unwrap(), first);
+        let rotated = token_in(&store, &path, gid, true).unwrap();
         assert_ne!(rotated, first);
         assert_eq!(store.gid_for_token(&hash(&first)).unwrap(), None);
         assert_eq!(store.gid_for_token(&hash(&rotated)).unwrap(), Some(gid));

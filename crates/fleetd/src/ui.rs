@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::gateway::{Caller, Gateway};
+use crate::gateway::{Gateway, Viewer};
 use crate::token;
 use crate::websession::{WebSession, WebSessions, clear_cookie, set_cookie};
 
@@ -92,10 +92,10 @@ async fn sign_in(
         return refused();
     };
     let hash = token::hash(form.token.trim());
-    match gateway.lead_caller(&hash) {
-        Ok(Some(caller)) => match web.open(hash, std::time::Instant::now()) {
+    match gateway.viewer(&hash) {
+        Ok(Some(viewer)) => match web.open(hash, std::time::Instant::now()) {
             Ok(opened) => {
-                tracing::info!(lead = %caller.entity.name, "signed in to the web view");
+                tracing::info!(who = %viewer.name(), "signed in to the web view");
                 let mut response = Redirect::to("/ui").into_response();
                 if let Ok(value) = HeaderValue::from_str(&set_cookie(&opened.cookie)) {
                     response.headers_mut().insert(header::SET_COOKIE, value);
@@ -109,23 +109,28 @@ async fn sign_in(
                 .into_response(),
         },
         Ok(None) => {
-            tracing::warn!("REFUSED a web view sign-in: not a lead's token");
+            tracing::warn!("REFUSED a web view sign-in: not a lead's or an operator's token");
             refused()
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.message).into_response(),
     }
 }
 
-/// `GET /ui/me`: who is signed in, and the CSRF token the page sends with its actions (none
-/// for a bearer token: it needs none).
+/// `GET /ui/me`: who is signed in (a lead, or an operator and whether it may stop), and the
+/// CSRF token the page sends with its actions (none for a bearer token: it needs none).
 pub async fn me(
     State(gateway): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+    Extension(viewer): Extension<Viewer>,
     signed_in: Option<Extension<SignedIn>>,
 ) -> Response {
+    let (role, may_stop) = match &viewer {
+        Viewer::Lead(_) => ("lead", true),
+        Viewer::Operator { read_only, .. } => ("operator", !read_only),
+    };
     Json(json!({
-        "name": caller.entity.name,
-        "gid": caller.entity.gid,
+        "name": viewer.name(),
+        "role": role,
+        "may_stop": may_stop,
         "host": gateway.host_id(),
         "csrf": signed_in.map(|Extension(s)| s.session.csrf),
     }))

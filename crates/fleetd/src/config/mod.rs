@@ -102,6 +102,9 @@ pub struct Config {
     pub mux: MuxConfig,
     /// Human-driven leads, by name.
     pub leads: BTreeMap<String, LeadConfig>,
+    /// People and scrapers who may look at the fleet through the operator surfaces (and stop
+    /// its workers, unless read-only), by name: never a lead, never given a message's text.
+    pub operators: BTreeMap<String, OperatorConfig>,
     /// Worker profiles.
     pub profiles: Vec<ProfileConfig>,
     /// The advisory architects' slots (`fleet_consult`).
@@ -225,6 +228,14 @@ pub struct LeadConfig {
     /// The lead's coordination id (needs `[coordinator]`); `coordinator.coord_id` for a
     /// gateway's one lead, else `<lead>@<host id>`, when unset.
     pub coord_id: Option<String>,
+}
+
+/// `[operators.NAME]`
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OperatorConfig {
+    /// May only read (a scraper's token): no stop.
+    pub read_only: bool,
 }
 
 impl Default for LeadConfig {
@@ -362,6 +373,17 @@ impl Config {
                 0,
                 MAX_CONFIG_WAIT_S * 1000,
             )?;
+        }
+        for name in self.operators.keys() {
+            named("operator", name)?;
+            // With no lead declared, the default one is.
+            let lead = self.leads.contains_key(name)
+                || (self.leads.is_empty() && name.as_str() == DEFAULT_LEAD);
+            if lead {
+                return Err(format!(
+                    "'{name}' is a lead and an operator: a token is one or the other, so give the operator another name"
+                ));
+            }
         }
         let untrusted = self.federation.trust.is_empty() && !self.federation.insecure_unsigned;
         if let Some(broker) = &self.broker {
@@ -536,6 +558,25 @@ mod tests {
         assert!(config.profile(DEFAULT_PROFILE).is_some());
         assert_eq!(config.mux.kind, None);
         assert_eq!(config.mux.workspace, DEFAULT_HERDR_WORKSPACE);
+    }
+
+    #[test]
+    fn operators_are_named_apart_from_the_leads() {
+        let config = parse("[operators.ops]\n[operators.prom]\nread_only = true\n").unwrap();
+        assert!(!config.operators["ops"].read_only);
+        assert!(config.operators["prom"].read_only);
+        for (text, says) in [
+            (
+                "[leads.ops]\n[operators.ops]\n",
+                "'ops' is a lead and an operator",
+            ),
+            ("[operators.lead]\n", "'lead' is a lead and an operator"),
+            ("[operators.\"a b\"]\n", "operator"),
+            ("[operators.ops]\nstop = true\n", "stop"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text}: {err}");
+        }
     }
 
     #[test]

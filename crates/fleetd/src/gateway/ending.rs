@@ -10,7 +10,7 @@ use fleet_store::EntityRecord;
 use tracing::Instrument;
 
 use super::views::StopResult;
-use super::{Caller, Gateway};
+use super::{Caller, Gateway, Viewer};
 
 /// When an ended session's files are removed again, after its pane closed: an agent that is
 /// still exiting may write into its home meanwhile (a start-up would clear what is left).
@@ -31,6 +31,51 @@ impl Gateway {
         to: &str,
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
+        let (entity, remote) = self.stoppable(to)?;
+        if remote {
+            return self.stop_remote(caller, &entity).await;
+        }
+        Ok(self
+            .stop_here(entity, &format!("stopped by {}", caller.entity.name))
+            .await)
+    }
+
+    /// `POST /api/v1/stop` as `viewer`: a lead's is `fleet_stop`; an operator (unless
+    /// read-only) stops a worker or architect of this host (another host's, through its own
+    /// fleetd: the control plane carries a lead's requests only).
+    pub async fn stop_as(
+        self: &Arc<Self>,
+        viewer: &Viewer,
+        to: &str,
+    ) -> Result<StopResult, FleetError> {
+        let (name, read_only) = match viewer {
+            Viewer::Lead(caller) => return self.stop(caller, to).await,
+            Viewer::Operator { name, read_only } => (name, *read_only),
+        };
+        if read_only {
+            return Err(FleetError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "operator '{name}' is read-only ([operators.{name}] read_only = true): it may not stop anyone"
+                ),
+            ));
+        }
+        let (entity, remote) = self.stoppable(to)?;
+        if remote {
+            return Err(FleetError::invalid(format!(
+                "'{}' runs on host '{}': an operator stops it through that host's fleetd",
+                entity.name, entity.host
+            )));
+        }
+        tracing::info!(operator = %name, name = %entity.name, "stopped by an operator");
+        Ok(self
+            .stop_here(entity, &format!("stopped by operator {name}"))
+            .await)
+    }
+
+    /// Who `to` names, if it may be stopped (a lead may not), and whether it is on another
+    /// host.
+    fn stoppable(&self, to: &str) -> Result<(fleet_core::Entity, bool), FleetError> {
         let (entity, remote) = match self.resolve_route(to)? {
             Route::Local(entity) => (entity, false),
             Route::Remote(entity) => (entity, true),
@@ -41,16 +86,17 @@ impl Gateway {
                 entity.name
             )));
         }
-        if remote {
-            return self.stop_remote(caller, &entity).await;
-        }
-        let reason = format!("stopped by {}", caller.entity.name);
-        self.end_session(entity.gid, &reason, true).await;
-        Ok(StopResult {
+        Ok((entity, remote))
+    }
+
+    /// Stops `entity`, of this host, for `reason`.
+    async fn stop_here(self: &Arc<Self>, entity: fleet_core::Entity, reason: &str) -> StopResult {
+        self.end_session(entity.gid, reason, true).await;
+        StopResult {
             gid: entity.gid,
             name: entity.name,
             status: WorkerStatus::Gone,
-        })
+        }
     }
 
     /// Ends the session of `gid` however it ended: marks it gone, revokes its token, fails

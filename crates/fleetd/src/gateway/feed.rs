@@ -9,7 +9,7 @@ use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
 use fleet_store::{Change, Subject};
 use serde::Serialize;
 
-use super::{Caller, Gateway};
+use super::{Gateway, Viewer};
 
 /// The most changes one read of the feed gives; the rest come at the next.
 pub const FEED_BATCH: usize = 200;
@@ -95,9 +95,10 @@ pub struct Screen {
     pub text: String,
 }
 
-/// Whether a message between `from` and `to` is `viewer`'s to see: one it sent or received.
-pub fn sees_message(viewer: Gid, from: Gid, to: Gid) -> bool {
-    viewer == from || viewer == to
+/// Whether a message between `from` and `to` is to be seen by one who sees the messages
+/// `involving` an entity (those it sent or received), or all (none).
+pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
+    involving.is_none_or(|gid| gid == from || gid == to)
 }
 
 impl Gateway {
@@ -106,15 +107,15 @@ impl Gateway {
         self.db(|s| s.last_change()).await
     }
 
-    /// The changes after `after` that `caller` may see, oldest first, and the `seq` to read on
+    /// The changes after `after` that `viewer` may see, oldest first, and the `seq` to read on
     /// from (past those it may not see as well).
-    pub async fn feed(&self, caller: &Caller, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
+    pub async fn feed(&self, viewer: &Viewer, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
         let changes = self.db(move |s| s.changes_since(after, FEED_BATCH)).await?;
         let next = changes.last().map_or(after, |c| c.seq);
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut events = Vec::with_capacity(changes.len());
         for change in changes {
-            if let Some(what) = self.told(caller, &change, &mut names).await? {
+            if let Some(what) = self.told(viewer, &change, &mut names).await? {
                 events.push(Event {
                     seq: change.seq,
                     at_ms: change.at_ms,
@@ -125,11 +126,11 @@ impl Gateway {
         Ok((events, next))
     }
 
-    /// `change` as `caller` may see it, or none: a message not its own, or one or an entity
-    /// no longer in the store (pruned).
+    /// `change` as `viewer` may see it, or none: a message not a lead's own, or one or an
+    /// entity no longer in the store (pruned).
     async fn told(
         &self,
-        caller: &Caller,
+        viewer: &Viewer,
         change: &Change,
         names: &mut HashMap<Gid, String>,
     ) -> Result<Option<What>, FleetError> {
@@ -138,7 +139,7 @@ impl Gateway {
                 let Some(message) = self.db(move |s| s.message(msg_id)).await? else {
                     return Ok(None);
                 };
-                if !sees_message(caller.entity.gid, message.from, message.to) {
+                if !sees_message(viewer.involving(), message.from, message.to) {
                     return Ok(None);
                 }
                 Ok(Some(What::Message {
@@ -166,9 +167,11 @@ impl Gateway {
         }
     }
 
-    /// What the pane of `to` (an entity of this host) shows now. A look only: nothing is
-    /// typed, and the look is not its lead calling in.
-    pub async fn screen(&self, to: &str) -> Result<Screen, FleetError> {
+    /// What the pane of `to` (an entity of this host) shows now, to a lead (a screen may show
+    /// a task and its answer, which an operator never reads). A look only: nothing is typed,
+    /// and the look is not the lead calling in.
+    pub async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
+        viewer.lead("look at a worker's screen")?;
         let entity = match self.resolve_route(to)? {
             fleet_core::routing::Route::Local(entity) => entity,
             fleet_core::routing::Route::Remote(entity) => {
@@ -205,23 +208,23 @@ impl Gateway {
         })
     }
 
-    /// One of `caller`'s messages with every state it went through; a message that is not
-    /// its own is as unknown as one that never was.
+    /// A message `viewer` may see with every state it went through; one it may not is as
+    /// unknown as one that never was.
     pub async fn message_history(
         &self,
-        caller: &Caller,
+        viewer: &Viewer,
         msg_id: MsgId,
     ) -> Result<MessageHistory, FleetError> {
         let unknown = || {
             FleetError::new(
                 fleet_core::ErrorCode::UnknownRecipient,
-                format!("no message {msg_id} of yours is kept here (it may have been pruned)"),
+                format!("no message {msg_id} you may see is kept here (it may have been pruned)"),
             )
         };
         let message = self
             .db(move |s| s.message(msg_id))
             .await?
-            .filter(|m| sees_message(caller.entity.gid, m.from, m.to))
+            .filter(|m| sees_message(viewer.involving(), m.from, m.to))
             .ok_or_else(unknown)?;
         let history = self
             .db(move |s| s.history(msg_id))
@@ -246,11 +249,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lead_sees_only_the_messages_it_sent_or_received() {
+    fn a_lead_sees_only_the_messages_it_sent_or_received_an_operator_all() {
         let (lead, other, w) = (Gid::mint(), Gid::mint(), Gid::mint());
-        assert!(sees_message(lead, lead, w));
-        assert!(sees_message(lead, w, lead));
-        assert!(!sees_message(lead, other, w));
-        assert!(!sees_message(lead, w, other));
+        assert!(sees_message(Some(lead), lead, w));
+        assert!(sees_message(Some(lead), w, lead));
+        assert!(!sees_message(Some(lead), other, w));
+        assert!(!sees_message(Some(lead), w, other));
+        // An operator sees every message's state.
+        assert!(sees_message(None, other, w));
     }
 }

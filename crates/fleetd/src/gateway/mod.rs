@@ -48,7 +48,7 @@ pub use coord::Coordinator;
 pub use federation::Federation;
 pub use feed::{Event, MessageHistory, Screen};
 pub use nudge::NudgeTarget;
-pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView};
+pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};
 pub use spawn::SpawnRequest;
 pub use views::{
     AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,
@@ -302,6 +302,22 @@ impl Gateway {
         if let Some(tx) = inboxes.get(&gid) {
             tx.send_modify(|v| *v = v.wrapping_add(1));
         }
+    }
+
+    /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
+    /// in it, sees it.
+    pub fn everyone(&self) -> (Vec<RosterEntry>, Vec<HostView>) {
+        let mut entities: Vec<RosterEntry> = {
+            let sessions = self.lock();
+            sessions
+                .entities()
+                .into_iter()
+                .filter_map(|e| sessions.entry(e.gid))
+                .collect()
+        };
+        let (remote, hosts) = self.remote_view();
+        entities.extend(remote);
+        (entities, hosts)
     }
 
     /// `fleet_list`: every live entity, and the caller.

@@ -4,12 +4,58 @@
 
 use std::collections::HashMap;
 
-use fleet_core::{FleetError, Gid, Kind, Message, MsgId, MsgState};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState};
 use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
 use super::{Caller, Gateway};
+
+/// Who looks through the operator surfaces.
+#[derive(Clone, Debug)]
+pub enum Viewer {
+    /// A lead: it sees and does what it may over MCP (its own messages, never another lead's).
+    Lead(Caller),
+    /// An operator (`[operators.NAME]`): sees the whole fleet and every message's state and
+    /// reason here, never a message's text nor a worker's screen (which may show a task and
+    /// its answer); may stop workers unless read-only; sends nothing.
+    Operator {
+        /// Its name.
+        name: String,
+        /// May only read.
+        read_only: bool,
+    },
+}
+
+impl Viewer {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Viewer::Lead(caller) => &caller.entity.name,
+            Viewer::Operator { name, .. } => name,
+        }
+    }
+
+    /// The entity whose messages it sees (sent or received): a lead's own; none for an
+    /// operator, who sees every message's state.
+    pub fn involving(&self) -> Option<Gid> {
+        match self {
+            Viewer::Lead(caller) => Some(caller.entity.gid),
+            Viewer::Operator { .. } => None,
+        }
+    }
+
+    /// The lead, for what only a lead may do (`what`); an operator is refused, saying so.
+    pub fn lead(&self, what: &str) -> Result<&Caller, FleetError> {
+        match self {
+            Viewer::Lead(caller) => Ok(caller),
+            Viewer::Operator { name, .. } => Err(FleetError::new(
+                ErrorCode::Forbidden,
+                format!("operator '{name}' may not {what}: only a lead may"),
+            )),
+        }
+    }
+}
 
 /// One entity of the roster, with what waits for it here.
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
@@ -26,8 +72,9 @@ pub struct RosterRow {
 /// `GET /api/v1/roster`.
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct RosterView {
-    /// The caller.
-    pub you: RosterEntry,
+    /// The caller, when it is a lead (an operator is no entity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub you: Option<RosterEntry>,
     /// Every live entity, this host's first.
     pub entities: Vec<RosterRow>,
     /// The hosts of the fleet, this one first.
@@ -35,10 +82,19 @@ pub struct RosterView {
 }
 
 impl Gateway {
-    /// The roster as `caller` may see it (the rules of `fleet_list`), with what waits for each
-    /// of this host's entities.
-    pub async fn roster(&self, caller: &Caller) -> Result<RosterView, FleetError> {
-        let list = self.list(caller)?;
+    /// The roster as `viewer` may see it (the rules of `fleet_list`: every live entity), with
+    /// what waits for each of this host's entities.
+    pub async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
+        let (you, entities, hosts) = match viewer {
+            Viewer::Lead(caller) => {
+                let list = self.list(caller)?;
+                (Some(list.you), list.entities, list.hosts)
+            }
+            Viewer::Operator { .. } => {
+                let (entities, hosts) = self.everyone();
+                (None, entities, hosts)
+            }
+        };
         let mut waiting: HashMap<Gid, (usize, usize)> = HashMap::new();
         for (gid, state, count) in self.db(|s| s.waiting_by_recipient()).await? {
             let slot = waiting.entry(gid).or_default();
@@ -47,8 +103,7 @@ impl Gateway {
                 _ => slot.1 += count,
             }
         }
-        let entities = list
-            .entities
+        let entities = entities
             .into_iter()
             .map(|entry| {
                 let here = entry.host == self.host_id;
@@ -61,9 +116,9 @@ impl Gateway {
             })
             .collect();
         Ok(RosterView {
-            you: list.you,
+            you,
             entities,
-            hosts: list.hosts,
+            hosts,
         })
     }
 }
@@ -179,14 +234,18 @@ impl Gateway {
         }
     }
 
-    /// The messages of this gateway's store that `query` selects among those `caller` sent or
-    /// received (a lead's tasks and what answers them; never another lead's), newest first.
+    /// The messages of this gateway's store that `query` selects among those `viewer` may see
+    /// (a lead: those it sent or received, never another lead's; an operator: all, never
+    /// their text), newest first.
     pub async fn message_rows(
         &self,
-        caller: &Caller,
+        viewer: &Viewer,
         query: &MessagesQuery,
     ) -> Result<Vec<MessageRow>, FleetError> {
         let (state, limit) = checked(query)?;
+        if query.text {
+            viewer.lead("read a message's text")?;
+        }
         let to = match &query.to {
             Some(name) => Some(self.resolve_sender(name).await?),
             None => None,
@@ -200,7 +259,7 @@ impl Gateway {
             to,
             from,
             since_ms: query.since_ms,
-            involving: Some(caller.entity.gid),
+            involving: viewer.involving(),
             limit,
         };
         let messages = self.db(move |s| s.messages(&filter)).await?;

@@ -1,26 +1,38 @@
 //! What `/metrics` reads off the gateway at a scrape: the gauges' [`Snapshot`], and who may
-//! use the operator surfaces (a lead's bearer token, checked without counting as the lead
-//! calling in).
+//! use the operator surfaces (a lead's or an operator's bearer token, checked without counting
+//! as a call).
 
 use std::collections::HashMap;
 
 use fleet_core::{FleetError, Gid, WorkerStatus};
 
-use super::{Caller, Gateway, store_error};
+use super::{Caller, Gateway, Viewer, store_error};
 use crate::metrics::Snapshot;
 
 impl Gateway {
-    /// The lead of this gateway whose token hashes to `hash`, if it is a lead's: only a lead
-    /// may use the operator surfaces (`/metrics`, `/api/v1`). Unlike [`Gateway::authenticate`]
-    /// it leaves no trace of a call: an operator's look is not the lead calling in, and a
-    /// worker's token makes no worker ready here.
-    pub fn lead_caller(&self, hash: &[u8; 32]) -> Result<Option<Caller>, FleetError> {
+    /// Who the token hashing to `hash` lets look through the operator surfaces (`/metrics`,
+    /// `/api/v1`, the web view): a lead of this gateway, or an operator its config declares
+    /// now (one taken out of the config is refused though its token is still on file).
+    /// Unlike [`Gateway::authenticate`] it leaves no trace of a call: a look is not the lead
+    /// calling in, and a worker's token makes no worker ready here.
+    pub fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
         let Some(gid) = self.store.gid_for_token(hash).map_err(store_error)? else {
             return Ok(None);
         };
-        Ok(self.lock().leads.get(&gid).map(|lead| Caller {
-            entity: lead.entity.clone(),
-        }))
+        if let Some(lead) = self.lock().leads.get(&gid) {
+            return Ok(Some(Viewer::Lead(Caller {
+                entity: lead.entity.clone(),
+            })));
+        }
+        Ok(self
+            .config
+            .operators
+            .iter()
+            .find(|(name, _)| Gid::of_operator(name) == gid)
+            .map(|(name, operator)| Viewer::Operator {
+                name: name.clone(),
+                read_only: operator.read_only,
+            }))
     }
 
     /// The metrics, in the OpenMetrics text format, the gauges read now.

@@ -125,8 +125,10 @@ function drawEntities(entities) {
     row.dataset.status = e.status;
     const actions = el('td');
     if (e.role !== 'lead') {
-      if (e.host === view.me.host) actions.append(screenButton(e), ' ');
-      actions.append(stopButton(e));
+      // A screen may show a task and its answer: a lead's to look at. An operator stops
+      // unless read-only.
+      if (e.host === view.me.host && view.me.role === 'lead') actions.append(screenButton(e), ' ');
+      if (view.me.may_stop) actions.append(stopButton(e));
     }
     row.append(
       el('td', e.name),
@@ -272,7 +274,8 @@ async function start() {
   } catch (e) {
     return;
   }
-  $('who').textContent = view.me.name + ' @ ' + view.me.host;
+  const operator = view.me.role === 'operator' ? ' (operator' + (view.me.may_stop ? '' : ', read-only') + ')' : '';
+  $('who').textContent = view.me.name + operator + ' @ ' + view.me.host;
   $('signin').hidden = true;
   $('fleet').hidden = false;
   $('signout').hidden = false;

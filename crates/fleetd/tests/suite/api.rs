@@ -186,3 +186,105 @@ async fn a_send_through_the_api_counts_against_the_leads_long_calls() -> anyhow:
     waiting.abort();
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_the_whole_fleet_and_may_stop_but_never_reads_a_text_nor_sends()
+-> anyhow::Result<()> {
+    let config = format!(
+        "{}[operators.ops]\n[operators.prom]\nread_only = true\n",
+        fleet_testkit::fleet::sim_profile("sim", &[])?
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let lead = fleet
+        .lead("lead", fleet_testkit::client::Protocol::Stateless)
+        .await?;
+    lead.spawn("sim", "w1").await?;
+    let sent = lead
+        .ok(
+            "fleet_send",
+            json!({"to": "w1", "message": "the lead's own words", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    let token_of = |name: &str| -> anyhow::Result<String> {
+        let out = fleet.cli(&["token", name])?;
+        anyhow::ensure!(out.status.success(), "{out:?}");
+        Ok(String::from_utf8(out.stdout)?.trim().to_string())
+    };
+    let (ops, prom) = (token_of("ops")?, token_of("prom")?);
+    assert!(fleet.state_dir().join("operators/ops.token").is_file());
+    // An operator's token opens no MCP session: it is no entity.
+    let mcp = fleet_testkit::client::Client::connect(
+        &fleet.url(),
+        &ops,
+        fleet_testkit::client::Protocol::Stateless,
+        &[],
+    )
+    .await;
+    assert!(mcp.is_err(), "an operator is not an MCP caller");
+
+    // The whole fleet and every message's state, from the command line.
+    let out = fleet.cli(&["ls", "--operator", "ops", "--json"])?;
+    assert!(out.status.success(), "{out:?}");
+    let entities: Value = serde_json::from_slice(&out.stdout)?;
+    assert!(entities.to_string().contains("\"w1\""), "{entities}");
+    let out = fleet.cli(&["msgs", "--operator", "ops", "--json"])?;
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8(out.stdout)?;
+    assert!(
+        listed.contains(sent["msg_id"].as_str().unwrap_or("?")),
+        "{listed}"
+    );
+    assert!(!listed.contains("the lead's own words"), "{listed}");
+    // Never a text, a screen, or a send.
+    for (args, says) in [
+        (
+            vec!["msgs", "--operator", "ops", "--text"],
+            "operator 'ops' may not read a message's text",
+        ),
+        (
+            vec!["send", "--operator", "ops", "w1", "hello"],
+            "operator 'ops' may not send",
+        ),
+        (
+            vec!["stop", "--operator", "prom", "w1"],
+            "operator 'prom' is read-only",
+        ),
+        (
+            vec!["ls", "--operator", "nobody"],
+            "no operator named 'nobody'",
+        ),
+    ] {
+        let out = fleet.cli(&args)?;
+        let err = String::from_utf8(out.stderr)?;
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (status, body) = call(&fleet, &ops, "/api/v1/screen?name=w1", None, None).await?;
+    assert_eq!(status, 403, "{body}");
+    let (status, _) = call(&fleet, &prom, "/metrics", None, None).await?;
+    assert_eq!(status, 200, "a read-only operator scrapes");
+    let (status, history) = call(
+        &fleet,
+        &ops,
+        &format!(
+            "/api/v1/messages/{}",
+            sent["msg_id"].as_str().unwrap_or("?")
+        ),
+        None,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 200, "{history}");
+    assert!(history.get("text").is_none(), "{history}");
+
+    // An operator that may stop does; the lead sees the worker gone, and why.
+    let out = fleet.cli(&["stop", "--operator", "ops", "w1"])?;
+    assert!(out.status.success(), "{out:?}");
+    let listed = lead.ok("fleet_list", json!({})).await?;
+    assert!(!listed.to_string().contains("\"w1\""), "{listed}");
+    // Any other token is refused.
+    let (status, _) = call(&fleet, "fleet_0000", "/api/v1/roster", None, None).await?;
+    assert_eq!(status, 401);
+    Ok(())
+}
