@@ -1,6 +1,7 @@
 //! `fleetd doctor`: what would keep this host's fleetd from working, each check with how to fix
 //! what it found — the config, the state dir, the pane host, every profile's program, the
-//! broker (login, vhost, TLS), and whether a gateway serves the state dir now.
+//! broker (login, vhost, TLS), the other hosts' clocks against this one's (from their signed
+//! heartbeats), and whether a gateway serves the state dir now.
 
 use std::io::IsTerminal;
 use std::os::unix::fs::PermissionsExt;
@@ -231,28 +232,140 @@ async fn serving_check(state: &StateDir) -> Check {
     Check::new("gateway", verdict)
 }
 
-/// The broker, if one is configured: whether fleetd's login gets in, on its vhost.
-async fn broker_check(config: &Config) -> Option<Check> {
-    let broker = config.broker.as_ref()?;
+/// The broker, if one is configured: whether fleetd's login gets in, on its vhost; and once
+/// in, how the other hosts' clocks stand against this one's.
+async fn broker_checks(config: &Config) -> Vec<Check> {
+    let Some(broker) = config.broker.as_ref() else {
+        return Vec::new();
+    };
     let settings = crate::gateway::broker_settings(broker, &config.federation);
     let host = crate::serve::host_id(config);
     let uri = crate::config::redacted_uri(&broker.uri);
     let connected =
         tokio::time::timeout(BROKER_WITHIN, fleet_amqp::Link::connect(&settings, &host));
-    let verdict = match connected.await {
+    match connected.await {
         Ok(Ok(link)) => {
+            let clocks = clock_check(config, &host, &link).await;
             fleet_amqp::Broker::close(&link).await;
-            Verdict::Ok(format!("{uri} lets fleetd@{host} in"))
+            vec![
+                Check::new(
+                    "broker",
+                    Verdict::Ok(format!("{uri} lets fleetd@{host} in")),
+                ),
+                clocks,
+            ]
         }
-        Ok(Err(e)) => Verdict::Fail(format!(
-            "{uri}: {e} (check [broker] uri, the login's password and its permissions on the vhost)"
-        )),
-        Err(_) => Verdict::Fail(format!(
-            "{uri} did not let fleetd in within {} s: is the broker up and reachable?",
-            BROKER_WITHIN.as_secs()
-        )),
+        Ok(Err(e)) => vec![Check::new(
+            "broker",
+            Verdict::Fail(format!(
+                "{uri}: {e} (check [broker] uri, the login's password and its permissions on the vhost)"
+            )),
+        )],
+        Err(_) => vec![Check::new(
+            "broker",
+            Verdict::Fail(format!(
+                "{uri} did not let fleetd in within {} s: is the broker up and reachable?",
+                BROKER_WITHIN.as_secs()
+            )),
+        )],
+    }
+}
+
+/// How far each other host's clock is from this one's (ms, ahead positive), as their
+/// heartbeats tell it: listens on the roster for a presence interval and a second, keeping
+/// only heartbeats sealed by a key `[federation.trust]` pins for their host.
+async fn clock_check(config: &Config, host: &str, link: &fleet_amqp::Link) -> Check {
+    let listen = Duration::from_secs(config.federation.presence_interval_s.saturating_add(1));
+    let allowed_ms = config.federation.clock_skew_s.saturating_mul(1000);
+    let trust = match config.federation.trust_table() {
+        Ok(trust) => trust,
+        Err(why) => return Check::new("clocks", Verdict::Fail(why)),
     };
-    Some(Check::new("broker", verdict))
+    // A roster queue of its own, beside the gateway's (if one runs).
+    let queue = format!("{host}.doctor-{}", std::process::id());
+    let mut heartbeats = match fleet_amqp::Broker::open_roster(link, &queue).await {
+        Ok(deliveries) => deliveries,
+        Err(e) => {
+            return Check::new(
+                "clocks",
+                Verdict::Warn(format!("cannot listen to the roster: {e}")),
+            );
+        }
+    };
+    let mut offsets = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + listen;
+    while let Ok(Some(Ok(delivery))) = tokio::time::timeout_at(deadline, heartbeats.next()).await {
+        let received_ms = fleet_core::clock::now_ms();
+        let Ok(envelope) = delivery.envelope() else {
+            continue;
+        };
+        let Some(from) = envelope.from_host.clone() else {
+            continue;
+        };
+        let trusted = config.federation.insecure_unsigned
+            || crate::gateway::sealed(&trust, &envelope, &delivery);
+        if from == host || !trusted {
+            continue;
+        }
+        let ahead = i64::try_from(envelope.ts_ms)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(received_ms);
+        // Transit only makes a heartbeat look older: the least behind is the truest.
+        offsets
+            .entry(from)
+            .and_modify(|best: &mut i64| *best = (*best).max(ahead))
+            .or_insert(ahead);
+    }
+    Check::new("clocks", clock_verdict(&offsets, allowed_ms, listen))
+}
+
+/// What the other hosts' clock offsets (ms, ahead positive) mean against the skew a gateway
+/// allows (`federation.clock_skew_s`): past it, their signed messages are refused as from the
+/// future or too old; past half of it, a warning; no host heard, nothing to compare.
+pub fn clock_verdict(
+    offsets: &std::collections::BTreeMap<String, i64>,
+    allowed_ms: u64,
+    listened: Duration,
+) -> Verdict {
+    if offsets.is_empty() {
+        return Verdict::Warn(format!(
+            "heard no other host's heartbeat within {} s, so no clock to compare (is another gateway up?)",
+            listened.as_secs()
+        ));
+    }
+    let shown = |ms: i64| {
+        if ms.unsigned_abs() < 1000 {
+            format!("{ms:+} ms")
+        } else {
+            let tenths = (ms.unsigned_abs() + 50) / 100;
+            let sign = if ms < 0 { '-' } else { '+' };
+            format!("{sign}{}.{} s", tenths / 10, tenths % 10)
+        }
+    };
+    let allowed = i64::try_from(allowed_ms).unwrap_or(i64::MAX);
+    let worst = offsets
+        .iter()
+        .max_by_key(|(_, ms)| ms.unsigned_abs())
+        .map(|(host, ms)| (host.as_str(), *ms));
+    let all = offsets
+        .iter()
+        .map(|(host, ms)| format!("{host} {}", shown(*ms)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let fix = "keep the clocks in step (chrony or systemd-timesyncd on every host)";
+    match worst {
+        Some((host, ms)) if ms.unsigned_abs() > allowed_ms => Verdict::Fail(format!(
+            "{host}'s clock is {} from this one's, more than federation.clock_skew_s ({} s) allows, so its messages are refused: {fix} ({all})",
+            shown(ms),
+            allowed / 1000
+        )),
+        Some((host, ms)) if ms.unsigned_abs() > allowed_ms / 2 => Verdict::Warn(format!(
+            "{host}'s clock is {} from this one's, over half of what federation.clock_skew_s ({} s) allows: {fix} ({all})",
+            shown(ms),
+            allowed / 1000
+        )),
+        _ => Verdict::Ok(format!("other hosts' clocks against this one: {all}")),
+    }
 }
 
 /// `fleetd doctor`.
@@ -272,7 +385,7 @@ pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    checks.extend(runtime.block_on(broker_check(&config)));
+    checks.extend(runtime.block_on(broker_checks(&config)));
     checks.push(runtime.block_on(serving_check(&state)));
     let colour = std::io::stdout().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -290,6 +403,43 @@ pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clocks_are_judged_against_the_skew_a_gateway_allows() {
+        let listened = Duration::from_secs(6);
+        let offsets = |pairs: &[(&str, i64)]| {
+            pairs
+                .iter()
+                .map(|(h, ms)| ((*h).to_string(), *ms))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let verdict = clock_verdict(&offsets(&[("b", 120), ("c", -40)]), 60_000, listened);
+        assert_eq!(
+            verdict,
+            Verdict::Ok("other hosts' clocks against this one: b +120 ms, c -40 ms".into())
+        );
+        let Verdict::Warn(why) = clock_verdict(&offsets(&[("b", -31_000)]), 60_000, listened)
+        else {
+            panic!("over half the skew warns");
+        };
+        assert!(
+            why.contains("b's clock is -31.0 s") && why.contains("chrony"),
+            "{why}"
+        );
+        let Verdict::Fail(why) =
+            clock_verdict(&offsets(&[("b", 10), ("c", 600_000)]), 60_000, listened)
+        else {
+            panic!("past the skew fails");
+        };
+        assert!(
+            why.contains("c's clock is +600.0 s") && why.contains("(60 s)"),
+            "{why}"
+        );
+        let Verdict::Warn(why) = clock_verdict(&offsets(&[]), 60_000, listened) else {
+            panic!("nothing heard warns");
+        };
+        assert!(why.contains("within 6 s"), "{why}");
+    }
 
     #[test]
     fn a_report_says_what_failed_and_fails_only_then() {

@@ -45,7 +45,7 @@ use crate::metrics::Metrics;
 
 pub use consult::{ConsultRequest, ConsultResult};
 pub use coord::Coordinator;
-pub use federation::Federation;
+pub use federation::{Federation, sealed};
 pub use feed::{Event, MessageHistory, Screen};
 pub use nudge::NudgeTarget;
 pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};

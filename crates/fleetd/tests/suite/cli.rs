@@ -787,6 +787,59 @@ async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
             && verdict(&report, "broker").ends_with("lets fleetd@hosta in"),
         "{report}"
     );
+    // Alone on the broker: no other clock to compare with.
+    assert!(
+        verdict(&report, "clocks").starts_with("warn clocks: heard no other host's heartbeat"),
+        "{report}"
+    );
+    // With another host up, its clock is read off its signed heartbeats.
+    let _b = super::federation::gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let out = fleet.cli(&["doctor"])?;
+    let report = String::from_utf8(out.stdout)?;
+    let clocks = verdict(&report, "clocks");
+    assert!(
+        clocks.starts_with("ok   clocks: other hosts' clocks against this one: hostb ")
+            && clocks.ends_with(" ms"),
+        "{report}"
+    );
+    // A host whose clock runs ten minutes ahead (its heartbeats signed with its pinned key):
+    // the doctor fails, naming it.
+    let doctor = fleet
+        .cli_command(&["doctor"])?
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let client = vhost.connect().await?;
+    let doctor = tokio::task::spawn_blocking(move || doctor.wait_with_output());
+    while !doctor.is_finished() {
+        let gid = fleet_core::Gid::mint();
+        let entity = serde_json::json!({"gid": gid, "name": "ahead", "host": "hostc",
+                                        "role": "worker", "profile": null, "groups": [],
+                                        "parent": null});
+        let body =
+            serde_json::json!({"entity": entity, "status": "idle", "profiles": []}).to_string();
+        let mut envelope =
+            super::federation::forged(fleet_core::Kind::Presence, gid, "hostc", "fleet.roster")?;
+        envelope.ts_ms += 600_000;
+        envelope.expires_at_ms += 600_000;
+        super::federation::publish(
+            &client,
+            "fleet.roster",
+            &format!("roster.hostc.{gid}"),
+            &envelope,
+            body.as_bytes(),
+        )
+        .await?;
+        // Heartbeats come at a cadence; the doctor listens for a presence interval.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = doctor.await??;
+    let report = String::from_utf8(out.stdout)?;
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        verdict(&report, "clocks").starts_with("FAIL clocks: hostc's clock is +600.0 s from this one's, more than federation.clock_skew_s (60 s) allows"),
+        "{report}"
+    );
+    client.close().await?;
     // A broker nobody answers at: the doctor says so, and fails.
     let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let dir = tempfile::tempdir()?;

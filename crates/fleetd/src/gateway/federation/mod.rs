@@ -33,6 +33,7 @@ mod turns;
 
 pub(in crate::gateway) use inbox::settle;
 pub(in crate::gateway) use link::{keep_up, link_settings};
+pub use trust::sealed;
 pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of};
 
 use std::collections::HashMap;

@@ -13,9 +13,9 @@ use fleet_core::envelope::Envelope;
 use fleet_core::roster::Presence;
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER};
 use fleet_core::trust::{
-    Authority, GATEWAY_ENTRY, Place, Refusal, Seal, Window, answered, answers_own, check_authority,
-    check_broadcast_copy, check_presence_key, check_replay, check_seal, check_sender, check_time,
-    is_answer, needs_known_sender,
+    Authority, GATEWAY_ENTRY, Place, Refusal, Seal, Trust, Window, answered, answers_own,
+    check_authority, check_broadcast_copy, check_presence_key, check_replay, check_seal,
+    check_sender, check_time, is_answer, needs_known_sender,
 };
 use fleet_core::{Entity, Gid, Kind, MsgId};
 use fleet_store::SentBetween;
@@ -51,6 +51,13 @@ pub(super) struct Patience<'a> {
     pub(super) until: Instant,
     /// The consumer's stop.
     pub(super) stop: &'a CancellationToken,
+}
+
+/// Whether `delivery`, carrying `envelope`, is sealed by a key `trust` pins for the host it
+/// names (and came with that host's broker login, where one is pinned): for a look from
+/// outside a gateway (`fleetd doctor`).
+pub fn sealed(trust: &Trust, envelope: &Envelope, delivery: &Delivery) -> bool {
+    check_seal(trust, envelope, delivery.body(), seal_of(delivery)).is_ok()
 }
 
 /// The signature headers and the broker login of `delivery`.
