@@ -142,7 +142,8 @@ END;
 /// happened, written by triggers in the transaction that makes the change (so no code path can
 /// change one without its record): one message's history, and the live feed of the operator
 /// surfaces (`fleetd tail`, the web view), which read on from the last `seq` they saw. Rows
-/// go with their message, and by age with [`crate::Store::prune`].
+/// go with their message, and by age with [`crate::Store::prune`]. Messages from before this
+/// version have no history (none is made up for them).
 const SCHEMA_V5: &str = "
 CREATE TABLE changes (
     seq        INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -152,8 +153,8 @@ CREATE TABLE changes (
     state      TEXT NOT NULL,
     reason     TEXT
 );
-CREATE INDEX changes_id ON changes(id);
-CREATE INDEX changes_at ON changes(at_ms);
+CREATE INDEX changes_id ON changes(id, seq);
+CREATE INDEX changes_at ON changes(at_ms) WHERE subject = 'entity';
 CREATE TRIGGER changes_message_made AFTER INSERT ON messages
 BEGIN
     INSERT INTO changes (at_ms, subject, id, state, reason)
@@ -167,7 +168,7 @@ BEGIN
 END;
 CREATE TRIGGER changes_message_pruned AFTER DELETE ON messages
 BEGIN
-    DELETE FROM changes WHERE id = OLD.msg_id;
+    DELETE FROM changes WHERE subject = 'message' AND id = OLD.msg_id;
 END;
 CREATE TRIGGER changes_entity_made AFTER INSERT ON entities
 BEGIN

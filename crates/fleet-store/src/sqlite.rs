@@ -729,7 +729,10 @@ impl Store for SqliteStore {
 
     fn last_change(&self) -> StoreResult<i64> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM changes")?;
+        // The last number given (AUTOINCREMENT keeps it), even when its row is pruned.
+        let mut stmt = conn.prepare_cached(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'changes'), 0)",
+        )?;
         Ok(stmt.query_row([], |row| row.get(0))?)
     }
 

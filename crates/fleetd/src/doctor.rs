@@ -296,9 +296,16 @@ async fn clock_check(config: &Config, host: &str, link: &fleet_amqp::Link) -> Ch
     let deadline = tokio::time::Instant::now() + listen;
     while let Ok(Some(Ok(delivery))) = tokio::time::timeout_at(deadline, heartbeats.next()).await {
         let received_ms = fleet_core::clock::now_ms();
+        // Taken at once, so the broker keeps delivering however many entities announce.
+        let _ = delivery
+            .settle(fleet_core::admission::Settlement::Ack, false)
+            .await;
         let Ok(envelope) = delivery.envelope() else {
             continue;
         };
+        if envelope.kind != fleet_core::Kind::Presence {
+            continue;
+        }
         let Some(from) = envelope.from_host.clone() else {
             continue;
         };
@@ -355,7 +362,7 @@ pub fn clock_verdict(
     let fix = "keep the clocks in step (chrony or systemd-timesyncd on every host)";
     match worst {
         Some((host, ms)) if ms.unsigned_abs() > allowed_ms => Verdict::Fail(format!(
-            "{host}'s clock is {} from this one's, more than federation.clock_skew_s ({} s) allows, so its messages are refused: {fix} ({all})",
+            "{host}'s clock is {} from this one's, more than federation.clock_skew_s ({} s) allows, so what either sends the other is refused: {fix} ({all})",
             shown(ms),
             allowed / 1000
         )),

@@ -32,7 +32,7 @@ use crate::mcp_config;
 use crate::openapi::{EventsQuery, HostsView, MessagesView, Refusal, ScreenQuery, StopBody};
 use crate::token;
 use crate::ui;
-use crate::websession::{self, WebSessions};
+use crate::websession::{self, WebSession, WebSessions};
 
 /// The header a lead sets to its `$TMUX_PANE`, for nudges.
 pub const PANE_HEADER: &str = "x-fleet-pane";
@@ -203,82 +203,140 @@ async fn api_roster(
     answered(gateway.roster(&viewer).await)
 }
 
-/// What the operator surfaces check a request against: the gateway's leads, and the web
-/// view's sessions.
+/// What the operator surfaces check a request against: the gateway's leads and operators,
+/// and the web view's sessions.
 #[derive(Clone)]
 struct Operators {
     gateway: Arc<Gateway>,
     web: Arc<WebSessions>,
 }
 
-/// Whether `method` only reads (no CSRF token needed).
-fn reads_only(method: &Method) -> bool {
-    matches!(*method, Method::GET | Method::HEAD)
+/// What a request to the operator surfaces came with, kept so a long stream can check it
+/// again.
+#[derive(Clone, Debug)]
+enum Credential {
+    /// A bearer token, by its hash.
+    Bearer([u8; 32]),
+    /// The web view's session: its cookie, and the key its page sent.
+    Session { cookie: String, key: Option<String> },
+}
+
+/// Why a request to the operator surfaces is turned away.
+#[derive(Debug)]
+struct Denied {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl Denied {
+    fn unauthorized(message: String) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            code: "unauthorized",
+            message,
+        }
+    }
+
+    fn response(self) -> Response {
+        refuse(self.status, self.code, self.message)
+    }
+}
+
+impl Credential {
+    /// What `headers` carry: a bearer token, else a session cookie (with its key, if sent).
+    fn of(headers: &HeaderMap) -> Result<Self, Denied> {
+        let cookie = header_text(headers, header::COOKIE.as_str())
+            .and_then(|cookies| websession::cookie_value(cookies, websession::COOKIE));
+        if let Some(cookie) = cookie
+            && !headers.contains_key(header::AUTHORIZATION)
+        {
+            return Ok(Credential::Session {
+                cookie: cookie.to_string(),
+                key: header_text(headers, websession::KEY_HEADER).map(str::to_string),
+            });
+        }
+        match bearer(headers) {
+            Ok(bearer) => Ok(Credential::Bearer(token::hash(bearer))),
+            Err(why) => Err(Denied::unauthorized(why)),
+        }
+    }
+}
+
+impl Operators {
+    /// Who `credential` stands for now (with its web session, if it is one), or the refusal.
+    fn viewer(&self, credential: &Credential) -> Result<(Viewer, Option<WebSession>), Denied> {
+        let (hash, session) = match credential {
+            Credential::Bearer(hash) => (*hash, None),
+            Credential::Session { cookie, key } => {
+                match self
+                    .web
+                    .find(cookie, key.as_deref(), std::time::Instant::now())
+                {
+                    Ok(session) => (session.token_hash, Some(session)),
+                    Err(websession::Refused::Ended) => {
+                        return Err(Denied::unauthorized(
+                            "your web session has ended (signed out, expired, or fleetd restarted): sign in again at /ui".into(),
+                        ));
+                    }
+                    Err(websession::Refused::WrongKey) => {
+                        return Err(Denied::unauthorized(format!(
+                            "a web session opens nothing without its key in {}, which only the page that signed in holds: sign in again at /ui",
+                            websession::KEY_HEADER
+                        )));
+                    }
+                }
+            }
+        };
+        match self.gateway.viewer(&hash) {
+            Ok(Some(viewer)) => Ok((viewer, session)),
+            Ok(None) => {
+                if let Credential::Session { cookie, .. } = credential {
+                    self.web.close(cookie);
+                }
+                Err(Denied::unauthorized(
+                    "only a lead's or an operator's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
+                ))
+            }
+            Err(e) => Err(Denied {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                code: e.code.as_str(),
+                message: e.message,
+            }),
+        }
+    }
 }
 
 /// Lets through only a lead or an operator ([`Viewer`]): its bearer token, or the web view's
-/// session cookie standing for it (an action, anything but a read, must then carry the
-/// session's CSRF token too). It does not count the request as a lead calling in (the operator
-/// surfaces: `/metrics`, `/api/v1`, the web view's). The viewer is in the request's
-/// extensions, with the web session when it came with one. What each may do is the gateway's
-/// to say (an operator sends nothing, reads no text).
+/// session (its cookie and, on every request, its key: see [`crate::websession`]). It does not
+/// count the request as a lead calling in (the operator surfaces: `/metrics`, `/api/v1`, the
+/// web view's). The viewer is in the request's extensions, with what it came with (for a long
+/// stream to check again) and its web session, if any. What each may do is the gateway's to
+/// say (an operator sends nothing, reads no text). Nothing it answers is to be cached.
 async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next) -> Response {
-    let cookie = header_text(req.headers(), header::COOKIE.as_str())
-        .and_then(|cookies| websession::cookie_value(cookies, websession::COOKIE))
-        .map(str::to_string);
-    let has_bearer = req.headers().contains_key(header::AUTHORIZATION);
-    let (hash, session) = match (cookie, has_bearer) {
-        (Some(cookie), false) => {
-            let Some(session) = ops.web.find(&cookie, std::time::Instant::now()) else {
-                return refuse(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "your web session has ended (signed out, expired, or fleetd restarted): sign in again at /ui".into(),
-                );
-            };
-            let given = header_text(req.headers(), websession::CSRF_HEADER);
-            if !reads_only(req.method()) && !websession::csrf_ok(&session, given) {
-                return refuse(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    format!(
-                        "this action needs the page's CSRF token in {}: reload the page",
-                        websession::CSRF_HEADER
-                    ),
-                );
-            }
-            (session.token_hash, Some((cookie, session)))
-        }
-        _ => match bearer(req.headers()) {
-            Ok(bearer) => (token::hash(bearer), None),
-            Err(why) => return refuse(StatusCode::UNAUTHORIZED, "unauthorized", why),
-        },
+    let checked = Credential::of(req.headers()).and_then(|credential| {
+        let (viewer, session) = ops.viewer(&credential)?;
+        Ok((credential, viewer, session))
+    });
+    let (credential, viewer, session) = match checked {
+        Ok(checked) => checked,
+        Err(denied) => return denied.response(),
     };
-    match ops.gateway.viewer(&hash) {
-        Ok(Some(viewer)) => {
-            req.extensions_mut().insert(viewer);
-            if let Some((cookie, session)) = session {
-                req.extensions_mut()
-                    .insert(ui::SignedIn { cookie, session });
-            }
-            next.run(req).await
-        }
-        Ok(None) => {
-            if let Some((cookie, _)) = &session {
-                ops.web.close(cookie);
-            }
-            refuse(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "only a lead's or an operator's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
-            )
-        }
-        Err(e) => refuse(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            e.code.as_str(),
-            e.message,
-        ),
+    if let (Credential::Session { cookie, .. }, Some(session)) = (&credential, session) {
+        req.extensions_mut().insert(ui::SignedIn {
+            cookie: cookie.clone(),
+            session,
+        });
     }
+    req.extensions_mut().insert(viewer);
+    req.extensions_mut().insert(credential);
+    req.extensions_mut().insert(ops);
+    let mut response = next.run(req).await;
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
 }
 
 /// The HTTP status of a refused operator request.
@@ -373,6 +431,8 @@ const FEED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
 async fn api_events(
     State(gateway): State<Arc<Gateway>>,
     Extension(viewer): Extension<Viewer>,
+    Extension(credential): Extension<Credential>,
+    Extension(ops): Extension<Operators>,
     Extension(Shutdown(shutdown)): Extension<Shutdown>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -381,51 +441,111 @@ async fn api_events(
         Ok(query) => query,
         Err(rejected) => return bad_query(&rejected),
     };
-    let resumed = header_text(&headers, "last-event-id").and_then(|id| id.trim().parse().ok());
-    let after = match query.after.or(resumed) {
-        Some(after) => after,
-        None => match gateway.feed_start().await {
-            Ok(start) => start,
-            Err(e) => return answered::<()>(Err(e)),
-        },
+    let last = match gateway.feed_start().await {
+        Ok(last) => last,
+        Err(e) => return answered::<()>(Err(e)),
     };
-    let state = (
+    // A reconnecting EventSource names the last event it had, whatever its URL says; a point
+    // past the last change (a state dir made anew since) is now.
+    let resumed = header_text(&headers, "last-event-id").and_then(|id| id.trim().parse().ok());
+    let after = resumed
+        .or(query.after)
+        .map_or(last, |after: i64| after.min(last));
+    let feed = Feed {
         gateway,
         viewer,
+        credential,
+        ops,
         after,
-        std::collections::VecDeque::<Event>::new(),
-    );
-    let stream =
-        futures_util::stream::unfold(state, move |(gateway, viewer, mut after, mut pending)| {
-            let shutdown = shutdown.clone();
-            async move {
-                loop {
-                    if let Some(event) = pending.pop_front() {
-                        let sse = SseEvent::default()
-                            .id(event.seq.to_string())
-                            .json_data(&event)
-                            .ok()?;
-                        return Some((
-                            Ok::<_, std::convert::Infallible>(sse),
-                            (gateway, viewer, after, pending),
-                        ));
-                    }
-                    let (events, next) = gateway.feed(&viewer, after).await.ok()?;
-                    let idle = next == after;
-                    after = next;
-                    pending.extend(events);
-                    if idle {
-                        tokio::select! {
-                            () = shutdown.cancelled() => return None,
-                            () = tokio::time::sleep(FEED_LOOK) => {}
-                        }
-                    }
-                }
-            }
-        });
+        pending: std::collections::VecDeque::new(),
+        looks: 0,
+        ended: false,
+    };
+    let stream = futures_util::stream::unfold(feed, move |mut feed| {
+        let shutdown = shutdown.clone();
+        async move {
+            let next = feed.next(&shutdown).await?;
+            Some((Ok::<_, std::convert::Infallible>(next), feed))
+        }
+    });
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// One client's live feed: what it has yet to be sent, and where it reads on from.
+struct Feed {
+    gateway: Arc<Gateway>,
+    viewer: Viewer,
+    credential: Credential,
+    ops: Operators,
+    after: i64,
+    pending: std::collections::VecDeque<Event>,
+    /// Looks at the store since the credential was last checked.
+    looks: u32,
+    /// It failed and said so: nothing more comes.
+    ended: bool,
+}
+
+/// How many looks at the store an open feed makes between checks of its credential (a
+/// rotated token, an ended session or an operator taken out of the config ends it within
+/// about a second).
+const LOOKS_PER_CHECK: u32 = 5;
+
+impl Feed {
+    /// The next event to send: a change, or an `error` event before the feed ends; none once
+    /// it has ended (fleetd shutting down, the credential no longer good).
+    async fn next(&mut self, shutdown: &CancellationToken) -> Option<SseEvent> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return match SseEvent::default()
+                    .id(event.seq.to_string())
+                    .json_data(&event)
+                {
+                    Ok(sse) => Some(sse),
+                    Err(e) => Some(self.failed(&format!("cannot write an event: {e}"))),
+                };
+            }
+            self.looks += 1;
+            if self.looks >= LOOKS_PER_CHECK {
+                self.looks = 0;
+                if self.ops.viewer(&self.credential).is_err() {
+                    tracing::info!(who = %self.viewer.name(), "a live feed ended: its token or session is no longer good");
+                    return None;
+                }
+            }
+            let (events, next) = match self.gateway.feed(&self.viewer, self.after).await {
+                Ok(read) => read,
+                Err(e) => return Some(self.failed(&e.message)),
+            };
+            let idle = next == self.after;
+            self.after = next;
+            self.pending.extend(events);
+            if idle {
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = tokio::time::sleep(FEED_LOOK) => {}
+                }
+            }
+        }
+    }
+
+    /// The `error` event that ends a feed which cannot go on, said in the log too.
+    fn failed(&mut self, why: &str) -> SseEvent {
+        tracing::warn!(who = %self.viewer.name(), why, "a live feed failed");
+        self.ended = true;
+        let refusal = Refusal {
+            error: ErrorCode::Internal.as_str().to_string(),
+            message: format!("the feed failed: {why}; read on with ?after={}", self.after),
+        };
+        SseEvent::default()
+            .event("error")
+            .json_data(&refusal)
+            .unwrap_or_default()
+    }
 }
 
 /// `GET /api/v1/messages/{msg_id}`: one of the lead's messages and every state it went through

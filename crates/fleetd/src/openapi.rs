@@ -94,8 +94,8 @@ struct Route {
     /// Its JSON body.
     body: Option<fn(&mut SchemaGenerator) -> Schema>,
     answer: Answer,
-    /// The refusals it may answer, besides 401 (every route but the open ones) and 403 (the
-    /// Host/Origin check).
+    /// The refusals it may answer, besides 401 (every route but the open ones), 403 (the
+    /// Host/Origin check) and 500 (the store failing).
     refusals: &'static [u16],
     /// Whether it needs no token.
     open: bool,
@@ -137,9 +137,9 @@ fn routes() -> Vec<Route> {
             ..lead(
                 "get",
                 "/api/v1/messages",
-                "The lead's messages in this gateway's store, newest first, with their states and reasons; their text only with text=true.",
+                "Messages in this gateway's store (a lead's: those it sent or received; an operator's: all), newest first, with their states and reasons; their text only with text=true, to a lead.",
                 Answer::Json(of::<MessagesView>),
-                &[400, 404],
+                &[400, 404, 403],
             )
         },
         Route {
@@ -147,7 +147,7 @@ fn routes() -> Vec<Route> {
             ..lead(
                 "get",
                 "/api/v1/messages/{msg_id}",
-                "One of the lead's messages and every state it went through.",
+                "One message (a lead's own; any, for an operator) and every state it went through.",
                 Answer::Json(of::<MessageHistory>),
                 &[400, 404],
             )
@@ -157,7 +157,7 @@ fn routes() -> Vec<Route> {
             ..lead(
                 "get",
                 "/api/v1/events",
-                "The live feed of this gateway's changes as server-sent events (each one's id is its seq): entities made and changing status, the lead's messages moving through their states; never a message's text.",
+                "The live feed of this gateway's changes as server-sent events (each one's id is its seq; Last-Event-ID resumes): entities made and changing status, messages (a lead's own; all, for an operator) moving through their states; never a message's text. A feed that fails sends an `error` event (a Refusal) and ends.",
                 Answer::Events(of::<Event>),
                 &[400],
             )
@@ -167,9 +167,9 @@ fn routes() -> Vec<Route> {
             ..lead(
                 "get",
                 "/api/v1/screen",
-                "What the pane of a worker of this host shows now (read-only; untrusted text).",
+                "What the pane of a worker of this host shows now, to the lead that spawned it or whose task it has in hand (read-only; untrusted text).",
                 Answer::Json(of::<Screen>),
-                &[400, 404, 410],
+                &[400, 403, 404, 410],
             )
         },
         Route {
@@ -179,7 +179,7 @@ fn routes() -> Vec<Route> {
                 "/api/v1/send",
                 "fleet_send as the lead: a task to a worker (or an answer to its question), waiting up to wait_s for the answer.",
                 Answer::Json(of::<SendResult>),
-                &[400, 404, 429],
+                &[400, 403, 404, 410, 429],
             )
         },
         Route {
@@ -187,9 +187,9 @@ fn routes() -> Vec<Route> {
             ..lead(
                 "post",
                 "/api/v1/stop",
-                "fleet_stop as the lead: ends a worker or architect.",
+                "Ends a worker or architect: fleet_stop as a lead; an operator stops this host's, unless read-only.",
                 Answer::Json(of::<StopResult>),
-                &[400, 404],
+                &[400, 403, 404],
             )
         },
         lead(
@@ -308,7 +308,11 @@ pub fn document(version: &str) -> Value {
         };
         let mut responses = Map::new();
         responses.insert("200".into(), ok);
-        let always: &[u16] = if route.open { &[403] } else { &[401, 403] };
+        let always: &[u16] = if route.open {
+            &[403, 500]
+        } else {
+            &[401, 403, 500]
+        };
         for status in always.iter().chain(route.refusals) {
             responses.insert(
                 status.to_string(),
@@ -334,7 +338,7 @@ pub fn document(version: &str) -> Value {
         "info": {
             "title": "fleetd operator API",
             "version": version,
-            "description": "What a person or a script may see and do in a running fleet, as a lead: the same identities and rules as the MCP tools. Authenticate with a lead's bearer token (`fleetd token NAME`), or the web view's session cookie (its actions also need the X-Fleet-CSRF header).",
+            "description": "What a person or a script may see and do in a running fleet, as a lead (the same identities and rules as the MCP tools) or as an operator ([operators.NAME]: sees all, reads no text, sends nothing). Authenticate with a bearer token (`fleetd token NAME`), or the web view's session: its cookie and, on every request, its key in X-Fleet-Session-Key.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}, {"session": []}],
@@ -344,7 +348,7 @@ pub fn document(version: &str) -> Value {
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "a lead's token"},
                 "session": {"type": "apiKey", "in": "cookie", "name": crate::websession::COOKIE,
-                            "description": "the web view's session, set at sign-in"},
+                            "description": "the web view's session, set at sign-in; it opens nothing without the session's key in the X-Fleet-Session-Key header"},
             },
         },
     })

@@ -155,11 +155,27 @@ impl Cell {
 }
 
 /// `text` with every control character shown as `?`: what another host announced (a name, a
-/// status) reaches the terminal as text, never as an escape sequence.
+/// status) reaches the terminal as text, never as an escape sequence. So are the invisible
+/// characters that change how text around them reads (bidirectional overrides and isolates,
+/// zero-width ones), which could make a name or a reason look like another.
 pub fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            if c.is_control() || invisible(c) {
+                '?'
+            } else {
+                c
+            }
+        })
         .collect()
+}
+
+/// Whether `c` is a format character that is not shown but changes how text reads.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+    )
 }
 
 /// Column widths for `natural` ones within `limit` characters (a space between columns):
@@ -932,6 +948,15 @@ mod tests {
             text.contains("'w1' asks: port?") && text.contains("`fleetd answer t1 MESSAGE`"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn text_for_a_terminal_shows_controls_and_invisible_reorderings_as_marks() {
+        assert_eq!(printable("w1\u{1b}[2J\u{7}"), "w1?[2J?");
+        // "evil\u{202E}txt.exe" would read "evilexe.txt".
+        assert_eq!(printable("evil\u{202E}txt.exe"), "evil?txt.exe");
+        assert_eq!(printable("a\u{200B}b\u{2066}c\u{feff}"), "a?b?c?");
+        assert_eq!(printable("naïve 名前 → ok"), "naïve 名前 → ok");
     }
 
     #[test]

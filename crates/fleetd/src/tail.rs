@@ -26,41 +26,74 @@ pub struct TailArgs {
     pub after: Option<i64>,
 }
 
-/// Server-sent events read off a byte stream: whole events come out as their `data`, however
-/// the bytes were cut.
+/// The most one event may hold; a longer one is dropped whole (a stream gone wrong).
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// One server-sent event: its name (`message` unless named) and its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SseEvent {
+    /// Its name.
+    pub name: String,
+    /// Its data lines, joined.
+    pub data: String,
+}
+
+/// Server-sent events read off a byte stream: whole events come out, however the bytes were
+/// cut, lines ended by CRLF, LF or CR alike.
 #[derive(Debug, Default)]
 pub struct SseReader {
     /// Bytes of a line not yet ended.
     partial: Vec<u8>,
+    /// The last byte was a CR (a LF right after it ends nothing more).
+    after_cr: bool,
     /// The data lines of the event being read.
     data: Vec<String>,
+    /// Its name, if named.
+    name: Option<String>,
+    /// How many bytes it holds so far.
+    size: usize,
+    /// It grew past [`MAX_EVENT_BYTES`]: it is dropped when it ends.
+    overflowed: bool,
 }
 
 impl SseReader {
-    /// Reads `bytes`; returns the data of every event they completed.
-    pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// Reads `bytes`; returns every event they completed.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         let mut done = Vec::new();
         for &byte in bytes {
-            if byte != b'\n' {
-                self.partial.push(byte);
-                continue;
+            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
+            match byte {
+                b'\n' if after_cr => {}
+                b'\r' | b'\n' => self.end_line(&mut done),
+                _ if self.size + self.partial.len() < MAX_EVENT_BYTES => self.partial.push(byte),
+                _ => self.overflowed = true,
             }
-            let line = String::from_utf8_lossy(&self.partial)
-                .trim_end_matches('\r')
-                .to_string();
-            self.partial.clear();
-            if line.is_empty() {
-                if !self.data.is_empty() {
-                    done.push(self.data.join("\n"));
-                    self.data.clear();
-                }
-            } else if let Some(data) = line.strip_prefix("data:") {
-                self.data
-                    .push(data.strip_prefix(' ').unwrap_or(data).to_string());
-            }
-            // `id:`, `event:`, `retry:` and `:` comments (keep-alives) carry nothing to print.
         }
         done
+    }
+
+    fn end_line(&mut self, done: &mut Vec<SseEvent>) {
+        let line = String::from_utf8_lossy(&self.partial).into_owned();
+        self.partial.clear();
+        let line = line.trim_start_matches('\u{feff}');
+        if line.is_empty() {
+            let name = self.name.take().unwrap_or_else(|| "message".into());
+            let data = std::mem::take(&mut self.data);
+            if !data.is_empty() && !std::mem::take(&mut self.overflowed) {
+                done.push(SseEvent {
+                    name,
+                    data: data.join("\n"),
+                });
+            }
+            self.size = 0;
+        } else if let Some(data) = line.strip_prefix("data:") {
+            let data = data.strip_prefix(' ').unwrap_or(data);
+            self.size += data.len();
+            self.data.push(data.to_string());
+        } else if let Some(name) = line.strip_prefix("event:") {
+            self.name = Some(name.trim().to_string());
+        }
+        // `id:`, `retry:` and `:` comments (keep-alives) carry nothing to print.
     }
 }
 
@@ -151,15 +184,24 @@ pub fn tail_command(cli: &Cli, args: &TailArgs) -> anyhow::Result<()> {
         eprintln!("fleetd: following {} (Ctrl-C to stop)", target.url);
         let mut reader = SseReader::default();
         let mut out = std::io::stdout().lock();
+        let mut last = args.after;
         loop {
             let chunk = match response.chunk().await {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) | Err(_) => break,
             };
-            for data in reader.feed(&chunk) {
-                let Ok(event) = serde_json::from_str::<Value>(&data) else {
+            for sse in reader.feed(&chunk) {
+                let Ok(event) = serde_json::from_str::<Value>(&sse.data) else {
                     continue;
                 };
+                if sse.name == "error" {
+                    return Err(OpsError {
+                        exit: 1,
+                        message: printable(event["message"].as_str().unwrap_or("the feed failed")),
+                    }
+                    .into());
+                }
+                last = event["seq"].as_i64().or(last);
                 let line = if args.ops.json {
                     Some(terminal_json(&event).replace('\n', ""))
                 } else {
@@ -171,10 +213,13 @@ pub fn tail_command(cli: &Cli, args: &TailArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        let resume = last.map_or_else(String::new, |seq| {
+            format!("; `fleetd tail --after {seq}` reads on from the last event printed")
+        });
         Err(OpsError {
             exit: EXIT_UNREACHABLE,
             message: format!(
-                "the gateway at {} closed the feed (was it stopped?)",
+                "the gateway at {} closed the feed or went silent (was it stopped?){resume}",
                 target.url
             ),
         }
@@ -187,16 +232,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_come_whole_however_the_bytes_are_cut() {
-        let stream = b": keep-alive\n\nid: 4\ndata: {\"a\":1}\n\nid: 5\r\ndata:{\"b\":2}\r\n\r\n";
+    fn events_come_whole_however_the_bytes_are_cut_and_lines_end() {
+        let stream = "\u{feff}: keep-alive\n\nid: 4\ndata: {\"a\":1}\n\nid: 5\r\ndata:{\"b\":2}\r\n\r\nevent: error\rdata: x\rdata: y\r\r";
+        let stream = stream.as_bytes();
+        let event = |name: &str, data: &str| SseEvent {
+            name: name.into(),
+            data: data.into(),
+        };
         for cut in 0..stream.len() {
             let mut reader = SseReader::default();
             let mut got = reader.feed(&stream[..cut]);
             got.extend(reader.feed(&stream[cut..]));
-            assert_eq!(got, ["{\"a\":1}", "{\"b\":2}"], "cut at {cut}");
+            assert_eq!(
+                got,
+                [
+                    event("message", "{\"a\":1}"),
+                    event("message", "{\"b\":2}"),
+                    event("error", "x\ny")
+                ],
+                "cut at {cut}"
+            );
         }
         // An event not yet ended by its blank line is not given out.
         assert!(SseReader::default().feed(b"data: x\n").is_empty());
+    }
+
+    #[test]
+    fn an_event_past_the_cap_is_dropped_and_the_next_comes_through() {
+        let mut reader = SseReader::default();
+        let huge = format!("data: {}\n\n", "x".repeat(MAX_EVENT_BYTES + 10));
+        assert!(reader.feed(huge.as_bytes()).is_empty());
+        assert_eq!(reader.feed(b"data: ok\n\n")[0].data, "ok");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The web view at `/ui`: one page, its script and its style, served from the binary (no build
-//! step, no third-party code), that signs a lead in with its token once (a session cookie from
-//! then on: see [`crate::websession`]) and then reads the operator API like any client:
+//! step, no third-party code), that signs a lead or an operator in with its token once (a
+//! session from then on: see [`crate::websession`]) and then reads the operator API like any
+//! client:
 //! the roster and hosts, the lead's messages, the live feed (`/api/v1/events`, server-sent),
 //! a worker's screen, and stop buttons. Every value from the fleet reaches the page as text
 //! (the script never builds markup from data), and a strict Content-Security-Policy lets the
@@ -8,16 +9,17 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::FormRejection;
-use axum::extract::{Extension, Form, State};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::gateway::{Gateway, Viewer};
+use crate::openapi::Refusal;
 use crate::token;
 use crate::websession::{WebSession, WebSessions, clear_cookie, set_cookie};
 
@@ -74,67 +76,86 @@ async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
 
-/// The sign-in form's fields.
+/// `POST /ui/session`'s body.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SignIn {
-    /// A lead's bearer token, pasted.
+    /// A lead's or an operator's bearer token, pasted.
     token: String,
 }
 
-/// `POST /ui/session` (the sign-in form): a lead's token opens a session, its cookie set and
-/// the browser sent back to the page; anything else sends it back to the form, saying so.
-async fn sign_in(
-    State((gateway, web)): State<(Arc<Gateway>, Arc<WebSessions>)>,
-    form: Result<Form<SignIn>, FormRejection>,
-) -> Response {
-    let refused = || Redirect::to("/ui?signin=refused").into_response();
-    let Ok(Form(form)) = form else {
-        return refused();
-    };
-    let hash = token::hash(form.token.trim());
-    match gateway.viewer(&hash) {
-        Ok(Some(viewer)) => match web.open(hash, std::time::Instant::now()) {
-            Ok(opened) => {
-                tracing::info!(who = %viewer.name(), "signed in to the web view");
-                let mut response = Redirect::to("/ui").into_response();
-                if let Ok(value) = HeaderValue::from_str(&set_cookie(&opened.cookie)) {
-                    response.headers_mut().insert(header::SET_COOKIE, value);
-                }
-                response
-            }
-            Err(e) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot make a session: {e}"),
-            )
-                .into_response(),
-        },
-        Ok(None) => {
-            tracing::warn!("REFUSED a web view sign-in: not a lead's or an operator's token");
-            refused()
-        }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.message).into_response(),
-    }
-}
-
-/// `GET /ui/me`: who is signed in (a lead, or an operator and whether it may stop), and the
-/// CSRF token the page sends with its actions (none for a bearer token: it needs none).
-pub async fn me(
-    State(gateway): State<Arc<Gateway>>,
-    Extension(viewer): Extension<Viewer>,
-    signed_in: Option<Extension<SignedIn>>,
-) -> Response {
-    let (role, may_stop) = match &viewer {
+/// Who a viewer is, as the page shows it.
+fn who(gateway: &Gateway, viewer: &Viewer) -> serde_json::Value {
+    let (role, may_stop) = match viewer {
         Viewer::Lead(_) => ("lead", true),
         Viewer::Operator { read_only, .. } => ("operator", !read_only),
     };
-    Json(json!({
+    json!({
         "name": viewer.name(),
         "role": role,
         "may_stop": may_stop,
         "host": gateway.host_id(),
-        "csrf": signed_in.map(|Extension(s)| s.session.csrf),
-    }))
-    .into_response()
+    })
+}
+
+/// `POST /ui/session {token}`: a lead's or an operator's token opens a session: its cookie is
+/// set, and its key is in the answer, given this once to the page that signed in. JSON only,
+/// so no form of another site's page can sign the browser in (its JSON needs a CORS preflight
+/// fleetd never answers).
+async fn sign_in(
+    State((gateway, web)): State<(Arc<Gateway>, Arc<WebSessions>)>,
+    body: Result<Json<SignIn>, JsonRejection>,
+) -> Response {
+    let refused = |status: StatusCode, message: String| {
+        let refusal = Refusal {
+            error: "unauthorized".into(),
+            message,
+        };
+        (status, Json(refusal)).into_response()
+    };
+    let form = match body {
+        Ok(Json(form)) => form,
+        Err(rejected) => return refused(StatusCode::BAD_REQUEST, rejected.body_text()),
+    };
+    let hash = token::hash(form.token.trim());
+    let viewer = match gateway.viewer(&hash) {
+        Ok(Some(viewer)) => viewer,
+        Ok(None) => {
+            tracing::warn!("REFUSED a web view sign-in: not a lead's or an operator's token");
+            return refused(
+                StatusCode::UNAUTHORIZED,
+                "that is not a lead's or an operator's token for this gateway (`fleetd token NAME` prints one)".into(),
+            );
+        }
+        Err(e) => return refused(StatusCode::INTERNAL_SERVER_ERROR, e.message),
+    };
+    let opened = match web.open(hash, std::time::Instant::now()) {
+        Ok(opened) => opened,
+        Err(e) => {
+            return refused(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot make a session: {e}"),
+            );
+        }
+    };
+    tracing::info!(who = %viewer.name(), "signed in to the web view");
+    let mut answer = who(&gateway, &viewer);
+    answer["key"] = opened.key.into();
+    let mut response = Json(answer).into_response();
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&set_cookie(&opened.cookie)) {
+        headers.insert(header::SET_COOKIE, value);
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// `GET /ui/me`: who is signed in (a lead, or an operator and whether it may stop).
+pub async fn me(
+    State(gateway): State<Arc<Gateway>>,
+    Extension(viewer): Extension<Viewer>,
+) -> Response {
+    Json(who(&gateway, &viewer)).into_response()
 }
 
 /// `POST /ui/signout`: ends the browser's session and clears its cookie.

@@ -1,34 +1,46 @@
-//! The web view's sign-in: a lead pastes its token once and gets a session cookie (random,
-//! `HttpOnly`, `SameSite=Strict`, kept here only as a hash) that stands for that token from then
-//! on, and a CSRF token the page must send back on every action. A session lives as long as
-//! its token does (rotating the token ends it), at most [`SESSION_LIFE`], and only in this
+//! The web view's sign-in: a lead (or an operator) pastes its token once and gets a session
+//! made of two secrets, both random and kept here only as hashes:
+//!
+//! - a cookie (`HttpOnly`, `SameSite=Strict`), which no script can read;
+//! - a key, given once in the sign-in's answer to the page that signed in, which keeps it in
+//!   its own storage and sends it back in [`KEY_HEADER`] with every request, read or action.
+//!
+//! Neither opens anything alone. Browsers send a cookie to every port of a host, so a program
+//! listening on another loopback port that the user is led to open gets the cookie; it never
+//! gets the key (a page's storage is its own origin's, port included, and nothing hands the key
+//! out again). A page of another site can neither read the key nor send the header without a
+//! CORS preflight fleetd never answers, which is also what keeps it from signing the browser in
+//! (the sign-in takes JSON only).
+//!
+//! A session stands for the token it was opened with, checked again at every request (so
+//! rotating the token ends it), lasts at most [`SESSION_LIFE`], and lives only in this
 //! process's memory: a restart signs everyone out.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use subtle_eq::equal;
-
 use crate::token;
 
 /// The cookie's name.
 pub const COOKIE: &str = "fleetd_session";
-/// The header a page sends its CSRF token in.
-pub const CSRF_HEADER: &str = "x-fleet-csrf";
+/// The header a page sends its session key in.
+pub const KEY_HEADER: &str = "x-fleet-session-key";
 /// How long a session lasts after sign-in.
 pub const SESSION_LIFE: Duration = Duration::from_secs(12 * 3600);
+/// The most sessions one token keeps at once; its oldest goes to make room.
+pub const MAX_SESSIONS_PER_TOKEN: usize = 8;
 /// The most sessions kept at once; the oldest goes to make room.
 pub const MAX_SESSIONS: usize = 64;
 
 /// One signed-in browser.
 #[derive(Clone, Debug)]
 pub struct WebSession {
-    /// The hash of the lead's token it was opened with (checked again at every request, so a
-    /// rotated token ends it).
+    /// The hash of the token it was opened with (checked again at every request, so a rotated
+    /// token ends it).
     pub token_hash: [u8; 32],
-    /// What the page must send in [`CSRF_HEADER`] with each action.
-    pub csrf: String,
+    /// The hash of the key the page sends with every request.
+    key_hash: [u8; 32],
     /// When it was opened.
     pub opened: Instant,
 }
@@ -39,12 +51,21 @@ pub struct WebSessions {
     sessions: Mutex<HashMap<[u8; 32], WebSession>>,
 }
 
-/// A fresh session: the cookie's value to give the browser, and the session kept.
+/// A fresh session's secrets, given out once.
 pub struct Opened {
-    /// The cookie's value (given once, kept only as a hash).
+    /// The cookie's value.
     pub cookie: String,
-    /// The session.
-    pub session: WebSession,
+    /// The key the page must send with every request.
+    pub key: String,
+}
+
+/// Why a request's session does not open anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// No such session (never was, signed out, expired, or fleetd restarted).
+    Ended,
+    /// The cookie is a session's, the key is not (missing, or another's).
+    WrongKey,
 }
 
 impl WebSessions {
@@ -54,42 +75,73 @@ impl WebSessions {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Opens a session for the lead whose token hashes to `token_hash`, at `now`.
+    /// Opens a session for the token hashing to `token_hash`, at `now`. Past its token's cap
+    /// the token's own oldest session goes, past the cap of all the oldest of all: a token
+    /// cannot push out more than its own.
     pub fn open(&self, token_hash: [u8; 32], now: Instant) -> Result<Opened, getrandom::Error> {
-        let cookie = token::mint()?;
-        let csrf = token::mint()?;
-        let session = WebSession {
-            token_hash,
-            csrf,
-            opened: now,
+        let opened = Opened {
+            cookie: token::mint()?,
+            key: token::mint()?,
         };
         let mut sessions = self.lock();
         sessions.retain(|_, s| live(s, now));
-        while sessions.len() >= MAX_SESSIONS {
-            let oldest = sessions
+        let oldest = |sessions: &HashMap<[u8; 32], WebSession>, of: Option<[u8; 32]>| {
+            sessions
                 .iter()
+                .filter(|(_, s)| of.is_none_or(|hash| s.token_hash == hash))
                 .min_by_key(|(_, s)| s.opened)
-                .map(|(key, _)| *key);
-            match oldest {
-                Some(key) => sessions.remove(&key),
-                None => break,
+                .map(|(cookie, _)| *cookie)
+        };
+        let own = |sessions: &HashMap<[u8; 32], WebSession>| {
+            sessions
+                .values()
+                .filter(|s| s.token_hash == token_hash)
+                .count()
+        };
+        while own(&sessions) >= MAX_SESSIONS_PER_TOKEN {
+            let Some(cookie) = oldest(&sessions, Some(token_hash)) else {
+                break;
             };
+            sessions.remove(&cookie);
         }
-        sessions.insert(token::hash(&cookie), session.clone());
-        Ok(Opened { cookie, session })
+        while sessions.len() >= MAX_SESSIONS {
+            let Some(cookie) = oldest(&sessions, None) else {
+                break;
+            };
+            sessions.remove(&cookie);
+        }
+        sessions.insert(
+            token::hash(&opened.cookie),
+            WebSession {
+                token_hash,
+                key_hash: token::hash(&opened.key),
+                opened: now,
+            },
+        );
+        Ok(opened)
     }
 
-    /// The live session whose cookie is `cookie`, at `now`.
-    pub fn find(&self, cookie: &str, now: Instant) -> Option<WebSession> {
-        let key = token::hash(cookie);
+    /// The live session whose cookie is `cookie`, if `key` is its key, at `now`.
+    pub fn find(
+        &self,
+        cookie: &str,
+        key: Option<&str>,
+        now: Instant,
+    ) -> Result<WebSession, Refused> {
+        let cookie = token::hash(cookie);
         let mut sessions = self.lock();
-        match sessions.get(&key) {
-            Some(session) if live(session, now) => Some(session.clone()),
+        let session = match sessions.get(&cookie) {
+            Some(session) if live(session, now) => session.clone(),
             Some(_) => {
-                sessions.remove(&key);
-                None
+                sessions.remove(&cookie);
+                return Err(Refused::Ended);
             }
-            None => None,
+            None => return Err(Refused::Ended),
+        };
+        let given = key.map(token::hash);
+        match given {
+            Some(given) if same(&given, &session.key_hash) => Ok(session),
+            _ => Err(Refused::WrongKey),
         }
     }
 
@@ -104,6 +156,11 @@ fn live(session: &WebSession, now: Instant) -> bool {
     now.saturating_duration_since(session.opened) < SESSION_LIFE
 }
 
+/// Whether two hashes are the same, looking at every byte either way.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
 /// The value of cookie `name` in a `Cookie` header, if it is there.
 pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     header
@@ -114,7 +171,7 @@ pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
         .filter(|value| !value.is_empty())
 }
 
-/// The `Set-Cookie` header that gives a browser `value`: only over HTTP requests to this origin
+/// The `Set-Cookie` header that gives a browser `value`: only over HTTP requests to this host
 /// (`HttpOnly`: no script reads it; `SameSite=Strict`: no other site's page sends it), for the
 /// session's life.
 pub fn set_cookie(value: &str) -> String {
@@ -129,61 +186,82 @@ pub fn clear_cookie() -> String {
     format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
-/// Whether an action may go ahead: the CSRF token it carries is the session's.
-pub fn csrf_ok(session: &WebSession, given: Option<&str>) -> bool {
-    given.is_some_and(|given| equal(given.as_bytes(), session.csrf.as_bytes()))
-}
-
-/// Comparison that takes as long whatever the bytes (a CSRF token is a secret).
-mod subtle_eq {
-    /// Whether `a` and `b` are the same, looking at every byte either way.
-    pub fn equal(a: &[u8], b: &[u8]) -> bool {
-        if a.len() != b.len() {
-            return false;
-        }
-        a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_session_is_found_by_its_cookie_until_it_ends_or_expires() {
+    fn a_session_opens_only_with_its_cookie_and_its_key_until_it_ends() {
         let sessions = WebSessions::default();
         let start = Instant::now();
         let opened = sessions.open([7; 32], start).unwrap();
-        assert!(opened.cookie.len() > 40 && opened.session.csrf != opened.cookie);
-        let found = sessions.find(&opened.cookie, start).unwrap();
+        assert!(opened.cookie.len() > 40 && opened.key != opened.cookie);
+        let key = Some(opened.key.as_str());
+        let found = sessions.find(&opened.cookie, key, start).unwrap();
         assert_eq!(found.token_hash, [7; 32]);
-        assert!(sessions.find("fleet_guess", start).is_none());
-        assert!(
+        // The cookie alone (what another port's listener gets) opens nothing.
+        assert_eq!(
+            sessions.find(&opened.cookie, None, start).unwrap_err(),
+            Refused::WrongKey
+        );
+        assert_eq!(
             sessions
-                .find(&opened.cookie, start + SESSION_LIFE)
-                .is_none()
+                .find(&opened.cookie, Some(&opened.cookie), start)
+                .unwrap_err(),
+            Refused::WrongKey
+        );
+        assert_eq!(
+            sessions.find("fleet_guess", key, start).unwrap_err(),
+            Refused::Ended
+        );
+        assert_eq!(
+            sessions
+                .find(&opened.cookie, key, start + SESSION_LIFE)
+                .unwrap_err(),
+            Refused::Ended
         );
         // Expired is gone for good.
-        assert!(sessions.find(&opened.cookie, start).is_none());
+        assert!(sessions.find(&opened.cookie, key, start).is_err());
         let again = sessions.open([7; 32], start).unwrap();
         sessions.close(&again.cookie);
-        assert!(sessions.find(&again.cookie, start).is_none());
+        assert!(
+            sessions
+                .find(&again.cookie, Some(&again.key), start)
+                .is_err()
+        );
     }
 
     #[test]
-    fn past_the_cap_the_oldest_session_goes() {
+    fn a_token_pushes_out_only_its_own_sessions_and_all_are_capped() {
         let sessions = WebSessions::default();
         let start = Instant::now();
-        let first = sessions.open([1; 32], start).unwrap();
-        let mut last = None;
-        for i in 1..=MAX_SESSIONS {
-            let at = start + Duration::from_secs(u64::try_from(i).unwrap());
-            last = Some(sessions.open([2; 32], at).unwrap());
+        let at = |i: usize| start + Duration::from_secs(u64::try_from(i).unwrap());
+        let lead = sessions.open([1; 32], at(0)).unwrap();
+        // A flood from another token: it replaces its own, never the lead's.
+        let mut flood = Vec::new();
+        for i in 1..=3 * MAX_SESSIONS_PER_TOKEN {
+            flood.push(sessions.open([2; 32], at(i)).unwrap());
         }
-        let now = start + Duration::from_secs(100);
-        assert!(sessions.find(&first.cookie, now).is_none());
-        assert!(sessions.find(&last.unwrap().cookie, now).is_some());
+        let now = at(1000);
+        assert!(sessions.find(&lead.cookie, Some(&lead.key), now).is_ok());
+        let live = flood
+            .iter()
+            .filter(|o| sessions.find(&o.cookie, Some(&o.key), now).is_ok())
+            .count();
+        assert_eq!(live, MAX_SESSIONS_PER_TOKEN);
+        let newest = flood.last().unwrap();
+        assert!(
+            sessions
+                .find(&newest.cookie, Some(&newest.key), now)
+                .is_ok()
+        );
+        // Many tokens: the oldest of all goes past the overall cap.
+        for i in 0..MAX_SESSIONS {
+            let hash = [u8::try_from(10 + i % 200).unwrap(); 32];
+            sessions.open(hash, at(2000 + i)).unwrap();
+        }
         assert_eq!(sessions.lock().len(), MAX_SESSIONS);
+        assert!(sessions.find(&lead.cookie, Some(&lead.key), now).is_err());
     }
 
     #[test]
@@ -197,18 +275,5 @@ mod tests {
             assert!(set.contains(part), "{set}");
         }
         assert!(clear_cookie().contains("Max-Age=0"));
-    }
-
-    #[test]
-    fn an_action_needs_the_sessions_csrf_token() {
-        let session = WebSession {
-            token_hash: [0; 32],
-            csrf: "fleet_csrf".into(),
-            opened: Instant::now(),
-        };
-        assert!(csrf_ok(&session, Some("fleet_csrf")));
-        assert!(!csrf_ok(&session, Some("fleet_csrg")));
-        assert!(!csrf_ok(&session, Some("")));
-        assert!(!csrf_ok(&session, None));
     }
 }

@@ -95,6 +95,16 @@ pub struct Screen {
     pub text: String,
 }
 
+/// Whether lead `caller` may look at the screen of a worker spawned by `parent` that has a task
+/// from `task_from` in hand: its own worker's (unless busy with another lead's task), or one
+/// working on its task.
+pub fn may_see_screen(caller: Gid, parent: Option<Gid>, task_from: Option<Gid>) -> bool {
+    match task_from {
+        Some(from) => from == caller,
+        None => parent == Some(caller),
+    }
+}
+
 /// Whether a message between `from` and `to` is to be seen by one who sees the messages
 /// `involving` an entity (those it sent or received), or all (none).
 pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
@@ -167,11 +177,12 @@ impl Gateway {
         }
     }
 
-    /// What the pane of `to` (an entity of this host) shows now, to a lead (a screen may show
-    /// a task and its answer, which an operator never reads). A look only: nothing is typed,
-    /// and the look is not the lead calling in.
+    /// What the pane of `to` (an entity of this host) shows now, to the lead that spawned it
+    /// or whose task it has in hand (a screen shows a task and its answer: never another
+    /// lead's, nor an operator's to read). A look only: nothing is typed, and the look is not
+    /// the lead calling in.
     pub async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
-        viewer.lead("look at a worker's screen")?;
+        let caller = viewer.lead("look at a worker's screen")?.entity.gid;
         let entity = match self.resolve_route(to)? {
             fleet_core::routing::Route::Local(entity) => entity,
             fleet_core::routing::Route::Remote(entity) => {
@@ -181,12 +192,15 @@ impl Gateway {
                 )));
             }
         };
-        let (pane, status) = {
+        let (pane, status, whose) = {
             let sessions = self.lock();
             let session = sessions.panes.get(&entity.gid);
             (
                 session.and_then(|s| s.pane.clone()),
                 session.map(|s| s.status),
+                session.is_some_and(|s| {
+                    may_see_screen(caller, s.entity.parent, s.current.as_ref().map(|m| m.from))
+                }),
             )
         };
         let (Some(pane), Some(status)) = (pane, status) else {
@@ -195,6 +209,15 @@ impl Gateway {
                 entity.name
             )));
         };
+        if !whose {
+            return Err(FleetError::new(
+                fleet_core::ErrorCode::Forbidden,
+                format!(
+                    "'{}' is another lead's worker, busy with another lead's task: its screen is theirs to look at",
+                    entity.name
+                ),
+            ));
+        }
         let snapshot = self.panes.snapshot(&pane).await.map_err(|e| {
             FleetError::new(
                 fleet_core::ErrorCode::Gone,
@@ -247,6 +270,17 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_screen_is_for_the_lead_whose_task_it_shows() {
+        let (alice, bob) = (Gid::mint(), Gid::mint());
+        // Alice's idle worker: hers only.
+        assert!(may_see_screen(alice, Some(alice), None));
+        assert!(!may_see_screen(bob, Some(alice), None));
+        // Busy with Bob's task: Bob's, not Alice's, though she spawned it.
+        assert!(may_see_screen(bob, Some(alice), Some(bob)));
+        assert!(!may_see_screen(alice, Some(alice), Some(bob)));
+    }
 
     #[test]
     fn a_lead_sees_only_the_messages_it_sent_or_received_an_operator_all() {

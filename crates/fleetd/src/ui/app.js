@@ -2,12 +2,28 @@
 // markup: names, reasons and screens are untrusted text.
 'use strict';
 
+// The session's key, given once at sign-in: sent with every request (the cookie alone opens
+// nothing), kept in this tab's storage, which no other origin (another port included) reads.
+const KEY_HEADER = 'X-Fleet-Session-Key';
+const KEY_STORE = 'fleetd-session-key';
+
+// The states and statuses the page colours; anything else another host says is shown plain.
+const KNOWN = new Set(['idle', 'up', 'busy', 'asking', 'spawning', 'stopping', 'gone', 'unknown',
+  'working', 'blocked', 'done', 'queued', 'injecting', 'injected', 'held', 'consumed', 'failed',
+  'replied']);
+
+function paint(prefix, state) {
+  return KNOWN.has(state) ? prefix + '-' + state : '';
+}
+
 const view = {
   me: null,
+  after: null, // the seq of the last event had, to read on from after a reconnect
   trails: new Map(), // msg_id -> the states the feed showed it in, in order
   replied: new Set(), // msg_ids a reply answered
   failures: new Map(), // msg_id -> why it was not delivered, from the FAILED notice about it
   screen: null, // whose screen is open
+  armed: null, // the stop button armed: {gid, until}
   refreshing: false,
   again: false,
 };
@@ -27,12 +43,15 @@ function problem(text) {
   node.hidden = !text;
 }
 
+function key() {
+  return sessionStorage.getItem(KEY_STORE) || '';
+}
+
 async function api(path, body) {
-  const options = { credentials: 'same-origin', headers: {} };
+  const options = { credentials: 'same-origin', headers: { [KEY_HEADER]: key() } };
   if (body !== undefined) {
     options.method = 'POST';
     options.headers['Content-Type'] = 'application/json';
-    options.headers['X-Fleet-CSRF'] = view.me ? view.me.csrf : '';
     options.body = JSON.stringify(body);
   }
   const response = await fetch(path, options);
@@ -59,7 +78,7 @@ function clock(ms) {
 }
 
 function statusCell(text, prefix) {
-  return el('td', text === null || text === undefined ? '-' : text, text ? prefix + '-' + text : '');
+  return el('td', text === null || text === undefined ? '-' : text, paint(prefix, text));
 }
 
 function showSignIn() {
@@ -85,18 +104,26 @@ function drawHosts(hosts) {
   }));
 }
 
+// A stop takes two clicks: the first arms the button for five seconds (kept across the
+// table's redraws), the second stops.
 function stopButton(entity) {
   const button = el('button', 'Stop', 'stop');
   button.type = 'button';
-  let timer = null;
+  const armed = view.armed && view.armed.gid === entity.gid && view.armed.until > Date.now();
+  if (armed) {
+    button.classList.add('armed');
+    button.textContent = 'Confirm stop';
+  }
   button.addEventListener('click', async () => {
-    if (!button.classList.contains('armed')) {
+    const now = Date.now();
+    if (!(view.armed && view.armed.gid === entity.gid && view.armed.until > now)) {
+      view.armed = { gid: entity.gid, until: now + 5000 };
       button.classList.add('armed');
       button.textContent = 'Confirm stop';
-      timer = setTimeout(() => { button.classList.remove('armed'); button.textContent = 'Stop'; }, 5000);
+      setTimeout(refresh, 5000);
       return;
     }
-    clearTimeout(timer);
+    view.armed = null;
     button.disabled = true;
     button.textContent = 'Stopping…';
     try {
@@ -183,7 +210,7 @@ function drawMessages(messages) {
     row.dataset.kind = m.kind;
     row.dataset.to = m.to_name;
     const trail = el('td', null, 'trail');
-    for (const state of trailOf(m)) trail.append(el('span', state, 'state-' + state));
+    for (const state of trailOf(m)) trail.append(el('span', state, paint('state', state)));
     row.append(
       el('td', clock(m.created_ms)),
       el('td', m.kind),
@@ -234,15 +261,59 @@ function onEvent(ev) {
   refresh();
 }
 
-function follow() {
-  const source = new EventSource('/api/v1/events');
+// One block of the event stream: its id (the seq to read on after) and its data.
+function onBlock(block) {
+  const data = [];
+  let name = 'message';
+  for (const line of block.split(/\r\n|\r|\n/)) {
+    if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
+    else if (line.startsWith('id:')) view.after = line.slice(3).trim();
+    else if (line.startsWith('event:')) name = line.slice(6).trim();
+  }
+  if (!data.length) return;
+  const payload = JSON.parse(data.join('\n'));
+  if (name === 'error') problem(payload.message);
+  else onEvent(payload);
+}
+
+// The live feed, read with fetch (an EventSource cannot send the session's key); after a drop,
+// read on from the last event had.
+async function follow() {
   const live = $('live');
   live.hidden = false;
-  source.onopen = () => { live.dataset.live = 'true'; live.textContent = 'live'; refresh(); };
-  source.onerror = () => { live.dataset.live = 'false'; live.textContent = 'reconnecting…'; };
-  source.onmessage = (message) => {
-    try { onEvent(JSON.parse(message.data)); } catch (e) { problem('a bad event: ' + e.message); }
-  };
+  for (;;) {
+    try {
+      const after = view.after === null ? '' : '?after=' + encodeURIComponent(view.after);
+      const response = await fetch('/api/v1/events' + after, {
+        credentials: 'same-origin',
+        headers: { [KEY_HEADER]: key() },
+      });
+      if (response.status === 401) { showSignIn(); return; }
+      if (!response.ok) throw new Error(response.statusText);
+      live.dataset.live = 'true';
+      live.textContent = 'live';
+      refresh();
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = '';
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, '');
+          onBlock(block);
+        }
+      }
+    } catch (e) {
+      problem('the live feed dropped: ' + e.message);
+    }
+    live.dataset.live = 'false';
+    live.textContent = 'reconnecting…';
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
 }
 
 async function showScreen() {
@@ -262,13 +333,41 @@ function openScreen(name) {
   showScreen();
 }
 
+async function signIn(event) {
+  event.preventDefault();
+  const response = await fetch('/ui/session', {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ token: $('token').value }),
+  });
+  const answer = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    $('signin-error').textContent = answer.message || response.statusText;
+    $('signin-error').hidden = false;
+    $('token').value = '';
+    $('token').focus();
+    return;
+  }
+  sessionStorage.setItem(KEY_STORE, answer.key);
+  $('token').value = '';
+  $('signin-error').hidden = true;
+  enter();
+}
+
 async function start() {
-  if (new URLSearchParams(location.search).get('signin') === 'refused') $('signin-error').hidden = false;
+  $('signin-form').addEventListener('submit', signIn);
   $('screen-close').addEventListener('click', () => { view.screen = null; $('screen').hidden = true; });
   $('signout').addEventListener('click', async () => {
     try { await api('/ui/signout', {}); } catch (e) { problem(e.message); }
+    sessionStorage.removeItem(KEY_STORE);
     location.replace('/ui');
   });
+  if (!key()) { showSignIn(); return; }
+  enter();
+}
+
+async function enter() {
   try {
     view.me = await api('/ui/me');
   } catch (e) {
@@ -279,7 +378,6 @@ async function start() {
   $('signin').hidden = true;
   $('fleet').hidden = false;
   $('signout').hidden = false;
-  if (location.search) history.replaceState(null, '', '/ui');
   await refresh();
   follow();
   // Other hosts come and go through presence, not this gateway's feed: look again now and then.

@@ -811,22 +811,12 @@ async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
     let client = vhost.connect().await?;
     let doctor = tokio::task::spawn_blocking(move || doctor.wait_with_output());
     while !doctor.is_finished() {
-        let gid = fleet_core::Gid::mint();
-        let entity = serde_json::json!({"gid": gid, "name": "ahead", "host": "hostc",
-                                        "role": "worker", "profile": null, "groups": [],
-                                        "parent": null});
-        let body =
-            serde_json::json!({"entity": entity, "status": "idle", "profiles": []}).to_string();
-        let mut envelope =
-            super::federation::forged(fleet_core::Kind::Presence, gid, "hostc", "fleet.roster")?;
-        envelope.ts_ms += 600_000;
-        envelope.expires_at_ms += 600_000;
-        super::federation::publish(
+        super::federation::announce_ahead(
             &client,
-            "fleet.roster",
-            &format!("roster.hostc.{gid}"),
-            &envelope,
-            body.as_bytes(),
+            "hostc",
+            "ahead",
+            fleet_core::Role::Worker,
+            600_000,
         )
         .await?;
         // Heartbeats come at a cadence; the doctor listens for a presence interval.

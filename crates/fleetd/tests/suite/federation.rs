@@ -145,6 +145,17 @@ pub(super) async fn announce(
     name: &str,
     role: Role,
 ) -> anyhow::Result<Gid> {
+    announce_ahead(client, host, name, role, 0).await
+}
+
+/// [`announce`] from a host whose clock is `ahead_ms` ahead of this one's.
+pub(super) async fn announce_ahead(
+    client: &fleet_amqp::Client,
+    host: &str,
+    name: &str,
+    role: Role,
+    ahead_ms: u64,
+) -> anyhow::Result<Gid> {
     let gid = Gid::mint();
     let entity = Entity {
         gid,
@@ -156,7 +167,9 @@ pub(super) async fn announce(
         parent: None,
     };
     let body = json!({"entity": entity, "status": "idle", "profiles": []}).to_string();
-    let envelope = forged(Kind::Presence, gid, host, "fleet.roster")?;
+    let mut envelope = forged(Kind::Presence, gid, host, "fleet.roster")?;
+    envelope.ts_ms += ahead_ms;
+    envelope.expires_at_ms += ahead_ms;
     let key = format!("roster.{host}.{gid}");
     publish(client, "fleet.roster", &key, &envelope, body.as_bytes()).await?;
     Ok(gid)

@@ -286,6 +286,15 @@ async fn tail_reads_on_from_a_seq_and_is_refused_without_a_leads_token() -> anyh
         "{:#?}",
         now.seen
     );
+    // A feed ends once its token no longer holds: rotated, an open tail stops (exit 3).
+    let out = fleet.cli(&["token", "lead", "--rotate"])?;
+    assert!(out.status.success(), "{out:?}");
+    let ended = until("the open tail to end", Duration::from_secs(20), || {
+        let status = now.child.try_wait().ok().flatten();
+        async move { status }
+    })
+    .await?;
+    assert_eq!(ended.code(), Some(3));
     // A token file that is not the gateway's: refused, exit status 4.
     let file = fleet.state_dir().join("leads/lead.token");
     std::fs::write(&file, "fleet_not-the-right-token\n")?;

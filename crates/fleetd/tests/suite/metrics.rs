@@ -2,34 +2,14 @@
 //! format (parsed by the Prometheus Python client's own parser, installed by `./test.sh`),
 //! counting what happened and never carrying a message's text.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use fleet_testkit::fleet::Fleet;
 use serde_json::{Value, json};
 
 use super::{as_worker, fleet_with_w1_and_spy, worker_token};
 
-fn python() -> String {
-    std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
 /// `text` parsed by the Prometheus client's OpenMetrics parser: its samples.
 fn parse(text: &str) -> anyhow::Result<Vec<Value>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/parse_metrics.py");
-    let mut child = Command::new(python())
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdin"))?
-        .write_all(text.as_bytes())?;
-    let out = child.wait_with_output()?;
+    let out = super::run_python("parse_metrics.py", text)?;
     anyhow::ensure!(
         out.status.success(),
         "the OpenMetrics parser refused the metrics (is prometheus-client installed? ./test.sh installs it):\n{}\n{text}",

@@ -33,6 +33,32 @@ use fleet_testkit::fleet::Fleet;
 use fleet_testkit::wait::until;
 use serde_json::json;
 
+/// The Python of the test virtualenv (`FLEET_TEST_PYTHON`, which `./test.sh` sets).
+fn python() -> String {
+    std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Runs `tests/python/<script>` with `input` on its standard input; what it printed, and
+/// whether it succeeded.
+fn run_python(script: &str, input: &str) -> anyhow::Result<std::process::Output> {
+    use std::io::Write;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut child = std::process::Command::new(python())
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdin"))?
+        .write_all(input.as_bytes())?;
+    Ok(child.wait_with_output()?)
+}
+
 /// Spawns a worker of the profile `spy` (see `token_spy_profile`, writing its token into
 /// `dir`) as `name`, and connects as that worker.
 async fn as_worker(

@@ -3,10 +3,6 @@
 //! it refuses, is what the document says (checked with the `jsonschema` package); every route
 //! the document lists is seen answering.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
-
 use fleet_testkit::fleet::Fleet;
 use serde_json::{Value, json};
 
@@ -187,24 +183,8 @@ async fn the_api_answers_what_its_openapi_document_says() -> anyhow::Result<()> 
         );
     }
 
-    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_openapi.py");
-    let python = std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut child = Command::new(python)
-        .arg(checker)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdin"))?
-        .write_all(
-            json!({"document": document, "samples": api.samples})
-                .to_string()
-                .as_bytes(),
-        )?;
-    let out = child.wait_with_output()?;
+    let input = json!({"document": document, "samples": api.samples}).to_string();
+    let out = super::run_python("check_openapi.py", &input)?;
     assert!(
         out.status.success(),
         "the API and its document disagree (is openapi-spec-validator installed? ./test.sh installs it):\n{}{}",

@@ -7,10 +7,6 @@ use std::process::Command;
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use serde_json::Value;
 
-fn python() -> String {
-    std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
 async fn drive(mode: &str, expected_protocol: &str) -> anyhow::Result<()> {
     let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/lead.py");
@@ -20,7 +16,7 @@ async fn drive(mode: &str, expected_protocol: &str) -> anyhow::Result<()> {
         let worker = worker.clone();
         let mode = mode.to_string();
         move || {
-            Command::new(python())
+            Command::new(super::python())
                 .arg(script)
                 .args([&url, &token, &mode, &worker])
                 .output()

@@ -1,8 +1,8 @@
 //! The web view at `/ui` in a real browser: Debian's Chromium, headless, driven over WebDriver
 //! by its `chromedriver`. A person signs in with a lead's token, sees a worker the lead spawns
 //! appear live, watches its task go queued → injected → replied, reads its screen, and stops it
-//! from the page; the cookie stays out of the page's reach and an action without the page's
-//! CSRF token is refused. Screenshots are saved under the target dir's `tmp/webview/`.
+//! from the page; the cookie stays out of the page's reach and opens nothing without the key
+//! only the page holds. Screenshots are saved under the target dir's `tmp/webview/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -152,6 +152,19 @@ async fn steps_until(
     found.map_err(|e| anyhow::anyhow!("{e}; the page showed {:?}", last.lock().map(|l| l.clone())))
 }
 
+/// Clicks what `css` finds, finding it again if the page redrew it in between.
+async fn click(page: &Client, css: &str) -> anyhow::Result<()> {
+    until(
+        &format!("a click on {css}"),
+        Duration::from_secs(30),
+        || async {
+            let element = page.find(Locator::Css(css)).await.ok()?;
+            element.click().await.ok()
+        },
+    )
+    .await
+}
+
 /// Waits for `css` to match; if it never does, the error holds what the page showed (and a
 /// screenshot of it is saved).
 async fn visible(page: &Client, css: &str) -> anyhow::Result<()> {
@@ -231,7 +244,7 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
         sender
             .ok(
                 "fleet_send",
-                json!({"to": "w1", "message": "/slow 1500 <img id=pwned src=x>", "wait_s": 30}),
+                json!({"to": "w1", "message": "/slow 3000 <img id=pwned src=x>", "wait_s": 30}),
             )
             .await
     });
@@ -261,12 +274,7 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     );
 
     // Its screen, read-only: what the program shows, the hostile text as text.
-    page.find(Locator::Css(
-        "#entities tr[data-name='w1'] button.show-screen",
-    ))
-    .await?
-    .click()
-    .await?;
+    click(page, "#entities tr[data-name='w1'] button.show-screen").await?;
     let screen = until("w1's screen", Duration::from_secs(30), || async {
         let text = page
             .find(Locator::Css("#screen-text"))
@@ -282,7 +290,33 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     assert!(page.find(Locator::Css("#pwned")).await.is_err());
     screenshot(page, "3-task-replied-and-screen").await?;
 
-    // An action without the page's CSRF token is refused, even from the page itself.
+    // The session cookie opens nothing without the key the page got at sign-in: a program on
+    // another loopback port that the browser sends the cookie to gets nowhere with it, and
+    // neither does a request from the page that leaves the key out.
+    let cookie = format!("fleetd_session={}", cookie.value());
+    let key = page
+        .execute(
+            "return sessionStorage.getItem('fleetd-session-key')",
+            vec![],
+        )
+        .await?;
+    let key = key.as_str().unwrap_or_default().to_string();
+    assert!(key.starts_with("fleet_"), "{key}");
+    let http = reqwest::Client::new();
+    let with = |path: &str, key: Option<&str>| {
+        let mut request = http
+            .get(format!("{}{path}", fleet.base()))
+            .header("cookie", &cookie);
+        if let Some(key) = key {
+            request = request.header("x-fleet-session-key", key);
+        }
+        request.send()
+    };
+    assert_eq!(with("/api/v1/roster", Some(&key)).await?.status(), 200);
+    for path in ["/api/v1/roster", "/ui/me", "/api/v1/screen?name=w1"] {
+        assert_eq!(with(path, None).await?.status(), 401, "{path}");
+        assert_eq!(with(path, Some(&cookie)).await?.status(), 401, "{path}");
+    }
     let forged = page
         .execute_async(
             "const done = arguments[arguments.length - 1];
@@ -292,7 +326,7 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
             vec![],
         )
         .await?;
-    assert_eq!(forged, json!(403));
+    assert_eq!(forged, json!(401));
     let listed = lead.ok("fleet_list", json!({})).await?;
     assert!(listed.to_string().contains("\"w1\""), "w1 still runs");
 
@@ -323,9 +357,9 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
 
     // Stopped from the page: one click arms the button, the second stops it.
     let stop = "#entities tr[data-name='w1'] button.stop";
-    page.find(Locator::Css(stop)).await?.click().await?;
+    click(page, stop).await?;
     visible(page, "#entities tr[data-name='w1'] button.stop.armed").await?;
-    page.find(Locator::Css(stop)).await?.click().await?;
+    click(page, stop).await?;
     until("w1 gone from the page", Duration::from_secs(30), || async {
         page.find(Locator::Css("#entities tr[data-name='w1']"))
             .await
@@ -346,17 +380,10 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     );
     screenshot(page, "5-worker-stopped").await?;
 
-    // Signed out: back to the form, and the cookie opens nothing any more.
-    page.find(Locator::Css("#signout")).await?.click().await?;
+    // Signed out: back to the form, and the session opens nothing any more, key or not.
+    click(page, "#signout").await?;
     visible(page, "#signin:not([hidden])").await?;
-    let status = page
-        .execute_async(
-            "const done = arguments[arguments.length - 1];
-             fetch('/api/v1/roster').then(r => done(r.status));",
-            vec![],
-        )
-        .await?;
-    assert_eq!(status, json!(401));
+    assert_eq!(with("/api/v1/roster", Some(&key)).await?.status(), 401);
     browser.close().await?;
     Ok(())
 }
