@@ -420,6 +420,15 @@ impl Fleet {
                 "#{pane_id} #{session_name}",
             ])
             .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // No server (never started, or gone with fleetd) holds no pane; any other failure is
+        // not an answer.
+        let no_server =
+            stderr.contains("no server running") || stderr.contains("error connecting to");
+        anyhow::ensure!(
+            out.status.success() || no_server,
+            "tmux list-panes: {stderr}"
+        );
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|line| line.split_once(' '))

@@ -1,8 +1,8 @@
-//! The operator commands against a running gateway: `fleetd ls` (the roster across hosts) and
-//! `fleetd hosts`. The gateway is found through the state dir (the `serving` file its `serve`
-//! writes; `gateway.listen` when there is none) and asked over `/api/v1` as a lead, with that
-//! lead's token. Tables fit the terminal and are coloured only on one; `--json` prints what the
-//! API answered.
+//! The operator commands against a running gateway: `fleetd ls` (the roster across hosts),
+//! `hosts`, `msgs`, `send`, `answer` and `stop`. The gateway is found through the state dir
+//! (the `serving` file its `serve` writes; `gateway.listen` when there is none) and asked over
+//! `/api/v1` as a lead, or an operator (`--operator`), with its token file. Tables fit the
+//! terminal and are coloured only on one; `--json` prints what the API answered.
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -398,7 +398,7 @@ pub struct Target {
     pub state: StateDir,
 }
 
-/// The gateway to ask `path?query` of, as the lead picked, with that lead's token.
+/// The gateway to ask `path?query` of, as the operator or lead picked, with its token.
 pub fn target(
     cli: &Cli,
     args: &OpsArgs,
@@ -477,7 +477,7 @@ pub fn refusal(target: &Target, status: reqwest::StatusCode, text: &str) -> anyh
     anyhow::anyhow!("{said}")
 }
 
-/// Asks the gateway, as the lead picked: `GET path?query`, or with `body`, `POST path` with it.
+/// Asks the gateway, as the operator or lead picked: `GET path?query`, or with `body`, `POST path` with it.
 fn request(
     cli: &Cli,
     args: &OpsArgs,

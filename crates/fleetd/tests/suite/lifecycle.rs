@@ -213,8 +213,15 @@ async fn a_worker_at_its_context_cap_gets_a_fresh_session_under_its_name() -> an
         entry["pane"], first["pane"],
         "a fresh session in a new pane"
     );
-    assert_eq!(fleet.panes()?.len(), 1, "the old pane is closed");
-    let screen = fleet.screen(entry["pane"].as_str().unwrap_or_default())?;
+    let pane = entry["pane"].as_str().unwrap_or_default().to_string();
+    until("the old pane closed, the new one alone", LIMIT, || async {
+        fleet
+            .panes()
+            .ok()
+            .filter(|panes| panes == std::slice::from_ref(&pane))
+    })
+    .await?;
+    let screen = fleet.screen(&pane)?;
     assert!(
         !screen.contains("echo: one") && !screen.contains("one\n"),
         "the fresh session saw the old tasks:\n{screen}"
