@@ -9,7 +9,7 @@ mod schema;
 mod sqlite;
 
 use fleet_core::bounds::Full;
-use fleet_core::{Entity, Gid, Message, MsgId, MsgState, TraceId, WorkerStatus};
+use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, TraceId, WorkerStatus};
 
 pub use sqlite::SqliteStore;
 
@@ -101,6 +101,8 @@ pub struct SentRecord {
 pub struct MessageFilter {
     /// Its state's name (see `MsgState::NAMES`).
     pub state: Option<String>,
+    /// Its kind.
+    pub kind: Option<Kind>,
     /// Its recipient.
     pub to: Option<Gid>,
     /// Its sender.

@@ -564,6 +564,9 @@ impl Store for SqliteStore {
         if let Some(state) = &filter.state {
             clauses.push(format!("state = {}", bind(state.clone().into())));
         }
+        if let Some(kind) = filter.kind {
+            clauses.push(format!("kind = {}", bind(kind.as_str().to_string().into())));
+        }
         if let Some(to) = filter.to {
             clauses.push(format!("to_gid = {}", bind(to.to_string().into())));
         }

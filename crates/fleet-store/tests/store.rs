@@ -825,6 +825,18 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
         })
         .unwrap();
     assert_eq!(failed[0].state.reason(), Some("gone"));
+    let mut notice = message(w2, lead, MsgState::Held, "told");
+    notice.kind = Kind::Failed;
+    store.insert_message(&notice).unwrap();
+    let failures = store
+        .messages(&MessageFilter {
+            kind: Some(Kind::Failed),
+            limit: 10,
+            ..MessageFilter::default()
+        })
+        .unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].body, "told");
 }
 
 #[test]

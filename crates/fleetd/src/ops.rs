@@ -568,6 +568,10 @@ pub struct MsgsArgs {
     /// Only messages in this state: queued, injecting, injected, held, consumed or failed.
     #[arg(long)]
     pub state: Option<String>,
+    /// Only messages of this kind: SEND, REPLY, FAILED (the failures told to senders, dead
+    /// letters among them), …
+    #[arg(long)]
+    pub kind: Option<String>,
     /// Only messages to this entity (a name, live or gone, or a gid).
     #[arg(long)]
     pub to: Option<String>,
@@ -691,6 +695,7 @@ pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
     let mut query = vec![("limit", args.limit.to_string())];
     for (key, value) in [
         ("state", &args.state),
+        ("kind", &args.kind),
         ("to", &args.to),
         ("from", &args.from),
     ] {

@@ -134,6 +134,8 @@ pub const MAX_LISTED: usize = 1000;
 pub struct MessagesQuery {
     /// A state: queued, injecting, injected, held, consumed or failed.
     pub state: Option<String>,
+    /// A kind: SEND, REPLY, FAILED (a failure told to its sender: dead letters among them), …
+    pub kind: Option<String>,
     /// The recipient, by name (live or gone) or gid.
     pub to: Option<String>,
     /// The sender, by name (live or gone) or gid.
@@ -173,6 +175,21 @@ pub struct MessageRow {
     /// Its text, only when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+}
+
+/// The kind of `query`, checked: an unknown one is refused, naming those there are.
+pub fn checked_kind(query: &MessagesQuery) -> Result<Option<Kind>, FleetError> {
+    let Some(kind) = &query.kind else {
+        return Ok(None);
+    };
+    kind.parse().map(Some).map_err(|_| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        FleetError::invalid(format!(
+            "kind '{}' is none of {}",
+            kind.escape_debug(),
+            known.join(", ")
+        ))
+    })
 }
 
 /// The state and limit of `query`, checked: an unknown state or a limit out of range is
@@ -243,6 +260,7 @@ impl Gateway {
         query: &MessagesQuery,
     ) -> Result<Vec<MessageRow>, FleetError> {
         let (state, limit) = checked(query)?;
+        let kind = checked_kind(query)?;
         if query.text {
             viewer.lead("read a message's text")?;
         }
@@ -256,6 +274,7 @@ impl Gateway {
         };
         let filter = MessageFilter {
             state,
+            kind,
             to,
             from,
             since_ms: query.since_ms,
@@ -298,5 +317,12 @@ mod tests {
             checked(&query(None, Some(MAX_LISTED))).unwrap().1,
             MAX_LISTED
         );
+        let kind = |kind: &str| MessagesQuery {
+            kind: Some(kind.into()),
+            ..MessagesQuery::default()
+        };
+        assert_eq!(checked_kind(&kind("FAILED")).unwrap(), Some(Kind::Failed));
+        let err = checked_kind(&kind("dead")).unwrap_err();
+        assert!(err.message.contains("'dead' is none of SEND"), "{err}");
     }
 }

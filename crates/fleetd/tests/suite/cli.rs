@@ -628,6 +628,19 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
         err.contains("not delivered: 'w3' ended before replying"),
         "{err}"
     );
+    // The failures told to the lead, by kind: the notice, its reason shown without --text.
+    let failures = listed(&["msgs", "--json", "--kind", "FAILED"])?;
+    let failures = failures.as_array().cloned().unwrap_or_default();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("'w3' ended before replying")),
+        "{failures:?}"
+    );
+    let out = fleet.cli(&["msgs", "--kind", "dead"])?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8(out.stderr)?.contains("'dead' is none of SEND"));
     // A worker's question to the lead surfaces on the send; the operator answers it.
     lead.spawn("sim", "w4").await?;
     let asking = fleet.cli(&["send", "w4", "/ask 20 which port?", "--wait", "20"])?;
