@@ -32,7 +32,8 @@ use crate::mcp_config;
 use crate::openapi::{EventsQuery, HostsView, MessagesView, Refusal, ScreenQuery, StopBody};
 use crate::token;
 use crate::ui;
-use crate::websession::{self, WebSession, WebSessions};
+use crate::ui::SignedIn;
+use crate::websession::{self, WebSessions};
 
 /// The header a lead sets to its `$TMUX_PANE`, for nudges.
 pub const PANE_HEADER: &str = "x-fleet-pane";
@@ -217,8 +218,12 @@ struct Operators {
 enum Credential {
     /// A bearer token, by its hash.
     Bearer([u8; 32]),
-    /// The web view's session: its cookie, and the key its page sent.
-    Session { cookie: String, key: Option<String> },
+    /// The web view's session: every cookie of its name the browser sent (a program on another
+    /// port of the host may have set one more), and the key its page sent.
+    Session {
+        cookies: Vec<String>,
+        key: Option<String>,
+    },
 }
 
 /// Why a request to the operator surfaces is turned away.
@@ -246,13 +251,15 @@ impl Denied {
 impl Credential {
     /// What `headers` carry: a bearer token, else a session cookie (with its key, if sent).
     fn of(headers: &HeaderMap) -> Result<Self, Denied> {
-        let cookie = header_text(headers, header::COOKIE.as_str())
-            .and_then(|cookies| websession::cookie_value(cookies, websession::COOKIE));
-        if let Some(cookie) = cookie
-            && !headers.contains_key(header::AUTHORIZATION)
-        {
+        let cookies: Vec<String> = header_text(headers, header::COOKIE.as_str())
+            .map(|cookies| websession::cookie_values(cookies, websession::COOKIE))
+            .unwrap_or_default()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if !cookies.is_empty() && !headers.contains_key(header::AUTHORIZATION) {
             return Ok(Credential::Session {
-                cookie: cookie.to_string(),
+                cookies,
                 key: header_text(headers, websession::KEY_HEADER).map(str::to_string),
             });
         }
@@ -264,16 +271,17 @@ impl Credential {
 }
 
 impl Operators {
-    /// Who `credential` stands for now (with its web session, if it is one), or the refusal.
-    fn viewer(&self, credential: &Credential) -> Result<(Viewer, Option<WebSession>), Denied> {
+    /// Who `credential` stands for now (with its web session and the cookie that opened it,
+    /// if it is one), or the refusal.
+    fn viewer(&self, credential: &Credential) -> Result<(Viewer, Option<SignedIn>), Denied> {
         let (hash, session) = match credential {
             Credential::Bearer(hash) => (*hash, None),
-            Credential::Session { cookie, key } => {
+            Credential::Session { cookies, key } => {
                 match self
                     .web
-                    .find(cookie, key.as_deref(), std::time::Instant::now())
+                    .find_any(cookies, key.as_deref(), std::time::Instant::now())
                 {
-                    Ok(session) => (session.token_hash, Some(session)),
+                    Ok((cookie, session)) => (session.token_hash, Some(SignedIn { cookie })),
                     Err(websession::Refused::Ended) => {
                         return Err(Denied::unauthorized(
                             "your web session has ended (signed out, expired, or fleetd restarted): sign in again at /ui".into(),
@@ -291,8 +299,8 @@ impl Operators {
         match self.gateway.viewer(&hash) {
             Ok(Some(viewer)) => Ok((viewer, session)),
             Ok(None) => {
-                if let Credential::Session { cookie, .. } = credential {
-                    self.web.close(cookie);
+                if let Some(signed_in) = &session {
+                    self.web.close(&signed_in.cookie);
                 }
                 Err(Denied::unauthorized(
                     "only a lead's or an operator's token may use this (`fleetd token NAME` prints one); a token rotated since sign-in no longer does".into(),
@@ -322,11 +330,8 @@ async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next
         Ok(checked) => checked,
         Err(denied) => return denied.response(),
     };
-    if let (Credential::Session { cookie, .. }, Some(session)) = (&credential, session) {
-        req.extensions_mut().insert(ui::SignedIn {
-            cookie: cookie.clone(),
-            session,
-        });
+    if let Some(signed_in) = session {
+        req.extensions_mut().insert(signed_in);
     }
     req.extensions_mut().insert(viewer);
     req.extensions_mut().insert(credential);
@@ -500,6 +505,9 @@ impl Feed {
             return None;
         }
         loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
             if let Some(event) = self.pending.pop_front() {
                 return match SseEvent::default()
                     .id(event.seq.to_string())

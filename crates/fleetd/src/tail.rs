@@ -54,6 +54,8 @@ pub struct SseReader {
     size: usize,
     /// It grew past [`MAX_EVENT_BYTES`]: it is dropped when it ends.
     overflowed: bool,
+    /// The line being read lost bytes to the cap (it is not a blank line, whatever is left).
+    line_cut: bool,
 }
 
 impl SseReader {
@@ -66,7 +68,7 @@ impl SseReader {
                 b'\n' if after_cr => {}
                 b'\r' | b'\n' => self.end_line(&mut done),
                 _ if self.size + self.partial.len() < MAX_EVENT_BYTES => self.partial.push(byte),
-                _ => self.overflowed = true,
+                _ => self.line_cut = true,
             }
         }
         done
@@ -75,11 +77,17 @@ impl SseReader {
     fn end_line(&mut self, done: &mut Vec<SseEvent>) {
         let line = String::from_utf8_lossy(&self.partial).into_owned();
         self.partial.clear();
+        if std::mem::take(&mut self.line_cut) {
+            // What is left of a line cut at the cap is no line to read.
+            self.overflowed = true;
+            return;
+        }
         let line = line.trim_start_matches('\u{feff}');
         if line.is_empty() {
             let name = self.name.take().unwrap_or_else(|| "message".into());
             let data = std::mem::take(&mut self.data);
-            if !data.is_empty() && !std::mem::take(&mut self.overflowed) {
+            let overflowed = std::mem::take(&mut self.overflowed);
+            if !data.is_empty() && !overflowed {
                 done.push(SseEvent {
                     name,
                     data: data.join("\n"),
@@ -166,8 +174,11 @@ pub fn tail_command(cli: &Cli, args: &TailArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let connect = std::time::Duration::from_secs(15);
+        // The gateway sends a keep-alive every 15 s: silence three times that long is a
+        // connection gone dead.
         let client = reqwest::Client::builder()
             .connect_timeout(connect)
+            .read_timeout(std::time::Duration::from_secs(45))
             .build()?;
         let mut response = client
             .get(&target.url)
@@ -263,6 +274,22 @@ mod tests {
         let huge = format!("data: {}\n\n", "x".repeat(MAX_EVENT_BYTES + 10));
         assert!(reader.feed(huge.as_bytes()).is_empty());
         assert_eq!(reader.feed(b"data: ok\n\n")[0].data, "ok");
+        // Of an event cut at the cap, nothing comes out, not even its tail as an event.
+        let cut = format!(
+            "data: {}\ndata: tail\n\ndata: next\n\n",
+            "x".repeat(MAX_EVENT_BYTES + 10)
+        );
+        let got = reader.feed(cut.as_bytes());
+        assert_eq!(
+            got.len(),
+            1,
+            "{:?}",
+            got.iter().map(|e| e.data.len()).collect::<Vec<_>>()
+        );
+        assert_eq!(got[0].data, "next");
+        // A long comment sets nothing off: the next event comes through.
+        let comment = format!(": {}\n\ndata: after\n\n", "c".repeat(MAX_EVENT_BYTES + 10));
+        assert_eq!(reader.feed(comment.as_bytes())[0].data, "after");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde_json::json;
 use crate::gateway::{Gateway, Viewer};
 use crate::openapi::Refusal;
 use crate::token;
-use crate::websession::{WebSession, WebSessions, clear_cookie, set_cookie};
+use crate::websession::{WebSessions, clear_cookie, set_cookie};
 
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
@@ -31,13 +31,11 @@ const STYLE: &str = include_str!("ui/app.css");
 /// no inline script, no form posted anywhere else.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// A browser signed in through the web view: its cookie and its session.
+/// A browser signed in through the web view: the cookie of its session.
 #[derive(Clone, Debug)]
 pub struct SignedIn {
     /// The session cookie's value.
     pub cookie: String,
-    /// The session.
-    pub session: WebSession,
 }
 
 /// `body` as `content_type`, with the headers that keep the page to itself.

@@ -145,6 +145,26 @@ impl WebSessions {
         }
     }
 
+    /// The live session among `cookies` whose key is `key`, and its cookie: a browser may
+    /// send several of one name (one more set by a program on another port of the host must
+    /// not lock the user out).
+    pub fn find_any(
+        &self,
+        cookies: &[String],
+        key: Option<&str>,
+        now: Instant,
+    ) -> Result<(String, WebSession), Refused> {
+        let mut refused = Refused::Ended;
+        for cookie in cookies {
+            match self.find(cookie, key, now) {
+                Ok(session) => return Ok((cookie.clone(), session)),
+                Err(Refused::WrongKey) => refused = Refused::WrongKey,
+                Err(Refused::Ended) => {}
+            }
+        }
+        Err(refused)
+    }
+
     /// Ends the session whose cookie is `cookie` (nothing if there is none).
     pub fn close(&self, cookie: &str) {
         self.lock().remove(&token::hash(cookie));
@@ -161,14 +181,15 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// The value of cookie `name` in a `Cookie` header, if it is there.
-pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+/// Every value of cookie `name` in a `Cookie` header, in the order sent.
+pub fn cookie_values<'a>(header: &'a str, name: &str) -> Vec<&'a str> {
     header
         .split(';')
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(key, _)| *key == name)
+        .filter(|(key, _)| *key == name)
         .map(|(_, value)| value.trim())
         .filter(|value| !value.is_empty())
+        .collect()
 }
 
 /// The `Set-Cookie` header that gives a browser `value`: only over HTTP requests to this host
@@ -232,6 +253,26 @@ mod tests {
     }
 
     #[test]
+    fn a_planted_cookie_beside_the_real_one_locks_nobody_out() {
+        let sessions = WebSessions::default();
+        let now = Instant::now();
+        let opened = sessions.open([3; 32], now).unwrap();
+        let sent = ["fleet_planted".to_string(), opened.cookie.clone()];
+        let (cookie, _) = sessions.find_any(&sent, Some(&opened.key), now).unwrap();
+        assert_eq!(cookie, opened.cookie);
+        assert_eq!(
+            sessions.find_any(&sent, None, now).unwrap_err(),
+            Refused::WrongKey
+        );
+        assert_eq!(
+            sessions
+                .find_any(&sent[..1], Some(&opened.key), now)
+                .unwrap_err(),
+            Refused::Ended
+        );
+    }
+
+    #[test]
     fn a_token_pushes_out_only_its_own_sessions_and_all_are_capped() {
         let sessions = WebSessions::default();
         let start = Instant::now();
@@ -266,10 +307,10 @@ mod tests {
 
     #[test]
     fn the_cookie_is_read_from_its_header_and_set_strictly() {
-        let header = "theme=dark; fleetd_session=fleet_abc ; other=1";
-        assert_eq!(cookie_value(header, COOKIE), Some("fleet_abc"));
-        assert_eq!(cookie_value("fleetd_session=", COOKIE), None);
-        assert_eq!(cookie_value("xfleetd_session=1", COOKIE), None);
+        let header = "theme=dark; fleetd_session=fleet_abc ; other=1; fleetd_session=fleet_2";
+        assert_eq!(cookie_values(header, COOKIE), ["fleet_abc", "fleet_2"]);
+        assert!(cookie_values("fleetd_session=", COOKIE).is_empty());
+        assert!(cookie_values("xfleetd_session=1", COOKIE).is_empty());
         let set = set_cookie("v");
         for part in ["fleetd_session=v", "HttpOnly", "SameSite=Strict", "Path=/"] {
             assert!(set.contains(part), "{set}");

@@ -24,6 +24,8 @@ const view = {
   failures: new Map(), // msg_id -> why it was not delivered, from the FAILED notice about it
   screen: null, // whose screen is open
   armed: null, // the stop button armed: {gid, until}
+  following: false, // the feed is being read
+  ticking: false, // the timers run
   refreshing: false,
   again: false,
 };
@@ -281,6 +283,7 @@ function onBlock(block) {
 async function follow() {
   const live = $('live');
   live.hidden = false;
+  view.following = true;
   for (;;) {
     try {
       const after = view.after === null ? '' : '?after=' + encodeURIComponent(view.after);
@@ -288,7 +291,11 @@ async function follow() {
         credentials: 'same-origin',
         headers: { [KEY_HEADER]: key() },
       });
-      if (response.status === 401) { showSignIn(); return; }
+      if (response.status === 401) {
+        view.following = false;
+        showSignIn();
+        return;
+      }
       if (!response.ok) throw new Error(response.statusText);
       live.dataset.live = 'true';
       live.textContent = 'live';
@@ -378,11 +385,24 @@ async function enter() {
   $('signin').hidden = true;
   $('fleet').hidden = false;
   $('signout').hidden = false;
+  // Signed in again (as someone else, maybe): nothing of before stays on the page.
+  view.trails.clear();
+  view.replied.clear();
+  view.failures.clear();
+  view.screen = null;
+  view.armed = null;
+  $('screen').hidden = true;
+  $('feed').replaceChildren();
+  problem('');
   await refresh();
-  follow();
-  // Other hosts come and go through presence, not this gateway's feed: look again now and then.
-  setInterval(refresh, 5000);
-  setInterval(showScreen, 1000);
+  if (!view.following) follow();
+  if (!view.ticking) {
+    view.ticking = true;
+    // Other hosts come and go through presence, not this gateway's feed: look again now and
+    // then.
+    setInterval(refresh, 5000);
+    setInterval(showScreen, 1000);
+  }
 }
 
 document.addEventListener('DOMContentLoaded', start);
