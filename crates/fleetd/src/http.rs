@@ -493,8 +493,7 @@ struct Feed {
 }
 
 /// How many looks at the store an open feed makes between checks of its credential (a
-/// rotated token, an ended session or an operator taken out of the config ends it within
-/// about a second).
+/// rotated token or an ended session ends it within about a second).
 const LOOKS_PER_CHECK: u32 = 5;
 
 impl Feed {
