@@ -24,7 +24,8 @@ pub use federation::{
     BrokerConfig, CoordinatorConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri,
 };
 pub use profile::{
-    CLAUDE_CREDENTIALS, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall, SANDBOX_PLACEHOLDERS,
+    CLAUDE_CREDENTIALS, PermissionMode, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall,
+    SANDBOX_PLACEHOLDERS,
 };
 
 /// The default address of the MCP endpoint: loopback only.
@@ -612,6 +613,35 @@ mod tests {
         assert_eq!(echo.argv[2], "echo");
         assert_eq!(echo.submit_verify_ms, profile::DEFAULT_SUBMIT_VERIFY_MS);
         assert!(config.profile(DEFAULT_PROFILE).is_none());
+    }
+
+    #[test]
+    fn a_permission_mode_is_claude_codes_and_one_it_knows() {
+        let mode = |text: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"c\"\nkind = \"claude-code\"\npermission_mode = \"{text}\"\n"
+            ))
+            .map(|c| c.profile("c").and_then(|p| p.permission_mode))
+        };
+        assert_eq!(
+            mode("acceptEdits").unwrap(),
+            Some(PermissionMode::AcceptEdits)
+        );
+        assert_eq!(mode("default").unwrap(), Some(PermissionMode::Manual));
+        assert_eq!(
+            mode("dontAsk").unwrap().map(PermissionMode::as_str),
+            Some("dontAsk")
+        );
+        let err = mode("yolo").unwrap_err().to_string();
+        assert!(err.contains("yolo") && err.contains("acceptEdits"), "{err}");
+        let err =
+            parse("[[profiles]]\nname = \"o\"\nkind = \"opencode\"\npermission_mode = \"plan\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("permission_mode applies to claude-code"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -197,6 +197,10 @@ pub struct ProfileConfig {
     /// settings.
     #[serde(default)]
     pub isolated_home: bool,
+    /// claude-code: the permission mode its session starts in (`claude --permission-mode`);
+    /// unset, Claude Code's own default (the user's `defaultMode`, else its built-in one).
+    #[serde(default)]
+    pub permission_mode: Option<PermissionMode>,
     /// claude-code (not in an isolated home): mark the working directory trusted in the user's
     /// `~/.claude.json`, so Claude Code starts without asking; false leaves that file alone
     /// (the directory must then be trusted already, or Claude Code asks and never gets ready).
@@ -242,6 +246,46 @@ fn default_trust_workdir() -> bool {
     true
 }
 
+/// What a Claude Code worker may do without asking (`claude --permission-mode`), from least to
+/// most: an action outside its mode stops the worker on a dialog until someone answers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum PermissionMode {
+    /// Reads only; every edit and command is asked about (`manual`).
+    #[serde(rename = "manual", alias = "default")]
+    Manual,
+    /// Reads, plans; changes nothing in the project.
+    #[serde(rename = "plan")]
+    Plan,
+    /// Reads and pre-approved tools; anything that would ask is refused instead, so the
+    /// worker never stops on a dialog.
+    #[serde(rename = "dontAsk")]
+    DontAsk,
+    /// Reads, edits in its working directory, common file commands.
+    #[serde(rename = "acceptEdits")]
+    AcceptEdits,
+    /// Everything a background classifier (run by Anthropic) approves; with a custom
+    /// `base_url` the classifier is not reached and the worker stops on a dialog.
+    #[serde(rename = "auto")]
+    Auto,
+    /// Everything, unchecked: for a sandbox only.
+    #[serde(rename = "bypassPermissions")]
+    BypassPermissions,
+}
+
+impl PermissionMode {
+    /// The value `claude --permission-mode` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionMode::Manual => "manual",
+            PermissionMode::Plan => "plan",
+            PermissionMode::DontAsk => "dontAsk",
+            PermissionMode::AcceptEdits => "acceptEdits",
+            PermissionMode::Auto => "auto",
+            PermissionMode::BypassPermissions => "bypassPermissions",
+        }
+    }
+}
+
 impl ProfileConfig {
     /// A `command` profile running `argv`, every other key at its default.
     pub fn command(name: &str, argv: Vec<String>) -> Self {
@@ -263,6 +307,7 @@ impl ProfileConfig {
             context_cap: None,
             base_url: None,
             model: None,
+            permission_mode: None,
             isolated_home: false,
             trust_workdir: default_trust_workdir(),
             image: None,
@@ -502,6 +547,11 @@ impl ProfileConfig {
         only(
             !self.trust_workdir && agent != ProfileKind::ClaudeCode,
             "trust_workdir",
+            "claude-code",
+        )?;
+        only(
+            self.permission_mode.is_some() && agent != ProfileKind::ClaudeCode,
+            "permission_mode",
             "claude-code",
         )?;
         if !self.trust_workdir && self.isolated_home {

@@ -89,6 +89,11 @@ impl PeerLauncher for ClaudeLauncher {
         if let Some(model) = &profile.model {
             launch.argv.extend(["--model".into(), model.clone()]);
         }
+        if let Some(mode) = profile.permission_mode {
+            launch
+                .argv
+                .extend(["--permission-mode".into(), mode.as_str().into()]);
+        }
         if let Some(url) = &profile.base_url {
             launch.env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
         }
@@ -267,6 +272,24 @@ mod tests {
         assert_eq!(launch.env["ANTHROPIC_BASE_URL"], "http://127.0.0.1:4000");
         assert_eq!(launch.env["ENABLE_TOOL_SEARCH"], "false");
         assert_eq!(launch.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"], "1");
+    }
+
+    #[test]
+    fn a_permission_mode_is_passed_only_when_the_profile_sets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        let mut profile = claude_profile();
+        profile.isolated_home = true;
+        let launch = prepare(&profile, None, &w);
+        assert!(!launch.argv.iter().any(|a| a == "--permission-mode"));
+        profile.permission_mode = Some(crate::config::PermissionMode::DontAsk);
+        let launch = prepare(&profile, None, &w);
+        let at = launch
+            .argv
+            .iter()
+            .position(|a| a == "--permission-mode")
+            .unwrap();
+        assert_eq!(launch.argv[at + 1], "dontAsk");
     }
 
     #[test]

@@ -249,3 +249,45 @@ async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory(
     assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_names()
+-> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let profile = format!(
+        "{}permission_mode = \"dontAsk\"\n",
+        claude_profile("claude", &model.base_url())
+    );
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("claude", "c1").await?;
+    assert_eq!(spawned["status"], "idle", "{spawned}");
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    // The pane's program was started with the mode, and Claude Code took it (it got ready,
+    // and answers below).
+    let out = std::process::Command::new("tmux")
+        .args([
+            "-L",
+            fleet.tmux_socket(),
+            "display-message",
+            "-p",
+            "-t",
+            &pane,
+        ])
+        .arg("#{pane_pid}")
+        .output()?;
+    let pid = String::from_utf8(out.stdout)?.trim().to_string();
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    let argv: Vec<String> = argv
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let at = argv
+        .iter()
+        .position(|a| a == "--permission-mode")
+        .with_context(|| format!("no --permission-mode in {argv:?}"))?;
+    assert_eq!(argv[at + 1], "dontAsk");
+    let sent = ask_c1(&fleet, &lead, &pane, "hello in dontAsk").await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello in dontAsk");
+    Ok(())
+}
