@@ -3,7 +3,6 @@
 //! broker (login, vhost, TLS), the other hosts' clocks against this one's (from their signed
 //! heartbeats), and whether a gateway serves the state dir now.
 
-use std::io::IsTerminal;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -394,8 +393,7 @@ pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
         .build()?;
     checks.extend(runtime.block_on(broker_checks(&config)));
     checks.push(runtime.block_on(serving_check(&state)));
-    let colour = std::io::stdout().is_terminal()
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let (_, colour) = crate::ops::terminal();
     print!("{}", render(&checks, colour));
     match exit_status(&checks) {
         0 => Ok(()),

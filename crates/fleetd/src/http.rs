@@ -575,7 +575,7 @@ async fn api_message(
 /// `GET /api/v1/hosts`: the hosts of the fleet, this one first (see [`viewers_only`]).
 async fn api_hosts(State(gateway): State<Arc<Gateway>>) -> Response {
     axum::Json(HostsView {
-        hosts: gateway.everyone().1,
+        hosts: gateway.hosts(),
     })
     .into_response()
 }

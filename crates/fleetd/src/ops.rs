@@ -159,15 +159,17 @@ impl Cell {
 /// characters that change how text around them reads (bidirectional overrides and isolates,
 /// zero-width ones), which could make a name or a reason look like another.
 pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() || invisible(c) {
-                '?'
-            } else {
-                c
-            }
-        })
-        .collect()
+    text.chars().map(|c| mark(c, false)).collect()
+}
+
+/// `c` as a terminal may show it: `?` for a control or invisible character (line breaks and
+/// tabs kept when `lines`).
+fn mark(c: char, lines: bool) -> char {
+    match c {
+        '\n' | '\t' if lines => c,
+        c if c.is_control() || invisible(c) => '?',
+        c => c,
+    }
 }
 
 /// Whether `c` is a format character that is not shown but changes how text reads.
@@ -769,16 +771,10 @@ pub struct StopArgs {
     pub to: String,
 }
 
-/// `text` for a terminal: its control characters shown as `?`, but its line breaks and tabs
-/// kept (an answer may run over several lines).
+/// `text` for a terminal as [`printable`] shows it, but its line breaks and tabs kept (an
+/// answer may run over several lines).
 fn printable_lines(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '\n' | '\t' => c,
-            c if c.is_control() => '?',
-            c => c,
-        })
-        .collect()
+    text.chars().map(|c| mark(c, true)).collect()
 }
 
 /// What `fleetd send` prints for `fleet_send`'s answer, and its exit status: the reply's text
@@ -961,6 +957,7 @@ mod tests {
         // "evil\u{202E}txt.exe" would read "evilexe.txt".
         assert_eq!(printable("evil\u{202E}txt.exe"), "evil?txt.exe");
         assert_eq!(printable("a\u{200B}b\u{2066}c\u{feff}"), "a?b?c?");
+        assert_eq!(printable_lines("a\n\u{202E}b\t\u{1b}"), "a\n?b\t?");
         assert_eq!(printable("naïve 名前 → ok"), "naïve 名前 → ok");
     }
 

@@ -304,6 +304,11 @@ impl Gateway {
         }
     }
 
+    /// The hosts of the fleet, this one first.
+    pub fn hosts(&self) -> Vec<HostView> {
+        self.remote_view().1
+    }
+
     /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
     /// in it, sees it.
     pub fn everyone(&self) -> (Vec<RosterEntry>, Vec<HostView>) {

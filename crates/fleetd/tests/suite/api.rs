@@ -288,3 +288,74 @@ async fn an_operator_sees_the_whole_fleet_and_may_stop_but_never_reads_a_text_no
     assert_eq!(status, 401);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_sign_ins_and_feed_positions_are_refused_or_made_harmless() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, _lead) = fleet_with_w1_and_spy(&dir).await?;
+    let http = reqwest::Client::new();
+    let sign_in = format!("{}/ui/session", fleet.base());
+    // Not JSON (a form another page could post), the wrong type, an unknown field, nothing:
+    // refused, saying why, and no cookie set.
+    for (content_type, body, status) in [
+        (
+            "application/x-www-form-urlencoded",
+            "token=x".to_string(),
+            400,
+        ),
+        ("application/json", json!({"token": 5}).to_string(), 400),
+        (
+            "application/json",
+            json!({"token": "x", "as": "lead"}).to_string(),
+            400,
+        ),
+        ("application/json", json!({"token": ""}).to_string(), 401),
+        (
+            "application/json",
+            json!({"token": "fleet_\u{1b}[2J"}).to_string(),
+            401,
+        ),
+    ] {
+        let response = http
+            .post(&sign_in)
+            .header("content-type", content_type)
+            .body(body.clone())
+            .send()
+            .await?;
+        assert_eq!(response.status().as_u16(), status, "{body}");
+        assert!(response.headers().get("set-cookie").is_none(), "{body}");
+    }
+    // From another origin, even with the lead's token: refused before anything else.
+    let response = http
+        .post(&sign_in)
+        .header("origin", "http://evil.example")
+        .json(&json!({"token": fleet.token("lead")?}))
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 403);
+    assert!(response.headers().get("set-cookie").is_none());
+    // A feed position that is no number is ignored, one past the end is now: either way the
+    // feed opens and serves what comes next.
+    for (header, value) in [
+        ("last-event-id", "abc; drop"),
+        ("last-event-id", "999999999999"),
+    ] {
+        let response = http
+            .get(format!("{}/api/v1/events", fleet.base()))
+            .bearer_auth(fleet.token("lead")?)
+            .header(header, value)
+            .send()
+            .await?;
+        assert_eq!(response.status().as_u16(), 200, "{value}");
+    }
+    let (status, body) = call(
+        &fleet,
+        &fleet.token("lead")?,
+        "/api/v1/events?after=x",
+        None,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    Ok(())
+}
