@@ -309,14 +309,22 @@ async fn a_worker_asks_the_lead_on_another_host_whose_task_it_works_on() -> anyh
         .expect_err("a second answer");
     assert_eq!(again.code, "too_late", "{again}");
 
-    // Nobody waiting on hosta: hostb's worker hears no_waiter from hosta's gateway.
+    // Nobody waiting on hosta: hostb's worker hears no_waiter from hosta's gateway. The reply
+    // is waited for through the operator API, a look that never makes alice a waiter (a poll
+    // would, and an ask arriving during it would be hers to answer).
     let sent = p.alice.send("wb", "/ask 20 anyone there?", 0).await?;
     assert_eq!(sent["status"], "pending", "{sent}");
-    let replies = until("the worker's reply", LIMIT, || async {
-        let got = p.alice.poll(0).await.ok()?;
-        (!got.is_empty()).then_some(got)
+    until("the worker's reply held for alice", LIMIT, || async {
+        let out =
+            p.a.cli(&[
+                "msgs", "--lead", "alice", "--json", "--kind", "REPLY", "--state", "held",
+            ])
+            .ok()?;
+        let held: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (held.as_array()?.len() == 1).then_some(())
     })
     .await?;
+    let replies = p.alice.poll(0).await?;
     assert_eq!(
         replies[0]["text"], "asked anyone there?, got no_waiter",
         "{replies:?}"
