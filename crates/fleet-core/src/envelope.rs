@@ -370,7 +370,7 @@ fn bad(header: &'static str, why: String) -> EnvelopeError {
 
 /// A short, escaped rendering of a received value for an error message: at most 48 characters,
 /// control characters escaped, so a hostile header cannot flood or forge a log line.
-fn preview(value: &str) -> String {
+pub(crate) fn preview(value: &str) -> String {
     const LIMIT: usize = 48;
     match value.char_indices().nth(LIMIT) {
         Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),

@@ -17,6 +17,7 @@ pub mod control;
 pub mod coord;
 pub mod dead;
 pub mod delivery;
+pub mod dialog;
 pub mod entity;
 pub mod envelope;
 pub mod error;

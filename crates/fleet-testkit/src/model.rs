@@ -5,6 +5,9 @@
 //! The script, decided from the latest user turn:
 //! - a typed task `ask: QUESTION` → call `fleet_ask{question}`; when the answer comes back,
 //!   call `fleet_reply` with `asked QUESTION, heard: ANSWER`;
+//! - a typed task `run: COMMAND` → call the agent's own shell tool (`Bash`) with `COMMAND`
+//!   (which may need the user's permission: a dialog on the agent's screen); when its result
+//!   comes back, call `fleet_reply` with `ran COMMAND: RESULT`;
 //! - any other typed task → call `fleet_reply` with `echo: TASK` (the whole task, so a test can
 //!   see it arrived intact);
 //! - fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`) → call
@@ -139,6 +142,9 @@ struct Shared {
     stalled: Arc<AtomicBool>,
 }
 
+/// Claude Code's own shell tool.
+const SHELL_TOOL: &str = "Bash";
+
 /// What the scripted model answers with.
 #[derive(Debug, PartialEq)]
 enum Turn {
@@ -181,6 +187,16 @@ fn decide(request: &Value, voice: &str) -> Turn {
         );
         let text = result_text(&result["content"]);
         return match called {
+            Some((name, input)) if name == SHELL_TOOL => match tool("fleet_reply") {
+                Some(reply) => Turn::Call(
+                    reply,
+                    json!({"message": format!(
+                        "ran {}: {text}",
+                        input["command"].as_str().unwrap_or_default()
+                    )}),
+                ),
+                None => Turn::Say(format!("ran: {text}")),
+            },
             Some((name, input)) if name.ends_with("fleet_ask") => match tool("fleet_reply") {
                 Some(reply) => Turn::Call(
                     reply,
@@ -213,6 +229,14 @@ fn decide(request: &Value, voice: &str) -> Turn {
         && let Some(ask) = tool("fleet_ask")
     {
         return Turn::Call(ask, json!({"question": question}));
+    }
+    if let Some(command) = task.strip_prefix("run: ")
+        && tools.contains(&SHELL_TOOL)
+    {
+        return Turn::Call(
+            SHELL_TOOL.into(),
+            json!({"command": command, "description": "Run the lead's command"}),
+        );
     }
     match tool("fleet_reply") {
         Some(reply) => Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
@@ -551,6 +575,45 @@ mod tests {
             Turn::Call(
                 "mcp__fleet__fleet_reply".into(),
                 json!({"message": "asked which port?, heard: 8080"})
+            )
+        );
+    }
+
+    #[test]
+    fn a_run_task_calls_the_shell_then_replies_with_its_result() {
+        let run = json!({"tools": tools(), "messages": [
+            {"role": "user", "content": "run: touch proof"}
+        ]});
+        assert_eq!(
+            decide(&run, ""),
+            Turn::Call(
+                "Bash".into(),
+                json!({"command": "touch proof", "description": "Run the lead's command"})
+            )
+        );
+        let ran = json!({"tools": tools(), "messages": [
+            {"role": "user", "content": "run: touch proof"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "b1",
+                "name": "Bash", "input": {"command": "touch proof"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b1",
+                "content": "(no output)"}]}
+        ]});
+        assert_eq!(
+            decide(&ran, ""),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "ran touch proof: (no output)"})
+            )
+        );
+        // Without a shell tool, it is a task like any other.
+        let toolless = json!({"tools": [{"name": "mcp__fleet__fleet_reply"}], "messages": [
+            {"role": "user", "content": "run: touch proof"}
+        ]});
+        assert_eq!(
+            decide(&toolless, ""),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "echo: run: touch proof"})
             )
         );
     }
