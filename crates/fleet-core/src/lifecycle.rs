@@ -113,6 +113,7 @@ mod tests {
         for status in [
             WorkerStatus::Busy,
             WorkerStatus::Asking,
+            WorkerStatus::Blocked,
             WorkerStatus::Spawning,
         ] {
             let facts = LifeFacts {

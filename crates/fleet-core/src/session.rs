@@ -1,5 +1,5 @@
 //! The worker session state machine:
-//! `spawning → idle ⇄ busy (⇄ asking) → stopping → gone`.
+//! `spawning → idle ⇄ busy (⇄ asking, ⇄ blocked) → stopping → gone`.
 //!
 //! Delivery is gated on it: a brief is typed into a pane only while its worker is `idle`, and
 //! only one task is in flight per worker.
@@ -23,6 +23,8 @@ pub enum WorkerStatus {
     Busy,
     /// Paused mid-turn on a question to its lead.
     Asking,
+    /// Its program stopped mid-turn on a dialog (a permission prompt): it waits for a key.
+    Blocked,
     /// Being stopped; takes no new tasks.
     Stopping,
     /// Its pane is closed or its program exited.
@@ -42,6 +44,10 @@ pub enum SessionEvent {
     Asked,
     /// Its ask was answered, timed out or refused.
     AskEnded,
+    /// Its program shows a dialog and waits for a key.
+    DialogShown,
+    /// The dialog went away (answered, or by the program itself).
+    DialogGone,
     /// An idle session is replaced by a fresh one (same worker, new process).
     Recycle,
     /// A stop was requested.
@@ -52,11 +58,12 @@ pub enum SessionEvent {
 
 impl WorkerStatus {
     /// Every status, in life order.
-    pub const ALL: [WorkerStatus; 6] = [
+    pub const ALL: [WorkerStatus; 7] = [
         WorkerStatus::Spawning,
         WorkerStatus::Idle,
         WorkerStatus::Busy,
         WorkerStatus::Asking,
+        WorkerStatus::Blocked,
         WorkerStatus::Stopping,
         WorkerStatus::Gone,
     ];
@@ -68,6 +75,7 @@ impl WorkerStatus {
             WorkerStatus::Idle => "idle",
             WorkerStatus::Busy => "busy",
             WorkerStatus::Asking => "asking",
+            WorkerStatus::Blocked => "blocked",
             WorkerStatus::Stopping => "stopping",
             WorkerStatus::Gone => "gone",
         }
@@ -89,6 +97,9 @@ impl WorkerStatus {
             (S::Busy, E::Asked) => Some(S::Asking),
             (S::Asking, E::AskEnded) => Some(S::Busy),
             (S::Asking, E::TurnDone) => Some(S::Idle),
+            (S::Busy, E::DialogShown) => Some(S::Blocked),
+            (S::Blocked, E::DialogGone) => Some(S::Busy),
+            (S::Blocked, E::TurnDone) => Some(S::Idle),
             _ => None,
         };
         next.ok_or_else(|| {
@@ -150,9 +161,31 @@ mod tests {
     fn only_an_idle_session_is_recycled_and_it_must_become_ready_again() {
         assert_eq!(S::Idle.on(E::Recycle).unwrap(), S::Spawning);
         assert_eq!(S::Spawning.on(E::Ready).unwrap(), S::Idle);
-        for busy in [S::Busy, S::Asking, S::Spawning, S::Stopping, S::Gone] {
+        for busy in [
+            S::Busy,
+            S::Asking,
+            S::Blocked,
+            S::Spawning,
+            S::Stopping,
+            S::Gone,
+        ] {
             assert!(busy.on(E::Recycle).is_err(), "{busy}");
         }
+    }
+
+    #[test]
+    fn a_dialog_pauses_a_busy_session_until_it_goes_or_the_turn_ends() {
+        assert_eq!(S::Busy.on(E::DialogShown).unwrap(), S::Blocked);
+        assert_eq!(S::Blocked.on(E::DialogGone).unwrap(), S::Busy);
+        assert_eq!(S::Blocked.on(E::TurnDone).unwrap(), S::Idle);
+        assert_eq!(S::Blocked.on(E::Exited).unwrap(), S::Gone);
+        assert_eq!(S::Blocked.on(E::Stop).unwrap(), S::Stopping);
+        // Only a session at work shows a dialog that matters; a blocked one takes no task.
+        for other in [S::Idle, S::Asking, S::Spawning, S::Blocked] {
+            assert!(other.on(E::DialogShown).is_err(), "{other}");
+        }
+        assert!(S::Blocked.on(E::TaskStarted).is_err());
+        assert!(!S::Blocked.takes_tasks());
     }
 
     #[test]

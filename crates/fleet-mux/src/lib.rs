@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
+use fleet_core::dialog::Key;
 use fleet_core::redact::{EnvNames, ProgramOnly};
 
 /// A pane host's id for one pane (tmux `%3`, herdr `w1:p2`): opaque, host-local.
@@ -173,6 +174,9 @@ pub trait PaneHost: Send + Sync + 'static {
 
     /// Presses Enter in the pane.
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError>;
+
+    /// Presses one key of the safe set in the pane (an answer to a dialog on its screen).
+    async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError>;
 
     /// What the pane shows now.
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError>;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use fleet_core::dialog::Key;
 use fleet_mux::tmux::Tmux;
 use fleet_mux::{PaneHost, PaneId, PaneLife, PaneSpec};
 use serde_json::{Value, json};
@@ -331,12 +332,15 @@ impl StandIn {
                     self.tmux.paste(&tmux, text).await.map_err(failed)?;
                 }
                 for key in params["keys"].as_array().cloned().unwrap_or_default() {
-                    match key.as_str() {
-                        Some("enter") => self.tmux.enter(&tmux).await.map_err(failed)?,
-                        Some(other) => {
+                    // The safe set fleetd presses; herdr names them as fleetd does.
+                    match key.as_str().map(|k| (k, Key::parse(k))) {
+                        Some((_, Some(key))) => {
+                            self.tmux.press(&tmux, key).await.map_err(failed)?;
+                        }
+                        Some((other, None)) => {
                             return Err((
                                 "invalid_request",
-                                format!("the stand-in knows only the key enter, not {other}"),
+                                format!("the stand-in knows only fleetd's safe keys, not {other}"),
                             ));
                         }
                         None => {}

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::dialog::Key;
 use fleet_mux::herdr::driver::Driver;
 use fleet_mux::herdr::{codec, host::Herdr};
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
@@ -217,6 +218,31 @@ async fn multi_line_pastes_arrive_bracketed(f: &Fixture) {
     assert!(text.contains("^[[200~first line"), "{text}");
 }
 
+/// Each key of the safe set reaches the program as the key it is: a raw-mode reader shows
+/// what bytes it got.
+async fn the_safe_keys_arrive_as_themselves(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = spawn_showing(
+        host,
+        "keys",
+        "stty raw -echo; echo ready; od -An -tx1 -w1 -v",
+        "ready",
+    )
+    .await;
+    for key in [Key::Digit(1), Key::Digit(9), Key::Yes, Key::No, Key::Escape] {
+        host.press(&pane, key).await.unwrap();
+    }
+    host.press(&pane, Key::Enter).await.unwrap();
+    // od prints one byte a line: 1 9 y n Esc, then Enter (a carriage return in raw mode).
+    let text = wait_for_text(host, &pane, " 0d").await;
+    let bytes: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.len() == 2 && l.bytes().all(|b| b.is_ascii_hexdigit()))
+        .collect();
+    assert_eq!(bytes, ["31", "39", "79", "6e", "1b", "0d"], "{text}");
+}
+
 async fn injected_lines_are_verified(f: &Fixture) {
     let host = f.host.as_ref();
     let pane = spawn_showing(
@@ -365,6 +391,7 @@ macro_rules! suite {
             case!(runs_argv_with_env_and_cwd);
             case!(multi_line_pastes_arrive_bracketed);
             case!(injected_lines_are_verified);
+            case!(the_safe_keys_arrive_as_themselves);
             case!(a_call_in_proves_a_submit);
             case!(an_ignored_enter_is_not_submitted);
             case!(exits_are_seen_and_close_removes);

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use fleet_core::dialog::Key;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -190,8 +191,13 @@ impl PaneHost for Herdr {
     }
 
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
+        self.press(pane, Key::Enter).await
+    }
+
+    async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError> {
+        // herdr's key names for the safe set are the keys' own (`1`, `y`, `enter`, `esc`).
         self.driver
-            .call(codec::send_input(&pane.0, None, &["enter"]))
+            .call(codec::send_input(&pane.0, None, &[key.name().as_str()]))
             .await
             .map(drop)
     }

@@ -19,6 +19,7 @@ pub mod control;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use fleet_core::dialog::Key;
 use fleet_core::typed::first_control;
 
 use crate::{MuxError, PaneId, PaneLife, PaneSpec, Snapshot};
@@ -171,6 +172,16 @@ pub fn paste_buffer_args(pane: &PaneId, buffer: &str) -> Vec<String> {
 /// Presses Enter.
 pub fn enter_args(pane: &PaneId) -> Vec<String> {
     strings(&["send-keys", "-t", &pane.0, "Enter"])
+}
+
+/// Presses `key` (tmux's name for it: a digit or letter is itself).
+pub fn key_args(pane: &PaneId, key: Key) -> Vec<String> {
+    let name = match key {
+        Key::Enter => "Enter".to_string(),
+        Key::Escape => "Escape".to_string(),
+        Key::Digit(_) | Key::Yes | Key::No => key.name(),
+    };
+    strings(&["send-keys", "-t", &pane.0, &name])
 }
 
 /// Types `text` literally (unescaped words: the caller escapes for its transport).
@@ -473,6 +484,21 @@ mod tests {
         );
         assert_eq!(panes.get(&PaneId("%6".into())), Some(&PaneLife::Alive));
         assert_eq!(panes.len(), 5);
+    }
+
+    #[test]
+    fn each_safe_key_is_one_tmux_key_name() {
+        let pane = PaneId("%3".into());
+        for (key, name) in [
+            (Key::Digit(1), "1"),
+            (Key::Digit(9), "9"),
+            (Key::Yes, "y"),
+            (Key::No, "n"),
+            (Key::Enter, "Enter"),
+            (Key::Escape, "Escape"),
+        ] {
+            assert_eq!(key_args(&pane, key), ["send-keys", "-t", "%3", name]);
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fleet_core::dialog::Key;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
@@ -263,6 +264,10 @@ impl PaneHost for Tmux {
 
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
         self.exec(&[codec::enter_args(pane)]).await.map(drop)
+    }
+
+    async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError> {
+        self.exec(&[codec::key_args(pane, key)]).await.map(drop)
     }
 
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {

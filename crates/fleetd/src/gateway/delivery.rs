@@ -54,7 +54,7 @@ fn reported(status: WorkerStatus) -> Option<AgentState> {
         WorkerStatus::Spawning => Some(AgentState::Unknown),
         WorkerStatus::Idle => Some(AgentState::Idle),
         WorkerStatus::Busy => Some(AgentState::Working),
-        WorkerStatus::Asking => Some(AgentState::Blocked),
+        WorkerStatus::Asking | WorkerStatus::Blocked => Some(AgentState::Blocked),
         WorkerStatus::Stopping | WorkerStatus::Gone => None,
     }
 }

@@ -45,6 +45,9 @@ impl PaneHost for NoPanes {
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
         Err(MuxError::NoPane(pane.clone()))
     }
+    async fn press(&self, pane: &PaneId, _key: fleet_core::dialog::Key) -> Result<(), MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
         Err(MuxError::NoPane(pane.clone()))
     }
