@@ -142,8 +142,8 @@ struct Shared {
     stalled: Arc<AtomicBool>,
 }
 
-/// Claude Code's own shell tool.
-const SHELL_TOOL: &str = "Bash";
+/// The agent's own shell tool (Claude Code's `Bash`, opencode's `bash`).
+const SHELL_TOOL: &str = "bash";
 
 /// What the scripted model answers with.
 #[derive(Debug, PartialEq)]
@@ -187,7 +187,7 @@ fn decide(request: &Value, voice: &str) -> Turn {
         );
         let text = result_text(&result["content"]);
         return match called {
-            Some((name, input)) if name == SHELL_TOOL => match tool("fleet_reply") {
+            Some((name, input)) if name.eq_ignore_ascii_case(SHELL_TOOL) => match tool("fleet_reply") {
                 Some(reply) => Turn::Call(
                     reply,
                     json!({"message": format!(
@@ -231,10 +231,10 @@ fn decide(request: &Value, voice: &str) -> Turn {
         return Turn::Call(ask, json!({"question": question}));
     }
     if let Some(command) = task.strip_prefix("run: ")
-        && tools.contains(&SHELL_TOOL)
+        && let Some(shell) = tools.iter().find(|t| t.eq_ignore_ascii_case(SHELL_TOOL))
     {
         return Turn::Call(
-            SHELL_TOOL.into(),
+            shell.to_string(),
             json!({"command": command, "description": "Run the lead's command"}),
         );
     }
