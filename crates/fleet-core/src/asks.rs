@@ -1,5 +1,7 @@
 //! The rules of mid-turn asks (U2 on one host): whom a worker's question goes to, when it may
-//! be asked at all, which lead call surfaces it, and what an answer finds.
+//! be asked at all, which lead call surfaces it, and what an answer finds. A dialog on a
+//! worker's screen (its program waits for a key) is asked the same way, with the choices it
+//! offers: its answer is one of them.
 //!
 //! Asks are live only: the table holds the open ones (each with `A`, the handle its answer
 //! travels back through, the asking call) and remembers the recently finished ones, so a late
@@ -9,6 +11,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use crate::dialog::Choice;
 use crate::error::{ErrorCode, FleetError};
 use crate::ids::{Gid, MsgId};
 
@@ -24,8 +27,13 @@ pub struct Question {
     pub from: Gid,
     /// Its name.
     pub from_name: String,
-    /// The question.
+    /// Its host.
+    pub host: String,
+    /// The question (for a dialog: its text, as the worker's screen shows it).
     pub question: String,
+    /// For a dialog: the choices it offers; answer with one (`fleet_send{turn_id, choice}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choices: Option<Vec<Choice>>,
     /// The task it is working on, if any.
     pub in_task: Option<MsgId>,
     /// When it asked (Unix ms).
@@ -131,21 +139,15 @@ impl<A> AskTable<A> {
         }
     }
 
-    /// Takes the ask `turn_id` for `lead`'s answer: its question and handle; or why not —
-    /// asked of someone else (`forbidden`), over already (`too_late`, saying how), or unknown.
-    pub fn take_for_answer(
-        &mut self,
-        turn_id: &str,
-        lead: Gid,
-    ) -> Result<(Question, A), FleetError> {
+    /// The ask `turn_id` that `lead` may answer now; or why not — asked of someone else
+    /// (`forbidden`), over already (`too_late`, saying how), or unknown.
+    pub fn for_answer(&self, turn_id: &str, lead: Gid) -> Result<&Question, FleetError> {
         match self.open.iter().find(|a| a.question.turn_id == turn_id) {
             Some(ask) if ask.to != lead => Err(FleetError::new(
                 ErrorCode::Forbidden,
                 format!("the question {turn_id} was not asked of you"),
             )),
-            Some(_) => self
-                .close(turn_id, "it was answered")
-                .ok_or_else(|| FleetError::internal("an open ask vanished")),
+            Some(ask) => Ok(&ask.question),
             None => Err(match self.over.iter().find(|(t, _, _)| t == turn_id) {
                 Some((_, to, how)) if *to == lead => FleetError::new(
                     ErrorCode::TooLate,
@@ -159,6 +161,18 @@ impl<A> AskTable<A> {
             }),
         }
     }
+
+    /// Takes the ask `turn_id` for `lead`'s answer: its question and handle; or why not, as
+    /// [`AskTable::for_answer`] says.
+    pub fn take_for_answer(
+        &mut self,
+        turn_id: &str,
+        lead: Gid,
+    ) -> Result<(Question, A), FleetError> {
+        self.for_answer(turn_id, lead)?;
+        self.close(turn_id, "it was answered")
+            .ok_or_else(|| FleetError::internal("an open ask vanished"))
+    }
 }
 
 #[cfg(test)]
@@ -170,7 +184,9 @@ mod tests {
             turn_id: turn.into(),
             from,
             from_name: "w1".into(),
+            host: "h1".into(),
             question: "which branch?".into(),
+            choices: None,
             in_task: None,
             asked_ms,
         }
@@ -242,6 +258,23 @@ mod tests {
         assert_eq!(
             table.take_for_answer("t9", lead).unwrap_err().code,
             ErrorCode::InvalidParams
+        );
+    }
+
+    #[test]
+    fn looking_at_an_ask_for_an_answer_does_not_take_it() {
+        let (lead, other, w1) = (Gid::mint(), Gid::mint(), Gid::mint());
+        let mut table = AskTable::default();
+        table.open(question("d1", w1, 2), lead, ());
+        assert_eq!(table.for_answer("d1", lead).unwrap().turn_id, "d1");
+        assert_eq!(
+            table.for_answer("d1", other).unwrap_err().code,
+            ErrorCode::Forbidden
+        );
+        assert!(table.take_for_answer("d1", lead).is_ok());
+        assert_eq!(
+            table.for_answer("d1", lead).unwrap_err().code,
+            ErrorCode::TooLate
         );
     }
 

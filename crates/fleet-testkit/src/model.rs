@@ -187,16 +187,18 @@ fn decide(request: &Value, voice: &str) -> Turn {
         );
         let text = result_text(&result["content"]);
         return match called {
-            Some((name, input)) if name.eq_ignore_ascii_case(SHELL_TOOL) => match tool("fleet_reply") {
-                Some(reply) => Turn::Call(
-                    reply,
-                    json!({"message": format!(
-                        "ran {}: {text}",
-                        input["command"].as_str().unwrap_or_default()
-                    )}),
-                ),
-                None => Turn::Say(format!("ran: {text}")),
-            },
+            Some((name, input)) if name.eq_ignore_ascii_case(SHELL_TOOL) => {
+                match tool("fleet_reply") {
+                    Some(reply) => Turn::Call(
+                        reply,
+                        json!({"message": format!(
+                            "ran {}: {text}",
+                            input["command"].as_str().unwrap_or_default()
+                        )}),
+                    ),
+                    None => Turn::Say(format!("ran: {text}")),
+                }
+            }
             Some((name, input)) if name.ends_with("fleet_ask") => match tool("fleet_reply") {
                 Some(reply) => Turn::Call(
                     reply,

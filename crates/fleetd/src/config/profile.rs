@@ -22,6 +22,23 @@ pub(super) const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
 /// opencode's home screen, once it takes input: the placeholder of its empty input box.
 const OPENCODE_READY: &str = "Ask anything";
+/// What Claude Code's dialogs say (2.1.332) as a worker stops on one: its permission prompts
+/// (a command, an edit, a new file, a fetch, a tool), its plan approval, and auto mode's notice
+/// that it cannot check actions through a custom endpoint.
+const CLAUDE_DIALOGS: [&str; 6] = [
+    "Do you want to proceed?",
+    "Do you want to make this edit",
+    "Do you want to create",
+    "Do you want to allow",
+    "Would you like to proceed?",
+    "Auto mode can't check actions",
+];
+/// What opencode's permission prompt says (1.18.33).
+const OPENCODE_DIALOGS: [&str; 1] = ["Permission required"];
+/// The most `blocked_markers` a profile may declare.
+const MAX_DIALOG_MARKERS: usize = 32;
+/// The longest marker.
+const MAX_DIALOG_MARKER_CHARS: usize = 200;
 /// The most tasks a `context_cap` may allow.
 const MAX_CONTEXT_CAP: u64 = 1_000_000;
 /// What Claude Code takes from its environment as a login (2.1.332): an API key, a bearer
@@ -221,6 +238,31 @@ pub struct ProfileConfig {
     /// sandbox: how the agent inside is set up (`command`, `claude-code`, `opencode`).
     #[serde(default)]
     pub agent_kind: Option<ProfileKind>,
+    /// Screen text that means the program stopped on a dialog and waits for a choice (a
+    /// permission prompt): a busy worker whose screen shows one and holds still is `blocked`,
+    /// and its lead is asked to choose. Unset: the kind's own (claude-code's dialogs); `[]`:
+    /// none.
+    #[serde(default)]
+    pub blocked_markers: Option<Vec<String>>,
+    /// A busy worker whose screen has not changed and that has made no call for this long is
+    /// stalled: its lead is told, with the screen's tail. Unset: never.
+    #[serde(default)]
+    pub stall_after_s: Option<u64>,
+    /// What else happens to a stalled worker: nothing (`notify`, the default), or its task is
+    /// failed and it is recycled into a fresh session (`recycle`).
+    #[serde(default)]
+    pub on_stall: OnStall,
+}
+
+/// What happens to a stalled worker besides telling its lead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStall {
+    /// Only its lead is told.
+    #[default]
+    Notify,
+    /// Its task fails (its lead is told why) and the worker starts afresh under its name.
+    Recycle,
 }
 
 fn default_ready_timeout_s() -> u64 {
@@ -315,6 +357,22 @@ impl ProfileConfig {
             teardown: Vec::new(),
             agent: Vec::new(),
             agent_kind: None,
+            blocked_markers: None,
+            stall_after_s: None,
+            on_stall: OnStall::Notify,
+        }
+    }
+
+    /// The screen text that shows the program stopped on a dialog: the profile's, else its
+    /// kind's.
+    pub fn dialog_markers(&self) -> Vec<String> {
+        match &self.blocked_markers {
+            Some(markers) => markers.clone(),
+            None => match self.agent_kind() {
+                ProfileKind::ClaudeCode => CLAUDE_DIALOGS.iter().map(|m| m.to_string()).collect(),
+                ProfileKind::Opencode => OPENCODE_DIALOGS.iter().map(|m| m.to_string()).collect(),
+                ProfileKind::Command | ProfileKind::Sandbox => Vec::new(),
+            },
         }
     }
 
@@ -424,6 +482,30 @@ impl ProfileConfig {
         }
         if let Some(cap) = self.context_cap {
             within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;
+        }
+        if let Some(stall) = self.stall_after_s {
+            within(&key("stall_after_s"), stall, 1, MAX_CONFIG_WAIT_S * 365)?;
+        }
+        if self.on_stall == OnStall::Recycle && self.stall_after_s.is_none() {
+            return Err(key(
+                "on_stall = \"recycle\" needs stall_after_s (how long a worker may stall first)",
+            ));
+        }
+        let markers = self.blocked_markers.as_deref().unwrap_or_default();
+        if markers.len() > MAX_DIALOG_MARKERS {
+            return Err(key(&format!(
+                "blocked_markers holds {} markers; at most {MAX_DIALOG_MARKERS}",
+                markers.len()
+            )));
+        }
+        for (i, marker) in markers.iter().enumerate() {
+            let what = key(&format!("blocked_markers[{i}]"));
+            if marker.trim().is_empty() || marker.chars().count() > MAX_DIALOG_MARKER_CHARS {
+                return Err(format!(
+                    "{what} must hold some text, at most {MAX_DIALOG_MARKER_CHARS} characters (a marker is screen text)"
+                ));
+            }
+            one_line(&what, marker)?;
         }
         for (env, value) in self.env.iter() {
             if env.is_empty() || env.contains('=') || env.starts_with("FLEET_") {

@@ -27,9 +27,17 @@ use super::{Caller, Gateway};
 /// How long past its asker's wait an ask to another host is good for (seconds).
 const ASK_GRACE_S: u64 = 5;
 
-/// The open asks of this gateway; each answer (or, from another host, why there is none)
-/// travels back through its asking call.
-pub(super) type Asks = AskTable<oneshot::Sender<Result<String, FleetError>>>;
+/// The open asks of this gateway.
+pub(super) type Asks = AskTable<Waiter>;
+
+/// Where an ask's answer goes.
+pub(super) enum Waiter {
+    /// To the asking call (a worker's `fleet_ask` here; for an ask from another host, what
+    /// sends the answer back there), or why there is none.
+    Call(oneshot::Sender<Result<String, FleetError>>),
+    /// Into the pane of a worker here whose screen shows a dialog: the choice's key is pressed.
+    Screen,
+}
 
 /// Ends an ask however its call ends (answered, timed out, cancelled): the worker is back to
 /// work, and a later answer hears `too_late`.
@@ -126,11 +134,13 @@ impl Gateway {
                 turn_id: turn_id.clone(),
                 from: me,
                 from_name: caller.entity.name.clone(),
+                host: caller.entity.host.clone(),
                 question,
+                choices: None,
                 in_task: task.as_ref().map(|t| t.msg_id),
                 asked_ms: now_ms(),
             };
-            sessions.asks.open(question, to, tx);
+            sessions.asks.open(question, to, Waiter::Call(tx));
             if let Some(session) = sessions.panes.get_mut(&me)
                 && session.status == WorkerStatus::Busy
             {
@@ -196,9 +206,23 @@ impl Gateway {
         check_tool(&caller.entity, Tool::Send)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
         let me = caller.entity.gid;
-        let (question, answer) = self.lock().asks.take_for_answer(turn_id, me)?;
+        let (question, answer) = {
+            let mut sessions = self.lock();
+            if let Some(choices) = &sessions.asks.for_answer(turn_id, me)?.choices {
+                let offered: Vec<&str> = choices.iter().map(|c| c.choice.as_str()).collect();
+                return Err(FleetError::invalid(format!(
+                    "{turn_id} is a dialog on the worker's screen, which takes a key, not text: answer with fleet_send{{turn_id, choice}}, the choice one of {}",
+                    offered.join(", ")
+                )));
+            }
+            sessions.asks.take_for_answer(turn_id, me)?
+        };
         let (worker, task) = (question.from, question.in_task);
-        if answer.send(Ok(text)).is_err() {
+        let delivered = match answer {
+            Waiter::Call(call) => call.send(Ok(text)).is_ok(),
+            Waiter::Screen => false,
+        };
+        if !delivered {
             return Err(FleetError::new(
                 ErrorCode::TooLate,
                 format!(
@@ -207,6 +231,22 @@ impl Gateway {
             ));
         }
         tracing::info!(gid = %worker, %turn_id, "answered");
+        self.after_answer(caller, turn_id, worker, task, wait, ct)
+            .await
+    }
+
+    /// After an answer to `worker`'s ask `turn_id` (asked in `task`): waits up to `wait` for the
+    /// reply to that task if the caller sent it, else says the answer went.
+    pub(super) async fn after_answer(
+        self: &Arc<Self>,
+        caller: &Caller,
+        turn_id: &str,
+        worker: Gid,
+        task: Option<MsgId>,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        let me = caller.entity.gid;
         let sent_by_me = match task {
             Some(task) => match self.remote_host(worker) {
                 // A task to another host's worker is not stored here: where it went is.

@@ -16,7 +16,7 @@ use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::views::{AskView, PollResult, SendResult};
+use super::views::{PollResult, SendResult, Surfaced};
 use super::{Caller, Gateway};
 
 /// The most messages one poll hands out; the rest wait for the next poll.
@@ -217,15 +217,35 @@ impl Gateway {
                 });
             }
             let asked = self.lock().asks.surface(me, open.listens);
-            if let Some(ask) = asked {
-                return Ok(SendResult::Asked {
-                    msg_id,
-                    note: format!(
-                        "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
-                        ask.from_name, ask.turn_id
-                    ),
-                    ask,
-                });
+            match asked.map(Surfaced::from) {
+                Some(Surfaced::Question(ask)) => {
+                    return Ok(SendResult::Asked {
+                        msg_id,
+                        note: format!(
+                            "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
+                            ask.from_name, ask.turn_id
+                        ),
+                        ask,
+                    });
+                }
+                Some(Surfaced::Dialog(dialog)) => {
+                    return Ok(SendResult::Blocked {
+                        msg_id,
+                        note: format!(
+                            "'{}' stopped on a dialog of its own program and waits for a key: answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {}; the answer to your message {msg_id} is still on its way",
+                            dialog.from_name,
+                            dialog.turn_id,
+                            dialog
+                                .choices
+                                .iter()
+                                .map(|c| format!("\"{}\" ({})", c.choice, c.label))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        dialog,
+                    });
+                }
+                None => {}
             }
             tokio::select! {
                 changed = inbox.changed() => match changed {
@@ -306,18 +326,28 @@ impl Gateway {
             if batch.is_empty() && from.is_none() && self.take_task_by_poll(me).await? {
                 batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
             }
-            let asks: Vec<AskView> = {
+            let (mut asks, mut blocked) = (Vec::new(), Vec::new());
+            {
                 let mut sessions = self.lock();
-                std::iter::from_fn(|| sessions.asks.surface(me, from)).collect()
-            };
-            if !batch.is_empty() || !asks.is_empty() {
+                while let Some(ask) = sessions.asks.surface(me, from) {
+                    match Surfaced::from(ask) {
+                        Surfaced::Question(ask) => asks.push(ask),
+                        Surfaced::Dialog(dialog) => blocked.push(dialog),
+                    }
+                }
+            }
+            if !batch.is_empty() || !asks.is_empty() || !blocked.is_empty() {
                 let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
                 self.keep_unless_cancelled(ct, me, &ids).await?;
                 let mut messages = Vec::with_capacity(batch.len());
                 for message in batch {
                     messages.push(self.describe(message).await);
                 }
-                return Ok(PollResult { messages, asks });
+                return Ok(PollResult {
+                    messages,
+                    asks,
+                    blocked,
+                });
             }
             let kicked = async {
                 match kick.as_mut() {
@@ -336,6 +366,7 @@ impl Gateway {
         Ok(PollResult {
             messages: Vec::new(),
             asks: Vec::new(),
+            blocked: Vec::new(),
         })
     }
 

@@ -57,8 +57,9 @@ pub struct SlotAnswer {
     pub model: Option<String>,
     /// Its host.
     pub host: String,
-    /// `answered`, `failed`, `timeout`, `asking` (its question is in `asks`) or `working` (the
-    /// call returned for another's question first).
+    /// `answered`, `failed`, `timeout`, `asking` (its question is in `asks`), `blocked` (its
+    /// program stopped on a dialog: `text` says which and how to answer) or `working` (the call
+    /// returned for another's question first).
     pub status: &'static str,
     /// Its answer, or why there is none.
     pub text: String,
@@ -196,6 +197,21 @@ fn outcome(sent: Result<SendResult, FleetError>) -> (&'static str, String, Optio
             "asking",
             format!("it asks you: {} (turn_id {})", ask.question, ask.turn_id),
             Some(ask),
+        ),
+        Ok(SendResult::Blocked { dialog, .. }) => (
+            "blocked",
+            format!(
+                "its program stopped on a dialog: {} (answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {})",
+                dialog.prompt,
+                dialog.turn_id,
+                dialog
+                    .choices
+                    .iter()
+                    .map(|c| c.choice.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None,
         ),
         Ok(SendResult::Pending { state, .. }) => (
             "timeout",

@@ -13,6 +13,7 @@ mod calls;
 mod consult;
 mod coord;
 mod delivery;
+mod dialogs;
 mod ending;
 mod federation;
 mod feed;
@@ -162,6 +163,7 @@ impl Gateway {
         self.start_coordinator().await?;
         self.recover().await?;
         watch::start(self);
+        dialogs::start(self);
         prune::start(self);
         nudge::start(self);
         lifecycle::start(self);

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
+use super::dialogs::OpenDialog;
 use super::views::{ListResult, RosterEntry, slot_of};
 use crate::config::{ProfileConfig, ReadyCall};
 
@@ -86,6 +87,8 @@ pub(super) struct PaneSession {
     pub briefed: bool,
     /// When a task was last queued for it.
     pub last_queued: Option<Instant>,
+    /// The dialog on its screen asked of its lead, while the session is blocked on it.
+    pub dialog: Option<OpenDialog>,
 }
 
 impl PaneSession {

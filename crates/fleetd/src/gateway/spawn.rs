@@ -236,6 +236,7 @@ impl Gateway {
                     last_nudge: None,
                     briefed: false,
                     last_queued: None,
+                    dialog: None,
                 },
             );
             entity

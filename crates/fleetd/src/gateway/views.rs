@@ -1,10 +1,58 @@
 //! What the tools answer: the shapes a caller sees, serialized as each tool's result. The
 //! gateway fills them; nothing here decides anything.
 
+use fleet_core::dialog::Choice;
 use fleet_core::{Gid, Kind, MsgId, Role, TraceId, WorkerStatus};
 use serde::Serialize;
 
 pub use fleet_core::asks::Question as AskView;
+
+/// A dialog a worker's own program stopped on, as its lead sees it.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct DialogView {
+    /// Answer it with `fleet_send{turn_id, choice}`.
+    pub turn_id: String,
+    /// The worker's gid.
+    pub from: Gid,
+    /// Its name.
+    pub from_name: String,
+    /// Its host.
+    pub host: String,
+    /// The dialog's text, as the worker's screen shows it.
+    pub prompt: String,
+    /// What it offers: answer with one `choice`; only its key is pressed.
+    pub choices: Vec<Choice>,
+    /// The task the worker is working on, if any.
+    pub in_task: Option<MsgId>,
+    /// When it was seen (Unix ms).
+    pub seen_ms: i64,
+}
+
+/// What a lead's call hands out of an open ask: a question, or a dialog (an ask with choices).
+pub enum Surfaced {
+    /// A worker's question.
+    Question(AskView),
+    /// A dialog on a worker's screen.
+    Dialog(DialogView),
+}
+
+impl From<AskView> for Surfaced {
+    fn from(ask: AskView) -> Self {
+        match ask.choices {
+            Some(choices) => Surfaced::Dialog(DialogView {
+                turn_id: ask.turn_id,
+                from: ask.from,
+                from_name: ask.from_name,
+                host: ask.host,
+                prompt: ask.question,
+                choices,
+                in_task: ask.in_task,
+                seen_ms: ask.asked_ms,
+            }),
+            None => Surfaced::Question(ask),
+        }
+    }
+}
 
 /// A message as its recipient sees it.
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
@@ -59,6 +107,17 @@ pub enum SendResult {
         /// What to do next.
         note: String,
     },
+    /// A worker's own program stopped on a dialog (a permission prompt) and waits for a key:
+    /// answer with `fleet_send{turn_id, choice}`. Your message's answer is still on its way.
+    Blocked {
+        /// The message sent.
+        msg_id: MsgId,
+        /// The dialog.
+        #[serde(flatten)]
+        dialog: DialogView,
+        /// What to do next.
+        note: String,
+    },
     /// Your answer to an ask went to the worker (who is not working on a task of yours).
     Answered {
         /// The ask answered.
@@ -93,6 +152,8 @@ pub struct PollResult {
     pub messages: Vec<Delivered>,
     /// Questions workers are asking you now; answer each with `fleet_send{turn_id, message}`.
     pub asks: Vec<AskView>,
+    /// Dialogs workers' programs stopped on; answer each with `fleet_send{turn_id, choice}`.
+    pub blocked: Vec<DialogView>,
 }
 
 /// What `fleet_broadcast` did.

@@ -95,9 +95,14 @@ pub async fn send(
         .then(|| calls.take(caller.entity.gid, "fleet_send"))
         .transpose()?;
     match p.target()? {
-        SendTarget::To(to) => gateway.send(caller, &to, p.message, wait, ct).await,
-        SendTarget::Coord(coord_id) => gateway.coordinate(caller, &coord_id, p.message).await,
-        SendTarget::Turn(turn) => gateway.answer(caller, &turn, p.message, wait, ct).await,
+        SendTarget::To(to, message) => gateway.send(caller, &to, message, wait, ct).await,
+        SendTarget::Coord(coord_id, message) => {
+            gateway.coordinate(caller, &coord_id, message).await
+        }
+        SendTarget::Turn(turn, message) => gateway.answer(caller, &turn, message, wait, ct).await,
+        SendTarget::Choice(turn, choice) => {
+            gateway.choose_for(caller, &turn, &choice, wait, ct).await
+        }
     }
 }
 
@@ -217,7 +222,9 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
 task once the worker is idle; waits up to wait_s seconds for the answer and returns it \
 (status replied), or status failed with the reason, or status asked when a worker asks you \
 something mid-task (answer with fleet_send{turn_id, message}, which then waits for that task's \
-answer), or status pending with the msg_id: a later answer is held for fleet_poll. Workers may \
+answer), or status blocked when a worker's own program stopped on a dialog (a permission \
+prompt: its text is in prompt; answer with fleet_send{turn_id, choice}, choice one of choices, \
+and only that choice's key is pressed), or status pending with the msg_id: a later answer is held for fleet_poll. Workers may \
 send only to their lead. A lead may send coordination to a peer lead of another fleet by its \
 coord_id instead of to: held for that lead's fleet_poll, it returns at once (status pending)."
     )]
@@ -277,7 +284,9 @@ your fleet_reply."
     #[tool(
         description = "Collect messages held for you (answers that came after a send \
 returned pending, failure notices, messages from workers), oldest first, each handed out once, \
-and the questions workers are asking you now (asks: answer each with fleet_send{turn_id}). \
+and the questions workers are asking you now (asks: answer each with fleet_send{turn_id, \
+message}), and the dialogs workers' programs stopped on (blocked: answer each with \
+fleet_send{turn_id, choice}). \
 Waits up to wait_s seconds for the first one; from filters by sender."
     )]
     async fn fleet_poll(

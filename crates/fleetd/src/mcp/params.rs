@@ -42,36 +42,68 @@ pub struct SendParams {
     /// never a task; the call returns at once (status pending) and never waits for an answer.
     #[serde(default)]
     pub coord_id: Option<String>,
-    /// The turn id of a worker's question, to answer it, instead of `to`.
+    /// The turn id of a worker's question (or of a dialog on its screen), to answer it,
+    /// instead of `to`.
     #[serde(default)]
     pub turn_id: Option<String>,
     /// The message: for a worker, the task exactly as it should be typed into its pane.
-    pub message: String,
+    /// Required, but with `choice`.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// With `turn_id` of a dialog (status blocked), instead of `message`: one of the choices it
+    /// offers (`"1"`, `"y"`, `"enter"`, `"esc"` …). Only that choice's key is pressed.
+    #[serde(default)]
+    pub choice: Option<String>,
     /// Seconds to wait for the answer (default 60, at most 3600; 0 returns at once). An answer
     /// that comes later is held for fleet_poll.
     #[serde(default)]
     pub wait_s: Option<u64>,
 }
 
-/// Where a `fleet_send` goes.
+/// Where a `fleet_send` goes, and what it carries.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SendTarget {
-    /// An entity of the fleet, by name or gid.
-    To(String),
-    /// A peer lead's mailbox, by coordination id.
-    Coord(String),
-    /// A worker's question, by turn id: the message answers it.
-    Turn(String),
+    /// A message to an entity of the fleet, by name or gid.
+    To(String, String),
+    /// A message to a peer lead's mailbox, by coordination id.
+    Coord(String, String),
+    /// A worker's question, by turn id, and the message that answers it.
+    Turn(String, String),
+    /// A dialog on a worker's screen, by turn id, and the choice that answers it.
+    Choice(String, String),
 }
 
 impl SendParams {
-    /// Where the message goes: exactly one of `to`, `coord_id` and `turn_id`, or
-    /// `invalid_params` naming what was given.
+    /// Where the message goes: exactly one of `to`, `coord_id` and `turn_id`, with a
+    /// `message` (or, with `turn_id` only, a `choice` instead); or `invalid_params` naming what
+    /// is wrong.
     pub fn target(&mut self) -> Result<SendTarget, FleetError> {
+        let target = self.recipient()?;
+        match (self.message.take(), self.choice.take(), target) {
+            (None, Some(choice), SendTarget::Turn(turn, _)) => Ok(SendTarget::Choice(turn, choice)),
+            (Some(_), Some(_), _) => Err(FleetError::invalid(
+                "give a message or a choice, not both (a choice answers a dialog)",
+            )),
+            (None, Some(_), _) => Err(FleetError::invalid(
+                "a choice answers a dialog on a worker's screen: give it with that dialog's turn_id",
+            )),
+            (None, None, _) => Err(FleetError::invalid("message is required")),
+            (Some(message), None, target) => Ok(match target {
+                SendTarget::To(to, _) => SendTarget::To(to, message),
+                SendTarget::Coord(id, _) => SendTarget::Coord(id, message),
+                SendTarget::Turn(turn, _) | SendTarget::Choice(turn, _) => {
+                    SendTarget::Turn(turn, message)
+                }
+            }),
+        }
+    }
+
+    /// Exactly one of `to`, `coord_id` and `turn_id` (with nothing to carry yet).
+    fn recipient(&mut self) -> Result<SendTarget, FleetError> {
         match (self.to.take(), self.coord_id.take(), self.turn_id.take()) {
-            (Some(to), None, None) => Ok(SendTarget::To(to)),
-            (None, Some(coord_id), None) => Ok(SendTarget::Coord(coord_id)),
-            (None, None, Some(turn_id)) => Ok(SendTarget::Turn(turn_id)),
+            (Some(to), None, None) => Ok(SendTarget::To(to, String::new())),
+            (None, Some(coord_id), None) => Ok(SendTarget::Coord(coord_id, String::new())),
+            (None, None, Some(turn_id)) => Ok(SendTarget::Turn(turn_id, String::new())),
             (to, coord_id, turn_id) => {
                 let given: Vec<&str> = [("to", to), ("coord_id", coord_id), ("turn_id", turn_id)]
                     .into_iter()
@@ -166,8 +198,50 @@ mod tests {
             to: to.map(String::from),
             coord_id: coord_id.map(String::from),
             turn_id: turn_id.map(String::from),
-            message: "m".into(),
+            message: Some("m".into()),
+            choice: None,
             wait_s: None,
+        }
+    }
+
+    #[test]
+    fn a_choice_answers_only_a_turn_and_never_with_a_message() {
+        let mut choice = SendParams {
+            message: None,
+            choice: Some("1".into()),
+            ..params(None, None, Some("dialog-1"))
+        };
+        assert_eq!(
+            choice.target().unwrap(),
+            SendTarget::Choice("dialog-1".into(), "1".into())
+        );
+        for (p, says) in [
+            (
+                SendParams {
+                    choice: Some("1".into()),
+                    ..params(None, None, Some("t"))
+                },
+                "not both",
+            ),
+            (
+                SendParams {
+                    message: None,
+                    choice: Some("1".into()),
+                    ..params(Some("w"), None, None)
+                },
+                "give it with that dialog's turn_id",
+            ),
+            (
+                SendParams {
+                    message: None,
+                    ..params(Some("w"), None, None)
+                },
+                "message is required",
+            ),
+        ] {
+            let mut p = p;
+            let err = p.target().unwrap_err();
+            assert!(err.message.contains(says), "{err}");
         }
     }
 
@@ -175,15 +249,15 @@ mod tests {
     fn a_send_goes_to_exactly_one_of_to_coord_id_and_turn_id() {
         assert_eq!(
             params(Some("w"), None, None).target().unwrap(),
-            SendTarget::To("w".into())
+            SendTarget::To("w".into(), "m".into())
         );
         assert_eq!(
             params(None, Some("bob@b"), None).target().unwrap(),
-            SendTarget::Coord("bob@b".into())
+            SendTarget::Coord("bob@b".into(), "m".into())
         );
         assert_eq!(
             params(None, None, Some("t")).target().unwrap(),
-            SendTarget::Turn("t".into())
+            SendTarget::Turn("t".into(), "m".into())
         );
         for (p, given) in [
             (params(Some("w"), Some("bob@b"), None), "to and coord_id"),

@@ -291,3 +291,100 @@ async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_nam
     assert_eq!(sent["reply"]["text"], "echo: hello in dontAsk");
     Ok(())
 }
+
+/// A real Claude Code worker in manual mode stops on its own permission prompt before a shell
+/// command. The lead's open send hears it as `blocked`, with the dialog's text and choices read
+/// off the screen; nothing has run yet, and `fleet_list` shows the worker blocked. A choice
+/// that is not one of the dialog's (free text, a key name it does not offer) and text instead
+/// of a choice are refused, and press nothing. The lead's choice "1" (Yes) presses only that
+/// key: the command runs, and the same call goes on to the worker's reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_permission_prompt_is_answered_by_its_lead() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let profile = format!(
+        "{}permission_mode = \"manual\"\n",
+        claude_profile("claude", &model.base_url())
+    );
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("claude", "c1").await?;
+    assert_eq!(spawned["status"], "idle", "{spawned}");
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let dir = tempfile::tempdir()?;
+    let screen = || fleet.screen(&pane).unwrap_or_default();
+
+    let proof = dir.path().join("proof");
+    let task = format!("run: touch {}", proof.display());
+    let blocked = lead.send("c1", &task, 90).await?;
+    anyhow::ensure!(
+        blocked["status"] == "blocked",
+        "{blocked}\nc1's screen:\n{}\nfleetd's log:\n{}",
+        screen(),
+        fleet.log()
+    );
+    assert_eq!(blocked["from_name"], "c1");
+    assert!(!blocked["host"].as_str().unwrap_or_default().is_empty());
+    let prompt = blocked["prompt"].as_str().unwrap_or_default();
+    assert!(
+        prompt.contains("Do you want to proceed?") && prompt.contains("touch"),
+        "{prompt}"
+    );
+    let choices: Vec<(String, String)> = blocked["choices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            (
+                c["choice"].as_str().unwrap_or_default().to_string(),
+                c["label"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert!(choices.contains(&("1".into(), "Yes".into())), "{choices:?}");
+    assert!(choices.contains(&("4".into(), "No".into())), "{choices:?}");
+    assert!(!proof.exists(), "the command ran before anyone chose");
+    assert_eq!(lead.entry("c1").await?["status"], "blocked");
+    let turn = blocked["turn_id"].clone();
+    // Not a choice of this dialog: refused, and nothing is pressed.
+    for bad in ["yes; touch /tmp/x", "5", "Enter"] {
+        let refused = lead
+            .call("fleet_send", json!({"turn_id": turn, "choice": bad}))
+            .await?
+            .expect_err("a choice the dialog does not offer");
+        assert_eq!(refused.code, "invalid_params", "{refused}");
+        assert!(refused.message.contains("1, 2, 3, 4"), "{refused}");
+    }
+    let refused = lead
+        .call("fleet_send", json!({"turn_id": turn, "message": "1"}))
+        .await?
+        .expect_err("text for a dialog");
+    assert!(refused.message.contains("choice"), "{refused}");
+    assert_eq!(lead.entry("c1").await?["status"], "blocked");
+    assert!(!proof.exists(), "a refused answer pressed a key");
+
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": turn, "choice": "1", "wait_s": 90}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", screen());
+    let reply = answered["reply"]["text"].as_str().unwrap_or_default();
+    assert!(
+        reply.starts_with(&format!("ran touch {}: ", proof.display())),
+        "{reply}"
+    );
+    assert!(
+        proof.exists(),
+        "the command did not run after the lead said yes"
+    );
+    // The dialog is over: answering it again is too late.
+    let late = lead
+        .call("fleet_send", json!({"turn_id": turn, "choice": "1"}))
+        .await?
+        .expect_err("a dialog answered twice");
+    assert_eq!(late.code, "too_late", "{late}");
+    assert_eq!(lead.entry("c1").await?["status"], "idle");
+    Ok(())
+}

@@ -9,16 +9,25 @@
 //! answer is never typed into a later turn), else answers `TOO_LATE`. A worker that stops
 //! waiting sends `ABANDONED`, and the question is over for the lead too. Asks stay live only:
 //! nothing of them is stored, and each expires with its asker's wait.
+//!
+//! A dialog on a worker's screen travels the same way: its turn id opens with `dialog-`, its
+//! `ASK` carries the dialog (text and choices) as JSON, checked on arrival, and it waits for
+//! the lead whether or not the lead listens now; the `ANSWER` is a choice, which the worker's
+//! gateway checks against the dialog's choices before it presses that choice's key. It is
+//! `ABANDONED` when the dialog goes away by itself.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::asks::listens_for;
 use fleet_core::clock::now_ms;
+use fleet_core::dialog::Dialog;
 use fleet_core::envelope::Envelope;
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 
 use super::super::Gateway;
+use super::super::asks::Waiter;
+use super::super::dialogs::is_dialog_turn;
 use super::super::views::AskView;
 
 /// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
@@ -87,7 +96,7 @@ impl Gateway {
             Kind::NoWaiter if !is_lead => {
                 let closed = turn_of(envelope)
                     .and_then(|turn| self.lock().asks.close(turn, "nobody was waiting"));
-                if let Some((_, call)) = closed {
+                if let Some((_, Waiter::Call(call))) = closed {
                     let lead = self.name_of(envelope.from).await;
                     let _ = call.send(Err(FleetError::new(
                         ErrorCode::NoWaiter,
@@ -113,24 +122,47 @@ impl Gateway {
             tracing::warn!(msg_id = %ask.msg_id, "an ask from another host carries no usable turn id: dropped");
             return;
         };
+        // A dialog on the worker's screen: its text and choices, checked (they came from afar).
+        let dialog = match is_dialog_turn(&turn) {
+            true => match serde_json::from_str::<Dialog>(question)
+                .map_err(|e| FleetError::invalid(format!("a dialog that does not read: {e}")))
+                .and_then(|d| d.check().map(|()| d))
+            {
+                Ok(dialog) => Some(dialog),
+                Err(e) => {
+                    tracing::warn!(msg_id = %ask.msg_id, error = %e, "a dialog from another host is refused");
+                    return;
+                }
+            },
+            false => None,
+        };
         let from_name = self.name_of(worker).await;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let open = {
             let mut sessions = self.lock();
-            let listening = sessions
-                .leads
-                .get(&lead)
-                .is_some_and(|l| listens_for(&l.listening, worker));
+            // A dialog waits for an answer whether or not the lead listens now: it surfaces on
+            // the lead's next call.
+            let listening = dialog.is_some()
+                || sessions
+                    .leads
+                    .get(&lead)
+                    .is_some_and(|l| listens_for(&l.listening, worker));
             if listening {
+                let (question, choices) = match dialog {
+                    Some(d) => (d.prompt, Some(d.choices)),
+                    None => (question.to_string(), None),
+                };
                 let question = AskView {
                     turn_id: turn.clone(),
                     from: worker,
                     from_name,
-                    question: question.to_string(),
+                    host: ask.from_host.clone().unwrap_or_default(),
+                    question,
+                    choices,
                     in_task: ask.in_reply_to,
                     asked_ms: now_ms(),
                 };
-                sessions.asks.open(question, lead, tx);
+                sessions.asks.open(question, lead, Waiter::Call(tx));
             }
             listening
         };
@@ -209,7 +241,7 @@ impl Gateway {
         };
         let taken = self.lock().asks.take_for_answer(&turn, answer.from);
         let why = match taken {
-            Ok((_, call)) => match call.send(Ok(text.to_string())) {
+            Ok((_, Waiter::Call(call))) => match call.send(Ok(text.to_string())) {
                 Ok(()) => {
                     tracing::info!(gid = %worker, turn_id = %turn, "answered from another host");
                     return;
@@ -218,6 +250,15 @@ impl Gateway {
                     "the question {turn} is over (the worker stopped waiting); your answer was not delivered"
                 ),
             },
+            Ok((question, Waiter::Screen)) => {
+                match self.choose(&question, text.to_string()).await {
+                    Ok(()) => {
+                        tracing::info!(gid = %worker, turn_id = %turn, "a dialog answered from another host");
+                        return;
+                    }
+                    Err(e) => e.message,
+                }
+            }
             Err(e) => e.message,
         };
         let too_late = notice(

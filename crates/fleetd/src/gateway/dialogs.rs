@@ -1,0 +1,350 @@
+//! Dialogs on workers' screens: a busy worker whose own program stopped on a choice (a
+//! permission prompt) is `blocked`, and its lead is asked to choose.
+//!
+//! The watcher looks at each busy worker's screen (of a profile with `blocked_markers`, or
+//! whose pane host says its agent is blocked) every [`DIALOG_LOOK`]; a dialog that shows on two
+//! looks in a row (it holds still) is read ([`read_dialog`]) and asked of the worker's lead as an
+//! ask with choices: it surfaces on the lead's open `fleet_send` or `fleet_poll` (status
+//! `blocked`) however long it takes, and a lead on another host is asked through the broker
+//! the way asks are. The lead's `fleet_send{turn_id, choice}` presses only that choice's key,
+//! from the safe set, and waits for the dialog to go away; a dialog that goes away by itself
+//! (a human answered in the pane, the turn ended) is over for the lead too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::asks::whom_to_ask;
+use fleet_core::authz::{Tool, check_tool};
+use fleet_core::clock::now_ms;
+use fleet_core::dialog::{Dialog, read_dialog};
+use fleet_core::{
+    ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, TraceId, WorkerStatus,
+};
+use fleet_mux::{AgentState, PaneId};
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use super::asks::Waiter;
+use super::views::{AskView, SendResult};
+use super::{Caller, Gateway};
+
+/// How often busy workers' screens are looked at for a dialog.
+const DIALOG_LOOK: Duration = Duration::from_millis(500);
+/// How long a dialog has to go away after its choice's key was pressed.
+const GONE_WAIT: Duration = Duration::from_secs(3);
+/// How often the screen is looked at meanwhile.
+const GONE_LOOK: Duration = Duration::from_millis(50);
+/// How long a dialog asked of a lead on another host is good for there (seconds): it is over
+/// sooner when it goes away.
+const REMOTE_DIALOG_TTL_S: u64 = 24 * 3600;
+
+/// How a dialog's turn id opens: its `ASK` to another host carries the dialog as JSON, and its
+/// answer is a choice.
+pub(super) const DIALOG_TURN: &str = "dialog-";
+
+/// Whether `turn` is a dialog's.
+pub(super) fn is_dialog_turn(turn: &str) -> bool {
+    turn.starts_with(DIALOG_TURN)
+}
+
+/// A dialog asked of a worker's lead, while it is open.
+pub(super) struct OpenDialog {
+    /// Its turn id.
+    pub turn_id: String,
+    /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
+    pub remote: Option<Message>,
+}
+
+/// What the watcher needs of one session.
+struct Watched {
+    gid: Gid,
+    pane: PaneId,
+    status: WorkerStatus,
+    markers: Vec<String>,
+    /// The pane host says the agent is blocked.
+    forced: bool,
+}
+
+pub(super) fn start(gateway: &Arc<Gateway>) {
+    let gateway = Arc::clone(gateway);
+    let tasks = gateway.tasks.clone();
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(DIALOG_LOOK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => gateway.look_for_dialogs(&mut seen).await,
+                () = gateway.shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
+impl Gateway {
+    /// One look at every busy or blocked worker's screen; `seen` holds each one's screen at the
+    /// look before.
+    async fn look_for_dialogs(self: &Arc<Self>, seen: &mut HashMap<Gid, String>) {
+        let (watched, over) = {
+            let sessions = self.lock();
+            let mut watched = Vec::new();
+            let mut over = Vec::new();
+            for (gid, s) in &sessions.panes {
+                if s.dialog.is_some() && s.status != WorkerStatus::Blocked {
+                    // Its turn ended (or it stopped) with the dialog still asked.
+                    over.push(*gid);
+                }
+                let forced = matches!(s.host_agent, Some((_, AgentState::Blocked)));
+                let markers = s.profile.dialog_markers();
+                if !matches!(s.status, WorkerStatus::Busy | WorkerStatus::Blocked)
+                    || (markers.is_empty() && !forced)
+                {
+                    continue;
+                }
+                if let Some(pane) = &s.pane {
+                    watched.push(Watched {
+                        gid: *gid,
+                        pane: pane.clone(),
+                        status: s.status,
+                        markers,
+                        forced,
+                    });
+                }
+            }
+            (watched, over)
+        };
+        for gid in over {
+            self.dialog_over(gid, "the worker's turn ended").await;
+        }
+        seen.retain(|gid, _| watched.iter().any(|w| w.gid == *gid));
+        for w in watched {
+            let Ok(screen) = self.panes.snapshot(&w.pane).await else {
+                continue;
+            };
+            let dialog = read_dialog(&screen.text, &w.markers, w.forced);
+            match (w.status, dialog) {
+                (WorkerStatus::Busy, Some(dialog))
+                    if seen.get(&w.gid) == Some(&screen.text) && !screen.in_mode =>
+                {
+                    self.dialog_shown(w.gid, dialog).await;
+                }
+                (WorkerStatus::Blocked, None) => {
+                    self.dialog_over(w.gid, "the dialog went away").await;
+                }
+                _ => {}
+            }
+            seen.insert(w.gid, screen.text);
+        }
+    }
+
+    /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked.
+    async fn dialog_shown(self: &Arc<Self>, gid: Gid, dialog: Dialog) {
+        let turn_id = format!("{DIALOG_TURN}{}", MsgId::mint());
+        let (to, remote) = {
+            let mut sessions = self.lock();
+            let Some(session) = sessions.panes.get_mut(&gid) else {
+                return;
+            };
+            if session.status != WorkerStatus::Busy {
+                return;
+            }
+            let task = session.current.clone();
+            let Ok(to) = whom_to_ask(task.as_ref().map(|t| t.from), session.entity.parent) else {
+                return;
+            };
+            let _ = session.apply(SessionEvent::DialogShown);
+            let question = AskView {
+                turn_id: turn_id.clone(),
+                from: gid,
+                from_name: session.entity.name.clone(),
+                host: session.entity.host.clone(),
+                question: dialog.prompt.clone(),
+                choices: Some(dialog.choices.clone()),
+                in_task: task.as_ref().map(|t| t.msg_id),
+                asked_ms: now_ms(),
+            };
+            let remote = (!sessions.is_local(to) && self.federation.is_some()).then(|| Message {
+                kind: Kind::Ask,
+                in_reply_to: task.as_ref().map(|t| t.msg_id),
+                ..Message::task(
+                    gid,
+                    to,
+                    serde_json::to_string(&dialog).unwrap_or_default(),
+                    task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
+                    now_ms(),
+                )
+            });
+            sessions.asks.open(question, to, Waiter::Screen);
+            if let Some(session) = sessions.panes.get_mut(&gid) {
+                session.dialog = Some(OpenDialog {
+                    turn_id: turn_id.clone(),
+                    remote: remote.clone(),
+                });
+            }
+            (to, remote)
+        };
+        tracing::info!(%gid, %turn_id, lead = %to, remote = remote.is_some(), "the worker's program stopped on a dialog");
+        match remote {
+            Some(ask) => {
+                if let Err(e) = self
+                    .publish_in_turn(&ask, Some((&turn_id, REMOTE_DIALOG_TTL_S)))
+                    .await
+                {
+                    tracing::warn!(%gid, %turn_id, error = %e, "cannot ask a lead on another host about a dialog; asked again at the next look");
+                    self.dialog_over(gid, "it could not be asked").await;
+                }
+            }
+            None => self.bump_inbox(to),
+        }
+    }
+
+    /// The dialog asked for `gid` is over (`why`): the worker is busy again (if it was
+    /// blocked), and its lead, here or afar, can no longer answer it.
+    async fn dialog_over(self: &Arc<Self>, gid: Gid, why: &'static str) {
+        let dialog = {
+            let mut sessions = self.lock();
+            let Some(session) = sessions.panes.get_mut(&gid) else {
+                return;
+            };
+            if session.status == WorkerStatus::Blocked {
+                let _ = session.apply(SessionEvent::DialogGone);
+            }
+            let dialog = session.dialog.take();
+            if let Some(dialog) = &dialog {
+                sessions.asks.close(&dialog.turn_id, why);
+            }
+            dialog
+        };
+        if let Some(dialog) = dialog {
+            tracing::info!(%gid, turn_id = %dialog.turn_id, why, "dialog over");
+            if let Some(ask) = dialog.remote {
+                self.ask_abandoned(&ask, &dialog.turn_id).await;
+            }
+        }
+    }
+
+    /// `fleet_send{turn_id, choice}`: answers the dialog `turn_id` with `choice`, then waits
+    /// up to `wait` for the reply to the task it stopped in (if the caller sent that task).
+    pub async fn choose_for(
+        self: &Arc<Self>,
+        caller: &Caller,
+        turn_id: &str,
+        choice: &str,
+        wait: Duration,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        check_tool(&caller.entity, Tool::Send)?;
+        let me = caller.entity.gid;
+        let (question, waiter) = {
+            let mut sessions = self.lock();
+            let asked = sessions.asks.for_answer(turn_id, me)?;
+            let Some(choices) = asked.choices.clone() else {
+                return Err(FleetError::invalid(format!(
+                    "{turn_id} is a question, which takes text, not a choice: answer with fleet_send{{turn_id, message}}"
+                )));
+            };
+            dialog_of(asked.question.clone(), choices).pick(choice)?;
+            sessions.asks.take_for_answer(turn_id, me)?
+        };
+        match waiter {
+            Waiter::Screen => self.choose(&question, choice.to_string()).await?,
+            // A dialog on another host: the choice goes back there, to be checked and pressed.
+            Waiter::Call(call) => {
+                if call.send(Ok(choice.to_string())).is_err() {
+                    return Err(FleetError::new(
+                        ErrorCode::TooLate,
+                        format!("the dialog {turn_id} is over; your choice was not delivered"),
+                    ));
+                }
+            }
+        }
+        tracing::info!(gid = %question.from, %turn_id, choice, "dialog answered");
+        self.after_answer(caller, turn_id, question.from, question.in_task, wait, ct)
+            .await
+    }
+
+    /// Presses the key of `choice` (checked against the dialog's choices) into the pane of
+    /// the worker here that `dialog` was asked for, and waits for the dialog to go away.
+    pub(super) async fn choose(
+        self: &Arc<Self>,
+        dialog: &AskView,
+        choice: String,
+    ) -> Result<(), FleetError> {
+        let gid = dialog.from;
+        let shown = dialog_of(
+            dialog.question.clone(),
+            dialog.choices.clone().unwrap_or_default(),
+        );
+        let key = shown.pick(&choice)?;
+        let gone = || {
+            FleetError::new(
+                ErrorCode::TooLate,
+                format!(
+                    "the dialog {} is gone from '{}''s screen; nothing was pressed",
+                    dialog.turn_id, dialog.from_name
+                ),
+            )
+        };
+        let (pane, markers, forced) = {
+            let sessions = self.lock();
+            let session = sessions.panes.get(&gid).ok_or_else(gone)?;
+            let asked = session
+                .dialog
+                .as_ref()
+                .is_some_and(|d| d.turn_id == dialog.turn_id);
+            match (&session.pane, asked, session.status) {
+                (Some(pane), true, WorkerStatus::Blocked) => (
+                    pane.clone(),
+                    session.profile.dialog_markers(),
+                    matches!(session.host_agent, Some((_, AgentState::Blocked))),
+                ),
+                _ => return Err(gone()),
+            }
+        };
+        let pressed = self.panes.press(&pane, key).await;
+        // Asked again at the next look if it is still there: the choice is spent either way.
+        let still = match pressed {
+            Ok(()) => {
+                let deadline = Instant::now() + GONE_WAIT;
+                loop {
+                    let screen = self.panes.snapshot(&pane).await.ok();
+                    let showing = screen
+                        .and_then(|s| read_dialog(&s.text, &markers, forced))
+                        .is_some_and(|d| d.prompt == shown.prompt);
+                    if !showing || Instant::now() >= deadline {
+                        break showing;
+                    }
+                    sleep(GONE_LOOK).await;
+                }
+            }
+            Err(_) => true,
+        };
+        self.dialog_over(gid, "it was answered").await;
+        if let Err(e) = pressed {
+            return Err(FleetError::new(
+                ErrorCode::PaneHost,
+                format!(
+                    "cannot press '{choice}' in '{}''s pane: {e}",
+                    dialog.from_name
+                ),
+            ));
+        }
+        if still {
+            return Err(FleetError::new(
+                ErrorCode::PaneHost,
+                format!(
+                    "'{choice}' was pressed, but the dialog is still on '{}''s screen after {} s: it is asked again if it stays",
+                    dialog.from_name,
+                    GONE_WAIT.as_secs()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The dialog an ask with `choices` stands for.
+fn dialog_of(prompt: String, choices: Vec<fleet_core::dialog::Choice>) -> Dialog {
+    Dialog { prompt, choices }
+}
