@@ -41,12 +41,13 @@ pub struct RemoteEntry {
 }
 
 impl RemoteEntry {
-    /// Whether its host says it cannot take a task now (working, asking, spawning, or its pane
-    /// host cannot tell), so a brief for it waits on the broker and the receipt bound waits too.
+    /// Whether its host says it cannot take a task now (working, asking, stopped on a dialog,
+    /// spawning, or its pane host cannot tell), so a brief for it waits on the broker and the
+    /// receipt bound waits too.
     pub fn is_busy(&self) -> bool {
         matches!(
             self.status.as_str(),
-            "busy" | "asking" | "spawning" | "unknown"
+            "busy" | "asking" | "blocked" | "spawning" | "unknown"
         )
     }
 }
@@ -88,8 +89,8 @@ pub enum Heard {
 
 /// The statuses a heartbeat may announce for an entity: a session's, or `unknown` (its pane
 /// host cannot tell).
-const ENTITY_STATUSES: [&str; 7] = [
-    "spawning", "idle", "busy", "asking", "stopping", GONE, "unknown",
+const ENTITY_STATUSES: [&str; 8] = [
+    "spawning", "idle", "busy", "asking", "blocked", "stopping", GONE, "unknown",
 ];
 
 /// Why `presence` is not a heartbeat a gateway sends, if it is not: every name in it is a
@@ -401,10 +402,13 @@ mod tests {
         ));
         assert_eq!(roster.entities().count(), 0);
         assert_eq!(roster.hosts().count(), 0);
-        // Every status a gateway announces passes.
+        // Every status a gateway announces passes: every session status among them.
         let w = entity("w", "hostb");
         for status in ENTITY_STATUSES {
             assert_eq!(malformed(&beat(Some(&w), status)), None, "{status}");
+        }
+        for status in crate::WorkerStatus::ALL {
+            assert!(ENTITY_STATUSES.contains(&status.as_str()), "{status}");
         }
     }
 

@@ -137,6 +137,9 @@ pub enum Directive {
     Read(String),
     /// Reply with the agent's working directory.
     Pwd,
+    /// Show `<question> (y/n)` and wait for the key `y` or `n` (a program's own dialog), then
+    /// reply `chose y` or `chose n`.
+    Confirm(String),
     /// fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`): pull what
     /// waits with `fleet_poll` and echo-reply to each message by its id.
     Pull,
@@ -144,7 +147,7 @@ pub enum Directive {
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`, `/read PATH`, `/pwd`, or fleetd's nudge to pull; anything else is
+    /// `/ask S question`, `/read PATH`, `/pwd`, `/confirm question`, or fleetd's nudge to pull; anything else is
     /// echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
@@ -172,6 +175,12 @@ impl Directive {
                 None => Directive::Echo(task.to_string()),
             },
             Some("/pwd") => Directive::Pwd,
+            Some("/confirm") => match trimmed.strip_prefix("/confirm ") {
+                Some(question) if !question.trim().is_empty() => {
+                    Directive::Confirm(question.trim().to_string())
+                }
+                _ => Directive::Echo(task.to_string()),
+            },
             Some("/read") => match trimmed.strip_prefix("/read ") {
                 Some(path) if !path.trim().is_empty() => Directive::Read(path.trim().to_string()),
                 _ => Directive::Echo(task.to_string()),
@@ -235,6 +244,14 @@ mod tests {
         );
         assert_eq!(Directive::parse("/read "), Directive::Echo("/read ".into()));
         assert_eq!(Directive::parse("/pwd"), Directive::Pwd);
+        assert_eq!(
+            Directive::parse("/confirm Overwrite it?"),
+            Directive::Confirm("Overwrite it?".into())
+        );
+        assert_eq!(
+            Directive::parse("/confirm "),
+            Directive::Echo("/confirm ".into())
+        );
         assert_eq!(
             Directive::parse("[fleet] 2 messages waiting for you: call fleet_poll to read them"),
             Directive::Pull

@@ -3,6 +3,9 @@
 //! way an agent's input box does (raw mode, bracketed paste, Enter submits), and answers each
 //! with `fleet_reply`, as scripted by the task's directive (see `fleet_testkit::sim`).
 //!
+//! A task `/confirm QUESTION` shows the program's own dialog, `QUESTION (y/n)`, and waits for
+//! the key `y` or `n` before it replies `chose y` / `chose n`.
+//!
 //! Two flags make it a program whose screen keeps moving: `--draw-after-ready-ms` keeps
 //! drawing for a while after it called in and drops the keys typed meanwhile (a TUI that
 //! reaches its MCP servers before its input box is up); `--clock-ms` redraws a clock for as
@@ -105,8 +108,13 @@ async fn reply(client: &Client, text: &str, in_reply_to: Option<&str>) -> anyhow
     Ok(())
 }
 
-async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
+/// Handles a task; returns whether it now shows a dialog, waiting for `y` or `n`.
+async fn handle(client: &Client, task: &str) -> anyhow::Result<bool> {
     match Directive::parse(task) {
+        Directive::Confirm(question) => {
+            show(&format!("\r\n{question} (y/n) "));
+            return Ok(true);
+        }
         Directive::Echo(text) => reply(client, &format!("echo: {text}"), None).await?,
         Directive::Slow(ms, rest) => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -157,7 +165,7 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<()> {
             pull(client, 0).await?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Waits in `fleet_poll` up to `seconds` and echo-replies to every message it returns.
@@ -207,6 +215,8 @@ async fn main() -> anyhow::Result<()> {
         .clock_ms
         .map(|ms| interval(Duration::from_millis(ms.max(1))));
     let started = Instant::now();
+    // Whether a dialog on screen waits for its key.
+    let mut confirming = false;
     loop {
         let tick = async {
             match clock.as_mut() {
@@ -225,16 +235,36 @@ async fn main() -> anyhow::Result<()> {
         if n == 0 {
             return Ok(());
         }
+        if confirming {
+            // A dialog takes one key, y or n, and nothing else.
+            if let Some(key) = chunk[..n].iter().find(|b| matches!(b, b'y' | b'n')) {
+                confirming = false;
+                let chose = format!("chose {}", char::from(*key));
+                show(&format!("{}\r\n\r\n", char::from(*key)));
+                if let Some(client) = &client
+                    && let Err(e) = reply(client, &chose, None).await
+                {
+                    show(&format!("[error: {e}]\r\n"));
+                }
+                show("> ");
+            }
+            continue;
+        }
         for event in editor.feed(&chunk[..n]) {
             match event {
                 Event::Echo(bytes) => show(&String::from_utf8_lossy(&bytes)),
                 Event::Submit(task) => {
                     tasks += 1;
                     show(&format!("\r\n[task {tasks}: {} bytes]\r\n", task.len()));
-                    if let Some(client) = &client
-                        && let Err(e) = handle(client, &task).await
-                    {
-                        show(&format!("[error: {e}]\r\n"));
+                    if let Some(client) = &client {
+                        match handle(client, &task).await {
+                            Ok(true) => {
+                                confirming = true;
+                                continue;
+                            }
+                            Ok(false) => {}
+                            Err(e) => show(&format!("[error: {e}]\r\n")),
+                        }
                     }
                     show("> ");
                 }

@@ -244,25 +244,6 @@ pub struct ProfileConfig {
     /// none.
     #[serde(default)]
     pub blocked_markers: Option<Vec<String>>,
-    /// A busy worker whose screen has not changed and that has made no call for this long is
-    /// stalled: its lead is told, with the screen's tail. Unset: never.
-    #[serde(default)]
-    pub stall_after_s: Option<u64>,
-    /// What else happens to a stalled worker: nothing (`notify`, the default), or its task is
-    /// failed and it is recycled into a fresh session (`recycle`).
-    #[serde(default)]
-    pub on_stall: OnStall,
-}
-
-/// What happens to a stalled worker besides telling its lead.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStall {
-    /// Only its lead is told.
-    #[default]
-    Notify,
-    /// Its task fails (its lead is told why) and the worker starts afresh under its name.
-    Recycle,
 }
 
 fn default_ready_timeout_s() -> u64 {
@@ -358,8 +339,6 @@ impl ProfileConfig {
             agent: Vec::new(),
             agent_kind: None,
             blocked_markers: None,
-            stall_after_s: None,
-            on_stall: OnStall::Notify,
         }
     }
 
@@ -482,14 +461,6 @@ impl ProfileConfig {
         }
         if let Some(cap) = self.context_cap {
             within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;
-        }
-        if let Some(stall) = self.stall_after_s {
-            within(&key("stall_after_s"), stall, 1, MAX_CONFIG_WAIT_S * 365)?;
-        }
-        if self.on_stall == OnStall::Recycle && self.stall_after_s.is_none() {
-            return Err(key(
-                "on_stall = \"recycle\" needs stall_after_s (how long a worker may stall first)",
-            ));
         }
         let markers = self.blocked_markers.as_deref().unwrap_or_default();
         if markers.len() > MAX_DIALOG_MARKERS {

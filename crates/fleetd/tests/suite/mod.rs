@@ -9,6 +9,7 @@ mod control;
 mod coord;
 mod dead;
 mod delivery;
+mod dialogs;
 mod durability;
 mod federation;
 mod feed;

@@ -1,0 +1,159 @@
+//! Dialogs on workers' screens: the scripted agent's `/confirm QUESTION` shows its own dialog,
+//! `QUESTION (y/n)`, and waits for the key `y` or `n` (then replies `chose y` / `chose n`); its
+//! profile names `(y/n)` as a sign of a dialog. The rmcp client is the lead. (The real Claude
+//! Code's permission prompt is in `claude.rs`.)
+
+use std::time::Duration;
+
+use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+use super::federation::{gateway, sees};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The scripted agent as profile `confirm`, its dialogs known by `(y/n)`.
+fn confirm_profile() -> anyhow::Result<String> {
+    Ok(format!(
+        "{}blocked_markers = [\"(y/n)\"]\n",
+        sim_profile("confirm", &[])?
+    ))
+}
+
+/// Waits until `name`'s status in `lead`'s `fleet_list` is `status`.
+async fn until_status(lead: &Client, name: &str, status: &str) -> anyhow::Result<()> {
+    until(&format!("{name} to be {status}"), LIMIT, || async {
+        (lead.entry(name).await.ok()?["status"] == status).then_some(())
+    })
+    .await
+}
+
+/// The choice keys a dialog offers.
+fn keys(dialog: &Value) -> Vec<String> {
+    dialog["choices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c["choice"].as_str().map(String::from))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialog_waits_for_the_leads_poll_and_its_choice_is_pressed() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &confirm_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("confirm", "w1").await?;
+    // Nobody waits in a call when the dialog shows: it waits for the lead all the same.
+    let sent = lead.send("w1", "/confirm Overwrite the config?", 0).await?;
+    assert_eq!(sent["status"], "pending", "{sent}");
+    until_status(&lead, "w1", "blocked").await?;
+    let polled = lead.ok("fleet_poll", json!({"wait_s": 5})).await?;
+    let dialog = polled["blocked"][0].clone();
+    assert_eq!(dialog["from_name"], "w1", "{polled}");
+    assert_eq!(dialog["in_task"], sent["msg_id"]);
+    assert!(
+        dialog["prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Overwrite the config? (y/n)"),
+        "{dialog}"
+    );
+    assert_eq!(keys(&dialog), ["y", "n"]);
+    assert_eq!(polled["asks"], json!([]), "a dialog is no question");
+    // Handed out once.
+    let again = lead.ok("fleet_poll", json!({"wait_s": 0})).await?;
+    assert_eq!(again["blocked"], json!([]), "{again}");
+    // The lead sent the task: answering waits on for its reply.
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": dialog["turn_id"], "choice": "y", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}");
+    assert_eq!(answered["reply"]["text"], "chose y");
+    until_status(&lead, "w1", "idle").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialog_answered_in_the_pane_is_over_for_the_lead() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &confirm_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("confirm", "w1").await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let blocked = lead.send("w1", "/confirm Delete the branch?", 20).await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    assert_eq!(keys(&blocked), ["y", "n"]);
+    // A human answers in the pane before the lead does.
+    let pressed = std::process::Command::new("tmux")
+        .args(["-L", fleet.tmux_socket(), "send-keys", "-t", &pane, "n"])
+        .status()?;
+    assert!(pressed.success());
+    let reply = lead.poll(20).await?;
+    assert_eq!(reply[0]["text"], "chose n", "{reply:?}");
+    until_status(&lead, "w1", "idle").await?;
+    let late = lead
+        .call(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "y"}),
+        )
+        .await?
+        .expect_err("an answer to a dialog that is gone");
+    assert_eq!(late.code, "too_late", "{late}");
+    // Nothing was typed into the pane after the dialog went.
+    let screen = fleet.screen(&pane)?;
+    assert!(!screen.contains("chose y"), "{screen}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_broker()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("confirm", "wb").await?;
+    sees(&alice, "wb").await?;
+
+    // alice's task stops bob's worker on hostb on a dialog; it surfaces on her open send.
+    let blocked = alice.send("wb", "/confirm Push to main?", 20).await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", b.log());
+    assert_eq!(blocked["from_name"], "wb");
+    assert_eq!(blocked["host"], "hostb");
+    assert_eq!(blocked["in_task"], blocked["msg_id"]);
+    assert_eq!(keys(&blocked), ["y", "n"]);
+    assert!(
+        blocked["prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Push to main? (y/n)"),
+        "{blocked}"
+    );
+    until_status(&alice, "wb", "blocked").await?;
+    // Free text is refused on alice's side and never crosses.
+    let refused = alice
+        .call(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "y\n"}),
+        )
+        .await?
+        .expect_err("free text for a choice");
+    assert_eq!(refused.code, "invalid_params", "{refused}");
+    let answered = alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "n", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", b.log());
+    assert_eq!(answered["reply"]["text"], "chose n");
+    until_status(&alice, "wb", "idle").await?;
+    Ok(())
+}
