@@ -139,6 +139,19 @@ impl<A> AskTable<A> {
         }
     }
 
+    /// Whether the ask `turn_id` is open.
+    pub fn is_open(&self, turn_id: &str) -> bool {
+        self.open.iter().any(|a| a.question.turn_id == turn_id)
+    }
+
+    /// The turn of the open dialog `worker` shows, if one is asked now.
+    pub fn dialog_from(&self, worker: Gid) -> Option<String> {
+        self.open
+            .iter()
+            .find(|a| a.question.from == worker && a.question.choices.is_some())
+            .map(|a| a.question.turn_id.clone())
+    }
+
     /// The ask `turn_id` that `lead` may answer now; or why not — asked of someone else
     /// (`forbidden`), over already (`too_late`, saying how), or unknown.
     pub fn for_answer(&self, turn_id: &str, lead: Gid) -> Result<&Question, FleetError> {
@@ -265,7 +278,18 @@ mod tests {
     fn looking_at_an_ask_for_an_answer_does_not_take_it() {
         let (lead, other, w1) = (Gid::mint(), Gid::mint(), Gid::mint());
         let mut table = AskTable::default();
-        table.open(question("d1", w1, 2), lead, ());
+        table.open(question("t1", w1, 1), lead, ());
+        assert_eq!(table.dialog_from(w1), None, "a question is no dialog");
+        let dialog = Question {
+            choices: Some(vec![Choice {
+                choice: "1".into(),
+                label: "Yes".into(),
+            }]),
+            ..question("d1", w1, 2)
+        };
+        table.open(dialog, lead, ());
+        assert_eq!(table.dialog_from(w1).as_deref(), Some("d1"));
+        assert!(table.is_open("d1"));
         assert_eq!(table.for_answer("d1", lead).unwrap().turn_id, "d1");
         assert_eq!(
             table.for_answer("d1", other).unwrap_err().code,
@@ -276,6 +300,8 @@ mod tests {
             table.for_answer("d1", lead).unwrap_err().code,
             ErrorCode::TooLate
         );
+        assert!(!table.is_open("d1"));
+        assert_eq!(table.dialog_from(w1), None);
     }
 
     #[test]

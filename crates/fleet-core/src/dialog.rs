@@ -160,13 +160,15 @@ pub fn shows_marker(screen: &str, markers: &[String]) -> bool {
 }
 
 /// Reads the dialog on `screen`, when one of `markers` shows on it (or, with no marker on it,
-/// when the pane host says the agent is blocked: `forced`). Its prompt is the block of text
-/// the marker stands in: from the last blank line above the marker to the end of the screen,
-/// rules and box drawing taken off, its last [`MAX_PROMPT_LINES`] lines. Its choices are what
-/// the dialog offers from the marker down: numbered options, `(y/n)`, and "Enter to …" /
-/// "Esc to …" hints. A marker with no choice below it is not taken for a dialog (a task's text
-/// on the screen may hold a marker's words); a forced dialog that offers none is offered Enter
-/// and Esc.
+/// when the pane host says the agent is blocked: `forced`). The dialog is the lowest marker on
+/// the screen (text above it, a command or a file the dialog shows, may say a marker's words
+/// too). Its prompt is the block of text that marker stands in: from the last blank line above
+/// it to the end of the screen, rules and box drawing taken off, its last [`MAX_PROMPT_LINES`]
+/// lines. Its choices are what the dialog offers from the marker down: numbered options,
+/// `(y/n)`, and "Enter to …" / "Esc to …" hints. A marker with no choice below it is not taken
+/// for a dialog (a task's text on the screen may hold a marker's words), nor is one that offers
+/// a key twice under different labels (which label is true cannot be told); a forced dialog
+/// that offers none is offered Enter and Esc.
 pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dialog> {
     // A rule reads as a line of its own (`None`), not as a blank one: it does not end a block.
     let read: Vec<Option<String>> = screen
@@ -179,7 +181,7 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
         .map(|m| m.trim())
         .filter(|m| !m.is_empty())
         .filter_map(|m| lines.iter().rposition(|l| l.contains(m)))
-        .min();
+        .max();
     let (start, choices_from) = match marked {
         Some(at) => (block_start(&read, at), at),
         None if forced => {
@@ -188,13 +190,14 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
         }
         None => return None,
     };
-    let mut choices = Vec::new();
+    let mut choices: Vec<Choice> = Vec::new();
     for line in &lines[choices_from..] {
         for choice in choices_in(line) {
-            if choices.len() < MAX_CHOICES
-                && !choices.iter().any(|c: &Choice| c.choice == choice.choice)
-            {
-                choices.push(choice);
+            match choices.iter().find(|c| c.choice == choice.choice) {
+                Some(seen) if seen.label != choice.label => return None,
+                Some(_) => {}
+                None if choices.len() < MAX_CHOICES => choices.push(choice),
+                None => {}
             }
         }
     }
@@ -284,16 +287,20 @@ fn choices_in(line: &str) -> Vec<Choice> {
         return vec![choice(Key::Yes, "yes"), choice(Key::No, "no")];
     }
     let mut found = Vec::new();
-    for part in line.split(['·', '•', '|']) {
+    // Hints are set apart by a dot, a bar or a run of spaces: "Esc to cancel · Tab to amend",
+    // "⇆ select  enter confirm".
+    for part in line.split(['·', '•', '|']).flat_map(|p| p.split("  ")) {
         let part = part.trim();
         let lower = part.to_lowercase();
         for (prefix, key) in [
             ("enter to ", Key::Enter),
+            ("enter ", Key::Enter),
             ("esc to ", Key::Escape),
             ("escape to ", Key::Escape),
         ] {
             if lower.starts_with(prefix) {
                 found.push(choice(key, &part[prefix.len()..]));
+                break;
             }
         }
     }
@@ -395,6 +402,50 @@ mod tests {
         let screen = "Plan:\n1. Fix it\n2. Test it\nDo you want to proceed?\n(y/n)";
         let dialog = read_dialog(screen, &markers(&["Do you want to proceed?"]), false).unwrap();
         assert_eq!(keys(&dialog), ["y", "n"]);
+    }
+
+    #[test]
+    fn text_above_the_dialog_cannot_pass_for_it_or_relabel_its_keys() {
+        // A command whose text says a marker's words and offers a "1" of its own.
+        let screen =
+            format!("echo 'Do you want to allow this?'\necho '1. No (deny)'\n{CLAUDE_PROMPT}");
+        let markers = markers(&["Do you want to allow", "Do you want to proceed?"]);
+        let dialog = read_dialog(&screen, &markers, false).unwrap();
+        assert_eq!(dialog.choices[0].label, "Yes");
+        // Below the dialog's own marker, a key offered twice under two labels: no dialog.
+        let twice = "Do you want to proceed?\n❯ 1. Yes\n  2. No\n  1. No (deny)\n";
+        assert_eq!(read_dialog(twice, &markers, false), None);
+        // The same key under the same label (a hint repeated) is one choice.
+        let again = "Do you want to proceed?\n1. Yes\nEsc to cancel\nEsc to cancel";
+        let dialog = read_dialog(again, &markers, false).unwrap();
+        assert_eq!(keys(&dialog), ["1", "esc"]);
+    }
+
+    /// opencode 1.18.33's permission prompt, as tmux showed it (its sidebar's text taken off;
+    /// which option is picked shows only in colour: the first, unless moved).
+    const OPENCODE_PROMPT: &str = "\
+  ┃
+  ┃  △ Permission required
+  ┃    # Shell command
+  ┃
+  ┃  $ touch proof-file-0
+  ┃
+  ┃   Allow once   Allow always   Reject                        ctrl+f fullscreen  ⇆ select  enter confirm
+";
+
+    #[test]
+    fn opencodes_prompt_offers_enter_to_confirm() {
+        let dialog =
+            read_dialog(OPENCODE_PROMPT, &markers(&["△ Permission required"]), false).unwrap();
+        assert_eq!(keys(&dialog), ["enter"]);
+        assert_eq!(dialog.choices[0].label, "confirm");
+        assert!(
+            dialog.prompt.starts_with("△ Permission required"),
+            "{}",
+            dialog.prompt
+        );
+        assert!(dialog.prompt.contains("$ touch proof-file-0"));
+        assert!(dialog.prompt.contains("Allow once   Allow always   Reject"));
     }
 
     #[test]

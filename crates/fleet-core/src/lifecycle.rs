@@ -72,6 +72,16 @@ pub fn nudge_line(count: usize) -> String {
     format!("[fleet] {count} message{plural} waiting for you: call fleet_poll to read them")
 }
 
+/// Whether a busy worker has stalled: neither its screen (unchanged for `screen_still`) nor
+/// a call of its own (the last `since_call` ago, if any) moved for `after`.
+pub fn stalled(
+    screen_still: std::time::Duration,
+    since_call: Option<std::time::Duration>,
+    after: std::time::Duration,
+) -> bool {
+    screen_still >= after && since_call.is_none_or(|call| call >= after)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +160,14 @@ mod tests {
             "[fleet] 1 message waiting for you: call fleet_poll to read them"
         );
         assert!(nudge_line(3).starts_with("[fleet] 3 messages waiting"));
+    }
+
+    #[test]
+    fn a_worker_stalls_only_when_neither_its_screen_nor_a_call_moved_for_long_enough() {
+        let s = std::time::Duration::from_secs;
+        assert!(stalled(s(300), None, s(300)));
+        assert!(stalled(s(400), Some(s(301)), s(300)));
+        assert!(!stalled(s(299), None, s(300)), "its screen moved");
+        assert!(!stalled(s(400), Some(s(10)), s(300)), "it called in");
     }
 }

@@ -123,7 +123,7 @@ pub fn event_line(event: &Value, colour: bool) -> Option<String> {
     let at = clock(event["at_ms"].as_i64()?);
     let paint = |state: &str| {
         let code = match state {
-            "failed" | "gone" => "31",
+            "failed" | "gone" | "blocked" => "31",
             "queued" | "injecting" | "held" | "spawning" | "busy" | "asking" | "stopping" => "33",
             _ => "32",
         };

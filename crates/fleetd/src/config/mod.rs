@@ -24,7 +24,7 @@ pub use federation::{
     BrokerConfig, CoordinatorConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri,
 };
 pub use profile::{
-    CLAUDE_CREDENTIALS, PermissionMode, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall,
+    CLAUDE_CREDENTIALS, OnStall, PermissionMode, ProfileConfig, ProfileEnv, ProfileKind, ReadyCall,
     SANDBOX_PLACEHOLDERS,
 };
 
@@ -660,6 +660,8 @@ mod tests {
             kind = "command"
             argv = ["my-tool"]
             blocked_markers = ["Overwrite? [y/n]"]
+            stall_after_s = 300
+            on_stall = "recycle"
             "#,
         )
         .unwrap();
@@ -667,12 +669,21 @@ mod tests {
         assert!(markers("claude").contains(&"Do you want to proceed?".to_string()));
         assert!(markers("quiet").is_empty());
         assert_eq!(markers("tool"), ["Overwrite? [y/n]"]);
+        let tool = config.profile("tool").unwrap();
+        assert_eq!(
+            (tool.stall_after_s, tool.on_stall),
+            (Some(300), OnStall::Recycle)
+        );
+        assert_eq!(config.profile("claude").unwrap().on_stall, OnStall::Notify);
         for (bad, says) in [
             (
                 "blocked_markers = [\"\"]",
                 "blocked_markers[0] must hold some text",
             ),
             ("blocked_markers = [\"a\\nb\"]", "blocked_markers[0] holds"),
+            ("on_stall = \"recycle\"", "needs stall_after_s"),
+            ("stall_after_s = 0", "stall_after_s"),
+            ("on_stall = \"kill\"", "kill"),
             (
                 "blocked_markers = [\"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\", \"x\"]",
                 "at most 32",

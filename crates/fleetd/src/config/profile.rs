@@ -33,8 +33,8 @@ const CLAUDE_DIALOGS: [&str; 6] = [
     "Would you like to proceed?",
     "Auto mode can't check actions",
 ];
-/// What opencode's permission prompt says (1.18.33).
-const OPENCODE_DIALOGS: [&str; 1] = ["Permission required"];
+/// What opencode's permission prompt says (1.18.33), and the step after "Allow always".
+const OPENCODE_DIALOGS: [&str; 2] = ["△ Permission required", "△ Always allow"];
 /// The most `blocked_markers` a profile may declare.
 const MAX_DIALOG_MARKERS: usize = 32;
 /// The longest marker.
@@ -244,6 +244,25 @@ pub struct ProfileConfig {
     /// none.
     #[serde(default)]
     pub blocked_markers: Option<Vec<String>>,
+    /// A busy worker whose screen has not changed and that has made no call for this long has
+    /// stalled: its lead is told, with the end of its screen. Unset: never.
+    #[serde(default)]
+    pub stall_after_s: Option<u64>,
+    /// What else happens to a stalled worker: nothing (`notify`, the default), or its task
+    /// fails (its lead is told why) and it starts afresh under its name (`recycle`).
+    #[serde(default)]
+    pub on_stall: OnStall,
+}
+
+/// What happens to a stalled worker besides its lead being told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStall {
+    /// Only its lead is told.
+    #[default]
+    Notify,
+    /// Its task fails and the worker gets a fresh session.
+    Recycle,
 }
 
 fn default_ready_timeout_s() -> u64 {
@@ -339,6 +358,8 @@ impl ProfileConfig {
             agent: Vec::new(),
             agent_kind: None,
             blocked_markers: None,
+            stall_after_s: None,
+            on_stall: OnStall::Notify,
         }
     }
 
@@ -461,6 +482,14 @@ impl ProfileConfig {
         }
         if let Some(cap) = self.context_cap {
             within(&key("context_cap"), cap, 1, MAX_CONTEXT_CAP)?;
+        }
+        if let Some(stall) = self.stall_after_s {
+            within(&key("stall_after_s"), stall, 1, MAX_CONFIG_WAIT_S * 365)?;
+        }
+        if self.on_stall == OnStall::Recycle && self.stall_after_s.is_none() {
+            return Err(key(
+                "on_stall = \"recycle\" needs stall_after_s (how long a worker may stall first)",
+            ));
         }
         let markers = self.blocked_markers.as_deref().unwrap_or_default();
         if markers.len() > MAX_DIALOG_MARKERS {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use fleet_core::asks::whom_to_ask;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
-use fleet_core::dialog::{Dialog, read_dialog};
+use fleet_core::dialog::{Choice, Dialog, read_dialog};
 use fleet_core::{
     ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, TraceId, WorkerStatus,
 };
@@ -35,8 +35,9 @@ const DIALOG_LOOK: Duration = Duration::from_millis(500);
 const GONE_WAIT: Duration = Duration::from_secs(3);
 /// How often the screen is looked at meanwhile.
 const GONE_LOOK: Duration = Duration::from_millis(50);
-/// How long a dialog asked of a lead on another host is good for there (seconds): it is over
-/// sooner when it goes away.
+/// The longest a dialog asked of a lead on another host is good for there (seconds; never
+/// longer than the broker keeps or a gateway admits a message): it is over sooner when it goes
+/// away, and asked afresh when it stays longer.
 const REMOTE_DIALOG_TTL_S: u64 = 24 * 3600;
 
 /// How a dialog's turn id opens: its `ASK` to another host carries the dialog as JSON, and its
@@ -52,6 +53,12 @@ pub(super) fn is_dialog_turn(turn: &str) -> bool {
 pub(super) struct OpenDialog {
     /// Its turn id.
     pub turn_id: String,
+    /// The dialog, as asked.
+    pub dialog: Dialog,
+    /// When it was asked (Unix ms).
+    pub seen_ms: i64,
+    /// Until when its lead on another host can answer it (its `ASK`'s life there).
+    pub good_until: Option<Instant>,
     /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
     pub remote: Option<Message>,
 }
@@ -64,6 +71,8 @@ struct Watched {
     markers: Vec<String>,
     /// The pane host says the agent is blocked.
     forced: bool,
+    /// The dialog asked for it (its turn and the dialog), unless that ask is over.
+    asked: Option<(String, Dialog)>,
 }
 
 pub(super) fn start(gateway: &Arc<Gateway>) {
@@ -91,9 +100,16 @@ impl Gateway {
             let mut watched = Vec::new();
             let mut over = Vec::new();
             for (gid, s) in &sessions.panes {
-                if s.dialog.is_some() && s.status != WorkerStatus::Blocked {
-                    // Its turn ended (or it stopped) with the dialog still asked.
-                    over.push(*gid);
+                let asked = s.dialog.as_ref().filter(|d| {
+                    sessions.asks.is_open(&d.turn_id)
+                        && d.good_until.is_none_or(|until| Instant::now() < until)
+                });
+                if let Some(dialog) = &s.dialog
+                    && (s.status != WorkerStatus::Blocked || asked.is_none())
+                {
+                    // Its turn ended (or it stopped) with the dialog still asked; or its ask is
+                    // over (expired afar, refused there): asked afresh if it stays.
+                    over.push((*gid, dialog.turn_id.clone()));
                 }
                 let forced = matches!(s.host_agent, Some((_, AgentState::Blocked)));
                 let markers = s.profile.dialog_markers();
@@ -109,13 +125,15 @@ impl Gateway {
                         status: s.status,
                         markers,
                         forced,
+                        asked: asked.map(|d| (d.turn_id.clone(), d.dialog.clone())),
                     });
                 }
             }
             (watched, over)
         };
-        for gid in over {
-            self.dialog_over(gid, "the worker's turn ended").await;
+        for (gid, turn) in over {
+            self.dialog_over(gid, &turn, "the worker's turn or its ask ended")
+                .await;
         }
         seen.retain(|gid, _| watched.iter().any(|w| w.gid == *gid));
         for w in watched {
@@ -123,14 +141,18 @@ impl Gateway {
                 continue;
             };
             let dialog = read_dialog(&screen.text, &w.markers, w.forced);
-            match (w.status, dialog) {
-                (WorkerStatus::Busy, Some(dialog))
+            match (w.status, dialog, &w.asked) {
+                (WorkerStatus::Busy, Some(dialog), _)
                     if seen.get(&w.gid) == Some(&screen.text) && !screen.in_mode =>
                 {
                     self.dialog_shown(w.gid, dialog).await;
                 }
-                (WorkerStatus::Blocked, None) => {
-                    self.dialog_over(w.gid, "the dialog went away").await;
+                // Gone, or another in its place (answered in the pane, the next one shown):
+                // the lead's answer must not be pressed into it. A new one is asked afresh.
+                (WorkerStatus::Blocked, now, Some((turn, asked)))
+                    if now.as_ref() != Some(asked) =>
+                {
+                    self.dialog_over(w.gid, turn, "the dialog went away").await;
                 }
                 _ => {}
             }
@@ -176,9 +198,13 @@ impl Gateway {
                 )
             });
             sessions.asks.open(question, to, Waiter::Screen);
+            let ttl = self.remote_dialog_ttl();
             if let Some(session) = sessions.panes.get_mut(&gid) {
                 session.dialog = Some(OpenDialog {
                     turn_id: turn_id.clone(),
+                    dialog,
+                    seen_ms: now_ms(),
+                    good_until: remote.is_some().then(|| Instant::now() + ttl),
                     remote: remote.clone(),
                 });
             }
@@ -187,26 +213,36 @@ impl Gateway {
         tracing::info!(%gid, %turn_id, lead = %to, remote = remote.is_some(), "the worker's program stopped on a dialog");
         match remote {
             Some(ask) => {
-                if let Err(e) = self
-                    .publish_in_turn(&ask, Some((&turn_id, REMOTE_DIALOG_TTL_S)))
-                    .await
-                {
+                let ttl_s = self.remote_dialog_ttl().as_secs();
+                if let Err(e) = self.publish_in_turn(&ask, Some((&turn_id, ttl_s))).await {
                     tracing::warn!(%gid, %turn_id, error = %e, "cannot ask a lead on another host about a dialog; asked again at the next look");
-                    self.dialog_over(gid, "it could not be asked").await;
+                    self.dialog_over(gid, &turn_id, "it could not be asked")
+                        .await;
                 }
             }
             None => self.bump_inbox(to),
         }
     }
 
-    /// The dialog asked for `gid` is over (`why`): the worker is busy again (if it was
-    /// blocked), and its lead, here or afar, can no longer answer it.
-    async fn dialog_over(self: &Arc<Self>, gid: Gid, why: &'static str) {
+    /// How long a dialog asked of a lead on another host is good for there.
+    fn remote_dialog_ttl(&self) -> Duration {
+        let fed = &self.config.federation;
+        let kept = fed.inbox_message_ttl_s.min(fed.max_message_age_s);
+        Duration::from_secs(REMOTE_DIALOG_TTL_S.min(kept).max(1))
+    }
+
+    /// The dialog `turn` asked for `gid` is over (`why`), if it is still the one asked: the
+    /// worker is busy again (if it was blocked), and its lead, here or afar, can no longer
+    /// answer it.
+    pub(super) async fn dialog_over(self: &Arc<Self>, gid: Gid, turn: &str, why: &'static str) {
         let dialog = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
             };
+            if session.dialog.as_ref().is_none_or(|d| d.turn_id != turn) {
+                return;
+            }
             if session.status == WorkerStatus::Blocked {
                 let _ = session.apply(SessionEvent::DialogGone);
             }
@@ -281,7 +317,7 @@ impl Gateway {
             FleetError::new(
                 ErrorCode::TooLate,
                 format!(
-                    "the dialog {} is gone from '{}''s screen; nothing was pressed",
+                    "the dialog {} is no longer on '{}''s screen (answered there, or another came in its place); nothing was pressed",
                     dialog.turn_id, dialog.from_name
                 ),
             )
@@ -302,6 +338,19 @@ impl Gateway {
                 _ => return Err(gone()),
             }
         };
+        // What is on the screen now must be the dialog the lead saw: else the key would answer
+        // something else (the dialog was answered in the pane, another came in its place).
+        let now = self.panes.snapshot(&pane).await.map_err(|e| {
+            FleetError::new(
+                ErrorCode::PaneHost,
+                format!("cannot look at '{}''s screen: {e}", dialog.from_name),
+            )
+        })?;
+        if read_dialog(&now.text, &markers, forced).as_ref() != Some(&shown) {
+            self.dialog_over(gid, &dialog.turn_id, "the dialog went away")
+                .await;
+            return Err(gone());
+        }
         let pressed = self.panes.press(&pane, key).await;
         // Asked again at the next look if it is still there: the choice is spent either way.
         let still = match pressed {
@@ -320,7 +369,8 @@ impl Gateway {
             }
             Err(_) => true,
         };
-        self.dialog_over(gid, "it was answered").await;
+        self.dialog_over(gid, &dialog.turn_id, "it was answered")
+            .await;
         if let Err(e) = pressed {
             return Err(FleetError::new(
                 ErrorCode::PaneHost,
@@ -345,6 +395,6 @@ impl Gateway {
 }
 
 /// The dialog an ask with `choices` stands for.
-fn dialog_of(prompt: String, choices: Vec<fleet_core::dialog::Choice>) -> Dialog {
+pub(super) fn dialog_of(prompt: String, choices: Vec<Choice>) -> Dialog {
     Dialog { prompt, choices }
 }

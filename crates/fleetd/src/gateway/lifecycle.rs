@@ -166,17 +166,18 @@ impl Gateway {
                 }
                 LifeStep::Recycle(gid, cap) => {
                     let gateway = Arc::clone(self);
+                    let why = format!("its context_cap of {cap} tasks is reached");
                     self.tasks
-                        .spawn(async move { gateway.recycle(gid, cap).await });
+                        .spawn(async move { gateway.recycle(gid, &why).await });
                 }
             }
         }
     }
 
-    /// Gives `gid` a fresh session in a new pane; its queued tasks wait for it. If the fresh
-    /// session does not become ready, the worker ends (and the senders of what waited for it
-    /// are told).
-    async fn recycle(self: &Arc<Self>, gid: Gid, cap: u64) {
+    /// Gives `gid` (spawning again, after [`SessionEvent::Recycle`]) a fresh session in a new
+    /// pane, because `why`; its queued tasks wait for it. If the fresh session does not become
+    /// ready, the worker ends (and the senders of what waited for it are told).
+    pub(super) async fn recycle(self: &Arc<Self>, gid: Gid, why: &str) {
         let found = {
             let mut sessions = self.lock();
             sessions.panes.get_mut(&gid).map(|s| {
@@ -193,7 +194,7 @@ impl Gateway {
         let Some((old, name, profile, cwd)) = found else {
             return;
         };
-        tracing::info!(%gid, %name, cap, "recycling: its context_cap of tasks is reached");
+        tracing::info!(%gid, %name, why, "recycling");
         self.persist_status(gid).await;
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a recycled session's token");
@@ -211,7 +212,7 @@ impl Gateway {
         match fresh.await {
             Ok(()) => tracing::info!(%gid, %name, "recycled: a fresh session is ready"),
             Err(e) => {
-                let reason = format!("its fresh session after {cap} tasks did not start: {e}");
+                let reason = format!("its fresh session ({why}) did not start: {e}");
                 self.end_session(gid, &reason, true).await;
             }
         }

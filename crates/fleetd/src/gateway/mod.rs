@@ -26,6 +26,7 @@ mod reply;
 mod scrape;
 mod sessions;
 mod spawn;
+mod stall;
 mod views;
 mod watch;
 mod workdir;
@@ -164,6 +165,7 @@ impl Gateway {
         self.recover().await?;
         watch::start(self);
         dialogs::start(self);
+        stall::start(self);
         prune::start(self);
         nudge::start(self);
         lifecycle::start(self);

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::NudgeTarget;
 use super::asks::Asks;
 use super::dialogs::OpenDialog;
-use super::views::{ListResult, RosterEntry, slot_of};
+use super::views::{DialogView, ListResult, RosterEntry, slot_of};
 use crate::config::{ProfileConfig, ReadyCall};
 
 /// A lead, reached by MCP pull.
@@ -89,6 +89,8 @@ pub(super) struct PaneSession {
     pub last_queued: Option<Instant>,
     /// The dialog on its screen asked of its lead, while the session is blocked on it.
     pub dialog: Option<OpenDialog>,
+    /// Since when (Unix ms) it has stalled, while it has (the stall watchdog).
+    pub stalled_since: Option<i64>,
 }
 
 impl PaneSession {
@@ -103,6 +105,10 @@ impl PaneSession {
             self.briefed = true;
         }
         self.idle_since = (next == WorkerStatus::Idle).then(Instant::now);
+        if next != WorkerStatus::Busy {
+            // Only a busy session stalls.
+            self.stalled_since = None;
+        }
         self.kick();
         Ok(next)
     }
@@ -302,6 +308,8 @@ impl Sessions {
                 pane: None,
                 last_seen_ms: lead.last_seen_ms,
                 open_calls: Some(lead.open_calls),
+                stalled_since: None,
+                dialog: None,
             });
         }
         let s = self.panes.get(&gid)?;
@@ -326,6 +334,21 @@ impl Sessions {
             pane: s.pane.as_ref().map(|p| p.0.clone()),
             last_seen_ms: s.last_seen_ms,
             open_calls: None,
+            stalled_since: s.stalled_since,
+            dialog: s
+                .dialog
+                .as_ref()
+                .filter(|_| s.status == WorkerStatus::Blocked)
+                .map(|d| DialogView {
+                    turn_id: d.turn_id.clone(),
+                    from: gid,
+                    from_name: s.entity.name.clone(),
+                    host: s.entity.host.clone(),
+                    prompt: d.dialog.prompt.clone(),
+                    choices: d.dialog.choices.clone(),
+                    in_task: s.current.as_ref().map(|t| t.msg_id),
+                    seen_ms: d.seen_ms,
+                }),
         })
     }
 

@@ -237,6 +237,7 @@ impl Gateway {
                     briefed: false,
                     last_queued: None,
                     dialog: None,
+                    stalled_since: None,
                 },
             );
             entity

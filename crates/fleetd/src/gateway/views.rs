@@ -207,6 +207,14 @@ pub struct RosterEntry {
     /// For a lead: how many fleet calls it is waiting in now (where workers' asks surface).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open_calls: Option<usize>,
+    /// For a worker of this host that has stalled (no screen change and no call for its
+    /// profile's `stall_after_s` while busy): since when (Unix ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled_since: Option<i64>,
+    /// For a blocked worker of this host: the dialog its program stopped on, as asked of its
+    /// lead (answer with `fleet_send{turn_id, choice}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dialog: Option<DialogView>,
 }
 
 /// The slot an entity called `name` in `role` fills: an architect's is its name.

@@ -23,6 +23,7 @@ mod opencode;
 mod python;
 mod sandbox;
 mod service;
+mod stall;
 mod tls;
 mod trust;
 mod webview;

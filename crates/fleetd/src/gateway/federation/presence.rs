@@ -246,6 +246,8 @@ impl Gateway {
                 pane: None,
                 last_seen_ms: Some(e.heard_ms),
                 open_calls: None,
+                stalled_since: None,
+                dialog: None,
             })
             .collect();
         entries.sort_by(|a, b| (&a.host, &a.name).cmp(&(&b.host, &b.name)));

@@ -27,7 +27,7 @@ use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Tra
 
 use super::super::Gateway;
 use super::super::asks::Waiter;
-use super::super::dialogs::is_dialog_turn;
+use super::super::dialogs::{dialog_of, is_dialog_turn};
 use super::super::views::AskView;
 
 /// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
@@ -96,14 +96,26 @@ impl Gateway {
             Kind::NoWaiter if !is_lead => {
                 let closed = turn_of(envelope)
                     .and_then(|turn| self.lock().asks.close(turn, "nobody was waiting"));
-                if let Some((_, Waiter::Call(call))) = closed {
-                    let lead = self.name_of(envelope.from).await;
-                    let _ = call.send(Err(FleetError::new(
-                        ErrorCode::NoWaiter,
-                        format!(
-                            "nobody is waiting for your question: '{lead}' is not waiting for you in a fleet call now. Decide yourself, and say what you decided in your fleet_reply"
-                        ),
-                    )));
+                match closed {
+                    Some((_, Waiter::Call(call))) => {
+                        let lead = self.name_of(envelope.from).await;
+                        let _ = call.send(Err(FleetError::new(
+                            ErrorCode::NoWaiter,
+                            format!(
+                                "nobody is waiting for your question: '{lead}' is not waiting for you in a fleet call now. Decide yourself, and say what you decided in your fleet_reply"
+                            ),
+                        )));
+                    }
+                    // A dialog the lead's host did not take: asked afresh if it stays.
+                    Some((asked, Waiter::Screen)) => {
+                        self.dialog_over(
+                            asked.from,
+                            &asked.turn_id,
+                            "its lead's host did not take it",
+                        )
+                        .await;
+                    }
+                    None => {}
                 }
             }
             _ => return false,
@@ -148,6 +160,14 @@ impl Gateway {
                     .get(&lead)
                     .is_some_and(|l| listens_for(&l.listening, worker));
             if listening {
+                // One dialog a worker: a newer one stands for what its screen shows now.
+                if dialog.is_some()
+                    && let Some(older) = sessions.asks.dialog_from(worker)
+                {
+                    sessions
+                        .asks
+                        .close(&older, "a newer dialog of its worker replaced it");
+                }
                 let (question, choices) = match dialog {
                     Some(d) => (d.prompt, Some(d.choices)),
                     None => (question.to_string(), None),
@@ -239,7 +259,23 @@ impl Gateway {
             tracing::warn!(msg_id = %answer.msg_id, "an answer from another host carries no usable turn id: dropped");
             return;
         };
-        let taken = self.lock().asks.take_for_answer(&turn, answer.from);
+        let taken = {
+            let mut sessions = self.lock();
+            // A choice for a dialog here is checked before the ask is taken: one it does not
+            // offer leaves the dialog asked, and nothing is pressed.
+            let refused = match sessions.asks.for_answer(&turn, answer.from) {
+                Ok(asked) => asked.choices.as_ref().and_then(|choices| {
+                    dialog_of(asked.question.clone(), choices.clone())
+                        .pick(text)
+                        .err()
+                }),
+                Err(_) => None,
+            };
+            match refused {
+                Some(e) => Err(e),
+                None => sessions.asks.take_for_answer(&turn, answer.from),
+            }
+        };
         let why = match taken {
             Ok((_, Waiter::Call(call))) => match call.send(Ok(text.to_string())) {
                 Ok(()) => {

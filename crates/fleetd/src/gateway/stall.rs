@@ -1,0 +1,203 @@
+//! The stall watchdog: a busy worker (of a profile with `stall_after_s`) whose screen has not
+//! changed and that has made no call for that long has stalled — a hung tool, a lost model
+//! connection, a wedged screen, a turn that ended without a reply. Its lead (the sender of its
+//! task, else the lead that spawned it) is told once, by a message held for it with the end of
+//! the worker's screen (so a lead that is not in a call is nudged); `fleet_list` shows
+//! `stalled_since` until the worker moves again. With `on_stall = "recycle"` its task fails
+//! instead (the lead's open send ends `failed`, the reason carrying the screen's end) and the
+//! worker gets a fresh session under its name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::clock::now_ms;
+use fleet_core::lifecycle::stalled;
+use fleet_core::{Gid, Message, MsgId, SessionEvent, TraceId, WorkerStatus};
+use fleet_mux::PaneId;
+use tokio::time::Instant;
+
+use super::Gateway;
+use super::spawn::tail_lines;
+use crate::config::OnStall;
+
+/// How often busy workers' screens are looked at for a stall.
+const STALL_LOOK: Duration = Duration::from_secs(1);
+/// How many lines of a stalled worker's screen its lead is shown.
+const STALL_TAIL_LINES: usize = 15;
+
+/// What the watchdog remembers of a busy worker: its task, its screen, and since when the
+/// screen has shown that.
+struct Seen {
+    task: Option<MsgId>,
+    screen: String,
+    since: Instant,
+}
+
+/// A busy worker to look at.
+struct Watched {
+    gid: Gid,
+    pane: PaneId,
+    task: Option<MsgId>,
+    after: Duration,
+    /// How long ago it last called in.
+    since_call: Option<Duration>,
+    /// Whether its lead was told of this stall already.
+    reported: bool,
+}
+
+pub(super) fn start(gateway: &Arc<Gateway>) {
+    let gateway = Arc::clone(gateway);
+    let tasks = gateway.tasks.clone();
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(STALL_LOOK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => gateway.look_for_stalls(&mut seen).await,
+                () = gateway.shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
+impl Gateway {
+    async fn look_for_stalls(self: &Arc<Self>, seen: &mut HashMap<Gid, Seen>) {
+        let watched: Vec<Watched> = {
+            let sessions = self.lock();
+            let now = now_ms();
+            let mut watched = Vec::new();
+            // Only a busy worker stalls (one waiting on its lead, asking or blocked, does not).
+            for (gid, s) in &sessions.panes {
+                let after = s.profile.stall_after_s.map(Duration::from_secs);
+                if let (WorkerStatus::Busy, Some(after), Some(pane)) = (s.status, after, &s.pane) {
+                    watched.push(Watched {
+                        gid: *gid,
+                        pane: pane.clone(),
+                        task: s.current.as_ref().map(|t| t.msg_id),
+                        after,
+                        since_call: s
+                            .last_seen_ms
+                            .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0))),
+                        reported: s.stalled_since.is_some(),
+                    });
+                }
+            }
+            watched
+        };
+        seen.retain(|gid, _| watched.iter().any(|w| w.gid == *gid));
+        for w in watched {
+            let Ok(screen) = self.panes.snapshot(&w.pane).await else {
+                continue;
+            };
+            let moved = match seen.get(&w.gid) {
+                Some(before) => before.task != w.task || before.screen != screen.text,
+                None => true,
+            };
+            if moved {
+                seen.insert(
+                    w.gid,
+                    Seen {
+                        task: w.task,
+                        screen: screen.text,
+                        since: Instant::now(),
+                    },
+                );
+            }
+            let still = seen
+                .get(&w.gid)
+                .map_or(Duration::ZERO, |s| s.since.elapsed());
+            if stalled(still, w.since_call, w.after) {
+                if !w.reported {
+                    let tail = seen
+                        .get(&w.gid)
+                        .map(|s| tail_lines(&s.screen, STALL_TAIL_LINES))
+                        .unwrap_or_default();
+                    self.stalled(w.gid, w.after, &tail).await;
+                }
+            } else if w.reported
+                && let Some(session) = self.lock().panes.get_mut(&w.gid)
+            {
+                tracing::info!(gid = %w.gid, "the stalled worker moves again");
+                session.stalled_since = None;
+            }
+        }
+    }
+
+    /// Busy worker `gid` has shown `tail` unchanged, and made no call, for `after`: its lead
+    /// hears so, and with `on_stall = "recycle"` its task fails and it starts afresh.
+    async fn stalled(self: &Arc<Self>, gid: Gid, after: Duration, tail: &str) {
+        let (name, lead, task, on_stall) = {
+            let mut sessions = self.lock();
+            let Some(session) = sessions.panes.get_mut(&gid) else {
+                return;
+            };
+            if session.status != WorkerStatus::Busy {
+                return;
+            }
+            session.stalled_since = Some(now_ms());
+            let task = session.current.clone();
+            let lead = task.as_ref().map(|t| t.from).or(session.entity.parent);
+            (
+                session.entity.name.clone(),
+                lead,
+                task,
+                session.profile.on_stall,
+            )
+        };
+        let what = format!(
+            "'{name}' has stalled: no change on its screen and no call for {} s while working{}; its screen ends:\n{tail}",
+            after.as_secs(),
+            task.as_ref()
+                .map(|t| format!(" on your task {}", t.msg_id))
+                .unwrap_or_default()
+        );
+        tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, "a worker has stalled");
+        match (on_stall, task) {
+            (OnStall::Recycle, Some(task)) => self.recycle_stalled(gid, &task, &what).await,
+            (OnStall::Recycle, None) | (OnStall::Notify, _) => {
+                let Some(lead) = lead else {
+                    return;
+                };
+                let notice = Message::task(
+                    gid,
+                    lead,
+                    format!("[fleet] {what}"),
+                    TraceId::mint(),
+                    now_ms(),
+                );
+                if let Err(e) = self.deliver(notice).await {
+                    tracing::warn!(%gid, error = %e, "cannot tell the lead of a stalled worker");
+                }
+            }
+        }
+    }
+
+    /// Fails a stalled worker's task `task` (its lead hears `what`) and gives the worker a
+    /// fresh session.
+    async fn recycle_stalled(self: &Arc<Self>, gid: Gid, task: &Message, what: &str) {
+        let recycling = {
+            let mut sessions = self.lock();
+            match sessions.panes.get_mut(&gid) {
+                Some(session)
+                    if session
+                        .current
+                        .as_ref()
+                        .is_some_and(|t| t.msg_id == task.msg_id) =>
+                {
+                    session.current = None;
+                    session.apply(SessionEvent::TurnDone).is_ok()
+                        && session.apply(SessionEvent::Recycle).is_ok()
+                }
+                _ => false,
+            }
+        };
+        if !recycling {
+            return;
+        }
+        self.notify_failed(task, &format!("{what}\n(so it was recycled)"))
+            .await;
+        self.recycle(gid, "it stalled").await;
+    }
+}

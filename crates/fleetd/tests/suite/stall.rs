@@ -1,0 +1,74 @@
+//! The stall watchdog: a worker of a profile with `stall_after_s = 1` whose program stops
+//! moving mid-task (the scripted agent's `/never`: it prints a line and never replies) has
+//! stalled; its lead is told, and with `on_stall = "recycle"` its task fails and it starts
+//! afresh.
+
+use std::time::Duration;
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::wait::until;
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_worker_is_reported_to_its_lead_once_with_its_screen() -> anyhow::Result<()> {
+    let profile = format!("{}stall_after_s = 1\n", sim_profile("sim", &[])?);
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    assert!(lead.entry("w1").await?.get("stalled_since").is_none());
+    let sent = lead.send("w1", "/never", 0).await?;
+    let told = lead.poll(10).await?;
+    let text = told
+        .first()
+        .and_then(|m| m["text"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        text.starts_with("[fleet] 'w1' has stalled: no change on its screen and no call for 1 s")
+            && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
+            && text.contains("[not replying]"),
+        "{told:?}\n{}",
+        fleet.log()
+    );
+    let entry = lead.entry("w1").await?;
+    assert!(entry["stalled_since"].is_i64(), "{entry}");
+    assert_eq!(entry["status"], "busy");
+    // Told once: nothing more while it stays stalled.
+    let again = lead.ok("fleet_poll", json!({"wait_s": 3})).await?;
+    assert_eq!(again["messages"], json!([]), "{again}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_worker_set_to_recycle_fails_its_task_and_starts_afresh() -> anyhow::Result<()> {
+    let profile = format!(
+        "{}stall_after_s = 1\non_stall = \"recycle\"\n",
+        sim_profile("sim", &[])?
+    );
+    let fleet = Fleet::start("", &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("sim", "w1").await?;
+    let failed = lead.send("w1", "/never", 20).await?;
+    assert_eq!(failed["status"], "failed", "{failed}\n{}", fleet.log());
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("'w1' has stalled") && reason.contains("it was recycled"),
+        "{reason}"
+    );
+    // A fresh session in a new pane under the same name and gid, which answers.
+    let fresh = until("w1's fresh session to be idle", LIMIT, || async {
+        lead.entry("w1")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "idle" && e["pane"] != spawned["pane"])
+    })
+    .await?;
+    assert_eq!(fresh["gid"], spawned["gid"]);
+    assert!(fresh.get("stalled_since").is_none(), "{fresh}");
+    let sent = lead.send("w1", "hello again", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello again", "{sent}");
+    Ok(())
+}
