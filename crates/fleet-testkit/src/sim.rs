@@ -137,6 +137,9 @@ pub enum Directive {
     Read(String),
     /// Reply with the agent's working directory.
     Pwd,
+    /// Write this text to the file at this path (relative to the working directory), then
+    /// reply `wrote <path>` (or why it could not).
+    Write(String, String),
     /// Show `<question> (y/n)` and wait for the key `y` or `n` (a program's own dialog), then
     /// reply `chose y` or `chose n`.
     Confirm(String),
@@ -147,7 +150,7 @@ pub enum Directive {
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`, `/read PATH`, `/pwd`, `/confirm question`, or fleetd's nudge to pull; anything else is
+    /// `/ask S question`, `/read PATH`, `/write PATH TEXT`, `/pwd`, `/confirm question`, or fleetd's nudge to pull; anything else is
     /// echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
@@ -175,6 +178,12 @@ impl Directive {
                 None => Directive::Echo(task.to_string()),
             },
             Some("/pwd") => Directive::Pwd,
+            Some("/write") => match (words.next(), words.next()) {
+                (Some(path), Some(text)) if !path.is_empty() => {
+                    Directive::Write(path.to_string(), text.to_string())
+                }
+                _ => Directive::Echo(task.to_string()),
+            },
             Some("/confirm") => match trimmed.strip_prefix("/confirm ") {
                 Some(question) if !question.trim().is_empty() => {
                     Directive::Confirm(question.trim().to_string())
@@ -244,6 +253,14 @@ mod tests {
         );
         assert_eq!(Directive::parse("/read "), Directive::Echo("/read ".into()));
         assert_eq!(Directive::parse("/pwd"), Directive::Pwd);
+        assert_eq!(
+            Directive::parse("/write notes.txt two words"),
+            Directive::Write("notes.txt".into(), "two words".into())
+        );
+        assert_eq!(
+            Directive::parse("/write notes.txt"),
+            Directive::Echo("/write notes.txt".into())
+        );
         assert_eq!(
             Directive::parse("/confirm Overwrite it?"),
             Directive::Confirm("Overwrite it?".into())

@@ -127,6 +127,13 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<bool> {
                 .unwrap_or_else(|e| format!("no working directory: {e}"));
             reply(client, &here, None).await?;
         }
+        Directive::Write(path, text) => {
+            let said = match std::fs::write(&path, &text) {
+                Ok(()) => format!("wrote {path}"),
+                Err(e) => format!("cannot write {path}: {e}"),
+            };
+            reply(client, &said, None).await?;
+        }
         Directive::Read(path) => {
             let text = match std::fs::read_to_string(&path) {
                 Ok(text) => text,

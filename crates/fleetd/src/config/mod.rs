@@ -699,6 +699,41 @@ mod tests {
     }
 
     #[test]
+    fn a_workspace_template_names_a_program_and_known_placeholders() {
+        let profile = |keys: &str| {
+            parse(&format!(
+                "[[profiles]]\nname = \"t\"\nkind = \"command\"\nargv = [\"x\"]\n{keys}\n"
+            ))
+        };
+        let config = profile(
+            "workspace = [\"git\", \"-C\", \"{cwd}\", \"worktree\", \"add\", \"{dir}\", \"-b\", \"fleet/{name}-{gid}\"]\nworkspace_teardown = [\"git\", \"worktree\", \"remove\", \"{dir}\"]\nworkspace_root = \"/srv/spaces\"",
+        )
+        .unwrap();
+        let t = config.profile("t").unwrap();
+        assert_eq!(t.workspace[7], "fleet/{name}-{gid}");
+        assert_eq!(t.workspace_root.as_deref(), Some(Path::new("/srv/spaces")));
+        for (keys, says) in [
+            (
+                "workspace = [\"cp\", \"-r\", \"{cwd}\", \"{token}\"]",
+                "unknown placeholder {token}",
+            ),
+            (
+                "workspace_teardown = [\"rm\", \"{dir}\"]",
+                "need a workspace",
+            ),
+            ("workspace = [\"\"]", "workspace must name a program"),
+            ("workspace = [\"cp\", \"a\\nb\"]", "workspace[1] holds"),
+            (
+                "workspace = [\"x\"]\nworkspace_root = \"rel\"",
+                "absolute path",
+            ),
+        ] {
+            let err = profile(keys).unwrap_err().to_string();
+            assert!(err.contains(says), "{keys}: {err}");
+        }
+    }
+
+    #[test]
     fn agent_kinds_bring_their_programs_and_screen_habits() {
         let config = parse(
             r#"

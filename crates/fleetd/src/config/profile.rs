@@ -63,6 +63,8 @@ const CLAUDE_SETTINGS_FLAG: &str = "--settings";
 /// The provider of opencode's models that fleetd sets up (`base_url`), and the one variable it
 /// takes a login from.
 const OPENCODE_ANTHROPIC: (&str, &str) = ("anthropic/", "ANTHROPIC_API_KEY");
+/// The placeholders a profile's `workspace` and `workspace_teardown` may use.
+pub const WORKSPACE_PLACEHOLDERS: [&str; 4] = ["cwd", "dir", "name", "gid"];
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
 pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
     "name",
@@ -252,6 +254,19 @@ pub struct ProfileConfig {
     /// fails (its lead is told why) and it starts afresh under its name (`recycle`).
     #[serde(default)]
     pub on_stall: OnStall,
+    /// An argv (`{cwd}`, `{dir}`, `{name}`, `{gid}` filled in, no shell) that makes the
+    /// worker's own workspace `{dir}` from its `{cwd}` (a git worktree, a copy); the worker
+    /// then runs in `{dir}`. Empty: it runs in its cwd.
+    #[serde(default)]
+    pub workspace: Vec<String>,
+    /// An argv, filled in the same way, that takes the workspace down when the worker's
+    /// session ends (or, after a crash, at fleetd's next start).
+    #[serde(default)]
+    pub workspace_teardown: Vec<String>,
+    /// Where workspaces go (`{dir}` is `<root>/<name>-<gid>`); the state dir's `workspaces`
+    /// when unset.
+    #[serde(default)]
+    pub workspace_root: Option<PathBuf>,
 }
 
 /// What happens to a stalled worker besides its lead being told.
@@ -360,6 +375,9 @@ impl ProfileConfig {
             blocked_markers: None,
             stall_after_s: None,
             on_stall: OnStall::Notify,
+            workspace: Vec::new(),
+            workspace_teardown: Vec::new(),
+            workspace_root: None,
         }
     }
 
@@ -491,6 +509,7 @@ impl ProfileConfig {
                 "on_stall = \"recycle\" needs stall_after_s (how long a worker may stall first)",
             ));
         }
+        self.validate_workspace()?;
         let markers = self.blocked_markers.as_deref().unwrap_or_default();
         if markers.len() > MAX_DIALOG_MARKERS {
             return Err(key(&format!(
@@ -682,7 +701,7 @@ impl ProfileConfig {
             }
             for (key, argv) in [("runtime", &self.runtime), ("teardown", &self.teardown)] {
                 for word in argv {
-                    self.check_placeholders(key, word)?;
+                    self.check_placeholders(key, word, &SANDBOX_PLACEHOLDERS)?;
                 }
             }
         }
@@ -693,8 +712,45 @@ impl ProfileConfig {
         Ok(())
     }
 
-    /// Every `{…}` in `word` must be a known placeholder with a value.
-    fn check_placeholders(&self, key: &str, word: &str) -> Result<(), String> {
+    /// A workspace's templates: a program, known placeholders, one line each; a teardown only
+    /// with a workspace; a root that is an absolute path.
+    fn validate_workspace(&self) -> Result<(), String> {
+        let name = &self.name;
+        if self.workspace.is_empty() {
+            if !self.workspace_teardown.is_empty() || self.workspace_root.is_some() {
+                return Err(format!(
+                    "profiles '{name}': workspace_teardown and workspace_root need a workspace (the argv that makes it)"
+                ));
+            }
+            return Ok(());
+        }
+        if self.workspace[0].trim().is_empty() {
+            return Err(format!(
+                "profiles '{name}': workspace must name a program (e.g. [\"git\", \"-C\", \"{{cwd}}\", \"worktree\", \"add\", \"{{dir}}\"])"
+            ));
+        }
+        for (key, argv) in [
+            ("workspace", &self.workspace),
+            ("workspace_teardown", &self.workspace_teardown),
+        ] {
+            for (i, word) in argv.iter().enumerate() {
+                one_line(&format!("profiles '{name}': {key}[{i}]"), word)?;
+                self.check_placeholders(key, word, &WORKSPACE_PLACEHOLDERS)?;
+            }
+        }
+        if let Some(root) = &self.workspace_root
+            && !root.is_absolute()
+        {
+            return Err(format!(
+                "profiles '{name}': workspace_root must be an absolute path, not '{}'",
+                root.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every `{…}` in `word` must be one of `known` (with a value).
+    fn check_placeholders(&self, key: &str, word: &str, known: &[&str]) -> Result<(), String> {
         let name = &self.name;
         let mut rest = word;
         while let Some(open) = rest.find('{') {
@@ -705,10 +761,14 @@ impl ProfileConfig {
                 ));
             };
             let placeholder = &after[..close];
-            if !SANDBOX_PLACEHOLDERS.contains(&placeholder) {
+            if !known.contains(&placeholder) {
                 return Err(format!(
                     "profiles '{name}': {key} entry '{word}' names an unknown placeholder {{{placeholder}}} (known: {})",
-                    SANDBOX_PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                    known
+                        .iter()
+                        .map(|p| format!("{{{p}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             if (placeholder == "image" && self.image.is_none())

@@ -162,6 +162,7 @@ impl Gateway {
             tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
         self.launchers.finish(gid).await;
+        self.launchers.workspaces.end(gid).await;
         // An agent still exiting may write into its home after its pane closed (opencode and
         // Claude Code save their state as they go): what it writes goes too, a while later.
         let (launchers, shutdown) = (Arc::clone(&self.launchers), self.shutdown.clone());
@@ -232,6 +233,7 @@ impl Gateway {
             }
         }
         self.launchers.finish_leftovers().await;
+        self.launchers.workspaces.end_leftovers().await;
         Ok(())
     }
 }

@@ -91,6 +91,8 @@ pub(super) struct PaneSession {
     pub dialog: Option<OpenDialog>,
     /// Since when (Unix ms) it has stalled, while it has (the stall watchdog).
     pub stalled_since: Option<i64>,
+    /// Its own workspace (its profile's `workspace`), where it runs.
+    pub workspace: Option<PathBuf>,
 }
 
 impl PaneSession {
@@ -309,6 +311,7 @@ impl Sessions {
                 last_seen_ms: lead.last_seen_ms,
                 open_calls: Some(lead.open_calls),
                 stalled_since: None,
+                workspace: None,
                 dialog: None,
             });
         }
@@ -335,6 +338,7 @@ impl Sessions {
             last_seen_ms: s.last_seen_ms,
             open_calls: None,
             stalled_since: s.stalled_since,
+            workspace: s.workspace.as_ref().map(|d| d.display().to_string()),
             dialog: s
                 .dialog
                 .as_ref()

@@ -238,6 +238,7 @@ impl Gateway {
                     last_queued: None,
                     dialog: None,
                     stalled_since: None,
+                    workspace: None,
                 },
             );
             entity
@@ -256,6 +257,31 @@ impl Gateway {
         };
         self.db(move |s| s.insert_entity(&record)).await?;
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
+        // Its own workspace, when its profile makes one: it runs there, recycled or not.
+        let cwd = match self
+            .launchers
+            .workspaces
+            .make(&profile, gid, &name, &cwd)
+            .await
+        {
+            Ok(Some(dir)) => {
+                if let Some(session) = self.lock().panes.get_mut(&gid) {
+                    session.cwd = dir.clone();
+                    session.workspace = Some(dir.clone());
+                }
+                dir
+            }
+            Ok(None) => cwd,
+            Err(why) => {
+                return Err(FleetError::new(
+                    ErrorCode::NotReady,
+                    format!(
+                        "cannot make the workspace of '{name}' (profile '{}'): {why}",
+                        profile.name
+                    ),
+                ));
+            }
+        };
         let pane = self.open_pane(gid, &name, &profile, cwd).await?;
         self.start_pump(gid);
 

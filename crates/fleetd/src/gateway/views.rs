@@ -211,6 +211,9 @@ pub struct RosterEntry {
     /// profile's `stall_after_s` while busy): since when (Unix ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stalled_since: Option<i64>,
+    /// For a worker of this host with a workspace of its own: its directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
     /// For a blocked worker of this host: the dialog its program stopped on, as asked of its
     /// lead (answer with `fleet_send{turn_id, choice}`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -12,6 +12,9 @@ mod claude;
 mod opencode;
 mod sandbox;
 mod trust;
+mod workspace;
+
+pub use workspace::Workspaces;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -160,10 +163,12 @@ pub struct HostFacts {
     pub credentials: BTreeMap<String, String>,
 }
 
-/// The launchers by kind, and the workers' directories.
+/// The launchers by kind, the workers' directories, and their workspaces.
 pub struct Launchers {
     /// `<state>/workers`.
     root: PathBuf,
+    /// The workspaces of workers whose profile makes one.
+    pub workspaces: Workspaces,
     command: CommandLauncher,
     claude: claude::ClaudeLauncher,
     opencode: opencode::OpencodeLauncher,
@@ -176,6 +181,7 @@ impl Launchers {
     pub fn new(state_dir: &Path, facts: HostFacts) -> Self {
         Self {
             root: state_dir.join("workers"),
+            workspaces: Workspaces::new(state_dir),
             command: CommandLauncher,
             sandbox: sandbox::SandboxLauncher {
                 state_dir: state_dir.to_path_buf(),
@@ -286,7 +292,33 @@ async fn run_teardown(argv: &[String]) {
     }
 }
 
-/// Makes `dir` (and its parents), readable by the user only.
+/// `word` with each `{placeholder}` that `value` knows replaced by its value; anything else,
+/// unknown placeholders and lone braces included, kept as it is. No shell ever reads the
+/// result: each word stays one argument.
+pub fn fill_template(word: &str, value: &dyn Fn(&str) -> Option<String>) -> String {
+    let mut out = String::new();
+    let mut rest = word;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        match after
+            .find('}')
+            .and_then(|close| value(&after[..close]).map(|v| (close, v)))
+        {
+            Some((close, filled)) => {
+                out.push_str(&filled);
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Where `program` is on this host: itself when it names a path (relative to `cwd`, where a
 /// pane starts), else the first executable file of that name in `path` (a `PATH` value).
 pub fn locate_program(

@@ -178,27 +178,7 @@ fn fill(word: &str, values: &Values<'_>) -> String {
             _ => return None,
         })
     };
-    let mut out = String::new();
-    let mut rest = word;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        match after
-            .find('}')
-            .and_then(|close| value(&after[..close]).map(|v| (close, v)))
-        {
-            Some((close, filled)) => {
-                out.push_str(&filled);
-                rest = &after[close + 1..];
-            }
-            None => {
-                out.push('{');
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
+    super::fill_template(word, &value)
 }
 
 #[cfg(test)]

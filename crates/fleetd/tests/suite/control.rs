@@ -460,6 +460,16 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
     let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "bob").await?;
+    // The slot's host itself, not only its lead, is heard (a host's own heartbeat comes apart).
+    until("hostb to be heard on hosta", LIMIT, || async {
+        let listed = alice.ok("fleet_list", json!({})).await.ok()?;
+        listed["hosts"]
+            .as_array()?
+            .iter()
+            .any(|h| h["host"] == "hostb" && h["status"] == "up")
+            .then_some(())
+    })
+    .await?;
     let brief = "Is one exchange enough?";
     let consult = alice
         .ok("fleet_consult", json!({"brief": brief, "wait_s": 30}))

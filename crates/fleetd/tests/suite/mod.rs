@@ -27,6 +27,7 @@ mod stall;
 mod tls;
 mod trust;
 mod webview;
+mod workspace;
 
 use std::time::Duration;
 

@@ -247,6 +247,7 @@ impl Gateway {
                 last_seen_ms: Some(e.heard_ms),
                 open_calls: None,
                 stalled_since: None,
+                workspace: None,
                 dialog: None,
             })
             .collect();
