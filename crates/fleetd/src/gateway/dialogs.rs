@@ -30,7 +30,7 @@ use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 
 /// How often busy workers' screens are looked at for a dialog.
-const DIALOG_LOOK: Duration = Duration::from_millis(500);
+pub(super) const DIALOG_LOOK: Duration = Duration::from_millis(500);
 /// How long a dialog has to go away after its choice's key was pressed.
 const GONE_WAIT: Duration = Duration::from_secs(3);
 /// How often the screen is looked at meanwhile.
@@ -75,26 +75,10 @@ struct Watched {
     asked: Option<(String, Dialog)>,
 }
 
-pub(super) fn start(gateway: &Arc<Gateway>) {
-    let gateway = Arc::clone(gateway);
-    let tasks = gateway.tasks.clone();
-    tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(DIALOG_LOOK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut seen = HashMap::new();
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => gateway.look_for_dialogs(&mut seen).await,
-                () = gateway.shutdown.cancelled() => return,
-            }
-        }
-    });
-}
-
 impl Gateway {
     /// One look at every busy or blocked worker's screen; `seen` holds each one's screen at the
     /// look before.
-    async fn look_for_dialogs(self: &Arc<Self>, seen: &mut HashMap<Gid, String>) {
+    pub(super) async fn look_for_dialogs(self: &Arc<Self>, seen: &mut HashMap<Gid, String>) {
         let (watched, over) = {
             let sessions = self.lock();
             let mut watched = Vec::new();

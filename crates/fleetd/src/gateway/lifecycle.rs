@@ -17,7 +17,7 @@ use crate::launch::Worker;
 use crate::token;
 
 /// How often idle timers and task counts are looked at.
-const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
+pub(super) const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
 
 /// What the lifecycle loop found to do.
 enum LifeStep {
@@ -25,21 +25,6 @@ enum LifeStep {
     Reap(Gid, Duration),
     /// Give it a fresh session: it took as many tasks as its profile allows.
     Recycle(Gid, u64),
-}
-
-pub(super) fn start(gateway: &Arc<Gateway>) {
-    let gateway = Arc::clone(gateway);
-    let tasks = gateway.tasks.clone();
-    tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(LIFECYCLE_TICK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => gateway.check_lifecycles().await,
-                () = gateway.shutdown.cancelled() => return,
-            }
-        }
-    });
 }
 
 impl Gateway {
@@ -124,7 +109,7 @@ impl Gateway {
     }
 
     /// Reaps workers idle past their `idle_ttl` and recycles those at their `context_cap`.
-    async fn check_lifecycles(self: &Arc<Self>) {
+    pub(super) async fn check_lifecycles(self: &Arc<Self>) {
         let due: Vec<LifeStep> = {
             let mut sessions = self.lock();
             if sessions.host_down.is_some() {

@@ -31,12 +31,14 @@ mod views;
 mod watch;
 mod workdir;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use fleet_core::{Entity, ErrorCode, FleetError, Gid};
 use fleet_mux::PaneHost;
 use fleet_store::{Store, StoreError, StoreResult};
+use futures_util::future::BoxFuture;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -163,13 +165,43 @@ impl Gateway {
         self.start_federation().await?;
         self.start_coordinator().await?;
         self.recover().await?;
-        watch::start(self);
-        dialogs::start(self);
-        stall::start(self);
-        prune::start(self);
+        self.every(
+            watch::PANE_WATCH_INTERVAL,
+            HashSet::new(),
+            |g, statusless| Box::pin(g.check_panes(statusless)),
+        );
+        self.every(dialogs::DIALOG_LOOK, HashMap::new(), |g, seen| {
+            Box::pin(g.look_for_dialogs(seen))
+        });
+        self.every(stall::STALL_LOOK, HashMap::new(), |g, seen| {
+            Box::pin(g.look_for_stalls(seen))
+        });
+        self.every(prune::PRUNE_INTERVAL, (), |g, ()| Box::pin(g.prune()));
         nudge::start(self);
-        lifecycle::start(self);
+        self.every(lifecycle::LIFECYCLE_TICK, (), |g, ()| {
+            Box::pin(g.check_lifecycles())
+        });
         Ok(())
+    }
+
+    /// Runs `tick` (with its own `state`) every `interval` until shutdown, on the gateway's
+    /// task set; a tick that runs long delays the next one rather than bunching them.
+    fn every<S, F>(self: &Arc<Self>, interval: Duration, mut state: S, tick: F)
+    where
+        S: Send + 'static,
+        F: for<'a> Fn(&'a Arc<Gateway>, &'a mut S) -> BoxFuture<'a, ()> + Send + 'static,
+    {
+        let gateway = Arc::clone(self);
+        self.tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => tick(&gateway, &mut state).await,
+                    () = gateway.shutdown.cancelled() => return,
+                }
+            }
+        });
     }
 
     /// Shuts down: stops the loops, ends every live session (closing its pane and telling the

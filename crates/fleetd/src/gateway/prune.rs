@@ -1,7 +1,6 @@
 //! The pruner: deletes settled messages older than `gateway.keep_messages_days`, and the ids
 //! signed federation remembers once past their time, so the store does not grow without end.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::clock::now_ms;
@@ -9,25 +8,11 @@ use fleet_core::clock::now_ms;
 use super::Gateway;
 
 /// How often settled messages are pruned.
-const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
+pub(super) const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 const MS_PER_DAY: i64 = 86_400_000;
 
-pub(super) fn start(gateway: &Arc<Gateway>) {
-    let gateway = Arc::clone(gateway);
-    let tasks = gateway.tasks.clone();
-    tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(PRUNE_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => gateway.prune().await,
-                () = gateway.shutdown.cancelled() => return,
-            }
-        }
-    });
-}
-
 impl Gateway {
-    async fn prune(&self) {
+    pub(super) async fn prune(&self) {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let before = now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));
         match self.db(move |s| s.prune(before)).await {

@@ -22,13 +22,13 @@ use super::spawn::tail_lines;
 use crate::config::OnStall;
 
 /// How often busy workers' screens are looked at for a stall.
-const STALL_LOOK: Duration = Duration::from_secs(1);
+pub(super) const STALL_LOOK: Duration = Duration::from_secs(1);
 /// How many lines of a stalled worker's screen its lead is shown.
 const STALL_TAIL_LINES: usize = 15;
 
 /// What the watchdog remembers of a busy worker: its task, its screen, and since when the
 /// screen has shown that.
-struct Seen {
+pub(super) struct Seen {
     task: Option<MsgId>,
     screen: String,
     since: Instant,
@@ -46,24 +46,8 @@ struct Watched {
     reported: bool,
 }
 
-pub(super) fn start(gateway: &Arc<Gateway>) {
-    let gateway = Arc::clone(gateway);
-    let tasks = gateway.tasks.clone();
-    tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(STALL_LOOK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut seen = HashMap::new();
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => gateway.look_for_stalls(&mut seen).await,
-                () = gateway.shutdown.cancelled() => return,
-            }
-        }
-    });
-}
-
 impl Gateway {
-    async fn look_for_stalls(self: &Arc<Self>, seen: &mut HashMap<Gid, Seen>) {
+    pub(super) async fn look_for_stalls(self: &Arc<Self>, seen: &mut HashMap<Gid, Seen>) {
         let watched: Vec<Watched> = {
             let sessions = self.lock();
             let now = now_ms();

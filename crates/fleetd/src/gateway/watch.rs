@@ -12,25 +12,9 @@ use fleet_mux::{AgentState, MuxError, PaneLife};
 use super::Gateway;
 
 /// How often the pane host is asked which panes still run.
-const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
+pub(super) const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How far back to read an ended pane for its last words.
 const HISTORY_LINES: usize = 200;
-
-pub(super) fn start(gateway: &Arc<Gateway>) {
-    let gateway = Arc::clone(gateway);
-    let tasks = gateway.tasks.clone();
-    tasks.spawn(async move {
-        let mut ticker = tokio::time::interval(PANE_WATCH_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut statusless = HashSet::new();
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => gateway.check_panes(&mut statusless).await,
-                () = gateway.shutdown.cancelled() => return,
-            }
-        }
-    });
-}
 
 impl Gateway {
     /// Records what the pane host sees of the agent in `gid`'s pane; a change wakes the pump
@@ -48,7 +32,7 @@ impl Gateway {
     /// Ends the sessions whose panes ended. `statusless` holds the panes seen dead without an
     /// exit status once: tmux marks a pane dead when its terminal closes and learns the status
     /// a moment later, so such a pane gets one more look before it is reported without one.
-    async fn check_panes(self: &Arc<Self>, statusless: &mut HashSet<Gid>) {
+    pub(super) async fn check_panes(self: &Arc<Self>, statusless: &mut HashSet<Gid>) {
         let watched: Vec<_> = self
             .lock()
             .panes

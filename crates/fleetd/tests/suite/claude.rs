@@ -19,8 +19,14 @@ const SETTINGS_LOOK: Duration = Duration::from_millis(5);
 /// A fleet whose profile `claude` is a real Claude Code on the scripted model, with one such
 /// worker `c1` spawned.
 async fn fleet_with_claude() -> anyhow::Result<(ModelSim, Fleet, Client, String)> {
+    fleet_with_claude_and("").await
+}
+
+/// [`fleet_with_claude`], its profile with the `keys` lines added.
+async fn fleet_with_claude_and(keys: &str) -> anyhow::Result<(ModelSim, Fleet, Client, String)> {
     let model = ModelSim::start().await?;
-    let fleet = Fleet::start("", &claude_profile("claude", &model.base_url())).await?;
+    let profile = format!("{}{keys}", claude_profile("claude", &model.base_url()));
+    let fleet = Fleet::start("", &profile).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let spawned = lead.spawn("claude", "c1").await?;
     assert_eq!(spawned["status"], "idle", "{spawned}");
@@ -253,16 +259,8 @@ async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_names()
 -> anyhow::Result<()> {
-    let model = ModelSim::start().await?;
-    let profile = format!(
-        "{}permission_mode = \"dontAsk\"\n",
-        claude_profile("claude", &model.base_url())
-    );
-    let fleet = Fleet::start("", &profile).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.spawn("claude", "c1").await?;
-    assert_eq!(spawned["status"], "idle", "{spawned}");
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let (_model, fleet, lead, pane) =
+        fleet_with_claude_and("permission_mode = \"dontAsk\"\n").await?;
     // The pane's program was started with the mode, and Claude Code took it (it got ready,
     // and answers below).
     let out = std::process::Command::new("tmux")
@@ -300,16 +298,8 @@ async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_nam
 /// key: the command runs, and the same call goes on to the worker's reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_claude_code_permission_prompt_is_answered_by_its_lead() -> anyhow::Result<()> {
-    let model = ModelSim::start().await?;
-    let profile = format!(
-        "{}permission_mode = \"manual\"\n",
-        claude_profile("claude", &model.base_url())
-    );
-    let fleet = Fleet::start("", &profile).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.spawn("claude", "c1").await?;
-    assert_eq!(spawned["status"], "idle", "{spawned}");
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let (_model, fleet, lead, pane) =
+        fleet_with_claude_and("permission_mode = \"manual\"\n").await?;
     let dir = tempfile::tempdir()?;
     let screen = || fleet.screen(&pane).unwrap_or_default();
 
