@@ -401,6 +401,18 @@ impl Config {
             if !seen.insert(profile.name.as_str()) {
                 return Err(format!("profile '{}' is declared twice", profile.name));
             }
+            // A worker runs in its workspace: with roots set, that must be inside one.
+            let roots = &self.gateway.workdir_roots;
+            let inside = |root: &std::path::Path| roots.iter().any(|r| root.starts_with(r));
+            if !roots.is_empty()
+                && !profile.workspace.is_empty()
+                && !profile.workspace_root.as_deref().is_some_and(inside)
+            {
+                return Err(format!(
+                    "profiles '{}': with gateway.workdir_roots set, workspace_root must be set to a directory inside one of them (workers run in their workspaces, which go under the state dir otherwise)",
+                    profile.name
+                ));
+            }
         }
         if self.broker.is_none()
             && let Some(far) = self.architects.slots.iter().find(|s| {
@@ -730,6 +742,20 @@ mod tests {
         ] {
             let err = profile(keys).unwrap_err().to_string();
             assert!(err.contains(says), "{keys}: {err}");
+        }
+    }
+
+    #[test]
+    fn with_workdir_roots_a_workspace_root_must_be_inside_one() {
+        let config = |root: &str| {
+            parse(&format!(
+                "[gateway]\nworkdir_roots = [\"/srv/code\"]\n[[profiles]]\nname = \"t\"\nkind = \"command\"\nargv = [\"x\"]\nworkspace = [\"mkdir\", \"{{dir}}\"]\n{root}\n"
+            ))
+        };
+        assert!(config("workspace_root = \"/srv/code/spaces\"").is_ok());
+        for root in ["", "workspace_root = \"/tmp/spaces\""] {
+            let err = config(root).unwrap_err().to_string();
+            assert!(err.contains("inside one of them"), "{root}: {err}");
         }
     }
 

@@ -50,11 +50,12 @@ impl Drop for OpenCall {
             if let Some(at) = lead.listening.iter().position(|l| *l == self.listens) {
                 lead.listening.swap_remove(at);
             }
-        } else if let Some(session) = sessions.panes.get_mut(&self.gid)
-            && self.poll
-        {
-            session.polls = session.polls.saturating_sub(1);
-            session.kick();
+        } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
+            session.open_calls = session.open_calls.saturating_sub(1);
+            if self.poll {
+                session.polls = session.polls.saturating_sub(1);
+                session.kick();
+            }
         }
     }
 }
@@ -71,10 +72,11 @@ impl Gateway {
         if let Some(lead) = sessions.leads.get_mut(&gid) {
             lead.open_calls += 1;
             lead.listening.push(listens);
-        } else if let Some(session) = sessions.panes.get_mut(&gid)
-            && poll
-        {
-            session.polls += 1;
+        } else if let Some(session) = sessions.panes.get_mut(&gid) {
+            session.open_calls += 1;
+            if poll {
+                session.polls += 1;
+            }
         }
         OpenCall {
             gateway: Arc::clone(self),

@@ -162,15 +162,20 @@ impl Gateway {
             tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
         }
         self.launchers.finish(gid).await;
-        self.launchers.workspaces.end(gid).await;
         // An agent still exiting may write into its home after its pane closed (opencode and
         // Claude Code save their state as they go): what it writes goes too, a while later.
+        // Its workspace is taken down after the first pause, once what ran in it had time to
+        // exit (a teardown under a live program would leave what it writes after as an
+        // orphan); one cut short by fleetd stopping is taken down as fleetd stops.
         let (launchers, shutdown) = (Arc::clone(&self.launchers), self.shutdown.clone());
         self.tasks.spawn(async move {
-            for after in LATE_WRITES {
+            for (pass, after) in LATE_WRITES.into_iter().enumerate() {
                 tokio::select! {
                     () = tokio::time::sleep(after) => launchers.finish(gid).await,
                     () = shutdown.cancelled() => return,
+                }
+                if pass == 0 {
+                    launchers.workspaces.end(gid).await;
                 }
             }
         });

@@ -220,6 +220,8 @@ impl Gateway {
         }
         self.tasks.close();
         self.tasks.wait().await;
+        // Every session is over: the workspaces whose teardown was still to come go now.
+        self.launchers.workspaces.end_leftovers().await;
     }
 
     /// The host id.

@@ -59,6 +59,9 @@ pub(super) struct PaneSession {
     pub current: Option<Message>,
     /// Open `fleet_poll` calls: while one is open, tasks go through it, not the keyboard.
     pub polls: usize,
+    /// Its fleet calls open now (a long `fleet_send` or `fleet_poll`): while one is, it waits
+    /// on the fleet and has not stalled.
+    pub open_calls: usize,
     /// The pump or a poll is taking the next task off the queue: the other must not, or two
     /// tasks would be in flight at once.
     pub claiming: bool,

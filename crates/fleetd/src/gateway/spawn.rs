@@ -225,6 +225,7 @@ impl Gateway {
                     tasks_started: 0,
                     current: None,
                     polls: 0,
+                    open_calls: 0,
                     claiming: false,
                     claim_missed: false,
                     activity: watch::channel(0).0,
@@ -265,9 +266,21 @@ impl Gateway {
             .await
         {
             Ok(Some(dir)) => {
-                if let Some(session) = self.lock().panes.get_mut(&gid) {
-                    session.cwd = dir.clone();
-                    session.workspace = Some(dir.clone());
+                let spawning = match self.lock().panes.get_mut(&gid) {
+                    Some(session) if session.status == WorkerStatus::Spawning => {
+                        session.cwd = dir.clone();
+                        session.workspace = Some(dir.clone());
+                        true
+                    }
+                    _ => false,
+                };
+                if !spawning {
+                    // Stopped while its workspace was being made: that was left to us.
+                    self.launchers.workspaces.end(gid).await;
+                    return Err(FleetError::new(
+                        ErrorCode::NotReady,
+                        format!("'{name}' was stopped while its workspace was being made"),
+                    ));
                 }
                 dir
             }

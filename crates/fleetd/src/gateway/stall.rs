@@ -44,6 +44,8 @@ struct Watched {
     since_call: Option<Duration>,
     /// Whether its lead was told of this stall already.
     reported: bool,
+    /// When it last called in (Unix ms), as seen at the look.
+    last_seen_ms: Option<i64>,
 }
 
 impl Gateway {
@@ -55,6 +57,10 @@ impl Gateway {
             // Only a busy worker stalls (one waiting on its lead, asking or blocked, does not).
             for (gid, s) in &sessions.panes {
                 let after = s.profile.stall_after_s.map(Duration::from_secs);
+                // One waiting in a long fleet call waits on the fleet, not stalled.
+                if s.open_calls > 0 {
+                    continue;
+                }
                 if let (WorkerStatus::Busy, Some(after), Some(pane)) = (s.status, after, &s.pane) {
                     watched.push(Watched {
                         gid: *gid,
@@ -65,6 +71,7 @@ impl Gateway {
                             .last_seen_ms
                             .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0))),
                         reported: s.stalled_since.is_some(),
+                        last_seen_ms: s.last_seen_ms,
                     });
                 }
             }
@@ -98,7 +105,7 @@ impl Gateway {
                         .get(&w.gid)
                         .map(|s| tail_lines(&s.screen, STALL_TAIL_LINES))
                         .unwrap_or_default();
-                    self.stalled(w.gid, w.after, &tail).await;
+                    self.stalled(&w, &tail).await;
                 }
             } else if w.reported
                 && let Some(session) = self.lock().panes.get_mut(&w.gid)
@@ -109,15 +116,21 @@ impl Gateway {
         }
     }
 
-    /// Busy worker `gid` has shown `tail` unchanged, and made no call, for `after`: its lead
-    /// hears so, and with `on_stall = "recycle"` its task fails and it starts afresh.
-    async fn stalled(self: &Arc<Self>, gid: Gid, after: Duration, tail: &str) {
+    /// Busy worker `w` has shown `tail` unchanged, and made no call, for its `after`: its
+    /// lead hears so, and with `on_stall = "recycle"` its task fails and it starts afresh.
+    async fn stalled(self: &Arc<Self>, w: &Watched, tail: &str) {
+        let (gid, after) = (w.gid, w.after);
         let (name, lead, task, on_stall) = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
             };
-            if session.status != WorkerStatus::Busy {
+            // Still as it was looked at: busy on the same task, no call since, none open.
+            if session.status != WorkerStatus::Busy
+                || session.current.as_ref().map(|t| t.msg_id) != w.task
+                || session.last_seen_ms != w.last_seen_ms
+                || session.open_calls > 0
+            {
                 return;
             }
             session.stalled_since = Some(now_ms());
@@ -182,6 +195,9 @@ impl Gateway {
         }
         self.notify_failed(task, &format!("{what}\n(so it was recycled)"))
             .await;
-        self.recycle(gid, "it stalled").await;
+        // On its own: the watchdog goes on looking at the others meanwhile.
+        let gateway = Arc::clone(self);
+        self.tasks
+            .spawn(async move { gateway.recycle(gid, "it stalled").await });
     }
 }

@@ -6,8 +6,10 @@
 //! placement, it does not manage the toolchain). The filled teardown is kept in the state dir
 //! before the workspace is made, so a teardown still runs after a crash, at the next start.
 
+use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use fleet_core::Gid;
@@ -38,6 +40,21 @@ pub struct Workspaces {
     root: PathBuf,
     /// `<state>/workspace-teardowns`: one file per worker whose workspace awaits its teardown.
     kept: PathBuf,
+    /// The workers whose workspace is being made: its maker owns it until it returns (a
+    /// session that ends meanwhile leaves the teardown to the spawn that made it).
+    making: Mutex<HashSet<Gid>>,
+}
+
+/// Marks a workspace as being made while it lives.
+struct Making<'a> {
+    spaces: &'a Workspaces,
+    gid: Gid,
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        self.spaces.making().remove(&self.gid);
+    }
 }
 
 impl Workspaces {
@@ -46,7 +63,12 @@ impl Workspaces {
         Self {
             root: state_dir.join("workspaces"),
             kept: state_dir.join("workspace-teardowns"),
+            making: Mutex::new(HashSet::new()),
         }
+    }
+
+    fn making(&self) -> std::sync::MutexGuard<'_, HashSet<Gid>> {
+        self.making.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Makes the workspace of worker `name` (`gid`) from `cwd`, when `profile` declares one:
@@ -62,6 +84,8 @@ impl Workspaces {
         if profile.workspace.is_empty() {
             return Ok(None);
         }
+        self.making().insert(gid);
+        let made = Making { spaces: self, gid };
         let root = profile
             .workspace_root
             .clone()
@@ -90,8 +114,8 @@ impl Workspaces {
                 .and_then(|()| private_file(&self.file_of(gid), text.as_bytes()))
                 .map_err(|e| format!("cannot keep the workspace's teardown: {e}"))?;
         }
-        let made = run(&fill(&profile.workspace), cwd, MAKE_TIMEOUT).await;
-        let why = match made {
+        let ran = run(&fill(&profile.workspace), cwd, MAKE_TIMEOUT).await;
+        let why = match ran {
             Ok(()) if dir.is_dir() => {
                 tracing::info!(%gid, dir = %dir.display(), "made a worker's workspace");
                 return Ok(Some(dir));
@@ -102,12 +126,17 @@ impl Workspaces {
             ),
             Err(why) => format!("the workspace command {why}"),
         };
+        drop(made);
         self.end(gid).await;
         Err(why)
     }
 
-    /// Worker `gid`'s session ended for good: its workspace's teardown runs (if one is kept).
+    /// Worker `gid`'s session ended for good: its workspace's teardown runs (if one is kept),
+    /// unless the workspace is still being made (its spawn takes it down then).
     pub async fn end(&self, gid: Gid) {
+        if self.making().contains(&gid) {
+            return;
+        }
         take_down(&self.file_of(gid)).await;
     }
 

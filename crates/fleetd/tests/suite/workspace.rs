@@ -45,7 +45,7 @@ fn repository(dir: &Path) -> anyhow::Result<PathBuf> {
 /// The scripted agent as profile `wt`, spawned in `repo`, each worker in a worktree of its own.
 fn worktree_profile(repo: &Path) -> anyhow::Result<String> {
     Ok(format!(
-        "{}cwd = {:?}\nworkspace = [\"git\", \"-C\", \"{{cwd}}\", \"worktree\", \"add\", \"{{dir}}\", \"-b\", \"fleet/{{name}}\"]\nworkspace_teardown = [\"git\", \"-C\", \"{{cwd}}\", \"worktree\", \"remove\", \"--force\", \"{{dir}}\"]\n",
+        "{}cwd = {:?}\nworkspace = [\"git\", \"-C\", \"{{cwd}}\", \"worktree\", \"add\", \"{{dir}}\", \"-b\", \"fleet/{{name}}-{{gid}}\"]\nworkspace_teardown = [\"git\", \"-C\", \"{{cwd}}\", \"worktree\", \"remove\", \"--force\", \"{{dir}}\"]\n",
         sim_profile("wt", &[])?,
         repo.display().to_string()
     ))
@@ -81,9 +81,13 @@ async fn workers_from_one_repository_edit_the_same_file_each_in_its_own_worktree
             "{}",
             space.display()
         );
+        let gid = lead.entry(name).await?["gid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         assert_eq!(
             git(space, &["branch", "--show-current"])?.trim(),
-            format!("fleet/{name}")
+            format!("fleet/{name}-{gid}")
         );
     }
     assert_eq!(worktrees(&repo)?.len(), 3, "the checkout and two worktrees");
@@ -110,6 +114,10 @@ async fn workers_from_one_repository_edit_the_same_file_each_in_its_own_worktree
     })
     .await?;
     assert!(!w1.exists() && !w2.exists());
+    // The name again: a worktree of its own again (its branch is another: its gid is).
+    lead.spawn("wt", "w1").await?;
+    let again = workspace(&lead.entry("w1").await?);
+    assert!(again.is_dir() && again != w1, "{}", again.display());
     Ok(())
 }
 
