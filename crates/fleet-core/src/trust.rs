@@ -445,15 +445,17 @@ pub struct Authority<'a> {
     /// The recipient here (none for a broadcast's key).
     pub recipient: Option<&'a Entity>,
     /// For an answer: whether the message it answers was sent by this gateway to the sending
-    /// host. For an ask: whether it is about a task its recipient sent to its sender.
+    /// host. For an ask (or a send about a task): whether it is about a task its recipient
+    /// sent to its sender.
     pub answers_own: bool,
 }
 
 /// Check 6: the rules that hold on one host, across hosts.
 pub fn check_authority(kind: Kind, facts: Authority<'_>) -> Result<(), Refusal> {
     match kind {
-        // A worker asks the lead whose task it works on, wherever that lead lives.
-        Kind::Ask if facts.answers_own => Ok(()),
+        // A worker asks the lead whose task it works on, wherever that lead lives; and its
+        // gateway tells that lead of it (a stall) the same way.
+        Kind::Ask | Kind::Send if facts.answers_own => Ok(()),
         Kind::Send | Kind::Ask => match (facts.sender, facts.recipient) {
             (Some(sender), Some(recipient)) => {
                 authz::check_send(sender, recipient).map_err(|e| Refusal::Forbidden(e.message))
@@ -941,6 +943,13 @@ mod tests {
         assert_eq!(check_authority(Kind::Ask, about_own_task), Ok(()));
         assert!(matches!(
             check_authority(Kind::Ask, facts(Some(&stranger), Some(&lead))),
+            Err(Refusal::Forbidden(_))
+        ));
+        // So is a notice about it (a stall), and only that: a send about nothing of the lead's
+        // is a worker's send to a lead not its own.
+        assert_eq!(check_authority(Kind::Send, about_own_task), Ok(()));
+        assert!(matches!(
+            check_authority(Kind::Send, facts(Some(&stranger), Some(&lead))),
             Err(Refusal::Forbidden(_))
         ));
         for kind in [Kind::Reply, Kind::Failed, Kind::Injected] {

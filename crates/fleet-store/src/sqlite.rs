@@ -527,6 +527,7 @@ impl Store for SqliteStore {
                 "UPDATE messages SET state = 'consumed', updated_ms = ?3
                  WHERE seq = (SELECT seq FROM messages
                               WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
+                                AND kind IN ('REPLY', 'FAILED')
                               ORDER BY seq LIMIT 1)
                  RETURNING {MESSAGE_COLUMNS}"
             ),

@@ -330,10 +330,14 @@ fn an_answer_is_found_by_what_it_answers() {
     store
         .insert_message(&message(w, lead, MsgState::Held, "other"))
         .unwrap();
+    // A notice about the task (a stall) is no answer to it: it waits for a poll.
+    let mut notice = message(w, lead, MsgState::Held, "[fleet] stalled");
+    notice.in_reply_to = Some(task.msg_id);
+    store.insert_message(&notice).unwrap();
     let got = store.take_answer(lead, task.msg_id).unwrap().unwrap();
     assert_eq!(got.body, "done");
     assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
-    assert_eq!(store.held_count(lead).unwrap(), 1);
+    assert_eq!(store.held_count(lead).unwrap(), 2);
 }
 
 #[test]

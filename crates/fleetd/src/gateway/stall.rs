@@ -151,19 +151,24 @@ impl Gateway {
                 .unwrap_or_default()
         );
         tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, "a worker has stalled");
-        match (on_stall, task) {
-            (OnStall::Recycle, Some(task)) => self.recycle_stalled(gid, &task, &what).await,
+        match (on_stall, &task) {
+            (OnStall::Recycle, Some(task)) => self.recycle_stalled(gid, task, &what).await,
             (OnStall::Recycle, None) | (OnStall::Notify, _) => {
                 let Some(lead) = lead else {
                     return;
                 };
-                let notice = Message::task(
-                    gid,
-                    lead,
-                    format!("[fleet] {what}"),
-                    TraceId::mint(),
-                    now_ms(),
-                );
+                // About the task (in its flow): a lead on another host takes it from the worker
+                // whose task it sent, as it takes an ask; never the task's answer.
+                let notice = Message {
+                    in_reply_to: task.as_ref().map(|t| t.msg_id),
+                    ..Message::task(
+                        gid,
+                        lead,
+                        format!("[fleet] {what}"),
+                        task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
+                        now_ms(),
+                    )
+                };
                 if let Err(e) = self.deliver(notice).await {
                     tracing::warn!(%gid, error = %e, "cannot tell the lead of a stalled worker");
                 }

@@ -72,3 +72,38 @@ async fn a_stalled_worker_set_to_recycle_fails_its_task_and_starts_afresh() -> a
     assert_eq!(sent["reply"]["text"], "echo: hello again", "{sent}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_on_another_host_is_told_to_the_lead_whose_task_it_was() -> anyhow::Result<()> {
+    use fleet_testkit::broker::{Broker, Vhost};
+
+    use super::federation::{gateway, sees};
+
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let slow = format!("{}stall_after_s = 1\n", sim_profile("slow", &[])?);
+    let b = gateway(&vhost.uri(), "hostb", "bob", &slow).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    bob.spawn("slow", "wb").await?;
+    sees(&alice, "wb").await?;
+    // alice's task stalls bob's worker on hostb: alice, whose task it was, is told.
+    let sent = alice.send("wb", "/never", 0).await?;
+    let told = alice.poll(15).await?;
+    let text = told
+        .first()
+        .and_then(|m| m["text"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        text.starts_with("[fleet] 'wb' has stalled")
+            && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
+            && text.contains("[not replying]"),
+        "{told:?}\nhostb's log:\n{}\nhosta's log:\n{}",
+        b.log(),
+        a.log()
+    );
+    assert_eq!(told[0]["from_name"], "wb");
+    assert!(bob.poll(0).await?.is_empty(), "bob's was not the task");
+    Ok(())
+}

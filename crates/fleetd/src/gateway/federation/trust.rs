@@ -241,8 +241,8 @@ impl Gateway {
             {
                 check_broadcast_copy(envelope, owner_entity, owner.minted_ms(), fed.skew_ms())?;
             }
-            let answers_own =
-                envelope.kind == Kind::Ask && self.asks_of_own_task(owner, envelope).await;
+            let answers_own = matches!(envelope.kind, Kind::Ask | Kind::Send)
+                && self.asks_of_own_task(owner, envelope).await;
             let facts = Authority {
                 sender: sender.as_ref(),
                 recipient: recipient.as_ref(),
@@ -253,7 +253,8 @@ impl Gateway {
         Ok(())
     }
 
-    /// Whether an ask for `owner` is about a task `owner` sent its asker (on the host it says).
+    /// Whether an ask (or a send) for `owner` is about a task `owner` sent its sender (on the
+    /// host it says).
     async fn asks_of_own_task(&self, owner: Gid, envelope: &Envelope) -> bool {
         match (envelope.in_reply_to, envelope.from_host.clone()) {
             (Some(task), Some(host)) => self.sent_between(task, host, owner, envelope.from).await,
