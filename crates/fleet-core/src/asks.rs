@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::dialog::Choice;
+use crate::dialog::{Choice, Dialog};
 use crate::error::{ErrorCode, FleetError};
 use crate::ids::{Gid, MsgId};
 
@@ -38,6 +38,16 @@ pub struct Question {
     pub in_task: Option<MsgId>,
     /// When it asked (Unix ms).
     pub asked_ms: i64,
+}
+
+impl Question {
+    /// The dialog it stands for, when it is one (an ask with choices).
+    pub fn dialog(&self) -> Option<Dialog> {
+        self.choices.as_ref().map(|choices| Dialog {
+            prompt: self.question.clone(),
+            choices: choices.clone(),
+        })
+    }
 }
 
 /// Whom a worker asks: the sender of its task in flight, else the lead that spawned it.
@@ -287,6 +297,12 @@ mod tests {
             }]),
             ..question("d1", w1, 2)
         };
+        assert_eq!(question("t9", w1, 1).dialog(), None);
+        let shown = dialog.dialog().unwrap();
+        assert_eq!(
+            (shown.prompt.as_str(), shown.offered().as_str()),
+            ("which branch?", "1")
+        );
         table.open(dialog, lead, ());
         assert_eq!(table.dialog_from(w1).as_deref(), Some("d1"));
         assert!(table.is_open("d1"));

@@ -142,13 +142,18 @@ impl Dialog {
             .find(|c| c.choice == asked)
             .and_then(|c| Key::parse(&c.choice))
             .ok_or_else(|| {
-                let offered: Vec<&str> = self.choices.iter().map(|c| c.choice.as_str()).collect();
                 FleetError::invalid(format!(
                     "{} is not one of this dialog's choices: answer with one of {}",
                     crate::envelope::preview(asked),
-                    offered.join(", ")
+                    self.offered()
                 ))
             })
+    }
+
+    /// The choices it offers, as a list to read (`1, 2, esc`).
+    pub fn offered(&self) -> String {
+        let keys: Vec<&str> = self.choices.iter().map(|c| c.choice.as_str()).collect();
+        keys.join(", ")
     }
 }
 

@@ -225,6 +225,28 @@ impl Message {
         }
     }
 
+    /// A message of `kind` from `from` to `to` about the task `task` (in its flow; a flow of its
+    /// own when there is none): a worker's ask, or a notice about its work.
+    pub fn about(
+        task: Option<&Message>,
+        kind: Kind,
+        (from, to): (Gid, Gid),
+        body: String,
+        now_ms: i64,
+    ) -> Message {
+        Message {
+            kind,
+            in_reply_to: task.map(|t| t.msg_id),
+            ..Message::task(
+                from,
+                to,
+                body,
+                task.map_or_else(TraceId::mint, |t| t.trace_id),
+                now_ms,
+            )
+        }
+    }
+
     /// The answer to `answered`, from its recipient to its sender, in its flow, held for the
     /// sender's pull.
     pub fn reply_to(answered: &Message, body: String, now_ms: i64) -> Message {
@@ -283,6 +305,21 @@ pub fn check_size(body: &str, limit: usize) -> Result<(), FleetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_about_a_task_is_in_its_flow_and_names_it() {
+        let (lead, worker) = (Gid::mint(), Gid::mint());
+        let task = Message::task(lead, worker, "do it".into(), TraceId::mint(), 1);
+        let ask = Message::about(Some(&task), Kind::Ask, (worker, lead), "which?".into(), 2);
+        assert_eq!(
+            (ask.kind, ask.in_reply_to, ask.trace_id, ask.from, ask.to),
+            (Kind::Ask, Some(task.msg_id), task.trace_id, worker, lead)
+        );
+        assert_ne!(ask.msg_id, task.msg_id);
+        let loose = Message::about(None, Kind::Send, (worker, lead), "stalled".into(), 3);
+        assert_eq!(loose.in_reply_to, None);
+        assert_ne!(loose.trace_id, task.trace_id);
+    }
 
     #[test]
     fn all_twelve_kinds_round_trip() {

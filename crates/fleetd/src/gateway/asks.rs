@@ -14,9 +14,7 @@ use fleet_core::asks::{AskTable, listens_for, whom_to_ask};
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::message::check_size;
-use fleet_core::{
-    ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, TraceId, WorkerStatus,
-};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use tokio::sync::oneshot;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
@@ -119,14 +117,12 @@ impl Gateway {
                 ));
             }
             // What goes to a lead on another host: the question, about the task (in its flow).
-            let remote_ask = remote.then(|| Message {
-                kind: Kind::Ask,
-                in_reply_to: task.as_ref().map(|t| t.msg_id),
-                ..Message::task(
-                    me,
-                    to,
+            let remote_ask = remote.then(|| {
+                Message::about(
+                    task.as_ref(),
+                    Kind::Ask,
+                    (me, to),
                     question.clone(),
-                    task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
                     now_ms(),
                 )
             });
@@ -208,11 +204,10 @@ impl Gateway {
         let me = caller.entity.gid;
         let (question, answer) = {
             let mut sessions = self.lock();
-            if let Some(choices) = &sessions.asks.for_answer(turn_id, me)?.choices {
-                let offered: Vec<&str> = choices.iter().map(|c| c.choice.as_str()).collect();
+            if let Some(dialog) = sessions.asks.for_answer(turn_id, me)?.dialog() {
                 return Err(FleetError::invalid(format!(
                     "{turn_id} is a dialog on the worker's screen, which takes a key, not text: answer with fleet_send{{turn_id, choice}}, the choice one of {}",
-                    offered.join(", ")
+                    dialog.offered()
                 )));
             }
             sessions.asks.take_for_answer(turn_id, me)?

@@ -17,10 +17,8 @@ use std::time::Duration;
 use fleet_core::asks::whom_to_ask;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
-use fleet_core::dialog::{Choice, Dialog, read_dialog};
-use fleet_core::{
-    ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, TraceId, WorkerStatus,
-};
+use fleet_core::dialog::{Dialog, read_dialog};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
@@ -51,12 +49,8 @@ pub(super) fn is_dialog_turn(turn: &str) -> bool {
 
 /// A dialog asked of a worker's lead, while it is open.
 pub(super) struct OpenDialog {
-    /// Its turn id.
-    pub turn_id: String,
-    /// The dialog, as asked.
-    pub dialog: Dialog,
-    /// When it was asked (Unix ms).
-    pub seen_ms: i64,
+    /// The ask, as its lead sees it (its turn id, the dialog's text and choices).
+    pub question: AskView,
     /// Until when its lead on another host can answer it (its `ASK`'s life there).
     pub good_until: Option<Instant>,
     /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
@@ -85,7 +79,7 @@ impl Gateway {
             let mut over = Vec::new();
             for (gid, s) in &sessions.panes {
                 let asked = s.dialog.as_ref().filter(|d| {
-                    sessions.asks.is_open(&d.turn_id)
+                    sessions.asks.is_open(&d.question.turn_id)
                         && d.good_until.is_none_or(|until| Instant::now() < until)
                 });
                 if let Some(dialog) = &s.dialog
@@ -93,13 +87,14 @@ impl Gateway {
                 {
                     // Its turn ended (or it stopped) with the dialog still asked; or its ask is
                     // over (expired afar, refused there): asked afresh if it stays.
-                    over.push((*gid, dialog.turn_id.clone()));
+                    over.push((*gid, dialog.question.turn_id.clone()));
+                }
+                if !matches!(s.status, WorkerStatus::Busy | WorkerStatus::Blocked) {
+                    continue;
                 }
                 let forced = matches!(s.host_agent, Some((_, AgentState::Blocked)));
                 let markers = s.profile.dialog_markers();
-                if !matches!(s.status, WorkerStatus::Busy | WorkerStatus::Blocked)
-                    || (markers.is_empty() && !forced)
-                {
+                if markers.is_empty() && !forced {
                     continue;
                 }
                 if let Some(pane) = &s.pane {
@@ -109,7 +104,8 @@ impl Gateway {
                         status: s.status,
                         markers,
                         forced,
-                        asked: asked.map(|d| (d.turn_id.clone(), d.dialog.clone())),
+                        asked: asked
+                            .and_then(|d| Some((d.question.turn_id.clone(), d.question.dialog()?))),
                     });
                 }
             }
@@ -147,6 +143,7 @@ impl Gateway {
     /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked.
     async fn dialog_shown(self: &Arc<Self>, gid: Gid, dialog: Dialog) {
         let turn_id = format!("{DIALOG_TURN}{}", MsgId::mint());
+        let ttl = self.remote_dialog_ttl();
         let (to, remote) = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
@@ -170,24 +167,19 @@ impl Gateway {
                 in_task: task.as_ref().map(|t| t.msg_id),
                 asked_ms: now_ms(),
             };
-            let remote = (!sessions.is_local(to) && self.federation.is_some()).then(|| Message {
-                kind: Kind::Ask,
-                in_reply_to: task.as_ref().map(|t| t.msg_id),
-                ..Message::task(
-                    gid,
-                    to,
+            let remote = (!sessions.is_local(to) && self.federation.is_some()).then(|| {
+                Message::about(
+                    task.as_ref(),
+                    Kind::Ask,
+                    (gid, to),
                     serde_json::to_string(&dialog).unwrap_or_default(),
-                    task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
                     now_ms(),
                 )
             });
-            sessions.asks.open(question, to, Waiter::Screen);
-            let ttl = self.remote_dialog_ttl();
+            sessions.asks.open(question.clone(), to, Waiter::Screen);
             if let Some(session) = sessions.panes.get_mut(&gid) {
                 session.dialog = Some(OpenDialog {
-                    turn_id: turn_id.clone(),
-                    dialog,
-                    seen_ms: now_ms(),
+                    question,
                     good_until: remote.is_some().then(|| Instant::now() + ttl),
                     remote: remote.clone(),
                 });
@@ -197,8 +189,10 @@ impl Gateway {
         tracing::info!(%gid, %turn_id, lead = %to, remote = remote.is_some(), "the worker's program stopped on a dialog");
         match remote {
             Some(ask) => {
-                let ttl_s = self.remote_dialog_ttl().as_secs();
-                if let Err(e) = self.publish_in_turn(&ask, Some((&turn_id, ttl_s))).await {
+                if let Err(e) = self
+                    .publish_in_turn(&ask, Some((&turn_id, ttl.as_secs())))
+                    .await
+                {
                     tracing::warn!(%gid, %turn_id, error = %e, "cannot ask a lead on another host about a dialog; asked again at the next look");
                     self.dialog_over(gid, &turn_id, "it could not be asked")
                         .await;
@@ -224,22 +218,24 @@ impl Gateway {
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
             };
-            if session.dialog.as_ref().is_none_or(|d| d.turn_id != turn) {
+            if session
+                .dialog
+                .as_ref()
+                .is_none_or(|d| d.question.turn_id != turn)
+            {
                 return;
             }
             if session.status == WorkerStatus::Blocked {
                 let _ = session.apply(SessionEvent::DialogGone);
             }
             let dialog = session.dialog.take();
-            if let Some(dialog) = &dialog {
-                sessions.asks.close(&dialog.turn_id, why);
-            }
+            sessions.asks.close(turn, why);
             dialog
         };
         if let Some(dialog) = dialog {
-            tracing::info!(%gid, turn_id = %dialog.turn_id, why, "dialog over");
+            tracing::info!(%gid, turn_id = turn, why, "dialog over");
             if let Some(ask) = dialog.remote {
-                self.ask_abandoned(&ask, &dialog.turn_id).await;
+                self.ask_abandoned(&ask, turn).await;
             }
         }
     }
@@ -258,13 +254,12 @@ impl Gateway {
         let me = caller.entity.gid;
         let (question, waiter) = {
             let mut sessions = self.lock();
-            let asked = sessions.asks.for_answer(turn_id, me)?;
-            let Some(choices) = asked.choices.clone() else {
+            let Some(dialog) = sessions.asks.for_answer(turn_id, me)?.dialog() else {
                 return Err(FleetError::invalid(format!(
                     "{turn_id} is a question, which takes text, not a choice: answer with fleet_send{{turn_id, message}}"
                 )));
             };
-            dialog_of(asked.question.clone(), choices).pick(choice)?;
+            dialog.pick(choice)?;
             sessions.asks.take_for_answer(turn_id, me)?
         };
         match waiter {
@@ -292,10 +287,9 @@ impl Gateway {
         choice: String,
     ) -> Result<(), FleetError> {
         let gid = dialog.from;
-        let shown = dialog_of(
-            dialog.question.clone(),
-            dialog.choices.clone().unwrap_or_default(),
-        );
+        let shown = dialog
+            .dialog()
+            .ok_or_else(|| FleetError::invalid(format!("{} is no dialog", dialog.turn_id)))?;
         let key = shown.pick(&choice)?;
         let gone = || {
             FleetError::new(
@@ -312,7 +306,7 @@ impl Gateway {
             let asked = session
                 .dialog
                 .as_ref()
-                .is_some_and(|d| d.turn_id == dialog.turn_id);
+                .is_some_and(|d| d.question.turn_id == dialog.turn_id);
             match (&session.pane, asked, session.status) {
                 (Some(pane), true, WorkerStatus::Blocked) => (
                     pane.clone(),
@@ -376,9 +370,4 @@ impl Gateway {
         }
         Ok(())
     }
-}
-
-/// The dialog an ask with `choices` stands for.
-pub(super) fn dialog_of(prompt: String, choices: Vec<Choice>) -> Dialog {
-    Dialog { prompt, choices }
 }

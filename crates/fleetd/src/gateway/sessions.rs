@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::NudgeTarget;
 use super::asks::Asks;
 use super::dialogs::OpenDialog;
-use super::views::{DialogView, ListResult, RosterEntry, slot_of};
+use super::views::{ListResult, RosterEntry, Surfaced, slot_of};
 use crate::config::{ProfileConfig, ReadyCall};
 
 /// A lead, reached by MCP pull.
@@ -346,16 +346,7 @@ impl Sessions {
                 .dialog
                 .as_ref()
                 .filter(|_| s.status == WorkerStatus::Blocked)
-                .map(|d| DialogView {
-                    turn_id: d.turn_id.clone(),
-                    from: gid,
-                    from_name: s.entity.name.clone(),
-                    host: s.entity.host.clone(),
-                    prompt: d.dialog.prompt.clone(),
-                    choices: d.dialog.choices.clone(),
-                    in_task: s.current.as_ref().map(|t| t.msg_id),
-                    seen_ms: d.seen_ms,
-                }),
+                .and_then(|d| Surfaced::from(d.question.clone()).dialog()),
         })
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fleet_core::clock::now_ms;
 use fleet_core::lifecycle::stalled;
-use fleet_core::{Gid, Message, MsgId, SessionEvent, TraceId, WorkerStatus};
+use fleet_core::{Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use tokio::time::Instant;
 
@@ -159,16 +159,13 @@ impl Gateway {
                 };
                 // About the task (in its flow): a lead on another host takes it from the worker
                 // whose task it sent, as it takes an ask; never the task's answer.
-                let notice = Message {
-                    in_reply_to: task.as_ref().map(|t| t.msg_id),
-                    ..Message::task(
-                        gid,
-                        lead,
-                        format!("[fleet] {what}"),
-                        task.as_ref().map_or_else(TraceId::mint, |t| t.trace_id),
-                        now_ms(),
-                    )
-                };
+                let notice = Message::about(
+                    task.as_ref(),
+                    Kind::Send,
+                    (gid, lead),
+                    format!("[fleet] {what}"),
+                    now_ms(),
+                );
                 if let Err(e) = self.deliver(notice).await {
                     tracing::warn!(%gid, error = %e, "cannot tell the lead of a stalled worker");
                 }

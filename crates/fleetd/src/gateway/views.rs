@@ -54,6 +54,16 @@ impl From<AskView> for Surfaced {
     }
 }
 
+impl Surfaced {
+    /// The dialog, if it is one.
+    pub fn dialog(self) -> Option<DialogView> {
+        match self {
+            Surfaced::Dialog(dialog) => Some(dialog),
+            Surfaced::Question(_) => None,
+        }
+    }
+}
+
 /// A message as its recipient sees it.
 #[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 pub struct Delivered {

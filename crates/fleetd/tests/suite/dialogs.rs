@@ -64,9 +64,12 @@ async fn a_dialog_waits_for_the_leads_poll_and_its_choice_is_pressed() -> anyhow
     );
     assert_eq!(keys(&dialog), ["y", "n"]);
     assert_eq!(polled["asks"], json!([]), "a dialog is no question");
-    // Handed out once.
+    // Handed out once; while it is open, fleet_list shows it.
     let again = lead.ok("fleet_poll", json!({"wait_s": 0})).await?;
     assert_eq!(again["blocked"], json!([]), "{again}");
+    let listed = lead.entry("w1").await?;
+    assert_eq!(listed["dialog"]["turn_id"], dialog["turn_id"], "{listed}");
+    assert_eq!(listed["dialog"]["choices"], dialog["choices"]);
     // The lead sent the task: answering waits on for its reply.
     let answered = lead
         .ok(
@@ -155,5 +158,64 @@ async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_
     assert_eq!(answered["status"], "replied", "{answered}\n{}", b.log());
     assert_eq!(answered["reply"]["text"], "chose n");
     until_status(&alice, "wb", "idle").await?;
+    Ok(())
+}
+
+/// A dialog off the broker is checked before a lead sees it: one that offers free text as a
+/// choice, offers none, offers a key twice, hides a control character in its prompt, or is no
+/// dialog at all is dropped (signed by a trusted host though it is); a well-formed one from the
+/// same sender, published after them, is what the lead gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialog_from_another_host_offering_free_text_never_reaches_the_lead() -> anyhow::Result<()>
+{
+    use fleet_core::{Gid, Kind, Role};
+
+    use super::federation::{announce, forged, publish};
+
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let client = vhost.connect().await?;
+    // A host whose gateway does not check what it sends, with a lead of its own (who may
+    // message alice).
+    let mallory = announce(&client, "hostc", "mallory", Role::Lead).await?;
+    sees(&alice, "mallory").await?;
+    let to = alice.entry("alice").await?["gid"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<Gid>()?
+        .to_string();
+    let choice = |key: &str, label: &str| json!({"choice": key, "label": label});
+    let bodies = [
+        json!({"prompt": "Proceed?", "choices": [choice("rm -rf ~\n", "Yes")]}).to_string(),
+        json!({"prompt": "Proceed?", "choices": []}).to_string(),
+        json!({"prompt": "Proceed?", "choices": [choice("y", "Yes"), choice("y", "No")]})
+            .to_string(),
+        json!({"prompt": "Proceed?\u{1b}]0;owned\u{7}", "choices": [choice("y", "Yes")]})
+            .to_string(),
+        "Proceed? (y/n)".to_string(),
+        json!({"prompt": "Proceed? (well-formed)", "choices": [choice("1", "Yes")]}).to_string(),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let mut envelope = forged(Kind::Ask, mallory, "hostc", &to)?;
+        envelope.turn_id = Some(format!("dialog-{i}"));
+        publish(&client, "fleet.msg", &to, &envelope, body.as_bytes()).await?;
+    }
+    let polled = until("the well-formed dialog to reach alice", LIMIT, || async {
+        let polled = alice.ok("fleet_poll", json!({"wait_s": 1})).await.ok()?;
+        (!polled["blocked"].as_array()?.is_empty()).then_some(polled)
+    })
+    .await?;
+    let blocked = polled["blocked"].as_array().cloned().unwrap_or_default();
+    assert_eq!(blocked.len(), 1, "{polled}\n{}", a.log());
+    assert_eq!(blocked[0]["turn_id"], "dialog-5");
+    assert_eq!(blocked[0]["prompt"], "Proceed? (well-formed)");
+    assert_eq!(keys(&blocked[0]), ["1"]);
+    assert_eq!(polled["asks"], json!([]), "{polled}");
+    let refused = a
+        .log()
+        .matches("a dialog from another host is refused")
+        .count();
+    assert_eq!(refused, 5, "{}", a.log());
     Ok(())
 }

@@ -5,12 +5,33 @@
 
 use std::time::Duration;
 
-use fleet_testkit::client::Protocol;
+use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(20);
+
+/// The first message `lead` polls (within 15 s), which must be the notice that `worker` stalled
+/// on the task `sent` started, with the end of its screen; `logs` says what happened if not.
+async fn stall_notice(
+    lead: &Client,
+    worker: &str,
+    sent: &Value,
+    logs: impl Fn() -> String,
+) -> anyhow::Result<Value> {
+    let told = lead.poll(15).await?;
+    let first = told.first().cloned().unwrap_or_default();
+    let text = first["text"].as_str().unwrap_or_default();
+    anyhow::ensure!(
+        text.starts_with(&format!("[fleet] '{worker}' has stalled"))
+            && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
+            && text.contains("[not replying]"),
+        "{told:?}\n{}",
+        logs()
+    );
+    Ok(first)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_worker_is_reported_to_its_lead_once_with_its_screen() -> anyhow::Result<()> {
@@ -20,18 +41,13 @@ async fn a_stalled_worker_is_reported_to_its_lead_once_with_its_screen() -> anyh
     lead.spawn("sim", "w1").await?;
     assert!(lead.entry("w1").await?.get("stalled_since").is_none());
     let sent = lead.send("w1", "/never", 0).await?;
-    let told = lead.poll(10).await?;
-    let text = told
-        .first()
-        .and_then(|m| m["text"].as_str())
-        .unwrap_or_default()
-        .to_string();
+    let told = stall_notice(&lead, "w1", &sent, || fleet.log()).await?;
     assert!(
-        text.starts_with("[fleet] 'w1' has stalled: no change on its screen and no call for 1 s")
-            && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
-            && text.contains("[not replying]"),
-        "{told:?}\n{}",
-        fleet.log()
+        told["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no change on its screen and no call for 1 s"),
+        "{told}"
     );
     let entry = lead.entry("w1").await?;
     assert!(entry["stalled_since"].is_i64(), "{entry}");
@@ -89,21 +105,11 @@ async fn a_stall_on_another_host_is_told_to_the_lead_whose_task_it_was() -> anyh
     sees(&alice, "wb").await?;
     // alice's task stalls bob's worker on hostb: alice, whose task it was, is told.
     let sent = alice.send("wb", "/never", 0).await?;
-    let told = alice.poll(15).await?;
-    let text = told
-        .first()
-        .and_then(|m| m["text"].as_str())
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        text.starts_with("[fleet] 'wb' has stalled")
-            && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
-            && text.contains("[not replying]"),
-        "{told:?}\nhostb's log:\n{}\nhosta's log:\n{}",
-        b.log(),
-        a.log()
-    );
-    assert_eq!(told[0]["from_name"], "wb");
+    let told = stall_notice(&alice, "wb", &sent, || {
+        format!("hostb's log:\n{}\nhosta's log:\n{}", b.log(), a.log())
+    })
+    .await?;
+    assert_eq!(told["from_name"], "wb");
     assert!(bob.poll(0).await?.is_empty(), "bob's was not the task");
     Ok(())
 }

@@ -27,7 +27,7 @@ use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Tra
 
 use super::super::Gateway;
 use super::super::asks::Waiter;
-use super::super::dialogs::{dialog_of, is_dialog_turn};
+use super::super::dialogs::is_dialog_turn;
 use super::super::views::AskView;
 
 /// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
@@ -264,11 +264,7 @@ impl Gateway {
             // A choice for a dialog here is checked before the ask is taken: one it does not
             // offer leaves the dialog asked, and nothing is pressed.
             let refused = match sessions.asks.for_answer(&turn, answer.from) {
-                Ok(asked) => asked.choices.as_ref().and_then(|choices| {
-                    dialog_of(asked.question.clone(), choices.clone())
-                        .pick(text)
-                        .err()
-                }),
+                Ok(asked) => asked.dialog().and_then(|d| d.pick(text).err()),
                 Err(_) => None,
             };
             match refused {
