@@ -17,6 +17,8 @@ missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v pkill >/dev/null 2>&1 || missing+=(procps)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+# The workspace tests make real git worktrees.
+command -v git >/dev/null 2>&1 || missing+=(git)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # The service test checks the systemd unit with systemd-analyze (nothing is started).
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
