@@ -70,6 +70,9 @@ pub trait Broker: Send + Sync {
     /// Whether the link still works.
     fn is_up(&self) -> bool;
 
+    /// Which of the broker's nodes the link is on: an index into the URIs it was opened with.
+    fn node(&self) -> usize;
+
     /// Waits until the link fails or is closed. Cancel-safe.
     async fn closed(&self);
 

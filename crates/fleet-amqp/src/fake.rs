@@ -236,6 +236,10 @@ impl Broker for FakeBroker {
         !self.down.load(Ordering::SeqCst)
     }
 
+    fn node(&self) -> usize {
+        0
+    }
+
     async fn closed(&self) {
         let woken = self.went_down.notified();
         if self.is_up() {

@@ -1,7 +1,7 @@
-//! The broker link of one gateway (spec 10 §3, §4, §8): one connection, the shared exchanges,
-//! per-entity inboxes, this host's roster and dead-letter queues, and a publish channel with
-//! confirms, `mandatory` and returns. It knows envelopes and queues, not sessions: the gateway decides
-//! what a delivery means.
+//! The broker link of one gateway (spec 10 §3, §4, §8): one connection (to the first of the
+//! broker's nodes that answers), the shared exchanges, per-entity inboxes, this host's roster
+//! and dead-letter queues, and a publish channel with confirms, `mandatory` and returns. It
+//! knows envelopes and queues, not sessions: the gateway decides what a delivery means.
 
 use std::time::Duration;
 
@@ -25,9 +25,9 @@ use crate::table::Table;
 use crate::tls::TlsFiles;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits,
-    MSG_EXCHANGE, ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args,
-    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, mailbox_queue, roster_args,
-    roster_queue,
+    MSG_EXCHANGE, QueueType, ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args,
+    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, lock_args, lock_queue,
+    mailbox_queue, roster_args, roster_queue,
 };
 
 /// How many heartbeats the roster consumer may hold unsettled.
@@ -42,12 +42,19 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often [`Link::closed`] looks at the connection's state between its events.
 const CLOSED_POLL: Duration = Duration::from_millis(500);
+/// The longest one node may take to let a link in (TCP, TLS and the AMQP handshake): a node
+/// that is down but not refusing (its machine gone, a partition) is given up on after this, and
+/// the next one tried.
+const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What a link is opened with. No `Debug`: the URI may hold a password.
+/// What a link is opened with. No `Debug`: the URIs may hold a password.
 #[derive(Clone)]
 pub struct LinkSettings {
-    /// `amqp://` or `amqps://` URI with the login and the vhost.
-    pub uri: String,
+    /// The broker's nodes: `amqp://` or `amqps://` URIs, each with the same login and vhost
+    /// (one for a single node; several for a cluster, any of which will do).
+    pub uris: Vec<String>,
+    /// Which of `uris` is tried first (an index, wrapping); the others follow in their order.
+    pub first: usize,
     /// The environment variable that holds the password, when the URI has none.
     pub password_env: String,
     /// The AMQP heartbeat, in seconds.
@@ -60,13 +67,23 @@ pub struct LinkSettings {
     pub dlq_max_length: u64,
     /// The CA to trust and the client certificate of an `amqps://` link.
     pub tls: TlsFiles,
+    /// The type of the durable queues the link declares and consumes.
+    pub queue_type: QueueType,
 }
 
-/// The connection URI with the password from the environment (when the URI has none) and the
-/// configured heartbeat.
-fn connection_uri(settings: &LinkSettings) -> Result<url::Url, AmqpError> {
-    let mut url = url::Url::parse(&settings.uri)
-        .map_err(|e| AmqpError::BadUri(format!("broker.uri: {e}")))?;
+impl LinkSettings {
+    /// The indexes of `uris` in the order they are tried: from `first`, wrapping.
+    fn order(&self) -> impl Iterator<Item = usize> + '_ {
+        let count = self.uris.len();
+        (0..count).map(move |i| (self.first.wrapping_add(i)) % count)
+    }
+}
+
+/// The connection URI of `uri` with the password from the environment (when the URI has none)
+/// and the configured heartbeat.
+fn connection_uri(settings: &LinkSettings, uri: &str) -> Result<url::Url, AmqpError> {
+    let mut url =
+        url::Url::parse(uri).map_err(|e| AmqpError::BadUri(format!("broker.uri: {e}")))?;
     if url.password().is_none()
         && let Ok(password) = std::env::var(&settings.password_env)
     {
@@ -98,6 +115,12 @@ pub fn login_of(uri: &str) -> String {
 pub struct Link {
     connection: Connection,
     publish: Channel,
+    /// Which of the settings' `uris` it is connected to.
+    node: usize,
+    /// That node as logs may name it: `host:port`.
+    node_name: String,
+    /// The type of the durable queues it declares and consumes.
+    queue_type: QueueType,
     /// The broker login this link publishes as (the AMQP `user_id` of each message).
     login: String,
     inbox: InboxLimits,
@@ -135,13 +158,56 @@ impl Link {
     pub async fn open_mailbox(&self, coord_id: &str) -> Result<Deliveries, AmqpError> {
         let queue = mailbox_queue(coord_id);
         let channel = self.channel("cannot open a mailbox channel").await?;
-        declare_queue(&channel, &queue, true, &inbox_args(&self.inbox)).await?;
-        consume_exclusive(&channel, &queue, &format!("fleetd-{queue}"), self.prefetch).await
+        declare_queue(
+            &channel,
+            &queue,
+            true,
+            &inbox_args(&self.inbox, self.queue_type),
+        )
+        .await?;
+        self.consume_exclusive(&channel, &queue, &format!("fleetd-{queue}"), self.prefetch)
+            .await
     }
 
-    /// Connects as `fleetd@<host>` and opens the publish channel.
+    /// The node the link is connected to, as `host:port`.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// Connects as `fleetd@<host>` to the first node that lets it in (from `settings.first`, in
+    /// order), giving each [`NODE_CONNECT_TIMEOUT`], and opens the publish channel. When none
+    /// does, the error says what each node answered; it is one to retry only if every node's
+    /// was.
     async fn open(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
-        let uri = connection_uri(settings)?;
+        let mut failures = Vec::new();
+        for node in settings.order() {
+            let uri = &settings.uris[node];
+            let opened =
+                tokio::time::timeout(NODE_CONNECT_TIMEOUT, Link::open_node(settings, uri, host))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(AmqpError::Unavailable(format!(
+                            "cannot connect to the broker: no answer within {} s",
+                            NODE_CONNECT_TIMEOUT.as_secs()
+                        )))
+                    });
+            match opened {
+                Ok(mut link) => {
+                    link.node = node;
+                    if !failures.is_empty() {
+                        tracing::info!(node = %link.node_name, "connected to another of the broker's nodes");
+                    }
+                    return Ok(link);
+                }
+                Err(e) => failures.push((node_name(uri), e)),
+            }
+        }
+        Err(no_node(failures))
+    }
+
+    /// Connects as `fleetd@<host>` to the node at `uri` and opens the publish channel.
+    async fn open_node(settings: &LinkSettings, uri: &str, host: &str) -> Result<Link, AmqpError> {
+        let uri = connection_uri(settings, uri)?;
         let tls = settings.tls.config(uri.scheme()).await?;
         let properties =
             ConnectionProperties::default().with_connection_name(format!("fleetd@{host}").into());
@@ -167,6 +233,9 @@ impl Link {
         let link = Link {
             connection,
             publish,
+            node: 0,
+            node_name: node_name(uri.as_str()),
+            queue_type: settings.queue_type,
             login: login_of_url(&uri),
             inbox: settings.inbox,
             prefetch: settings.prefetch,
@@ -189,7 +258,7 @@ impl Link {
             channel,
             DEAD_LETTER_QUEUE,
             true,
-            &dead_letter_args(self.dlq_max_length),
+            &dead_letter_args(self.dlq_max_length, self.queue_type),
         )
         .await?;
         channel
@@ -238,6 +307,10 @@ impl Broker for Link {
         self.connection.status().connected() && self.publish.status().connected()
     }
 
+    fn node(&self) -> usize {
+        self.node
+    }
+
     async fn closed(&self) {
         use futures_util::StreamExt;
         let mut events = std::pin::pin!(self.connection.events_listener());
@@ -268,7 +341,13 @@ impl Broker for Link {
     async fn open_inbox(&self, gid: Gid, broadcast: &[String]) -> Result<Deliveries, AmqpError> {
         let queue = inbox_queue(gid);
         let channel = self.channel("cannot open an inbox channel").await?;
-        declare_queue(&channel, &queue, true, &inbox_args(&self.inbox)).await?;
+        declare_queue(
+            &channel,
+            &queue,
+            true,
+            &inbox_args(&self.inbox, self.queue_type),
+        )
+        .await?;
         let mut keys = vec![gid.to_string()];
         keys.extend(broadcast.iter().cloned());
         for key in keys {
@@ -283,17 +362,25 @@ impl Broker for Link {
                 .await
                 .map_err(|e| AmqpError::from_lapin(&format!("binding {queue} to {key}"), &e))?;
         }
-        consume_exclusive(&channel, &queue, &format!("fleetd-{gid}"), self.prefetch).await
+        self.consume_exclusive(&channel, &queue, &format!("fleetd-{gid}"), self.prefetch)
+            .await
     }
 
     async fn delete_inbox(&self, gid: Gid) -> Result<(), AmqpError> {
         let queue = inbox_queue(gid);
         let deleting = async {
             let channel = self.channel("cannot open a channel").await?;
-            channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await
-                .map_err(|e| AmqpError::from_lapin(&format!("deleting {queue}"), &e))?;
+            let mut queues = vec![queue.clone()];
+            // Its lock goes with it (else it would stay until the link goes).
+            if !self.queue_type.exclusive_consumers() {
+                queues.push(lock_queue(&queue));
+            }
+            for name in &queues {
+                channel
+                    .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                    .await
+                    .map_err(|e| AmqpError::from_lapin(&format!("deleting {name}"), &e))?;
+            }
             close_quietly(&channel, "deleted").await;
             Ok(())
         };
@@ -351,7 +438,8 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        consume_exclusive(
+        // Exclusive itself: its consumer needs no lock.
+        consume(
             &channel,
             &queue,
             &format!("fleetd-roster-{host}"),
@@ -367,7 +455,7 @@ impl Broker for Link {
             &channel,
             &queue,
             true,
-            &dead_letter_args(self.dlq_max_length),
+            &dead_letter_args(self.dlq_max_length, self.queue_type),
         )
         .await?;
         channel
@@ -380,7 +468,7 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        consume_exclusive(
+        self.consume_exclusive(
             &channel,
             &queue,
             &format!("fleetd-dead-{host}"),
@@ -392,7 +480,7 @@ impl Broker for Link {
     async fn open_control(&self, host: &str) -> Result<Deliveries, AmqpError> {
         let queue = control_queue(host);
         let channel = self.channel("cannot open the control channel").await?;
-        declare_queue(&channel, &queue, true, &control_args()).await?;
+        declare_queue(&channel, &queue, true, &control_args(self.queue_type)).await?;
         channel
             .queue_bind(
                 queue.as_str().into(),
@@ -403,7 +491,7 @@ impl Broker for Link {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
-        consume_exclusive(
+        self.consume_exclusive(
             &channel,
             &queue,
             &format!("fleetd-control-{host}"),
@@ -493,14 +581,65 @@ pub(crate) fn published(confirmation: &Confirmation) -> Published {
     }
 }
 
-/// Starts the one exclusive, manually settled consumer (tagged `tag`) on `queue`, with
-/// `prefetch` deliveries unsettled at most. A queue another connection consumes is
-/// [`AmqpError::Held`].
-async fn consume_exclusive(
+impl Link {
+    /// Starts the one manually settled consumer (tagged `tag`) on `queue`, with `prefetch`
+    /// deliveries unsettled at most, made the only one: an exclusive consumer where the queue's
+    /// type has them, else under the queue's [`lock_queue`], declared first on this link. A queue
+    /// another connection consumes (or holds the lock of) is [`AmqpError::Held`].
+    async fn consume_exclusive(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        tag: &str,
+        prefetch: u16,
+    ) -> Result<Deliveries, AmqpError> {
+        if self.queue_type.exclusive_consumers() {
+            return consume_with(channel, queue, tag, prefetch, true).await;
+        }
+        let lock = lock_queue(queue);
+        channel
+            .queue_declare(
+                lock.as_str().into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                lock_args().to_lapin(),
+            )
+            .await
+            .map_err(|e| {
+                AmqpError::from_lapin(
+                    &format!(
+                        "cannot take {lock}, the lock of {queue} (is another gateway consuming it?)"
+                    ),
+                    &e,
+                )
+                .held()
+            })?;
+        consume_with(channel, queue, tag, prefetch, false).await
+    }
+}
+
+/// Starts a manually settled consumer (tagged `tag`) on `queue`, a queue only this connection
+/// may use (an exclusive one), with `prefetch` deliveries unsettled at most.
+async fn consume(
     channel: &Channel,
     queue: &str,
     tag: &str,
     prefetch: u16,
+) -> Result<Deliveries, AmqpError> {
+    consume_with(channel, queue, tag, prefetch, false).await
+}
+
+/// Starts a manually settled consumer (tagged `tag`) on `queue`, `exclusive` or not, with
+/// `prefetch` deliveries unsettled at most. A queue another connection consumes exclusively is
+/// [`AmqpError::Held`].
+async fn consume_with(
+    channel: &Channel,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+    exclusive: bool,
 ) -> Result<Deliveries, AmqpError> {
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
@@ -511,7 +650,7 @@ async fn consume_exclusive(
             queue.into(),
             tag.into(),
             BasicConsumeOptions {
-                exclusive: true,
+                exclusive,
                 ..BasicConsumeOptions::default()
             },
             FieldTable::default(),
@@ -525,6 +664,43 @@ async fn consume_exclusive(
             .held()
         })?;
     Ok(Deliveries::new(consumer))
+}
+
+/// A node as logs name it: the `host:port` of its URI (nothing of the login).
+fn node_name(uri: &str) -> String {
+    url::Url::parse(uri).map_or_else(
+        |_| "(not a URI)".to_string(),
+        |url| {
+            let host = url.host_str().unwrap_or_default();
+            let port = url.port().unwrap_or(match url.scheme() {
+                "amqps" => 5671,
+                _ => 5672,
+            });
+            format!("{host}:{port}")
+        },
+    )
+}
+
+/// The error of a link no node let in: each node's answer, named. It is one to retry only when
+/// each was (a node refusing the login or the TLS setup is a configuration problem).
+fn no_node(mut failures: Vec<(String, AmqpError)>) -> AmqpError {
+    if failures.len() == 1
+        && let Some((_, only)) = failures.pop()
+    {
+        return only;
+    }
+    let retry = failures.iter().all(|(_, e)| e.retry());
+    let said = failures
+        .iter()
+        .map(|(node, e)| format!("{node}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let message = format!("no node of the broker let this gateway in ({said})");
+    if retry {
+        AmqpError::Unavailable(message)
+    } else {
+        AmqpError::Refused(message)
+    }
 }
 
 /// Declares the durable exchange `name` of `kind`.
@@ -570,7 +746,7 @@ fn declare_error(queue: &str, err: &lapin::Error) -> AmqpError {
     let message = out.to_string();
     if message.contains("PRECONDITION_FAILED") {
         return AmqpError::Refused(format!(
-            "the broker already has queue {queue} with other arguments ({message}); delete it or match fleetd's [federation] settings"
+            "the broker already has queue {queue} with other arguments ({message}); delete it, or match fleetd's [broker] queue_type and [federation] settings to the other gateways'"
         ));
     }
     out
@@ -587,10 +763,10 @@ pub(crate) async fn close_quietly(channel: &Channel, why: &str) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_uri_gains_the_heartbeat() {
-        let settings = LinkSettings {
-            uri: "amqp://gw@broker.internal:5672/fleet".into(),
+    fn settings(uris: &[&str], first: usize) -> LinkSettings {
+        LinkSettings {
+            uris: uris.iter().map(|u| u.to_string()).collect(),
+            first,
             password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
             heartbeat_s: 10,
             prefetch: 32,
@@ -601,14 +777,62 @@ mod tests {
             },
             dlq_max_length: 1,
             tls: TlsFiles::default(),
-        };
-        let uri = connection_uri(&settings).unwrap();
+            queue_type: QueueType::Classic,
+        }
+    }
+
+    #[test]
+    fn the_uri_gains_the_heartbeat() {
+        let settings = settings(&["amqp://gw@broker.internal:5672/fleet"], 0);
+        let uri = connection_uri(&settings, &settings.uris[0]).unwrap();
         assert!(uri.as_str().ends_with("/fleet?heartbeat=10"), "{uri}");
-        let bad = LinkSettings {
-            uri: "not a uri".into(),
-            ..settings
-        };
-        assert!(matches!(connection_uri(&bad), Err(AmqpError::BadUri(_))));
+        assert!(matches!(
+            connection_uri(&settings, "not a uri"),
+            Err(AmqpError::BadUri(_))
+        ));
+    }
+
+    #[test]
+    fn the_nodes_are_tried_from_the_first_named_wrapping_round() {
+        let nodes = ["amqp://a", "amqp://b", "amqp://c"];
+        assert_eq!(settings(&nodes, 0).order().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(settings(&nodes, 2).order().collect::<Vec<_>>(), [2, 0, 1]);
+        assert_eq!(settings(&nodes, 7).order().collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(settings(&nodes[..1], 5).order().collect::<Vec<_>>(), [0]);
+    }
+
+    #[test]
+    fn a_node_is_named_by_host_and_port_and_never_by_its_login() {
+        assert_eq!(
+            node_name("amqps://gw:secret@rabbit-2.internal/fleet"),
+            "rabbit-2.internal:5671"
+        );
+        assert_eq!(
+            node_name("amqp://gw:secret@10.0.0.2:5673/"),
+            "10.0.0.2:5673"
+        );
+        assert_eq!(node_name("no uri"), "(not a URI)");
+    }
+
+    #[test]
+    fn no_node_letting_a_link_in_says_what_each_answered() {
+        let one = no_node(vec![("a:1".into(), AmqpError::Unavailable("down".into()))]);
+        assert_eq!(one.to_string(), "down");
+        let down = no_node(vec![
+            ("a:1".into(), AmqpError::Unavailable("refused".into())),
+            ("b:2".into(), AmqpError::Unavailable("timed out".into())),
+        ]);
+        assert!(down.retry(), "{down}");
+        assert_eq!(
+            down.to_string(),
+            "no node of the broker let this gateway in (a:1: refused; b:2: timed out)"
+        );
+        // A node that refuses the login is a configuration problem, not an outage.
+        let refused = no_node(vec![
+            ("a:1".into(), AmqpError::Unavailable("refused".into())),
+            ("b:2".into(), AmqpError::Refused("ACCESS_REFUSED".into())),
+        ]);
+        assert!(!refused.retry(), "{refused}");
     }
 
     #[test]

@@ -22,11 +22,19 @@ pub enum Field {
     Table(Table),
     /// An array of values (as in a dead letter's `x-death`).
     Array(Vec<Field>),
+    /// A boolean (as in a queue's `x-single-active-consumer`).
+    Bool(bool),
 }
 
 impl From<&str> for Field {
     fn from(value: &str) -> Self {
         Field::Text(value.to_string())
+    }
+}
+
+impl From<bool> for Field {
+    fn from(value: bool) -> Self {
+        Field::Bool(value)
     }
 }
 
@@ -100,6 +108,7 @@ fn field_to_lapin(value: &Field) -> AMQPValue {
         Field::Array(a) => {
             AMQPValue::FieldArray(a.iter().map(field_to_lapin).collect::<Vec<_>>().into())
         }
+        Field::Bool(b) => AMQPValue::Boolean(*b),
     }
 }
 

@@ -32,9 +32,11 @@ use tokio::time::Instant;
 
 use crate::wait::until;
 
+mod cluster;
 mod tls;
 mod users;
 
+pub use cluster::Cluster;
 pub use tls::{CLIENT_NAME, TlsCerts, TlsSetup};
 pub use users::BrokerUser;
 
@@ -330,7 +332,9 @@ pub struct QueueInfo {
     pub durable: bool,
     /// Whether it is deleted when its last consumer goes.
     pub auto_delete: bool,
-    /// Whether it belongs to the connection that declared it.
+    /// Whether it belongs to the connection that declared it (a quorum queue, which never
+    /// does, lists it as an empty string).
+    #[serde(deserialize_with = "flag")]
     pub exclusive: bool,
     /// Its `x-` arguments (`x-message-ttl`, `x-dead-letter-exchange`, ...).
     #[serde(deserialize_with = "table")]
@@ -424,6 +428,11 @@ fn typed(kind: &str, value: Value) -> Value {
 }
 
 /// A count `rabbitmqctl` may leave blank (a queue that is down): 0 then.
+/// A flag `rabbitmqctl` lists as a boolean, or as an empty string where a queue type has none.
+fn flag<'de, D: serde::Deserializer<'de>>(de: D) -> Result<bool, D::Error> {
+    Ok(Value::deserialize(de)?.as_bool().unwrap_or(false))
+}
+
 fn count<'de, D: serde::Deserializer<'de>>(de: D) -> Result<u64, D::Error> {
     Ok(Value::deserialize(de)?.as_u64().unwrap_or(0))
 }
@@ -633,7 +642,7 @@ impl PrivateNode {
     /// it, and a new node starts on new ports, up to [`PORT_ATTEMPTS`] times. (Left: another
     /// AMQP server taking the port could answer the readiness probe in the node's place.)
     pub async fn start() -> anyhow::Result<PrivateNode> {
-        Self::start_with(None).await
+        Self::start_with(None, None).await
     }
 
     /// [`PrivateNode::start`], with a TLS listener besides the plain one, on another port picked
@@ -642,14 +651,18 @@ impl PrivateNode {
     /// demands a client certificate if `setup` says so. It is ready once the TLS port takes
     /// connections too.
     pub async fn start_tls(setup: &TlsSetup) -> anyhow::Result<PrivateNode> {
-        Self::start_with(Some(setup)).await
+        Self::start_with(Some(setup), None).await
     }
 
-    /// Starts a node, with a TLS listener for `tls`, on fresh ports after a taken one.
-    async fn start_with(tls: Option<&TlsSetup>) -> anyhow::Result<PrivateNode> {
+    /// Starts a node, with a TLS listener for `tls` and the Erlang cookie `cookie` (else one of
+    /// its own), on fresh ports after a taken one.
+    async fn start_with(
+        tls: Option<&TlsSetup>,
+        cookie: Option<&str>,
+    ) -> anyhow::Result<PrivateNode> {
         let mut attempt = 1;
         loop {
-            match Self::start_once(tls).await {
+            match Self::start_once(tls, cookie).await {
                 Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => {
                     eprintln!("a private RabbitMQ node's port was taken; new ports: {e:#}");
                     attempt += 1;
@@ -660,27 +673,25 @@ impl PrivateNode {
     }
 
     /// [`PrivateNode::start_with`], once.
-    async fn start_once(tls: Option<&TlsSetup>) -> anyhow::Result<PrivateNode> {
+    async fn start_once(
+        tls: Option<&TlsSetup>,
+        cookie: Option<&str>,
+    ) -> anyhow::Result<PrivateNode> {
         let dir = tempfile::Builder::new().prefix("fleet-rabbit-").tempdir()?;
         let base = dir.path();
         let home = base.join("home");
         std::fs::create_dir(&home)?;
         // Server and `rabbitmqctl` share this `HOME`, so this cookie.
+        let cookie = cookie.map_or_else(
+            || uuid::Uuid::now_v7().simple().to_string().to_uppercase(),
+            str::to_string,
+        );
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o400)
             .open(home.join(".erlang.cookie"))
-            .and_then(|mut f| {
-                io::Write::write_all(
-                    &mut f,
-                    uuid::Uuid::now_v7()
-                        .simple()
-                        .to_string()
-                        .to_uppercase()
-                        .as_bytes(),
-                )
-            })?;
+            .and_then(|mut f| io::Write::write_all(&mut f, cookie.as_bytes()))?;
         std::fs::write(base.join("enabled_plugins"), "[].\n")?;
         // In place of /etc/rabbitmq's files (the shared node's name and settings). The config
         // is in the classic Erlang format, which skips the `.conf` schema translation (about a
@@ -899,6 +910,28 @@ impl PrivateNode {
             self.name,
             started.elapsed()
         );
+        Ok(())
+    }
+
+    /// Kills the node at once (SIGKILL to the Erlang VM and all it runs: a crash, nothing
+    /// flushed or said goodbye to) and waits until its port refuses connections. A
+    /// [`PrivateNode::restart`] brings it back on its data.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_some(), "node {} is not running", self.name);
+        self.kill();
+        let port = self.broker.port;
+        until(
+            &format!("port {port} of the killed node to refuse connections"),
+            NODE_STOP_LIMIT,
+            || async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_err()
+                    .then_some(())
+            },
+        )
+        .await?;
+        eprintln!("private RabbitMQ node {} killed", self.name);
         Ok(())
     }
 

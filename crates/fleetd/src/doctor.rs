@@ -231,43 +231,57 @@ async fn serving_check(state: &StateDir) -> Check {
     Check::new("gateway", verdict)
 }
 
-/// The broker, if one is configured: whether fleetd's login gets in, on its vhost; and once
-/// in, how the other hosts' clocks stand against this one's.
+/// The broker, if one is configured: whether fleetd's login gets in, on its vhost, on each of
+/// its nodes (one of a cluster's down is a warning: the gateway uses the others); and once in,
+/// how the other hosts' clocks stand against this one's.
 async fn broker_checks(config: &Config) -> Vec<Check> {
     let Some(broker) = config.broker.as_ref() else {
         return Vec::new();
     };
     let settings = crate::gateway::broker_settings(broker, &config.federation);
     let host = crate::serve::host_id(config);
-    let uri = crate::config::redacted_uri(&broker.uri);
-    let connected =
-        tokio::time::timeout(BROKER_WITHIN, fleet_amqp::Link::connect(&settings, &host));
-    match connected.await {
-        Ok(Ok(link)) => {
-            let clocks = clock_check(config, &host, &link).await;
-            fleet_amqp::Broker::close(&link).await;
-            vec![
-                Check::new(
-                    "broker",
-                    Verdict::Ok(format!("{uri} lets fleetd@{host} in")),
-                ),
-                clocks,
-            ]
-        }
-        Ok(Err(e)) => vec![Check::new(
-            "broker",
-            Verdict::Fail(format!(
-                "{uri}: {e} (check [broker] uri, the login's password and its permissions on the vhost)"
-            )),
-        )],
-        Err(_) => vec![Check::new(
-            "broker",
-            Verdict::Fail(format!(
-                "{uri} did not let fleetd in within {} s: is the broker up and reachable?",
+    let mut links = Vec::new();
+    let mut refused = Vec::new();
+    for uri in &broker.uris {
+        let shown = crate::config::redacted_uri(uri);
+        let node = fleet_amqp::LinkSettings {
+            uris: vec![uri.clone()],
+            first: 0,
+            ..settings.clone()
+        };
+        match tokio::time::timeout(BROKER_WITHIN, fleet_amqp::Link::connect(&node, &host)).await {
+            Ok(Ok(link)) => links.push((shown, link)),
+            Ok(Err(e)) => refused.push(format!("{shown}: {e}")),
+            Err(_) => refused.push(format!(
+                "{shown} did not let fleetd in within {} s: is the broker up and reachable?",
                 BROKER_WITHIN.as_secs()
             )),
-        )],
+        }
     }
+    let Some((_, first)) = links.first() else {
+        return vec![Check::new(
+            "broker",
+            Verdict::Fail(format!(
+                "{} (check [broker] uri, the login's password and its permissions on the vhost)",
+                refused.join("; ")
+            )),
+        )];
+    };
+    let clocks = clock_check(config, &host, first).await;
+    let shown: Vec<&str> = links.iter().map(|(shown, _)| shown.as_str()).collect();
+    let verdict = if refused.is_empty() {
+        Verdict::Ok(format!("{} lets fleetd@{host} in", shown.join(", ")))
+    } else {
+        Verdict::Warn(format!(
+            "{} lets fleetd@{host} in, but {} (the gateway uses the nodes that answer)",
+            shown.join(", "),
+            refused.join("; ")
+        ))
+    };
+    for (_, link) in &links {
+        fleet_amqp::Broker::close(link).await;
+    }
+    vec![Check::new("broker", verdict), clocks]
 }
 
 /// How far each other host's clock is from this one's (ms, ahead positive), as their

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use fleet_amqp::TlsFiles;
+use fleet_amqp::topology::QueueType;
 use fleet_core::entity::validate_name;
 use fleet_core::redact::MASK;
 use fleet_core::signing::parse_key;
@@ -13,46 +14,124 @@ use serde::Deserialize;
 
 use super::{MAX_CONFIG_WAIT_S, within};
 
-/// `[broker]`: the AMQP broker the gateways share. Its `Debug` masks the URI's password.
+/// `[broker]`: the AMQP broker the gateways share: one node (`uri`) or a cluster's nodes
+/// (`uris`). Its `Debug` masks the URIs' passwords.
 #[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "BrokerKeys")]
 pub struct BrokerConfig {
-    /// `amqp://` or `amqps://` URI with this gateway's own login and the vhost; the password
-    /// may be left out of it and come from `password_env` instead.
-    pub uri: String,
-    /// The environment variable that holds the password, when the URI has none.
-    #[serde(default = "default_password_env")]
+    /// The broker's nodes (`uri`, or `uris` for a cluster): `amqp://` or `amqps://` URIs, each
+    /// with this gateway's own login and the vhost (the same login, vhost and scheme on all);
+    /// the password may be left out and come from `password_env` instead. The first that
+    /// answers is used; when the link to it fails, the others are tried.
+    pub uris: Vec<String>,
+    /// The environment variable that holds the password, when a URI has none.
     pub password_env: String,
     /// The broker heartbeat: a crashed gateway's exclusive consumers are released after about
     /// twice this.
-    #[serde(default = "default_heartbeat_s")]
     pub heartbeat_s: u16,
     /// How many unacknowledged deliveries one inbox consumer may hold.
-    #[serde(default = "default_prefetch")]
     pub prefetch: u16,
     /// An `amqps://` link's CA: the PEM certificate(s) that sign the broker's certificate,
     /// trusted besides the system's CAs. An absolute path, read at every connect.
-    #[serde(default)]
     pub ca_file: Option<PathBuf>,
     /// This gateway's PEM certificate, for a broker that asks for one (mutual TLS); needs
     /// `key_file`. An absolute path, read at every connect.
-    #[serde(default)]
     pub cert_file: Option<PathBuf>,
     /// The PEM private key of `cert_file`. An absolute path, read at every connect.
-    #[serde(default)]
     pub key_file: Option<PathBuf>,
+    /// The type of the inboxes, control and dead-letter queues: `classic` (on one node) or
+    /// `quorum` (replicated across a cluster). Every gateway on a vhost must agree.
+    pub queue_type: QueueType,
+    /// How long a message to another host waits for the link when it finds it down (a node
+    /// lost, the gateway connecting to another), before it fails with `broker_unavailable`, in
+    /// seconds. By default 10 with several nodes and 0 with one: a single broker that is down
+    /// fails a remote send at once (spec 10 §10 "Broker outage").
+    pub failover_wait_s: u64,
+}
+
+/// The keys of `[broker]` as written: one of `uri` and `uris`, the rest with their defaults.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BrokerKeys {
+    uri: Option<String>,
+    uris: Option<Vec<String>>,
+    #[serde(default = "default_password_env")]
+    password_env: String,
+    #[serde(default = "default_heartbeat_s")]
+    heartbeat_s: u16,
+    #[serde(default = "default_prefetch")]
+    prefetch: u16,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    cert_file: Option<PathBuf>,
+    #[serde(default)]
+    key_file: Option<PathBuf>,
+    #[serde(default)]
+    queue_type: Option<String>,
+    #[serde(default)]
+    failover_wait_s: Option<u64>,
+}
+
+/// The most nodes `[broker] uris` may name.
+const MAX_BROKER_NODES: usize = 16;
+/// How long a message waits for the link to fail over, by default, with several nodes: a
+/// gateway finds a surviving node and attaches its inboxes in a second or two (issue 16's
+/// cluster test measures it).
+const DEFAULT_FAILOVER_WAIT_S: u64 = 10;
+
+impl TryFrom<BrokerKeys> for BrokerConfig {
+    type Error = String;
+
+    fn try_from(keys: BrokerKeys) -> Result<Self, String> {
+        let uris = match (keys.uri, keys.uris) {
+            (Some(uri), None) => vec![uri],
+            (None, Some(uris)) => uris,
+            (Some(_), Some(_)) => {
+                return Err(
+                    "set one of `uri` (one node) and `uris` (a cluster's nodes), not both".into(),
+                );
+            }
+            (None, None) => {
+                return Err("missing field `uri` (or `uris`, a cluster's nodes)".into());
+            }
+        };
+        let queue_type = match keys.queue_type.as_deref() {
+            None => QueueType::default(),
+            Some(name) => QueueType::parse(name)
+                .ok_or_else(|| format!("queue_type '{name}' is not one of: classic, quorum"))?,
+        };
+        let failover_wait_s = keys.failover_wait_s.unwrap_or(if uris.len() > 1 {
+            DEFAULT_FAILOVER_WAIT_S
+        } else {
+            0
+        });
+        Ok(Self {
+            uris,
+            password_env: keys.password_env,
+            heartbeat_s: keys.heartbeat_s,
+            prefetch: keys.prefetch,
+            ca_file: keys.ca_file,
+            cert_file: keys.cert_file,
+            key_file: keys.key_file,
+            queue_type,
+            failover_wait_s,
+        })
+    }
 }
 
 impl std::fmt::Debug for BrokerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BrokerConfig")
-            .field("uri", &redacted_uri(&self.uri))
+            .field("uris", &self.shown())
             .field("password_env", &self.password_env)
             .field("heartbeat_s", &self.heartbeat_s)
             .field("prefetch", &self.prefetch)
             .field("ca_file", &self.ca_file)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
+            .field("queue_type", &self.queue_type)
+            .field("failover_wait_s", &self.failover_wait_s)
             .finish()
     }
 }
@@ -245,13 +324,43 @@ impl BrokerConfig {
     /// Checks what the parser cannot, of the block `block` (`broker` or `coordinator`); errors
     /// name the key.
     pub(super) fn validate(&self, block: &str) -> Result<(), String> {
-        let parsed =
-            url::Url::parse(&self.uri).map_err(|e| format!("{block}.uri is not a URI: {e}"))?;
-        if !matches!(parsed.scheme(), "amqp" | "amqps") || parsed.host_str().is_none() {
+        let key = if self.uris.len() == 1 { "uri" } else { "uris" };
+        if self.uris.is_empty() || self.uris.len() > MAX_BROKER_NODES {
             return Err(format!(
-                "{block}.uri must be an amqp:// or amqps:// URI with a host, not '{}://…'",
-                parsed.scheme()
+                "{block}.uris names {} nodes: name 1 to {MAX_BROKER_NODES}",
+                self.uris.len()
             ));
+        }
+        let mut first: Option<url::Url> = None;
+        for (i, uri) in self.uris.iter().enumerate() {
+            let named = if self.uris.len() == 1 {
+                format!("{block}.uri")
+            } else {
+                format!("{block}.uris[{i}]")
+            };
+            let parsed = url::Url::parse(uri).map_err(|e| format!("{named} is not a URI: {e}"))?;
+            if !matches!(parsed.scheme(), "amqp" | "amqps") || parsed.host_str().is_none() {
+                return Err(format!(
+                    "{named} must be an amqp:// or amqps:// URI with a host, not '{}://…'",
+                    parsed.scheme()
+                ));
+            }
+            // One login on one vhost, over one scheme: the nodes are one broker.
+            if let Some(first) = &first {
+                for (what, same) in [
+                    ("scheme", first.scheme() == parsed.scheme()),
+                    ("login", first.username() == parsed.username()),
+                    ("vhost", first.path() == parsed.path()),
+                ] {
+                    if !same {
+                        return Err(format!(
+                            "{named} has another {what} than {block}.uris[0]: a cluster's nodes are one broker, reached with one login on one vhost"
+                        ));
+                    }
+                }
+            } else {
+                first = Some(parsed);
+            }
         }
         within(
             &format!("{block}.heartbeat_s"),
@@ -264,6 +373,12 @@ impl BrokerConfig {
             self.prefetch.into(),
             1,
             10_000,
+        )?;
+        within(
+            &format!("{block}.failover_wait_s"),
+            self.failover_wait_s,
+            0,
+            MAX_CONFIG_WAIT_S,
         )?;
         for (key, path) in [
             ("ca_file", &self.ca_file),
@@ -280,9 +395,28 @@ impl BrokerConfig {
             }
         }
         // The TLS rules name `broker.*` keys: said of the block at hand.
-        self.tls()
-            .check(parsed.scheme())
-            .map_err(|e| e.to_string().replace("broker.", &format!("{block}.")))
+        let scheme = first.as_ref().map_or("", url::Url::scheme);
+        self.tls().check(scheme).map_err(|e| {
+            e.to_string()
+                .replace("broker.uri", &format!("{block}.{key}"))
+                .replace("broker.", &format!("{block}."))
+        })
+    }
+
+    /// The broker login the link publishes as (the nodes' one login).
+    pub fn login(&self) -> String {
+        self.uris
+            .first()
+            .map_or_else(|| "guest".to_string(), |uri| fleet_amqp::login_of(uri))
+    }
+
+    /// The nodes as logs may show them: their passwords masked.
+    pub fn shown(&self) -> String {
+        self.uris
+            .iter()
+            .map(|uri| redacted_uri(uri))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The TLS files of the link.
@@ -424,7 +558,10 @@ impl FederationConfig {
 mod tests {
     use std::path::Path;
 
+    use fleet_amqp::topology::QueueType;
+
     use super::super::Config;
+    use super::DEFAULT_FAILOVER_WAIT_S;
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(Path::new("test.toml"), text).map_err(|e| e.to_string())
@@ -511,6 +648,100 @@ mod tests {
             err.contains("'a' and 'b'") && err.contains("'b@h'"),
             "{err}"
         );
+    }
+
+    /// A `[broker]` block of `lines`, trusting nobody (a lab).
+    fn broker(lines: &str) -> Result<Config, String> {
+        parse(&format!(
+            "[broker]\n{lines}\n[federation]\ninsecure_unsigned = true\n"
+        ))
+    }
+
+    #[test]
+    fn a_cluster_is_its_nodes_on_one_login_and_vhost_and_fails_over_by_default() {
+        let one = broker("uri = \"amqp://gw@b/fleet\"")
+            .unwrap()
+            .broker
+            .unwrap();
+        assert_eq!(one.uris, ["amqp://gw@b/fleet"]);
+        assert_eq!(one.queue_type, QueueType::Classic);
+        // One node: a remote send with it down fails at once.
+        assert_eq!(one.failover_wait_s, 0);
+        let cluster = broker(
+            "uris = [\"amqp://gw:pw@b1/fleet\", \"amqp://gw@b2:5673/fleet\"]\nqueue_type = \"quorum\"",
+        )
+        .unwrap()
+        .broker
+        .unwrap();
+        assert_eq!(cluster.uris.len(), 2);
+        assert_eq!(cluster.queue_type, QueueType::Quorum);
+        assert_eq!(cluster.failover_wait_s, DEFAULT_FAILOVER_WAIT_S);
+        assert_eq!(cluster.login(), "gw");
+        assert_eq!(
+            cluster.shown(),
+            "amqp://gw:***@b1/fleet, amqp://gw@b2:5673/fleet"
+        );
+        assert!(!format!("{cluster:?}").contains("pw"), "{cluster:?}");
+        let set = broker("uris = [\"amqp://b1\", \"amqp://b2\"]\nfailover_wait_s = 0")
+            .unwrap()
+            .broker
+            .unwrap();
+        assert_eq!(set.failover_wait_s, 0);
+    }
+
+    #[test]
+    fn every_node_of_a_cluster_is_checked_and_named() {
+        let cases = [
+            ("", "missing field `uri`"),
+            (
+                "uri = \"amqp://b\"\nuris = [\"amqp://c\"]",
+                "set one of `uri` (one node) and `uris`",
+            ),
+            ("uris = []", "broker.uris names 0 nodes"),
+            (
+                "uris = [\"amqp://b/fleet\", \"http://c/fleet\"]",
+                "broker.uris[1] must be an amqp://",
+            ),
+            (
+                "uris = [\"amqp://b/fleet\", \"not a uri\"]",
+                "broker.uris[1] is not a URI",
+            ),
+            (
+                "uris = [\"amqp://gw@b/fleet\", \"amqp://other@c/fleet\"]",
+                "broker.uris[1] has another login than broker.uris[0]",
+            ),
+            (
+                "uris = [\"amqp://b/fleet\", \"amqp://c/other\"]",
+                "broker.uris[1] has another vhost",
+            ),
+            (
+                "uris = [\"amqp://b/fleet\", \"amqps://c/fleet\"]",
+                "broker.uris[1] has another scheme",
+            ),
+            (
+                "uris = [\"amqp://b\", \"amqp://c\"]\nca_file = \"/ca.pem\"",
+                "broker.ca_file set, but broker.uris is amqp://",
+            ),
+            (
+                "uri = \"amqp://b\"\nqueue_type = \"stream\"",
+                "queue_type 'stream' is not one of: classic, quorum",
+            ),
+            (
+                "uri = \"amqp://b\"\nfailover_wait_s = 99999999",
+                "broker.failover_wait_s",
+            ),
+            (
+                "uri = \"amqp://b\"\nqueue = \"quorum\"",
+                "unknown field `queue`",
+            ),
+        ];
+        for (lines, expected) in cases {
+            let err = broker(lines).unwrap_err();
+            assert!(err.contains(expected), "{lines}: {err}");
+        }
+        let many: Vec<String> = (0..17).map(|i| format!("\"amqp://b{i}\"")).collect();
+        let err = broker(&format!("uris = [{}]", many.join(", "))).unwrap_err();
+        assert!(err.contains("broker.uris names 17 nodes"), "{err}");
     }
 
     #[test]

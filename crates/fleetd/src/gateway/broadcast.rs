@@ -38,7 +38,7 @@ impl Gateway {
                 .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
                 .await
             {
-                Ok(copies) => (copies, Vec::new()),
+                Ok(sent) => sent,
                 // This host's workers still get theirs; the caller hears the others did not.
                 Err(e) if e.code == ErrorCode::BrokerUnavailable => {
                     tracing::warn!(%msg_id, error = %e.message, "the broker cannot be reached: the broadcast goes to this host's workers only");

@@ -11,10 +11,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fleet_amqp::topology::mailbox_queue;
-use fleet_amqp::{AmqpError, Broker, Deliveries, Delivery, Link, Outgoing, Published, login_of};
+use fleet_amqp::{AmqpError, Broker, Deliveries, Delivery, Link, Outgoing, Published};
 use fleet_core::admission::{self, Admission, Arrival, Handled};
 use fleet_core::authz::check_coordinate;
 use fleet_core::clock::now_ms;
@@ -34,7 +35,7 @@ use super::federation::{
 use super::views::SendResult;
 use super::{Caller, Gateway};
 use crate::audit::AuditLog;
-use crate::config::{CoordinatorConfig, FederationConfig, redacted_uri};
+use crate::config::{CoordinatorConfig, FederationConfig};
 
 /// The coordinator side of a gateway: its link to the coordinator's vhost and its leads'
 /// mailboxes there.
@@ -48,6 +49,8 @@ pub struct Coordinator {
     host_id: String,
     /// The live link; `None` while the coordinator cannot be reached.
     link: tokio_watch::Sender<Option<Arc<Link>>>,
+    /// Which of the coordinator's nodes the next connection tries first.
+    next_node: AtomicUsize,
     /// This gateway's key pair: it signs every coordination message it publishes.
     key: SigningKey,
     /// The hosts whose signatures are taken: `[federation.trust]`'s keys (no broker logins:
@@ -75,7 +78,7 @@ impl Coordinator {
         key: SigningKey,
     ) -> Result<Self, String> {
         let mut trust = federation.trust_table()?.keys_only();
-        trust.pin_own(host_id, key.verifying_key(), login_of(&config.link.uri));
+        trust.pin_own(host_id, key.verifying_key(), config.link.login());
         let audit = AuditLog::open(
             state_dir.join("coord-audit.jsonl"),
             federation.audit_max_bytes,
@@ -88,6 +91,7 @@ impl Coordinator {
             ids,
             host_id: host_id.to_string(),
             link: tokio_watch::channel(None).0,
+            next_node: AtomicUsize::new(0),
             key,
             trust,
             consumers: Mutex::new(Vec::new()),
@@ -189,7 +193,7 @@ impl Gateway {
         let Some(coordinator) = self.coordinator() else {
             return Ok(());
         };
-        tracing::info!(uri = %redacted_uri(&coordinator.config.link.uri), leads = ?coordinator.ids, "lead-to-lead coordination on");
+        tracing::info!(uri = %coordinator.config.link.shown(), leads = ?coordinator.ids, "lead-to-lead coordination on");
         match self.connect_coordinator().await {
             Ok(()) => {}
             Err(e) if !e.retry() && !e.is_held() => {
@@ -210,6 +214,7 @@ impl Gateway {
             };
             keep_up(
                 &coordinator.link,
+                &coordinator.next_node,
                 &gateway.shutdown,
                 || gateway.connect_coordinator(),
                 down,
@@ -225,7 +230,10 @@ impl Gateway {
         let Some(coordinator) = self.coordinator() else {
             return Ok(());
         };
-        let settings = link_settings(&coordinator.config.link, &coordinator.federation);
+        let settings = fleet_amqp::LinkSettings {
+            first: coordinator.next_node.load(Ordering::Relaxed),
+            ..link_settings(&coordinator.config.link, &coordinator.federation)
+        };
         let link = Arc::new(Link::connect_coordinator(&settings, &self.host_id).await?);
         let leads: Vec<(Gid, String)> = self
             .lock()

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use fleet_amqp::topology::QueueType;
 use fleet_amqp::{InboxLimits, Raw, Table, inbox_args};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
@@ -17,7 +18,7 @@ pub(super) const LIMIT: Duration = Duration::from_secs(30);
 
 /// The test hosts every test gateway pins (each to its test key, `fleet_testkit::keys`):
 /// those of the gateways the tests start, and those a test stands in for.
-const HOSTS: [&str; 7] = [
+pub(super) const HOSTS: [&str; 7] = [
     "hosta", "hostb", "hostc", "hostd", "hostf", "hostg", "hosth",
 ];
 
@@ -552,11 +553,14 @@ async fn a_gateway_refuses_to_start_on_an_inbox_another_consumes_or_declared_oth
     let admin = vhost.connect().await?;
     admin.delete_queue(&queue).await?;
     // fleetd's arguments (the defaults) but for the length cap.
-    let args = inbox_args(&InboxLimits {
-        max_length: 5,
-        message_ttl_s: 86_400,
-        expires_s: 604_800,
-    });
+    let args = inbox_args(
+        &InboxLimits {
+            max_length: 5,
+            message_ttl_s: 86_400,
+            expires_s: 604_800,
+        },
+        QueueType::Classic,
+    );
     admin.declare_queue(&queue, true, &args).await?;
     refused_start(&mut a, &queue, "x-max-length").await?;
     admin.close().await?;

@@ -5,6 +5,7 @@ mod auth;
 mod badinput;
 mod claude;
 mod cli;
+mod cluster;
 mod control;
 mod coord;
 mod dead;

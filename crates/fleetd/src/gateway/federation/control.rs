@@ -72,7 +72,7 @@ impl Gateway {
         let (Some(fed), Some(_)) = (self.fed(), requested) else {
             return Ok(Target::Here);
         };
-        if fed.link().is_none() {
+        if fed.link().is_none() && !fed.fails_over() {
             return Err(unavailable("nothing can be spawned on another host now"));
         }
         let known: Vec<String> = fed
@@ -181,7 +181,7 @@ impl Gateway {
             .map_err(|e| FleetError::internal(format!("cannot write the request: {e}")))?;
         // What the host would refuse is refused here first, with the same words.
         read_request(&body).map_err(FleetError::invalid)?;
-        let Some(link) = fed.link() else {
+        let Some(link) = fed.link_soon().await else {
             return Err(unavailable(&format!(
                 "host '{host}' cannot be asked anything now"
             )));

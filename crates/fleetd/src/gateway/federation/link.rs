@@ -5,6 +5,7 @@
 //! entity as entities join and leave.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::Gateway;
 use super::Federation;
 use super::inbox::settle;
-use crate::config::{BrokerConfig, FederationConfig, redacted_uri};
+use crate::config::{BrokerConfig, FederationConfig};
 
 /// The longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -30,13 +31,16 @@ const DRAIN_BATCH: usize = 64;
 /// The pause between two attempts on a held inbox.
 const HELD_RETRY: Duration = Duration::from_millis(500);
 
-/// What a link to `broker` is opened with, its queues capped as `[federation]` says.
+/// What a link to `broker` is opened with (its nodes tried from the first named), its queues
+/// capped as `[federation]` says.
 pub(in crate::gateway) fn link_settings(
     broker: &BrokerConfig,
     config: &FederationConfig,
 ) -> LinkSettings {
     LinkSettings {
-        uri: broker.uri.clone(),
+        uris: broker.uris.clone(),
+        first: 0,
+        queue_type: broker.queue_type,
         password_env: broker.password_env.clone(),
         heartbeat_s: broker.heartbeat_s,
         prefetch: broker.prefetch,
@@ -52,9 +56,12 @@ pub(in crate::gateway) fn link_settings(
 
 /// Keeps the broker link in `cell` up until `shutdown`: waits for it to fail, then calls
 /// `connect` (which puts a new link in `cell`) again and again, with backoff, until it does.
-/// `down` runs when the link failed, `leave` with the link still up at shutdown.
+/// When the link fails, `next_node` is set to the node after the one it was on (a cluster's
+/// surviving nodes are tried before the one just lost) and `down` runs; `leave` runs with the
+/// link still up at shutdown.
 pub(in crate::gateway) async fn keep_up<L, C, Left>(
     cell: &tokio_watch::Sender<Option<Arc<L>>>,
+    next_node: &AtomicUsize,
     shutdown: &CancellationToken,
     mut connect: impl FnMut() -> C,
     mut down: impl FnMut(),
@@ -76,6 +83,7 @@ pub(in crate::gateway) async fn keep_up<L, C, Left>(
                 }
             }
             cell.send_replace(None);
+            next_node.store(link.node().wrapping_add(1), Ordering::Relaxed);
             down();
             backoff = FIRST_BACKOFF;
         }
@@ -112,7 +120,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        tracing::info!(uri = %redacted_uri(&fed.broker.uri), host_id = %self.host_id, "federated plane on");
+        tracing::info!(uri = %fed.broker.shown(), queue_type = fed.broker.queue_type.as_str(), host_id = %self.host_id, "federated plane on");
         // Before any inbox is read: a receipt that came while this gateway was down ends its
         // brief's wait.
         self.await_receipts_again().await?;
@@ -162,8 +170,13 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        let settings = link_settings(&fed.broker, &fed.config);
-        let link: Arc<dyn Broker> = Arc::new(Link::connect(&settings, &self.host_id).await?);
+        let settings = LinkSettings {
+            first: fed.next_node.load(Ordering::Relaxed),
+            ..link_settings(&fed.broker, &fed.config)
+        };
+        let link = Link::connect(&settings, &self.host_id).await?;
+        let node = link.node_name().to_string();
+        let link: Arc<dyn Broker> = Arc::new(link);
         let attached = async {
             let roster = link.open_roster(&self.host_id).await?;
             let gateway = Arc::clone(self);
@@ -186,7 +199,7 @@ impl Gateway {
         match attached.await {
             Ok(inboxes) => {
                 fed.link.send_replace(Some(Arc::clone(&link)));
-                tracing::info!(host_id = %self.host_id, inboxes, "broker link up");
+                tracing::info!(host_id = %self.host_id, %node, inboxes, "broker link up");
                 self.publish_presence().await;
                 self.clear_reaped_inboxes().await;
                 self.flush_outbox().await;
@@ -227,6 +240,7 @@ impl Gateway {
         };
         keep_up(
             &fed.link,
+            &fed.next_node,
             &self.shutdown,
             || self.connect_link(),
             down,

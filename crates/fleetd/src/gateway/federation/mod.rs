@@ -38,10 +38,11 @@ pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use fleet_amqp::{AmqpError, Broker, Published, login_of};
+use fleet_amqp::{AmqpError, Broker, Published};
 use fleet_core::bounds::RosterCaps;
 use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
@@ -66,6 +67,8 @@ pub struct Federation {
     config: FederationConfig,
     /// The live link; `None` while the broker is unreachable.
     link: tokio_watch::Sender<Option<Arc<dyn Broker>>>,
+    /// Which of the broker's nodes the next connection tries first.
+    next_node: AtomicUsize,
     /// The gid this gateway's own presence entry is published under.
     gateway_gid: Gid,
     state: Mutex<FedState>,
@@ -151,7 +154,7 @@ impl Federation {
         key: SigningKey,
     ) -> Result<Self, String> {
         let mut trust = config.trust_table()?;
-        trust.pin_own(host_id, key.verifying_key(), login_of(&broker.uri));
+        trust.pin_own(host_id, key.verifying_key(), broker.login());
         let audit = AuditLog::open(
             state_dir.join("audit.jsonl"),
             config.audit_max_bytes,
@@ -178,6 +181,7 @@ impl Federation {
             broker,
             config,
             link: tokio_watch::channel(None).0,
+            next_node: AtomicUsize::new(0),
             gateway_gid: Gid::mint(),
             state: Mutex::new(state),
             audit: Mutex::new(audit),
@@ -205,6 +209,58 @@ impl Federation {
 
     fn link(&self) -> Option<Arc<dyn Broker>> {
         self.link.borrow().clone().filter(|l| l.is_up())
+    }
+
+    /// Whether a message that finds the link down waits for the next one
+    /// (`broker.failover_wait_s`).
+    fn fails_over(&self) -> bool {
+        self.broker.failover_wait_s > 0
+    }
+
+    /// The live link; when there is none, the next one, waited for `broker.failover_wait_s` (a
+    /// cluster's gateway connecting to a surviving node). Nothing is queued meanwhile: the
+    /// caller waits, and fails when no link comes.
+    async fn link_soon(&self) -> Option<Arc<dyn Broker>> {
+        if let Some(link) = self.link() {
+            return Some(link);
+        }
+        if !self.fails_over() {
+            return None;
+        }
+        let mut links = self.link.subscribe();
+        let next = async {
+            loop {
+                let up = links.borrow_and_update().clone().filter(|l| l.is_up());
+                if up.is_some() {
+                    return up;
+                }
+                if links.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        let wait = Duration::from_secs(self.broker.failover_wait_s);
+        tokio::time::timeout(wait, next).await.ok().flatten()
+    }
+
+    /// Publishes `message` on `link`; when the link broke under it (no confirm came, and it is
+    /// down now) and the link fails over, once more on the next link. The first copy may have
+    /// reached the broker: its recipient's gateway takes one (it drops a second as a replay).
+    async fn publish_over(
+        &self,
+        link: Arc<dyn Broker>,
+        message: fleet_amqp::Outgoing<'_>,
+    ) -> Result<Published, AmqpError> {
+        match link.publish(message).await {
+            Err(e) if e.retry() && !link.is_up() && self.fails_over() => {
+                let Some(next) = self.link_soon().await else {
+                    return Err(e);
+                };
+                tracing::warn!(msg_id = %message.envelope.msg_id, error = %e, "the broker link broke under a publish: publishing it again on the next link");
+                next.publish(message).await
+            }
+            published => published,
+        }
     }
 
     /// One audit line: what moved, never its text.

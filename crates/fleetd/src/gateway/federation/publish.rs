@@ -2,7 +2,7 @@
 //! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
 //! everything this gateway publishes.
 
-use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, broadcast_key};
+use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, QueueType, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
@@ -13,6 +13,19 @@ use super::super::Gateway;
 use super::{not_taken, publish_outcome, unavailable};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
+
+/// What a sender whose message found its recipient's inbox full is told, by the type of the
+/// inbox: a classic one dead-letters what it refuses, a quorum one only refuses it.
+fn full_inbox(kind: QueueType) -> &'static str {
+    match kind {
+        QueueType::Classic => {
+            "has a full inbox: the broker refused the message (it went to the dead letters)"
+        }
+        QueueType::Quorum => {
+            "has a full inbox: the broker refused the message, which was not delivered"
+        }
+    }
+}
 
 impl Gateway {
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
@@ -34,7 +47,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(Placement::Dead);
         };
-        let Some(link) = fed.link() else {
+        let Some(link) = fed.link_soon().await else {
             return Err(unavailable(&format!(
                 "'{}' on another host cannot be reached now; nothing was queued",
                 self.name_of(message.to).await
@@ -77,17 +90,16 @@ impl Gateway {
         let signature = fed.sign(&envelope, body);
         let publish = async {
             let started = Instant::now();
-            let published = link
-                .publish(Outgoing {
-                    exchange: MSG_EXCHANGE,
-                    key: &envelope.to,
-                    envelope: &envelope,
-                    signature: &signature,
-                    body,
-                    mandatory: true,
-                    persistent: true,
-                })
-                .await;
+            let outgoing = Outgoing {
+                exchange: MSG_EXCHANGE,
+                key: &envelope.to,
+                envelope: &envelope,
+                signature: &signature,
+                body,
+                mandatory: true,
+                persistent: true,
+            };
+            let published = fed.publish_over(link, outgoing).await;
             self.metrics.published(started.elapsed());
             published
         };
@@ -116,7 +128,7 @@ impl Gateway {
             ),
             Published::Refused => (
                 ErrorCode::BrokerUnavailable,
-                "has a full inbox; the message was dead-lettered",
+                full_inbox(fed.broker.queue_type),
             ),
         };
         let to_name = self.name_of(message.to).await;
@@ -295,7 +307,8 @@ impl Gateway {
     }
 
     /// `fleet_broadcast` through the broker: one publish, a copy in every bound inbox.
-    /// Returns how many workers the roster knows to be bound.
+    /// Returns how many workers the roster knows to be bound, and why some got no copy (an
+    /// inbox that was full refused its copy, which the publisher's confirm says, not whose).
     pub(in crate::gateway) async fn publish_broadcast(
         &self,
         from: &Entity,
@@ -303,11 +316,11 @@ impl Gateway {
         text: &str,
         msg_id: MsgId,
         trace_id: TraceId,
-    ) -> Result<usize, FleetError> {
+    ) -> Result<(usize, Vec<String>), FleetError> {
         let Some(fed) = self.fed() else {
             return Err(FleetError::internal("no broker"));
         };
-        let Some(link) = fed.link() else {
+        let Some(link) = fed.link_soon().await else {
             return Err(unavailable("the broadcast was not sent"));
         };
         let key = group.map_or_else(|| BROADCAST_ALL.to_string(), broadcast_key);
@@ -348,17 +361,16 @@ impl Gateway {
         let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
         let started = Instant::now();
-        let published = link
-            .publish(Outgoing {
-                exchange: MSG_EXCHANGE,
-                key: &key,
-                envelope: &envelope,
-                signature: &signature,
-                body: text.as_bytes(),
-                mandatory: false,
-                persistent: true,
-            })
-            .await;
+        let outgoing = Outgoing {
+            exchange: MSG_EXCHANGE,
+            key: &key,
+            envelope: &envelope,
+            signature: &signature,
+            body: text.as_bytes(),
+            mandatory: false,
+            persistent: true,
+        };
+        let published = fed.publish_over(link, outgoing).await;
         self.metrics.published(started.elapsed());
         fed.audit(
             &envelope,
@@ -369,10 +381,16 @@ impl Gateway {
                 "broker unavailable"
             },
         );
-        published.map_err(not_taken)?;
+        let refused = match published.map_err(not_taken)? {
+            Published::Refused => vec![match fed.broker.queue_type {
+                QueueType::Classic => "an inbox was full and refused its copy (a FAILED notice names it)".to_string(),
+                QueueType::Quorum => "an inbox on another host was full and refused its copy (a quorum queue's refusal does not say whose)".to_string(),
+            }],
+            Published::Routed | Published::Unroutable => Vec::new(),
+        };
         self.metrics.accepted(Kind::Send, Placement::Remote);
         let local = self.lock().entities().into_iter().filter(in_group).count();
-        Ok(local + remote.len())
+        Ok((local + remote.len(), refused))
     }
 
     /// Remembers that each `(msg_id, host, from, to)` was published from `from` to `to` (an

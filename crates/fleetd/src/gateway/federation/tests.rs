@@ -110,13 +110,15 @@ async fn harness(max_held: usize) -> Harness {
     config.gateway.max_held_per_recipient = max_held;
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
     let broker_config = BrokerConfig {
-        uri: "amqp://127.0.0.1:1/fake".into(),
+        uris: vec!["amqp://127.0.0.1:1/fake".into()],
         password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
         heartbeat_s: 10,
         prefetch: 32,
         ca_file: None,
         cert_file: None,
         key_file: None,
+        queue_type: fleet_amqp::topology::QueueType::Classic,
+        failover_wait_s: 0,
     };
     let trust = ["hostb", "hostc"]
         .into_iter()
