@@ -175,7 +175,8 @@ impl Roster {
 
     /// Merges a heartbeat `host` sent, heard at `now` (`now_ms` Unix ms). An entity of
     /// another host is ignored; a new entry over a cap is ignored (a known one is always
-    /// refreshed: a cap never drops what was accepted); a `gone` host takes its entities along.
+    /// refreshed: a cap never drops what was accepted); a `gone` host takes its entities along;
+    /// a new entity of a host replaces the host's entry of the same name.
     pub fn hear(&mut self, host: &str, presence: Presence, now: Instant, now_ms: i64) -> Heard {
         if let Some(why) = malformed(&presence) {
             return Heard::Malformed(why);
@@ -192,6 +193,24 @@ impl Roster {
                 Heard::Left
             }
             Some(entity) => {
+                // A host's live entities hold distinct names: another entry of this host under
+                // this name is one that went without a word (its gateway crashed and reaped it
+                // on restart), and this one takes its place.
+                let superseded: Vec<Gid> = self
+                    .entities
+                    .values()
+                    .filter(|e| {
+                        e.entity.host == host
+                            && e.entity.name == entity.name
+                            && e.entity.gid != entity.gid
+                    })
+                    .map(|e| e.entity.gid)
+                    .collect();
+                for gid in superseded {
+                    if let Some(left) = self.entities.remove(&gid) {
+                        self.depart(left.entity);
+                    }
+                }
                 if !self.entities.contains_key(&entity.gid)
                     && let Err(full) = admit_remote_entity(self.count(host), self.caps)
                 {
@@ -373,6 +392,34 @@ mod tests {
         );
         assert!(roster.entity(w.gid).is_none());
         assert_eq!(roster.hosts().count(), 1);
+    }
+
+    #[test]
+    fn a_new_entity_replaces_its_hosts_entry_of_the_same_name_and_no_other() {
+        let t0 = Instant::now();
+        let mut heard = roster(4, 4);
+        let (old, elsewhere) = (entity("w1", "hostb"), entity("w1", "hostc"));
+        heard.hear("hostb", beat(Some(&old), "busy"), t0, 1);
+        heard.hear("hostc", beat(Some(&elsewhere), "idle"), t0, 1);
+        // hostb crashed and came back: a new w1, and no word of the old one.
+        let new = entity("w1", "hostb");
+        assert_eq!(
+            heard.hear("hostb", beat(Some(&new), "idle"), t0, 2),
+            Heard::Merged
+        );
+        assert!(heard.entity(old.gid).is_none());
+        assert_eq!(heard.departed(old.gid), Some(&old));
+        assert!(heard.entity(new.gid).is_some());
+        // Another host's w1 is another entity.
+        assert!(heard.entity(elsewhere.gid).is_some());
+        assert_eq!(names(&heard), ["w1", "w1"]);
+        // A host at its cap may still bring back a name it held.
+        let mut full = roster(4, 1);
+        full.hear("hostb", beat(Some(&old), "idle"), t0, 1);
+        assert_eq!(
+            full.hear("hostb", beat(Some(&new), "idle"), t0, 2),
+            Heard::Merged
+        );
     }
 
     #[test]

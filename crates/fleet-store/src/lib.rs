@@ -247,8 +247,12 @@ pub trait Store: Send + Sync + 'static {
     fn fail_leftovers(&self, interrupted: &str, orphaned: &str) -> StoreResult<Vec<Message>>;
 
     /// The tasks (`SEND`s) typed into or handed to `to` that nothing answers yet: no reply and
-    /// no failure notice names them.
+    /// no failure notice names them, here or (see [`Store::answered_elsewhere`]) on another host.
     fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>>;
+
+    /// Notes that task `msg_id` was answered by a message that went to another host (the
+    /// broker took it; no copy is stored here). Idempotent; the note goes with the task.
+    fn answered_elsewhere(&self, msg_id: MsgId) -> StoreResult<()>;
 
     /// Puts consumed messages back to `held`: the call that took them ended before its answer
     /// could reach the client. Only for messages this process just handed out.

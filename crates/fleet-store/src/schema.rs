@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -183,6 +183,20 @@ BEGIN
 END;
 ";
 
+/// Version 6: the tasks answered by a message that went to another host (a worker's reply, or a
+/// failure notice, to a lead there: the broker carries it, and no copy of it is stored here), so
+/// that a restart which reaps the worker does not report them unanswered. A row goes with its
+/// task.
+const SCHEMA_V6: &str = "
+CREATE TABLE answered (
+    msg_id     TEXT PRIMARY KEY
+) WITHOUT ROWID;
+CREATE TRIGGER answered_pruned AFTER DELETE ON messages
+BEGIN
+    DELETE FROM answered WHERE msg_id = OLD.msg_id;
+END;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -209,6 +223,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 5 {
         tx.execute_batch(SCHEMA_V5)?;
+    }
+    if found < 6 {
+        tx.execute_batch(SCHEMA_V6)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -681,10 +681,21 @@ impl Store for SqliteStore {
                 "SELECT {MESSAGE_COLUMNS} FROM messages AS m
                  WHERE m.to_gid = ?1 AND m.kind = 'SEND' AND m.state IN ('injected', 'held', 'consumed')
                  AND NOT EXISTS (SELECT 1 FROM messages AS a WHERE a.in_reply_to = m.msg_id)
+                 AND NOT EXISTS (SELECT 1 FROM answered AS d WHERE d.msg_id = m.msg_id)
                  ORDER BY m.seq"
             ),
             [to.to_string()],
         )
+    }
+
+    fn answered_elsewhere(&self, msg_id: MsgId) -> StoreResult<()> {
+        let conn = self.conn();
+        // Only for a task this store has: the note goes with it when it is pruned.
+        conn.prepare_cached(
+            "INSERT OR IGNORE INTO answered (msg_id) SELECT msg_id FROM messages WHERE msg_id = ?1",
+        )?
+        .execute([msg_id.to_string()])?;
+        Ok(())
     }
 
     fn release(&self, msg_ids: &[MsgId]) -> StoreResult<()> {

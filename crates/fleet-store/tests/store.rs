@@ -396,6 +396,10 @@ fn unanswered_tasks_are_found_and_answered_ones_are_not() {
         .map(|m| m.body)
         .collect();
     assert_eq!(open, vec!["in flight"]);
+    // Answered by a reply that went to another host: no longer open (said twice, noted once).
+    store.answered_elsewhere(open_task.msg_id).unwrap();
+    store.answered_elsewhere(open_task.msg_id).unwrap();
+    assert!(store.unanswered_tasks_to(w).unwrap().is_empty());
 }
 
 #[test]

@@ -128,6 +128,7 @@ impl Gateway {
                 let published = self.publish_remote(&message).await;
                 if published.is_ok() {
                     self.metrics.accepted(message.kind, placement);
+                    self.answered_elsewhere(&message).await;
                 }
                 return published;
             }
@@ -200,6 +201,19 @@ impl Gateway {
             }
         }
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
+    }
+
+    /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
+    /// reply or a failure notice to a lead there), that the task is answered: no copy of the
+    /// answer is kept here, and a restart reaping the worker would report it unanswered.
+    async fn answered_elsewhere(&self, published: &Message) {
+        let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
+        else {
+            return;
+        };
+        if let Err(e) = self.db(move |s| s.answered_elsewhere(task)).await {
+            tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
+        }
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice

@@ -1241,6 +1241,64 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_name_is_free_again()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair {
+        a: _a,
+        mut b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    let old = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    // Answered (its reply went to hosta: hostb keeps no copy of it), then one in flight.
+    let answered = alice.send("wb", "answered before", 20).await?;
+    assert_eq!(
+        answered["reply"]["text"], "echo: answered before",
+        "{answered}"
+    );
+    let open = alice.send("wb", "/slow 60000 in flight", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+
+    b.kill9().await?;
+    b.launch().await?;
+    let told = drain(&alice, 1).await?;
+    assert_eq!(
+        (told[0]["kind"].as_str(), &told[0]["in_reply_to"]),
+        (Some("FAILED"), &open["msg_id"]),
+        "{told:?}"
+    );
+    // Nothing about the task wb answered.
+    assert_eq!(alice.poll(2).await?, Vec::<Value>::new());
+
+    // A new wb at once: alice reaches it by its name, the old one's entry gone.
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let new = bob.spawn("sim", "wb").await?;
+    until("alice to see the new wb", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["gid"] == new["gid"] && e["status"] != "unknown")
+    })
+    .await?;
+    let names = alice.names().await?;
+    assert_eq!(names.iter().filter(|n| *n == "wb").count(), 1, "{names:?}");
+    assert_ne!(old["gid"], new["gid"]);
+    let again = alice.send("wb", "after the crash", 20).await?;
+    assert_eq!(again["reply"]["text"], "echo: after the crash", "{again}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;

@@ -353,7 +353,7 @@ impl Gateway {
 
     /// The inbox of a worker a previous run left: every brief still waiting there is
     /// dead-lettered and its (genuine) sender told the worker is gone, then the inbox is
-    /// deleted — nothing sent to it vanishes unannounced.
+    /// deleted — nothing sent to it vanishes unannounced — and the worker announced gone.
     async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) {
         let gid = entity.gid;
         let why = format!(
@@ -405,5 +405,8 @@ impl Gateway {
                 tracing::warn!(%gid, error = %e, "cannot delete the inbox of a previous run's worker")
             }
         }
+        // The other gateways hear it is gone now, not when its entry runs out.
+        self.announce(link, Some(entity.clone()), "gone".into(), Vec::new())
+            .await;
     }
 }
