@@ -60,6 +60,9 @@ struct Args {
     /// Redraw a clock on the top line this often, for as long as it runs.
     #[arg(long)]
     clock_ms: Option<u64>,
+    /// Think this long over every task before acting on it (a slow model).
+    #[arg(long, default_value_t = 0)]
+    think_ms: u64,
 }
 
 fn env(name: &str) -> anyhow::Result<String> {
@@ -263,6 +266,9 @@ async fn main() -> anyhow::Result<()> {
                 Event::Submit(task) => {
                     tasks += 1;
                     show(&format!("\r\n[task {tasks}: {} bytes]\r\n", task.len()));
+                    if args.think_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(args.think_ms)).await;
+                    }
                     if let Some(client) = &client {
                         match handle(client, &task).await {
                             Ok(true) => {

@@ -403,19 +403,23 @@ impl Gateway {
         });
     }
 
-    /// Returns once architect `gid` has been kept `keep` since its last answer to `lead`, with
-    /// nothing in flight, or is gone: true; false when the gateway shuts down first.
+    /// Returns once architect `gid` has been kept `keep` since its last answer to `lead` (and
+    /// since the lead had it: the consult returned now), with nothing in flight, or is gone:
+    /// true; false when the gateway shuts down first.
     async fn until_kept(&self, lead: Gid, gid: Gid, keep: Duration) -> bool {
         if self.lock().panes.contains_key(&gid) {
-            self.until_idle_for(gid, keep).await
+            self.until_idle_for(gid, keep, std::time::Instant::now())
+                .await
         } else {
             self.until_kept_afar(lead, gid, keep).await
         }
     }
 
     /// [`Gateway::until_kept`] for an architect of this host: idle (its last answer given,
-    /// nothing in flight) for `keep`, and nothing queued for it within `keep`.
-    async fn until_idle_for(&self, gid: Gid, keep: Duration) -> bool {
+    /// nothing in flight) for `keep`, and nothing queued for it within `keep`, counted from
+    /// `handed` at the earliest (when the lead had its answer: one that answered long before a
+    /// slower architect is still kept `keep` for a follow-up).
+    async fn until_idle_for(&self, gid: Gid, keep: Duration, handed: std::time::Instant) -> bool {
         let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
             return true;
         };
@@ -425,7 +429,7 @@ impl Gateway {
             // later (a follow-up it has yet to pull).
             let idle_for = match self.lock().panes.get(&gid) {
                 Some(session) if session.status.is_live() => session.idle_since.map(|at| {
-                    let idle = at.elapsed();
+                    let idle = at.elapsed().min(handed.elapsed());
                     session.last_queued.map_or(idle, |q| idle.min(q.elapsed()))
                 }),
                 _ => return true,

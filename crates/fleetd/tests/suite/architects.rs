@@ -537,3 +537,34 @@ async fn a_kept_architect_lives_keep_s_after_its_last_answer_then_goes() -> anyh
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architect_that_answered_long_before_the_other_is_kept_keep_s_from_the_consults_end()
+-> anyhow::Result<()> {
+    // arch-b thinks 6 s over the brief, so arch-a has answered 6 s before the consult returns.
+    let config = format!(
+        "{}{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"sim-a\", keep_s = 3 }}, {{ name = \"arch-b\", profile = \"sim-slow\", keep_s = 3 }}]\n",
+        sim_profile("sim-a", &[])?,
+        sim_profile("sim-slow", &["--think-ms", "6000"])?,
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let started = std::time::Instant::now();
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": "first", "wait_s": 60}))
+        .await?;
+    let took = started.elapsed();
+    for name in ["arch-a", "arch-b"] {
+        assert_eq!(slot(&consult, name)["status"], "answered", "{consult}");
+    }
+    assert!(
+        took > std::time::Duration::from_secs(4),
+        "the slow architect was not slow ({took:?}): this proves nothing"
+    );
+    // The lead could follow up only now, and does after reading the answers a second (well
+    // within keep_s): arch-a, idle for longer than its keep_s by then, is still there.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let follow = alice.send("arch-a", "still there?", 10).await?;
+    assert_eq!(follow["reply"]["text"], "echo: still there?", "{follow}");
+    Ok(())
+}
