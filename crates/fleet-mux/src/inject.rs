@@ -121,11 +121,24 @@ pub enum InjectOutcome {
     InputNotEmpty,
 }
 
+/// Whether `text` (a screen) shows the input box empty: a line on which `marker` is followed
+/// by nothing but blanks. The marker alone is not enough: Claude Code draws `❯` and its
+/// no-break space in front of what the box holds too (a paste, a draft), so only a line that
+/// ends there shows nothing is in it.
+pub fn shows_empty_input(text: &str, marker: &str) -> bool {
+    !marker.is_empty()
+        && text.lines().any(|line| {
+            line.match_indices(marker)
+                .any(|(at, _)| line[at + marker.len()..].trim().is_empty())
+        })
+}
+
 /// Whether the screen after Enter shows the input was taken.
 pub fn looks_submitted(before: &Snapshot, after: &Snapshot, marker: Option<&str>) -> bool {
     match marker {
         Some(marker) => {
-            after.text.contains(marker) && (!before.text.contains(marker) || before != after)
+            shows_empty_input(&after.text, marker)
+                && (!shows_empty_input(&before.text, marker) || before != after)
         }
         None => before.cursor != after.cursor || before.text != after.text,
     }
@@ -208,7 +221,7 @@ async fn wait_for_marker(
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + limit;
     let mut interval = FIRST_CHECK_INTERVAL;
-    while !screen.text.contains(marker) {
+    while !shows_empty_input(&screen.text, marker) {
         if Instant::now() >= deadline {
             return Ok(None);
         }
@@ -370,5 +383,33 @@ mod tests {
             &snap((2, 3), "> hello\n❯\u{a0}"),
             marker
         ));
+        // The box still holding the text, drawn behind the marker (a backslash and Enter made a
+        // newline of the Enter): no submit, however the screen moved.
+        let pasted = snap((7, 3), "❯\u{a0}ls \\");
+        assert!(!looks_submitted(
+            &pasted,
+            &snap((2, 4), "❯\u{a0}ls\n  "),
+            marker
+        ));
+    }
+
+    #[test]
+    fn the_box_is_empty_only_where_the_marker_ends_its_line() {
+        let marker = "❯\u{a0}";
+        assert!(shows_empty_input("done.\n❯\u{a0}\n", marker));
+        assert!(shows_empty_input(
+            "done.\n❯\u{a0}   \n── ? for shortcuts",
+            marker
+        ));
+        assert!(shows_empty_input("│ ❯\u{a0}\u{a0}\n", marker));
+        assert!(!shows_empty_input(
+            "❯\u{a0}[#t0083] shell 83: a trailing backslash \\",
+            marker
+        ));
+        assert!(!shows_empty_input("❯ half a thought\n", marker));
+        assert!(!shows_empty_input("working…\n", marker));
+        // A marker earlier on a line does not hide a later one that ends it.
+        assert!(shows_empty_input("❯\u{a0}x ❯\u{a0}", marker));
+        assert!(!shows_empty_input("anything", ""));
     }
 }

@@ -406,6 +406,16 @@ impl ProfileConfig {
         }
     }
 
+    /// The character that, last before Enter, makes the program's Enter a newline instead of a
+    /// submit (Claude Code: a backslash), if any: a task ending in it gets a blank typed after
+    /// it, which Claude Code trims from what it submits, so its model gets the task as sent.
+    pub fn line_continuation(&self) -> Option<char> {
+        match self.agent_kind() {
+            ProfileKind::ClaudeCode => Some('\\'),
+            ProfileKind::Opencode | ProfileKind::Command | ProfileKind::Sandbox => None,
+        }
+    }
+
     /// The kind of program in the pane: a sandbox's agent kind, else the profile's own.
     pub fn agent_kind(&self) -> ProfileKind {
         match self.kind {

@@ -411,11 +411,17 @@ fn inject_options(profile: &ProfileConfig, first: bool) -> InjectOptions {
 /// What is typed for `task` (from `from_name`) into a pane of `profile`, or why nothing may
 /// be: whatever path the task came by (a local send was checked already; one off the broker on
 /// arrival), nothing but text reaches the keys, a task is never read as the agent's own command,
-/// and a program taking one line at a time (`single_line`) gets one line.
+/// its last character never turns the Enter after it into a newline, and a program taking one
+/// line at a time (`single_line`) gets one line.
 fn typed_text(task: &Message, from_name: &str, profile: &ProfileConfig) -> Result<String, String> {
-    let text = typeable(&pane_text(task, from_name, profile.command_prefixes()))
+    let mut text = typeable(&pane_text(task, from_name, profile.command_prefixes()))
         .map_err(|found| format!("it holds {found}"))?
         .into_owned();
+    if let Some(continues) = profile.line_continuation()
+        && text.ends_with(continues)
+    {
+        text.push(' ');
+    }
     if profile.single_line
         && let Some(offset) = first_line_end(&text)
     {
@@ -467,6 +473,23 @@ mod tests {
         message.kind = Kind::Reply;
         message.in_reply_to = Some(MsgId::mint());
         assert!(typed_text(&message, "evil\u{1b}]0;x", &sim).is_err());
+    }
+
+    #[test]
+    fn a_task_ending_in_claude_codes_line_continuation_gets_a_blank_after_it() {
+        let mut claude = ProfileConfig::command("claude", Vec::new());
+        claude.kind = ProfileKind::ClaudeCode;
+        let sim = ProfileConfig::command("sim", vec!["sim".into()]);
+        assert_eq!(
+            typed_text(&task("ls \\"), "alice", &claude).unwrap(),
+            "ls \\ "
+        );
+        // Only as the last character, and only for Claude Code.
+        assert_eq!(
+            typed_text(&task("a \\ b"), "alice", &claude).unwrap(),
+            "a \\ b"
+        );
+        assert_eq!(typed_text(&task("ls \\"), "alice", &sim).unwrap(), "ls \\");
     }
 
     #[test]

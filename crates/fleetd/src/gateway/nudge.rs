@@ -28,7 +28,8 @@ const NUDGE_ENTER_PAUSE: Duration = Duration::from_millis(100);
 fn may_nudge(first: &Snapshot, second: &Snapshot, empty_input: &str) -> bool {
     !first.in_mode
         && first == second
-        && (empty_input.is_empty() || second.text.contains(empty_input))
+        && (empty_input.is_empty()
+            || fleet_mux::inject::shows_empty_input(&second.text, empty_input))
 }
 
 /// Where a lead's pane is.
@@ -245,6 +246,9 @@ mod tests {
         assert!(may_nudge(&empty, &empty.clone(), "❯\u{a0}"));
         let draft = snap("done.\n❯ half a thought\n", false);
         assert!(!may_nudge(&draft, &draft.clone(), "❯\u{a0}"));
+        // A draft drawn behind the marker is a draft all the same.
+        let behind = snap("done.\n❯\u{a0}half a thought\n", false);
+        assert!(!may_nudge(&behind, &behind.clone(), "❯\u{a0}"));
         assert!(may_nudge(&draft, &draft.clone(), ""));
         assert!(!may_nudge(&empty, &snap("working…\n", false), "❯\u{a0}"));
         let scrolling = snap("done.\n❯\u{a0}\n", true);

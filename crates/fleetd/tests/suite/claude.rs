@@ -73,6 +73,21 @@ async fn a_long_multi_line_task_reaches_claude_code_intact() -> anyhow::Result<(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_ending_in_a_backslash_is_submitted_to_claude_code_as_it_was_sent()
+-> anyhow::Result<()> {
+    // Claude Code reads a backslash before Enter as "a newline, not a submit".
+    let (_model, fleet, lead, pane) = fleet_with_claude().await?;
+    for task in [
+        "continue the line \\",
+        "two lines\nthe second ends in one \\",
+    ] {
+        let sent = ask_c1(&fleet, &lead, &pane, task).await?;
+        assert_eq!(sent["reply"]["text"], format!("echo: {task}"), "{sent}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_claude_code_worker_asks_mid_task_and_uses_the_answer() -> anyhow::Result<()> {
     let (_model, fleet, lead, pane) = fleet_with_claude().await?;
     let sent = lead
