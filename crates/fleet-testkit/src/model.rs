@@ -9,7 +9,9 @@
 //!   (which may need the user's permission: a dialog on the agent's screen); when its result
 //!   comes back, call `fleet_reply` with `ran COMMAND: RESULT`;
 //! - any other typed task → call `fleet_reply` with `echo: TASK` (the whole task, so a test can
-//!   see it arrived intact);
+//!   see it arrived intact); or, started [`ModelSim::digesting`], with a [`Digest`] of exactly
+//!   what arrived (`sha256=HEX bytes=N tags=[#t0001]`: a long benchmark's answers stay small,
+//!   and it can still tell a task altered, merged with another or submitted twice);
 //! - fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`) → call
 //!   `fleet_poll`, then answer each message it returned, one a turn, with `fleet_reply{message:
 //!   "echo: TEXT", in_reply_to: its msg_id}`;
@@ -17,8 +19,10 @@
 //!   meanwhile and came along with the result: that task is answered as above);
 //! - a request without tools (Claude Code's title request) → a JSON `{"title": …}` text.
 
+use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -27,6 +31,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -34,6 +39,11 @@ use tokio::task::JoinHandle;
 pub struct ModelSim {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Value>>>,
+    /// How many model requests it has answered (kept apart from `seen`, which a digesting
+    /// model leaves empty).
+    answered: Arc<AtomicUsize>,
+    /// What a digesting model received, one entry per typed task it answered.
+    received: Arc<Mutex<Vec<Received>>>,
     stalled: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
@@ -47,9 +57,23 @@ impl ModelSim {
     /// [`ModelSim::start`], every answer it gives through `fleet_reply` opening with `voice`:
     /// two scripted models a test tells apart.
     pub async fn voiced(voice: &str) -> anyhow::Result<Self> {
+        Self::scripted(Script::Echo(Arc::from(voice))).await
+    }
+
+    /// [`ModelSim::start`], answering every typed task (one that is no `ask:`, `run:` or nudge)
+    /// with the [`Digest`] of what arrived instead of its echo, and keeping each such text
+    /// ([`ModelSim::received`]). It keeps no requests ([`ModelSim::saw`] is always false): a
+    /// benchmark of thousands of tasks would hold every request's whole conversation.
+    pub async fn digesting() -> anyhow::Result<Self> {
+        Self::scripted(Script::Digest).await
+    }
+
+    async fn scripted(script: Script) -> anyhow::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(Mutex::new(Vec::new()));
         let stalled = Arc::new(AtomicBool::new(false));
         let app = Router::new()
             .route("/v1/messages", post(messages))
@@ -57,7 +81,9 @@ impl ModelSim {
             .fallback(any(|| async { StatusCode::OK }))
             .with_state(Shared {
                 seen: Arc::clone(&seen),
-                voice: Arc::from(voice),
+                answered: Arc::clone(&answered),
+                received: Arc::clone(&received),
+                script,
                 stalled: Arc::clone(&stalled),
             });
         let task = tokio::spawn(async move {
@@ -68,6 +94,8 @@ impl ModelSim {
         Ok(Self {
             addr,
             seen,
+            answered,
+            received,
             stalled,
             task,
         })
@@ -94,7 +122,15 @@ impl ModelSim {
 
     /// How many model requests it has answered.
     pub fn requests(&self) -> usize {
-        self.seen.lock().map(|seen| seen.len()).unwrap_or_default()
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// What a digesting model received, in the order it answered: one entry per typed task.
+    pub fn received(&self) -> Vec<Received> {
+        self.received
+            .lock()
+            .map(|received| received.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -112,10 +148,18 @@ async fn messages(
     State(shared): State<Shared>,
     axum::Json(request): axum::Json<Value>,
 ) -> Response {
-    let turn = decide(&request, &shared.voice);
-    if let Ok(mut seen) = shared.seen.lock() {
+    let (turn, received) = respond(&request, &shared.script);
+    if let Some(received) = received
+        && let Ok(mut log) = shared.received.lock()
+    {
+        log.push(received);
+    }
+    if matches!(shared.script, Script::Echo(_))
+        && let Ok(mut seen) = shared.seen.lock()
+    {
         seen.push(request.clone());
     }
+    shared.answered.fetch_add(1, Ordering::SeqCst);
     let with_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
     if with_tools && shared.stalled.load(Ordering::SeqCst) {
         std::future::pending::<()>().await;
@@ -134,10 +178,14 @@ async fn messages(
 /// What every request shares.
 #[derive(Clone)]
 struct Shared {
-    /// The requests seen so far.
+    /// The requests seen so far (an echoing model's only).
     seen: Arc<Mutex<Vec<Value>>>,
-    /// The voice answers open with.
-    voice: Arc<str>,
+    /// How many requests were answered.
+    answered: Arc<AtomicUsize>,
+    /// What a digesting model received.
+    received: Arc<Mutex<Vec<Received>>>,
+    /// How a typed task is answered.
+    script: Script,
     /// Whether an agent's turn is left unanswered ([`ModelSim::stall`]).
     stalled: Arc<AtomicBool>,
 }
@@ -154,15 +202,42 @@ enum Turn {
     Call(String, Value),
 }
 
+/// How the model answers a typed task.
+#[derive(Clone, Debug)]
+enum Script {
+    /// `echo: TASK`, opening with this voice.
+    Echo(Arc<str>),
+    /// The [`Digest`] of what arrived.
+    Digest,
+}
+
+impl Script {
+    /// What an echo opens with.
+    fn voice(&self) -> &str {
+        match self {
+            Script::Echo(voice) => voice,
+            Script::Digest => "",
+        }
+    }
+}
+
 /// Decides the answer to a request, from its tools and its latest user turn; a task's echo
 /// opens with `voice`.
+#[cfg(test)]
 fn decide(request: &Value, voice: &str) -> Turn {
+    respond(request, &Script::Echo(Arc::from(voice))).0
+}
+
+/// Decides the answer to a request, from its tools and its latest user turn, a typed task
+/// answered as `script` says; with what arrived, when that is a digest.
+fn respond(request: &Value, script: &Script) -> (Turn, Option<Received>) {
+    let voice = script.voice();
     let tools: Vec<&str> = request["tools"]
         .as_array()
         .map(|tools| tools.iter().filter_map(|t| t["name"].as_str()).collect())
         .unwrap_or_default();
     if tools.is_empty() {
-        return Turn::Say(json!({"title": "Fleet task"}).to_string());
+        return (Turn::Say(json!({"title": "Fleet task"}).to_string()), None);
     }
     let tool = |suffix: &str| {
         tools
@@ -172,7 +247,7 @@ fn decide(request: &Value, voice: &str) -> Turn {
     };
     let messages = request["messages"].as_array().cloned().unwrap_or_default();
     let Some(last) = messages.iter().rev().find(|m| m["role"] == "user") else {
-        return Turn::Say("Nothing to do.".into());
+        return (Turn::Say("Nothing to do.".into()), None);
     };
     // Text typed while a call ran comes with that call's result (Claude Code, opencode): it is
     // the next task, and takes precedence.
@@ -186,7 +261,7 @@ fn decide(request: &Value, voice: &str) -> Turn {
             result["tool_use_id"].as_str().unwrap_or_default(),
         );
         let text = result_text(&result["content"]);
-        return match called {
+        let turn = match called {
             Some((name, input)) if name.eq_ignore_ascii_case(SHELL_TOOL) => {
                 match tool("fleet_reply") {
                     Some(reply) => Turn::Call(
@@ -218,6 +293,7 @@ fn decide(request: &Value, voice: &str) -> Turn {
                 _ => Turn::Say(format!("Done: {text}")),
             },
         };
+        return (turn, None);
     }
     let task = typed;
     // fleetd's nudge: what waits is pulled.
@@ -225,24 +301,241 @@ fn decide(request: &Value, voice: &str) -> Turn {
         && task.contains("call fleet_poll")
         && let Some(poll) = tool("fleet_poll")
     {
-        return Turn::Call(poll, json!({"wait_s": 0}));
+        return (Turn::Call(poll, json!({"wait_s": 0})), None);
     }
     if let Some(question) = task.strip_prefix("ask: ")
         && let Some(ask) = tool("fleet_ask")
     {
-        return Turn::Call(ask, json!({"question": question}));
+        return (Turn::Call(ask, json!({"question": question})), None);
     }
     if let Some(command) = task.strip_prefix("run: ")
         && let Some(shell) = tools.iter().find(|t| t.eq_ignore_ascii_case(SHELL_TOOL))
     {
-        return Turn::Call(
+        let call = Turn::Call(
             shell.to_string(),
             json!({"command": command, "description": "Run the lead's command"}),
         );
+        return (call, None);
     }
-    match tool("fleet_reply") {
-        Some(reply) => Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
-        None => Turn::Say(format!("no fleet_reply tool; the task was: {task}")),
+    match (tool("fleet_reply"), script) {
+        (Some(reply), Script::Echo(_)) => (
+            Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
+            None,
+        ),
+        (Some(reply), Script::Digest) => {
+            let received = Received::of(arrived_text(last), raw_text(last));
+            let call = Turn::Call(reply, json!({"message": received.digest.to_string()}));
+            (call, Some(received))
+        }
+        (None, _) => (
+            Turn::Say(format!("no fleet_reply tool; the task was: {task}")),
+            None,
+        ),
+    }
+}
+
+/// What arrived of a typed task, for its digest: every text block of the user turn that is not
+/// a system reminder (one, unless the agent put several submits together), with Claude Code's
+/// paste wrapping taken off as Claude Code itself reads it ([`claude_pastes`]), joined by a
+/// newline, and nothing else changed (no trimming: a benchmark decides itself what difference
+/// it forgives, and says so).
+fn arrived_text(message: &Value) -> String {
+    blocks(message)
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str().map(str::to_string))
+        .filter(|text| !text.trim_start().starts_with("<system-reminder>"))
+        .map(|text| claude_pastes(&text))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `text` with Claude Code's paste blocks read as Claude Code 2.1.332 reads them back (its own
+/// parser of the wrapping it writes): a block opens with `<pasted_content id="ID">` and a
+/// newline (ID four lower-case hex digits) and ends at the next newline followed by
+/// `</pasted_content id="ID">`; up to two newlines before the opening and after the closing
+/// belong to the wrapping; the block stands for what lies between. Text that is no such block
+/// is kept as it is.
+fn claude_pastes(text: &str) -> String {
+    const OPEN: &str = "<pasted_content id=\"";
+    let mut out = String::new();
+    // `kept`: where the text not yet copied out starts; `from`: where to look for a block.
+    let (mut kept, mut from) = (0, 0);
+    while let Some(found) = text[from..].find(OPEN) {
+        let open = from + found;
+        let id_at = open + OPEN.len();
+        let id = text.get(id_at..id_at + 4).unwrap_or_default();
+        let is_id = id.len() == 4 && id.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'));
+        if !is_id || !text[id_at + 4..].starts_with("\">\n") {
+            from = id_at;
+            continue;
+        }
+        let body = id_at + 4 + 3;
+        let close = format!("\n</pasted_content id=\"{id}\">");
+        // The search starts at the opening's own newline: an empty block is one.
+        let Some(found) = text[body - 1..].find(&close) else {
+            break;
+        };
+        let body_end = body - 1 + found;
+        let mut before = open;
+        for _ in 0..2 {
+            if before > kept && text[..before].ends_with('\n') {
+                before -= 1;
+            }
+        }
+        out.push_str(&text[kept..before]);
+        out.push_str(text.get(body..body_end).unwrap_or_default());
+        kept = body_end + close.len();
+        for _ in 0..2 {
+            if text[kept..].starts_with('\n') {
+                kept += 1;
+            }
+        }
+        from = kept;
+    }
+    out.push_str(&text[kept..]);
+    out
+}
+
+/// The text blocks of the user turn that are not system reminders, as they arrived (any paste
+/// wrapping included), joined by a newline.
+fn raw_text(message: &Value) -> String {
+    blocks(message)
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str().map(str::to_string))
+        .filter(|text| !text.trim_start().starts_with("<system-reminder>"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What opens a task tag: `[#t`, then one or more ASCII digits, then `]` (`[#t0042]`). A
+/// benchmark opens each task with its own, and the digest lists every tag it finds, so a
+/// submit that holds two tasks shows both.
+pub const TAG_OPEN: &str = "[#t";
+
+/// The tag of task `n`: `[#t0042]` (at least four digits).
+pub fn tag(n: usize) -> String {
+    format!("{TAG_OPEN}{n:04}]")
+}
+
+/// Every task tag in `text`, in order.
+pub fn tags_in(text: &str) -> Vec<String> {
+    let mut tags = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(TAG_OPEN) {
+        let after = &rest[at + TAG_OPEN.len()..];
+        let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 && after[digits..].starts_with(']') {
+            tags.push(rest[at..at + TAG_OPEN.len() + digits + 1].to_string());
+        }
+        rest = after;
+    }
+    tags
+}
+
+/// A compact account of a text: its SHA-256, its length in bytes and the task tags in it.
+/// Written `sha256=HEX bytes=N tags=[#t0001],[#t0002]` (`tags=-` for none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digest {
+    /// The SHA-256 of the text's UTF-8 bytes, in lower-case hex.
+    pub sha256: String,
+    /// The text's length in bytes.
+    pub bytes: usize,
+    /// The task tags found in it, in order (see [`tags_in`]).
+    pub tags: Vec<String>,
+}
+
+impl Digest {
+    /// The digest of `text`.
+    pub fn of(text: &str) -> Self {
+        Self {
+            sha256: sha256_hex(text),
+            bytes: text.len(),
+            tags: tags_in(text),
+        }
+    }
+}
+
+/// The SHA-256 of `text`, in lower-case hex.
+pub fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tags = if self.tags.is_empty() {
+            "-".to_string()
+        } else {
+            self.tags.join(",")
+        };
+        write!(f, "sha256={} bytes={} tags={tags}", self.sha256, self.bytes)
+    }
+}
+
+/// Why a text is not a [`Digest`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotADigest(pub String);
+
+impl fmt::Display for NotADigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not a digest: {:?}", self.0)
+    }
+}
+
+impl std::error::Error for NotADigest {}
+
+impl FromStr for Digest {
+    type Err = NotADigest;
+
+    /// Reads what [`Digest`]'s `Display` writes, and nothing else.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let wrong = || NotADigest(text.to_string());
+        let mut fields = text.split(' ');
+        let mut field = |name: &str| {
+            fields
+                .next()
+                .and_then(|f| f.strip_prefix(name))
+                .ok_or_else(wrong)
+        };
+        let sha256 = field("sha256=")?;
+        let bytes = field("bytes=")?.parse().map_err(|_| wrong())?;
+        let tags = field("tags=")?;
+        let tags = match tags {
+            "-" => Vec::new(),
+            tags => tags.split(',').map(str::to_string).collect(),
+        };
+        let hex = sha256.len() == 64 && sha256.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'));
+        if !hex || fields.next().is_some() || tags.iter().any(|t| tags_in(t) != [t.clone()]) {
+            return Err(wrong());
+        }
+        Ok(Self {
+            sha256: sha256.to_string(),
+            bytes,
+            tags,
+        })
+    }
+}
+
+/// A typed task as a digesting model received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// What it answered with.
+    pub digest: Digest,
+    /// The text it digested (see the module doc).
+    pub text: String,
+    /// The same before Claude Code's paste wrapping was taken off: exactly what arrived.
+    pub raw: String,
+}
+
+impl Received {
+    fn of(text: String, raw: String) -> Self {
+        Self {
+            digest: Digest::of(&text),
+            text,
+            raw,
+        }
     }
 }
 
@@ -630,6 +923,179 @@ mod tests {
         assert_eq!(decide(&done, ""), Turn::Say("Done: ok".into()));
         let title = json!({"tools": [], "messages": [{"role": "user", "content": "hi"}]});
         assert!(matches!(decide(&title, ""), Turn::Say(text) if text.contains("title")));
+    }
+
+    /// What a digesting model answers `request` with: the `fleet_reply` message, and what it
+    /// kept as received.
+    fn digested(request: &Value) -> (String, Option<Received>) {
+        match respond(request, &Script::Digest) {
+            (Turn::Call(name, input), received) if name == "mcp__fleet__fleet_reply" => (
+                input["message"].as_str().unwrap_or_default().to_string(),
+                received,
+            ),
+            other => panic!("not a fleet_reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_digesting_model_answers_a_multi_line_task_with_the_digest_of_exactly_what_arrived() {
+        let task = "[#t0042] line one\n  line two, indented \n\nline four\n";
+        let request = json!({"tools": tools(), "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>context</system-reminder>"},
+                {"type": "text", "text": task}
+            ]}
+        ]});
+        let (message, received) = digested(&request);
+        // Nothing trimmed: the trailing newline and blank are part of what arrived.
+        let digest = Digest::of(task);
+        assert_eq!(message, digest.to_string());
+        assert_eq!(digest.bytes, task.len());
+        assert_eq!(digest.tags, ["[#t0042]"]);
+        assert_eq!(message.parse::<Digest>(), Ok(digest.clone()));
+        assert_eq!(
+            received,
+            Some(Received {
+                digest,
+                text: task.into(),
+                raw: task.into()
+            })
+        );
+        // An echoing model still echoes the same request, trimmed.
+        assert_eq!(
+            decide(&request, ""),
+            Turn::Call(
+                "mcp__fleet__fleet_reply".into(),
+                json!({"message": "echo: [#t0042] line one\n  line two, indented \n\nline four"})
+            )
+        );
+    }
+
+    #[test]
+    fn a_digest_counts_unicode_in_bytes_and_hashes_its_utf8() {
+        assert_eq!(
+            sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let task = "[#t0001] café naïve 日本語 한국어 🚀👍🏽 עברית العربية";
+        let request = json!({"tools": tools(), "messages": [{"role": "user", "content": task}]});
+        let (message, _) = digested(&request);
+        let digest: Digest = message.parse().unwrap();
+        assert_eq!(digest.bytes, task.len());
+        assert!(digest.bytes > task.chars().count());
+        assert_eq!(digest.sha256, sha256_hex(task));
+        assert_ne!(digest, Digest::of(&task.replace('é', "e\u{301}")));
+    }
+
+    #[test]
+    fn a_digest_lists_every_tag_of_a_submit_that_holds_two_tasks() {
+        // Two tasks in one text, as a paste merged with another…
+        let one = json!({"tools": tools(), "messages": [{"role": "user", "content":
+            "[#t0001] first task\n[#t0002] second task"}]});
+        let (message, _) = digested(&one);
+        assert!(message.ends_with(" tags=[#t0001],[#t0002]"), "{message}");
+        // …or in two text blocks of one turn (a queued task sent along with the next), after
+        // a call's result: both count, in order, joined by a newline.
+        let two = json!({"tools": tools(), "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                "name": "mcp__fleet__fleet_reply", "input": {"message": "x"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                {"type": "text", "text": "[#t0003] third"},
+                {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                {"type": "text", "text": "[#t0004] fourth"}
+            ]}
+        ]});
+        let (message, received) = digested(&two);
+        let received = received.unwrap();
+        assert_eq!(received.text, "[#t0003] third\n[#t0004] fourth");
+        assert_eq!(received.digest.tags, ["[#t0003]", "[#t0004]"]);
+        assert_eq!(message, received.digest.to_string());
+    }
+
+    #[test]
+    fn a_digest_is_of_a_paste_without_its_wrapping_and_other_turns_are_as_before() {
+        // As Claude Code 2.1.332 sends a paste (recorded): two newlines, the block, a newline.
+        let pasted = json!({"tools": tools(), "messages": [{"role": "user", "content":
+            "\n\n<pasted_content id=\"19eb\">\n[#t0009] a\n\tb \n</pasted_content id=\"19eb\">\n"}]});
+        let (message, received) = digested(&pasted);
+        assert_eq!(message, Digest::of("[#t0009] a\n\tb ").to_string());
+        assert!(received.unwrap().raw.starts_with("\n\n<pasted_content"));
+        // The end of the turn, an ask and a toolless request are answered as by an echoing
+        // model, and keep nothing.
+        let done = json!({"tools": tools(), "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t2",
+                "name": "mcp__fleet__fleet_reply", "input": {"message": "x"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}]}
+        ]});
+        assert_eq!(
+            respond(&done, &Script::Digest),
+            (Turn::Say("Done: ok".into()), None)
+        );
+        let ask = json!({"tools": tools(), "messages": [{"role": "user", "content": "ask: why?"}]});
+        assert_eq!(respond(&ask, &Script::Digest).1, None);
+        let title = json!({"tools": [], "messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(respond(&title, &Script::Digest).1, None);
+    }
+
+    #[test]
+    fn claude_code_pastes_are_read_as_claude_code_reads_them() {
+        let block = |id: &str, body: &str| {
+            format!("<pasted_content id=\"{id}\">\n{body}\n</pasted_content id=\"{id}\">")
+        };
+        assert_eq!(
+            claude_pastes(&format!("\n\n{}\n", block("0f05", "a\nb"))),
+            "a\nb"
+        );
+        // Typed text around a block keeps all but the wrapping's newlines.
+        assert_eq!(
+            claude_pastes(&format!("typed\n\n\n{}\n\n\nafter", block("3d27", "x"))),
+            "typed\nx\nafter"
+        );
+        // An empty block, a body holding newlines at its ends, two blocks.
+        assert_eq!(claude_pastes(&block("00aa", "")), "");
+        assert_eq!(claude_pastes(&block("00aa", "\nmid\n")), "\nmid\n");
+        assert_eq!(
+            claude_pastes(&format!("{}{}", block("0001", "one"), block("0002", "two"))),
+            "onetwo"
+        );
+        // Not Claude Code's shape (an id not of four hex digits, no closing): kept as it is.
+        for kept in [
+            "<pasted_content id=\"1\">\nx\n</pasted_content id=\"1\">",
+            "<pasted_content id=\"ABCD\">\nx\n</pasted_content id=\"ABCD\">",
+            "<pasted_content id=\"abcd\">\nnever closed",
+            "plain",
+        ] {
+            assert_eq!(claude_pastes(kept), kept);
+        }
+    }
+
+    #[test]
+    fn tags_are_found_only_in_their_shape_and_digests_read_back_only_as_written() {
+        assert_eq!(tag(42), "[#t0042]");
+        assert_eq!(tag(12345), "[#t12345]");
+        assert_eq!(
+            tags_in("[#t1] x [#t0002]y[#t03]"),
+            ["[#t1]", "[#t0002]", "[#t03]"]
+        );
+        for none in ["", "[#t]", "[#t12", "[#tx1]", "[#T12]", "#t12]", "[#t 12]"] {
+            assert!(tags_in(none).is_empty(), "{none:?}");
+        }
+        assert_eq!(tags_in("[#t[#t5]"), ["[#t5]"]);
+        let digest = Digest::of("plain");
+        assert!(digest.to_string().ends_with(" tags=-"));
+        assert_eq!(digest.to_string().parse::<Digest>(), Ok(digest.clone()));
+        let good = digest.to_string();
+        for bad in [
+            "echo: plain".to_string(),
+            good.replace("sha256=", "sha1="),
+            good.replace("tags=-", "tags=[#t1],x"),
+            format!("{good} more"),
+            good.replacen(&digest.sha256, "abc", 1),
+            good.replace("bytes=5", "bytes=five"),
+        ] {
+            assert!(bad.parse::<Digest>().is_err(), "{bad}");
+        }
     }
 
     #[test]

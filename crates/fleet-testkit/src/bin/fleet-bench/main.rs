@@ -5,6 +5,10 @@
 mod consult;
 mod federation;
 mod local;
+mod scale;
+mod soak;
+mod submits;
+mod throughput;
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +67,19 @@ enum What {
         #[arg(long, default_value_t = 20_000)]
         messages: usize,
     },
+    /// Crash soak: cycles of `kill -9` of a gateway in the middle of mixed traffic, each
+    /// followed by a restart; counts what was lost, duplicated or typed twice.
+    Soak(soak::Args),
+    /// Many agents: fleetd's RSS and CPU per 1,000 idle workers, presence traffic, roster
+    /// convergence over many gateways, `fleet_list` with 1,000+ entries, a closed loop of many
+    /// workers.
+    Scale(scale::Args),
+    /// Real agent submits: tasks of every shape typed into real agent workers on the scripted
+    /// model, counting those swallowed, merged, submitted twice or altered.
+    Submits(submits::Args),
+    /// Throughput against its ceiling: a bare MCP tool server on the same stack, fleetd's
+    /// same-host lead → lead rate as a share of it, cross-host as a share of same-host.
+    Throughput(throughput::Args),
 }
 
 /// p50 and p99 of `samples`, in milliseconds.
@@ -207,5 +224,9 @@ async fn main() -> anyhow::Result<()> {
             messages,
             entities,
         } => federation::federation(trips, messages, entities).await,
+        What::Soak(args) => soak::run(args).await,
+        What::Scale(args) => scale::run(args).await,
+        What::Submits(args) => submits::run(args).await,
+        What::Throughput(args) => throughput::run(args).await,
     }
 }

@@ -1,0 +1,190 @@
+//! `fleet-bench throughput`: messages per second, each against the right ceiling, in one run. A
+//! message through fleetd is one MCP tool call (`fleet_send`), so the ceiling of any gateway
+//! speaking MCP is a bare MCP tool server on the same stack answering an empty tool to the same
+//! client (`fleet-mcp-ceiling`). fleetd's same-host lead → lead rate is measured as a share of
+//! that ceiling, and its cross-host rate as a share of the same-host one (what the broker hop
+//! costs). The three are measured in turn, three rounds, and the medians compared.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fleet_testkit::bins::binary;
+use fleet_testkit::broker::{Broker, Vhost};
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::Fleet;
+use fleet_testkit::inherit::inherit;
+use serde_json::json;
+
+use super::{BENCH_HELD, federated, sent_and_drained};
+
+/// Its options.
+#[derive(Debug, clap::Args)]
+pub(super) struct Args {
+    /// Messages (and empty calls) per figure.
+    #[arg(long, default_value_t = 20_000)]
+    messages: usize,
+    /// Concurrent senders.
+    #[arg(long, default_value_t = 32)]
+    lanes: usize,
+    /// Rounds of the three figures (their medians are compared).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+/// How long the ceiling server may take to answer its first call.
+const CEILING_START: Duration = Duration::from_secs(10);
+
+/// The bare MCP server, running; killed when dropped.
+struct Ceiling {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+impl Ceiling {
+    /// Starts `fleet-mcp-ceiling` on a loopback socket bound here, and waits until it answers.
+    async fn start() -> anyhow::Result<(Ceiling, Client)> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let url = format!("http://{}/mcp", listener.local_addr()?);
+        let mut command = tokio::process::Command::new(binary("fleet-mcp-ceiling")?);
+        let fd = inherit(command.as_std_mut(), &listener)?;
+        let child = command
+            .args(["--listen-fd", &fd.to_string()])
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting fleet-mcp-ceiling")?;
+        drop(listener);
+        let started = Instant::now();
+        loop {
+            // Calls wait in the socket's backlog until it serves.
+            match Client::connect(&url, "any", Protocol::Stateless, &[]).await {
+                Ok(client) => {
+                    return Ok((Ceiling { _child: child, url }, client));
+                }
+                Err(e) if started.elapsed() > CEILING_START => {
+                    return Err(e.context("fleet-mcp-ceiling never answered"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// A client of its own, as each lead has one.
+    async fn client(&self) -> anyhow::Result<Client> {
+        Client::connect(&self.url, "any", Protocol::Stateless, &[]).await
+    }
+}
+
+/// `count` calls of the empty tool in `lanes` concurrent lanes: calls per second.
+async fn empty_calls(client: Client, count: usize, lanes: usize) -> anyhow::Result<f64> {
+    let client = Arc::new(client);
+    let started = Instant::now();
+    let mut callers = Vec::new();
+    for lane in 0..lanes {
+        let client = Arc::clone(&client);
+        callers.push(tokio::spawn(async move {
+            for _ in (lane..count).step_by(lanes) {
+                client.ok("empty", json!({})).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for caller in callers {
+        caller.await??;
+    }
+    Ok(count as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The median of `rates`.
+fn median(rates: &mut [f64]) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates.get(rates.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs it.
+pub(super) async fn run(args: Args) -> anyhow::Result<()> {
+    let Args {
+        messages,
+        lanes,
+        rounds,
+    } = args;
+    anyhow::ensure!(
+        rounds > 0 && lanes > 0,
+        "--rounds and --lanes must be above 0"
+    );
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let uri = vhost.uri();
+    println!(
+        "fleet-bench throughput --messages {messages} --lanes {lanes} --rounds {rounds} ({} build, broker vhost {})",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        vhost.name()
+    );
+    let (ceiling, _first) = Ceiling::start().await?;
+    let here = Fleet::start(BENCH_HELD, "[leads.a]\n[leads.b]\n").await?;
+    let a = federated(&uri, "hosta", &["alice".into()]).await?;
+    let b = federated(&uri, "hostb", &["bob".into()]).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    // alice must know bob before she can send to him.
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let started = Instant::now();
+    while alice.entry("bob").await.is_err() {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "hosta never heard of bob"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drainer = here.lead("b", Protocol::Stateless).await?;
+    let (mut bare, mut same, mut cross) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let rate = empty_calls(ceiling.client().await?, messages, lanes).await?;
+        bare.push(rate);
+        let rate = sent_and_drained(
+            here.lead("a", Protocol::Stateless).await?,
+            &drainer,
+            "b",
+            messages,
+            lanes,
+        )
+        .await?;
+        same.push(rate);
+        let rate = sent_and_drained(
+            a.lead("alice", Protocol::Stateless).await?,
+            &bob,
+            "bob@hostb",
+            messages,
+            lanes,
+        )
+        .await?;
+        cross.push(rate);
+        println!(
+            "round {round}: bare MCP {:.0} calls/s, same-host {:.0} msg/s, cross-host {:.0} msg/s",
+            bare[round], same[round], cross[round]
+        );
+    }
+    let shown = |rates: &[f64]| {
+        rates
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (bare_all, same_all, cross_all) = (shown(&bare), shown(&same), shown(&cross));
+    let (bare, same, cross) = (median(&mut bare), median(&mut same), median(&mut cross));
+    println!(
+        "ceiling: a bare MCP tool server on the same rmcp + axum stack (fleet-mcp-ceiling), an empty tool, the same client, {messages} calls in {lanes} lanes: {bare:.0} calls/s (median of {bare_all})"
+    );
+    println!(
+        "same-host lead → lead over MCP (fleet_send, held, drained by fleet_poll), {messages} messages in {lanes} lanes: {same:.0}/s (median of {same_all}) = {:.0} % of the ceiling  [target ≥ 70 %]",
+        same / bare * 100.0
+    );
+    println!(
+        "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 80 %]",
+        cross / same * 100.0
+    );
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! `fleet-mcp-ceiling --listen-fd N`: a bare MCP tool server on the stack fleetd's is built on
+//! — rmcp's Streamable HTTP service (stateless or session protocol, JSON responses) nested in
+//! axum, `TCP_NODELAY` on every connection, a multi-threaded tokio runtime — serving one tool,
+//! `empty`, that does nothing, on the listening socket it inherits as descriptor `N`. What a
+//! client's calls to it cost is the ceiling of any gateway that speaks MCP this way: `fleet-bench
+//! throughput` measures fleetd against it.
+
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context;
+use axum::Router;
+use axum::serve::ListenerExt;
+use clap::Parser;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
+    PaginatedRequestParams,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_router};
+
+/// Its command line.
+#[derive(Debug, Parser)]
+struct Args {
+    /// The listening TCP socket to serve on, inherited as this descriptor.
+    #[arg(long)]
+    listen_fd: RawFd,
+}
+
+/// The handler: one tool, its router built once and shared (as fleetd's is).
+#[derive(Clone)]
+struct Empty {
+    tool_router: Arc<ToolRouter<Self>>,
+}
+
+#[tool_router]
+impl Empty {
+    /// Does nothing, and says so in a structured result (as fleetd's tools answer).
+    #[tool(description = "Does nothing.")]
+    async fn empty(&self) -> CallToolResult {
+        CallToolResult::structured(serde_json::json!({"ok": true}))
+    }
+}
+
+impl Empty {
+    fn new() -> Self {
+        static TOOLS: OnceLock<Arc<ToolRouter<Empty>>> = OnceLock::new();
+        Self {
+            tool_router: Arc::clone(TOOLS.get_or_init(|| Arc::new(Self::tool_router()))),
+        }
+    }
+}
+
+impl ServerHandler for Empty {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.tool_router
+            .call(ToolCallContext::new(self, request, ctx))
+            .await
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tool_router.list_all()))
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.listen_fd > 2,
+        "--listen-fd must name an inherited socket"
+    );
+    // SAFETY: the descriptor was handed to this process to own (fleet-bench makes it inheritable
+    // for this child only), and nothing else in this process uses it.
+    let owned = unsafe { OwnedFd::from_raw_fd(args.listen_fd) };
+    let listener = std::net::TcpListener::from(owned);
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let config = StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_json_response(true);
+        let mcp = StreamableHttpService::new(
+            || Ok(Empty::new()),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        );
+        let app = Router::new().nest_service("/mcp", mcp);
+        let listener = listener.tap_io(|stream| {
+            let _ = stream.set_nodelay(true);
+        });
+        axum::serve(listener, app)
+            .await
+            .context("the HTTP server failed")
+    })
+}
