@@ -509,6 +509,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER changes_message_made; DROP TRIGGER changes_message_moved;
          DROP TRIGGER changes_message_pruned; DROP TRIGGER changes_entity_made;
          DROP TRIGGER changes_entity_moved; DROP TABLE changes;
+         DROP TRIGGER answered_pruned; DROP TABLE answered;
          PRAGMA user_version = 1;",
     )
     .unwrap();
