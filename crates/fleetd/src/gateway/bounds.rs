@@ -2,24 +2,20 @@
 //! (in the transaction that inserts), `fleet_core::bounds::admit_waiting` decides, and this
 //! module words the refusal. It decides nothing itself and never drops a message it accepted.
 
-use fleet_core::bounds::{Full, admit_waiting};
+use fleet_core::bounds::Full;
 use fleet_core::{ErrorCode, FleetError, Gid, Message};
 
 use super::Gateway;
 
 impl Gateway {
-    /// Stores `messages` in one transaction, each one that is to wait for its recipient only
-    /// within `gateway.max_held_per_recipient`: for each, whether it was new, or the cap that
-    /// refused it.
+    /// Stores `messages` in one transaction (with other callers' that come at the same time),
+    /// each one that is to wait for its recipient only within `gateway.max_held_per_recipient`:
+    /// for each, whether it was new, or the cap that refused it.
     pub(super) async fn store_within_cap(
         &self,
         messages: Vec<Message>,
     ) -> Result<Vec<Result<bool, Full>>, FleetError> {
-        let cap = self.config.gateway.max_held_per_recipient;
-        self.db(move |s| {
-            s.insert_messages_within(&messages, &|m, waiting| admit_waiting(m.kind, waiting, cap))
-        })
-        .await
+        self.commits.store(messages).await
     }
 
     /// Stores one message within the cap: whether it was new, or `too_many` naming the cap.

@@ -39,7 +39,10 @@ struct Waiting {
     open: OpenCall,
     inbox: tokio_watch::Receiver<u64>,
     look_first: bool,
-    held_remotely: bool,
+    /// The message is held for its recipient as far as anything here can tell without
+    /// asking the store: held on its host for a lead there, or just held here for a lead
+    /// with no wait for it to be taken.
+    known_held: bool,
 }
 
 impl Drop for OpenCall {
@@ -149,7 +152,8 @@ impl Gateway {
         if brief && !matches!(placement, Ok(Placement::Remote)) {
             self.receipts_settled(vec![msg_id]).await;
         }
-        if placement? == Placement::Dead {
+        let placement = placement?;
+        if placement == Placement::Dead {
             return Ok(SendResult::Failed {
                 msg_id,
                 reason: format!("'{}' is gone", recipient.name),
@@ -160,8 +164,9 @@ impl Gateway {
             inbox,
             look_first: false,
             // A message to a remote lead is held for it on its host; nothing of it is stored
-            // here to ask about.
-            held_remotely: remote && !recipient.role.is_pane_bound(),
+            // here to ask about. One held here is still held when the send does not wait.
+            known_held: (remote && !recipient.role.is_pane_bound())
+                || (placement == Placement::Hold && wait.is_zero()),
         };
         self.await_answer(caller, msg_id, wait, ct, waiting).await
     }
@@ -179,7 +184,7 @@ impl Gateway {
             open: self.open_call(caller.entity.gid, false, Some(to)),
             inbox: self.inbox(caller.entity.gid),
             look_first: true,
-            held_remotely: false,
+            known_held: false,
         };
         self.await_answer(caller, msg_id, wait, ct, waiting).await
     }
@@ -196,7 +201,7 @@ impl Gateway {
             open,
             mut inbox,
             look_first: mut look,
-            held_remotely,
+            known_held,
         } = waiting;
         let me = caller.entity.gid;
         let deadline = Instant::now() + wait;
@@ -265,7 +270,7 @@ impl Gateway {
             .and_then(|f| f.pending_state(msg_id));
         let state = match remote_state {
             Some(state) => state.to_string(),
-            None if held_remotely => MsgState::Held.to_string(),
+            None if known_held => MsgState::Held.to_string(),
             None => self
                 .db(move |s| s.message(msg_id))
                 .await?

@@ -10,6 +10,7 @@ mod asks;
 mod bounds;
 mod broadcast;
 mod calls;
+mod commits;
 mod consult;
 mod coord;
 mod delivery;
@@ -93,6 +94,8 @@ pub struct Gateway {
     workdirs: Workdirs,
     /// What `/metrics` shows.
     metrics: Metrics,
+    /// Stores messages, many callers' in one transaction when they come together.
+    commits: commits::Commits,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -127,7 +130,12 @@ impl Gateway {
         parts: Parts,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
+        let commits = commits::Commits::new(
+            Arc::clone(&parts.store),
+            config.gateway.max_held_per_recipient,
+        );
         Arc::new(Self {
+            commits,
             config,
             host_id,
             mcp_url,

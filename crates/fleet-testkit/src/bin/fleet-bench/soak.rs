@@ -105,6 +105,20 @@ impl Ledger {
         }
     }
 
+    /// Notes what the send of a task returned: it may carry the task's answer already (one
+    /// that came before the send returned, even with `wait_s` 0), which nothing else brings.
+    fn send_returned(&mut self, sent: &Value) {
+        match sent["status"].as_str() {
+            Some("replied") => self.got(&sent["reply"]),
+            Some("failed") => self.got(&json!({
+                "kind": "FAILED",
+                "in_reply_to": sent["msg_id"],
+                "text": sent["reason"],
+            })),
+            _ => {}
+        }
+    }
+
     /// Whether every task of `ids` is answered or failed.
     fn settled(&self, ids: &[String]) -> bool {
         ids.iter().all(|id| {
@@ -238,6 +252,7 @@ async fn traffic(alice: &Client, cycle: usize, ledger: &mut Ledger) -> anyhow::R
             .with_context(|| format!("{task} to {to}: {sent}"))?
             .to_string();
         ledger.sent(&id, &format!("{task} → {to}"));
+        ledger.send_returned(&sent);
         ids.push(id);
     }
     Ok(ids)
@@ -370,9 +385,17 @@ mod tests {
     #[test]
     fn every_task_is_counted_once_by_what_became_of_it() {
         let mut ledger = Ledger::default();
-        for id in ["ok", "failed", "lost", "dup", "twice", "both"] {
+        for id in [
+            "ok", "failed", "lost", "dup", "twice", "both", "at once", "refused",
+        ] {
             ledger.sent(id, id);
         }
+        // Answered before its send returned, and failed at once: the send's result says so.
+        ledger.send_returned(
+            &json!({"status": "replied", "msg_id": "at once", "reply": reply("at once", "r7")}),
+        );
+        ledger.send_returned(&json!({"status": "failed", "msg_id": "refused", "reason": "gone"}));
+        ledger.send_returned(&json!({"status": "pending", "msg_id": "lost"}));
         ledger.got(&reply("ok", "r1"));
         ledger.got(&failed("failed"));
         ledger.got(&reply("dup", "r2"));
@@ -387,9 +410,9 @@ mod tests {
         assert_eq!(
             ledger.tally(),
             Tally {
-                sent: 6,
-                answered: 3,
-                failed: 1,
+                sent: 8,
+                answered: 4,
+                failed: 2,
                 lost: 1,
                 duplicated: 1,
                 typed_twice: 1,
@@ -400,5 +423,6 @@ mod tests {
         assert_eq!(troubled, ["both", "dup", "lost", "twice"]);
         assert!(!ledger.settled(&["ok".into(), "lost".into()]));
         assert!(ledger.settled(&["ok".into(), "failed".into()]));
+        assert!(ledger.settled(&["at once".into(), "refused".into()]));
     }
 }

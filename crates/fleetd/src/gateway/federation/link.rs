@@ -283,13 +283,20 @@ impl Gateway {
         let Some(link) = self.fed().and_then(Federation::link) else {
             return;
         };
-        let Some(entity) = self.lock().entities().into_iter().find(|e| e.gid == gid) else {
+        let Some((entity, status)) = ({
+            let sessions = self.lock();
+            let found = sessions.entities().into_iter().find(|e| e.gid == gid);
+            found.map(|e| (e, sessions.presence_status(gid)))
+        }) else {
             return;
         };
         if let Err(e) = self.attach_inbox(link.as_ref(), &entity).await {
             tracing::error!(%gid, error = %e, "cannot attach the inbox");
         }
-        self.publish_presence().await;
+        // Its own heartbeat, at once: the others learn of it now, not at the next round. (A
+        // whole round for each one that joins made a burst of n spawns cost n² heartbeats.)
+        self.announce(link.as_ref(), Some(entity), status, Vec::new())
+            .await;
     }
 
     /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
