@@ -3,10 +3,14 @@
 //! axum, `TCP_NODELAY` on every connection, a multi-threaded tokio runtime — serving one tool,
 //! `empty`, that does nothing, on the listening socket it inherits as descriptor `N`. What a
 //! client's calls to it cost is the ceiling of any gateway that speaks MCP this way: `fleet-bench
-//! throughput` measures fleetd against it.
+//! throughput` measures fleetd against it. With `--db PATH` it also serves `commit`, which
+//! stores its text as one row of a SQLite database in fleetd's mode (WAL, `synchronous =
+//! NORMAL`), one transaction per call, before it answers: the ceiling of a gateway that keeps
+//! every message it accepts.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Context;
 use axum::Router;
@@ -14,6 +18,7 @@ use axum::serve::ListenerExt;
 use clap::Parser;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
     PaginatedRequestParams,
@@ -29,7 +34,20 @@ struct Args {
     /// The listening TCP socket to serve on, inherited as this descriptor.
     #[arg(long)]
     listen_fd: RawFd,
+    /// Where `commit` stores its rows (a new SQLite database); without it `commit` fails.
+    #[arg(long)]
+    db: Option<PathBuf>,
 }
+
+/// The arguments of `commit`.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct Text {
+    /// What to store.
+    text: String,
+}
+
+/// The database `commit` writes, opened once.
+static DB: OnceLock<Arc<Mutex<rusqlite::Connection>>> = OnceLock::new();
 
 /// The handler: one tool, its router built once and shared (as fleetd's is).
 #[derive(Clone)]
@@ -44,6 +62,41 @@ impl Empty {
     async fn empty(&self) -> CallToolResult {
         CallToolResult::structured(serde_json::json!({"ok": true}))
     }
+
+    /// Stores `text` as a row, committed before the answer.
+    #[tool(description = "Stores a text durably.")]
+    async fn commit(
+        &self,
+        Parameters(Text { text }): Parameters<Text>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let db = DB
+            .get()
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("no --db given", None))?;
+        let stored = tokio::task::spawn_blocking(move || {
+            let mut conn = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let tx = conn.transaction()?;
+            tx.execute("INSERT INTO rows (text) VALUES (?1)", [&text])?;
+            tx.commit()
+        })
+        .await;
+        match stored {
+            Ok(Ok(())) => Ok(CallToolResult::structured(serde_json::json!({"ok": true}))),
+            Ok(Err(e)) => Err(ErrorData::internal_error(e.to_string(), None)),
+            Err(e) => Err(ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+}
+
+/// Opens a new database at `path` in fleetd's mode, with the one table `commit` writes.
+fn open(path: &std::path::Path) -> anyhow::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY, text TEXT NOT NULL)",
+    )?;
+    Ok(conn)
 }
 
 impl Empty {
@@ -86,6 +139,10 @@ fn main() -> anyhow::Result<()> {
     let owned = unsafe { OwnedFd::from_raw_fd(args.listen_fd) };
     let listener = std::net::TcpListener::from(owned);
     listener.set_nonblocking(true)?;
+    if let Some(path) = &args.db {
+        let conn = open(path).with_context(|| format!("opening {}", path.display()))?;
+        let _ = DB.set(Arc::new(Mutex::new(conn)));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

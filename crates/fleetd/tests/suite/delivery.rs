@@ -293,3 +293,39 @@ async fn the_log_follows_a_task_by_its_trace_id_and_says_whose_call_it_was() -> 
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_to_another_lead_here_is_held_until_it_polls_and_many_at_once_all_arrive()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.alice]\n[leads.bob]\n").await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    let bob = fleet.lead("bob", Protocol::Stateless).await?;
+    let sent = alice.send("bob", "first", 0).await?;
+    assert_eq!(sent["status"], "pending", "{sent}");
+    assert_eq!(sent["state"], "held", "{sent}");
+    // Sent together, stored together: each send is answered, and each message comes once.
+    let sends = (0..40).map(|i| {
+        let alice = &alice;
+        async move { alice.send("bob", &format!("m{i}"), 0).await }
+    });
+    for sent in futures_util::future::join_all(sends).await {
+        let sent = sent?;
+        assert_eq!(sent["state"], "held", "{sent}");
+    }
+    let mut texts = Vec::new();
+    while texts.len() < 41 {
+        let got = bob.poll(5).await?;
+        anyhow::ensure!(!got.is_empty(), "bob got only {texts:?}");
+        texts.extend(
+            got.iter()
+                .map(|m| m["text"].as_str().unwrap_or_default().to_string()),
+        );
+    }
+    texts.sort();
+    let mut expected: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    expected.push("first".into());
+    expected.sort();
+    assert_eq!(texts, expected);
+    assert!(bob.poll(0).await?.is_empty(), "a message came twice");
+    Ok(())
+}

@@ -3,7 +3,9 @@
 //! speaking MCP is a bare MCP tool server on the same stack answering an empty tool to the same
 //! client (`fleet-mcp-ceiling`). fleetd's same-host lead → lead rate is measured as a share of
 //! that ceiling, and its cross-host rate as a share of the same-host one (what the broker hop
-//! costs). The three are measured in turn, three rounds, and the medians compared.
+//! costs). The three are measured in turn, three rounds, and the medians compared. Beside them,
+//! a second ceiling: the same server committing each call's text as a SQLite row before it
+//! answers (`commit`), the least a gateway that keeps what it accepts does per message.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +41,8 @@ const CEILING_START: Duration = Duration::from_secs(10);
 struct Ceiling {
     _child: tokio::process::Child,
     url: String,
+    /// Where its `commit` rows go.
+    _db: tempfile::TempDir,
 }
 
 impl Ceiling {
@@ -48,8 +52,11 @@ impl Ceiling {
         let url = format!("http://{}/mcp", listener.local_addr()?);
         let mut command = tokio::process::Command::new(binary("fleet-mcp-ceiling")?);
         let fd = inherit(command.as_std_mut(), &listener)?;
+        let db = tempfile::tempdir()?;
         let child = command
             .args(["--listen-fd", &fd.to_string()])
+            .arg("--db")
+            .arg(db.path().join("ceiling.db"))
             .kill_on_drop(true)
             .spawn()
             .context("starting fleet-mcp-ceiling")?;
@@ -59,7 +66,12 @@ impl Ceiling {
             // Calls wait in the socket's backlog until it serves.
             match Client::connect(&url, "any", Protocol::Stateless, &[]).await {
                 Ok(client) => {
-                    return Ok((Ceiling { _child: child, url }, client));
+                    let ceiling = Ceiling {
+                        _child: child,
+                        url,
+                        _db: db,
+                    };
+                    return Ok((ceiling, client));
                 }
                 Err(e) if started.elapsed() > CEILING_START => {
                     return Err(e.context("fleet-mcp-ceiling never answered"));
@@ -75,16 +87,26 @@ impl Ceiling {
     }
 }
 
-/// `count` calls of the empty tool in `lanes` concurrent lanes: calls per second.
-async fn empty_calls(client: Client, count: usize, lanes: usize) -> anyhow::Result<f64> {
+/// `count` calls of the ceiling's `tool` (`empty`, or `commit` of a text like a message's) in
+/// `lanes` concurrent lanes: calls per second.
+async fn calls(
+    client: Client,
+    tool: &'static str,
+    count: usize,
+    lanes: usize,
+) -> anyhow::Result<f64> {
     let client = Arc::new(client);
     let started = Instant::now();
     let mut callers = Vec::new();
     for lane in 0..lanes {
         let client = Arc::clone(&client);
         callers.push(tokio::spawn(async move {
-            for _ in (lane..count).step_by(lanes) {
-                client.ok("empty", json!({})).await?;
+            for i in (lane..count).step_by(lanes) {
+                let args = match tool {
+                    "commit" => json!({"text": format!("m{i}")}),
+                    _ => json!({}),
+                };
+                client.ok(tool, args).await?;
             }
             anyhow::Ok(())
         }));
@@ -139,10 +161,13 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let drainer = here.lead("b", Protocol::Stateless).await?;
-    let (mut bare, mut same, mut cross) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bare, mut durable, mut same, mut cross) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let rate = empty_calls(ceiling.client().await?, messages, lanes).await?;
+        let rate = calls(ceiling.client().await?, "empty", messages, lanes).await?;
         bare.push(rate);
+        let rate = calls(ceiling.client().await?, "commit", messages, lanes).await?;
+        durable.push(rate);
         let rate = sent_and_drained(
             here.lead("a", Protocol::Stateless).await?,
             &drainer,
@@ -162,8 +187,8 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         .await?;
         cross.push(rate);
         println!(
-            "round {round}: bare MCP {:.0} calls/s, same-host {:.0} msg/s, cross-host {:.0} msg/s",
-            bare[round], same[round], cross[round]
+            "round {round}: bare MCP {:.0} calls/s, committing {:.0} calls/s, same-host {:.0} msg/s, cross-host {:.0} msg/s",
+            bare[round], durable[round], same[round], cross[round]
         );
     }
     let shown = |rates: &[f64]| {
@@ -173,14 +198,24 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let (bare_all, same_all, cross_all) = (shown(&bare), shown(&same), shown(&cross));
-    let (bare, same, cross) = (median(&mut bare), median(&mut same), median(&mut cross));
+    let (bare_all, durable_all, same_all, cross_all) =
+        (shown(&bare), shown(&durable), shown(&same), shown(&cross));
+    let (bare, durable, same, cross) = (
+        median(&mut bare),
+        median(&mut durable),
+        median(&mut same),
+        median(&mut cross),
+    );
     println!(
         "ceiling: a bare MCP tool server on the same rmcp + axum stack (fleet-mcp-ceiling), an empty tool, the same client, {messages} calls in {lanes} lanes: {bare:.0} calls/s (median of {bare_all})"
     );
     println!(
         "same-host lead → lead over MCP (fleet_send, held, drained by fleet_poll), {messages} messages in {lanes} lanes: {same:.0}/s (median of {same_all}) = {:.0} % of the ceiling  [target ≥ 70 %]",
         same / bare * 100.0
+    );
+    println!(
+        "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
+        same / durable * 100.0
     );
     println!(
         "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 80 %]",
