@@ -216,6 +216,11 @@ pub trait Store: Send + Sync + 'static {
     /// notice), if one has arrived.
     fn take_answer(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<Option<Message>>;
 
+    /// Whether a held answer to `in_reply_to` waits for `to` (what [`Store::take_answer`] would
+    /// take), asked without waiting for writers: cheap enough for every wake-up of a send that
+    /// waits for its answer.
+    fn answer_waits(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<bool>;
+
     /// How many messages are held for `to`.
     fn held_count(&self, to: Gid) -> StoreResult<usize>;
 

@@ -29,16 +29,16 @@ const ENTITY_COLUMNS: &str =
 const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
 
 /// The SQLite-backed store. One connection for everything, serialised by a mutex: every call
-/// is a short transaction, so contention costs microseconds. Token lookups, asked on every
-/// request, have a read-only connection of their own: in WAL mode a reader does not wait for
-/// writers, so a lookup is a few microseconds and can be made without leaving the caller's
-/// thread.
+/// is a short transaction, so contention costs microseconds. The two lookups asked most often —
+/// a token, on every request, and whether an answer waits, on every wake-up of a waiting send —
+/// have a read-only connection of their own: in WAL mode a reader does not wait for writers, so
+/// a lookup is a few microseconds and can be made without leaving the caller's thread.
 pub struct SqliteStore {
     /// The connection for everything but token lookups; SQLite connections are not shareable
     /// across threads at once.
     conn: Mutex<Connection>,
-    /// The read-only connection for token lookups.
-    tokens: Mutex<Connection>,
+    /// The read-only connection for the frequent lookups.
+    reader: Mutex<Connection>,
 }
 
 impl SqliteStore {
@@ -49,14 +49,14 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         migrate(&mut conn)?;
-        let tokens = Connection::open_with_flags(
+        let reader = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        tokens.busy_timeout(BUSY_TIMEOUT)?;
+        reader.busy_timeout(BUSY_TIMEOUT)?;
         Ok(Self {
             conn: Mutex::new(conn),
-            tokens: Mutex::new(tokens),
+            reader: Mutex::new(reader),
         })
     }
 
@@ -320,7 +320,7 @@ impl Store for SqliteStore {
     }
 
     fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>> {
-        let conn = lock(&self.tokens);
+        let conn = lock(&self.reader);
         let mut stmt = conn.prepare_cached("SELECT gid FROM tokens WHERE hash = ?1")?;
         let gid: Option<String> = stmt
             .query_row([hash.as_slice()], |row| row.get(0))
@@ -521,11 +521,14 @@ impl Store for SqliteStore {
 
     fn take_answer(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<Option<Message>> {
         let conn = self.conn();
+        // Looked up by what it answers (a message or two), never by the recipient: left to
+        // itself the planner walks everything held for the recipient in order, so each look
+        // of a waiting send cost as much as the backlog held for its caller.
         let mut taken = query_messages(
             &conn,
             &format!(
                 "UPDATE messages SET state = 'consumed', updated_ms = ?3
-                 WHERE seq = (SELECT seq FROM messages
+                 WHERE seq = (SELECT seq FROM messages INDEXED BY messages_answers
                               WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
                                 AND kind IN ('REPLY', 'FAILED')
                               ORDER BY seq LIMIT 1)
@@ -534,6 +537,16 @@ impl Store for SqliteStore {
             params![to.to_string(), in_reply_to.to_string(), now_ms()],
         )?;
         Ok(taken.pop())
+    }
+
+    fn answer_waits(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<bool> {
+        let conn = lock(&self.reader);
+        let mut stmt = conn.prepare_cached(
+            "SELECT 1 FROM messages INDEXED BY messages_answers
+             WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
+               AND kind IN ('REPLY', 'FAILED')",
+        )?;
+        Ok(stmt.exists(params![to.to_string(), in_reply_to.to_string()])?)
     }
 
     fn held_count(&self, to: Gid) -> StoreResult<usize> {

@@ -323,19 +323,24 @@ fn an_answer_is_found_by_what_it_answers() {
     let task = message(lead, w, MsgState::Queued, "task");
     store.insert_message(&task).unwrap();
     assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
-    let mut reply = message(w, lead, MsgState::Held, "done");
-    reply.kind = Kind::Reply;
-    reply.in_reply_to = Some(task.msg_id);
-    store.insert_message(&reply).unwrap();
-    store
-        .insert_message(&message(w, lead, MsgState::Held, "other"))
-        .unwrap();
     // A notice about the task (a stall) is no answer to it: it waits for a poll.
     let mut notice = message(w, lead, MsgState::Held, "[fleet] stalled");
     notice.in_reply_to = Some(task.msg_id);
     store.insert_message(&notice).unwrap();
+    store
+        .insert_message(&message(w, lead, MsgState::Held, "other"))
+        .unwrap();
+    assert!(!store.answer_waits(lead, task.msg_id).unwrap());
+    let mut reply = message(w, lead, MsgState::Held, "done");
+    reply.kind = Kind::Reply;
+    reply.in_reply_to = Some(task.msg_id);
+    store.insert_message(&reply).unwrap();
+    // Seen on the reader as soon as it is committed, and only by the one it answers.
+    assert!(store.answer_waits(lead, task.msg_id).unwrap());
+    assert!(!store.answer_waits(w, task.msg_id).unwrap());
     let got = store.take_answer(lead, task.msg_id).unwrap().unwrap();
     assert_eq!(got.body, "done");
+    assert!(!store.answer_waits(lead, task.msg_id).unwrap());
     assert!(store.take_answer(lead, task.msg_id).unwrap().is_none());
     assert_eq!(store.held_count(lead).unwrap(), 2);
 }

@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::views::{PollResult, SendResult, Surfaced};
-use super::{Caller, Gateway};
+use super::{Caller, Gateway, store_error};
 
 /// The most messages one poll hands out; the rest wait for the next poll.
 const POLL_BATCH: usize = 100;
@@ -210,7 +210,13 @@ impl Gateway {
             // the wait starts (another host's gateway refusing at once).
             look |= inbox.has_changed().unwrap_or(true);
             inbox.borrow_and_update();
-            if look && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await? {
+            // Every change of the caller's inbox wakes each of its waiting sends: each first
+            // asks, on the store's reader, whether its own answer is there, and only then takes
+            // it (a lead with a hundred sends out otherwise paid a hundred writes per reply).
+            if look
+                && self.store.answer_waits(me, msg_id).map_err(store_error)?
+                && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await?
+            {
                 self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
                 return Ok(match answer.kind {
                     Kind::Failed => SendResult::Failed {
