@@ -28,14 +28,21 @@ const ENTITY_COLUMNS: &str =
     "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
 const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
 
+/// The held answer (a reply or a failure notice) to task `?2` for `?1`, looked up by what it
+/// answers (a message or two), never by the recipient: left to itself the planner walks
+/// everything held for the recipient in order, so each look of a waiting send cost as much as
+/// the backlog held for its caller.
+const HELD_ANSWER: &str = "FROM messages INDEXED BY messages_answers
+     WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held' AND kind IN ('REPLY', 'FAILED')";
+
 /// The SQLite-backed store. One connection for everything, serialised by a mutex: every call
 /// is a short transaction, so contention costs microseconds. The two lookups asked most often —
 /// a token, on every request, and whether an answer waits, on every wake-up of a waiting send —
 /// have a read-only connection of their own: in WAL mode a reader does not wait for writers, so
 /// a lookup is a few microseconds and can be made without leaving the caller's thread.
 pub struct SqliteStore {
-    /// The connection for everything but token lookups; SQLite connections are not shareable
-    /// across threads at once.
+    /// The connection for everything but the frequent lookups; SQLite connections are not
+    /// shareable across threads at once.
     conn: Mutex<Connection>,
     /// The read-only connection for the frequent lookups.
     reader: Mutex<Connection>,
@@ -521,17 +528,11 @@ impl Store for SqliteStore {
 
     fn take_answer(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<Option<Message>> {
         let conn = self.conn();
-        // Looked up by what it answers (a message or two), never by the recipient: left to
-        // itself the planner walks everything held for the recipient in order, so each look
-        // of a waiting send cost as much as the backlog held for its caller.
         let mut taken = query_messages(
             &conn,
             &format!(
                 "UPDATE messages SET state = 'consumed', updated_ms = ?3
-                 WHERE seq = (SELECT seq FROM messages INDEXED BY messages_answers
-                              WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
-                                AND kind IN ('REPLY', 'FAILED')
-                              ORDER BY seq LIMIT 1)
+                 WHERE seq = (SELECT seq {HELD_ANSWER} ORDER BY seq LIMIT 1)
                  RETURNING {MESSAGE_COLUMNS}"
             ),
             params![to.to_string(), in_reply_to.to_string(), now_ms()],
@@ -541,11 +542,7 @@ impl Store for SqliteStore {
 
     fn answer_waits(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<bool> {
         let conn = lock(&self.reader);
-        let mut stmt = conn.prepare_cached(
-            "SELECT 1 FROM messages INDEXED BY messages_answers
-             WHERE in_reply_to = ?2 AND to_gid = ?1 AND state = 'held'
-               AND kind IN ('REPLY', 'FAILED')",
-        )?;
+        let mut stmt = conn.prepare_cached(&format!("SELECT 1 {HELD_ANSWER}"))?;
         Ok(stmt.exists(params![to.to_string(), in_reply_to.to_string()])?)
     }
 

@@ -325,6 +325,15 @@ impl Fleet {
             .join("\n--- restart ---\n")
     }
 
+    /// How many times fleetd logged its broker link up, over every start: it went up again
+    /// once this grows.
+    pub fn links_up(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("broker link up"))
+            .count()
+    }
+
     /// The MCP endpoint.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)

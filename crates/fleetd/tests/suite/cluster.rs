@@ -46,15 +46,6 @@ fn gid(entry: &Value) -> anyhow::Result<Gid> {
     Ok(entry["gid"].as_str().unwrap_or_default().parse()?)
 }
 
-/// How many times `fleet` logged that its broker link came up.
-fn links_up(fleet: &Fleet) -> usize {
-    fleet
-        .log()
-        .lines()
-        .filter(|l| l.contains("broker link up"))
-        .count()
-}
-
 /// How many times each brief was taken off the broker to be typed in, by message id, as
 /// `fleet`'s audit log has it.
 fn taken(fleet: &Fleet) -> anyhow::Result<BTreeMap<String, usize>> {
@@ -135,7 +126,7 @@ async fn the_node_leading_an_inbox_dies_mid_traffic_and_nothing_is_lost_or_typed
             .then_some(())
     })
     .await?;
-    let ups = links_up(&a);
+    let ups = a.links_up();
     let killed = Instant::now();
     let (killing, sending) = tokio::join!(
         cluster.kill9(victim),
@@ -145,7 +136,7 @@ async fn the_node_leading_an_inbox_dies_mid_traffic_and_nothing_is_lost_or_typed
     ids.extend(sending?);
     // hosta was on the killed node: it connects to a surviving one within seconds.
     let failover = until("hosta to connect to a surviving node", LIMIT, || async {
-        (links_up(&a) > ups).then(|| killed.elapsed())
+        (a.links_up() > ups).then(|| killed.elapsed())
     })
     .await?;
     println!("hosta's link was up again {failover:?} after its node was killed");

@@ -83,11 +83,7 @@ pub(super) async fn consult(runs: usize, think_ms: u64) -> anyhow::Result<()> {
     }
     println!(
         "fleet-bench consult ({} build), {runs} consults of two scripted architects each thinking {think_ms} ms, alternating with the same by hand",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        }
+        super::BUILD
     );
     for (what, samples) in [
         ("fleet_consult, whole call", &mut totals),

@@ -294,11 +294,7 @@ async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
 pub(super) async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<()> {
     println!(
         "fleet-bench local ({} build of fleetd at {})",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        super::BUILD,
         binary("fleetd")?.display()
     );
 

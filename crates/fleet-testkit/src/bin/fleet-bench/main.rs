@@ -23,6 +23,13 @@ use serde_json::json;
 /// gateway's held cap is raised as far as it goes for them.
 const BENCH_HELD: &str = "max_held_per_recipient = 1000000";
 
+/// The kind of build this is, printed beside every figure (a debug build's figures mean little).
+const BUILD: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
 /// Benchmarks that print figures.
 #[derive(Debug, Parser)]
 struct Args {

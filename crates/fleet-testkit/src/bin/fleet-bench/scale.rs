@@ -1360,11 +1360,7 @@ async fn roster(args: &Args) -> anyhow::Result<()> {
 pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "fleet-bench scale ({} build of fleetd at {}), run as: {}",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        super::BUILD,
         binary("fleetd")?.display(),
         command_line()
     );

@@ -179,15 +179,6 @@ async fn gateway(uri: &str, host: &str, lead: &str) -> anyhow::Result<Fleet> {
     .await
 }
 
-/// How many times `fleet` logged its broker link up.
-fn links_up(fleet: &Fleet) -> usize {
-    fleet
-        .log()
-        .lines()
-        .filter(|l| l.contains("broker link up"))
-        .count()
-}
-
 /// Spawns (through `lead`) each of `names` the lead's host does not run, and waits until
 /// `watcher` (a lead elsewhere, or the same) sees each by its new gid.
 async fn ensure_workers(lead: &Client, names: &[&str], watcher: &Client) -> anyhow::Result<()> {
@@ -261,11 +252,11 @@ async fn traffic(alice: &Client, cycle: usize, ledger: &mut Ledger) -> anyhow::R
 /// Restarts `fleet` after its kill: how long until it answered `/healthz`, and until its
 /// broker link was up again.
 async fn restart(fleet: &mut Fleet) -> anyhow::Result<(Duration, Duration)> {
-    let ups = links_up(fleet);
+    let ups = fleet.links_up();
     let started = Instant::now();
     fleet.launch().await?;
     let healthy = started.elapsed();
-    while links_up(fleet) <= ups {
+    while fleet.links_up() <= ups {
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(60),
             "the restarted gateway's broker link never came up"
@@ -282,11 +273,7 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "fleet-bench soak --cycles {} ({} build; broker vhost {}): each cycle sends 7 tasks from alice on hosta (2 to a local worker, 4 to two workers on hostb, 1 that asks her mid-task), kills -9 hosta or hostb (in turn) while they run, restarts it, and waits up to {} s for every task to be answered or failed",
         args.cycles,
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        super::BUILD,
         vhost.name(),
         args.settle_s
     );

@@ -615,11 +615,7 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     let command: Vec<String> = std::env::args().collect();
     println!(
         "fleet-bench submits ({} build of fleetd at {}; {} at {program})",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        super::BUILD,
         binary("fleetd")?.display(),
         version(&program)
     );

@@ -138,11 +138,7 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     let uri = vhost.uri();
     println!(
         "fleet-bench throughput --messages {messages} --lanes {lanes} --rounds {rounds} ({} build, broker vhost {})",
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        super::BUILD,
         vhost.name()
     );
     let (ceiling, _first) = Ceiling::start().await?;
