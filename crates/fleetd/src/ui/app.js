@@ -24,6 +24,7 @@ const view = {
   failures: new Map(), // msg_id -> why it was not delivered, from the FAILED notice about it
   screen: null, // whose screen is open
   armed: null, // the stop button armed: {gid, until}
+  entityRows: new Map(), // gid -> {row, actions, key}: each entity's row, kept across redraws
   following: false, // the feed is being read
   ticking: false, // the timers run
   refreshing: false,
@@ -106,23 +107,26 @@ function drawHosts(hosts) {
   }));
 }
 
-// A stop takes two clicks: the first arms the button for five seconds (kept across the
-// table's redraws), the second stops.
+// A stop takes two clicks: the first arms the button for five seconds, the second stops. The
+// button is the same element across the table's redraws (see drawEntities), so it keeps its
+// state, and a click that spans a redraw is not lost.
 function stopButton(entity) {
   const button = el('button', 'Stop', 'stop');
   button.type = 'button';
-  const armed = view.armed && view.armed.gid === entity.gid && view.armed.until > Date.now();
-  if (armed) {
-    button.classList.add('armed');
-    button.textContent = 'Confirm stop';
-  }
+  const disarm = () => {
+    button.classList.remove('armed');
+    button.textContent = 'Stop';
+  };
   button.addEventListener('click', async () => {
     const now = Date.now();
     if (!(view.armed && view.armed.gid === entity.gid && view.armed.until > now)) {
       view.armed = { gid: entity.gid, until: now + 5000 };
       button.classList.add('armed');
       button.textContent = 'Confirm stop';
-      setTimeout(refresh, 5000);
+      setTimeout(() => {
+        if (view.armed && view.armed.gid === entity.gid && view.armed.until <= Date.now()) view.armed = null;
+        if (!(view.armed && view.armed.gid === entity.gid)) disarm();
+      }, 5000);
       return;
     }
     view.armed = null;
@@ -133,6 +137,8 @@ function stopButton(entity) {
       problem('');
     } catch (e) {
       problem('Could not stop ' + entity.name + ': ' + e.message);
+      button.disabled = false;
+      disarm();
     }
     refresh();
   });
@@ -146,20 +152,37 @@ function screenButton(entity) {
   return button;
 }
 
+// The cell of an entity's buttons, and what they act on: the same while that stays the same.
+function actionsOf(entity) {
+  const screen = entity.role !== 'lead' && entity.host === view.me.host && view.me.role === 'lead';
+  const stop = entity.role !== 'lead' && view.me.may_stop;
+  const key = JSON.stringify([entity.name, screen, stop]);
+  const kept = view.entityRows.get(entity.gid);
+  if (kept && kept.key === key) return kept.actions;
+  const actions = el('td');
+  // A screen may show a task and its answer: a lead's to look at. An operator stops unless
+  // read-only.
+  if (screen) actions.append(screenButton(entity), ' ');
+  if (stop) actions.append(stopButton(entity));
+  actions.dataset.key = key;
+  return actions;
+}
+
+// Each entity keeps its row, and the row its cell of buttons, from one redraw to the next: only
+// the cells of text are written again. A button replaced between a person's press and release
+// would swallow the click.
 function drawEntities(entities) {
   const body = $('entities').tBodies[0];
-  body.replaceChildren(...entities.map((e) => {
-    const row = el('tr');
+  const rows = new Map();
+  for (const e of entities) {
+    const kept = view.entityRows.get(e.gid);
+    const actions = actionsOf(e);
+    const row = kept ? kept.row : el('tr');
     row.dataset.name = e.name;
     row.dataset.status = e.status;
-    const actions = el('td');
-    if (e.role !== 'lead') {
-      // A screen may show a task and its answer: a lead's to look at. An operator stops
-      // unless read-only.
-      if (e.host === view.me.host && view.me.role === 'lead') actions.append(screenButton(e), ' ');
-      if (view.me.may_stop) actions.append(stopButton(e));
-    }
-    row.append(
+    for (const cell of [...row.cells]) if (cell !== actions) cell.remove();
+    if (actions.parentNode !== row) row.append(actions);
+    actions.before(
       el('td', e.name),
       el('td', e.host),
       el('td', e.slot ? e.role + ' (' + e.slot + ')' : e.role),
@@ -169,10 +192,13 @@ function drawEntities(entities) {
       el('td', e.held === null ? '-' : e.held, 'num'),
       el('td', e.queued === null ? '-' : e.queued, 'num'),
       el('td', ago(e.last_seen_ms)),
-      actions,
     );
-    return row;
-  }));
+    rows.set(e.gid, { row, actions, key: actions.dataset.key });
+  }
+  view.entityRows = rows;
+  const order = [...rows.values()].map((r) => r.row);
+  const shown = [...body.rows];
+  if (order.length !== shown.length || order.some((row, i) => row !== shown[i])) body.replaceChildren(...order);
 }
 
 // The states message `m` went through: those the feed showed, then where it is now.
@@ -391,6 +417,7 @@ async function enter() {
   view.failures.clear();
   view.screen = null;
   view.armed = null;
+  view.entityRows = new Map();
   $('screen').hidden = true;
   $('feed').replaceChildren();
   problem('');

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use fantoccini::actions::{InputSource, MOUSE_BUTTON_LEFT, MouseActions, PointerAction};
 use fantoccini::{Client, ClientBuilder, Locator};
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::Fleet;
@@ -355,10 +356,44 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     assert_eq!(states, ["queued", "injecting", "injected", "failed"]);
     screenshot(page, "4-failure-highlighted").await?;
 
-    // Stopped from the page: one click arms the button, the second stops it.
+    // Stopped from the page: one click arms the button, the second stops. The first is a press
+    // that a redraw of the table falls between (the feed redraws it on every event, and on a
+    // timer): the button pressed is still the button released, so the click takes.
     let stop = "#entities tr[data-name='w1'] button.stop";
-    click(page, stop).await?;
-    visible(page, "#entities tr[data-name='w1'] button.stop.armed").await?;
+    let armed = "#entities tr[data-name='w1'] button.stop.armed";
+    let button = page.find(Locator::Css(stop)).await?;
+    page.perform_actions(
+        MouseActions::new("mouse".into())
+            .then(PointerAction::MoveToElement {
+                element: button,
+                duration: None,
+                x: 0.0,
+                y: 0.0,
+            })
+            .then(PointerAction::Down {
+                button: MOUSE_BUTTON_LEFT,
+            }),
+    )
+    .await?;
+    let redrawn = page
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             const first = () => document.querySelector(\"#entities tr[data-name='w1'] td\");
+             const before = first();
+             refresh();
+             const look = () => (first() !== before ? done(true) : setTimeout(look, 10));
+             look();",
+            vec![],
+        )
+        .await?;
+    assert_eq!(redrawn, json!(true));
+    page.perform_actions(MouseActions::new("mouse".into()).then(PointerAction::Up {
+        button: MOUSE_BUTTON_LEFT,
+    }))
+    .await?;
+    visible(page, armed).await?;
+    let label = page.find(Locator::Css(armed)).await?.text().await?;
+    assert_eq!(label, "Confirm stop");
     click(page, stop).await?;
     until("w1 gone from the page", Duration::from_secs(30), || async {
         page.find(Locator::Css("#entities tr[data-name='w1']"))
