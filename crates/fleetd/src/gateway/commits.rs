@@ -112,14 +112,21 @@ fn write_until_empty(store: &dyn Store, queue: &Mutex<Queue>, cap: usize) {
     }
 }
 
-/// Marks the writer gone if it panics (its callers hear so as their answers drop), so the next
-/// caller starts another for what still waits instead of waiting for one that is gone.
+/// Marks the writer gone if it panics, so the next caller starts another instead of waiting for
+/// one that is gone. Its batch's callers hear so as their answers drop, and so do those that
+/// came while it wrote (no writer is coming for them: they would wait until some later caller
+/// started one, on an idle gateway for ever).
 struct Writer<'a>(&'a Mutex<Queue>);
 
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            lock(self.0).writing = false;
+            let stranded = {
+                let mut queue = lock(self.0);
+                queue.writing = false;
+                std::mem::take(&mut queue.waiting)
+            };
+            drop(stranded);
         }
     }
 }
@@ -210,6 +217,36 @@ mod tests {
         let stored = store.take_held(to, None, 1000).unwrap();
         assert_eq!(stored.len(), 30 + 1);
         assert_eq!(store.take_held(capped, None, 1000).unwrap().len(), 32);
+    }
+
+    #[test]
+    fn a_writer_that_panics_fails_every_caller_still_waiting_and_lets_the_next_start_one() {
+        let queue = Mutex::new(Queue::default());
+        let (answer, mut outcome) = oneshot::channel();
+        {
+            let mut q = lock(&queue);
+            q.writing = true;
+            // A caller that came while the writer wrote.
+            q.waiting.push(Pending {
+                messages: vec![held(Gid::mint(), Gid::mint(), "late")],
+                answer,
+            });
+        }
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _unwinding = Writer(&queue);
+            panic!("the store broke mid-write");
+        }));
+        assert!(panicked.is_err());
+        let q = lock(&queue);
+        assert!(!q.writing, "the next caller starts a writer");
+        assert!(q.waiting.is_empty());
+        assert!(
+            matches!(
+                outcome.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            ),
+            "the waiting caller hears its writer went away"
+        );
     }
 
     #[test]
