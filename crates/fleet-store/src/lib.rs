@@ -173,7 +173,8 @@ pub trait Store: Send + Sync + 'static {
     fn set_session(&self, gid: Gid, status: WorkerStatus, pane: Option<&str>) -> StoreResult<()>;
 
     /// Accepts a message. Returns false (and changes nothing) if its id was seen before: the
-    /// dedup on every path.
+    /// dedup on every path. A `FAILED` notice about a task whose `REPLY` its recipient already
+    /// has counts as seen before too: a task has one answer.
     fn insert_message(&self, message: &Message) -> StoreResult<bool> {
         Ok(self
             .insert_messages(std::slice::from_ref(message))?

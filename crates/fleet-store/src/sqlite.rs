@@ -240,6 +240,18 @@ fn query_messages(
 
 /// Inserts `m` unless a message with its id is there already; whether it went in.
 fn insert_row(tx: &Transaction<'_>, m: &Message) -> StoreResult<bool> {
+    if let (Kind::Failed, Some(task)) = (m.kind, m.in_reply_to) {
+        // A task has one answer: a failure notice about one whose reply its recipient already
+        // has is told of no more than a copy would be (a gateway killed after the reply left
+        // it, before it noted so, reports the task unanswered when it restarts).
+        let mut replied = tx.prepare_cached(
+            "SELECT 1 FROM messages INDEXED BY messages_answers
+             WHERE in_reply_to = ?1 AND to_gid = ?2 AND kind = 'REPLY'",
+        )?;
+        if replied.exists([task.to_string(), m.to.to_string()])? {
+            return Ok(false);
+        }
+    }
     let mut stmt = tx.prepare_cached(
         "INSERT OR IGNORE INTO messages
          (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)

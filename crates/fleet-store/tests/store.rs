@@ -346,6 +346,41 @@ fn an_answer_is_found_by_what_it_answers() {
 }
 
 #[test]
+fn a_failure_notice_about_a_task_already_answered_is_taken_as_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let (task, other) = (
+        message(lead, w, MsgState::Injected, "task"),
+        message(lead, w, MsgState::Injected, "another"),
+    );
+    let mut reply = message(w, lead, MsgState::Held, "done");
+    reply.kind = Kind::Reply;
+    reply.in_reply_to = Some(task.msg_id);
+    store.insert_message(&reply).unwrap();
+    let failed =
+        |about: &Message| Message::notice(about, Kind::Failed, "'w' never answered".into(), 2);
+    // Its reply there (held or taken): the notice changes nothing.
+    assert!(!store.insert_message(&failed(&task)).unwrap());
+    store.take_answer(lead, task.msg_id).unwrap().unwrap();
+    let within = store
+        .insert_messages_within(&[failed(&task), failed(&other)], &|_, _| Ok(()))
+        .unwrap();
+    assert_eq!(
+        within,
+        vec![Ok(false), Ok(true)],
+        "a task not answered is failed"
+    );
+    let held: Vec<Option<MsgId>> = store
+        .take_held(lead, None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.in_reply_to)
+        .collect();
+    assert_eq!(held, vec![Some(other.msg_id)]);
+}
+
+#[test]
 fn undelivered_and_interrupted_messages_fail_loudly() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
