@@ -117,9 +117,21 @@ function stopButton(entity) {
     button.classList.remove('armed');
     button.textContent = 'Stop';
   };
+  // Made anew while armed (its row's buttons changed): it shows so.
+  if (view.armed && view.armed.gid === entity.gid && view.armed.until > Date.now()) {
+    button.classList.add('armed');
+    button.textContent = 'Confirm stop';
+  }
   button.addEventListener('click', async () => {
     const now = Date.now();
     if (!(view.armed && view.armed.gid === entity.gid && view.armed.until > now)) {
+      // One armed at a time: another that was armed is not any more.
+      for (const other of document.querySelectorAll('button.stop.armed')) {
+        if (other !== button) {
+          other.classList.remove('armed');
+          other.textContent = 'Stop';
+        }
+      }
       view.armed = { gid: entity.gid, until: now + 5000 };
       button.classList.add('armed');
       button.textContent = 'Confirm stop';
