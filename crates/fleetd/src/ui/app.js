@@ -113,31 +113,17 @@ function drawHosts(hosts) {
 function stopButton(entity) {
   const button = el('button', 'Stop', 'stop');
   button.type = 'button';
-  const disarm = () => {
-    button.classList.remove('armed');
-    button.textContent = 'Stop';
-  };
   // Made anew while armed (its row's buttons changed): it shows so.
-  if (view.armed && view.armed.gid === entity.gid && view.armed.until > Date.now()) {
-    button.classList.add('armed');
-    button.textContent = 'Confirm stop';
-  }
+  showArmed(button, isArmed(entity.gid));
   button.addEventListener('click', async () => {
-    const now = Date.now();
-    if (!(view.armed && view.armed.gid === entity.gid && view.armed.until > now)) {
+    if (!isArmed(entity.gid)) {
       // One armed at a time: another that was armed is not any more.
-      for (const other of document.querySelectorAll('button.stop.armed')) {
-        if (other !== button) {
-          other.classList.remove('armed');
-          other.textContent = 'Stop';
-        }
-      }
-      view.armed = { gid: entity.gid, until: now + 5000 };
-      button.classList.add('armed');
-      button.textContent = 'Confirm stop';
+      for (const other of document.querySelectorAll('button.stop.armed')) showArmed(other, false);
+      view.armed = { gid: entity.gid, until: Date.now() + 5000 };
+      showArmed(button, true);
       setTimeout(() => {
-        if (view.armed && view.armed.gid === entity.gid && view.armed.until <= Date.now()) view.armed = null;
-        if (!(view.armed && view.armed.gid === entity.gid)) disarm();
+        if (view.armed && view.armed.gid === entity.gid && !isArmed(entity.gid)) view.armed = null;
+        if (!isArmed(entity.gid)) showArmed(button, false);
       }, 5000);
       return;
     }
@@ -150,11 +136,21 @@ function stopButton(entity) {
     } catch (e) {
       problem('Could not stop ' + entity.name + ': ' + e.message);
       button.disabled = false;
-      disarm();
+      showArmed(button, false);
     }
     refresh();
   });
   return button;
+}
+
+// Whether the stop button of `gid` is armed now.
+function isArmed(gid) {
+  return Boolean(view.armed && view.armed.gid === gid && view.armed.until > Date.now());
+}
+
+function showArmed(button, armed) {
+  button.classList.toggle('armed', armed);
+  button.textContent = armed ? 'Confirm stop' : 'Stop';
 }
 
 function screenButton(entity) {
