@@ -70,10 +70,14 @@ impl Gateway {
             }
         };
         for (gid, pane) in watched {
-            let reason = match panes
+            let listed = panes
                 .get(&pane)
-                .map(|state| (state.life, state.agent.clone()))
-            {
+                .map(|state| (state.life, state.agent.clone()));
+            // A pane the host no longer lists is not closed again: its id may by then name
+            // another pane (a pane host that restarted numbers its panes afresh, and a worker
+            // spawned since may have it).
+            let close = listed.is_some();
+            let reason = match listed {
                 Some((PaneLife::Alive, agent)) => {
                     self.note_agent(gid, agent);
                     continue;
@@ -85,7 +89,7 @@ impl Gateway {
                 Some((PaneLife::Exited(None), _)) => "its program exited".to_string(),
                 None => "its pane was closed".to_string(),
             };
-            if let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {
+            if close && let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {
                 let words = super::spawn::tail_lines(&history, super::spawn::LAST_WORDS_LINES);
                 tracing::info!(%gid, %pane, last_words = %words, "pane ended");
                 if let Some(session) = self.lock().panes.get_mut(&gid) {
@@ -99,7 +103,7 @@ impl Gateway {
                     s.status == WorkerStatus::Gone || s.pane.as_ref() != Some(&pane)
                 });
             if !over {
-                self.end_session(gid, &reason, true).await;
+                self.end_session(gid, &reason, close).await;
             }
         }
     }
