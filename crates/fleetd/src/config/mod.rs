@@ -61,6 +61,23 @@ const DEFAULT_MAX_LONG_CALLS_PER_CALLER: usize = 32;
 /// How many live MCP sessions one token may hold, by default: a client keeps one, and one more
 /// per reconnect while the abandoned one lingers (rmcp closes an idle session after 5 min).
 const DEFAULT_MAX_SESSIONS_PER_TOKEN: usize = 16;
+/// How many connections fleetd holds open at once, by default: far more than a fleet's leads,
+/// workers, operators and browsers keep (each keeps one or two), and few enough that a flood
+/// cannot reach the open-file limit (fleetd keeps a reserve for its store, panes and broker).
+const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
+/// How long a new connection may take to send its first request's head, by default: a client
+/// sends it at once; a connection that sends nothing, or drips its headers, is closed.
+const DEFAULT_HEADER_TIMEOUT_S: u64 = 10;
+/// How long a connection may sit between two requests, by default (and the most a later
+/// request's head may take): a client that comes back later opens a new one.
+const DEFAULT_IDLE_TIMEOUT_S: u64 = 60;
+/// How many event streams (`/api/v1/events`, MCP's GET stream) one token may hold open at once,
+/// by default: a web view or two and a lead's MCP client, with room for tabs.
+const DEFAULT_MAX_STREAMS_PER_TOKEN: usize = 8;
+/// How long fleetd drains after a stop signal before it exits anyway, by default: long enough
+/// to close every pane and tell the senders, short enough that a service manager never waits
+/// on a wedged drain.
+const DEFAULT_DRAIN_TIMEOUT_S: u64 = 20;
 /// The largest cap a count key takes: more is a typo.
 const MAX_COUNT_CAP: u64 = 1_000_000;
 
@@ -147,8 +164,24 @@ pub struct GatewayConfig {
     /// `fleet_spawn`) one caller may have open at once; one more fails `too_many`.
     pub max_long_calls_per_caller: usize,
     /// The most live MCP sessions (the older `Mcp-Session-Id` protocol) one token may hold;
-    /// one more `initialize` gets HTTP 429.
+    /// over the cap, the token's least recently used session with no call in flight is closed.
     pub max_sessions_per_token: usize,
+    /// The most connections open at once; over it, the oldest connection that has not yet
+    /// authenticated is closed for the new one, or (none such) the new one is refused `503`.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request's head, in seconds.
+    pub header_timeout_s: u64,
+    /// How long a connection may sit between requests (and a later request's head may take),
+    /// in seconds.
+    pub idle_timeout_s: u64,
+    /// The most event streams (`/api/v1/events`, MCP's GET stream) one token may hold open.
+    pub max_streams_per_token: usize,
+    /// How long fleetd drains after a stop signal (open calls end, panes close) before it
+    /// exits anyway, in seconds.
+    pub drain_timeout_s: u64,
+    /// Whether the text of tasks, replies, screens, dialogs and last words may be logged, at
+    /// TRACE only (`RUST_LOG=fleetd=trace`); off, the log shows a length and a digest.
+    pub log_text: bool,
 }
 
 impl Default for GatewayConfig {
@@ -166,6 +199,12 @@ impl Default for GatewayConfig {
             max_held_per_recipient: DEFAULT_MAX_HELD_PER_RECIPIENT,
             max_long_calls_per_caller: DEFAULT_MAX_LONG_CALLS_PER_CALLER,
             max_sessions_per_token: DEFAULT_MAX_SESSIONS_PER_TOKEN,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout_s: DEFAULT_HEADER_TIMEOUT_S,
+            idle_timeout_s: DEFAULT_IDLE_TIMEOUT_S,
+            max_streams_per_token: DEFAULT_MAX_STREAMS_PER_TOKEN,
+            drain_timeout_s: DEFAULT_DRAIN_TIMEOUT_S,
+            log_text: false,
         }
     }
 }
@@ -324,6 +363,11 @@ impl Config {
                 "gateway.max_sessions_per_token",
                 self.gateway.max_sessions_per_token,
             ),
+            ("gateway.max_connections", self.gateway.max_connections),
+            (
+                "gateway.max_streams_per_token",
+                self.gateway.max_streams_per_token,
+            ),
         ] {
             within(
                 key,
@@ -332,6 +376,24 @@ impl Config {
                 MAX_COUNT_CAP,
             )?;
         }
+        within(
+            "gateway.header_timeout_s",
+            self.gateway.header_timeout_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
+        within(
+            "gateway.idle_timeout_s",
+            self.gateway.idle_timeout_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
+        within(
+            "gateway.drain_timeout_s",
+            self.gateway.drain_timeout_s,
+            1,
+            MAX_CONFIG_WAIT_S,
+        )?;
         if let Some(url) = &self.gateway.advertise_url {
             let parsed = url::Url::parse(url)
                 .map_err(|e| format!("gateway.advertise_url '{url}' is not a URL: {e}"))?;
