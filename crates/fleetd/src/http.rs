@@ -164,6 +164,14 @@ fn bearer(headers: &HeaderMap) -> Result<&str, String> {
     Ok(bearer)
 }
 
+/// Notes that the connection `req` came on authenticated: it is never closed to make room for
+/// a stranger's (see [`crate::listener`]).
+fn proven(req: &Request) {
+    if let Some(conn) = req.extensions().get::<crate::listener::Conn>() {
+        conn.proven();
+    }
+}
+
 async fn authenticate(
     State(gateway): State<Arc<Gateway>>,
     mut req: Request,
@@ -182,6 +190,7 @@ async fn authenticate(
     let hash = token::hash(bearer);
     match gateway.authenticate(hash, nudge, acting).await {
         Ok(Ok(caller)) => {
+            proven(&req);
             req.extensions_mut().insert(caller);
             req.extensions_mut().insert(TokenHash(hash));
             next.run(req).await
@@ -330,6 +339,7 @@ async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next
         Ok(checked) => checked,
         Err(denied) => return denied.response(),
     };
+    proven(&req);
     if let Some(signed_in) = session {
         req.extensions_mut().insert(signed_in);
     }

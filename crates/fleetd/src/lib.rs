@@ -11,6 +11,7 @@ pub mod identity;
 pub mod launch;
 pub mod limits;
 pub mod listen;
+pub mod listener;
 pub mod logs;
 pub mod mcp;
 pub mod mcp_config;

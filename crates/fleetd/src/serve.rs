@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use axum::serve::ListenerExt;
 use fleet_mux::PaneHost;
 use fleet_mux::herdr::host::Herdr;
 use fleet_mux::tmux::Tmux;
@@ -281,6 +280,8 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         }
         None => None,
     };
+    let limits = listener_limits(&config.gateway);
+    let stats = Arc::new(crate::listener::ListenerStats::default());
     let caps = CallerCaps {
         long_calls: config.gateway.max_long_calls_per_caller,
         sessions: config.gateway.max_sessions_per_token,
@@ -343,13 +344,6 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         panes = %panes.describe(),
         "fleetd ready"
     );
-    // Replies go out without waiting on Nagle: a client that keeps its connection alive would
-    // otherwise see a response's second segment held for the delayed ACK of its first (~40 ms).
-    let listener = listener.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    });
     notify(manager.as_ref(), &ready_message(std::process::id()));
     // The manager hears of the stop as it begins, not once the drain is over.
     let stopping = shutdown.clone();
@@ -357,10 +351,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         stopping.cancelled().await;
         notify(manager.as_ref(), STOPPING);
     });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("the HTTP server failed")?;
+    crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
     // Gone, it serves nowhere (unless another has taken the state dir since).
     if std::fs::read_to_string(&serving).is_ok_and(|s| s == said) {
         let _ = std::fs::remove_file(&serving);
@@ -370,6 +361,27 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     panes.shut_down().await;
     tracing::info!("fleetd stopped");
     Ok(())
+}
+
+/// The listener's limits from `[gateway]`, its connection cap fitted to the open-file limit
+/// (raised to the hard limit first).
+fn listener_limits(gateway: &crate::config::GatewayConfig) -> crate::listener::Limits {
+    let open_files = crate::listener::raise_open_files();
+    let max_connections =
+        crate::listener::table::connection_room(gateway.max_connections, open_files);
+    if max_connections < gateway.max_connections {
+        tracing::warn!(
+            max_connections,
+            configured = gateway.max_connections,
+            open_files = open_files.unwrap_or(u64::MAX),
+            "the open-file limit leaves room for fewer connections than gateway.max_connections: raise the limit (LimitNOFILE= in a systemd unit, ulimit -Hn in a shell)"
+        );
+    }
+    crate::listener::Limits {
+        max_connections,
+        header_timeout: std::time::Duration::from_secs(gateway.header_timeout_s),
+        idle_timeout: std::time::Duration::from_secs(gateway.idle_timeout_s),
+    }
 }
 
 /// First signal: drain. Second: exit now.
