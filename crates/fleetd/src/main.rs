@@ -1,6 +1,5 @@
 //! The `fleetd` binary.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -13,21 +12,6 @@ use fleetd::ops::{
 };
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
-
-fn init_logging(json: bool) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
 
 /// Threads for blocking work (the store's calls, which are short). Few: every thread that
 /// allocates gets a malloc arena of its own, and a daemon's memory should not grow with bursts.
@@ -45,7 +29,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             // started one), so nothing reads the environment while it changes. Workers and tmux
             // must not inherit the service manager's socket.
             unsafe { std::env::remove_var(NOTIFY_SOCKET) };
-            init_logging(args.log_json);
+            fleetd::logs::init(args.log_json)?;
             let (config, state) = context(cli)?;
             let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
             let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -125,6 +125,8 @@ pub struct Metrics {
     messages: Family<KindState, Gauge>,
     waiting: Family<Waiting, Gauge>,
     hosts_up: Gauge,
+    /// Log lines lost (stderr gone): follows [`crate::logs::write_failures`] at each scrape.
+    log_write_failures: Counter,
     /// One scrape sets the gauges and encodes at a time.
     scrape: Mutex<()>,
 }
@@ -158,6 +160,7 @@ impl Metrics {
             messages: Family::default(),
             waiting: Family::default(),
             hosts_up: Gauge::default(),
+            log_write_failures: Counter::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -217,6 +220,11 @@ impl Metrics {
             "hosts_up",
             "Gateways up: this one and those the roster hears from",
             metrics.hosts_up.clone(),
+        );
+        registry.register(
+            "log_write_failures",
+            "Log lines fleetd could not write (its stderr gone): dropped, never fatal",
+            metrics.log_write_failures.clone(),
         );
         Self {
             registry,
@@ -280,6 +288,15 @@ impl Metrics {
         self.nudges.get_or_create(&Nudged { role }).inc();
     }
 
+    /// Brings the log write failures counter up to `lost`, the process's count (a counter only
+    /// goes up: a count below what it shows changes nothing).
+    fn follow_log_failures(&self, lost: u64) {
+        let shown = self.log_write_failures.get();
+        if lost > shown {
+            self.log_write_failures.inc_by(lost - shown);
+        }
+    }
+
     /// Every metric in the OpenMetrics text format, the gauges set from `snapshot`.
     pub fn render(&self, snapshot: &Snapshot) -> Result<String, fmt::Error> {
         let _one = self.scrape.lock().map_err(|_| fmt::Error)?;
@@ -310,6 +327,7 @@ impl Metrics {
                 .set(*count);
         }
         self.hosts_up.set(snapshot.hosts_up);
+        self.follow_log_failures(crate::logs::write_failures());
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)
@@ -351,6 +369,8 @@ mod tests {
             "fleetd_messages{kind=\"SEND\",state=\"injected\"} 3",
             "fleetd_waiting_messages{recipient=\"alice\",state=\"held\"} 1",
             "fleetd_hosts_up 1",
+            "# TYPE fleetd_log_write_failures counter",
+            "fleetd_log_write_failures_total ",
         ] {
             assert!(text.contains(line), "no {line:?} in\n{text}");
         }
@@ -358,5 +378,22 @@ mod tests {
         // A recipient gone since the last scrape is gone from the next.
         let text = metrics.render(&Snapshot::default()).unwrap();
         assert!(!text.contains("recipient=\"alice\""), "{text}");
+    }
+
+    #[test]
+    fn lost_log_lines_are_counted_up_to_the_process_count() {
+        let metrics = Metrics::new();
+        metrics.follow_log_failures(3);
+        metrics.follow_log_failures(5);
+        metrics.follow_log_failures(4);
+        assert_eq!(metrics.log_write_failures.get(), 5);
+        let text = metrics.render(&Snapshot::default()).unwrap();
+        // At least the 5 seen here (the process's own count may be higher: other tests log).
+        let shown: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("fleetd_log_write_failures_total "))
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert!(shown >= 5, "{text}");
     }
 }
