@@ -1,6 +1,6 @@
 //! The HTTP front: `GET /healthz` and the MCP endpoint at `/mcp`, behind two layers:
-//! a `Host`/`Origin` guard (DNS-rebinding defence: 403 unless loopback or this gateway's own
-//! advertised host) and bearer authentication (401 unless the token maps to a live entity).
+//! a `Host`/`Origin` guard (DNS-rebinding defence: 403 unless the request names exactly one of
+//! this gateway's authorities, see [`crate::authority`]) and bearer authentication (401 unless the token maps to a live entity).
 //! The authenticated caller rides in the request's extensions down to the tool. The operator
 //! surfaces (`/api/v1`, `/metrics`, the web view at `/ui`) take a lead's token, or the web
 //! view's session cookie standing for one.
@@ -23,6 +23,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::authority::{AllowedHosts, Refused};
 use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget, Viewer};
 use crate::limits::{CallSlots, SessionLedger, TokenHash};
 use crate::logs::shown;
@@ -39,48 +40,6 @@ use crate::websession::{self, WebSessions};
 pub const PANE_HEADER: &str = "x-fleet-pane";
 /// The header a lead sets to its `$TMUX`, naming its tmux server.
 pub const TMUX_HEADER: &str = "x-fleet-tmux";
-
-/// The hosts a request may name: loopback, plus the gateway's own advertised and listen hosts.
-#[derive(Clone, Debug)]
-pub struct AllowedHosts(Vec<String>);
-
-impl AllowedHosts {
-    /// Loopback names plus `extra` (host names or IPs, without ports).
-    pub fn new(extra: impl IntoIterator<Item = String>) -> Self {
-        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
-            .into_iter()
-            .map(String::from)
-            .collect();
-        for host in extra {
-            let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
-            if !host.is_empty() && !hosts.contains(&host) {
-                hosts.push(host);
-            }
-        }
-        Self(hosts)
-    }
-
-    /// Whether `authority` (`host[:port]`, IPv6 in brackets) names an allowed host.
-    pub fn allows_authority(&self, authority: &str) -> bool {
-        let authority = authority.trim().to_ascii_lowercase();
-        let host = if let Some(rest) = authority.strip_prefix('[') {
-            rest.split(']').next().unwrap_or_default()
-        } else {
-            authority.split(':').next().unwrap_or_default()
-        };
-        self.0.iter().any(|allowed| allowed == host)
-    }
-
-    /// Whether an `Origin` header value is one of ours (`null` and other schemes are not).
-    pub fn allows_origin(&self, origin: &str) -> bool {
-        match origin.split_once("://") {
-            Some(("http" | "https", rest)) => {
-                self.allows_authority(rest.split('/').next().unwrap_or_default())
-            }
-            _ => false,
-        }
-    }
-}
 
 fn refuse(status: StatusCode, code: &str, message: String) -> Response {
     let refusal = Refusal {
@@ -117,31 +76,28 @@ async fn guard_host(
     req: Request,
     next: Next,
 ) -> Response {
-    let host = req
+    let host = header_text(req.headers(), header::HOST.as_str());
+    let origin = req
         .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if !allowed.allows_authority(host) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!(
-                "Host '{host}' is not this gateway: fleetd answers only requests to loopback or its advertised host"
-            ),
-        );
-    }
-    if let Some(origin) = req.headers().get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("(not text)");
-        if !allowed.allows_origin(origin) {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!("Origin '{origin}' may not call fleetd"),
-            );
-        }
-    }
-    next.run(req).await
+        .get(header::ORIGIN)
+        .map(|origin| origin.to_str().unwrap_or("(not text)"));
+    let changes = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let why = match allowed.check(host, origin, changes) {
+        Ok(()) => return next.run(req).await,
+        Err(Refused::Host) => format!(
+            "Host '{}' is not this gateway: fleetd answers only requests to loopback at the port it listens on, or to its advertised URL's host and port",
+            shown(host.unwrap_or_default())
+        ),
+        Err(Refused::Origin) => format!(
+            "Origin '{}' may not call fleetd: only pages of this gateway's own origin may",
+            shown(origin.unwrap_or_default())
+        ),
+        Err(Refused::CrossOrigin) => format!(
+            "Origin '{}' is not the origin this request was made to: only the web view's own page may change anything",
+            shown(origin.unwrap_or_default())
+        ),
+    };
+    refuse(StatusCode::FORBIDDEN, "forbidden", why)
 }
 
 fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -761,41 +717,4 @@ pub fn app(
             guard_host,
         ))
         .layer(middleware::from_fn(trace_request))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_and_advertised_hosts_pass() {
-        let allowed = AllowedHosts::new(["Gateway.Example".to_string(), "[fe80::1]".to_string()]);
-        for ok in [
-            "127.0.0.1:8765",
-            "localhost",
-            "[::1]:80",
-            "gateway.example:9",
-            "[fe80::1]:1",
-        ] {
-            assert!(allowed.allows_authority(ok), "{ok}");
-        }
-        for bad in [
-            "evil.example",
-            "127.0.0.2:8765",
-            "",
-            "localhost.evil.example",
-        ] {
-            assert!(!allowed.allows_authority(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn origins_must_be_ours() {
-        let allowed = AllowedHosts::new([]);
-        assert!(allowed.allows_origin("http://localhost:3000"));
-        assert!(allowed.allows_origin("https://127.0.0.1"));
-        assert!(!allowed.allows_origin("null"));
-        assert!(!allowed.allows_origin("https://evil.example"));
-        assert!(!allowed.allows_origin("file://localhost"));
-    }
 }

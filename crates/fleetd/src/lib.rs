@@ -2,6 +2,7 @@
 //! are ready, and holds every answer durably until the lead pulls it.
 
 pub mod audit;
+pub mod authority;
 pub mod cli;
 pub mod config;
 pub mod doctor;

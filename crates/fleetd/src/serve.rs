@@ -15,9 +15,10 @@ use fleet_store::SqliteStore;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use crate::authority::{AllowedHosts, Authority};
 use crate::config::{CLAUDE_CREDENTIALS, Config};
 use crate::gateway::{Coordinator, Federation, Gateway, Parts, Workdirs};
-use crate::http::{AllowedHosts, CallerCaps, app};
+use crate::http::{CallerCaps, app};
 use crate::identity::GatewayKey;
 use crate::launch::{HostFacts, Launchers};
 use crate::listen::Listen;
@@ -215,15 +216,17 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         );
     }
     let host = host_id(&config);
+    // Requests may name loopback at this port, the advertised URL's authority (a sandbox's
+    // worker reaches the gateway through it), and the address bound, if it is a real one.
     let mut extra_hosts = Vec::new();
     if let Some(advertised) = url::Url::parse(&url)
         .ok()
-        .and_then(|u| u.host_str().map(String::from))
+        .and_then(|url| Authority::of_url(&url))
     {
         extra_hosts.push(advertised);
     }
     if !bound.ip().is_loopback() && !bound.ip().is_unspecified() {
-        extra_hosts.push(bound.ip().to_string());
+        extra_hosts.push(Authority::new(&bound.ip().to_string(), bound.port()));
     }
 
     let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
@@ -323,7 +326,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let router = app(
         Arc::clone(&gateway),
-        AllowedHosts::new(extra_hosts),
+        AllowedHosts::new(bound.port(), extra_hosts),
         caps,
         &shutdown,
     );

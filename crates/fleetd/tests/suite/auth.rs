@@ -83,47 +83,84 @@ async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Host and Origin must name this gateway exactly, port included: a prefix that only begins
+/// like loopback, another loopback port, or another program's page on this machine is refused;
+/// the web view's own origin may change state, another of the gateway's names only read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_hosts_and_origins_get_403() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
     let token = format!("Bearer {}", fleet.token("lead")?);
+    let port = url::Url::parse(&fleet.base())?
+        .port()
+        .ok_or_else(|| anyhow::anyhow!("no port"))?;
+    let own = format!("127.0.0.1:{port}");
+    let other_port = format!("127.0.0.1:{}", if port == 65535 { 1 } else { port + 1 });
+    let message = |body: &Value| body["message"].as_str().unwrap_or_default().to_string();
+    for host in [
+        "evil.example".to_string(),
+        "localhost:80.evil.example".to_string(),
+        format!("localhost:{port}.evil.example"),
+        other_port.clone(),
+        "localhost".to_string(),
+    ] {
+        let (status, body) =
+            post_mcp(&fleet, &[("authorization", &token), ("host", &host)]).await?;
+        assert_eq!(status, 403, "Host {host}: {body}");
+        assert!(message(&body).contains(&host), "{body}");
+    }
+    for origin in [
+        "https://evil.example".to_string(),
+        "http://localhost:80.evil.example".to_string(),
+        "http://localhost:3000".to_string(),
+        format!("http://{other_port}"),
+        "null".to_string(),
+    ] {
+        let (status, body) =
+            post_mcp(&fleet, &[("authorization", &token), ("origin", &origin)]).await?;
+        assert_eq!(status, 403, "Origin {origin}: {body}");
+    }
+    // Another of the gateway's own names is another origin: it may not change state (a POST),
+    // while the page's own origin may.
     let (status, body) = post_mcp(
-        &fleet,
-        &[("authorization", &token), ("host", "evil.example")],
-    )
-    .await?;
-    assert_eq!(status, 403);
-    assert!(
-        body["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("evil.example"),
-        "{body}"
-    );
-    let (status, _) = post_mcp(
         &fleet,
         &[
             ("authorization", &token),
-            ("origin", "https://evil.example"),
+            ("origin", &format!("http://localhost:{port}")),
         ],
     )
     .await?;
-    assert_eq!(status, 403);
+    assert_eq!(status, 403, "{body}");
+    assert!(message(&body).contains("not the origin"), "{body}");
+    let (status, body) = post_mcp(
+        &fleet,
+        &[
+            ("authorization", &token),
+            ("origin", &format!("http://{own}")),
+        ],
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
     let (status, _) = post_mcp(
         &fleet,
         &[
             ("authorization", &token),
-            ("origin", "http://localhost:3000"),
+            ("host", &format!("localhost:{port}")),
+            ("origin", &format!("http://localhost:{port}")),
         ],
     )
     .await?;
     assert_eq!(status, 200);
-    let health = reqwest::Client::new()
-        .get(format!("{}/healthz", fleet.base()))
-        .header("host", "rebind.example")
-        .send()
-        .await?;
-    assert_eq!(health.status().as_u16(), 403);
+    for host in [
+        "rebind.example".to_string(),
+        "localhost:80.evil.example".to_string(),
+    ] {
+        let health = reqwest::Client::new()
+            .get(format!("{}/healthz", fleet.base()))
+            .header("host", &host)
+            .send()
+            .await?;
+        assert_eq!(health.status().as_u16(), 403, "{host}");
+    }
     Ok(())
 }
 
