@@ -95,7 +95,9 @@ struct ConnShared {
 
 fn lock(table: &Conns) -> MutexGuard<'_, Table<CancellationToken>> {
     // Counts and sets only: nothing a panic half-way could leave inconsistent.
-    table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    table
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Conn {
