@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use super::Gateway;
 use crate::config::ProfileConfig;
-use crate::logs::message_span;
+use crate::logs::{self, message_span};
 use crate::metrics::InjectEnd;
 
 /// How long the pump waits before looking at its queue again after the store failed.
@@ -312,7 +312,9 @@ impl Gateway {
         let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
         match self.db(move |s| s.transition(msg_id, &failed)).await {
             Ok(()) => self.notify_failed(task, reason).await,
-            Err(e) => tracing::warn!(%msg_id, error = %e, reason, "not failed again"),
+            Err(e) => {
+                tracing::warn!(%msg_id, error = %e, reason = %logs::summary(reason), "not failed again");
+            }
         }
     }
 

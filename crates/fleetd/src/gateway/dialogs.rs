@@ -274,7 +274,8 @@ impl Gateway {
                 }
             }
         }
-        tracing::info!(gid = %question.from, %turn_id, choice, "dialog answered");
+        // The choice is the lead's answer: words of the dialog, not to be logged.
+        tracing::info!(gid = %question.from, %turn_id, choice = %crate::logs::summary(choice), "dialog answered");
         self.after_answer(caller, turn_id, question.from, question.in_task, wait, ct)
             .await
     }

@@ -134,7 +134,9 @@ impl Gateway {
         };
         self.federation_left(&entity).await;
         self.lock().asks.close_from(gid);
-        tracing::info!(%gid, %name, reason, "session ended");
+        // The reason may quote a screen (a fresh session's that did not start, say).
+        tracing::info!(%gid, %name, reason = %crate::logs::summary(reason), "session ended");
+        crate::logs::trace_text("end reason", reason);
         self.persist_status(gid).await;
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
@@ -159,7 +161,7 @@ impl Gateway {
             && let Some(pane) = &pane
             && let Err(e) = self.panes.close(pane).await
         {
-            tracing::warn!(%gid, %pane, error = %e, "cannot close the pane");
+            tracing::warn!(%gid, %pane, error = %crate::logs::mux_error(&e), "cannot close the pane");
         }
         self.launchers.finish(gid).await;
         // An agent still exiting may write into its home after its pane closed (opencode and
@@ -234,7 +236,7 @@ impl Gateway {
         for pane in leftovers.keys() {
             tracing::info!(%pane, "closing a previous run's pane");
             if let Err(e) = self.panes.close(pane).await {
-                tracing::warn!(%pane, error = %e, "cannot close a previous run's pane");
+                tracing::warn!(%pane, error = %crate::logs::mux_error(&e), "cannot close a previous run's pane");
             }
         }
         self.launchers.finish_leftovers().await;

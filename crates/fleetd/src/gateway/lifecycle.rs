@@ -146,6 +146,8 @@ impl Gateway {
         for item in due {
             match item {
                 LifeStep::Reap(gid, ttl) => {
+                    // Said here: the ended session's line shows its reason only summarised.
+                    tracing::info!(%gid, idle_ttl_s = ttl.as_secs(), "reaping a worker idle for its profile's idle_ttl_s");
                     let reason = format!("idle for {} s, its profile's idle_ttl_s", ttl.as_secs());
                     self.end_session(gid, &reason, true).await;
                 }
@@ -187,7 +189,7 @@ impl Gateway {
         if let Some(old) = &old
             && let Err(e) = self.panes.close(old).await
         {
-            tracing::warn!(%gid, pane = %old, error = %e, "cannot close a recycled session's pane");
+            tracing::warn!(%gid, pane = %old, error = %crate::logs::mux_error(&e), "cannot close a recycled session's pane");
         }
         self.launchers.finish(gid).await;
         let fresh = async {
@@ -197,6 +199,8 @@ impl Gateway {
         match fresh.await {
             Ok(()) => tracing::info!(%gid, %name, "recycled: a fresh session is ready"),
             Err(e) => {
+                // Its error may quote the fresh session's screen.
+                tracing::warn!(%gid, %name, why, code = %e.code, error = %crate::logs::summary(&e.message), "a recycled worker's fresh session did not start");
                 let reason = format!("its fresh session ({why}) did not start: {e}");
                 self.end_session(gid, &reason, true).await;
             }

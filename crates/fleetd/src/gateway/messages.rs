@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::Gateway;
 use super::views::Delivered;
-use crate::logs::message_span;
+use crate::logs::{self, message_span};
 
 impl Gateway {
     /// Resolves `to` among the live entities of this host and, with a broker, of the roster's
@@ -221,7 +221,9 @@ impl Gateway {
     /// one notice however many paths find it failed: the notice's id derives from its id.
     pub(super) async fn notify_failed(self: &Arc<Self>, original: &Message, reason: &str) {
         let notice = Message::notice(original, Kind::Failed, reason.to_string(), now_ms());
-        tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason, "not delivered");
+        // The reason may quote a screen (a stall's) or a pane host's answer.
+        tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason = %logs::summary(reason), "not delivered");
+        logs::trace_text("failure reason", reason);
         if let Err(e) = self.deliver(notice.clone()).await {
             if e.code == ErrorCode::BrokerUnavailable {
                 // For a sender on another host: kept until the broker can take it.

@@ -178,7 +178,7 @@ impl Gateway {
             Ok(false) => return false,
             // The pane or its server is gone: forget it until the lead names it again.
             Err(e @ MuxError::NoPane(_)) => {
-                tracing::info!(%gid, pane = %target.pane, error = %e, "the lead's pane is gone; not nudging it until the lead calls again");
+                tracing::info!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "the lead's pane is gone; not nudging it until the lead calls again");
                 if let Some(state) = self.lock().leads.get_mut(&gid)
                     && state.nudge.as_ref() == Some(target)
                 {
@@ -187,7 +187,7 @@ impl Gateway {
                 return false;
             }
             Err(e) => {
-                tracing::warn!(%gid, pane = %target.pane, error = %e, "cannot look at the lead's pane; trying again later");
+                tracing::warn!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "cannot look at the lead's pane; trying again later");
                 return false;
             }
         }
@@ -214,7 +214,7 @@ impl Gateway {
                 true
             }
             Err(e) => {
-                tracing::warn!(%gid, pane = %target.pane, error = %e, "cannot nudge");
+                tracing::warn!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "cannot nudge");
                 false
             }
         }

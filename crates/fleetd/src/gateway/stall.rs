@@ -150,7 +150,8 @@ impl Gateway {
                 .map(|t| format!(" on your task {}", t.msg_id))
                 .unwrap_or_default()
         );
-        tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, "a worker has stalled");
+        tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, screen_tail = %crate::logs::summary(tail), "a worker has stalled");
+        crate::logs::trace_text("stall screen tail", tail);
         match (on_stall, &task) {
             (OnStall::Recycle, Some(task)) => self.recycle_stalled(gid, task, &what).await,
             (OnStall::Recycle, None) | (OnStall::Notify, _) => {

@@ -10,6 +10,7 @@ use fleet_core::{Gid, WorkerStatus};
 use fleet_mux::{AgentState, MuxError, PaneLife};
 
 use super::Gateway;
+use crate::logs;
 
 /// How often the pane host is asked which panes still run.
 pub(super) const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
@@ -59,13 +60,13 @@ impl Gateway {
             Err(e @ (MuxError::Unreachable(_) | MuxError::Disconnected)) => {
                 let mut sessions = self.lock();
                 if sessions.host_down.is_none() {
-                    tracing::warn!(error = %e, "the pane host is not reachable: workers read unknown, sends to them fail until it is back");
+                    tracing::warn!(error = %logs::mux_error(&e), "the pane host is not reachable: workers read unknown, sends to them fail until it is back");
                 }
                 sessions.host_down = Some(e.to_string());
                 return;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot list panes");
+                tracing::warn!(error = %logs::mux_error(&e), "cannot list panes");
                 return;
             }
         };
@@ -91,7 +92,8 @@ impl Gateway {
             };
             if close && let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {
                 let words = super::spawn::tail_lines(&history, super::spawn::LAST_WORDS_LINES);
-                tracing::info!(%gid, %pane, last_words = %words, "pane ended");
+                tracing::info!(%gid, %pane, reason = %reason, last_words = %logs::summary(&words), "pane ended");
+                logs::trace_text("last_words", &words);
                 if let Some(session) = self.lock().panes.get_mut(&gid) {
                     session.last_words = Some(words);
                 }

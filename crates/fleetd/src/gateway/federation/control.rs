@@ -514,6 +514,7 @@ impl Gateway {
             .map(|s| (s.entity.name.clone(), s.status));
         match found {
             Some((name, status)) if status.is_live() => {
+                tracing::info!(%gid, lead = %lead.name, lead_host = %lead.host, "stopped by a lead of another host");
                 let reason = format!("stopped by {}@{}", lead.name, lead.host);
                 self.end_session(gid, &reason, true).await;
                 ControlAnswer::Stopped { name }

@@ -142,7 +142,8 @@ impl Gateway {
             {
                 Ok(dialog) => Some(dialog),
                 Err(e) => {
-                    tracing::warn!(msg_id = %ask.msg_id, error = %e, "a dialog from another host is refused");
+                    // Why it does not read may quote the dialog.
+                    tracing::warn!(msg_id = %ask.msg_id, code = %e.code, error = %crate::logs::summary(&e.message), "a dialog from another host is refused");
                     return;
                 }
             },
