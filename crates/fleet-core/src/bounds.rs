@@ -16,6 +16,8 @@ pub const HELD_KEY: &str = "gateway.max_held_per_recipient";
 pub const LONG_CALLS_KEY: &str = "gateway.max_long_calls_per_caller";
 /// The key of the cap on one token's live MCP sessions.
 pub const SESSIONS_KEY: &str = "gateway.max_sessions_per_token";
+/// The key of the cap on one token's open event streams.
+pub const STREAMS_KEY: &str = "gateway.max_streams_per_token";
 /// The key of the cap on the remote hosts the roster holds.
 pub const REMOTE_HOSTS_KEY: &str = "federation.max_remote_hosts";
 /// The key of the cap on the roster entries of one remote host.
@@ -46,6 +48,38 @@ pub fn admit(count: usize, cap: usize, key: &'static str) -> Result<(), Full> {
     } else {
         Err(Full { count, cap, key })
     }
+}
+
+/// One of a token's live MCP sessions, as the front knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionUse {
+    /// When it was last used, on any clock that only goes forward (a larger value is later).
+    pub last_used: u64,
+    /// Whether a call is in flight on it (a stream open, a long call running).
+    pub busy: bool,
+}
+
+/// Which of a token's `held` sessions (by index) to close so that one more may open under
+/// `cap`: as few as make room, the least recently used first, never a busy one. A client that
+/// restarts or crashes leaves its session behind; its next one must still get in, and a lead's
+/// long call in flight must never be cut for it. `Full` only when busy sessions alone fill the
+/// cap.
+pub fn sessions_to_close(held: &[SessionUse], cap: usize) -> Result<Vec<usize>, Full> {
+    let need = (held.len() + 1).saturating_sub(cap);
+    if need == 0 {
+        return Ok(Vec::new());
+    }
+    let mut idle: Vec<usize> = (0..held.len()).filter(|&i| !held[i].busy).collect();
+    if idle.len() < need {
+        return Err(Full {
+            count: held.len(),
+            cap,
+            key: SESSIONS_KEY,
+        });
+    }
+    idle.sort_by_key(|&i| held[i].last_used);
+    idle.truncate(need);
+    Ok(idle)
 }
 
 /// Whether a message of `kind` may wait for a recipient that already has `waiting` messages
@@ -145,6 +179,30 @@ mod tests {
             }
         );
         assert_eq!(full.to_string(), "gateway.max_long_calls_per_caller = 3");
+    }
+
+    #[test]
+    fn a_new_session_over_the_cap_closes_the_least_recently_used_idle_ones() {
+        let used = |last_used, busy| SessionUse { last_used, busy };
+        // Under the cap: nothing to close.
+        assert_eq!(sessions_to_close(&[], 1), Ok(vec![]));
+        assert_eq!(
+            sessions_to_close(&[used(1, false), used(2, false)], 3),
+            Ok(vec![])
+        );
+        // At the cap: the oldest idle one goes, not the busy older one.
+        assert_eq!(
+            sessions_to_close(&[used(5, false), used(1, true), used(3, false)], 3),
+            Ok(vec![2])
+        );
+        // Over it (a cap lowered since): as many as make room.
+        assert_eq!(
+            sessions_to_close(&[used(9, false), used(2, false), used(4, false)], 2),
+            Ok(vec![1, 2])
+        );
+        // Every held one busy: the new one cannot get in.
+        let full = sessions_to_close(&[used(1, true), used(2, true)], 2).unwrap_err();
+        assert_eq!((full.count, full.cap, full.key), (2, 2, SESSIONS_KEY));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use tracing::Instrument;
 
 use crate::authority::{AllowedHosts, Refused};
 use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget, Viewer};
-use crate::limits::{CallSlots, SessionLedger, TokenHash};
+use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
@@ -175,6 +175,8 @@ async fn api_roster(
 struct Operators {
     gateway: Arc<Gateway>,
     web: Arc<WebSessions>,
+    /// The event streams each token holds open.
+    streams: Arc<StreamSlots>,
 }
 
 /// What a request to the operator surfaces came with, kept so a long stream can check it
@@ -238,7 +240,10 @@ impl Credential {
 impl Operators {
     /// Who `credential` stands for now (with its web session and the cookie that opened it,
     /// if it is one), or the refusal.
-    fn viewer(&self, credential: &Credential) -> Result<(Viewer, Option<SignedIn>), Denied> {
+    fn viewer(
+        &self,
+        credential: &Credential,
+    ) -> Result<(Viewer, Option<SignedIn>, TokenHash), Denied> {
         let (hash, session) = match credential {
             Credential::Bearer(hash) => (*hash, None),
             Credential::Session { cookies, key } => {
@@ -262,7 +267,7 @@ impl Operators {
             }
         };
         match self.gateway.viewer(&hash) {
-            Ok(Some(viewer)) => Ok((viewer, session)),
+            Ok(Some(viewer)) => Ok((viewer, session, TokenHash(hash))),
             Ok(None) => {
                 if let Some(signed_in) = &session {
                     self.web.close(&signed_in.cookie);
@@ -288,10 +293,10 @@ impl Operators {
 /// say (an operator sends nothing, reads no text). Nothing it answers is to be cached.
 async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next) -> Response {
     let checked = Credential::of(req.headers()).and_then(|credential| {
-        let (viewer, session) = ops.viewer(&credential)?;
-        Ok((credential, viewer, session))
+        let (viewer, session, hash) = ops.viewer(&credential)?;
+        Ok((credential, viewer, session, hash))
     });
-    let (credential, viewer, session) = match checked {
+    let (credential, viewer, session, hash) = match checked {
         Ok(checked) => checked,
         Err(denied) => return denied.response(),
     };
@@ -300,6 +305,7 @@ async fn viewers_only(State(ops): State<Operators>, mut req: Request, next: Next
         req.extensions_mut().insert(signed_in);
     }
     req.extensions_mut().insert(viewer);
+    req.extensions_mut().insert(hash);
     req.extensions_mut().insert(credential);
     req.extensions_mut().insert(ops);
     let mut response = next.run(req).await;
@@ -400,11 +406,11 @@ const FEED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
 /// its `seq` as the event id, so a client reconnecting with `Last-Event-ID` misses nothing);
 /// it ends when fleetd shuts down (see [`viewers_only`]).
 async fn api_events(
-    State(gateway): State<Arc<Gateway>>,
     Extension(viewer): Extension<Viewer>,
     Extension(credential): Extension<Credential>,
     Extension(ops): Extension<Operators>,
     Extension(Shutdown(shutdown)): Extension<Shutdown>,
+    Extension(token): Extension<TokenHash>,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Response {
@@ -412,6 +418,11 @@ async fn api_events(
         Ok(query) => query,
         Err(rejected) => return bad_query(&rejected),
     };
+    let slot = match ops.streams.take(token) {
+        Ok(slot) => slot,
+        Err(e) => return answered::<()>(Err(e)),
+    };
+    let gateway = Arc::clone(&ops.gateway);
     let last = match gateway.feed_start().await {
         Ok(last) => last,
         Err(e) => return answered::<()>(Err(e)),
@@ -439,9 +450,12 @@ async fn api_events(
             Some((Ok::<_, std::convert::Infallible>(next), feed))
         }
     });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    holding(
+        Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+        slot,
+    )
 }
 
 /// One client's live feed: what it has yet to be sent, and where it reads on from.
@@ -598,36 +612,124 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
     .into_response()
 }
 
-/// Notes each MCP session opened with a token (a POST without `Mcp-Session-Id` that the MCP
-/// service answered with one); one over the token's cap is closed again and answered 429.
+/// Holds each MCP session to the token that opened it, and its token to its cap: a request on
+/// a session is noted (busy until its answer, a stream among them, is over); a session opened
+/// over the token's cap closes the token's least recently used idle ones, or, when every one
+/// has a call in flight, is closed again and answered 429.
 async fn cap_sessions(
     State(ledger): State<Arc<SessionLedger>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let opens = req.method() == Method::POST && !req.headers().contains_key(HEADER_SESSION_ID);
     let caller = req.extensions().get::<Caller>().map(|c| c.entity.clone());
-    let token = req.extensions().get::<TokenHash>().copied();
-    let response = next.run(req).await;
-    let (true, Some(caller), Some(token)) = (opens, caller, token) else {
-        return response;
+    let (Some(caller), Some(token)) = (caller, req.extensions().get::<TokenHash>().copied()) else {
+        return next.run(req).await;
     };
-    let Some(id) = header_text(response.headers(), HEADER_SESSION_ID) else {
+    if let Some(id) = header_text(req.headers(), HEADER_SESSION_ID) {
+        // A call, or a broken call's stream resumed; not a client merely listening.
+        let busy = req.method() == Method::POST || req.headers().contains_key("last-event-id");
+        let Ok(in_flight) = ledger.using(token, id.into(), busy) else {
+            tracing::warn!(gid = %caller.gid, name = %caller.name, "REFUSED a request on an MCP session another token opened");
+            return refuse(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such MCP session: start a new one (initialize)".into(),
+            );
+        };
+        return holding(next.run(req).await, in_flight);
+    }
+    let opens = req.method() == Method::POST;
+    let response = next.run(req).await;
+    let Some(id) = header_text(response.headers(), HEADER_SESSION_ID).filter(|_| opens) else {
         return response;
     };
     match ledger.opened(token, id.into()).await {
-        Ok(()) => response,
+        Ok(0) => response,
+        Ok(closed) => {
+            tracing::info!(gid = %caller.gid, name = %caller.name, closed, "closed the least recently used idle MCP sessions of a token at its cap, for its new one");
+            response
+        }
         Err(full) => {
             tracing::warn!(gid = %caller.gid, name = %caller.name, cap = %full, "REFUSED an MCP session over the cap");
             refuse(
                 StatusCode::TOO_MANY_REQUESTS,
                 ErrorCode::TooMany.as_str(),
                 format!(
-                    "'{}' already holds {} live MCP sessions with this token, the most allowed ({full}): close one (an MCP client deletes its session when it disconnects) or use the stateless protocol, which needs none",
+                    "'{}' already holds {} live MCP sessions with this token, each with a call in flight, the most allowed ({full}): wait for a call to return, or use the stateless protocol, which needs no session",
                     caller.name, full.count
                 ),
             )
         }
+    }
+}
+
+/// Holds each token to its cap of event streams: MCP's GET stream (a listening stream, or a
+/// broken call's resumed) takes a place while it is open.
+async fn cap_streams(
+    State(streams): State<Arc<StreamSlots>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let token = req.extensions().get::<TokenHash>().copied();
+    let (true, Some(token)) = (req.method() == Method::GET, token) else {
+        return next.run(req).await;
+    };
+    match streams.take(token) {
+        Ok(slot) => {
+            let response = next.run(req).await;
+            if is_event_stream(&response) {
+                holding(response, slot)
+            } else {
+                response
+            }
+        }
+        Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
+    }
+}
+
+/// Whether `response` is a stream of server-sent events.
+fn is_event_stream(response: &Response) -> bool {
+    header_text(response.headers(), header::CONTENT_TYPE.as_str())
+        .is_some_and(|kind| kind.starts_with("text/event-stream"))
+}
+
+/// `response`, with `guard` kept alive as long as its body is: until the client has it all, or
+/// goes away.
+fn holding<G: Send + Unpin + 'static>(response: Response, guard: G) -> Response {
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        axum::body::Body::new(Holding {
+            body,
+            _guard: guard,
+        }),
+    )
+}
+
+/// A body and what must live as long as it does.
+struct Holding<G> {
+    body: axum::body::Body,
+    _guard: G,
+}
+
+impl<G: Send + Unpin + 'static> http_body::Body for Holding<G> {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        // The body is Unpin (boxed), and so is this.
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -638,6 +740,8 @@ pub struct CallerCaps {
     pub long_calls: usize,
     /// MCP sessions (`gateway.max_sessions_per_token`).
     pub sessions: usize,
+    /// Event streams (`gateway.max_streams_per_token`).
+    pub streams: usize,
 }
 
 /// The whole HTTP app, each caller held to `caps`. `shutdown` ends every open MCP stream and
@@ -652,7 +756,8 @@ pub fn app(
     let calls = CallSlots::new(caps.long_calls);
     let operator_calls = Arc::clone(&calls);
     let sessions = Arc::new(LocalSessionManager::default());
-    let ledger = Arc::new(SessionLedger::new(caps.sessions, Arc::clone(&sessions)));
+    let ledger = SessionLedger::new(caps.sessions, Arc::clone(&sessions));
+    let streams = StreamSlots::new(caps.streams);
     // Host checking is done once, by our guard, for every route alike. A stateless call that
     // answers without notifying first gets a plain JSON response, not a one-event SSE stream
     // (cheaper on both ends, and the connection is free again at once); one that reports
@@ -693,6 +798,7 @@ pub fn app(
             Operators {
                 gateway: Arc::clone(&gateway),
                 web: Arc::clone(&web),
+                streams: Arc::clone(&streams),
             },
             viewers_only,
         ))
@@ -700,6 +806,10 @@ pub fn app(
     // Layers run outside in: authentication first, so the session cap knows the caller.
     let protected = Router::new()
         .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&streams),
+            cap_streams,
+        ))
         .layer(middleware::from_fn_with_state(ledger, cap_sessions))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),

@@ -1,53 +1,99 @@
 //! What one caller may hold open at the MCP front: long calls per caller
-//! (`gateway.max_long_calls_per_caller`) and sessions of the older protocol per token
-//! (`gateway.max_sessions_per_token`). The rule is `fleet_core::bounds::admit`; this module
-//! only counts, and gives a place back when a call or session ends. It never refuses what it
-//! already let in.
+//! (`gateway.max_long_calls_per_caller`), event streams per token
+//! (`gateway.max_streams_per_token`) and sessions of the older protocol per token
+//! (`gateway.max_sessions_per_token`). The rules are `fleet_core::bounds`' (`admit`,
+//! `sessions_to_close`); this module only counts, gives a place back when a call, stream or
+//! session ends, and closes the sessions the rule names. It never refuses what it already let
+//! in, and it never closes a session with a call in flight.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use fleet_core::bounds::{Full, LONG_CALLS_KEY, SESSIONS_KEY, admit};
+use fleet_core::bounds::{Full, LONG_CALLS_KEY, STREAMS_KEY, SessionUse, admit, sessions_to_close};
 use fleet_core::{ErrorCode, FleetError, Gid};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
 
-/// The long calls each caller has open.
-pub struct CallSlots {
-    /// The most one caller may have open.
+/// Places counted per key (a caller, a token), at most `cap` each.
+pub struct Slots<K: Hash + Eq + Clone> {
+    /// The most one key may hold.
     cap: usize,
-    /// Open calls per caller; a caller with none has no entry.
-    open: Mutex<HashMap<Gid, usize>>,
+    /// The config key that sets the cap.
+    key: &'static str,
+    /// Places held per key; a key with none has no entry.
+    open: Mutex<HashMap<K, usize>>,
 }
 
-/// One open long call's place, given back when dropped (the call returned, failed or was
-/// cancelled).
-pub struct CallSlot {
-    slots: Arc<CallSlots>,
-    gid: Gid,
+/// One place, given back when dropped (the call returned, the stream closed).
+pub struct Slot<K: Hash + Eq + Clone> {
+    slots: Arc<Slots<K>>,
+    held_by: K,
 }
 
-impl CallSlots {
-    /// Slots for at most `cap` long calls per caller.
-    pub fn new(cap: usize) -> Arc<Self> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Counts only: nothing a panic half-way could leave inconsistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<K: Hash + Eq + Clone> Slots<K> {
+    /// Places for at most `cap` per key, the cap set by config key `key`.
+    fn with(cap: usize, key: &'static str) -> Arc<Self> {
         Arc::new(Self {
             cap,
+            key,
             open: Mutex::new(HashMap::new()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Gid, usize>> {
-        // A count per caller: nothing a panic half-way could leave inconsistent.
-        self.open
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A place for `held_by`, or the cap it is at.
+    pub fn take(self: &Arc<Self>, held_by: K) -> Result<Slot<K>, Full> {
+        let mut open = lock(&self.open);
+        let count = open.get(&held_by).copied().unwrap_or(0);
+        admit(count, self.cap, self.key)?;
+        open.insert(held_by.clone(), count + 1);
+        Ok(Slot {
+            slots: Arc::clone(self),
+            held_by,
+        })
+    }
+
+    #[cfg(test)]
+    fn held(&self, by: &K) -> usize {
+        lock(&self.open).get(by).copied().unwrap_or(0)
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Slot<K> {
+    fn drop(&mut self) {
+        let mut open = lock(&self.slots.open);
+        if let Some(count) = open.get_mut(&self.held_by) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.held_by);
+            }
+        }
+    }
+}
+
+/// The long calls each caller has open.
+pub struct CallSlots(Arc<Slots<Gid>>);
+
+/// One open long call's place, given back when dropped (the call returned, failed or was
+/// cancelled).
+pub type CallSlot = Slot<Gid>;
+
+impl CallSlots {
+    /// Slots for at most `cap` long calls per caller.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self(Slots::with(cap, LONG_CALLS_KEY)))
     }
 
     /// A place for a long call of `gid` (`tool`), or `too_many` naming the cap.
-    pub fn take(self: &Arc<Self>, gid: Gid, tool: &str) -> Result<CallSlot, FleetError> {
-        let mut open = self.lock();
-        let count = open.get(&gid).copied().unwrap_or(0);
-        admit(count, self.cap, LONG_CALLS_KEY).map_err(|full| {
+    pub fn take(&self, gid: Gid, tool: &str) -> Result<CallSlot, FleetError> {
+        self.0.take(gid).map_err(|full| {
             FleetError::new(
                 ErrorCode::TooMany,
                 format!(
@@ -55,24 +101,7 @@ impl CallSlots {
                     full.count
                 ),
             )
-        })?;
-        open.insert(gid, count + 1);
-        Ok(CallSlot {
-            slots: Arc::clone(self),
-            gid,
         })
-    }
-}
-
-impl Drop for CallSlot {
-    fn drop(&mut self) {
-        let mut open = self.slots.lock();
-        if let Some(count) = open.get_mut(&self.gid) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                open.remove(&self.gid);
-            }
-        }
     }
 }
 
@@ -80,55 +109,190 @@ impl Drop for CallSlot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TokenHash(pub [u8; 32]);
 
+/// The event streams (`/api/v1/events`, MCP's GET stream) each token holds open.
+pub struct StreamSlots(Arc<Slots<TokenHash>>);
+
+/// One open stream's place, given back when the stream closes.
+pub type StreamSlot = Slot<TokenHash>;
+
+impl StreamSlots {
+    /// Slots for at most `cap` streams per token.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self(Slots::with(cap, STREAMS_KEY)))
+    }
+
+    /// A place for one more stream of `token`, or `too_many` naming the cap.
+    pub fn take(&self, token: TokenHash) -> Result<StreamSlot, FleetError> {
+        self.0.take(token).map_err(|full| {
+            FleetError::new(
+                ErrorCode::TooMany,
+                format!(
+                    "this token already holds {} open event streams, the most allowed ({full}): close one (a browser tab of the web view, a client's listening stream)",
+                    full.count
+                ),
+            )
+        })
+    }
+}
+
+/// A live MCP session as the ledger knows it.
+struct Held {
+    /// The token that opened it: no other may use it.
+    token: TokenHash,
+    /// When it was last used (the ledger's own clock).
+    last_used: u64,
+    /// Requests on it not yet answered in full (an open stream among them).
+    open: usize,
+}
+
 /// The live MCP sessions opened with each token (a token, not its entity: a recycled worker's
-/// new token is not held to what its old program left lingering). rmcp's session manager knows
-/// which sessions still live (a session ends by DELETE, by its idle timeout or at shutdown): the
-/// ledger asks it rather than following every end.
+/// new token is not held to what its old program left lingering), when each was last used and
+/// whether a call is in flight on it. rmcp's session manager knows which sessions still live (a
+/// session ends by DELETE, by its idle timeout, at shutdown, or closed here): the ledger asks it
+/// rather than following every end.
 pub struct SessionLedger {
     /// The most live sessions one token may hold.
     cap: usize,
     /// The sessions themselves.
     manager: Arc<LocalSessionManager>,
-    /// The sessions opened with each token, ended ones forgotten at the next opening. Held
-    /// across the manager's answers, so two openings at once cannot both take the last place.
-    by_token: tokio::sync::Mutex<HashMap<TokenHash, Vec<SessionId>>>,
+    /// Every session opened, by id, and the ledger's clock; never held across an await.
+    sessions: Mutex<(HashMap<SessionId, Held>, u64)>,
+    /// Held across an opening's look at the manager, so two openings at once cannot both take
+    /// the last place.
+    opening: tokio::sync::Mutex<()>,
 }
+
+/// A request in flight on a session: while it lives (the response's body with it), the session
+/// is busy; when it ends, the session was just used.
+pub struct InFlight {
+    ledger: Arc<SessionLedger>,
+    id: SessionId,
+    /// Whether it is a call (counted as open while it lives).
+    busy: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut sessions = lock(&self.ledger.sessions);
+        let (held, clock) = &mut *sessions;
+        *clock += 1;
+        if let Some(session) = held.get_mut(&self.id) {
+            session.open = session.open.saturating_sub(usize::from(self.busy));
+            session.last_used = *clock;
+        }
+    }
+}
+
+/// Why a request may not use the session it names.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotYours;
 
 impl SessionLedger {
     /// A ledger of `manager`'s sessions, at most `cap` per token.
-    pub fn new(cap: usize, manager: Arc<LocalSessionManager>) -> Self {
-        Self {
+    pub fn new(cap: usize, manager: Arc<LocalSessionManager>) -> Arc<Self> {
+        Arc::new(Self {
             cap,
             manager,
-            by_token: tokio::sync::Mutex::new(HashMap::new()),
-        }
+            sessions: Mutex::new((HashMap::new(), 0)),
+            opening: tokio::sync::Mutex::new(()),
+        })
     }
 
-    /// Notes that session `id` was opened with `token`; if the token already held as many
-    /// live sessions as the cap, the new one is closed again and the cap is the answer.
-    pub async fn opened(&self, token: TokenHash, id: SessionId) -> Result<(), Full> {
-        let mut by_token = self.by_token.lock().await;
+    /// Notes a request of `token` on session `id` — a call (`busy`: the session is busy until
+    /// the returned guard drops) or a client listening for what the server may send (not
+    /// busy: a client that is only listening is idle) — refused when another token opened the
+    /// session. A session the ledger does not know (ended, or never opened) is the session
+    /// manager's to refuse.
+    pub fn using(
+        self: &Arc<Self>,
+        token: TokenHash,
+        id: SessionId,
+        busy: bool,
+    ) -> Result<InFlight, NotYours> {
+        let mut sessions = lock(&self.sessions);
+        let (held, clock) = &mut *sessions;
+        *clock += 1;
+        if let Some(session) = held.get_mut(&id) {
+            if session.token != token {
+                return Err(NotYours);
+            }
+            session.open += usize::from(busy);
+            session.last_used = *clock;
+        }
+        Ok(InFlight {
+            ledger: Arc::clone(self),
+            id,
+            busy,
+        })
+    }
+
+    /// Notes that session `id` was opened with `token`. If the token already held as many live
+    /// sessions as the cap, its least recently used ones with no call in flight are closed to
+    /// make room; if every one has a call in flight, the new one is closed again and the cap is
+    /// the answer. Returns how many were closed.
+    pub async fn opened(&self, token: TokenHash, id: SessionId) -> Result<usize, Full> {
+        let _opening = self.opening.lock().await;
         // Forget the sessions that ended, every token's (a revoked one's would linger).
-        for ids in by_token.values_mut() {
-            let mut live = Vec::with_capacity(ids.len());
-            for id in ids.drain(..) {
-                if self.manager.has_session(&id).await.unwrap_or(false) {
-                    live.push(id);
+        let known: Vec<SessionId> = lock(&self.sessions).0.keys().cloned().collect();
+        let mut ended = Vec::new();
+        for known in known {
+            if !self.manager.has_session(&known).await.unwrap_or(false) {
+                ended.push(known);
+            }
+        }
+        let close = {
+            let mut sessions = lock(&self.sessions);
+            let (held, clock) = &mut *sessions;
+            for gone in &ended {
+                held.remove(gone);
+            }
+            let mine: Vec<(&SessionId, &Held)> =
+                held.iter().filter(|(_, s)| s.token == token).collect();
+            let uses: Vec<SessionUse> = mine
+                .iter()
+                .map(|(_, s)| SessionUse {
+                    last_used: s.last_used,
+                    busy: s.open > 0,
+                })
+                .collect();
+            match sessions_to_close(&uses, self.cap) {
+                Ok(close) => {
+                    let close: Vec<SessionId> =
+                        close.into_iter().map(|i| mine[i].0.clone()).collect();
+                    for closed in &close {
+                        held.remove(closed);
+                    }
+                    *clock += 1;
+                    held.insert(
+                        id.clone(),
+                        Held {
+                            token,
+                            last_used: *clock,
+                            open: 0,
+                        },
+                    );
+                    Ok(close)
                 }
+                Err(full) => Err(full),
             }
-            *ids = live;
-        }
-        by_token.retain(|_, ids| !ids.is_empty());
-        let held = by_token.get(&token).map_or(0, Vec::len);
-        if let Err(full) = admit(held, self.cap, SESSIONS_KEY) {
-            drop(by_token);
-            if let Err(e) = self.manager.close_session(&id).await {
-                tracing::warn!(error = %e, "cannot close a session over the cap");
+        };
+        let close = match close {
+            Ok(close) => close,
+            Err(full) => {
+                self.close(&id).await;
+                return Err(full);
             }
-            return Err(full);
+        };
+        for closed in &close {
+            self.close(closed).await;
         }
-        by_token.entry(token).or_default().push(id);
-        Ok(())
+        Ok(close.len())
+    }
+
+    async fn close(&self, id: &SessionId) {
+        if let Err(e) = self.manager.close_session(id).await {
+            tracing::warn!(error = %e, "cannot close an MCP session");
+        }
     }
 }
 
@@ -158,9 +322,52 @@ mod tests {
         let third = slots.take(me, "fleet_poll").unwrap();
         drop(third);
         drop(second);
+        assert_eq!(slots.0.held(&me), 0, "an idle caller is forgotten");
+    }
+
+    #[test]
+    fn a_token_holds_at_most_its_streams_and_a_closed_one_gives_its_place_back() {
+        let slots = StreamSlots::new(1);
+        let (mine, theirs) = (TokenHash([1; 32]), TokenHash([2; 32]));
+        let open = slots.take(mine).unwrap();
+        let err = slots.take(mine).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TooMany);
         assert!(
-            slots.lock().get(&me).is_none(),
-            "an idle caller is forgotten"
+            err.message.contains("gateway.max_streams_per_token = 1"),
+            "{err}"
         );
+        let _other = slots.take(theirs).unwrap();
+        drop(open);
+        assert!(slots.take(mine).is_ok());
+    }
+
+    #[test]
+    fn a_session_is_used_only_with_the_token_that_opened_it() {
+        let ledger = SessionLedger::new(2, Arc::new(LocalSessionManager::default()));
+        let (mine, theirs) = (TokenHash([1; 32]), TokenHash([2; 32]));
+        let id: SessionId = "s1".into();
+        lock(&ledger.sessions).0.insert(
+            id.clone(),
+            Held {
+                token: mine,
+                last_used: 0,
+                open: 0,
+            },
+        );
+        let busy = ledger.using(mine, id.clone(), true).unwrap();
+        let listening = ledger.using(mine, id.clone(), false).unwrap();
+        assert!(matches!(
+            ledger.using(theirs, id.clone(), false),
+            Err(NotYours)
+        ));
+        assert_eq!(lock(&ledger.sessions).0[&id].open, 1);
+        drop(listening);
+        assert_eq!(lock(&ledger.sessions).0[&id].open, 1);
+        drop(busy);
+        let held = &lock(&ledger.sessions).0[&id];
+        assert_eq!(held.open, 0);
+        assert!(held.last_used > 0, "the end of a request is a use");
+        // One the ledger never saw is the session manager's to refuse.
+        assert!(ledger.using(theirs, "unknown".into(), true).is_ok());
     }
 }

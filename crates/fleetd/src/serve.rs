@@ -288,6 +288,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     let caps = CallerCaps {
         long_calls: config.gateway.max_long_calls_per_caller,
         sessions: config.gateway.max_sessions_per_token,
+        streams: config.gateway.max_streams_per_token,
     };
     let gateway = Gateway::new(
         Arc::new(config),

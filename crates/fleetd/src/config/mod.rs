@@ -388,6 +388,12 @@ impl Config {
             1,
             MAX_CONFIG_WAIT_S,
         )?;
+        if self.gateway.idle_timeout_s < self.gateway.header_timeout_s {
+            return Err(format!(
+                "gateway.idle_timeout_s ({}) must be at least gateway.header_timeout_s ({}): a connection waiting for its next request's head waits no longer than the first",
+                self.gateway.idle_timeout_s, self.gateway.header_timeout_s
+            ));
+        }
         within(
             "gateway.drain_timeout_s",
             self.gateway.drain_timeout_s,
@@ -1008,6 +1014,44 @@ mod tests {
         .unwrap();
         assert_eq!(smallest.gateway.max_held_per_recipient, 1);
         assert_eq!(smallest.federation.audit_max_bytes, 1024);
+    }
+
+    #[test]
+    fn the_listeners_limits_have_defaults_and_refuse_what_cannot_work() {
+        let defaults = parse("").unwrap().gateway;
+        assert_eq!(
+            (
+                defaults.max_connections,
+                defaults.header_timeout_s,
+                defaults.idle_timeout_s,
+                defaults.max_streams_per_token,
+                defaults.drain_timeout_s,
+                defaults.log_text
+            ),
+            (4096, 10, 60, 8, 20, false)
+        );
+        for (bad, says) in [
+            ("max_connections = 0", "gateway.max_connections is 0"),
+            (
+                "max_streams_per_token = 0",
+                "gateway.max_streams_per_token is 0",
+            ),
+            ("header_timeout_s = 0", "gateway.header_timeout_s is 0"),
+            ("drain_timeout_s = 0", "gateway.drain_timeout_s is 0"),
+            (
+                "idle_timeout_s = 100000",
+                "gateway.idle_timeout_s is 100000",
+            ),
+            (
+                "header_timeout_s = 20\nidle_timeout_s = 10",
+                "gateway.idle_timeout_s (10) must be at least gateway.header_timeout_s (20)",
+            ),
+        ] {
+            let err = parse(&format!("[gateway]\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -359,8 +359,93 @@ async fn a_callers_long_calls_stop_at_the_cap_and_one_that_ends_gives_its_place_
     Ok(())
 }
 
+/// A raw MCP POST of `body` with `headers`: the status, the session id it answered with, and
+/// the body as text (JSON, or the events of a stream).
+async fn post_raw(
+    fleet: &Fleet,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> anyhow::Result<(u16, Option<String>, String)> {
+    let mut request = reqwest::Client::new()
+        .post(fleet.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.json(&body).send().await?;
+    let status = response.status().as_u16();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    Ok((status, session, response.text().await?))
+}
+
+/// `tools/list` on session `id` (after the `initialized` notice): its status and body.
+async fn list_tools_on(fleet: &Fleet, bearer: &str, id: &str) -> anyhow::Result<(u16, String)> {
+    let headers = [
+        ("authorization", bearer),
+        ("mcp-session-id", id),
+        ("mcp-protocol-version", "2025-06-18"),
+    ];
+    post_raw(
+        fleet,
+        &headers,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
+    let (status, _, body) = post_raw(
+        fleet,
+        &headers,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await?;
+    Ok((status, body))
+}
+
+/// A client that restarts, crashes or runs a test suite leaves its sessions open: 50 opened in
+/// a row with one token, none closed, and the 50th is served (the least recently used idle
+/// ones were closed for it), while the first is gone; a session is no other token's to use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tokens_mcp_sessions_stop_at_the_cap_with_429_and_a_closed_one_gives_its_place_back()
+async fn fifty_sessions_opened_with_one_token_and_never_closed_the_fiftieth_is_served()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.lead]\n[leads.other]\n").await?;
+    let bearer = format!("Bearer {}", fleet.token("lead")?);
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    let mut ids = Vec::new();
+    for n in 1..=50 {
+        let (status, id, body) =
+            post_raw(&fleet, &[("authorization", &bearer)], initialize.clone()).await?;
+        assert_eq!(status, 200, "session {n}: {body}");
+        ids.push(id.ok_or_else(|| anyhow::anyhow!("session {n} has no id"))?);
+    }
+    let (status, body) = list_tools_on(&fleet, &bearer, &ids[49]).await?;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("fleet_send"), "{body}");
+    let (status, body) = list_tools_on(&fleet, &bearer, &ids[0]).await?;
+    assert_eq!(
+        status, 404,
+        "the first, least recently used, was closed: {body}"
+    );
+    // Another lead naming this lead's session is told it does not exist.
+    let theirs = format!("Bearer {}", fleet.token("other")?);
+    let (status, body) = list_tools_on(&fleet, &theirs, &ids[49]).await?;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no such MCP session"), "{body}");
+    // And the session is still its owner's.
+    let (status, _) = list_tools_on(&fleet, &bearer, &ids[49]).await?;
+    assert_eq!(status, 200);
+    Ok(())
+}
+
+/// Over the cap, the least recently used session with no call in flight is closed for the new
+/// one, never one with a long call running; only when every one has a call in flight is the
+/// new one refused, 429 naming the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_the_cap_closes_the_least_recently_used_idle_one_never_a_busy_one()
 -> anyhow::Result<()> {
     let fleet = Fleet::start(
         "max_sessions_per_token = 2",
@@ -369,45 +454,65 @@ async fn a_tokens_mcp_sessions_stop_at_the_cap_with_429_and_a_closed_one_gives_i
     .await?;
     let (url, token) = (fleet.url(), fleet.token("lead")?);
     let session = || Client::connect(&url, &token, Protocol::Session, &[]);
-    let first = session().await?;
+    let first = std::sync::Arc::new(session().await?);
     let second = session().await?;
-
-    // One more session: HTTP 429 naming the cap and its key; the real client is refused too.
-    let bearer = format!("Bearer {token}");
-    let (status, body) = post_mcp(&fleet, &[("authorization", &bearer)]).await?;
-    assert_eq!(status, 429, "{body}");
-    assert_eq!(body["error"], "too_many", "{body}");
-    let message = body["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("2 live MCP sessions")
-            && message.contains("gateway.max_sessions_per_token = 2"),
-        "{body}"
+    // The first is busy: a long poll runs on it.
+    let busy = {
+        let first = std::sync::Arc::clone(&first);
+        tokio::spawn(async move { first.ok("fleet_poll", json!({"wait_s": 6})).await })
+    };
+    let watcher = fleet.lead("lead", Protocol::Stateless).await?;
+    until("the first session's poll to be open", LIMIT, || async {
+        let lead = watcher.entry("lead").await.ok()?;
+        (lead["open_calls"].as_u64() == Some(1)).then_some(())
+    })
+    .await?;
+    // A third: the second (idle) is closed for it (its client would open a new one at its
+    // next call, transparently); the first's call goes on.
+    let third = session().await?;
+    assert_eq!(
+        third.ok("fleet_list", json!({})).await?["you"]["name"],
+        "lead"
     );
-    assert!(session().await.is_err(), "a third session was opened");
-
-    // Another token has places of its own; the sessions held still serve, and the stateless
-    // protocol needs no session.
+    assert_eq!(
+        fleet
+            .log()
+            .matches("closed the least recently used idle MCP sessions")
+            .count(),
+        1,
+        "{}",
+        fleet.log()
+    );
+    drop(second);
+    // Both held are busy now: one more is refused, naming the cap and its key.
+    let also_busy = tokio::spawn(async move { third.ok("fleet_poll", json!({"wait_s": 4})).await });
+    let bearer = format!("Bearer {token}");
+    let refused = until(
+        "a new session refused while both are busy",
+        LIMIT,
+        || async {
+            let (status, body) = post_mcp(&fleet, &[("authorization", &bearer)]).await.ok()?;
+            (status == 429).then_some(body)
+        },
+    )
+    .await?;
+    assert_eq!(refused["error"], "too_many", "{refused}");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("each with a call in flight")
+            && message.contains("gateway.max_sessions_per_token = 2"),
+        "{refused}"
+    );
+    // The calls in flight end as they would have: nothing was cut.
+    assert_eq!(busy.await??["messages"], json!([]));
+    assert_eq!(also_busy.await??["messages"], json!([]));
+    // Another token has places of its own, and the stateless protocol needs no session.
     let other = fleet.lead("other", Protocol::Session).await?;
     assert_eq!(
         other.ok("fleet_list", json!({})).await?["you"]["name"],
         "other"
     );
-    assert_eq!(
-        first.ok("fleet_list", json!({})).await?["you"]["name"],
-        "lead"
-    );
     let stateless = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(stateless.names().await?, vec!["lead", "other"]);
-
-    // A session the client closes gives its place back.
-    second.close().await?;
-    let third = until("a place for a new session", LIMIT, || async {
-        session().await.ok()
-    })
-    .await?;
-    assert_eq!(
-        third.ok("fleet_list", json!({})).await?["you"]["name"],
-        "lead"
-    );
     Ok(())
 }

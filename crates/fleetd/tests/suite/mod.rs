@@ -17,6 +17,7 @@ mod feed;
 mod herdr;
 mod hostile;
 mod lifecycle;
+mod listener;
 mod logtext;
 mod metrics;
 mod nudge;
