@@ -1,5 +1,6 @@
 //! The `fleetd` binary.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -65,7 +66,9 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("fleetd: error: {e:#}");
+            // Not `eprintln!`, which panics when stderr is gone (its reader died): the exit
+            // status still tells.
+            let _ = writeln!(std::io::stderr(), "fleetd: error: {e:#}");
             match e.downcast_ref::<OpsError>() {
                 Some(ops) => ExitCode::from(ops.exit),
                 None => ExitCode::FAILURE,
