@@ -267,6 +267,23 @@ impl Fleet {
     pub async fn launch(&mut self) -> anyhow::Result<()> {
         self.starts += 1;
         let log = std::fs::File::create(self.log_path(self.starts))?;
+        self.launch_with(Stdio::from(log)).await
+    }
+
+    /// [`Fleet::launch`], its stderr a pipe whose reading end is returned (as `fleetd serve
+    /// 2>&1 | tee log` would have it): drop it to break the pipe. What fleetd logs through it
+    /// is in no log file.
+    pub async fn launch_piped(&mut self) -> anyhow::Result<tokio::process::ChildStderr> {
+        self.starts += 1;
+        std::fs::write(self.log_path(self.starts), "(stderr was a pipe)\n")?;
+        self.launch_with(Stdio::piped()).await?;
+        self.child
+            .as_mut()
+            .and_then(|child| child.stderr.take())
+            .ok_or_else(|| anyhow::anyhow!("fleetd's stderr is no pipe"))
+    }
+
+    async fn launch_with(&mut self, stderr: Stdio) -> anyhow::Result<()> {
         let mut command = Command::new(binary("fleetd")?);
         let fd = inherit(command.as_std_mut(), &self.listener)?;
         for (key, value) in &self.env {
@@ -286,7 +303,7 @@ impl Fleet {
             .env_remove("TMUX_PANE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()?;
         let child = self.child.insert(child);
@@ -479,20 +496,25 @@ impl Fleet {
 
     /// Sends SIGTERM and waits for a clean exit; returns whether it exited successfully.
     pub async fn terminate(&mut self) -> anyhow::Result<bool> {
+        Ok(self.stop_by("TERM").await?.success())
+    }
+
+    /// Sends signal `name` (`TERM`, `INT`) and waits for the process to exit; its exit status.
+    pub async fn stop_by(&mut self, name: &str) -> anyhow::Result<std::process::ExitStatus> {
         let Some(mut child) = self.child.take() else {
-            return Ok(false);
+            anyhow::bail!("fleetd is not running");
         };
         if let Some(pid) = child.id() {
             std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
+                .args([&format!("-{name}"), &pid.to_string()])
                 .status()?;
         }
         match tokio::time::timeout(TERMINATE_LIMIT, child.wait()).await {
-            Ok(status) => Ok(status?.success()),
+            Ok(status) => Ok(status?),
             Err(_) => {
                 let _ = child.start_kill();
                 anyhow::bail!(
-                    "fleetd did not stop within {} s of SIGTERM:\n{}",
+                    "fleetd did not stop within {} s of SIG{name}:\n{}",
                     TERMINATE_LIMIT.as_secs(),
                     self.log()
                 )

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fleet_mux::PaneHost;
@@ -284,6 +285,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         None => None,
     };
     let limits = listener_limits(&config.gateway);
+    let drain = Duration::from_secs(config.gateway.drain_timeout_s);
     let stats = Arc::new(crate::listener::ListenerStats::default());
     let caps = CallerCaps {
         long_calls: config.gateway.max_long_calls_per_caller,
@@ -332,7 +334,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         &shutdown,
     );
 
-    watch_signals(shutdown.clone());
+    watch_signals(shutdown.clone(), drain)?;
     // For `fleetd ls` and the other operator commands: where this gateway answers here, and
     // its pid (gone, the file is stale).
     let serving = state.serving_path();
@@ -383,34 +385,76 @@ fn listener_limits(gateway: &crate::config::GatewayConfig) -> crate::listener::L
     }
     crate::listener::Limits {
         max_connections,
-        header_timeout: std::time::Duration::from_secs(gateway.header_timeout_s),
-        idle_timeout: std::time::Duration::from_secs(gateway.idle_timeout_s),
+        header_timeout: Duration::from_secs(gateway.header_timeout_s),
+        idle_timeout: Duration::from_secs(gateway.idle_timeout_s),
     }
 }
 
-/// First signal: drain. Second: exit now.
-fn watch_signals(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::info!("signal: shutting down (a second signal exits at once)");
-        shutdown.cancel();
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-        tracing::warn!("second signal: exiting now");
-        std::process::exit(130);
-    });
+/// Watches for SIGINT and SIGTERM on a thread of its own, with a runtime of its own, so a
+/// gateway whose runtime is wedged still hears them: the first starts the drain (`shutdown`),
+/// which may last `drain` at most; a second signal, or the end of that time, exits at once.
+fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result<()> {
+    let (installed, told) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("fleetd-signals".into())
+        .spawn(move || {
+            let watching = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .and_then(|runtime| {
+                    let signals = runtime.block_on(async {
+                        Ok::<_, std::io::Error>((
+                            signal(SignalKind::terminate())?,
+                            signal(SignalKind::interrupt())?,
+                        ))
+                    })?;
+                    Ok((runtime, signals))
+                });
+            let (runtime, (mut term, mut int)) = match watching {
+                Ok(watching) => {
+                    let _ = installed.send(Ok(()));
+                    watching
+                }
+                Err(e) => {
+                    let _ = installed.send(Err(e));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                // Stop first, then say so: nothing may come between a signal and the drain.
+                shutdown.cancel();
+                tracing::info!(
+                    drain_timeout_s = drain.as_secs(),
+                    "shutting down: draining (a second signal exits at once)"
+                );
+                tokio::select! {
+                    _ = term.recv() => {
+                        tracing::warn!("second signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    _ = int.recv() => {
+                        tracing::warn!("second signal: exiting now");
+                        std::process::exit(130);
+                    }
+                    () = tokio::time::sleep(drain) => {
+                        tracing::error!(
+                            drain_timeout_s = drain.as_secs(),
+                            "the drain did not end within gateway.drain_timeout_s: exiting anyway (the next start reaps what is left)"
+                        );
+                        std::process::exit(1);
+                    }
+                }
+            });
+        })
+        .context("cannot start the signal watcher")?;
+    // Installed before fleetd serves: a signal from now on is never missed.
+    told.recv()
+        .context("the signal watcher stopped before it started")?
+        .context("cannot install signal handlers")
 }
 
 #[cfg(test)]

@@ -210,7 +210,10 @@ async fn a_token_holds_at_most_its_event_streams() -> anyhow::Result<()> {
     };
     let first = events().await?;
     let second = events().await?;
-    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
     let refused = events().await?;
     let status = refused.status().as_u16();
     let body: serde_json::Value = refused.json().await?;

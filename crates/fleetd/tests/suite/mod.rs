@@ -14,6 +14,7 @@ mod dialogs;
 mod durability;
 mod federation;
 mod feed;
+mod health;
 mod herdr;
 mod hostile;
 mod lifecycle;
