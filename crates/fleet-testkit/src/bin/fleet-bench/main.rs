@@ -4,6 +4,7 @@
 
 mod consult;
 mod federation;
+mod flood;
 mod local;
 mod scale;
 mod soak;
@@ -74,6 +75,10 @@ enum What {
         #[arg(long, default_value_t = 20_000)]
         messages: usize,
     },
+    /// Idle and header-dripping connections that never authenticate (issue 29), held open
+    /// while a lead runs round trips and `/healthz` is probed: the figures beside the same
+    /// without them, what fleetd closed and when, its descriptors and RSS after the flood.
+    Flood(flood::Args),
     /// Crash soak: cycles of `kill -9` of a gateway in the middle of mixed traffic, each
     /// followed by a restart; counts what was lost, duplicated or typed twice.
     Soak(soak::Args),
@@ -231,6 +236,7 @@ async fn main() -> anyhow::Result<()> {
             messages,
             entities,
         } => federation::federation(trips, messages, entities).await,
+        What::Flood(args) => flood::run(args).await,
         What::Soak(args) => soak::run(args).await,
         What::Scale(args) => scale::run(args).await,
         What::Submits(args) => submits::run(args).await,
