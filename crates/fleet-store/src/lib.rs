@@ -329,4 +329,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every change of one message's state, oldest first (empty for no such message).
     fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>>;
+
+    /// Takes a write that changes nothing, committed as every other write is: `Ok` proves the
+    /// store can still take writes now (its disk, its file, its lock), for the health check.
+    fn probe_write(&self) -> StoreResult<()>;
 }

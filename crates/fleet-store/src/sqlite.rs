@@ -773,6 +773,17 @@ impl Store for SqliteStore {
         Ok(stmt.query_row([], |row| row.get(0))?)
     }
 
+    fn probe_write(&self) -> StoreResult<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        // The schema version written again as it is: a real write through the journal, which
+        // a full disk, a read-only file or a lost lock refuses.
+        let version: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(

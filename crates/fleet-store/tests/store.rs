@@ -965,3 +965,29 @@ fn every_change_of_a_message_or_an_entity_is_recorded_in_order_and_goes_with_its
     assert_eq!(next.len(), 1);
     assert!(next[0].seq > before);
 }
+
+#[test]
+fn a_write_probe_changes_nothing_and_fails_while_another_holds_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = mixed_traffic(&store);
+    let before = (
+        store.held_count(lead).unwrap(),
+        store.waiting_count(w).unwrap(),
+    );
+    let last = store.last_change().unwrap();
+    store.probe_write().unwrap();
+    let after = (
+        store.held_count(lead).unwrap(),
+        store.waiting_count(w).unwrap(),
+    );
+    assert_eq!(before, after);
+    assert_eq!(store.last_change().unwrap(), last, "the probe is no change");
+    // Another process holding the database's write lock: the probe cannot write, and says so.
+    let other = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
+    other.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let refused = store.probe_write().unwrap_err();
+    assert!(refused.to_string().contains("locked"), "{refused}");
+    other.execute_batch("COMMIT").unwrap();
+    store.probe_write().unwrap();
+}

@@ -206,17 +206,34 @@ async fn serving_check(state: &StateDir) -> Check {
     let written = std::fs::read_to_string(state.serving_path())
         .ok()
         .and_then(|text| read_serving(&text));
-    let healthy = |url: String| async move {
+    // What `/healthz` says: ok, what is wrong, or nothing at all.
+    let health = |url: String| async move {
         let client = reqwest::Client::builder()
             .timeout(HEALTH_WITHIN)
             .build()
             .ok()?;
         let response = client.get(format!("{url}/healthz")).send().await.ok()?;
-        response.status().is_success().then_some(())
+        if response.status().is_success() {
+            return Some(Ok(()));
+        }
+        let said: serde_json::Value = response.json().await.unwrap_or_default();
+        let problems: Vec<String> = said["problems"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .filter_map(|p| p.as_str())
+                    .map(crate::logs::escape)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Err(problems.join("; ")))
     };
     let verdict = match written {
-        Some((url, Some(pid))) if alive(pid) => match healthy(url.clone()).await {
-            Some(()) => Verdict::Ok(format!("serving at {url} (pid {pid})")),
+        Some((url, Some(pid))) if alive(pid) => match health(url.clone()).await {
+            Some(Ok(())) => Verdict::Ok(format!("serving at {url} (pid {pid})")),
+            Some(Err(problems)) => Verdict::Fail(format!(
+                "pid {pid} answers at {url}, but cannot really serve: {problems}; restart it (its log says why)"
+            )),
             None => Verdict::Fail(format!(
                 "pid {pid} runs, but {url}/healthz does not answer within {} s: is it hung? (or the pid was reused)",
                 HEALTH_WITHIN.as_secs()

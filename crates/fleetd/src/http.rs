@@ -603,13 +603,24 @@ async fn openapi() -> Response {
     axum::Json(crate::openapi::document(env!("CARGO_PKG_VERSION"))).into_response()
 }
 
+/// `GET /healthz`: 200 while the gateway can really serve (every core loop alive and turning,
+/// the store taking writes), else 503 naming what is wrong (see [`crate::health`]).
 async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
-    axum::Json(json!({
-        "status": "ok",
+    let problems = gateway.problems();
+    let (status, said) = if problems.is_empty() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy")
+    };
+    let mut body = json!({
+        "status": said,
         "host_id": gateway.host_id(),
         "version": env!("CARGO_PKG_VERSION"),
-    }))
-    .into_response()
+    });
+    if !problems.is_empty() {
+        body["problems"] = json!(problems);
+    }
+    (status, axum::Json(body)).into_response()
 }
 
 /// Holds each MCP session to the token that opened it, and its token to its cap: a request on

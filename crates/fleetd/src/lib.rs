@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod doctor;
 pub mod gateway;
+pub mod health;
 pub mod http;
 pub mod identity;
 pub mod launch;

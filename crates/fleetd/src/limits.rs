@@ -364,9 +364,12 @@ mod tests {
         drop(listening);
         assert_eq!(lock(&ledger.sessions).0[&id].open, 1);
         drop(busy);
-        let held = &lock(&ledger.sessions).0[&id];
-        assert_eq!(held.open, 0);
-        assert!(held.last_used > 0, "the end of a request is a use");
+        let (open, last_used) = {
+            let sessions = lock(&ledger.sessions);
+            (sessions.0[&id].open, sessions.0[&id].last_used)
+        };
+        assert_eq!(open, 0);
+        assert!(last_used > 0, "the end of a request is a use");
         // One the ledger never saw is the session manager's to refuse.
         assert!(ledger.using(theirs, "unknown".into(), true).is_ok());
     }

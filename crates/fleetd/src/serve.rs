@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::authority::{AllowedHosts, Authority};
 use crate::config::{CLAUDE_CREDENTIALS, Config};
 use crate::gateway::{Coordinator, Federation, Gateway, Parts, Workdirs};
+use crate::health::{FAULT_VAR, Fault, Health};
 use crate::http::{CallerCaps, app};
 use crate::identity::GatewayKey;
 use crate::launch::{HostFacts, Launchers};
@@ -168,6 +169,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         listen,
         notify: manager,
     } = options;
+    crate::logs::allow_text(config.gateway.log_text);
     let fleetd_env = |key: &str| std::env::var(key).ok();
     config
         .check_logins(&fleetd_env)
@@ -323,6 +325,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             federation,
             coordinator,
             workdirs,
+            health: Health::new(std::env::var(FAULT_VAR).ok().and_then(|f| Fault::parse(&f))),
         },
         shutdown.child_token(),
     );

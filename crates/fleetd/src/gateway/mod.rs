@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::health::{Health, STORE_PROBE_EVERY};
 use crate::launch::Launchers;
 use crate::metrics::Metrics;
 
@@ -96,6 +97,8 @@ pub struct Gateway {
     metrics: Metrics,
     /// Stores messages, many callers' in one transaction when they come together.
     commits: commits::Commits,
+    /// Whether its loops and its store are alive, for `/healthz`.
+    health: Arc<Health>,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -119,6 +122,8 @@ pub struct Parts {
     pub coordinator: Option<Coordinator>,
     /// Where workers may work.
     pub workdirs: Workdirs,
+    /// What its loops and the store probe report to.
+    pub health: Arc<Health>,
 }
 
 impl Gateway {
@@ -150,6 +155,7 @@ impl Gateway {
             coordinator: parts.coordinator,
             workdirs: parts.workdirs,
             metrics: Metrics::new(),
+            health: parts.health,
         })
     }
 
@@ -174,47 +180,91 @@ impl Gateway {
         self.start_coordinator().await?;
         self.recover().await?;
         self.every(
+            "pane watch",
             watch::PANE_WATCH_INTERVAL,
             HashSet::new(),
             |g, statusless| Box::pin(g.check_panes(statusless)),
         );
-        self.every(dialogs::DIALOG_LOOK, HashMap::new(), |g, seen| {
+        self.every("dialog", dialogs::DIALOG_LOOK, HashMap::new(), |g, seen| {
             Box::pin(g.look_for_dialogs(seen))
         });
-        self.every(stall::STALL_LOOK, HashMap::new(), |g, seen| {
+        self.every("stall", stall::STALL_LOOK, HashMap::new(), |g, seen| {
             Box::pin(g.look_for_stalls(seen))
         });
-        self.every(prune::PRUNE_INTERVAL, (), |g, ()| Box::pin(g.prune()));
+        self.every("prune", prune::PRUNE_INTERVAL, (), |g, ()| {
+            Box::pin(g.prune())
+        });
         nudge::start(self);
-        self.every(lifecycle::LIFECYCLE_TICK, (), |g, ()| {
+        self.every("lifecycle", lifecycle::LIFECYCLE_TICK, (), |g, ()| {
             Box::pin(g.check_lifecycles())
+        });
+        self.every("store probe", STORE_PROBE_EVERY, (), |g, ()| {
+            Box::pin(g.probe_store())
         });
         Ok(())
     }
 
     /// Runs `tick` (with its own `state`) every `interval` until shutdown, on the gateway's
-    /// task set; a tick that runs long delays the next one rather than bunching them.
-    fn every<S, F>(self: &Arc<Self>, interval: Duration, mut state: S, tick: F)
+    /// task set, watched as the loop `name` (see [`Health`]); a tick that runs long delays the
+    /// next one rather than bunching them.
+    fn every<S, F>(self: &Arc<Self>, name: &str, interval: Duration, mut state: S, tick: F)
     where
         S: Send + 'static,
         F: for<'a> Fn(&'a Arc<Gateway>, &'a mut S) -> BoxFuture<'a, ()> + Send + 'static,
     {
         let gateway = Arc::clone(self);
+        let watched = self.health.watch(name, Some(interval));
         self.tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = ticker.tick() => tick(&gateway, &mut state).await,
-                    () = gateway.shutdown.cancelled() => return,
+                    _ = ticker.tick() => {
+                        watched.beat();
+                        tick(&gateway, &mut state).await;
+                    }
+                    () = gateway.shutdown.cancelled() => return watched.ended(),
                 }
             }
         });
     }
 
+    /// Runs `work`, a loop that lasts until shutdown, on the gateway's task set, watched as the
+    /// loop `name`: if it ends otherwise (a panic), the gateway is unhealthy.
+    fn run_watched<F>(self: &Arc<Self>, name: &str, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let watched = self.health.watch(name, None);
+        self.tasks.spawn(async move {
+            work.await;
+            watched.ended();
+        });
+    }
+
+    /// One look at whether the store takes writes, for [`Health`]: a write that changes nothing,
+    /// which must answer within [`STORE_PROBE_LIMIT`].
+    async fn probe_store(&self) {
+        let probed = tokio::time::timeout(STORE_PROBE_LIMIT, self.db(|s| s.probe_write())).await;
+        self.health.store_probed(match probed {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.message),
+            Err(_) => Err(format!(
+                "a write did not answer within {} s",
+                STORE_PROBE_LIMIT.as_secs()
+            )),
+        });
+    }
+
+    /// Whether the gateway can serve now: what is wrong with it, if anything (see [`Health`]).
+    pub fn problems(&self) -> Vec<String> {
+        self.health.problems()
+    }
+
     /// Shuts down: stops the loops, ends every live session (closing its pane and telling the
     /// senders of what was on its way), and waits for the loops to finish. Held messages stay.
     pub async fn shut_down(self: &Arc<Self>) {
+        self.health.stopping();
         self.shutdown.cancel();
         let live: Vec<Gid> = self
             .lock()
@@ -393,6 +443,10 @@ pub fn broker_settings(
 ) -> fleet_amqp::LinkSettings {
     federation::link_settings(broker, federation)
 }
+
+/// How long the store's write probe may take before the store counts as not answering: far
+/// longer than any write takes, and than the store's own wait for its lock.
+const STORE_PROBE_LIMIT: Duration = Duration::from_secs(10);
 
 /// Maps a store failure onto the domain error.
 fn store_error(err: StoreError) -> FleetError {

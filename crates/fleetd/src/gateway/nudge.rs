@@ -91,9 +91,10 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
             .find(|l| &l.entity.name == name)
             .map(|l| l.entity.gid);
         if let Some(gid) = gid {
-            let (gateway, lead) = (Arc::clone(gateway), lead.clone());
-            let tasks = gateway.tasks.clone();
-            tasks.spawn(async move { gateway.nudge_loop(gid, lead).await });
+            let (looping, lead) = (Arc::clone(gateway), lead.clone());
+            gateway.run_watched(&format!("nudge of {name}"), async move {
+                looping.nudge_loop(gid, lead).await
+            });
         }
     }
 }

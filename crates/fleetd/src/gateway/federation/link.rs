@@ -158,10 +158,9 @@ impl Gateway {
             }
         }
         let gateway = Arc::clone(self);
-        self.tasks.spawn(async move { gateway.keep_link().await });
+        self.run_watched("broker link", async move { gateway.keep_link().await });
         let gateway = Arc::clone(self);
-        self.tasks
-            .spawn(async move { gateway.presence_loop().await });
+        self.run_watched("presence", async move { gateway.presence_loop().await });
         Ok(())
     }
 

@@ -145,6 +145,7 @@ async fn harness(max_held: usize) -> Harness {
         federation: Some(federation),
         coordinator: None,
         workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
+        health: crate::health::Health::new(None),
     };
     let gateway = Gateway::new(
         Arc::new(config),
