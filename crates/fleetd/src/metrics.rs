@@ -98,6 +98,32 @@ impl InjectEnd {
     }
 }
 
+/// Why the listener closed a connection (or refused one), as a label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Why {
+    why: &'static str,
+}
+
+/// What the listener has done since start (see [`crate::listener::ListenerStats`]), taken at a
+/// scrape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionFigures {
+    /// Connections held now.
+    pub open: u64,
+    /// Connections taken in.
+    pub accepted: u64,
+    /// Closed: the first request's head did not come in time.
+    pub header_timeouts: u64,
+    /// Closed: idle between requests, or a later head too slow.
+    pub idle_timeouts: u64,
+    /// Closed to make room for a newer connection.
+    pub evicted: u64,
+    /// Refused `503`: every connection held had authenticated.
+    pub refused: u64,
+    /// Accepts that failed.
+    pub accept_errors: u64,
+}
+
 /// What the gauges show, taken at a scrape.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -109,6 +135,8 @@ pub struct Snapshot {
     pub waiting: Vec<(String, String, i64)>,
     /// Gateways up: this one and those the roster hears from.
     pub hosts_up: i64,
+    /// What the listener has done.
+    pub connections: ConnectionFigures,
 }
 
 /// The metrics of one gateway.
@@ -127,6 +155,14 @@ pub struct Metrics {
     hosts_up: Gauge,
     /// Log lines lost (stderr gone): follows [`crate::logs::write_failures`] at each scrape.
     log_write_failures: Counter,
+    /// Connections held now.
+    connections_open: Gauge,
+    /// Connections taken in (follows the listener's count).
+    connections_accepted: Counter,
+    /// Connections the listener closed or refused, by why (follow its counts).
+    connections_ended: Family<Why, Counter>,
+    /// Failed accepts (follows the listener's count).
+    accept_errors: Counter,
     /// One scrape sets the gauges and encodes at a time.
     scrape: Mutex<()>,
 }
@@ -161,6 +197,10 @@ impl Metrics {
             waiting: Family::default(),
             hosts_up: Gauge::default(),
             log_write_failures: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connections_ended: Family::default(),
+            accept_errors: Counter::default(),
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -226,6 +266,26 @@ impl Metrics {
             "Log lines fleetd could not write (its stderr gone): dropped, never fatal",
             metrics.log_write_failures.clone(),
         );
+        registry.register(
+            "connections_open",
+            "HTTP connections held now",
+            metrics.connections_open.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "HTTP connections taken in",
+            metrics.connections_accepted.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "HTTP connections the listener closed (header or idle timeout, evicted for a newer one) or refused (503, every one held authenticated), by why",
+            metrics.connections_ended.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Accepts that failed (out of descriptors): the listener backs off",
+            metrics.accept_errors.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -288,12 +348,19 @@ impl Metrics {
         self.nudges.get_or_create(&Nudged { role }).inc();
     }
 
-    /// Brings the log write failures counter up to `lost`, the process's count (a counter only
-    /// goes up: a count below what it shows changes nothing).
-    fn follow_log_failures(&self, lost: u64) {
-        let shown = self.log_write_failures.get();
-        if lost > shown {
-            self.log_write_failures.inc_by(lost - shown);
+    /// Brings the connection figures up to `figures`.
+    fn follow_connections(&self, figures: &ConnectionFigures) {
+        self.connections_open
+            .set(i64::try_from(figures.open).unwrap_or(i64::MAX));
+        follow(&self.connections_accepted, figures.accepted);
+        follow(&self.accept_errors, figures.accept_errors);
+        for (why, count) in [
+            ("header_timeout", figures.header_timeouts),
+            ("idle_timeout", figures.idle_timeouts),
+            ("evicted", figures.evicted),
+            ("refused", figures.refused),
+        ] {
+            follow(&self.connections_ended.get_or_create(&Why { why }), count);
         }
     }
 
@@ -327,10 +394,20 @@ impl Metrics {
                 .set(*count);
         }
         self.hosts_up.set(snapshot.hosts_up);
-        self.follow_log_failures(crate::logs::write_failures());
+        follow(&self.log_write_failures, crate::logs::write_failures());
+        self.follow_connections(&snapshot.connections);
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+/// Brings `counter` up to `count`, a count kept elsewhere (a counter only goes up: a count
+/// below what it shows changes nothing).
+fn follow(counter: &Counter, count: u64) {
+    let shown = counter.get();
+    if count > shown {
+        counter.inc_by(count - shown);
     }
 }
 
@@ -352,6 +429,15 @@ mod tests {
             messages: vec![("SEND".into(), "injected".into(), 3)],
             waiting: vec![("alice".into(), "held".into(), 1)],
             hosts_up: 1,
+            connections: ConnectionFigures {
+                open: 3,
+                accepted: 40,
+                header_timeouts: 5,
+                idle_timeouts: 6,
+                evicted: 7,
+                refused: 8,
+                accept_errors: 9,
+            },
         };
         let text = metrics.render(&snapshot).unwrap();
         for line in [
@@ -371,6 +457,13 @@ mod tests {
             "fleetd_hosts_up 1",
             "# TYPE fleetd_log_write_failures counter",
             "fleetd_log_write_failures_total ",
+            "fleetd_connections_open 3",
+            "fleetd_connections_accepted_total 40",
+            "fleetd_connections_closed_total{why=\"header_timeout\"} 5",
+            "fleetd_connections_closed_total{why=\"idle_timeout\"} 6",
+            "fleetd_connections_closed_total{why=\"evicted\"} 7",
+            "fleetd_connections_closed_total{why=\"refused\"} 8",
+            "fleetd_accept_errors_total 9",
         ] {
             assert!(text.contains(line), "no {line:?} in\n{text}");
         }
@@ -383,9 +476,9 @@ mod tests {
     #[test]
     fn lost_log_lines_are_counted_up_to_the_process_count() {
         let metrics = Metrics::new();
-        metrics.follow_log_failures(3);
-        metrics.follow_log_failures(5);
-        metrics.follow_log_failures(4);
+        follow(&metrics.log_write_failures, 3);
+        follow(&metrics.log_write_failures, 5);
+        follow(&metrics.log_write_failures, 4);
         assert_eq!(metrics.log_write_failures.get(), 5);
         let text = metrics.render(&Snapshot::default()).unwrap();
         // At least the 5 seen here (the process's own count may be higher: other tests log).

@@ -326,6 +326,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             coordinator,
             workdirs,
             health: Health::new(std::env::var(FAULT_VAR).ok().and_then(|f| Fault::parse(&f))),
+            listener: Arc::clone(&stats),
         },
         shutdown.child_token(),
     );

@@ -47,6 +47,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::health::{Health, STORE_PROBE_EVERY};
 use crate::launch::Launchers;
+use crate::listener::ListenerStats;
 use crate::metrics::Metrics;
 
 pub use consult::{ConsultRequest, ConsultResult};
@@ -99,6 +100,8 @@ pub struct Gateway {
     commits: commits::Commits,
     /// Whether its loops and its store are alive, for `/healthz`.
     health: Arc<Health>,
+    /// What the HTTP listener in front of it has done, for `/metrics`.
+    listener: Arc<ListenerStats>,
 }
 
 /// The caller of a tool, as its bearer token resolved it.
@@ -124,6 +127,8 @@ pub struct Parts {
     pub workdirs: Workdirs,
     /// What its loops and the store probe report to.
     pub health: Arc<Health>,
+    /// What the HTTP listener in front of it counts.
+    pub listener: Arc<ListenerStats>,
 }
 
 impl Gateway {
@@ -156,6 +161,7 @@ impl Gateway {
             workdirs: parts.workdirs,
             metrics: Metrics::new(),
             health: parts.health,
+            listener: parts.listener,
         })
     }
 

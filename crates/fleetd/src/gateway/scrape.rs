@@ -82,6 +82,7 @@ impl Gateway {
             messages,
             waiting,
             hosts_up,
+            connections: self.listener.figures(),
         })
     }
 }

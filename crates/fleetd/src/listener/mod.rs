@@ -72,6 +72,20 @@ impl ListenerStats {
     fn count(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// The figures now, for `/metrics`.
+    pub fn figures(&self) -> crate::metrics::ConnectionFigures {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        crate::metrics::ConnectionFigures {
+            open: read(&self.open),
+            accepted: read(&self.accepted),
+            header_timeouts: read(&self.header_timeouts),
+            idle_timeouts: read(&self.idle_timeouts),
+            evicted: read(&self.evicted),
+            refused: read(&self.refused),
+            accept_errors: read(&self.accept_errors),
+        }
+    }
 }
 
 /// The shared state of one connection, as the requests on it see it (in their extensions):
@@ -306,7 +320,12 @@ impl Connection {
                 done = serving.as_mut() => {
                     if let Err(e) = done {
                         if e.is_timeout() {
-                            ListenerStats::count(&stats.idle_timeouts);
+                            // hyper's timer: before any request, it was the first head's.
+                            ListenerStats::count(if conn.started() {
+                                &stats.idle_timeouts
+                            } else {
+                                &stats.header_timeouts
+                            });
                         } else {
                             tracing::debug!(error = %e, "a connection ended in error");
                         }

@@ -146,6 +146,7 @@ async fn harness(max_held: usize) -> Harness {
         coordinator: None,
         workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
         health: crate::health::Health::new(None),
+        listener: Arc::default(),
     };
     let gateway = Gateway::new(
         Arc::new(config),
