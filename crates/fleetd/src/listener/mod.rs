@@ -125,6 +125,12 @@ impl Conn {
     fn started(&self) -> bool {
         self.0.started.load(Ordering::Relaxed)
     }
+
+    /// The connection closed: its place is free (it was already, if it was evicted).
+    fn closed(&self, stats: &ListenerStats) {
+        lock(&self.0.table).closed(self.0.id);
+        stats.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The raised soft open-file limit (`None`: unlimited): fleetd takes all the hard limit allows,
@@ -296,14 +302,40 @@ struct Connection {
 
 impl Connection {
     async fn run(self, stream: TcpStream) {
+        let deadline = tokio::time::Instant::now() + self.header_timeout;
+        // Until the client sends something, the connection is only its socket and this small
+        // wait: hyper, its buffers and its state come with the first bytes, so a flood of
+        // silent connections costs little.
+        let mut first_byte = [0u8; 1];
+        tokio::select! {
+            // A peek, not `readable()`, which may answer at once for a socket that has nothing.
+            sent = stream.peek(&mut first_byte) => {
+                if !matches!(sent, Ok(1)) {
+                    return self.conn.closed(&self.stats);
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                ListenerStats::count(&self.stats.header_timeouts);
+                return self.conn.closed(&self.stats);
+            }
+            () = self.conn.0.evict.cancelled() => return self.conn.closed(&self.stats),
+            () = self.shutdown.cancelled() => return self.conn.closed(&self.stats),
+        }
+        Box::pin(self.serve(stream, deadline)).await;
+    }
+
+    /// Serves the connection's requests, its first head due by `deadline`.
+    async fn serve(self, stream: TcpStream, deadline: tokio::time::Instant) {
         let Connection {
             conn,
             router,
             http,
-            header_timeout,
+            header_timeout: _,
             stats,
             shutdown,
         } = self;
+        let first = tokio::time::sleep_until(deadline);
+        tokio::pin!(first);
         let on_request = conn.clone();
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             on_request.0.started.store(true, Ordering::Relaxed);
@@ -312,8 +344,6 @@ impl Connection {
         });
         let serving = http.serve_connection(TokioIo::new(stream), service);
         tokio::pin!(serving);
-        let first = tokio::time::sleep(header_timeout);
-        tokio::pin!(first);
         let mut draining = false;
         loop {
             tokio::select! {
@@ -345,8 +375,6 @@ impl Connection {
                 }
             }
         }
-        // Gone from the table already if it was evicted.
-        lock(&conn.0.table).closed(conn.0.id);
-        stats.open.fetch_sub(1, Ordering::Relaxed);
+        conn.closed(&stats);
     }
 }
