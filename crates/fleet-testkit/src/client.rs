@@ -18,6 +18,8 @@ pub enum Protocol {
     Stateless,
     /// The older session protocol (`initialize`, `Mcp-Session-Id`), pinned to 2025-06-18.
     Session,
+    /// The session protocol of 2025-11-25, whose broken streams resume (`Last-Event-ID`).
+    Resumable,
 }
 
 /// A tool call that came back as a tool error.
@@ -79,6 +81,12 @@ impl Client {
             Protocol::Session => {
                 ClientConfig::default()
                     .with_protocol_version(ProtocolVersion::V_2025_06_18)
+                    .serve(transport)
+                    .await?
+            }
+            Protocol::Resumable => {
+                ClientConfig::default()
+                    .with_protocol_version(ProtocolVersion::V_2025_11_25)
                     .serve(transport)
                     .await?
             }

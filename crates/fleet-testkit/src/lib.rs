@@ -11,6 +11,7 @@ pub mod herdr;
 pub mod inherit;
 pub mod keys;
 pub mod model;
+pub mod proxy;
 pub mod sim;
 pub mod standin;
 pub mod wait;

@@ -629,7 +629,7 @@ async fn healthz(State(gateway): State<Arc<Gateway>>) -> Response {
 /// has a call in flight, is closed again and answered 429.
 async fn cap_sessions(
     State(ledger): State<Arc<SessionLedger>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     let caller = req.extensions().get::<Caller>().map(|c| c.entity.clone());
@@ -647,6 +647,11 @@ async fn cap_sessions(
                 "no such MCP session: start a new one (initialize)".into(),
             );
         };
+        // The call holds the session busy as long as it runs (the MCP service keeps the
+        // request's parts, this among them, for the tool), and so does its answer's stream:
+        // a call whose connection dropped, to be resumed, is never closed for a new session.
+        let in_flight = Arc::new(in_flight);
+        req.extensions_mut().insert(Arc::clone(&in_flight));
         return holding(next.run(req).await, in_flight);
     }
     let opens = req.method() == Method::POST;

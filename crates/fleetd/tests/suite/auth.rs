@@ -516,3 +516,95 @@ async fn a_session_over_the_cap_closes_the_least_recently_used_idle_one_never_a_
     assert_eq!(stateless.names().await?, vec!["lead", "other"]);
     Ok(())
 }
+
+/// A long `fleet_send` survives its connection dropping: the client resumes the call's stream
+/// with `Last-Event-ID` (both session protocols) and gets the reply, given once; and while the
+/// call waits to be resumed, its session is busy: new sessions of the same token over the cap
+/// close an idle one, never it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_send_whose_connection_drops_resumes_and_gets_its_reply() -> anyhow::Result<()> {
+    for protocol in [Protocol::Session, Protocol::Resumable] {
+        let fleet = Fleet::start("max_sessions_per_token = 2", &sim_profile("sim", &[])?).await?;
+        let token = fleet.token("lead")?;
+        let upstream: std::net::SocketAddr = fleet.base().trim_start_matches("http://").parse()?;
+        let proxy = fleet_testkit::proxy::CutProxy::start(upstream).await?;
+        let url = format!("http://{}/mcp", proxy.addr());
+        // The proxy's port is none of the gateway's: the client names the gateway's own.
+        let host = format!("127.0.0.1:{}", upstream.port());
+        let lead =
+            std::sync::Arc::new(Client::connect(&url, &token, protocol, &[("host", &host)]).await?);
+        lead.spawn("sim", "w1").await?;
+        let sending = {
+            let lead = std::sync::Arc::clone(&lead);
+            tokio::spawn(async move {
+                lead.ok(
+                    "fleet_send",
+                    json!({"to": "w1", "message": "/slow 4000 after the drop", "wait_s": 30}),
+                )
+                .await
+            })
+        };
+        let watcher = fleet.lead("lead", Protocol::Stateless).await?;
+        until("w1 to be busy with the task", LIMIT, || async {
+            let w1 = watcher.entry("w1").await.ok()?;
+            (w1["status"] == "busy").then_some(())
+        })
+        .await?;
+        let http = reqwest::Client::new();
+        let open = || async {
+            let text = http
+                .get(format!("{}/metrics", fleet.base()))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("fleetd_connections_open "))
+                .and_then(|n| n.parse::<usize>().ok())
+        };
+        let before = open()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no connection count"))?;
+        // The network drops, and stays down a while.
+        proxy.pass(false);
+        let cut = proxy.cut();
+        assert!(cut >= 1, "the call's connection was not cut");
+        until("fleetd to see the connections gone", LIMIT, || async {
+            open().await.filter(|now| *now + cut <= before)
+        })
+        .await?;
+        // Meanwhile the same token opens two sessions more (the cap is 2): the idle one makes
+        // way for the second, never the one whose call waits to be resumed.
+        let bearer = format!("Bearer {token}");
+        for _ in 0..2 {
+            let (status, body) = post_mcp(&fleet, &[("authorization", &bearer)]).await?;
+            assert_eq!(status, 200, "{protocol:?}: {body}");
+        }
+        proxy.pass(true);
+        let sent = tokio::time::timeout(LIMIT * 2, sending).await???;
+        assert_eq!(sent["status"], "replied", "{protocol:?}: {sent}");
+        assert!(
+            sent["reply"]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("after the drop"),
+            "{protocol:?}: {sent}"
+        );
+        // Resumed, not sent again: w1 was given the task once.
+        let tasks: Value = http
+            .get(format!("{}/api/v1/messages?to=w1", fleet.base()))
+            .bearer_auth(&token)
+            .send()
+            .await?
+            .json()
+            .await?;
+        let sends = tasks["messages"]
+            .as_array()
+            .map_or(0, |all| all.iter().filter(|m| m["kind"] == "SEND").count());
+        assert_eq!(sends, 1, "{protocol:?}: {tasks}");
+    }
+    Ok(())
+}
