@@ -12,19 +12,10 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 /// A minimal MCP POST (the older protocol's `initialize`), enough to reach the guard layers.
 async fn post_mcp(fleet: &Fleet, headers: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
-    let mut request = reqwest::Client::new()
-        .post(fleet.url())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
-    let response = request.json(&body).send().await?;
-    let status = response.status().as_u16();
-    let value = response.json::<Value>().await.unwrap_or(Value::Null);
-    Ok((status, value))
+    let (status, _, text) = post_raw(fleet, headers, body).await?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,15 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// What `/healthz` answers now: its status and body.
+async fn health(fleet: &Fleet) -> Option<(u16, serde_json::Value)> {
+    let response = reqwest::get(format!("{}/healthz", fleet.base()))
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    Some((status, response.json().await.ok()?))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stderr_pipe_takes_nothing_down_and_ctrl_c_still_stops_it() -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
@@ -65,17 +74,10 @@ async fn a_dead_core_loop_makes_healthz_503_naming_it() -> anyhow::Result<()> {
     let fault = format!("panic:dialog@{}", trigger.display());
     let fleet =
         Fleet::start_with_env(dir.path(), "", "", &[("FLEETD_TEST_FAULT", Some(&fault))]).await?;
-    let health = || async {
-        let response = reqwest::get(format!("{}/healthz", fleet.base()))
-            .await
-            .ok()?;
-        let status = response.status().as_u16();
-        Some((status, response.json::<serde_json::Value>().await.ok()?))
-    };
-    assert_eq!(health().await.map(|h| h.0), Some(200));
+    assert_eq!(health(&fleet).await.map(|h| h.0), Some(200));
     std::fs::write(&trigger, "")?;
     let (status, said) = fleet_testkit::wait::until("healthz to turn 503", LIMIT, || async {
-        health().await.filter(|(status, _)| *status != 200)
+        health(&fleet).await.filter(|(status, _)| *status != 200)
     })
     .await?;
     assert_eq!(status, 503, "{said}");
@@ -102,17 +104,10 @@ async fn a_dead_core_loop_makes_healthz_503_naming_it() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_takes_no_writes_makes_healthz_503_until_it_does() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
-    let health = || async {
-        let response = reqwest::get(format!("{}/healthz", fleet.base()))
-            .await
-            .ok()?;
-        let status = response.status().as_u16();
-        Some((status, response.json::<serde_json::Value>().await.ok()?))
-    };
     let locker = rusqlite::Connection::open(fleet.state_dir().join("fleet.db"))?;
     locker.execute_batch("BEGIN EXCLUSIVE")?;
     let (_, said) = fleet_testkit::wait::until("healthz to turn 503", LIMIT, || async {
-        health().await.filter(|(status, _)| *status == 503)
+        health(&fleet).await.filter(|(status, _)| *status == 503)
     })
     .await?;
     let problems = said["problems"].to_string();
@@ -122,7 +117,7 @@ async fn a_store_that_takes_no_writes_makes_healthz_503_until_it_does() -> anyho
     );
     locker.execute_batch("COMMIT")?;
     fleet_testkit::wait::until("healthz to turn 200 again", LIMIT, || async {
-        health().await.filter(|(status, _)| *status == 200)
+        health(&fleet).await.filter(|(status, _)| *status == 200)
     })
     .await?;
     Ok(())
