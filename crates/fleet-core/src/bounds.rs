@@ -16,8 +16,6 @@ pub const HELD_KEY: &str = "gateway.max_held_per_recipient";
 pub const LONG_CALLS_KEY: &str = "gateway.max_long_calls_per_caller";
 /// The key of the cap on one token's live MCP sessions.
 pub const SESSIONS_KEY: &str = "gateway.max_sessions_per_token";
-/// The key of the cap on one token's open event streams.
-pub const STREAMS_KEY: &str = "gateway.max_streams_per_token";
 /// The key of the cap on the remote hosts the roster holds.
 pub const REMOTE_HOSTS_KEY: &str = "federation.max_remote_hosts";
 /// The key of the cap on the roster entries of one remote host.

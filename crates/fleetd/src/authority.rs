@@ -35,33 +35,8 @@ impl Authority {
     /// Parses `host[:port]` (IPv6 in brackets), the port `default` when it names none; `None`
     /// when it is not an authority.
     pub fn parse(text: &str, default: u16) -> Option<Self> {
-        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-            let (host, after) = rest.split_once(']')?;
-            if host.is_empty() || !host.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-                return None;
-            }
-            match after {
-                "" => (host, None),
-                _ => (host, Some(after.strip_prefix(':')?)),
-            }
-        } else {
-            match text.split_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (text, None),
-            }
-        };
-        let port = match port {
-            None => default,
-            Some(port) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-                port.parse().ok()?
-            }
-            Some(_) => return None,
-        };
-        let named = !host.is_empty()
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'));
-        named.then(|| Self::new(host, port))
+        let (host, port) = split_port(text)?;
+        Some(Self::new(host, port.unwrap_or(default)))
     }
 
     /// The authority of an `Origin` value (`scheme://host[:port]`, nothing after), with its
@@ -76,6 +51,38 @@ impl Authority {
     pub fn of_url(url: &url::Url) -> Option<Self> {
         Some(Self::new(url.host_str()?, url.port_or_known_default()?))
     }
+}
+
+/// Splits `host[:port]` (IPv6 in brackets) into a host and its port, if it names one; `None`
+/// when it is not an authority (a path, user info, spaces, a port that is not a number).
+fn split_port(text: &str) -> Option<(&str, Option<u16>)> {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        if host.is_empty() || !host.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+            return None;
+        }
+        match after {
+            "" => (host, None),
+            _ => (host, Some(after.strip_prefix(':')?)),
+        }
+    } else {
+        match text.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    let port = match port {
+        None => None,
+        Some(port) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(port.parse().ok()?)
+        }
+        Some(_) => return None,
+    };
+    let named = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'));
+    named.then_some((host, port))
 }
 
 /// The authorities requests to this gateway may name.
@@ -113,6 +120,21 @@ impl AllowedHosts {
         self.0.contains(authority)
     }
 
+    /// Whether a `Host` value names one of ours. A `Host` without a port names the default
+    /// port of the scheme the request came in on, which fleetd cannot see behind a TLS proxy:
+    /// it names ours if we have that host at port 80 or 443.
+    fn allows_host(&self, host: &str) -> Option<Authority> {
+        let (name, port) = split_port(host)?;
+        let ports: &[u16] = match port {
+            Some(port) => &[port],
+            None => &[80, 443],
+        };
+        ports
+            .iter()
+            .map(|port| Authority::new(name, *port))
+            .find(|authority| self.allows(authority))
+    }
+
     /// Checks a request's `Host` (absent: refused, as HTTP/1.1 requires one) and `Origin`
     /// (absent: not a browser's cross-site request), and whether it `changes` state.
     pub fn check(
@@ -122,8 +144,7 @@ impl AllowedHosts {
         changes: bool,
     ) -> Result<(), Refused> {
         let host = host
-            .and_then(|host| Authority::parse(host.trim(), 80))
-            .filter(|host| self.allows(host))
+            .and_then(|host| self.allows_host(host.trim()))
             .ok_or(Refused::Host)?;
         let Some(origin) = origin else {
             return Ok(());
@@ -161,6 +182,8 @@ mod tests {
             "LOCALHOST:8765",
             "[::1]:8765",
             "gateway.example:443",
+            // Behind a TLS proxy that keeps the Host: port 443, which fleetd cannot see.
+            "gateway.example",
             "[fe80::1]:9000",
         ] {
             assert_eq!(allowed.check(Some(ok), None, true), Ok(()), "{ok}");
@@ -177,7 +200,7 @@ mod tests {
             "evil.example",
             "127.0.0.2:8765",
             "localhost.evil.example:8765",
-            "gateway.example",
+            "gateway.example:80",
             "[::1]",
             "[::1]8765",
             "[fe80::1]:8765",

@@ -41,9 +41,18 @@ pub enum StoreFacts {
         /// When.
         at: Instant,
     },
-    /// The last probe failed, saying why.
-    Failed(String),
+    /// The last probes failed, `in_a_row` of them, the last saying why.
+    Failed {
+        /// Why the last failed.
+        why: String,
+        /// How many failed in a row.
+        in_a_row: u32,
+    },
 }
+
+/// How many probes in a row must fail before the store counts as taking no writes: one may meet
+/// a long write holding the lock past the store's own wait.
+pub const STORE_FAILURES: u32 = 2;
 
 /// How often the store's write probe runs.
 pub const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
@@ -68,7 +77,9 @@ pub fn judge(now: Instant, loops: &BTreeMap<String, LoopFacts>, store: &StoreFac
     let probe_late =
         |since: Instant| now.saturating_duration_since(since) > STORE_PROBE_EVERY + STUCK_GRACE;
     match store {
-        StoreFacts::Failed(why) => problems.push(format!("the store takes no writes: {why}")),
+        StoreFacts::Failed { why, in_a_row } if *in_a_row >= STORE_FAILURES => {
+            problems.push(format!("the store takes no writes: {why}"));
+        }
         StoreFacts::Wrote { at } if probe_late(*at) => problems.push(format!(
             "the store has not answered a write for {} s",
             now.saturating_duration_since(*at).as_secs()
@@ -163,9 +174,14 @@ impl Health {
 
     /// What the store's write probe found.
     pub fn store_probed(&self, outcome: Result<(), String>) {
-        *lock(&self.store) = match outcome {
-            Ok(()) => StoreFacts::Wrote { at: Instant::now() },
-            Err(why) => StoreFacts::Failed(why),
+        let mut store = lock(&self.store);
+        *store = match (outcome, &*store) {
+            (Ok(()), _) => StoreFacts::Wrote { at: Instant::now() },
+            (Err(why), StoreFacts::Failed { in_a_row, .. }) => StoreFacts::Failed {
+                why,
+                in_a_row: in_a_row.saturating_add(1),
+            },
+            (Err(why), _) => StoreFacts::Failed { why, in_a_row: 1 },
         };
     }
 
@@ -244,6 +260,12 @@ mod tests {
             at: now - Duration::from_secs(4),
         };
         assert_eq!(judge(now, &loops, &wrote), Vec::<String>::new());
+        // One failed probe is not yet a store that takes no writes.
+        let once = StoreFacts::Failed {
+            why: "database is locked".into(),
+            in_a_row: 1,
+        };
+        assert_eq!(judge(now, &loops, &once), Vec::<String>::new());
         let starting = StoreFacts::Unprobed {
             since: now - Duration::from_secs(1),
         };
@@ -258,7 +280,10 @@ mod tests {
             ("pane watch".to_string(), facts(Some(200), 31, false, now)),
             ("roster".to_string(), facts(None, 1, true, now)),
         ]);
-        let failed = StoreFacts::Failed("disk I/O error".into());
+        let failed = StoreFacts::Failed {
+            why: "disk I/O error".into(),
+            in_a_row: 2,
+        };
         assert_eq!(
             judge(now, &loops, &failed),
             [
@@ -282,6 +307,21 @@ mod tests {
             judge(now, &BTreeMap::new(), &never),
             ["the store has not answered a write since fleetd started"]
         );
+    }
+
+    #[test]
+    fn store_probes_count_their_failures_in_a_row() {
+        let health = Health::new(None);
+        health.store_probed(Err("locked".into()));
+        assert_eq!(health.problems(), Vec::<String>::new());
+        health.store_probed(Err("still locked".into()));
+        assert_eq!(
+            health.problems(),
+            ["the store takes no writes: still locked"]
+        );
+        health.store_probed(Ok(()));
+        health.store_probed(Err("locked".into()));
+        assert_eq!(health.problems(), Vec::<String>::new());
     }
 
     #[test]

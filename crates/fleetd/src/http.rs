@@ -25,7 +25,8 @@ use tracing::Instrument;
 
 use crate::authority::{AllowedHosts, Refused};
 use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget, Viewer};
-use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash};
+use crate::held::holding;
+use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash, is_a_call};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
@@ -418,10 +419,7 @@ async fn api_events(
         Ok(query) => query,
         Err(rejected) => return bad_query(&rejected),
     };
-    let slot = match ops.streams.take(token) {
-        Ok(slot) => slot,
-        Err(e) => return answered::<()>(Err(e)),
-    };
+    let slot = ops.streams.take(token);
     let gateway = Arc::clone(&ops.gateway);
     let last = match gateway.feed_start().await {
         Ok(last) => last,
@@ -450,11 +448,13 @@ async fn api_events(
             Some((Ok::<_, std::convert::Infallible>(next), feed))
         }
     });
+    let cut = slot.ended.clone();
     holding(
         Sse::new(stream)
             .keep_alive(KeepAlive::default())
             .into_response(),
         slot,
+        Some(cut),
     )
 }
 
@@ -638,7 +638,10 @@ async fn cap_sessions(
     };
     if let Some(id) = header_text(req.headers(), HEADER_SESSION_ID) {
         // A call, or a broken call's stream resumed; not a client merely listening.
-        let busy = req.method() == Method::POST || req.headers().contains_key("last-event-id");
+        let busy = is_a_call(
+            req.method() == Method::POST,
+            header_text(req.headers(), "last-event-id"),
+        );
         let Ok(in_flight) = ledger.using(token, id.into(), busy) else {
             tracing::warn!(gid = %caller.gid, name = %caller.name, "REFUSED a request on an MCP session another token opened");
             return refuse(
@@ -652,7 +655,7 @@ async fn cap_sessions(
         // a call whose connection dropped, to be resumed, is never closed for a new session.
         let in_flight = Arc::new(in_flight);
         req.extensions_mut().insert(Arc::clone(&in_flight));
-        return holding(next.run(req).await, in_flight);
+        return holding(next.run(req).await, in_flight, None);
     }
     let opens = req.method() == Method::POST;
     let response = next.run(req).await;
@@ -679,27 +682,26 @@ async fn cap_sessions(
     }
 }
 
-/// Holds each token to its cap of event streams: MCP's GET stream (a listening stream, or a
-/// broken call's resumed) takes a place while it is open.
+/// Holds each token to its cap of event streams: MCP's listening GET stream takes a place
+/// while it is open (a token over its cap ends its oldest). A GET resuming a call's own stream
+/// is that call's answer, not a stream to cap.
 async fn cap_streams(
     State(streams): State<Arc<StreamSlots>>,
     req: Request,
     next: Next,
 ) -> Response {
     let token = req.extensions().get::<TokenHash>().copied();
-    let (true, Some(token)) = (req.method() == Method::GET, token) else {
+    let resumes_a_call = is_a_call(false, header_text(req.headers(), "last-event-id"));
+    let (true, false, Some(token)) = (req.method() == Method::GET, resumes_a_call, token) else {
         return next.run(req).await;
     };
-    match streams.take(token) {
-        Ok(slot) => {
-            let response = next.run(req).await;
-            if is_event_stream(&response) {
-                holding(response, slot)
-            } else {
-                response
-            }
-        }
-        Err(e) => refuse(status_of(e.code), e.code.as_str(), e.message),
+    let slot = streams.take(token);
+    let response = next.run(req).await;
+    if is_event_stream(&response) {
+        let cut = slot.ended.clone();
+        holding(response, slot, Some(cut))
+    } else {
+        response
     }
 }
 
@@ -707,46 +709,6 @@ async fn cap_streams(
 fn is_event_stream(response: &Response) -> bool {
     header_text(response.headers(), header::CONTENT_TYPE.as_str())
         .is_some_and(|kind| kind.starts_with("text/event-stream"))
-}
-
-/// `response`, with `guard` kept alive as long as its body is: until the client has it all, or
-/// goes away.
-fn holding<G: Send + Unpin + 'static>(response: Response, guard: G) -> Response {
-    let (parts, body) = response.into_parts();
-    Response::from_parts(
-        parts,
-        axum::body::Body::new(Holding {
-            body,
-            _guard: guard,
-        }),
-    )
-}
-
-/// A body and what must live as long as it does.
-struct Holding<G> {
-    body: axum::body::Body,
-    _guard: G,
-}
-
-impl<G: Send + Unpin + 'static> http_body::Body for Holding<G> {
-    type Data = axum::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        // The body is Unpin (boxed), and so is this.
-        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
 }
 
 /// What one caller may hold open at once.

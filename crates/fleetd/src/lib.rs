@@ -8,6 +8,7 @@ pub mod config;
 pub mod doctor;
 pub mod gateway;
 pub mod health;
+pub mod held;
 pub mod http;
 pub mod identity;
 pub mod launch;

@@ -6,14 +6,15 @@
 //! session ends, and closes the sessions the rule names. It never refuses what it already let
 //! in, and it never closes a session with a call in flight.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fleet_core::bounds::{Full, LONG_CALLS_KEY, STREAMS_KEY, SessionUse, admit, sessions_to_close};
+use fleet_core::bounds::{Full, LONG_CALLS_KEY, SessionUse, admit, sessions_to_close};
 use fleet_core::{ErrorCode, FleetError, Gid};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
+use tokio_util::sync::CancellationToken;
 
 /// Places counted per key (a caller, a token), at most `cap` each.
 pub struct Slots<K: Hash + Eq + Clone> {
@@ -109,30 +110,84 @@ impl CallSlots {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TokenHash(pub [u8; 32]);
 
-/// The event streams (`/api/v1/events`, MCP's GET stream) each token holds open.
-pub struct StreamSlots(Arc<Slots<TokenHash>>);
+/// The event streams (`/api/v1/events`, MCP's listening GET stream) each token holds open, at
+/// most `cap` each: one more ends the token's oldest, which may well be a stream whose client
+/// is gone (a closed laptop's), and a client whose stream ended opens another.
+pub struct StreamSlots {
+    /// The most one token may hold.
+    cap: usize,
+    /// Each token's open streams, oldest first, with what ends each; and the next number.
+    open: Mutex<(HashMap<TokenHash, OpenStreams>, u64)>,
+}
 
-/// One open stream's place, given back when the stream closes.
-pub type StreamSlot = Slot<TokenHash>;
+/// One token's open streams, oldest first: each one's number, and what ends it.
+type OpenStreams = VecDeque<(u64, CancellationToken)>;
+
+/// One open stream's place: its stream ends when `ended` is cancelled (a newer stream of its
+/// token took its place); given back when dropped.
+pub struct StreamSlot {
+    slots: Arc<StreamSlots>,
+    token: TokenHash,
+    id: u64,
+    /// Cancelled when the stream must end.
+    pub ended: CancellationToken,
+}
 
 impl StreamSlots {
-    /// Slots for at most `cap` streams per token.
+    /// Slots for at most `cap` streams per token (at least one).
     pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Self(Slots::with(cap, STREAMS_KEY)))
-    }
-
-    /// A place for one more stream of `token`, or `too_many` naming the cap.
-    pub fn take(&self, token: TokenHash) -> Result<StreamSlot, FleetError> {
-        self.0.take(token).map_err(|full| {
-            FleetError::new(
-                ErrorCode::TooMany,
-                format!(
-                    "this token already holds {} open event streams, the most allowed ({full}): close one (a browser tab of the web view, a client's listening stream)",
-                    full.count
-                ),
-            )
+        Arc::new(Self {
+            cap: cap.max(1),
+            open: Mutex::new((HashMap::new(), 0)),
         })
     }
+
+    /// A place for one more stream of `token`, ending the token's oldest if it holds the cap.
+    pub fn take(self: &Arc<Self>, token: TokenHash) -> StreamSlot {
+        let mut open = lock(&self.open);
+        let (streams, next) = &mut *open;
+        let id = *next;
+        *next += 1;
+        let held = streams.entry(token).or_default();
+        while held.len() >= self.cap {
+            if let Some((_, oldest)) = held.pop_front() {
+                oldest.cancel();
+            }
+        }
+        let ended = CancellationToken::new();
+        held.push_back((id, ended.clone()));
+        StreamSlot {
+            slots: Arc::clone(self),
+            token,
+            id,
+            ended,
+        }
+    }
+
+    #[cfg(test)]
+    fn held(&self, token: &TokenHash) -> usize {
+        lock(&self.open).0.get(token).map_or(0, VecDeque::len)
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = lock(&self.slots.open);
+        if let Some(held) = open.0.get_mut(&self.token) {
+            held.retain(|(id, _)| *id != self.id);
+            if held.is_empty() {
+                open.0.remove(&self.token);
+            }
+        }
+    }
+}
+
+/// Whether a request on an MCP session is a call in flight (the session is busy while it
+/// lasts): a POST, or a GET resuming a call's own stream — its `Last-Event-ID` names the call's
+/// request (`index/request`); one naming only an index resumes the session's listening stream,
+/// which a merely listening client holds open.
+pub fn is_a_call(post: bool, last_event_id: Option<&str>) -> bool {
+    post || last_event_id.is_some_and(|id| id.trim().contains('/'))
 }
 
 /// A live MCP session as the ledger knows it.
@@ -141,8 +196,10 @@ struct Held {
     token: TokenHash,
     /// When it was last used (the ledger's own clock).
     last_used: u64,
-    /// Requests on it not yet answered in full (an open stream among them).
+    /// Calls in flight on it (see [`is_a_call`]).
     open: usize,
+    /// It is being closed to make room: no request may start on it.
+    closing: bool,
 }
 
 /// The live MCP sessions opened with each token (a token, not its entity: a recycled worker's
@@ -183,7 +240,8 @@ impl Drop for InFlight {
     }
 }
 
-/// Why a request may not use the session it names.
+/// Why a request may not use the session it names: another token opened it, or it is being
+/// closed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NotYours;
 
@@ -213,7 +271,8 @@ impl SessionLedger {
         let (held, clock) = &mut *sessions;
         *clock += 1;
         if let Some(session) = held.get_mut(&id) {
-            if session.token != token {
+            // Another token's, or one being closed (a call started now would be cut).
+            if session.token != token || session.closing {
                 return Err(NotYours);
             }
             session.open += usize::from(busy);
@@ -246,8 +305,10 @@ impl SessionLedger {
             for gone in &ended {
                 held.remove(gone);
             }
-            let mine: Vec<(&SessionId, &Held)> =
-                held.iter().filter(|(_, s)| s.token == token).collect();
+            let mine: Vec<(&SessionId, &Held)> = held
+                .iter()
+                .filter(|(_, s)| s.token == token && !s.closing)
+                .collect();
             let uses: Vec<SessionUse> = mine
                 .iter()
                 .map(|(_, s)| SessionUse {
@@ -259,8 +320,10 @@ impl SessionLedger {
                 Ok(close) => {
                     let close: Vec<SessionId> =
                         close.into_iter().map(|i| mine[i].0.clone()).collect();
-                    for closed in &close {
-                        held.remove(closed);
+                    for closing in &close {
+                        if let Some(session) = held.get_mut(closing) {
+                            session.closing = true;
+                        }
                     }
                     *clock += 1;
                     held.insert(
@@ -269,6 +332,7 @@ impl SessionLedger {
                             token,
                             last_used: *clock,
                             open: 0,
+                            closing: false,
                         },
                     );
                     Ok(close)
@@ -285,6 +349,7 @@ impl SessionLedger {
         };
         for closed in &close {
             self.close(closed).await;
+            lock(&self.sessions).0.remove(closed);
         }
         Ok(close.len())
     }
@@ -326,19 +391,39 @@ mod tests {
     }
 
     #[test]
-    fn a_token_holds_at_most_its_streams_and_a_closed_one_gives_its_place_back() {
-        let slots = StreamSlots::new(1);
+    fn a_token_over_its_streams_ends_its_oldest_and_a_closed_one_gives_its_place_back() {
+        let slots = StreamSlots::new(2);
         let (mine, theirs) = (TokenHash([1; 32]), TokenHash([2; 32]));
-        let open = slots.take(mine).unwrap();
-        let err = slots.take(mine).err().unwrap();
-        assert_eq!(err.code, ErrorCode::TooMany);
-        assert!(
-            err.message.contains("gateway.max_streams_per_token = 1"),
-            "{err}"
+        let first = slots.take(mine);
+        let second = slots.take(mine);
+        let third = slots.take(mine);
+        assert!(first.ended.is_cancelled(), "the oldest goes");
+        assert!(!second.ended.is_cancelled() && !third.ended.is_cancelled());
+        assert_eq!(slots.held(&mine), 2);
+        // Another token's streams are its own.
+        let other = slots.take(theirs);
+        assert!(!other.ended.is_cancelled() && !second.ended.is_cancelled());
+        drop(first);
+        assert_eq!(
+            slots.held(&mine),
+            2,
+            "an ended stream's place was given already"
         );
-        let _other = slots.take(theirs).unwrap();
-        drop(open);
-        assert!(slots.take(mine).is_ok());
+        drop(second);
+        assert_eq!(slots.held(&mine), 1);
+        let fourth = slots.take(mine);
+        assert!(!third.ended.is_cancelled() && !fourth.ended.is_cancelled());
+    }
+
+    #[test]
+    fn a_post_or_a_resumed_calls_stream_is_a_call_a_listening_stream_is_not() {
+        assert!(is_a_call(true, None));
+        assert!(is_a_call(false, Some("3/7")));
+        assert!(is_a_call(false, Some(" 0/\"abc\" ")));
+        // rmcp primes a listening stream with the event id 0: a reconnect names it.
+        assert!(!is_a_call(false, Some("0")));
+        assert!(!is_a_call(false, Some("12")));
+        assert!(!is_a_call(false, None));
     }
 
     #[test]
@@ -352,6 +437,7 @@ mod tests {
                 token: mine,
                 last_used: 0,
                 open: 0,
+                closing: false,
             },
         );
         let busy = ledger.using(mine, id.clone(), true).unwrap();
@@ -372,5 +458,11 @@ mod tests {
         assert!(last_used > 0, "the end of a request is a use");
         // One the ledger never saw is the session manager's to refuse.
         assert!(ledger.using(theirs, "unknown".into(), true).is_ok());
+        // One being closed takes no new request, even its owner's.
+        lock(&ledger.sessions).0.get_mut(&id).unwrap().closing = true;
+        assert!(matches!(
+            ledger.using(mine, id.clone(), true),
+            Err(NotYours)
+        ));
     }
 }

@@ -30,7 +30,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             // started one), so nothing reads the environment while it changes. Workers and tmux
             // must not inherit the service manager's socket.
             unsafe { std::env::remove_var(NOTIFY_SOCKET) };
-            fleetd::logs::init(args.log_json)?;
+            fleetd::logs::init(args.log_json)
+                .map_err(|e| anyhow::anyhow!("cannot set up the log: {e}"))?;
             let (config, state) = context(cli)?;
             let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -61,9 +62,16 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
     }
 }
 
+/// How long an exiting fleetd waits for its last log lines to be written (a stderr that takes
+/// nothing does not hold the exit).
+const LAST_LINES_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
+    let ran = run(&cli);
+    // The log's last lines (a serving gateway's), before the process goes.
+    fleetd::logs::flush(LAST_LINES_WITHIN);
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Not `eprintln!`, which panics when stderr is gone (its reader died): the exit

@@ -116,6 +116,8 @@ pub struct ConnectionFigures {
     pub header_timeouts: u64,
     /// Closed: idle between requests, or a later head too slow.
     pub idle_timeouts: u64,
+    /// Closed: not authenticated within its lifetime.
+    pub stranger_timeouts: u64,
     /// Closed to make room for a newer connection.
     pub evicted: u64,
     /// Refused `503`: every connection held had authenticated.
@@ -278,7 +280,7 @@ impl Metrics {
         );
         registry.register(
             "connections_closed",
-            "HTTP connections the listener closed (header or idle timeout, evicted for a newer one) or refused (503, every one held authenticated), by why",
+            "HTTP connections the listener closed (header or idle timeout, not authenticated in time, evicted for a newer one) or refused (503, every one held authenticated), by why",
             metrics.connections_ended.clone(),
         );
         registry.register(
@@ -357,6 +359,7 @@ impl Metrics {
         for (why, count) in [
             ("header_timeout", figures.header_timeouts),
             ("idle_timeout", figures.idle_timeouts),
+            ("unauthenticated_timeout", figures.stranger_timeouts),
             ("evicted", figures.evicted),
             ("refused", figures.refused),
         ] {
@@ -434,6 +437,7 @@ mod tests {
                 accepted: 40,
                 header_timeouts: 5,
                 idle_timeouts: 6,
+                stranger_timeouts: 10,
                 evicted: 7,
                 refused: 8,
                 accept_errors: 9,
@@ -461,6 +465,7 @@ mod tests {
             "fleetd_connections_accepted_total 40",
             "fleetd_connections_closed_total{why=\"header_timeout\"} 5",
             "fleetd_connections_closed_total{why=\"idle_timeout\"} 6",
+            "fleetd_connections_closed_total{why=\"unauthenticated_timeout\"} 10",
             "fleetd_connections_closed_total{why=\"evicted\"} 7",
             "fleetd_connections_closed_total{why=\"refused\"} 8",
             "fleetd_accept_errors_total 9",

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -338,7 +339,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         &shutdown,
     );
 
-    watch_signals(shutdown.clone(), drain)?;
+    let drained = watch_signals(shutdown.clone(), drain)?;
     // For `fleetd ls` and the other operator commands: where this gateway answers here, and
     // its pid (gone, the file is stale).
     let serving = state.serving_path();
@@ -369,6 +370,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     tracing::info!("draining: closing worker panes");
     gateway.shut_down().await;
     panes.shut_down().await;
+    drained.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("fleetd stopped");
     Ok(())
 }
@@ -376,7 +378,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
 /// The listener's limits from `[gateway]`, its connection cap fitted to the open-file limit
 /// (raised to the hard limit first).
 fn listener_limits(gateway: &crate::config::GatewayConfig) -> crate::listener::Limits {
-    let open_files = crate::listener::raise_open_files();
+    let open_files = crate::listener::raise_open_files(crate::listener::table::files_wanted(
+        gateway.max_connections,
+    ));
     let max_connections =
         crate::listener::table::connection_room(gateway.max_connections, open_files);
     if max_connections < gateway.max_connections {
@@ -384,20 +388,27 @@ fn listener_limits(gateway: &crate::config::GatewayConfig) -> crate::listener::L
             max_connections,
             configured = gateway.max_connections,
             open_files = open_files.unwrap_or(u64::MAX),
-            "the open-file limit leaves room for fewer connections than gateway.max_connections: raise the limit (LimitNOFILE= in a systemd unit, ulimit -Hn in a shell)"
+            "the open-file limit leaves room for fewer connections than gateway.max_connections: raise its hard limit (LimitNOFILE= in a systemd unit, ulimit -Hn in a shell)"
         );
     }
     crate::listener::Limits {
         max_connections,
         header_timeout: Duration::from_secs(gateway.header_timeout_s),
         idle_timeout: Duration::from_secs(gateway.idle_timeout_s),
+        // Half the drain for connections to end what they are doing, half for the gateway's
+        // own (sessions, panes) after them.
+        drain: Duration::from_secs(gateway.drain_timeout_s) / 2,
     }
 }
 
-/// Watches for SIGINT and SIGTERM on a thread of its own, with a runtime of its own, so a
-/// gateway whose runtime is wedged still hears them: the first starts the drain (`shutdown`),
-/// which may last `drain` at most; a second signal, or the end of that time, exits at once.
-fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result<()> {
+/// Watches for SIGINT, SIGTERM and SIGHUP (a closed terminal) on a thread of its own, with a
+/// runtime of its own, so a gateway whose runtime is wedged still hears them: the first starts
+/// the drain (`shutdown`), which may last `drain` at most — unless the returned flag says it
+/// is over — and a second signal exits at once. Nothing between a signal and the drain, or the
+/// drain's end and the exit, waits on anything (the log never blocks; see [`crate::logs`]).
+fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result<Arc<AtomicBool>> {
+    let drained = Arc::new(AtomicBool::new(false));
+    let over = Arc::clone(&drained);
     let (installed, told) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("fleetd-signals".into())
@@ -407,14 +418,15 @@ fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result
                 .build()
                 .and_then(|runtime| {
                     let signals = runtime.block_on(async {
-                        Ok::<_, std::io::Error>((
+                        Ok::<_, std::io::Error>([
                             signal(SignalKind::terminate())?,
                             signal(SignalKind::interrupt())?,
-                        ))
+                            signal(SignalKind::hangup())?,
+                        ])
                     })?;
                     Ok((runtime, signals))
                 });
-            let (runtime, (mut term, mut int)) = match watching {
+            let (runtime, [mut term, mut int, mut hup]) = match watching {
                 Ok(watching) => {
                     let _ = installed.send(Ok(()));
                     watching
@@ -428,37 +440,56 @@ fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result
                 tokio::select! {
                     _ = term.recv() => {}
                     _ = int.recv() => {}
+                    _ = hup.recv() => {}
                 }
-                // Stop first, then say so: nothing may come between a signal and the drain.
                 shutdown.cancel();
+                cut_drain_after(drain, over);
                 tracing::info!(
                     drain_timeout_s = drain.as_secs(),
                     "shutting down: draining (a second signal exits at once)"
                 );
                 tokio::select! {
-                    _ = term.recv() => {
-                        tracing::warn!("second signal: exiting now");
-                        std::process::exit(130);
-                    }
-                    _ = int.recv() => {
-                        tracing::warn!("second signal: exiting now");
-                        std::process::exit(130);
-                    }
-                    () = tokio::time::sleep(drain) => {
-                        tracing::error!(
-                            drain_timeout_s = drain.as_secs(),
-                            "the drain did not end within gateway.drain_timeout_s: exiting anyway (the next start reaps what is left)"
-                        );
-                        std::process::exit(1);
-                    }
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    _ = hup.recv() => {}
                 }
+                tracing::warn!("second signal: exiting now");
+                crate::logs::flush(LAST_LINES_WITHIN);
+                std::process::exit(130);
             });
         })
         .context("cannot start the signal watcher")?;
     // Installed before fleetd serves: a signal from now on is never missed.
     told.recv()
         .context("the signal watcher stopped before it started")?
-        .context("cannot install signal handlers")
+        .context("cannot install signal handlers")?;
+    Ok(drained)
+}
+
+/// How long a process about to exit waits for its last log lines.
+const LAST_LINES_WITHIN: Duration = Duration::from_secs(1);
+
+/// Exits the process `drain` from now, unless `drained` says the drain is over by then (the
+/// process is ending on its own). A thread of its own: nothing else may hold it up.
+fn cut_drain_after(drain: Duration, drained: Arc<AtomicBool>) {
+    let cut = move || {
+        std::thread::sleep(drain);
+        if drained.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        tracing::error!(
+            drain_timeout_s = drain.as_secs(),
+            "the drain did not end within gateway.drain_timeout_s: exiting anyway (the next start reaps what is left)"
+        );
+        crate::logs::flush(LAST_LINES_WITHIN);
+        std::process::exit(1);
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("fleetd-drain".into())
+        .spawn(cut)
+    {
+        tracing::error!(error = %e, "cannot bound the drain: it may last as long as it takes");
+    }
 }
 
 #[cfg(test)]

@@ -113,7 +113,25 @@ async fn sign_in(
     };
     let form = match body {
         Ok(Json(form)) => form,
-        Err(rejected) => return refused(StatusCode::BAD_REQUEST, rejected.body_text()),
+        Err(rejected) => {
+            // Not JSON or not the form (400), or more than a token (413).
+            let (status, code) = if rejected.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    fleet_core::ErrorCode::TooLarge,
+                )
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    fleet_core::ErrorCode::InvalidParams,
+                )
+            };
+            let refusal = Refusal {
+                error: code.as_str().into(),
+                message: rejected.body_text(),
+            };
+            return (status, Json(refusal)).into_response();
+        }
     };
     let hash = token::hash(form.token.trim());
     let viewer = match gateway.viewer(&hash) {
@@ -171,6 +189,9 @@ pub async fn sign_out(
     response
 }
 
+/// The most a sign-in's body may hold, in bytes.
+const SIGN_IN_BODY_LIMIT: usize = 4 * 1024;
+
 /// The web view's own routes (its page, script, style, and the sign-in form), open to anyone
 /// who reaches the gateway: everything they show of the fleet comes through the API, behind
 /// sign-in.
@@ -179,6 +200,10 @@ pub fn pages(gateway: Arc<Gateway>, web: Arc<WebSessions>) -> Router {
         .route("/ui", get(index))
         .route("/ui/app.js", get(script))
         .route("/ui/app.css", get(style))
-        .route("/ui/session", post(sign_in))
+        .route(
+            "/ui/session",
+            // A token in JSON: a few hundred bytes. Anyone may send this, so no more is read.
+            post(sign_in).layer(axum::extract::DefaultBodyLimit::max(SIGN_IN_BODY_LIMIT)),
+        )
         .with_state((gateway, web))
 }

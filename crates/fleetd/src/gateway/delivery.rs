@@ -196,7 +196,9 @@ impl Gateway {
             Ok(outcome) => {
                 tracing::warn!(%gid, count, ?outcome, "a nudge to pull was not submitted; trying again after the interval");
             }
-            Err(e) => tracing::warn!(%gid, count, error = %e, "cannot nudge to pull"),
+            Err(e) => {
+                tracing::warn!(%gid, count, error = %logs::mux_error(&e), "cannot nudge to pull")
+            }
         }
         Step::Later(interval)
     }
@@ -212,7 +214,11 @@ impl Gateway {
         if let Some((pane, state)) = found {
             match self.panes.report(&pane, state).await {
                 Ok(()) => *last = Some(state),
-                Err(e) => tracing::debug!(%gid, error = %e, "cannot report the session's state"),
+                Err(e) => tracing::debug!(
+                    %gid,
+                    error = %logs::mux_error(&e),
+                    "cannot report the session's state"
+                ),
             }
         }
     }

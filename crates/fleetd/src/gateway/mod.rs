@@ -204,8 +204,8 @@ impl Gateway {
         self.every("lifecycle", lifecycle::LIFECYCLE_TICK, (), |g, ()| {
             Box::pin(g.check_lifecycles())
         });
-        self.every("store probe", STORE_PROBE_EVERY, (), |g, ()| {
-            Box::pin(g.probe_store())
+        self.every("store probe", STORE_PROBE_EVERY, None, |g, pending| {
+            Box::pin(g.probe_store(pending))
         });
         Ok(())
     }
@@ -249,17 +249,23 @@ impl Gateway {
     }
 
     /// One look at whether the store takes writes, for [`Health`]: a write that changes nothing,
-    /// which must answer within [`STORE_PROBE_LIMIT`].
-    async fn probe_store(&self) {
-        let probed = tokio::time::timeout(STORE_PROBE_LIMIT, self.db(|s| s.probe_write())).await;
-        self.health.store_probed(match probed {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.message),
-            Err(_) => Err(format!(
-                "a write did not answer within {} s",
-                STORE_PROBE_LIMIT.as_secs()
-            )),
+    /// on a blocking thread. One that has not answered within [`STORE_PROBE_LIMIT`] is waited
+    /// on again at the next look rather than joined by another (a store that hangs must not take
+    /// every blocking thread); [`Health`] counts it late if it stays out.
+    async fn probe_store(&self, pending: &mut Option<tokio::task::JoinHandle<StoreResult<()>>>) {
+        let mut probe = pending.take().unwrap_or_else(|| {
+            let store = Arc::clone(&self.store);
+            tokio::task::spawn_blocking(move || store.probe_write())
         });
+        match tokio::time::timeout(STORE_PROBE_LIMIT, &mut probe).await {
+            Ok(Ok(wrote)) => self
+                .health
+                .store_probed(wrote.map_err(|e| store_error(e).message)),
+            Ok(Err(join)) => self
+                .health
+                .store_probed(Err(format!("the probe failed: {join}"))),
+            Err(_) => *pending = Some(probe),
+        }
     }
 
     /// Whether the gateway can serve now: what is wrong with it, if anything (see [`Health`]).

@@ -1,34 +1,41 @@
 //! The HTTP listener: takes connections off the gateway's socket and serves each one (HTTP/1.1,
 //! hyper) under the gateway's limits, so no client — with a token or without — can starve it:
 //! - a new connection must send its first request's head within `gateway.header_timeout_s`;
+//!   until its first byte it is only its socket (a flood of silent connections costs little);
 //! - a connection between requests is closed after `gateway.idle_timeout_s` (which also bounds
-//!   a later request's head);
-//! - at most `gateway.max_connections` are held (fewer if the open-file limit, raised to its
-//!   hard limit at start, leaves less room); over it the oldest connection that has not yet
+//!   a later request's head), and one that has not authenticated lives no longer than that in
+//!   all (so a stranger cannot hold one open with a request it never finishes);
+//! - a request's head, buffered, is at most [`connection::MAX_BUF`];
+//! - at most `gateway.max_connections` are held (fewer if the open-file limit, raised as far as
+//!   they need at start, leaves less room); over it the oldest connection that has not yet
 //!   authenticated makes way (see [`table`]), or, when every one has, the new connection is
 //!   answered `503` at once and closed;
+//! - TCP keep-alive finds a peer that vanished (a laptop that slept), so its streams end;
 //! - an accept that fails for want of descriptors backs off (5 ms doubling to 1 s) instead of
-//!   spinning, and says so once per run of failures.
+//!   spinning, and says so once per run of failures;
+//! - at shutdown, strangers are closed at once and the rest are given [`Limits::drain`] to end
+//!   what they are doing, then closed, so the gateway's own drain always has its time.
 //!
 //! What each request may do is the router's to say; this module never reads a request's text.
 //! It must never hold a lock across an await, nor let one connection's trouble reach another.
 
+mod connection;
 pub mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
-use table::{Admission, Backoff, ConnId, Table};
+pub use connection::Conn;
+use connection::{Connection, Stop};
+use table::{Admission, Backoff, Table};
 
 /// What the listener holds each connection to.
 #[derive(Clone, Copy, Debug)]
@@ -37,8 +44,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long a new connection may take to send its first request's head.
     pub header_timeout: Duration,
-    /// How long a connection may sit between requests.
+    /// How long a connection may sit between requests, and a stranger live in all.
     pub idle_timeout: Duration,
+    /// How long, after shutdown, connections may take to end what they are doing before they
+    /// are closed.
+    pub drain: Duration,
 }
 
 /// How many refusals (a `503` written, then the connection read to its end so the client sees
@@ -60,6 +70,8 @@ pub struct ListenerStats {
     pub header_timeouts: AtomicU64,
     /// Connections closed by hyper's own timer: idle between requests, or a later head too slow.
     pub idle_timeouts: AtomicU64,
+    /// Connections closed because they had not authenticated within their lifetime.
+    pub stranger_timeouts: AtomicU64,
     /// Strangers closed to make room for a newer connection.
     pub evicted: AtomicU64,
     /// Connections refused `503`: every one held had authenticated.
@@ -81,6 +93,7 @@ impl ListenerStats {
             accepted: read(&self.accepted),
             header_timeouts: read(&self.header_timeouts),
             idle_timeouts: read(&self.idle_timeouts),
+            stranger_timeouts: read(&self.stranger_timeouts),
             evicted: read(&self.evicted),
             refused: read(&self.refused),
             accept_errors: read(&self.accept_errors),
@@ -88,74 +101,36 @@ impl ListenerStats {
     }
 }
 
-/// The shared state of one connection, as the requests on it see it (in their extensions):
-/// authentication marks it proven, so it is never evicted for a stranger.
-#[derive(Clone)]
-pub struct Conn(Arc<ConnShared>);
-
-/// The connections held, each with the token that evicts it.
-type Conns = Mutex<Table<CancellationToken>>;
-
-struct ConnShared {
-    id: ConnId,
-    table: Arc<Conns>,
-    /// A request on it authenticated (noted in the table once).
-    proven: AtomicBool,
-    /// A request's head arrived on it: the first-request timer is over.
-    started: AtomicBool,
-    /// Cancelled when a newer connection takes its place.
-    evict: CancellationToken,
-}
-
-fn lock(table: &Conns) -> MutexGuard<'_, Table<CancellationToken>> {
-    // Counts and sets only: nothing a panic half-way could leave inconsistent.
-    table
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Conn {
-    /// Notes that a request on this connection authenticated.
-    pub fn proven(&self) {
-        if !self.0.proven.swap(true, Ordering::Relaxed) {
-            lock(&self.0.table).proven(self.0.id);
+/// Raises the soft open-file limit as far as `wanted` descriptors, at most to the hard limit,
+/// so the connection cap, not the kernel, is what a flood meets; returns the limit now
+/// (`None`: unlimited). No further: the tmux server and the agents fleetd starts inherit it, and
+/// a program that loops over every possible descriptor, or still uses `select()`, is better off
+/// with a modest one.
+pub fn raise_open_files(wanted: u64) -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let raised = match (limit.current, limit.maximum) {
+        (Some(current), maximum) if current < wanted => {
+            maximum.map_or(wanted, |maximum| wanted.min(maximum))
+        }
+        _ => return limit.current,
+    };
+    let raise = Rlimit {
+        current: Some(raised),
+        maximum: limit.maximum,
+    };
+    match setrlimit(Resource::Nofile, raise) {
+        Ok(()) => Some(raised),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            limit.current
         }
     }
-
-    fn started(&self) -> bool {
-        self.0.started.load(Ordering::Relaxed)
-    }
-
-    /// The connection closed: its place is free (it was already, if it was evicted).
-    fn closed(&self, stats: &ListenerStats) {
-        lock(&self.0.table).closed(self.0.id);
-        stats.open.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
-/// The raised soft open-file limit (`None`: unlimited): fleetd takes all the hard limit allows,
-/// so the connection cap, not the kernel, is what a flood meets.
-pub fn raise_open_files() -> Option<u64> {
-    use rustix::process::{Resource, getrlimit, setrlimit};
-    let mut limit = getrlimit(Resource::Nofile);
-    if limit.current != limit.maximum {
-        let raised = rustix::process::Rlimit {
-            current: limit.maximum,
-            maximum: limit.maximum,
-        };
-        match setrlimit(Resource::Nofile, raised) {
-            Ok(()) => limit.current = limit.maximum,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot raise the open-file limit to its hard limit")
-            }
-        }
-    }
-    limit.current
-}
-
-/// Serves `router` on `listener` until `shutdown`; then takes no more connections, lets each
-/// open one finish what it is doing (the router's own streams end with `shutdown`) and returns
-/// once all are closed.
+/// Serves `router` on `listener` until `shutdown`; then takes no more connections, closes the
+/// strangers, lets the others end what they are doing (the router's own streams end with
+/// `shutdown`) for [`Limits::drain`] at most, closes what is left, and returns.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -167,10 +142,15 @@ pub async fn serve(
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.idle_timeout)
+        .max_buf_size(connection::MAX_BUF)
         .keep_alive(true);
     let http = Arc::new(http);
     let refusal = Arc::new(refusal(limits.max_connections));
     let refusing = Arc::new(tokio::sync::Semaphore::new(MAX_REFUSING));
+    let stop = Stop {
+        shutdown: shutdown.clone(),
+        force: CancellationToken::new(),
+    };
     let tasks = TaskTracker::new();
     let mut backoff = Backoff::default();
     loop {
@@ -199,14 +179,8 @@ pub async fn serve(
         if failed > 0 {
             tracing::info!(failed, "accepting connections again");
         }
-        // Replies go out without waiting on Nagle: a client that keeps its connection alive
-        // would otherwise see a response's second segment held for the delayed ACK of its
-        // first (~40 ms).
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
         let evict = CancellationToken::new();
-        let admission = lock(&table).admit(evict.clone());
+        let admission = connection::lock(&table).admit(evict.clone());
         let id = match admission {
             Admission::Refuse => {
                 ListenerStats::count(&stats.refused);
@@ -226,29 +200,32 @@ pub async fn serve(
                 id
             }
         };
-        let conn = Conn(Arc::new(ConnShared {
-            id,
-            table: Arc::clone(&table),
-            proven: AtomicBool::new(false),
-            started: AtomicBool::new(false),
-            evict,
-        }));
         ListenerStats::count(&stats.accepted);
         stats.open.fetch_add(1, Ordering::Relaxed);
         let connection = Connection {
-            conn,
+            conn: Conn::new(id, Arc::clone(&table), evict),
             router: router.clone(),
             http: Arc::clone(&http),
-            header_timeout: limits.header_timeout,
+            limits,
             stats: Arc::clone(&stats),
-            shutdown: shutdown.clone(),
+            stop: stop.clone(),
         };
         tasks.spawn(connection.run(stream));
     }
     // No more connections: the socket's backlog waits for the next start (or is refused).
     drop(listener);
     tasks.close();
-    tasks.wait().await;
+    if tokio::time::timeout(limits.drain, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_s = limits.drain.as_secs(),
+            "connections still busy at the end of their share of the drain: closed"
+        );
+        stop.force.cancel();
+        tasks.wait().await;
+    }
 }
 
 /// An accept error that concerns one connection only (it went away before it was taken).
@@ -288,93 +265,4 @@ async fn refuse(mut stream: TcpStream, refusal: &[u8]) {
         Ok::<_, std::io::Error>(())
     };
     let _ = tokio::time::timeout(REFUSAL_LINGER, answered).await;
-}
-
-/// One connection being served.
-struct Connection {
-    conn: Conn,
-    router: Router,
-    http: Arc<http1::Builder>,
-    header_timeout: Duration,
-    stats: Arc<ListenerStats>,
-    shutdown: CancellationToken,
-}
-
-impl Connection {
-    async fn run(self, stream: TcpStream) {
-        let deadline = tokio::time::Instant::now() + self.header_timeout;
-        // Until the client sends something, the connection is only its socket and this small
-        // wait: hyper, its buffers and its state come with the first bytes, so a flood of
-        // silent connections costs little.
-        let mut first_byte = [0u8; 1];
-        tokio::select! {
-            // A peek, not `readable()`, which may answer at once for a socket that has nothing.
-            sent = stream.peek(&mut first_byte) => {
-                if !matches!(sent, Ok(1)) {
-                    return self.conn.closed(&self.stats);
-                }
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                ListenerStats::count(&self.stats.header_timeouts);
-                return self.conn.closed(&self.stats);
-            }
-            () = self.conn.0.evict.cancelled() => return self.conn.closed(&self.stats),
-            () = self.shutdown.cancelled() => return self.conn.closed(&self.stats),
-        }
-        Box::pin(self.serve(stream, deadline)).await;
-    }
-
-    /// Serves the connection's requests, its first head due by `deadline`.
-    async fn serve(self, stream: TcpStream, deadline: tokio::time::Instant) {
-        let Connection {
-            conn,
-            router,
-            http,
-            header_timeout: _,
-            stats,
-            shutdown,
-        } = self;
-        let first = tokio::time::sleep_until(deadline);
-        tokio::pin!(first);
-        let on_request = conn.clone();
-        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-            on_request.0.started.store(true, Ordering::Relaxed);
-            req.extensions_mut().insert(on_request.clone());
-            router.clone().oneshot(req.map(axum::body::Body::new))
-        });
-        let serving = http.serve_connection(TokioIo::new(stream), service);
-        tokio::pin!(serving);
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                done = serving.as_mut() => {
-                    if let Err(e) = done {
-                        if e.is_timeout() {
-                            // hyper's timer: before any request, it was the first head's.
-                            ListenerStats::count(if conn.started() {
-                                &stats.idle_timeouts
-                            } else {
-                                &stats.header_timeouts
-                            });
-                        } else {
-                            tracing::debug!(error = %e, "a connection ended in error");
-                        }
-                    }
-                    break;
-                }
-                () = conn.0.evict.cancelled() => break,
-                () = &mut first, if !conn.started() => {
-                    if !conn.started() {
-                        ListenerStats::count(&stats.header_timeouts);
-                        break;
-                    }
-                }
-                () = shutdown.cancelled(), if !draining => {
-                    draining = true;
-                    serving.as_mut().graceful_shutdown();
-                }
-            }
-        }
-        conn.closed(&stats);
-    }
 }

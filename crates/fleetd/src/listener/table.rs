@@ -32,15 +32,6 @@ pub enum Admission<T> {
     Refuse,
 }
 
-/// A connection held.
-#[derive(Debug)]
-struct Held<T> {
-    /// A request on it authenticated.
-    proven: bool,
-    /// What closes it.
-    handle: T,
-}
-
 /// The connections the gateway holds (each with a handle `T` that closes it), and which of
 /// them are strangers.
 #[derive(Debug)]
@@ -49,8 +40,8 @@ pub struct Table<T> {
     cap: usize,
     /// The next number to give.
     next: ConnId,
-    /// Every connection held.
-    open: HashMap<ConnId, Held<T>>,
+    /// Every connection held, with what closes it.
+    open: HashMap<ConnId, T>,
     /// The strangers among them, oldest first.
     strangers: BTreeSet<ConnId>,
 }
@@ -67,13 +58,9 @@ impl<T> Table<T> {
     }
 
     /// How many connections are held.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.open.len()
-    }
-
-    /// Whether none is held.
-    pub fn is_empty(&self) -> bool {
-        self.open.is_empty()
     }
 
     /// Takes a new connection in (a stranger until it authenticates) with what closes it, or
@@ -86,7 +73,7 @@ impl<T> Table<T> {
                 .pop_first()
                 .and_then(|oldest| self.open.remove(&oldest))
             {
-                Some(oldest) => Some(oldest.handle),
+                Some(oldest) => Some(oldest),
                 None => return Admission::Refuse,
             }
         } else {
@@ -94,13 +81,7 @@ impl<T> Table<T> {
         };
         let id = self.next;
         self.next += 1;
-        self.open.insert(
-            id,
-            Held {
-                proven: false,
-                handle,
-            },
-        );
+        self.open.insert(id, handle);
         self.strangers.insert(id);
         match evicted {
             Some(evicted) => Admission::ServeEvicting { id, evicted },
@@ -110,10 +91,7 @@ impl<T> Table<T> {
 
     /// Notes that a request on `id` authenticated: it is never evicted for another.
     pub fn proven(&mut self, id: ConnId) {
-        if let Some(held) = self.open.get_mut(&id) {
-            held.proven = true;
-            self.strangers.remove(&id);
-        }
+        self.strangers.remove(&id);
     }
 
     /// Forgets `id`, which closed (nothing happens if it was already evicted).
@@ -160,6 +138,13 @@ impl Backoff {
 /// Descriptors kept back from connections for everything else fleetd opens: the store, the
 /// pane host, the broker, the launchers' files and pipes.
 const FILES_RESERVE: u64 = 1_024;
+
+/// How many descriptors `connections` connections need, with fleetd's other files beside them.
+pub fn files_wanted(connections: usize) -> u64 {
+    u64::try_from(connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(FILES_RESERVE)
+}
 
 /// How many connections `open_files` (the soft open-file limit; `None`: unlimited) leaves room
 /// for beside fleetd's other files, at most `wanted`: the reserve, or half the limit when the
@@ -244,7 +229,7 @@ mod tests {
     fn a_cap_of_zero_still_serves_one() {
         let mut table = Table::new(0);
         assert_eq!(table.admit("a"), Admission::Serve(0));
-        assert!(!table.is_empty());
+        assert_eq!(table.len(), 1);
     }
 
     #[test]
@@ -270,5 +255,6 @@ mod tests {
         assert_eq!(connection_room(4096, Some(4096)), 3072);
         assert_eq!(connection_room(4096, Some(1024)), 512);
         assert_eq!(connection_room(4096, Some(1)), 1);
+        assert_eq!(connection_room(4096, Some(files_wanted(4096))), 4096);
     }
 }

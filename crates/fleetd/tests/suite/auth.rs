@@ -477,6 +477,11 @@ async fn a_session_over_the_cap_closes_the_least_recently_used_idle_one_never_a_
     drop(second);
     // Both held are busy now: one more is refused, naming the cap and its key.
     let also_busy = tokio::spawn(async move { third.ok("fleet_poll", json!({"wait_s": 4})).await });
+    until("both sessions' polls to be open", LIMIT, || async {
+        let lead = watcher.entry("lead").await.ok()?;
+        (lead["open_calls"].as_u64() == Some(2)).then_some(())
+    })
+    .await?;
     let bearer = format!("Bearer {token}");
     let refused = until(
         "a new session refused while both are busy",

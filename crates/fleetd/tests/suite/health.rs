@@ -1,6 +1,6 @@
-//! The gateway stays up and honest on the real binary: a closed terminal (its stderr a pipe
-//! nobody reads any more) takes nothing down, Ctrl-C still drains and stops it within its
-//! bound, and a restart serves.
+//! The gateway stays up and honest on the real binary: a stderr whose reader died or stopped
+//! reading takes nothing down, Ctrl-C still drains and stops it within its bound, and a restart
+//! serves; a dead loop or a store that takes no writes turns `/healthz` to 503.
 
 use std::time::{Duration, Instant};
 
@@ -19,11 +19,21 @@ async fn health(fleet: &Fleet) -> Option<(u16, serde_json::Value)> {
     Some((status, response.json().await.ok()?))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_stderr_pipe_takes_nothing_down_and_ctrl_c_still_stops_it() -> anyhow::Result<()> {
+/// What became of whatever read fleetd's stderr.
+#[derive(Clone, Copy, Debug)]
+enum Reader {
+    /// It died (`fleetd serve 2>&1 | tee log`, then tee gets Ctrl-C): writes fail.
+    Died,
+    /// It stopped reading (`| less` past a screen, a terminal on Ctrl-S): writes block.
+    Stopped,
+}
+
+/// With its stderr's reader gone either way, fleetd still spawns, types, answers and checks
+/// healthy, says in /metrics that it lost log lines, stops on SIGINT well within its bound, and
+/// a restart serves.
+async fn stderr_trouble_takes_nothing_down(reader: Reader) -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
     assert!(fleet.terminate().await?, "{}", fleet.log());
-    // `fleetd serve 2>&1 | tee log`, then tee dies.
     let pipe = fleet.launch_piped().await?;
     let mut lines = BufReader::new(pipe).lines();
     let ready = tokio::time::timeout(LIMIT, async {
@@ -36,33 +46,85 @@ async fn a_broken_stderr_pipe_takes_nothing_down_and_ctrl_c_still_stops_it() -> 
     })
     .await;
     anyhow::ensure!(matches!(ready, Ok(Ok(()))), "{ready:?}");
-    drop(lines);
+    let _held = match reader {
+        Reader::Died => {
+            drop(lines);
+            None
+        }
+        Reader::Stopped => {
+            // The smallest pipe there is: a few lines fill it.
+            rustix::pipe::fcntl_setpipe_size(lines.get_ref().get_ref(), 4096)?;
+            Some(lines)
+        }
+    };
 
-    // Everything that logs from now on writes into a broken pipe; all of it still works.
+    // Everything that logs from now on fails, or would wait; all of it still works. Tasks go
+    // round until fleetd says it lost log lines (so its log was in trouble all along).
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let sent = tokio::time::timeout(LIMIT * 2, async {
+    let http = reqwest::Client::new();
+    let lost = || async {
+        let metrics = http
+            .get(format!("{}/metrics", fleet.base()))
+            .bearer_auth(fleet.token("lead").ok()?)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("fleetd_log_write_failures_total "))
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    let rounds = tokio::time::timeout(LIMIT * 3, async {
         lead.spawn("sim", "w1").await?;
-        lead.send("w1", "still here?", 20).await
+        for n in 0.. {
+            let sent = lead.send("w1", &format!("still here? {n}"), 20).await?;
+            anyhow::ensure!(sent["status"] == "replied", "{sent}");
+            anyhow::ensure!(
+                sent["reply"]["text"] == format!("echo: still here? {n}"),
+                "{sent}"
+            );
+            if lost().await.is_some_and(|lost| lost > 0) && n >= 2 {
+                return Ok(n + 1);
+            }
+        }
+        Ok(0)
     })
     .await
-    .map_err(|_| anyhow::anyhow!("a spawn and a send did not return"))??;
-    assert_eq!(sent["status"], "replied", "{sent}");
-    assert_eq!(sent["reply"]["text"], "echo: still here?", "{sent}");
-    let health = reqwest::get(format!("{}/healthz", fleet.base())).await?;
-    assert_eq!(health.status().as_u16(), 200);
+    .map_err(|_| {
+        anyhow::anyhow!("{reader:?}: tasks stopped going round (or no line was lost)")
+    })??;
+    assert!(rounds >= 3, "{rounds}");
+    assert_eq!(health(&fleet).await.map(|h| h.0), Some(200));
 
     // Ctrl-C drains and stops it, well within the drain's bound.
     let asked = Instant::now();
     let status = fleet.stop_by("INT").await?;
     let took = asked.elapsed();
-    assert!(status.success(), "{status}");
-    assert!(took < Duration::from_secs(10), "stopped after {took:?}");
+    assert!(status.success(), "{reader:?}: {status}");
+    assert!(
+        took < Duration::from_secs(10),
+        "{reader:?}: stopped after {took:?}"
+    );
 
     // A restart serves, and the held state is there.
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(lead.names().await?, vec!["lead"]);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_stderr_pipe_takes_nothing_down_and_ctrl_c_still_stops_it() -> anyhow::Result<()> {
+    stderr_trouble_takes_nothing_down(Reader::Died).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stderr_nobody_reads_takes_nothing_down_and_ctrl_c_still_stops_it() -> anyhow::Result<()>
+{
+    stderr_trouble_takes_nothing_down(Reader::Stopped).await
 }
 
 /// A core loop that dies (a test hook makes the dialog watcher panic) turns `/healthz` to 503
@@ -106,7 +168,8 @@ async fn a_store_that_takes_no_writes_makes_healthz_503_until_it_does() -> anyho
     let fleet = Fleet::start("", "").await?;
     let locker = rusqlite::Connection::open(fleet.state_dir().join("fleet.db"))?;
     locker.execute_batch("BEGIN EXCLUSIVE")?;
-    let (_, said) = fleet_testkit::wait::until("healthz to turn 503", LIMIT, || async {
+    // Two probes in a row must fail (each waits out the store's 5 s lock wait), 5 s apart.
+    let (_, said) = fleet_testkit::wait::until("healthz to turn 503", LIMIT * 2, || async {
         health(&fleet).await.filter(|(status, _)| *status == 503)
     })
     .await?;

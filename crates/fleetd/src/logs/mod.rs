@@ -1,10 +1,11 @@
 //! fleetd's log: how it is set up, what its lines may show, and the spans they carry.
 //!
-//! - **Set-up** ([`init`]): `tracing_subscriber::fmt` to stderr, text or JSON. Writing to stderr
-//!   can fail (whatever read fleetd's stderr pipe died: `fleetd serve 2>&1 | tee log`, then
-//!   Ctrl-C): a line that cannot be written is dropped and counted ([`write_failures`], shown
-//!   in `/metrics`), never reported with `eprintln!`, which panics on a broken stderr and would
-//!   take down every task that logs.
+//! - **Set-up** ([`init`]): `tracing_subscriber::fmt` to stderr, text or JSON, through a
+//!   bounded queue a thread of its own writes out ([`relay`]): stderr can block (a reader that
+//!   stopped reading) or fail (whatever read fleetd's stderr pipe died: `fleetd serve 2>&1 |
+//!   tee log`, then Ctrl-C); either way no caller of the log waits, and a line that cannot be
+//!   written is dropped and counted ([`write_failures`], shown in `/metrics`) — never reported
+//!   with `eprintln!`, which panics on a broken stderr and would take down every task that logs.
 //! - **Text stays out** ([`summary`], [`trace_text`]): no task, reply, screen, dialog, ask,
 //!   answer, broadcast, brief or coordination message is logged at DEBUG and above; in its
 //!   place its length and a digest keyed with a random per-process key (the same text reads the
@@ -19,7 +20,9 @@
 //!   a session (its gid and name) and a message (its trace id, which every hop of a flow
 //!   shares, and its id).
 //!
-//! This module must never write to stderr except through the subscriber's swallowing writer.
+//! This module must never write to stderr except through the [`relay`].
+
+mod relay;
 
 use std::fmt::{self, Write as _};
 use std::io::{self, IsTerminal};
@@ -28,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use fleet_core::{Gid, Message};
 use fleet_mux::MuxError;
+pub use relay::{Relay, flush};
 use sha2::{Digest, Sha256};
 use tracing::Span;
 use tracing::field::{Field, Visit};
@@ -36,10 +40,15 @@ use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::util::{SubscriberInitExt, TryInitError};
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// What is logged when `RUST_LOG` is unset or does not parse.
-pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
+pub const DEFAULT_FILTER: &str = "info";
+
+/// rmcp's own lines, whatever `RUST_LOG` asks: its DEBUG lines carry whole requests and results
+/// (a task, a reply) and its warnings about a bad parameter may quote its value; its errors
+/// say what broke.
+const RMCP_CAP: &str = "rmcp=error";
 
 /// The most characters of a client's text (a path, a session id, a tool name) a log line shows.
 pub const SHOWN_CHARS: usize = 128;
@@ -57,21 +66,26 @@ static WRITE_FAILURES: AtomicU64 = AtomicU64::new(0);
 /// Whether the text of messages and screens may be logged, at TRACE (`[gateway] log_text`).
 static TEXT_ALLOWED: AtomicBool = AtomicBool::new(false);
 
-/// Sets up fleetd's log: to stderr, filtered by `RUST_LOG` (else [`DEFAULT_FILTER`]), coloured
-/// only on a terminal, as JSON lines when `json`. Fails only if a subscriber is set already.
-pub fn init(json: bool) -> Result<(), TryInitError> {
+/// Sets up fleetd's log: to stderr through a [`Relay`] (never blocking, never failing),
+/// filtered by `RUST_LOG` (else [`DEFAULT_FILTER`]) with rmcp held to errors ([`RMCP_CAP`]),
+/// coloured only on a terminal, as JSON lines when `json`. Fails if a subscriber is set already
+/// or the writer thread cannot start.
+pub fn init(json: bool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let writer = Swallowing::new(io::stderr, &WRITE_FAILURES);
+    let filter = filter.add_directive(RMCP_CAP.parse()?);
+    let writer = Relay::start(io::stderr(), relay::QUEUED_LINES, &WRITE_FAILURES)?;
+    writer.install();
     if json {
-        json_subscriber(filter, writer).try_init()
+        json_subscriber(filter, writer).try_init()?;
     } else {
-        text_subscriber(filter, writer, io::stderr().is_terminal()).try_init()
+        text_subscriber(filter, writer, io::stderr().is_terminal()).try_init()?;
     }
+    Ok(())
 }
 
 /// The text subscriber: fields through [`EscapedFields`], into `writer`, which must not fail
-/// (see [`Swallowing`]).
+/// (see [`Relay`]).
 fn text_subscriber<W>(
     filter: EnvFilter,
     writer: W,
@@ -110,90 +124,6 @@ where
 /// `fleetd_log_write_failures` counter.
 pub fn write_failures() -> u64 {
     WRITE_FAILURES.load(Ordering::Relaxed)
-}
-
-/// A [`MakeWriter`] whose writers never fail: a write the inner writer refuses (a broken pipe,
-/// say) is dropped and counted once per log line in `failures`, and reported written.
-pub struct Swallowing<M> {
-    /// Makes the writer of each line.
-    make: M,
-    /// Counts the lines lost.
-    failures: &'static AtomicU64,
-}
-
-impl<M> Swallowing<M> {
-    /// Writers made by `make`, their failures counted in `failures`.
-    pub fn new(make: M, failures: &'static AtomicU64) -> Self {
-        Self { make, failures }
-    }
-}
-
-impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Swallowing<M> {
-    type Writer = SwallowingWriter<M::Writer>;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        SwallowingWriter {
-            inner: self.make.make_writer(),
-            failures: self.failures,
-            lost: false,
-        }
-    }
-
-    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
-        SwallowingWriter {
-            inner: self.make.make_writer_for(meta),
-            failures: self.failures,
-            lost: false,
-        }
-    }
-}
-
-/// The writer of one log line (see [`Swallowing`]).
-pub struct SwallowingWriter<W> {
-    /// Where the line goes.
-    inner: W,
-    /// Counts the lines lost.
-    failures: &'static AtomicU64,
-    /// This line was lost (and counted) already.
-    lost: bool,
-}
-
-impl<W> SwallowingWriter<W> {
-    /// Counts this line lost, once however many of its writes fail.
-    fn lose(&mut self) {
-        if !self.lost {
-            self.lost = true;
-            self.failures.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl<W: io::Write> io::Write for SwallowingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.lost {
-            return Ok(buf.len());
-        }
-        match self.inner.write(buf) {
-            Ok(0) if !buf.is_empty() => {
-                self.lose();
-                Ok(buf.len())
-            }
-            Ok(n) => Ok(n),
-            // Tried again by the caller (`write_all`).
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
-            Err(_) => {
-                self.lose();
-                Ok(buf.len())
-            }
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if self.inner.flush().is_err() {
-            self.lose();
-        }
-        Ok(())
-    }
 }
 
 /// Lets [`trace_text`] log the text of messages and screens (at TRACE) when `on`: the config's
@@ -462,19 +392,6 @@ mod tests {
 
     use super::*;
 
-    /// A sink that refuses every write, as a pipe whose reader died.
-    struct Broken;
-
-    impl Write for Broken {
-        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
-            Err(io::Error::from(io::ErrorKind::BrokenPipe))
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Err(io::Error::from(io::ErrorKind::BrokenPipe))
-        }
-    }
-
     /// A log kept in memory.
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
@@ -510,42 +427,6 @@ mod tests {
         let subscriber = text_subscriber(EnvFilter::new("trace"), buffer.clone(), false);
         tracing::subscriber::with_default(subscriber, log);
         buffer.text()
-    }
-
-    #[test]
-    fn a_broken_stderr_loses_lines_counted_and_never_panics() {
-        static LOST: AtomicU64 = AtomicU64::new(0);
-        let subscriber = text_subscriber(
-            EnvFilter::new("trace"),
-            Swallowing::new(|| Broken, &LOST),
-            false,
-        );
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::info!("one");
-            tracing::warn!(field = "x", "two");
-            let span = tracing::info_span!("span", gid = 3);
-            let _entered = span.enter();
-            tracing::error!("three");
-        });
-        assert_eq!(LOST.load(Ordering::Relaxed), 3);
-        // The writer itself: every write reported done, the line counted once.
-        static ONE: AtomicU64 = AtomicU64::new(0);
-        let make = Swallowing::new(|| Broken, &ONE);
-        let mut writer = make.make_writer();
-        assert_eq!(writer.write(b"a line").unwrap(), 6);
-        writer.write_all(b"more of it\n").unwrap();
-        writer.flush().unwrap();
-        assert_eq!(ONE.load(Ordering::Relaxed), 1);
-    }
-
-    #[test]
-    fn a_working_sink_gets_every_byte_and_counts_nothing() {
-        static LOST: AtomicU64 = AtomicU64::new(0);
-        let buffer = Buffer::default();
-        let make = Swallowing::new(buffer.clone(), &LOST);
-        make.make_writer().write_all(b"line\n").unwrap();
-        assert_eq!(buffer.text(), "line\n");
-        assert_eq!(LOST.load(Ordering::Relaxed), 0);
     }
 
     #[test]
