@@ -58,7 +58,9 @@ impl CutProxy {
                     accepted = listener.accept() => accepted,
                     () = stop.cancelled() => return,
                 };
-                let Ok((mut client, _)) = accepted else { continue };
+                let Ok((mut client, _)) = accepted else {
+                    continue;
+                };
                 let cut = shared.current();
                 let shared = Arc::clone(&shared);
                 let mut passing = shared.passing.subscribe();
