@@ -485,6 +485,24 @@ impl Fleet {
         self.child.as_ref().and_then(Child::id)
     }
 
+    /// The value of the sample `sample` (a metric's name with its labels, as `/metrics` writes
+    /// it: `fleetd_connections_closed_total{why="evicted"}`) now, scraped with the lead
+    /// `lead`'s token; `None` if the scrape fails or has no such sample.
+    pub async fn metric(&self, lead: &str, sample: &str) -> Option<f64> {
+        let text = reqwest::Client::new()
+            .get(format!("{}/metrics", self.base()))
+            .bearer_auth(self.token(lead).ok()?)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
     /// Kills the process with SIGKILL and waits for it to die.
     pub async fn kill9(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {

@@ -548,18 +548,8 @@ async fn a_long_send_whose_connection_drops_resumes_and_gets_its_reply() -> anyh
         .await?;
         let http = reqwest::Client::new();
         let open = || async {
-            let text = http
-                .get(format!("{}/metrics", fleet.base()))
-                .bearer_auth(&token)
-                .send()
-                .await
-                .ok()?
-                .text()
-                .await
-                .ok()?;
-            text.lines()
-                .find_map(|l| l.strip_prefix("fleetd_connections_open "))
-                .and_then(|n| n.parse::<usize>().ok())
+            let open = fleet.metric("lead", "fleetd_connections_open").await?;
+            Some(open as usize)
         };
         let before = open()
             .await

@@ -61,22 +61,7 @@ async fn stderr_trouble_takes_nothing_down(reader: Reader) -> anyhow::Result<()>
     // Everything that logs from now on fails, or would wait; all of it still works. Tasks go
     // round until fleetd says it lost log lines (so its log was in trouble all along).
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let http = reqwest::Client::new();
-    let lost = || async {
-        let metrics = http
-            .get(format!("{}/metrics", fleet.base()))
-            .bearer_auth(fleet.token("lead").ok()?)
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("fleetd_log_write_failures_total "))
-            .and_then(|n| n.parse::<u64>().ok())
-    };
+    let lost = || fleet.metric("lead", "fleetd_log_write_failures_total");
     let rounds = tokio::time::timeout(LIMIT * 3, async {
         lead.spawn("sim", "w1").await?;
         for n in 0.. {
@@ -86,7 +71,7 @@ async fn stderr_trouble_takes_nothing_down(reader: Reader) -> anyhow::Result<()>
                 sent["reply"]["text"] == format!("echo: still here? {n}"),
                 "{sent}"
             );
-            if lost().await.is_some_and(|lost| lost > 0) && n >= 2 {
+            if lost().await.is_some_and(|lost| lost > 0.0) && n >= 2 {
                 return Ok(n + 1);
             }
         }

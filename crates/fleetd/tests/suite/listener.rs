@@ -163,37 +163,31 @@ async fn silent_dripping_and_idle_connections_are_closed_and_a_lead_gets_in_past
     // fleetd counted each: at least 20 strangers evicted (the leads' and the probe's
     // connections came in at the cap too), the rest of the 60 and the drip timed out before
     // their first head, the kept one idle, none refused.
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", fleet.base()))
-        .bearer_auth(fleet.token("lead")?)
-        .send()
-        .await?
-        .text()
-        .await?;
-    let closed = |why: &str| {
-        metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!(
-                    "fleetd_connections_closed_total{{why=\"{why}\"}} "
-                ))
-            })
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_default()
-    };
-    // The drip's first head and its lifetime end together: either may count it.
+    let mut closed = std::collections::HashMap::new();
+    for why in [
+        "evicted",
+        "header_timeout",
+        "unauthenticated_timeout",
+        "idle_timeout",
+        "refused",
+    ] {
+        let sample = format!("fleetd_connections_closed_total{{why=\"{why}\"}}");
+        let count = fleet.metric("lead", &sample).await;
+        closed.insert(why, count.ok_or_else(|| anyhow::anyhow!("no {sample}"))?);
+    }
+    let closed = |why: &str| closed[why];
     let (evicted, header, idle) = (
         closed("evicted"),
         closed("header_timeout") + closed("unauthenticated_timeout"),
         closed("idle_timeout"),
     );
     assert!(
-        evicted >= 20
-            && header >= 1
-            && evicted + header >= 61
-            && idle >= 1
-            && closed("refused") == 0,
-        "{metrics}"
+        evicted >= 20.0
+            && header >= 1.0
+            && evicted + header >= 61.0
+            && idle >= 1.0
+            && closed("refused") == 0.0,
+        "evicted {evicted}, before the first head {header}, idle {idle}"
     );
     Ok(())
 }
@@ -368,21 +362,14 @@ async fn a_strangers_unfinished_request_pins_nothing_and_holds_no_shutdown() -> 
     });
     let lasted = tokio::time::timeout(LIMIT, dripping).await??;
     assert!(lasted >= Duration::from_millis(2900), "{lasted:?}");
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", fleet.base()))
-        .bearer_auth(fleet.token("lead")?)
-        .send()
-        .await?
-        .text()
-        .await?;
-    let expired = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("fleetd_connections_closed_total{why=\"unauthenticated_timeout\"} ")
-        })
-        .and_then(|n| n.parse::<u64>().ok())
+    let expired = fleet
+        .metric(
+            "lead",
+            "fleetd_connections_closed_total{why=\"unauthenticated_timeout\"}",
+        )
+        .await
         .unwrap_or_default();
-    assert!(expired >= 1, "{metrics}");
+    assert!(expired >= 1.0, "{expired}");
     // Another such request open at shutdown: fleetd stops at once, and cleanly.
     let mut held = TcpStream::connect(&host).await?;
     held.write_all(
