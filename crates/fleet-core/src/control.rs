@@ -83,18 +83,29 @@ pub enum Target {
 }
 
 /// Where a spawn asked for `requested` goes, from `own` host whose roster knows the hosts
-/// `known` (their gateways heard from lately). A host nobody has heard of fails at once,
-/// naming those that are there.
+/// `known` (their gateways heard from lately) and `quiet` (gone quiet: each with how many
+/// seconds since it was last heard). A quiet host fails at once, saying so (nothing answers
+/// there now); a host nobody has heard of too, naming those that are there.
 pub fn spawn_target(
     requested: Option<&str>,
     own: &str,
     known: &[&str],
+    quiet: &[(&str, u64)],
 ) -> Result<Target, FleetError> {
     let Some(host) = requested.filter(|h| *h != own) else {
         return Ok(Target::Here);
     };
     if known.contains(&host) {
         return Ok(Target::There(host.to_string()));
+    }
+    if let Some((_, silent_s)) = quiet.iter().find(|(h, _)| *h == host) {
+        return Err(FleetError::new(
+            ErrorCode::BrokerUnavailable,
+            format!(
+                "host {} is unreachable: its gateway has not been heard on the broker for {silent_s} s (cut off by a partition, or down); nothing was spawned",
+                shown(host)
+            ),
+        ));
     }
     let mut hosts: Vec<&str> = std::iter::once(own).chain(known.iter().copied()).collect();
     hosts.sort_unstable();
@@ -274,17 +285,28 @@ mod tests {
     }
 
     #[test]
-    fn a_spawn_goes_here_there_or_fails_naming_the_hosts() {
-        assert_eq!(spawn_target(None, "a", &["b"]).unwrap(), Target::Here);
-        assert_eq!(spawn_target(Some("a"), "a", &[]).unwrap(), Target::Here);
+    fn a_spawn_goes_here_there_or_fails_naming_the_hosts_or_the_partition() {
+        let quiet = [("q", 42)];
         assert_eq!(
-            spawn_target(Some("b"), "a", &["c", "b"]).unwrap(),
+            spawn_target(None, "a", &["b"], &quiet).unwrap(),
+            Target::Here
+        );
+        assert_eq!(
+            spawn_target(Some("a"), "a", &[], &[]).unwrap(),
+            Target::Here
+        );
+        assert_eq!(
+            spawn_target(Some("b"), "a", &["c", "b"], &quiet).unwrap(),
             Target::There("b".into())
         );
-        let err = spawn_target(Some("zz\u{1b}[2J"), "a", &["c", "b"]).unwrap_err();
+        let err = spawn_target(Some("zz\u{1b}[2J"), "a", &["c", "b"], &quiet).unwrap_err();
         assert_eq!(err.code, ErrorCode::UnknownRecipient);
         assert!(err.message.contains("hosts there now: a, b, c"), "{err}");
         assert!(err.message.contains(r#""zz\u{1b}[2J""#), "{err}");
+        let err = spawn_target(Some("q"), "a", &["b"], &quiet).unwrap_err();
+        assert_eq!(err.code, ErrorCode::BrokerUnavailable);
+        assert!(err.message.contains("host \"q\" is unreachable"), "{err}");
+        assert!(err.message.contains("for 42 s"), "{err}");
     }
 
     #[test]

@@ -48,6 +48,16 @@ pub fn place(kind: Kind, recipient: Recipient, federated: bool) -> Placement {
     }
 }
 
+/// Whether a message for another host is its gateway's to carry through a broker outage
+/// (kept durably, published once the link allows, its sender done at once) rather than
+/// refused at once: everything but a task for a pane-bound entity (`to_pane`; an entity of
+/// unknown role counts as one). A reply, a report to a lead, a notice or a receipt is handed
+/// over by someone who cannot wait on the link and has nothing else to do with it; a task is
+/// its lead's to send again or elsewhere, and its receipt bound starts when it is published.
+pub fn carried(kind: Kind, to_pane: bool) -> bool {
+    kind != Kind::Send || !to_pane
+}
+
 /// Who would take a pane-bound entity's next task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Taker {
@@ -124,6 +134,16 @@ pub fn announced(gate: &TaskGate) -> WorkerStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_but_a_task_for_a_worker_is_carried_through_an_outage() {
+        assert!(!carried(Kind::Send, true), "a task for a worker");
+        assert!(carried(Kind::Send, false), "a worker's report to its lead");
+        for kind in [Kind::Reply, Kind::Failed, Kind::Injected] {
+            assert!(carried(kind, true), "{kind}");
+            assert!(carried(kind, false), "{kind}");
+        }
+    }
 
     #[test]
     fn leads_hold_workers_queue_tasks_and_hold_the_rest() {

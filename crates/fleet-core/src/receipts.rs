@@ -1,6 +1,8 @@
 //! The pending-receipt bound: a brief published to a remote worker awaits its `INJECTED`
 //! receipt, and is failed loudly if none comes within the bound of its recipient being free.
-//! Time its recipient reads busy does not count (the brief waits on the broker meanwhile).
+//! Time its recipient reads busy or unreachable does not count (the brief waits on the broker
+//! meanwhile, and its recipient's gateway may still type it). Whatever happens, a brief ends by
+//! its lifetime plus the bound: past its lifetime its recipient's gateway never types it.
 //! Pure: every call takes the time as a value; nothing here reads a clock.
 
 use std::collections::HashMap;
@@ -24,6 +26,8 @@ pub struct Pending {
     pub injected: bool,
     /// When it is overdue (or, once injected, forgotten).
     pub deadline: Instant,
+    /// When it is overdue whoever waits: its lifetime and a bound after it was published.
+    pub cap: Instant,
 }
 
 /// The briefs awaiting receipts.
@@ -31,15 +35,19 @@ pub struct Pending {
 pub struct Receipts {
     /// How long a receipt may take once the recipient is free.
     bound: Duration,
+    /// How long a brief lives on the broker (and in its recipient's queue).
+    lifetime: Duration,
     /// The briefs, by message id.
     pending: HashMap<MsgId, Pending>,
 }
 
 impl Receipts {
-    /// None pending yet; a receipt may take `bound` once its recipient is free.
-    pub fn new(bound: Duration) -> Self {
+    /// None pending yet; a receipt may take `bound` once its recipient is free, and a brief
+    /// lives `lifetime`.
+    pub fn new(bound: Duration, lifetime: Duration) -> Self {
         Self {
             bound,
+            lifetime,
             pending: HashMap::new(),
         }
     }
@@ -64,6 +72,7 @@ impl Receipts {
             trace_id,
             injected: false,
             deadline: now + self.bound,
+            cap: now + self.lifetime + self.bound,
         };
         self.pending.insert(msg_id, pending);
     }
@@ -97,13 +106,14 @@ impl Receipts {
         }
     }
 
-    /// At `now`, with the recipients in `busy` working: pushes the deadline of a brief for a
-    /// busy recipient to at least a whole bound away, drops what is past its deadline, and
-    /// returns the overdue briefs whose receipt never came (to fail them loudly).
-    pub fn sweep(&mut self, now: Instant, busy: &[Gid]) -> Vec<(MsgId, Pending)> {
+    /// At `now`, with `waits` telling of a recipient whether a brief waits for it (busy, or
+    /// unreachable): pushes the deadline of a brief for such a recipient to at least a whole
+    /// bound away (never past its cap), drops what is past its deadline, and returns the
+    /// overdue briefs whose receipt never came (to fail them loudly).
+    pub fn sweep(&mut self, now: Instant, waits: impl Fn(Gid) -> bool) -> Vec<(MsgId, Pending)> {
         for pending in self.pending.values_mut() {
-            if !pending.injected && busy.contains(&pending.recipient) {
-                pending.deadline = pending.deadline.max(now + self.bound);
+            if !pending.injected && waits(pending.recipient) {
+                pending.deadline = pending.deadline.max(now + self.bound).min(pending.cap);
             }
         }
         let due: Vec<MsgId> = self
@@ -124,10 +134,15 @@ mod tests {
     use super::*;
 
     const BOUND: Duration = Duration::from_secs(3);
+    const LIFETIME: Duration = Duration::from_secs(20);
     const S: Duration = Duration::from_secs(1);
 
+    fn free(_: Gid) -> bool {
+        false
+    }
+
     fn tracked(t0: Instant) -> (Receipts, MsgId, Gid) {
-        let mut receipts = Receipts::new(BOUND);
+        let mut receipts = Receipts::new(BOUND, LIFETIME);
         let (msg_id, recipient) = (MsgId::mint(), Gid::mint());
         receipts.track(msg_id, Gid::mint(), recipient, TraceId::mint(), t0);
         (receipts, msg_id, recipient)
@@ -150,12 +165,12 @@ mod tests {
         let t0 = Instant::now();
         let (mut receipts, msg_id, _) = tracked(t0);
         assert_eq!(receipts.state(msg_id), Some("queued"));
-        assert!(receipts.sweep(t0 + BOUND - S, &[]).is_empty());
-        let overdue = receipts.sweep(t0 + BOUND, &[]);
+        assert!(receipts.sweep(t0 + BOUND - S, free).is_empty());
+        let overdue = receipts.sweep(t0 + BOUND, free);
         assert_eq!(overdue.len(), 1);
         assert_eq!(overdue[0].0, msg_id);
         assert_eq!(receipts.state(msg_id), None, "failed once, then forgotten");
-        assert!(receipts.sweep(t0 + BOUND * 10, &[]).is_empty());
+        assert!(receipts.sweep(t0 + BOUND * 10, free).is_empty());
     }
 
     #[test]
@@ -163,13 +178,31 @@ mod tests {
         let t0 = Instant::now();
         let (mut receipts, msg_id, recipient) = tracked(t0);
         // Busy from 2 s to 10 s: every sweep meanwhile pushes the deadline a bound away.
+        let busy = |gid: Gid| gid == recipient;
         for s in 2..=10 {
-            assert!(receipts.sweep(t0 + S * s, &[recipient]).is_empty(), "{s}");
+            assert!(receipts.sweep(t0 + S * s, busy).is_empty(), "{s}");
         }
         // Free at 10 s: a whole bound from the last busy sweep.
-        assert!(receipts.sweep(t0 + S * 12, &[]).is_empty());
-        assert_eq!(receipts.sweep(t0 + S * 13, &[]).len(), 1);
+        assert!(receipts.sweep(t0 + S * 12, free).is_empty());
+        assert_eq!(receipts.sweep(t0 + S * 13, free).len(), 1);
         assert_eq!(receipts.state(msg_id), None);
+    }
+
+    #[test]
+    fn a_brief_ends_by_its_lifetime_and_a_bound_however_long_its_recipient_waits() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, recipient) = tracked(t0);
+        let waits = |gid: Gid| gid == recipient;
+        let cap = LIFETIME + BOUND;
+        let mut at = S;
+        while at < cap {
+            assert!(receipts.sweep(t0 + at, waits).is_empty(), "{at:?}");
+            at += S / 4;
+        }
+        let overdue = receipts.sweep(t0 + cap, waits);
+        assert_eq!(overdue.len(), 1);
+        assert_eq!(overdue[0].0, msg_id);
+        assert_eq!(overdue[0].1.cap, t0 + cap);
     }
 
     #[test]
@@ -178,9 +211,13 @@ mod tests {
         let (mut receipts, msg_id, recipient) = tracked(t0);
         receipts.injected(msg_id, t0 + S);
         assert_eq!(receipts.state(msg_id), Some("injected"));
-        assert!(receipts.sweep(t0 + BOUND * 2, &[recipient]).is_empty());
+        assert!(
+            receipts
+                .sweep(t0 + BOUND * 2, |gid| gid == recipient)
+                .is_empty()
+        );
         assert_eq!(receipts.state(msg_id), Some("injected"));
-        assert!(receipts.sweep(t0 + S + INJECTED_KEPT, &[]).is_empty());
+        assert!(receipts.sweep(t0 + S + INJECTED_KEPT, free).is_empty());
         assert_eq!(receipts.state(msg_id), None, "forgotten without a failure");
     }
 
@@ -189,7 +226,7 @@ mod tests {
         let t0 = Instant::now();
         let (mut receipts, msg_id, _) = tracked(t0);
         receipts.forget(msg_id);
-        assert!(receipts.sweep(t0 + BOUND, &[]).is_empty());
+        assert!(receipts.sweep(t0 + BOUND, free).is_empty());
         // A receipt for a brief no longer tracked changes nothing.
         receipts.injected(msg_id, t0);
         assert_eq!(receipts.state(msg_id), None);

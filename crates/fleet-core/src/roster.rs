@@ -1,6 +1,8 @@
 //! The remote roster: what this gateway knows of other hosts and their entities, merged from
-//! their presence heartbeats, expired when they go quiet, and capped so that a flood of forged
-//! heartbeats grows no memory. Pure: the time of each heartbeat comes in as a value (a
+//! their presence heartbeats, read `unreachable` when they go quiet (a partition looks like
+//! that: the host is there, its broker link is not), forgotten when they stay quiet past what
+//! the broker would keep for them, and capped so that a flood of forged heartbeats grows no
+//! memory. Pure: the time of each heartbeat comes in as a value (a
 //! monotonic instant for expiry, Unix ms for showing), and nothing here reads a clock.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -38,7 +40,13 @@ pub struct RemoteEntry {
     pub heard: Instant,
     /// When it was last heard of, Unix ms (for showing).
     pub heard_ms: i64,
+    /// Since when (Unix ms) it has been unreachable: its host went quiet for the ttl. `None`
+    /// while its host is heard.
+    pub unreachable_since_ms: Option<i64>,
 }
+
+/// The status shown for an entity (or host) whose host went quiet.
+pub const UNREACHABLE: &str = "unreachable";
 
 impl RemoteEntry {
     /// Whether its host says it cannot take a task now (working, asking, stopped on a dialog,
@@ -49,6 +57,21 @@ impl RemoteEntry {
             self.status.as_str(),
             "busy" | "asking" | "blocked" | "spawning" | "unknown"
         )
+    }
+
+    /// Whether a brief for it waits on the broker now: it is busy, or its host cannot be heard
+    /// (nothing takes the brief off its inbox meanwhile).
+    pub fn waits(&self) -> bool {
+        self.unreachable_since_ms.is_some() || self.is_busy()
+    }
+
+    /// Its status as shown: [`UNREACHABLE`] while its host is quiet, else what its host said.
+    pub fn shown_status(&self) -> &str {
+        if self.unreachable_since_ms.is_some() {
+            UNREACHABLE
+        } else {
+            &self.status
+        }
     }
 }
 
@@ -61,6 +84,8 @@ pub struct RemoteHost {
     pub heard: Instant,
     /// When it was last heard of, Unix ms (for showing).
     pub heard_ms: i64,
+    /// Since when (Unix ms) it has been quiet past the ttl; `None` while it is heard.
+    pub unreachable_since_ms: Option<i64>,
 }
 
 /// What a heartbeat did to the roster.
@@ -129,8 +154,10 @@ pub fn malformed(presence: &Presence) -> Option<String> {
 pub struct Roster {
     /// The caps on what it keeps.
     caps: RosterCaps,
-    /// How long an entry lives without a heartbeat.
+    /// How long an entry is heard without a heartbeat; past it, it is unreachable.
     ttl: Duration,
+    /// How long an entry is kept without a heartbeat: past it, it is forgotten.
+    forget: Duration,
     /// Remote entities by gid.
     entities: HashMap<Gid, RemoteEntry>,
     /// Remote hosts by host id.
@@ -147,11 +174,13 @@ pub struct Roster {
 pub const MAX_DEPARTED: usize = 4096;
 
 impl Roster {
-    /// An empty roster under `caps`, whose entries live `ttl` without a heartbeat.
-    pub fn new(caps: RosterCaps, ttl: Duration) -> Self {
+    /// An empty roster under `caps`, whose entries read unreachable after `ttl` without a
+    /// heartbeat and are forgotten after `forget` (at least `ttl`).
+    pub fn new(caps: RosterCaps, ttl: Duration, forget: Duration) -> Self {
         Self {
             caps,
             ttl,
+            forget: forget.max(ttl),
             entities: HashMap::new(),
             hosts: HashMap::new(),
             ignored: 0,
@@ -221,6 +250,7 @@ impl Roster {
                     status: presence.status,
                     heard: now,
                     heard_ms: now_ms,
+                    unreachable_since_ms: None,
                 };
                 self.entities.insert(entry.entity.gid, entry);
                 Heard::Merged
@@ -244,6 +274,7 @@ impl Roster {
                     profiles: presence.profiles,
                     heard: now,
                     heard_ms: now_ms,
+                    unreachable_since_ms: None,
                 };
                 self.hosts.insert(host.to_string(), entry);
                 Heard::Merged
@@ -259,18 +290,32 @@ impl Roster {
         }
     }
 
-    /// Drops every entry not heard of within the ttl before `now`.
-    pub fn expire(&mut self, now: Instant) {
-        let ttl = self.ttl;
-        let (quiet, kept) = std::mem::take(&mut self.entities)
+    /// At `now` (`now_ms` Unix ms): marks every entry not heard of within the ttl
+    /// unreachable (since now), and forgets every one not heard of within `forget`.
+    pub fn expire(&mut self, now: Instant, now_ms: i64) {
+        let (ttl, forget) = (self.ttl, self.forget);
+        let (forgotten, kept) = std::mem::take(&mut self.entities)
             .into_iter()
-            .partition::<HashMap<_, _>, _>(|(_, e)| now.saturating_duration_since(e.heard) >= ttl);
+            .partition::<HashMap<_, _>, _>(|(_, e)| {
+                now.saturating_duration_since(e.heard) >= forget
+            });
         self.entities = kept;
-        for (_, entry) in quiet {
+        for (_, entry) in forgotten {
             self.depart(entry.entity);
         }
         self.hosts
-            .retain(|_, h| now.saturating_duration_since(h.heard) < ttl);
+            .retain(|_, h| now.saturating_duration_since(h.heard) < forget);
+        let quiet = |heard: Instant| now.saturating_duration_since(heard) >= ttl;
+        for entry in self.entities.values_mut() {
+            if quiet(entry.heard) && entry.unreachable_since_ms.is_none() {
+                entry.unreachable_since_ms = Some(now_ms);
+            }
+        }
+        for host in self.hosts.values_mut() {
+            if quiet(host.heard) && host.unreachable_since_ms.is_none() {
+                host.unreachable_since_ms = Some(now_ms);
+            }
+        }
     }
 
     /// What the roster holds, as a heartbeat from `host` finds it.
@@ -300,16 +345,24 @@ impl Roster {
         self.entities.values()
     }
 
-    /// Every remote host, in no order.
+    /// Every remote host, heard or unreachable, in no order.
     pub fn hosts(&self) -> impl Iterator<Item = (&str, &RemoteHost)> {
         self.hosts.iter().map(|(host, h)| (host.as_str(), h))
     }
 
-    /// The remote entities that are working now.
-    pub fn busy(&self) -> Vec<Gid> {
+    /// The remote hosts heard within the ttl, in no order.
+    pub fn hosts_heard(&self) -> impl Iterator<Item = &str> {
+        self.hosts()
+            .filter(|(_, h)| h.unreachable_since_ms.is_none())
+            .map(|(host, _)| host)
+    }
+
+    /// The remote entities a brief waits for now: working, or unreachable
+    /// ([`RemoteEntry::waits`]).
+    pub fn waiting(&self) -> Vec<Gid> {
         self.entities
             .values()
-            .filter(|e| e.is_busy())
+            .filter(|e| e.waits())
             .map(|e| e.entity.gid)
             .collect()
     }
@@ -322,6 +375,7 @@ mod tests {
     use crate::bounds::{REMOTE_ENTITIES_KEY, REMOTE_HOSTS_KEY};
 
     const TTL: Duration = Duration::from_secs(3);
+    const FORGET: Duration = Duration::from_secs(60);
 
     fn roster(hosts: usize, entities_per_host: usize) -> Roster {
         Roster::new(
@@ -330,6 +384,7 @@ mod tests {
                 entities_per_host,
             },
             TTL,
+            FORGET,
         )
     }
 
@@ -379,13 +434,13 @@ mod tests {
             (entry.status.as_str(), entry.heard, entry.heard_ms),
             ("busy", later, 2)
         );
-        assert_eq!(roster.busy(), vec![w.gid]);
+        assert_eq!(roster.waiting(), vec![w.gid]);
         // A worker whose pane host cannot tell is not free either: its brief waits, and so does
         // its sender's receipt bound.
         roster.hear("hostb", beat(Some(&w), "unknown"), later, 2);
-        assert_eq!(roster.busy(), vec![w.gid]);
+        assert_eq!(roster.waiting(), vec![w.gid]);
         roster.hear("hostb", beat(Some(&w), "idle"), later, 2);
-        assert!(roster.busy().is_empty());
+        assert!(roster.waiting().is_empty());
         assert_eq!(
             roster.hear("hostb", beat(Some(&w), GONE), later, 2),
             Heard::Left
@@ -483,7 +538,7 @@ mod tests {
         roster.hear("hostb", beat(Some(&left), "idle"), t0, 0);
         roster.hear("hostb", beat(Some(&quiet), "idle"), t0, 0);
         roster.hear("hostb", beat(Some(&left), GONE), t0, 0);
-        roster.expire(t0 + Duration::from_secs(3600));
+        roster.expire(t0 + Duration::from_secs(3600), 0);
         assert!(roster.entities().next().is_none());
         assert_eq!(roster.departed(left.gid), Some(&left));
         assert_eq!(roster.departed(quiet.gid), Some(&quiet));
@@ -509,7 +564,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_expire_after_the_ttl_without_a_heartbeat() {
+    fn a_quiet_entry_is_unreachable_after_the_ttl_and_forgotten_after_forget() {
         let t0 = Instant::now();
         let mut roster = roster(4, 4);
         let (old, fresh) = (entity("old", "hostb"), entity("fresh", "hostb"));
@@ -521,14 +576,44 @@ mod tests {
             t0 + Duration::from_secs(2),
             0,
         );
-        roster.expire(t0 + TTL - Duration::from_millis(1));
-        assert_eq!(names(&roster), ["fresh", "old"]);
-        roster.expire(t0 + TTL);
-        assert_eq!(names(&roster), ["fresh"]);
-        assert_eq!(roster.hosts().count(), 0, "the host entry went quiet too");
+        let shown = |roster: &Roster, e: &Entity| {
+            roster
+                .entity(e.gid)
+                .map(|r| (r.shown_status().to_string(), r.unreachable_since_ms))
+        };
+        roster.expire(t0 + TTL - Duration::from_millis(1), 10);
+        assert_eq!(shown(&roster, &old), Some(("idle".into(), None)));
+        assert!(roster.waiting().is_empty());
+        // Quiet for the ttl: unreachable since then, kept, and a brief for it waits.
+        roster.expire(t0 + TTL, 20);
+        assert_eq!(shown(&roster, &old), Some((UNREACHABLE.into(), Some(20))));
+        assert_eq!(shown(&roster, &fresh), Some(("idle".into(), None)));
+        assert_eq!(roster.waiting(), [old.gid]);
+        assert_eq!(roster.hosts().count(), 1);
+        assert_eq!(
+            roster.hosts_heard().count(),
+            0,
+            "the host entry went quiet too"
+        );
+        // The since stays when it was first found quiet.
+        roster.expire(t0 + TTL * 2, 30);
+        assert_eq!(shown(&roster, &old), Some((UNREACHABLE.into(), Some(20))));
+        // A heartbeat brings it back at once.
+        let back = t0 + TTL * 3;
+        roster.hear("hostb", beat(None, "up"), back, 40);
+        roster.hear("hostb", beat(Some(&old), "busy"), back, 40);
+        assert_eq!(shown(&roster, &old), Some(("busy".into(), None)));
+        assert_eq!(roster.hosts_heard().collect::<Vec<_>>(), ["hostb"]);
+        // Quiet past `forget`: forgotten, and remembered as departed.
+        roster.expire(back + FORGET, 50);
+        assert!(names(&roster).is_empty());
+        assert_eq!(roster.hosts().count(), 0);
+        assert_eq!(roster.departed(old.gid), Some(&old));
         // A clock that went backwards expires nothing.
-        roster.expire(t0);
-        assert_eq!(names(&roster), ["fresh"]);
+        let mut again = self::roster(4, 4);
+        again.hear("hostb", beat(Some(&fresh), "idle"), back, 0);
+        again.expire(t0, 60);
+        assert_eq!(shown(&again, &fresh), Some(("idle".into(), None)));
     }
 
     #[test]

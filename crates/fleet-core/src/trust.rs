@@ -188,6 +188,8 @@ pub enum Refusal {
     TooLongLived,
     /// Its id was seen before for the same recipient.
     Replay,
+    /// A heartbeat stamped before the last one taken for the same entity: overtaken by it.
+    Overtaken,
     /// The sender may not send it (a rule that holds on one host too).
     Forbidden(String),
     /// An answer about a message this gateway did not send to the answering host.
@@ -198,6 +200,17 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Whether it says only that a genuine message came late: too old, past its expiry, or
+    /// overtaken by a newer one. For a message whose seal and sender were checked first, as a
+    /// heartbeat's are: a heartbeat that sat in a socket through a partition is late, not
+    /// forged. (A replay, the same id again, is not lateness.)
+    pub fn late(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Stale { .. } | Refusal::Expired | Refusal::Overtaken
+        )
+    }
+
     /// The check, as the audit line (`refused: <reason>`) and the log name it.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -216,6 +229,7 @@ impl Refusal {
             Refusal::Expired => "expired",
             Refusal::TooLongLived => "lifetime too long",
             Refusal::Replay => "replay",
+            Refusal::Overtaken => "overtaken",
             Refusal::Forbidden(_) => "not allowed",
             Refusal::NotTheRecipient => "answer from another host",
             Refusal::StrayBroadcast => "stray broadcast",
@@ -265,6 +279,9 @@ impl fmt::Display for Refusal {
                 "it would live longer than the window (federation.max_message_age_s), past the time its id is remembered",
             ),
             Refusal::Replay => f.write_str("its id was seen before: a replay"),
+            Refusal::Overtaken => {
+                f.write_str("a newer heartbeat for the same entity was taken already")
+            }
             Refusal::Forbidden(why) => f.write_str(why),
             Refusal::NotTheRecipient => f.write_str(
                 "it answers a message this gateway did not send to its sending host, or not between these two",
@@ -830,6 +847,29 @@ mod tests {
     }
 
     #[test]
+    fn only_old_expired_or_repeated_is_late_rather_than_untrusted() {
+        let late = [
+            Refusal::Stale { age_ms: 1 },
+            Refusal::Expired,
+            Refusal::Overtaken,
+        ];
+        assert!(late.iter().all(Refusal::late));
+        let untrusted = [
+            Refusal::Replay,
+            Refusal::Future { ahead_ms: 1 },
+            Refusal::TooLongLived,
+            Refusal::BadSignature,
+            Refusal::Unsigned,
+            Refusal::PresenceKey,
+            Refusal::UnknownKey { host: "h".into() },
+            Refusal::ForeignEntity {
+                claimed: "h".into(),
+            },
+        ];
+        assert!(!untrusted.iter().any(Refusal::late));
+    }
+
+    #[test]
     fn a_broadcast_copy_is_taken_by_an_inbox_bound_to_its_key_after_its_recipient_joined() {
         let worker = Entity {
             groups: vec!["core".into()],
@@ -1055,6 +1095,7 @@ mod tests {
             Refusal::Expired,
             Refusal::TooLongLived,
             Refusal::Replay,
+            Refusal::Overtaken,
             Refusal::Forbidden("x".into()),
             Refusal::NotTheRecipient,
             Refusal::StrayBroadcast,

@@ -186,6 +186,18 @@ impl Client {
             .ok_or_else(|| anyhow::anyhow!("{name} is not listed: {list}"))
     }
 
+    /// The `fleet_list` entry of `name`, once its host is heard: listed with a status other
+    /// than `unknown` (its pane host cannot tell) or `unreachable` (its host is not heard).
+    pub async fn heard_entry(&self, name: &str) -> anyhow::Result<Value> {
+        let entry = self.entry(name).await?;
+        let status = entry["status"].as_str().unwrap_or_default();
+        anyhow::ensure!(
+            !["unknown", "unreachable"].contains(&status),
+            "{name} is {status}"
+        );
+        Ok(entry)
+    }
+
     /// Closes the connection.
     pub async fn close(self) -> anyhow::Result<()> {
         self.service.cancel().await?;

@@ -150,6 +150,8 @@ pub struct Metrics {
     publish_seconds: Histogram,
     dead_letters: Family<Dead, Counter>,
     asks: Counter,
+    /// Heartbeats from other hosts that came too late to be taken (held up by a partition).
+    heartbeats_late: Counter,
     nudges: Family<Nudged, Counter>,
     sessions: Family<Status, Gauge>,
     messages: Family<KindState, Gauge>,
@@ -193,6 +195,7 @@ impl Metrics {
             publish_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 13)),
             dead_letters: Family::default(),
             asks: Counter::default(),
+            heartbeats_late: Counter::default(),
             nudges: Family::default(),
             sessions: Family::default(),
             messages: Family::default(),
@@ -237,6 +240,11 @@ impl Metrics {
             "asks",
             "Questions workers asked their leads mid-task",
             metrics.asks.clone(),
+        );
+        registry.register(
+            "heartbeats_late",
+            "Heartbeats from other hosts dropped for coming too late (they sat out a partition): genuine, not forged",
+            metrics.heartbeats_late.clone(),
         );
         registry.register(
             "nudges",
@@ -343,6 +351,11 @@ impl Metrics {
     /// A worker asked its lead.
     pub fn asked(&self) {
         self.asks.inc();
+    }
+
+    /// A genuine heartbeat from another host came too late to be taken.
+    pub fn heartbeat_late(&self) {
+        self.heartbeats_late.inc();
     }
 
     /// An entity of `role` nudged.

@@ -127,7 +127,7 @@ fn status_colour(status: &str) -> Option<&'static str> {
     match status {
         "idle" | "up" => Some("32"),
         "busy" | "asking" | "spawning" | "working" => Some("33"),
-        "stopping" | "gone" | "unknown" | "blocked" => Some("31"),
+        "stopping" | "gone" | "unknown" | "unreachable" | "blocked" => Some("31"),
         _ => None,
     }
 }

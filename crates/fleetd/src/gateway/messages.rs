@@ -123,6 +123,8 @@ impl Gateway {
             }
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
+            // One its gateway carries through an outage is kept here until the broker takes it.
+            Placement::Remote if self.carries(&message) => return self.carry(message).await,
             // Its own gateway keeps it: nothing of it is stored here.
             Placement::Remote => {
                 let published = self.publish_remote(&message).await;
@@ -206,7 +208,7 @@ impl Gateway {
     /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
     /// reply or a failure notice to a lead there), that the task is answered: no copy of the
     /// answer is kept here, and a restart reaping the worker would report it unanswered.
-    async fn answered_elsewhere(&self, published: &Message) {
+    pub(super) async fn answered_elsewhere(&self, published: &Message) {
         let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
         else {
             return;

@@ -8,7 +8,7 @@ const KEY_HEADER = 'X-Fleet-Session-Key';
 const KEY_STORE = 'fleetd-session-key';
 
 // The states and statuses the page colours; anything else another host says is shown plain.
-const KNOWN = new Set(['idle', 'up', 'busy', 'asking', 'blocked', 'spawning', 'stopping', 'gone', 'unknown',
+const KNOWN = new Set(['idle', 'up', 'busy', 'asking', 'blocked', 'spawning', 'stopping', 'gone', 'unknown', 'unreachable',
   'working', 'blocked', 'done', 'queued', 'injecting', 'injected', 'held', 'consumed', 'failed',
   'replied']);
 

@@ -113,13 +113,10 @@ async fn connections(node: &PrivateNode, vhost: &Vhost) -> anyhow::Result<Vec<Va
         .collect())
 }
 
-/// Waits until `lead`'s `fleet_list` shows `name` with a status other than `unknown`.
+/// Waits until `lead`'s `fleet_list` shows `name` with its host heard.
 async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     until(&format!("the roster to show {name}"), LIMIT, || async {
-        lead.entry(name)
-            .await
-            .ok()
-            .filter(|e| e["status"] != "unknown")
+        lead.heard_entry(name).await.ok()
     })
     .await
 }

@@ -191,8 +191,8 @@ async fn ensure_workers(lead: &Client, names: &[&str], watcher: &Client) -> anyh
         let gid = spawned["gid"].as_str().unwrap_or_default().to_string();
         let started = Instant::now();
         loop {
-            let seen = watcher.entry(name).await.ok();
-            if seen.is_some_and(|e| e["gid"] == gid.as_str() && e["status"] != "unknown") {
+            let seen = watcher.heard_entry(name).await.ok();
+            if seen.is_some_and(|e| e["gid"] == gid.as_str()) {
                 break;
             }
             anyhow::ensure!(

@@ -75,14 +75,18 @@ impl Gateway {
         if fed.link().is_none() && !fed.fails_over() {
             return Err(unavailable("nothing can be spawned on another host now"));
         }
-        let known: Vec<String> = fed
-            .lock()
-            .roster
-            .hosts()
-            .map(|(host, _)| host.to_string())
-            .collect();
-        let known: Vec<&str> = known.iter().map(String::as_str).collect();
-        spawn_target(requested, &self.host_id, &known)
+        let now = now_ms();
+        let state = fed.lock();
+        let (mut known, mut quiet) = (Vec::new(), Vec::new());
+        for (host, h) in state.roster.hosts() {
+            if h.unreachable_since_ms.is_some() {
+                let silent_s = now.saturating_sub(h.heard_ms).max(0) / 1000;
+                quiet.push((host, u64::try_from(silent_s).unwrap_or(0)));
+            } else {
+                known.push(host);
+            }
+        }
+        spawn_target(requested, &self.host_id, &known, &quiet)
     }
 
     /// `fleet_spawn` on `host`: its gateway spawns the worker, and the call returns what it

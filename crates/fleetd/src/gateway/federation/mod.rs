@@ -38,18 +38,19 @@ pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use fleet_amqp::{AmqpError, Broker, Published};
 use fleet_core::bounds::RosterCaps;
+use fleet_core::delivery::carried;
 use fleet_core::envelope::Envelope;
 use fleet_core::receipts::Receipts;
 use fleet_core::roster::Roster;
 use fleet_core::signing::{Signature, SigningKey, signature};
 use fleet_core::trust::Trust;
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, MsgId};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId};
 use fleet_store::SentBetween;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -81,6 +82,11 @@ pub struct Federation {
     /// Bumped whenever a heartbeat adds to the roster: a message from a sender not yet
     /// announced waits on it a while.
     roster_heard: tokio_watch::Sender<u64>,
+    /// Something may wait in the store's outbox for the broker (set when something is kept,
+    /// and at start: a previous run may have left some).
+    outbox_waiting: AtomicBool,
+    /// Held by the outbox's flush: one at a time.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 /// What the federated plane holds in memory.
@@ -164,9 +170,12 @@ impl Federation {
             hosts: config.max_remote_hosts,
             entities_per_host: config.max_remote_entities_per_host,
         };
+        // A quiet host's entries are kept (unreachable) as long as a message sent to them could
+        // wait on the broker; a brief lives as long, and ends by then and a bound.
+        let lifetime = Duration::from_secs(config.inbox_message_ttl_s);
         let state = FedState {
-            roster: Roster::new(caps, Duration::from_secs(config.presence_ttl_s)),
-            receipts: Receipts::new(Duration::from_secs(config.injected_bound_s)),
+            roster: Roster::new(caps, Duration::from_secs(config.presence_ttl_s), lifetime),
+            receipts: Receipts::new(Duration::from_secs(config.injected_bound_s), lifetime),
             senders: HashMap::new(),
             consumers: HashMap::new(),
             heartbeats_last: HashMap::new(),
@@ -188,6 +197,8 @@ impl Federation {
             key,
             trust,
             roster_heard: tokio_watch::channel(0).0,
+            outbox_waiting: AtomicBool::new(true),
+            flushing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -307,9 +318,12 @@ impl Federation {
             .collect()
     }
 
-    /// How many other hosts the roster hears from.
+    /// How many other hosts the roster hears from (none while this gateway's link is down).
     pub(super) fn hosts_heard(&self) -> usize {
-        self.lock().roster.hosts().count()
+        if self.link().is_none() {
+            return 0;
+        }
+        self.lock().roster.hosts_heard().count()
     }
 
     /// Whether remote entity `gid` is busy as its host last announced it; `None` when the
@@ -377,6 +391,21 @@ impl Gateway {
             None => name.to_string(),
         };
         state.senders.insert(gid, shown);
+    }
+
+    /// Whether `message` (for another host) is this gateway's to carry through a broker outage
+    /// (the rule: [`carried`]), its recipient's role as the roster knows or last knew it.
+    pub(in crate::gateway) fn carries(&self, message: &Message) -> bool {
+        let to_pane = self.fed().is_none_or(|fed| {
+            let state = fed.lock();
+            state
+                .roster
+                .entity(message.to)
+                .map(|e| &e.entity)
+                .or_else(|| state.roster.departed(message.to))
+                .is_none_or(|e| e.role.is_pane_bound())
+        });
+        carried(message.kind, to_pane)
     }
 
     /// The host a remote entity is on: as the roster knows it (or last knew it), else as its

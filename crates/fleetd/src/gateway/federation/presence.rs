@@ -8,7 +8,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
 use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
-use fleet_core::roster::{Heard, Presence};
+use fleet_core::roster::{Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
@@ -42,6 +42,7 @@ impl Gateway {
             }
             self.sweep().await;
             forget_heartbeats(fed);
+            self.flush_when_waiting();
         }
     }
 
@@ -181,9 +182,19 @@ impl Gateway {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
             return Handled::Refused;
         };
-        if let Err(refusal) = self.check_heartbeat(delivery, &envelope, &presence) {
-            self.note_untrusted(delivery, &envelope, &refusal);
-            return Handled::Refused;
+        match self.check_heartbeat(delivery, &envelope, &presence) {
+            Ok(()) => {}
+            // Its seal and sender passed: it sat out a partition (or a slow link). A newer one
+            // says more; it is dropped, counted, and no forgery is cried.
+            Err(refusal) if refusal.late() => {
+                self.metrics.heartbeat_late();
+                tracing::debug!(%host, check = refusal.reason(), "a late heartbeat was dropped");
+                return Handled::Noted;
+            }
+            Err(refusal) => {
+                self.note_untrusted(delivery, &envelope, &refusal);
+                return Handled::Refused;
+            }
         }
         let now = Instant::now().into_std();
         let heard = fed.lock().roster.hear(&host, presence, now, now_ms());
@@ -235,10 +246,11 @@ impl Gateway {
                 role: e.entity.role,
                 slot: slot_of(e.entity.role, &e.entity.name),
                 profile: e.entity.profile.clone(),
+                // With this gateway's own link down, nobody can be heard.
                 status: if up {
-                    e.status.clone()
+                    e.shown_status().to_string()
                 } else {
-                    "unknown".into()
+                    UNREACHABLE.into()
                 },
                 agent: None,
                 agent_status: None,
@@ -257,7 +269,11 @@ impl Gateway {
             .hosts()
             .map(|(host, h)| HostView {
                 host: host.to_string(),
-                status: if up { "up".into() } else { "unknown".into() },
+                status: if up && h.unreachable_since_ms.is_none() {
+                    "up".into()
+                } else {
+                    UNREACHABLE.into()
+                },
                 profiles: h.profiles.clone(),
                 last_seen_ms: Some(h.heard_ms),
             })

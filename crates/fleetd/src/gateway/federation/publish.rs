@@ -2,6 +2,10 @@
 //! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
 //! everything this gateway publishes.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, QueueType, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
@@ -13,6 +17,10 @@ use super::super::Gateway;
 use super::{not_taken, publish_outcome, unavailable};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
+
+/// How long a carried message's publish is waited for before it is kept in the outbox and its
+/// sender let go: a confirm takes milliseconds; a link that died unseen takes seconds to say so.
+const CARRY_PATIENCE: Duration = Duration::from_secs(1);
 
 /// What a sender whose message found its recipient's inbox full is told, by the type of the
 /// inbox: a classic one dead-letters what it refuses, a quorum one only refuses it.
@@ -211,12 +219,88 @@ impl Gateway {
         }
     }
 
+    /// Carries `message` (for another host, one [`carried`] says its gateway carries) to its
+    /// recipient whatever the link is doing: published if the broker confirms it within
+    /// [`CARRY_PATIENCE`], else kept in the store's outbox (the publish left running, the
+    /// flusher sending it once the link allows) and taken all the same. Its sender is done at
+    /// once either way; a copy that goes twice is dropped by its recipient's gateway. Refused
+    /// only when the broker refuses it outright (its recipient is gone), or when it can be
+    /// neither published nor kept.
+    pub(in crate::gateway) async fn carry(
+        self: &Arc<Self>,
+        message: Message,
+    ) -> Result<Placement, FleetError> {
+        let gateway = Arc::clone(self);
+        let sent = message.clone();
+        let mut publish = tokio::spawn(async move { gateway.publish_remote(&sent).await });
+        match tokio::time::timeout(CARRY_PATIENCE, &mut publish).await {
+            Ok(Ok(Ok(placement))) => {
+                self.carried(&message).await;
+                Ok(placement)
+            }
+            Ok(Ok(Err(e))) if e.code != ErrorCode::BrokerUnavailable => Err(e),
+            // Unavailable, or the publish panicked: the outbox has it.
+            Ok(_) => self.keep_carried(&message).await,
+            Err(_slow) => {
+                let kept = self.keep_carried(&message).await?;
+                let gateway = Arc::clone(self);
+                let (msg_id, kind) = (message.msg_id, message.kind);
+                self.tasks.spawn(async move {
+                    match publish.await {
+                        Ok(Ok(_)) => gateway.outbox_sent(msg_id).await,
+                        Ok(Err(e)) if e.code != ErrorCode::BrokerUnavailable => {
+                            tracing::error!(%msg_id, %kind, error = %e, "a carried message cannot be delivered: dropped");
+                            gateway.outbox_sent(msg_id).await;
+                        }
+                        // The flusher sends it once the link allows.
+                        _ => {}
+                    }
+                });
+                Ok(kept)
+            }
+        }
+    }
+
+    /// A carried message is taken: counted, and a reply notes its task answered here.
+    async fn carried(self: &Arc<Self>, message: &Message) {
+        self.metrics.accepted(message.kind, Placement::Remote);
+        self.answered_elsewhere(message).await;
+    }
+
+    /// Keeps `message` in the outbox until the broker takes it, and takes it; an error only
+    /// when the store cannot keep it either (its sender then hears the broker is out of reach).
+    async fn keep_carried(self: &Arc<Self>, message: &Message) -> Result<Placement, FleetError> {
+        let kept = message.clone();
+        if let Err(e) = self.db(move |s| s.put_outbox(&kept, now_ms())).await {
+            tracing::error!(msg_id = %message.msg_id, kind = %message.kind, error = %e, "a message for another host cannot be kept: the broker cannot be reached and the store cannot keep it");
+            return Err(unavailable(&format!(
+                "this host's store cannot keep the message ({e}); nothing was sent"
+            )));
+        }
+        if let Some(fed) = self.fed() {
+            fed.outbox_waiting.store(true, Ordering::Relaxed);
+        }
+        tracing::info!(msg_id = %message.msg_id, kind = %message.kind, "the broker cannot take it now: kept until it can");
+        self.carried(message).await;
+        Ok(Placement::Remote)
+    }
+
+    /// Takes a sent message out of the outbox.
+    async fn outbox_sent(&self, msg_id: MsgId) {
+        if let Err(e) = self.db(move |s| s.outbox_sent(msg_id)).await {
+            tracing::warn!(%msg_id, error = %e, "a sent message stays in the outbox: it may be sent twice (its receiver drops the copy)");
+        }
+    }
+
     /// Keeps `notice` (for a sender on another host) in the store until the broker can take
     /// it: a notice this gateway made has no caller to retry it.
     pub(in crate::gateway) async fn keep_for_broker(&self, notice: &Message) {
         let kept = notice.clone();
         match self.db(move |s| s.put_outbox(&kept, now_ms())).await {
             Ok(()) => {
+                if let Some(fed) = self.fed() {
+                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                }
                 tracing::warn!(msg_id = %notice.msg_id, kind = %notice.kind, "the broker cannot be reached: the notice is kept until it can");
             }
             Err(e) => {
@@ -226,28 +310,52 @@ impl Gateway {
     }
 
     /// Publishes what was kept for the broker, oldest first, once it can be reached; stops at
-    /// the first that finds it gone again. One that can never go (its recipient's inbox is
-    /// gone) is dropped, loudly.
+    /// the first that finds it gone again (and looks again later). One that can never go (its
+    /// recipient's inbox is gone) is dropped, loudly. One flush at a time: another finds this
+    /// one at work and leaves it to it.
     pub(in crate::gateway) async fn flush_outbox(&self) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        let Ok(_flushing) = fed.flushing.try_lock() else {
+            return;
+        };
+        fed.outbox_waiting.store(false, Ordering::Relaxed);
         let kept = match self.db(|s| s.outbox()).await {
             Ok(kept) => kept,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read what waits for the broker");
+                fed.outbox_waiting.store(true, Ordering::Relaxed);
                 return;
             }
         };
         for notice in kept {
             let msg_id = notice.msg_id;
             match self.publish_remote(&notice).await {
-                Err(e) if e.code == ErrorCode::BrokerUnavailable => return,
+                Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                    return;
+                }
                 Err(e) => {
-                    tracing::error!(%msg_id, kind = %notice.kind, error = %e, "a kept notice cannot be delivered: dropped");
+                    tracing::error!(%msg_id, kind = %notice.kind, error = %e, "a kept message cannot be delivered: dropped");
                 }
                 Ok(_) => {}
             }
-            if let Err(e) = self.db(move |s| s.outbox_sent(msg_id)).await {
-                tracing::warn!(%msg_id, error = %e, "a sent notice stays in the outbox: it may be sent twice (its receiver drops the copy)");
-            }
+            self.outbox_sent(msg_id).await;
+        }
+    }
+
+    /// Starts a flush of the outbox when something waits in it and the link is up (called
+    /// by the presence loop, so what was kept goes within its sweep interval of the link
+    /// coming back, not only at the next connection).
+    pub(super) fn flush_when_waiting(self: &Arc<Self>) {
+        let Some(fed) = self.fed() else {
+            return;
+        };
+        if fed.outbox_waiting.load(Ordering::Relaxed) && fed.link().is_some() {
+            let gateway = Arc::clone(self);
+            self.tasks
+                .spawn(async move { gateway.flush_outbox().await });
         }
     }
 
@@ -289,20 +397,14 @@ impl Gateway {
     }
 
     /// After a brief from a remote sender was typed in and its submit verified: tell the
-    /// sender's gateway.
-    pub(in crate::gateway) async fn receipt_injected(&self, task: &Message) {
+    /// sender's gateway (carried: the pump types the next task meanwhile).
+    pub(in crate::gateway) async fn receipt_injected(self: &Arc<Self>, task: &Message) {
         let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
         if self.placement(&receipt) != Placement::Remote {
             return;
         }
-        match self.publish_remote(&receipt).await {
-            Err(e) if e.code == ErrorCode::BrokerUnavailable => {
-                self.keep_for_broker(&receipt).await;
-            }
-            Err(e) => {
-                tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
-            }
-            Ok(_) => {}
+        if let Err(e) = self.carry(receipt).await {
+            tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
         }
     }
 

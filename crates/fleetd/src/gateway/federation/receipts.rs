@@ -1,6 +1,7 @@
-//! The sweep: expires quiet roster entries (while the link is up: with it down, nobody can be
-//! heard) and fails remote briefs whose `INJECTED` receipt is overdue, by the bound
-//! `fleet_core::receipts` keeps.
+//! The sweep: marks quiet roster entries unreachable and forgets those quiet too long (while
+//! the link is up: with it down, nobody can be heard), and fails remote briefs whose
+//! `INJECTED` receipt is overdue, by the bound `fleet_core::receipts` keeps: it waits while a
+//! recipient is busy or unreachable (every one while this gateway's own link is down).
 
 use std::sync::Arc;
 
@@ -19,18 +20,22 @@ impl Gateway {
         let now = Instant::now().into_std();
         let (overdue, bound) = {
             let mut state = fed.lock();
-            if fed.link().is_some() {
-                state.roster.expire(now);
+            let up = fed.link().is_some();
+            if up {
+                state.roster.expire(now, now_ms());
             }
-            let busy = state.roster.busy();
-            (state.receipts.sweep(now, &busy), state.receipts.bound())
+            let waiting = state.roster.waiting();
+            let overdue = state
+                .receipts
+                .sweep(now, |gid| !up || waiting.contains(&gid));
+            (overdue, state.receipts.bound())
         };
         self.receipts_settled(overdue.iter().map(|(id, _)| *id).collect())
             .await;
         for (msg_id, pending) in overdue {
             let name = self.name_of(pending.recipient).await;
             let reason = format!(
-                "no INJECTED receipt from '{name}' within {} s of it being free: the brief may not have been typed in, and is not retried",
+                "no INJECTED receipt from '{name}' within {} s of it being free and reachable (or by the end of the brief's life on the broker): the brief may not have been typed in, and is not retried",
                 bound.as_secs()
             );
             tracing::warn!(trace_id = %pending.trace_id, %msg_id, "remote brief not confirmed");

@@ -300,6 +300,63 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
 }
 
 #[tokio::test]
+async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it_is_back() {
+    let Harness {
+        gateway,
+        broker,
+        alice,
+        carol,
+        ..
+    } = harness(10).await;
+    broker.go_down();
+    // A reply (here alice's, to carol on hostc) is handed over while the link is down: taken,
+    // kept in the outbox. A task for a worker would be refused (its lead decides).
+    let task = MsgId::mint();
+    let reply = Message {
+        in_reply_to: Some(task),
+        ..Message::task(alice.gid, carol, "the answer".into(), TraceId::mint(), 0)
+    };
+    let reply = Message {
+        kind: Kind::Reply,
+        ..reply
+    };
+    let placed = gateway.carry(reply.clone()).await.unwrap();
+    assert_eq!(placed, fleet_core::delivery::Placement::Remote);
+    let kept = gateway.db(|s| s.outbox()).await.unwrap();
+    assert_eq!(
+        kept.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+        [reply.msg_id]
+    );
+    // Nothing goes while the link is down, however often the presence loop looks.
+    gateway.flush_when_waiting();
+    assert_eq!(gateway.db(|s| s.outbox()).await.unwrap().len(), 1);
+    // A new link: the presence loop's next look sends it, once, and empties the outbox.
+    let back = Arc::new(FakeBroker::new());
+    back.bind(&carol.to_string());
+    let fed = gateway.fed().unwrap();
+    fed.link
+        .send_replace(Some(Arc::clone(&back) as Arc<dyn Broker>));
+    gateway.flush_when_waiting();
+    tokio::time::timeout(LIMIT, async {
+        while !gateway.db(|s| s.outbox()).await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let sent: Vec<_> = back
+        .published()
+        .into_iter()
+        .filter(|p| p.envelope.msg_id == reply.msg_id)
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].envelope.kind, Kind::Reply);
+    assert_eq!(sent[0].envelope.in_reply_to, Some(task));
+    assert_eq!(sent[0].body, b"the answer");
+    gateway.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_wrong_with_it() {
     let Harness {
         gateway,
@@ -530,6 +587,31 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     );
     let (key, wb, body) = beat("hostb", Some(worker("wb", "hostb")), Kind::Presence);
     taken.push(broker.beat(&key, &signed(&wb, &body), &body).await.unwrap());
+    // Late, not forged: one overtaken by wb's (stamped before it), one expired on its way
+    // (both held up by a partition). Taken off the queue quietly, and the roster unchanged.
+    let overtaken = Envelope {
+        msg_id: MsgId::mint(),
+        ts_ms: wb.ts_ms - 1_000,
+        ..wb.clone()
+    };
+    taken.push(
+        broker
+            .beat(&key, &signed(&overtaken, &body), &body)
+            .await
+            .unwrap(),
+    );
+    let (late_key, late, late_body) = beat("hostb", Some(worker("late", "hostb")), Kind::Presence);
+    let expired = Envelope {
+        ts_ms: late.ts_ms - 20_000,
+        expires_at_ms: late.ts_ms - 5_000,
+        ..late
+    };
+    taken.push(
+        broker
+            .beat(&late_key, &signed(&expired, &late_body), &late_body)
+            .await
+            .unwrap(),
+    );
     let replay = broker.beat(&key, &signed(&wb, &body), &body).await.unwrap();
     refused.push(replay);
 
@@ -554,7 +636,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_quiet_entry() {
+async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails_it_at_the_bound() {
     let Harness { gateway, alice, .. } = harness(10).await;
     let fed = gateway.fed().unwrap();
     let bound = Duration::from_secs(fed.config.injected_bound_s);
@@ -591,14 +673,40 @@ async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_qu
     let looping = Arc::clone(&gateway);
     tokio::spawn(async move { looping.presence_loop().await });
 
+    // Quiet for the ttl: its host is cut off. Kept, unreachable, and its brief waits for it
+    // however long (its gateway may still type it).
     tokio::time::sleep(ttl + Duration::from_secs(1)).await;
-    assert!(gateway.remote_view().0.is_empty(), "the quiet entry stayed");
+    let shown = |gateway: &Gateway| {
+        let (entries, _) = gateway.remote_view();
+        let wb = entries.into_iter().find(|e| e.name == "wb");
+        wb.map(|e| e.status)
+    };
+    assert_eq!(shown(&gateway).as_deref(), Some("unreachable"));
+    tokio::time::sleep(bound * 3).await;
     assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
-
-    tokio::time::sleep(bound - ttl).await;
+    // Heard again, idle, every 5 s: the brief has a whole bound from then, no more.
+    let hear = || {
+        let back = Presence {
+            entity: Some(worker.clone()),
+            status: "idle".into(),
+            profiles: Vec::new(),
+        };
+        let now = tokio::time::Instant::now().into_std();
+        fed.lock().roster.hear("hostb", back, now, 0);
+    };
+    let heard_again = tokio::time::Instant::now();
+    hear();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(shown(&gateway).as_deref(), Some("idle"));
+    while heard_again.elapsed() < bound - Duration::from_secs(1) {
+        assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+        hear();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    hear();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(fed.pending_state(brief.msg_id), None);
-    // Its sender holds the FAILED notice, naming the bound (and the recipient by its gid: the
-    // roster forgot its name).
+    // Its sender holds the FAILED notice, naming the bound and the recipient.
     let gid = alice.gid;
     let notice = gateway
         .db(move |s| s.take_held(gid, None, 10))
@@ -607,11 +715,7 @@ async fn the_sweep_loop_fails_an_unconfirmed_brief_at_the_bound_and_expires_a_qu
     assert_eq!(notice.len(), 1, "{notice:?}");
     assert_eq!(notice[0].kind, Kind::Failed);
     assert_eq!(notice[0].in_reply_to, Some(brief.msg_id));
-    let expected = format!(
-        "no INJECTED receipt from '{}' within {} s",
-        worker.gid,
-        bound.as_secs()
-    );
+    let expected = format!("no INJECTED receipt from 'wb' within {} s", bound.as_secs());
     assert!(notice[0].body.contains(&expected), "{}", notice[0].body);
     gateway.shutdown.cancel();
 }

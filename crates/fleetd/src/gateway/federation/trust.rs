@@ -495,11 +495,12 @@ impl Gateway {
             .map_or_else(|| GATEWAY_ENTRY.to_string(), |e| e.gid.to_string());
         let mut state = fed.lock();
         let key = (host, who);
-        let stale = state
-            .heartbeats_last
-            .get(&key)
-            .is_some_and(|(ts, id)| envelope.ts_ms < *ts || *id == envelope.msg_id);
-        check_replay(stale, false)?;
+        if let Some((ts, id)) = state.heartbeats_last.get(&key) {
+            check_replay(*id == envelope.msg_id, false)?;
+            if envelope.ts_ms < *ts {
+                return Err(Refusal::Overtaken);
+            }
+        }
         if state.heartbeats_last.len() < MAX_HEARTBEAT_SENDERS
             || state.heartbeats_last.contains_key(&key)
         {
