@@ -26,6 +26,8 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 # private node; either way they need the server and rabbitmqctl.
 [ -x /usr/sbin/rabbitmq-server ] || command -v rabbitmq-server >/dev/null 2>&1 ||
   missing+=(rabbitmq-server)
+# The partition test puts a gateway in a network namespace behind a veth it takes down.
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || missing+=(iproute2)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # The web view's test drives a real headless Chromium through its WebDriver.
 [ -x /usr/bin/chromium ] || missing+=(chromium)

@@ -192,7 +192,8 @@ impl Client {
             )
             .await
             .map_err(|e| AmqpError::from_lapin(&format!("cannot consume {name}"), &e))?;
-        Ok(Deliveries::new(consumer))
+        // No prefetch was asked for: 0, no limit.
+        Ok(Deliveries::new(consumer, self.channel.clone(), 0))
     }
 
     /// Takes the next message off queue `name`, settled on delivery; `None` if it is empty.

@@ -6,7 +6,7 @@ use fleet_core::admission::Settlement;
 use fleet_core::dead::Death;
 use fleet_core::envelope::{Envelope, EnvelopeError, HeaderValue};
 use futures_util::{FutureExt, StreamExt};
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 
 use crate::error::AmqpError;
 use crate::table::{death_of, header_values};
@@ -30,7 +30,13 @@ pub struct Delivery {
     /// The channel it came on, kept open until it is dropped (for one taken by a get, whose
     /// channel nothing else holds).
     _channel: Option<lapin::Channel>,
+    /// For one off a consumer: its channel and the consumer's prefetch, for a round trip that
+    /// shows the broker has taken what was sent on the channel before ([`Delivery::ack_surely`]).
+    sync: Option<(lapin::Channel, u16)>,
 }
+
+/// How long [`Delivery::ack_surely`] waits for the broker to show it took an acknowledgement.
+const SURE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Who a delivery is settled with.
 pub(crate) enum Acker {
@@ -56,6 +62,7 @@ impl Delivery {
             redelivered: delivery.redelivered,
             acker: Acker::Lapin(delivery.acker),
             _channel: None,
+            sync: None,
         }
     }
 
@@ -85,6 +92,7 @@ impl Delivery {
             login,
             acker,
             _channel: None,
+            sync: None,
         }
     }
 
@@ -129,6 +137,31 @@ impl Delivery {
     /// Its envelope, decoded from its headers (spec 10 §4's rules, in `fleet_core::envelope`).
     pub fn envelope(&self) -> Result<Envelope, EnvelopeError> {
         Envelope::decode(self.headers.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    /// Acknowledges it, then waits (at most 5 s) for the broker to answer a request sent after
+    /// the acknowledgement on the same channel: the broker takes a channel's frames in order, so
+    /// its answer shows it took the acknowledgement, and the message will not come again. An
+    /// error means that is not known (the link broke, or a partition): the message may come
+    /// again, or may not.
+    pub async fn ack_surely(&self) -> Result<(), AmqpError> {
+        self.settle(Settlement::Ack, false).await?;
+        let Some((channel, prefetch)) = &self.sync else {
+            return Ok(());
+        };
+        // Asking for the prefetch the consumer has already changes nothing, and is answered.
+        let answered = channel.basic_qos(*prefetch, BasicQosOptions::default());
+        match tokio::time::timeout(SURE_TIMEOUT, answered).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(AmqpError::from_lapin(
+                "the broker was not seen to take an acknowledgement",
+                &e,
+            )),
+            Err(_) => Err(AmqpError::Unavailable(format!(
+                "the broker was not seen to take an acknowledgement within {} s",
+                SURE_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     /// Settles it as `how` says; with `through`, every unsettled delivery before it on its
@@ -186,17 +219,17 @@ pub struct Deliveries {
 
 /// Where deliveries come from.
 enum Source {
-    /// A broker consumer.
-    Lapin(lapin::Consumer),
+    /// A broker consumer, its channel and its prefetch.
+    Lapin(Box<(lapin::Consumer, lapin::Channel, u16)>),
     /// The fake broker's queue.
     #[cfg(feature = "fake")]
     Fake(tokio::sync::mpsc::Receiver<Delivery>),
 }
 
 impl Deliveries {
-    pub(crate) fn new(consumer: lapin::Consumer) -> Self {
+    pub(crate) fn new(consumer: lapin::Consumer, channel: lapin::Channel, prefetch: u16) -> Self {
         Self {
-            source: Source::Lapin(consumer),
+            source: Source::Lapin(Box::new((consumer, channel, prefetch))),
         }
     }
 
@@ -212,7 +245,13 @@ impl Deliveries {
     /// or the broker cancelled it). Cancel-safe.
     pub async fn next(&mut self) -> Option<Result<Delivery, AmqpError>> {
         match &mut self.source {
-            Source::Lapin(consumer) => consumer.next().await.map(converted),
+            Source::Lapin(lapin) => {
+                let (consumer, channel, prefetch) = &mut **lapin;
+                consumer
+                    .next()
+                    .await
+                    .map(|next| converted(next, channel, *prefetch))
+            }
             #[cfg(feature = "fake")]
             Source::Fake(queue) => queue.recv().await.map(Ok),
         }
@@ -221,7 +260,13 @@ impl Deliveries {
     /// The next delivery if one has arrived already (`None`: none yet), without waiting.
     pub fn next_now(&mut self) -> Option<Option<Result<Delivery, AmqpError>>> {
         match &mut self.source {
-            Source::Lapin(consumer) => consumer.next().now_or_never().map(|n| n.map(converted)),
+            Source::Lapin(lapin) => {
+                let (consumer, channel, prefetch) = &mut **lapin;
+                consumer
+                    .next()
+                    .now_or_never()
+                    .map(|n| n.map(|next| converted(next, channel, *prefetch)))
+            }
             #[cfg(feature = "fake")]
             Source::Fake(queue) => match queue.try_recv() {
                 Ok(delivery) => Some(Some(Ok(delivery))),
@@ -232,7 +277,14 @@ impl Deliveries {
     }
 }
 
-fn converted(next: Result<lapin::message::Delivery, lapin::Error>) -> Result<Delivery, AmqpError> {
-    next.map(Delivery::from_lapin)
-        .map_err(|e| AmqpError::from_lapin("consuming", &e))
+fn converted(
+    next: Result<lapin::message::Delivery, lapin::Error>,
+    channel: &lapin::Channel,
+    prefetch: u16,
+) -> Result<Delivery, AmqpError> {
+    next.map(|delivery| Delivery {
+        sync: Some((channel.clone(), prefetch)),
+        ..Delivery::from_lapin(delivery)
+    })
+    .map_err(|e| AmqpError::from_lapin("consuming", &e))
 }

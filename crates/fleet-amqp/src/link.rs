@@ -3,6 +3,7 @@
 //! and dead-letter queues, and a publish channel with confirms, `mandatory` and returns. It
 //! knows envelopes and queues, not sessions: the gateway decides what a delivery means.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -44,8 +45,9 @@ const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 const CLOSED_POLL: Duration = Duration::from_millis(500);
 /// The longest one node may take to let a link in (TCP, TLS and the AMQP handshake): a node
 /// that is down but not refusing (its machine gone, a partition) is given up on after this, and
-/// the next one tried.
-const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// the next one tried. Three SYNs go meanwhile (at 0, 1 and 3 s): after a partition heals, the
+/// next attempt's SYN is never far off.
+const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// What a link is opened with. No `Debug`: the URIs may hold a password.
 #[derive(Clone)]
@@ -127,6 +129,10 @@ pub struct Link {
     prefetch: u16,
     /// The most messages a dead-letter queue keeps.
     dlq_max_length: u64,
+    /// Set when a publish went unconfirmed for [`CONFIRM_TIMEOUT`]: the link is taken as lost
+    /// (a partition, which the AMQP heartbeat takes twice its interval to see), so it reads
+    /// down and [`Broker::closed`] returns: its keeper connects anew.
+    lost: AtomicBool,
 }
 
 impl Link {
@@ -240,6 +246,7 @@ impl Link {
             inbox: settings.inbox,
             prefetch: settings.prefetch,
             dlq_max_length: settings.dlq_max_length,
+            lost: AtomicBool::new(false),
         };
         Ok(link)
     }
@@ -304,7 +311,9 @@ impl Link {
 #[async_trait]
 impl Broker for Link {
     fn is_up(&self) -> bool {
-        self.connection.status().connected() && self.publish.status().connected()
+        !self.lost.load(Ordering::Relaxed)
+            && self.connection.status().connected()
+            && self.publish.status().connected()
     }
 
     fn node(&self) -> usize {
@@ -522,7 +531,16 @@ impl Broker for Link {
             properties,
             message.mandatory,
         )
-        .await?;
+        .await
+        .inspect_err(|_| {
+            if started.elapsed() >= CONFIRM_TIMEOUT && !self.lost.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    node = %self.node_name,
+                    "a publish went unconfirmed for {} s: the link is taken as lost, connecting anew",
+                    CONFIRM_TIMEOUT.as_secs()
+                );
+            }
+        })?;
         tracing::debug!(
             key,
             confirm_us = started.elapsed().as_micros() as u64,
@@ -663,7 +681,7 @@ async fn consume_with(
             )
             .held()
         })?;
-    Ok(Deliveries::new(consumer))
+    Ok(Deliveries::new(consumer, channel.clone(), prefetch))
 }
 
 /// A node as logs name it: the `host:port` of its URI (nothing of the login).

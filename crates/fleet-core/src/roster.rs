@@ -357,12 +357,13 @@ impl Roster {
             .map(|(host, _)| host)
     }
 
-    /// The remote entities a brief waits for now: working, or unreachable
-    /// ([`RemoteEntry::waits`]).
-    pub fn waiting(&self) -> Vec<Gid> {
+    /// The remote entities a brief waits for at `now`: working, unreachable
+    /// ([`RemoteEntry::waits`]), or not heard within `overdue` (a heartbeat late: its host may
+    /// be cut off already, and whether it typed the brief is not known until it is heard).
+    pub fn waiting(&self, now: Instant, overdue: Duration) -> Vec<Gid> {
         self.entities
             .values()
-            .filter(|e| e.waits())
+            .filter(|e| e.waits() || now.saturating_duration_since(e.heard) > overdue)
             .map(|e| e.entity.gid)
             .collect()
     }
@@ -376,6 +377,7 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(3);
     const FORGET: Duration = Duration::from_secs(60);
+    const OVERDUE: Duration = Duration::from_secs(2);
 
     fn roster(hosts: usize, entities_per_host: usize) -> Roster {
         Roster::new(
@@ -434,13 +436,13 @@ mod tests {
             (entry.status.as_str(), entry.heard, entry.heard_ms),
             ("busy", later, 2)
         );
-        assert_eq!(roster.waiting(), vec![w.gid]);
+        assert_eq!(roster.waiting(later, OVERDUE), vec![w.gid]);
         // A worker whose pane host cannot tell is not free either: its brief waits, and so does
         // its sender's receipt bound.
         roster.hear("hostb", beat(Some(&w), "unknown"), later, 2);
-        assert_eq!(roster.waiting(), vec![w.gid]);
+        assert_eq!(roster.waiting(later, OVERDUE), vec![w.gid]);
         roster.hear("hostb", beat(Some(&w), "idle"), later, 2);
-        assert!(roster.waiting().is_empty());
+        assert!(roster.waiting(later, OVERDUE).is_empty());
         assert_eq!(
             roster.hear("hostb", beat(Some(&w), GONE), later, 2),
             Heard::Left
@@ -581,14 +583,19 @@ mod tests {
                 .entity(e.gid)
                 .map(|r| (r.shown_status().to_string(), r.unreachable_since_ms))
         };
+        // A heartbeat overdue: a brief for it waits already (its host may be cut off), though
+        // it is not unreachable yet.
+        assert!(roster.waiting(t0 + OVERDUE, OVERDUE).is_empty());
+        let late = t0 + OVERDUE + Duration::from_millis(1);
+        assert_eq!(roster.waiting(late, OVERDUE), [old.gid]);
         roster.expire(t0 + TTL - Duration::from_millis(1), 10);
         assert_eq!(shown(&roster, &old), Some(("idle".into(), None)));
-        assert!(roster.waiting().is_empty());
-        // Quiet for the ttl: unreachable since then, kept, and a brief for it waits.
+        // Quiet for the ttl: unreachable since then, kept, and a brief for it waits, however
+        // long the wait counts as overdue.
         roster.expire(t0 + TTL, 20);
         assert_eq!(shown(&roster, &old), Some((UNREACHABLE.into(), Some(20))));
         assert_eq!(shown(&roster, &fresh), Some(("idle".into(), None)));
-        assert_eq!(roster.waiting(), [old.gid]);
+        assert_eq!(roster.waiting(t0 + TTL, TTL * 10), [old.gid]);
         assert_eq!(roster.hosts().count(), 1);
         assert_eq!(
             roster.hosts_heard().count(),

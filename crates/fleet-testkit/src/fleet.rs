@@ -38,6 +38,9 @@ pub struct Fleet {
     starts: usize,
     /// Variables set (`Some`) or removed (`None`) in its environment, over the test's own.
     env: Vec<(String, Option<String>)>,
+    /// The command fleetd is started under (its words, fleetd's command line after them), as
+    /// `ip netns exec NAME`; empty: fleetd is started itself.
+    wrapper: Vec<String>,
 }
 
 /// A `[[profiles]]` block running the scripted agent with `args`.
@@ -219,7 +222,49 @@ impl Fleet {
         .await
     }
 
+    /// [`Fleet::start_as`], with fleetd started under the command `wrapper` (its words, then
+    /// fleetd's command line): `ip netns exec NAME` puts fleetd in a network namespace of the
+    /// test's ([`crate::netns::Netns`]). Only fleetd goes there: its private tmux server is
+    /// started first from the test, in the test's own namespace, so the workers' panes (which
+    /// tmux forks) stay beside the test and the socket fleetd inherits, and reach fleetd at
+    /// 127.0.0.1.
+    pub async fn start_as_wrapped(
+        host: &str,
+        gateway: &str,
+        rest: &str,
+        wrapper: &[&str],
+    ) -> anyhow::Result<Self> {
+        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
+        let mut fleet = Self::prepared(
+            tempfile::tempdir()?,
+            &format!("socket = \"{socket}\""),
+            socket,
+            &format!("host_id = \"{host}\"\n{gateway}"),
+            rest,
+            Vec::new(),
+            Some(host),
+        )?;
+        fleet.wrapper = wrapper.iter().map(|word| word.to_string()).collect();
+        fleet.launch().await?;
+        Ok(fleet)
+    }
+
     async fn start_with(
+        dir: tempfile::TempDir,
+        mux: &str,
+        socket: String,
+        gateway: &str,
+        rest: &str,
+        env: Vec<(String, Option<String>)>,
+        key_of: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let mut fleet = Self::prepared(dir, mux, socket, gateway, rest, env, key_of)?;
+        fleet.launch().await?;
+        Ok(fleet)
+    }
+
+    /// A fleet with its config written and its state dir made, not yet started.
+    fn prepared(
         dir: tempfile::TempDir,
         mux: &str,
         socket: String,
@@ -248,7 +293,7 @@ impl Fleet {
         if let Some(host) = key_of {
             crate::keys::place(&state, host)?;
         }
-        let mut fleet = Self {
+        Ok(Self {
             dir,
             config,
             state,
@@ -258,9 +303,8 @@ impl Fleet {
             child: None,
             starts: 0,
             env,
-        };
-        fleet.launch().await?;
-        Ok(fleet)
+            wrapper: Vec::new(),
+        })
     }
 
     /// Starts the process again over the same state dir (after [`Fleet::kill9`]).
@@ -284,7 +328,16 @@ impl Fleet {
     }
 
     async fn launch_with(&mut self, stderr: Stdio) -> anyhow::Result<()> {
-        let mut command = Command::new(binary("fleetd")?);
+        let fleetd = binary("fleetd")?;
+        let mut command = match self.wrapper.split_first() {
+            Some((program, words)) => {
+                self.start_tmux_here()?;
+                let mut command = Command::new(program);
+                command.args(words).arg(&fleetd);
+                command
+            }
+            None => Command::new(&fleetd),
+        };
         let fd = inherit(command.as_std_mut(), &self.listener)?;
         for (key, value) in &self.env {
             match value {
@@ -328,6 +381,46 @@ impl Fleet {
             }),
         };
         ready.map_err(|e| anyhow::anyhow!("{e}:\n{}", self.log()))
+    }
+
+    /// Starts the private tmux server from this process, unless it runs: with the session
+    /// fleetd's control client attaches to (`new-session -A`), running what fleetd would run
+    /// in it, and fleetd's environment. A server fleetd started itself would be wherever
+    /// fleetd is (a wrapped fleetd's network namespace), and so would every pane it forks.
+    fn start_tmux_here(&self) -> anyhow::Result<()> {
+        let session = fleet_mux::tmux::codec::control::CONTROL_SESSION;
+        let tmux = |args: &[&str]| {
+            let mut command = std::process::Command::new("tmux");
+            command
+                .args(["-f", "/dev/null", "-L", &self.socket])
+                .args(args)
+                .env_remove("TMUX")
+                .env_remove("TMUX_PANE")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            for (key, value) in &self.env {
+                match value {
+                    Some(value) => command.env(key, value),
+                    None => command.env_remove(key),
+                };
+            }
+            command.output()
+        };
+        if tmux(&["has-session", "-t", &format!("={session}")])?
+            .status
+            .success()
+        {
+            return Ok(());
+        }
+        let out = tmux(&["new-session", "-d", "-s", session, "sleep", "2147483647"])?;
+        anyhow::ensure!(
+            out.status.success(),
+            "cannot start the tmux server {}: {}",
+            self.socket,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
     }
 
     fn log_path(&self, start: usize) -> PathBuf {

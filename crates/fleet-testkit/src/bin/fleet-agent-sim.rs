@@ -10,6 +10,9 @@
 //! drawing for a while after it called in and drops the keys typed meanwhile (a TUI that
 //! reaches its MCP servers before its input box is up); `--clock-ms` redraws a clock for as
 //! long as it runs, taking keys all along.
+//!
+//! `--log-tasks FILE` appends a line to FILE for every task submitted to it, so a test can
+//! count what was typed into its workers, and when, without trusting fleetd's account.
 
 use std::io::Write;
 use std::time::Duration;
@@ -63,6 +66,10 @@ struct Args {
     /// Think this long over every task before acting on it (a slow model).
     #[arg(long, default_value_t = 0)]
     think_ms: u64,
+    /// Append a JSON line `{"ms", "worker", "task"}` to this file for every task submitted
+    /// (Unix milliseconds, this worker's name, the task's text).
+    #[arg(long)]
+    log_tasks: Option<std::path::PathBuf>,
 }
 
 fn env(name: &str) -> anyhow::Result<String> {
@@ -98,6 +105,23 @@ fn raw_terminal() {
     if let Ok(mut termios) = rustix::termios::tcgetattr(stdin) {
         termios.make_raw();
         let _ = rustix::termios::tcsetattr(stdin, rustix::termios::OptionalActions::Now, &termios);
+    }
+}
+
+/// Notes `task`, submitted to worker `name`, in the task log `path`: one line, written in one
+/// append (the workers of a test share the file), before the task is acted on.
+fn log_task(path: &std::path::Path, name: &str, task: &str) {
+    let line = json!({"ms": fleet_core::clock::now_ms(), "worker": name, "task": task});
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
+    if let Err(e) = written {
+        show(&format!(
+            "[cannot log the task to {}: {e}]\r\n",
+            path.display()
+        ));
     }
 }
 
@@ -265,6 +289,9 @@ async fn main() -> anyhow::Result<()> {
                 Event::Echo(bytes) => show(&String::from_utf8_lossy(&bytes)),
                 Event::Submit(task) => {
                     tasks += 1;
+                    if let Some(path) = &args.log_tasks {
+                        log_task(path, &name, &task);
+                    }
                     show(&format!("\r\n[task {tasks}: {} bytes]\r\n", task.len()));
                     if args.think_ms > 0 {
                         tokio::time::sleep(Duration::from_millis(args.think_ms)).await;

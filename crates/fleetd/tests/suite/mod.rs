@@ -24,6 +24,7 @@ mod metrics;
 mod nudge;
 mod openapi;
 mod opencode;
+mod partition;
 mod python;
 mod sandbox;
 mod service;

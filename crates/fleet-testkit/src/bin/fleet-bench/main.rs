@@ -6,6 +6,7 @@ mod consult;
 mod federation;
 mod flood;
 mod local;
+mod partition;
 mod scale;
 mod soak;
 mod submits;
@@ -79,6 +80,10 @@ enum What {
     /// while a lead runs round trips and `/healthz` is probed: the figures beside the same
     /// without them, what fleetd closed and when, its descriptors and RSS after the flood.
     Flood(flood::Args),
+    /// A host cut off from the broker by a real network partition (issue 37; needs root and
+    /// iproute2): every task's fate, duplicates, workers left busy, roster convergence and
+    /// recovery after healing, beside the same traffic without a partition.
+    Partition(partition::Args),
     /// Crash soak: cycles of `kill -9` of a gateway in the middle of mixed traffic, each
     /// followed by a restart; counts what was lost, duplicated or typed twice.
     Soak(soak::Args),
@@ -237,6 +242,7 @@ async fn main() -> anyhow::Result<()> {
             entities,
         } => federation::federation(trips, messages, entities).await,
         What::Flood(args) => flood::run(args).await,
+        What::Partition(args) => partition::run(args).await,
         What::Soak(args) => soak::run(args).await,
         What::Scale(args) => scale::run(args).await,
         What::Submits(args) => submits::run(args).await,

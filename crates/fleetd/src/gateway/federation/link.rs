@@ -21,7 +21,7 @@ use super::inbox::settle;
 use crate::config::{BrokerConfig, FederationConfig};
 
 /// The longest pause between two connection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// The first pause after a failed connection attempt.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// How many broker heartbeats an inbox held by another consumer is waited for at start.

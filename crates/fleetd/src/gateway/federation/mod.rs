@@ -170,11 +170,13 @@ impl Federation {
             hosts: config.max_remote_hosts,
             entities_per_host: config.max_remote_entities_per_host,
         };
-        // A quiet host's entries are kept (unreachable) as long as a message sent to them could
-        // wait on the broker; a brief lives as long, and ends by then and a bound.
+        // A quiet host's entries are kept (unreachable) as long as the broker keeps their
+        // inboxes unused, so a send to them still waits there; a brief lives on the broker for
+        // the message ttl, and ends by then and a bound.
         let lifetime = Duration::from_secs(config.inbox_message_ttl_s);
+        let kept = Duration::from_secs(config.inbox_expires_s);
         let state = FedState {
-            roster: Roster::new(caps, Duration::from_secs(config.presence_ttl_s), lifetime),
+            roster: Roster::new(caps, Duration::from_secs(config.presence_ttl_s), kept),
             receipts: Receipts::new(Duration::from_secs(config.injected_bound_s), lifetime),
             senders: HashMap::new(),
             consumers: HashMap::new(),

@@ -1,9 +1,11 @@
 //! The sweep: marks quiet roster entries unreachable and forgets those quiet too long (while
 //! the link is up: with it down, nobody can be heard), and fails remote briefs whose
 //! `INJECTED` receipt is overdue, by the bound `fleet_core::receipts` keeps: it waits while a
-//! recipient is busy or unreachable (every one while this gateway's own link is down).
+//! recipient is busy, unreachable or its heartbeat overdue (every one while this gateway's own
+//! link is down).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use fleet_core::Message;
 use tokio::time::Instant;
@@ -24,7 +26,9 @@ impl Gateway {
             if up {
                 state.roster.expire(now, now_ms());
             }
-            let waiting = state.roster.waiting();
+            // A heartbeat is overdue a second after its interval.
+            let overdue = Duration::from_secs(fed.config.presence_interval_s + 1);
+            let waiting = state.roster.waiting(now, overdue);
             let overdue = state
                 .receipts
                 .sweep(now, |gid| !up || waiting.contains(&gid));

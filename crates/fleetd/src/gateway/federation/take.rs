@@ -10,7 +10,7 @@ use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
 use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
-use fleet_core::{ErrorCode, Gid, Kind, Message};
+use fleet_core::{ErrorCode, Gid, Kind, Message, MsgState};
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -174,12 +174,17 @@ impl Gateway {
                 .await;
             return true;
         }
-        // At most once: acknowledged before it goes anywhere near the pane.
-        if !settle(&delivery, Handled::Taken, false).await {
-            return false;
-        }
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let message = envelope.brief_for(owner, body, now_ms());
+        // At most once, and one story: acknowledged, and the broker seen to take the
+        // acknowledgement, before it goes anywhere near the pane. Had the acknowledgement been
+        // lost (a partition), the broker would give the brief again, or let it expire and
+        // dead-letter it (its sender told it failed) though it was typed.
+        if let Err(e) = delivery.ack_surely().await {
+            tracing::warn!(%trace_id, %msg_id, error = %e, "a brief's acknowledgement was not seen to reach the broker: failed, not typed");
+            self.fail_untaken(message).await;
+            return false;
+        }
         fed.audit(&envelope, delivery.body().len(), "taken");
         // Should another task get ahead of it here, its expiry still holds.
         {
@@ -203,6 +208,19 @@ impl Gateway {
             .await;
         }
         true
+    }
+
+    /// Fails a brief whose acknowledgement was not seen to reach the broker: kept here as
+    /// failed (should the broker give it again, it is dropped as one handled already) and its
+    /// sender told (the notice is carried: the link is likely down). Never typed.
+    async fn fail_untaken(self: &Arc<Self>, mut brief: Message) {
+        let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
+        brief.state = MsgState::Failed(why.into());
+        let kept = brief.clone();
+        if let Err(e) = self.store_one_within_cap(kept).await {
+            tracing::error!(msg_id = %brief.msg_id, error = %e, "an untaken brief cannot be kept as failed: should the broker give it again, it is typed then");
+        }
+        self.notify_failed(&brief, why).await;
     }
 
     /// Whether `task`, just taken off a local queue, is a brief from another host that expired
