@@ -80,6 +80,10 @@ pub trait Broker: Send + Sync {
     /// with the next connection attempt).
     async fn close(&self);
 
+    /// Takes the link as lost though it has not failed (the broker did not answer what it had
+    /// to, in time): it reads down from now, and [`Broker::closed`] returns.
+    fn give_up(&self);
+
     /// Declares `gid`'s inbox, binds it to its own key and to `broadcast` (a worker's
     /// broadcast keys), and starts the one exclusive, manually settled consumer on it, with
     /// the prefetch bound.

@@ -146,6 +146,10 @@ impl Delivery {
     /// again, or may not.
     pub async fn ack_surely(&self) -> Result<(), AmqpError> {
         self.settle(Settlement::Ack, false).await?;
+        #[cfg(feature = "fake")]
+        if let Acker::Fake(recorder) = &self.acker {
+            return recorder.seen();
+        }
         let Some((channel, prefetch)) = &self.sync else {
             return Ok(());
         };

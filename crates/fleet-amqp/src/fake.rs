@@ -62,6 +62,8 @@ pub(crate) struct Recorder {
     tag: u64,
     log: Arc<Mutex<Vec<Settled>>>,
     done: AtomicBool,
+    /// Whether the broker is seen to take its acknowledgement (see [`FakeBroker::lose_acks`]).
+    unseen: Arc<AtomicBool>,
 }
 
 impl Recorder {
@@ -79,6 +81,17 @@ impl Recorder {
         });
         Ok(())
     }
+
+    /// Whether the broker was seen to take what was settled (an error once
+    /// [`FakeBroker::lose_acks`] was called).
+    pub(crate) fn seen(&self) -> Result<(), AmqpError> {
+        if self.unseen.load(Ordering::SeqCst) {
+            return Err(AmqpError::Unavailable(
+                "the broker was not seen to take an acknowledgement".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The in-memory broker.
@@ -91,6 +104,8 @@ pub struct FakeBroker {
     down: AtomicBool,
     /// Wakes [`Broker::closed`] when the link goes down.
     went_down: Notify,
+    /// Whether acknowledgements are no longer seen to reach the broker (a partition).
+    acks_unseen: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -136,6 +151,12 @@ impl FakeBroker {
     /// Binds `key` to a queue of another host's, so a mandatory publish to it is routed.
     pub fn bind(&self, key: &str) {
         lock(&self.state).bound.insert(key.to_string());
+    }
+
+    /// From now on no acknowledgement is seen to reach the broker (as in a partition, where an
+    /// acknowledgement goes into a socket that leads nowhere): [`Delivery::ack_surely`] fails.
+    pub fn lose_acks(&self) {
+        self.acks_unseen.store(true, Ordering::SeqCst);
     }
 
     /// The link breaks: [`Broker::closed`] returns, [`Broker::is_up`] reads false.
@@ -196,6 +217,7 @@ impl FakeBroker {
             tag,
             log: Arc::clone(&self.settled),
             done: AtomicBool::new(false),
+            unseen: Arc::clone(&self.acks_unseen),
         };
         let delivery = Delivery::made(
             body.to_vec(),
@@ -248,6 +270,10 @@ impl Broker for FakeBroker {
     }
 
     async fn close(&self) {
+        self.go_down();
+    }
+
+    fn give_up(&self) {
         self.go_down();
     }
 

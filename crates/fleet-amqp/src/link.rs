@@ -136,6 +136,14 @@ pub struct Link {
 }
 
 impl Link {
+    /// Takes the link as lost (once), saying why: it reads down, and its keeper closes it and
+    /// connects anew.
+    fn lose(&self, why: &str) {
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            tracing::warn!(node = %self.node_name, why, "the link is taken as lost: connecting anew");
+        }
+    }
+
     /// Connects as `fleetd@<host>`, opens the publish channel and declares the shared
     /// exchanges and the dead letter queue.
     pub async fn connect(settings: &LinkSettings, host: &str) -> Result<Link, AmqpError> {
@@ -332,6 +340,10 @@ impl Broker for Link {
                 () = tokio::time::sleep(CLOSED_POLL) => {}
             }
         }
+    }
+
+    fn give_up(&self) {
+        self.lose("the broker did not answer in time");
     }
 
     async fn close(&self) {
@@ -533,12 +545,13 @@ impl Broker for Link {
         )
         .await
         .inspect_err(|_| {
-            if started.elapsed() >= CONFIRM_TIMEOUT && !self.lost.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    node = %self.node_name,
-                    "a publish went unconfirmed for {} s: the link is taken as lost, connecting anew",
+            // A broker that blocks publishers (a memory or disk alarm) is alive: it says so,
+            // and a new link would be blocked as well.
+            if started.elapsed() >= CONFIRM_TIMEOUT && !self.connection.status().blocked() {
+                self.lose(&format!(
+                    "a publish went unconfirmed for {} s",
                     CONFIRM_TIMEOUT.as_secs()
-                );
+                ));
             }
         })?;
         tracing::debug!(

@@ -1,8 +1,11 @@
 //! The pending-receipt bound: a brief published to a remote worker awaits its `INJECTED`
 //! receipt, and is failed loudly if none comes within the bound of its recipient being free.
-//! Time its recipient reads busy or unreachable does not count (the brief waits on the broker
-//! meanwhile, and its recipient's gateway may still type it). Whatever happens, a brief ends by
-//! its lifetime plus the bound: past its lifetime its recipient's gateway never types it.
+//! Time its recipient reads busy or is not heard does not count (the brief waits on the broker
+//! meanwhile, and its recipient's gateway may still type it). While its recipient is heard, a
+//! brief ends by its lifetime plus the bound: past its lifetime its recipient's gateway never
+//! takes it, and the broker dead-letters it (its sender told). While its recipient is not heard
+//! (its host cut off, or this gateway's own link down) the cap waits too: a brief its gateway
+//! took just as it was cut off is answered or failed by that gateway once it is heard again.
 //! Pure: every call takes the time as a value; nothing here reads a clock.
 
 use std::collections::HashMap;
@@ -26,8 +29,21 @@ pub struct Pending {
     pub injected: bool,
     /// When it is overdue (or, once injected, forgotten).
     pub deadline: Instant,
-    /// When it is overdue whoever waits: its lifetime and a bound after it was published.
+    /// When it is overdue while its recipient is heard, however busy: its lifetime and a bound
+    /// after it was published.
     pub cap: Instant,
+}
+
+/// How a brief's recipient stands, for its bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Heard and free to take it: the bound runs.
+    Free,
+    /// Heard and busy (the brief waits its turn on the broker): the bound waits, up to the cap.
+    Busy,
+    /// Not heard (its host cut off, or this gateway's own link down): the bound and the cap
+    /// wait, for whatever its gateway did with the brief is not known until it is heard.
+    Unheard,
 }
 
 /// The briefs awaiting receipts.
@@ -106,14 +122,26 @@ impl Receipts {
         }
     }
 
-    /// At `now`, with `waits` telling of a recipient whether a brief waits for it (busy, or
-    /// unreachable): pushes the deadline of a brief for such a recipient to at least a whole
-    /// bound away (never past its cap), drops what is past its deadline, and returns the
-    /// overdue briefs whose receipt never came (to fail them loudly).
-    pub fn sweep(&mut self, now: Instant, waits: impl Fn(Gid) -> bool) -> Vec<(MsgId, Pending)> {
-        for pending in self.pending.values_mut() {
-            if !pending.injected && waits(pending.recipient) {
-                pending.deadline = pending.deadline.max(now + self.bound).min(pending.cap);
+    /// At `now`, with `standing` telling how each recipient stands: pushes the deadline of a
+    /// brief for a busy recipient to at least a whole bound away (never past its cap), and for
+    /// one not heard to a whole bound away (its cap too), drops what is past its deadline, and
+    /// returns the overdue briefs whose receipt never came (to fail them loudly).
+    pub fn sweep(
+        &mut self,
+        now: Instant,
+        standing: impl Fn(Gid) -> Standing,
+    ) -> Vec<(MsgId, Pending)> {
+        let bound = self.bound;
+        for pending in self.pending.values_mut().filter(|p| !p.injected) {
+            match standing(pending.recipient) {
+                Standing::Free => {}
+                Standing::Busy => {
+                    pending.deadline = pending.deadline.max(now + bound).min(pending.cap);
+                }
+                Standing::Unheard => {
+                    pending.deadline = pending.deadline.max(now + bound);
+                    pending.cap = pending.cap.max(now + bound);
+                }
             }
         }
         let due: Vec<MsgId> = self
@@ -137,8 +165,19 @@ mod tests {
     const LIFETIME: Duration = Duration::from_secs(20);
     const S: Duration = Duration::from_secs(1);
 
-    fn free(_: Gid) -> bool {
-        false
+    fn free(_: Gid) -> Standing {
+        Standing::Free
+    }
+
+    /// `recipient` stands so, every other one is free.
+    fn only(recipient: Gid, standing: Standing) -> impl Fn(Gid) -> Standing + Copy {
+        move |gid| {
+            if gid == recipient {
+                standing
+            } else {
+                Standing::Free
+            }
+        }
     }
 
     fn tracked(t0: Instant) -> (Receipts, MsgId, Gid) {
@@ -178,7 +217,7 @@ mod tests {
         let t0 = Instant::now();
         let (mut receipts, msg_id, recipient) = tracked(t0);
         // Busy from 2 s to 10 s: every sweep meanwhile pushes the deadline a bound away.
-        let busy = |gid: Gid| gid == recipient;
+        let busy = only(recipient, Standing::Busy);
         for s in 2..=10 {
             assert!(receipts.sweep(t0 + S * s, busy).is_empty(), "{s}");
         }
@@ -189,20 +228,43 @@ mod tests {
     }
 
     #[test]
-    fn a_brief_ends_by_its_lifetime_and_a_bound_however_long_its_recipient_waits() {
+    fn a_brief_ends_by_its_lifetime_and_a_bound_however_long_its_recipient_is_busy() {
         let t0 = Instant::now();
         let (mut receipts, msg_id, recipient) = tracked(t0);
-        let waits = |gid: Gid| gid == recipient;
+        let busy = only(recipient, Standing::Busy);
         let cap = LIFETIME + BOUND;
         let mut at = S;
         while at < cap {
-            assert!(receipts.sweep(t0 + at, waits).is_empty(), "{at:?}");
+            assert!(receipts.sweep(t0 + at, busy).is_empty(), "{at:?}");
             at += S / 4;
         }
-        let overdue = receipts.sweep(t0 + cap, waits);
+        let overdue = receipts.sweep(t0 + cap, busy);
         assert_eq!(overdue.len(), 1);
         assert_eq!(overdue[0].0, msg_id);
-        assert_eq!(overdue[0].1.cap, t0 + cap);
+    }
+
+    #[test]
+    fn a_brief_for_a_recipient_not_heard_waits_past_its_cap_then_has_a_bound() {
+        let t0 = Instant::now();
+        let (mut receipts, msg_id, recipient) = tracked(t0);
+        let unheard = only(recipient, Standing::Unheard);
+        // Cut off for three lifetimes: never failed meanwhile (its gateway may have taken it).
+        let back = LIFETIME * 3;
+        let mut at = S;
+        while at < back {
+            assert!(receipts.sweep(t0 + at, unheard).is_empty(), "{at:?}");
+            at += S / 2;
+        }
+        // Heard again, free: a whole bound from the last sweep that did not hear it, no more.
+        let last_unheard = at - S / 2;
+        assert!(
+            receipts
+                .sweep(t0 + last_unheard + BOUND - S, free)
+                .is_empty()
+        );
+        let overdue = receipts.sweep(t0 + last_unheard + BOUND, free);
+        assert_eq!(overdue.len(), 1);
+        assert_eq!(overdue[0].0, msg_id);
     }
 
     #[test]
@@ -213,7 +275,7 @@ mod tests {
         assert_eq!(receipts.state(msg_id), Some("injected"));
         assert!(
             receipts
-                .sweep(t0 + BOUND * 2, |gid| gid == recipient)
+                .sweep(t0 + BOUND * 2, only(recipient, Standing::Busy))
                 .is_empty()
         );
         assert_eq!(receipts.state(msg_id), Some("injected"));

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
 use crate::entity::validate_name;
+use crate::receipts::Standing;
 use crate::{Entity, Gid};
 
 /// The status a heartbeat carries when its entity (or host) leaves.
@@ -357,15 +358,21 @@ impl Roster {
             .map(|(host, _)| host)
     }
 
-    /// The remote entities a brief waits for at `now`: working, unreachable
-    /// ([`RemoteEntry::waits`]), or not heard within `overdue` (a heartbeat late: its host may
-    /// be cut off already, and whether it typed the brief is not known until it is heard).
-    pub fn waiting(&self, now: Instant, overdue: Duration) -> Vec<Gid> {
-        self.entities
-            .values()
-            .filter(|e| e.waits() || now.saturating_duration_since(e.heard) > overdue)
-            .map(|e| e.entity.gid)
-            .collect()
+    /// How remote entity `gid` stands at `now` for the bound of a brief sent to it: not heard
+    /// (unreachable, or its heartbeat `overdue`: its host may be cut off already, and whether
+    /// it took the brief is not known until it is heard), busy, or free. One the roster does not
+    /// know (forgotten, or never announced) is free: nothing will say more of it.
+    pub fn standing(&self, gid: Gid, now: Instant, overdue: Duration) -> Standing {
+        match self.entities.get(&gid) {
+            Some(e)
+                if e.unreachable_since_ms.is_some()
+                    || now.saturating_duration_since(e.heard) > overdue =>
+            {
+                Standing::Unheard
+            }
+            Some(e) if e.is_busy() => Standing::Busy,
+            _ => Standing::Free,
+        }
     }
 }
 
@@ -436,13 +443,18 @@ mod tests {
             (entry.status.as_str(), entry.heard, entry.heard_ms),
             ("busy", later, 2)
         );
-        assert_eq!(roster.waiting(later, OVERDUE), vec![w.gid]);
+        assert_eq!(roster.standing(w.gid, later, OVERDUE), Standing::Busy);
         // A worker whose pane host cannot tell is not free either: its brief waits, and so does
         // its sender's receipt bound.
         roster.hear("hostb", beat(Some(&w), "unknown"), later, 2);
-        assert_eq!(roster.waiting(later, OVERDUE), vec![w.gid]);
+        assert_eq!(roster.standing(w.gid, later, OVERDUE), Standing::Busy);
         roster.hear("hostb", beat(Some(&w), "idle"), later, 2);
-        assert!(roster.waiting(later, OVERDUE).is_empty());
+        assert_eq!(roster.standing(w.gid, later, OVERDUE), Standing::Free);
+        assert_eq!(
+            roster.standing(Gid::mint(), later, OVERDUE),
+            Standing::Free,
+            "one it does not know"
+        );
         assert_eq!(
             roster.hear("hostb", beat(Some(&w), GONE), later, 2),
             Heard::Left
@@ -583,11 +595,14 @@ mod tests {
                 .entity(e.gid)
                 .map(|r| (r.shown_status().to_string(), r.unreachable_since_ms))
         };
-        // A heartbeat overdue: a brief for it waits already (its host may be cut off), though
+        // A heartbeat overdue: not heard, for a brief's bound (its host may be cut off), though
         // it is not unreachable yet.
-        assert!(roster.waiting(t0 + OVERDUE, OVERDUE).is_empty());
+        assert_eq!(
+            roster.standing(old.gid, t0 + OVERDUE, OVERDUE),
+            Standing::Free
+        );
         let late = t0 + OVERDUE + Duration::from_millis(1);
-        assert_eq!(roster.waiting(late, OVERDUE), [old.gid]);
+        assert_eq!(roster.standing(old.gid, late, OVERDUE), Standing::Unheard);
         roster.expire(t0 + TTL - Duration::from_millis(1), 10);
         assert_eq!(shown(&roster, &old), Some(("idle".into(), None)));
         // Quiet for the ttl: unreachable since then, kept, and a brief for it waits, however
@@ -595,7 +610,10 @@ mod tests {
         roster.expire(t0 + TTL, 20);
         assert_eq!(shown(&roster, &old), Some((UNREACHABLE.into(), Some(20))));
         assert_eq!(shown(&roster, &fresh), Some(("idle".into(), None)));
-        assert_eq!(roster.waiting(t0 + TTL, TTL * 10), [old.gid]);
+        assert_eq!(
+            roster.standing(old.gid, t0 + TTL, TTL * 10),
+            Standing::Unheard
+        );
         assert_eq!(roster.hosts().count(), 1);
         assert_eq!(
             roster.hosts_heard().count(),

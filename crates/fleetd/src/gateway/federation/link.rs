@@ -11,6 +11,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
 use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
 use fleet_core::admission::Handled;
+use fleet_core::clock::now_ms;
 use fleet_core::{Entity, FleetError, Gid};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +68,7 @@ pub(in crate::gateway) async fn keep_up<L, C, Left>(
     mut down: impl FnMut(),
     leave: impl FnOnce(Arc<L>) -> Left,
 ) where
-    L: Broker + ?Sized,
+    L: Broker + ?Sized + 'static,
     C: Future<Output = Result<(), AmqpError>>,
     Left: Future<Output = ()>,
 {
@@ -85,6 +86,13 @@ pub(in crate::gateway) async fn keep_up<L, C, Left>(
             cell.send_replace(None);
             next_node.store(link.node().wrapping_add(1), Ordering::Relaxed);
             down();
+            // A link taken as lost may still be open (a broker too slow to answer): closed, in
+            // the background, so its exclusive queues are let go and the next one can take them.
+            // (One whose connection still reads up, after an error on one of its channels, is
+            // left to finish what it was doing, as before.)
+            if !link.is_up() {
+                tokio::spawn(async move { link.close().await });
+            }
             backoff = FIRST_BACKOFF;
         }
         tokio::select! {
@@ -197,6 +205,11 @@ impl Gateway {
         };
         match attached.await {
             Ok(inboxes) => {
+                // Nothing expired while the link was down (nobody could be heard): what went
+                // quiet meanwhile reads unreachable before the link reads up, not for a sweep.
+                fed.lock()
+                    .roster
+                    .expire(tokio::time::Instant::now().into_std(), now_ms());
                 fed.link.send_replace(Some(Arc::clone(&link)));
                 tracing::info!(host_id = %self.host_id, %node, inboxes, "broker link up");
                 self.publish_presence().await;
@@ -220,7 +233,7 @@ impl Gateway {
         };
         let down = || {
             tracing::warn!(
-                "the broker link is down; remote entities read unknown, remote sends fail fast"
+                "the broker link is down; remote entities read unreachable, tasks for them fail fast, replies and notices wait for the link"
             );
             fed.lock().stop_consumers();
         };

@@ -120,6 +120,12 @@ struct FedState {
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
+    /// When this gateway last announced itself at once to a host that came back.
+    answered_return: Option<tokio::time::Instant>,
+    /// Carried messages whose first publish still runs: the outbox's flush leaves them be.
+    carrying: std::collections::HashSet<MsgId>,
+    /// When the presence loop last started a flush of the outbox.
+    flushed: Option<tokio::time::Instant>,
 }
 
 /// The most published messages whose way is remembered in memory only (the store failing);
@@ -187,6 +193,9 @@ impl Federation {
             queued_expiry: HashMap::new(),
             reaped: Vec::new(),
             refused: 0,
+            answered_return: None,
+            carrying: std::collections::HashSet::new(),
+            flushed: None,
         };
         Ok(Self {
             broker,

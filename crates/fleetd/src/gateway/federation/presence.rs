@@ -8,7 +8,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
 use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
-use fleet_core::roster::{Heard, Presence, UNREACHABLE};
+use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Kind, MsgId, TraceId};
 use tokio::time::Instant;
@@ -148,39 +148,67 @@ impl Gateway {
             };
             match next {
                 Some(Ok(delivery)) => {
-                    let handled = self.on_presence(&delivery);
+                    let (handled, returned) = self.on_presence(&delivery);
                     settle(&delivery, handled, false).await;
+                    if returned {
+                        self.answer_a_return();
+                    }
                 }
                 _ => return,
             }
         }
     }
 
-    /// One heartbeat off the roster queue, and how it is settled: taken, or refused (to the
-    /// dead letters) when it fails a check.
-    fn on_presence(&self, delivery: &Delivery) -> Handled {
+    /// A host this gateway did not hear came back (its link healed, or it started): it hears of
+    /// this one's entities at once, not at the next beat, so both sides' rosters are whole again
+    /// as soon as its link is (at most once a second, however many hosts come back).
+    fn answer_a_return(self: &Arc<Self>) {
         let Some(fed) = self.fed() else {
-            return Handled::Noted;
+            return;
+        };
+        {
+            let mut state = fed.lock();
+            let now = Instant::now();
+            if state
+                .answered_return
+                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+            {
+                return;
+            }
+            state.answered_return = Some(now);
+        }
+        let gateway = Arc::clone(self);
+        self.tasks
+            .spawn(async move { gateway.publish_presence().await });
+    }
+
+    /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead
+    /// letters when it fails a check), and whether it is the return of a host this gateway
+    /// did not hear (unknown or unreachable).
+    fn on_presence(&self, delivery: &Delivery) -> (Handled, bool) {
+        let handled = |h| (h, false);
+        let Some(fed) = self.fed() else {
+            return handled(Handled::Noted);
         };
         let Ok(envelope) = delivery.envelope() else {
             tracing::warn!("a malformed heartbeat was refused");
-            return Handled::Refused;
+            return handled(Handled::Refused);
         };
         let Some(host) = envelope.from_host.clone() else {
             tracing::warn!("a heartbeat naming no host was refused");
-            return Handled::Refused;
+            return handled(Handled::Refused);
         };
         if host == self.host_id {
             // This gateway's own, back through the exchange.
-            return Handled::Noted;
+            return handled(Handled::Noted);
         }
         if envelope.kind != Kind::Presence {
             tracing::warn!(%host, kind = %envelope.kind, "a message on the roster that is no heartbeat was refused");
-            return Handled::Refused;
+            return handled(Handled::Refused);
         }
         let Ok(presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
-            return Handled::Refused;
+            return handled(Handled::Refused);
         };
         match self.check_heartbeat(delivery, &envelope, &presence) {
             Ok(()) => {}
@@ -189,15 +217,23 @@ impl Gateway {
             Err(refusal) if refusal.late() => {
                 self.metrics.heartbeat_late();
                 tracing::debug!(%host, check = refusal.reason(), "a late heartbeat was dropped");
-                return Handled::Noted;
+                return handled(Handled::Noted);
             }
             Err(refusal) => {
                 self.note_untrusted(delivery, &envelope, &refusal);
-                return Handled::Refused;
+                return handled(Handled::Refused);
             }
         }
         let now = Instant::now().into_std();
-        let heard = fed.lock().roster.hear(&host, presence, now, now_ms());
+        let (heard, was_quiet) = {
+            let mut state = fed.lock();
+            // The host's own entry, from a host not heard until now.
+            let was_quiet = presence.entity.is_none()
+                && presence.status != GONE
+                && !state.roster.hosts_heard().any(|h| h == host);
+            (state.roster.hear(&host, presence, now, now_ms()), was_quiet)
+        };
+        let returned = was_quiet && heard == Heard::Merged;
         match heard {
             Heard::Merged => {
                 fed.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
@@ -215,7 +251,7 @@ impl Gateway {
             }
             Heard::OverCap { .. } => {}
         }
-        Handled::Noted
+        (Handled::Noted, returned)
     }
 
     /// The remote entries for `fleet_list`, and the hosts.

@@ -22,6 +22,10 @@ use fleet_core::delivery::Placement;
 /// sender let go: a confirm takes milliseconds; a link that died unseen takes seconds to say so.
 const CARRY_PATIENCE: Duration = Duration::from_secs(1);
 
+/// How often the presence loop may start a flush of the outbox (a refused message stays there,
+/// and is tried again at this pace).
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
 /// What a sender whose message found its recipient's inbox full is told, by the type of the
 /// inbox: a classic one dead-letters what it refuses, a quorum one only refuses it.
 fn full_inbox(kind: QueueType) -> &'static str {
@@ -232,14 +236,25 @@ impl Gateway {
     ) -> Result<Placement, FleetError> {
         let gateway = Arc::clone(self);
         let sent = message.clone();
-        let mut publish = tokio::spawn(async move { gateway.publish_remote(&sent).await });
+        // While its publish runs, the flusher leaves it be (no second copy from there).
+        if let Some(fed) = self.fed() {
+            fed.lock().carrying.insert(message.msg_id);
+        }
+        let mut publish = self.tasks.spawn(async move {
+            let published = gateway.publish_remote(&sent).await;
+            if let Some(fed) = gateway.fed() {
+                fed.lock().carrying.remove(&sent.msg_id);
+            }
+            published
+        });
         match tokio::time::timeout(CARRY_PATIENCE, &mut publish).await {
             Ok(Ok(Ok(placement))) => {
                 self.carried(&message).await;
                 Ok(placement)
             }
-            Ok(Ok(Err(e))) if e.code != ErrorCode::BrokerUnavailable => Err(e),
-            // Unavailable, or the publish panicked: the outbox has it.
+            // Refused by a broker that is there (its recipient gone, its inbox full): said so.
+            Ok(Ok(Err(e))) if !self.link_failed(&e) => Err(e),
+            // The link failed under it, or the publish panicked: the outbox has it.
             Ok(_) => self.keep_carried(&message).await,
             Err(_slow) => {
                 let kept = self.keep_carried(&message).await?;
@@ -248,7 +263,7 @@ impl Gateway {
                 self.tasks.spawn(async move {
                     match publish.await {
                         Ok(Ok(_)) => gateway.outbox_sent(msg_id).await,
-                        Ok(Err(e)) if e.code != ErrorCode::BrokerUnavailable => {
+                        Ok(Err(e)) if !gateway.link_failed(&e) => {
                             tracing::error!(%msg_id, %kind, error = %e, "a carried message cannot be delivered: dropped");
                             gateway.outbox_sent(msg_id).await;
                         }
@@ -259,6 +274,12 @@ impl Gateway {
                 Ok(kept)
             }
         }
+    }
+
+    /// Whether a publish failed for want of a link (none, or it broke under the publish),
+    /// rather than being refused by a broker that is there (an inbox full, or gone).
+    fn link_failed(&self, err: &FleetError) -> bool {
+        err.code == ErrorCode::BrokerUnavailable && self.fed().is_none_or(|f| f.link().is_none())
     }
 
     /// A carried message is taken: counted, and a reply notes its task answered here.
@@ -331,10 +352,20 @@ impl Gateway {
         };
         for notice in kept {
             let msg_id = notice.msg_id;
+            if fed.lock().carrying.contains(&msg_id) {
+                fed.outbox_waiting.store(true, Ordering::Relaxed);
+                continue;
+            }
             match self.publish_remote(&notice).await {
-                Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                Err(e) if self.link_failed(&e) => {
                     fed.outbox_waiting.store(true, Ordering::Relaxed);
                     return;
+                }
+                // An inbox full now may take it later: kept, and what follows goes meanwhile.
+                Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                    tracing::warn!(%msg_id, kind = %notice.kind, error = %e, "a kept message was refused: kept, to try again");
+                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                    continue;
                 }
                 Err(e) => {
                     tracing::error!(%msg_id, kind = %notice.kind, error = %e, "a kept message cannot be delivered: dropped");
@@ -345,18 +376,30 @@ impl Gateway {
         }
     }
 
-    /// Starts a flush of the outbox when something waits in it and the link is up (called
-    /// by the presence loop, so what was kept goes within its sweep interval of the link
+    /// Starts a flush of the outbox when something waits in it and the link is up, at most once
+    /// a second (called by the presence loop, so what was kept goes within a second of the link
     /// coming back, not only at the next connection).
     pub(super) fn flush_when_waiting(self: &Arc<Self>) {
         let Some(fed) = self.fed() else {
             return;
         };
-        if fed.outbox_waiting.load(Ordering::Relaxed) && fed.link().is_some() {
-            let gateway = Arc::clone(self);
-            self.tasks
-                .spawn(async move { gateway.flush_outbox().await });
+        if !fed.outbox_waiting.load(Ordering::Relaxed) || fed.link().is_none() {
+            return;
         }
+        {
+            let mut state = fed.lock();
+            let now = Instant::now();
+            if state
+                .flushed
+                .is_some_and(|at| now.duration_since(at) < FLUSH_EVERY)
+            {
+                return;
+            }
+            state.flushed = Some(now);
+        }
+        let gateway = Arc::clone(self);
+        self.tasks
+            .spawn(async move { gateway.flush_outbox().await });
     }
 
     /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::Message;
+use fleet_core::receipts::Standing;
 use tokio::time::Instant;
 
 use super::super::Gateway;
+use super::FedState;
 use fleet_core::clock::now_ms;
 
 impl Gateway {
@@ -26,13 +28,21 @@ impl Gateway {
             if up {
                 state.roster.expire(now, now_ms());
             }
-            // A heartbeat is overdue a second after its interval.
-            let overdue = Duration::from_secs(fed.config.presence_interval_s + 1);
-            let waiting = state.roster.waiting(now, overdue);
-            let overdue = state
-                .receipts
-                .sweep(now, |gid| !up || waiting.contains(&gid));
-            (overdue, state.receipts.bound())
+            // A heartbeat is overdue half an interval and a second late (gateways beat on their
+            // own schedule, and a sweep may hold one up a little).
+            let interval = Duration::from_secs(fed.config.presence_interval_s);
+            let late = interval + interval / 2 + Duration::from_secs(1);
+            let FedState {
+                roster, receipts, ..
+            } = &mut *state;
+            let overdue = receipts.sweep(now, |gid| {
+                if up {
+                    roster.standing(gid, now, late)
+                } else {
+                    Standing::Unheard
+                }
+            });
+            (overdue, receipts.bound())
         };
         self.receipts_settled(overdue.iter().map(|(id, _)| *id).collect())
             .await;

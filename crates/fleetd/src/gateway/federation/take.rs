@@ -182,6 +182,10 @@ impl Gateway {
         // dead-letter it (its sender told it failed) though it was typed.
         if let Err(e) = delivery.ack_surely().await {
             tracing::warn!(%trace_id, %msg_id, error = %e, "a brief's acknowledgement was not seen to reach the broker: failed, not typed");
+            // The link is not to be trusted: a new one attaches this inbox again.
+            if let Some(link) = fed.link() {
+                link.give_up();
+            }
             self.fail_untaken(message).await;
             return false;
         }

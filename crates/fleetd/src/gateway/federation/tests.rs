@@ -356,6 +356,74 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
     gateway.shutdown.cancel();
 }
 
+/// A brief from carol to alice (standing in for a worker) off a fresh inbox of `broker`.
+async fn brief_off(broker: &FakeBroker, alice: Gid, brief: &Envelope) -> super::trust::Vouched {
+    let mut inbox = broker.open_inbox(alice, &[]).await.unwrap();
+    let key = alice.to_string();
+    broker
+        .deliver(alice, &key, &signed(brief, b"the task"), b"the task", None)
+        .await
+        .unwrap();
+    let delivery = inbox.next().await.unwrap().unwrap();
+    super::trust::Vouched {
+        delivery,
+        envelope: brief.clone(),
+        body: "the task".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typed_and_dropped_when_it_comes_again()
+ {
+    let Harness {
+        gateway,
+        alice,
+        carol,
+        ..
+    } = harness(10).await;
+    let brief = envelope(Kind::Send, carol, &alice.gid.to_string());
+    // A partition: the acknowledgement goes into a socket that leads nowhere.
+    let first = Arc::new(FakeBroker::new());
+    let vouched = brief_off(&first, alice.gid, &brief).await;
+    first.lose_acks();
+    let fed = gateway.fed().unwrap();
+    fed.link
+        .send_replace(Some(Arc::clone(&first) as Arc<dyn Broker>));
+    assert!(
+        !gateway.take_brief(alice.gid, vouched).await,
+        "the consumer stops"
+    );
+    assert!(!first.is_up(), "the link is given up, to be connected anew");
+    // Kept failed here, never held or queued; its sender's FAILED waits for the broker.
+    let id = brief.msg_id;
+    let kept = gateway.db(move |s| s.message(id)).await.unwrap().unwrap();
+    assert_eq!(kept.state.name(), "failed", "{}", kept.state);
+    let gid = alice.gid;
+    assert_eq!(gateway.db(move |s| s.held_count(gid)).await.unwrap(), 0);
+    let outbox = gateway.db(|s| s.outbox()).await.unwrap();
+    assert_eq!(outbox.len(), 1, "{outbox:?}");
+    assert_eq!(
+        (outbox[0].kind, outbox[0].in_reply_to, outbox[0].to),
+        (Kind::Failed, Some(id), carol)
+    );
+    assert!(
+        outbox[0].body.contains("not typed in"),
+        "{}",
+        outbox[0].body
+    );
+    // The broker never had the acknowledgement, and gives the brief again on the next link:
+    // taken off the inbox, and dropped as one handled already.
+    let second = Arc::new(FakeBroker::new());
+    let vouched = brief_off(&second, alice.gid, &brief).await;
+    fed.link
+        .send_replace(Some(Arc::clone(&second) as Arc<dyn Broker>));
+    assert!(gateway.take_brief(alice.gid, vouched).await);
+    assert_eq!(gateway.db(move |s| s.held_count(gid)).await.unwrap(), 0);
+    let kept = gateway.db(move |s| s.message(id)).await.unwrap().unwrap();
+    assert_eq!(kept.state.name(), "failed", "{}", kept.state);
+    gateway.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_wrong_with_it() {
     let Harness {
