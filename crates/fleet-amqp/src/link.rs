@@ -331,12 +331,11 @@ impl Broker for Link {
     async fn closed(&self) {
         use futures_util::StreamExt;
         let mut events = std::pin::pin!(self.connection.events_listener());
+        // An error is looked at at once, but only the connection's state ends the link: one
+        // channel's error (a queue another connection holds, say) closes that channel only.
         while self.is_up() {
             tokio::select! {
-                event = events.next() => match event {
-                    Some(lapin::Event::Error(_)) | None => break,
-                    Some(_) => {}
-                },
+                event = events.next() => if event.is_none() { break },
                 () = tokio::time::sleep(CLOSED_POLL) => {}
             }
         }

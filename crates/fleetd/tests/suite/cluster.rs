@@ -192,9 +192,11 @@ async fn on_quorum_queues_a_second_gateway_is_refused_and_a_full_inbox_refuses_l
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let uris = [vhost.uri()];
-    // A short heartbeat: a held inbox is waited for three of them before fleetd gives up.
+    // A short heartbeat: a held inbox is waited for three of them before fleetd gives up. A
+    // short receipt bound: a quorum inbox cannot be drained by a get, so the senders of what a
+    // dead worker's inbox held hear of it from their bound, once its host says it is gone.
     let broker = "heartbeat_s = 1";
-    let mut a = gateway_on(&uris, ("hosta", "alice"), broker, "").await?;
+    let mut a = gateway_on(&uris, ("hosta", "alice"), broker, "injected_bound_s = 5").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let queue = inbox_queue(gid(&alice.entry("alice").await?)?);
     for name in [

@@ -88,11 +88,7 @@ pub(in crate::gateway) async fn keep_up<L, C, Left>(
             down();
             // A link taken as lost may still be open (a broker too slow to answer): closed, in
             // the background, so its exclusive queues are let go and the next one can take them.
-            // (One whose connection still reads up, after an error on one of its channels, is
-            // left to finish what it was doing, as before.)
-            if !link.is_up() {
-                tokio::spawn(async move { link.close().await });
-            }
+            tokio::spawn(async move { link.close().await });
             backoff = FIRST_BACKOFF;
         }
         tokio::select! {
@@ -349,8 +345,8 @@ impl Gateway {
     }
 
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
-    /// link does).
-    async fn clear_reaped_inboxes(self: &Arc<Self>) {
+    /// link does); one the broker will not let go of yet stays for the next beat.
+    pub(super) async fn clear_reaped_inboxes(self: &Arc<Self>) {
         let Some(fed) = self.fed() else {
             return;
         };
@@ -366,14 +362,18 @@ impl Gateway {
         };
         let reaped = std::mem::take(&mut fed.lock().reaped);
         for entity in reaped {
-            self.clear_reaped_inbox(link.as_ref(), &entity).await;
+            if !self.clear_reaped_inbox(link.as_ref(), &entity).await {
+                // Tried again at the next beat (or the next link).
+                fed.lock().reaped.push(entity);
+            }
         }
     }
 
     /// The inbox of a worker a previous run left: every brief still waiting there is
     /// dead-lettered and its (genuine) sender told the worker is gone, then the inbox is
-    /// deleted — nothing sent to it vanishes unannounced — and the worker announced gone.
-    async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) {
+    /// deleted — nothing sent to it vanishes unannounced — and the worker announced gone. False
+    /// when the broker would not let the inbox be deleted yet: to be tried again.
+    async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) -> bool {
         let gid = entity.gid;
         let why = format!(
             "'{}' is gone: its gateway restarted before the message could be typed in",
@@ -386,6 +386,8 @@ impl Gateway {
                 Ok(batch) if batch.is_empty() => break,
                 Ok(batch) => batch,
                 Err(e) => {
+                    // (A quorum queue with a single active consumer cannot be read by a get at
+                    // all: it is deleted, and the senders' receipt bounds tell them.)
                     tracing::debug!(%gid, error = %e, "nothing drained from a reaped inbox");
                     break;
                 }
@@ -421,11 +423,13 @@ impl Gateway {
                 tracing::info!(%gid, name = %entity.name, refused = told, "deleted the inbox of a previous run's worker")
             }
             Err(e) => {
-                tracing::warn!(%gid, error = %e, "cannot delete the inbox of a previous run's worker")
+                tracing::warn!(%gid, error = %e, "cannot delete the inbox of a previous run's worker: tried again at the next beat");
+                return false;
             }
         }
         // The other gateways hear it is gone now, not when its entry runs out.
         self.announce(link, Some(entity.clone()), "gone".into(), Vec::new())
             .await;
+        true
     }
 }

@@ -38,6 +38,9 @@ impl Gateway {
             }
             if Instant::now() >= next_beat {
                 self.publish_presence().await;
+                if fed.link().is_some() && !fed.lock().reaped.is_empty() {
+                    self.clear_reaped_inboxes().await;
+                }
                 next_beat = Instant::now() + interval;
             }
             self.sweep().await;
