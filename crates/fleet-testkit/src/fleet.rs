@@ -190,17 +190,7 @@ impl Fleet {
     /// name: [`crate::keys`]), with more `[gateway]` lines `gateway` and the rest of the config
     /// `rest`.
     pub async fn start_as(host: &str, gateway: &str, rest: &str) -> anyhow::Result<Self> {
-        let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
-        Self::start_with(
-            tempfile::tempdir()?,
-            &format!("socket = \"{socket}\""),
-            socket,
-            &format!("host_id = \"{host}\"\n{gateway}"),
-            rest,
-            Vec::new(),
-            Some(host),
-        )
-        .await
+        Self::start_as_wrapped(host, gateway, rest, &[]).await
     }
 
     /// Starts fleetd on the herdr server at `herdr_socket` (the tmux private server name is
@@ -500,25 +490,24 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The pid of the program pane `pane` runs.
+    pub fn pane_pid(&self, pane: &str) -> anyhow::Result<u32> {
+        let out = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "display-message", "-p", "-t", pane])
+            .arg("#{pane_pid}")
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        said.trim().parse().map_err(|_| {
+            anyhow::anyhow!(
+                "no process in pane {pane}: {said:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// Kills the process group of what runs in pane `pane` with SIGKILL: its program crashing.
     pub fn kill_pane_program(&self, pane: &str) -> anyhow::Result<()> {
-        let out = std::process::Command::new("tmux")
-            .args([
-                "-L",
-                &self.socket,
-                "display-message",
-                "-p",
-                "-t",
-                pane,
-                "#{pane_pid}",
-            ])
-            .output()?;
-        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        anyhow::ensure!(
-            out.status.success() && pid.parse::<u32>().is_ok(),
-            "no process in pane {pane}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let pid = self.pane_pid(pane)?;
         let killed = std::process::Command::new("kill")
             .args(["-KILL", "--", &format!("-{pid}")])
             .status()?;

@@ -237,7 +237,7 @@ async fn play(
     let workers = spawn_workers(&alice).await?;
     // The workers call fleetd at 127.0.0.1 of the test's namespace: their panes must be here.
     for (name, pane) in &workers {
-        let pid = pane_pid(b, pane)?;
+        let pid = b.pane_pid(pane)?;
         anyhow::ensure!(
             !netns.holds(pid)?,
             "{name}'s program (pid {pid}) runs inside network namespace {}",
@@ -358,28 +358,6 @@ async fn spawn_workers(alice: &Client) -> anyhow::Result<Vec<(String, String)>> 
         workers.push((name.to_string(), pane.to_string()));
     }
     Ok(workers)
-}
-
-/// The pid of the program in pane `pane` of `fleet`'s tmux server.
-fn pane_pid(fleet: &Fleet, pane: &str) -> anyhow::Result<u32> {
-    let out = std::process::Command::new("tmux")
-        .args([
-            "-L",
-            fleet.tmux_socket(),
-            "display-message",
-            "-p",
-            "-t",
-            pane,
-        ])
-        .arg("#{pane_pid}")
-        .output()?;
-    let said = String::from_utf8_lossy(&out.stdout);
-    said.trim().parse().with_context(|| {
-        format!(
-            "no pid for pane {pane}: {said:?} {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 /// Sends tasks from `alice` at the params' rate for their traffic time, taking host-b's link

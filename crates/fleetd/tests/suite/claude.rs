@@ -278,18 +278,7 @@ async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_nam
         fleet_with_claude_and("permission_mode = \"dontAsk\"\n").await?;
     // The pane's program was started with the mode, and Claude Code took it (it got ready,
     // and answers below).
-    let out = std::process::Command::new("tmux")
-        .args([
-            "-L",
-            fleet.tmux_socket(),
-            "display-message",
-            "-p",
-            "-t",
-            &pane,
-        ])
-        .arg("#{pane_pid}")
-        .output()?;
-    let pid = String::from_utf8(out.stdout)?.trim().to_string();
+    let pid = fleet.pane_pid(&pane)?;
     let argv = std::fs::read(format!("/proc/{pid}/cmdline"))?;
     let argv: Vec<String> = argv
         .split(|b| *b == 0)

@@ -66,7 +66,7 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
     assert_eq!(sent["reply"]["text"], "echo: hello sandbox", "{sent}");
 
     // The pane runs bwrap, and the agent runs inside it.
-    let pane_pid = pane_pid(&fleet, &pane)?;
+    let pane_pid = fleet.pane_pid(&pane)?;
     let command = std::fs::read_to_string(format!("/proc/{pane_pid}/cmdline"))?;
     assert!(command.starts_with("bwrap\0"), "{command:?}");
     let tree = process_tree(pane_pid);
@@ -104,7 +104,7 @@ async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let tree = process_tree(pane_pid(&fleet, &pane)?);
+    let tree = process_tree(fleet.pane_pid(&pane)?);
     fleet.kill9().await?;
     let log = workdir.path().join("teardown.log");
     assert!(!log.exists(), "torn down before the restart");
@@ -229,13 +229,4 @@ async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_setti
     std::fs::write(workdir.path().join("note.txt"), "visible")?;
     assert_eq!(read(workdir.path().join("note.txt")).await?, "visible");
     Ok(())
-}
-
-/// The pid of the program `pane` runs.
-fn pane_pid(fleet: &Fleet, pane: &str) -> anyhow::Result<u32> {
-    let out = std::process::Command::new("tmux")
-        .args(["-L", fleet.tmux_socket(), "display", "-p", "-t", pane])
-        .arg("#{pane_pid}")
-        .output()?;
-    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
