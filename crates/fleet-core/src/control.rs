@@ -15,6 +15,7 @@ use crate::envelope::Envelope;
 use crate::error::{ErrorCode, FleetError};
 use crate::ids::Gid;
 use crate::message::Kind;
+use crate::ownership::MAX_SHARED;
 
 /// The largest control body taken, in bytes (a request or an answer is a few hundred).
 pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
@@ -41,6 +42,9 @@ pub enum ControlRequest {
         /// An advisory architect (for a consult) rather than a worker.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         architect: bool,
+        /// The leads it is shared with, each `name@host`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        share: Vec<String>,
     },
     /// Stop the worker whose gid is the message's `spawnId`.
     Stop,
@@ -164,10 +168,25 @@ pub fn read_request(body: &[u8]) -> Result<ControlRequest, String> {
         name,
         cwd,
         groups,
+        share,
         ..
     } = &request
     {
         validate_name("profile", profile).map_err(|e| e.message)?;
+        if share.len() > MAX_SHARED {
+            return Err(format!(
+                "shared with {} leads, more than the {MAX_SHARED} a worker may be",
+                share.len()
+            ));
+        }
+        for lead in share {
+            if !lead.contains('@') {
+                return Err(format!(
+                    "the shared lead {lead:?} names no host (name@host)"
+                ));
+            }
+            crate::ownership::LeadRef::parse(lead, "").map_err(|e| e.message)?;
+        }
         if let Some(name) = name {
             validate_worker_name(name).map_err(|e| e.message)?;
         }
@@ -317,6 +336,7 @@ mod tests {
             cwd: Some("/srv/repo".into()),
             groups: vec!["core".into()],
             architect: true,
+            share: vec!["bob@hosta".into()],
         };
         let body = serde_json::to_vec(&spawn).unwrap();
         assert_eq!(read_request(&body).unwrap(), spawn);
@@ -332,6 +352,7 @@ mod tests {
                 cwd: None,
                 groups: vec![],
                 architect: false,
+                share: vec![],
             }
         );
     }
@@ -345,6 +366,14 @@ mod tests {
             (br#"{"op":"spawn","profile":"p","name":"a.b"}"#, "name"),
             (br#"{"op":"spawn","profile":"p","groups":["x y"]}"#, "group"),
             (br#"{"op":"spawn","profile":"p","cwd":"/a\u0000b"}"#, "NUL"),
+            (
+                br#"{"op":"spawn","profile":"p","share":["bob"]}"#,
+                "names no host",
+            ),
+            (
+                br#"{"op":"spawn","profile":"p","share":["b b@h"]}"#,
+                "shared lead",
+            ),
             (b"\xff\xfe", "not readable"),
         ] {
             let err = read_request(body).unwrap_err();

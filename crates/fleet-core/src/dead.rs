@@ -138,6 +138,8 @@ pub enum Dropped {
     NotSent,
     /// Its `INJECTED` receipt came: it was typed in, whatever this dead letter says.
     Delivered,
+    /// It has its answer (a reply): it cannot have died unread.
+    Answered,
     /// Its sender is no longer on this host: nobody to tell.
     SenderGone,
 }
@@ -156,6 +158,7 @@ impl Dropped {
             Dropped::OtherInbox => "another inbox",
             Dropped::NotSent => "not sent",
             Dropped::Delivered => "delivered",
+            Dropped::Answered => "answered",
             Dropped::SenderGone => "sender gone",
         }
     }
@@ -186,6 +189,9 @@ impl fmt::Display for Dropped {
                 f.write_str("this gateway has no record of publishing it to that recipient")
             }
             Dropped::Delivered => f.write_str("its INJECTED receipt came: it was typed in"),
+            Dropped::Answered => {
+                f.write_str("it has its answer already: it cannot have died unread")
+            }
             Dropped::SenderGone => f.write_str("its sender is no longer on this host"),
         }
     }
@@ -249,6 +255,8 @@ pub struct Record<'a> {
     pub sent: &'a [(MsgId, Gid, Option<Gid>)],
     /// Whether the message's `INJECTED` receipt came.
     pub injected: bool,
+    /// Whether it has its answer already (a reply).
+    pub answered: bool,
     /// Whether its sender is still an entity of this host.
     pub sender_here: bool,
 }
@@ -267,6 +275,9 @@ pub fn confirm(candidate: &Candidate, record: Record<'_>) -> Result<(), Dropped>
     }
     if record.injected {
         return Err(Dropped::Delivered);
+    }
+    if record.answered {
+        return Err(Dropped::Answered);
     }
     if !record.sender_here {
         return Err(Dropped::SenderGone);
@@ -466,6 +477,7 @@ mod tests {
         Record {
             sent,
             injected: false,
+            answered: false,
             sender_here: true,
         }
     }
@@ -518,6 +530,13 @@ mod tests {
         };
         assert_eq!(confirm(&c, gone), Err(Dropped::SenderGone));
         assert!(!Dropped::SenderGone.suspicious());
+        // One answered already (a dead letter forged from a copy of it, say) is not believed.
+        let answered = Record {
+            answered: true,
+            ..record(&sent)
+        };
+        assert_eq!(confirm(&c, answered), Err(Dropped::Answered));
+        assert!(Dropped::Answered.suspicious());
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod error;
 pub mod ids;
 pub mod lifecycle;
 pub mod message;
+pub mod ownership;
 pub mod receipts;
 pub mod redact;
 pub mod roster;

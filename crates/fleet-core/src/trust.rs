@@ -192,6 +192,9 @@ pub enum Refusal {
     Overtaken,
     /// The sender may not send it (a rule that holds on one host too).
     Forbidden(String),
+    /// A genuine lead of another host asks what this host does not grant it (its
+    /// `[federation.allow]`, or the ownership rule: a task to another lead's worker).
+    NotGranted(String),
     /// An answer about a message this gateway did not send to the answering host.
     NotTheRecipient,
     /// A broadcast's copy in an inbox not bound to its key, or from before its recipient
@@ -231,6 +234,7 @@ impl Refusal {
             Refusal::Replay => "replay",
             Refusal::Overtaken => "overtaken",
             Refusal::Forbidden(_) => "not allowed",
+            Refusal::NotGranted(_) => "not granted",
             Refusal::NotTheRecipient => "answer from another host",
             Refusal::StrayBroadcast => "stray broadcast",
         }
@@ -282,7 +286,7 @@ impl fmt::Display for Refusal {
             Refusal::Overtaken => {
                 f.write_str("a newer heartbeat for the same entity was taken already")
             }
-            Refusal::Forbidden(why) => f.write_str(why),
+            Refusal::Forbidden(why) | Refusal::NotGranted(why) => f.write_str(why),
             Refusal::NotTheRecipient => f.write_str(
                 "it answers a message this gateway did not send to its sending host, or not between these two",
             ),

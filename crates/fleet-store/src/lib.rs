@@ -205,6 +205,11 @@ pub trait Store: Send + Sync + 'static {
     /// One message, in whatever state.
     fn message(&self, msg_id: MsgId) -> StoreResult<Option<Message>>;
 
+    /// Whether task `msg_id` has its answer: a reply to it is stored here, or one went to
+    /// another host ([`Store::answered_elsewhere`]). A task has one answer: a second reply to
+    /// it is never stored.
+    fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool>;
+
     /// Takes the oldest queued message for `to` off its queue, moving it to `next` (injecting,
     /// or held when an open poll will take it), in one transaction.
     fn dequeue(&self, to: Gid, next: &MsgState) -> StoreResult<Option<Message>>;

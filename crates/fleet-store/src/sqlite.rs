@@ -240,10 +240,11 @@ fn query_messages(
 
 /// Inserts `m` unless a message with its id is there already; whether it went in.
 fn insert_row(tx: &Transaction<'_>, m: &Message) -> StoreResult<bool> {
-    if let (Kind::Failed, Some(task)) = (m.kind, m.in_reply_to) {
+    if let (Kind::Failed | Kind::Reply, Some(task)) = (m.kind, m.in_reply_to) {
         // A task has one answer: a failure notice about one whose reply its recipient already
         // has is told of no more than a copy would be (a gateway killed after the reply left
-        // it, before it noted so, reports the task unanswered when it restarts).
+        // it, before it noted so, reports the task unanswered when it restarts), and a second
+        // reply (a worker answering again, here or on another host) is not stored.
         let mut replied = tx.prepare_cached(
             "SELECT 1 FROM messages INDEXED BY messages_answers
              WHERE in_reply_to = ?1 AND to_gid = ?2 AND kind = 'REPLY'",
@@ -496,6 +497,21 @@ impl Store for SqliteStore {
             [msg_id.to_string()],
         )?;
         Ok(found.pop())
+    }
+
+    fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool> {
+        let conn = self.conn();
+        let id = msg_id.to_string();
+        let replied = conn
+            .prepare_cached(
+                "SELECT 1 FROM messages INDEXED BY messages_answers
+                 WHERE in_reply_to = ?1 AND kind = 'REPLY'",
+            )?
+            .exists([&id])?;
+        Ok(replied
+            || conn
+                .prepare_cached("SELECT 1 FROM answered WHERE msg_id = ?1")?
+                .exists([&id])?)
     }
 
     fn dequeue(&self, to: Gid, next: &MsgState) -> StoreResult<Option<Message>> {

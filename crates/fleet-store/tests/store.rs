@@ -443,6 +443,39 @@ fn unanswered_tasks_are_found_and_answered_ones_are_not() {
 }
 
 #[test]
+fn a_task_has_one_answer_and_a_second_reply_is_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let task = message(lead, w, MsgState::Injected, "do it");
+    let elsewhere = message(lead, w, MsgState::Injected, "do it there");
+    store.insert_message(&task).unwrap();
+    store.insert_message(&elsewhere).unwrap();
+    assert!(!store.is_answered(task.msg_id).unwrap());
+    let reply = |body: &str| {
+        let mut reply = message(w, lead, MsgState::Held, body);
+        reply.kind = Kind::Reply;
+        reply.in_reply_to = Some(task.msg_id);
+        reply
+    };
+    assert!(store.insert_message(&reply("first")).unwrap());
+    assert!(store.is_answered(task.msg_id).unwrap());
+    // A second answer to the same task, with an id of its own, is not stored.
+    assert!(!store.insert_message(&reply("second")).unwrap());
+    let held: Vec<String> = store
+        .take_held(lead, None, 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(held, vec!["first"]);
+    // Answered by a reply that went to another host.
+    assert!(!store.is_answered(elsewhere.msg_id).unwrap());
+    store.answered_elsewhere(elsewhere.msg_id).unwrap();
+    assert!(store.is_answered(elsewhere.msg_id).unwrap());
+}
+
+#[test]
 fn released_messages_are_held_again_and_old_ones_are_pruned() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);

@@ -32,6 +32,19 @@ pub fn trust_table(hosts: &[&str]) -> String {
     table
 }
 
+/// [`trust_table`], and a `[federation.allow]` entry for each of `hosts` granting its leads
+/// everything (any profile spawned, tasks to their own and shared workers, stops of their
+/// own): a fleet whose hosts all admit one another.
+pub fn admitting(hosts: &[&str]) -> String {
+    let mut table = trust_table(hosts);
+    for host in hosts {
+        table.push_str(&format!(
+            "\n[federation.allow.{host}]\nspawn = [\"*\"]\nsend = true\nstop = true\n"
+        ));
+    }
+    table
+}
+
 /// `envelope` with `body` as AMQP headers signed with `host`'s test key (whatever host the
 /// envelope itself names: a test signs with the wrong key this way).
 pub fn signed_by(host: &str, envelope: &Envelope, body: &[u8]) -> Table {

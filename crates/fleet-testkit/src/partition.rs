@@ -179,7 +179,7 @@ fn config(uri: &str, lead: &str, typed_log: &Path, t: &Timings) -> anyhow::Resul
         t.presence_ttl_s,
         t.injected_bound_s,
         t.inbox_message_ttl_s,
-        keys::trust_table(&[HOST_A, HOST_B])
+        keys::admitting(&[HOST_A, HOST_B])
     ))
 }
 

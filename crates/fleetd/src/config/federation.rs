@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use fleet_amqp::TlsFiles;
 use fleet_amqp::topology::QueueType;
 use fleet_core::entity::validate_name;
+use fleet_core::ownership::{AllowTable, HostAllow};
 use fleet_core::redact::MASK;
 use fleet_core::signing::parse_key;
 use fleet_core::trust::{PinnedHost, Trust};
@@ -252,6 +253,11 @@ pub struct FederationConfig {
     /// seconds (a spawn there includes its readiness gate); a request that has waited this long
     /// on the broker is not acted on.
     pub control_wait_s: u64,
+    /// What another host's leads may do here, by host id, or by `lead@host` for one lead (whose
+    /// entry then stands alone): `spawn` (the profiles), `send` (tasks to the workers here they
+    /// own or that are shared with them), `stop` (their own). A host with no entry: nothing but
+    /// replies, asks and presence for its own traffic.
+    pub allow: BTreeMap<String, HostAllow>,
 }
 
 /// One host's entry in `[federation.trust]`: a key, two keys (while it rotates), or a table
@@ -316,6 +322,7 @@ impl Default for FederationConfig {
             clock_skew_s: 60,
             max_message_age_s: 86_400,
             control_wait_s: 300,
+            allow: BTreeMap::new(),
         }
     }
 }
@@ -515,7 +522,30 @@ impl FederationConfig {
             MAX_CONFIG_WAIT_S * 30,
         )
         .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
-        self.trust_table().map(|_| ())
+        self.trust_table()?;
+        self.allow_table().map(|_| ())
+    }
+
+    /// `[federation.allow]` as the checks use it; an error names the entry and what is wrong.
+    pub fn allow_table(&self) -> Result<AllowTable, String> {
+        for (key, allow) in &self.allow {
+            let (lead, host) = match key.split_once('@') {
+                Some((lead, host)) => (Some(lead), host),
+                None => (None, key.as_str()),
+            };
+            validate_name("federation.allow host", host).map_err(|e| e.message)?;
+            if let Some(lead) = lead {
+                validate_name("federation.allow lead", lead).map_err(|e| e.message)?;
+            }
+            for profile in allow.spawn.iter().filter(|p| *p != "*") {
+                validate_name(
+                    &format!("federation.allow.\"{key}\".spawn profile"),
+                    profile,
+                )
+                .map_err(|e| e.message)?;
+            }
+        }
+        Ok(AllowTable(self.allow.clone()))
     }
 
     /// The trust table as the checks use it; an error names the host and what is wrong.

@@ -268,6 +268,10 @@ pub struct LeadConfig {
     /// The lead's coordination id (needs `[coordinator]`); `coordinator.coord_id` for a
     /// gateway's one lead, else `<lead>@<host id>`, when unset.
     pub coord_id: Option<String>,
+    /// The leads every worker it spawns is shared with (`name` of this host, `name@host` of
+    /// another), besides those its `fleet_spawn{share}` names: they may send those workers
+    /// tasks, never see their owner's text.
+    pub share: Vec<String>,
 }
 
 /// `[operators.NAME]`
@@ -287,6 +291,7 @@ impl Default for LeadConfig {
             nudge_quiet_ms: DEFAULT_NUDGE_QUIET_MS,
             empty_input_marker: CLAUDE_EMPTY_INPUT.into(),
             coord_id: None,
+            share: Vec::new(),
         }
     }
 }
@@ -442,6 +447,11 @@ impl Config {
                 0,
                 MAX_CONFIG_WAIT_S * 1000,
             )?;
+            fleet_core::ownership::parse_shares(
+                lead.share.iter().map(String::as_str),
+                self.gateway.host_id.as_deref().unwrap_or("localhost"),
+            )
+            .map_err(|e| format!("leads.{name}.share: {}", e.message))?;
         }
         for name in self.operators.keys() {
             named("operator", name)?;

@@ -9,9 +9,10 @@ use fleet_core::authz::{Tool, check_send, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
+use fleet_core::ownership::{Action, Principal, check};
 use fleet_core::routing::Route;
 use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
-use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
@@ -110,11 +111,22 @@ impl Gateway {
         if recipient.role.is_pane_bound() {
             // Typed into its pane (here or on its host): inert text only.
             typeable(&text).map_err(|found| found.refusal())?;
-            let single_line = self
-                .lock()
-                .panes
-                .get(&recipient.gid)
-                .is_some_and(|s| s.profile.single_line);
+            let single_line = match self.lock().panes.get(&recipient.gid) {
+                // Its owner's, or shared with the caller (another host's worker: its host
+                // judges).
+                Some(s) => {
+                    if caller.entity.role == Role::Lead {
+                        check(
+                            Principal::Lead(&caller.entity),
+                            Action::Task,
+                            recipient,
+                            s.owned(),
+                        )?;
+                    }
+                    s.profile.single_line
+                }
+                None => false,
+            };
             if single_line && let Some(offset) = first_line_end(&text) {
                 return Err(multi_line_refusal(&recipient.name, offset));
             }

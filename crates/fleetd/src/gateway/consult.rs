@@ -355,6 +355,7 @@ impl Gateway {
             cwd: None,
             groups: Vec::new(),
             role: Role::Architect,
+            share: Vec::new(),
         }
     }
 

@@ -153,7 +153,8 @@ impl Gateway {
                 return;
             }
             let task = session.current.clone();
-            let Ok(to) = whom_to_ask(task.as_ref().map(|t| t.from), session.entity.parent) else {
+            // Its prompt is screen text: the owner's, whoever's task it works on.
+            let Ok(to) = whom_to_ask(None, session.entity.parent) else {
                 return;
             };
             let _ = session.apply(SessionEvent::DialogShown);

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use fleet_core::authz::{Tool, check_tool};
+use fleet_core::ownership::{Action, Principal, check};
 use fleet_core::routing::Route;
 use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
 use fleet_store::EntityRecord;
@@ -34,6 +35,14 @@ impl Gateway {
         let (entity, remote) = self.stoppable(to)?;
         if remote {
             return self.stop_remote(caller, &entity).await;
+        }
+        if let Some(s) = self.lock().panes.get(&entity.gid) {
+            check(
+                Principal::Lead(&caller.entity),
+                Action::Stop,
+                &entity,
+                s.owned(),
+            )?;
         }
         Ok(self
             .stop_here(entity, &format!("stopped by {}", caller.entity.name))

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use fleet_core::ownership::{Action, Principal};
 use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
 use fleet_store::{Change, Subject};
 use serde::Serialize;
@@ -95,16 +96,6 @@ pub struct Screen {
     pub text: String,
 }
 
-/// Whether lead `caller` may look at the screen of a worker spawned by `parent` that has a task
-/// from `task_from` in hand: its own worker's (unless busy with another lead's task), or one
-/// working on its task.
-pub fn may_see_screen(caller: Gid, parent: Option<Gid>, task_from: Option<Gid>) -> bool {
-    match task_from {
-        Some(from) => from == caller,
-        None => parent == Some(caller),
-    }
-}
-
 /// Whether a message between `from` and `to` is to be seen by one who sees the messages
 /// `involving` an entity (those it sent or received), or all (none).
 pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
@@ -159,7 +150,7 @@ impl Gateway {
                     to_name: self.cached_name(names, message.to).await,
                     in_reply_to: message.in_reply_to,
                     state: change.state.clone(),
-                    reason: change.reason.clone(),
+                    reason: change.reason.as_deref().map(|r| viewer.reason(r)),
                 }))
             }
             Subject::Entity(gid) => {
@@ -177,12 +168,12 @@ impl Gateway {
         }
     }
 
-    /// What the pane of `to` (an entity of this host) shows now, to the lead that spawned it
-    /// or whose task it has in hand (a screen shows a task and its answer: never another
-    /// lead's, nor an operator's to read). A look only: nothing is typed, and the look is not
+    /// What the pane of `to` (an entity of this host) shows now, to its owner, the lead that
+    /// spawned it (a screen shows its tasks and answers: never another lead's to read, not
+    /// even one it is shared with, nor an operator's). A look only: nothing is typed, and the look is not
     /// the lead calling in.
     pub async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
-        let caller = viewer.lead("look at a worker's screen")?.entity.gid;
+        let caller = viewer.lead("look at a worker's screen")?;
         let entity = match self.resolve_route(to)? {
             fleet_core::routing::Route::Local(entity) => entity,
             fleet_core::routing::Route::Remote(entity) => {
@@ -198,9 +189,7 @@ impl Gateway {
             (
                 session.and_then(|s| s.pane.clone()),
                 session.map(|s| s.status),
-                session.is_some_and(|s| {
-                    may_see_screen(caller, s.entity.parent, s.current.as_ref().map(|m| m.from))
-                }),
+                session.is_some_and(|s| s.allows(Principal::Lead(&caller.entity), Action::SeeText)),
             )
         };
         let (Some(pane), Some(status)) = (pane, status) else {
@@ -213,7 +202,7 @@ impl Gateway {
             return Err(FleetError::new(
                 fleet_core::ErrorCode::Forbidden,
                 format!(
-                    "'{}' is another lead's worker, busy with another lead's task: its screen is theirs to look at",
+                    "'{}' is not yours: only the lead that spawned it may look at its screen (a lead it is shared with sends it tasks, and sees nothing of its owner's)",
                     entity.name
                 ),
             ));
@@ -255,13 +244,13 @@ impl Gateway {
             .into_iter()
             .map(|c| Step {
                 at_ms: c.at_ms,
+                reason: c.reason.as_deref().map(|r| viewer.reason(r)),
                 state: c.state,
-                reason: c.reason,
             })
             .collect();
         let mut names = HashMap::new();
         Ok(MessageHistory {
-            message: self.message_row(&mut names, message, false).await,
+            message: self.message_row(viewer, &mut names, message, false).await,
             history,
         })
     }
@@ -270,17 +259,6 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_screen_is_for_the_lead_whose_task_it_shows() {
-        let (alice, bob) = (Gid::mint(), Gid::mint());
-        // Alice's idle worker: hers only.
-        assert!(may_see_screen(alice, Some(alice), None));
-        assert!(!may_see_screen(bob, Some(alice), None));
-        // Busy with Bob's task: Bob's, not Alice's, though she spawned it.
-        assert!(may_see_screen(bob, Some(alice), Some(bob)));
-        assert!(!may_see_screen(alice, Some(alice), Some(bob)));
-    }
 
     #[test]
     fn a_lead_sees_only_the_messages_it_sent_or_received_an_operator_all() {

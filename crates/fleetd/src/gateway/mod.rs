@@ -36,6 +36,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use fleet_core::ownership::Principal;
 use fleet_core::{Entity, ErrorCode, FleetError, Gid};
 use fleet_mux::PaneHost;
 use fleet_store::{Store, StoreError, StoreResult};
@@ -419,13 +420,13 @@ impl Gateway {
 
     /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
     /// in it, sees it.
-    pub fn everyone(&self) -> (Vec<RosterEntry>, Vec<HostView>) {
+    pub fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
         let mut entities: Vec<RosterEntry> = {
             let sessions = self.lock();
             sessions
                 .entities()
                 .into_iter()
-                .filter_map(|e| sessions.entry(e.gid))
+                .filter_map(|e| sessions.entry(e.gid, viewer))
                 .collect()
         };
         let (remote, hosts) = self.remote_view();
@@ -437,7 +438,7 @@ impl Gateway {
     pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
         let mut list = self
             .lock()
-            .list(caller.entity.gid)
+            .list(&caller.entity)
             .ok_or_else(|| FleetError::new(ErrorCode::Gone, "you are no longer in the roster"))?;
         let (remote, hosts) = self.remote_view();
         list.entities.extend(remote);

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use fleet_core::ownership::{Principal, redacted};
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState};
 use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,26 @@ impl Viewer {
         match self {
             Viewer::Lead(caller) => Some(caller.entity.gid),
             Viewer::Operator { .. } => None,
+        }
+    }
+
+    /// Who it is to the ownership rule.
+    pub fn principal(&self) -> Principal<'_> {
+        match self {
+            Viewer::Lead(caller) => Principal::Lead(&caller.entity),
+            Viewer::Operator { name, read_only } => Principal::Operator {
+                name,
+                may_stop: !read_only,
+            },
+        }
+    }
+
+    /// A reason as it may see it: a lead sees its own messages' reasons as they were told to
+    /// it; an operator never a screen one quotes.
+    pub fn reason(&self, reason: &str) -> String {
+        match self {
+            Viewer::Lead(_) => reason.to_string(),
+            Viewer::Operator { .. } => redacted(reason).into_owned(),
         }
     }
 
@@ -91,7 +112,7 @@ impl Gateway {
                 (Some(list.you), list.entities, list.hosts)
             }
             Viewer::Operator { .. } => {
-                let (entities, hosts) = self.everyone();
+                let (entities, hosts) = self.everyone(viewer.principal());
                 (None, entities, hosts)
             }
         };
@@ -224,13 +245,24 @@ impl Gateway {
         name
     }
 
-    /// `message` as a listing shows it, its text only if `text`.
+    /// `message` as a listing shows it, its text only if `text`; a reason that quotes a
+    /// worker's screen only to `viewer` a lead (whose own messages are all it lists: a screen
+    /// is quoted only to the worker's owner), to an operator with the screen withheld.
     pub(super) async fn message_row(
         &self,
+        viewer: &Viewer,
         names: &mut HashMap<Gid, String>,
         message: Message,
         text: bool,
     ) -> MessageRow {
+        let reason = message
+            .state
+            .reason()
+            .map(str::to_string)
+            // A FAILED notice's text is the reason it tells (fleetd's words, quoting a screen
+            // only to the worker's owner).
+            .or_else(|| (message.kind == Kind::Failed).then(|| message.body.clone()))
+            .map(|reason| viewer.reason(&reason));
         MessageRow {
             msg_id: message.msg_id,
             kind: message.kind,
@@ -239,12 +271,7 @@ impl Gateway {
             to: message.to,
             to_name: self.cached_name(names, message.to).await,
             state: message.state.name(),
-            // A FAILED notice's text is the reason it tells (fleetd's words, never a task's).
-            reason: message
-                .state
-                .reason()
-                .map(str::to_string)
-                .or_else(|| (message.kind == Kind::Failed).then(|| message.body.clone())),
+            reason,
             in_reply_to: message.in_reply_to,
             created_ms: message.created_ms,
             text: text.then_some(message.body),
@@ -285,7 +312,10 @@ impl Gateway {
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
         for message in messages {
-            rows.push(self.message_row(&mut names, message, query.text).await);
+            rows.push(
+                self.message_row(viewer, &mut names, message, query.text)
+                    .await,
+            );
         }
         Ok(rows)
     }

@@ -50,6 +50,15 @@ impl Gateway {
                 answered.msg_id
             )));
         }
+        let task = answered.msg_id;
+        if self.db(move |s| s.is_answered(task)).await? {
+            return Err(FleetError::new(
+                ErrorCode::TooLate,
+                format!(
+                    "task {task} has its answer already: a task is answered once (fleet_poll shows what waits for you)"
+                ),
+            ));
+        }
         let reply = Message::reply_to(&answered, text, now_ms());
         let msg_id = reply.msg_id;
         if matches!(self.placement(&reply), Placement::Dead) {

@@ -10,6 +10,7 @@ use fleet_core::clock::now_ms;
 use fleet_core::delivery::{
     Handover, Recipient, Taker, TaskGate, announced, handover, may_take_task,
 };
+use fleet_core::ownership::{Action, LeadRef, Owned, Principal, may};
 use fleet_core::{Entity, Gid, Message, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::sync::watch;
@@ -96,9 +97,27 @@ pub(super) struct PaneSession {
     pub stalled_since: Option<i64>,
     /// Its own workspace (its profile's `workspace`), where it runs.
     pub workspace: Option<PathBuf>,
+    /// Its owner as the roster shows it: the name of the lead that spawned it (`name@host`
+    /// for a lead of another host).
+    pub owner_name: String,
+    /// The leads it is shared with: they may send it tasks.
+    pub shared: Vec<LeadRef>,
 }
 
 impl PaneSession {
+    /// Whose it is.
+    pub fn owned(&self) -> Owned<'_> {
+        Owned {
+            owner: self.entity.parent,
+            shared: &self.shared,
+        }
+    }
+
+    /// Whether `who` may do `action` to it.
+    pub fn allows(&self, who: Principal<'_>, action: Action) -> bool {
+        may(who, action, self.owned())
+    }
+
     /// Applies a session event, logging the transition.
     pub fn apply(&mut self, event: SessionEvent) -> Result<WorkerStatus, fleet_core::FleetError> {
         let next = self.status.on(event)?;
@@ -296,8 +315,9 @@ impl Sessions {
         }
     }
 
-    /// The roster entry of `gid`.
-    pub fn entry(&self, gid: Gid) -> Option<RosterEntry> {
+    /// The roster entry of `gid` as `viewer` may see it: a blocked worker's dialog (screen
+    /// text) only for its owner.
+    pub fn entry(&self, gid: Gid, viewer: Principal<'_>) -> Option<RosterEntry> {
         if let Some(lead) = self.leads.get(&gid) {
             return Some(RosterEntry {
                 gid,
@@ -316,6 +336,8 @@ impl Sessions {
                 stalled_since: None,
                 workspace: None,
                 dialog: None,
+                owner: None,
+                shared: Vec::new(),
             });
         }
         let s = self.panes.get(&gid)?;
@@ -345,15 +367,25 @@ impl Sessions {
             dialog: s
                 .dialog
                 .as_ref()
-                .filter(|_| s.status == WorkerStatus::Blocked)
+                .filter(|_| s.status == WorkerStatus::Blocked && s.allows(viewer, Action::SeeText))
                 .and_then(|d| Surfaced::from(d.question.clone()).dialog()),
+            owner: Some(s.owner_name.clone()),
+            shared: s
+                .shared
+                .iter()
+                .map(|r| shown_lead(r, &s.entity.host))
+                .collect(),
         })
     }
 
     /// The status other hosts hear for `gid`: as `fleet_list` shows it (`unknown` while the
     /// pane host cannot be reached), a worker's as the rule announces it ([`announced`]).
     pub fn presence_status(&self, gid: Gid) -> String {
-        match (self.entry(gid), self.panes.get(&gid)) {
+        let nobody = Principal::Operator {
+            name: "",
+            may_stop: false,
+        };
+        match (self.entry(gid, nobody), self.panes.get(&gid)) {
             (None, _) => "unknown".into(),
             (Some(_), Some(s)) if self.host_down.is_none() => {
                 announced(&s.gate(false)).as_str().to_string()
@@ -363,17 +395,38 @@ impl Sessions {
     }
 
     /// The whole roster as seen by `caller`.
-    pub fn list(&self, caller: Gid) -> Option<ListResult> {
+    pub fn list(&self, caller: &Entity) -> Option<ListResult> {
+        let viewer = principal_of(caller);
         let entities = self
             .entities()
             .into_iter()
-            .filter_map(|e| self.entry(e.gid))
+            .filter_map(|e| self.entry(e.gid, viewer))
             .collect();
         Some(ListResult {
-            you: self.entry(caller)?,
+            you: self.entry(caller.gid, viewer)?,
             coord_id: None,
             entities,
             hosts: Vec::new(),
         })
+    }
+}
+
+/// `entity` (a caller) as the ownership rule knows it: a lead, or a pane-bound entity by its
+/// own token.
+pub(super) fn principal_of(entity: &Entity) -> Principal<'_> {
+    if entity.role.is_pane_bound() {
+        Principal::Pane(entity)
+    } else {
+        Principal::Lead(entity)
+    }
+}
+
+/// How a roster entry of a worker of host `here` names lead `lead`: by its name when it is of
+/// that host, else `name@host`.
+pub(super) fn shown_lead(lead: &LeadRef, here: &str) -> String {
+    if lead.host == here {
+        lead.name.clone()
+    } else {
+        lead.to_string()
     }
 }

@@ -10,6 +10,7 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::control::Target;
 use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
+use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
@@ -41,6 +42,8 @@ pub struct SpawnRequest {
     pub groups: Vec<String>,
     /// What it is: a worker, or (started by `fleet_consult`) an advisory architect.
     pub role: Role,
+    /// The leads it is shared with, besides its owner.
+    pub share: Vec<LeadRef>,
 }
 
 /// The first `<profile>-<n>` not in `taken`, made a valid worker name (a profile's name may hold
@@ -96,6 +99,8 @@ impl Gateway {
         ct: &CancellationToken,
     ) -> Result<SpawnResult, FleetError> {
         check_tool(&caller.entity, Tool::Spawn)?;
+        let mut request = request;
+        request.share = self.shares_of(caller, request.share)?;
         let requested = request.host.as_deref().filter(|h| *h != self.host_id);
         if let Some(host) = requested
             && self.federation.is_none()
@@ -112,6 +117,31 @@ impl Gateway {
             }
             Target::There(host) => self.spawn_remote(caller, request, &host, ct).await,
         }
+    }
+
+    /// The leads a worker `caller` spawns is shared with: those it names, then its own
+    /// `[leads.NAME] share` default; never itself.
+    fn shares_of(&self, caller: &Caller, named: Vec<LeadRef>) -> Result<Vec<LeadRef>, FleetError> {
+        let default = self
+            .config
+            .leads
+            .get(&caller.entity.name)
+            .map(|l| l.share.as_slice())
+            .unwrap_or_default();
+        let mut leads = parse_shares(default.iter().map(String::as_str), &self.host_id)?;
+        for lead in named {
+            if !leads.contains(&lead) {
+                leads.insert(0, lead);
+            }
+        }
+        leads.retain(|l| !l.is(&caller.entity));
+        if leads.len() > MAX_SHARED {
+            return Err(FleetError::invalid(format!(
+                "a worker may be shared with {MAX_SHARED} leads at most, not {}",
+                leads.len()
+            )));
+        }
+        Ok(leads)
     }
 
     /// Starts worker `gid` here for lead `parent` (of this host or, through the control plane,
@@ -240,6 +270,12 @@ impl Gateway {
                     dialog: None,
                     stalled_since: None,
                     workspace: None,
+                    owner_name: if parent.host == self.host_id {
+                        parent.name.clone()
+                    } else {
+                        format!("{}@{}", parent.name, parent.host)
+                    },
+                    shared: request.share.clone(),
                 },
             );
             entity

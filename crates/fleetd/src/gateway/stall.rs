@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use fleet_core::clock::now_ms;
 use fleet_core::lifecycle::stalled;
+use fleet_core::ownership::quoting;
 use fleet_core::{Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use tokio::time::Instant;
@@ -120,7 +121,7 @@ impl Gateway {
     /// lead hears so, and with `on_stall = "recycle"` its task fails and it starts afresh.
     async fn stalled(self: &Arc<Self>, w: &Watched, tail: &str) {
         let (gid, after) = (w.gid, w.after);
-        let (name, lead, task, on_stall) = {
+        let (name, lead, task, on_stall, owner) = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
@@ -141,15 +142,18 @@ impl Gateway {
                 lead,
                 task,
                 session.profile.on_stall,
+                session.entity.parent,
             )
         };
-        let what = format!(
-            "'{name}' has stalled: no change on its screen and no call for {} s while working{}; its screen ends:\n{tail}",
+        let public = format!(
+            "'{name}' has stalled: no change on its screen and no call for {} s while working{}",
             after.as_secs(),
             task.as_ref()
                 .map(|t| format!(" on your task {}", t.msg_id))
                 .unwrap_or_default()
         );
+        // Its screen is its owner's: a lead it is shared with hears of the stall without it.
+        let what = quoting(&public, tail, lead.is_some() && lead == owner);
         tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, screen_tail = %crate::logs::summary(tail), "a worker has stalled");
         crate::logs::trace_text("stall screen tail", tail);
         match (on_stall, &task) {

@@ -228,6 +228,14 @@ pub struct RosterEntry {
     /// lead (answer with `fleet_send{turn_id, choice}`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dialog: Option<DialogView>,
+    /// For a worker or architect of this host: its owner, the lead that spawned it (`name@host`
+    /// for a lead of another host). Only its owner tasks, stops and sees it, unless `shared`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// For a worker or architect of this host: the leads it is shared with, who may send it
+    /// tasks (and get their own answers, never its owner's text or screen).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<String>,
 }
 
 /// The slot an entity called `name` in `role` fills: an architect's is its name.

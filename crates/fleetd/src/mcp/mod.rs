@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+use fleet_core::ownership::parse_shares;
 use fleet_core::{ErrorCode, FleetError, MsgId, Role};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -211,6 +212,10 @@ the worker is ready for tasks (it has called in), or fails with not_ready. Leads
                 cwd: p.cwd.map(PathBuf::from),
                 groups: p.groups.unwrap_or_default(),
                 role: Role::Worker,
+                share: parse_shares(
+                    p.share.iter().flatten().map(String::as_str),
+                    self.gateway.host_id(),
+                )?,
             };
             self.gateway.spawn(&caller, request, &ctx.ct).await
         };

@@ -175,25 +175,8 @@ async fn messages_held_for_a_lead_or_a_worker_stop_at_the_cap_and_none_accepted_
         .expect_err("a fourth message was held");
     assert!(at_the_cap(&over, "alice"), "{over}");
 
-    // The same for the lead's replies held for the worker: the fourth fleet_reply fails.
-    for (n, question) in questions.iter().enumerate() {
-        alice
-            .ok(
-                "fleet_reply",
-                json!({"message": format!("a{}", n + 1), "in_reply_to": question}),
-            )
-            .await?;
-    }
-    let over = alice
-        .call(
-            "fleet_reply",
-            json!({"message": "a4", "in_reply_to": questions[0]}),
-        )
-        .await?
-        .expect_err("a fourth reply was held");
-    assert!(at_the_cap(&over, "spy-1"), "{over}");
-
-    // Nothing accepted is lost: each gets its three, in order.
+    // Nothing accepted is lost: the lead gets the three, in order; taken, they make room, and
+    // the refused one goes through when sent again.
     let texts = |polled: Value| -> Vec<String> {
         polled["messages"]
             .as_array()
@@ -208,16 +191,36 @@ async fn messages_held_for_a_lead_or_a_worker_stop_at_the_cap_and_none_accepted_
         texts(alice.ok("fleet_poll", json!({})).await?),
         ["q1", "q2", "q3"]
     );
+    let q4 = worker.send("alice", "q4", 0).await?;
+    questions.push(q4["msg_id"].as_str().unwrap_or_default().to_string());
+
+    // The same for the lead's replies held for the worker (one per question: a task has one
+    // answer): the fourth fleet_reply fails.
+    for (n, question) in questions.iter().take(3).enumerate() {
+        alice
+            .ok(
+                "fleet_reply",
+                json!({"message": format!("a{}", n + 1), "in_reply_to": question}),
+            )
+            .await?;
+    }
+    let over = alice
+        .call(
+            "fleet_reply",
+            json!({"message": "a4", "in_reply_to": questions[3]}),
+        )
+        .await?
+        .expect_err("a fourth reply was held");
+    assert!(at_the_cap(&over, "spy-1"), "{over}");
     assert_eq!(
         texts(worker.ok("fleet_poll", json!({})).await?),
         ["a1", "a2", "a3"]
     );
-    // Taken, they make room: the refused ones go through when sent again.
-    worker.send("alice", "q4", 0).await?;
+    // Refused, it was never the answer: sent again, it goes through.
     alice
         .ok(
             "fleet_reply",
-            json!({"message": "a4", "in_reply_to": questions[0]}),
+            json!({"message": "a4", "in_reply_to": questions[3]}),
         )
         .await?;
     assert_eq!(texts(alice.ok("fleet_poll", json!({})).await?), ["q4"]);

@@ -16,7 +16,7 @@ use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{HOSTS, LIMIT, audit_lines, drain, sees, texts};
+use super::federation::{HOSTS, LIMIT, SHARED, audit_lines, drain, sees, texts};
 
 /// A gateway of host `host` with lead `lead` and the scripted agent as `sim`, on the broker
 /// nodes `uris` (tried in that order), its queues quorum queues; `broker` and `federation` are
@@ -32,10 +32,10 @@ async fn gateway_on(
         host,
         "",
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuris = [{}]\nqueue_type = \"quorum\"\n{broker}\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\n{federation}\n{}",
+            "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuris = [{}]\nqueue_type = \"quorum\"\n{broker}\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\n{federation}\n{}",
             sim_profile("sim", &[])?,
             uris.join(", "),
-            keys::trust_table(&HOSTS)
+            keys::admitting(&HOSTS)
         ),
     )
     .await

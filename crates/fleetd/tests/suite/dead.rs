@@ -331,6 +331,55 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
     Ok(())
 }
 
+/// The forgery of issue 30: a signed brief, really sent and answered, copied off `fleet.msg`
+/// and published again onto `fleet.dlx` by a third party on the shared login with a made-up
+/// `x-death` ("expired"). Its seal and its record of being sent are genuine; it has its answer,
+/// so it cannot have died unread: dropped, nobody told, no "sender told" in the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_of_a_message_already_answered_is_not_believed() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let Pair {
+        a,
+        b: _b,
+        alice,
+        bob,
+    } = pair(&vhost).await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    let (alice_gid, wb_key) = (
+        gid_of(&alice.entry("alice").await?).parse::<Gid>()?,
+        gid_of(&wb),
+    );
+    let sent = alice.send("wb", "hello", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello", "{sent}");
+    let id = sent["msg_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<MsgId>()?;
+    // The very brief alice sent (the test hosts' keys are known, so its copy is signed as
+    // hosta signed it), "expired" in wb's inbox, onto fleet.dlx by the shared login.
+    let copy = Envelope {
+        msg_id: id,
+        ..forged(Kind::Send, alice_gid, "hosta", &wb_key)?
+    };
+    let dead = as_published(
+        &vhost,
+        keys::signed(&copy, b"hello").with("x-death", x_death(&expired_in(&wb_key))),
+        b"hello",
+    );
+    let admin = vhost.connect().await?;
+    admin.publish("fleet.dlx", "", &dead).await?;
+    let got = audited(&a, &id.to_string(), "dead letter dropped: answered", 1).await?;
+    assert!(
+        !got.iter().any(|o| o.contains("sender told")),
+        "{got:?}\n{}",
+        a.log()
+    );
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "a forged notice");
+    admin.close().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_login_and_is_told()
 -> anyhow::Result<()> {

@@ -121,11 +121,16 @@ async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
-    bob.spawn("confirm", "wb").await?;
+    // alice spawns the worker on hostb: hers, so its dialogs are asked of her, across hosts.
+    alice
+        .ok(
+            "fleet_spawn",
+            json!({"profile": "confirm", "name": "wb", "host": "hostb"}),
+        )
+        .await?;
     sees(&alice, "wb").await?;
 
-    // alice's task stops bob's worker on hostb on a dialog; it surfaces on her open send.
+    // alice's task stops her worker on hostb on a dialog; it surfaces on her open send.
     let blocked = alice.send("wb", "/confirm Push to main?", 20).await?;
     assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", b.log());
     assert_eq!(blocked["from_name"], "wb");

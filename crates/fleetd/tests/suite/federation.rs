@@ -23,6 +23,10 @@ pub(super) const HOSTS: [&str; 7] = [
 ];
 
 /// The `[federation]` keys of a test gateway: quick presence and receipts.
+/// Every lead of the test hosts, as a lead's `share` default names them: the test fleets'
+/// leads task one another's workers (a lead's own is not shared with itself).
+pub(super) const SHARED: &str = r#""alice@hosta", "bob@hostb", "carol@hostc""#;
+
 const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
 
 /// A gateway of host `host` with lead `lead` and the scripted agent as profile `sim`, on the
@@ -49,9 +53,9 @@ pub(super) async fn gateway_with(
         host,
         gateway,
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}\n{}",
+            "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}\n{}",
             sim_profile("sim", &[])?,
-            keys::trust_table(&HOSTS)
+            keys::admitting(&HOSTS)
         ),
     )
     .await

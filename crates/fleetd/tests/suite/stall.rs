@@ -13,24 +13,42 @@ use serde_json::{Value, json};
 const LIMIT: Duration = Duration::from_secs(20);
 
 /// The first message `lead` polls (within 15 s), which must be the notice that `worker` stalled
-/// on the task `sent` started, with the end of its screen; `logs` says what happened if not.
+/// on the task `sent` started, with the end of its screen (`Screen::Shown`: `lead` is its owner)
+/// or without it (`Screen::Withheld`: another's worker, shared with it); `logs` says what
+/// happened if not.
 async fn stall_notice(
     lead: &Client,
     worker: &str,
     sent: &Value,
+    screen: Screen,
     logs: impl Fn() -> String,
 ) -> anyhow::Result<Value> {
     let told = lead.poll(15).await?;
     let first = told.first().cloned().unwrap_or_default();
     let text = first["text"].as_str().unwrap_or_default();
+    let screen_as_due = match screen {
+        Screen::Shown => text.contains("its screen ends:") && text.contains("[not replying]"),
+        Screen::Withheld => {
+            text.ends_with("its screen is its owner's") && !text.contains("[not replying]")
+        }
+    };
     anyhow::ensure!(
         text.starts_with(&format!("[fleet] '{worker}' has stalled"))
             && text.contains(sent["msg_id"].as_str().unwrap_or("?"))
-            && text.contains("[not replying]"),
+            && screen_as_due,
         "{told:?}\n{}",
         logs()
     );
     Ok(first)
+}
+
+/// Whether a stall notice quotes the worker's screen.
+#[derive(Clone, Copy)]
+enum Screen {
+    /// To its owner.
+    Shown,
+    /// To anyone else.
+    Withheld,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +59,7 @@ async fn a_stalled_worker_is_reported_to_its_lead_once_with_its_screen() -> anyh
     lead.spawn("sim", "w1").await?;
     assert!(lead.entry("w1").await?.get("stalled_since").is_none());
     let sent = lead.send("w1", "/never", 0).await?;
-    let told = stall_notice(&lead, "w1", &sent, || fleet.log()).await?;
+    let told = stall_notice(&lead, "w1", &sent, Screen::Shown, || fleet.log()).await?;
     assert!(
         told["text"]
             .as_str()
@@ -103,13 +121,27 @@ async fn a_stall_on_another_host_is_told_to_the_lead_whose_task_it_was() -> anyh
     let bob = b.lead("bob", Protocol::Stateless).await?;
     bob.spawn("slow", "wb").await?;
     sees(&alice, "wb").await?;
-    // alice's task stalls bob's worker on hostb: alice, whose task it was, is told.
+    // alice's task stalls bob's worker on hostb (shared with her): alice, whose task it was,
+    // is told, without its screen, which is bob's.
     let sent = alice.send("wb", "/never", 0).await?;
-    let told = stall_notice(&alice, "wb", &sent, || {
+    let told = stall_notice(&alice, "wb", &sent, Screen::Withheld, || {
         format!("hostb's log:\n{}\nhosta's log:\n{}", b.log(), a.log())
     })
     .await?;
     assert_eq!(told["from_name"], "wb");
     assert!(bob.poll(0).await?.is_empty(), "bob's was not the task");
+    // A worker of alice's own on hostb: its stall reaches her with its screen.
+    alice
+        .ok(
+            "fleet_spawn",
+            json!({"profile": "slow", "name": "wa", "host": "hostb"}),
+        )
+        .await?;
+    let sent = alice.send("wa", "/never", 0).await?;
+    let told = stall_notice(&alice, "wa", &sent, Screen::Shown, || {
+        format!("hostb's log:\n{}\nhosta's log:\n{}", b.log(), a.log())
+    })
+    .await?;
+    assert_eq!(told["from_name"], "wa");
     Ok(())
 }

@@ -11,6 +11,8 @@ use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
+
+use super::federation::SHARED;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -22,9 +24,9 @@ async fn gateway(uri: &str, host: &str, lead: &str, tls: &str) -> anyhow::Result
         host,
         "",
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n{tls}\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n{}",
+            "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n{tls}\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n{}",
             sim_profile("sim", &[])?,
-            keys::trust_table(&["hosta", "hostb", "hostc"])
+            keys::admitting(&["hosta", "hostb", "hostc"])
         ),
     )
     .await

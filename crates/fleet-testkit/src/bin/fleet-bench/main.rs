@@ -211,14 +211,20 @@ fn runs(program: &str) -> bool {
 /// inboxes take as many messages as a throughput run sends (the default 1,000 is a cap on what
 /// may wait, which a run of 20,000 pipelined sends outpaces while the consumer catches up).
 async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fleet> {
-    let leads: String = leads.iter().map(|l| format!("[leads.{l}]\n")).collect();
+    // Each lead tasks the others' workers too (bob's `wb` takes alice's trips).
+    let leads: String = leads
+        .iter()
+        .map(|l| {
+            format!("[leads.{l}]\nshare = [\"alice@hosta\", \"carol@hosta\", \"bob@hostb\"]\n")
+        })
+        .collect();
     Fleet::start_as(
         host,
         BENCH_HELD,
         &format!(
             "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\ninbox_max_length = 1000000\n{}",
             sim_profile("sim", &[])?,
-            keys::trust_table(&BENCH_HOSTS)
+            keys::admitting(&BENCH_HOSTS)
         ),
     )
     .await

@@ -557,7 +557,7 @@ fn federation_blocks(uri: &str, hosts: &[String], interval_s: u64, remote_cap: u
     let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
     format!(
         "[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = {interval_s}\npresence_ttl_s = {ttl}\nmax_remote_entities_per_host = {remote_cap}\n{}",
-        keys::trust_table(&hosts)
+        keys::admitting(&hosts)
     )
 }
 

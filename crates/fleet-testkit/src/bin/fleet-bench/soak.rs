@@ -171,9 +171,9 @@ async fn gateway(uri: &str, host: &str, lead: &str) -> anyhow::Result<Fleet> {
         host,
         "",
         &format!(
-            "[leads.{lead}]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = {INJECTED_BOUND_S}\n{}",
+            "[leads.{lead}]\nshare = [\"alice@hosta\", \"bob@hostb\"]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = {INJECTED_BOUND_S}\n{}",
             sim_profile("sim", &[])?,
-            keys::trust_table(&HOSTS)
+            keys::admitting(&HOSTS)
         ),
     )
     .await

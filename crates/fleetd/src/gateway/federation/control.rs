@@ -19,6 +19,7 @@ use fleet_core::control::{
     ControlAnswer, ControlRequest, Target, check_request, read_answer, read_request, spawn_target,
 };
 use fleet_core::envelope::Envelope;
+use fleet_core::ownership::{Action, Principal, RemoteAction, check, parse_shares};
 use fleet_core::{
     Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus,
 };
@@ -111,6 +112,7 @@ impl Gateway {
             cwd,
             groups: request.groups,
             architect: request.role == Role::Architect,
+            share: request.share.iter().map(ToString::to_string).collect(),
         };
         match self
             .control_call(&caller.entity, host, gid, &asked, ct)
@@ -428,6 +430,17 @@ impl Gateway {
                 return;
             }
         };
+        if let Err(why) = self.granted(&lead, gid, &request) {
+            tracing::warn!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, why, "REFUSED a control request this host does not grant");
+            fed.audit(&envelope, size, "refused: not granted");
+            let answer = ControlAnswer::Failed {
+                code: ErrorCode::Forbidden,
+                message: why,
+            };
+            self.answer_control(&envelope, gid, &answer).await;
+            settle(&delivery, Handled::Noted, false).await;
+            return;
+        }
         fed.audit(&envelope, size, "control: taken");
         tracing::info!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, "control request taken");
         let gateway = Arc::clone(self);
@@ -439,6 +452,7 @@ impl Gateway {
                     cwd,
                     groups,
                     architect,
+                    share,
                 } => {
                     let request = SpawnRequest {
                         profile,
@@ -451,6 +465,9 @@ impl Gateway {
                         } else {
                             Role::Worker
                         },
+                        // Checked on arrival: each names its host.
+                        share: parse_shares(share.iter().map(String::as_str), &lead.host)
+                            .unwrap_or_default(),
                     };
                     gateway.control_spawn(&lead, gid, request).await
                 }
@@ -461,6 +478,37 @@ impl Gateway {
             }
             settle(&delivery, Handled::Noted, false).await;
         });
+    }
+
+    /// Whether this host grants `lead` (of another host) `request` about worker `gid`: what
+    /// `[federation.allow]` lets its host (or it) do here, a spawn's named directory under
+    /// `gateway.workdir_roots`, a stop of its own worker only. Why not, naming the key to set.
+    fn granted(&self, lead: &Entity, gid: Gid, request: &ControlRequest) -> Result<(), String> {
+        let Some(fed) = self.fed() else {
+            return Err("this gateway has no broker".into());
+        };
+        match request {
+            ControlRequest::Spawn { profile, cwd, .. } => {
+                fed.allow.check(lead, RemoteAction::Spawn { profile })?;
+                if cwd.is_some() && self.workdirs.roots().is_empty() {
+                    return Err(format!(
+                        "host '{}' lets no lead of another host choose a directory: it has no [gateway] workdir_roots (leave cwd out to start in the profile's)",
+                        self.host_id
+                    ));
+                }
+                Ok(())
+            }
+            ControlRequest::Stop => {
+                fed.allow.check(lead, RemoteAction::Stop)?;
+                let sessions = self.lock();
+                match sessions.panes.get(&gid) {
+                    Some(s) => check(Principal::Lead(lead), Action::Stop, &s.entity, s.owned())
+                        .map_err(|e| e.message),
+                    // Unknown here: the stop says so.
+                    None => Ok(()),
+                }
+            }
+        }
     }
 
     /// Spawns worker `gid` for `lead` of another host, unless it was spawned already (a

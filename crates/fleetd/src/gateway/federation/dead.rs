@@ -80,10 +80,11 @@ impl Gateway {
                 return Handled::NotStored;
             }
         };
-        let (sent, injected, sender_here) = record;
+        let (sent, injected, answered, sender_here) = record;
         let facts = Record {
             sent: &sent,
             injected,
+            answered,
             sender_here,
         };
         if let Err(dropped) = confirm(&candidate, facts) {
@@ -96,7 +97,10 @@ impl Gateway {
     /// store, or in memory only, just published or the store failing), whether its `INJECTED`
     /// receipt came, and whether its sender is still here (a lead, or a worker whose session
     /// is live).
-    async fn record_of(&self, candidate: &Candidate) -> Result<(Sent, bool, bool), FleetError> {
+    async fn record_of(
+        &self,
+        candidate: &Candidate,
+    ) -> Result<(Sent, bool, bool, bool), FleetError> {
         let ids = candidate.ids();
         let (mut sent, injected) = match self.fed() {
             Some(fed) => {
@@ -112,12 +116,16 @@ impl Gateway {
             }
             None => (Vec::new(), false),
         };
-        sent.extend(self.db(move |s| s.sent_records(&ids)).await?);
+        let original = candidate.original;
+        let (records, answered) = self
+            .db(move |s| Ok((s.sent_records(&ids)?, s.is_answered(original)?)))
+            .await?;
+        sent.extend(records);
         let sender_here = matches!(
             self.lock().recipient(candidate.sender),
             Recipient::Lead | Recipient::Pane { live: true }
         );
-        Ok((sent, injected, sender_here))
+        Ok((sent, injected, answered, sender_here))
     }
 
     /// Lets a dead letter go, with its log line (an error, thinned, when it speaks of a

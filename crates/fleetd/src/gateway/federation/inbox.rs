@@ -8,6 +8,7 @@ use fleet_amqp::{Deliveries, Delivery};
 use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind, refusal_told};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
+use fleet_core::trust::Refusal as TrustRefusal;
 use fleet_core::{Gid, Kind, Message};
 use tokio_util::sync::CancellationToken;
 
@@ -226,11 +227,26 @@ impl Gateway {
         let limit = self.config.gateway.max_message_bytes;
         let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
             Admission::Admitted { envelope, body } => {
-                if let Err(refusal) = self.check_one(owner, delivery, &envelope, patience).await {
-                    self.refuse_untrusted(delivery, &envelope, &refusal).await;
-                    return None;
+                match self.check_one(owner, delivery, &envelope, patience).await {
+                    Ok(()) => return Some((envelope, body)),
+                    // A broadcast reaches only the workers its sender may task: a copy for
+                    // another's is let go quietly.
+                    Err(TrustRefusal::NotGranted(_)) if envelope.kind == Kind::Broadcast => {
+                        fed.audit(
+                            &envelope,
+                            delivery.body().len(),
+                            "skipped: not the sender's worker",
+                        );
+                        settle(delivery, Handled::Dropped, false).await;
+                    }
+                    // A genuine lead asking what this host does not grant: it hears why.
+                    Err(TrustRefusal::NotGranted(why)) => {
+                        self.refuse_and_tell(owner, &envelope, delivery, "not granted", &why)
+                            .await;
+                    }
+                    Err(refusal) => self.refuse_untrusted(delivery, &envelope, &refusal).await,
                 }
-                return Some((envelope, body));
+                return None;
             }
             Admission::Malformed(e) => {
                 let (loud, count) = fed.loud();

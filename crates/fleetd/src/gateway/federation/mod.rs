@@ -46,6 +46,7 @@ use fleet_amqp::{AmqpError, Broker, Published};
 use fleet_core::bounds::RosterCaps;
 use fleet_core::delivery::carried;
 use fleet_core::envelope::Envelope;
+use fleet_core::ownership::AllowTable;
 use fleet_core::receipts::Receipts;
 use fleet_core::roster::Roster;
 use fleet_core::signing::{Signature, SigningKey, signature};
@@ -79,6 +80,8 @@ pub struct Federation {
     key: SigningKey,
     /// The hosts whose signatures are taken (this one's own key among them).
     trust: Trust,
+    /// What other hosts' leads may do here (`[federation.allow]`).
+    allow: AllowTable,
     /// Bumped whenever a heartbeat adds to the roster: a message from a sender not yet
     /// announced waits on it a while.
     roster_heard: tokio_watch::Sender<u64>,
@@ -166,6 +169,7 @@ impl Federation {
         key: SigningKey,
     ) -> Result<Self, String> {
         let mut trust = config.trust_table()?;
+        let allow = config.allow_table()?;
         trust.pin_own(host_id, key.verifying_key(), broker.login());
         let audit = AuditLog::open(
             state_dir.join("audit.jsonl"),
@@ -207,6 +211,7 @@ impl Federation {
             audit: Mutex::new(audit),
             key,
             trust,
+            allow,
             roster_heard: tokio_watch::channel(0).0,
             outbox_waiting: AtomicBool::new(true),
             flushing: tokio::sync::Mutex::new(()),

@@ -300,6 +300,8 @@ impl Gateway {
                 stalled_since: None,
                 workspace: None,
                 dialog: None,
+                owner: None,
+                shared: Vec::new(),
             })
             .collect();
         entries.sort_by(|a, b| (&a.host, &a.name).cmp(&(&b.host, &b.name)));

@@ -10,6 +10,7 @@ use fleet_amqp::Delivery;
 use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
 use fleet_core::envelope::Envelope;
+use fleet_core::ownership::{Action, Principal, RemoteAction, check};
 use fleet_core::roster::Presence;
 use fleet_core::signing::{KEY_ID_HEADER, SIG_HEADER};
 use fleet_core::trust::{
@@ -17,7 +18,7 @@ use fleet_core::trust::{
     check_authority, check_broadcast_copy, check_presence_key, check_replay, check_seal,
     check_sender, check_time, is_answer, needs_known_sender,
 };
-use fleet_core::{Entity, Gid, Kind, MsgId};
+use fleet_core::{Entity, Gid, Kind, MsgId, Role};
 use fleet_store::SentBetween;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -249,6 +250,24 @@ impl Gateway {
                 answers_own,
             };
             check_authority(envelope.kind, facts)?;
+            // A lead's task (or broadcast's copy) for a worker here: its host must be admitted
+            // to send, and the worker its own or shared with it.
+            if let Some(lead) = sender.as_ref().filter(|s| s.role == Role::Lead)
+                && to_pane
+                && !answers_own
+                && matches!(envelope.kind, Kind::Send | Kind::Broadcast)
+            {
+                if lead.host != self.host_id {
+                    fed.allow
+                        .check(lead, RemoteAction::Task)
+                        .map_err(Refusal::NotGranted)?;
+                }
+                let sessions = self.lock();
+                if let Some(s) = sessions.panes.get(&owner) {
+                    check(Principal::Lead(lead), Action::Task, &s.entity, s.owned())
+                        .map_err(|e| Refusal::NotGranted(e.message))?;
+                }
+            }
         }
         Ok(())
     }
