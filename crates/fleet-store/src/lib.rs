@@ -207,7 +207,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether task `msg_id` has its answer: a reply to it is stored here, or one went to
     /// another host ([`Store::answered_elsewhere`]). A task has one answer: a second reply to
-    /// it is never stored.
+    /// it is never stored. Asked without waiting for writers.
     fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool>;
 
     /// Takes the oldest queued message for `to` off its queue, moving it to `next` (injecting,

@@ -500,7 +500,7 @@ impl Store for SqliteStore {
     }
 
     fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool> {
-        let conn = self.conn();
+        let conn = lock(&self.reader);
         let id = msg_id.to_string();
         let replied = conn
             .prepare_cached(

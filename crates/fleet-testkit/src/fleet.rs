@@ -425,6 +425,19 @@ impl Fleet {
             .join("\n--- restart ---\n")
     }
 
+    /// Waits (10 s at most) until fleetd's log holds `text`: fleetd writes its log from a
+    /// thread of its own, so a line may come a moment after what it tells of. Fails with the
+    /// whole log.
+    pub async fn logged(&self, text: &str) -> anyhow::Result<()> {
+        until(
+            &format!("{text:?} in fleetd's log"),
+            Duration::from_secs(10),
+            || async { self.log().contains(text).then_some(()) },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", self.log()))
+    }
+
     /// How many times fleetd logged its broker link up, over every start: it went up again
     /// once this grows.
     pub fn links_up(&self) -> usize {

@@ -36,13 +36,17 @@ pub fn trust_table(hosts: &[&str]) -> String {
 /// everything (any profile spawned, tasks to their own and shared workers, stops of their
 /// own): a fleet whose hosts all admit one another.
 pub fn admitting(hosts: &[&str]) -> String {
-    let mut table = trust_table(hosts);
-    for host in hosts {
-        table.push_str(&format!(
-            "\n[federation.allow.{host}]\nspawn = [\"*\"]\nsend = true\nstop = true\n"
-        ));
-    }
-    table
+    format!("{}{}", trust_table(hosts), allow_all(hosts))
+}
+
+/// A `[federation.allow]` entry for each of `hosts` granting its leads everything.
+pub fn allow_all(hosts: &[&str]) -> String {
+    hosts
+        .iter()
+        .map(|host| {
+            format!("\n[federation.allow.{host}]\nspawn = [\"*\"]\nsend = true\nstop = true\n")
+        })
+        .collect()
 }
 
 /// `envelope` with `body` as AMQP headers signed with `host`'s test key (whatever host the

@@ -10,7 +10,7 @@ use fleet_core::message::check_size;
 use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId, SessionEvent};
 
 use super::views::ReplyResult;
-use super::{Caller, Gateway};
+use super::{Caller, Gateway, store_error};
 
 impl Gateway {
     /// `fleet_reply`: answers `in_reply_to`, or the caller's task in flight.
@@ -51,7 +51,7 @@ impl Gateway {
             )));
         }
         let task = answered.msg_id;
-        if self.db(move |s| s.is_answered(task)).await? {
+        if self.store.is_answered(task).map_err(store_error)? {
             return Err(FleetError::new(
                 ErrorCode::TooLate,
                 format!(

@@ -153,11 +153,14 @@ impl Gateway {
                 .unwrap_or_default()
         );
         // Its screen is its owner's: a lead it is shared with hears of the stall without it.
-        let what = quoting(&public, tail, lead.is_some() && lead == owner);
+        let to_owner = lead.is_some() && lead == owner;
         tracing::warn!(%gid, %name, stall_after_s = after.as_secs(), ?on_stall, screen_tail = %crate::logs::summary(tail), "a worker has stalled");
         crate::logs::trace_text("stall screen tail", tail);
         match (on_stall, &task) {
-            (OnStall::Recycle, Some(task)) => self.recycle_stalled(gid, task, &what).await,
+            (OnStall::Recycle, Some(task)) => {
+                let what = quoting(&format!("{public} (so it was recycled)"), tail, to_owner);
+                self.recycle_stalled(gid, task, &what).await;
+            }
             (OnStall::Recycle, None) | (OnStall::Notify, _) => {
                 let Some(lead) = lead else {
                     return;
@@ -168,7 +171,7 @@ impl Gateway {
                     task.as_ref(),
                     Kind::Send,
                     (gid, lead),
-                    format!("[fleet] {what}"),
+                    format!("[fleet] {}", quoting(&public, tail, to_owner)),
                     now_ms(),
                 );
                 if let Err(e) = self.deliver(notice).await {
@@ -200,8 +203,7 @@ impl Gateway {
         if !recycling {
             return;
         }
-        self.notify_failed(task, &format!("{what}\n(so it was recycled)"))
-            .await;
+        self.notify_failed(task, what).await;
         // On its own: the watchdog goes on looking at the others meanwhile.
         let gateway = Arc::clone(self);
         self.tasks

@@ -162,14 +162,18 @@ function screenButton(entity) {
 
 // The cell of an entity's buttons, and what they act on: the same while that stays the same.
 function actionsOf(entity) {
-  const screen = entity.role !== 'lead' && entity.host === view.me.host && view.me.role === 'lead';
-  const stop = entity.role !== 'lead' && view.me.may_stop;
+  // Only its owner reads a worker's screen or stops it (a lead it is shared with tasks it, no
+  // more); another host's worker is its host's to judge. An operator stops this host's workers
+  // unless read-only, and reads no screen.
+  const here = entity.host === view.me.host;
+  const own = here ? entity.owner === view.me.name : true;
+  const lead = view.me.role === 'lead';
+  const screen = entity.role !== 'lead' && here && lead && own;
+  const stop = entity.role !== 'lead' && view.me.may_stop && (lead ? own : here);
   const key = JSON.stringify([entity.name, screen, stop]);
   const kept = view.entityRows.get(entity.gid);
   if (kept && kept.key === key) return kept.actions;
   const actions = el('td');
-  // A screen may show a task and its answer: a lead's to look at. An operator stops unless
-  // read-only.
   if (screen) actions.append(screenButton(entity), ' ');
   if (stop) actions.append(stopButton(entity));
   actions.dataset.key = key;
@@ -195,6 +199,7 @@ function drawEntities(entities) {
       el('td', e.host),
       el('td', e.slot ? e.role + ' (' + e.slot + ')' : e.role),
       el('td', e.profile || '-'),
+      el('td', e.owner ? e.owner + (e.shared && e.shared.length ? ' (shared: ' + e.shared.join(', ') + ')' : '') : '-'),
       statusCell(e.status, 'status'),
       statusCell(e.agent_status, 'status'),
       el('td', e.held === null ? '-' : e.held, 'num'),

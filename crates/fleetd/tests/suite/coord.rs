@@ -243,7 +243,7 @@ async fn a_forged_or_unsigned_coordination_message_is_refused_and_not_held() -> 
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", c.b.log()))?;
     assert!(c.bob.poll(0).await?.is_empty());
-    assert!(c.b.log().contains("REFUSED a coordination message"));
+    c.b.logged("REFUSED a coordination message").await?;
     // Each has its audit line, none its text.
     let audit = std::fs::read_to_string(c.b.state_dir().join("coord-audit.jsonl"))?;
     assert_eq!(

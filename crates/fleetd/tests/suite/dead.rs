@@ -316,11 +316,8 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
     let never = audited(&a, &never_sent.msg_id.to_string(), &dropped("not sent"), 1).await?;
     assert_eq!(never, [dropped("not sent")]);
     assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "a forged notice");
-    let log = a.log();
-    assert!(
-        log.contains("DROPPED a dead letter") && log.contains("it is not sealed by this gateway"),
-        "{log}"
-    );
+    a.logged("DROPPED a dead letter").await?;
+    a.logged("it is not sealed by this gateway").await?;
     // The operators' record keeps every one.
     let count = before + u32::try_from(messages.len())?;
     until("every forgery in fleet.dlq", LIMIT, || async {
@@ -428,6 +425,65 @@ async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_logi
             .contains("in the inbox of 'bob@hostb'"),
         "{got:?}"
     );
+    Ok(())
+}
+
+/// Per-gateway broker logins keep a dead letter from being forged by another login: every
+/// gateway's login may publish to `fleet.dlx` (declaring an inbox with a dead-letter exchange
+/// takes write permission on it), but a dead letter keeps its publisher's login, so one hostb's
+/// login publishes there, a signed copy of a message hosta sent and nobody answered, fails
+/// hosta's own seal check: dropped, nobody told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_per_gateway_broker_logins_a_dead_letter_another_login_published_is_not_believed()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let (ua, ub) = (
+        vhost.add_gateway_user("hosta").await?,
+        vhost.add_gateway_user("hostb").await?,
+    );
+    let trust = [("hosta", &ua), ("hostb", &ub)]
+        .iter()
+        .map(|(host, user)| {
+            format!(
+                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
+                keys::public(host),
+                user.name()
+            )
+        })
+        .collect::<String>();
+    let start = |host: &'static str, lead: &'static str, user: &BrokerUser| {
+        let config = format!(
+            "[leads.{lead}]\ngroups = []\n\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n\n[federation.trust]\n{trust}",
+            user.uri(&vhost)
+        );
+        async move { Fleet::start_as(host, "", &config).await }
+    };
+    let a = start("hosta", "alice", &ua).await?;
+    let _b = start("hostb", "bob", &ub).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let bob_gid = gid_of(&sees(&alice, "bob").await?);
+    let alice_gid = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
+    // Held for bob, unanswered: a genuine dead letter of it would be told.
+    let sent = alice.send("bob@hostb", "hold this", 0).await?;
+    let id = sent["msg_id"]
+        .as_str()
+        .unwrap_or_default()
+        .parse::<MsgId>()?;
+    let copy = Envelope {
+        msg_id: id,
+        ..forged(Kind::Send, alice_gid, "hosta", &bob_gid)?
+    };
+    let dead = Raw {
+        headers: keys::signed(&copy, b"hold this").with("x-death", x_death(&expired_in(&bob_gid))),
+        body: b"hold this".to_vec(),
+        persistent: false,
+        user_id: Some(ub.name().to_string()),
+    };
+    let as_hostb = fleet_amqp::Client::connect(&ub.uri(&vhost)).await?;
+    as_hostb.publish("fleet.dlx", "", &dead).await?;
+    audited(&a, &id.to_string(), "dead letter dropped: broker login", 1).await?;
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "a forged notice");
+    as_hostb.close().await?;
     Ok(())
 }
 

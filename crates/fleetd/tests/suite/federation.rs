@@ -640,7 +640,7 @@ async fn a_gateway_waits_for_an_inbox_a_crashed_run_still_holds() -> anyhow::Res
     let (started, released) = tokio::join!(a.launch(), release);
     released?;
     started?;
-    assert!(a.log().contains("the held inbox was let go"), "{}", a.log());
+    a.logged("the held inbox was let go").await?;
     // Its lead's inbox is its own again.
     let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
     let bob = b.lead("bob", Protocol::Stateless).await?;
@@ -1443,7 +1443,7 @@ async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_f
             .ok_or_else(|| anyhow::anyhow!("no notice about {sent}: {got:?}"))?;
         assert_eq!(notice["kind"], "FAILED", "{notice}");
     }
-    assert!(b.log().contains("kept until it can"), "{}", b.log());
+    b.logged("kept until it can").await?;
     let inbox = format!("agent.{}.inbox.v2", gid_of(&wb));
     let gone = until("the reaped inbox to go", LIMIT, || async {
         vhost

@@ -179,7 +179,7 @@ async fn an_idle_worker_is_reaped_after_its_idle_ttl_but_a_busy_one_is_not() -> 
         fleet.panes().ok().filter(|p| p.is_empty())
     })
     .await?;
-    assert!(fleet.log().contains("idle_ttl_s"), "{}", fleet.log());
+    fleet.logged("idle_ttl_s").await?;
     Ok(())
 }
 

@@ -29,6 +29,7 @@ mod python;
 mod sandbox;
 mod service;
 mod stall;
+mod tenancy;
 mod tls;
 mod trust;
 mod webview;

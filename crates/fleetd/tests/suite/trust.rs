@@ -16,7 +16,8 @@ use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 use super::federation::{
-    LIMIT, Pair, audit_lines, dead_letters, drain, forged, gid_of, pair, publish, raw, sees, texts,
+    LIMIT, Pair, SHARED, audit_lines, dead_letters, drain, forged, gid_of, pair, publish, raw,
+    sees, texts,
 };
 
 /// The outcomes `fleet`'s audit log gives message `id` off its inboxes and roster (not what its
@@ -371,9 +372,10 @@ async fn logged_in(
         host,
         "",
         &format!(
-            "[leads.{lead}]\ngroups = []\n\n{}\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n\n[federation.trust]\n{trust}",
+            "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n\n[federation.trust]\n{trust}{}",
             sim_profile("sim", &[])?,
-            user.uri(vhost)
+            user.uri(vhost),
+            keys::allow_all(&["hosta", "hostb"])
         ),
     )
     .await

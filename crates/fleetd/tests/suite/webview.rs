@@ -422,3 +422,103 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     browser.close().await?;
     Ok(())
 }
+
+/// Signs `page` in at `base` with `token`, and waits for the live page.
+async fn sign_in(page: &Client, base: &str, token: &str) -> anyhow::Result<()> {
+    page.goto(&format!("{base}/ui")).await?;
+    visible(page, "#signin:not([hidden]) #token").await?;
+    page.find(Locator::Css("#token"))
+        .await?
+        .send_keys(token)
+        .await?;
+    page.find(Locator::Css("#signin-button"))
+        .await?
+        .click()
+        .await?;
+    visible(page, "#live[data-live='true']").await
+}
+
+/// Issue 30 in the browser: alice's task text, her worker's reply and screen, and a stalled
+/// worker's screen tail never show on the page of another lead (bob) or of a read-only operator
+/// (prom), though both see her workers, their owner and their states; only alice's page offers
+/// her workers' screens and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_lead_and_a_read_only_operator_read_nothing_of_a_leads_work_on_the_page()
+-> anyhow::Result<()> {
+    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+        eprintln!(
+            "SKIPPED: {CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver)"
+        );
+        return Ok(());
+    }
+    let sim = fleet_testkit::fleet::sim_profile;
+    let fleet = Fleet::start(
+        "",
+        &format!(
+            "[leads.alice]\n[leads.bob]\n\n[operators.prom]\nread_only = true\n\n{}{}stall_after_s = 1\non_stall = \"recycle\"\n",
+            sim("sim", &[])?,
+            sim("slow", &[])?
+        ),
+    )
+    .await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    alice.spawn("sim", "w1").await?;
+    alice.spawn("slow", "ws").await?;
+    let sent = alice.send("w1", "remember SECRET-TASK-1", 20).await?;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    let stalled = alice.send("ws", "/never SECRET-STALL-2", 20).await?;
+    assert_eq!(stalled["status"], "failed", "{stalled}");
+    let reason = stalled["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("SECRET-STALL-2"),
+        "its owner reads it: {stalled}"
+    );
+    let secrets = ["SECRET-TASK-1", "SECRET-STALL-2"];
+
+    let browser = Browser::start().await?;
+    let page = browser.page()?;
+    // Alice's own page offers her workers' screens and stops.
+    sign_in(page, &fleet.base(), &fleet.token("alice")?).await?;
+    visible(page, "#entities tr[data-name='w1'] button.show-screen").await?;
+    click(page, "#signout").await?;
+    visible(page, "#signin:not([hidden])").await?;
+    for (who, token, messages) in [
+        ("bob", fleet.token("bob")?, None),
+        (
+            "prom",
+            fleet.token("prom")?,
+            Some("#messages tr[data-kind='FAILED']"),
+        ),
+    ] {
+        sign_in(page, &fleet.base(), &token).await?;
+        visible(page, "#entities tr[data-name='w1']").await?;
+        visible(page, "#entities tr[data-name='ws']").await?;
+        // The operator lists every message's state and reason: the stall's failure among them.
+        if let Some(css) = messages {
+            visible(page, css).await?;
+        }
+        let row = page
+            .find(Locator::Css("#entities tr[data-name='w1']"))
+            .await?
+            .text()
+            .await?;
+        assert!(row.contains("alice"), "{who} sees w1's owner: {row}");
+        for css in ["button.show-screen", "button.stop"] {
+            assert!(
+                page.find_all(Locator::Css(&format!("#entities tr[data-name='w1'] {css}")))
+                    .await?
+                    .is_empty(),
+                "{who}'s page offers {css} on alice's worker"
+            );
+        }
+        screenshot(page, &format!("tenancy-{who}")).await?;
+        let shown = page.source().await?;
+        for secret in secrets {
+            assert!(!shown.contains(secret), "{who}'s page shows {secret}");
+        }
+        click(page, "#signout").await?;
+        visible(page, "#signin:not([hidden])").await?;
+    }
+    browser.close().await?;
+    Ok(())
+}

@@ -242,6 +242,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
         broker,
         alice,
         carol,
+        _dir,
         ..
     } = harness(10).await;
     let key = alice.gid.to_string();
@@ -306,6 +307,7 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         broker,
         alice,
         carol,
+        _dir,
         ..
     } = harness(10).await;
     broker.go_down();
@@ -379,6 +381,7 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
         gateway,
         alice,
         carol,
+        _dir,
         ..
     } = harness(10).await;
     let brief = envelope(Kind::Send, carol, &alice.gid.to_string());
@@ -431,6 +434,7 @@ async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_w
         broker,
         alice,
         carol,
+        _dir,
         ..
     } = harness(10).await;
     let key = alice.gid.to_string();
@@ -476,6 +480,7 @@ async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_throu
         broker,
         alice,
         carol,
+        _dir,
         ..
     } = harness(1).await;
     let key = alice.gid.to_string();
@@ -524,6 +529,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         gateway,
         broker,
         alice,
+        _dir,
         ..
     } = harness(10).await;
     let worker = Gid::mint();
@@ -584,7 +590,10 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
 #[tokio::test]
 async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     let Harness {
-        gateway, broker, ..
+        gateway,
+        broker,
+        _dir,
+        ..
     } = harness(10).await;
     let roster = broker.open_roster("hosta").await.unwrap();
     let consumer = Arc::clone(&gateway);
@@ -944,6 +953,7 @@ async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter
         gateway,
         broker,
         alice,
+        _dir,
         ..
     } = with_dead_letters().await;
     let wb = hear_wb(&gateway);
@@ -977,6 +987,7 @@ async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the
         gateway,
         broker,
         alice,
+        _dir,
         ..
     } = with_dead_letters().await;
     let (wb, wc) = (hear_wb(&gateway), Gid::mint());
@@ -1172,6 +1183,7 @@ async fn a_too_late_about_an_answer_of_ours_is_held_for_the_lead_who_answered() 
         gateway,
         broker,
         alice,
+        _dir,
         ..
     } = harness(10).await;
     let wb = hear_wb(&gateway);
@@ -1220,6 +1232,7 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
         broker,
         alice,
         carol,
+        _dir,
         ..
     } = harness(10).await;
     broker.bind(&carol.to_string());
