@@ -309,6 +309,22 @@ pub fn quoting(public: &str, screen: &str, to_owner: bool) -> String {
     }
 }
 
+/// `reason` cut into fleetd's own words and the screen it quotes, if it quotes one.
+pub fn parts(reason: &str) -> (&str, Option<&str>) {
+    match reason.split_once(SCREEN_QUOTE) {
+        Some((public, screen)) => (public, Some(screen)),
+        None => (reason, None),
+    }
+}
+
+/// A reason of `public` words that quotes `screen`, if any, for the owner only.
+pub fn told(public: &str, screen: Option<&str>, to_owner: bool) -> String {
+    match screen {
+        Some(screen) => quoting(public, screen, to_owner),
+        None => public.to_string(),
+    }
+}
+
 /// `reason` as anyone but the worker's owner may see it: a screen it quotes is withheld.
 pub fn redacted(reason: &str) -> Cow<'_, str> {
     match reason.split_once(SCREEN_QUOTE) {
@@ -482,5 +498,16 @@ mod tests {
             shown
         );
         assert_eq!(redacted("the recipient is gone"), "the recipient is gone");
+        // A reason built on another (a session that ended because its fresh one did not
+        // start) keeps its quote where the owner alone reads it.
+        let (public, screen) = parts(&full);
+        assert_eq!(screen, Some("password=hunter2"));
+        let gone = format!("'w' is gone ({public})");
+        assert!(told(&gone, screen, true).ends_with("password=hunter2"));
+        assert_eq!(
+            told(&gone, screen, false),
+            format!("'w' is gone ('w' has stalled for 30 s){SCREEN_WITHHELD}")
+        );
+        assert_eq!(told("plain", None, false), "plain");
     }
 }

@@ -205,9 +205,10 @@ pub trait Store: Send + Sync + 'static {
     /// One message, in whatever state.
     fn message(&self, msg_id: MsgId) -> StoreResult<Option<Message>>;
 
-    /// Whether task `msg_id` has its answer: a reply to it is stored here, or one went to
-    /// another host ([`Store::answered_elsewhere`]). A task has one answer: a second reply to
-    /// it is never stored. Asked without waiting for writers.
+    /// Whether task `msg_id` has its reply: stored here, or gone to another host
+    /// ([`Store::answered_elsewhere`]). A task has one reply: a second is never stored (a
+    /// failure notice does not count: a reply after it still goes). Asked without waiting for
+    /// writers.
     fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool>;
 
     /// Takes the oldest queued message for `to` off its queue, moving it to `next` (injecting,
@@ -262,8 +263,9 @@ pub trait Store: Send + Sync + 'static {
     fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>>;
 
     /// Notes that task `msg_id` was answered by a message that went to another host (the
-    /// broker took it; no copy is stored here). Idempotent; the note goes with the task.
-    fn answered_elsewhere(&self, msg_id: MsgId) -> StoreResult<()>;
+    /// broker took it; no copy is stored here): its reply (`by_reply`), or a failure notice.
+    /// Idempotent (a reply noted stays noted); the note goes with the task.
+    fn answered_elsewhere(&self, msg_id: MsgId, by_reply: bool) -> StoreResult<()>;
 
     /// Puts consumed messages back to `held`: the call that took them ended before its answer
     /// could reach the client. Only for messages this process just handed out.

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -197,6 +197,13 @@ BEGIN
 END;
 ";
 
+/// Version 7: whether a task answered on another host was answered by a reply (a task has one
+/// reply: a second is refused) or by a failure notice (after which its worker's reply still
+/// goes). Rows from before are taken as replies.
+const SCHEMA_V7: &str = "
+ALTER TABLE answered ADD COLUMN by_reply INTEGER NOT NULL DEFAULT 1;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -226,6 +233,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 6 {
         tx.execute_batch(SCHEMA_V6)?;
+    }
+    if found < 7 {
+        tx.execute_batch(SCHEMA_V7)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

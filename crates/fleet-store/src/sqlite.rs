@@ -510,7 +510,7 @@ impl Store for SqliteStore {
             .exists([&id])?;
         Ok(replied
             || conn
-                .prepare_cached("SELECT 1 FROM answered WHERE msg_id = ?1")?
+                .prepare_cached("SELECT 1 FROM answered WHERE msg_id = ?1 AND by_reply")?
                 .exists([&id])?)
     }
 
@@ -726,13 +726,14 @@ impl Store for SqliteStore {
         )
     }
 
-    fn answered_elsewhere(&self, msg_id: MsgId) -> StoreResult<()> {
+    fn answered_elsewhere(&self, msg_id: MsgId, by_reply: bool) -> StoreResult<()> {
         let conn = self.conn();
         // Only for a task this store has: the note goes with it when it is pruned.
         conn.prepare_cached(
-            "INSERT OR IGNORE INTO answered (msg_id) SELECT msg_id FROM messages WHERE msg_id = ?1",
+            "INSERT INTO answered (msg_id, by_reply) SELECT msg_id, ?2 FROM messages WHERE msg_id = ?1
+             ON CONFLICT (msg_id) DO UPDATE SET by_reply = max(by_reply, excluded.by_reply)",
         )?
-        .execute([msg_id.to_string()])?;
+        .execute(params![msg_id.to_string(), by_reply])?;
         Ok(())
     }
 

@@ -437,8 +437,8 @@ fn unanswered_tasks_are_found_and_answered_ones_are_not() {
         .collect();
     assert_eq!(open, vec!["in flight"]);
     // Answered by a reply that went to another host: no longer open (said twice, noted once).
-    store.answered_elsewhere(open_task.msg_id).unwrap();
-    store.answered_elsewhere(open_task.msg_id).unwrap();
+    store.answered_elsewhere(open_task.msg_id, true).unwrap();
+    store.answered_elsewhere(open_task.msg_id, true).unwrap();
     assert!(store.unanswered_tasks_to(w).unwrap().is_empty());
 }
 
@@ -469,9 +469,13 @@ fn a_task_has_one_answer_and_a_second_reply_is_not_stored() {
         .map(|m| m.body)
         .collect();
     assert_eq!(held, vec!["first"]);
-    // Answered by a reply that went to another host.
+    // Failed to a sender on another host: a reply after that still goes; replied there: no
+    // second (and a failure noted after the reply does not undo it).
     assert!(!store.is_answered(elsewhere.msg_id).unwrap());
-    store.answered_elsewhere(elsewhere.msg_id).unwrap();
+    store.answered_elsewhere(elsewhere.msg_id, false).unwrap();
+    assert!(!store.is_answered(elsewhere.msg_id).unwrap());
+    store.answered_elsewhere(elsewhere.msg_id, true).unwrap();
+    store.answered_elsewhere(elsewhere.msg_id, false).unwrap();
     assert!(store.is_answered(elsewhere.msg_id).unwrap());
 }
 

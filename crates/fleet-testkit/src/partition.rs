@@ -152,9 +152,17 @@ pub async fn run(params: &Params) -> anyhow::Result<Ledger> {
     let b_uri = through(&vhost.uri(), netns.forward_addr())?;
     // Declared after the namespace, so dropped before it: the namespace goes with its last
     // process.
-    let b = Fleet::start_as_wrapped(HOST_B, "", &config(&b_uri, BOB, &typed_log, t)?, &wrapper)
-        .await
-        .with_context(|| format!("starting {HOST_B} in network namespace {}", netns.name()))?;
+    // Alice's workers there work under the scripted agents' directory (a spawn for another
+    // host's lead goes only under a host's roots).
+    let roots = format!("workdir_roots = [{:?}]", crate::fleet::agent_workdir());
+    let b = Fleet::start_as_wrapped(
+        HOST_B,
+        &roots,
+        &config(&b_uri, BOB, &typed_log, t)?,
+        &wrapper,
+    )
+    .await
+    .with_context(|| format!("starting {HOST_B} in network namespace {}", netns.name()))?;
     let pid = b
         .pid()
         .with_context(|| format!("{HOST_B}'s fleetd has no pid"))?;

@@ -245,7 +245,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             "sandbox profiles but no gateway.workdir_roots: a lead may give a sandboxed worker any directory fleetd can reach as its cwd (~/.ssh, say), which the sandbox then sees; set workdir_roots"
         );
     }
-    if let Ok(here) = std::env::current_dir()
+    // Without roots, a spawn naming no cwd (of a profile without one) works in fleetd's own.
+    if workdirs.roots().is_empty()
+        && let Ok(here) = std::env::current_dir()
         && let Err(e) = workdirs.resolve(&here, "this host")
     {
         tracing::warn!(reason = %e.message, "a spawn with no cwd (from a profile without one) will be refused: fleetd's own working directory may not be a worker's");

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use fleet_core::authz::{Tool, check_tool};
-use fleet_core::ownership::{Action, Principal, check};
+use fleet_core::ownership::{Action, Principal, check, parts, told};
 use fleet_core::routing::Route;
 use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
 use fleet_store::EntityRecord;
@@ -150,18 +150,26 @@ impl Gateway {
         if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
         }
-        let why = format!("'{name}' is gone ({reason})");
-        let owned = why.clone();
-        match self.db(move |s| s.fail_undelivered_to(gid, &owned)).await {
+        // A screen the reason quotes (a fresh session's that did not start) is told to the
+        // worker's owner alone; what is stored, and told anyone else, withholds it.
+        let (public, screen) = parts(reason);
+        let owner = entity.parent;
+        let why = format!("'{name}' is gone ({public})");
+        let stored = told(&why, screen, false);
+        match self.db(move |s| s.fail_undelivered_to(gid, &stored)).await {
             Ok(failed) => {
                 for message in failed {
-                    self.notify_failed(&message, &why).await;
+                    let to_owner = Some(message.from) == owner;
+                    self.notify_failed(&message, &told(&why, screen, to_owner))
+                        .await;
                 }
             }
             Err(e) => tracing::error!(%gid, error = %e, "cannot fail undelivered messages"),
         }
         if let Some(task) = current {
-            self.notify_failed(&task, &format!("'{name}' ended before replying ({reason})"))
+            let why = format!("'{name}' ended before replying ({public})");
+            let to_owner = Some(task.from) == owner;
+            self.notify_failed(&task, &told(&why, screen, to_owner))
                 .await;
         }
         // Only now close the pane: a brief being typed into it fails with the reason above,

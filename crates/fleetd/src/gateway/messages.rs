@@ -213,7 +213,8 @@ impl Gateway {
         else {
             return;
         };
-        if let Err(e) = self.db(move |s| s.answered_elsewhere(task)).await {
+        let by_reply = published.kind == Kind::Reply;
+        if let Err(e) = self.db(move |s| s.answered_elsewhere(task, by_reply)).await {
             tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
         }
     }

@@ -10,7 +10,7 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::control::Target;
 use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
-use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares};
+use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares, quoting};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
@@ -61,6 +61,42 @@ fn free_name(taken: &HashSet<String>, profile: &str) -> String {
         .unwrap_or_else(|| format!("{base}-{}", Gid::mint()))
 }
 
+/// Where a spawn's worker is to work, before the directory is resolved and checked.
+#[derive(Debug, PartialEq, Eq)]
+enum Workdir {
+    /// The directory the spawn named.
+    Given(PathBuf),
+    /// The profile's `cwd`.
+    Profiles(PathBuf),
+    /// The first of `gateway.workdir_roots`: neither names one.
+    FirstRoot(PathBuf),
+    /// fleetd's own working directory: neither names one, and there are no roots.
+    Fleetds,
+    /// Nowhere: the spawn is for a lead of another host and this host has no roots, so its
+    /// worker could be anywhere fleetd can reach.
+    NoneForAnotherHost,
+}
+
+/// Where a spawn works: the directory it names, else its profile's, else the first of `roots`,
+/// else fleetd's own; for a lead of `another_host`, only ever under `roots` (a host without
+/// roots starts nothing for one).
+fn where_to_work(
+    given: Option<PathBuf>,
+    profiles: Option<PathBuf>,
+    roots: &[PathBuf],
+    another_host: bool,
+) -> Workdir {
+    if another_host && roots.is_empty() {
+        return Workdir::NoneForAnotherHost;
+    }
+    match (given, profiles, roots.first()) {
+        (Some(dir), _, _) => Workdir::Given(dir),
+        (None, Some(dir), _) => Workdir::Profiles(dir),
+        (None, None, Some(root)) => Workdir::FirstRoot(root.clone()),
+        (None, None, None) => Workdir::Fleetds,
+    }
+}
+
 /// The last non-empty lines of a screen.
 pub(super) fn tail_lines(text: &str, lines: usize) -> String {
     let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -100,7 +136,11 @@ impl Gateway {
     ) -> Result<SpawnResult, FleetError> {
         check_tool(&caller.entity, Tool::Spawn)?;
         let mut request = request;
-        request.share = self.shares_of(caller, request.share)?;
+        // An architect is its lead's adviser, for its consults: never shared.
+        request.share = match request.role {
+            Role::Architect => Vec::new(),
+            _ => self.shares_of(caller, request.share)?,
+        };
         let requested = request.host.as_deref().filter(|h| *h != self.host_id);
         if let Some(host) = requested
             && self.federation.is_none()
@@ -183,15 +223,30 @@ impl Gateway {
             groups.insert(group);
         }
         // Where the directory came from, for an error about one the caller did not give.
-        let (requested, from) = match (request.cwd, profile.cwd.clone()) {
-            (Some(dir), _) => (dir, None),
-            (None, Some(dir)) => (dir, Some(format!("profile '{}''s cwd", profile.name))),
-            (None, None) => (
+        let (requested, from) = match where_to_work(
+            request.cwd,
+            profile.cwd.clone(),
+            self.workdirs.roots(),
+            parent.host != self.host_id,
+        ) {
+            Workdir::Given(dir) => (dir, None),
+            Workdir::Profiles(dir) => (dir, Some(format!("profile '{}''s cwd", profile.name))),
+            Workdir::FirstRoot(dir) => (
+                dir,
+                Some("the first of gateway.workdir_roots, as no cwd was given".to_string()),
+            ),
+            Workdir::Fleetds => (
                 std::env::current_dir().map_err(|e| {
                     FleetError::internal(format!("fleetd has no working directory: {e}"))
                 })?,
                 Some("fleetd's own working directory, as no cwd was given".to_string()),
             ),
+            Workdir::NoneForAnotherHost => {
+                return Err(FleetError::forbidden(format!(
+                    "host '{}' starts no worker for a lead of another host outside its [gateway] workdir_roots, and has none",
+                    self.host_id
+                )));
+            }
         };
         let cwd = self
             .workdirs
@@ -380,10 +435,13 @@ impl Gateway {
                 WorkerStatus::Gone | WorkerStatus::Stopping => {
                     return Err(FleetError::new(
                         ErrorCode::NotReady,
-                        format!(
-                            "{role} (profile '{}') ended before it was ready; its screen showed:\n{}",
-                            profile.name,
-                            last_words.unwrap_or_default()
+                        quoting(
+                            &format!(
+                                "{role} (profile '{}') ended before it was ready",
+                                profile.name
+                            ),
+                            &last_words.unwrap_or_default(),
+                            true,
                         ),
                     ));
                 }
@@ -420,9 +478,13 @@ impl Gateway {
                             .unwrap_or_default();
                         return Err(FleetError::new(
                             ErrorCode::NotReady,
-                            format!(
-                                "{role} (profile '{}') did not call in within {} s, so its pane was closed; its screen showed:\n{screen}",
-                                profile.name, profile.ready_timeout_s
+                            quoting(
+                                &format!(
+                                    "{role} (profile '{}') did not call in within {} s, so its pane was closed",
+                                    profile.name, profile.ready_timeout_s
+                                ),
+                                &screen,
+                                true,
                             ),
                         ));
                     }
@@ -472,6 +534,44 @@ mod tests {
             let name = free_name(&HashSet::new(), profile);
             assert_eq!(name, expected);
             assert!(validate_worker_name(&name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_spawn_works_where_it_says_else_its_profile_else_the_first_root_and_another_hosts_only_under_roots()
+     {
+        let (given, profile, root) = (
+            PathBuf::from("/w/given"),
+            PathBuf::from("/w/profile"),
+            PathBuf::from("/w"),
+        );
+        let roots = [root.clone()];
+        for another_host in [false, true] {
+            assert_eq!(
+                where_to_work(
+                    Some(given.clone()),
+                    Some(profile.clone()),
+                    &roots,
+                    another_host
+                ),
+                Workdir::Given(given.clone())
+            );
+            assert_eq!(
+                where_to_work(None, Some(profile.clone()), &roots, another_host),
+                Workdir::Profiles(profile.clone())
+            );
+            assert_eq!(
+                where_to_work(None, None, &roots, another_host),
+                Workdir::FirstRoot(root.clone())
+            );
+        }
+        assert_eq!(where_to_work(None, None, &[], false), Workdir::Fleetds);
+        // Without roots, nothing for another host's lead, not even in its profile's directory.
+        for given in [Some(given.clone()), None] {
+            assert_eq!(
+                where_to_work(given, Some(profile.clone()), &[], true),
+                Workdir::NoneForAnotherHost
+            );
         }
     }
 

@@ -29,8 +29,9 @@ pub struct SpawnParams {
     #[serde(default)]
     pub groups: Option<Vec<String>>,
     /// Other leads that may send it tasks (and get their own answers): `name` for a lead of
-    /// the worker's host, `name@host` for another's. They never see your tasks, its screen or
-    /// its dialogs, and may not stop it. Your `[leads.NAME] share` in config adds to it.
+    /// your own host (this gateway's), `name@host` for one of another host. They never see your
+    /// tasks, its screen or its dialogs, and may not stop it. Your `[leads.NAME] share` in
+    /// config adds to it.
     #[serde(default)]
     pub share: Option<Vec<String>>,
 }

@@ -163,10 +163,11 @@ function screenButton(entity) {
 // The cell of an entity's buttons, and what they act on: the same while that stays the same.
 function actionsOf(entity) {
   // Only its owner reads a worker's screen or stops it (a lead it is shared with tasks it, no
-  // more); another host's worker is its host's to judge. An operator stops this host's workers
-  // unless read-only, and reads no screen.
+  // more); a worker of another host is offered a stop when the lead spawned it there (its
+  // `owner` says so: name@host). An operator stops this host's workers unless read-only, and
+  // reads no screen.
   const here = entity.host === view.me.host;
-  const own = here ? entity.owner === view.me.name : true;
+  const own = entity.owner === (here ? view.me.name : view.me.name + '@' + view.me.host);
   const lead = view.me.role === 'lead';
   const screen = entity.role !== 'lead' && here && lead && own;
   const stop = entity.role !== 'lead' && view.me.may_stop && (lead ? own : here);

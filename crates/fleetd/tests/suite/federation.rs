@@ -9,7 +9,7 @@ use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::fleet::{Fleet, agent_workdir, sim_profile};
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
@@ -49,9 +49,12 @@ pub(super) async fn gateway_with(
     gateway: &str,
     federation: &str,
 ) -> anyhow::Result<Fleet> {
+    // Its workers work under the scripted agents' directory: a spawn for another host's lead
+    // goes only under a host's roots.
+    let gateway = format!("workdir_roots = [{:?}]\n{gateway}", agent_workdir());
     Fleet::start_as(
         host,
-        gateway,
+        &gateway,
         &format!(
             "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}\n{}",
             sim_profile("sim", &[])?,

@@ -786,13 +786,14 @@ async fn a_remote_spawn_needs_federation_allow_for_its_lead_and_profile_and_a_cw
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let uri = vhost.uri();
     // hosta: alice and erin. hostb allows hosta nothing; hostc lets it spawn `sim` but has no
-    // workdir_roots; hostd lets alice@hosta (not erin) spawn `sim` (not `other`) under its roots.
+    // workdir_roots; hostd lets alice@hosta (not erin) spawn `sim` (not `other`) under its roots,
+    // and task and stop her workers.
     let a = host(&uri, "hosta", &["alice", "erin"], "", "").await?;
     let b = host(&uri, "hostb", &["bob"], "", "").await?;
     let allow_c = "[federation.allow.hosta]\nspawn = [\"sim\"]\n";
     let c = host(&uri, "hostc", &["carol"], "", allow_c).await?;
     let allow_d = format!(
-        "[federation.allow.\"alice@hosta\"]\nspawn = [\"sim\"]\n\n{}",
+        "[federation.allow.\"alice@hosta\"]\nspawn = [\"sim\"]\nsend = true\nstop = true\n\n{}",
         sim_profile("other", &[])?
     );
     let d = host(
@@ -817,7 +818,6 @@ async fn a_remote_spawn_needs_federation_allow_for_its_lead_and_profile_and_a_cw
     let refused = [
         (&alice, "hostb", "sim", Some(&app), "federation.allow"),
         (&alice, "hostc", "sim", Some(&app), "workdir_roots"),
-        (&alice, "hostd", "sim", None, "cwd"),
         (&alice, "hostd", "sim", Some(&outside), "workdir_roots"),
         (&alice, "hostd", "other", Some(&app), "federation.allow"),
         (&erin, "hostd", "sim", Some(&app), "federation.allow"),
@@ -832,13 +832,7 @@ async fn a_remote_spawn_needs_federation_allow_for_its_lead_and_profile_and_a_cw
             .await?
             .err()
             .ok_or_else(|| anyhow::anyhow!("spawned: {args}"))?;
-        // No cwd at all may be a bad call rather than a forbidden one; the rest are forbidden.
-        let codes: &[&str] = if cwd.is_none() {
-            &["forbidden", "invalid_params"]
-        } else {
-            &["forbidden"]
-        };
-        assert!(codes.contains(&err.code.as_str()), "{args}: {err}");
+        assert_eq!(err.code, "forbidden", "{args}: {err}");
         assert!(err.message.contains(names), "{args}: {err}");
     }
     for (host, fleet) in [("hostb", &b), ("hostc", &c), ("hostd", &d)] {
@@ -848,6 +842,36 @@ async fn a_remote_spawn_needs_federation_allow_for_its_lead_and_profile_and_a_cw
             fleet.log()
         );
     }
+    // Naming no directory (nor its profile one), hostc (no roots) refuses it; hostd starts it
+    // in the first of its roots, never in fleetd's own directory.
+    let err = alice
+        .call("fleet_spawn", json!({"profile": "sim", "host": "hostc"}))
+        .await?
+        .expect_err("a spawn on a host without roots");
+    assert!(err.message.contains("workdir_roots"), "{err}");
+    assert!(c.panes()?.is_empty(), "a pane on hostc:\n{}", c.log());
+    alice
+        .ok(
+            "fleet_spawn",
+            json!({"profile": "sim", "name": "home", "host": "hostd"}),
+        )
+        .await?;
+    let pwd = alice.send("home", "/pwd", 20).await?;
+    assert_eq!(
+        pwd["reply"]["text"].as_str(),
+        Some(
+            std::fs::canonicalize(roots.path())?
+                .display()
+                .to_string()
+                .as_str()
+        ),
+        "{pwd}"
+    );
+    alice.ok("fleet_stop", json!({"to": "home"})).await?;
+    until("home's pane to close on hostd", LIMIT, || async {
+        d.panes().ok().filter(|p| p.is_empty())
+    })
+    .await?;
     // All there: alice's `sim` under hostd's roots.
     let spawned = alice
         .ok(

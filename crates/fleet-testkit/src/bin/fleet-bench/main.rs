@@ -220,7 +220,11 @@ async fn federated(uri: &str, host: &str, leads: &[String]) -> anyhow::Result<Fl
         .collect();
     Fleet::start_as(
         host,
-        BENCH_HELD,
+        // A spawn for another host's lead goes only under a host's roots.
+        &format!(
+            "{BENCH_HELD}\nworkdir_roots = [{:?}]",
+            fleet_testkit::fleet::agent_workdir()
+        ),
         &format!(
             "{leads}\n{}\n[broker]\nuri = \"{uri}\"\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 5\ninbox_max_length = 1000000\n{}",
             sim_profile("sim", &[])?,

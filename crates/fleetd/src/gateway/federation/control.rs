@@ -488,11 +488,11 @@ impl Gateway {
             return Err("this gateway has no broker".into());
         };
         match request {
-            ControlRequest::Spawn { profile, cwd, .. } => {
+            ControlRequest::Spawn { profile, .. } => {
                 fed.allow.check(lead, RemoteAction::Spawn { profile })?;
-                if cwd.is_some() && self.workdirs.roots().is_empty() {
+                if self.workdirs.roots().is_empty() {
                     return Err(format!(
-                        "host '{}' lets no lead of another host choose a directory: it has no [gateway] workdir_roots (leave cwd out to start in the profile's)",
+                        "host '{}' starts no worker for a lead of another host: it has no [gateway] workdir_roots to keep one in",
                         self.host_id
                     ));
                 }

@@ -10,7 +10,7 @@ use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
-use fleet_core::{Entity, Kind, MsgId, TraceId};
+use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -274,7 +274,25 @@ impl Gateway {
             return (Vec::new(), hosts);
         };
         let up = fed.link().is_some();
+        // An entry names its owner as its host's heartbeat says (`name@host`): this host's
+        // leads, or another's the roster knows.
+        let leads: std::collections::HashMap<Gid, String> = self
+            .lock()
+            .leads
+            .values()
+            .map(|l| (l.entity.gid, format!("{}@{}", l.entity.name, l.entity.host)))
+            .collect();
         let state = fed.lock();
+        let owner_of = |parent: Option<Gid>| {
+            let parent = parent?;
+            leads.get(&parent).cloned().or_else(|| {
+                state
+                    .roster
+                    .entity(parent)
+                    .filter(|e| e.entity.role == Role::Lead)
+                    .map(|e| format!("{}@{}", e.entity.name, e.entity.host))
+            })
+        };
         let mut entries: Vec<RosterEntry> = state
             .roster
             .entities()
@@ -300,7 +318,7 @@ impl Gateway {
                 stalled_since: None,
                 workspace: None,
                 dialog: None,
-                owner: None,
+                owner: owner_of(e.entity.parent),
                 shared: Vec::new(),
             })
             .collect();

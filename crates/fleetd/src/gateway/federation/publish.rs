@@ -9,6 +9,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, QueueType, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
+use fleet_core::ownership::{Action, Principal};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
 use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
@@ -452,8 +453,9 @@ impl Gateway {
     }
 
     /// `fleet_broadcast` through the broker: one publish, a copy in every bound inbox.
-    /// Returns how many workers the roster knows to be bound, and why some got no copy (an
-    /// inbox that was full refused its copy, which the publisher's confirm says, not whose).
+    /// Returns how many workers may take a copy (this host's the sender may task, and the
+    /// other hosts' the roster knows to be bound), and why some got no copy (an inbox that was
+    /// full refused its copy, which the publisher's confirm says, not whose).
     pub(in crate::gateway) async fn publish_broadcast(
         &self,
         from: &Entity,
@@ -534,7 +536,23 @@ impl Gateway {
             Published::Routed | Published::Unroutable => Vec::new(),
         };
         self.metrics.accepted(Kind::Send, Placement::Remote);
-        let local = self.lock().entities().into_iter().filter(in_group).count();
+        // This host's copies reach only the workers the sender may task; another host's
+        // workers are counted as they are heard of (each host types only its owner's and
+        // shared ones' copies: at most this many).
+        let local = {
+            let sessions = self.lock();
+            sessions
+                .entities()
+                .into_iter()
+                .filter(in_group)
+                .filter(|e| {
+                    sessions
+                        .panes
+                        .get(&e.gid)
+                        .is_some_and(|s| s.allows(Principal::Lead(from), Action::Task))
+                })
+                .count()
+        };
         Ok((local + remote.len(), refused))
     }
 

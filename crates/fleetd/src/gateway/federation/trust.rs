@@ -251,10 +251,10 @@ impl Gateway {
             };
             check_authority(envelope.kind, facts)?;
             // A lead's task (or broadcast's copy) for a worker here: its host must be admitted
-            // to send, and the worker its own or shared with it.
+            // to send, and the worker its own or shared with it, whatever message of the
+            // worker's it cites (only a worker's own sends to its lead are about a task).
             if let Some(lead) = sender.as_ref().filter(|s| s.role == Role::Lead)
                 && to_pane
-                && !answers_own
                 && matches!(envelope.kind, Kind::Send | Kind::Broadcast)
             {
                 if lead.host != self.host_id {
