@@ -32,6 +32,20 @@ pub fn trust_table(hosts: &[&str]) -> String {
     table
 }
 
+/// The entries of a `[federation.trust]` table pinning each of `hosts` (a host and its broker
+/// login) to its test key and that login.
+pub fn pinned_with_logins(hosts: &[(&str, &str)]) -> String {
+    hosts
+        .iter()
+        .map(|(host, login)| {
+            format!(
+                "{host} = {{ keys = [\"{}\"], login = \"{login}\" }}\n",
+                public(host)
+            )
+        })
+        .collect()
+}
+
 /// [`trust_table`], and a `[federation.allow]` entry for each of `hosts` granting its leads
 /// everything (any profile spawned, tasks to their own and shared workers, stops of their
 /// own): a fleet whose hosts all admit one another.

@@ -238,29 +238,75 @@ async fn a_reply_that_expires_while_its_leads_gateway_is_down_is_failed_to_the_w
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -> anyhow::Result<()>
-{
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
-        a,
-        b: _b,
-        alice,
-        bob,
-    } = pair(&vhost).await?;
-    let wb = bob.spawn("sim", "wb").await?;
+/// A pair of hosts on `vhost` where alice (hosta) sent bob's worker `wb` (hostb) a brief and
+/// got its reply: what a forger could copy off `fleet.msg`.
+struct Answered {
+    pair: Pair,
+    alice: fleet_testkit::client::Client,
+    alice_gid: Gid,
+    wb_key: String,
+    id: MsgId,
+}
+
+async fn answered_brief(vhost: &Vhost) -> anyhow::Result<Answered> {
+    let pair = pair(vhost).await?;
+    let wb = pair.bob.spawn("sim", "wb").await?;
+    let alice = pair.a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "wb").await?;
-    let (alice_gid, wb_key) = (
-        gid_of(&alice.entry("alice").await?).parse::<Gid>()?,
-        gid_of(&wb),
-    );
-    // A brief alice really sent, answered: its dead letter, were it genuine, would be told.
+    let alice_gid = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;
     let sent = alice.send("wb", "hello", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: hello", "{sent}");
     let id = sent["msg_id"]
         .as_str()
         .unwrap_or_default()
         .parse::<MsgId>()?;
+    Ok(Answered {
+        pair,
+        alice,
+        alice_gid,
+        wb_key: gid_of(&wb),
+        id,
+    })
+}
+
+/// hosta (alice) and hostb (bob) on `vhost` under per-gateway broker logins: each publishes as
+/// a broker user of its own and pins the other's key and login (its own login is its user's);
+/// hostb with more `[federation]` keys `b_extra`. The gateways and their users (a user goes
+/// from the broker when it is dropped).
+async fn login_pair(
+    vhost: &Vhost,
+    b_extra: &str,
+) -> anyhow::Result<(Fleet, Fleet, [BrokerUser; 2])> {
+    let (ua, ub) = (
+        vhost.add_gateway_user("hosta").await?,
+        vhost.add_gateway_user("hostb").await?,
+    );
+    let trust = keys::pinned_with_logins(&[("hosta", ua.name()), ("hostb", ub.name())]);
+    let start = |(host, lead, user): (&str, &str, &BrokerUser), extra: &str| {
+        let config = format!(
+            "[leads.{lead}]\ngroups = []\n\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 300\n{extra}\n[federation.trust]\n{trust}",
+            user.uri(vhost)
+        );
+        let host = host.to_string();
+        async move { Fleet::start_as(&host, "", &config).await }
+    };
+    let a = start(("hosta", "alice", &ua), "").await?;
+    let b = start(("hostb", "bob", &ub), b_extra).await?;
+    Ok((a, b, [ua, ub]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -> anyhow::Result<()>
+{
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // A brief alice really sent, answered: its dead letter, were it genuine, would be told.
+    let Answered {
+        pair: Pair { a, b: _b, .. },
+        alice,
+        alice_gid,
+        wb_key,
+        id,
+    } = answered_brief(&vhost).await?;
     let admin = vhost.connect().await?;
     let before = dead_letters(&admin).await?;
     // As a forger with broker access would publish it straight onto fleet.dlx, "expired" in
@@ -335,24 +381,13 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_of_a_message_already_answered_is_not_believed() -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
-        a,
-        b: _b,
+    let Answered {
+        pair: Pair { a, b: _b, .. },
         alice,
-        bob,
-    } = pair(&vhost).await?;
-    let wb = bob.spawn("sim", "wb").await?;
-    sees(&alice, "wb").await?;
-    let (alice_gid, wb_key) = (
-        gid_of(&alice.entry("alice").await?).parse::<Gid>()?,
-        gid_of(&wb),
-    );
-    let sent = alice.send("wb", "hello", 20).await?;
-    assert_eq!(sent["reply"]["text"], "echo: hello", "{sent}");
-    let id = sent["msg_id"]
-        .as_str()
-        .unwrap_or_default()
-        .parse::<MsgId>()?;
+        alice_gid,
+        wb_key,
+        id,
+    } = answered_brief(&vhost).await?;
     // The very brief alice sent (the test hosts' keys are known, so its copy is signed as
     // hosta signed it), "expired" in wb's inbox, onto fleet.dlx by the shared login.
     let copy = Envelope {
@@ -381,31 +416,8 @@ async fn a_dead_letter_of_a_message_already_answered_is_not_believed() -> anyhow
 async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_login_and_is_told()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let (ua, ub) = (
-        vhost.add_gateway_user("hosta").await?,
-        vhost.add_gateway_user("hostb").await?,
-    );
-    // Each pins the other's key and login, and its own login is its broker user's; hostb's
-    // inboxes keep a message 3 s.
-    let trust = [("hosta", &ua), ("hostb", &ub)]
-        .iter()
-        .map(|(host, user)| {
-            format!(
-                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
-                keys::public(host),
-                user.name()
-            )
-        })
-        .collect::<String>();
-    let start = |host: &'static str, lead: &'static str, user: &BrokerUser, extra: &str| {
-        let config = format!(
-            "[leads.{lead}]\ngroups = []\n\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 300\n{extra}\n[federation.trust]\n{trust}",
-            user.uri(&vhost)
-        );
-        async move { Fleet::start_as(host, "", &config).await }
-    };
-    let a = start("hosta", "alice", &ua, "").await?;
-    let mut b = start("hostb", "bob", &ub, "inbox_message_ttl_s = 3\n").await?;
+    // hostb's inboxes keep a message 3 s.
+    let (a, mut b, _users) = login_pair(&vhost, "inbox_message_ttl_s = 3\n").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "bob").await?;
     b.kill9().await?;
@@ -437,29 +449,7 @@ async fn under_per_gateway_broker_logins_a_dead_letter_keeps_its_publishers_logi
 async fn under_per_gateway_broker_logins_a_dead_letter_another_login_published_is_not_believed()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let (ua, ub) = (
-        vhost.add_gateway_user("hosta").await?,
-        vhost.add_gateway_user("hostb").await?,
-    );
-    let trust = [("hosta", &ua), ("hostb", &ub)]
-        .iter()
-        .map(|(host, user)| {
-            format!(
-                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
-                keys::public(host),
-                user.name()
-            )
-        })
-        .collect::<String>();
-    let start = |host: &'static str, lead: &'static str, user: &BrokerUser| {
-        let config = format!(
-            "[leads.{lead}]\ngroups = []\n\n[broker]\nuri = \"{}\"\nheartbeat_s = 5\n\n[federation]\npresence_interval_s = 1\npresence_ttl_s = 3\n\n[federation.trust]\n{trust}",
-            user.uri(&vhost)
-        );
-        async move { Fleet::start_as(host, "", &config).await }
-    };
-    let a = start("hosta", "alice", &ua).await?;
-    let _b = start("hostb", "bob", &ub).await?;
+    let (a, _b, [_ua, ub]) = login_pair(&vhost, "").await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let bob_gid = gid_of(&sees(&alice, "bob").await?);
     let alice_gid = gid_of(&alice.entry("alice").await?).parse::<Gid>()?;

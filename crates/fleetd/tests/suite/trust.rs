@@ -358,16 +358,8 @@ async fn logged_in(
     lead: &str,
     logins: &[(&str, &BrokerUser)],
 ) -> anyhow::Result<Fleet> {
-    let trust: String = logins
-        .iter()
-        .map(|(host, user)| {
-            format!(
-                "{host} = {{ keys = [\"{}\"], login = \"{}\" }}\n",
-                keys::public(host),
-                user.name()
-            )
-        })
-        .collect();
+    let named: Vec<(&str, &str)> = logins.iter().map(|(h, u)| (*h, u.name())).collect();
+    let trust = keys::pinned_with_logins(&named);
     Fleet::start_as(
         host,
         "",
