@@ -12,7 +12,9 @@ use fleet_core::message::check_size;
 use fleet_core::ownership::{Action, Principal, check};
 use fleet_core::routing::Route;
 use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
-use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
+use fleet_core::{
+    ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus,
+};
 use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
@@ -295,12 +297,24 @@ impl Gateway {
                 .map(|m| m.state.to_string())
                 .unwrap_or_else(|| "unknown".into()),
         };
+        // A worker shared with the caller may wait on a dialog that only its owner sees.
+        let owners_dialog = open.listens.and_then(|w| {
+            let sessions = self.lock();
+            let s = sessions.panes.get(&w)?;
+            (s.status == WorkerStatus::Blocked && s.entity.parent != Some(me)).then(|| {
+                format!(
+                    "; '{}' waits on a dialog of its program, which its owner answers: your task goes on once it does",
+                    s.entity.name
+                )
+            })
+        });
         Ok(SendResult::Pending {
             msg_id,
             state,
             note: format!(
-                "no answer within {} s; it will be held for you: collect it with fleet_poll",
-                wait.as_secs()
+                "no answer within {} s; it will be held for you: collect it with fleet_poll{}",
+                wait.as_secs(),
+                owners_dialog.unwrap_or_default()
             ),
         })
     }

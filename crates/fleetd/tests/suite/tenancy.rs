@@ -968,3 +968,54 @@ async fn with_federation_allow_a_remote_lead_runs_its_own_workers_there_and_no_o
     assert!(!typed(&a, "typed-on-hosta-9b1d")?);
     Ok(())
 }
+
+/// A task of a shared lead's that stops its worker on a dialog: the dialog (screen text) is
+/// asked of the owner alone; the shared lead's send says who answers it, and the shared lead
+/// gets its own reply once the owner has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_leads_task_stopped_on_a_dialog_waits_for_the_owners_choice() -> anyhow::Result<()>
+{
+    let (fleet, alice, _bob, carol) = one_host().await?;
+    spawn_shared(&alice, "confirm", "wd", &["carol"]).await?;
+    // carol waits in her send while the dialog shows and stays unanswered.
+    let sender = fleet.lead("carol", Protocol::Stateless).await?;
+    let sending =
+        tokio::spawn(async move { sender.send("wd", "/confirm Ship the release?", 15).await });
+    // The owner is asked, with the prompt and its choices.
+    let polled = alice.ok("fleet_poll", json!({"wait_s": 10})).await?;
+    let dialog = polled["blocked"][0].clone();
+    assert_eq!(dialog["from_name"], "wd", "{polled}");
+    assert!(
+        dialog["prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Ship the release? (y/n)"),
+        "{dialog}"
+    );
+    // carol's send ends unanswered, saying who answers the dialog, and nothing of it.
+    let sent = sending.await??;
+    assert_eq!(sent["status"], "pending", "{sent}");
+    assert!(
+        sent["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("which its owner answers"),
+        "{sent}"
+    );
+    assert!(sent.get("dialog").is_none(), "{sent}");
+    alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": dialog["turn_id"], "choice": "y", "wait_s": 0}),
+        )
+        .await?;
+    // The answer to the task is the shared lead's.
+    let got = drain(&carol, 1).await?;
+    assert_eq!(
+        (got[0]["kind"].as_str(), got[0]["text"].as_str()),
+        (Some("REPLY"), Some("chose y")),
+        "{got:?}"
+    );
+    assert!(alice.poll(0).await?.is_empty());
+    Ok(())
+}

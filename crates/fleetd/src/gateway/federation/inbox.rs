@@ -326,7 +326,12 @@ impl Gateway {
         why: &str,
     ) {
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
-        tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, "REFUSED a message off the broker: dead-lettered");
+        // Thinned, as every refusal off the broker: a host's lead sending what this host does
+        // not grant, again and again, does not flood the log (the audit line is each one's).
+        let (loud, count) = self.fed().map_or((true, 0), |fed| fed.loud());
+        if loud {
+            tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, refused_so_far = count, "REFUSED a message off the broker: dead-lettered");
+        }
         if let Some(fed) = self.fed() {
             fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
         }
