@@ -175,6 +175,25 @@ impl Gateway {
             }
         }
         leads.retain(|l| !l.is(&caller.entity));
+        // A lead of this host must be one: a name mistyped would share with nobody, silently.
+        let here: Vec<String> = self
+            .lock()
+            .leads
+            .values()
+            .map(|l| l.entity.name.clone())
+            .collect();
+        if let Some(unknown) = leads
+            .iter()
+            .find(|l| l.host == self.host_id && !here.contains(&l.name))
+        {
+            let mut known = here;
+            known.sort();
+            return Err(FleetError::invalid(format!(
+                "share names '{}', no lead of this host (its leads: {}); a lead of another host is name@host",
+                unknown.name,
+                known.join(", ")
+            )));
+        }
         if leads.len() > MAX_SHARED {
             return Err(FleetError::invalid(format!(
                 "a worker may be shared with {MAX_SHARED} leads at most, not {}",

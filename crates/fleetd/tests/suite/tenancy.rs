@@ -364,6 +364,16 @@ async fn a_worker_shared_at_spawn_or_by_its_leads_default_takes_the_shared_leads
     let (status, body) = screen(&fleet, &fleet.token("carol")?, "w1").await?;
     assert_eq!(status, 403, "{body}");
     assert_eq!(until_status(&alice, "w1", "idle").await?["owner"], "alice");
+    // A share naming no lead of this host is refused, naming it: a typo shares with nobody.
+    let err = alice
+        .call(
+            "fleet_spawn",
+            json!({"profile": "sim", "name": "w3", "share": ["crol"]}),
+        )
+        .await?
+        .expect_err("a share naming no lead");
+    assert_eq!(err.code, "invalid_params", "{err}");
+    assert!(err.message.contains("'crol'"), "{err}");
     Ok(())
 }
 
