@@ -7,9 +7,8 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
-use fleet_core::ownership::{Action, Principal};
 use fleet_core::typed::typeable;
-use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId, TraceId};
+use fleet_core::{ErrorCode, FleetError, Message, MsgId, TraceId};
 
 use super::views::BroadcastResult;
 use super::{Caller, Gateway};
@@ -84,22 +83,7 @@ impl Gateway {
         trace_id: TraceId,
     ) -> Result<(usize, Vec<String>), FleetError> {
         // Only the workers the caller may task: its own and those shared with it.
-        let targets: Vec<Gid> = {
-            let sessions = self.lock();
-            sessions
-                .entities()
-                .into_iter()
-                .filter(|e| e.role.is_pane_bound() && e.gid != caller.entity.gid)
-                .filter(|e| group.is_none_or(|g| e.groups.iter().any(|x| x == g)))
-                .filter(|e| {
-                    sessions
-                        .panes
-                        .get(&e.gid)
-                        .is_some_and(|s| s.allows(Principal::Lead(&caller.entity), Action::Task))
-                })
-                .map(|e| e.gid)
-                .collect()
-        };
+        let targets = self.lock().taskable(&caller.entity, group);
         let (mut copies, mut full) = (0, Vec::new());
         for gid in targets {
             let copy = Message::task(caller.entity.gid, gid, text.to_string(), trace_id, now_ms())

@@ -97,9 +97,8 @@ pub(super) struct PaneSession {
     pub stalled_since: Option<i64>,
     /// Its own workspace (its profile's `workspace`), where it runs.
     pub workspace: Option<PathBuf>,
-    /// Its owner as the roster shows it: the name of the lead that spawned it (`name@host`
-    /// for a lead of another host).
-    pub owner_name: String,
+    /// Its owner, the lead that spawned it, by name and host (the roster shows it).
+    pub owner: LeadRef,
     /// The leads it is shared with: they may send it tasks.
     pub shared: Vec<LeadRef>,
 }
@@ -369,7 +368,7 @@ impl Sessions {
                 .as_ref()
                 .filter(|_| s.status == WorkerStatus::Blocked && s.allows(viewer, Action::SeeText))
                 .and_then(|d| Surfaced::from(d.question.clone()).dialog()),
-            owner: Some(s.owner_name.clone()),
+            owner: Some(shown_lead(&s.owner, &s.entity.host)),
             shared: s
                 .shared
                 .iter()
@@ -392,6 +391,20 @@ impl Sessions {
             }
             (Some(entry), _) => entry.status,
         }
+    }
+
+    /// This host's workers and architects (of `group`, when given) that `lead` may send a
+    /// task to: its own and those shared with it.
+    pub fn taskable(&self, lead: &Entity, group: Option<&str>) -> Vec<Gid> {
+        self.panes
+            .values()
+            .filter(|s| s.status.is_live())
+            .filter(|s| group.is_none_or(|g| s.entity.groups.iter().any(|x| x == g)))
+            .filter(|s| s.allows(Principal::Lead(lead), Action::Task))
+            .map(|s| s.entity.gid)
+            .collect::<std::collections::BTreeSet<Gid>>()
+            .into_iter()
+            .collect()
     }
 
     /// The whole roster as seen by `caller`.

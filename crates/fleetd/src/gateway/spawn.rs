@@ -344,10 +344,9 @@ impl Gateway {
                     dialog: None,
                     stalled_since: None,
                     workspace: None,
-                    owner_name: if parent.host == self.host_id {
-                        parent.name.clone()
-                    } else {
-                        format!("{}@{}", parent.name, parent.host)
+                    owner: LeadRef {
+                        name: parent.name.clone(),
+                        host: parent.host.clone(),
                     },
                     shared: request.share.clone(),
                 },

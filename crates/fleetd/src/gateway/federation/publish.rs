@@ -9,7 +9,6 @@ use std::time::Duration;
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, QueueType, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
-use fleet_core::ownership::{Action, Principal};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, TraceId};
 use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
@@ -539,20 +538,7 @@ impl Gateway {
         // This host's copies reach only the workers the sender may task; another host's
         // workers are counted as they are heard of (each host types only its owner's and
         // shared ones' copies: at most this many).
-        let local = {
-            let sessions = self.lock();
-            sessions
-                .entities()
-                .into_iter()
-                .filter(in_group)
-                .filter(|e| {
-                    sessions
-                        .panes
-                        .get(&e.gid)
-                        .is_some_and(|s| s.allows(Principal::Lead(from), Action::Task))
-                })
-                .count()
-        };
+        let local = self.lock().taskable(from, group).len();
         Ok((local + remote.len(), refused))
     }
 
