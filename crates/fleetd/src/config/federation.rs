@@ -814,4 +814,56 @@ mod tests {
             assert!(err.contains(expected), "{broker}: {err}");
         }
     }
+
+    #[test]
+    fn every_allow_entry_and_share_is_checked_and_named() {
+        let allowed = parse(
+            "[federation]\ninsecure_unsigned = true\n[federation.allow.laptop]\nspawn = [\"coder\", \"*\"]\nsend = true\n[federation.allow.\"bob@ci\"]\nstop = true\n",
+        )
+        .unwrap();
+        let table = allowed.federation.allow_table().unwrap();
+        assert_eq!(table.0.len(), 2);
+        assert!(table.0["laptop"].send && !table.0["laptop"].stop);
+        let cases = [
+            (
+                "[federation.allow.\"lap top\"]\nsend = true",
+                "federation.allow host 'lap top'",
+            ),
+            (
+                "[federation.allow.\"b\\u001b[31m@ci\"]\nsend = true",
+                "federation.allow lead",
+            ),
+            (
+                "[federation.allow.\"@ci\"]\nsend = true",
+                "federation.allow lead ''",
+            ),
+            (
+                "[federation.allow.ci]\nspawn = [\"../x\"]",
+                "federation.allow.\"ci\".spawn profile '../x'",
+            ),
+            ("[federation.allow.ci]\nsend = \"yes\"", "invalid type"),
+            (
+                "[federation.allow.ci]\nadmin = true",
+                "unknown field `admin`",
+            ),
+        ];
+        for (allow, expected) in cases {
+            let err = parse(&format!(
+                "[federation]\ninsecure_unsigned = true\n{allow}\n"
+            ))
+            .unwrap_err();
+            assert!(err.contains(expected), "{allow}: {err}");
+        }
+        for (share, expected) in [
+            ("[\"b b\"]", "leads.alice.share"),
+            ("[\"bob@\"]", "leads.alice.share"),
+            ("\"bob\"", "invalid type"),
+        ] {
+            let err = parse(&format!("[leads.alice]\nshare = {share}\n")).unwrap_err();
+            assert!(err.contains(expected), "{share}: {err}");
+        }
+        let many: Vec<String> = (0..=64).map(|i| format!("\"l{i}\"")).collect();
+        let err = parse(&format!("[leads.alice]\nshare = [{}]\n", many.join(", "))).unwrap_err();
+        assert!(err.contains("64 leads at most"), "{err}");
+    }
 }

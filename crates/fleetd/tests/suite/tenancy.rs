@@ -374,6 +374,29 @@ async fn a_worker_shared_at_spawn_or_by_its_leads_default_takes_the_shared_leads
         .expect_err("a share naming no lead");
     assert_eq!(err.code, "invalid_params", "{err}");
     assert!(err.message.contains("'crol'"), "{err}");
+    // Hostile shares: a control character, an empty name, too many. (A share of the wrong type
+    // is refused by the MCP layer's own parameter check, as every wrong type is.)
+    let many: Vec<String> = (0..=64).map(|i| format!("l{i}@h")).collect();
+    for (share, says) in [
+        (json!(["car\u{1b}[31mol"]), "not a valid name"),
+        (json!(["@hostb"]), "not a valid name"),
+        (json!(many), "64 leads at most"),
+    ] {
+        let err = alice
+            .call(
+                "fleet_spawn",
+                json!({"profile": "sim", "name": "w4", "share": share}),
+            )
+            .await?
+            .expect_err("a hostile share");
+        assert_eq!(err.code, "invalid_params", "{share}: {err}");
+        assert!(err.message.contains(says), "{share}: {err}");
+    }
+    let names = alice.names().await?;
+    assert!(
+        !names.iter().any(|n| n == "w3" || n == "w4"),
+        "a refused spawn left a worker: {names:?}"
+    );
     Ok(())
 }
 
