@@ -46,6 +46,7 @@ impl Question {
         self.choices.as_ref().map(|choices| Dialog {
             prompt: self.question.clone(),
             choices: choices.clone(),
+            cursor: None,
         })
     }
 }

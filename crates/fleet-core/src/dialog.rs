@@ -4,7 +4,10 @@
 //!
 //! A choice is never free text: the lead names one of the choices read off the dialog, and
 //! what gets typed is that choice's key from a fixed safe set ([`Key`]): a digit, `y`, `n`,
-//! Enter or Esc. Nothing from the screen or from the lead becomes a key any other way.
+//! Enter or Esc. An option of a cursor menu (options without numbers, the current one marked
+//! `❯`) is named by a word of its own text (`yes`, `no`, …); answering it presses the arrows
+//! fleetd computes from where the cursor is ([`Dialog::moves_to`]), then Enter. Nothing from the
+//! screen or from the lead becomes a key any other way.
 
 use std::fmt;
 
@@ -18,10 +21,44 @@ pub const MAX_PROMPT_LINES: usize = 40;
 pub const MAX_PROMPT_CHARS: usize = 4_000;
 /// The most characters of one choice's label.
 pub const MAX_LABEL_CHARS: usize = 200;
-/// The most choices a dialog may offer (digits 1-9, `y`, `n`, Enter, Esc).
-pub const MAX_CHOICES: usize = 13;
+/// The most choices a dialog may offer (digits 1-9 or a menu's options, `y`, `n`, Enter, Esc).
+pub const MAX_CHOICES: usize = 16;
+/// The most options a cursor menu may have to be read as one.
+pub const MAX_OPTIONS: usize = 12;
+/// The most characters of a menu option's name (`yes-and-dont-ask-again`), its `-2` included.
+pub const MAX_OPTION_NAME: usize = 40;
+/// What marks a menu's current option at the start of its line (Claude Code's `❯`, and other
+/// programs' arrows).
+const CURSORS: [char; 5] = ['❯', '›', '>', '▶', '→'];
 
-/// A key an answer to a dialog may press: the whole safe set.
+/// What Claude Code 2.1.332's dialogs say, one line of each (the catalogue, with a fixture of
+/// each, is `fixtures/dialogs/CATALOGUE.md`): permission prompts (a shell command, an MCP tool,
+/// a file to create or edit, a fetch), leaving plan mode, auto mode's notice, and the dialogs
+/// of a start (folder trust, a project's MCP server, bypass mode's warning, a custom API key).
+pub const CLAUDE_CODE_MARKERS: [&str; 11] = [
+    "Do you want to proceed?",
+    "Do you want to make this edit",
+    "Do you want to create",
+    "Do you want to allow",
+    "Would you like to proceed?",
+    "Exit plan mode?",
+    "Enter to stay in auto mode",
+    "Is this a project you created or one you trust?",
+    "New MCP server found in this project",
+    "running in Bypass Permissions mode",
+    "Do you want to use this API key?",
+];
+/// What Claude Code 2.1.332 shows when a dialog's "No" (or Esc) ended its turn: it then waits
+/// for what to do instead and does not call its model again.
+pub const CLAUDE_CODE_TURN_OVER: [&str; 3] = [
+    "Interrupted · What should Claude do instead?",
+    "Rejected write to",
+    "Rejected Claude's plan",
+];
+
+/// A key an answer to a dialog may press: the whole safe set. The arrows are fleetd's own
+/// presses, computed to move a menu's cursor; a lead never names one ([`Key::parse`] does not
+/// read them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Key {
     /// A digit, 1 to 9: picks a numbered option.
@@ -34,11 +71,19 @@ pub enum Key {
     Enter,
     /// Esc.
     Escape,
+    /// The up arrow.
+    Up,
+    /// The down arrow.
+    Down,
+    /// The left arrow.
+    Left,
+    /// The right arrow.
+    Right,
 }
 
 impl Key {
     /// The key a choice names (`"1"`…`"9"`, `"y"`, `"n"`, `"enter"`, `"esc"`), if it is one
-    /// of the safe set.
+    /// of the keys a choice may name (never an arrow).
     pub fn parse(name: &str) -> Option<Key> {
         match name {
             "y" => Some(Key::Yes),
@@ -60,6 +105,10 @@ impl Key {
             Key::No => "n".into(),
             Key::Enter => "enter".into(),
             Key::Escape => "esc".into(),
+            Key::Up => "up".into(),
+            Key::Down => "down".into(),
+            Key::Left => "left".into(),
+            Key::Right => "right".into(),
         }
     }
 }
@@ -74,19 +123,61 @@ impl fmt::Display for Key {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Choice {
     /// What to answer with (`fleet_send{turn_id, choice}`): the key it presses, `"1"`…`"9"`,
-    /// `"y"`, `"n"`, `"enter"` or `"esc"`.
+    /// `"y"`, `"n"`, `"enter"` or `"esc"`; or, for an option of a cursor menu, a name made of
+    /// its text (`"yes"`, `"no"`, `"yes-and-dont-ask-again"`): fleetd moves the cursor there and
+    /// presses Enter.
     pub choice: String,
     /// What the dialog says it does.
     pub label: String,
 }
 
+/// Which way a cursor menu's options run: the arrows that move its cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// One option per line: Up and Down.
+    Vertical,
+    /// Options side by side on one line: Left and Right.
+    Horizontal,
+}
+
+/// Where a cursor menu's cursor is, as read off the screen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// How its options run.
+    pub axis: Axis,
+    /// The choice it is on (an index into [`Dialog::choices`]).
+    pub at: usize,
+}
+
+/// What answering a choice does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Presses this key.
+    Press(Key),
+    /// Moves a menu's cursor to this choice (an index into [`Dialog::choices`]), then presses
+    /// Enter.
+    Select(usize),
+}
+
 /// A dialog as read off a screen.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Two readings are the same dialog when they say the same and offer the same, wherever the
+/// cursor of its menu is (`==` ignores [`Dialog::cursor`]: the prompt does not show it).
+#[derive(Clone, Debug, Eq, Serialize, Deserialize)]
 pub struct Dialog {
-    /// Its text, as the screen shows it (box drawing taken off).
+    /// Its text, as the screen shows it (box drawing and the menu's cursor mark taken off).
     pub prompt: String,
     /// The choices it offers.
     pub choices: Vec<Choice>,
+    /// For a cursor menu, where its cursor is: read on the worker's host, never sent.
+    #[serde(skip)]
+    pub cursor: Option<Cursor>,
+}
+
+impl PartialEq for Dialog {
+    fn eq(&self, other: &Self) -> bool {
+        self.prompt == other.prompt && self.choices == other.choices
+    }
 }
 
 impl Dialog {
@@ -106,8 +197,10 @@ impl Dialog {
             )));
         }
         for (i, choice) in self.choices.iter().enumerate() {
-            if Key::parse(&choice.choice).is_none() {
-                return Err(wrong(format!("offers a choice that is no safe key (#{i})")));
+            if Key::parse(&choice.choice).is_none() && !is_option_name(&choice.choice) {
+                return Err(wrong(format!(
+                    "offers a choice that is neither a safe key nor an option's name (#{i})"
+                )));
             }
             if self.choices[..i].iter().any(|c| c.choice == choice.choice) {
                 return Err(wrong(format!(
@@ -134,13 +227,16 @@ impl Dialog {
         Ok(())
     }
 
-    /// The key an answer naming `asked` presses: one of the offered choices, else an error
-    /// that names them.
-    pub fn pick(&self, asked: &str) -> Result<Key, FleetError> {
+    /// What an answer naming `asked` does: one of the offered choices, else an error that
+    /// names them.
+    pub fn pick(&self, asked: &str) -> Result<Answer, FleetError> {
         self.choices
             .iter()
-            .find(|c| c.choice == asked)
-            .and_then(|c| Key::parse(&c.choice))
+            .position(|c| c.choice == asked)
+            .and_then(|at| match Key::parse(asked) {
+                Some(key) => Some(Answer::Press(key)),
+                None => is_option_name(asked).then_some(Answer::Select(at)),
+            })
             .ok_or_else(|| {
                 FleetError::invalid(format!(
                     "{} is not one of this dialog's choices: answer with one of {}",
@@ -155,6 +251,116 @@ impl Dialog {
         let keys: Vec<&str> = self.choices.iter().map(|c| c.choice.as_str()).collect();
         keys.join(", ")
     }
+
+    /// The arrows that move this menu's cursor from where it is to the option `target` (an
+    /// index into the choices): none when it is there, `None` when the dialog has no cursor
+    /// that was read or `target` is none of its options.
+    pub fn moves_to(&self, target: usize) -> Option<Vec<Key>> {
+        let cursor = self.cursor?;
+        let place = |at: usize| {
+            let choice = self.choices.get(at)?;
+            is_option_name(&choice.choice).then(|| {
+                self.choices[..at]
+                    .iter()
+                    .filter(|c| is_option_name(&c.choice))
+                    .count()
+            })
+        };
+        let (from, to) = (place(cursor.at)?, place(target)?);
+        let (back, forth) = match cursor.axis {
+            Axis::Vertical => (Key::Up, Key::Down),
+            Axis::Horizontal => (Key::Left, Key::Right),
+        };
+        let key = if to < from { back } else { forth };
+        Some(vec![key; from.abs_diff(to)])
+    }
+
+    /// Whether this reading shows the cursor on the choice `target`.
+    pub fn cursor_on(&self, target: usize) -> bool {
+        self.cursor.is_some_and(|c| c.at == target)
+    }
+}
+
+/// Whether `name` is a menu option's name: lower-case ASCII letters and digits in words joined
+/// by `-`, at most [`MAX_OPTION_NAME`] characters, and no key's name.
+pub fn is_option_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_OPTION_NAME
+        && Key::parse(name).is_none()
+        && name.split('-').all(|w| {
+            !w.is_empty()
+                && w.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        })
+}
+
+/// The name of a menu option labelled `label`: its first words, lower case, joined by `-`
+/// (`Yes, and don't ask again` → `yes-and-dont-ask-again`), `option` when it has none; a key's
+/// name gets `option-` before it, and a name already `taken` a `-2`, `-3`, … after it.
+fn option_name(label: &str, taken: &[Choice]) -> String {
+    let mut base = String::new();
+    let words = label
+        .split(|c: char| {
+            c.is_whitespace()
+                || (c.is_ascii_punctuation() && c != '\'')
+                || (!c.is_ascii() && c != '’')
+        })
+        .map(|w| {
+            w.chars()
+                .filter(char::is_ascii_alphanumeric)
+                .map(|c| c.to_ascii_lowercase())
+                .collect::<String>()
+        })
+        .filter(|w| !w.is_empty());
+    // Leave room for a `-NN` to tell it from a namesake.
+    let room = MAX_OPTION_NAME - 3;
+    for word in words {
+        if base.is_empty() {
+            base = word.chars().take(room).collect();
+        } else if base.len() + 1 + word.len() <= room {
+            base.push('-');
+            base.push_str(&word);
+        } else {
+            break;
+        }
+    }
+    if base.is_empty() {
+        base = "option".into();
+    }
+    if Key::parse(&base).is_some() {
+        base = format!("option-{base}");
+    }
+    let mut name = base.clone();
+    let mut n = 2;
+    while taken.iter().any(|c| c.choice == name) {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    name
+}
+
+/// How often `screen` shows each of `markers`.
+pub fn shown_counts(screen: &str, markers: &[String]) -> Vec<usize> {
+    markers
+        .iter()
+        .map(|m| match m.trim() {
+            "" => 0,
+            m => screen.matches(m).count(),
+        })
+        .collect()
+}
+
+/// The first of `markers` that `screen` shows more often than the `before` times counted
+/// ([`shown_counts`]) on an earlier screen of the same pane: shown anew. (A program's
+/// transcript only grows at its end, and what scrolled off does not come back, so an old one
+/// never counts twice.)
+pub fn newly_shown(screen: &str, markers: &[String], before: &[usize]) -> Option<String> {
+    shown_counts(screen, markers)
+        .into_iter()
+        .zip(markers)
+        .enumerate()
+        .find(|(i, (now, _))| *now > before.get(*i).copied().unwrap_or(0))
+        .map(|(_, (_, marker))| marker.trim().to_string())
 }
 
 /// Whether `screen` shows one of `markers` (the profile's signs of a dialog).
@@ -167,20 +373,23 @@ pub fn shows_marker(screen: &str, markers: &[String]) -> bool {
 /// Reads the dialog on `screen`, when one of `markers` shows on it (or, with no marker on it,
 /// when the pane host says the agent is blocked: `forced`). The dialog is the lowest marker on
 /// the screen (text above it, a command or a file the dialog shows, may say a marker's words
-/// too). Its prompt is the block of text that marker stands in: from the last blank line above
-/// it to the end of the screen, rules and box drawing taken off, its last [`MAX_PROMPT_LINES`]
-/// lines. Its choices are what the dialog offers from the marker down: numbered options,
-/// `(y/n)`, and "Enter to …" / "Esc to …" hints. A marker with no choice below it is not taken
-/// for a dialog (a task's text on the screen may hold a marker's words), nor is one that offers
-/// a key twice under different labels (which label is true cannot be told); a forced dialog
-/// that offers none is offered Enter and Esc.
+/// too). Its prompt is the block of text that marker stands in: from the edge of its frame
+/// above it (or else the last blank line) to the end of the screen, rules and box drawing taken
+/// off, its last [`MAX_PROMPT_LINES`] lines. Its choices are what the dialog offers from the marker down: numbered options, a
+/// cursor menu's options ([`read_menu`]), `(y/n)`, and "Enter to …" / "Esc to …" hints (a menu
+/// is answered by its options, so its Enter hint is not offered). A marker with no choice below
+/// it is not taken for a dialog (a task's text on the screen may hold a marker's words), nor is
+/// one that offers a key twice under different labels (which label is true cannot be told); a
+/// forced dialog that offers none is offered Enter and Esc.
 pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dialog> {
+    let raw: Vec<&str> = screen.lines().collect();
     // A rule reads as a line of its own (`None`), not as a blank one: it does not end a block.
-    let read: Vec<Option<String>> = screen
-        .lines()
+    let mut read: Vec<Option<String>> = raw
+        .iter()
         .map(|l| (!is_rule(l)).then(|| unboxed(l)))
         .collect();
     let lines: Vec<String> = read.iter().map(|l| l.clone().unwrap_or_default()).collect();
+    let edges: Vec<bool> = raw.iter().map(|l| is_edge(l)).collect();
     let marked = markers
         .iter()
         .map(|m| m.trim())
@@ -188,16 +397,51 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
         .filter_map(|m| lines.iter().rposition(|l| l.contains(m)))
         .max();
     let (start, choices_from) = match marked {
-        Some(at) => (block_start(&read, at), at),
+        Some(at) => (block_start(&read, &edges, at), at),
         None if forced => {
-            let start = block_start(&read, last_text_line(&lines)?);
+            let start = block_start(&read, &edges, last_text_line(&lines)?);
             (start, start)
         }
         None => return None,
     };
+    // A menu is below its marker (a line that says a marker's words and opens with `❯` is a
+    // task quoted in the transcript, not a dialog's option).
+    let menu_from = (choices_from + usize::from(marked.is_some())).min(raw.len());
+    let menu = read_menu(&raw[menu_from..]).map(|mut menu| {
+        for (row, _) in &mut menu.options {
+            *row += menu_from;
+        }
+        menu
+    });
     let mut choices: Vec<Choice> = Vec::new();
-    for line in &lines[choices_from..] {
+    let mut cursor = None;
+    for (row, line) in lines.iter().enumerate().skip(choices_from) {
+        if let Some(menu) = &menu
+            && menu.options.iter().any(|(r, _)| *r == row)
+        {
+            // A menu's options, in order, where its first one is.
+            if menu.options.first().is_some_and(|(r, _)| *r == row) {
+                for (i, (_, label)) in menu.options.iter().enumerate() {
+                    let label = clean_label(label);
+                    let name = option_name(&label, &choices);
+                    if i == menu.at {
+                        cursor = Some(Cursor {
+                            axis: Axis::Vertical,
+                            at: choices.len(),
+                        });
+                    }
+                    choices.push(Choice {
+                        choice: name,
+                        label,
+                    });
+                }
+            }
+            continue;
+        }
         for choice in choices_in(line) {
+            if menu.is_some() && choice.choice == Key::Enter.name() {
+                continue;
+            }
             match choices.iter().find(|c| c.choice == choice.choice) {
                 Some(seen) if seen.label != choice.label => return None,
                 Some(_) => {}
@@ -215,6 +459,20 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
             choice(Key::Escape, "press Esc"),
         ];
     }
+    // The prompt does not say where a menu's cursor is: the same dialog reads the same
+    // wherever it is.
+    for (row, line) in read.iter_mut().enumerate().skip(choices_from) {
+        if let Some(text) = line {
+            let is_option = menu
+                .as_ref()
+                .is_some_and(|m| m.options.iter().any(|(r, _)| *r == row));
+            if let Some(rest) = uncursored(text)
+                && (is_option || is_numbered(rest))
+            {
+                *text = rest.to_string();
+            }
+        }
+    }
     let block: Vec<&str> = read[start..]
         .iter()
         .flatten()
@@ -224,19 +482,135 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
     let kept = block[block.len().saturating_sub(MAX_PROMPT_LINES)..].join("\n");
     let over = kept.chars().count().saturating_sub(MAX_PROMPT_CHARS);
     let prompt = kept.chars().skip(over).collect();
-    Some(Dialog { prompt, choices })
+    Some(Dialog {
+        prompt,
+        choices,
+        cursor,
+    })
 }
 
-fn choice(key: Key, label: &str) -> Choice {
-    let label: String = label
+/// A cursor menu read off a screen.
+#[derive(Debug, PartialEq, Eq)]
+struct Menu {
+    /// Its options: the row each is on, and its text.
+    options: Vec<(usize, String)>,
+    /// The option its cursor is on (an index into `options`).
+    at: usize,
+}
+
+/// What a line is to the menu whose options' text starts at a column.
+enum Row<'a> {
+    /// An option: its text starts at that column.
+    Option(&'a str),
+    /// More of the option above: its text starts further right.
+    More,
+    /// Anything else (a blank line, text further left): the menu ends here.
+    End,
+}
+
+/// Reads a cursor menu off `lines` (below a dialog's marker): the one line whose text opens
+/// with a cursor mark (`❯ No`) and no number, and the lines around it whose text starts in the
+/// same column (`  Yes`) are its options; lines further right go with the option above them
+/// (its text wrapped), and a blank line or one further left ends it. At least two options, at
+/// most [`MAX_OPTIONS`]; two marked lines are no menu (a menu has one cursor: the others are
+/// tasks quoted in a transcript).
+fn read_menu(lines: &[&str]) -> Option<Menu> {
+    let mut cursors = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| marked(l).is_some_and(|(_, text)| !is_numbered(text)))
+        .map(|(row, _)| row);
+    let cursor_row = cursors.next()?;
+    if cursors.next().is_some() {
+        return None;
+    }
+    let (column, _) = marked(lines[cursor_row])?;
+    let row = |line| row_of(line, column);
+    let mut first = cursor_row;
+    while first > 0 && !matches!(row(lines[first - 1]), Row::End) {
+        first -= 1;
+    }
+    let mut last = cursor_row;
+    while last + 1 < lines.len() && !matches!(row(lines[last + 1]), Row::End) {
+        last += 1;
+    }
+    let options: Vec<(usize, String)> = (first..=last)
+        .filter_map(|r| match row(lines[r]) {
+            Row::Option(text) => Some((r, text.to_string())),
+            Row::More | Row::End => None,
+        })
+        .collect();
+    let at = options.iter().position(|(r, _)| *r == cursor_row)?;
+    (2..=MAX_OPTIONS)
+        .contains(&options.len())
+        .then_some(Menu { options, at })
+}
+
+/// What `line` is to a menu whose options' text starts in `column`.
+fn row_of(line: &str, column: usize) -> Row<'_> {
+    if let Some((at, text)) = marked(line) {
+        return if at == column {
+            Row::Option(text)
+        } else {
+            Row::End
+        };
+    }
+    match content(line) {
+        Some((at, text)) if at == column => Row::Option(text),
+        Some((at, _)) if at > column => Row::More,
+        _ => Row::End,
+    }
+}
+
+/// A line's text and the column it starts in, past the box drawing and spaces on its left
+/// (and without those on its right); `None` for a line with no text.
+fn content(line: &str) -> Option<(usize, &str)> {
+    let (at, _) = line
+        .char_indices()
+        .find(|(_, c)| !is_box(*c) && !c.is_whitespace())?;
+    let text = line[at..].trim_end_matches(|c: char| is_box(c) || c.is_whitespace());
+    Some((line[..at].chars().count(), text))
+}
+
+/// A line whose text opens with a cursor mark (`❯ No`): the column its text after the mark
+/// starts in, and that text.
+fn marked(line: &str) -> Option<(usize, &str)> {
+    let (at, text) = content(line)?;
+    let rest = uncursored(text)?;
+    let gap = text.chars().count() - rest.chars().count();
+    Some((at + gap, rest))
+}
+
+/// `text` without the cursor mark and the spaces that open it (`❯ No` → `No`), if it opens
+/// with one and has text after it.
+fn uncursored(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix(CURSORS)?;
+    let after = rest.trim_start();
+    (after.len() < rest.len() && !after.is_empty()).then_some(after)
+}
+
+/// Whether `text` is a numbered option (`1. Yes`).
+fn is_numbered(text: &str) -> bool {
+    text.split_once(". ").is_some_and(|(number, label)| {
+        matches!(Key::parse(number), Some(Key::Digit(_))) && !label.trim().is_empty()
+    })
+}
+
+/// `label` as a choice's label: trimmed, control characters shown as `?`, at most
+/// [`MAX_LABEL_CHARS`].
+fn clean_label(label: &str) -> String {
+    label
         .trim()
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .take(MAX_LABEL_CHARS)
-        .collect();
+        .collect()
+}
+
+fn choice(key: Key, label: &str) -> Choice {
     Choice {
         choice: key.name(),
-        label,
+        label: clean_label(label),
     }
 }
 
@@ -245,13 +619,27 @@ fn last_text_line(lines: &[String]) -> Option<usize> {
     lines.iter().rposition(|l| !l.trim().is_empty())
 }
 
-/// Where the block holding line `at` begins: after the nearest blank line above it (a rule,
-/// `None`, is no blank line).
-fn block_start(lines: &[Option<String>], at: usize) -> usize {
+/// Where the block holding line `at` begins: after the nearest edge above it (a solid rule, a
+/// box's top: a dialog's frame) within [`MAX_PROMPT_LINES`] lines, else after the nearest blank
+/// line above it (a rule, `None`, is no blank line).
+fn block_start(lines: &[Option<String>], edges: &[bool], at: usize) -> usize {
+    let reach = at.saturating_sub(MAX_PROMPT_LINES);
+    if let Some(edge) = edges[reach..at].iter().rposition(|e| *e) {
+        return reach + edge + 1;
+    }
     lines[..at]
         .iter()
         .rposition(|l| l.as_ref().is_some_and(|l| l.trim().is_empty()))
         .map_or(0, |i| i + 1)
+}
+
+/// A rule drawn solid (`────`, `╭────╮`): the edge of a frame, where dashed rules (`╌╌╌╌`) set
+/// parts of a dialog apart.
+fn is_edge(line: &str) -> bool {
+    is_rule(line)
+        && !line
+            .chars()
+            .any(|c| matches!(c, '╌' | '╍' | '┄' | '┅' | '┈' | '┉'))
 }
 
 /// A line drawn of box-drawing characters only (a rule, a box's top or bottom).
@@ -279,7 +667,8 @@ fn unboxed(line: &str) -> String {
 fn choices_in(line: &str) -> Vec<Choice> {
     let text = line
         .trim()
-        .trim_start_matches(['❯', '›', '>', '▶', '→', '*'])
+        .trim_start_matches(CURSORS)
+        .trim_start_matches('*')
         .trim_start();
     if let Some((number, label)) = text.split_once(". ")
         && let Some(key @ Key::Digit(_)) = Key::parse(number)
@@ -330,7 +719,8 @@ mod tests {
             assert_eq!(Key::parse(name).map(Key::name).as_deref(), Some(name));
         }
         for name in [
-            "0", "10", "Y", "yes", "Enter", "escape", "", " 1", "1\n", "C-c", "\u{1b}",
+            "0", "10", "Y", "yes", "Enter", "escape", "", " 1", "1\n", "C-c", "\u{1b}", "up",
+            "down", "left", "right",
         ] {
             assert_eq!(Key::parse(name), None, "{name:?}");
         }
@@ -381,8 +771,8 @@ mod tests {
         assert!(dialog.prompt.ends_with("Esc to cancel · Tab to amend"));
         assert!(!dialog.prompt.contains('╌') && !dialog.prompt.contains('─'));
         assert!(!dialog.prompt.contains("Running the lead's command"));
-        assert_eq!(dialog.pick("2"), Ok(Key::Digit(2)));
-        assert_eq!(dialog.pick("esc"), Ok(Key::Escape));
+        assert_eq!(dialog.pick("2"), Ok(Answer::Press(Key::Digit(2))));
+        assert_eq!(dialog.pick("esc"), Ok(Answer::Press(Key::Escape)));
         let refused = dialog.pick("5").unwrap_err();
         assert!(refused.message.contains("1, 2, 3, 4, esc"), "{refused}");
         assert!(dialog.pick("yes please").is_err());
@@ -392,7 +782,164 @@ mod tests {
             "╭────────╮\n│ Do you want to proceed? │\n│ ❯ 1. Yes │\n│   2. No  │\n╰────────╯";
         let dialog = read_dialog(boxed, &markers(&["Do you want to proceed?"]), false).unwrap();
         assert_eq!(keys(&dialog), ["1", "2"]);
-        assert_eq!(dialog.prompt, "Do you want to proceed?\n❯ 1. Yes\n2. No");
+        assert_eq!(dialog.prompt, "Do you want to proceed?\n1. Yes\n2. No");
+    }
+
+    /// Claude Code 2.1.332's permission prompt in auto mode on a custom endpoint, as the issue
+    /// saw it: a cursor menu.
+    const CURSOR_MENU: &str = "\
+ Bash command
+   touch proof-file
+ Do you want to proceed?
+ ❯ No
+   Yes
+ Esc to cancel · Tab to amend
+";
+
+    #[test]
+    fn a_cursor_menu_offers_each_option_by_its_name_and_knows_where_its_cursor_is() {
+        let marker = markers(&["Do you want to proceed?"]);
+        let dialog = read_dialog(CURSOR_MENU, &marker, false).unwrap();
+        assert_eq!(keys(&dialog), ["no", "yes", "esc"]);
+        assert_eq!(dialog.choices[1].label, "Yes");
+        assert_eq!(
+            dialog.cursor,
+            Some(Cursor {
+                axis: Axis::Vertical,
+                at: 0
+            })
+        );
+        // The prompt does not show the cursor: moved, it reads as the same dialog.
+        assert!(dialog.prompt.contains("\nNo\nYes\n"), "{}", dialog.prompt);
+        assert!(!dialog.prompt.contains('❯'));
+        let moved = CURSOR_MENU.replace(" ❯ No\n   Yes", "   No\n ❯ Yes");
+        let after = read_dialog(&moved, &marker, false).unwrap();
+        assert_eq!(after, dialog);
+        assert!(after.cursor_on(1) && !after.cursor_on(0));
+        assert!(dialog.cursor_on(0));
+        // Answers: an option is selected by its place, a key pressed; the arrows follow from
+        // where the cursor is, and none is needed to stay.
+        assert_eq!(dialog.pick("yes"), Ok(Answer::Select(1)));
+        assert_eq!(dialog.pick("esc"), Ok(Answer::Press(Key::Escape)));
+        assert_eq!(dialog.moves_to(1), Some(vec![Key::Down]));
+        assert_eq!(dialog.moves_to(0), Some(vec![]));
+        assert_eq!(after.moves_to(0), Some(vec![Key::Up]));
+        assert_eq!(dialog.moves_to(2), None, "esc is no option");
+        // Names only: not the label, not an arrow, not Enter (the options stand for it).
+        for bad in ["Yes", "up", "down", "enter", "1", "yes\n"] {
+            let refused = dialog.pick(bad).unwrap_err();
+            assert!(refused.message.contains("no, yes, esc"), "{refused}");
+        }
+        dialog.check().unwrap();
+        // A dialog from elsewhere carries no cursor, and cannot move one.
+        let sent: Dialog = serde_json::from_str(&serde_json::to_string(&dialog).unwrap()).unwrap();
+        assert_eq!(sent, dialog);
+        assert_eq!(sent.cursor, None);
+        assert_eq!(sent.moves_to(1), None);
+    }
+
+    #[test]
+    fn a_menu_is_its_aligned_lines_around_the_cursor_and_wrapped_lines_go_with_their_option() {
+        let screen = "\
+Would you like to proceed?
+
+  ❯ Yes, and auto-accept edits
+    Yes, and manually approve edits
+      (each edit asks first)
+    No, keep planning
+  Esc to cancel
+";
+        let dialog = read_dialog(screen, &markers(&["Would you like to proceed?"]), false).unwrap();
+        assert_eq!(
+            keys(&dialog),
+            [
+                "yes-and-auto-accept-edits",
+                "yes-and-manually-approve-edits",
+                "no-keep-planning",
+                "esc"
+            ]
+        );
+        let third = dialog
+            .choices
+            .iter()
+            .position(|c| c.choice == "no-keep-planning");
+        assert_eq!(
+            dialog.moves_to(third.unwrap()),
+            Some(vec![Key::Down, Key::Down])
+        );
+        // Inside a box, the same.
+        let boxed = "\
+╭──────────────────────────╮
+│ Do you want to proceed?  │
+│   Yes                    │
+│ ❯ No                     │
+╰──────────────────────────╯";
+        let dialog = read_dialog(boxed, &markers(&["Do you want to proceed?"]), false).unwrap();
+        assert_eq!(keys(&dialog), ["yes", "no"]);
+        assert!(dialog.cursor_on(1));
+        assert_eq!(dialog.prompt, "Do you want to proceed?\nYes\nNo");
+        // One marked line is no menu (Claude Code's own input line, a quoted task).
+        let lone = "Do you want to proceed?\n❯ run: touch x\nEsc to cancel";
+        let dialog = read_dialog(lone, &markers(&["Do you want to proceed?"]), false).unwrap();
+        assert_eq!(keys(&dialog), ["esc"]);
+        assert_eq!(dialog.cursor, None);
+        // A numbered menu is answered by its digits; its cursor mark leaves the prompt too.
+        let numbered =
+            read_dialog(CLAUDE_PROMPT, &markers(&["Do you want to proceed?"]), false).unwrap();
+        assert_eq!(numbered.cursor, None);
+        assert!(
+            numbered.prompt.contains("\n1. Yes\n"),
+            "{}",
+            numbered.prompt
+        );
+    }
+
+    #[test]
+    fn option_names_are_words_of_their_text_stable_and_unique() {
+        let named = |labels: &[&str]| {
+            let mut choices: Vec<Choice> = Vec::new();
+            for label in labels {
+                let name = option_name(label, &choices);
+                assert!(is_option_name(&name), "{name}");
+                choices.push(Choice {
+                    choice: name,
+                    label: label.to_string(),
+                });
+            }
+            choices.into_iter().map(|c| c.choice).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            named(&[
+                "Yes, and don't ask again for touch commands in /tmp/fleet-test-agents",
+                "Yes, and don’t ask again",
+                "No (esc)",
+            ]),
+            [
+                "yes-and-dont-ask-again-for-touch",
+                "yes-and-dont-ask-again",
+                "no-esc"
+            ]
+        );
+        assert_eq!(named(&["Yes", "Yes", "Yes"]), ["yes", "yes-2", "yes-3"]);
+        assert_eq!(
+            named(&["y", "1", "enter", "…", "Ja, gern"]),
+            ["option-y", "option-1", "option-enter", "option", "ja-gern"]
+        );
+        let long = named(&[&"x".repeat(300)]);
+        assert!(long[0].len() <= MAX_OPTION_NAME, "{long:?}");
+        for bad in [
+            "",
+            "Yes",
+            "yes please",
+            "-yes",
+            "yes-",
+            "a--b",
+            "y",
+            "esc",
+            &"a".repeat(41),
+        ] {
+            assert!(!is_option_name(bad), "{bad:?}");
+        }
     }
 
     #[test]
@@ -498,11 +1045,13 @@ Enter to stay in auto mode · shift+Tab to leave for accept edits mode and stop 
         let good = Dialog {
             prompt: "Proceed?".into(),
             choices: vec![choice(Key::Digit(1), "Yes")],
+            cursor: None,
         };
         good.check().unwrap();
         let with = |choices: Vec<Choice>, prompt: &str| Dialog {
             prompt: prompt.into(),
             choices,
+            cursor: None,
         };
         let free_text = Choice {
             choice: "rm -rf /\n".into(),

@@ -37,6 +37,9 @@ pub enum ErrorCode {
     NoWaiter,
     /// An answer came after the ask it answers was over; it was not delivered.
     TooLate,
+    /// A dialog's answer did not take: its menu's cursor did not reach the option (Enter was
+    /// not pressed), or the dialog stayed on the screen after its key.
+    NotPressed,
     /// A cap on how many was reached (messages waiting for one recipient, one caller's long
     /// calls, one token's sessions): the message names the cap and its config key.
     TooMany,
@@ -60,6 +63,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::NoWaiter => "no_waiter",
             ErrorCode::TooLate => "too_late",
+            ErrorCode::NotPressed => "not_pressed",
             ErrorCode::TooMany => "too_many",
         }
     }

@@ -332,8 +332,12 @@ impl StandIn {
                     self.tmux.paste(&tmux, text).await.map_err(failed)?;
                 }
                 for key in params["keys"].as_array().cloned().unwrap_or_default() {
-                    // The safe set fleetd presses; herdr names them as fleetd does.
-                    match key.as_str().map(|k| (k, Key::parse(k))) {
+                    // The safe set fleetd presses, and the arrows it moves a menu's cursor
+                    // with; herdr names them as fleetd does.
+                    match key
+                        .as_str()
+                        .map(|k| (k, Key::parse(k).or_else(|| arrow(k))))
+                    {
                         Some((_, Some(key))) => {
                             self.tmux.press(&tmux, key).await.map_err(failed)?;
                         }
@@ -422,4 +426,11 @@ impl StandIn {
             )),
         }
     }
+}
+
+/// The arrow herdr names `name`.
+fn arrow(name: &str) -> Option<Key> {
+    [Key::Up, Key::Down, Key::Left, Key::Right]
+        .into_iter()
+        .find(|k| k.name() == name)
 }

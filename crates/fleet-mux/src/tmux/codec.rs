@@ -179,6 +179,10 @@ pub fn key_args(pane: &PaneId, key: Key) -> Vec<String> {
     let name = match key {
         Key::Enter => "Enter".to_string(),
         Key::Escape => "Escape".to_string(),
+        Key::Up => "Up".to_string(),
+        Key::Down => "Down".to_string(),
+        Key::Left => "Left".to_string(),
+        Key::Right => "Right".to_string(),
         Key::Digit(_) | Key::Yes | Key::No => key.name(),
     };
     strings(&["send-keys", "-t", &pane.0, &name])
@@ -496,6 +500,10 @@ mod tests {
             (Key::No, "n"),
             (Key::Enter, "Enter"),
             (Key::Escape, "Escape"),
+            (Key::Up, "Up"),
+            (Key::Down, "Down"),
+            (Key::Left, "Left"),
+            (Key::Right, "Right"),
         ] {
             assert_eq!(key_args(&pane, key), ["send-keys", "-t", "%3", name]);
         }

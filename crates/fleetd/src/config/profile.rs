@@ -7,6 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fleet_core::dialog::{CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER};
 use fleet_core::entity::validate_name;
 use fleet_core::redact::EnvNames;
 use fleet_core::typed::first_control;
@@ -22,20 +23,9 @@ pub(super) const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
 /// opencode's home screen, once it takes input: the placeholder of its empty input box.
 const OPENCODE_READY: &str = "Ask anything";
-/// What Claude Code's dialogs say (2.1.332) as a worker stops on one: its permission prompts
-/// (a command, an edit, a new file, a fetch, a tool), its plan approval, and auto mode's notice
-/// that it cannot check actions through a custom endpoint.
-const CLAUDE_DIALOGS: [&str; 6] = [
-    "Do you want to proceed?",
-    "Do you want to make this edit",
-    "Do you want to create",
-    "Do you want to allow",
-    "Would you like to proceed?",
-    "Auto mode can't check actions",
-];
 /// What opencode's permission prompt says (1.18.33), and the step after "Allow always".
 const OPENCODE_DIALOGS: [&str; 2] = ["△ Permission required", "△ Always allow"];
-/// The most `blocked_markers` a profile may declare.
+/// The most `blocked_markers` (or `turn_over_markers`) a profile may declare.
 const MAX_DIALOG_MARKERS: usize = 32;
 /// The longest marker.
 const MAX_DIALOG_MARKER_CHARS: usize = 200;
@@ -246,6 +236,12 @@ pub struct ProfileConfig {
     /// none.
     #[serde(default)]
     pub blocked_markers: Option<Vec<String>>,
+    /// Screen text that means the program ended its turn without an answer after a dialog's
+    /// choice (Claude Code's "Interrupted · What should Claude do instead?" after "No"): shown
+    /// anew after its lead's choice, the task in flight fails with that reason and the worker
+    /// takes its next task. Unset: the kind's own (claude-code's); `[]`: none.
+    #[serde(default)]
+    pub turn_over_markers: Option<Vec<String>>,
     /// A busy worker whose screen has not changed and that has made no call for this long has
     /// stalled: its lead is told, with the end of its screen. Unset: never.
     #[serde(default)]
@@ -373,6 +369,7 @@ impl ProfileConfig {
             agent: Vec::new(),
             agent_kind: None,
             blocked_markers: None,
+            turn_over_markers: None,
             stall_after_s: None,
             on_stall: OnStall::Notify,
             workspace: Vec::new(),
@@ -387,9 +384,26 @@ impl ProfileConfig {
         match &self.blocked_markers {
             Some(markers) => markers.clone(),
             None => match self.agent_kind() {
-                ProfileKind::ClaudeCode => CLAUDE_DIALOGS.iter().map(|m| m.to_string()).collect(),
+                ProfileKind::ClaudeCode => {
+                    CLAUDE_CODE_MARKERS.iter().map(|m| m.to_string()).collect()
+                }
                 ProfileKind::Opencode => OPENCODE_DIALOGS.iter().map(|m| m.to_string()).collect(),
                 ProfileKind::Command | ProfileKind::Sandbox => Vec::new(),
+            },
+        }
+    }
+
+    /// The screen text that shows the program ended its turn without an answer after a dialog's
+    /// choice: the profile's, else its kind's.
+    pub fn turn_over_markers(&self) -> Vec<String> {
+        match &self.turn_over_markers {
+            Some(markers) => markers.clone(),
+            None => match self.agent_kind() {
+                ProfileKind::ClaudeCode => CLAUDE_CODE_TURN_OVER
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect(),
+                ProfileKind::Opencode | ProfileKind::Command | ProfileKind::Sandbox => Vec::new(),
             },
         }
     }
@@ -520,21 +534,26 @@ impl ProfileConfig {
             ));
         }
         self.validate_workspace()?;
-        let markers = self.blocked_markers.as_deref().unwrap_or_default();
-        if markers.len() > MAX_DIALOG_MARKERS {
-            return Err(key(&format!(
-                "blocked_markers holds {} markers; at most {MAX_DIALOG_MARKERS}",
-                markers.len()
-            )));
-        }
-        for (i, marker) in markers.iter().enumerate() {
-            let what = key(&format!("blocked_markers[{i}]"));
-            if marker.trim().is_empty() || marker.chars().count() > MAX_DIALOG_MARKER_CHARS {
-                return Err(format!(
-                    "{what} must hold some text, at most {MAX_DIALOG_MARKER_CHARS} characters (a marker is screen text)"
-                ));
+        for (list, markers) in [
+            ("blocked_markers", &self.blocked_markers),
+            ("turn_over_markers", &self.turn_over_markers),
+        ] {
+            let markers = markers.as_deref().unwrap_or_default();
+            if markers.len() > MAX_DIALOG_MARKERS {
+                return Err(key(&format!(
+                    "{list} holds {} markers; at most {MAX_DIALOG_MARKERS}",
+                    markers.len()
+                )));
             }
-            one_line(&what, marker)?;
+            for (i, marker) in markers.iter().enumerate() {
+                let what = key(&format!("{list}[{i}]"));
+                if marker.trim().is_empty() || marker.chars().count() > MAX_DIALOG_MARKER_CHARS {
+                    return Err(format!(
+                        "{what} must hold some text, at most {MAX_DIALOG_MARKER_CHARS} characters (a marker is screen text)"
+                    ));
+                }
+                one_line(&what, marker)?;
+            }
         }
         for (env, value) in self.env.iter() {
             if env.is_empty() || env.contains('=') || env.starts_with("FLEET_") {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use fleet_core::asks::whom_to_ask;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
-use fleet_core::dialog::{Dialog, read_dialog};
+use fleet_core::dialog::{Answer, Dialog, Key, newly_shown, read_dialog, shown_counts};
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::time::{Instant, sleep};
@@ -33,6 +33,10 @@ pub(super) const DIALOG_LOOK: Duration = Duration::from_millis(500);
 const GONE_WAIT: Duration = Duration::from_secs(3);
 /// How often the screen is looked at meanwhile.
 const GONE_LOOK: Duration = Duration::from_millis(50);
+/// How long a program has, once its dialog is gone, to show it ended its turn.
+const TURN_OVER_WAIT: Duration = Duration::from_secs(1);
+/// How long a menu's cursor has to show on the option the arrows moved it to.
+const CURSOR_WAIT: Duration = Duration::from_millis(1_500);
 /// The longest a dialog asked of a lead on another host is good for there (seconds; never
 /// longer than the broker keeps or a gateway admits a message): it is over sooner when it goes
 /// away, and asked afresh when it stays longer.
@@ -125,7 +129,7 @@ impl Gateway {
                 (WorkerStatus::Busy, Some(dialog), _)
                     if seen.get(&w.gid) == Some(&screen.text) && !screen.in_mode =>
                 {
-                    self.dialog_shown(w.gid, dialog).await;
+                    let _ = self.dialog_shown(w.gid, dialog).await;
                 }
                 // Gone, or another in its place (answered in the pane, the next one shown):
                 // the lead's answer must not be pressed into it. A new one is asked afresh.
@@ -140,23 +144,20 @@ impl Gateway {
         }
     }
 
-    /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked.
-    async fn dialog_shown(self: &Arc<Self>, gid: Gid, dialog: Dialog) {
+    /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked
+    /// (the ask's turn id, unless the worker is not busy).
+    async fn dialog_shown(self: &Arc<Self>, gid: Gid, dialog: Dialog) -> Option<String> {
         let turn_id = format!("{DIALOG_TURN}{}", MsgId::mint());
         let ttl = self.remote_dialog_ttl();
         let (to, remote) = {
             let mut sessions = self.lock();
-            let Some(session) = sessions.panes.get_mut(&gid) else {
-                return;
-            };
+            let session = sessions.panes.get_mut(&gid)?;
             if session.status != WorkerStatus::Busy {
-                return;
+                return None;
             }
             let task = session.current.clone();
             // Its prompt is screen text: the owner's, whoever's task it works on.
-            let Ok(to) = whom_to_ask(None, session.entity.parent) else {
-                return;
-            };
+            let to = whom_to_ask(None, session.entity.parent).ok()?;
             let _ = session.apply(SessionEvent::DialogShown);
             let question = AskView {
                 turn_id: turn_id.clone(),
@@ -197,10 +198,12 @@ impl Gateway {
                     tracing::warn!(%gid, %turn_id, error = %e, "cannot ask a lead on another host about a dialog; asked again at the next look");
                     self.dialog_over(gid, &turn_id, "it could not be asked")
                         .await;
+                    return None;
                 }
             }
             None => self.bump_inbox(to),
         }
+        Some(turn_id)
     }
 
     /// How long a dialog asked of a lead on another host is good for there.
@@ -281,8 +284,12 @@ impl Gateway {
             .await
     }
 
-    /// Presses the key of `choice` (checked against the dialog's choices) into the pane of
-    /// the worker here that `dialog` was asked for, and waits for the dialog to go away.
+    /// Answers `dialog` (asked for a worker here) with `choice`, checked against its choices:
+    /// presses that choice's key, or for a menu's option the arrows that move its cursor there
+    /// and, once the screen shows it there, Enter; then waits for the dialog to go away. What is
+    /// on the screen is looked at before anything is pressed: a dialog other than the one the
+    /// lead saw is `too_late`, a cursor that does not reach the option or a dialog that stays
+    /// up is `not_pressed`, and whatever dialog is on the screen then is asked afresh at once.
     pub(super) async fn choose(
         self: &Arc<Self>,
         dialog: &AskView,
@@ -292,7 +299,7 @@ impl Gateway {
         let shown = dialog
             .dialog()
             .ok_or_else(|| FleetError::invalid(format!("{} is no dialog", dialog.turn_id)))?;
-        let key = shown.pick(&choice)?;
+        let answer = shown.pick(&choice)?;
         let gone = || {
             FleetError::new(
                 ErrorCode::TooLate,
@@ -302,7 +309,7 @@ impl Gateway {
                 ),
             )
         };
-        let (pane, markers, forced) = {
+        let (pane, markers, forced, turn_over) = {
             let sessions = self.lock();
             let session = sessions.panes.get(&gid).ok_or_else(gone)?;
             let asked = session
@@ -314,62 +321,232 @@ impl Gateway {
                     pane.clone(),
                     session.profile.dialog_markers(),
                     matches!(session.host_agent, Some((_, AgentState::Blocked))),
+                    session.profile.turn_over_markers(),
                 ),
                 _ => return Err(gone()),
             }
         };
+        let screen = Screen {
+            pane: &pane,
+            markers: &markers,
+            forced,
+        };
         // What is on the screen now must be the dialog the lead saw: else the key would answer
         // something else (the dialog was answered in the pane, another came in its place).
-        let now = self.panes.snapshot(&pane).await.map_err(|e| {
+        let now = self.read_screen(&screen).await.map_err(|e| {
             FleetError::new(
                 ErrorCode::PaneHost,
                 format!("cannot look at '{}''s screen: {e}", dialog.from_name),
             )
         })?;
-        if read_dialog(&now.text, &markers, forced).as_ref() != Some(&shown) {
-            self.dialog_over(gid, &dialog.turn_id, "the dialog went away")
-                .await;
-            return Err(gone());
-        }
-        let pressed = self.panes.press(&pane, key).await;
-        // Asked again at the next look if it is still there: the choice is spent either way.
-        let still = match pressed {
-            Ok(()) => {
-                let deadline = Instant::now() + GONE_WAIT;
-                loop {
-                    let screen = self.panes.snapshot(&pane).await.ok();
-                    let showing = screen
-                        .and_then(|s| read_dialog(&s.text, &markers, forced))
-                        .is_some_and(|d| d.prompt == shown.prompt);
-                    if !showing || Instant::now() >= deadline {
-                        break showing;
-                    }
-                    sleep(GONE_LOOK).await;
-                }
+        let before = shown_counts(&now.0, &turn_over);
+        let now = match now.1 {
+            Some(now) if now == shown => now,
+            _ => {
+                let err = gone();
+                return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, err).await);
             }
-            Err(_) => true,
         };
-        self.dialog_over(gid, &dialog.turn_id, "it was answered")
-            .await;
+        let pressed = match answer {
+            Answer::Press(key) => self.panes.press(&pane, key).await.map_err(|e| {
+                FleetError::new(
+                    ErrorCode::PaneHost,
+                    format!(
+                        "cannot press '{choice}' in '{}''s pane: {e}",
+                        dialog.from_name
+                    ),
+                )
+            }),
+            Answer::Select(target) => {
+                self.select(&screen, &now, target, (&choice, &dialog.from_name))
+                    .await
+            }
+        };
         if let Err(e) = pressed {
-            return Err(FleetError::new(
-                ErrorCode::PaneHost,
-                format!(
-                    "cannot press '{choice}' in '{}''s pane: {e}",
-                    dialog.from_name
-                ),
-            ));
+            return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, e).await);
         }
+        // Asked again at once if it is still there: the choice is spent either way.
+        let deadline = Instant::now() + GONE_WAIT;
+        let still = loop {
+            let showing = matches!(self.read_screen(&screen).await, Ok((_, Some(d))) if d == shown);
+            if !showing || Instant::now() >= deadline {
+                break showing;
+            }
+            sleep(GONE_LOOK).await;
+        };
         if still {
-            return Err(FleetError::new(
-                ErrorCode::PaneHost,
+            let err = FleetError::new(
+                ErrorCode::NotPressed,
                 format!(
-                    "'{choice}' was pressed, but the dialog is still on '{}''s screen after {} s: it is asked again if it stays",
+                    "'{choice}' was pressed, but the dialog is still on '{}''s screen after {} s",
                     dialog.from_name,
                     GONE_WAIT.as_secs()
                 ),
-            ));
+            );
+            return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, err).await);
+        }
+        self.dialog_over(gid, &dialog.turn_id, "it was answered")
+            .await;
+        // A choice that ends the program's turn (Claude Code's "No") ends the task with it.
+        if let Some(marker) = self.turn_over_shown(&screen, &turn_over, before).await {
+            self.turn_over(gid, &dialog.from_name, &marker).await;
         }
         Ok(())
     }
+
+    /// Looks for up to [`TURN_OVER_WAIT`] for one of `markers` to show on the screen more
+    /// often than the `before` times it did before the choice: the program ended its turn.
+    async fn turn_over_shown(
+        &self,
+        screen: &Screen<'_>,
+        markers: &[String],
+        before: Vec<usize>,
+    ) -> Option<String> {
+        if markers.is_empty() {
+            return None;
+        }
+        let deadline = Instant::now() + TURN_OVER_WAIT;
+        loop {
+            if let Ok((text, _)) = self.read_screen(screen).await
+                && let Some(marker) = newly_shown(&text, markers, &before)
+            {
+                return Some(marker);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            sleep(GONE_LOOK).await;
+        }
+    }
+
+    /// `gid`'s program ended its turn without an answer after its dialog was answered (it
+    /// shows `marker`): its task in flight fails, saying so, and it takes its next task.
+    async fn turn_over(self: &Arc<Self>, gid: Gid, name: &str, marker: &str) {
+        let task = {
+            let mut sessions = self.lock();
+            let Some(session) = sessions.panes.get_mut(&gid) else {
+                return;
+            };
+            let task = session.current.take();
+            if task.is_some() {
+                let _ = session.apply(SessionEvent::TurnDone);
+            }
+            task
+        };
+        let Some(task) = task else {
+            return;
+        };
+        tracing::info!(%gid, msg_id = %task.msg_id, "the worker's program ended its turn on a dialog's choice");
+        // The marker is the profile's text, not the worker's screen.
+        let reason = format!(
+            "'{name}' ended its turn without an answer after the dialog it stopped on was answered: its program shows \"{marker}\" and waits for what to do instead; send it a new task"
+        );
+        self.fail(&task, &reason).await;
+    }
+
+    /// Moves the cursor of the menu `now` shows to its option `target` and, once the screen
+    /// shows it there on the same dialog, presses Enter.
+    async fn select(
+        &self,
+        screen: &Screen<'_>,
+        now: &Dialog,
+        target: usize,
+        (choice, worker): (&str, &str),
+    ) -> Result<(), FleetError> {
+        let not_pressed = |why: String| {
+            FleetError::new(
+                ErrorCode::NotPressed,
+                format!("'{choice}' was not confirmed in '{worker}''s dialog: {why}"),
+            )
+        };
+        let pane_host = |e: fleet_mux::MuxError| {
+            FleetError::new(
+                ErrorCode::PaneHost,
+                format!("cannot press keys in '{worker}''s pane: {e}"),
+            )
+        };
+        let moves = now.moves_to(target).ok_or_else(|| {
+            not_pressed(
+                "where the cursor of its menu is cannot be read; nothing was pressed".into(),
+            )
+        })?;
+        for key in moves {
+            self.panes
+                .press(screen.pane, key)
+                .await
+                .map_err(pane_host)?;
+        }
+        let deadline = Instant::now() + CURSOR_WAIT;
+        loop {
+            match self.read_screen(screen).await {
+                Ok((_, Some(seen))) if seen == *now && seen.cursor_on(target) => break,
+                Ok((_, Some(seen))) if seen == *now => {}
+                _ => {
+                    return Err(FleetError::new(
+                        ErrorCode::TooLate,
+                        format!(
+                            "'{worker}''s dialog went away or changed while its cursor moved to '{choice}'; Enter was not pressed"
+                        ),
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(not_pressed(format!(
+                    "the cursor of its menu did not reach it within {} ms; Enter was not pressed",
+                    CURSOR_WAIT.as_millis()
+                )));
+            }
+            sleep(GONE_LOOK).await;
+        }
+        self.panes
+            .press(screen.pane, Key::Enter)
+            .await
+            .map_err(pane_host)
+    }
+
+    /// What a screen shows now, and the dialog on it, if any.
+    async fn read_screen(
+        &self,
+        screen: &Screen<'_>,
+    ) -> Result<(String, Option<Dialog>), fleet_mux::MuxError> {
+        let snapshot = self.panes.snapshot(screen.pane).await?;
+        let dialog = read_dialog(&snapshot.text, screen.markers, screen.forced);
+        Ok((snapshot.text, dialog))
+    }
+
+    /// The answer to dialog `turn` of `gid` did not take (`err`): that dialog is over, and the
+    /// one on the screen now, if one holds still there, is asked at once; `err` says which.
+    async fn ask_afresh(
+        self: &Arc<Self>,
+        gid: Gid,
+        turn: &str,
+        screen: &Screen<'_>,
+        err: FleetError,
+    ) -> FleetError {
+        self.dialog_over(gid, turn, "its answer did not take").await;
+        let first = self.read_screen(screen).await;
+        sleep(GONE_LOOK).await;
+        let second = self.read_screen(screen).await;
+        let asked = match (first, second) {
+            (Ok((_, Some(a))), Ok((_, Some(b)))) if a == b => self.dialog_shown(gid, b).await,
+            _ => None,
+        };
+        match asked {
+            Some(again) => FleetError::new(
+                err.code,
+                format!(
+                    "{}; the dialog on the screen now is asked as {again} (fleet_poll and fleet_list show it)",
+                    err.message
+                ),
+            ),
+            None => err,
+        }
+    }
+}
+
+/// Where to read a worker's dialogs.
+struct Screen<'a> {
+    pane: &'a PaneId,
+    markers: &'a [String],
+    forced: bool,
 }
