@@ -143,6 +143,11 @@ pub enum Directive {
     /// Show `<question> (y/n)` and wait for the key `y` or `n` (a program's own dialog), then
     /// reply `chose y` or `chose n`.
     Confirm(String),
+    /// Show a cursor menu, `<question>` over its options (the first one marked `❯`), moved by
+    /// the up and down arrows (not past its ends; with `false`, `/stuckmenu`, not at all) and
+    /// answered by Enter: then reply `chose <option>`. Esc ends the turn without a reply,
+    /// showing `Interrupted by Esc`.
+    Menu(String, Vec<String>, bool),
     /// fleetd's nudge (`[fleet] N messages waiting for you: call fleet_poll …`): pull what
     /// waits with `fleet_poll` and echo-reply to each message by its id.
     Pull,
@@ -150,7 +155,8 @@ pub enum Directive {
 
 impl Directive {
     /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
-    /// `/ask S question`, `/read PATH`, `/write PATH TEXT`, `/pwd`, `/confirm question`, or fleetd's nudge to pull; anything else is
+    /// `/ask S question`, `/read PATH`, `/write PATH TEXT`, `/pwd`, `/confirm question`,
+    /// `/menu question | option | option…` (or `/stuckmenu …`), or fleetd's nudge to pull; anything else is
     /// echoed.
     pub fn parse(task: &str) -> Self {
         let trimmed = task.trim_start();
@@ -190,6 +196,18 @@ impl Directive {
                 }
                 _ => Directive::Echo(task.to_string()),
             },
+            Some(verb @ ("/menu" | "/stuckmenu")) => {
+                let mut parts = trimmed[verb.len()..]
+                    .split(" | ")
+                    .map(|p| p.trim().to_string());
+                let question = parts.next().unwrap_or_default();
+                let options: Vec<String> = parts.filter(|p| !p.is_empty()).collect();
+                if question.is_empty() || options.len() < 2 {
+                    Directive::Echo(task.to_string())
+                } else {
+                    Directive::Menu(question, options, verb == "/menu")
+                }
+            }
             Some("/read") => match trimmed.strip_prefix("/read ") {
                 Some(path) if !path.trim().is_empty() => Directive::Read(path.trim().to_string()),
                 _ => Directive::Echo(task.to_string()),
@@ -264,6 +282,22 @@ mod tests {
         assert_eq!(
             Directive::parse("/confirm Overwrite it?"),
             Directive::Confirm("Overwrite it?".into())
+        );
+        assert_eq!(
+            Directive::parse("/menu Go on? | No | Yes, and more"),
+            Directive::Menu(
+                "Go on?".into(),
+                vec!["No".into(), "Yes, and more".into()],
+                true
+            )
+        );
+        assert_eq!(
+            Directive::parse("/stuckmenu Go on? | No | Yes"),
+            Directive::Menu("Go on?".into(), vec!["No".into(), "Yes".into()], false)
+        );
+        assert_eq!(
+            Directive::parse("/menu Go on? | only one"),
+            Directive::Echo("/menu Go on? | only one".into())
         );
         assert_eq!(
             Directive::parse("/confirm "),

@@ -4,7 +4,9 @@
 //! with `fleet_reply`, as scripted by the task's directive (see `fleet_testkit::sim`).
 //!
 //! A task `/confirm QUESTION` shows the program's own dialog, `QUESTION (y/n)`, and waits for
-//! the key `y` or `n` before it replies `chose y` / `chose n`.
+//! the key `y` or `n` before it replies `chose y` / `chose n`; `/menu QUESTION | A | B…` shows a
+//! cursor menu (`❯ A`, `  B`), moved by the arrows (`/stuckmenu`: not moved), answered by Enter
+//! (`chose B`), or left by Esc with no reply (`Interrupted by Esc`).
 //!
 //! Two flags make it a program whose screen keeps moving: `--draw-after-ready-ms` keeps
 //! drawing for a while after it called in and drops the keys typed meanwhile (a TUI that
@@ -136,11 +138,73 @@ async fn reply(client: &Client, text: &str, in_reply_to: Option<&str>) -> anyhow
 }
 
 /// Handles a task; returns whether it now shows a dialog, waiting for `y` or `n`.
-async fn handle(client: &Client, task: &str) -> anyhow::Result<bool> {
+/// A dialog on the screen, waiting for its keys.
+enum Waiting {
+    /// `QUESTION (y/n)`: `y` or `n`.
+    Confirm,
+    /// A cursor menu: its options, the one the cursor is on, and whether the arrows move it.
+    Menu(Vec<String>, usize, bool),
+}
+
+/// Draws a menu's options, the cursor on `at`, and its hint.
+fn draw_menu(options: &[String], at: usize) {
+    let mut screen = String::new();
+    for (i, option) in options.iter().enumerate() {
+        let mark = if i == at { "❯" } else { " " };
+        screen.push_str(&format!("\x1b[2K {mark} {option}\r\n"));
+    }
+    screen.push_str("\x1b[2K Esc to cancel");
+    show(&screen);
+}
+
+/// What a menu does with one key: moves its cursor (the arrows, in either of the terminal's
+/// modes), or is answered (Enter: the option; Esc: none).
+#[derive(Clone, Copy)]
+enum MenuKey {
+    Up,
+    Down,
+    Enter,
+    Esc,
+}
+
+/// The keys in `bytes` (several may come in one read), others left out.
+fn menu_keys(mut bytes: &[u8]) -> Vec<MenuKey> {
+    let mut keys = Vec::new();
+    while let Some(first) = bytes.first() {
+        let (key, len) = match bytes {
+            [0x1b, b'[' | b'O', b'A', ..] => (Some(MenuKey::Up), 3),
+            [0x1b, b'[' | b'O', b'B', ..] => (Some(MenuKey::Down), 3),
+            [0x1b, b'[' | b'O', _, ..] => (None, 3),
+            [0x1b, ..] => (Some(MenuKey::Esc), 1),
+            _ if matches!(first, b'\r' | b'\n') => (Some(MenuKey::Enter), 1),
+            _ => (None, 1),
+        };
+        keys.extend(key);
+        bytes = &bytes[len..];
+    }
+    keys
+}
+
+/// Replies `text` to the task in flight, then shows the input line again.
+async fn answered(client: Option<&Client>, text: &str) {
+    if let Some(client) = client
+        && let Err(e) = reply(client, text, None).await
+    {
+        show(&format!("[error: {e}]\r\n"));
+    }
+    show("> ");
+}
+
+async fn handle(client: &Client, task: &str) -> anyhow::Result<Option<Waiting>> {
     match Directive::parse(task) {
         Directive::Confirm(question) => {
             show(&format!("\r\n{question} (y/n) "));
-            return Ok(true);
+            return Ok(Some(Waiting::Confirm));
+        }
+        Directive::Menu(question, options, moves) => {
+            show(&format!("\r\n{question}\r\n"));
+            draw_menu(&options, 0);
+            return Ok(Some(Waiting::Menu(options, 0, moves)));
         }
         Directive::Echo(text) => reply(client, &format!("echo: {text}"), None).await?,
         Directive::Slow(ms, rest) => {
@@ -199,7 +263,7 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<bool> {
             pull(client, 0).await?;
         }
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// Waits in `fleet_poll` up to `seconds` and echo-replies to every message it returns.
@@ -249,8 +313,8 @@ async fn main() -> anyhow::Result<()> {
         .clock_ms
         .map(|ms| interval(Duration::from_millis(ms.max(1))));
     let started = Instant::now();
-    // Whether a dialog on screen waits for its key.
-    let mut confirming = false;
+    // A dialog on screen that waits for its keys.
+    let mut waiting: Option<Waiting> = None;
     loop {
         let tick = async {
             match clock.as_mut() {
@@ -269,20 +333,53 @@ async fn main() -> anyhow::Result<()> {
         if n == 0 {
             return Ok(());
         }
-        if confirming {
+        match &mut waiting {
             // A dialog takes one key, y or n, and nothing else.
-            if let Some(key) = chunk[..n].iter().find(|b| matches!(b, b'y' | b'n')) {
-                confirming = false;
-                let chose = format!("chose {}", char::from(*key));
-                show(&format!("{}\r\n\r\n", char::from(*key)));
-                if let Some(client) = &client
-                    && let Err(e) = reply(client, &chose, None).await
-                {
-                    show(&format!("[error: {e}]\r\n"));
+            Some(Waiting::Confirm) => {
+                if let Some(key) = chunk[..n].iter().find(|b| matches!(b, b'y' | b'n')) {
+                    waiting = None;
+                    show(&format!("{}\r\n\r\n", char::from(*key)));
+                    answered(client.as_ref(), &format!("chose {}", char::from(*key))).await;
                 }
-                show("> ");
+                continue;
             }
-            continue;
+            Some(Waiting::Menu(options, at, moves)) => {
+                for key in menu_keys(&chunk[..n]) {
+                    match key {
+                        MenuKey::Up | MenuKey::Down if *moves => {
+                            *at = match key {
+                                MenuKey::Up => at.saturating_sub(1),
+                                _ => (*at + 1).min(options.len() - 1),
+                            };
+                            // Back to the menu's first line, and draw it again.
+                            show(&format!("\r\x1b[{}A", options.len()));
+                            draw_menu(options, *at);
+                        }
+                        MenuKey::Up | MenuKey::Down => {}
+                        MenuKey::Enter => {
+                            let chose = format!("chose {}", options[*at]);
+                            // The menu goes, as a program's dialog does once answered.
+                            show(&format!(
+                                "\r\x1b[{}A\x1b[J{chose}\r\n\r\n",
+                                options.len() + 1
+                            ));
+                            waiting = None;
+                            answered(client.as_ref(), &chose).await;
+                            break;
+                        }
+                        MenuKey::Esc => {
+                            show(&format!(
+                                "\r\x1b[{}A\x1b[J  Interrupted by Esc\r\n\r\n> ",
+                                options.len() + 1
+                            ));
+                            waiting = None;
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
+            None => {}
         }
         for event in editor.feed(&chunk[..n]) {
             match event {
@@ -298,11 +395,11 @@ async fn main() -> anyhow::Result<()> {
                     }
                     if let Some(client) = &client {
                         match handle(client, &task).await {
-                            Ok(true) => {
-                                confirming = true;
+                            Ok(Some(dialog)) => {
+                                waiting = Some(dialog);
                                 continue;
                             }
-                            Ok(false) => {}
+                            Ok(None) => {}
                             Err(e) => show(&format!("[error: {e}]\r\n")),
                         }
                     }

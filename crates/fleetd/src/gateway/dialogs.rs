@@ -441,7 +441,7 @@ impl Gateway {
         let reason = format!(
             "'{name}' ended its turn without an answer after the dialog it stopped on was answered: its program shows \"{marker}\" and waits for what to do instead; send it a new task"
         );
-        self.fail(&task, &reason).await;
+        self.notify_failed(&task, &reason).await;
     }
 
     /// Moves the cursor of the menu `now` shows to its option `target` and, once the screen
@@ -531,6 +531,12 @@ impl Gateway {
             (Ok((_, Some(a))), Ok((_, Some(b)))) if a == b => self.dialog_shown(gid, b).await,
             _ => None,
         };
+        // The watcher may have asked it first.
+        let asked = asked.or_else(|| {
+            let sessions = self.lock();
+            let open = sessions.panes.get(&gid)?.dialog.as_ref()?;
+            Some(open.question.turn_id.clone())
+        });
         match asked {
             Some(again) => FleetError::new(
                 err.code,

@@ -382,3 +382,94 @@ async fn a_real_claude_code_permission_prompt_is_answered_by_its_lead() -> anyho
     assert_eq!(lead.entry("c1").await?["status"], "idle");
     Ok(())
 }
+
+/// Claude Code with no `permission_mode` (its own default: auto mode) on a custom endpoint,
+/// told to run a command its auto mode would check: it stops on auto mode's notice if it shows
+/// it (answered "stay in auto mode", `enter`) and on its permission prompt, a cursor menu (`❯ No` /
+/// `Yes`) offered as `no` and `yes`. `yes` moves the cursor and confirms: the command runs and
+/// the same call returns the worker's reply. `no` (the notice is not shown again) ends Claude
+/// Code's turn without a reply: the call says so, the command did not run, and the worker takes
+/// its next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_cursor_menu()
+-> anyhow::Result<()> {
+    let (model, fleet, lead, pane) = fleet_with_claude().await?;
+    let dir = tempfile::tempdir()?;
+    let screen = || fleet.screen(&pane).unwrap_or_default();
+    let mut notices = 0;
+    for (answer, runs) in [("yes", true), ("no", false)] {
+        let proof = dir.path().join(format!("proof-{answer}"));
+        let task = format!(
+            "run: curl -s -o {} {}/fleet-proof",
+            proof.display(),
+            model.base_url()
+        );
+        let mut sent = lead.send("c1", &task, 90).await?;
+        // Auto mode's notice, when it shows (once a session, if at all: a worker fleetd
+        // started has been seen going straight to the prompt): stay in auto mode.
+        while sent["status"] == "blocked"
+            && sent["prompt"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("Enter to stay in auto mode")
+        {
+            notices += 1;
+            let offered: Vec<&str> = sent["choices"]
+                .as_array()
+                .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
+                .unwrap_or_default();
+            assert_eq!(offered, ["enter", "esc"], "{sent}");
+            sent = lead
+                .ok(
+                    "fleet_send",
+                    json!({"turn_id": sent["turn_id"], "choice": "enter", "wait_s": 90}),
+                )
+                .await?;
+        }
+        anyhow::ensure!(
+            sent["status"] == "blocked",
+            "{sent}\nc1's screen:\n{}\nfleetd's log:\n{}",
+            screen(),
+            fleet.log()
+        );
+        let offered: Vec<&str> = sent["choices"]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(offered, ["no", "yes", "esc"], "{sent}");
+        let prompt = sent["prompt"].as_str().unwrap_or_default();
+        assert!(
+            prompt.contains("Do you want to proceed?") && prompt.contains("curl -s -o"),
+            "{prompt}"
+        );
+        assert!(!proof.exists(), "the command ran before anyone chose");
+        let answered = lead
+            .ok(
+                "fleet_send",
+                json!({"turn_id": sent["turn_id"], "choice": answer, "wait_s": 90}),
+            )
+            .await?;
+        if runs {
+            assert_eq!(answered["status"], "replied", "{answered}\n{}", screen());
+            let reply = answered["reply"]["text"].as_str().unwrap_or_default();
+            assert!(reply.starts_with("ran curl -s -o"), "{reply}");
+            assert!(proof.exists(), "the command did not run after yes");
+        } else {
+            assert_eq!(answered["status"], "failed", "{answered}\n{}", screen());
+            let reason = answered["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.contains("Interrupted · What should Claude do instead?"),
+                "{reason}"
+            );
+            assert!(!proof.exists(), "the command ran after no");
+        }
+    }
+    assert!(
+        notices <= 1,
+        "auto mode's notice shows once a session at most"
+    );
+    // After its "no", the worker takes its next task.
+    let sent = ask_c1(&fleet, &lead, &pane, "hello after no").await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello after no");
+    Ok(())
+}

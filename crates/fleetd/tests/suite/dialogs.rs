@@ -121,6 +121,8 @@ async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
+    // hostb is heard from (its lead is in alice's roster) before she spawns there.
+    sees(&alice, "bob").await?;
     // alice spawns the worker on hostb: hers, so its dialogs are asked of her, across hosts.
     alice
         .ok(
@@ -222,5 +224,188 @@ async fn a_dialog_from_another_host_offering_free_text_never_reaches_the_lead() 
         .matches("a dialog from another host is refused")
         .count();
     assert_eq!(refused, 5, "{}", a.log());
+    Ok(())
+}
+
+/// The scripted agent as profile `menu`: its cursor menus (`/menu`) are known by their
+/// question's `Pick one:`, and its Esc's `Interrupted by Esc` ends its turn.
+fn menu_profile() -> anyhow::Result<String> {
+    Ok(format!(
+        "{}blocked_markers = [\"Pick one:\"]\nturn_over_markers = [\"Interrupted by Esc\"]\n",
+        sim_profile("menu", &[])?
+    ))
+}
+
+/// A cursor menu (no numbers, the current option marked `❯`) is offered option by option,
+/// under names made of their text; the lead names one, and fleetd moves the cursor there with
+/// the arrows, checks it is there, and presses Enter: the program chose that option. Names that
+/// are not offered (an option's label, an arrow) press nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_menus_option_is_chosen_by_its_name() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &menu_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("menu", "w1").await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let blocked = lead
+        .send(
+            "w1",
+            "/menu Pick one: deploy? | No | Yes, deploy now | Later",
+            20,
+        )
+        .await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    assert_eq!(keys(&blocked), ["no", "yes-deploy-now", "later", "esc"]);
+    let prompt = blocked["prompt"].as_str().unwrap_or_default();
+    assert!(
+        prompt.contains("Pick one: deploy?\nNo\nYes, deploy now\nLater"),
+        "{prompt}"
+    );
+    for bad in ["Later", "down", "up", "enter", "3"] {
+        let refused = lead
+            .call(
+                "fleet_send",
+                json!({"turn_id": blocked["turn_id"], "choice": bad}),
+            )
+            .await?
+            .expect_err("not one of the menu's choices");
+        assert_eq!(refused.code, "invalid_params", "{refused}");
+        assert!(
+            refused.message.contains("no, yes-deploy-now, later, esc"),
+            "{refused}"
+        );
+    }
+    // Nothing was pressed: the cursor is still on the first option.
+    assert!(
+        fleet.screen(&pane)?.contains("❯ No"),
+        "{}",
+        fleet.screen(&pane)?
+    );
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "later", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", fleet.log());
+    assert_eq!(answered["reply"]["text"], "chose Later");
+    until_status(&lead, "w1", "idle").await?;
+    // Up as well as down: from the first option again, the second.
+    let blocked = lead
+        .send("w1", "/menu Pick one: again? | No | Yes", 20)
+        .await?;
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "no", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["reply"]["text"], "chose No", "{answered}");
+    Ok(())
+}
+
+/// A choice that ends the program's turn without an answer (its Esc: it shows `Interrupted by
+/// Esc`, one of its profile's `turn_over_markers`) ends the task: the lead's call says so, and
+/// the worker takes its next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_choice_that_ends_the_turn_fails_the_task_and_the_worker_goes_on() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &menu_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("menu", "w1").await?;
+    let blocked = lead
+        .send("w1", "/menu Pick one: delete it? | No | Yes", 20)
+        .await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "esc", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "failed", "{answered}\n{}", fleet.log());
+    let reason = answered["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("ended its turn without an answer")
+            && reason.contains("Interrupted by Esc"),
+        "{reason}"
+    );
+    until_status(&lead, "w1", "idle").await?;
+    let sent = lead.send("w1", "after the menu", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: after the menu", "{sent}");
+    Ok(())
+}
+
+/// A menu whose cursor does not move when fleetd presses the arrows: Enter is not pressed (the
+/// program chose nothing), the lead hears `not_pressed`, and the dialog, still on the screen, is
+/// asked again at once under a new turn id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_that_does_not_reach_the_option_is_not_confirmed() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &menu_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("menu", "w1").await?;
+    let blocked = lead
+        .send("w1", "/stuckmenu Pick one: stuck? | No | Yes", 20)
+        .await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    let refused = lead
+        .call(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "yes"}),
+        )
+        .await?
+        .expect_err("a cursor that did not move");
+    assert_eq!(refused.code, "not_pressed", "{refused}");
+    assert!(
+        refused.message.contains("Enter was not pressed"),
+        "{refused}"
+    );
+    let listed = lead.entry("w1").await?;
+    assert_eq!(listed["status"], "blocked", "{listed}");
+    let again = listed["dialog"]["turn_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!again.is_empty() && again != blocked["turn_id"], "{listed}");
+    assert!(refused.message.contains(&again), "{refused}");
+    // The first option needs no arrow: it is confirmed.
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": again, "choice": "no", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["reply"]["text"], "chose No", "{answered}");
+    Ok(())
+}
+
+/// A cursor menu on a worker of another host: its options reach the lead through the broker,
+/// and the option's name comes back, to be checked and turned into keys where the worker is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let b = gateway(&vhost.uri(), "hostb", "bob", &menu_profile()?).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    sees(&alice, "bob").await?;
+    alice
+        .ok(
+            "fleet_spawn",
+            json!({"profile": "menu", "name": "wb", "host": "hostb"}),
+        )
+        .await?;
+    sees(&alice, "wb").await?;
+    let blocked = alice
+        .send("wb", "/menu Pick one: ship it? | No | Yes, ship", 20)
+        .await?;
+    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", b.log());
+    assert_eq!(blocked["host"], "hostb");
+    assert_eq!(keys(&blocked), ["no", "yes-ship", "esc"]);
+    let answered = alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "yes-ship", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", b.log());
+    assert_eq!(answered["reply"]["text"], "chose Yes, ship");
     Ok(())
 }
