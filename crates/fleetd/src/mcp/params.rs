@@ -57,7 +57,8 @@ pub struct SendParams {
     #[serde(default)]
     pub message: Option<String>,
     /// With `turn_id` of a dialog (status blocked), instead of `message`: one of the choices it
-    /// offers (`"1"`, `"y"`, `"enter"`, `"esc"` …). Only that choice's key is pressed.
+    /// offers (`"1"`, `"y"`, `"enter"`, `"esc"`, or a menu option's name such as `"yes"` …).
+    /// Only that choice's key is pressed (for a menu option: the arrows to it, then Enter).
     #[serde(default)]
     pub choice: Option<String>,
     /// Seconds to wait for the answer (default 60, at most 3600; 0 returns at once). An answer
