@@ -27,6 +27,9 @@ pub const MAX_CHOICES: usize = 16;
 pub const MAX_OPTIONS: usize = 12;
 /// The most characters of a menu option's name (`yes-and-dont-ask-again`), its `-2` included.
 pub const MAX_OPTION_NAME: usize = 40;
+/// How many lines below its marker a menu's first option may start (the dialog's text between
+/// them): a menu further down is transcript, not the dialog's.
+const MENU_REACH: usize = 12;
 /// What marks a menu's current option at the start of its line (Claude Code's `❯`, and other
 /// programs' arrows).
 const CURSORS: [char; 5] = ['❯', '›', '>', '▶', '→'];
@@ -75,10 +78,6 @@ pub enum Key {
     Up,
     /// The down arrow.
     Down,
-    /// The left arrow.
-    Left,
-    /// The right arrow.
-    Right,
 }
 
 impl Key {
@@ -107,8 +106,6 @@ impl Key {
             Key::Escape => "esc".into(),
             Key::Up => "up".into(),
             Key::Down => "down".into(),
-            Key::Left => "left".into(),
-            Key::Right => "right".into(),
         }
     }
 }
@@ -131,20 +128,9 @@ pub struct Choice {
     pub label: String,
 }
 
-/// Which way a cursor menu's options run: the arrows that move its cursor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Axis {
-    /// One option per line: Up and Down.
-    Vertical,
-    /// Options side by side on one line: Left and Right.
-    Horizontal,
-}
-
 /// Where a cursor menu's cursor is, as read off the screen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
-    /// How its options run.
-    pub axis: Axis,
     /// The choice it is on (an index into [`Dialog::choices`]).
     pub at: usize,
 }
@@ -267,11 +253,7 @@ impl Dialog {
             })
         };
         let (from, to) = (place(cursor.at)?, place(target)?);
-        let (back, forth) = match cursor.axis {
-            Axis::Vertical => (Key::Up, Key::Down),
-            Axis::Horizontal => (Key::Left, Key::Right),
-        };
-        let key = if to < from { back } else { forth };
+        let key = if to < from { Key::Up } else { Key::Down };
         Some(vec![key; from.abs_diff(to)])
     }
 
@@ -422,13 +404,13 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
             // A menu's options, in order, where its first one is.
             if menu.options.first().is_some_and(|(r, _)| *r == row) {
                 for (i, (_, label)) in menu.options.iter().enumerate() {
+                    if choices.len() >= MAX_CHOICES {
+                        break;
+                    }
                     let label = clean_label(label);
                     let name = option_name(&label, &choices);
                     if i == menu.at {
-                        cursor = Some(Cursor {
-                            axis: Axis::Vertical,
-                            at: choices.len(),
-                        });
+                        cursor = Some(Cursor { at: choices.len() });
                     }
                     choices.push(Choice {
                         choice: name,
@@ -490,7 +472,7 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
 }
 
 /// A cursor menu read off a screen.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 struct Menu {
     /// Its options: the row each is on, and its text.
     options: Vec<(usize, String)>,
@@ -512,7 +494,7 @@ enum Row<'a> {
 /// with a cursor mark (`❯ No`) and no number, and the lines around it whose text starts in the
 /// same column (`  Yes`) are its options; lines further right go with the option above them
 /// (its text wrapped), and a blank line or one further left ends it. At least two options, at
-/// most [`MAX_OPTIONS`]; two marked lines are no menu (a menu has one cursor: the others are
+/// most [`MAX_OPTIONS`], the first within [`MENU_REACH`] lines; two marked lines are no menu (a menu has one cursor: the others are
 /// tasks quoted in a transcript).
 fn read_menu(lines: &[&str]) -> Option<Menu> {
     let mut cursors = lines
@@ -541,9 +523,8 @@ fn read_menu(lines: &[&str]) -> Option<Menu> {
         })
         .collect();
     let at = options.iter().position(|(r, _)| *r == cursor_row)?;
-    (2..=MAX_OPTIONS)
-        .contains(&options.len())
-        .then_some(Menu { options, at })
+    let near = options.first().is_some_and(|(r, _)| *r < MENU_REACH);
+    (near && (2..=MAX_OPTIONS).contains(&options.len())).then_some(Menu { options, at })
 }
 
 /// What `line` is to a menu whose options' text starts in `column`.
@@ -802,13 +783,7 @@ mod tests {
         let dialog = read_dialog(CURSOR_MENU, &marker, false).unwrap();
         assert_eq!(keys(&dialog), ["no", "yes", "esc"]);
         assert_eq!(dialog.choices[1].label, "Yes");
-        assert_eq!(
-            dialog.cursor,
-            Some(Cursor {
-                axis: Axis::Vertical,
-                at: 0
-            })
-        );
+        assert_eq!(dialog.cursor, Some(Cursor { at: 0 }));
         // The prompt does not show the cursor: moved, it reads as the same dialog.
         assert!(dialog.prompt.contains("\nNo\nYes\n"), "{}", dialog.prompt);
         assert!(!dialog.prompt.contains('❯'));
@@ -878,6 +853,20 @@ Would you like to proceed?
         assert_eq!(keys(&dialog), ["yes", "no"]);
         assert!(dialog.cursor_on(1));
         assert_eq!(dialog.prompt, "Do you want to proceed?\nYes\nNo");
+        // A marked line far below the marker is the transcript's (a task echoed under the
+        // program's prose), not the dialog's.
+        let far = format!(
+            "Do you want to proceed?\n{}❯ yes, go ahead\n  and run the tests\n",
+            "some prose\n".repeat(MENU_REACH)
+        );
+        assert_eq!(
+            read_dialog(&far, &markers(&["Do you want to proceed?"]), false),
+            None
+        );
+        // Two marked lines are no menu: a menu has one cursor.
+        let two = "Do you want to proceed?\n❯ one\n  two\n❯ three\n  four\nEsc to cancel";
+        let dialog = read_dialog(two, &markers(&["Do you want to proceed?"]), false).unwrap();
+        assert_eq!(keys(&dialog), ["esc"]);
         // One marked line is no menu (Claude Code's own input line, a quoted task).
         let lone = "Do you want to proceed?\n❯ run: touch x\nEsc to cancel";
         let dialog = read_dialog(lone, &markers(&["Do you want to proceed?"]), false).unwrap();

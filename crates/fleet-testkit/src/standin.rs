@@ -430,7 +430,5 @@ impl StandIn {
 
 /// The arrow herdr names `name`.
 fn arrow(name: &str) -> Option<Key> {
-    [Key::Up, Key::Down, Key::Left, Key::Right]
-        .into_iter()
-        .find(|k| k.name() == name)
+    [Key::Up, Key::Down].into_iter().find(|k| k.name() == name)
 }

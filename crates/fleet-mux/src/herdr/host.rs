@@ -195,7 +195,8 @@ impl PaneHost for Herdr {
     }
 
     async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError> {
-        // herdr's key names for the safe set are the keys' own (`1`, `y`, `enter`, `esc`).
+        // herdr's key names for the safe set are the keys' own (`1`, `y`, `enter`, `esc`, and
+        // the arrows `up`, `down`, as herdr 0.8.0 names them).
         self.driver
             .call(codec::send_input(&pane.0, None, &[key.name().as_str()]))
             .await

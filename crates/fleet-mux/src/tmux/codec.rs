@@ -181,8 +181,6 @@ pub fn key_args(pane: &PaneId, key: Key) -> Vec<String> {
         Key::Escape => "Escape".to_string(),
         Key::Up => "Up".to_string(),
         Key::Down => "Down".to_string(),
-        Key::Left => "Left".to_string(),
-        Key::Right => "Right".to_string(),
         Key::Digit(_) | Key::Yes | Key::No => key.name(),
     };
     strings(&["send-keys", "-t", &pane.0, &name])
@@ -502,8 +500,6 @@ mod tests {
             (Key::Escape, "Escape"),
             (Key::Up, "Up"),
             (Key::Down, "Down"),
-            (Key::Left, "Left"),
-            (Key::Right, "Right"),
         ] {
             assert_eq!(key_args(&pane, key), ["send-keys", "-t", "%3", name]);
         }

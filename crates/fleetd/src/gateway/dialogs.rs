@@ -389,7 +389,7 @@ impl Gateway {
             .await;
         // A choice that ends the program's turn (Claude Code's "No") ends the task with it.
         if let Some(marker) = self.turn_over_shown(&screen, &turn_over, before).await {
-            self.turn_over(gid, &dialog.from_name, &marker).await;
+            self.turn_over(dialog, &marker).await;
         }
         Ok(())
     }
@@ -421,13 +421,20 @@ impl Gateway {
 
     /// `gid`'s program ended its turn without an answer after its dialog was answered (it
     /// shows `marker`): its task in flight fails, saying so, and it takes its next task.
-    async fn turn_over(self: &Arc<Self>, gid: Gid, name: &str, marker: &str) {
+    async fn turn_over(self: &Arc<Self>, dialog: &AskView, marker: &str) {
+        let (gid, name) = (dialog.from, &dialog.from_name);
         let task = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
             };
-            let task = session.current.take();
+            // Only the task the dialog stopped in: one answered meanwhile, or the next one, is
+            // not this turn's.
+            let stopped_in = session
+                .current
+                .as_ref()
+                .is_some_and(|t| Some(t.msg_id) == dialog.in_task);
+            let task = stopped_in.then(|| session.current.take()).flatten();
             if task.is_some() {
                 let _ = session.apply(SessionEvent::TurnDone);
             }

@@ -31,6 +31,20 @@ async fn until_status(lead: &Client, name: &str, status: &str) -> anyhow::Result
     .await
 }
 
+/// Waits until `lead` hears hostb's gateway itself (a host's own heartbeat comes apart from its
+/// lead's), before it spawns there.
+async fn hears_hostb(lead: &Client) -> anyhow::Result<()> {
+    until("hostb to be heard", LIMIT, || async {
+        let listed = lead.ok("fleet_list", json!({})).await.ok()?;
+        listed["hosts"]
+            .as_array()?
+            .iter()
+            .any(|h| h["host"] == "hostb" && h["status"] == "up")
+            .then_some(())
+    })
+    .await
+}
+
 /// The choice keys a dialog offers.
 fn keys(dialog: &Value) -> Vec<String> {
     dialog["choices"]
@@ -121,8 +135,7 @@ async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    // hostb is heard from (its lead is in alice's roster) before she spawns there.
-    sees(&alice, "bob").await?;
+    hears_hostb(&alice).await?;
     // alice spawns the worker on hostb: hers, so its dialogs are asked of her, across hosts.
     alice
         .ok(
@@ -236,24 +249,35 @@ fn menu_profile() -> anyhow::Result<String> {
     ))
 }
 
+/// Starts a fleet whose worker `w1` is of profile `menu`, sends it `task`, and returns the fleet,
+/// the lead, `w1`'s pane and the send, which came back blocked on the menu.
+async fn blocked_on_menu(task: &str) -> anyhow::Result<(Fleet, Client, String, Value)> {
+    let fleet = Fleet::start("", &menu_profile()?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("menu", "w1").await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let blocked = lead.send("w1", task, 20).await?;
+    anyhow::ensure!(blocked["status"] == "blocked", "{blocked}\n{}", fleet.log());
+    Ok((fleet, lead, pane, blocked))
+}
+
+/// Answers the dialog of `blocked` with `choice`, waiting for the task's answer.
+async fn choose(lead: &Client, blocked: &Value, choice: &str) -> anyhow::Result<Value> {
+    lead.ok(
+        "fleet_send",
+        json!({"turn_id": blocked["turn_id"], "choice": choice, "wait_s": 20}),
+    )
+    .await
+}
+
 /// A cursor menu (no numbers, the current option marked `❯`) is offered option by option,
 /// under names made of their text; the lead names one, and fleetd moves the cursor there with
 /// the arrows, checks it is there, and presses Enter: the program chose that option. Names that
 /// are not offered (an option's label, an arrow) press nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_menus_option_is_chosen_by_its_name() -> anyhow::Result<()> {
-    let fleet = Fleet::start("", &menu_profile()?).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.spawn("menu", "w1").await?;
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
-    let blocked = lead
-        .send(
-            "w1",
-            "/menu Pick one: deploy? | No | Yes, deploy now | Later",
-            20,
-        )
-        .await?;
-    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    let (fleet, lead, pane, blocked) =
+        blocked_on_menu("/menu Pick one: deploy? | No | Yes, deploy now | Later").await?;
     assert_eq!(keys(&blocked), ["no", "yes-deploy-now", "later", "esc"]);
     let prompt = blocked["prompt"].as_str().unwrap_or_default();
     assert!(
@@ -280,25 +304,15 @@ async fn a_cursor_menus_option_is_chosen_by_its_name() -> anyhow::Result<()> {
         "{}",
         fleet.screen(&pane)?
     );
-    let answered = lead
-        .ok(
-            "fleet_send",
-            json!({"turn_id": blocked["turn_id"], "choice": "later", "wait_s": 20}),
-        )
-        .await?;
+    let answered = choose(&lead, &blocked, "later").await?;
     assert_eq!(answered["status"], "replied", "{answered}\n{}", fleet.log());
     assert_eq!(answered["reply"]["text"], "chose Later");
     until_status(&lead, "w1", "idle").await?;
-    // Up as well as down: from the first option again, the second.
+    // The option the cursor is on needs no arrow: Enter alone.
     let blocked = lead
         .send("w1", "/menu Pick one: again? | No | Yes", 20)
         .await?;
-    let answered = lead
-        .ok(
-            "fleet_send",
-            json!({"turn_id": blocked["turn_id"], "choice": "no", "wait_s": 20}),
-        )
-        .await?;
+    let answered = choose(&lead, &blocked, "no").await?;
     assert_eq!(answered["reply"]["text"], "chose No", "{answered}");
     Ok(())
 }
@@ -308,19 +322,9 @@ async fn a_cursor_menus_option_is_chosen_by_its_name() -> anyhow::Result<()> {
 /// the worker takes its next task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_choice_that_ends_the_turn_fails_the_task_and_the_worker_goes_on() -> anyhow::Result<()> {
-    let fleet = Fleet::start("", &menu_profile()?).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("menu", "w1").await?;
-    let blocked = lead
-        .send("w1", "/menu Pick one: delete it? | No | Yes", 20)
-        .await?;
-    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
-    let answered = lead
-        .ok(
-            "fleet_send",
-            json!({"turn_id": blocked["turn_id"], "choice": "esc", "wait_s": 20}),
-        )
-        .await?;
+    let (fleet, lead, _, blocked) =
+        blocked_on_menu("/menu Pick one: delete it? | No | Yes").await?;
+    let answered = choose(&lead, &blocked, "esc").await?;
     assert_eq!(answered["status"], "failed", "{answered}\n{}", fleet.log());
     let reason = answered["reason"].as_str().unwrap_or_default();
     assert!(
@@ -339,13 +343,8 @@ async fn a_choice_that_ends_the_turn_fails_the_task_and_the_worker_goes_on() -> 
 /// asked again at once under a new turn id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_that_does_not_reach_the_option_is_not_confirmed() -> anyhow::Result<()> {
-    let fleet = Fleet::start("", &menu_profile()?).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("menu", "w1").await?;
-    let blocked = lead
-        .send("w1", "/stuckmenu Pick one: stuck? | No | Yes", 20)
-        .await?;
-    assert_eq!(blocked["status"], "blocked", "{blocked}\n{}", fleet.log());
+    let (_fleet, lead, _, blocked) =
+        blocked_on_menu("/stuckmenu Pick one: stuck? | No | Yes").await?;
     let refused = lead
         .call(
             "fleet_send",
@@ -367,12 +366,7 @@ async fn a_cursor_that_does_not_reach_the_option_is_not_confirmed() -> anyhow::R
     assert!(!again.is_empty() && again != blocked["turn_id"], "{listed}");
     assert!(refused.message.contains(&again), "{refused}");
     // The first option needs no arrow: it is confirmed.
-    let answered = lead
-        .ok(
-            "fleet_send",
-            json!({"turn_id": again, "choice": "no", "wait_s": 20}),
-        )
-        .await?;
+    let answered = choose(&lead, &json!({"turn_id": again}), "no").await?;
     assert_eq!(answered["reply"]["text"], "chose No", "{answered}");
     Ok(())
 }
@@ -385,7 +379,7 @@ async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyho
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &menu_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    sees(&alice, "bob").await?;
+    hears_hostb(&alice).await?;
     alice
         .ok(
             "fleet_spawn",
