@@ -9,7 +9,7 @@ use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 use super::federation::{
-    LIMIT, announce, forged, gateway, gateway_with, gid_of, pair, publish, sees,
+    LIMIT, announce, forged, gateway, gateway_with, gid_of, hears_host, pair, publish, sees,
 };
 
 /// The audit log of a gateway.
@@ -461,15 +461,7 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
     let alice = a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "bob").await?;
     // The slot's host itself, not only its lead, is heard (a host's own heartbeat comes apart).
-    until("hostb to be heard on hosta", LIMIT, || async {
-        let listed = alice.ok("fleet_list", json!({})).await.ok()?;
-        listed["hosts"]
-            .as_array()?
-            .iter()
-            .any(|h| h["host"] == "hostb" && h["status"] == "up")
-            .then_some(())
-    })
-    .await?;
+    hears_host(&alice, "hostb").await?;
     let brief = "Is one exchange enough?";
     let consult = alice
         .ok("fleet_consult", json!({"brief": brief, "wait_s": 30}))

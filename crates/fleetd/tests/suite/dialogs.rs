@@ -11,7 +11,7 @@ use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{gateway, sees};
+use super::federation::{gateway, hears_host, sees};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -27,20 +27,6 @@ fn confirm_profile() -> anyhow::Result<String> {
 async fn until_status(lead: &Client, name: &str, status: &str) -> anyhow::Result<()> {
     until(&format!("{name} to be {status}"), LIMIT, || async {
         (lead.entry(name).await.ok()?["status"] == status).then_some(())
-    })
-    .await
-}
-
-/// Waits until `lead` hears hostb's gateway itself (a host's own heartbeat comes apart from its
-/// lead's), before it spawns there.
-async fn hears_hostb(lead: &Client) -> anyhow::Result<()> {
-    until("hostb to be heard", LIMIT, || async {
-        let listed = lead.ok("fleet_list", json!({})).await.ok()?;
-        listed["hosts"]
-            .as_array()?
-            .iter()
-            .any(|h| h["host"] == "hostb" && h["status"] == "up")
-            .then_some(())
     })
     .await
 }
@@ -135,7 +121,7 @@ async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    hears_hostb(&alice).await?;
+    hears_host(&alice, "hostb").await?;
     // alice spawns the worker on hostb: hers, so its dialogs are asked of her, across hosts.
     alice
         .ok(
@@ -379,7 +365,7 @@ async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyho
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", &menu_profile()?).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
-    hears_hostb(&alice).await?;
+    hears_host(&alice, "hostb").await?;
     alice
         .ok(
             "fleet_spawn",

@@ -81,6 +81,20 @@ pub(super) async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
     Ok(Pair { a, b, alice, bob })
 }
 
+/// Waits until `lead` hears the gateway of `host` itself up (a host's own heartbeat comes apart
+/// from its lead's), as before spawning there.
+pub(super) async fn hears_host(lead: &Client, host: &str) -> anyhow::Result<()> {
+    until(&format!("{host} to be heard"), LIMIT, || async {
+        let listed = lead.ok("fleet_list", json!({})).await.ok()?;
+        listed["hosts"]
+            .as_array()?
+            .iter()
+            .any(|h| h["host"] == host && h["status"] == "up")
+            .then_some(())
+    })
+    .await
+}
+
 pub(super) async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     until(&format!("the roster to show {name}"), LIMIT, || async {
         lead.heard_entry(name).await.ok()
