@@ -765,7 +765,19 @@ mod tests {
             (Some(300), OnStall::Recycle)
         );
         assert_eq!(config.profile("claude").unwrap().on_stall, OnStall::Notify);
+        let over = |name: &str| config.profile(name).unwrap().turn_over_markers();
+        assert!(over("claude").contains(&"Interrupted · What should Claude do instead?".to_string()));
+        assert!(over("tool").is_empty());
         for (bad, says) in [
+            (
+                "turn_over_markers = [\"  \"]",
+                "turn_over_markers[0] must hold some text",
+            ),
+            (
+                "turn_over_markers = [\"a\\u001b[2Jb\"]",
+                "turn_over_markers[0] holds",
+            ),
+            ("turn_over_markers = \"Interrupted\"", "turn_over_markers"),
             (
                 "blocked_markers = [\"\"]",
                 "blocked_markers[0] must hold some text",
