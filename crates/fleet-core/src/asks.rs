@@ -47,6 +47,7 @@ impl Question {
             prompt: self.question.clone(),
             choices: choices.clone(),
             cursor: None,
+            in_colour: false,
         })
     }
 }

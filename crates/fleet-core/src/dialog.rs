@@ -51,6 +51,13 @@ pub const CLAUDE_CODE_MARKERS: [&str; 11] = [
     "running in Bypass Permissions mode",
     "Do you want to use this API key?",
 ];
+/// What opencode 1.18.33's dialogs say: its permission prompt (for every tool, and repeated
+/// calls), the step after "Allow always", and its question tool's hint line.
+pub const OPENCODE_MARKERS: [&str; 3] = [
+    "△ Permission required",
+    "△ Always allow",
+    "enter submit  esc dismiss",
+];
 /// What Claude Code 2.1.332 shows when a dialog's "No" (or Esc) ended its turn: it then waits
 /// for what to do instead and does not call its model again.
 pub const CLAUDE_CODE_TURN_OVER: [&str; 3] = [
@@ -78,6 +85,10 @@ pub enum Key {
     Up,
     /// The down arrow.
     Down,
+    /// The left arrow.
+    Left,
+    /// The right arrow.
+    Right,
 }
 
 impl Key {
@@ -106,6 +117,8 @@ impl Key {
             Key::Escape => "esc".into(),
             Key::Up => "up".into(),
             Key::Down => "down".into(),
+            Key::Left => "left".into(),
+            Key::Right => "right".into(),
         }
     }
 }
@@ -128,9 +141,21 @@ pub struct Choice {
     pub label: String,
 }
 
+/// Which way a cursor menu's options run: the arrows that move its cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    /// One option per line (Claude Code's `❯ No` / `Yes`): Up and Down.
+    Vertical,
+    /// Options side by side on one line, the current one shown only in colour (opencode's
+    /// `Allow once   Allow always   Reject`): Left and Right.
+    Horizontal,
+}
+
 /// Where a cursor menu's cursor is, as read off the screen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {
+    /// How its options run.
+    pub axis: Axis,
     /// The choice it is on (an index into [`Dialog::choices`]).
     pub at: usize,
 }
@@ -158,6 +183,11 @@ pub struct Dialog {
     /// For a cursor menu, where its cursor is: read on the worker's host, never sent.
     #[serde(skip)]
     pub cursor: Option<Cursor>,
+    /// It has a row of options whose current one shows only in colour: read off the screen
+    /// with its colours ([`read_dialog_styled`]), it offers them; off plain text, only its
+    /// hints.
+    #[serde(skip)]
+    pub in_colour: bool,
 }
 
 impl PartialEq for Dialog {
@@ -253,7 +283,11 @@ impl Dialog {
             })
         };
         let (from, to) = (place(cursor.at)?, place(target)?);
-        let key = if to < from { Key::Up } else { Key::Down };
+        let (back, forth) = match cursor.axis {
+            Axis::Vertical => (Key::Up, Key::Down),
+            Axis::Horizontal => (Key::Left, Key::Right),
+        };
+        let key = if to < from { back } else { forth };
         Some(vec![key; from.abs_diff(to)])
     }
 
@@ -364,6 +398,25 @@ pub fn shows_marker(screen: &str, markers: &[String]) -> bool {
 /// one that offers a key twice under different labels (which label is true cannot be told); a
 /// forced dialog that offers none is offered Enter and Esc.
 pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dialog> {
+    read(screen, None, markers, forced)
+}
+
+/// Reads the dialog on `styled` (a screen with its colours: SGR escapes kept, one line per
+/// row) as [`read_dialog`] reads it without them, and besides a row of options whose current
+/// one shows only in colour ([`read_row`]): its options are offered, the current one the one
+/// painted unlike the row.
+pub fn read_dialog_styled(styled: &str, markers: &[String], forced: bool) -> Option<Dialog> {
+    let (screen, paint) = unstyled(styled);
+    read(&screen, Some(&paint), markers, forced)
+}
+
+/// [`read_dialog`], with each character's background (`paint`, by row) where it is known.
+fn read(
+    screen: &str,
+    paint: Option<&[Vec<Paint>]>,
+    markers: &[String],
+    forced: bool,
+) -> Option<Dialog> {
     let raw: Vec<&str> = screen.lines().collect();
     // A rule reads as a line of its own (`None`), not as a blank one: it does not end a block.
     let mut read: Vec<Option<String>> = raw
@@ -389,12 +442,19 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
     // A menu is below its marker (a line that says a marker's words and opens with `❯` is a
     // task quoted in the transcript, not a dialog's option).
     let menu_from = (choices_from + usize::from(marked.is_some())).min(raw.len());
-    let menu = read_menu(&raw[menu_from..]).map(|mut menu| {
-        for (row, _) in &mut menu.options {
-            *row += menu_from;
-        }
-        menu
-    });
+    let row = read_row(&raw, menu_from, paint);
+    let in_colour = row.is_some();
+    let menu = row
+        .flatten()
+        .or_else(|| read_menu(&raw[menu_from..]))
+        .map(|mut menu| {
+            if menu.axis == Axis::Vertical {
+                for (row, _) in &mut menu.options {
+                    *row += menu_from;
+                }
+            }
+            menu
+        });
     let mut choices: Vec<Choice> = Vec::new();
     let mut cursor = None;
     for (row, line) in lines.iter().enumerate().skip(choices_from) {
@@ -410,7 +470,10 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
                     let label = clean_label(label);
                     let name = option_name(&label, &choices);
                     if i == menu.at {
-                        cursor = Some(Cursor { at: choices.len() });
+                        cursor = Some(Cursor {
+                            axis: menu.axis,
+                            at: choices.len(),
+                        });
                     }
                     choices.push(Choice {
                         choice: name,
@@ -468,12 +531,15 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
         prompt,
         choices,
         cursor,
+        in_colour,
     })
 }
 
 /// A cursor menu read off a screen.
 #[derive(Debug)]
 struct Menu {
+    /// How its options run.
+    axis: Axis,
     /// Its options: the row each is on, and its text.
     options: Vec<(usize, String)>,
     /// The option its cursor is on (an index into `options`).
@@ -524,7 +590,11 @@ fn read_menu(lines: &[&str]) -> Option<Menu> {
         .collect();
     let at = options.iter().position(|(r, _)| *r == cursor_row)?;
     let near = options.first().is_some_and(|(r, _)| *r < MENU_REACH);
-    (near && (2..=MAX_OPTIONS).contains(&options.len())).then_some(Menu { options, at })
+    (near && (2..=MAX_OPTIONS).contains(&options.len())).then_some(Menu {
+        axis: Axis::Vertical,
+        options,
+        at,
+    })
 }
 
 /// What `line` is to a menu whose options' text starts in `column`.
@@ -540,6 +610,199 @@ fn row_of(line: &str, column: usize) -> Row<'_> {
         Some((at, text)) if at == column => Row::Option(text),
         Some((at, _)) if at > column => Row::More,
         _ => Row::End,
+    }
+}
+
+/// A character's background, as an escape set it: `None` for the terminal's own.
+type Paint = Option<u32>;
+
+/// Reads a row of options whose current one shows only in colour, within [`MENU_REACH`] lines
+/// below `from`: a line that says its arrows select (`⇆ select`), whose cells (text set apart by
+/// two spaces or more) before the first key hint are its options (opencode's `Allow once   Allow
+/// always   Reject   …  ⇆ select  enter confirm`). `None` when there is none; `Some(None)` when
+/// there is one but which option is current cannot be told: no colours (`paint`), or not one
+/// option painted unlike the rest of the row.
+fn read_row(lines: &[&str], from: usize, paint: Option<&[Vec<Paint>]>) -> Option<Option<Menu>> {
+    let (row, options) = lines
+        .iter()
+        .enumerate()
+        .skip(from)
+        .take(MENU_REACH)
+        .find_map(|(row, line)| {
+            let cells = cells(line);
+            let hint = cells.iter().position(|(_, _, text)| is_key_hint(text))?;
+            let selects = cells[hint..]
+                .iter()
+                .any(|(_, _, text)| text.ends_with(" select") && text.starts_with(ARROWS));
+            (selects && (2..=MAX_OPTIONS).contains(&hint)).then(|| (row, cells[..hint].to_vec()))
+        })?;
+    let Some(paint) = paint.and_then(|p| p.get(row)) else {
+        return Some(None);
+    };
+    let at = |col: usize| paint.get(col).copied().flatten();
+    // The row's own background: what most of the space between its options is painted.
+    let (first, last) = (options.first()?.0, options.last()?.1);
+    let mut gaps: Vec<Paint> = (first..last)
+        .filter(|col| !options.iter().any(|(s, e, _)| (*s..*e).contains(col)))
+        .map(at)
+        .collect();
+    gaps.sort_unstable();
+    let row_paint = gaps
+        .chunk_by(|a, b| a == b)
+        .max_by_key(|run| run.len())
+        .and_then(|run| run.first().copied())
+        .flatten();
+    let unlike: Vec<usize> = options
+        .iter()
+        .enumerate()
+        .filter(|(_, (start, _, _))| at(*start) != row_paint)
+        .map(|(i, _)| i)
+        .collect();
+    let [current] = unlike.as_slice() else {
+        return Some(None);
+    };
+    Some(Some(Menu {
+        axis: Axis::Horizontal,
+        options: options
+            .into_iter()
+            .map(|(_, _, text)| (row, text))
+            .collect(),
+        at: *current,
+    }))
+}
+
+/// The arrows a hint that the arrows select may open with (`⇆ select`).
+const ARROWS: [char; 6] = ['⇆', '↔', '←', '→', '◀', '▶'];
+
+/// Whether a cell of a row is a key hint (`ctrl+f fullscreen`, `⇆ select`, `enter confirm`).
+fn is_key_hint(cell: &str) -> bool {
+    let lower = cell.to_lowercase();
+    cell.starts_with(ARROWS)
+        || ["ctrl+", "alt+", "shift+", "enter", "esc", "tab "]
+            .iter()
+            .any(|key| lower.starts_with(key))
+}
+
+/// The cells of a line: runs of text set apart by two spaces or more (box drawing counts as
+/// space), each with the columns it spans and its text.
+fn cells(line: &str) -> Vec<(usize, usize, String)> {
+    let mut cells = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    let mut spaces = 0;
+    for (col, c) in line.chars().enumerate() {
+        let blank = c.is_whitespace() || is_box(c);
+        if blank {
+            spaces += 1;
+            if spaces >= 2
+                && let Some((start, text)) = current.take()
+            {
+                let text = text.trim_end().to_string();
+                let end = start + text.chars().count();
+                cells.push((start, end, text));
+            }
+            if let Some((_, text)) = &mut current {
+                text.push(' ');
+            }
+            continue;
+        }
+        spaces = 0;
+        match &mut current {
+            Some((_, text)) => text.push(c),
+            None => current = Some((col, c.to_string())),
+        }
+    }
+    if let Some((start, text)) = current {
+        let text = text.trim_end().to_string();
+        let end = start + text.chars().count();
+        cells.push((start, end, text));
+    }
+    cells
+}
+
+/// A screen with its colours as plain text, and each character's background by row. Only
+/// SGR escapes are read (`ESC [ … m`); other escapes are dropped.
+fn unstyled(styled: &str) -> (String, Vec<Vec<Paint>>) {
+    let mut text = String::new();
+    let mut paint = Vec::new();
+    for line in styled.lines() {
+        let mut row = Vec::new();
+        let (mut background, mut reverse): (Paint, bool) = (None, false);
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '\u{1b}' {
+                if !c.is_control() {
+                    text.push(c);
+                    row.push(if reverse {
+                        Some(REVERSED | background.unwrap_or(0))
+                    } else {
+                        background
+                    });
+                }
+                continue;
+            }
+            if chars.peek() != Some(&'[') {
+                chars.next();
+                continue;
+            }
+            chars.next();
+            let mut params = String::new();
+            let mut end = None;
+            for c in chars.by_ref() {
+                if ('\u{40}'..='\u{7e}').contains(&c) {
+                    end = Some(c);
+                    break;
+                }
+                params.push(c);
+            }
+            if end == Some('m') {
+                paint_with(&params, &mut background, &mut reverse);
+            }
+        }
+        text.push('\n');
+        paint.push(row);
+    }
+    (text, paint)
+}
+
+/// A background painted by reverse video (with the background it had, if any).
+const REVERSED: u32 = 1 << 31;
+/// A background given as red, green and blue (`48;2;r;g;b`).
+const RGB: u32 = 1 << 30;
+
+/// What the SGR parameters `params` (`48;5;215`, `0`, …) do to the background.
+fn paint_with(params: &str, background: &mut Paint, reverse: &mut bool) {
+    let numbers: Vec<u32> = params
+        .split([';', ':'])
+        .map(|p| p.parse().unwrap_or(0))
+        .collect();
+    let mut i = 0;
+    while i < numbers.len() {
+        match numbers[i] {
+            0 => (*background, *reverse) = (None, false),
+            7 => *reverse = true,
+            27 => *reverse = false,
+            n @ 40..=47 => *background = Some(n - 40),
+            n @ 100..=107 => *background = Some(n - 100 + 8),
+            49 => *background = None,
+            kind @ (38 | 48) => {
+                let (value, used) = match numbers.get(i + 1) {
+                    Some(5) => (numbers.get(i + 2).copied(), 2),
+                    Some(2) => {
+                        let rgb = numbers.get(i + 2..i + 5).map(|c| {
+                            RGB | (c[0] & 0xff) << 16 | (c[1] & 0xff) << 8 | (c[2] & 0xff)
+                        });
+                        (rgb, 4)
+                    }
+                    _ => (None, 0),
+                };
+                if kind == 48 {
+                    *background = value;
+                }
+                i += used;
+            }
+            _ => {}
+        }
+        i += 1;
     }
 }
 
@@ -663,7 +926,7 @@ fn choices_in(line: &str) -> Vec<Choice> {
     }
     let mut found = Vec::new();
     // Hints are set apart by a dot, a bar or a run of spaces: "Esc to cancel · Tab to amend",
-    // "⇆ select  enter confirm".
+    // "⇆ select  enter confirm", "enter submit  esc dismiss".
     for part in line.split(['·', '•', '|']).flat_map(|p| p.split("  ")) {
         let part = part.trim();
         let lower = part.to_lowercase();
@@ -672,6 +935,7 @@ fn choices_in(line: &str) -> Vec<Choice> {
             ("enter ", Key::Enter),
             ("esc to ", Key::Escape),
             ("escape to ", Key::Escape),
+            ("esc ", Key::Escape),
         ] {
             if lower.starts_with(prefix) {
                 found.push(choice(key, &part[prefix.len()..]));
@@ -783,7 +1047,13 @@ mod tests {
         let dialog = read_dialog(CURSOR_MENU, &marker, false).unwrap();
         assert_eq!(keys(&dialog), ["no", "yes", "esc"]);
         assert_eq!(dialog.choices[1].label, "Yes");
-        assert_eq!(dialog.cursor, Some(Cursor { at: 0 }));
+        assert_eq!(
+            dialog.cursor,
+            Some(Cursor {
+                axis: Axis::Vertical,
+                at: 0
+            })
+        );
         // The prompt does not show the cursor: moved, it reads as the same dialog.
         assert!(dialog.prompt.contains("\nNo\nYes\n"), "{}", dialog.prompt);
         assert!(!dialog.prompt.contains('❯'));
@@ -881,6 +1151,52 @@ Would you like to proceed?
             "{}",
             numbered.prompt
         );
+    }
+
+    #[test]
+    fn a_row_whose_current_option_shows_only_in_colour_is_read_with_its_colours() {
+        let marker = markers(&["Pick:"]);
+        let row = |first: &str, second: &str, third: &str| {
+            format!(
+                "Pick:\n\x1b[48;5;234m  {first}Yes\x1b[0;48;5;234m   {second}No\x1b[0;48;5;234m   {third}Later\x1b[0m   ⇆ select  enter confirm\n"
+            )
+        };
+        let (plain, on) = ("\x1b[48;5;234m", "\x1b[48;5;215m");
+        let dialog = read_dialog_styled(&row(plain, on, plain), &marker, false).unwrap();
+        assert_eq!(keys(&dialog), ["yes", "no", "later"]);
+        assert_eq!(
+            dialog.cursor,
+            Some(Cursor {
+                axis: Axis::Horizontal,
+                at: 1
+            })
+        );
+        assert_eq!(dialog.moves_to(0), Some(vec![Key::Left]));
+        assert_eq!(dialog.moves_to(2), Some(vec![Key::Right]));
+        // Reverse video and true colour paint a current option too.
+        for on in ["\x1b[7m", "\x1b[48;2;245;167;66m", "\x1b[1;44m"] {
+            let dialog = read_dialog_styled(&row(on, plain, plain), &marker, false).unwrap();
+            assert!(dialog.cursor_on(0), "{on:?}: {:?}", dialog.cursor);
+        }
+        // None painted apart, or two: which is current cannot be told, so only the hints.
+        for styled in [row(plain, plain, plain), row(on, on, plain)] {
+            let dialog = read_dialog_styled(&styled, &marker, false).unwrap();
+            assert_eq!(keys(&dialog), ["enter"], "{styled:?}");
+            assert!(dialog.in_colour && dialog.cursor.is_none());
+        }
+        // Without colours: the hints, and a sign that colours would tell more.
+        let plain_text = "Pick:\n  Yes   No   Later   ⇆ select  enter confirm\n";
+        let dialog = read_dialog(plain_text, &marker, false).unwrap();
+        assert_eq!(keys(&dialog), ["enter"]);
+        assert!(dialog.in_colour);
+        // A row with no hint that the arrows select is no menu.
+        let dialog =
+            read_dialog_styled("Pick:\n  Yes   No   enter confirm\n", &marker, false).unwrap();
+        assert!(!dialog.in_colour && dialog.cursor.is_none());
+        // Other escapes (a line cleared, a colour of text) are dropped, not read as text.
+        let (text, paint) = unstyled("b\x1b[2Kc\x1b[31md\x1b[41me");
+        assert_eq!(text, "bcde\n");
+        assert_eq!(paint, [vec![None, None, None, Some(1)]]);
     }
 
     #[test]
@@ -1035,12 +1351,14 @@ Enter to stay in auto mode · shift+Tab to leave for accept edits mode and stop 
             prompt: "Proceed?".into(),
             choices: vec![choice(Key::Digit(1), "Yes")],
             cursor: None,
+            in_colour: false,
         };
         good.check().unwrap();
         let with = |choices: Vec<Choice>, prompt: &str| Dialog {
             prompt: prompt.into(),
             choices,
             cursor: None,
+            in_colour: false,
         };
         let free_text = Choice {
             choice: "rm -rf /\n".into(),

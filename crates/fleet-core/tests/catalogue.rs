@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use fleet_core::dialog::{
-    Answer, CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER, Dialog, Key, newly_shown, read_dialog,
-    shown_counts,
+    Answer, Axis, CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER, Dialog, Key, OPENCODE_MARKERS,
+    newly_shown, read_dialog, read_dialog_styled, shown_counts,
 };
 
 fn fixture(name: &str) -> String {
@@ -239,4 +239,135 @@ fn a_claude_code_no_shows_that_its_turn_is_over_and_a_yes_does_not() {
         after("claude-write.txt", "claude-write-yes-result.txt"),
         None
     );
+}
+
+fn opencode_markers() -> Vec<String> {
+    OPENCODE_MARKERS.iter().map(|m| m.to_string()).collect()
+}
+
+/// opencode's permission prompts, read with their colours (`capture-pane -e`): the fixture's
+/// name, its options, and which one is current.
+const OPENCODE_ROWS: &[(&str, &[&str], usize)] = &[
+    (
+        "opencode-bash-once.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-bash-always.ansi",
+        &["allow-once", "allow-always", "reject"],
+        1,
+    ),
+    (
+        "opencode-bash-reject.ansi",
+        &["allow-once", "allow-always", "reject"],
+        2,
+    ),
+    (
+        "opencode-bash-truecolor-once.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-bash-truecolor-reject.ansi",
+        &["allow-once", "allow-always", "reject"],
+        2,
+    ),
+    (
+        "opencode-edit.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-external-read.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-webfetch.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-doom-loop.ansi",
+        &["allow-once", "allow-always", "reject"],
+        0,
+    ),
+    (
+        "opencode-bash-always-confirm.ansi",
+        &["confirm", "cancel"],
+        0,
+    ),
+];
+
+#[test]
+fn opencodes_permission_options_are_read_with_their_colours() {
+    for (name, offered, current) in OPENCODE_ROWS {
+        let dialog = read_dialog_styled(&fixture(name), &opencode_markers(), false)
+            .unwrap_or_else(|| panic!("{name}: no dialog read"));
+        assert_eq!(keys(&dialog), *offered, "{name}");
+        let cursor = dialog.cursor.unwrap_or_else(|| panic!("{name}: no cursor"));
+        assert_eq!(
+            (cursor.axis, cursor.at),
+            (Axis::Horizontal, *current),
+            "{name}"
+        );
+        assert!(dialog.in_colour, "{name}");
+        dialog.check().unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The same dialog as its plain text reads, which offers only Enter (its current
+        // option cannot be told without colours).
+        let plain = name.replace(".ansi", ".txt");
+        let without = read_dialog(&fixture(&plain), &opencode_markers(), false).unwrap();
+        assert_eq!(keys(&without), ["enter"], "{plain}");
+        assert!(without.in_colour && without.cursor.is_none(), "{plain}");
+        assert_eq!(without.prompt, dialog.prompt, "{name}");
+    }
+    let once = read_dialog_styled(
+        &fixture("opencode-bash-once.ansi"),
+        &opencode_markers(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(once.moves_to(2), Some(vec![Key::Right, Key::Right]));
+    assert_eq!(once.pick("allow-always"), Ok(Answer::Select(1)));
+    let reject = read_dialog_styled(
+        &fixture("opencode-bash-reject.ansi"),
+        &opencode_markers(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(reject.moves_to(0), Some(vec![Key::Left, Key::Left]));
+    assert_eq!(reject, once, "the same dialog, its cursor elsewhere");
+}
+
+/// opencode's question tool: its hint line is the marker; Enter submits the highlighted answer
+/// and Esc dismisses the question.
+#[test]
+fn opencodes_question_offers_submit_and_dismiss() {
+    let dialog = read_dialog(
+        &fixture("opencode-question.txt"),
+        &opencode_markers(),
+        false,
+    )
+    .unwrap();
+    assert_eq!(keys(&dialog), ["enter", "esc"]);
+    assert_eq!(label(&dialog, "esc"), "dismiss");
+}
+
+/// What opencode shows with no dialog up reads as none.
+#[test]
+fn opencode_screens_without_a_dialog_read_as_none() {
+    for name in [
+        "opencode-bash-after-once.txt",
+        "opencode-bash-after-always.txt",
+        "opencode-bash-after-reject.txt",
+        "opencode-question-after-dismiss.txt",
+        "opencode-first-start.txt",
+    ] {
+        assert_eq!(
+            read_dialog(&fixture(name), &opencode_markers(), false),
+            None,
+            "{name}"
+        );
+    }
 }

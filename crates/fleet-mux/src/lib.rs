@@ -181,6 +181,10 @@ pub trait PaneHost: Send + Sync + 'static {
     /// What the pane shows now.
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError>;
 
+    /// What the pane shows now with its colours: one line per row, SGR escapes kept (to tell
+    /// the option of a dialog that shows as current only in colour).
+    async fn styled(&self, pane: &PaneId) -> Result<String, MuxError>;
+
     /// The last `lines` lines the pane showed, scrollback included (wrapped lines joined):
     /// what a program said before it died.
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError>;

@@ -355,15 +355,17 @@ impl StandIn {
             "pane.read" => {
                 let (id, tmux) = self.pane(params).await?;
                 let source = params["source"].as_str().unwrap_or("visible");
-                let text = match source {
-                    "visible" => self.tmux.snapshot(&tmux).await.map_err(failed)?.text,
+                let format = params["format"].as_str().unwrap_or("text");
+                let text = match (source, format) {
+                    ("visible", "ansi") => self.tmux.styled(&tmux).await.map_err(failed)?,
+                    ("visible", _) => self.tmux.snapshot(&tmux).await.map_err(failed)?.text,
                     _ => {
                         let lines = params["lines"].as_u64().unwrap_or(1000) as usize;
                         self.tmux.history(&tmux, lines).await.map_err(failed)?
                     }
                 };
                 Ok(
-                    json!({"type": "pane_read", "read": {"pane_id": id, "source": source, "format": "text", "text": text, "revision": 0, "truncated": false}}),
+                    json!({"type": "pane_read", "read": {"pane_id": id, "source": source, "format": format, "text": text, "revision": 0, "truncated": false}}),
                 )
             }
             "pane.get" => {
@@ -430,5 +432,7 @@ impl StandIn {
 
 /// The arrow herdr names `name`.
 fn arrow(name: &str) -> Option<Key> {
-    [Key::Up, Key::Down].into_iter().find(|k| k.name() == name)
+    [Key::Up, Key::Down, Key::Left, Key::Right]
+        .into_iter()
+        .find(|k| k.name() == name)
 }

@@ -229,18 +229,58 @@ async fn the_safe_keys_arrive_as_themselves(f: &Fixture) {
         "ready",
     )
     .await;
-    for key in [Key::Digit(1), Key::Digit(9), Key::Yes, Key::No, Key::Escape] {
+    for key in [
+        Key::Digit(1),
+        Key::Digit(9),
+        Key::Yes,
+        Key::No,
+        Key::Escape,
+        Key::Up,
+        Key::Down,
+        Key::Left,
+        Key::Right,
+    ] {
         host.press(&pane, key).await.unwrap();
     }
     host.press(&pane, Key::Enter).await.unwrap();
-    // od prints one byte a line: 1 9 y n Esc, then Enter (a carriage return in raw mode).
+    // od prints one byte a line: 1 9 y n Esc, the arrows (ESC [ A, B, D, C), then Enter (a
+    // carriage return in raw mode).
     let text = wait_for_text(host, &pane, " 0d").await;
     let bytes: Vec<&str> = text
         .lines()
         .map(str::trim)
         .filter(|l| l.len() == 2 && l.bytes().all(|b| b.is_ascii_hexdigit()))
         .collect();
-    assert_eq!(bytes, ["31", "39", "79", "6e", "1b", "0d"], "{text}");
+    assert_eq!(
+        bytes,
+        [
+            "31", "39", "79", "6e", "1b", "1b", "5b", "41", "1b", "5b", "42", "1b", "5b", "44",
+            "1b", "5b", "43", "0d"
+        ],
+        "{text}"
+    );
+}
+
+/// A screen read with its colours holds the text as the plain read does, and the escapes that
+/// paint it: a background stays where it was.
+async fn a_screen_is_read_with_its_colours(f: &Fixture) {
+    let host = f.host.as_ref();
+    let pane = spawn_showing(
+        host,
+        "colours",
+        "printf 'plain \\033[48;5;215mlit\\033[0m after\\n'; exec sleep 600",
+        "after",
+    )
+    .await;
+    let styled = host.styled(&pane).await.unwrap();
+    let line = styled
+        .lines()
+        .find(|l| l.contains("lit"))
+        .unwrap_or_else(|| panic!("{styled:?}"));
+    let (before, _) = line.split_once("lit").unwrap();
+    let last_escape = before.rsplit('\u{1b}').next().unwrap_or_default();
+    assert!(last_escape.contains("48;5;215"), "{line:?}");
+    assert!(line.contains("plain") && line.contains("after"), "{line:?}");
 }
 
 async fn injected_lines_are_verified(f: &Fixture) {
@@ -392,6 +432,7 @@ macro_rules! suite {
             case!(multi_line_pastes_arrive_bracketed);
             case!(injected_lines_are_verified);
             case!(the_safe_keys_arrive_as_themselves);
+            case!(a_screen_is_read_with_its_colours);
             case!(a_call_in_proves_a_submit);
             case!(an_ignored_enter_is_not_submitted);
             case!(exits_are_seen_and_close_removes);

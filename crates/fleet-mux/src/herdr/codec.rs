@@ -137,6 +137,14 @@ pub fn pane_read(pane_id: &str, source: Source) -> (&'static str, Value) {
     ("pane.read", json!({"pane_id": pane_id, "source": source}))
 }
 
+/// `pane.read` of the visible screen with its colours (`format: ansi`, herdr 0.5.7 and later).
+pub fn pane_read_styled(pane_id: &str) -> (&'static str, Value) {
+    (
+        "pane.read",
+        json!({"pane_id": pane_id, "source": "visible", "format": "ansi"}),
+    )
+}
+
 /// `pane.get`
 pub fn pane_get(pane_id: &str) -> (&'static str, Value) {
     ("pane.get", json!({"pane_id": pane_id}))

@@ -196,7 +196,7 @@ impl PaneHost for Herdr {
 
     async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError> {
         // herdr's key names for the safe set are the keys' own (`1`, `y`, `enter`, `esc`, and
-        // the arrows `up`, `down`, as herdr 0.8.0 names them).
+        // the arrows `up`, `down`, `left`, `right`, as herdr 0.8.0 names them).
         self.driver
             .call(codec::send_input(&pane.0, None, &[key.name().as_str()]))
             .await
@@ -215,6 +215,11 @@ impl PaneHost for Herdr {
             in_mode: false,
             text,
         })
+    }
+
+    async fn styled(&self, pane: &PaneId) -> Result<String, MuxError> {
+        let result = self.driver.read(codec::pane_read_styled(&pane.0)).await?;
+        codec::read_text(&result).map_err(|e| protocol("pane.read", e))
     }
 
     /// herdr's default read (up to 80 lines), cut to `lines`: asking for more lines makes a

@@ -181,6 +181,8 @@ pub fn key_args(pane: &PaneId, key: Key) -> Vec<String> {
         Key::Escape => "Escape".to_string(),
         Key::Up => "Up".to_string(),
         Key::Down => "Down".to_string(),
+        Key::Left => "Left".to_string(),
+        Key::Right => "Right".to_string(),
         Key::Digit(_) | Key::Yes | Key::No => key.name(),
     };
     strings(&["send-keys", "-t", &pane.0, &name])
@@ -203,6 +205,11 @@ pub fn snapshot_commands(pane: &PaneId) -> (Vec<String>, Vec<String>) {
         ]),
         strings(&["capture-pane", "-p", "-t", &pane.0]),
     )
+}
+
+/// The visible text of `pane` with its colours (SGR escapes).
+pub fn styled_args(pane: &PaneId) -> Vec<String> {
+    strings(&["capture-pane", "-p", "-e", "-t", &pane.0])
 }
 
 /// Reads the answers to [`snapshot_commands`], one after the other.
@@ -500,6 +507,8 @@ mod tests {
             (Key::Escape, "Escape"),
             (Key::Up, "Up"),
             (Key::Down, "Down"),
+            (Key::Left, "Left"),
+            (Key::Right, "Right"),
         ] {
             assert_eq!(key_args(&pane, key), ["send-keys", "-t", "%3", name]);
         }

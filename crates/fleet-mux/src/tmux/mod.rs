@@ -276,6 +276,10 @@ impl PaneHost for Tmux {
         codec::parse_snapshot(pane, &out)
     }
 
+    async fn styled(&self, pane: &PaneId) -> Result<String, MuxError> {
+        self.exec(&[codec::styled_args(pane)]).await
+    }
+
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
         self.exec(&[codec::history_args(pane, lines)]).await
     }

@@ -766,7 +766,9 @@ mod tests {
         );
         assert_eq!(config.profile("claude").unwrap().on_stall, OnStall::Notify);
         let over = |name: &str| config.profile(name).unwrap().turn_over_markers();
-        assert!(over("claude").contains(&"Interrupted · What should Claude do instead?".to_string()));
+        assert!(
+            over("claude").contains(&"Interrupted · What should Claude do instead?".to_string())
+        );
         assert!(over("tool").is_empty());
         for (bad, says) in [
             (

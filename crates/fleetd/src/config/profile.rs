@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fleet_core::dialog::{CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER};
+use fleet_core::dialog::{CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER, OPENCODE_MARKERS};
 use fleet_core::entity::validate_name;
 use fleet_core::redact::EnvNames;
 use fleet_core::typed::first_control;
@@ -23,8 +23,6 @@ pub(super) const DEFAULT_SUBMIT_VERIFY_MS: u64 = 2_000;
 const CLAUDE_ENTER_PAUSE_MS: u64 = 300;
 /// opencode's home screen, once it takes input: the placeholder of its empty input box.
 const OPENCODE_READY: &str = "Ask anything";
-/// What opencode's permission prompt says (1.18.33), and the step after "Allow always".
-const OPENCODE_DIALOGS: [&str; 2] = ["△ Permission required", "△ Always allow"];
 /// The most `blocked_markers` (or `turn_over_markers`) a profile may declare.
 const MAX_DIALOG_MARKERS: usize = 32;
 /// The longest marker.
@@ -387,7 +385,7 @@ impl ProfileConfig {
                 ProfileKind::ClaudeCode => {
                     CLAUDE_CODE_MARKERS.iter().map(|m| m.to_string()).collect()
                 }
-                ProfileKind::Opencode => OPENCODE_DIALOGS.iter().map(|m| m.to_string()).collect(),
+                ProfileKind::Opencode => OPENCODE_MARKERS.iter().map(|m| m.to_string()).collect(),
                 ProfileKind::Command | ProfileKind::Sandbox => Vec::new(),
             },
         }

@@ -17,7 +17,9 @@ use std::time::Duration;
 use fleet_core::asks::whom_to_ask;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
-use fleet_core::dialog::{Answer, Dialog, Key, newly_shown, read_dialog, shown_counts};
+use fleet_core::dialog::{
+    Answer, Dialog, Key, newly_shown, read_dialog, read_dialog_styled, shown_counts,
+};
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::time::{Instant, sleep};
@@ -124,7 +126,9 @@ impl Gateway {
             let Ok(screen) = self.panes.snapshot(&w.pane).await else {
                 continue;
             };
-            let dialog = read_dialog(&screen.text, &w.markers, w.forced);
+            let dialog = self
+                .dialog_on(&w.pane, &screen.text, &w.markers, w.forced)
+                .await;
             match (w.status, dialog, &w.asked) {
                 (WorkerStatus::Busy, Some(dialog), _)
                     if seen.get(&w.gid) == Some(&screen.text) && !screen.in_mode =>
@@ -517,8 +521,32 @@ impl Gateway {
         screen: &Screen<'_>,
     ) -> Result<(String, Option<Dialog>), fleet_mux::MuxError> {
         let snapshot = self.panes.snapshot(screen.pane).await?;
-        let dialog = read_dialog(&snapshot.text, screen.markers, screen.forced);
+        let dialog = self
+            .dialog_on(screen.pane, &snapshot.text, screen.markers, screen.forced)
+            .await;
         Ok((snapshot.text, dialog))
+    }
+
+    /// The dialog on `pane`'s screen `text`: read again with its colours when it has a row of
+    /// options whose current one shows only in colour (else it offers only its hints).
+    async fn dialog_on(
+        &self,
+        pane: &PaneId,
+        text: &str,
+        markers: &[String],
+        forced: bool,
+    ) -> Option<Dialog> {
+        let dialog = read_dialog(text, markers, forced)?;
+        if !dialog.in_colour {
+            return Some(dialog);
+        }
+        match self.panes.styled(pane).await {
+            Ok(styled) => read_dialog_styled(&styled, markers, forced),
+            Err(e) => {
+                tracing::debug!(%pane, error = %e, "cannot read a dialog's colours; its hints are offered");
+                Some(dialog)
+            }
+        }
     }
 
     /// The answer to dialog `turn` of `gid` did not take (`err`): that dialog is over, and the

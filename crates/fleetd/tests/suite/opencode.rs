@@ -4,6 +4,7 @@
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, agent_workdir, opencode_profile};
 use fleet_testkit::model::ModelSim;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_opencode_worker_answers_through_fleet_reply() -> anyhow::Result<()> {
@@ -27,13 +28,16 @@ async fn a_real_opencode_worker_answers_through_fleet_reply() -> anyhow::Result<
 }
 
 /// A real opencode worker whose permissions make it ask before a shell command (opencode's own
-/// `OPENCODE_PERMISSION`, in the profile's env) stops on its permission prompt. The lead's send
-/// hears `blocked`, with the prompt read off the screen and the one choice in fleetd's safe set
-/// opencode takes there (`enter`: it confirms the option picked, "Allow once" as the prompt
-/// opens); nothing has run yet. The lead's choice runs the command, and the same call goes on to
-/// the worker's reply.
+/// `OPENCODE_PERMISSION`, in the profile's env) stops on its permission prompt, a row of options
+/// whose current one shows only in colour: fleetd reads it with its colours and offers each
+/// option by name. Each does what it says, seen by the command's effect:
+/// - `allow-once` runs the command, and the same call returns the reply;
+/// - `allow-always` opens opencode's second step, offered as `confirm` / `cancel`; `confirm`
+///   runs it, and the same command does not ask again;
+/// - `reject` leaves the command unrun.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_opencode_permission_prompt_is_answered_by_its_lead() -> anyhow::Result<()> {
+async fn a_real_opencode_permission_prompt_is_answered_with_each_of_its_options()
+-> anyhow::Result<()> {
     let model = ModelSim::start().await?;
     let profile = opencode_profile("oc", &model.base_url()).replace(
         "env = { ",
@@ -46,40 +50,80 @@ async fn a_real_opencode_permission_prompt_is_answered_by_its_lead() -> anyhow::
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
     let screen = || fleet.screen(&pane).unwrap_or_default();
     // In its working directory (a path outside it is asked about first, on a prompt of its own).
-    let name = format!("proof-{}", fleet_core::MsgId::mint());
-    let proof = std::path::Path::new(&agent_workdir()).join(&name);
-    let task = format!("run: touch {name}");
-    let blocked = lead.send("o1", &task, 90).await?;
-    anyhow::ensure!(
-        blocked["status"] == "blocked",
-        "{blocked}\no1's screen:\n{}\nfleetd's log:\n{}",
-        screen(),
-        fleet.log()
-    );
-    let prompt = blocked["prompt"].as_str().unwrap_or_default();
-    assert!(
-        prompt.contains("Permission required") && prompt.contains(&format!("touch {name}")),
-        "{prompt}"
-    );
-    assert_eq!(
-        blocked["choices"],
-        serde_json::json!([{"choice": "enter", "label": "confirm"}]),
-        "{blocked}"
-    );
-    assert!(!proof.exists(), "the command ran before anyone chose");
-    let answered = lead
-        .ok(
+    let tag = fleet_core::MsgId::mint().to_string();
+    let proof = |what: &str| std::path::Path::new(&agent_workdir()).join(format!("{what}-{tag}"));
+    let blocked_on = |sent: &Value, offered: &[&str]| -> anyhow::Result<()> {
+        anyhow::ensure!(
+            sent["status"] == "blocked",
+            "{sent}\no1's screen:\n{}\nfleetd's log:\n{}",
+            screen(),
+            fleet.log()
+        );
+        let keys: Vec<&str> = sent["choices"]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
+            .unwrap_or_default();
+        anyhow::ensure!(keys == offered, "{sent}");
+        Ok(())
+    };
+    let choose = |sent: &Value, choice: &str, wait_s: u64| {
+        lead.ok(
             "fleet_send",
-            serde_json::json!({"turn_id": blocked["turn_id"], "choice": "enter", "wait_s": 90}),
+            json!({"turn_id": sent["turn_id"], "choice": choice, "wait_s": wait_s}),
         )
+    };
+    let options = ["allow-once", "allow-always", "reject"];
+
+    // Allow once.
+    let once = proof("once");
+    let sent = lead
+        .send("o1", &format!("run: touch {}", once.display()), 90)
         .await?;
+    blocked_on(&sent, &options)?;
+    let prompt = sent["prompt"].as_str().unwrap_or_default();
+    assert!(prompt.contains("Permission required"), "{prompt}");
+    assert!(!once.exists(), "the command ran before anyone chose");
+    let answered = choose(&sent, "allow-once", 90).await?;
     assert_eq!(answered["status"], "replied", "{answered}\n{}", screen());
-    let reply = answered["reply"]["text"].as_str().unwrap_or_default();
-    assert!(reply.starts_with(&format!("ran touch {name}")), "{reply}");
+    assert!(once.exists(), "allow-once did not run the command");
+
+    // Allow always: its second step, then the same command again without asking.
+    let always = proof("always");
+    let sent = lead
+        .send("o1", &format!("run: touch {}", always.display()), 90)
+        .await?;
+    blocked_on(&sent, &options)?;
+    let step = choose(&sent, "allow-always", 90).await?;
+    blocked_on(&step, &["confirm", "cancel"])?;
     assert!(
-        proof.exists(),
-        "the command did not run after the lead chose"
+        step["prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Always allow"),
+        "{step}"
     );
-    std::fs::remove_file(&proof)?;
+    assert!(!always.exists(), "the command ran before its second step");
+    let answered = choose(&step, "confirm", 90).await?;
+    assert_eq!(answered["status"], "replied", "{answered}\n{}", screen());
+    assert!(always.exists(), "allow-always did not run the command");
+    let again = proof("again");
+    let sent = lead
+        .send("o1", &format!("run: touch {}", again.display()), 90)
+        .await?;
+    assert_eq!(sent["status"], "replied", "{sent}\n{}", screen());
+    assert!(again.exists(), "an always-allowed command did not run");
+
+    // Reject (a command opencode has not been told to allow).
+    let rejected = proof("rejected");
+    let sent = lead
+        .send("o1", &format!("run: mkdir {}", rejected.display()), 90)
+        .await?;
+    blocked_on(&sent, &options)?;
+    let answered = choose(&sent, "reject", 3).await?;
+    assert_ne!(answered["status"], "replied", "{answered}");
+    assert!(!rejected.exists(), "reject ran the command");
+    for path in [once, always, again] {
+        std::fs::remove_file(path)?;
+    }
     Ok(())
 }

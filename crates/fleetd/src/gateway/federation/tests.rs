@@ -51,6 +51,10 @@ impl PaneHost for NoPanes {
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
         Err(MuxError::NoPane(pane.clone()))
     }
+
+    async fn styled(&self, pane: &PaneId) -> Result<String, MuxError> {
+        Err(MuxError::NoPane(pane.clone()))
+    }
     async fn history(&self, pane: &PaneId, _: usize) -> Result<String, MuxError> {
         Err(MuxError::NoPane(pane.clone()))
     }
