@@ -61,6 +61,11 @@ pub(super) struct OpenDialog {
     pub good_until: Option<Instant>,
     /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
     pub remote: Option<Message>,
+    /// How often each of the profile's `turn_over_markers` showed when it was asked: one shown
+    /// more often once it is gone ended the turn.
+    pub turn_over_before: Vec<usize>,
+    /// Its answer is being pressed: the watcher leaves the screen to it.
+    pub answering: bool,
 }
 
 /// What the watcher needs of one session.
@@ -71,8 +76,17 @@ struct Watched {
     markers: Vec<String>,
     /// The pane host says the agent is blocked.
     forced: bool,
-    /// The dialog asked for it (its turn and the dialog), unless that ask is over.
-    asked: Option<(String, Dialog)>,
+    /// The dialog asked for it, unless that ask is over.
+    asked: Option<Asked>,
+    /// The profile's `turn_over_markers`.
+    turn_over: Vec<String>,
+}
+
+/// A dialog asked of a lead, as the watcher looks for it.
+struct Asked {
+    question: AskView,
+    dialog: Dialog,
+    turn_over_before: Vec<usize>,
 }
 
 impl Gateway {
@@ -84,6 +98,10 @@ impl Gateway {
             let mut watched = Vec::new();
             let mut over = Vec::new();
             for (gid, s) in &sessions.panes {
+                if s.dialog.as_ref().is_some_and(|d| d.answering) {
+                    // An answer is being pressed: its keys and looks are the screen's now.
+                    continue;
+                }
                 let asked = s.dialog.as_ref().filter(|d| {
                     sessions.asks.is_open(&d.question.turn_id)
                         && d.good_until.is_none_or(|until| Instant::now() < until)
@@ -110,8 +128,14 @@ impl Gateway {
                         status: s.status,
                         markers,
                         forced,
-                        asked: asked
-                            .and_then(|d| Some((d.question.turn_id.clone(), d.question.dialog()?))),
+                        asked: asked.and_then(|d| {
+                            Some(Asked {
+                                question: d.question.clone(),
+                                dialog: d.question.dialog()?,
+                                turn_over_before: d.turn_over_before.clone(),
+                            })
+                        }),
+                        turn_over: s.profile.turn_over_markers(),
                     });
                 }
             }
@@ -133,14 +157,23 @@ impl Gateway {
                 (WorkerStatus::Busy, Some(dialog), _)
                     if seen.get(&w.gid) == Some(&screen.text) && !screen.in_mode =>
                 {
-                    let _ = self.dialog_shown(w.gid, dialog).await;
+                    let before = shown_counts(&screen.text, &w.turn_over);
+                    let _ = self.dialog_shown(w.gid, dialog, before).await;
                 }
                 // Gone, or another in its place (answered in the pane, the next one shown):
                 // the lead's answer must not be pressed into it. A new one is asked afresh.
-                (WorkerStatus::Blocked, now, Some((turn, asked)))
-                    if now.as_ref() != Some(asked) =>
+                (WorkerStatus::Blocked, now, Some(asked))
+                    if now.as_ref() != Some(&asked.dialog) =>
                 {
+                    let turn = &asked.question.turn_id;
                     self.dialog_over(w.gid, turn, "the dialog went away").await;
+                    // Answered in the pane with a choice that ended the program's turn.
+                    if now.is_none()
+                        && let Some(marker) =
+                            newly_shown(&screen.text, &w.turn_over, &asked.turn_over_before)
+                    {
+                        self.turn_over(&asked.question, &marker).await;
+                    }
                 }
                 _ => {}
             }
@@ -150,7 +183,12 @@ impl Gateway {
 
     /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked
     /// (the ask's turn id, unless the worker is not busy).
-    async fn dialog_shown(self: &Arc<Self>, gid: Gid, dialog: Dialog) -> Option<String> {
+    async fn dialog_shown(
+        self: &Arc<Self>,
+        gid: Gid,
+        dialog: Dialog,
+        turn_over_before: Vec<usize>,
+    ) -> Option<String> {
         let turn_id = format!("{DIALOG_TURN}{}", MsgId::mint());
         let ttl = self.remote_dialog_ttl();
         let (to, remote) = {
@@ -188,6 +226,8 @@ impl Gateway {
                     question,
                     good_until: remote.is_some().then(|| Instant::now() + ttl),
                     remote: remote.clone(),
+                    turn_over_before,
+                    answering: false,
                 });
             }
             (to, remote)
@@ -313,20 +353,27 @@ impl Gateway {
                 ),
             )
         };
+        // From here on the watcher leaves this screen to the answer, until the dialog is over
+        // (every way out below ends it).
         let (pane, markers, forced, turn_over) = {
-            let sessions = self.lock();
-            let session = sessions.panes.get(&gid).ok_or_else(gone)?;
+            let mut sessions = self.lock();
+            let session = sessions.panes.get_mut(&gid).ok_or_else(gone)?;
+            let pane = session.pane.clone();
+            let blocked = session.status == WorkerStatus::Blocked;
             let asked = session
                 .dialog
-                .as_ref()
-                .is_some_and(|d| d.question.turn_id == dialog.turn_id);
-            match (&session.pane, asked, session.status) {
-                (Some(pane), true, WorkerStatus::Blocked) => (
-                    pane.clone(),
-                    session.profile.dialog_markers(),
-                    matches!(session.host_agent, Some((_, AgentState::Blocked))),
-                    session.profile.turn_over_markers(),
-                ),
+                .as_mut()
+                .filter(|d| d.question.turn_id == dialog.turn_id);
+            match (pane, asked, blocked) {
+                (Some(pane), Some(asked), true) => {
+                    asked.answering = true;
+                    (
+                        pane,
+                        session.profile.dialog_markers(),
+                        matches!(session.host_agent, Some((_, AgentState::Blocked))),
+                        session.profile.turn_over_markers(),
+                    )
+                }
                 _ => return Err(gone()),
             }
         };
@@ -334,16 +381,21 @@ impl Gateway {
             pane: &pane,
             markers: &markers,
             forced,
+            turn_over: &turn_over,
         };
         // What is on the screen now must be the dialog the lead saw: else the key would answer
         // something else (the dialog was answered in the pane, another came in its place).
-        let now = self.read_screen(&screen).await.map_err(|e| {
-            FleetError::new(
-                ErrorCode::PaneHost,
-                format!("cannot look at '{}''s screen: {e}", dialog.from_name),
-            )
-        })?;
-        let before = shown_counts(&now.0, &turn_over);
+        let now = match self.read_screen(&screen).await {
+            Ok(now) => now,
+            Err(e) => {
+                let err = FleetError::new(
+                    ErrorCode::PaneHost,
+                    format!("cannot look at '{}''s screen: {e}", dialog.from_name),
+                );
+                return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, err).await);
+            }
+        };
+        let before = shown_counts(&now.0, screen.turn_over);
         let now = match now.1 {
             Some(now) if now == shown => now,
             _ => {
@@ -392,7 +444,7 @@ impl Gateway {
         self.dialog_over(gid, &dialog.turn_id, "it was answered")
             .await;
         // A choice that ends the program's turn (Claude Code's "No") ends the task with it.
-        if let Some(marker) = self.turn_over_shown(&screen, &turn_over, before).await {
+        if let Some(marker) = self.turn_over_shown(&screen, before).await {
             self.turn_over(dialog, &marker).await;
         }
         Ok(())
@@ -400,12 +452,8 @@ impl Gateway {
 
     /// Looks for up to [`TURN_OVER_WAIT`] for one of `markers` to show on the screen more
     /// often than the `before` times it did before the choice: the program ended its turn.
-    async fn turn_over_shown(
-        &self,
-        screen: &Screen<'_>,
-        markers: &[String],
-        before: Vec<usize>,
-    ) -> Option<String> {
+    async fn turn_over_shown(&self, screen: &Screen<'_>, before: Vec<usize>) -> Option<String> {
+        let markers = screen.turn_over;
         if markers.is_empty() {
             return None;
         }
@@ -563,7 +611,10 @@ impl Gateway {
         sleep(GONE_LOOK).await;
         let second = self.read_screen(screen).await;
         let asked = match (first, second) {
-            (Ok((_, Some(a))), Ok((_, Some(b)))) if a == b => self.dialog_shown(gid, b).await,
+            (Ok((_, Some(a))), Ok((text, Some(b)))) if a == b => {
+                let before = shown_counts(&text, screen.turn_over);
+                self.dialog_shown(gid, b, before).await
+            }
             _ => None,
         };
         // The watcher may have asked it first.
@@ -590,4 +641,6 @@ struct Screen<'a> {
     pane: &'a PaneId,
     markers: &'a [String],
     forced: bool,
+    /// Its profile's `turn_over_markers`.
+    turn_over: &'a [String],
 }

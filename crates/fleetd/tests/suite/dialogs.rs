@@ -389,3 +389,45 @@ async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyho
     assert_eq!(answered["reply"]["text"], "chose Yes, ship");
     Ok(())
 }
+
+/// A human answers the menu in the pane with a key that ends the program's turn (Esc: it shows
+/// `Interrupted by Esc`): the dialog is over for the lead, the task fails with that reason (the
+/// lead's poll gets the notice), and the worker takes its next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_menu_left_in_the_pane_with_a_key_that_ends_the_turn_fails_the_task() -> anyhow::Result<()>
+{
+    let (fleet, lead, pane, blocked) =
+        blocked_on_menu("/menu Pick one: leave it? | No | Yes").await?;
+    let pressed = std::process::Command::new("tmux")
+        .args([
+            "-L",
+            fleet.tmux_socket(),
+            "send-keys",
+            "-t",
+            &pane,
+            "Escape",
+        ])
+        .status()?;
+    assert!(pressed.success());
+    let notices = lead.poll(20).await?;
+    assert_eq!(notices.len(), 1, "{notices:?}\n{}", fleet.log());
+    assert_eq!(notices[0]["kind"], "FAILED", "{notices:?}");
+    assert_eq!(notices[0]["in_reply_to"], blocked["msg_id"], "{notices:?}");
+    let reason = notices[0]["text"].as_str().unwrap_or_default();
+    assert!(reason.contains("Interrupted by Esc"), "{reason}");
+    until_status(&lead, "w1", "idle").await?;
+    let late = lead
+        .call(
+            "fleet_send",
+            json!({"turn_id": blocked["turn_id"], "choice": "yes"}),
+        )
+        .await?
+        .expect_err("an answer to a dialog that is gone");
+    assert_eq!(late.code, "too_late", "{late}");
+    let sent = lead.send("w1", "after the pane's Esc", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"], "echo: after the pane's Esc",
+        "{sent}"
+    );
+    Ok(())
+}
