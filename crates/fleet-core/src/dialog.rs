@@ -424,7 +424,7 @@ fn read(
         .map(|l| (!is_rule(l)).then(|| unboxed(l)))
         .collect();
     let lines: Vec<String> = read.iter().map(|l| l.clone().unwrap_or_default()).collect();
-    let edges: Vec<bool> = raw.iter().map(|l| is_edge(l)).collect();
+    let edges: Vec<Edge> = raw.iter().map(|l| edge(l)).collect();
     let marked = markers
         .iter()
         .map(|m| m.trim())
@@ -863,12 +863,18 @@ fn last_text_line(lines: &[String]) -> Option<usize> {
     lines.iter().rposition(|l| !l.trim().is_empty())
 }
 
-/// Where the block holding line `at` begins: after the nearest edge above it (a solid rule, a
-/// box's top: a dialog's frame) within [`MAX_PROMPT_LINES`] lines, else after the nearest blank
-/// line above it (a rule, `None`, is no blank line).
-fn block_start(lines: &[Option<String>], edges: &[bool], at: usize) -> usize {
+/// Where the block holding line `at` begins: after the nearest edge above it drawn from the
+/// screen's first column, else after the nearest edge (a solid rule, a box's top: a dialog's
+/// frame) within [`MAX_PROMPT_LINES`] lines, else after the nearest blank line above it (a rule,
+/// `None`, is no blank line).
+fn block_start(lines: &[Option<String>], edges: &[Edge], at: usize) -> usize {
+    // A frame drawn from the screen's edge holds the dialog whole (Claude Code's plan approval
+    // frames the plan inside its own, indented rules).
+    if let Some(edge) = edges[..at].iter().rposition(|e| *e == Edge::Outer) {
+        return edge + 1;
+    }
     let reach = at.saturating_sub(MAX_PROMPT_LINES);
-    if let Some(edge) = edges[reach..at].iter().rposition(|e| *e) {
+    if let Some(edge) = edges[reach..at].iter().rposition(|e| *e != Edge::None) {
         return reach + edge + 1;
     }
     lines[..at]
@@ -877,19 +883,34 @@ fn block_start(lines: &[Option<String>], edges: &[bool], at: usize) -> usize {
         .map_or(0, |i| i + 1)
 }
 
-/// A rule drawn solid (`────`, `╭────╮`): the edge of a frame, where dashed rules (`╌╌╌╌`) set
-/// parts of a dialog apart.
-fn is_edge(line: &str) -> bool {
-    is_rule(line)
-        && !line
-            .chars()
-            .any(|c| matches!(c, '╌' | '╍' | '┄' | '┅' | '┈' | '┉'))
+/// What a line is to the frames of a screen.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Edge {
+    /// No edge.
+    None,
+    /// A solid rule set in from the screen's edge: a frame inside a dialog.
+    Inner,
+    /// A solid rule from the screen's first column: a dialog's own frame.
+    Outer,
+}
+
+/// Whether `line` is a rule drawn solid (`────`, `╭────╮`, `▔▔▔▔`): the edge of a frame, where
+/// dashed rules (`╌╌╌╌`) set parts of a dialog apart.
+fn edge(line: &str) -> Edge {
+    let dashed = line
+        .chars()
+        .any(|c| matches!(c, '╌' | '╍' | '┄' | '┅' | '┈' | '┉'));
+    match (is_rule(line) && !dashed, line.starts_with(' ')) {
+        (false, _) => Edge::None,
+        (true, true) => Edge::Inner,
+        (true, false) => Edge::Outer,
+    }
 }
 
 /// A line drawn of box-drawing characters only (a rule, a box's top or bottom).
 fn is_rule(line: &str) -> bool {
     let line = line.trim();
-    line.chars().count() >= 3 && line.chars().all(|c| is_box(c) || c == ' ')
+    line.chars().count() >= 3 && line.chars().all(|c| is_box(c) || c == '▔' || c == ' ')
 }
 
 fn is_box(c: char) -> bool {

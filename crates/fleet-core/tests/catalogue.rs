@@ -91,7 +91,7 @@ const CLAUDE_DIALOGS: &[(&str, &[&str], Option<usize>, &str)] = &[
         "claude-plan-approve.txt",
         &["1", "2", "3"],
         None,
-        "Would you like to proceed?",
+        "Here is Claude's plan:\nPlan: make notes\n1. Create notes.txt\n2. Write hello into it\nClaude has written up a plan",
     ),
     (
         "claude-plan-exit-nofile.txt",
