@@ -377,6 +377,13 @@ impl Gateway {
                 _ => return Err(gone()),
             }
         };
+        // Should this call be dropped half-way (its caller went), the watcher takes the screen
+        // back.
+        let _answering = Answering {
+            gateway: self,
+            gid,
+            turn: &dialog.turn_id,
+        };
         let screen = Screen {
             pane: &pane,
             markers: &markers,
@@ -632,6 +639,28 @@ impl Gateway {
                 ),
             ),
             None => err,
+        }
+    }
+}
+
+/// A dialog's answer being pressed: once it is over, however it ends (dropped half-way
+/// included), the watcher looks at that screen again.
+struct Answering<'a> {
+    gateway: &'a Gateway,
+    gid: Gid,
+    turn: &'a str,
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let mut sessions = self.gateway.lock();
+        if let Some(dialog) = sessions
+            .panes
+            .get_mut(&self.gid)
+            .and_then(|s| s.dialog.as_mut())
+            .filter(|d| d.question.turn_id == self.turn)
+        {
+            dialog.answering = false;
         }
     }
 }
