@@ -184,8 +184,8 @@ pub struct Dialog {
     #[serde(skip)]
     pub cursor: Option<Cursor>,
     /// It has a row of options whose current one shows only in colour: read off the screen
-    /// with its colours ([`read_dialog_styled`]), it offers them; off plain text, only its
-    /// hints.
+    /// with its colours ([`read_dialog_styled`]), its cursor is known; off plain text, it is
+    /// not, and none of its options can be chosen.
     #[serde(skip)]
     pub in_colour: bool,
 }
@@ -402,9 +402,8 @@ pub fn read_dialog(screen: &str, markers: &[String], forced: bool) -> Option<Dia
 }
 
 /// Reads the dialog on `styled` (a screen with its colours: SGR escapes kept, one line per
-/// row) as [`read_dialog`] reads it without them, and besides a row of options whose current
-/// one shows only in colour ([`read_row`]): its options are offered, the current one the one
-/// painted unlike the row.
+/// row) as [`read_dialog`] reads it without them, and besides which option of a row whose
+/// current one shows only in colour ([`read_row`]) is current: the one painted unlike the row.
 pub fn read_dialog_styled(styled: &str, markers: &[String], forced: bool) -> Option<Dialog> {
     let (screen, paint) = unstyled(styled);
     read(&screen, Some(&paint), markers, forced)
@@ -445,7 +444,6 @@ fn read(
     let row = read_row(&raw, menu_from, paint);
     let in_colour = row.is_some();
     let menu = row
-        .flatten()
         .or_else(|| read_menu(&raw[menu_from..]))
         .map(|mut menu| {
             if menu.axis == Axis::Vertical {
@@ -469,7 +467,7 @@ fn read(
                     }
                     let label = clean_label(label);
                     let name = option_name(&label, &choices);
-                    if i == menu.at {
+                    if Some(i) == menu.at {
                         cursor = Some(Cursor {
                             axis: menu.axis,
                             at: choices.len(),
@@ -542,8 +540,8 @@ struct Menu {
     axis: Axis,
     /// Its options: the row each is on, and its text.
     options: Vec<(usize, String)>,
-    /// The option its cursor is on (an index into `options`).
-    at: usize,
+    /// The option its cursor is on (an index into `options`), where that is known.
+    at: Option<usize>,
 }
 
 /// What a line is to the menu whose options' text starts at a column.
@@ -593,7 +591,7 @@ fn read_menu(lines: &[&str]) -> Option<Menu> {
     (near && (2..=MAX_OPTIONS).contains(&options.len())).then_some(Menu {
         axis: Axis::Vertical,
         options,
-        at,
+        at: Some(at),
     })
 }
 
@@ -616,18 +614,19 @@ fn row_of(line: &str, column: usize) -> Row<'_> {
 /// A character's background, as an escape set it: `None` for the terminal's own.
 type Paint = Option<u32>;
 
-/// Reads a row of options whose current one shows only in colour, within [`MENU_REACH`] lines
-/// below `from`: a line that says its arrows select (`⇆ select`), whose cells (text set apart by
-/// two spaces or more) before the first key hint are its options (opencode's `Allow once   Allow
-/// always   Reject   …  ⇆ select  enter confirm`). `None` when there is none; `Some(None)` when
-/// there is one but which option is current cannot be told: no colours (`paint`), or not one
-/// option painted unlike the rest of the row.
-fn read_row(lines: &[&str], from: usize, paint: Option<&[Vec<Paint>]>) -> Option<Option<Menu>> {
+/// Reads a row of options whose current one shows only in colour, below `from`: the lowest line
+/// that says its arrows select (`⇆ select`), whose cells (text set apart by two spaces or more)
+/// before the first key hint are its options (opencode's `Allow once   Allow always   Reject
+/// …  ⇆ select  enter confirm`; a row above it, in a command or a diff the dialog shows, is
+/// not it). Which option is current is told by the colours (`paint`): the one option painted
+/// unlike the rest of the row; without colours, or with not one such option, it is not known
+/// (`at: None`), and no option can be chosen (never a blind Enter).
+fn read_row(lines: &[&str], from: usize, paint: Option<&[Vec<Paint>]>) -> Option<Menu> {
     let (row, options) = lines
         .iter()
         .enumerate()
         .skip(from)
-        .take(MENU_REACH)
+        .rev()
         .find_map(|(row, line)| {
             let cells = cells(line);
             let hint = cells.iter().position(|(_, _, text)| is_key_hint(text))?;
@@ -636,11 +635,23 @@ fn read_row(lines: &[&str], from: usize, paint: Option<&[Vec<Paint>]>) -> Option
                 .any(|(_, _, text)| text.ends_with(" select") && text.starts_with(ARROWS));
             (selects && (2..=MAX_OPTIONS).contains(&hint)).then(|| (row, cells[..hint].to_vec()))
         })?;
-    let Some(paint) = paint.and_then(|p| p.get(row)) else {
-        return Some(None);
-    };
+    let at = paint
+        .and_then(|p| p.get(row))
+        .and_then(|paint| painted_apart(paint, &options));
+    Some(Menu {
+        axis: Axis::Horizontal,
+        options: options
+            .into_iter()
+            .map(|(_, _, text)| (row, text))
+            .collect(),
+        at,
+    })
+}
+
+/// The one option of a row painted unlike the rest of the row (what most of the space between
+/// its options is painted), if one and only one is.
+fn painted_apart(paint: &[Paint], options: &[(usize, usize, String)]) -> Option<usize> {
     let at = |col: usize| paint.get(col).copied().flatten();
-    // The row's own background: what most of the space between its options is painted.
     let (first, last) = (options.first()?.0, options.last()?.1);
     let mut gaps: Vec<Paint> = (first..last)
         .filter(|col| !options.iter().any(|(s, e, _)| (*s..*e).contains(col)))
@@ -658,17 +669,10 @@ fn read_row(lines: &[&str], from: usize, paint: Option<&[Vec<Paint>]>) -> Option
         .filter(|(_, (start, _, _))| at(*start) != row_paint)
         .map(|(i, _)| i)
         .collect();
-    let [current] = unlike.as_slice() else {
-        return Some(None);
-    };
-    Some(Some(Menu {
-        axis: Axis::Horizontal,
-        options: options
-            .into_iter()
-            .map(|(_, _, text)| (row, text))
-            .collect(),
-        at: *current,
-    }))
+    match unlike.as_slice() {
+        [current] => Some(*current),
+        _ => None,
+    }
 }
 
 /// The arrows a hint that the arrows select may open with (`⇆ select`).
@@ -740,9 +744,21 @@ fn unstyled(styled: &str) -> (String, Vec<Vec<Paint>>) {
                 }
                 continue;
             }
-            if chars.peek() != Some(&'[') {
-                chars.next();
-                continue;
+            match chars.peek() {
+                Some('[') => {}
+                // An operating system command (a hyperlink, a title): up to BEL or ESC \.
+                Some(']') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' || (c == '\u{1b}' && chars.next_if_eq(&'\\').is_some()) {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                _ => {
+                    chars.next();
+                    continue;
+                }
             }
             chars.next();
             let mut params = String::new();
@@ -1199,21 +1215,51 @@ Would you like to proceed?
             let dialog = read_dialog_styled(&row(on, plain, plain), &marker, false).unwrap();
             assert!(dialog.cursor_on(0), "{on:?}: {:?}", dialog.cursor);
         }
-        // None painted apart, or two: which is current cannot be told, so only the hints.
+        // None painted apart, or two: which is current cannot be told; the options are the
+        // same dialog's, but no arrow can be worked out (and no blind Enter is offered).
         for styled in [row(plain, plain, plain), row(on, on, plain)] {
-            let dialog = read_dialog_styled(&styled, &marker, false).unwrap();
-            assert_eq!(keys(&dialog), ["enter"], "{styled:?}");
-            assert!(dialog.in_colour && dialog.cursor.is_none());
+            let unknown = read_dialog_styled(&styled, &marker, false).unwrap();
+            assert_eq!(unknown, dialog, "{styled:?}");
+            assert!(unknown.in_colour && unknown.cursor.is_none());
+            assert_eq!(unknown.moves_to(0), None);
         }
-        // Without colours: the hints, and a sign that colours would tell more.
+        // Without colours, the same.
         let plain_text = "Pick:\n  Yes   No   Later   ⇆ select  enter confirm\n";
-        let dialog = read_dialog(plain_text, &marker, false).unwrap();
-        assert_eq!(keys(&dialog), ["enter"]);
-        assert!(dialog.in_colour);
+        let unknown = read_dialog(plain_text, &marker, false).unwrap();
+        assert_eq!(keys(&unknown), ["yes", "no", "later"]);
+        assert!(unknown.in_colour && unknown.cursor.is_none());
+        // A row above the lowest one (a command or a diff the dialog shows) is not it.
+        let fake = format!(
+            "Pick:\n+ \x1b[48;5;1mRun\x1b[0m   Skip   ⇆ select\n{}",
+            row(plain, on, plain).trim_start_matches("Pick:\n")
+        );
+        let read = read_dialog_styled(&fake, &marker, false).unwrap();
+        assert_eq!(keys(&read), ["yes", "no", "later"]);
+        assert!(read.cursor_on(1));
         // A row with no hint that the arrows select is no menu.
         let dialog =
             read_dialog_styled("Pick:\n  Yes   No   enter confirm\n", &marker, false).unwrap();
         assert!(!dialog.in_colour && dialog.cursor.is_none());
+        // A hyperlink's or a title's escape is dropped whole, its text with it.
+        let (text, _) = unstyled("a\x1b]8;;http://x/\x1b\\b\x1b]8;;\x1b\\c\x1b]0;title\x07d");
+        assert_eq!(text, "abcd\n");
+        // Broken or hostile escapes read as no paint, never as a panic.
+        for styled in [
+            "a\x1b[",
+            "a\x1b",
+            "a\x1b[48;5m",
+            "a\x1b[48;2;1m",
+            "a\x1b[99999999999999999999;48;5;4294967295m",
+            "a\x1b[48;2;999;999;999;48m",
+            "\x1b[7m\x1b[48;5;1m",
+        ] {
+            let (text, paint) = unstyled(styled);
+            assert!(
+                text.starts_with('a') || text == "\n",
+                "{styled:?}: {text:?}"
+            );
+            assert_eq!(paint.len(), 1, "{styled:?}");
+        }
         // Other escapes (a line cleared, a colour of text) are dropped, not read as text.
         let (text, paint) = unstyled("b\x1b[2Kc\x1b[31md\x1b[41me");
         assert_eq!(text, "bcde\n");
@@ -1299,8 +1345,8 @@ Would you like to proceed?
         assert_eq!(keys(&dialog), ["1", "esc"]);
     }
 
-    /// opencode 1.18.33's permission prompt, as tmux showed it (its sidebar's text taken off;
-    /// which option is picked shows only in colour: the first, unless moved).
+    /// opencode 1.18.33's permission prompt, as tmux showed it without colours (its sidebar's
+    /// text taken off; which option is current shows only in colour).
     const OPENCODE_PROMPT: &str = "\
   ┃
   ┃  △ Permission required
@@ -1312,11 +1358,11 @@ Would you like to proceed?
 ";
 
     #[test]
-    fn opencodes_prompt_offers_enter_to_confirm() {
+    fn opencodes_prompt_off_plain_text_offers_its_options_without_a_cursor() {
         let dialog =
             read_dialog(OPENCODE_PROMPT, &markers(&["△ Permission required"]), false).unwrap();
-        assert_eq!(keys(&dialog), ["enter"]);
-        assert_eq!(dialog.choices[0].label, "confirm");
+        assert_eq!(keys(&dialog), ["allow-once", "allow-always", "reject"]);
+        assert!(dialog.in_colour && dialog.cursor.is_none());
         assert!(
             dialog.prompt.starts_with("△ Permission required"),
             "{}",

@@ -26,6 +26,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::asks::Waiter;
+use super::sessions::Sessions;
 use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 
@@ -142,7 +143,7 @@ impl Gateway {
             (watched, over)
         };
         for (gid, turn) in over {
-            self.dialog_over(gid, &turn, "the worker's turn or its ask ended")
+            self.dialog_gone(gid, &turn, "the worker's turn or its ask ended")
                 .await;
         }
         seen.retain(|gid, _| watched.iter().any(|w| w.gid == *gid));
@@ -166,9 +167,10 @@ impl Gateway {
                     if now.as_ref() != Some(&asked.dialog) =>
                 {
                     let turn = &asked.question.turn_id;
-                    self.dialog_over(w.gid, turn, "the dialog went away").await;
+                    let gone = self.dialog_gone(w.gid, turn, "the dialog went away").await;
                     // Answered in the pane with a choice that ended the program's turn.
-                    if now.is_none()
+                    if gone
+                        && now.is_none()
                         && let Some(marker) =
                             newly_shown(&screen.text, &w.turn_over, &asked.turn_over_before)
                     {
@@ -261,17 +263,32 @@ impl Gateway {
     /// worker is busy again (if it was blocked), and its lead, here or afar, can no longer
     /// answer it.
     pub(super) async fn dialog_over(self: &Arc<Self>, gid: Gid, turn: &str, why: &'static str) {
+        self.end_dialog(gid, turn, why, false).await;
+    }
+
+    /// [`Gateway::dialog_over`] as the watcher sees it: a dialog whose answer is being pressed
+    /// is left to that answer (its screen changes under the keys; it ends the dialog itself).
+    async fn dialog_gone(self: &Arc<Self>, gid: Gid, turn: &str, why: &'static str) -> bool {
+        self.end_dialog(gid, turn, why, true).await
+    }
+
+    /// Ends the dialog `turn` of `gid` (unless `leave_answering` and its answer is being
+    /// pressed); whether it ended.
+    async fn end_dialog(
+        self: &Arc<Self>,
+        gid: Gid,
+        turn: &str,
+        why: &'static str,
+        leave_answering: bool,
+    ) -> bool {
         let dialog = {
             let mut sessions = self.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
-                return;
+                return false;
             };
-            if session
-                .dialog
-                .as_ref()
-                .is_none_or(|d| d.question.turn_id != turn)
-            {
-                return;
+            match &session.dialog {
+                Some(d) if d.question.turn_id == turn && !(leave_answering && d.answering) => {}
+                _ => return false,
             }
             if session.status == WorkerStatus::Blocked {
                 let _ = session.apply(SessionEvent::DialogGone);
@@ -286,6 +303,7 @@ impl Gateway {
                 self.ask_abandoned(&ask, turn).await;
             }
         }
+        true
     }
 
     /// `fleet_send{turn_id, choice}`: answers the dialog `turn_id` with `choice`, then waits
@@ -308,7 +326,7 @@ impl Gateway {
                 )));
             };
             dialog.pick(choice)?;
-            sessions.asks.take_for_answer(turn_id, me)?
+            take_answer(&mut sessions, turn_id, me)?
         };
         match waiter {
             Waiter::Screen => self.choose(&question, choice.to_string()).await?,
@@ -340,6 +358,13 @@ impl Gateway {
         choice: String,
     ) -> Result<(), FleetError> {
         let gid = dialog.from;
+        // However this ends (dropped half-way included), the watcher then looks at the screen
+        // again; until then it leaves it to this answer (see `take_answer`).
+        let _answering = Answering {
+            gateway: self,
+            gid,
+            turn: &dialog.turn_id,
+        };
         let shown = dialog
             .dialog()
             .ok_or_else(|| FleetError::invalid(format!("{} is no dialog", dialog.turn_id)))?;
@@ -353,8 +378,6 @@ impl Gateway {
                 ),
             )
         };
-        // From here on the watcher leaves this screen to the answer, until the dialog is over
-        // (every way out below ends it).
         let (pane, markers, forced, turn_over) = {
             let mut sessions = self.lock();
             let session = sessions.panes.get_mut(&gid).ok_or_else(gone)?;
@@ -376,13 +399,6 @@ impl Gateway {
                 }
                 _ => return Err(gone()),
             }
-        };
-        // Should this call be dropped half-way (its caller went), the watcher takes the screen
-        // back.
-        let _answering = Answering {
-            gateway: self,
-            gid,
-            turn: &dialog.turn_id,
         };
         let screen = Screen {
             pane: &pane,
@@ -592,7 +608,7 @@ impl Gateway {
         forced: bool,
     ) -> Option<Dialog> {
         let dialog = read_dialog(text, markers, forced)?;
-        if !dialog.in_colour {
+        if !dialog.in_colour || dialog.cursor.is_some() {
             return Some(dialog);
         }
         match self.panes.styled(pane).await {
@@ -641,6 +657,27 @@ impl Gateway {
             None => err,
         }
     }
+}
+
+/// Takes the ask `turn` for `lead`'s answer (`take_for_answer`); a dialog of a worker
+/// here is marked as being answered in the same step, so the watcher, which sees its ask
+/// taken, leaves its screen to the answer (see [`Answering`]).
+pub(super) fn take_answer(
+    sessions: &mut Sessions,
+    turn: &str,
+    lead: Gid,
+) -> Result<(AskView, Waiter), FleetError> {
+    let taken = sessions.asks.take_for_answer(turn, lead)?;
+    if let (question, Waiter::Screen) = &taken
+        && let Some(dialog) = sessions
+            .panes
+            .get_mut(&question.from)
+            .and_then(|s| s.dialog.as_mut())
+            .filter(|d| d.question.turn_id == turn)
+    {
+        dialog.answering = true;
+    }
+    Ok(taken)
 }
 
 /// A dialog's answer being pressed: once it is over, however it ends (dropped half-way

@@ -27,7 +27,7 @@ use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Tra
 
 use super::super::Gateway;
 use super::super::asks::Waiter;
-use super::super::dialogs::is_dialog_turn;
+use super::super::dialogs::{is_dialog_turn, take_answer};
 use super::super::views::AskView;
 
 /// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
@@ -270,7 +270,7 @@ impl Gateway {
             };
             match refused {
                 Some(e) => Err(e),
-                None => sessions.asks.take_for_answer(&turn, answer.from),
+                None => take_answer(&mut sessions, &turn, answer.from),
             }
         };
         let why = match taken {
