@@ -13,6 +13,8 @@ use fleet_testkit::fleet::{Fleet, TEST_API_KEY, claude_binary, claude_profile};
 use fleet_testkit::model::ModelSim;
 use serde_json::{Value, json};
 
+use super::dialogs::keys;
+
 /// How often a test looks at the user's settings file while workers start.
 const SETTINGS_LOOK: Duration = Duration::from_millis(5);
 
@@ -414,11 +416,7 @@ async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_curs
                 .contains("Enter to stay in auto mode")
         {
             notices += 1;
-            let offered: Vec<&str> = sent["choices"]
-                .as_array()
-                .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
-                .unwrap_or_default();
-            assert_eq!(offered, ["enter", "esc"], "{sent}");
+            assert_eq!(keys(&sent), ["enter", "esc"], "{sent}");
             sent = lead
                 .ok(
                     "fleet_send",
@@ -432,11 +430,7 @@ async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_curs
             screen(),
             fleet.log()
         );
-        let offered: Vec<&str> = sent["choices"]
-            .as_array()
-            .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
-            .unwrap_or_default();
-        assert_eq!(offered, ["no", "yes", "esc"], "{sent}");
+        assert_eq!(keys(&sent), ["no", "yes", "esc"], "{sent}");
         let prompt = sent["prompt"].as_str().unwrap_or_default();
         assert!(
             prompt.contains("Do you want to proceed?") && prompt.contains("curl -s -o"),

@@ -32,7 +32,7 @@ async fn until_status(lead: &Client, name: &str, status: &str) -> anyhow::Result
 }
 
 /// The choice keys a dialog offers.
-fn keys(dialog: &Value) -> Vec<String> {
+pub(super) fn keys(dialog: &Value) -> Vec<String> {
     dialog["choices"]
         .as_array()
         .cloned()

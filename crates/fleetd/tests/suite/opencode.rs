@@ -6,6 +6,8 @@ use fleet_testkit::fleet::{Fleet, agent_workdir, opencode_profile};
 use fleet_testkit::model::ModelSim;
 use serde_json::{Value, json};
 
+use super::dialogs::keys;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_opencode_worker_answers_through_fleet_reply() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
@@ -59,11 +61,7 @@ async fn a_real_opencode_permission_prompt_is_answered_with_each_of_its_options(
             screen(),
             fleet.log()
         );
-        let keys: Vec<&str> = sent["choices"]
-            .as_array()
-            .map(|c| c.iter().filter_map(|c| c["choice"].as_str()).collect())
-            .unwrap_or_default();
-        anyhow::ensure!(keys == offered, "{sent}");
+        anyhow::ensure!(keys(sent) == offered, "{sent}");
         Ok(())
     };
     let choose = |sent: &Value, choice: &str, wait_s: u64| {
