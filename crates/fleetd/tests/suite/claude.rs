@@ -386,8 +386,8 @@ async fn a_real_claude_code_permission_prompt_is_answered_by_its_lead() -> anyho
 }
 
 /// Claude Code with no `permission_mode` (its own default: auto mode) on a custom endpoint,
-/// told to run a command its auto mode would check: it stops on auto mode's notice if it shows
-/// it (answered "stay in auto mode", `enter`) and on its permission prompt, a cursor menu (`❯ No` /
+/// told to run a command its auto mode would check: it stops on auto mode's notice (answered
+/// "stay in auto mode", `enter`), then on its permission prompt, a cursor menu (`❯ No` /
 /// `Yes`) offered as `no` and `yes`. `yes` moves the cursor and confirms: the command runs and
 /// the same call returns the worker's reply. `no` (the notice is not shown again) ends Claude
 /// Code's turn without a reply: the call says so, the command did not run, and the worker takes
@@ -399,6 +399,15 @@ async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_curs
     let dir = tempfile::tempdir()?;
     let screen = || fleet.screen(&pane).unwrap_or_default();
     let mut notices = 0;
+    // First a command auto mode lets through by itself (a directory in its working folder):
+    // after it, the first command it would check shows its notice (as users meet it).
+    let warm = std::path::Path::new(&fleet_testkit::fleet::agent_workdir())
+        .join(format!("warm-{}", fleet_core::MsgId::mint()));
+    let warmed = lead
+        .send("c1", &format!("run: mkdir {}", warm.display()), 90)
+        .await?;
+    assert_eq!(warmed["status"], "replied", "{warmed}\n{}", screen());
+    std::fs::remove_dir(&warm)?;
     for (answer, runs) in [("yes", true), ("no", false)] {
         let proof = dir.path().join(format!("proof-{answer}"));
         let task = format!(
@@ -407,8 +416,8 @@ async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_curs
             model.base_url()
         );
         let mut sent = lead.send("c1", &task, 90).await?;
-        // Auto mode's notice, when it shows (once a session, if at all: a worker fleetd
-        // started has been seen going straight to the prompt): stay in auto mode.
+        // Auto mode's notice (once a session, before the first command it would check): stay
+        // in auto mode.
         while sent["status"] == "blocked"
             && sent["prompt"]
                 .as_str()
@@ -458,9 +467,9 @@ async fn a_real_claude_code_in_auto_mode_is_answered_yes_and_no_through_its_curs
             assert!(!proof.exists(), "the command ran after no");
         }
     }
-    assert!(
-        notices <= 1,
-        "auto mode's notice shows once a session at most"
+    assert_eq!(
+        notices, 1,
+        "auto mode's notice shows once, before its first prompt"
     );
     // After its "no", the worker takes its next task.
     let sent = ask_c1(&fleet, &lead, &pane, "hello after no").await?;
