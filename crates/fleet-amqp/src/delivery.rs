@@ -44,7 +44,16 @@ pub(crate) enum Acker {
     Lapin(lapin::Acker),
     /// A test's record.
     #[cfg(feature = "fake")]
-    Fake(crate::fake::Recorder),
+    Fake(Box<dyn Record>),
+}
+
+/// What settles a delivery that did not come from lapin (the fake broker's record).
+#[cfg(feature = "fake")]
+pub(crate) trait Record: Send + Sync {
+    /// Settles it, once.
+    fn settle(&self, how: Settlement, through: bool) -> Result<(), AmqpError>;
+    /// Whether the broker was seen to take what was settled.
+    fn seen(&self) -> Result<(), AmqpError>;
 }
 
 impl Delivery {

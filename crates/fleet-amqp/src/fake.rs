@@ -19,7 +19,7 @@ use fleet_core::signing::Signature;
 use tokio::sync::{Notify, mpsc};
 
 use crate::broker::{Broker, Outgoing, Published};
-use crate::delivery::{Acker, Deliveries, Delivery};
+use crate::delivery::{Acker, Deliveries, Delivery, Record};
 use crate::error::AmqpError;
 use crate::table::Table;
 
@@ -58,7 +58,7 @@ pub struct Settled {
 }
 
 /// Settles one fake delivery, once.
-pub(crate) struct Recorder {
+struct Recorder {
     tag: u64,
     log: Arc<Mutex<Vec<Settled>>>,
     done: AtomicBool,
@@ -66,8 +66,8 @@ pub(crate) struct Recorder {
     unseen: Arc<AtomicBool>,
 }
 
-impl Recorder {
-    pub(crate) fn settle(&self, how: Settlement, through: bool) -> Result<(), AmqpError> {
+impl Record for Recorder {
+    fn settle(&self, how: Settlement, through: bool) -> Result<(), AmqpError> {
         if self.done.swap(true, Ordering::SeqCst) {
             return Err(AmqpError::Unavailable(format!(
                 "delivery {} was settled already",
@@ -84,7 +84,7 @@ impl Recorder {
 
     /// Whether the broker was seen to take what was settled (an error once
     /// [`FakeBroker::lose_acks`] was called).
-    pub(crate) fn seen(&self) -> Result<(), AmqpError> {
+    fn seen(&self) -> Result<(), AmqpError> {
         if self.unseen.load(Ordering::SeqCst) {
             return Err(AmqpError::Unavailable(
                 "the broker was not seen to take an acknowledgement".into(),
@@ -224,7 +224,7 @@ impl FakeBroker {
             key.to_string(),
             &headers.to_lapin(),
             login.map(str::to_string),
-            Acker::Fake(recorder),
+            Acker::Fake(Box::new(recorder)),
         );
         queue
             .send(delivery)

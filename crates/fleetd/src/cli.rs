@@ -2,8 +2,6 @@
 //! a running gateway (`ls`, `hosts`, `msgs`, `send`, `answer`, `stop`: see [`crate::ops`];
 //! `tail`: see [`crate::tail`]). Every subcommand takes `--config` and `--state-dir`.
 
-use std::path::{Path, PathBuf};
-
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use fleet_store::{SqliteStore, Store};
@@ -12,6 +10,7 @@ use crate::config::Config;
 use crate::identity::GatewayKey;
 use crate::mcp_config::{self, Token};
 use crate::ops::{AnswerArgs, MsgsArgs, OpsArgs, SendArgs, StopArgs};
+use crate::paths::Paths;
 use crate::serve::{host_id, mcp_url};
 use crate::state::StateDir;
 use crate::token;
@@ -20,13 +19,9 @@ use crate::token;
 #[derive(Debug, Parser)]
 #[command(name = "fleetd", version, about, propagate_version = true)]
 pub struct Cli {
-    /// The config file (TOML); without it, `~/.config/fleetd/fleetd.toml` if present, else
-    /// the embedded defaults.
-    #[arg(long, global = true, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-    /// The state dir (database, token files); overrides `gateway.state_dir`.
-    #[arg(long, global = true, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    /// Where the config and the state dir are.
+    #[command(flatten)]
+    pub paths: Paths,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -114,34 +109,6 @@ pub struct McpConfigArgs {
     pub literal: bool,
 }
 
-/// Loads the config: the given file, else the user's default file if it exists, else the
-/// embedded defaults.
-pub fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
-    if let Some(path) = path {
-        return Ok(Config::load(path)?);
-    }
-    let default = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-        .map(|dir| dir.join("fleetd/fleetd.toml"));
-    match default {
-        Some(path) if path.is_file() => Ok(Config::load(&path)?),
-        _ => Ok(Config::embedded()),
-    }
-}
-
-/// The config and state dir every subcommand starts from.
-pub fn context(cli: &Cli) -> anyhow::Result<(Config, StateDir)> {
-    let config = load_config(cli.config.as_deref())?;
-    let state = StateDir::resolve(
-        cli.state_dir.as_deref(),
-        config.gateway.state_dir.as_deref(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    Ok((config, state))
-}
-
 /// The token of lead `name`, minted on first use.
 fn lead_token(
     config: &Config,
@@ -182,7 +149,7 @@ fn operator_token(state: &StateDir, name: &str, rotate: bool) -> anyhow::Result<
 
 /// `fleetd token NAME [--rotate]`: a lead's token, or an operator's.
 pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
-    let (config, state) = context(cli)?;
+    let (config, state) = cli.paths.resolve()?;
     let token = if config.operators.contains_key(&args.name) {
         operator_token(&state, &args.name, args.rotate)?
     } else if config.leads.contains_key(&args.name) {
@@ -207,7 +174,7 @@ pub fn token_command(cli: &Cli, args: &TokenArgs) -> anyhow::Result<()> {
 
 /// `fleetd key`: the gateway's public key on one line, its fingerprint on the next.
 pub fn key_command(cli: &Cli) -> anyhow::Result<()> {
-    let (_config, state) = context(cli)?;
+    let (_config, state) = cli.paths.resolve()?;
     state
         .prepare()
         .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
@@ -225,7 +192,7 @@ pub fn key_command(cli: &Cli) -> anyhow::Result<()> {
 
 /// `fleetd mcp-config NAME [--json] [--literal]`: see [`crate::mcp_config`].
 pub fn mcp_config_command(cli: &Cli, args: &McpConfigArgs) -> anyhow::Result<()> {
-    let (config, state) = context(cli)?;
+    let (config, state) = cli.paths.resolve()?;
     let secret = lead_token(&config, &state, &args.name, false)?;
     let url = mcp_url(&config, config.gateway.listen);
     let file = state.lead_token_path(&args.name);

@@ -6,11 +6,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use crate::cli::{Cli, context};
 use crate::config::{Config, ProfileKind};
 use crate::launch::locate_program;
 use crate::mux::{MuxChoice, choose};
 use crate::ops::{OpsError, alive, printable, read_serving};
+use crate::paths::Paths;
 use crate::state::StateDir;
 
 /// How long the broker may take to let fleetd in.
@@ -406,11 +406,11 @@ pub fn clock_verdict(
 }
 
 /// `fleetd doctor`.
-pub fn doctor_command(cli: &Cli) -> anyhow::Result<()> {
-    let (config, state) = context(cli)?;
+pub fn doctor_command(paths: &Paths) -> anyhow::Result<()> {
+    let (config, state) = paths.resolve()?;
     let mut checks = vec![Check::new(
         "config",
-        Verdict::Ok(match &cli.config {
+        Verdict::Ok(match &paths.config {
             Some(path) => format!("{} loads", path.display()),
             None => "loads".into(),
         }),

@@ -30,17 +30,12 @@ use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash, is_a_call}
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
-use crate::mcp_config;
+use crate::mcp_config::{self, PANE_HEADER, TMUX_HEADER};
 use crate::openapi::{EventsQuery, HostsView, MessagesView, Refusal, ScreenQuery, StopBody};
 use crate::token;
 use crate::ui;
 use crate::ui::SignedIn;
 use crate::websession::{self, WebSessions};
-
-/// The header a lead sets to its `$TMUX_PANE`, for nudges.
-pub const PANE_HEADER: &str = "x-fleet-pane";
-/// The header a lead sets to its `$TMUX`, naming its tmux server.
-pub const TMUX_HEADER: &str = "x-fleet-tmux";
 
 fn refuse(status: StatusCode, code: &str, message: String) -> Response {
     let refusal = Refusal {

@@ -23,6 +23,7 @@ pub mod mux;
 pub mod notify;
 pub mod openapi;
 pub mod ops;
+pub mod paths;
 pub mod serve;
 pub mod state;
 pub mod tail;

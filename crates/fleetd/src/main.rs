@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use fleetd::cli::{Cli, Command, context, key_command, mcp_config_command, token_command};
+use fleetd::cli::{Cli, Command, key_command, mcp_config_command, token_command};
 use fleetd::doctor::doctor_command;
 use fleetd::listen::Listen;
 use fleetd::notify::{NOTIFY_SOCKET, notify_target};
@@ -32,7 +32,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             unsafe { std::env::remove_var(NOTIFY_SOCKET) };
             fleetd::logs::init(args.log_json)
                 .map_err(|e| anyhow::anyhow!("cannot set up the log: {e}"))?;
-            let (config, state) = context(cli)?;
+            let (config, state) = cli.paths.resolve()?;
             let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -51,14 +51,14 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Token(args) => token_command(cli, args),
         Command::McpConfig(args) => mcp_config_command(cli, args),
         Command::Key => key_command(cli),
-        Command::Ls(args) => ls_command(cli, args),
-        Command::Hosts(args) => hosts_command(cli, args),
-        Command::Msgs(args) => msgs_command(cli, args),
-        Command::Send(args) => send_command(cli, args),
-        Command::Answer(args) => answer_command(cli, args),
-        Command::Stop(args) => stop_command(cli, args),
-        Command::Tail(args) => fleetd::tail::tail_command(cli, args),
-        Command::Doctor => doctor_command(cli),
+        Command::Ls(args) => ls_command(&cli.paths, args),
+        Command::Hosts(args) => hosts_command(&cli.paths, args),
+        Command::Msgs(args) => msgs_command(&cli.paths, args),
+        Command::Send(args) => send_command(&cli.paths, args),
+        Command::Answer(args) => answer_command(&cli.paths, args),
+        Command::Stop(args) => stop_command(&cli.paths, args),
+        Command::Tail(args) => fleetd::tail::tail_command(&cli.paths, args),
+        Command::Doctor => doctor_command(&cli.paths),
     }
 }
 

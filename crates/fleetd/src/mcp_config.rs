@@ -10,8 +10,10 @@
 
 use serde_json::{Value, json};
 
-use crate::http::{PANE_HEADER, TMUX_HEADER};
-
+/// The header a lead sets to its `$TMUX_PANE`, for nudges.
+pub const PANE_HEADER: &str = "x-fleet-pane";
+/// The header a lead sets to its `$TMUX`, naming its tmux server.
+pub const TMUX_HEADER: &str = "x-fleet-tmux";
 /// The environment variable the config reads the token from.
 pub const TOKEN_VAR: &str = "FLEET_TOKEN";
 /// The MCP server's name in the client (its tools: `mcp__fleet__…`).

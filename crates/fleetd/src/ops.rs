@@ -12,8 +12,8 @@ use clap::Args;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::cli::{Cli, context};
 use crate::config::Config;
+use crate::paths::Paths;
 use crate::state::StateDir;
 
 /// The exit status when no gateway answers.
@@ -402,12 +402,12 @@ pub struct Target {
 
 /// The gateway to ask `path?query` of, as the operator or lead picked, with its token.
 pub fn target(
-    cli: &Cli,
+    paths: &Paths,
     args: &OpsArgs,
     path: &str,
     query: &[(&str, String)],
 ) -> anyhow::Result<Target> {
-    let (config, state) = context(cli)?;
+    let (config, state) = paths.resolve()?;
     let (who, name, file) = match &args.operator {
         Some(name) => {
             anyhow::ensure!(
@@ -481,13 +481,13 @@ pub fn refusal(target: &Target, status: reqwest::StatusCode, text: &str) -> anyh
 
 /// Asks the gateway, as the operator or lead picked: `GET path?query`, or with `body`, `POST path` with it.
 fn request(
-    cli: &Cli,
+    paths: &Paths,
     args: &OpsArgs,
     path: &str,
     query: &[(&str, String)],
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
-    let target = target(cli, args, path, query)?;
+    let target = target(paths, args, path, query)?;
     let url = &target.url;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -693,7 +693,7 @@ pub fn msgs_table(
 }
 
 /// `fleetd msgs`: this gateway's messages and their states.
-pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
+pub fn msgs_command(paths: &Paths, args: &MsgsArgs) -> anyhow::Result<()> {
     let mut query = vec![("limit", args.limit.to_string())];
     for (key, value) in [
         ("state", &args.state),
@@ -712,7 +712,7 @@ pub fn msgs_command(cli: &Cli, args: &MsgsArgs) -> anyhow::Result<()> {
     if args.text {
         query.push(("text", "true".into()));
     }
-    let body = request(cli, &args.ops, "/api/v1/messages", &query, None)?;
+    let body = request(paths, &args.ops, "/api/v1/messages", &query, None)?;
     if args.ops.json {
         println!("{}", terminal_json(&body["messages"]));
         return Ok(());
@@ -815,18 +815,18 @@ pub fn send_outcome(answer: &Value) -> (String, u8) {
 }
 
 /// `fleetd send NAME MESSAGE`: `fleet_send` as the lead.
-pub fn send_command(cli: &Cli, args: &SendArgs) -> anyhow::Result<()> {
+pub fn send_command(paths: &Paths, args: &SendArgs) -> anyhow::Result<()> {
     let body = serde_json::json!({"to": args.to, "message": args.message, "wait_s": args.wait});
-    let answer = request(cli, &args.ops, "/api/v1/send", &[], Some(body))?;
+    let answer = request(paths, &args.ops, "/api/v1/send", &[], Some(body))?;
     print_send(&answer, args.ops.json)
 }
 
 /// `fleetd answer TURN_ID MESSAGE`: answers a worker's question as the lead, as
 /// `fleet_send{turn_id}` does, and prints the reply that follows (exit statuses as for a send).
-pub fn answer_command(cli: &Cli, args: &AnswerArgs) -> anyhow::Result<()> {
+pub fn answer_command(paths: &Paths, args: &AnswerArgs) -> anyhow::Result<()> {
     let body =
         serde_json::json!({"turn_id": args.turn_id, "message": args.message, "wait_s": args.wait});
-    let answer = request(cli, &args.ops, "/api/v1/send", &[], Some(body))?;
+    let answer = request(paths, &args.ops, "/api/v1/send", &[], Some(body))?;
     print_send(&answer, args.ops.json)
 }
 
@@ -849,9 +849,9 @@ fn print_send(answer: &Value, json: bool) -> anyhow::Result<()> {
 }
 
 /// `fleetd stop NAME`: `fleet_stop` as the lead.
-pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
+pub fn stop_command(paths: &Paths, args: &StopArgs) -> anyhow::Result<()> {
     let body = serde_json::json!({"to": args.to});
-    let answer = request(cli, &args.ops, "/api/v1/stop", &[], Some(body))?;
+    let answer = request(paths, &args.ops, "/api/v1/stop", &[], Some(body))?;
     if args.ops.json {
         println!("{}", terminal_json(&answer));
     } else {
@@ -865,12 +865,12 @@ pub fn stop_command(cli: &Cli, args: &StopArgs) -> anyhow::Result<()> {
 
 /// Prints the roster's `part` (`entities` or `hosts`): its JSON, or the table `render` makes.
 fn print_roster(
-    cli: &Cli,
+    paths: &Paths,
     args: &OpsArgs,
     part: &str,
     render: fn(&Roster, i64, Option<usize>, bool) -> String,
 ) -> anyhow::Result<()> {
-    let body = request(cli, args, "/api/v1/roster", &[], None)?;
+    let body = request(paths, args, "/api/v1/roster", &[], None)?;
     if args.json {
         println!("{}", terminal_json(&body[part]));
         return Ok(());
@@ -882,15 +882,15 @@ fn print_roster(
 }
 
 /// `fleetd ls`: the roster across hosts.
-pub fn ls_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    print_roster(cli, args, "entities", |roster, now, width, colour| {
+pub fn ls_command(paths: &Paths, args: &OpsArgs) -> anyhow::Result<()> {
+    print_roster(paths, args, "entities", |roster, now, width, colour| {
         ls_table(&roster.entities, now, width, colour)
     })
 }
 
 /// `fleetd hosts`: the hosts of the fleet.
-pub fn hosts_command(cli: &Cli, args: &OpsArgs) -> anyhow::Result<()> {
-    print_roster(cli, args, "hosts", |roster, now, width, colour| {
+pub fn hosts_command(paths: &Paths, args: &OpsArgs) -> anyhow::Result<()> {
+    print_roster(paths, args, "hosts", |roster, now, width, colour| {
         hosts_table(&roster.hosts, now, width, colour)
     })
 }

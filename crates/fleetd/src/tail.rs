@@ -9,10 +9,10 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::Value;
 
-use crate::cli::Cli;
 use crate::ops::{
     EXIT_UNREACHABLE, OpsArgs, OpsError, printable, refusal, target, terminal_json, unreachable,
 };
+use crate::paths::Paths;
 
 /// `fleetd tail`
 #[derive(Debug, Args)]
@@ -161,13 +161,13 @@ pub fn event_line(event: &Value, colour: bool) -> Option<String> {
 }
 
 /// `fleetd tail`: prints the gateway's changes as they happen, until it goes away.
-pub fn tail_command(cli: &Cli, args: &TailArgs) -> anyhow::Result<()> {
+pub fn tail_command(paths: &Paths, args: &TailArgs) -> anyhow::Result<()> {
     let query: Vec<(&str, String)> = args
         .after
         .map(|after| ("after", after.to_string()))
         .into_iter()
         .collect();
-    let target = target(cli, &args.ops, "/api/v1/events", &query)?;
+    let target = target(paths, &args.ops, "/api/v1/events", &query)?;
     let colour = !args.ops.json && crate::ops::terminal().1;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -26,7 +26,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::asks::Waiter;
-use super::sessions::Sessions;
+use super::sessions::{OpenDialog, Sessions};
 use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 
@@ -52,21 +52,6 @@ pub(super) const DIALOG_TURN: &str = "dialog-";
 /// Whether `turn` is a dialog's.
 pub(super) fn is_dialog_turn(turn: &str) -> bool {
     turn.starts_with(DIALOG_TURN)
-}
-
-/// A dialog asked of a worker's lead, while it is open.
-pub(super) struct OpenDialog {
-    /// The ask, as its lead sees it (its turn id, the dialog's text and choices).
-    pub question: AskView,
-    /// Until when its lead on another host can answer it (its `ASK`'s life there).
-    pub good_until: Option<Instant>,
-    /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
-    pub remote: Option<Message>,
-    /// How often each of the profile's `turn_over_markers` showed when it was asked: one shown
-    /// more often once it is gone ended the turn.
-    pub turn_over_before: Vec<usize>,
-    /// Its answer is being pressed: the watcher leaves the screen to it.
-    pub answering: bool,
 }
 
 /// What the watcher needs of one session.

@@ -18,8 +18,7 @@ use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
-use super::dialogs::OpenDialog;
-use super::views::{ListResult, RosterEntry, Surfaced, slot_of};
+use super::views::{AskView, ListResult, RosterEntry, Surfaced, slot_of};
 use crate::config::{ProfileConfig, ReadyCall};
 
 /// A lead, reached by MCP pull.
@@ -38,6 +37,21 @@ pub(super) struct LeadState {
     pub last_seen_ms: Option<i64>,
     /// When it was last nudged.
     pub last_nudge: Option<Instant>,
+}
+
+/// A dialog asked of a worker's lead, while it is open.
+pub(super) struct OpenDialog {
+    /// The ask, as its lead sees it (its turn id, the dialog's text and choices).
+    pub question: AskView,
+    /// Until when its lead on another host can answer it (its `ASK`'s life there).
+    pub good_until: Option<Instant>,
+    /// For a lead on another host: the `ASK` that carried it, to tell that lead it is over.
+    pub remote: Option<Message>,
+    /// How often each of the profile's `turn_over_markers` showed when it was asked: one shown
+    /// more often once it is gone ended the turn.
+    pub turn_over_before: Vec<usize>,
+    /// Its answer is being pressed: the watcher leaves the screen to it.
+    pub answering: bool,
 }
 
 /// A pane-bound entity (worker, architect) and its session.

@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use super::super::Gateway;
 use super::super::spawn::SpawnRequest;
 use super::super::views::{SpawnResult, StopResult};
-use super::inbox::settle;
+use super::settle::settle;
 use super::trust::Patience;
 use super::{Federation, not_taken, publish_outcome, unavailable};
 use crate::gateway::Caller;

@@ -23,7 +23,7 @@ use fleet_core::envelope::Envelope;
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId};
 
 use super::super::Gateway;
-use super::inbox::settle;
+use super::settle::settle;
 
 /// Where a message was recorded as published: `(id, from, to)`.
 type Sent = Vec<(MsgId, Gid, Option<Gid>)>;

@@ -9,41 +9,17 @@ use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kin
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
 use fleet_core::trust::Refusal as TrustRefusal;
-use fleet_core::{Gid, Kind, Message};
+use fleet_core::{Gid, Kind};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
-use super::take::{WAITED_TOO_LONG, Waiting, until_due};
+use super::settle::{Incoming, settle};
 use super::trust::{Patience, Vouched};
+use super::waiting::{WAITED_TOO_LONG, Waiting, until_due};
 use fleet_core::clock::now_ms;
 
 /// The most deliveries taken off an inbox at once (held ones are stored together).
 const DELIVERY_BATCH: usize = 64;
-
-/// A message off an inbox, on its way to be held.
-pub(super) struct Incoming {
-    pub(super) delivery: Delivery,
-    pub(super) envelope: Envelope,
-    pub(super) message: Message,
-}
-
-/// Tells the broker how `delivery` was handled (with `through`, every delivery before it on
-/// its channel too): the one place a delivery is settled. False if the broker was not told
-/// (the channel is gone: the delivery comes again to the next consumer).
-pub(in crate::gateway) async fn settle(
-    delivery: &Delivery,
-    handled: Handled,
-    through: bool,
-) -> bool {
-    let how = handled.settlement();
-    match delivery.settle(how, through).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(?how, through, error = %e, "a delivery was not settled; the broker delivers it again");
-            false
-        }
-    }
-}
 
 impl Gateway {
     /// Consumes `owner`'s inbox until the link or the entity goes. Briefs for a busy worker

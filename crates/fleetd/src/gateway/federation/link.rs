@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::Federation;
-use super::inbox::settle;
+use super::settle::settle;
 use crate::config::{BrokerConfig, FederationConfig};
 
 /// The longest pause between two connection attempts.

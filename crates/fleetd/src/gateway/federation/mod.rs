@@ -25,14 +25,16 @@ mod link;
 mod presence;
 mod publish;
 mod receipts;
+mod settle;
 mod take;
 #[cfg(test)]
 mod tests;
 mod trust;
 mod turns;
+mod waiting;
 
-pub(in crate::gateway) use inbox::settle;
 pub(in crate::gateway) use link::{keep_up, link_settings};
+pub(in crate::gateway) use settle::settle;
 pub use trust::sealed;
 pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of};
 

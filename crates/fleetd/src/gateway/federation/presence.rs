@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::super::Gateway;
 use super::super::views::{HostView, RosterEntry, slot_of};
 use super::Federation;
-use super::inbox::settle;
+use super::settle::settle;
 use super::trust::forget_heartbeats;
 use fleet_core::clock::now_ms;
 

@@ -2,9 +2,7 @@
 //! least once: acknowledged only once stored), briefs taken for local workers (the forward
 //! path, at most once: acknowledged before they go near the pane), and receipts.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
@@ -14,82 +12,14 @@ use fleet_core::{ErrorCode, Gid, Kind, Message, MsgState};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::inbox::{Incoming, settle};
+use super::settle::{Incoming, settle};
 use super::trust::Vouched;
+use super::waiting::{WAITED_TOO_LONG, Waiting};
 use fleet_core::delivery::Placement;
-
-/// What the sender of a brief that expired while it waited for its worker is told.
-pub(super) const WAITED_TOO_LONG: &str =
-    "it expired (expiresAt) while it waited for its worker to be free; it was not typed in";
 
 /// How long past its expiry a brief queued here is remembered (one failed otherwise, its
 /// session ended say, is never taken off the queue to be forgotten then).
 const FORGET_EXPIRY_AFTER_MS: u64 = 3_600_000;
-
-/// The farthest a waiting brief's expiry is looked ahead (admitted messages live a day at
-/// most; this only keeps the clock's arithmetic far from its end).
-const FARTHEST_DUE: Duration = Duration::from_secs(365 * 86_400);
-
-/// Items waiting for their turn, in their order, each with the time it expires (milliseconds
-/// since the Unix epoch): the briefs of a busy worker, unacknowledged on the broker.
-pub(super) struct Waiting<T = Vouched> {
-    items: VecDeque<(u64, T)>,
-}
-
-impl<T> Default for Waiting<T> {
-    fn default() -> Self {
-        Waiting {
-            items: VecDeque::new(),
-        }
-    }
-}
-
-impl<T> Waiting<T> {
-    /// Adds one at the back.
-    pub(super) fn push(&mut self, expires_at_ms: u64, item: T) {
-        self.items.push_back((expires_at_ms, item));
-    }
-
-    /// Whether nothing waits.
-    pub(super) fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// When the first of them expires.
-    pub(super) fn first_expiry(&self) -> Option<u64> {
-        self.items.iter().map(|(at, _)| *at).min()
-    }
-
-    /// Takes out, in their order, those expired at `now_ms`.
-    pub(super) fn expired(&mut self, now_ms: u64) -> Vec<T> {
-        let (gone, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.items)
-            .into_iter()
-            .partition(|(at, _)| now_ms >= *at);
-        self.items = kept;
-        gone.into_iter().map(|(_, item)| item).collect()
-    }
-
-    /// Takes out the first.
-    pub(super) fn next(&mut self) -> Option<T> {
-        self.items.pop_front().map(|(_, item)| item)
-    }
-
-    /// When the first of them expires, on the runtime's clock.
-    pub(super) fn due(&self) -> Option<Instant> {
-        let at = self.first_expiry()?;
-        let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
-        let left = Duration::from_millis(at.saturating_sub(now)).min(FARTHEST_DUE);
-        Some(Instant::now() + left)
-    }
-}
-
-/// Returns at `due` (never, without one).
-pub(super) async fn until_due(due: Option<Instant>) {
-    match due {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
 
 impl Gateway {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
@@ -341,28 +271,4 @@ impl Gateway {
 fn not_stored(envelope: &Envelope, e: &fleet_core::FleetError) {
     let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
     tracing::error!(%trace_id, %msg_id, error = %e, "cannot hold a message; the broker keeps it");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Waiting;
-
-    #[test]
-    fn what_waits_keeps_its_order_and_the_expired_leave_from_anywhere() {
-        let mut waiting = Waiting::default();
-        assert!(waiting.is_empty());
-        assert_eq!(waiting.first_expiry(), None);
-        waiting.push(300, "first");
-        waiting.push(100, "second");
-        waiting.push(200, "third");
-        waiting.push(400, "fourth");
-        assert_eq!(waiting.first_expiry(), Some(100));
-        assert_eq!(waiting.expired(99), Vec::<&str>::new());
-        assert_eq!(waiting.expired(200), ["second", "third"]);
-        assert_eq!(waiting.first_expiry(), Some(300));
-        assert_eq!(waiting.next(), Some("first"));
-        assert_eq!(waiting.next(), Some("fourth"));
-        assert_eq!(waiting.next(), None);
-        assert!(waiting.is_empty());
-    }
 }

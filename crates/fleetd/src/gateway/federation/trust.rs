@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::Federation;
-use super::inbox::settle;
+use super::settle::settle;
 use crate::config::FederationConfig;
 
 /// The most heartbeat senders whose last stamp is remembered (a pinned host could otherwise
