@@ -187,15 +187,20 @@ async fn visible(page: &Client, css: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The browser the page is tested in, which `./test.sh` installs: without it the test fails
+/// (a page nobody looked at is not a page that works).
+fn browser_is_installed() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists(),
+        "{CHROMIUM} or {CHROMEDRIVER} is missing, so the page cannot be tested (./test.sh installs them: apt-get install chromium chromium-driver)"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_the_page()
 -> anyhow::Result<()> {
-    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-        eprintln!(
-            "SKIPPED: {CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver)"
-        );
-        return Ok(());
-    }
+    browser_is_installed()?;
     let fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let token = fleet.token("lead")?;
@@ -445,12 +450,7 @@ async fn sign_in(page: &Client, base: &str, token: &str) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_lead_and_a_read_only_operator_read_nothing_of_a_leads_work_on_the_page()
 -> anyhow::Result<()> {
-    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-        eprintln!(
-            "SKIPPED: {CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver)"
-        );
-        return Ok(());
-    }
+    browser_is_installed()?;
     let sim = fleet_testkit::fleet::sim_profile;
     let fleet = Fleet::start(
         "",
