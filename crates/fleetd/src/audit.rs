@@ -7,10 +7,16 @@
 //! line: each goes whole, in one write, into the live file, after a rotation when it would take
 //! that file over the cap ([`fleet_core::bounds::rotate_before`] decides); if the rotation
 //! fails, the line still goes into the file at hand, over the cap, and the log says so loudly.
+//!
+//! Callers never touch the file: they hand their line to an [`AuditWriter`], whose one thread
+//! writes the lines in the order they were handed over, through a bounded queue (a disk that
+//! stalls holds up no async thread; a queue that fills up loses the line loudly).
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::thread::JoinHandle;
 
 use fleet_core::bounds::rotate_before;
 use fleet_core::clock::now_ms;
@@ -59,22 +65,6 @@ impl AuditLog {
         Ok(())
     }
 
-    /// Appends the line of one broker hop: the message under `envelope` (of `size` bytes) and
-    /// its `outcome` — what moved, never its text.
-    pub fn hop(&mut self, envelope: &Envelope, size: usize, outcome: &str) {
-        let line = json!({
-            "ts_ms": now_ms(),
-            "trace_id": envelope.trace_id,
-            "msg_id": envelope.msg_id,
-            "kind": envelope.kind,
-            "from": envelope.from,
-            "to": envelope.to,
-            "size": size,
-            "outcome": outcome,
-        });
-        self.append(&line.to_string());
-    }
-
     /// Appends `line` (without its newline) as one line, rotating first if it would take the
     /// live file over the cap.
     pub fn append(&mut self, line: &str) {
@@ -121,6 +111,107 @@ impl AuditLog {
             return Err(e);
         }
         Ok(())
+    }
+}
+
+/// How many lines may wait for the audit writer's thread before one is lost.
+const AUDIT_QUEUE: usize = 8_192;
+
+/// What the writer's thread is handed.
+enum Entry {
+    /// A line to append.
+    Line(String),
+    /// Answered once every line before it is written.
+    #[cfg(test)]
+    Written(mpsc::Sender<()>),
+}
+
+/// The audit log on a thread of its own, fed through a bounded queue.
+pub struct AuditWriter {
+    /// The live file's path, for what is said of a lost line.
+    path: PathBuf,
+    /// `None` only while it is dropped.
+    lines: Option<SyncSender<Entry>>,
+    /// The writer's thread, waited for as the writer is dropped (its last lines written).
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AuditWriter {
+    /// Starts the thread that writes `log`.
+    pub fn start(mut log: AuditLog) -> io::Result<AuditWriter> {
+        let (lines, queue) = mpsc::sync_channel(AUDIT_QUEUE);
+        let path = log.path.clone();
+        let thread = std::thread::Builder::new()
+            .name("fleetd-audit".into())
+            .spawn(move || {
+                for entry in queue {
+                    match entry {
+                        Entry::Line(line) => log.append(&line),
+                        #[cfg(test)]
+                        Entry::Written(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })?;
+        Ok(AuditWriter {
+            path,
+            lines: Some(lines),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands over the line of one broker hop: the message under `envelope` (of `size` bytes)
+    /// and its `outcome` — what moved, never its text.
+    pub fn hop(&self, envelope: &Envelope, size: usize, outcome: &str) {
+        let line = json!({
+            "ts_ms": now_ms(),
+            "trace_id": envelope.trace_id,
+            "msg_id": envelope.msg_id,
+            "kind": envelope.kind,
+            "from": envelope.from,
+            "to": envelope.to,
+            "size": size,
+            "outcome": outcome,
+        });
+        self.append(line.to_string());
+    }
+
+    /// Hands over `line` (without its newline).
+    pub fn append(&self, line: String) {
+        let Some(lines) = &self.lines else { return };
+        match lines.try_send(Entry::Line(line)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                tracing::error!(path = %self.path.display(), queued = AUDIT_QUEUE, "AUDIT LINE LOST: the audit log's writer is that far behind");
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                tracing::error!(path = %self.path.display(), "AUDIT LINE LOST: the audit log's writer is gone");
+            }
+        }
+    }
+
+    /// Waits until every line handed over before is written.
+    #[cfg(test)]
+    pub fn written(&self) {
+        let (done, wait) = mpsc::channel();
+        if let Some(lines) = &self.lines
+            && lines.send(Entry::Written(done)).is_ok()
+        {
+            let _ = wait.recv();
+        }
+    }
+}
+
+impl Drop for AuditWriter {
+    fn drop(&mut self) {
+        // The queue closes; the thread writes what is in it and ends.
+        self.lines = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!(path = %self.path.display(), "the audit log's writer panicked");
+        }
     }
 }
 
@@ -197,6 +288,21 @@ mod tests {
         assert_eq!(read(&path), lines(&[8, 9]));
         log.append(&line(10));
         assert_eq!((read(&one), read(&path)), (lines(&[8, 9]), lines(&[10])));
+    }
+
+    #[test]
+    fn the_writer_writes_every_line_handed_over_in_order_and_its_last_ones_as_it_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let writer = AuditWriter::start(AuditLog::open(path.clone(), 1 << 20, 1)).unwrap();
+        for n in 0..100 {
+            writer.append(line(n));
+        }
+        writer.written();
+        assert_eq!(read(&path), lines(&(0..100).collect::<Vec<_>>()));
+        writer.append(line(100));
+        drop(writer);
+        assert_eq!(read(&path), lines(&(0..101).collect::<Vec<_>>()));
     }
 
     #[test]

@@ -332,7 +332,8 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             listener: Arc::clone(&stats),
         },
         shutdown.child_token(),
-    );
+    )
+    .context("cannot start the gateway's threads")?;
     gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let router = app(
         Arc::clone(&gateway),

@@ -34,7 +34,7 @@ use super::federation::{
 };
 use super::views::SendResult;
 use super::{Caller, Gateway};
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, AuditWriter};
 use crate::config::{CoordinatorConfig, FederationConfig};
 
 /// The coordinator side of a gateway: its link to the coordinator's vhost and its leads'
@@ -63,7 +63,7 @@ pub struct Coordinator {
     refused: Mutex<u64>,
     /// The audit log of coordination (`<state_dir>/coord-audit.jsonl`): one line per message
     /// published or taken off a mailbox, never its text.
-    audit: Mutex<AuditLog>,
+    audit: AuditWriter,
 }
 
 impl Coordinator {
@@ -84,8 +84,10 @@ impl Coordinator {
             federation.audit_max_bytes,
             federation.audit_keep_files,
         );
+        let audit = AuditWriter::start(audit)
+            .map_err(|e| format!("cannot start the audit log's writer: {e}"))?;
         Ok(Self {
-            audit: Mutex::new(audit),
+            audit,
             config,
             federation,
             ids,
@@ -106,10 +108,7 @@ impl Coordinator {
 
     /// One audit line: what moved, never its text.
     fn audit(&self, envelope: &Envelope, size: usize, outcome: &str) {
-        self.audit
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .hop(envelope, size, outcome);
+        self.audit.hop(envelope, size, outcome);
     }
 
     fn link(&self) -> Option<Arc<Link>> {

@@ -65,7 +65,8 @@ impl Gateway {
                 Arc::clone(profile),
                 worker.clone(),
             );
-            tokio::task::spawn_blocking(move || launchers.prepare(&profile, &worker))
+            self.launch_lane
+                .run(move || launchers.prepare(&profile, &worker))
                 .await
                 .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
         }

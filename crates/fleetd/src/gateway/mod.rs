@@ -47,6 +47,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::health::{Health, STORE_PROBE_EVERY};
+use crate::lane::Lane;
 use crate::launch::Launchers;
 use crate::listener::ListenerStats;
 use crate::metrics::Metrics;
@@ -65,6 +66,14 @@ pub use views::{
 pub use workdir::Workdirs;
 
 use sessions::Sessions;
+
+/// The store's writer threads: one, as SQLite takes one writer at a time.
+const STORE_THREADS: usize = 1;
+/// The threads that prepare launches: as many spawns as that prepare at once.
+const LAUNCH_THREADS: usize = 4;
+
+/// A store probe on its way, waited on across looks.
+type StoreProbe = BoxFuture<'static, Result<StoreResult<()>, crate::lane::Lost>>;
 
 /// The one object behind every tool call and loop.
 pub struct Gateway {
@@ -94,11 +103,17 @@ pub struct Gateway {
     /// Lead-to-lead coordination, when a coordinator is configured.
     coordinator: Option<Coordinator>,
     /// Where workers may work.
-    workdirs: Workdirs,
+    workdirs: Arc<Workdirs>,
     /// What `/metrics` shows.
     metrics: Metrics,
     /// Stores messages, many callers' in one transaction when they come together.
     commits: commits::Commits,
+    /// The store's writer: the one thread that runs every store call but the quick lookups
+    /// on its read-only connection (those run where they are asked).
+    store_lane: Arc<Lane>,
+    /// The launchers' preparation, which may wait seconds on Claude Code's settings lock: on
+    /// threads of its own, so it never holds up a store call.
+    launch_lane: Lane,
     /// Whether its loops and its store are alive, for `/healthz`.
     health: Arc<Health>,
     /// What the HTTP listener in front of it has done, for `/metrics`.
@@ -133,20 +148,25 @@ pub struct Parts {
 }
 
 impl Gateway {
-    /// Builds the gateway over its opened parts. Call [`Gateway::start`] next.
+    /// Builds the gateway over its opened parts (an error if its threads cannot be started).
+    /// Call [`Gateway::start`] next.
     pub fn new(
         config: Arc<Config>,
         host_id: String,
         mcp_url: String,
         parts: Parts,
         shutdown: CancellationToken,
-    ) -> Arc<Self> {
+    ) -> std::io::Result<Arc<Self>> {
+        let store_lane = Arc::new(Lane::new("store", STORE_THREADS)?);
         let commits = commits::Commits::new(
             Arc::clone(&parts.store),
             config.gateway.max_held_per_recipient,
+            Arc::clone(&store_lane),
         );
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             commits,
+            store_lane,
+            launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
             config,
             host_id,
             mcp_url,
@@ -159,11 +179,11 @@ impl Gateway {
             tasks: TaskTracker::new(),
             federation: parts.federation,
             coordinator: parts.coordinator,
-            workdirs: parts.workdirs,
+            workdirs: Arc::new(parts.workdirs),
             metrics: Metrics::new(),
             health: parts.health,
             listener: parts.listener,
-        })
+        }))
     }
 
     /// Declares the configured leads, fails what a previous run left half-delivered, reaps its
@@ -250,21 +270,22 @@ impl Gateway {
     }
 
     /// One look at whether the store takes writes, for [`Health`]: a write that changes nothing,
-    /// on a blocking thread. One that has not answered within [`STORE_PROBE_LIMIT`] is waited
-    /// on again at the next look rather than joined by another (a store that hangs must not take
-    /// every blocking thread); [`Health`] counts it late if it stays out.
-    async fn probe_store(&self, pending: &mut Option<tokio::task::JoinHandle<StoreResult<()>>>) {
+    /// on the store's writer thread (so it also shows that thread is moving). One that has not
+    /// answered within [`STORE_PROBE_LIMIT`] is waited on again at the next look rather than
+    /// joined by another (a store that hangs must not pile probes up); [`Health`] counts it late
+    /// if it stays out.
+    async fn probe_store(&self, pending: &mut Option<StoreProbe>) {
         let mut probe = pending.take().unwrap_or_else(|| {
-            let store = Arc::clone(&self.store);
-            tokio::task::spawn_blocking(move || store.probe_write())
+            let (store, lane) = (Arc::clone(&self.store), Arc::clone(&self.store_lane));
+            Box::pin(async move { lane.run(move || store.probe_write()).await })
         });
         match tokio::time::timeout(STORE_PROBE_LIMIT, &mut probe).await {
             Ok(Ok(wrote)) => self
                 .health
                 .store_probed(wrote.map_err(|e| store_error(e).message)),
-            Ok(Err(join)) => self
+            Ok(Err(lost)) => self
                 .health
-                .store_probed(Err(format!("the probe failed: {join}"))),
+                .store_probed(Err(format!("the probe failed: {lost}"))),
             Err(_) => *pending = Some(probe),
         }
     }
@@ -368,16 +389,16 @@ impl Gateway {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs a store call off the async threads.
+    /// Runs a store call on the store's writer thread.
     async fn db<T, F>(&self, f: F) -> Result<T, FleetError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
     {
         let store = Arc::clone(&self.store);
-        match tokio::task::spawn_blocking(move || f(store.as_ref())).await {
+        match self.store_lane.run(move || f(store.as_ref())).await {
             Ok(result) => result.map_err(store_error),
-            Err(join) => Err(FleetError::internal(format!("store call failed: {join}"))),
+            Err(lost) => Err(FleetError::internal(format!("store call failed: {lost}"))),
         }
     }
 

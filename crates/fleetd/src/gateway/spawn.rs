@@ -267,9 +267,13 @@ impl Gateway {
                 )));
             }
         };
+        // Resolving reads the file system (a mount that hangs must hold up no async thread).
+        let (workdirs, host) = (Arc::clone(&self.workdirs), self.host_id.clone());
         let cwd = self
-            .workdirs
-            .resolve(&requested, &self.host_id)
+            .launch_lane
+            .run(move || workdirs.resolve(&requested, &host))
+            .await
+            .map_err(|lost| FleetError::internal(format!("cannot resolve the cwd: {lost}")))?
             .map_err(|mut e| {
                 if let Some(from) = &from {
                     e.message = format!(

@@ -273,6 +273,102 @@ async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory(
     Ok(())
 }
 
+/// Issue 32: preparing a claude-code worker may wait up to 15 s on Claude Code's lock on the
+/// user's settings. Four such spawns at once, all waiting on a lock Claude Code holds, leave
+/// a lead's round trip to another worker untouched (it is answered while all four still wait:
+/// their preparation has threads of its own, apart from the store's); once the lock goes, all
+/// four start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawns_waiting_on_claude_codes_settings_lock_hold_up_no_round_trip() -> anyhow::Result<()>
+{
+    let model = ModelSim::start().await?;
+    let dir = tempfile::tempdir()?;
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home)?;
+    let approved = &TEST_API_KEY[TEST_API_KEY.len() - 20..];
+    std::fs::write(
+        home.join(".claude.json"),
+        serde_json::to_string_pretty(&json!({
+            "hasCompletedOnboarding": true,
+            "lastOnboardingVersion": "2.1.332",
+            "theme": "dark",
+            "customApiKeyResponses": {"approved": [approved], "rejected": []},
+        }))?,
+    )?;
+    let work = dir.path().join("work");
+    let cwds: Vec<PathBuf> = (1..=4).map(|i| work.join(format!("project-{i}"))).collect();
+    for cwd in &cwds {
+        std::fs::create_dir_all(cwd)?;
+    }
+    let home_text = home.display().to_string();
+    let fleet = Fleet::start_with_env(
+        &std::env::temp_dir(),
+        &format!("workdir_roots = [{:?}]", work.display().to_string()),
+        &format!(
+            "{}\n{}",
+            own_settings_profile(&model.base_url()),
+            fleet_testkit::fleet::sim_profile("sim", &[])?
+        ),
+        &[("HOME", Some(&home_text)), ("CLAUDE_CONFIG_DIR", None)],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(lead.spawn("sim", "w1").await?["status"], "idle");
+
+    // Claude Code holds its lock (a live holder's: its time is ahead, so never stale).
+    let lock = home.join(".claude.json.lock");
+    std::fs::create_dir(&lock)?;
+    std::fs::File::open(&lock)?
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(3_600))?;
+    let mut spawns = Vec::new();
+    for (i, cwd) in cwds.iter().enumerate() {
+        let (lead, cwd) = (fleet.lead("lead", Protocol::Stateless).await?, cwd.clone());
+        spawns.push(tokio::spawn(async move {
+            lead.ok(
+                "fleet_spawn",
+                json!({"profile": "claude", "name": format!("c{}", i + 1), "cwd": cwd}),
+            )
+            .await
+        }));
+    }
+    fleet_testkit::wait::until(
+        "the four to be spawning",
+        Duration::from_secs(30),
+        || async {
+            let names = lead.names().await.ok()?;
+            (1..=4)
+                .all(|i| names.contains(&format!("c{i}")))
+                .then_some(())
+        },
+    )
+    .await?;
+
+    // A round trip to w1 while all four wait on the lock.
+    for n in 0..3 {
+        let sent = lead.send("w1", &format!("round trip {n}"), 20).await?;
+        assert_eq!(
+            sent["reply"]["text"],
+            format!("echo: round trip {n}"),
+            "{sent}"
+        );
+    }
+    let waiting = spawns.iter().filter(|s| !s.is_finished()).count();
+    assert_eq!(
+        waiting,
+        4,
+        "the round trips waited for the spawns\n{}",
+        fleet.log()
+    );
+
+    // Claude Code lets go: all four start.
+    std::fs::remove_dir(&lock)?;
+    for spawn in spawns {
+        let spawned = spawn.await?.with_context(|| fleet.log())?;
+        assert_eq!(spawned["status"], "idle", "{spawned}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_claude_code_worker_starts_in_the_permission_mode_its_profile_names()
 -> anyhow::Result<()> {

@@ -150,6 +150,11 @@ async fn the_node_leading_an_inbox_dies_mid_traffic_and_nothing_is_lost_or_typed
     assert_eq!(got, expected, "{replies:?}\n{}", a.log());
     assert_eq!(alice.poll(2).await?, Vec::<Value>::new(), "a reply twice");
     // No brief was typed twice: each was taken off the broker once.
+    until("every brief in hostb's audit log", LIMIT, || async {
+        let taken = taken(&b).ok()?;
+        ids.iter().all(|id| taken.contains_key(id)).then_some(())
+    })
+    .await?;
     let taken = taken(&b)?;
     for id in &ids {
         assert_eq!(taken.get(id), Some(&1), "brief {id}: {taken:?}");

@@ -17,6 +17,22 @@ fn audit(fleet: &fleet_testkit::fleet::Fleet) -> String {
     std::fs::read_to_string(fleet.state_dir().join("audit.jsonl")).unwrap_or_default()
 }
 
+/// Waits until `fleet`'s audit log has two control requests taken (its writer writes a line a
+/// moment after the hop), and no more.
+async fn taken_twice(fleet: &fleet_testkit::fleet::Fleet) -> anyhow::Result<()> {
+    until("two control requests in the audit log", LIMIT, || async {
+        (audit(fleet).matches("control: taken").count() >= 2).then_some(())
+    })
+    .await?;
+    assert_eq!(
+        audit(fleet).matches("control: taken").count(),
+        2,
+        "{}",
+        audit(fleet)
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_spawns_tasks_and_stops_a_worker_on_another_host() -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
@@ -83,12 +99,7 @@ async fn a_lead_spawns_tasks_and_stops_a_worker_on_another_host() -> anyhow::Res
     })
     .await?;
     // Both requests went by the control plane, audited on hostb.
-    assert_eq!(
-        audit(&p.b).matches("control: taken").count(),
-        2,
-        "{}",
-        audit(&p.b)
-    );
+    taken_twice(&p.b).await?;
     Ok(())
 }
 
@@ -161,12 +172,7 @@ async fn a_remote_spawn_fails_as_it_would_there_and_an_unknown_host_at_once() ->
     assert_eq!(err.code, "unknown_recipient", "{err}");
     assert!(err.message.contains("hosta, hostb"), "{err}");
     assert!(started.elapsed() < LIMIT);
-    assert_eq!(
-        audit(&b).matches("control: taken").count(),
-        2,
-        "{}",
-        audit(&b)
-    );
+    taken_twice(&b).await?;
 
     // A host that went down: once the roster lets it go, at once too.
     let mut b = b;
@@ -412,12 +418,15 @@ async fn an_ask_across_hosts_that_ended_is_over_for_the_lead_and_a_late_answer_h
     // An answer that reaches hostb after the ask ended (signed with hosta's key, as if hosta
     // sent it in the moment before it heard) is never handed to anyone: hostb answers
     // TOO_LATE. hosta, which never sent that answer, refuses the notice as not its own.
-    let ask_id = audit(&p.b)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|l| l["kind"] == "ASK" && l["outcome"] == "published")
-        .and_then(|l| l["msg_id"].as_str().map(str::to_string))
-        .ok_or_else(|| anyhow::anyhow!("no ASK in hostb's audit:\n{}", audit(&p.b)))?;
+    let ask_id = until("the ASK in hostb's audit", LIMIT, || async {
+        audit(&p.b)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["kind"] == "ASK" && l["outcome"] == "published")
+            .and_then(|l| l["msg_id"].as_str().map(str::to_string))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}:\n{}", audit(&p.b)))?;
     let alice_gid: Gid = gid_of(&p.alice.entry("alice").await?).parse()?;
     let wb = gid_of(&p.alice.entry("wb").await?);
     let mut answer = forged(Kind::Answer, alice_gid, "hosta", &wb)?;

@@ -245,7 +245,12 @@ async fn a_forged_or_unsigned_coordination_message_is_refused_and_not_held() -> 
     assert!(c.bob.poll(0).await?.is_empty());
     c.b.logged("REFUSED a coordination message").await?;
     // Each has its audit line, none its text.
-    let audit = std::fs::read_to_string(c.b.state_dir().join("coord-audit.jsonl"))?;
+    let read = || std::fs::read_to_string(c.b.state_dir().join("coord-audit.jsonl"));
+    until("the five refused in the audit log", LIMIT, || async {
+        (read().ok()?.matches(r#""outcome":"refused""#).count() >= 5).then_some(())
+    })
+    .await?;
+    let audit = read()?;
     assert_eq!(
         audit.matches(r#""outcome":"refused""#).count(),
         5,

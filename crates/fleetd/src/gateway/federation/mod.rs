@@ -59,7 +59,7 @@ use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
-use crate::audit::AuditLog;
+use crate::audit::{AuditLog, AuditWriter};
 use crate::config::{BrokerConfig, FederationConfig};
 
 /// How many remote senders' names are kept (then forgotten all at once).
@@ -77,7 +77,7 @@ pub struct Federation {
     gateway_gid: Gid,
     state: Mutex<FedState>,
     /// The audit log: one line per broker hop, never a message's text.
-    audit: Mutex<AuditLog>,
+    audit: AuditWriter,
     /// This gateway's key pair: it signs everything it publishes.
     key: SigningKey,
     /// The hosts whose signatures are taken (this one's own key among them).
@@ -178,6 +178,8 @@ impl Federation {
             config.audit_max_bytes,
             config.audit_keep_files,
         );
+        let audit = AuditWriter::start(audit)
+            .map_err(|e| format!("cannot start the audit log's writer: {e}"))?;
         let caps = RosterCaps {
             hosts: config.max_remote_hosts,
             entities_per_host: config.max_remote_entities_per_host,
@@ -210,7 +212,7 @@ impl Federation {
             next_node: AtomicUsize::new(0),
             gateway_gid: Gid::mint(),
             state: Mutex::new(state),
-            audit: Mutex::new(audit),
+            audit,
             key,
             trust,
             allow,
@@ -294,10 +296,7 @@ impl Federation {
 
     /// One audit line: what moved, never its text.
     fn audit(&self, envelope: &Envelope, size: usize, outcome: &str) {
-        self.audit
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .hop(envelope, size, outcome);
+        self.audit.hop(envelope, size, outcome);
     }
 
     /// Notes a message from another host now held here, with its audit line: an answer ends

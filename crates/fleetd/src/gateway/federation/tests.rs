@@ -158,7 +158,8 @@ async fn harness(max_held: usize) -> Harness {
         "http://127.0.0.1:1/mcp".into(),
         parts,
         CancellationToken::new(),
-    );
+    )
+    .unwrap();
     let gid = gateway
         .db(|s| s.ensure_lead("alice", "hosta", &[]))
         .await
@@ -945,6 +946,7 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
     assert!(awaited.is_empty(), "{awaited:?}");
     // Nothing goes back through the broker: the sender is here.
     assert!(broker.published().is_empty(), "{:?}", broker.published());
+    gateway.fed().unwrap().audit.written();
     assert_eq!(
         audited_outcomes(&dir),
         ["dead letter: expired, sender told"; 2]
@@ -1173,6 +1175,7 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         .iter()
         .map(|r| format!("dead letter dropped: {r}"))
         .collect();
+    gateway.fed().unwrap().audit.written();
     assert_eq!(audited_outcomes(&dir), expected);
     // The brief that was typed in still awaits its answer.
     assert_eq!(
