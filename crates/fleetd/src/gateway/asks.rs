@@ -57,7 +57,7 @@ impl Drop for AskGuard {
                 .asks
                 .close(&self.turn_id, "the worker stopped waiting");
             if let Some(session) = sessions.panes.get_mut(&self.worker)
-                && session.status == WorkerStatus::Asking
+                && session.status() == WorkerStatus::Asking
             {
                 let _ = session.apply(SessionEvent::AskEnded);
             }
@@ -94,7 +94,7 @@ impl Gateway {
         let (to, remote_ask) = {
             let mut sessions = self.lock();
             let session = sessions.panes.get(&me);
-            let task = session.and_then(|s| s.current.clone());
+            let task = session.and_then(|s| s.current().cloned());
             let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
             let remote = !sessions.is_local(to) && self.federation.is_some();
             let lead = sessions.leads.get(&to);
@@ -138,7 +138,7 @@ impl Gateway {
             };
             sessions.asks.open(question, to, Waiter::Call(tx));
             if let Some(session) = sessions.panes.get_mut(&me)
-                && session.status == WorkerStatus::Busy
+                && session.status() == WorkerStatus::Busy
             {
                 let _ = session.apply(SessionEvent::Asked);
             }

@@ -57,11 +57,7 @@ impl Drop for OpenCall {
                 lead.listening.swap_remove(at);
             }
         } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
-            session.open_calls = session.open_calls.saturating_sub(1);
-            if self.poll {
-                session.polls = session.polls.saturating_sub(1);
-                session.kick();
-            }
+            session.call_closed(self.poll);
         }
     }
 }
@@ -79,10 +75,7 @@ impl Gateway {
             lead.open_calls += 1;
             lead.listening.push(listens);
         } else if let Some(session) = sessions.panes.get_mut(&gid) {
-            session.open_calls += 1;
-            if poll {
-                session.polls += 1;
-            }
+            session.call_opened(poll);
         }
         OpenCall {
             gateway: Arc::clone(self),
@@ -125,7 +118,7 @@ impl Gateway {
                             s.owned(),
                         )?;
                     }
-                    s.profile.single_line
+                    s.profile().single_line
                 }
                 None => false,
             };
@@ -149,7 +142,7 @@ impl Gateway {
             .lock()
             .panes
             .get(&caller.entity.gid)
-            .and_then(|s| s.current.as_ref().map(|m| m.trace_id))
+            .and_then(|s| s.current().map(|m| m.trace_id))
             .unwrap_or_else(TraceId::mint);
         let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
         let msg_id = message.msg_id;
@@ -301,10 +294,10 @@ impl Gateway {
         let owners_dialog = open.listens.and_then(|w| {
             let sessions = self.lock();
             let s = sessions.panes.get(&w)?;
-            (s.status == WorkerStatus::Blocked && s.entity.parent != Some(me)).then(|| {
+            (s.status() == WorkerStatus::Blocked && s.entity().parent != Some(me)).then(|| {
                 format!(
                     "; '{}' waits on a dialog of its program, which its owner answers: your task goes on once it does",
-                    s.entity.name
+                    s.entity().name
                 )
             })
         });
@@ -354,7 +347,7 @@ impl Gateway {
         let me = caller.entity.gid;
         let _open = self.open_call(me, true, from);
         let mut inbox = self.inbox(me);
-        let mut kick = self.lock().panes.get(&me).map(|s| s.kick.subscribe());
+        let mut kick = self.lock().panes.get(&me).map(|s| s.kicks());
         let deadline = Instant::now() + wait;
         loop {
             inbox.borrow_and_update();

@@ -421,7 +421,7 @@ impl Gateway {
     /// `handed` at the earliest (when the lead had its answer: one that answered long before a
     /// slower architect is still kept `keep` for a follow-up).
     async fn until_idle_for(&self, gid: Gid, keep: Duration, handed: std::time::Instant) -> bool {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return true;
         };
         loop {
@@ -429,10 +429,14 @@ impl Gateway {
             // Counted from its last answer, or from the last task queued for it if that came
             // later (a follow-up it has yet to pull).
             let idle_for = match self.lock().panes.get(&gid) {
-                Some(session) if session.status.is_live() => session.idle_since.map(|at| {
-                    let idle = at.elapsed().min(handed.elapsed());
-                    session.last_queued.map_or(idle, |q| idle.min(q.elapsed()))
-                }),
+                Some(session) if session.status().is_live() => {
+                    session.idle_for(Instant::now()).map(|idle| {
+                        let idle = idle.min(handed.elapsed());
+                        session
+                            .last_queued()
+                            .map_or(idle, |q| idle.min(q.elapsed()))
+                    })
+                }
                 _ => return true,
             };
             let nap = match idle_for {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use fleet_core::delivery::Taker;
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::typed::{first_line_end, opens_a_command, typeable};
-use fleet_core::{Gid, Kind, Message, MsgState, SessionEvent, WorkerStatus};
+use fleet_core::{Gid, Kind, Message, MsgState, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
 use tokio::time::Instant;
@@ -90,7 +90,7 @@ impl Gateway {
     }
 
     async fn pump(self: Arc<Self>, gid: Gid) {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return;
         };
         let mut last_reported = None;
@@ -119,7 +119,7 @@ impl Gateway {
 
     async fn pump_step(self: &Arc<Self>, gid: Gid) -> Step {
         match self.lock().panes.get(&gid) {
-            Some(s) if s.status.is_live() => {}
+            Some(s) if s.status().is_live() => {}
             _ => return Step::Done,
         }
         // An open poll takes tasks itself; otherwise only an idle worker gets one.
@@ -162,10 +162,10 @@ impl Gateway {
         let interval = Duration::from_secs(self.config.architects.nudge_interval_s);
         let found = self.lock().panes.get(&gid).map(|s| {
             (
-                s.last_nudge.map(|at| at.elapsed()),
-                s.pane.clone(),
-                Arc::clone(&s.profile),
-                s.activity.subscribe(),
+                s.last_nudge().map(|at| at.elapsed()),
+                s.pane().cloned(),
+                Arc::clone(s.profile()),
+                s.activity(),
             )
         });
         let Some((since_last, Some(pane), profile, mut activity)) = found else {
@@ -184,7 +184,7 @@ impl Gateway {
             }
         };
         if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.last_nudge = Some(Instant::now());
+            session.nudged(Instant::now());
         }
         let options = inject_options(&profile, false);
         let line = nudge_line(count);
@@ -207,9 +207,9 @@ impl Gateway {
     /// recognises the agent itself (it knows better then).
     async fn report_status(&self, gid: Gid, last: &mut Option<AgentState>) {
         let found = self.lock().panes.get(&gid).and_then(|s| {
-            let state = reported(s.status)?;
-            let pane = s.pane.clone()?;
-            (s.host_agent.is_none() && *last != Some(state)).then_some((pane, state))
+            let state = reported(s.status())?;
+            let pane = s.pane().cloned()?;
+            (s.host_agent().is_none() && *last != Some(state)).then_some((pane, state))
         });
         if let Some((pane, state)) = found {
             match self.panes.report(&pane, state).await {
@@ -226,7 +226,7 @@ impl Gateway {
     /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any
     /// other would).
     pub(super) async fn until_injectable(&self, gid: Gid) {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kick.subscribe()) else {
+        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return;
         };
         loop {
@@ -234,7 +234,7 @@ impl Gateway {
             let ready = {
                 let sessions = self.lock();
                 match sessions.panes.get(&gid) {
-                    Some(s) if s.status.is_live() => sessions.may_take_task(gid, Taker::Broker),
+                    Some(s) if s.status().is_live() => sessions.may_take_task(gid, Taker::Broker),
                     _ => true,
                 }
             };
@@ -260,14 +260,7 @@ impl Gateway {
         let Some(s) = sessions.panes.get_mut(&gid) else {
             return false;
         };
-        if s.claiming {
-            // Whoever holds the claim must wake the others when it lets go: something may have
-            // arrived that this claimant came for.
-            s.claim_missed = true;
-            return false;
-        }
-        s.claiming = free;
-        free
+        s.claim(free)
     }
 
     /// Gives up a claim that found nothing to take, waking the pump and polls only if another
@@ -275,10 +268,7 @@ impl Gateway {
     /// it would look at its empty queue again and again).
     pub(super) fn unclaim(&self, gid: Gid) {
         if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.claiming = false;
-            if std::mem::take(&mut session.claim_missed) {
-                session.kick();
-            }
+            session.unclaim();
         }
     }
 
@@ -289,17 +279,7 @@ impl Gateway {
         let refused = {
             let mut sessions = self.lock();
             match sessions.panes.get_mut(&gid) {
-                Some(session) => {
-                    session.claiming = false;
-                    session.claim_missed = false;
-                    match session.apply(SessionEvent::TaskStarted) {
-                        Ok(_) => {
-                            session.current = Some(task.clone());
-                            None
-                        }
-                        Err(e) => Some(e.message),
-                    }
-                }
+                Some(session) => session.start_task(task.clone()).err().map(|e| e.message),
                 None => Some("the recipient is gone".to_string()),
             }
         };
@@ -328,10 +308,10 @@ impl Gateway {
     async fn type_task(self: &Arc<Self>, gid: Gid, task: Message) {
         let found = self.lock().panes.get(&gid).map(|s| {
             (
-                s.pane.clone(),
-                Arc::clone(&s.profile),
-                s.activity.subscribe(),
-                s.tasks_started,
+                s.pane().cloned(),
+                Arc::clone(s.profile()),
+                s.activity(),
+                s.tasks_started(),
             )
         });
         // Gone: the end of its session fails what it held.
@@ -392,15 +372,8 @@ impl Gateway {
     /// Fails `task`, which never reached `gid`: its turn is over before it began.
     async fn untyped(self: &Arc<Self>, gid: Gid, task: &Message, reason: &str) {
         self.fail(task, reason).await;
-        let mut sessions = self.lock();
-        if let Some(session) = sessions.panes.get_mut(&gid)
-            && session
-                .current
-                .as_ref()
-                .is_some_and(|m| m.msg_id == task.msg_id)
-        {
-            session.current = None;
-            let _ = session.apply(SessionEvent::TurnDone);
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.end_turn_of(task.msg_id);
         }
     }
 }

@@ -26,7 +26,8 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::asks::Waiter;
-use super::sessions::{OpenDialog, Sessions};
+use super::session::OpenDialog;
+use super::sessions::Sessions;
 use super::views::{AskView, SendResult};
 use super::{Caller, Gateway};
 
@@ -84,34 +85,34 @@ impl Gateway {
             let mut watched = Vec::new();
             let mut over = Vec::new();
             for (gid, s) in &sessions.panes {
-                if s.dialog.as_ref().is_some_and(|d| d.answering) {
+                if s.dialog().is_some_and(|d| d.answering) {
                     // An answer is being pressed: its keys and looks are the screen's now.
                     continue;
                 }
-                let asked = s.dialog.as_ref().filter(|d| {
+                let asked = s.dialog().filter(|d| {
                     sessions.asks.is_open(&d.question.turn_id)
                         && d.good_until.is_none_or(|until| Instant::now() < until)
                 });
-                if let Some(dialog) = &s.dialog
-                    && (s.status != WorkerStatus::Blocked || asked.is_none())
+                if let Some(dialog) = &s.dialog()
+                    && (s.status() != WorkerStatus::Blocked || asked.is_none())
                 {
                     // Its turn ended (or it stopped) with the dialog still asked; or its ask is
                     // over (expired afar, refused there): asked afresh if it stays.
                     over.push((*gid, dialog.question.turn_id.clone()));
                 }
-                if !matches!(s.status, WorkerStatus::Busy | WorkerStatus::Blocked) {
+                if !matches!(s.status(), WorkerStatus::Busy | WorkerStatus::Blocked) {
                     continue;
                 }
-                let forced = matches!(s.host_agent, Some((_, AgentState::Blocked)));
-                let markers = s.profile.dialog_markers();
+                let forced = matches!(s.host_agent(), Some((_, AgentState::Blocked)));
+                let markers = s.profile().dialog_markers();
                 if markers.is_empty() && !forced {
                     continue;
                 }
-                if let Some(pane) = &s.pane {
+                if let Some(pane) = s.pane() {
                     watched.push(Watched {
                         gid: *gid,
                         pane: pane.clone(),
-                        status: s.status,
+                        status: s.status(),
                         markers,
                         forced,
                         asked: asked.and_then(|d| {
@@ -121,7 +122,7 @@ impl Gateway {
                                 turn_over_before: d.turn_over_before.clone(),
                             })
                         }),
-                        turn_over: s.profile.turn_over_markers(),
+                        turn_over: s.profile().turn_over_markers(),
                     });
                 }
             }
@@ -181,18 +182,18 @@ impl Gateway {
         let (to, remote) = {
             let mut sessions = self.lock();
             let session = sessions.panes.get_mut(&gid)?;
-            if session.status != WorkerStatus::Busy {
+            if session.status() != WorkerStatus::Busy {
                 return None;
             }
-            let task = session.current.clone();
+            let task = session.current().cloned();
             // Its prompt is screen text: the owner's, whoever's task it works on.
-            let to = whom_to_ask(None, session.entity.parent).ok()?;
+            let to = whom_to_ask(None, session.entity().parent).ok()?;
             let _ = session.apply(SessionEvent::DialogShown);
             let question = AskView {
                 turn_id: turn_id.clone(),
                 from: gid,
-                from_name: session.entity.name.clone(),
-                host: session.entity.host.clone(),
+                from_name: session.entity().name.clone(),
+                host: session.entity().host.clone(),
                 question: dialog.prompt.clone(),
                 choices: Some(dialog.choices.clone()),
                 in_task: task.as_ref().map(|t| t.msg_id),
@@ -209,7 +210,7 @@ impl Gateway {
             });
             sessions.asks.open(question.clone(), to, Waiter::Screen);
             if let Some(session) = sessions.panes.get_mut(&gid) {
-                session.dialog = Some(OpenDialog {
+                session.dialog_asked(OpenDialog {
                     question,
                     good_until: remote.is_some().then(|| Instant::now() + ttl),
                     remote: remote.clone(),
@@ -271,14 +272,11 @@ impl Gateway {
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return false;
             };
-            match &session.dialog {
+            match session.dialog() {
                 Some(d) if d.question.turn_id == turn && !(leave_answering && d.answering) => {}
                 _ => return false,
             }
-            if session.status == WorkerStatus::Blocked {
-                let _ = session.apply(SessionEvent::DialogGone);
-            }
-            let dialog = session.dialog.take();
+            let dialog = session.dialog_over();
             sessions.asks.close(turn, why);
             dialog
         };
@@ -366,21 +364,20 @@ impl Gateway {
         let (pane, markers, forced, turn_over) = {
             let mut sessions = self.lock();
             let session = sessions.panes.get_mut(&gid).ok_or_else(gone)?;
-            let pane = session.pane.clone();
-            let blocked = session.status == WorkerStatus::Blocked;
+            let pane = session.pane().cloned();
+            let blocked = session.status() == WorkerStatus::Blocked;
+            let looks = (
+                session.profile().dialog_markers(),
+                matches!(session.host_agent(), Some((_, AgentState::Blocked))),
+                session.profile().turn_over_markers(),
+            );
             let asked = session
-                .dialog
-                .as_mut()
+                .dialog_mut()
                 .filter(|d| d.question.turn_id == dialog.turn_id);
             match (pane, asked, blocked) {
                 (Some(pane), Some(asked), true) => {
                     asked.answering = true;
-                    (
-                        pane,
-                        session.profile.dialog_markers(),
-                        matches!(session.host_agent, Some((_, AgentState::Blocked))),
-                        session.profile.turn_over_markers(),
-                    )
+                    (pane, looks.0, looks.1, looks.2)
                 }
                 _ => return Err(gone()),
             }
@@ -483,23 +480,14 @@ impl Gateway {
     /// shows `marker`): its task in flight fails, saying so, and it takes its next task.
     async fn turn_over(self: &Arc<Self>, dialog: &AskView, marker: &str) {
         let (gid, name) = (dialog.from, &dialog.from_name);
-        let task = {
-            let mut sessions = self.lock();
-            let Some(session) = sessions.panes.get_mut(&gid) else {
-                return;
-            };
-            // Only the task the dialog stopped in: one answered meanwhile, or the next one, is
-            // not this turn's.
-            let stopped_in = session
-                .current
-                .as_ref()
-                .is_some_and(|t| Some(t.msg_id) == dialog.in_task);
-            let task = stopped_in.then(|| session.current.take()).flatten();
-            if task.is_some() {
-                let _ = session.apply(SessionEvent::TurnDone);
-            }
-            task
-        };
+        // Only the task the dialog stopped in: one answered meanwhile, or the next one, is not
+        // this turn's.
+        let task = dialog.in_task.and_then(|stopped_in| {
+            self.lock()
+                .panes
+                .get_mut(&gid)
+                .and_then(|session| session.end_turn_of(stopped_in))
+        });
         let Some(task) = task else {
             return;
         };
@@ -628,7 +616,7 @@ impl Gateway {
         // The watcher may have asked it first.
         let asked = asked.or_else(|| {
             let sessions = self.lock();
-            let open = sessions.panes.get(&gid)?.dialog.as_ref()?;
+            let open = sessions.panes.get(&gid)?.dialog()?;
             Some(open.question.turn_id.clone())
         });
         match asked {
@@ -657,7 +645,7 @@ pub(super) fn take_answer(
         && let Some(dialog) = sessions
             .panes
             .get_mut(&question.from)
-            .and_then(|s| s.dialog.as_mut())
+            .and_then(|s| s.dialog_mut())
             .filter(|d| d.question.turn_id == turn)
     {
         dialog.answering = true;
@@ -679,7 +667,7 @@ impl Drop for Answering<'_> {
         if let Some(dialog) = sessions
             .panes
             .get_mut(&self.gid)
-            .and_then(|s| s.dialog.as_mut())
+            .and_then(|s| s.dialog_mut())
             .filter(|d| d.question.turn_id == self.turn)
         {
             dialog.answering = false;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::ownership::{Action, Principal, check, parts, told};
 use fleet_core::routing::Route;
-use fleet_core::{ErrorCode, FleetError, Gid, SessionEvent, WorkerStatus};
+use fleet_core::{ErrorCode, FleetError, Gid, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
 
@@ -123,16 +123,13 @@ impl Gateway {
         let ended = {
             let mut sessions = self.lock();
             match sessions.panes.get_mut(&gid) {
-                Some(session) if session.status != WorkerStatus::Gone => {
-                    if session.status != WorkerStatus::Stopping {
-                        let _ = session.apply(SessionEvent::Stop);
-                    }
-                    let _ = session.apply(SessionEvent::Exited);
+                Some(session) if session.status() != WorkerStatus::Gone => {
+                    let task = session.exited();
                     Some((
-                        session.pane.clone(),
-                        session.current.take(),
-                        session.entity.name.clone(),
-                        session.entity.clone(),
+                        session.pane().cloned(),
+                        task,
+                        session.entity().name.clone(),
+                        session.entity().clone(),
                     ))
                 }
                 _ => None,

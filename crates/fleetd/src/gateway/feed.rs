@@ -187,8 +187,8 @@ impl Gateway {
             let sessions = self.lock();
             let session = sessions.panes.get(&entity.gid);
             (
-                session.and_then(|s| s.pane.clone()),
-                session.map(|s| s.status),
+                session.and_then(|s| s.pane().cloned()),
+                session.map(|s| s.status()),
                 session.is_some_and(|s| s.allows(Principal::Lead(&caller.entity), Action::SeeText)),
             )
         };

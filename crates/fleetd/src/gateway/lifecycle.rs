@@ -42,13 +42,13 @@ impl Gateway {
         self.db(move |s| s.put_token(gid, &hash, true)).await?;
         // Readiness counts from the new token on (an earlier session's calls do not).
         if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.ready_early = false;
+            session.forget_early_readiness();
         }
         let role = self
             .lock()
             .panes
             .get(&gid)
-            .map_or(Role::Worker, |s| s.entity.role);
+            .map_or(Role::Worker, |s| s.entity().role);
         let worker = Worker {
             gid,
             name: name.to_string(),
@@ -99,7 +99,7 @@ impl Gateway {
         let status = match self.lock().panes.get_mut(&gid) {
             Some(session) => {
                 session.pane_opened(pane.clone());
-                session.status
+                session.status()
             }
             None => WorkerStatus::Spawning,
         };
@@ -119,13 +119,13 @@ impl Gateway {
             let mut due = Vec::new();
             for (gid, session) in sessions.panes.iter_mut() {
                 let facts = LifeFacts {
-                    status: session.status,
-                    claiming: session.claiming,
+                    status: session.status(),
+                    claiming: session.claiming(),
                     cap_reached: session.cap_reached(),
-                    idle_for: session.idle_since.map(|since| since.elapsed()),
-                    idle_ttl: session.profile.idle_ttl(),
+                    idle_for: session.idle_for(tokio::time::Instant::now()),
+                    idle_ttl: session.profile().idle_ttl(),
                 };
-                match (turnover(&facts), session.profile.context_cap) {
+                match (turnover(&facts), session.profile().context_cap) {
                     // Spawning again from here on: the pump types nothing into it meanwhile.
                     (Some(Turnover::Recycle), Some(cap))
                         if session.apply(SessionEvent::Recycle).is_ok() =>
@@ -169,13 +169,11 @@ impl Gateway {
         let found = {
             let mut sessions = self.lock();
             sessions.panes.get_mut(&gid).map(|s| {
-                s.tasks_started = 0;
-                s.last_seen_ms = None;
                 (
-                    s.pane.take(),
-                    s.entity.name.clone(),
-                    Arc::clone(&s.profile),
-                    s.cwd.clone(),
+                    s.start_afresh(),
+                    s.entity().name.clone(),
+                    Arc::clone(s.profile()),
+                    s.cwd().to_path_buf(),
                 )
             })
         };

@@ -47,7 +47,7 @@ impl Gateway {
                 .leads
                 .get(&gid)
                 .map(|l| l.entity.name.clone())
-                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity.name.clone()))
+                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().name.clone()))
         };
         let remote = || self.federation.as_ref().and_then(|f| f.remote_name(gid));
         match live.or_else(remote) {
@@ -144,8 +144,8 @@ impl Gateway {
         }
         if fresh && placement == Placement::Queue {
             let (live, pulled) = match self.lock().panes.get_mut(&to) {
-                Some(session) if session.status.is_live() => {
-                    session.last_queued = Some(tokio::time::Instant::now());
+                Some(session) if session.status().is_live() => {
+                    session.queued(tokio::time::Instant::now());
                     session.kick();
                     (true, session.pulls())
                 }

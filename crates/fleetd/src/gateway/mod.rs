@@ -25,6 +25,7 @@ mod operator;
 mod prune;
 mod reply;
 mod scrape;
+mod session;
 mod sessions;
 mod spawn;
 mod stall;
@@ -304,7 +305,7 @@ impl Gateway {
             .lock()
             .panes
             .iter()
-            .filter(|(_, s)| s.status.is_live())
+            .filter(|(_, s)| s.status().is_live())
             .map(|(gid, _)| *gid)
             .collect();
         for gid in live {
@@ -373,7 +374,7 @@ impl Gateway {
             .lock()
             .panes
             .get(&gid)
-            .map(|s| s.entity.name.clone())
+            .map(|s| s.entity().name.clone())
             .unwrap_or_default();
         if task {
             crate::logs::session_task_span(gid, &name)

@@ -7,7 +7,7 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
-use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId, SessionEvent};
+use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId};
 
 use super::views::ReplyResult;
 use super::{Caller, Gateway, store_error};
@@ -37,7 +37,7 @@ impl Gateway {
                 .lock()
                 .panes
                 .get(&me)
-                .and_then(|s| s.current.clone())
+                .and_then(|s| s.current().cloned())
                 .ok_or_else(|| {
                     FleetError::invalid(
                         "you have no task in flight to answer: pass in_reply_to (the msg_id you answer)",
@@ -92,32 +92,20 @@ impl Gateway {
 
     /// Takes `gid`'s task in flight out of flight if it is `answered`.
     fn take_current(&self, gid: Gid, answered: MsgId) -> Option<Message> {
-        let mut sessions = self.lock();
-        let session = sessions.panes.get_mut(&gid)?;
-        if session
-            .current
-            .as_ref()
-            .is_some_and(|m| m.msg_id == answered)
-        {
-            session.current.take()
-        } else {
-            None
-        }
+        self.lock().panes.get_mut(&gid)?.take_current(answered)
     }
 
     /// Puts a task taken by [`Gateway::take_current`] back in flight.
     fn restore_current(&self, gid: Gid, task: Message) {
-        if let Some(session) = self.lock().panes.get_mut(&gid)
-            && session.current.is_none()
-        {
-            session.current = Some(task);
+        if let Some(session) = self.lock().panes.get_mut(&gid) {
+            session.restore_current(task);
         }
     }
 
     /// Ends `gid`'s turn: the worker is idle again and its next task may go in.
     fn end_turn(&self, gid: Gid) {
         if let Some(session) = self.lock().panes.get_mut(&gid)
-            && let Err(e) = session.apply(SessionEvent::TurnDone)
+            && let Err(e) = session.end_turn()
         {
             tracing::warn!(%gid, error = %e, "reply outside a turn");
         }

@@ -48,7 +48,7 @@ impl Gateway {
             let sessions = self.lock();
             let mut by_status: HashMap<WorkerStatus, i64> = HashMap::new();
             for session in sessions.panes.values() {
-                *by_status.entry(session.status).or_default() += 1;
+                *by_status.entry(session.status()).or_default() += 1;
             }
             WorkerStatus::ALL
                 .iter()

@@ -14,11 +14,10 @@ use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares, quoting};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
-use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::sessions::PaneSession;
+use super::session::PaneSession;
 use super::views::SpawnResult;
 use super::{Caller, Gateway};
 
@@ -300,7 +299,7 @@ impl Gateway {
                     let holder = entities.iter().find(|e| e.name == name);
                     let status = holder
                         .and_then(|e| sessions.panes.get(&e.gid))
-                        .map(|s| format!(", status {}", s.status))
+                        .map(|s| format!(", status {}", s.status()))
                         .unwrap_or_default();
                     let who = holder
                         .map(|e| format!("{} {} (gid {}{status})", e.role.as_str(), e.name, e.gid))
@@ -323,37 +322,16 @@ impl Gateway {
             };
             sessions.panes.insert(
                 gid,
-                PaneSession {
-                    entity: entity.clone(),
-                    profile: Arc::clone(&profile),
-                    status: WorkerStatus::Spawning,
-                    pane: None,
-                    cwd: cwd.clone(),
-                    idle_since: None,
-                    tasks_started: 0,
-                    current: None,
-                    polls: 0,
-                    open_calls: 0,
-                    claiming: false,
-                    claim_missed: false,
-                    activity: watch::channel(0).0,
-                    kick: watch::channel(0).0,
-                    last_seen_ms: None,
-                    last_words: None,
-                    host_agent: None,
-                    ready_early: false,
-                    last_nudge: None,
-                    briefed: false,
-                    last_queued: None,
-                    dialog: None,
-                    stalled_since: None,
-                    workspace: None,
-                    owner: LeadRef {
+                PaneSession::spawning(
+                    entity.clone(),
+                    Arc::clone(&profile),
+                    cwd.clone(),
+                    LeadRef {
                         name: parent.name.clone(),
                         host: parent.host.clone(),
                     },
-                    shared: request.share.clone(),
-                },
+                    request.share.clone(),
+                ),
             );
             entity
         };
@@ -379,14 +357,11 @@ impl Gateway {
             .await
         {
             Ok(Some(dir)) => {
-                let spawning = match self.lock().panes.get_mut(&gid) {
-                    Some(session) if session.status == WorkerStatus::Spawning => {
-                        session.cwd = dir.clone();
-                        session.workspace = Some(dir.clone());
-                        true
-                    }
-                    _ => false,
-                };
+                let spawning = self
+                    .lock()
+                    .panes
+                    .get_mut(&gid)
+                    .is_some_and(|session| session.work_in(&dir));
                 if !spawning {
                     // Stopped while its workspace was being made: that was left to us.
                     self.launchers.workspaces.end(gid).await;
@@ -437,7 +412,7 @@ impl Gateway {
             .lock()
             .panes
             .get(&gid)
-            .map(|s| (s.kick.subscribe(), s.entity.role))
+            .map(|s| (s.kicks(), s.entity().role))
         else {
             return Err(FleetError::new(
                 ErrorCode::NotReady,
@@ -449,7 +424,7 @@ impl Gateway {
         loop {
             kick.borrow_and_update();
             let (status, last_words) = match self.lock().panes.get(&gid) {
-                Some(s) => (s.status, s.last_words.clone()),
+                Some(s) => (s.status(), s.last_words().map(String::from)),
                 None => (WorkerStatus::Gone, None),
             };
             match status {
@@ -524,7 +499,7 @@ impl Gateway {
             .lock()
             .panes
             .get(&gid)
-            .map(|s| (s.status, s.pane.clone()));
+            .map(|s| (s.status(), s.pane().cloned()));
         if let Some((status, pane)) = found {
             let pane = pane.map(|p| p.0);
             if let Err(e) = self

@@ -57,22 +57,23 @@ impl Gateway {
             let mut watched = Vec::new();
             // Only a busy worker stalls (one waiting on its lead, asking or blocked, does not).
             for (gid, s) in &sessions.panes {
-                let after = s.profile.stall_after_s.map(Duration::from_secs);
+                let after = s.profile().stall_after_s.map(Duration::from_secs);
                 // One waiting in a long fleet call waits on the fleet, not stalled.
-                if s.open_calls > 0 {
+                if s.open_calls() > 0 {
                     continue;
                 }
-                if let (WorkerStatus::Busy, Some(after), Some(pane)) = (s.status, after, &s.pane) {
+                if let (WorkerStatus::Busy, Some(after), Some(pane)) = (s.status(), after, s.pane())
+                {
                     watched.push(Watched {
                         gid: *gid,
                         pane: pane.clone(),
-                        task: s.current.as_ref().map(|t| t.msg_id),
+                        task: s.current().map(|t| t.msg_id),
                         after,
                         since_call: s
-                            .last_seen_ms
+                            .last_seen_ms()
                             .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0))),
-                        reported: s.stalled_since.is_some(),
-                        last_seen_ms: s.last_seen_ms,
+                        reported: s.stalled_since().is_some(),
+                        last_seen_ms: s.last_seen_ms(),
                     });
                 }
             }
@@ -112,7 +113,7 @@ impl Gateway {
                 && let Some(session) = self.lock().panes.get_mut(&w.gid)
             {
                 tracing::info!(gid = %w.gid, "the stalled worker moves again");
-                session.stalled_since = None;
+                session.moves_again();
             }
         }
     }
@@ -127,22 +128,22 @@ impl Gateway {
                 return;
             };
             // Still as it was looked at: busy on the same task, no call since, none open.
-            if session.status != WorkerStatus::Busy
-                || session.current.as_ref().map(|t| t.msg_id) != w.task
-                || session.last_seen_ms != w.last_seen_ms
-                || session.open_calls > 0
+            if session.status() != WorkerStatus::Busy
+                || session.current().map(|t| t.msg_id) != w.task
+                || session.last_seen_ms() != w.last_seen_ms
+                || session.open_calls() > 0
             {
                 return;
             }
-            session.stalled_since = Some(now_ms());
-            let task = session.current.clone();
-            let lead = task.as_ref().map(|t| t.from).or(session.entity.parent);
+            session.stalled_at(now_ms());
+            let task = session.current().cloned();
+            let lead = task.as_ref().map(|t| t.from).or(session.entity().parent);
             (
-                session.entity.name.clone(),
+                session.entity().name.clone(),
                 lead,
                 task,
-                session.profile.on_stall,
-                session.entity.parent,
+                session.profile().on_stall,
+                session.entity().parent,
             )
         };
         let public = format!(
@@ -187,14 +188,9 @@ impl Gateway {
         let recycling = {
             let mut sessions = self.lock();
             match sessions.panes.get_mut(&gid) {
-                Some(session)
-                    if session
-                        .current
-                        .as_ref()
-                        .is_some_and(|t| t.msg_id == task.msg_id) =>
-                {
-                    session.current = None;
-                    session.apply(SessionEvent::TurnDone).is_ok()
+                Some(session) => {
+                    session.take_current(task.msg_id).is_some()
+                        && session.end_turn().is_ok()
                         && session.apply(SessionEvent::Recycle).is_ok()
                 }
                 _ => false,

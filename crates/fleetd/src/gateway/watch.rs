@@ -21,12 +21,11 @@ impl Gateway {
     /// Records what the pane host sees of the agent in `gid`'s pane; a change wakes the pump
     /// (the agent may have become free for a task).
     fn note_agent(&self, gid: Gid, agent: Option<(String, AgentState)>) {
+        let shown = format!("{agent:?}");
         if let Some(session) = self.lock().panes.get_mut(&gid)
-            && session.host_agent != agent
+            && session.agent_seen(agent)
         {
-            tracing::info!(%gid, agent = ?agent, "the pane host sees the agent");
-            session.host_agent = agent;
-            session.kick();
+            tracing::info!(%gid, agent = %shown, "the pane host sees the agent");
         }
     }
 
@@ -38,8 +37,8 @@ impl Gateway {
             .lock()
             .panes
             .iter()
-            .filter(|(_, s)| s.status.is_live())
-            .filter_map(|(gid, s)| s.pane.clone().map(|p| (*gid, p)))
+            .filter(|(_, s)| s.status().is_live())
+            .filter_map(|(gid, s)| s.pane().cloned().map(|p| (*gid, p)))
             .collect();
         statusless.retain(|gid| watched.iter().any(|(w, _)| w == gid));
         if watched.is_empty() {
@@ -95,15 +94,16 @@ impl Gateway {
                 tracing::info!(%gid, %pane, reason = %reason, last_words = %logs::summary(&words), "pane ended");
                 logs::trace_text("last_words", &words);
                 if let Some(session) = self.lock().panes.get_mut(&gid) {
-                    session.last_words = Some(words);
+                    session.last_words_were(words);
                 }
             }
             statusless.remove(&gid);
             // A session that got a fresh pane meanwhile (a recycle) lives on.
-            let over =
-                self.lock().panes.get(&gid).is_none_or(|s| {
-                    s.status == WorkerStatus::Gone || s.pane.as_ref() != Some(&pane)
-                });
+            let over = self
+                .lock()
+                .panes
+                .get(&gid)
+                .is_none_or(|s| s.status() == WorkerStatus::Gone || s.pane() != Some(&pane));
             if !over {
                 self.end_session(gid, &reason, close).await;
             }

@@ -502,7 +502,7 @@ impl Gateway {
                 fed.allow.check(lead, RemoteAction::Stop)?;
                 let sessions = self.lock();
                 match sessions.panes.get(&gid) {
-                    Some(s) => check(Principal::Lead(lead), Action::Stop, &s.entity, s.owned())
+                    Some(s) => check(Principal::Lead(lead), Action::Stop, s.entity(), s.owned())
                         .map_err(|e| e.message),
                     // Unknown here: the stop says so.
                     None => Ok(()),
@@ -522,10 +522,10 @@ impl Gateway {
     ) -> Option<ControlAnswer> {
         let known = self.lock().panes.get(&gid).map(|s| {
             (
-                s.status,
-                s.entity.name.clone(),
-                s.pane.as_ref().map(|p| p.0.clone()),
-                s.profile.name.clone(),
+                s.status(),
+                s.entity().name.clone(),
+                s.pane().map(|p| p.0.clone()),
+                s.profile().name.clone(),
             )
         });
         match known {
@@ -563,7 +563,7 @@ impl Gateway {
             .lock()
             .panes
             .get(&gid)
-            .map(|s| (s.entity.name.clone(), s.status));
+            .map(|s| (s.entity().name.clone(), s.status()));
         match found {
             Some((name, status)) if status.is_live() => {
                 tracing::info!(%gid, lead = %lead.name, lead_host = %lead.host, "stopped by a lead of another host");

@@ -171,7 +171,7 @@ impl Gateway {
                 .leads
                 .get(&gid)
                 .map(|l| l.entity.clone())
-                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity.clone()))
+                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().clone()))
         };
         if let Some(entity) = local {
             return (Place::Here, Some(entity));
@@ -264,7 +264,7 @@ impl Gateway {
                 }
                 let sessions = self.lock();
                 if let Some(s) = sessions.panes.get(&owner) {
-                    check(Principal::Lead(lead), Action::Task, &s.entity, s.owned())
+                    check(Principal::Lead(lead), Action::Task, s.entity(), s.owned())
                         .map_err(|e| Refusal::NotGranted(e.message))?;
                 }
             }
