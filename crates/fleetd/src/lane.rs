@@ -1,8 +1,9 @@
 //! Blocking work in its own place: a lane is a few OS threads of its own that run blocking jobs
-//! in the order they come, so one kind of blocking work never waits behind another. The store's
-//! writer runs on one lane; a spawn's file-system work (its cwd resolved, its launch prepared,
-//! which can wait seconds on Claude Code's settings lock) on another. Neither takes a thread of
-//! tokio's shared blocking pool, nor an async thread.
+//! in the order they come, so one kind of blocking work never waits behind another. A spawn's
+//! file-system work (its cwd resolved, its launch prepared, which can wait seconds on Claude
+//! Code's settings lock) runs on one, so it takes no thread of tokio's blocking pool, which is
+//! the store's. (The store stays on that pool: a paused test clock stops only for tokio's own
+//! blocking tasks, and would run ahead of a store call made on a lane.)
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
@@ -62,16 +63,6 @@ impl Lane {
             .await
             .map_err(|_| Lost(format!("a job on the {} threads failed", self.name)))
     }
-
-    /// Queues `job` on the lane without waiting for it.
-    pub fn start<F>(&self, job: F) -> Result<(), Lost>
-    where
-        F: FnOnce() + Send + 'static,
-    {
-        self.jobs
-            .send(Box::new(job))
-            .map_err(|_| Lost(format!("the {} threads are gone", self.name)))
-    }
 }
 
 /// One thread of a lane: takes the next job until the lane is dropped. A job that panics
@@ -116,23 +107,27 @@ mod tests {
         assert_eq!(lane.run(|| 7).await, Ok(7));
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lane_blocked_to_its_last_thread_holds_up_no_other_lane() {
-        let (slow, quick) = (
-            Lane::new("slow", 2).unwrap(),
-            Lane::new("quick", 1).unwrap(),
-        );
+        let slow = Arc::new(Lane::new("slow", 2).unwrap());
+        let quick = Lane::new("quick", 1).unwrap();
         // Both of the slow lane's threads wait until the quick lane has answered.
         let gate = Arc::new(Barrier::new(3));
+        let mut waiting = Vec::new();
         for _ in 0..2 {
-            let gate = Arc::clone(&gate);
-            slow.start(move || {
-                gate.wait();
-            })
-            .unwrap();
+            let (gate, slow) = (Arc::clone(&gate), Arc::clone(&slow));
+            waiting.push(tokio::spawn(async move {
+                slow.run(move || {
+                    gate.wait();
+                })
+                .await
+            }));
         }
         assert_eq!(quick.run(|| "answered").await, Ok("answered"));
         gate.wait();
+        for job in waiting {
+            assert_eq!(job.await.unwrap(), Ok(()));
+        }
         // And the slow lane takes work again once its threads are free.
         let again = tokio::time::timeout(Duration::from_secs(10), slow.run(|| 1)).await;
         assert_eq!(again.ok(), Some(Ok(1)));

@@ -14,9 +14,9 @@ use fleetd::ops::{
 use fleetd::serve::{ServeOptions, serve};
 use tokio_util::sync::CancellationToken;
 
-/// Threads of tokio's shared pool for what little blocking work is left to it (the store and the
-/// launchers' preparation have threads of their own: `fleetd::lane`). Few: every thread that
-/// allocates gets a malloc arena of its own, and a daemon's memory should not grow with bursts.
+/// Threads for blocking work: the store's calls, which are short (a spawn's preparation, which
+/// may wait seconds, has threads of its own: `fleetd::lane`). Few: every thread that allocates
+/// gets a malloc arena of its own, and a daemon's memory should not grow with bursts.
 const MAX_BLOCKING_THREADS: usize = 4;
 
 fn run(cli: &Cli) -> anyhow::Result<()> {

@@ -2,8 +2,8 @@
 //! a transaction is being written wait for it and then go together in the next one, so a
 //! busy gateway writes one transaction (one WAL commit) for many sends instead of one each. A
 //! caller still returns only once its own messages are committed, and nothing waits for
-//! company: an idle gateway writes each at once. The writing runs on the store's writer thread,
-//! so a caller that goes away (a cancelled call) does not take its messages with it.
+//! company: an idle gateway writes each at once. The writing runs on a blocking thread of its
+//! own, so a caller that goes away (a cancelled call) does not take its messages with it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,7 +13,6 @@ use fleet_store::Store;
 use tokio::sync::oneshot;
 
 use super::store_error;
-use crate::lane::Lane;
 
 /// For each message of a call: whether it was new, or the cap that refused it.
 pub(super) type Outcomes = Vec<Result<bool, Full>>;
@@ -24,7 +23,7 @@ struct Pending {
     answer: oneshot::Sender<Result<Outcomes, FleetError>>,
 }
 
-/// What waits for the writer, and whether one is at work (or queued).
+/// What waits for the writer, and whether one is at work.
 #[derive(Default)]
 struct Queue {
     waiting: Vec<Pending>,
@@ -33,28 +32,18 @@ struct Queue {
 
 /// The gateway's stores of messages, grouped.
 pub(super) struct Commits {
-    writing: Arc<Writing>,
-}
-
-/// What the writer works with, shared with its job on the store's thread.
-struct Writing {
     store: Arc<dyn Store>,
     /// `gateway.max_held_per_recipient`.
     cap: usize,
-    queue: Mutex<Queue>,
-    /// The store's writer thread.
-    lane: Arc<Lane>,
+    queue: Arc<Mutex<Queue>>,
 }
 
 impl Commits {
-    pub(super) fn new(store: Arc<dyn Store>, cap: usize, lane: Arc<Lane>) -> Commits {
+    pub(super) fn new(store: Arc<dyn Store>, cap: usize) -> Commits {
         Commits {
-            writing: Arc::new(Writing {
-                store,
-                cap,
-                queue: Mutex::default(),
-                lane,
-            }),
+            store,
+            cap,
+            queue: Arc::default(),
         }
     }
 
@@ -63,12 +52,13 @@ impl Commits {
     pub(super) async fn store(&self, messages: Vec<Message>) -> Result<Outcomes, FleetError> {
         let (answer, outcome) = oneshot::channel();
         let start_writer = {
-            let mut queue = lock(&self.writing.queue);
+            let mut queue = lock(&self.queue);
             queue.waiting.push(Pending { messages, answer });
             !std::mem::replace(&mut queue.writing, true)
         };
         if start_writer {
-            queue_batch(&self.writing);
+            let (store, queue, cap) = (Arc::clone(&self.store), Arc::clone(&self.queue), self.cap);
+            tokio::task::spawn_blocking(move || write_until_empty(store.as_ref(), &queue, cap));
         }
         outcome
             .await
@@ -83,66 +73,42 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Puts the writing of the next batch on the store's thread, behind whatever other store calls
-/// wait there (so a stream of sends never starves them).
-fn queue_batch(writing: &Arc<Writing>) {
-    let job = Arc::clone(writing);
-    if let Err(lost) = writing.lane.start(move || write_batch(&job)) {
-        // No writer: everyone waiting hears so (their answers drop with the queue).
-        tracing::error!(%lost, "cannot store messages");
-        let mut queue = lock(&writing.queue);
-        queue.waiting.clear();
-        queue.writing = false;
-    }
-}
-
 /// The writer: takes everything waiting, writes it in one transaction and answers each
-/// caller; then queues the next batch if more came meanwhile, or is done (and the next caller
-/// starts another).
-fn write_batch(writing: &Arc<Writing>) {
-    let unwinding = Writer(&writing.queue);
-    let batch = {
-        let mut queue = lock(&writing.queue);
-        if queue.waiting.is_empty() {
-            queue.writing = false;
-            return;
+/// caller, until nothing waits (then it is done, and the next caller starts another).
+fn write_until_empty(store: &dyn Store, queue: &Mutex<Queue>, cap: usize) {
+    let _unwinding = Writer(queue);
+    loop {
+        let batch = {
+            let mut queue = lock(queue);
+            if queue.waiting.is_empty() {
+                queue.writing = false;
+                return;
+            }
+            std::mem::take(&mut queue.waiting)
+        };
+        let lengths: Vec<usize> = batch.iter().map(|p| p.messages.len()).collect();
+        let (messages, answers): (Vec<Vec<Message>>, Vec<_>) =
+            batch.into_iter().map(|p| (p.messages, p.answer)).unzip();
+        let messages: Vec<Message> = messages.into_iter().flatten().collect();
+        let written = store
+            .insert_messages_within(&messages, &|m, waiting| admit_waiting(m.kind, waiting, cap))
+            .map_err(store_error);
+        let answered: Vec<Result<Outcomes, FleetError>> = match written {
+            Ok(outcomes) => match split(&lengths, outcomes) {
+                Some(each) => each.into_iter().map(Ok).collect(),
+                None => vec![
+                    Err(FleetError::internal(
+                        "the store answered for a different number of messages"
+                    ));
+                    lengths.len()
+                ],
+            },
+            Err(e) => vec![Err(e); lengths.len()],
+        };
+        for (answer, outcome) in answers.into_iter().zip(answered) {
+            // A caller that went away no longer needs its outcome; its messages are stored.
+            let _ = answer.send(outcome);
         }
-        std::mem::take(&mut queue.waiting)
-    };
-    let lengths: Vec<usize> = batch.iter().map(|p| p.messages.len()).collect();
-    let (messages, answers): (Vec<Vec<Message>>, Vec<_>) =
-        batch.into_iter().map(|p| (p.messages, p.answer)).unzip();
-    let messages: Vec<Message> = messages.into_iter().flatten().collect();
-    let cap = writing.cap;
-    let written = writing
-        .store
-        .insert_messages_within(&messages, &|m, waiting| admit_waiting(m.kind, waiting, cap))
-        .map_err(store_error);
-    let answered: Vec<Result<Outcomes, FleetError>> = match written {
-        Ok(outcomes) => match split(&lengths, outcomes) {
-            Some(each) => each.into_iter().map(Ok).collect(),
-            None => vec![
-                Err(FleetError::internal(
-                    "the store answered for a different number of messages"
-                ));
-                lengths.len()
-            ],
-        },
-        Err(e) => vec![Err(e); lengths.len()],
-    };
-    for (answer, outcome) in answers.into_iter().zip(answered) {
-        // A caller that went away no longer needs its outcome; its messages are stored.
-        let _ = answer.send(outcome);
-    }
-    drop(unwinding);
-    let more = {
-        let mut queue = lock(&writing.queue);
-        let more = !queue.waiting.is_empty();
-        queue.writing = more;
-        more
-    };
-    if more {
-        queue_batch(writing);
     }
 }
 
@@ -199,8 +165,7 @@ mod tests {
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
         let (from, to, capped) = (Gid::mint(), Gid::mint(), Gid::mint());
-        let lane = Arc::new(Lane::new("store", 1).unwrap());
-        let commits = Arc::new(Commits::new(Arc::clone(&store), 32, lane));
+        let commits = Arc::new(Commits::new(Arc::clone(&store), 32));
         let again = held(from, to, "sent twice");
         let mut calls = tokio::task::JoinSet::new();
         for i in 0..40 {

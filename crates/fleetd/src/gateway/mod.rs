@@ -68,13 +68,8 @@ pub use workdir::Workdirs;
 
 use sessions::Sessions;
 
-/// The store's writer threads: one, as SQLite takes one writer at a time.
-const STORE_THREADS: usize = 1;
 /// The threads that prepare launches: as many spawns as that prepare at once.
 const LAUNCH_THREADS: usize = 4;
-
-/// A store probe on its way, waited on across looks.
-type StoreProbe = BoxFuture<'static, Result<StoreResult<()>, crate::lane::Lost>>;
 
 /// The one object behind every tool call and loop.
 pub struct Gateway {
@@ -109,9 +104,6 @@ pub struct Gateway {
     metrics: Metrics,
     /// Stores messages, many callers' in one transaction when they come together.
     commits: commits::Commits,
-    /// The store's writer: the one thread that runs every store call but the quick lookups
-    /// on its read-only connection (those run where they are asked).
-    store_lane: Arc<Lane>,
     /// The launchers' preparation, which may wait seconds on Claude Code's settings lock: on
     /// threads of its own, so it never holds up a store call.
     launch_lane: Lane,
@@ -158,15 +150,12 @@ impl Gateway {
         parts: Parts,
         shutdown: CancellationToken,
     ) -> std::io::Result<Arc<Self>> {
-        let store_lane = Arc::new(Lane::new("store", STORE_THREADS)?);
         let commits = commits::Commits::new(
             Arc::clone(&parts.store),
             config.gateway.max_held_per_recipient,
-            Arc::clone(&store_lane),
         );
         Ok(Arc::new(Self {
             commits,
-            store_lane,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
             config,
             host_id,
@@ -271,22 +260,21 @@ impl Gateway {
     }
 
     /// One look at whether the store takes writes, for [`Health`]: a write that changes nothing,
-    /// on the store's writer thread (so it also shows that thread is moving). One that has not
-    /// answered within [`STORE_PROBE_LIMIT`] is waited on again at the next look rather than
-    /// joined by another (a store that hangs must not pile probes up); [`Health`] counts it late
-    /// if it stays out.
-    async fn probe_store(&self, pending: &mut Option<StoreProbe>) {
+    /// on a blocking thread. One that has not answered within [`STORE_PROBE_LIMIT`] is waited
+    /// on again at the next look rather than joined by another (a store that hangs must not take
+    /// every blocking thread); [`Health`] counts it late if it stays out.
+    async fn probe_store(&self, pending: &mut Option<tokio::task::JoinHandle<StoreResult<()>>>) {
         let mut probe = pending.take().unwrap_or_else(|| {
-            let (store, lane) = (Arc::clone(&self.store), Arc::clone(&self.store_lane));
-            Box::pin(async move { lane.run(move || store.probe_write()).await })
+            let store = Arc::clone(&self.store);
+            tokio::task::spawn_blocking(move || store.probe_write())
         });
         match tokio::time::timeout(STORE_PROBE_LIMIT, &mut probe).await {
             Ok(Ok(wrote)) => self
                 .health
                 .store_probed(wrote.map_err(|e| store_error(e).message)),
-            Ok(Err(lost)) => self
+            Ok(Err(join)) => self
                 .health
-                .store_probed(Err(format!("the probe failed: {lost}"))),
+                .store_probed(Err(format!("the probe failed: {join}"))),
             Err(_) => *pending = Some(probe),
         }
     }
@@ -390,16 +378,18 @@ impl Gateway {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs a store call on the store's writer thread.
+    /// Runs a store call off the async threads, on tokio's blocking pool: the store's alone
+    /// (the launchers' preparation has threads of its own, see [`Lane`]), and the one pool a
+    /// paused test clock waits for.
     async fn db<T, F>(&self, f: F) -> Result<T, FleetError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
     {
         let store = Arc::clone(&self.store);
-        match self.store_lane.run(move || f(store.as_ref())).await {
+        match tokio::task::spawn_blocking(move || f(store.as_ref())).await {
             Ok(result) => result.map_err(store_error),
-            Err(lost) => Err(FleetError::internal(format!("store call failed: {lost}"))),
+            Err(join) => Err(FleetError::internal(format!("store call failed: {join}"))),
         }
     }
 
