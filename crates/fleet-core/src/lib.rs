@@ -29,6 +29,7 @@ pub mod receipts;
 pub mod redact;
 pub mod roster;
 pub mod routing;
+pub mod send;
 pub mod session;
 pub mod signing;
 pub mod trust;

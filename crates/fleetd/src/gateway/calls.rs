@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::authz::{Tool, check_send, check_tool};
+use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
-use fleet_core::ownership::{Action, Principal, check};
 use fleet_core::routing::Route;
-use fleet_core::typed::{first_line_end, multi_line_refusal, typeable};
+use fleet_core::send::{SendFacts, SessionFacts, plan_send};
 use fleet_core::{
-    ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus,
+    ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId, WorkerStatus,
 };
 use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
@@ -99,58 +98,32 @@ impl Gateway {
         let route = self.resolve_route(to)?;
         let remote = matches!(route, Route::Remote(_));
         let recipient = route.entity();
-        if recipient.gid == caller.entity.gid {
-            return Err(FleetError::invalid("you cannot send a message to yourself"));
-        }
-        check_send(&caller.entity, recipient)?;
-        if recipient.role.is_pane_bound() {
-            // Typed into its pane (here or on its host): inert text only.
-            typeable(&text).map_err(|found| found.refusal())?;
-            let single_line = match self.lock().panes.get(&recipient.gid) {
-                // Its owner's, or shared with the caller (another host's worker: its host
-                // judges).
-                Some(s) => {
-                    if caller.entity.role == Role::Lead {
-                        check(
-                            Principal::Lead(&caller.entity),
-                            Action::Task,
-                            recipient,
-                            s.owned(),
-                        )?;
-                    }
-                    s.profile().single_line
-                }
-                None => false,
-            };
-            if single_line && let Some(offset) = first_line_end(&text) {
-                return Err(multi_line_refusal(&recipient.name, offset));
-            }
-        }
-        if !remote
-            && recipient.role.is_pane_bound()
-            && let Some(down) = self.lock().host_down.clone()
-        {
-            return Err(FleetError::new(
-                ErrorCode::PaneHost,
-                format!(
-                    "'{}' cannot be reached: {down}; nothing was queued, and messages held for you are kept",
-                    recipient.name
-                ),
-            ));
-        }
-        let trace_id = self
-            .lock()
-            .panes
-            .get(&caller.entity.gid)
-            .and_then(|s| s.current().map(|m| m.trace_id))
-            .unwrap_or_else(TraceId::mint);
+        let plan = {
+            let sessions = self.lock();
+            plan_send(&SendFacts {
+                caller: &caller.entity,
+                recipient,
+                remote,
+                text: &text,
+                session: sessions.panes.get(&recipient.gid).map(|s| SessionFacts {
+                    owned: s.owned(),
+                    single_line: s.profile().single_line,
+                }),
+                host_down: sessions.host_down.as_deref(),
+                caller_trace: sessions
+                    .panes
+                    .get(&caller.entity.gid)
+                    .and_then(|s| s.current().map(|m| m.trace_id)),
+            })?
+        };
+        let trace_id = plan.trace.unwrap_or_else(TraceId::mint);
         let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
         let msg_id = message.msg_id;
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
         // Watched from before the message leaves: until the inbox changes, no answer can be in
         // it, and the store need not be asked.
         let inbox = self.inbox(caller.entity.gid);
-        let brief = remote && recipient.role.is_pane_bound();
+        let brief = plan.brief;
         if brief {
             // Tracked before it is published: its receipt may come back at once.
             self.track_remote_brief(&message).await;
@@ -170,10 +143,7 @@ impl Gateway {
             open,
             inbox,
             look_first: false,
-            // A message to a remote lead is held for it on its host; nothing of it is stored
-            // here to ask about. One held here is still held when the send does not wait.
-            known_held: (remote && !recipient.role.is_pane_bound())
-                || (placement == Placement::Hold && wait.is_zero()),
+            known_held: plan.known_held(placement, !wait.is_zero()),
         };
         self.await_answer(caller, msg_id, wait, ct, waiting).await
     }
