@@ -32,6 +32,7 @@ pub mod routing;
 pub mod send;
 pub mod session;
 pub mod signing;
+pub mod spawn;
 pub mod trust;
 pub mod typed;
 pub mod workdir;

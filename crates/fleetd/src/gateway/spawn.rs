@@ -1,7 +1,6 @@
 //! `fleet_spawn`: a worker's pane opened behind the readiness gate, and its session recorded.
 //! (Its end is in `ending.rs`; its life between, in `lifecycle.rs`.)
 
-use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +8,9 @@ use std::time::Duration;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::control::Target;
-use fleet_core::entity::{MAX_NAME_LEN, validate_name, validate_worker_name};
+use fleet_core::entity::validate_worker_name;
 use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares, quoting};
+use fleet_core::spawn::{Workdir, groups_of, name_for, where_to_work};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use fleet_store::EntityRecord;
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::session::PaneSession;
 use super::views::SpawnResult;
 use super::{Caller, Gateway};
+use crate::config::ProfileConfig;
 
 /// How often the readiness gate looks for the ready marker on screen.
 const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -43,57 +44,6 @@ pub struct SpawnRequest {
     pub role: Role,
     /// The leads it is shared with, besides its owner.
     pub share: Vec<LeadRef>,
-}
-
-/// The first `<profile>-<n>` not in `taken`, made a valid worker name (a profile's name may hold
-/// a `.` or start with `_`, which a worker's may not).
-fn free_name(taken: &HashSet<String>, profile: &str) -> String {
-    let base = profile.replace('.', "-");
-    let base = match base.trim_start_matches(['_', '-']) {
-        "" => "worker",
-        // Room for the number: a name stays within the length names may have.
-        trimmed => &trimmed[..trimmed.len().min(MAX_NAME_LEN - 12)],
-    };
-    (1..)
-        .map(|n| format!("{base}-{n}"))
-        .find(|candidate| !taken.contains(candidate))
-        .unwrap_or_else(|| format!("{base}-{}", Gid::mint()))
-}
-
-/// Where a spawn's worker is to work, before the directory is resolved and checked.
-#[derive(Debug, PartialEq, Eq)]
-enum Workdir {
-    /// The directory the spawn named.
-    Given(PathBuf),
-    /// The profile's `cwd`.
-    Profiles(PathBuf),
-    /// The first of `gateway.workdir_roots`: neither names one.
-    FirstRoot(PathBuf),
-    /// fleetd's own working directory: neither names one, and there are no roots.
-    Fleetds,
-    /// Nowhere: the spawn is for a lead of another host and this host has no roots, so its
-    /// worker could be anywhere fleetd can reach.
-    NoneForAnotherHost,
-}
-
-/// Where a spawn works: the directory it names, else its profile's, else the first of `roots`,
-/// else fleetd's own; for a lead of `another_host`, only ever under `roots` (a host without
-/// roots starts nothing for one).
-fn where_to_work(
-    given: Option<PathBuf>,
-    profiles: Option<PathBuf>,
-    roots: &[PathBuf],
-    another_host: bool,
-) -> Workdir {
-    if another_host && roots.is_empty() {
-        return Workdir::NoneForAnotherHost;
-    }
-    match (given, profiles, roots.first()) {
-        (Some(dir), _, _) => Workdir::Given(dir),
-        (None, Some(dir), _) => Workdir::Profiles(dir),
-        (None, None, Some(root)) => Workdir::FirstRoot(root.clone()),
-        (None, None, None) => Workdir::Fleetds,
-    }
 }
 
 /// The last non-empty lines of a screen.
@@ -211,130 +161,17 @@ impl Gateway {
         gid: Gid,
         ct: &CancellationToken,
     ) -> Result<SpawnResult, FleetError> {
-        let profile = self
-            .config
-            .profile(&request.profile)
-            .cloned()
-            .ok_or_else(|| {
-                let known: Vec<&str> = self
-                    .config
-                    .profiles
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect();
-                FleetError::new(
-                    ErrorCode::UnknownProfile,
-                    format!(
-                        "no profile is named '{}' (configured: {})",
-                        request.profile,
-                        known.join(", ")
-                    ),
-                )
-            })?;
-        let profile = Arc::new(profile);
+        let profile = Arc::new(self.profile_named(&request.profile)?);
         if let Some(name) = &request.name {
             validate_worker_name(name)?;
         }
-        let mut groups: BTreeSet<String> = profile.groups.iter().cloned().collect();
-        for group in request.groups {
-            validate_name("group", &group)?;
-            groups.insert(group);
-        }
-        // Where the directory came from, for an error about one the caller did not give.
-        let (requested, from) = match where_to_work(
-            request.cwd,
-            profile.cwd.clone(),
-            self.workdirs.roots(),
-            parent.host != self.host_id,
-        ) {
-            Workdir::Given(dir) => (dir, None),
-            Workdir::Profiles(dir) => (dir, Some(format!("profile '{}''s cwd", profile.name))),
-            Workdir::FirstRoot(dir) => (
-                dir,
-                Some("the first of gateway.workdir_roots, as no cwd was given".to_string()),
-            ),
-            Workdir::Fleetds => (
-                std::env::current_dir().map_err(|e| {
-                    FleetError::internal(format!("fleetd has no working directory: {e}"))
-                })?,
-                Some("fleetd's own working directory, as no cwd was given".to_string()),
-            ),
-            Workdir::NoneForAnotherHost => {
-                return Err(FleetError::forbidden(format!(
-                    "host '{}' starts no worker for a lead of another host outside its [gateway] workdir_roots, and has none",
-                    self.host_id
-                )));
-            }
-        };
-        // Resolving reads the file system (a mount that hangs must hold up no async thread).
-        let (workdirs, host) = (Arc::clone(&self.workdirs), self.host_id.clone());
+        let groups = groups_of(&profile.groups, request.groups.clone())?;
         let cwd = self
-            .launch_lane
-            .run(move || workdirs.resolve(&requested, &host))
-            .await
-            .map_err(|lost| FleetError::internal(format!("cannot resolve the cwd: {lost}")))?
-            .map_err(|mut e| {
-                if let Some(from) = &from {
-                    e.message = format!(
-                        "{} (the cwd is {from}: give fleet_spawn a cwd, or set the profile's)",
-                        e.message
-                    );
-                }
-                e
-            })?;
+            .spawn_cwd(request.cwd.clone(), &profile, parent)
+            .await?;
         // Reserve the name and the session in one step, so parallel spawns never pick the same
         // name; from here on the guard undoes everything if the spawn does not complete.
-        let entity = {
-            let mut sessions = self.lock();
-            // A spawn asked for twice (a control request delivered again) spawns once.
-            if sessions.panes.contains_key(&gid) {
-                return Err(FleetError::invalid(format!(
-                    "worker {gid} was spawned here already"
-                )));
-            }
-            let entities = sessions.entities();
-            let taken: HashSet<String> = entities.iter().map(|e| e.name.clone()).collect();
-            let name = match request.name {
-                Some(name) if taken.contains(&name) => {
-                    let holder = entities.iter().find(|e| e.name == name);
-                    let status = holder
-                        .and_then(|e| sessions.panes.get(&e.gid))
-                        .map(|s| format!(", status {}", s.status()))
-                        .unwrap_or_default();
-                    let who = holder
-                        .map(|e| format!("{} {} (gid {}{status})", e.role.as_str(), e.name, e.gid))
-                        .unwrap_or_else(|| format!("'{name}'"));
-                    return Err(FleetError::invalid(format!(
-                        "the name '{name}' is taken by {who}: pick another, or stop that one first (fleet_list shows the names in use)"
-                    )));
-                }
-                Some(name) => name,
-                None => free_name(&taken, &profile.name),
-            };
-            let entity = Entity {
-                gid,
-                name,
-                host: self.host_id.clone(),
-                role: request.role,
-                profile: Some(profile.name.clone()),
-                groups: groups.into_iter().collect(),
-                parent: Some(parent.gid),
-            };
-            sessions.panes.insert(
-                gid,
-                PaneSession::spawning(
-                    entity.clone(),
-                    Arc::clone(&profile),
-                    cwd.clone(),
-                    LeadRef {
-                        name: parent.name.clone(),
-                        host: parent.host.clone(),
-                    },
-                    request.share.clone(),
-                ),
-            );
-            entity
-        };
+        let entity = self.reserve(parent, &request, gid, groups, (&profile, &cwd))?;
         let mut guard = SpawnGuard {
             gateway: Arc::clone(self),
             gid,
@@ -349,11 +186,144 @@ impl Gateway {
         };
         self.db(move |s| s.insert_entity(&record)).await?;
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
-        // Its own workspace, when its profile makes one: it runs there, recycled or not.
-        let cwd = match self
+        let cwd = self.workspace_of(gid, &name, &profile, cwd).await?;
+        let pane = self.open_pane(gid, &name, &profile, cwd).await?;
+        self.start_pump(gid);
+
+        self.await_ready(gid, &pane, &profile, ct).await?;
+        guard.armed = false;
+        self.federation_joined(gid).await;
+        Ok(SpawnResult {
+            gid,
+            name,
+            host: self.host_id.clone(),
+            pane: pane.0,
+            profile: profile.name.clone(),
+            status: WorkerStatus::Idle,
+        })
+    }
+
+    /// The profile called `name`; the error names those there are.
+    fn profile_named(&self, name: &str) -> Result<ProfileConfig, FleetError> {
+        self.config.profile(name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = self
+                .config
+                .profiles
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect();
+            FleetError::new(
+                ErrorCode::UnknownProfile,
+                format!(
+                    "no profile is named '{name}' (configured: {})",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The directory a spawn of `profile` for `parent` works in ([`where_to_work`]), resolved
+    /// and checked on disk (off the async threads: a mount that hangs holds up none).
+    async fn spawn_cwd(
+        &self,
+        given: Option<PathBuf>,
+        profile: &ProfileConfig,
+        parent: &Entity,
+    ) -> Result<PathBuf, FleetError> {
+        let workdir = where_to_work(
+            given,
+            profile.cwd.clone(),
+            self.workdirs.roots(),
+            parent.host != self.host_id,
+        );
+        let from = workdir.source(&profile.name);
+        let requested = match workdir {
+            Workdir::Given(dir) | Workdir::Profiles(dir) | Workdir::FirstRoot(dir) => dir,
+            Workdir::Fleetds => std::env::current_dir().map_err(|e| {
+                FleetError::internal(format!("fleetd has no working directory: {e}"))
+            })?,
+            Workdir::NoneForAnotherHost => {
+                return Err(FleetError::forbidden(format!(
+                    "host '{}' starts no worker for a lead of another host outside its [gateway] workdir_roots, and has none",
+                    self.host_id
+                )));
+            }
+        };
+        let (workdirs, host) = (Arc::clone(&self.workdirs), self.host_id.clone());
+        self.launch_lane
+            .run(move || workdirs.resolve(&requested, &host))
+            .await
+            .map_err(|lost| FleetError::internal(format!("cannot resolve the cwd: {lost}")))?
+            .map_err(|mut e| {
+                if let Some(from) = &from {
+                    e.message = format!(
+                        "{} (the cwd is {from}: give fleet_spawn a cwd, or set the profile's)",
+                        e.message
+                    );
+                }
+                e
+            })
+    }
+
+    /// Takes the name and the session of new worker `gid` in one step under the lock: its
+    /// name ([`name_for`]) and a spawning session of `profile` in `cwd`, owned by `parent`.
+    fn reserve(
+        &self,
+        parent: &Entity,
+        request: &SpawnRequest,
+        gid: Gid,
+        groups: Vec<String>,
+        (profile, cwd): (&Arc<ProfileConfig>, &std::path::Path),
+    ) -> Result<Entity, FleetError> {
+        let mut sessions = self.lock();
+        // A spawn asked for twice (a control request delivered again) spawns once.
+        if sessions.panes.contains_key(&gid) {
+            return Err(FleetError::invalid(format!(
+                "worker {gid} was spawned here already"
+            )));
+        }
+        let name = name_for(
+            request.name.clone(),
+            &profile.name,
+            &sessions.entities(),
+            |gid| sessions.panes.get(&gid).map(PaneSession::status),
+        )?;
+        let entity = Entity {
+            gid,
+            name,
+            host: self.host_id.clone(),
+            role: request.role,
+            profile: Some(profile.name.clone()),
+            groups,
+            parent: Some(parent.gid),
+        };
+        let session = PaneSession::spawning(
+            entity.clone(),
+            Arc::clone(profile),
+            cwd.to_path_buf(),
+            LeadRef {
+                name: parent.name.clone(),
+                host: parent.host.clone(),
+            },
+            request.share.clone(),
+        );
+        sessions.panes.insert(gid, session);
+        Ok(entity)
+    }
+
+    /// Where worker `gid` runs: its own workspace when its profile makes one (it runs there,
+    /// recycled or not), else `cwd`.
+    async fn workspace_of(
+        &self,
+        gid: Gid,
+        name: &str,
+        profile: &ProfileConfig,
+        cwd: PathBuf,
+    ) -> Result<PathBuf, FleetError> {
+        match self
             .launchers
             .workspaces
-            .make(&profile, gid, &name, &cwd)
+            .make(profile, gid, name, &cwd)
             .await
         {
             Ok(Some(dir)) => {
@@ -370,33 +340,17 @@ impl Gateway {
                         format!("'{name}' was stopped while its workspace was being made"),
                     ));
                 }
-                dir
+                Ok(dir)
             }
-            Ok(None) => cwd,
-            Err(why) => {
-                return Err(FleetError::new(
-                    ErrorCode::NotReady,
-                    format!(
-                        "cannot make the workspace of '{name}' (profile '{}'): {why}",
-                        profile.name
-                    ),
-                ));
-            }
-        };
-        let pane = self.open_pane(gid, &name, &profile, cwd).await?;
-        self.start_pump(gid);
-
-        self.await_ready(gid, &pane, &profile, ct).await?;
-        guard.armed = false;
-        self.federation_joined(gid).await;
-        Ok(SpawnResult {
-            gid,
-            name,
-            host: self.host_id.clone(),
-            pane: pane.0,
-            profile: profile.name.clone(),
-            status: WorkerStatus::Idle,
-        })
+            Ok(None) => Ok(cwd),
+            Err(why) => Err(FleetError::new(
+                ErrorCode::NotReady,
+                format!(
+                    "cannot make the workspace of '{name}' (profile '{}'): {why}",
+                    profile.name
+                ),
+            )),
+        }
     }
 
     /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
@@ -515,62 +469,6 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn generated_names_are_free_and_valid_worker_names() {
-        let taken: HashSet<String> = ["sim-1".to_string()].into();
-        assert_eq!(free_name(&taken, "sim"), "sim-2");
-        let long = "p".repeat(64);
-        let cut = format!("{}-1", &long[..52]);
-        for (profile, expected) in [
-            ("a.b", "a-b-1"),
-            ("_x", "x-1"),
-            ("__", "worker-1"),
-            (long.as_str(), cut.as_str()),
-        ] {
-            let name = free_name(&HashSet::new(), profile);
-            assert_eq!(name, expected);
-            assert!(validate_worker_name(&name).is_ok(), "{name}");
-        }
-    }
-
-    #[test]
-    fn a_spawn_works_where_it_says_else_its_profile_else_the_first_root_and_another_hosts_only_under_roots()
-     {
-        let (given, profile, root) = (
-            PathBuf::from("/w/given"),
-            PathBuf::from("/w/profile"),
-            PathBuf::from("/w"),
-        );
-        let roots = [root.clone()];
-        for another_host in [false, true] {
-            assert_eq!(
-                where_to_work(
-                    Some(given.clone()),
-                    Some(profile.clone()),
-                    &roots,
-                    another_host
-                ),
-                Workdir::Given(given.clone())
-            );
-            assert_eq!(
-                where_to_work(None, Some(profile.clone()), &roots, another_host),
-                Workdir::Profiles(profile.clone())
-            );
-            assert_eq!(
-                where_to_work(None, None, &roots, another_host),
-                Workdir::FirstRoot(root.clone())
-            );
-        }
-        assert_eq!(where_to_work(None, None, &[], false), Workdir::Fleetds);
-        // Without roots, nothing for another host's lead, not even in its profile's directory.
-        for given in [Some(given.clone()), None] {
-            assert_eq!(
-                where_to_work(given, Some(profile.clone()), &[], true),
-                Workdir::NoneForAnotherHost
-            );
-        }
-    }
 
     #[test]
     fn last_words_skip_blank_lines() {
