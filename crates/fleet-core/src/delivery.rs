@@ -99,6 +99,11 @@ pub fn may_take_task(gate: &TaskGate, taker: Taker) -> bool {
         && (taker != Taker::Pump || gate.polls_open == 0)
 }
 
+/// What the sender of a brief that expired while it waited for its worker is told (on the
+/// broker, unacknowledged, or in the worker's queue here).
+pub const WAITED_TOO_LONG: &str =
+    "it expired (expiresAt) while it waited for its worker to be free; it was not typed in";
+
 /// How a pane-bound entity's queued task reaches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handover {

@@ -343,6 +343,7 @@ impl Envelope {
             body,
             state: MsgState::Held,
             created_ms: i64::try_from(self.ts_ms).unwrap_or(now_ms),
+            expires_ms: None,
         }
     }
 
@@ -359,6 +360,8 @@ impl Envelope {
             msg_id,
             in_reply_to: None,
             state: MsgState::Queued,
+            // Should another task get ahead of it in its worker's queue, its expiry still holds.
+            expires_ms: Some(i64::try_from(self.expires_at_ms).unwrap_or(i64::MAX)),
             ..self.held_for(owner, body, now_ms)
         }
     }

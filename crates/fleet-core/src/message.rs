@@ -206,6 +206,11 @@ pub struct Message {
     pub state: MsgState,
     /// When it was accepted, in milliseconds since the Unix epoch.
     pub created_ms: i64,
+    /// Until when (Unix ms) it may still be handed over: a brief from another host keeps its
+    /// envelope's expiry while it waits in its worker's queue, and one past it fails where it
+    /// is taken off the queue, never typed. `None`: it waits as long as it must.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<i64>,
 }
 
 impl Message {
@@ -222,6 +227,7 @@ impl Message {
             body,
             state: MsgState::Queued,
             created_ms: now_ms,
+            expires_ms: None,
         }
     }
 
@@ -260,6 +266,7 @@ impl Message {
             body,
             state: MsgState::Held,
             created_ms: now_ms,
+            expires_ms: None,
         }
     }
 
@@ -278,7 +285,13 @@ impl Message {
             body,
             state: MsgState::Held,
             created_ms: now_ms,
+            expires_ms: None,
         }
+    }
+
+    /// Whether it may no longer be handed over at `now_ms` (see [`Message::expires_ms`]).
+    pub fn expired(&self, now_ms: i64) -> bool {
+        self.expires_ms.is_some_and(|at| now_ms >= at)
     }
 
     /// The same message under the id `msg_id` (a broadcast's copy, or a brief rebuilt from

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -204,6 +204,12 @@ const SCHEMA_V7: &str = "
 ALTER TABLE answered ADD COLUMN by_reply INTEGER NOT NULL DEFAULT 1;
 ";
 
+/// Version 8: a queued message's expiry (a brief from another host keeps its envelope's while
+/// it waits in its worker's queue), checked where it is taken off the queue.
+const SCHEMA_V8: &str = "
+ALTER TABLE messages ADD COLUMN expires_ms INTEGER;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -236,6 +242,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 7 {
         tx.execute_batch(SCHEMA_V7)?;
+    }
+    if found < 8 {
+        tx.execute_batch(SCHEMA_V8)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -22,8 +22,7 @@ use crate::{
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-const MESSAGE_COLUMNS: &str =
-    "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms";
+const MESSAGE_COLUMNS: &str = "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, expires_ms";
 const ENTITY_COLUMNS: &str =
     "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
 const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
@@ -138,6 +137,7 @@ struct RawMessage {
     state: String,
     reason: Option<String>,
     created_ms: i64,
+    expires_ms: Option<i64>,
 }
 
 impl RawMessage {
@@ -153,6 +153,7 @@ impl RawMessage {
             state: row.get(7)?,
             reason: row.get(8)?,
             created_ms: row.get(9)?,
+            expires_ms: row.get(10)?,
         })
     }
 
@@ -171,6 +172,7 @@ impl RawMessage {
             body: self.body,
             state: MsgState::from_parts(&self.state, self.reason).map_err(corrupt)?,
             created_ms: self.created_ms,
+            expires_ms: self.expires_ms,
         })
     }
 }
@@ -255,8 +257,8 @@ fn insert_row(tx: &Transaction<'_>, m: &Message) -> StoreResult<bool> {
     }
     let mut stmt = tx.prepare_cached(
         "INSERT OR IGNORE INTO messages
-         (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+         (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, updated_ms, expires_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )?;
     let inserted = stmt.execute(params![
         m.msg_id.to_string(),
@@ -269,6 +271,7 @@ fn insert_row(tx: &Transaction<'_>, m: &Message) -> StoreResult<bool> {
         m.state.name(),
         m.state.reason(),
         m.created_ms,
+        m.expires_ms,
     ])?;
     Ok(inserted == 1)
 }

@@ -24,6 +24,7 @@ fn message(from: Gid, to: Gid, state: MsgState, body: &str) -> Message {
         body: body.into(),
         state,
         created_ms: 1,
+        expires_ms: None,
     }
 }
 
@@ -276,6 +277,35 @@ fn queued_briefs_leave_in_order_and_never_go_back() {
         store.transition(MsgId::mint(), &MsgState::Injected),
         Err(StoreError::NoMessage(_))
     ));
+}
+
+#[test]
+fn a_queued_brief_keeps_its_expiry_until_it_is_taken_off_its_queue_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let brief = Message {
+        expires_ms: Some(1_234),
+        ..message(lead, w, MsgState::Queued, "from afar")
+    };
+    let local = message(lead, w, MsgState::Queued, "from here");
+    {
+        let store = open(&dir);
+        store.insert_messages(&[brief.clone(), local]).unwrap();
+        assert_eq!(
+            store.message(brief.msg_id).unwrap().unwrap().expires_ms,
+            Some(1_234)
+        );
+    }
+    let store = open(&dir);
+    let taken = store.dequeue(w, &MsgState::Injecting).unwrap().unwrap();
+    assert_eq!(
+        (taken.body.as_str(), taken.expires_ms),
+        ("from afar", Some(1_234))
+    );
+    assert!(taken.expired(1_234) && !taken.expired(1_233));
+    let taken = store.dequeue(w, &MsgState::Injecting).unwrap().unwrap();
+    assert_eq!((taken.body.as_str(), taken.expires_ms), ("from here", None));
+    assert!(!taken.expired(i64::MAX));
 }
 
 #[test]
@@ -587,6 +617,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER changes_message_pruned; DROP TRIGGER changes_entity_made;
          DROP TRIGGER changes_entity_moved; DROP TABLE changes;
          DROP TRIGGER answered_pruned; DROP TABLE answered;
+         ALTER TABLE messages DROP COLUMN expires_ms;
          PRAGMA user_version = 1;",
     )
     .unwrap();

@@ -379,14 +379,11 @@ impl Gateway {
         if !self.claim(gid, true) {
             return Ok(false);
         }
-        let task = loop {
-            match self.db(move |s| s.dequeue(gid, &MsgState::Held)).await {
-                Ok(Some(task)) if self.expired_in_queue(&task).await => {}
-                Ok(Some(task)) => break task,
-                other => {
-                    self.unclaim(gid);
-                    return other.map(|_| false);
-                }
+        let task = match self.dequeue(gid, MsgState::Held).await {
+            Ok(Some(task)) => task,
+            other => {
+                self.unclaim(gid);
+                return other.map(|_| false);
             }
         };
         // Handed over: for a brief from another host, as good as typed in — its sender's

@@ -12,10 +12,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::delivery::Taker;
+use fleet_core::clock::now_ms;
+use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::typed::{first_line_end, opens_a_command, typeable};
-use fleet_core::{Gid, Kind, Message, MsgState, WorkerStatus};
+use fleet_core::{FleetError, Gid, Kind, Message, MsgState, WorkerStatus};
 use fleet_mux::AgentState;
 use fleet_mux::inject::{InjectOptions, InjectOutcome, Settle, inject};
 use tokio::time::Instant;
@@ -132,11 +133,7 @@ impl Gateway {
             self.unclaim(gid);
             return self.nudge_to_pull(gid).await;
         }
-        let task = match self.db(move |s| s.dequeue(gid, &MsgState::Injecting)).await {
-            Ok(Some(task)) if self.expired_in_queue(&task).await => {
-                self.unclaim(gid);
-                return Step::Again;
-            }
+        let task = match self.dequeue(gid, MsgState::Injecting).await {
             Ok(Some(task)) => task,
             Ok(None) => {
                 self.unclaim(gid);
@@ -153,6 +150,27 @@ impl Gateway {
             self.type_task(gid, task).instrument(span).await;
         }
         Step::Again
+    }
+
+    /// Takes `gid`'s next queued task off its queue into state `next`: the one place a task
+    /// leaves a queue. One whose expiry passed while it waited there (a brief from another
+    /// host behind another task) is failed to its sender instead, never handed over, and the
+    /// next is taken.
+    pub(super) async fn dequeue(
+        self: &Arc<Self>,
+        gid: Gid,
+        next: MsgState,
+    ) -> Result<Option<Message>, FleetError> {
+        loop {
+            let taking = next.clone();
+            let Some(task) = self.db(move |s| s.dequeue(gid, &taking)).await? else {
+                return Ok(None);
+            };
+            if !task.expired(now_ms()) {
+                return Ok(Some(task));
+            }
+            self.fail(&task, WAITED_TOO_LONG).await;
+        }
     }
 
     /// For an entity that pulls its tasks (an architect past its brief), idle with nothing in

@@ -96,6 +96,7 @@ fn hold_and_drain(count: usize) -> anyhow::Result<(f64, f64)> {
             body: format!("reply {i}: the answer to the task, a line or two of text"),
             state: MsgState::Held,
             created_ms: 0,
+            expires_ms: None,
         })?;
     }
     let held = started.elapsed().as_secs_f64();

@@ -607,6 +607,7 @@ impl Gateway {
             body,
             state: MsgState::Held,
             created_ms: now_ms(),
+            expires_ms: None,
         };
         match self.deliver(reply.clone()).await {
             Err(e) if e.code == ErrorCode::BrokerUnavailable => self.keep_for_broker(&reply).await,

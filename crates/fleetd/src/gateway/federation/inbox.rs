@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::super::Gateway;
 use super::settle::{Incoming, settle};
 use super::trust::{Patience, Vouched};
-use super::waiting::{WAITED_TOO_LONG, Waiting, until_due};
+use super::waiting::{Waiting, until_due};
 use fleet_core::clock::now_ms;
+use fleet_core::delivery::WAITED_TOO_LONG;
 
 /// The most deliveries taken off an inbox at once (held ones are stored together).
 const DELIVERY_BATCH: usize = 64;

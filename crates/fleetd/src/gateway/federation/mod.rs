@@ -116,9 +116,6 @@ struct FedState {
     sent_pending: HashMap<(MsgId, String), SentBetween>,
     /// The control requests this gateway published, awaiting their answers.
     control: HashMap<MsgId, control::ControlCall>,
-    /// Briefs taken off the broker into a local queue, with when they expire (milliseconds
-    /// since the Unix epoch): one still queued then is failed when its turn comes, not typed.
-    queued_expiry: HashMap<MsgId, u64>,
     /// Workers of a previous run reaped at start whose inboxes are still to be cleared (the
     /// broker could not be reached then).
     reaped: Vec<Entity>,
@@ -198,7 +195,6 @@ impl Federation {
             sender_hosts: HashMap::new(),
             sent_pending: HashMap::new(),
             control: HashMap::new(),
-            queued_expiry: HashMap::new(),
             reaped: Vec::new(),
             refused: 0,
             answered_return: None,

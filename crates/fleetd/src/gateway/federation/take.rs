@@ -14,12 +14,9 @@ use tokio::time::Instant;
 use super::super::Gateway;
 use super::settle::{Incoming, settle};
 use super::trust::Vouched;
-use super::waiting::{WAITED_TOO_LONG, Waiting};
+use super::waiting::Waiting;
 use fleet_core::delivery::Placement;
-
-/// How long past its expiry a brief queued here is remembered (one failed otherwise, its
-/// session ended say, is never taken off the queue to be forgotten then).
-const FORGET_EXPIRY_AFTER_MS: u64 = 3_600_000;
+use fleet_core::delivery::WAITED_TOO_LONG;
 
 impl Gateway {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
@@ -120,18 +117,6 @@ impl Gateway {
             return false;
         }
         fed.audit(&envelope, delivery.body().len(), "taken");
-        // Should another task get ahead of it here, its expiry still holds.
-        {
-            let mut state = fed.lock();
-            let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
-            state
-                .queued_expiry
-                .retain(|_, at| at.saturating_add(FORGET_EXPIRY_AFTER_MS) > now);
-            // By the id it is queued under (a broadcast's copy has one of its own).
-            state
-                .queued_expiry
-                .insert(message.msg_id, envelope.expires_at_ms);
-        }
         if let Err(e) = self.deliver(message.clone()).await {
             // Taken off the broker already (at most once): its sender is told.
             tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
@@ -155,22 +140,6 @@ impl Gateway {
             tracing::error!(msg_id = %brief.msg_id, error = %e, "an untaken brief cannot be kept as failed: should the broker give it again, it is typed then");
         }
         self.notify_failed(&brief, why).await;
-    }
-
-    /// Whether `task`, just taken off a local queue, is a brief from another host that expired
-    /// while it waited there behind another task: then it is failed to its sender, never typed.
-    pub(in crate::gateway) async fn expired_in_queue(self: &Arc<Self>, task: &Message) -> bool {
-        let Some(fed) = self.fed() else {
-            return false;
-        };
-        let Some(at) = fed.lock().queued_expiry.remove(&task.msg_id) else {
-            return false;
-        };
-        if u64::try_from(now_ms()).unwrap_or(u64::MAX) < at {
-            return false;
-        }
-        self.fail(task, WAITED_TOO_LONG).await;
-        true
     }
 
     /// Holds messages for local entities (the pull path), stored in one transaction and then

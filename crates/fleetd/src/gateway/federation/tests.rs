@@ -548,6 +548,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         body: "task".into(),
         state: MsgState::Queued,
         created_ms: 0,
+        expires_ms: None,
     };
     gateway.track_remote_brief(&brief).await;
     let id = brief.msg_id;
@@ -750,6 +751,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
         body: "task".into(),
         state: MsgState::Queued,
         created_ms: 0,
+        expires_ms: None,
     };
     gateway.track_remote_brief(&brief).await;
     let looping = Arc::clone(&gateway);
@@ -1245,14 +1247,16 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     broker.bind(&carol.to_string());
     // Three briefs queued here (to alice, standing in for a worker): one from afar that expired
     // meanwhile, one from afar still in time, one that never came through the broker.
-    let now = u64::try_from(fleet_core::clock::now_ms()).unwrap();
-    let expired = Message::task(carol, alice.gid, "late".into(), TraceId::mint(), 0);
-    let in_time = Message::task(carol, alice.gid, "on time".into(), TraceId::mint(), 0);
+    let now = fleet_core::clock::now_ms();
+    let expired = Message {
+        expires_ms: Some(now - 1),
+        ..Message::task(carol, alice.gid, "late".into(), TraceId::mint(), 0)
+    };
+    let in_time = Message {
+        expires_ms: Some(now + 60_000),
+        ..Message::task(carol, alice.gid, "on time".into(), TraceId::mint(), 0)
+    };
     let local = Message::task(alice.gid, alice.gid, "local".into(), TraceId::mint(), 0);
-    for (brief, at) in [(&expired, now - 1), (&in_time, now + 60_000)] {
-        let fed = gateway.fed().unwrap();
-        fed.lock().queued_expiry.insert(brief.msg_id, at);
-    }
     for message in [&expired, &in_time, &local] {
         let message = message.clone();
         gateway
@@ -1262,14 +1266,8 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     }
     let gid = alice.gid;
     let mut typed = Vec::new();
-    while let Some(task) = gateway
-        .db(move |s| s.dequeue(gid, &MsgState::Injecting))
-        .await
-        .unwrap()
-    {
-        if !gateway.expired_in_queue(&task).await {
-            typed.push(task.body);
-        }
+    while let Some(task) = gateway.dequeue(gid, MsgState::Injecting).await.unwrap() {
+        typed.push(task.body);
     }
     assert_eq!(typed, ["on time", "local"]);
     let id = expired.msg_id;
@@ -1293,6 +1291,4 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
         text.contains("expired") && text.contains("not typed"),
         "{text}"
     );
-    // Taken once, its expiry is forgotten.
-    assert!(gateway.fed().unwrap().lock().queued_expiry.is_empty());
 }

@@ -52,6 +52,7 @@ fn notice(
         body,
         state: MsgState::Held,
         created_ms: now_ms(),
+        expires_ms: None,
     }
 }
 

@@ -9,10 +9,6 @@ use tokio::time::Instant;
 
 use super::trust::Vouched;
 
-/// What the sender of a brief that expired while it waited for its worker is told.
-pub(super) const WAITED_TOO_LONG: &str =
-    "it expired (expiresAt) while it waited for its worker to be free; it was not typed in";
-
 /// The farthest a waiting brief's expiry is looked ahead (admitted messages live a day at
 /// most; this only keeps the clock's arithmetic far from its end).
 const FARTHEST_DUE: Duration = Duration::from_secs(365 * 86_400);
