@@ -5,6 +5,8 @@
 //! and verifies the same way. Nothing here knows about messages or MCP: a pane host moves
 //! keystrokes and screens, never meaning.
 
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod herdr;
 pub mod inject;
 pub mod tmux;

@@ -19,6 +19,8 @@ mod ending;
 mod federation;
 mod feed;
 mod lifecycle;
+#[cfg(test)]
+mod local_tests;
 mod messages;
 mod nudge;
 mod operator;

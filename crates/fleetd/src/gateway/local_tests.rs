@@ -1,0 +1,290 @@
+//! The local plane against the in-memory pane host (`fleet_mux::fake`), under a paused tokio
+//! clock: a real gateway (its store on disk, no broker) whose workers are fake panes that echo
+//! a paste and take it on Enter, so the delivery pump's rules are seen step by step — one task
+//! in flight at a time, the next typed only once the first is answered, nothing typed into a
+//! worker whose pane host says it is busy. The same flows on real tmux and real agents are in
+//! the `suite` integration tests.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::dialog::{CLAUDE_CODE_MARKERS, Key};
+use fleet_core::ownership::LeadRef;
+use fleet_core::{Entity, Gid, MsgState, Role, WorkerStatus};
+use fleet_mux::fake::{FakePanes, Typed};
+use fleet_mux::{AgentState, PaneId, PaneSpec};
+use fleet_store::{SqliteStore, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::session::PaneSession;
+use super::views::SendResult;
+use super::{Caller, Gateway, Parts, Workdirs};
+use crate::config::{Config, ProfileConfig};
+use crate::launch::{HostFacts, Launchers};
+
+/// A gateway on fake panes, its lead, and one idle worker `w1` with its pump running.
+struct Local {
+    gateway: Arc<Gateway>,
+    panes: Arc<FakePanes>,
+    lead: Caller,
+    worker: Caller,
+    pane: PaneId,
+    _dir: tempfile::TempDir,
+}
+
+async fn local() -> Local {
+    local_with(|_| {}).await
+}
+
+/// [`local`], w1's profile changed by `tweak`.
+async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
+    let panes = Arc::new(FakePanes::new());
+    let parts = Parts {
+        store,
+        panes: panes.clone(),
+        launchers: Launchers::new(dir.path(), HostFacts::default()),
+        federation: None,
+        coordinator: None,
+        workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
+        health: crate::health::Health::new(None),
+        listener: Arc::default(),
+    };
+    let gateway = Gateway::new(
+        Arc::new(Config::embedded()),
+        "hosta".into(),
+        "http://127.0.0.1:1/mcp".into(),
+        parts,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let gid = gateway
+        .db(|s| s.ensure_lead("alice", "hosta", &[]))
+        .await
+        .unwrap();
+    let alice = gateway
+        .db(move |s| s.entity(gid))
+        .await
+        .unwrap()
+        .unwrap()
+        .entity;
+    gateway.lock().add_lead(alice.clone());
+    let (worker, pane) = idle_worker(&gateway, &panes, &alice, tweak);
+    Local {
+        gateway,
+        panes,
+        lead: Caller { entity: alice },
+        worker: Caller { entity: worker },
+        pane,
+        _dir: dir,
+    }
+}
+
+/// A worker `w1` of `lead` in a fake pane, called in (idle), its pump started.
+fn idle_worker(
+    gateway: &Arc<Gateway>,
+    panes: &FakePanes,
+    lead: &Entity,
+    tweak: impl FnOnce(&mut ProfileConfig),
+) -> (Entity, PaneId) {
+    let entity = Entity {
+        gid: Gid::mint(),
+        name: "w1".into(),
+        host: "hosta".into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        groups: vec![],
+        parent: Some(lead.gid),
+    };
+    let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
+    // Typed at once (no pause before Enter, no settling before the first task).
+    profile.enter_pause_ms = Some(0);
+    tweak(&mut profile);
+    let pane = panes.open(&PaneSpec {
+        label: "w1".into(),
+        argv: vec!["sim".into()],
+        env: Default::default(),
+        cwd: PathBuf::from("/"),
+    });
+    let mut session = PaneSession::spawning(
+        entity.clone(),
+        Arc::new(profile),
+        PathBuf::from("/"),
+        LeadRef {
+            name: lead.name.clone(),
+            host: lead.host.clone(),
+        },
+        vec![],
+    );
+    session.pane_opened(pane.clone());
+    assert_eq!(session.called_in(false, 1), Some(true));
+    gateway.lock().panes.insert(entity.gid, session);
+    gateway.start_pump(entity.gid);
+    (entity, pane)
+}
+
+/// Sends `text` from the lead to w1 without waiting; returns its message id.
+async fn send(l: &Local, text: &str) -> fleet_core::MsgId {
+    let ct = CancellationToken::new();
+    match l
+        .gateway
+        .send(&l.lead, "w1", text.into(), Duration::ZERO, &ct)
+        .await
+        .unwrap()
+    {
+        SendResult::Pending { msg_id, .. } => msg_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Lets the gateway's loops run (the paused clock moves on only when they wait).
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+}
+
+async fn state_of(l: &Local, msg_id: fleet_core::MsgId) -> MsgState {
+    l.gateway
+        .db(move |s| s.message(msg_id))
+        .await
+        .unwrap()
+        .unwrap()
+        .state
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is_answered() {
+    let l = local().await;
+    let first = send(&l, "first task").await;
+    let second = send(&l, "second task").await;
+    settle().await;
+    // The first is typed in and submitted; the second waits in the queue, untyped.
+    assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
+    assert_eq!(state_of(&l, first).await, MsgState::Injected);
+    assert_eq!(state_of(&l, second).await, MsgState::Queued);
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
+
+    // The worker answers the first: it is held for the lead, and only now the second goes in.
+    l.gateway
+        .reply(&l.worker, "first done".into(), None)
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
+    assert_eq!(state_of(&l, second).await, MsgState::Injected);
+    let held = l
+        .gateway
+        .db({
+            let gid = l.lead.entity.gid;
+            move |s| s.take_held(gid, None, 10)
+        })
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        (held[0].body.as_str(), held[0].in_reply_to),
+        ("first done", Some(first))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_typed_into_a_worker_its_pane_host_sees_busy_until_it_is_free_again() {
+    let l = local().await;
+    l.panes
+        .set_agent(&l.pane, Some(("claude".into(), AgentState::Working)));
+    // The pane watcher tells the session what the host sees.
+    l.gateway.check_panes(&mut Default::default()).await;
+    let task = send(&l, "a task").await;
+    settle().await;
+    assert!(l.panes.submitted(&l.pane).is_empty());
+    assert_eq!(state_of(&l, task).await, MsgState::Queued);
+    l.panes
+        .set_agent(&l.pane, Some(("claude".into(), AgentState::Idle)));
+    l.gateway.check_panes(&mut Default::default()).await;
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["a task"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_to_a_worker_whose_program_exited_fails_to_its_sender_and_nothing_is_typed() {
+    let l = local().await;
+    l.panes.exit(&l.pane, Some(1));
+    l.gateway.check_panes(&mut Default::default()).await;
+    settle().await;
+    let ct = CancellationToken::new();
+    let sent = l
+        .gateway
+        .send(&l.lead, "w1", "too late".into(), Duration::ZERO, &ct)
+        .await;
+    // Gone from the roster: no task is accepted for it.
+    let err = sent.unwrap_err();
+    assert_eq!(err.code, fleet_core::ErrorCode::UnknownRecipient, "{err:?}");
+    assert!(l.panes.typed(&l.pane).is_empty());
+}
+
+/// Claude Code's permission prompt before a shell command, as captured from the real program.
+const PERMISSION_PROMPT: &str =
+    include_str!("../../../fleet-core/fixtures/dialogs/claude-acceptedits-bash.txt");
+
+#[tokio::test(start_paused = true)]
+async fn a_dialog_on_a_busy_workers_screen_is_asked_of_its_lead_and_the_choice_pressed() {
+    let l = local_with(|p| {
+        p.blocked_markers = Some(CLAUDE_CODE_MARKERS.iter().map(|m| m.to_string()).collect());
+    })
+    .await;
+    let gid = l.worker.entity.gid;
+    let task = send(&l, "run the command").await;
+    settle().await;
+    assert_eq!(state_of(&l, task).await, MsgState::Injected);
+    // The program stops on its prompt: two looks at the same screen ask the lead.
+    l.panes.show(&l.pane, PERMISSION_PROMPT);
+    let mut seen = HashMap::new();
+    for _ in 0..2 {
+        l.gateway.look_for_dialogs(&mut seen).await;
+    }
+    let question = {
+        let sessions = l.gateway.lock();
+        let session = sessions.panes.get(&gid).unwrap();
+        assert_eq!(session.status(), WorkerStatus::Blocked);
+        session.dialog().unwrap().question.clone()
+    };
+    assert_eq!(question.in_task, Some(task));
+    let choices: Vec<(&str, &str)> = question
+        .choices
+        .iter()
+        .flatten()
+        .map(|c| (c.choice.as_str(), c.label.as_str()))
+        .collect();
+    assert_eq!(choices.first(), Some(&("1", "Yes")), "{choices:?}");
+
+    // Claude Code takes the key: its prompt goes.
+    let (panes, pane) = (Arc::clone(&l.panes), l.pane.clone());
+    tokio::spawn(async move {
+        while !panes
+            .typed(&pane)
+            .iter()
+            .any(|t| matches!(t, Typed::Press(_)))
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panes.show(&pane, "");
+    });
+    let ct = CancellationToken::new();
+    l.gateway
+        .choose_for(&l.lead, &question.turn_id, "1", Duration::ZERO, &ct)
+        .await
+        .unwrap();
+    assert_eq!(
+        l.panes.typed(&l.pane).last(),
+        Some(&Typed::Press(Key::Digit(1)))
+    );
+    let sessions = l.gateway.lock();
+    let session = sessions.panes.get(&gid).unwrap();
+    assert_eq!(session.status(), WorkerStatus::Busy);
+    assert!(session.dialog().is_none());
+    // Its task is still the one in flight: the reply to it is awaited as before.
+    assert_eq!(session.current().map(|t| t.msg_id), Some(task));
+}
