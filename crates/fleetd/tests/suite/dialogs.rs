@@ -218,11 +218,18 @@ async fn a_dialog_from_another_host_offering_free_text_never_reaches_the_lead() 
     assert_eq!(blocked[0]["prompt"], "Proceed? (well-formed)");
     assert_eq!(keys(&blocked[0]), ["1"]);
     assert_eq!(polled["asks"], json!([]), "{polled}");
-    let refused = a
-        .log()
-        .matches("a dialog from another host is refused")
-        .count();
-    assert_eq!(refused, 5, "{}", a.log());
+    // Each of the five is refused, loudly (the log is written a moment after).
+    let refused = || {
+        a.log()
+            .matches("a dialog from another host is refused")
+            .count()
+    };
+    until("the five refusals in the log", LIMIT, || async {
+        (refused() >= 5).then_some(())
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", a.log()))?;
+    assert_eq!(refused(), 5, "{}", a.log());
     Ok(())
 }
 
