@@ -161,6 +161,8 @@ pub struct Roster {
     forget: Duration,
     /// Remote entities by gid.
     entities: HashMap<Gid, RemoteEntry>,
+    /// The gids of [`Roster::entities`] by name: a name is looked up, never searched for.
+    names: HashMap<String, Vec<Gid>>,
     /// Remote hosts by host id.
     hosts: HashMap<String, RemoteHost>,
     /// How many heartbeats the caps made it ignore.
@@ -183,10 +185,70 @@ impl Roster {
             ttl,
             forget: forget.max(ttl),
             entities: HashMap::new(),
+            names: HashMap::new(),
             hosts: HashMap::new(),
             ignored: 0,
             departed: VecDeque::new(),
         }
+    }
+
+    /// Keeps `entry`, in place of any entry of its gid.
+    fn put(&mut self, entry: RemoteEntry) {
+        let gid = entry.entity.gid;
+        let name = entry.entity.name.clone();
+        if let Some(old) = self.entities.insert(gid, entry)
+            && old.entity.name != name
+        {
+            self.unname(&old.entity);
+        }
+        let gids = self.names.entry(name).or_default();
+        if !gids.contains(&gid) {
+            gids.push(gid);
+        }
+    }
+
+    /// Lets the entry of `gid` go, remembering it as departed.
+    fn drop_entry(&mut self, gid: Gid) {
+        if let Some(left) = self.entities.remove(&gid) {
+            self.unname(&left.entity);
+            self.depart(left.entity);
+        }
+    }
+
+    /// Lets every entry `leaves` says go, remembering each as departed.
+    fn drop_entries(&mut self, leaves: impl Fn(&RemoteEntry) -> bool) {
+        let (left, kept) = std::mem::take(&mut self.entities)
+            .into_iter()
+            .partition::<HashMap<_, _>, _>(|(_, e)| leaves(e));
+        self.entities = kept;
+        for (_, entry) in left {
+            self.unname(&entry.entity);
+            self.depart(entry.entity);
+        }
+    }
+
+    /// Takes `entity` out of the name index.
+    fn unname(&mut self, entity: &Entity) {
+        if let Some(gids) = self.names.get_mut(&entity.name) {
+            gids.retain(|g| *g != entity.gid);
+            if gids.is_empty() {
+                self.names.remove(&entity.name);
+            }
+        }
+    }
+
+    /// The entries called `name`.
+    pub fn named(&self, name: &str) -> impl Iterator<Item = &RemoteEntry> {
+        self.names
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|gid| self.entities.get(gid))
+    }
+
+    /// Every name in the roster, once each.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(String::as_str)
     }
 
     /// Remembers that `entity` left.
@@ -217,9 +279,7 @@ impl Roster {
                 claimed: entity.host,
             },
             Some(entity) if gone => {
-                if let Some(left) = self.entities.remove(&entity.gid) {
-                    self.depart(left.entity);
-                }
+                self.drop_entry(entity.gid);
                 Heard::Left
             }
             Some(entity) => {
@@ -227,19 +287,12 @@ impl Roster {
                 // this name is one that went without a word (its gateway crashed and reaped it
                 // on restart), and this one takes its place.
                 let superseded: Vec<Gid> = self
-                    .entities
-                    .values()
-                    .filter(|e| {
-                        e.entity.host == host
-                            && e.entity.name == entity.name
-                            && e.entity.gid != entity.gid
-                    })
+                    .named(&entity.name)
+                    .filter(|e| e.entity.host == host && e.entity.gid != entity.gid)
                     .map(|e| e.entity.gid)
                     .collect();
                 for gid in superseded {
-                    if let Some(left) = self.entities.remove(&gid) {
-                        self.depart(left.entity);
-                    }
+                    self.drop_entry(gid);
                 }
                 if !self.entities.contains_key(&entity.gid)
                     && let Err(full) = admit_remote_entity(self.count(host), self.caps)
@@ -253,18 +306,12 @@ impl Roster {
                     heard_ms: now_ms,
                     unreachable_since_ms: None,
                 };
-                self.entities.insert(entry.entity.gid, entry);
+                self.put(entry);
                 Heard::Merged
             }
             None if gone => {
                 self.hosts.remove(host);
-                let (left, kept) = std::mem::take(&mut self.entities)
-                    .into_iter()
-                    .partition::<HashMap<_, _>, _>(|(_, e)| e.entity.host == host);
-                self.entities = kept;
-                for (_, entry) in left {
-                    self.depart(entry.entity);
-                }
+                self.drop_entries(|e| e.entity.host == host);
                 Heard::Left
             }
             None => {
@@ -295,15 +342,7 @@ impl Roster {
     /// unreachable (since now), and forgets every one not heard of within `forget`.
     pub fn expire(&mut self, now: Instant, now_ms: i64) {
         let (ttl, forget) = (self.ttl, self.forget);
-        let (forgotten, kept) = std::mem::take(&mut self.entities)
-            .into_iter()
-            .partition::<HashMap<_, _>, _>(|(_, e)| {
-                now.saturating_duration_since(e.heard) >= forget
-            });
-        self.entities = kept;
-        for (_, entry) in forgotten {
-            self.depart(entry.entity);
-        }
+        self.drop_entries(|e| now.saturating_duration_since(e.heard) >= forget);
         self.hosts
             .retain(|_, h| now.saturating_duration_since(h.heard) < forget);
         let quiet = |heard: Instant| now.saturating_duration_since(heard) >= ttl;
@@ -421,6 +460,43 @@ mod tests {
         let mut names: Vec<String> = roster.entities().map(|e| e.entity.name.clone()).collect();
         names.sort();
         names
+    }
+
+    /// The gids the name index gives for `name`.
+    fn named(roster: &Roster, name: &str) -> Vec<Gid> {
+        roster.named(name).map(|e| e.entity.gid).collect()
+    }
+
+    #[test]
+    fn names_are_looked_up_by_the_index_through_renames_departures_and_forgetting() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 4);
+        let (w, elsewhere) = (entity("w", "hostb"), entity("w", "hostc"));
+        roster.hear("hostb", beat(Some(&w), "idle"), t0, 1);
+        roster.hear("hostc", beat(Some(&elsewhere), "idle"), t0, 1);
+        let mut both = named(&roster, "w");
+        both.sort();
+        let mut expected = vec![w.gid, elsewhere.gid];
+        expected.sort();
+        assert_eq!(both, expected);
+        // Announced under another name: found by that name only.
+        let renamed = Entity {
+            name: "w2".into(),
+            ..w.clone()
+        };
+        roster.hear("hostb", beat(Some(&renamed), "idle"), t0, 2);
+        assert_eq!(named(&roster, "w"), [elsewhere.gid]);
+        assert_eq!(named(&roster, "w2"), [w.gid]);
+        // A new entity of hostb under a name held there supersedes the old one.
+        let successor = entity("w2", "hostb");
+        roster.hear("hostb", beat(Some(&successor), "idle"), t0, 3);
+        assert_eq!(named(&roster, "w2"), [successor.gid]);
+        // Leaving and being forgotten take the name along.
+        roster.hear("hostc", beat(Some(&elsewhere), GONE), t0, 4);
+        assert!(named(&roster, "w").is_empty());
+        roster.expire(t0 + FORGET, 5);
+        assert!(named(&roster, "w2").is_empty());
+        assert_eq!(roster.names().count(), 0);
     }
 
     #[test]

@@ -26,42 +26,52 @@ impl Route {
     }
 }
 
-/// Resolves `to` (a gid, a name, or `name@host`) against `roster` as seen from `local_host`.
+/// What routing looks up, each by an index (never by walking the whole roster): the live
+/// entities of this host and those the remote roster knows.
+pub trait Directory {
+    /// The entity of `gid`.
+    fn by_gid(&self, gid: Gid) -> Option<Entity>;
+    /// The entities called `name`, this host's first.
+    fn named(&self, name: &str) -> Vec<Entity>;
+    /// Every name known, for the error that lists them (an unknown recipient only).
+    fn names(&self) -> Vec<String>;
+}
+
+/// Resolves `to` (a gid, a name, or `name@host`) in `directory` as seen from `local_host`.
 /// A bare name prefers the local entity; a bare name held only by several remote entities is
 /// ambiguous and asks for `name@host`.
-pub fn resolve(roster: &[Entity], local_host: &str, to: &str) -> Result<Route, FleetError> {
+pub fn resolve(
+    directory: &impl Directory,
+    local_host: &str,
+    to: &str,
+) -> Result<Route, FleetError> {
     let to = to.trim();
     let found = if let Ok(gid) = to.parse::<Gid>() {
-        roster.iter().find(|e| e.gid == gid)
+        directory.by_gid(gid)
     } else if let Some((name, host)) = to.split_once('@') {
-        roster.iter().find(|e| e.name == name && e.host == host)
+        directory.named(name).into_iter().find(|e| e.host == host)
     } else {
-        let local = roster.iter().find(|e| e.name == to && e.host == local_host);
-        match local {
-            Some(entity) => Some(entity),
-            None => {
-                let mut remote = roster.iter().filter(|e| e.name == to);
-                match (remote.next(), remote.next()) {
-                    (Some(_), Some(_)) => {
-                        return Err(FleetError::invalid(format!(
-                            "the name '{to}' is held on several hosts: address it as name@host or by gid"
-                        )));
-                    }
-                    (first, _) => first,
-                }
+        let named = directory.named(to);
+        match named.iter().find(|e| e.host == local_host) {
+            Some(local) => Some(local.clone()),
+            None if named.len() > 1 => {
+                return Err(FleetError::invalid(format!(
+                    "the name '{to}' is held on several hosts: address it as name@host or by gid"
+                )));
             }
+            None => named.into_iter().next(),
         }
     };
     match found {
-        Some(entity) if entity.host == local_host => Ok(Route::Local(entity.clone())),
-        Some(entity) => Ok(Route::Remote(entity.clone())),
-        None => Err(unknown_recipient(roster, to)),
+        Some(entity) if entity.host == local_host => Ok(Route::Local(entity)),
+        Some(entity) => Ok(Route::Remote(entity)),
+        None => Err(unknown_recipient(directory.names(), to)),
     }
 }
 
-fn unknown_recipient(roster: &[Entity], to: &str) -> FleetError {
-    let mut names: Vec<&str> = roster.iter().map(|e| e.name.as_str()).collect();
+fn unknown_recipient(mut names: Vec<String>, to: &str) -> FleetError {
     names.sort_unstable();
+    names.dedup();
     let known = if names.is_empty() {
         "nobody".to_string()
     } else {
@@ -77,6 +87,25 @@ fn unknown_recipient(roster: &[Entity], to: &str) -> FleetError {
 mod tests {
     use super::*;
     use crate::entity::Role;
+
+    /// A roster as a plain list, looked up by walking it.
+    struct Listed(Vec<Entity>);
+
+    impl Directory for Listed {
+        fn by_gid(&self, gid: Gid) -> Option<Entity> {
+            self.0.iter().find(|e| e.gid == gid).cloned()
+        }
+        fn named(&self, name: &str) -> Vec<Entity> {
+            self.0.iter().filter(|e| e.name == name).cloned().collect()
+        }
+        fn names(&self) -> Vec<String> {
+            self.0.iter().map(|e| e.name.clone()).collect()
+        }
+    }
+
+    fn resolve(roster: &[Entity], local_host: &str, to: &str) -> Result<Route, FleetError> {
+        super::resolve(&Listed(roster.to_vec()), local_host, to)
+    }
 
     fn entity(name: &str, host: &str) -> Entity {
         Entity {

@@ -27,7 +27,6 @@ pub enum Typed {
 /// One fake pane.
 #[derive(Debug)]
 struct Pane {
-    spec: PaneSpec,
     /// Lines that went up from the input line.
     history: Vec<String>,
     /// What the program shows above its input line (a dialog, a test's text).
@@ -36,6 +35,8 @@ struct Pane {
     input: String,
     typed: Vec<Typed>,
     life: PaneLife,
+    /// Closed by fleetd: gone from the host, its record kept for the test to read.
+    closed: bool,
     agent: Option<(String, AgentState)>,
     reported: Option<AgentState>,
 }
@@ -71,8 +72,8 @@ impl FakePanes {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Opens a pane as if `spec` were started in it (what a test needs without a spawn).
-    pub fn open(&self, spec: &PaneSpec) -> PaneId {
+    /// Opens a pane as if a program were started in it (what a test needs without a spawn).
+    pub fn open(&self) -> PaneId {
         let id = {
             let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
             *next += 1;
@@ -81,12 +82,12 @@ impl FakePanes {
         self.lock().insert(
             id.clone(),
             Pane {
-                spec: spec.clone(),
                 history: Vec::new(),
                 shown: String::new(),
                 input: String::new(),
                 typed: Vec::new(),
                 life: PaneLife::Alive,
+                closed: false,
                 agent: None,
                 reported: None,
             },
@@ -143,14 +144,14 @@ impl FakePanes {
         self.lock().get(pane).and_then(|p| p.reported)
     }
 
-    /// The spec `pane` was opened with.
-    pub fn spec(&self, pane: &PaneId) -> Option<PaneSpec> {
-        self.lock().get(pane).map(|p| p.spec.clone())
+    /// Whether fleetd closed `pane`.
+    pub fn closed(&self, pane: &PaneId) -> bool {
+        self.lock().get(pane).is_some_and(|p| p.closed)
     }
 
     fn with_live<T>(&self, pane: &PaneId, f: impl FnOnce(&mut Pane) -> T) -> Result<T, MuxError> {
         match self.lock().get_mut(pane) {
-            Some(p) if p.life == PaneLife::Alive => Ok(f(p)),
+            Some(p) if p.life == PaneLife::Alive && !p.closed => Ok(f(p)),
             _ => Err(MuxError::NoPane(pane.clone())),
         }
     }
@@ -158,8 +159,8 @@ impl FakePanes {
 
 #[async_trait]
 impl PaneHost for FakePanes {
-    async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError> {
-        Ok(self.open(spec))
+    async fn spawn(&self, _: &PaneSpec) -> Result<PaneId, MuxError> {
+        Ok(self.open())
     }
 
     async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
@@ -205,7 +206,7 @@ impl PaneHost for FakePanes {
     }
 
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
-        match self.lock().get(pane) {
+        match self.lock().get(pane).filter(|p| !p.closed) {
             Some(p) => {
                 let screen = p.screen();
                 let all: Vec<&str> = screen.lines().collect();
@@ -219,6 +220,7 @@ impl PaneHost for FakePanes {
         Ok(self
             .lock()
             .iter()
+            .filter(|(_, p)| !p.closed)
             .map(|(id, p)| {
                 (
                     id.clone(),
@@ -239,7 +241,9 @@ impl PaneHost for FakePanes {
     }
 
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
-        self.lock().remove(pane);
+        if let Some(p) = self.lock().get_mut(pane) {
+            p.closed = true;
+        }
         Ok(())
     }
 }
@@ -290,5 +294,6 @@ mod tests {
         );
         host.close(&pane).await.unwrap();
         assert!(host.panes().await.unwrap().is_empty());
+        assert!(host.closed(&pane));
     }
 }

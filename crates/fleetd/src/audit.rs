@@ -16,7 +16,8 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use fleet_core::bounds::rotate_before;
 use fleet_core::clock::now_ms;
@@ -122,42 +123,52 @@ enum Entry {
     /// A line to append.
     Line(String),
     /// Answered once every line before it is written.
-    #[cfg(test)]
-    Written(mpsc::Sender<()>),
+    Flush(mpsc::Sender<()>),
 }
+
+/// The queues of every audit writer of the process, for [`flush_all`] (weak: a writer dropped
+/// is gone from here too).
+static WRITERS: Mutex<Vec<Weak<SyncSender<Entry>>>> = Mutex::new(Vec::new());
+
+/// How long a dropped writer waits for its thread to write what was queued.
+const LAST_LINES_WITHIN: Duration = Duration::from_secs(2);
 
 /// The audit log on a thread of its own, fed through a bounded queue.
 pub struct AuditWriter {
     /// The live file's path, for what is said of a lost line.
     path: PathBuf,
     /// `None` only while it is dropped.
-    lines: Option<SyncSender<Entry>>,
-    /// The writer's thread, waited for as the writer is dropped (its last lines written).
-    thread: Option<JoinHandle<()>>,
+    lines: Option<Arc<SyncSender<Entry>>>,
+    /// Closed by the writer's thread as it ends, every queued line written (in a mutex only
+    /// to be shared between threads; only the drop reads it).
+    finished: Mutex<mpsc::Receiver<()>>,
 }
 
 impl AuditWriter {
     /// Starts the thread that writes `log`.
     pub fn start(mut log: AuditLog) -> io::Result<AuditWriter> {
         let (lines, queue) = mpsc::sync_channel(AUDIT_QUEUE);
+        let (done, finished) = mpsc::channel::<()>();
         let path = log.path.clone();
-        let thread = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("fleetd-audit".into())
             .spawn(move || {
                 for entry in queue {
                     match entry {
                         Entry::Line(line) => log.append(&line),
-                        #[cfg(test)]
-                        Entry::Written(done) => {
-                            let _ = done.send(());
+                        Entry::Flush(flushed) => {
+                            let _ = flushed.send(());
                         }
                     }
                 }
+                drop(done);
             })?;
+        let lines = Arc::new(lines);
+        lock(&WRITERS).push(Arc::downgrade(&lines));
         Ok(AuditWriter {
             path,
             lines: Some(lines),
-            thread: Some(thread),
+            finished: Mutex::new(finished),
         })
     }
 
@@ -194,23 +205,53 @@ impl AuditWriter {
     /// Waits until every line handed over before is written.
     #[cfg(test)]
     pub fn written(&self) {
-        let (done, wait) = mpsc::channel();
-        if let Some(lines) = &self.lines
-            && lines.send(Entry::Written(done)).is_ok()
-        {
-            let _ = wait.recv();
+        if let Some(lines) = &self.lines {
+            flush(lines, Duration::from_secs(60));
         }
     }
 }
 
+/// Waits (at most `within`) until every line queued on `lines` before now is written; whether
+/// they were.
+fn flush(lines: &SyncSender<Entry>, within: Duration) -> bool {
+    let (flushed, wait) = mpsc::channel();
+    lines.send(Entry::Flush(flushed)).is_ok() && wait.recv_timeout(within).is_ok()
+}
+
+/// Waits (at most `within` in all) until every audit line of the process handed over before
+/// now is written: for an exit that does not wait for the writers to be dropped.
+pub fn flush_all(within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    let writers: Vec<Arc<SyncSender<Entry>>> =
+        lock(&WRITERS).iter().filter_map(Weak::upgrade).collect();
+    for lines in writers {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if !flush(&lines, left) {
+            tracing::error!(
+                "audit lines may be lost: the audit log's writer did not catch up before the exit"
+            );
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Drop for AuditWriter {
     fn drop(&mut self) {
-        // The queue closes; the thread writes what is in it and ends.
+        // The queue closes; the thread writes what is in it and ends (a disk that stalls holds
+        // the drop up no longer than LAST_LINES_WITHIN).
         self.lines = None;
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!(path = %self.path.display(), "the audit log's writer panicked");
+        lock(&WRITERS).retain(|w| w.strong_count() > 0);
+        let finished = self
+            .finished
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(LAST_LINES_WITHIN) {
+            tracing::error!(path = %self.path.display(), "AUDIT LINES MAY BE LOST: the audit log's writer did not finish in time");
         }
     }
 }
@@ -300,9 +341,13 @@ mod tests {
         }
         writer.written();
         assert_eq!(read(&path), lines(&(0..100).collect::<Vec<_>>()));
+        // An exit that does not wait for the drop flushes every writer of the process.
         writer.append(line(100));
-        drop(writer);
+        flush_all(Duration::from_secs(60));
         assert_eq!(read(&path), lines(&(0..101).collect::<Vec<_>>()));
+        writer.append(line(101));
+        drop(writer);
+        assert_eq!(read(&path), lines(&(0..102).collect::<Vec<_>>()));
     }
 
     #[test]

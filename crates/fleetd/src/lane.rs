@@ -111,19 +111,29 @@ mod tests {
     async fn a_lane_blocked_to_its_last_thread_holds_up_no_other_lane() {
         let slow = Arc::new(Lane::new("slow", 2).unwrap());
         let quick = Lane::new("quick", 1).unwrap();
-        // Both of the slow lane's threads wait until the quick lane has answered.
-        let gate = Arc::new(Barrier::new(3));
+        // Both of the slow lane's threads are taken, and wait until the quick lane has answered.
+        let (started, gate) = (Arc::new(Barrier::new(3)), Arc::new(Barrier::new(3)));
         let mut waiting = Vec::new();
         for _ in 0..2 {
-            let (gate, slow) = (Arc::clone(&gate), Arc::clone(&slow));
+            let (started, gate, slow) =
+                (Arc::clone(&started), Arc::clone(&gate), Arc::clone(&slow));
             waiting.push(tokio::spawn(async move {
                 slow.run(move || {
+                    started.wait();
                     gate.wait();
                 })
                 .await
             }));
         }
-        assert_eq!(quick.run(|| "answered").await, Ok("answered"));
+        tokio::task::spawn_blocking({
+            let started = Arc::clone(&started);
+            move || started.wait()
+        })
+        .await
+        .unwrap();
+        let answered =
+            tokio::time::timeout(Duration::from_secs(10), quick.run(|| "answered")).await;
+        assert_eq!(answered.ok(), Some(Ok("answered")));
         gate.wait();
         for job in waiting {
             assert_eq!(job.await.unwrap(), Ok(()));

@@ -457,6 +457,7 @@ fn watch_signals(shutdown: CancellationToken, drain: Duration) -> anyhow::Result
                     _ = hup.recv() => {}
                 }
                 tracing::warn!("second signal: exiting now");
+                crate::audit::flush_all(LAST_LINES_WITHIN);
                 crate::logs::flush(LAST_LINES_WITHIN);
                 std::process::exit(130);
             });
@@ -484,6 +485,7 @@ fn cut_drain_after(drain: Duration, drained: Arc<AtomicBool>) {
             drain_timeout_s = drain.as_secs(),
             "the drain did not end within gateway.drain_timeout_s: exiting anyway (the next start reaps what is left)"
         );
+        crate::audit::flush_all(LAST_LINES_WITHIN);
         crate::logs::flush(LAST_LINES_WITHIN);
         std::process::exit(1);
     };

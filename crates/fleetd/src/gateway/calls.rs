@@ -9,6 +9,7 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
+use fleet_core::ownership::Owned;
 use fleet_core::routing::Route;
 use fleet_core::send::{SendFacts, SessionFacts, plan_send};
 use fleet_core::{
@@ -18,6 +19,7 @@ use tokio::sync::watch as tokio_watch;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::delivery::Taken;
 use super::views::{PollResult, SendResult, Surfaced};
 use super::{Caller, Gateway, store_error};
 
@@ -98,24 +100,41 @@ impl Gateway {
         let route = self.resolve_route(to)?;
         let remote = matches!(route, Route::Remote(_));
         let recipient = route.entity();
-        let plan = {
+        // The facts, gathered under the lock; the plan, made outside it (it reads the text).
+        let (session, host_down, caller_trace) = {
             let sessions = self.lock();
-            plan_send(&SendFacts {
-                caller: &caller.entity,
-                recipient,
-                remote,
-                text: &text,
-                session: sessions.panes.get(&recipient.gid).map(|s| SessionFacts {
-                    owned: s.owned(),
-                    single_line: s.profile().single_line,
+            (
+                sessions.panes.get(&recipient.gid).map(|s| {
+                    (
+                        s.owned().owner,
+                        s.shared().to_vec(),
+                        s.profile().single_line,
+                    )
                 }),
-                host_down: sessions.host_down.as_deref(),
-                caller_trace: sessions
+                sessions.host_down.clone(),
+                sessions
                     .panes
                     .get(&caller.entity.gid)
                     .and_then(|s| s.current().map(|m| m.trace_id)),
-            })?
+            )
         };
+        let plan = plan_send(&SendFacts {
+            caller: &caller.entity,
+            recipient,
+            remote,
+            text: &text,
+            session: session
+                .as_ref()
+                .map(|(owner, shared, single_line)| SessionFacts {
+                    owned: Owned {
+                        owner: *owner,
+                        shared,
+                    },
+                    single_line: *single_line,
+                }),
+            host_down: host_down.as_deref(),
+            caller_trace,
+        })?;
         let trace_id = plan.trace.unwrap_or_else(TraceId::mint);
         let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
         let msg_id = message.msg_id;
@@ -379,11 +398,15 @@ impl Gateway {
         if !self.claim(gid, true) {
             return Ok(false);
         }
-        let task = match self.dequeue(gid, MsgState::Held).await {
-            Ok(Some(task)) => task,
-            other => {
-                self.unclaim(gid);
-                return other.map(|_| false);
+        let task = loop {
+            match self.dequeue(gid, MsgState::Held).await {
+                Ok(Taken::Task(task)) => break task,
+                // The poll holds the claim and is open: the next one is its to take.
+                Ok(Taken::Expired) => {}
+                other => {
+                    self.unclaim(gid);
+                    return other.map(|_| false);
+                }
             }
         };
         // Handed over: for a brief from another host, as good as typed in — its sender's

@@ -81,6 +81,16 @@ fn pane_text(message: &Message, from_name: &str, prefixes: &[char]) -> String {
     }
 }
 
+/// What [`Gateway::dequeue`] took off a queue.
+pub(super) enum Taken {
+    /// The next task, to be handed over.
+    Task(Message),
+    /// A task past its expiry, failed to its sender.
+    Expired,
+    /// Nothing was queued.
+    Nothing,
+}
+
 impl Gateway {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
@@ -134,8 +144,12 @@ impl Gateway {
             return self.nudge_to_pull(gid).await;
         }
         let task = match self.dequeue(gid, MsgState::Injecting).await {
-            Ok(Some(task)) => task,
-            Ok(None) => {
+            Ok(Taken::Task(task)) => task,
+            Ok(Taken::Expired) => {
+                self.unclaim(gid);
+                return Step::Again;
+            }
+            Ok(Taken::Nothing) => {
                 self.unclaim(gid);
                 return Step::Wait;
             }
@@ -154,23 +168,21 @@ impl Gateway {
 
     /// Takes `gid`'s next queued task off its queue into state `next`: the one place a task
     /// leaves a queue. One whose expiry passed while it waited there (a brief from another
-    /// host behind another task) is failed to its sender instead, never handed over, and the
-    /// next is taken.
+    /// host behind another task) is failed to its sender instead, never handed over; the
+    /// caller looks again, the worker's state checked afresh (failing it took time).
     pub(super) async fn dequeue(
         self: &Arc<Self>,
         gid: Gid,
         next: MsgState,
-    ) -> Result<Option<Message>, FleetError> {
-        loop {
-            let taking = next.clone();
-            let Some(task) = self.db(move |s| s.dequeue(gid, &taking)).await? else {
-                return Ok(None);
-            };
-            if !task.expired(now_ms()) {
-                return Ok(Some(task));
-            }
-            self.fail(&task, WAITED_TOO_LONG).await;
+    ) -> Result<Taken, FleetError> {
+        let Some(task) = self.db(move |s| s.dequeue(gid, &next)).await? else {
+            return Ok(Taken::Nothing);
+        };
+        if !task.expired(now_ms()) {
+            return Ok(Taken::Task(task));
         }
+        self.fail(&task, WAITED_TOO_LONG).await;
+        Ok(Taken::Expired)
     }
 
     /// For an entity that pulls its tasks (an architect past its brief), idle with nothing in

@@ -14,7 +14,7 @@ use fleet_core::dialog::{CLAUDE_CODE_MARKERS, Key};
 use fleet_core::ownership::LeadRef;
 use fleet_core::{Entity, Gid, MsgState, Role, WorkerStatus};
 use fleet_mux::fake::{FakePanes, Typed};
-use fleet_mux::{AgentState, PaneId, PaneSpec};
+use fleet_mux::{AgentState, PaneId};
 use fleet_store::{SqliteStore, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -103,12 +103,7 @@ fn idle_worker(
     // Typed at once (no pause before Enter, no settling before the first task).
     profile.enter_pause_ms = Some(0);
     tweak(&mut profile);
-    let pane = panes.open(&PaneSpec {
-        label: "w1".into(),
-        argv: vec!["sim".into()],
-        env: Default::default(),
-        cwd: PathBuf::from("/"),
-    });
+    let pane = panes.open();
     let mut session = PaneSession::spawning(
         entity.clone(),
         Arc::new(profile),
@@ -121,7 +116,7 @@ fn idle_worker(
     );
     session.pane_opened(pane.clone());
     assert_eq!(session.called_in(false, 1), Some(true));
-    gateway.lock().panes.insert(entity.gid, session);
+    gateway.lock().add_session(session);
     gateway.start_pump(entity.gid);
     (entity, pane)
 }
@@ -209,20 +204,44 @@ async fn nothing_is_typed_into_a_worker_its_pane_host_sees_busy_until_it_is_free
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_task_to_a_worker_whose_program_exited_fails_to_its_sender_and_nothing_is_typed() {
+async fn when_a_workers_program_exits_its_task_in_flight_and_its_queue_fail_to_their_sender() {
     let l = local().await;
+    let in_flight = send(&l, "in flight").await;
+    let queued = send(&l, "queued").await;
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["in flight"]);
+    assert_eq!(l.panes.reported(&l.pane), Some(AgentState::Working));
     l.panes.exit(&l.pane, Some(1));
+    // The pane watcher sees it: the session ends and its pane is closed.
     l.gateway.check_panes(&mut Default::default()).await;
     settle().await;
+    assert!(l.panes.closed(&l.pane));
+    // The queued one never goes in; its sender holds a FAILED notice for each.
+    assert_eq!(state_of(&l, queued).await.name(), "failed");
+    let gid = l.lead.entity.gid;
+    let held = l
+        .gateway
+        .db(move |s| s.take_held(gid, None, 10))
+        .await
+        .unwrap();
+    let mut failed: Vec<_> = held
+        .iter()
+        .filter(|m| m.kind == fleet_core::Kind::Failed)
+        .filter_map(|m| m.in_reply_to)
+        .collect();
+    failed.sort();
+    let mut expected = vec![in_flight, queued];
+    expected.sort();
+    assert_eq!(failed, expected, "{held:?}");
+    assert_eq!(l.panes.submitted(&l.pane), ["in flight"]);
+    // And it is gone from the roster: no task is accepted for it.
     let ct = CancellationToken::new();
-    let sent = l
+    let err = l
         .gateway
         .send(&l.lead, "w1", "too late".into(), Duration::ZERO, &ct)
-        .await;
-    // Gone from the roster: no task is accepted for it.
-    let err = sent.unwrap_err();
+        .await
+        .unwrap_err();
     assert_eq!(err.code, fleet_core::ErrorCode::UnknownRecipient, "{err:?}");
-    assert!(l.panes.typed(&l.pane).is_empty());
 }
 
 /// Claude Code's permission prompt before a shell command, as captured from the real program.

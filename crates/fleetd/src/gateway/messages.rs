@@ -10,24 +10,47 @@ use std::sync::Arc;
 use fleet_core::bounds::Full;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Placement, place};
-use fleet_core::routing::{Route, resolve};
-use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
+use fleet_core::routing::{Directory, Route, resolve};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use tracing::Instrument;
 
 use super::Gateway;
 use super::views::Delivered;
 use crate::logs::{self, message_span};
 
+/// What routing looks up in a gateway: this host's live entities by the sessions' name index,
+/// the remote roster's by its own. Each look takes one lock and lets it go.
+struct Known<'a>(&'a Gateway);
+
+impl Directory for Known<'_> {
+    fn by_gid(&self, gid: Gid) -> Option<Entity> {
+        let local = self.0.lock().live(gid);
+        local.or_else(|| self.0.federation.as_ref()?.remote_entity(gid))
+    }
+
+    fn named(&self, name: &str) -> Vec<Entity> {
+        let mut found = self.0.lock().live_named(name);
+        if let Some(fed) = &self.0.federation {
+            found.extend(fed.remote_named(name));
+        }
+        found
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut names = self.0.lock().live_names();
+        if let Some(fed) = &self.0.federation {
+            names.extend(fed.remote_names());
+        }
+        names
+    }
+}
+
 impl Gateway {
     /// Resolves `to` among the live entities of this host and, with a broker, of the roster's
     /// other hosts: where it lives, or a clear error (a remote recipient without a broker is
     /// one: nothing could reach it).
     pub(super) fn resolve_route(&self, to: &str) -> Result<Route, FleetError> {
-        let mut roster = self.lock().entities();
-        if let Some(fed) = &self.federation {
-            roster.extend(fed.remote_entities());
-        }
-        match resolve(&roster, &self.host_id, to)? {
+        match resolve(&Known(self), &self.host_id, to)? {
             Route::Remote(entity) if self.federation.is_none() => Err(FleetError::new(
                 ErrorCode::BrokerUnavailable,
                 format!(

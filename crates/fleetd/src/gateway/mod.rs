@@ -72,6 +72,8 @@ use sessions::Sessions;
 
 /// The threads that prepare launches: as many spawns as that prepare at once.
 const LAUNCH_THREADS: usize = 4;
+/// The threads that resolve spawns' working directories.
+const CWD_THREADS: usize = 2;
 
 /// The one object behind every tool call and loop.
 pub struct Gateway {
@@ -109,6 +111,9 @@ pub struct Gateway {
     /// The launchers' preparation, which may wait seconds on Claude Code's settings lock: on
     /// threads of its own, so it never holds up a store call.
     launch_lane: Lane,
+    /// A spawn's cwd, resolved on disk: apart from the preparations, so a spawn waiting on
+    /// Claude Code's lock holds up no other's check of its directory.
+    cwd_lane: Lane,
     /// Whether its loops and its store are alive, for `/healthz`.
     health: Arc<Health>,
     /// What the HTTP listener in front of it has done, for `/metrics`.
@@ -159,6 +164,7 @@ impl Gateway {
         Ok(Arc::new(Self {
             commits,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
+            cwd_lane: Lane::new("cwd", CWD_THREADS)?,
             config,
             host_id,
             mcp_url,

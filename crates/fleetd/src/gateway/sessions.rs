@@ -47,10 +47,14 @@ pub(super) struct Sessions {
     pub asks: Asks,
     /// The architect slots a consult is using now (one consult of a slot at a time).
     pub consulting: HashSet<String>,
+    /// The gids of leads and sessions by name (gone sessions too, until they are pruned): a
+    /// recipient's name is looked up, never searched for.
+    names: HashMap<String, Vec<Gid>>,
 }
 
 impl Sessions {
     pub fn add_lead(&mut self, entity: Entity) {
+        self.index(&entity);
         self.leads.insert(
             entity.gid,
             LeadState {
@@ -62,6 +66,50 @@ impl Sessions {
                 last_nudge: None,
             },
         );
+    }
+
+    /// Adds the session of a pane-bound entity.
+    pub fn add_session(&mut self, session: PaneSession) {
+        self.index(session.entity());
+        self.panes.insert(session.entity().gid, session);
+    }
+
+    fn index(&mut self, entity: &Entity) {
+        let gids = self.names.entry(entity.name.clone()).or_default();
+        if !gids.contains(&entity.gid) {
+            gids.push(entity.gid);
+        }
+    }
+
+    /// The live entity `gid` of this host.
+    pub fn live(&self, gid: Gid) -> Option<Entity> {
+        match self.leads.get(&gid) {
+            Some(lead) => Some(lead.entity.clone()),
+            None => self
+                .panes
+                .get(&gid)
+                .filter(|s| s.status().is_live())
+                .map(|s| s.entity().clone()),
+        }
+    }
+
+    /// The live entities of this host called `name` (one, but while a stopped one ends).
+    pub fn live_named(&self, name: &str) -> Vec<Entity> {
+        self.names
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|gid| self.live(*gid))
+            .collect()
+    }
+
+    /// The names of this host's live entities.
+    pub fn live_names(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .filter(|(_, gids)| gids.iter().any(|gid| self.live(*gid).is_some()))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// Notes a call from `gid`. Returns the entity, and whether this call made a spawning
@@ -144,7 +192,15 @@ impl Sessions {
         if gone.len() > keep {
             gone.sort_unstable();
             for gid in &gone[..gone.len() - keep] {
-                self.panes.remove(gid);
+                if let Some(session) = self.panes.remove(gid) {
+                    let name = &session.entity().name;
+                    if let Some(gids) = self.names.get_mut(name) {
+                        gids.retain(|g| g != gid);
+                        if gids.is_empty() {
+                            self.names.remove(name);
+                        }
+                    }
+                }
             }
         }
     }

@@ -250,7 +250,7 @@ impl Gateway {
             }
         };
         let (workdirs, host) = (Arc::clone(&self.workdirs), self.host_id.clone());
-        self.launch_lane
+        self.cwd_lane
             .run(move || workdirs.resolve(&requested, &host))
             .await
             .map_err(|lost| FleetError::internal(format!("cannot resolve the cwd: {lost}")))?
@@ -307,7 +307,7 @@ impl Gateway {
             },
             request.share.clone(),
         );
-        sessions.panes.insert(gid, session);
+        sessions.add_session(session);
         Ok(entity)
     }
 

@@ -322,13 +322,23 @@ impl Federation {
             .or_else(|| state.senders.get(&gid).cloned())
     }
 
-    /// The remote entities, for routing.
-    pub(super) fn remote_entities(&self) -> Vec<Entity> {
+    /// The remote entity `gid`, for routing.
+    pub(super) fn remote_entity(&self, gid: Gid) -> Option<Entity> {
+        self.lock().roster.entity(gid).map(|e| e.entity.clone())
+    }
+
+    /// The remote entities called `name`, for routing.
+    pub(super) fn remote_named(&self, name: &str) -> Vec<Entity> {
         self.lock()
             .roster
-            .entities()
+            .named(name)
             .map(|e| e.entity.clone())
             .collect()
+    }
+
+    /// The names the remote roster holds.
+    pub(super) fn remote_names(&self) -> Vec<String> {
+        self.lock().roster.names().map(String::from).collect()
     }
 
     /// How many other hosts the roster hears from (none while this gateway's link is down).

@@ -20,6 +20,7 @@ use fleet_mux::{AgentState, MuxError, PaneHost, PaneId, PaneSpec, PaneState, Sna
 use fleet_store::{SqliteStore, Store};
 use tokio_util::sync::CancellationToken;
 
+use super::super::delivery::Taken;
 use super::super::{Gateway, Parts, Workdirs};
 use super::Federation;
 use crate::config::{BrokerConfig, Config, FederationConfig, TrustEntry};
@@ -1266,9 +1267,15 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     }
     let gid = alice.gid;
     let mut typed = Vec::new();
-    while let Some(task) = gateway.dequeue(gid, MsgState::Injecting).await.unwrap() {
-        typed.push(task.body);
+    let mut failed = 0;
+    loop {
+        match gateway.dequeue(gid, MsgState::Injecting).await.unwrap() {
+            Taken::Task(task) => typed.push(task.body),
+            Taken::Expired => failed += 1,
+            Taken::Nothing => break,
+        }
     }
+    assert_eq!(failed, 1);
     assert_eq!(typed, ["on time", "local"]);
     let id = expired.msg_id;
     let state = gateway
