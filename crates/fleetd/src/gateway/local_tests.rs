@@ -6,23 +6,19 @@
 //! the `suite` integration tests.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::dialog::{CLAUDE_CODE_MARKERS, Key};
-use fleet_core::ownership::LeadRef;
-use fleet_core::{Entity, Gid, MsgState, Role, WorkerStatus};
+use fleet_core::{MsgState, WorkerStatus};
 use fleet_mux::fake::{FakePanes, Typed};
 use fleet_mux::{AgentState, PaneId};
-use fleet_store::{SqliteStore, Store};
 use tokio_util::sync::CancellationToken;
 
-use super::session::PaneSession;
+use super::testing::{gateway_on, worker_session};
 use super::views::SendResult;
-use super::{Caller, Gateway, Parts, Workdirs};
+use super::{Caller, Gateway};
 use crate::config::{Config, ProfileConfig};
-use crate::launch::{HostFacts, Launchers};
 
 /// A gateway on fake panes, its lead, and one idle worker `w1` with its pump running.
 struct Local {
@@ -41,38 +37,19 @@ async fn local() -> Local {
 /// [`local`], w1's profile changed by `tweak`.
 async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
     let panes = Arc::new(FakePanes::new());
-    let parts = Parts {
-        store,
-        panes: panes.clone(),
-        launchers: Launchers::new(dir.path(), HostFacts::default()),
-        federation: None,
-        coordinator: None,
-        workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
-        health: crate::health::Health::new(None),
-        listener: Arc::default(),
-    };
-    let gateway = Gateway::new(
-        Arc::new(Config::embedded()),
-        "hosta".into(),
-        "http://127.0.0.1:1/mcp".into(),
-        parts,
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let gid = gateway
-        .db(|s| s.ensure_lead("alice", "hosta", &[]))
-        .await
-        .unwrap();
-    let alice = gateway
-        .db(move |s| s.entity(gid))
-        .await
-        .unwrap()
-        .unwrap()
-        .entity;
-    gateway.lock().add_lead(alice.clone());
-    let (worker, pane) = idle_worker(&gateway, &panes, &alice, tweak);
+    let (gateway, alice) = gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
+    let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
+    // Typed at once (no pause before Enter, no settling before the first task).
+    profile.enter_pause_ms = Some(0);
+    tweak(&mut profile);
+    let mut session = worker_session(&alice, profile);
+    let pane = panes.open();
+    session.pane_opened(pane.clone());
+    assert_eq!(session.called_in(false, 1), Some(true));
+    let worker = session.entity().clone();
+    gateway.lock().add_session(session);
+    gateway.start_pump(worker.gid);
     Local {
         gateway,
         panes,
@@ -81,44 +58,6 @@ async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
         pane,
         _dir: dir,
     }
-}
-
-/// A worker `w1` of `lead` in a fake pane, called in (idle), its pump started.
-fn idle_worker(
-    gateway: &Arc<Gateway>,
-    panes: &FakePanes,
-    lead: &Entity,
-    tweak: impl FnOnce(&mut ProfileConfig),
-) -> (Entity, PaneId) {
-    let entity = Entity {
-        gid: Gid::mint(),
-        name: "w1".into(),
-        host: "hosta".into(),
-        role: Role::Worker,
-        profile: Some("sim".into()),
-        groups: vec![],
-        parent: Some(lead.gid),
-    };
-    let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
-    // Typed at once (no pause before Enter, no settling before the first task).
-    profile.enter_pause_ms = Some(0);
-    tweak(&mut profile);
-    let pane = panes.open();
-    let mut session = PaneSession::spawning(
-        entity.clone(),
-        Arc::new(profile),
-        PathBuf::from("/"),
-        LeadRef {
-            name: lead.name.clone(),
-            host: lead.host.clone(),
-        },
-        vec![],
-    );
-    session.pane_opened(pane.clone());
-    assert_eq!(session.called_in(false, 1), Some(true));
-    gateway.lock().add_session(session);
-    gateway.start_pump(entity.gid);
-    (entity, pane)
 }
 
 /// Sends `text` from the lead to w1 without waiting; returns its message id.

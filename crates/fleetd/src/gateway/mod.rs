@@ -31,6 +31,8 @@ mod session;
 mod sessions;
 mod spawn;
 mod stall;
+#[cfg(test)]
+mod testing;
 mod views;
 mod watch;
 mod workdir;

@@ -539,6 +539,7 @@ mod tests {
 
     use fleet_core::{Gid, Role, TraceId};
 
+    use super::super::testing::worker_session;
     use super::*;
     use crate::config::ProfileKind;
 
@@ -547,25 +548,16 @@ mod tests {
     fn session(cap: Option<u64>) -> PaneSession {
         let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
         profile.context_cap = cap;
-        let lead = Gid::mint();
-        PaneSession::spawning(
-            Entity {
-                gid: Gid::mint(),
-                name: "w1".into(),
-                host: "hosta".into(),
-                role: Role::Worker,
-                profile: Some("sim".into()),
-                groups: vec![],
-                parent: Some(lead),
-            },
-            Arc::new(profile),
-            PathBuf::from("/work"),
-            LeadRef {
-                name: "alice".into(),
-                host: "hosta".into(),
-            },
-            vec![],
-        )
+        let alice = Entity {
+            gid: Gid::mint(),
+            name: "alice".into(),
+            host: "hosta".into(),
+            role: Role::Lead,
+            profile: None,
+            groups: vec![],
+            parent: None,
+        };
+        worker_session(&alice, profile)
     }
 
     /// An idle session, its pane open.

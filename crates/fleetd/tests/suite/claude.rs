@@ -2,7 +2,7 @@
 //! real tmux panes; only the model is scripted (`fleet_testkit::model`: it answers every typed
 //! task by calling `fleet_reply` with `echo: <task>`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -179,28 +179,30 @@ fn own_settings_profile(base_url: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory()
--> anyhow::Result<()> {
-    let model = ModelSim::start().await?;
-    let dir = tempfile::tempdir()?;
-    // The user's home (this test's own): onboarding done and the key approved, as a user's is.
-    let home = dir.path().join("home");
+/// A user's home of its own in `dir` (its `.claude.json`: onboarding done and the key approved,
+/// as a user's is, and `note` kept there), `n` project directories under `dir/work`, and a
+/// fleetd whose `HOME` it is, with profiles `profiles` and `dir/work` as its root.
+async fn fleet_in_a_users_home(
+    dir: &Path,
+    note: &str,
+    n: usize,
+    profiles: &str,
+) -> anyhow::Result<(PathBuf, Vec<PathBuf>, Fleet)> {
+    let home = dir.join("home");
     std::fs::create_dir(&home)?;
-    let settings = home.join(".claude.json");
     let approved = &TEST_API_KEY[TEST_API_KEY.len() - 20..];
     std::fs::write(
-        &settings,
+        home.join(".claude.json"),
         serde_json::to_string_pretty(&json!({
             "hasCompletedOnboarding": true,
             "lastOnboardingVersion": "2.1.332",
             "theme": "dark",
             "customApiKeyResponses": {"approved": [approved], "rejected": []},
-            "fleetTestNote": "the user's own, kept",
+            "fleetTestNote": note,
         }))?,
     )?;
-    let work = dir.path().join("work");
-    let cwds: Vec<PathBuf> = (1..=3).map(|i| work.join(format!("project-{i}"))).collect();
+    let work = dir.join("work");
+    let cwds: Vec<PathBuf> = (1..=n).map(|i| work.join(format!("project-{i}"))).collect();
     for cwd in &cwds {
         std::fs::create_dir_all(cwd)?;
     }
@@ -208,10 +210,27 @@ async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory(
     let fleet = Fleet::start_with_env(
         &std::env::temp_dir(),
         &format!("workdir_roots = [{:?}]", work.display().to_string()),
-        &own_settings_profile(&model.base_url()),
+        profiles,
         &[("HOME", Some(&home_text)), ("CLAUDE_CONFIG_DIR", None)],
     )
     .await?;
+    Ok((home, cwds, fleet))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory()
+-> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let dir = tempfile::tempdir()?;
+    // The user's home (this test's own).
+    let (home, cwds, fleet) = fleet_in_a_users_home(
+        dir.path(),
+        "the user's own, kept",
+        3,
+        &own_settings_profile(&model.base_url()),
+    )
+    .await?;
+    let settings = home.join(".claude.json");
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
 
     // While they start, every read of the file finds it whole.
@@ -283,35 +302,12 @@ async fn spawns_waiting_on_claude_codes_settings_lock_hold_up_no_round_trip() ->
 {
     let model = ModelSim::start().await?;
     let dir = tempfile::tempdir()?;
-    let home = dir.path().join("home");
-    std::fs::create_dir(&home)?;
-    let approved = &TEST_API_KEY[TEST_API_KEY.len() - 20..];
-    std::fs::write(
-        home.join(".claude.json"),
-        serde_json::to_string_pretty(&json!({
-            "hasCompletedOnboarding": true,
-            "lastOnboardingVersion": "2.1.332",
-            "theme": "dark",
-            "customApiKeyResponses": {"approved": [approved], "rejected": []},
-        }))?,
-    )?;
-    let work = dir.path().join("work");
-    let cwds: Vec<PathBuf> = (1..=4).map(|i| work.join(format!("project-{i}"))).collect();
-    for cwd in &cwds {
-        std::fs::create_dir_all(cwd)?;
-    }
-    let home_text = home.display().to_string();
-    let fleet = Fleet::start_with_env(
-        &std::env::temp_dir(),
-        &format!("workdir_roots = [{:?}]", work.display().to_string()),
-        &format!(
-            "{}\n{}",
-            own_settings_profile(&model.base_url()),
-            fleet_testkit::fleet::sim_profile("sim", &[])?
-        ),
-        &[("HOME", Some(&home_text)), ("CLAUDE_CONFIG_DIR", None)],
-    )
-    .await?;
+    let profiles = format!(
+        "{}\n{}",
+        own_settings_profile(&model.base_url()),
+        fleet_testkit::fleet::sim_profile("sim", &[])?
+    );
+    let (home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 4, &profiles).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(lead.spawn("sim", "w1").await?["status"], "idle");
 

@@ -17,14 +17,12 @@ use fleet_core::roster::Presence;
 use fleet_core::signing::{SigningKey, key_text, signature};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use fleet_mux::{AgentState, MuxError, PaneHost, PaneId, PaneSpec, PaneState, Snapshot};
-use fleet_store::{SqliteStore, Store};
-use tokio_util::sync::CancellationToken;
 
+use super::super::Gateway;
 use super::super::delivery::Taken;
-use super::super::{Gateway, Parts, Workdirs};
+use super::super::testing::gateway_on;
 use super::Federation;
 use crate::config::{BrokerConfig, Config, FederationConfig, TrustEntry};
-use crate::launch::{HostFacts, Launchers};
 
 /// How long a test waits for the gateway to act on what the fake delivered.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -113,7 +111,6 @@ async fn harness(max_held: usize) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::embedded();
     config.gateway.max_held_per_recipient = max_held;
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("fleet.db")).unwrap());
     let broker_config = BrokerConfig {
         uris: vec!["amqp://127.0.0.1:1/fake".into()],
         password_env: "FLEETD_TEST_NO_SUCH_VAR".into(),
@@ -143,35 +140,8 @@ async fn harness(max_held: usize) -> Harness {
         SigningKey::from_bytes(&[1; 32]),
     )
     .unwrap();
-    let parts = Parts {
-        store,
-        panes: Arc::new(NoPanes),
-        launchers: Launchers::new(dir.path(), HostFacts::default()),
-        federation: Some(federation),
-        coordinator: None,
-        workdirs: Workdirs::new(dir.path(), &[]).unwrap(),
-        health: crate::health::Health::new(None),
-        listener: Arc::default(),
-    };
-    let gateway = Gateway::new(
-        Arc::new(config),
-        "hosta".into(),
-        "http://127.0.0.1:1/mcp".into(),
-        parts,
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let gid = gateway
-        .db(|s| s.ensure_lead("alice", "hosta", &[]))
-        .await
-        .unwrap();
-    let alice = gateway
-        .db(move |s| s.entity(gid))
-        .await
-        .unwrap()
-        .unwrap()
-        .entity;
-    gateway.lock().add_lead(alice.clone());
+    let (gateway, alice) =
+        gateway_on(dir.path(), config, Arc::new(NoPanes), Some(federation)).await;
     let broker = Arc::new(FakeBroker::new());
     let link: Arc<dyn Broker> = broker.clone();
     gateway.fed().unwrap().link.send_replace(Some(link));

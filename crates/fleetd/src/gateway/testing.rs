@@ -1,0 +1,80 @@
+//! What the gateway's own tests build on: a real gateway (its store on disk) over the pane host
+//! and federated plane a test gives, with its lead `alice`, and a worker session of that lead.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fleet_core::ownership::LeadRef;
+use fleet_core::{Entity, Gid, Role};
+use fleet_mux::PaneHost;
+use fleet_store::{SqliteStore, Store};
+use tokio_util::sync::CancellationToken;
+
+use super::session::PaneSession;
+use super::{Federation, Gateway, Parts, Workdirs};
+use crate::config::{Config, ProfileConfig};
+use crate::launch::{HostFacts, Launchers};
+
+/// A gateway of host `hosta` with `config`, its store and state in `dir`, over `panes` and
+/// (when given) `federation`; and its lead `alice`, declared.
+pub(super) async fn gateway_on(
+    dir: &Path,
+    config: Config,
+    panes: Arc<dyn PaneHost>,
+    federation: Option<Federation>,
+) -> (Arc<Gateway>, Entity) {
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("fleet.db")).unwrap());
+    let parts = Parts {
+        store,
+        panes,
+        launchers: Launchers::new(dir, HostFacts::default()),
+        federation,
+        coordinator: None,
+        workdirs: Workdirs::new(dir, &[]).unwrap(),
+        health: crate::health::Health::new(None),
+        listener: Arc::default(),
+    };
+    let gateway = Gateway::new(
+        Arc::new(config),
+        "hosta".into(),
+        "http://127.0.0.1:1/mcp".into(),
+        parts,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let gid = gateway
+        .db(|s| s.ensure_lead("alice", "hosta", &[]))
+        .await
+        .unwrap();
+    let alice = gateway
+        .db(move |s| s.entity(gid))
+        .await
+        .unwrap()
+        .unwrap()
+        .entity;
+    gateway.lock().add_lead(alice.clone());
+    (gateway, alice)
+}
+
+/// A spawning session of worker `w1` of `lead`, with `profile`, working in `/work`.
+pub(super) fn worker_session(lead: &Entity, profile: ProfileConfig) -> PaneSession {
+    let entity = Entity {
+        gid: Gid::mint(),
+        name: "w1".into(),
+        host: "hosta".into(),
+        role: Role::Worker,
+        profile: Some(profile.name.clone()),
+        groups: vec![],
+        parent: Some(lead.gid),
+    };
+    PaneSession::spawning(
+        entity,
+        Arc::new(profile),
+        PathBuf::from("/work"),
+        LeadRef {
+            name: lead.name.clone(),
+            host: lead.host.clone(),
+        },
+        vec![],
+    )
+}
