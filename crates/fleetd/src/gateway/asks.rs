@@ -104,10 +104,10 @@ impl Gateway {
                     "whoever gave you this task is not a lead on this host, so nobody can answer: decide yourself, and say what you decided in your fleet_reply",
                 ));
             }
-            let lead_name = lead.map_or_else(|| to.to_string(), |l| l.entity.name.clone());
+            let lead_name = lead.map_or_else(|| to.to_string(), |l| l.entity().name.clone());
             // A lead on another host: its own gateway decides whether it is waiting.
             if let Some(lead) = lead
-                && !listens_for(&lead.listening, me)
+                && !listens_for(lead.listening(), me)
             {
                 return Err(FleetError::new(
                     ErrorCode::NoWaiter,

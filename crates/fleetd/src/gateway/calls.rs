@@ -53,10 +53,7 @@ impl Drop for OpenCall {
     fn drop(&mut self) {
         let mut sessions = self.gateway.lock();
         if let Some(lead) = sessions.leads.get_mut(&self.gid) {
-            lead.open_calls = lead.open_calls.saturating_sub(1);
-            if let Some(at) = lead.listening.iter().position(|l| *l == self.listens) {
-                lead.listening.swap_remove(at);
-            }
+            lead.call_closed(self.listens);
         } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
             session.call_closed(self.poll);
         }
@@ -73,8 +70,7 @@ impl Gateway {
     fn open_call(self: &Arc<Self>, gid: Gid, poll: bool, listens: Option<Gid>) -> OpenCall {
         let mut sessions = self.lock();
         if let Some(lead) = sessions.leads.get_mut(&gid) {
-            lead.open_calls += 1;
-            lead.listening.push(listens);
+            lead.call_opened(listens);
         } else if let Some(session) = sessions.panes.get_mut(&gid) {
             session.call_opened(poll);
         }

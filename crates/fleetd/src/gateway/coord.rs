@@ -239,8 +239,8 @@ impl Gateway {
             .leads
             .values()
             .filter_map(|lead| {
-                let id = coordinator.coord_id(&lead.entity.name)?;
-                Some((lead.entity.gid, id.to_string()))
+                let id = coordinator.coord_id(&lead.entity().name)?;
+                Some((lead.entity().gid, id.to_string()))
             })
             .collect();
         let mut opened = Vec::with_capacity(leads.len());

@@ -69,7 +69,7 @@ impl Gateway {
             sessions
                 .leads
                 .get(&gid)
-                .map(|l| l.entity.name.clone())
+                .map(|l| l.entity().name.clone())
                 .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().name.clone()))
         };
         let remote = || self.federation.as_ref().and_then(|f| f.remote_name(gid));

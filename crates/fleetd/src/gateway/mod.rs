@@ -18,6 +18,7 @@ mod dialogs;
 mod ending;
 mod federation;
 mod feed;
+mod lead;
 mod lifecycle;
 #[cfg(test)]
 mod local_tests;

@@ -88,8 +88,8 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
             .lock()
             .leads
             .values()
-            .find(|l| &l.entity.name == name)
-            .map(|l| l.entity.gid);
+            .find(|l| &l.entity().name == name)
+            .map(|l| l.entity().gid);
         if let Some(gid) = gid {
             let (looping, lead) = (Arc::clone(gateway), lead.clone());
             gateway.run_watched(&format!("nudge of {name}"), async move {
@@ -138,12 +138,13 @@ impl Gateway {
             let Some(state) = sessions.leads.get(&gid) else {
                 return NudgeStep::Nothing;
             };
-            let Some(target) = state.nudge.clone() else {
+            let Some(target) = state.nudge_target().cloned() else {
                 return NudgeStep::Nothing;
             };
             let interval = Duration::from_secs(lead.nudge_interval_s);
-            let since_last = state.last_nudge.map(|at| at.elapsed());
-            if let Some(wait) = nudge_wait(state.open_calls, since_last, interval, NUDGE_RECHECK) {
+            let since_last = state.last_nudge().map(|at| at.elapsed());
+            if let Some(wait) = nudge_wait(state.open_calls(), since_last, interval, NUDGE_RECHECK)
+            {
                 return NudgeStep::Later(wait);
             }
             target
@@ -180,10 +181,8 @@ impl Gateway {
             // The pane or its server is gone: forget it until the lead names it again.
             Err(e @ MuxError::NoPane(_)) => {
                 tracing::info!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "the lead's pane is gone; not nudging it until the lead calls again");
-                if let Some(state) = self.lock().leads.get_mut(&gid)
-                    && state.nudge.as_ref() == Some(target)
-                {
-                    state.nudge = None;
+                if let Some(state) = self.lock().leads.get_mut(&gid) {
+                    state.nudge_target_gone(target);
                 }
                 return false;
             }
@@ -197,10 +196,9 @@ impl Gateway {
             let Some(state) = sessions.leads.get_mut(&gid) else {
                 return false;
             };
-            if state.open_calls > 0 {
+            if !state.nudged(Instant::now()) {
                 return false;
             }
-            state.last_nudge = Some(Instant::now());
         }
         let line = nudge_line(count);
         let typed = async {

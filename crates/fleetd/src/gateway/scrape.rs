@@ -21,7 +21,7 @@ impl Gateway {
         };
         if let Some(lead) = self.lock().leads.get(&gid) {
             return Ok(Some(Viewer::Lead(Caller {
-                entity: lead.entity.clone(),
+                entity: lead.entity().clone(),
             })));
         }
         Ok(self

@@ -8,30 +8,12 @@ use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Recipient, Taker, announced, may_take_task};
 use fleet_core::ownership::{Action, LeadRef, Principal};
 use fleet_core::{Entity, Gid, WorkerStatus};
-use tokio::time::Instant;
 
 use super::NudgeTarget;
 use super::asks::Asks;
+use super::lead::LeadState;
 use super::session::PaneSession;
 use super::views::{ListResult, RosterEntry, Surfaced, slot_of};
-
-/// A lead, reached by MCP pull.
-pub(super) struct LeadState {
-    /// Who.
-    pub entity: Entity,
-    /// Fleet calls of this lead now open (a blocked send, a long poll): while any is open the
-    /// lead gets its messages through the call and is never nudged.
-    pub open_calls: usize,
-    /// Whose asks its open calls surface: one entry per open call, a worker's gid (a send to
-    /// it) or `None` (a poll without filter: anyone's).
-    pub listening: Vec<Option<Gid>>,
-    /// Where to type a nudge, as the lead's last request said.
-    pub nudge: Option<NudgeTarget>,
-    /// When it last called in.
-    pub last_seen_ms: Option<i64>,
-    /// When it was last nudged.
-    pub last_nudge: Option<Instant>,
-}
 
 /// Leads and pane sessions.
 #[derive(Default)]
@@ -55,17 +37,7 @@ pub(super) struct Sessions {
 impl Sessions {
     pub fn add_lead(&mut self, entity: Entity) {
         self.index(&entity);
-        self.leads.insert(
-            entity.gid,
-            LeadState {
-                entity,
-                open_calls: 0,
-                listening: Vec::new(),
-                nudge: None,
-                last_seen_ms: None,
-                last_nudge: None,
-            },
-        );
+        self.leads.insert(entity.gid, LeadState::new(entity));
     }
 
     /// Adds the session of a pane-bound entity.
@@ -84,7 +56,7 @@ impl Sessions {
     /// The live entity `gid` of this host.
     pub fn live(&self, gid: Gid) -> Option<Entity> {
         match self.leads.get(&gid) {
-            Some(lead) => Some(lead.entity.clone()),
+            Some(lead) => Some(lead.entity().clone()),
             None => self
                 .panes
                 .get(&gid)
@@ -121,11 +93,8 @@ impl Sessions {
         acting: bool,
     ) -> Option<(Entity, bool)> {
         if let Some(lead) = self.leads.get_mut(&gid) {
-            lead.last_seen_ms = Some(now_ms());
-            if nudge.is_some() {
-                lead.nudge = nudge;
-            }
-            return Some((lead.entity.clone(), false));
+            lead.called_in(nudge, now_ms());
+            return Some((lead.entity().clone(), false));
         }
         let session = self.panes.get_mut(&gid)?;
         let became_ready = session.called_in(acting, now_ms())?;
@@ -167,7 +136,7 @@ impl Sessions {
     /// Every live entity, leads first, then sessions oldest first.
     pub fn entities(&self) -> Vec<Entity> {
         let mut leads: Vec<&LeadState> = self.leads.values().collect();
-        leads.sort_by_key(|l| l.entity.gid);
+        leads.sort_by_key(|l| l.entity().gid);
         let mut panes: Vec<&PaneSession> = self
             .panes
             .values()
@@ -176,7 +145,7 @@ impl Sessions {
         panes.sort_by_key(|s| s.entity().gid);
         leads
             .into_iter()
-            .map(|l| l.entity.clone())
+            .map(|l| l.entity().clone())
             .chain(panes.into_iter().map(|s| s.entity().clone()))
             .collect()
     }
@@ -211,18 +180,18 @@ impl Sessions {
         if let Some(lead) = self.leads.get(&gid) {
             return Some(RosterEntry {
                 gid,
-                name: lead.entity.name.clone(),
-                host: lead.entity.host.clone(),
-                role: lead.entity.role,
+                name: lead.entity().name.clone(),
+                host: lead.entity().host.clone(),
+                role: lead.entity().role,
                 slot: None,
                 profile: None,
                 status: WorkerStatus::Idle.as_str().to_string(),
                 agent: None,
                 agent_status: None,
-                groups: lead.entity.groups.clone(),
+                groups: lead.entity().groups.clone(),
                 pane: None,
-                last_seen_ms: lead.last_seen_ms,
-                open_calls: Some(lead.open_calls),
+                last_seen_ms: lead.last_seen_ms(),
+                open_calls: Some(lead.open_calls()),
                 stalled_since: None,
                 workspace: None,
                 dialog: None,

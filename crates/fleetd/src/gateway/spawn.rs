@@ -129,7 +129,7 @@ impl Gateway {
             .lock()
             .leads
             .values()
-            .map(|l| l.entity.name.clone())
+            .map(|l| l.entity().name.clone())
             .collect();
         if let Some(unknown) = leads
             .iter()

@@ -347,7 +347,7 @@ impl Gateway {
         self.tasks.spawn(async move {
             gateway.await_announced(gid).await;
             let caller = gateway.lock().leads.get(&lead).map(|l| Caller {
-                entity: l.entity.clone(),
+                entity: l.entity().clone(),
             });
             let Some(caller) = caller else {
                 return;

@@ -280,7 +280,12 @@ impl Gateway {
             .lock()
             .leads
             .values()
-            .map(|l| (l.entity.gid, format!("{}@{}", l.entity.name, l.entity.host)))
+            .map(|l| {
+                (
+                    l.entity().gid,
+                    format!("{}@{}", l.entity().name, l.entity().host),
+                )
+            })
             .collect();
         let state = fed.lock();
         let owner_of = |parent: Option<Gid>| {

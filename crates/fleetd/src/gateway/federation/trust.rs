@@ -170,7 +170,7 @@ impl Gateway {
             sessions
                 .leads
                 .get(&gid)
-                .map(|l| l.entity.clone())
+                .map(|l| l.entity().clone())
                 .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().clone()))
         };
         if let Some(entity) = local {

@@ -160,7 +160,7 @@ impl Gateway {
                 || sessions
                     .leads
                     .get(&lead)
-                    .is_some_and(|l| listens_for(&l.listening, worker));
+                    .is_some_and(|l| listens_for(l.listening(), worker));
             if listening {
                 // One dialog a worker: a newer one stands for what its screen shows now.
                 if dialog.is_some()

@@ -1,0 +1,168 @@
+//! A lead as this process knows it: reached by MCP pull, its open calls (and whose asks they
+//! surface), where to nudge it, and when it was last seen and nudged. Its fields are its own:
+//! every change goes through a method named for what happened.
+
+use fleet_core::{Entity, Gid};
+use tokio::time::Instant;
+
+use super::NudgeTarget;
+
+/// A lead, reached by MCP pull.
+pub(super) struct LeadState {
+    /// Who.
+    entity: Entity,
+    /// Fleet calls of this lead now open (a blocked send, a long poll): while any is open the
+    /// lead gets its messages through the call and is never nudged.
+    open_calls: usize,
+    /// Whose asks its open calls surface: one entry per open call, a worker's gid (a send to
+    /// it) or `None` (a poll without filter: anyone's).
+    listening: Vec<Option<Gid>>,
+    /// Where to type a nudge, as the lead's last request said.
+    nudge: Option<NudgeTarget>,
+    /// When it last called in.
+    last_seen_ms: Option<i64>,
+    /// When it was last nudged.
+    last_nudge: Option<Instant>,
+}
+
+impl LeadState {
+    /// `entity`, not seen yet.
+    pub fn new(entity: Entity) -> LeadState {
+        LeadState {
+            entity,
+            open_calls: 0,
+            listening: Vec::new(),
+            nudge: None,
+            last_seen_ms: None,
+            last_nudge: None,
+        }
+    }
+
+    /// Who.
+    pub fn entity(&self) -> &Entity {
+        &self.entity
+    }
+
+    /// How many of its fleet calls are open now.
+    pub fn open_calls(&self) -> usize {
+        self.open_calls
+    }
+
+    /// Whose asks its open calls surface (`None`: anyone's).
+    pub fn listening(&self) -> &[Option<Gid>] {
+        &self.listening
+    }
+
+    /// When it last called in (Unix ms).
+    pub fn last_seen_ms(&self) -> Option<i64> {
+        self.last_seen_ms
+    }
+
+    /// Where to type a nudge, as its last request said.
+    pub fn nudge_target(&self) -> Option<&NudgeTarget> {
+        self.nudge.as_ref()
+    }
+
+    /// When it was last nudged.
+    pub fn last_nudge(&self) -> Option<Instant> {
+        self.last_nudge
+    }
+
+    /// Notes a call of its at `now_ms`, and where to nudge it if the call says.
+    pub fn called_in(&mut self, nudge: Option<NudgeTarget>, now_ms: i64) {
+        self.last_seen_ms = Some(now_ms);
+        if nudge.is_some() {
+            self.nudge = nudge;
+        }
+    }
+
+    /// Notes one of its fleet calls opened, surfacing the asks of `listens` (anyone's: `None`).
+    pub fn call_opened(&mut self, listens: Option<Gid>) {
+        self.open_calls += 1;
+        self.listening.push(listens);
+    }
+
+    /// Notes that call over.
+    pub fn call_closed(&mut self, listens: Option<Gid>) {
+        self.open_calls = self.open_calls.saturating_sub(1);
+        if let Some(at) = self.listening.iter().position(|l| *l == listens) {
+            self.listening.swap_remove(at);
+        }
+    }
+
+    /// Forgets `target` as where to nudge it (its pane is gone), unless it named another since.
+    pub fn nudge_target_gone(&mut self, target: &NudgeTarget) {
+        if self.nudge.as_ref() == Some(target) {
+            self.nudge = None;
+        }
+    }
+
+    /// Notes that it is nudged at `now`, unless a call of its is open (then it is not to be);
+    /// whether it may be.
+    pub fn nudged(&mut self, now: Instant) -> bool {
+        if self.open_calls > 0 {
+            return false;
+        }
+        self.last_nudge = Some(now);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_core::Role;
+
+    use super::*;
+
+    fn lead() -> LeadState {
+        LeadState::new(Entity {
+            gid: Gid::mint(),
+            name: "alice".into(),
+            host: "hosta".into(),
+            role: Role::Lead,
+            profile: None,
+            groups: vec![],
+            parent: None,
+        })
+    }
+
+    #[test]
+    fn a_lead_with_a_call_open_listens_for_its_workers_and_is_not_nudged() {
+        let mut l = lead();
+        let w = Gid::mint();
+        l.call_opened(Some(w));
+        l.call_opened(None);
+        assert_eq!(l.open_calls(), 2);
+        assert_eq!(l.listening(), [Some(w), None]);
+        assert!(!l.nudged(Instant::now()));
+        assert_eq!(l.last_nudge(), None);
+        l.call_closed(Some(w));
+        assert_eq!(l.listening(), [None]);
+        l.call_closed(None);
+        l.call_closed(None);
+        assert_eq!((l.open_calls(), l.listening().len()), (0, 0));
+        let at = Instant::now();
+        assert!(l.nudged(at));
+        assert_eq!(l.last_nudge(), Some(at));
+    }
+
+    #[test]
+    fn where_to_nudge_is_kept_from_the_last_call_that_says_and_forgotten_once_gone() {
+        let mut l = lead();
+        let here = NudgeTarget {
+            pane: "%1".into(),
+            socket: Some("/tmp/tmux-0/default".into()),
+        };
+        l.called_in(Some(here.clone()), 5);
+        l.called_in(None, 7);
+        assert_eq!((l.nudge_target(), l.last_seen_ms()), (Some(&here), Some(7)));
+        let other = NudgeTarget {
+            pane: "%2".into(),
+            socket: None,
+        };
+        l.nudge_target_gone(&other);
+        assert_eq!(l.nudge_target(), Some(&here));
+        l.nudge_target_gone(&here);
+        assert_eq!(l.nudge_target(), None);
+    }
+}
