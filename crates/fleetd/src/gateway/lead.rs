@@ -110,20 +110,11 @@ impl LeadState {
 
 #[cfg(test)]
 mod tests {
-    use fleet_core::Role;
-
+    use super::super::testing::alice;
     use super::*;
 
     fn lead() -> LeadState {
-        LeadState::new(Entity {
-            gid: Gid::mint(),
-            name: "alice".into(),
-            host: "hosta".into(),
-            role: Role::Lead,
-            profile: None,
-            groups: vec![],
-            parent: None,
-        })
+        LeadState::new(alice())
     }
 
     #[test]

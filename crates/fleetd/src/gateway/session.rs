@@ -537,9 +537,9 @@ impl PaneSession {
 mod tests {
     use std::time::Duration;
 
-    use fleet_core::{Gid, Role, TraceId};
+    use fleet_core::{Gid, TraceId};
 
-    use super::super::testing::worker_session;
+    use super::super::testing::{alice, worker_session};
     use super::*;
     use crate::config::ProfileKind;
 
@@ -548,16 +548,7 @@ mod tests {
     fn session(cap: Option<u64>) -> PaneSession {
         let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
         profile.context_cap = cap;
-        let alice = Entity {
-            gid: Gid::mint(),
-            name: "alice".into(),
-            host: "hosta".into(),
-            role: Role::Lead,
-            profile: None,
-            groups: vec![],
-            parent: None,
-        };
-        worker_session(&alice, profile)
+        worker_session(&alice(), profile)
     }
 
     /// An idle session, its pane open.

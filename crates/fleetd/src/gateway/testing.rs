@@ -56,6 +56,19 @@ pub(super) async fn gateway_on(
     (gateway, alice)
 }
 
+/// Lead `alice` of `hosta`, as a test names it without a store.
+pub(super) fn alice() -> Entity {
+    Entity {
+        gid: Gid::mint(),
+        name: "alice".into(),
+        host: "hosta".into(),
+        role: Role::Lead,
+        profile: None,
+        groups: vec![],
+        parent: None,
+    }
+}
+
 /// A spawning session of worker `w1` of `lead`, with `profile`, working in `/work`.
 pub(super) fn worker_session(lead: &Entity, profile: ProfileConfig) -> PaneSession {
     let entity = Entity {
