@@ -22,6 +22,7 @@ mod control;
 mod dead;
 mod inbox;
 mod link;
+mod outbox;
 mod presence;
 mod publish;
 mod receipts;
