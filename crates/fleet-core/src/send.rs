@@ -7,12 +7,12 @@
 use crate::authz::check_send;
 use crate::delivery::Placement;
 use crate::error::{ErrorCode, FleetError};
-use crate::ownership::{Action, Owned, Principal, check};
+use crate::ownership::{Action, LeadRef, Owned, Principal, check};
 use crate::typed::{first_line_end, multi_line_refusal, typeable};
-use crate::{Entity, Role, TraceId};
+use crate::{Entity, Gid, Role, TraceId};
 
 /// What the gateway knows of a send when it is asked.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SendFacts<'a> {
     /// Who sends.
     pub caller: &'a Entity,
@@ -23,7 +23,7 @@ pub struct SendFacts<'a> {
     /// The message's text.
     pub text: &'a str,
     /// The recipient's session on this host, when it has one.
-    pub session: Option<SessionFacts<'a>>,
+    pub session: Option<SessionFacts>,
     /// Why this host's pane host cannot be reached, while it cannot.
     pub host_down: Option<&'a str>,
     /// The trace of the caller's own task in flight (a worker sending in its task's name).
@@ -31,10 +31,12 @@ pub struct SendFacts<'a> {
 }
 
 /// What of the recipient's session here decides a send.
-#[derive(Clone, Copy, Debug)]
-pub struct SessionFacts<'a> {
-    /// Whose it is.
-    pub owned: Owned<'a>,
+#[derive(Clone, Debug)]
+pub struct SessionFacts {
+    /// The lead that spawned it.
+    pub owner: Option<Gid>,
+    /// The leads it is shared with.
+    pub shared: Vec<LeadRef>,
     /// Its profile takes a task of one line only.
     pub single_line: bool,
 }
@@ -70,14 +72,13 @@ pub fn plan_send(facts: &SendFacts<'_>) -> Result<SendPlan, FleetError> {
         // Typed into its pane (here or on its host): inert text only.
         typeable(facts.text).map_err(|found| found.refusal())?;
         // Its owner's, or shared with the caller (another host's worker: its host judges).
-        if let Some(session) = facts.session {
+        if let Some(session) = &facts.session {
             if caller.role == Role::Lead {
-                check(
-                    Principal::Lead(caller),
-                    Action::Task,
-                    recipient,
-                    session.owned,
-                )?;
+                let owned = Owned {
+                    owner: session.owner,
+                    shared: &session.shared,
+                };
+                check(Principal::Lead(caller), Action::Task, recipient, owned)?;
             }
             if session.single_line
                 && let Some(offset) = first_line_end(facts.text)
@@ -108,8 +109,6 @@ pub fn plan_send(facts: &SendFacts<'_>) -> Result<SendPlan, FleetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Gid;
-    use crate::ownership::LeadRef;
 
     fn entity(name: &str, host: &str, role: Role, parent: Option<Gid>) -> Entity {
         Entity {
@@ -151,15 +150,13 @@ mod tests {
             recipient,
             remote: recipient.host != caller.host,
             text: "a task",
-            session: (recipient.host == "a" && recipient.role.is_pane_bound()).then_some(
+            session: (recipient.host == "a" && recipient.role.is_pane_bound()).then(|| {
                 SessionFacts {
-                    owned: Owned {
-                        owner: recipient.parent,
-                        shared: &w.shared,
-                    },
+                    owner: recipient.parent,
+                    shared: w.shared.clone(),
                     single_line: false,
-                },
-            ),
+                }
+            }),
             host_down: None,
             caller_trace: None,
         }

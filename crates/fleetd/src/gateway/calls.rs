@@ -9,7 +9,6 @@ use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 use fleet_core::message::check_size;
-use fleet_core::ownership::Owned;
 use fleet_core::routing::Route;
 use fleet_core::send::{SendFacts, SessionFacts, plan_send};
 use fleet_core::{
@@ -100,12 +99,10 @@ impl Gateway {
         let (session, host_down, caller_trace) = {
             let sessions = self.lock();
             (
-                sessions.panes.get(&recipient.gid).map(|s| {
-                    (
-                        s.owned().owner,
-                        s.shared().to_vec(),
-                        s.profile().single_line,
-                    )
+                sessions.panes.get(&recipient.gid).map(|s| SessionFacts {
+                    owner: s.owned().owner,
+                    shared: s.shared().to_vec(),
+                    single_line: s.profile().single_line,
                 }),
                 sessions.host_down.clone(),
                 sessions
@@ -119,15 +116,7 @@ impl Gateway {
             recipient,
             remote,
             text: &text,
-            session: session
-                .as_ref()
-                .map(|(owner, shared, single_line)| SessionFacts {
-                    owned: Owned {
-                        owner: *owner,
-                        shared,
-                    },
-                    single_line: *single_line,
-                }),
+            session,
             host_down: host_down.as_deref(),
             caller_trace,
         })?;

@@ -1,13 +1,12 @@
 //! The federated plane's orchestration against the in-memory broker (`fleet_amqp::fake`): a
-//! real gateway (its store on disk, no panes) whose link is the fake, so that what it makes of
-//! each delivery — how it is settled, what is held, what is published back — is seen directly.
+//! real gateway (its store on disk, an empty in-memory pane host) whose link is the fake, so
+//! that what it makes of each delivery — how it is settled, what is held, what is published
+//! back — is seen directly.
 //! The same flows against the real RabbitMQ are in the `federation` integration tests.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use fleet_amqp::fake::{FakeBroker, Settled};
 use fleet_amqp::topology::inbox_queue;
 use fleet_amqp::{Broker, Table};
@@ -16,7 +15,7 @@ use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::roster::Presence;
 use fleet_core::signing::{SigningKey, key_text, signature};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
-use fleet_mux::{AgentState, MuxError, PaneHost, PaneId, PaneSpec, PaneState, Snapshot};
+use fleet_mux::fake::FakePanes;
 
 use super::super::Gateway;
 use super::super::delivery::Taken;
@@ -26,47 +25,6 @@ use crate::config::{BrokerConfig, Config, FederationConfig, TrustEntry};
 
 /// How long a test waits for the gateway to act on what the fake delivered.
 const LIMIT: Duration = Duration::from_secs(10);
-
-/// A pane host with no panes: these tests hold messages for a lead only.
-struct NoPanes;
-
-#[async_trait]
-impl PaneHost for NoPanes {
-    async fn spawn(&self, _: &PaneSpec) -> Result<PaneId, MuxError> {
-        Err(MuxError::Refused("no panes here".into()))
-    }
-    async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn paste(&self, pane: &PaneId, _: &str) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn press(&self, pane: &PaneId, _key: fleet_core::dialog::Key) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-
-    async fn styled(&self, pane: &PaneId) -> Result<String, MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn history(&self, pane: &PaneId, _: usize) -> Result<String, MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
-        Ok(BTreeMap::new())
-    }
-    async fn report(&self, pane: &PaneId, _: AgentState) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-    async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
-        Err(MuxError::NoPane(pane.clone()))
-    }
-}
 
 /// A gateway of `hosta` with lead alice, its link the fake, alice's inbox consumed; `hostb`
 /// and `hostc` are pinned to their test keys, and carol is a lead on `hostc`.
@@ -140,8 +98,13 @@ async fn harness(max_held: usize) -> Harness {
         SigningKey::from_bytes(&[1; 32]),
     )
     .unwrap();
-    let (gateway, alice) =
-        gateway_on(dir.path(), config, Arc::new(NoPanes), Some(federation)).await;
+    let (gateway, alice) = gateway_on(
+        dir.path(),
+        config,
+        Arc::new(FakePanes::new()),
+        Some(federation),
+    )
+    .await;
     let broker = Arc::new(FakeBroker::new());
     let link: Arc<dyn Broker> = broker.clone();
     gateway.fed().unwrap().link.send_replace(Some(link));
