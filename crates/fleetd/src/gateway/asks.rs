@@ -69,9 +69,11 @@ impl Drop for AskGuard {
         {
             let gateway = Arc::clone(&self.gateway);
             let turn_id = self.turn_id.clone();
-            self.gateway
-                .tasks
-                .spawn(async move { gateway.ask_abandoned(&ask, &turn_id).await });
+            self.gateway.tasks.spawn(async move {
+                if let Some(afar) = gateway.afar() {
+                    afar.ask_abandoned(&gateway, &ask, &turn_id).await;
+                }
+            });
         }
     }
 }
@@ -96,7 +98,7 @@ impl Gateway {
             let session = sessions.panes.get(&me);
             let task = session.and_then(|s| s.current().cloned());
             let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
-            let remote = !sessions.is_local(to) && self.federation.is_some();
+            let remote = !sessions.is_local(to) && self.afar().is_some();
             let lead = sessions.leads.get(&to);
             if lead.is_none() && !remote {
                 return Err(FleetError::new(
@@ -158,7 +160,9 @@ impl Gateway {
             // ends it then should the worker's `ABANDONED` be lost.
             Some(ask) => {
                 let ttl_s = wait.as_secs().max(1) + ASK_GRACE_S;
-                self.publish_in_turn(&ask, Some((&turn_id, ttl_s))).await?;
+                if let Some(afar) = self.afar() {
+                    afar.send_in_turn(self, &ask, (&turn_id, ttl_s)).await?;
+                }
                 guard.remote = Some(ask);
             }
             None => self.bump_inbox(to),
@@ -243,9 +247,12 @@ impl Gateway {
     ) -> Result<SendResult, FleetError> {
         let me = caller.entity.gid;
         let sent_by_me = match task {
-            Some(task) => match self.remote_host(worker) {
+            Some(task) => match self
+                .afar()
+                .and_then(|afar| Some((afar, afar.host(worker)?)))
+            {
                 // A task to another host's worker is not stored here: where it went is.
-                Some(host) => self.sent_between(task, host, me, worker).await,
+                Some((afar, host)) => afar.sent_between(self, task, host, (me, worker)).await,
                 None => self
                     .db(move |s| s.message(task))
                     .await?

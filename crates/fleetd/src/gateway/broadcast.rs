@@ -10,6 +10,7 @@ use fleet_core::message::check_size;
 use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, FleetError, Message, MsgId, TraceId};
 
+use super::afar::Broadcast;
 use super::views::BroadcastResult;
 use super::{Caller, Gateway};
 
@@ -33,11 +34,14 @@ impl Gateway {
         }
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
         let mut unreached = false;
-        let (copies, refused) = if self.federation.is_some() {
-            match self
-                .publish_broadcast(&caller.entity, group.as_deref(), &text, msg_id, trace_id)
-                .await
-            {
+        let (copies, refused) = if let Some(afar) = self.afar() {
+            let broadcast = Broadcast {
+                from: &caller.entity,
+                group: group.as_deref(),
+                text: &text,
+                ids: (msg_id, trace_id),
+            };
+            match afar.broadcast(self, broadcast).await {
                 Ok(sent) => sent,
                 // This host's workers still get theirs; the caller hears the others did not.
                 Err(e) if e.code == ErrorCode::BrokerUnavailable => {

@@ -130,11 +130,16 @@ impl Gateway {
         let brief = plan.brief;
         if brief {
             // Tracked before it is published: its receipt may come back at once.
-            self.track_remote_brief(&message).await;
+            if let Some(afar) = self.afar() {
+                afar.brief_going(self, &message).await;
+            }
         }
         let placement = self.deliver(message).await;
-        if brief && !matches!(placement, Ok(Placement::Remote)) {
-            self.receipts_settled(vec![msg_id]).await;
+        if brief
+            && !matches!(placement, Ok(Placement::Remote))
+            && let Some(afar) = self.afar()
+        {
+            afar.briefs_settled(self, vec![msg_id]).await;
         }
         let placement = placement?;
         if placement == Placement::Dead {
@@ -251,10 +256,7 @@ impl Gateway {
                 () = self.shutdown.cancelled() => break,
             }
         }
-        let remote_state = self
-            .federation
-            .as_ref()
-            .and_then(|f| f.pending_state(msg_id));
+        let remote_state = self.afar().and_then(|afar| afar.brief_state(msg_id));
         let state = match remote_state {
             Some(state) => state.to_string(),
             None if known_held => MsgState::Held.to_string(),
@@ -397,8 +399,10 @@ impl Gateway {
         // Handed over: for a brief from another host, as good as typed in — its sender's
         // gateway hears so, or it would fail the brief at the receipt bound.
         let handed = task.clone();
-        if self.start_task(gid, task).await {
-            self.receipt_injected(&handed).await;
+        if self.start_task(gid, task).await
+            && let Some(afar) = self.afar()
+        {
+            afar.injected(self, &handed).await;
         }
         Ok(true)
     }

@@ -469,7 +469,7 @@ impl Gateway {
                 () = tokio::time::sleep_until(due) => {}
                 () = self.shutdown.cancelled() => return false,
             }
-            let busy = match self.federation.as_ref().and_then(|f| f.remote_busy(gid)) {
+            let busy = match self.afar().and_then(|afar| afar.busy(gid)) {
                 Some(busy) => busy,
                 None => return true,
             };

@@ -384,7 +384,9 @@ impl Gateway {
                 let injected = self
                     .db(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
-                self.receipt_injected(&task).await;
+                if let Some(afar) = self.afar() {
+                    afar.injected(self, &task).await;
+                }
                 injected.err().map(|e| e.message)
             }
             Ok(InjectOutcome::NotSubmitted) => Some("not submitted".to_string()),

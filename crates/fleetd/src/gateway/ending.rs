@@ -33,8 +33,8 @@ impl Gateway {
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
         let (entity, remote) = self.stoppable(to)?;
-        if remote {
-            return self.stop_remote(caller, &entity).await;
+        if remote && let Some(afar) = self.afar() {
+            return afar.stop(self, caller, &entity).await;
         }
         if let Some(s) = self.lock().panes.get(&entity.gid) {
             check(
@@ -138,7 +138,9 @@ impl Gateway {
         let Some((pane, current, name, entity)) = ended else {
             return;
         };
-        self.federation_left(&entity).await;
+        if let Some(afar) = self.afar() {
+            afar.left(self, &entity).await;
+        }
         self.lock().asks.close_from(gid);
         // The reason may quote a screen (a fresh session's that did not start, say).
         tracing::info!(%gid, %name, reason = %crate::logs::summary(reason), "session ended");
@@ -231,8 +233,10 @@ impl Gateway {
             self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
                 .await?;
             self.db(move |s| s.revoke_tokens(gid)).await?;
-            self.receipts_sent_by(gid).await;
-            self.reaped(record.entity.clone());
+            if let Some(afar) = self.afar() {
+                afar.sender_gone(self, gid).await;
+                afar.reaped(self, record.entity.clone());
+            }
             let reason = format!(
                 "'{}' never answered: fleetd restarted while it worked on this",
                 record.entity.name

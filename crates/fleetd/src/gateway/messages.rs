@@ -25,21 +25,21 @@ struct Known<'a>(&'a Gateway);
 impl Directory for Known<'_> {
     fn by_gid(&self, gid: Gid) -> Option<Entity> {
         let local = self.0.lock().live(gid);
-        local.or_else(|| self.0.federation.as_ref()?.remote_entity(gid))
+        local.or_else(|| self.0.afar()?.entity(gid))
     }
 
     fn named(&self, name: &str) -> Vec<Entity> {
         let mut found = self.0.lock().live_named(name);
-        if let Some(fed) = &self.0.federation {
-            found.extend(fed.remote_named(name));
+        if let Some(afar) = self.0.afar() {
+            found.extend(afar.named(name));
         }
         found
     }
 
     fn names(&self) -> Vec<String> {
         let mut names = self.0.lock().live_names();
-        if let Some(fed) = &self.0.federation {
-            names.extend(fed.remote_names());
+        if let Some(afar) = self.0.afar() {
+            names.extend(afar.names());
         }
         names
     }
@@ -51,7 +51,7 @@ impl Gateway {
     /// one: nothing could reach it).
     pub(super) fn resolve_route(&self, to: &str) -> Result<Route, FleetError> {
         match resolve(&Known(self), &self.host_id, to)? {
-            Route::Remote(entity) if self.federation.is_none() => Err(FleetError::new(
+            Route::Remote(entity) if self.afar().is_none() => Err(FleetError::new(
                 ErrorCode::BrokerUnavailable,
                 format!(
                     "'{}' lives on host '{}', and this gateway has no broker to reach it",
@@ -72,7 +72,7 @@ impl Gateway {
                 .map(|l| l.entity().name.clone())
                 .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().name.clone()))
         };
-        let remote = || self.federation.as_ref().and_then(|f| f.remote_name(gid));
+        let remote = || self.afar().and_then(|afar| afar.name(gid));
         match live.or_else(remote) {
             Some(name) => name,
             None => match self.db(move |s| s.entity(gid)).await {
@@ -119,7 +119,7 @@ impl Gateway {
     /// Where `message` goes (the rule: [`place`]).
     pub(super) fn placement(&self, message: &Message) -> Placement {
         let recipient = self.lock().recipient(message.to);
-        place(message.kind, recipient, self.federation.is_some())
+        place(message.kind, recipient, self.afar().is_some())
     }
 
     /// Accepts `message` into the local plane: held, queued, or failed if its recipient is
@@ -146,16 +146,13 @@ impl Gateway {
             }
             Placement::Queue => MsgState::Queued,
             Placement::Dead => MsgState::Failed("the recipient is gone".into()),
-            // One its gateway carries through an outage is kept here until the broker takes it.
-            Placement::Remote if self.carries(&message) => return self.carry(message).await,
-            // Its own gateway keeps it: nothing of it is stored here.
+            // Its own gateway keeps it: nothing of it is stored here (but what this one carries
+            // through an outage, until the broker takes it).
             Placement::Remote => {
-                let published = self.publish_remote(&message).await;
-                if published.is_ok() {
-                    self.metrics.accepted(message.kind, placement);
-                    self.answered_elsewhere(&message).await;
-                }
-                return published;
+                return match self.afar() {
+                    Some(afar) => afar.send(self, message).await,
+                    None => Ok(Placement::Dead),
+                };
             }
         };
         let kept = message.clone();
@@ -177,8 +174,8 @@ impl Gateway {
             // Queued for its own pull, it is as good as typed in: a sender on another host
             // hears so now, not only once it is pulled (its receipt bound would not wait for
             // the nudge).
-            if pulled {
-                self.receipt_injected(&kept).await;
+            if pulled && let Some(afar) = self.afar() {
+                afar.injected(self, &kept).await;
             }
             // Its session ended while the message was being stored, after the sweep of what
             // was on its way: fail it here, or it would wait forever.
@@ -228,20 +225,6 @@ impl Gateway {
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
     }
 
-    /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
-    /// reply or a failure notice to a lead there), that the task is answered: no copy of the
-    /// answer is kept here, and a restart reaping the worker would report it unanswered.
-    pub(super) async fn answered_elsewhere(&self, published: &Message) {
-        let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
-        else {
-            return;
-        };
-        let by_reply = published.kind == Kind::Reply;
-        if let Err(e) = self.db(move |s| s.answered_elsewhere(task, by_reply)).await {
-            tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
-        }
-    }
-
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
     /// answering it (a blocked send returns it; otherwise `fleet_poll` does). A message gets
     /// one notice however many paths find it failed: the notice's id derives from its id.
@@ -251,9 +234,11 @@ impl Gateway {
         tracing::warn!(trace_id = %original.trace_id, msg_id = %original.msg_id, reason = %logs::summary(reason), "not delivered");
         logs::trace_text("failure reason", reason);
         if let Err(e) = self.deliver(notice.clone()).await {
-            if e.code == ErrorCode::BrokerUnavailable {
+            if e.code == ErrorCode::BrokerUnavailable
+                && let Some(afar) = self.afar()
+            {
                 // For a sender on another host: kept until the broker can take it.
-                self.keep_for_broker(&notice).await;
+                afar.keep(self, &notice).await;
             } else {
                 tracing::error!(msg_id = %original.msg_id, error = %e, "could not record a failure notice");
             }

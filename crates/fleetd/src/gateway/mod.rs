@@ -6,6 +6,7 @@
 //! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
 //! run's panes and keeps every held message.
 
+mod afar;
 mod asks;
 mod bounds;
 mod broadcast;
@@ -380,6 +381,12 @@ impl Gateway {
         } else {
             crate::logs::session_span(gid, &name)
         }
+    }
+
+    /// The other hosts, as the local plane sees them: through its seam, when there is a
+    /// broker.
+    fn afar(&self) -> Option<&dyn afar::Afar> {
+        self.federation.as_ref().map(|f| f as &dyn afar::Afar)
     }
 
     fn lock(&self) -> MutexGuard<'_, Sessions> {

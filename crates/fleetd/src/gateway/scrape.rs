@@ -73,10 +73,7 @@ impl Gateway {
             let name = self.cached_name(&mut names, gid).await;
             waiting.push((name, state, count(n)));
         }
-        let hosts_up = 1 + self
-            .federation
-            .as_ref()
-            .map_or(0, |fed| count(fed.hosts_heard()));
+        let hosts_up = 1 + self.afar().map_or(0, |afar| count(afar.hosts_heard()));
         Ok(Snapshot {
             sessions,
             messages,

@@ -92,20 +92,20 @@ impl Gateway {
         };
         let requested = request.host.as_deref().filter(|h| *h != self.host_id);
         if let Some(host) = requested
-            && self.federation.is_none()
+            && self.afar().is_none()
         {
             return Err(FleetError::invalid(format!(
                 "host '{host}' is not reachable: this gateway has no broker, so it spawns only on '{}'",
                 self.host_id
             )));
         }
-        match self.spawn_target(requested)? {
-            Target::Here => {
-                self.spawn_here(&caller.entity, request, Gid::mint(), ct)
-                    .await
-            }
-            Target::There(host) => self.spawn_remote(caller, request, &host, ct).await,
+        if let Some(afar) = self.afar()
+            && let Target::There(host) = afar.spawn_target(self, requested)?
+        {
+            return afar.spawn(self, caller, request, &host, ct).await;
         }
+        self.spawn_here(&caller.entity, request, Gid::mint(), ct)
+            .await
     }
 
     /// The leads a worker `caller` spawns is shared with: those it names, then its own
@@ -192,7 +192,9 @@ impl Gateway {
 
         self.await_ready(gid, &pane, &profile, ct).await?;
         guard.armed = false;
-        self.federation_joined(gid).await;
+        if let Some(afar) = self.afar() {
+            afar.joined(self, gid).await;
+        }
         Ok(SpawnResult {
             gid,
             name,

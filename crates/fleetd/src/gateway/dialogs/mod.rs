@@ -17,6 +17,7 @@ use std::time::Duration;
 use fleet_core::asks::whom_to_ask;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
+use fleet_core::delivery::Placement;
 use fleet_core::dialog::{
     Answer, Dialog, Key, newly_shown, read_dialog, read_dialog_styled, shown_counts,
 };
@@ -199,7 +200,7 @@ impl Gateway {
                 in_task: task.as_ref().map(|t| t.msg_id),
                 asked_ms: now_ms(),
             };
-            let remote = (!sessions.is_local(to) && self.federation.is_some()).then(|| {
+            let remote = (!sessions.is_local(to) && self.afar().is_some()).then(|| {
                 Message::about(
                     task.as_ref(),
                     Kind::Ask,
@@ -223,10 +224,14 @@ impl Gateway {
         tracing::info!(%gid, %turn_id, lead = %to, remote = remote.is_some(), "the worker's program stopped on a dialog");
         match remote {
             Some(ask) => {
-                if let Err(e) = self
-                    .publish_in_turn(&ask, Some((&turn_id, ttl.as_secs())))
-                    .await
-                {
+                let sent = match self.afar() {
+                    Some(afar) => {
+                        afar.send_in_turn(self, &ask, (&turn_id, ttl.as_secs()))
+                            .await
+                    }
+                    None => Ok(Placement::Dead),
+                };
+                if let Err(e) = sent {
                     tracing::warn!(%gid, %turn_id, error = %e, "cannot ask a lead on another host about a dialog; asked again at the next look");
                     self.dialog_over(gid, &turn_id, "it could not be asked")
                         .await;
@@ -282,8 +287,8 @@ impl Gateway {
         };
         if let Some(dialog) = dialog {
             tracing::info!(%gid, turn_id = turn, why, "dialog over");
-            if let Some(ask) = dialog.remote {
-                self.ask_abandoned(&ask, turn).await;
+            if let (Some(ask), Some(afar)) = (dialog.remote, self.afar()) {
+                afar.ask_abandoned(self, &ask, turn).await;
             }
         }
         true

@@ -23,6 +23,7 @@ mod dead;
 mod inbox;
 mod link;
 mod outbox;
+mod port;
 mod presence;
 mod publish;
 mod receipts;
@@ -313,52 +314,17 @@ impl Federation {
         awaited.then_some(original)
     }
 
-    /// The name of a remote entity: as the roster knows it, else as its last message said.
-    pub(super) fn remote_name(&self, gid: Gid) -> Option<String> {
+    /// The host remote entity `gid` is on: as the roster knows it (or last knew it), else as
+    /// its last checked message said.
+    fn host_of(&self, gid: Gid) -> Option<String> {
         let state = self.lock();
         state
             .roster
             .entity(gid)
-            .map(|e| e.entity.name.clone())
-            .or_else(|| state.senders.get(&gid).cloned())
-    }
-
-    /// The remote entity `gid`, for routing.
-    pub(super) fn remote_entity(&self, gid: Gid) -> Option<Entity> {
-        self.lock().roster.entity(gid).map(|e| e.entity.clone())
-    }
-
-    /// The remote entities called `name`, for routing.
-    pub(super) fn remote_named(&self, name: &str) -> Vec<Entity> {
-        self.lock()
-            .roster
-            .named(name)
-            .map(|e| e.entity.clone())
-            .collect()
-    }
-
-    /// The names the remote roster holds.
-    pub(super) fn remote_names(&self) -> Vec<String> {
-        self.lock().roster.names().map(String::from).collect()
-    }
-
-    /// How many other hosts the roster hears from (none while this gateway's link is down).
-    pub(super) fn hosts_heard(&self) -> usize {
-        if self.link().is_none() {
-            return 0;
-        }
-        self.lock().roster.hosts_heard().count()
-    }
-
-    /// Whether remote entity `gid` is busy as its host last announced it; `None` when the
-    /// roster does not know it (gone, or its host silent).
-    pub(super) fn remote_busy(&self, gid: Gid) -> Option<bool> {
-        self.lock().roster.entity(gid).map(|e| e.is_busy())
-    }
-
-    /// The state of a brief this gateway published, if it still tracks it.
-    pub(super) fn pending_state(&self, msg_id: MsgId) -> Option<&'static str> {
-        self.lock().receipts.state(msg_id)
+            .map(|e| &e.entity)
+            .or_else(|| state.roster.departed(gid))
+            .map(|e| e.host.clone())
+            .or_else(|| state.sender_hosts.get(&gid).cloned())
     }
 }
 
@@ -432,17 +398,8 @@ impl Gateway {
         carried(message.kind, to_pane)
     }
 
-    /// The host a remote entity is on: as the roster knows it (or last knew it), else as its
-    /// last checked message said.
+    /// The host a remote entity is on (see [`Federation::host_of`]).
     pub(in crate::gateway) fn remote_host(&self, gid: Gid) -> Option<String> {
-        let fed = self.fed()?;
-        let state = fed.lock();
-        state
-            .roster
-            .entity(gid)
-            .map(|e| &e.entity)
-            .or_else(|| state.roster.departed(gid))
-            .map(|e| e.host.clone())
-            .or_else(|| state.sender_hosts.get(&gid).cloned())
+        self.fed()?.host_of(gid)
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
-use fleet_core::{ErrorCode, FleetError, Message, MsgId};
+use fleet_core::{ErrorCode, FleetError, Kind, Message, MsgId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
@@ -104,6 +104,20 @@ impl Gateway {
         tracing::info!(msg_id = %message.msg_id, kind = %message.kind, "the broker cannot take it now: kept until it can");
         self.carried(message).await;
         Ok(Placement::Remote)
+    }
+
+    /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
+    /// reply or a failure notice to a lead there), that the task is answered: no copy of the
+    /// answer is kept here, and a restart reaping the worker would report it unanswered.
+    pub(super) async fn answered_elsewhere(&self, published: &Message) {
+        let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
+        else {
+            return;
+        };
+        let by_reply = published.kind == Kind::Reply;
+        if let Err(e) = self.db(move |s| s.answered_elsewhere(task, by_reply)).await {
+            tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
+        }
     }
 
     /// Takes a sent message out of the outbox.

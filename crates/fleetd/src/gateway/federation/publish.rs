@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::super::Gateway;
 use super::{not_taken, publish_outcome, unavailable};
+use crate::gateway::afar::Broadcast;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
 
@@ -30,6 +31,25 @@ fn full_inbox(kind: QueueType) -> &'static str {
 }
 
 impl Gateway {
+    /// Sends `message`, for a remote recipient, on its way: carried through an outage when its
+    /// gateway carries such a message (the rule: [`fleet_core::delivery::carried`]), else
+    /// published now or refused. What was taken is counted, and an answer notes its task
+    /// answered.
+    pub(in crate::gateway) async fn send_remote(
+        self: &Arc<Self>,
+        message: Message,
+    ) -> Result<Placement, FleetError> {
+        if self.carries(&message) {
+            return self.carry(message).await;
+        }
+        let published = self.publish_remote(&message).await;
+        if published.is_ok() {
+            self.metrics.accepted(message.kind, Placement::Remote);
+            self.answered_elsewhere(&message).await;
+        }
+        published
+    }
+
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
     /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
     pub(in crate::gateway) async fn publish_remote(
@@ -268,12 +288,14 @@ impl Gateway {
     /// full refused its copy, which the publisher's confirm says, not whose).
     pub(in crate::gateway) async fn publish_broadcast(
         &self,
-        from: &Entity,
-        group: Option<&str>,
-        text: &str,
-        msg_id: MsgId,
-        trace_id: TraceId,
+        broadcast: Broadcast<'_>,
     ) -> Result<(usize, Vec<String>), FleetError> {
+        let Broadcast {
+            from,
+            group,
+            text,
+            ids: (msg_id, trace_id),
+        } = broadcast;
         let Some(fed) = self.fed() else {
             return Err(FleetError::internal("no broker"));
         };

@@ -18,6 +18,7 @@ use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use fleet_mux::fake::FakePanes;
 
 use super::super::Gateway;
+use super::super::afar::Afar;
 use super::super::delivery::Taken;
 use super::super::testing::gateway_on;
 use super::Federation;
@@ -499,7 +500,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         .await
         .unwrap();
     let fed = gateway.fed().unwrap();
-    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+    assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
     let key = alice.gid.to_string();
     let receipt = Envelope {
         in_reply_to: Some(brief.msg_id),
@@ -517,14 +518,14 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         .unwrap();
     let settled = settled_until(&broker, |s| !s.is_empty()).await;
     assert_eq!(how_of(&settled, refused), [(Settlement::DeadLetter, false)]);
-    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+    assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
     let tag = broker
         .deliver(alice.gid, &key, &signed(&receipt, b""), b"", None)
         .await
         .unwrap();
     let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
     assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)]);
-    assert_eq!(fed.pending_state(brief.msg_id), Some("injected"));
+    assert_eq!(fed.brief_state(brief.msg_id), Some("injected"));
 }
 
 #[tokio::test]
@@ -701,7 +702,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     };
     assert_eq!(shown(&gateway).as_deref(), Some("unreachable"));
     tokio::time::sleep(bound * 3).await;
-    assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+    assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
     // Heard again, idle, every 5 s: the brief has a whole bound from then, no more.
     let hear = || {
         let back = Presence {
@@ -717,13 +718,13 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(shown(&gateway).as_deref(), Some("idle"));
     while heard_again.elapsed() < bound - Duration::from_secs(1) {
-        assert_eq!(fed.pending_state(brief.msg_id), Some("queued"));
+        assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
         hear();
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     hear();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(fed.pending_state(brief.msg_id), None);
+    assert_eq!(fed.brief_state(brief.msg_id), None);
     // Its sender holds the FAILED notice, naming the bound and the recipient.
     let gid = alice.gid;
     let notice = gateway
@@ -877,7 +878,7 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
         "expired after 60 s unread in the inbox of 'wb@hostb', never taken: its gateway may be down"
     );
     // Its receipt is no longer awaited: the bound will not fail it again.
-    assert_eq!(gateway.fed().unwrap().pending_state(brief.msg_id), None);
+    assert_eq!(gateway.fed().unwrap().brief_state(brief.msg_id), None);
     let awaited = gateway.db(|s| s.awaited_receipts()).await.unwrap();
     assert!(awaited.is_empty(), "{awaited:?}");
     // Nothing goes back through the broker: the sender is here.
@@ -1115,7 +1116,7 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
     assert_eq!(audited_outcomes(&dir), expected);
     // The brief that was typed in still awaits its answer.
     assert_eq!(
-        gateway.fed().unwrap().pending_state(injected.msg_id),
+        gateway.fed().unwrap().brief_state(injected.msg_id),
         Some("injected")
     );
 }
