@@ -52,7 +52,7 @@ struct AskGuard {
 impl Drop for AskGuard {
     fn drop(&mut self) {
         {
-            let mut sessions = self.gateway.lock();
+            let mut sessions = self.gateway.sessions.lock();
             sessions
                 .asks
                 .close(&self.turn_id, "the worker stopped waiting");
@@ -70,7 +70,7 @@ impl Drop for AskGuard {
             let gateway = Arc::clone(&self.gateway);
             let turn_id = self.turn_id.clone();
             self.gateway.tasks.spawn(async move {
-                if let Some(afar) = gateway.afar() {
+                if let Some(afar) = gateway.afar.as_deref() {
                     afar.ask_abandoned(&gateway, &ask, &turn_id).await;
                 }
             });
@@ -94,11 +94,11 @@ impl Gateway {
         let turn_id = format!("turn-{}", MsgId::mint());
         let (tx, rx) = oneshot::channel();
         let (to, remote_ask) = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             let session = sessions.panes.get(&me);
             let task = session.and_then(|s| s.current().cloned());
             let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
-            let remote = !sessions.is_local(to) && self.afar().is_some();
+            let remote = !sessions.is_local(to) && self.afar.as_deref().is_some();
             let lead = sessions.leads.get(&to);
             if lead.is_none() && !remote {
                 return Err(FleetError::new(
@@ -160,12 +160,12 @@ impl Gateway {
             // ends it then should the worker's `ABANDONED` be lost.
             Some(ask) => {
                 let ttl_s = wait.as_secs().max(1) + ASK_GRACE_S;
-                if let Some(afar) = self.afar() {
+                if let Some(afar) = self.afar.as_deref() {
                     afar.send_in_turn(self, &ask, (&turn_id, ttl_s)).await?;
                 }
                 guard.remote = Some(ask);
             }
-            None => self.bump_inbox(to),
+            None => self.inboxes.bump(to),
         }
         tokio::select! {
             answer = rx => match answer {
@@ -207,7 +207,7 @@ impl Gateway {
         check_size(&text, self.config.gateway.max_message_bytes)?;
         let me = caller.entity.gid;
         let (question, answer) = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             if let Some(dialog) = sessions.asks.for_answer(turn_id, me)?.dialog() {
                 return Err(FleetError::invalid(format!(
                     "{turn_id} is a dialog on the worker's screen, which takes a key, not text: answer with fleet_send{{turn_id, choice}}, the choice one of {}",
@@ -248,13 +248,15 @@ impl Gateway {
         let me = caller.entity.gid;
         let sent_by_me = match task {
             Some(task) => match self
-                .afar()
+                .afar
+                .as_deref()
                 .and_then(|afar| Some((afar, afar.host(worker)?)))
             {
                 // A task to another host's worker is not stored here: where it went is.
                 Some((afar, host)) => afar.sent_between(self, task, host, (me, worker)).await,
                 None => self
-                    .db(move |s| s.message(task))
+                    .db
+                    .run(move |s| s.message(task))
                     .await?
                     .is_some_and(|m| m.from == me),
             },

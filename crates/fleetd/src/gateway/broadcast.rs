@@ -34,7 +34,7 @@ impl Gateway {
         }
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
         let mut unreached = false;
-        let (copies, refused) = if let Some(afar) = self.afar() {
+        let (copies, refused) = if let Some(afar) = self.afar.as_deref() {
             let broadcast = Broadcast {
                 from: &caller.entity,
                 group: group.as_deref(),
@@ -87,7 +87,7 @@ impl Gateway {
         trace_id: TraceId,
     ) -> Result<(usize, Vec<String>), FleetError> {
         // Only the workers the caller may task: its own and those shared with it.
-        let targets = self.lock().taskable(&caller.entity, group);
+        let targets = self.sessions.lock().taskable(&caller.entity, group);
         let (mut copies, mut full) = (0, Vec::new());
         for gid in targets {
             let copy = Message::task(caller.entity.gid, gid, text.to_string(), trace_id, now_ms())

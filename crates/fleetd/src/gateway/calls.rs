@@ -50,7 +50,7 @@ struct Waiting {
 
 impl Drop for OpenCall {
     fn drop(&mut self) {
-        let mut sessions = self.gateway.lock();
+        let mut sessions = self.gateway.sessions.lock();
         if let Some(lead) = sessions.leads.get_mut(&self.gid) {
             lead.call_closed(self.listens);
         } else if let Some(session) = sessions.panes.get_mut(&self.gid) {
@@ -67,7 +67,7 @@ impl Gateway {
     /// Opens a call of `gid`: a poll, or a wait for an answer; a lead's call surfaces asks
     /// from `listens` (anyone when `None`).
     fn open_call(self: &Arc<Self>, gid: Gid, poll: bool, listens: Option<Gid>) -> OpenCall {
-        let mut sessions = self.lock();
+        let mut sessions = self.sessions.lock();
         if let Some(lead) = sessions.leads.get_mut(&gid) {
             lead.call_opened(listens);
         } else if let Some(session) = sessions.panes.get_mut(&gid) {
@@ -97,7 +97,7 @@ impl Gateway {
         let recipient = route.entity();
         // The facts, gathered under the lock; the plan, made outside it (it reads the text).
         let (session, host_down, caller_trace) = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             (
                 sessions.panes.get(&recipient.gid).map(|s| SessionFacts {
                     owner: s.owned().owner,
@@ -126,18 +126,18 @@ impl Gateway {
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
         // Watched from before the message leaves: until the inbox changes, no answer can be in
         // it, and the store need not be asked.
-        let inbox = self.inbox(caller.entity.gid);
+        let inbox = self.inboxes.watch(caller.entity.gid);
         let brief = plan.brief;
         if brief {
             // Tracked before it is published: its receipt may come back at once.
-            if let Some(afar) = self.afar() {
+            if let Some(afar) = self.afar.as_deref() {
                 afar.brief_going(self, &message).await;
             }
         }
         let placement = self.deliver(message).await;
         if brief
             && !matches!(placement, Ok(Placement::Remote))
-            && let Some(afar) = self.afar()
+            && let Some(afar) = self.afar.as_deref()
         {
             afar.briefs_settled(self, vec![msg_id]).await;
         }
@@ -168,7 +168,7 @@ impl Gateway {
     ) -> Result<SendResult, FleetError> {
         let waiting = Waiting {
             open: self.open_call(caller.entity.gid, false, Some(to)),
-            inbox: self.inbox(caller.entity.gid),
+            inbox: self.inboxes.watch(caller.entity.gid),
             look_first: true,
             known_held: false,
         };
@@ -200,8 +200,12 @@ impl Gateway {
             // asks, on the store's reader, whether its own answer is there, and only then takes
             // it (a lead with a hundred sends out otherwise paid a hundred writes per reply).
             if look
-                && self.store.answer_waits(me, msg_id).map_err(store_error)?
-                && let Some(answer) = self.db(move |s| s.take_answer(me, msg_id)).await?
+                && self
+                    .db
+                    .at_once()
+                    .answer_waits(me, msg_id)
+                    .map_err(store_error)?
+                && let Some(answer) = self.db.run(move |s| s.take_answer(me, msg_id)).await?
             {
                 self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
                 return Ok(match answer.kind {
@@ -215,7 +219,7 @@ impl Gateway {
                     },
                 });
             }
-            let asked = self.lock().asks.surface(me, open.listens);
+            let asked = self.sessions.lock().asks.surface(me, open.listens);
             match asked.map(Surfaced::from) {
                 Some(Surfaced::Question(ask)) => {
                     return Ok(SendResult::Asked {
@@ -256,19 +260,23 @@ impl Gateway {
                 () = self.shutdown.cancelled() => break,
             }
         }
-        let remote_state = self.afar().and_then(|afar| afar.brief_state(msg_id));
+        let remote_state = self
+            .afar
+            .as_deref()
+            .and_then(|afar| afar.brief_state(msg_id));
         let state = match remote_state {
             Some(state) => state.to_string(),
             None if known_held => MsgState::Held.to_string(),
             None => self
-                .db(move |s| s.message(msg_id))
+                .db
+                .run(move |s| s.message(msg_id))
                 .await?
                 .map(|m| m.state.to_string())
                 .unwrap_or_else(|| "unknown".into()),
         };
         // A worker shared with the caller may wait on a dialog that only its owner sees.
         let owners_dialog = open.listens.and_then(|w| {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let s = sessions.panes.get(&w)?;
             (s.status() == WorkerStatus::Blocked && s.entity().parent != Some(me)).then(|| {
                 format!(
@@ -301,8 +309,8 @@ impl Gateway {
             return Ok(());
         }
         let ids = taken.to_vec();
-        self.db(move |s| s.release(&ids)).await?;
-        self.bump_inbox(to);
+        self.db.run(move |s| s.release(&ids)).await?;
+        self.inboxes.bump(to);
         Err(cancelled())
     }
 
@@ -322,21 +330,27 @@ impl Gateway {
         };
         let me = caller.entity.gid;
         let _open = self.open_call(me, true, from);
-        let mut inbox = self.inbox(me);
-        let mut kick = self.lock().panes.get(&me).map(|s| s.kicks());
+        let mut inbox = self.inboxes.watch(me);
+        let mut kick = self.sessions.lock().panes.get(&me).map(|s| s.kicks());
         let deadline = Instant::now() + wait;
         loop {
             inbox.borrow_and_update();
             if let Some(kick) = kick.as_mut() {
                 kick.borrow_and_update();
             }
-            let mut batch = self.db(move |s| s.take_held(me, from, POLL_BATCH)).await?;
+            let mut batch = self
+                .db
+                .run(move |s| s.take_held(me, from, POLL_BATCH))
+                .await?;
             if batch.is_empty() && from.is_none() && self.take_task_by_poll(me).await? {
-                batch = self.db(move |s| s.take_held(me, None, POLL_BATCH)).await?;
+                batch = self
+                    .db
+                    .run(move |s| s.take_held(me, None, POLL_BATCH))
+                    .await?;
             }
             let (mut asks, mut blocked) = (Vec::new(), Vec::new());
             {
-                let mut sessions = self.lock();
+                let mut sessions = self.sessions.lock();
                 while let Some(ask) = sessions.asks.surface(me, from) {
                     match Surfaced::from(ask) {
                         Surfaced::Question(ask) => asks.push(ask),
@@ -400,7 +414,7 @@ impl Gateway {
         // gateway hears so, or it would fail the brief at the receipt bound.
         let handed = task.clone();
         if self.start_task(gid, task).await
-            && let Some(afar) = self.afar()
+            && let Some(afar) = self.afar.as_deref()
         {
             afar.injected(self, &handed).await;
         }

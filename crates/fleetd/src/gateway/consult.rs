@@ -95,7 +95,7 @@ impl ConsultGuard {
         caller: &Caller,
         slots: &[&SlotConfig],
     ) -> Result<Self, FleetError> {
-        let mut sessions = gateway.lock();
+        let mut sessions = gateway.sessions.lock();
         if let Some(busy) = slots.iter().find(|s| sessions.consulting.contains(&s.name)) {
             return Err(FleetError::new(
                 ErrorCode::TooMany,
@@ -133,7 +133,7 @@ impl ConsultGuard {
 impl Drop for ConsultGuard {
     fn drop(&mut self) {
         {
-            let mut sessions = self.gateway.lock();
+            let mut sessions = self.gateway.sessions.lock();
             for slot in &self.slots {
                 sessions.consulting.remove(slot);
             }
@@ -408,7 +408,7 @@ impl Gateway {
     /// since the lead had it: the consult returned now), with nothing in flight, or is gone:
     /// true; false when the gateway shuts down first.
     async fn until_kept(&self, lead: Gid, gid: Gid, keep: Duration) -> bool {
-        if self.lock().panes.contains_key(&gid) {
+        if self.sessions.lock().panes.contains_key(&gid) {
             self.until_idle_for(gid, keep, std::time::Instant::now())
                 .await
         } else {
@@ -421,14 +421,14 @@ impl Gateway {
     /// `handed` at the earliest (when the lead had its answer: one that answered long before a
     /// slower architect is still kept `keep` for a follow-up).
     async fn until_idle_for(&self, gid: Gid, keep: Duration, handed: std::time::Instant) -> bool {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
+        let Some(mut kick) = self.sessions.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return true;
         };
         loop {
             kick.borrow_and_update();
             // Counted from its last answer, or from the last task queued for it if that came
             // later (a follow-up it has yet to pull).
-            let idle_for = match self.lock().panes.get(&gid) {
+            let idle_for = match self.sessions.lock().panes.get(&gid) {
                 Some(session) if session.status().is_live() => {
                     session.idle_for(Instant::now()).map(|idle| {
                         let idle = idle.min(handed.elapsed());
@@ -469,7 +469,7 @@ impl Gateway {
                 () = tokio::time::sleep_until(due) => {}
                 () = self.shutdown.cancelled() => return false,
             }
-            let busy = match self.afar().and_then(|afar| afar.busy(gid)) {
+            let busy = match self.afar.as_deref().and_then(|afar| afar.busy(gid)) {
                 Some(busy) => busy,
                 None => return true,
             };
@@ -477,7 +477,7 @@ impl Gateway {
                 due = Instant::now() + KEPT_RECHECK;
                 continue;
             }
-            let since = match self.db(move |s| s.last_answer_ms(lead, gid)).await {
+            let since = match self.db.run(move |s| s.last_answer_ms(lead, gid)).await {
                 Ok(Some(at)) => {
                     Duration::from_millis(u64::try_from(now_ms().saturating_sub(at)).unwrap_or(0))
                 }
@@ -493,10 +493,10 @@ impl Gateway {
     /// Returns once `from` has answered `to` (see [`fleet_store::Store::last_answer_ms`]) or is
     /// gone.
     async fn until_answered(&self, to: Gid, from: Gid) {
-        let mut inbox = self.inbox(to);
+        let mut inbox = self.inboxes.watch(to);
         loop {
             inbox.borrow_and_update();
-            let answered = self.db(move |s| s.last_answer_ms(to, from)).await;
+            let answered = self.db.run(move |s| s.last_answer_ms(to, from)).await;
             let gone = self.resolve_route(&from.to_string()).is_err();
             if gone || answered.map_or(true, |at| at.is_some()) || inbox.changed().await.is_err() {
                 return;

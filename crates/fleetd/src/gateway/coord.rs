@@ -235,6 +235,7 @@ impl Gateway {
         };
         let link = Arc::new(Link::connect_coordinator(&settings, &self.host_id).await?);
         let leads: Vec<(Gid, String)> = self
+            .sessions
             .lock()
             .leads
             .values()
@@ -355,7 +356,8 @@ impl Gateway {
         let until = remember_until(&coordinator.federation, envelope.ts_ms);
         let msg_id = envelope.msg_id;
         let seen = self
-            .db(move |s| s.see(&[(msg_id, lead, until)]))
+            .db
+            .run(move |s| s.see(&[(msg_id, lead, until)]))
             .await
             .map_err(stored)?;
         check_replay(
@@ -364,7 +366,8 @@ impl Gateway {
         )
         .map_err(|refusal| NotHeld::Refused(refusal.to_string()))?;
         let sender = from.clone();
-        self.db(move |s| s.note_coord_sender(msg_id, &sender, until))
+        self.db
+            .run(move |s| s.note_coord_sender(msg_id, &sender, until))
             .await
             .map_err(stored)?;
         let message = envelope.held_for(lead, body, now_ms());

@@ -95,13 +95,14 @@ impl Gateway {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
         let gateway = Arc::clone(self);
-        let span = self.session_span(gid, true);
+        let name = self.sessions.lock().pane_name(gid);
+        let span = crate::logs::session_task_span(gid, &name);
         self.tasks
             .spawn(async move { gateway.pump(gid).await }.instrument(span));
     }
 
     async fn pump(self: Arc<Self>, gid: Gid) {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
+        let Some(mut kick) = self.sessions.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return;
         };
         let mut last_reported = None;
@@ -129,7 +130,7 @@ impl Gateway {
     }
 
     async fn pump_step(self: &Arc<Self>, gid: Gid) -> Step {
-        match self.lock().panes.get(&gid) {
+        match self.sessions.lock().panes.get(&gid) {
             Some(s) if s.status().is_live() => {}
             _ => return Step::Done,
         }
@@ -137,7 +138,12 @@ impl Gateway {
         if !self.claim(gid, false) {
             return Step::Wait;
         }
-        let pulls = self.lock().panes.get(&gid).is_some_and(|s| s.pulls());
+        let pulls = self
+            .sessions
+            .lock()
+            .panes
+            .get(&gid)
+            .is_some_and(|s| s.pulls());
         if pulls {
             // Nothing is taken off the queue: its own poll takes it.
             self.unclaim(gid);
@@ -175,7 +181,7 @@ impl Gateway {
         gid: Gid,
         next: MsgState,
     ) -> Result<Taken, FleetError> {
-        let Some(task) = self.db(move |s| s.dequeue(gid, &next)).await? else {
+        let Some(task) = self.db.run(move |s| s.dequeue(gid, &next)).await? else {
             return Ok(Taken::Nothing);
         };
         if !task.expired(now_ms()) {
@@ -190,7 +196,7 @@ impl Gateway {
     /// `architects.nudge_interval_s` until it takes one.
     async fn nudge_to_pull(self: &Arc<Self>, gid: Gid) -> Step {
         let interval = Duration::from_secs(self.config.architects.nudge_interval_s);
-        let found = self.lock().panes.get(&gid).map(|s| {
+        let found = self.sessions.lock().panes.get(&gid).map(|s| {
             (
                 s.last_nudge().map(|at| at.elapsed()),
                 s.pane().cloned(),
@@ -205,7 +211,7 @@ impl Gateway {
         if let Some(wait) = nudge_wait(0, since_last, interval, interval) {
             return Step::Later(wait);
         }
-        let count = match self.db(move |s| s.waiting_count(gid)).await {
+        let count = match self.db.run(move |s| s.waiting_count(gid)).await {
             Ok(0) => return Step::Wait,
             Ok(count) => count,
             Err(e) => {
@@ -213,7 +219,7 @@ impl Gateway {
                 return Step::Later(STORE_RETRY);
             }
         };
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.nudged(Instant::now());
         }
         let options = inject_options(&profile, false);
@@ -236,7 +242,7 @@ impl Gateway {
     /// Tells the pane host the session's status when it changed since `last`, unless the host
     /// recognises the agent itself (it knows better then).
     async fn report_status(&self, gid: Gid, last: &mut Option<AgentState>) {
-        let found = self.lock().panes.get(&gid).and_then(|s| {
+        let found = self.sessions.lock().panes.get(&gid).and_then(|s| {
             let state = reported(s.status())?;
             let pane = s.pane().cloned()?;
             (s.host_agent().is_none() && *last != Some(state)).then_some((pane, state))
@@ -256,13 +262,13 @@ impl Gateway {
     /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any
     /// other would).
     pub(super) async fn until_injectable(&self, gid: Gid) {
-        let Some(mut kick) = self.lock().panes.get(&gid).map(|s| s.kicks()) else {
+        let Some(mut kick) = self.sessions.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return;
         };
         loop {
             kick.borrow_and_update();
             let ready = {
-                let sessions = self.lock();
+                let sessions = self.sessions.lock();
                 match sessions.panes.get(&gid) {
                     Some(s) if s.status().is_live() => sessions.may_take_task(gid, Taker::Broker),
                     _ => true,
@@ -281,7 +287,7 @@ impl Gateway {
     /// it instead).
     /// [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
-        let mut sessions = self.lock();
+        let mut sessions = self.sessions.lock();
         if sessions.host_down.is_some() {
             return false;
         }
@@ -297,7 +303,7 @@ impl Gateway {
     /// claimant was turned away meanwhile (waking them always would wake the pump itself, and
     /// it would look at its empty queue again and again).
     pub(super) fn unclaim(&self, gid: Gid) {
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.unclaim();
         }
     }
@@ -307,7 +313,7 @@ impl Gateway {
     /// was taken.
     pub(super) async fn start_task(self: &Arc<Self>, gid: Gid, task: Message) -> bool {
         let refused = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             match sessions.panes.get_mut(&gid) {
                 Some(session) => session.start_task(task.clone()).err().map(|e| e.message),
                 None => Some("the recipient is gone".to_string()),
@@ -322,21 +328,9 @@ impl Gateway {
         }
     }
 
-    /// Fails `task` with `reason` and tells its sender, unless something else (the end of its
-    /// recipient's session, say) failed it first and told them why.
-    pub(super) async fn fail(self: &Arc<Self>, task: &Message, reason: &str) {
-        let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
-        match self.db(move |s| s.transition(msg_id, &failed)).await {
-            Ok(()) => self.notify_failed(task, reason).await,
-            Err(e) => {
-                tracing::warn!(%msg_id, error = %e, reason = %logs::summary(reason), "not failed again");
-            }
-        }
-    }
-
     /// Types `task` into the pane of `gid` and records how it went.
     async fn type_task(self: &Arc<Self>, gid: Gid, task: Message) {
-        let found = self.lock().panes.get(&gid).map(|s| {
+        let found = self.sessions.lock().panes.get(&gid).map(|s| {
             (
                 s.pane().cloned(),
                 Arc::clone(s.profile()),
@@ -382,9 +376,10 @@ impl Gateway {
             Ok(InjectOutcome::Submitted { retried }) => {
                 tracing::info!(%trace_id, %msg_id, %gid, retried, "injected");
                 let injected = self
-                    .db(move |s| s.transition(msg_id, &MsgState::Injected))
+                    .db
+                    .run(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
-                if let Some(afar) = self.afar() {
+                if let Some(afar) = self.afar.as_deref() {
                     afar.injected(self, &task).await;
                 }
                 injected.err().map(|e| e.message)
@@ -404,7 +399,7 @@ impl Gateway {
     /// Fails `task`, which never reached `gid`: its turn is over before it began.
     async fn untyped(self: &Arc<Self>, gid: Gid, task: &Message, reason: &str) {
         self.fail(task, reason).await;
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.end_turn_of(task.msg_id);
         }
     }

@@ -33,10 +33,10 @@ impl Gateway {
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
         let (entity, remote) = self.stoppable(to)?;
-        if remote && let Some(afar) = self.afar() {
+        if remote && let Some(afar) = self.afar.as_deref() {
             return afar.stop(self, caller, &entity).await;
         }
-        if let Some(s) = self.lock().panes.get(&entity.gid) {
+        if let Some(s) = self.sessions.lock().panes.get(&entity.gid) {
             check(
                 Principal::Lead(&caller.entity),
                 Action::Stop,
@@ -112,7 +112,8 @@ impl Gateway {
     /// whatever was on its way to it (telling each sender) and the task it had in flight, then
     /// closes its pane when `close` (its program may already be gone).
     pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
-        let span = self.session_span(gid, false);
+        let name = self.sessions.lock().pane_name(gid);
+        let span = crate::logs::session_span(gid, &name);
         self.close_session(gid, reason, close)
             .instrument(span)
             .await;
@@ -121,7 +122,7 @@ impl Gateway {
     /// [`Gateway::end_session`], in the session's span.
     async fn close_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
         let ended = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             match sessions.panes.get_mut(&gid) {
                 Some(session) if session.status() != WorkerStatus::Gone => {
                     let task = session.exited();
@@ -138,15 +139,15 @@ impl Gateway {
         let Some((pane, current, name, entity)) = ended else {
             return;
         };
-        if let Some(afar) = self.afar() {
+        if let Some(afar) = self.afar.as_deref() {
             afar.left(self, &entity).await;
         }
-        self.lock().asks.close_from(gid);
+        self.sessions.lock().asks.close_from(gid);
         // The reason may quote a screen (a fresh session's that did not start, say).
         tracing::info!(%gid, %name, reason = %crate::logs::summary(reason), "session ended");
         crate::logs::trace_text("end reason", reason);
         self.persist_status(gid).await;
-        if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
+        if let Err(e) = self.db.run(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
         }
         // A screen the reason quotes (a fresh session's that did not start) is told to the
@@ -155,7 +156,11 @@ impl Gateway {
         let owner = entity.parent;
         let why = format!("'{name}' is gone ({public})");
         let stored = told(&why, screen, false);
-        match self.db(move |s| s.fail_undelivered_to(gid, &stored)).await {
+        match self
+            .db
+            .run(move |s| s.fail_undelivered_to(gid, &stored))
+            .await
+        {
             Ok(failed) => {
                 for message in failed {
                     let to_owner = Some(message.from) == owner;
@@ -197,8 +202,8 @@ impl Gateway {
                 }
             }
         });
-        self.lock().prune_gone(MAX_GONE_KEPT);
-        self.forget_inbox(gid);
+        self.sessions.lock().prune_gone(MAX_GONE_KEPT);
+        self.inboxes.forget(gid);
     }
 
     /// At start-up: fails what a previous run was typing or still had queued when it died,
@@ -206,7 +211,8 @@ impl Gateway {
     /// were working on; held messages stay.
     pub(super) async fn recover(self: &Arc<Self>) -> Result<(), FleetError> {
         let leftovers = self
-            .db(|s| {
+            .db
+            .run(|s| {
                 s.fail_leftovers(
                     "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried",
                     "its recipient is gone: fleetd restarted",
@@ -222,7 +228,8 @@ impl Gateway {
             self.notify_failed(message, &reason).await;
         }
         let stale: Vec<EntityRecord> = self
-            .db(|s| s.live_entities())
+            .db
+            .run(|s| s.live_entities())
             .await?
             .into_iter()
             .filter(|r| r.entity.role.is_pane_bound())
@@ -230,10 +237,11 @@ impl Gateway {
         for record in stale {
             let gid = record.entity.gid;
             tracing::info!(%gid, name = %record.entity.name, "reaping a session of a previous run");
-            self.db(move |s| s.set_session(gid, WorkerStatus::Gone, None))
+            self.db
+                .run(move |s| s.set_session(gid, WorkerStatus::Gone, None))
                 .await?;
-            self.db(move |s| s.revoke_tokens(gid)).await?;
-            if let Some(afar) = self.afar() {
+            self.db.run(move |s| s.revoke_tokens(gid)).await?;
+            if let Some(afar) = self.afar.as_deref() {
                 afar.sender_gone(self, gid).await;
                 afar.reaped(self, record.entity.clone());
             }
@@ -241,7 +249,7 @@ impl Gateway {
                 "'{}' never answered: fleetd restarted while it worked on this",
                 record.entity.name
             );
-            for task in self.db(move |s| s.unanswered_tasks_to(gid)).await? {
+            for task in self.db.run(move |s| s.unanswered_tasks_to(gid)).await? {
                 self.notify_failed(&task, &reason).await;
             }
         }

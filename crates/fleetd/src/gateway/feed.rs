@@ -105,13 +105,16 @@ pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
 impl Gateway {
     /// Where a feed that starts now reads on from.
     pub async fn feed_start(&self) -> Result<i64, FleetError> {
-        self.db(|s| s.last_change()).await
+        self.db.run(|s| s.last_change()).await
     }
 
     /// The changes after `after` that `viewer` may see, oldest first, and the `seq` to read on
     /// from (past those it may not see as well).
     pub async fn feed(&self, viewer: &Viewer, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
-        let changes = self.db(move |s| s.changes_since(after, FEED_BATCH)).await?;
+        let changes = self
+            .db
+            .run(move |s| s.changes_since(after, FEED_BATCH))
+            .await?;
         let next = changes.last().map_or(after, |c| c.seq);
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut events = Vec::with_capacity(changes.len());
@@ -137,7 +140,7 @@ impl Gateway {
     ) -> Result<Option<What>, FleetError> {
         match change.subject {
             Subject::Message(msg_id) => {
-                let Some(message) = self.db(move |s| s.message(msg_id)).await? else {
+                let Some(message) = self.db.run(move |s| s.message(msg_id)).await? else {
                     return Ok(None);
                 };
                 if !sees_message(viewer.involving(), message.from, message.to) {
@@ -154,7 +157,7 @@ impl Gateway {
                 }))
             }
             Subject::Entity(gid) => {
-                let Some(record) = self.db(move |s| s.entity(gid)).await? else {
+                let Some(record) = self.db.run(move |s| s.entity(gid)).await? else {
                     return Ok(None);
                 };
                 Ok(Some(What::Entity {
@@ -184,7 +187,7 @@ impl Gateway {
             }
         };
         let (pane, status, whose) = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let session = sessions.panes.get(&entity.gid);
             (
                 session.and_then(|s| s.pane().cloned()),
@@ -234,12 +237,14 @@ impl Gateway {
             )
         };
         let message = self
-            .db(move |s| s.message(msg_id))
+            .db
+            .run(move |s| s.message(msg_id))
             .await?
             .filter(|m| sees_message(viewer.involving(), m.from, m.to))
             .ok_or_else(unknown)?;
         let history = self
-            .db(move |s| s.history(msg_id))
+            .db
+            .run(move |s| s.history(msg_id))
             .await?
             .into_iter()
             .map(|c| Step {

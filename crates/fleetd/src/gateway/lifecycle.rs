@@ -3,18 +3,13 @@
 //! fresh session (new process, new token) under the same gid and name, so what is queued for
 //! it waits and goes to the fresh session.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::lifecycle::{LifeFacts, Turnover, turnover};
-use fleet_core::{ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
-use fleet_mux::{PaneId, PaneSpec};
+use fleet_core::{Gid, SessionEvent};
 
 use super::Gateway;
-use crate::config::ProfileConfig;
-use crate::launch::Worker;
-use crate::token;
 
 /// How often idle timers and task counts are looked at.
 pub(super) const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
@@ -28,91 +23,10 @@ enum LifeStep {
 }
 
 impl Gateway {
-    /// Mints the worker's token, prepares its launch and opens its pane; records the pane.
-    pub(super) async fn open_pane(
-        &self,
-        gid: Gid,
-        name: &str,
-        profile: &Arc<ProfileConfig>,
-        cwd: PathBuf,
-    ) -> Result<PaneId, FleetError> {
-        let secret = token::mint()
-            .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
-        let hash = token::hash(&secret);
-        self.db(move |s| s.put_token(gid, &hash, true)).await?;
-        // Readiness counts from the new token on (an earlier session's calls do not).
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
-            session.forget_early_readiness();
-        }
-        let role = self
-            .lock()
-            .panes
-            .get(&gid)
-            .map_or(Role::Worker, |s| s.entity().role);
-        let worker = Worker {
-            gid,
-            name: name.to_string(),
-            role,
-            host: self.host_id.clone(),
-            token: secret,
-            mcp_url: self.mcp_url.clone(),
-            cwd,
-            dir: self.launchers.dir_of(gid),
-        };
-        let launch = {
-            let (launchers, profile, worker) = (
-                Arc::clone(&self.launchers),
-                Arc::clone(profile),
-                worker.clone(),
-            );
-            self.launch_lane
-                .run(move || launchers.prepare(&profile, &worker))
-                .await
-                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
-        }
-        .map_err(|e| {
-            let why = format!(
-                "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
-                profile.name,
-                profile.kind.as_str()
-            );
-            // What the launch needs is not there (an agent its sandbox would not see, say).
-            if e.kind() == std::io::ErrorKind::NotFound {
-                FleetError::new(ErrorCode::NotReady, why)
-            } else {
-                FleetError::internal(why)
-            }
-        })?;
-        let spec = PaneSpec {
-            label: name.to_string(),
-            argv: launch.argv,
-            env: launch.env,
-            cwd: worker.cwd,
-        };
-        let pane = self.panes.spawn(&spec).await.map_err(|e| {
-            FleetError::new(
-                ErrorCode::PaneHost,
-                format!("cannot open a pane for '{name}': {e}"),
-            )
-        })?;
-        // A fast worker may have called in before the pane host answered: it turns ready now.
-        let status = match self.lock().panes.get_mut(&gid) {
-            Some(session) => {
-                session.pane_opened(pane.clone());
-                session.status()
-            }
-            None => WorkerStatus::Spawning,
-        };
-        let pane_text = pane.0.clone();
-        self.db(move |s| s.set_session(gid, status, Some(&pane_text)))
-            .await?;
-        Ok(pane)
-    }
-
     /// Reaps workers idle past their `idle_ttl` and recycles those at their `context_cap`.
     pub(super) async fn check_lifecycles(self: &Arc<Self>) {
         let due: Vec<LifeStep> = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             if sessions.host_down.is_some() {
                 return;
             }
@@ -167,7 +81,7 @@ impl Gateway {
     /// ready, the worker ends (and the senders of what waited for it are told).
     pub(super) async fn recycle(self: &Arc<Self>, gid: Gid, why: &str) {
         let found = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             sessions.panes.get_mut(&gid).map(|s| {
                 (
                     s.start_afresh(),
@@ -182,7 +96,7 @@ impl Gateway {
         };
         tracing::info!(%gid, %name, why, "recycling");
         self.persist_status(gid).await;
-        if let Err(e) = self.db(move |s| s.revoke_tokens(gid)).await {
+        if let Err(e) = self.db.run(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a recycled session's token");
         }
         if let Some(old) = &old

@@ -48,7 +48,7 @@ async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
     session.pane_opened(pane.clone());
     assert_eq!(session.called_in(false, 1), Some(true));
     let worker = session.entity().clone();
-    gateway.lock().add_session(session);
+    gateway.sessions.lock().add_session(session);
     gateway.start_pump(worker.gid);
     Local {
         gateway,
@@ -81,7 +81,8 @@ async fn settle() {
 
 async fn state_of(l: &Local, msg_id: fleet_core::MsgId) -> MsgState {
     l.gateway
-        .db(move |s| s.message(msg_id))
+        .db
+        .run(move |s| s.message(msg_id))
         .await
         .unwrap()
         .unwrap()
@@ -111,7 +112,8 @@ async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is
     assert_eq!(state_of(&l, second).await, MsgState::Injected);
     let held = l
         .gateway
-        .db({
+        .db
+        .run({
             let gid = l.lead.entity.gid;
             move |s| s.take_held(gid, None, 10)
         })
@@ -160,7 +162,8 @@ async fn when_a_workers_program_exits_its_task_in_flight_and_its_queue_fail_to_t
     let gid = l.lead.entity.gid;
     let held = l
         .gateway
-        .db(move |s| s.take_held(gid, None, 10))
+        .db
+        .run(move |s| s.take_held(gid, None, 10))
         .await
         .unwrap();
     let mut failed: Vec<_> = held
@@ -204,7 +207,7 @@ async fn a_dialog_on_a_busy_workers_screen_is_asked_of_its_lead_and_the_choice_p
         l.gateway.look_for_dialogs(&mut seen).await;
     }
     let question = {
-        let sessions = l.gateway.lock();
+        let sessions = l.gateway.sessions.lock();
         let session = sessions.panes.get(&gid).unwrap();
         assert_eq!(session.status(), WorkerStatus::Blocked);
         session.dialog().unwrap().question.clone()
@@ -239,7 +242,7 @@ async fn a_dialog_on_a_busy_workers_screen_is_asked_of_its_lead_and_the_choice_p
         l.panes.typed(&l.pane).last(),
         Some(&Typed::Press(Key::Digit(1)))
     );
-    let sessions = l.gateway.lock();
+    let sessions = l.gateway.sessions.lock();
     let session = sessions.panes.get(&gid).unwrap();
     assert_eq!(session.status(), WorkerStatus::Busy);
     assert!(session.dialog().is_none());

@@ -24,21 +24,21 @@ struct Known<'a>(&'a Gateway);
 
 impl Directory for Known<'_> {
     fn by_gid(&self, gid: Gid) -> Option<Entity> {
-        let local = self.0.lock().live(gid);
-        local.or_else(|| self.0.afar()?.entity(gid))
+        let local = self.0.sessions.lock().live(gid);
+        local.or_else(|| self.0.afar.as_deref()?.entity(gid))
     }
 
     fn named(&self, name: &str) -> Vec<Entity> {
-        let mut found = self.0.lock().live_named(name);
-        if let Some(afar) = self.0.afar() {
+        let mut found = self.0.sessions.lock().live_named(name);
+        if let Some(afar) = self.0.afar.as_deref() {
             found.extend(afar.named(name));
         }
         found
     }
 
     fn names(&self) -> Vec<String> {
-        let mut names = self.0.lock().live_names();
-        if let Some(afar) = self.0.afar() {
+        let mut names = self.0.sessions.lock().live_names();
+        if let Some(afar) = self.0.afar.as_deref() {
             names.extend(afar.names());
         }
         names
@@ -51,7 +51,7 @@ impl Gateway {
     /// one: nothing could reach it).
     pub(super) fn resolve_route(&self, to: &str) -> Result<Route, FleetError> {
         match resolve(&Known(self), &self.host_id, to)? {
-            Route::Remote(entity) if self.afar().is_none() => Err(FleetError::new(
+            Route::Remote(entity) if self.afar.as_deref().is_none() => Err(FleetError::new(
                 ErrorCode::BrokerUnavailable,
                 format!(
                     "'{}' lives on host '{}', and this gateway has no broker to reach it",
@@ -59,26 +59,6 @@ impl Gateway {
                 ),
             )),
             route => Ok(route),
-        }
-    }
-
-    /// The name of `gid`, live or gone.
-    pub(super) async fn name_of(&self, gid: Gid) -> String {
-        let live = {
-            let sessions = self.lock();
-            sessions
-                .leads
-                .get(&gid)
-                .map(|l| l.entity().name.clone())
-                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().name.clone()))
-        };
-        let remote = || self.afar().and_then(|afar| afar.name(gid));
-        match live.or_else(remote) {
-            Some(name) => name,
-            None => match self.db(move |s| s.entity(gid)).await {
-                Ok(Some(record)) => record.entity.name,
-                _ => gid.to_string(),
-            },
         }
     }
 
@@ -107,7 +87,7 @@ impl Gateway {
             return None;
         }
         let msg_id = message.msg_id;
-        match self.db(move |s| s.coord_sender(msg_id)).await {
+        match self.db.run(move |s| s.coord_sender(msg_id)).await {
             Ok(found) => found,
             Err(e) => {
                 tracing::warn!(%msg_id, error = %e, "cannot look up a coordination sender");
@@ -118,8 +98,8 @@ impl Gateway {
 
     /// Where `message` goes (the rule: [`place`]).
     pub(super) fn placement(&self, message: &Message) -> Placement {
-        let recipient = self.lock().recipient(message.to);
-        place(message.kind, recipient, self.afar().is_some())
+        let recipient = self.sessions.lock().recipient(message.to);
+        place(message.kind, recipient, self.afar.as_deref().is_some())
     }
 
     /// Accepts `message` into the local plane: held, queued, or failed if its recipient is
@@ -149,7 +129,7 @@ impl Gateway {
             // Its own gateway keeps it: nothing of it is stored here (but what this one carries
             // through an outage, until the broker takes it).
             Placement::Remote => {
-                return match self.afar() {
+                return match self.afar.as_deref() {
                     Some(afar) => afar.send(self, message).await,
                     None => Ok(Placement::Dead),
                 };
@@ -163,7 +143,7 @@ impl Gateway {
             self.metrics.accepted(kind, placement);
         }
         if fresh && placement == Placement::Queue {
-            let (live, pulled) = match self.lock().panes.get_mut(&to) {
+            let (live, pulled) = match self.sessions.lock().panes.get_mut(&to) {
                 Some(session) if session.status().is_live() => {
                     session.queued(tokio::time::Instant::now());
                     session.kick();
@@ -174,7 +154,7 @@ impl Gateway {
             // Queued for its own pull, it is as good as typed in: a sender on another host
             // hears so now, not only once it is pulled (its receipt bound would not wait for
             // the nudge).
-            if pulled && let Some(afar) = self.afar() {
+            if pulled && let Some(afar) = self.afar.as_deref() {
                 afar.injected(self, &kept).await;
             }
             // Its session ended while the message was being stored, after the sweep of what
@@ -210,9 +190,9 @@ impl Gateway {
                     tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
                     if *fresh {
                         self.metrics.accepted(kind, Placement::Hold);
-                        self.bump_inbox(to);
+                        self.inboxes.bump(to);
                         // A pane-bound recipient that pulls is nudged about it too.
-                        if let Some(session) = self.lock().panes.get(&to) {
+                        if let Some(session) = self.sessions.lock().panes.get(&to) {
                             session.kick();
                         }
                     }
@@ -235,7 +215,7 @@ impl Gateway {
         logs::trace_text("failure reason", reason);
         if let Err(e) = self.deliver(notice.clone()).await {
             if e.code == ErrorCode::BrokerUnavailable
-                && let Some(afar) = self.afar()
+                && let Some(afar) = self.afar.as_deref()
             {
                 // For a sender on another host: kept until the broker can take it.
                 afar.keep(self, &notice).await;
@@ -255,7 +235,7 @@ impl Gateway {
             return Ok(route.entity().gid);
         }
         let owned = name.to_string();
-        match self.db(move |s| s.latest_named(&owned)).await? {
+        match self.db.run(move |s| s.latest_named(&owned)).await? {
             Some(record) => Ok(record.entity.gid),
             None => Err(self.resolve_route(name).err().unwrap_or_else(|| {
                 FleetError::new(
@@ -263,6 +243,18 @@ impl Gateway {
                     format!("nobody is named '{name}'"),
                 )
             })),
+        }
+    }
+
+    /// Fails `task` with `reason` and tells its sender, unless something else (the end of its
+    /// recipient's session, say) failed it first and told them why.
+    pub(super) async fn fail(self: &Arc<Self>, task: &Message, reason: &str) {
+        let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
+        match self.db.run(move |s| s.transition(msg_id, &failed)).await {
+            Ok(()) => self.notify_failed(task, reason).await,
+            Err(e) => {
+                tracing::warn!(%msg_id, error = %e, reason = %logs::summary(reason), "not failed again");
+            }
         }
     }
 }

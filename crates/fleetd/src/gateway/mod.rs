@@ -14,15 +14,19 @@ mod calls;
 mod commits;
 mod consult;
 mod coord;
+mod db;
 mod delivery;
 mod dialogs;
 mod ending;
 mod federation;
 mod feed;
+mod inboxes;
 mod lead;
 mod lifecycle;
+mod listing;
 #[cfg(test)]
 mod local_tests;
+mod loops;
 mod messages;
 mod nudge;
 mod operator;
@@ -33,6 +37,7 @@ mod session;
 mod sessions;
 mod spawn;
 mod stall;
+mod starting;
 #[cfg(test)]
 mod testing;
 mod views;
@@ -40,15 +45,11 @@ mod watch;
 mod workdir;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
 
-use fleet_core::ownership::Principal;
-use fleet_core::{Entity, ErrorCode, FleetError, Gid};
+use fleet_core::{Entity, FleetError, Gid};
 use fleet_mux::PaneHost;
-use fleet_store::{Store, StoreError, StoreResult};
-use futures_util::future::BoxFuture;
-use tokio::sync::watch as tokio_watch;
+use fleet_store::Store;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -72,7 +73,9 @@ pub use views::{
 };
 pub use workdir::Workdirs;
 
-use sessions::Sessions;
+use db::{Db, store_error};
+use inboxes::Inboxes;
+use sessions::Shared;
 
 /// The threads that prepare launches: as many spawns as that prepare at once.
 const LAUNCH_THREADS: usize = 4;
@@ -88,22 +91,23 @@ pub struct Gateway {
     /// The MCP URL handed to workers.
     mcp_url: String,
     /// Durable state.
-    store: Arc<dyn Store>,
+    db: Db,
     /// Where the panes live.
     panes: Arc<dyn PaneHost>,
     /// How profiles become panes.
     launchers: Arc<Launchers>,
-    /// Live sessions and leads; a std mutex, never held across an await.
-    sessions: Mutex<Sessions>,
-    /// Per-entity inbox versions: bumped whenever a message is held for the entity, so a
-    /// long-poll or blocked send wakes and looks.
-    inboxes: Mutex<HashMap<Gid, tokio_watch::Sender<u64>>>,
+    /// Live sessions and leads, behind a std mutex never held across an await.
+    sessions: Shared,
+    /// Per-entity inbox versions, which wake whoever waits on an inbox.
+    inboxes: Inboxes,
     /// Cancelled at shutdown; every loop watches it.
     shutdown: CancellationToken,
     /// Every background task, so shutdown can wait for them.
     tasks: TaskTracker,
     /// The federated plane, when a broker is configured.
-    federation: Option<Federation>,
+    federation: Option<Arc<Federation>>,
+    /// The same, as the local plane sees it: the other hosts, through its seam.
+    afar: Option<Arc<dyn afar::Afar>>,
     /// Lead-to-lead coordination, when a coordinator is configured.
     coordinator: Option<Coordinator>,
     /// Where workers may work.
@@ -165,6 +169,7 @@ impl Gateway {
             Arc::clone(&parts.store),
             config.gateway.max_held_per_recipient,
         );
+        let federation = parts.federation.map(Arc::new);
         Ok(Arc::new(Self {
             commits,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
@@ -172,14 +177,17 @@ impl Gateway {
             config,
             host_id,
             mcp_url,
-            store: parts.store,
+            db: Db::new(parts.store),
             panes: parts.panes,
             launchers: Arc::new(parts.launchers),
-            sessions: Mutex::new(Sessions::default()),
-            inboxes: Mutex::new(HashMap::new()),
+            sessions: Shared::default(),
+            inboxes: Inboxes::default(),
             shutdown,
             tasks: TaskTracker::new(),
-            federation: parts.federation,
+            afar: federation
+                .as_ref()
+                .map(|f| Arc::clone(f) as Arc<dyn afar::Afar>),
+            federation,
             coordinator: parts.coordinator,
             workdirs: Arc::new(parts.workdirs),
             metrics: Metrics::new(),
@@ -194,14 +202,16 @@ impl Gateway {
         for (name, lead) in &self.config.leads {
             let (name, host, groups) = (name.clone(), self.host_id.clone(), lead.groups.clone());
             let gid = self
-                .db(move |s| s.ensure_lead(&name, &host, &groups))
+                .db
+                .run(move |s| s.ensure_lead(&name, &host, &groups))
                 .await?;
             let entity = self
-                .db(move |s| s.entity(gid))
+                .db
+                .run(move |s| s.entity(gid))
                 .await?
                 .ok_or_else(|| FleetError::internal("a lead vanished from the store"))?
                 .entity;
-            self.lock().add_lead(entity);
+            self.sessions.lock().add_lead(entity);
         }
         // The broker first: notices about what the previous run left half-delivered may be
         // for senders on other hosts.
@@ -233,64 +243,6 @@ impl Gateway {
         Ok(())
     }
 
-    /// Runs `tick` (with its own `state`) every `interval` until shutdown, on the gateway's
-    /// task set, watched as the loop `name` (see [`Health`]); a tick that runs long delays the
-    /// next one rather than bunching them.
-    fn every<S, F>(self: &Arc<Self>, name: &str, interval: Duration, mut state: S, tick: F)
-    where
-        S: Send + 'static,
-        F: for<'a> Fn(&'a Arc<Gateway>, &'a mut S) -> BoxFuture<'a, ()> + Send + 'static,
-    {
-        let gateway = Arc::clone(self);
-        let watched = self.health.watch(name, Some(interval));
-        self.tasks.spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {
-                        watched.beat();
-                        tick(&gateway, &mut state).await;
-                    }
-                    () = gateway.shutdown.cancelled() => return watched.ended(),
-                }
-            }
-        });
-    }
-
-    /// Runs `work`, a loop that lasts until shutdown, on the gateway's task set, watched as the
-    /// loop `name`: if it ends otherwise (a panic), the gateway is unhealthy.
-    fn run_watched<F>(self: &Arc<Self>, name: &str, work: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let watched = self.health.watch(name, None);
-        self.tasks.spawn(async move {
-            work.await;
-            watched.ended();
-        });
-    }
-
-    /// One look at whether the store takes writes, for [`Health`]: a write that changes nothing,
-    /// on a blocking thread. One that has not answered within [`STORE_PROBE_LIMIT`] is waited
-    /// on again at the next look rather than joined by another (a store that hangs must not take
-    /// every blocking thread); [`Health`] counts it late if it stays out.
-    async fn probe_store(&self, pending: &mut Option<tokio::task::JoinHandle<StoreResult<()>>>) {
-        let mut probe = pending.take().unwrap_or_else(|| {
-            let store = Arc::clone(&self.store);
-            tokio::task::spawn_blocking(move || store.probe_write())
-        });
-        match tokio::time::timeout(STORE_PROBE_LIMIT, &mut probe).await {
-            Ok(Ok(wrote)) => self
-                .health
-                .store_probed(wrote.map_err(|e| store_error(e).message)),
-            Ok(Err(join)) => self
-                .health
-                .store_probed(Err(format!("the probe failed: {join}"))),
-            Err(_) => *pending = Some(probe),
-        }
-    }
-
     /// Whether the gateway can serve now: what is wrong with it, if anything (see [`Health`]).
     pub fn problems(&self) -> Vec<String> {
         self.health.problems()
@@ -302,6 +254,7 @@ impl Gateway {
         self.health.stopping();
         self.shutdown.cancel();
         let live: Vec<Gid> = self
+            .sessions
             .lock()
             .panes
             .iter()
@@ -333,10 +286,15 @@ impl Gateway {
     ) -> Result<Result<Caller, String>, FleetError> {
         // Asked here, not on a blocking thread: a token lookup has a reader of its own that
         // never waits for writers (see `SqliteStore`), and a hop per request costs more.
-        let Some(gid) = self.store.gid_for_token(&hash).map_err(store_error)? else {
+        let Some(gid) = self
+            .db
+            .at_once()
+            .gid_for_token(&hash)
+            .map_err(store_error)?
+        else {
             return Ok(Err("unknown, revoked or rotated bearer token".into()));
         };
-        let called_in = self.lock().called_in(gid, nudge, acting);
+        let called_in = self.sessions.lock().called_in(gid, nudge, acting);
         match called_in {
             Some((entity, became_ready)) => {
                 if became_ready {
@@ -344,7 +302,7 @@ impl Gateway {
                 }
                 Ok(Ok(Caller { entity }))
             }
-            None => Ok(Err(match self.db(move |s| s.entity(gid)).await? {
+            None => Ok(Err(match self.db.run(move |s| s.entity(gid)).await? {
                 Some(record) if record.entity.role == fleet_core::Role::Lead => format!(
                     "lead '{}' is no longer declared in this gateway's config",
                     record.entity.name
@@ -362,119 +320,9 @@ impl Gateway {
     /// before they have the tools (Claude Code).
     pub async fn listed_tools(&self, caller: &Caller) {
         let gid = caller.entity.gid;
-        if self.lock().listed_tools(gid) {
+        if self.sessions.lock().listed_tools(gid) {
             self.persist_status(gid).await;
         }
-    }
-
-    /// The span of the session of `gid` (named as this gateway knows it): a root for the
-    /// session's own task (`task`), else inside the current span.
-    fn session_span(&self, gid: Gid, task: bool) -> tracing::Span {
-        let name = self
-            .lock()
-            .panes
-            .get(&gid)
-            .map(|s| s.entity().name.clone())
-            .unwrap_or_default();
-        if task {
-            crate::logs::session_task_span(gid, &name)
-        } else {
-            crate::logs::session_span(gid, &name)
-        }
-    }
-
-    /// The other hosts, as the local plane sees them: through its seam, when there is a
-    /// broker.
-    fn afar(&self) -> Option<&dyn afar::Afar> {
-        self.federation.as_ref().map(|f| f as &dyn afar::Afar)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Sessions> {
-        // Sessions hold no invariant that a panic half-way could break beyond repair.
-        self.sessions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Runs a store call off the async threads, on tokio's blocking pool: the store's alone
-    /// (the launchers' preparation has threads of its own, see [`Lane`]), and the one pool a
-    /// paused test clock waits for.
-    async fn db<T, F>(&self, f: F) -> Result<T, FleetError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&dyn Store) -> StoreResult<T> + Send + 'static,
-    {
-        let store = Arc::clone(&self.store);
-        match tokio::task::spawn_blocking(move || f(store.as_ref())).await {
-            Ok(result) => result.map_err(store_error),
-            Err(join) => Err(FleetError::internal(format!("store call failed: {join}"))),
-        }
-    }
-
-    /// A receiver that sees every later change of `gid`'s inbox.
-    fn inbox(&self, gid: Gid) -> tokio_watch::Receiver<u64> {
-        let mut inboxes = self
-            .inboxes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        inboxes
-            .entry(gid)
-            .or_insert_with(|| tokio_watch::channel(0).0)
-            .subscribe()
-    }
-
-    /// Drops the inbox version of an entity that is gone (anyone still watching it sees it
-    /// close and stops waiting).
-    fn forget_inbox(&self, gid: Gid) {
-        self.inboxes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&gid);
-    }
-
-    /// Tells everyone waiting on `gid`'s inbox to look again.
-    fn bump_inbox(&self, gid: Gid) {
-        let inboxes = self
-            .inboxes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(tx) = inboxes.get(&gid) {
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    }
-
-    /// The hosts of the fleet, this one first.
-    pub fn hosts(&self) -> Vec<HostView> {
-        self.remote_view().1
-    }
-
-    /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
-    /// in it, sees it.
-    pub fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
-        let mut entities: Vec<RosterEntry> = {
-            let sessions = self.lock();
-            sessions
-                .entities()
-                .into_iter()
-                .filter_map(|e| sessions.entry(e.gid, viewer))
-                .collect()
-        };
-        let (remote, hosts) = self.remote_view();
-        entities.extend(remote);
-        (entities, hosts)
-    }
-
-    /// `fleet_list`: every live entity, and the caller.
-    pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
-        let mut list = self
-            .lock()
-            .list(&caller.entity)
-            .ok_or_else(|| FleetError::new(ErrorCode::Gone, "you are no longer in the roster"))?;
-        let (remote, hosts) = self.remote_view();
-        list.entities.extend(remote);
-        list.hosts = hosts;
-        list.coord_id = self.coord_id_of(caller);
-        Ok(list)
     }
 }
 
@@ -485,18 +333,4 @@ pub fn broker_settings(
     federation: &crate::config::FederationConfig,
 ) -> fleet_amqp::LinkSettings {
     federation::link_settings(broker, federation)
-}
-
-/// How long the store's write probe may take before the store counts as not answering: far
-/// longer than any write takes, and than the store's own wait for its lock.
-const STORE_PROBE_LIMIT: Duration = Duration::from_secs(10);
-
-/// Maps a store failure onto the domain error.
-fn store_error(err: StoreError) -> FleetError {
-    match err {
-        StoreError::NameTaken(name) => FleetError::invalid(format!(
-            "the name '{name}' is taken by a live entity; pick another or stop that one first"
-        )),
-        other => FleetError::new(ErrorCode::Internal, other.to_string()),
-    }
 }

@@ -85,6 +85,7 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
             continue;
         }
         let gid = gateway
+            .sessions
             .lock()
             .leads
             .values()
@@ -101,7 +102,7 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
 
 impl Gateway {
     async fn nudge_loop(self: Arc<Self>, gid: Gid, lead: LeadConfig) {
-        let mut inbox = self.inbox(gid);
+        let mut inbox = self.inboxes.watch(gid);
         loop {
             inbox.borrow_and_update();
             let wait = match self.nudge_due(gid, &lead).await {
@@ -134,7 +135,7 @@ impl Gateway {
     /// holding n messages cost O(n²)).
     async fn nudge_due(&self, gid: Gid, lead: &LeadConfig) -> NudgeStep {
         let target = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let Some(state) = sessions.leads.get(&gid) else {
                 return NudgeStep::Nothing;
             };
@@ -149,7 +150,7 @@ impl Gateway {
             }
             target
         };
-        match self.db(move |s| s.held_count(gid)).await {
+        match self.db.run(move |s| s.held_count(gid)).await {
             Ok(0) => NudgeStep::Nothing,
             Ok(held) => NudgeStep::Now(target, held),
             Err(e) => {
@@ -181,7 +182,7 @@ impl Gateway {
             // The pane or its server is gone: forget it until the lead names it again.
             Err(e @ MuxError::NoPane(_)) => {
                 tracing::info!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "the lead's pane is gone; not nudging it until the lead calls again");
-                if let Some(state) = self.lock().leads.get_mut(&gid) {
+                if let Some(state) = self.sessions.lock().leads.get_mut(&gid) {
                     state.nudge_target_gone(target);
                 }
                 return false;
@@ -192,7 +193,7 @@ impl Gateway {
             }
         }
         {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             let Some(state) = sessions.leads.get_mut(&gid) else {
                 return false;
             };

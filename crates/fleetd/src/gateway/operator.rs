@@ -117,7 +117,7 @@ impl Gateway {
             }
         };
         let mut waiting: HashMap<Gid, (usize, usize)> = HashMap::new();
-        for (gid, state, count) in self.db(|s| s.waiting_by_recipient()).await? {
+        for (gid, state, count) in self.db.run(|s| s.waiting_by_recipient()).await? {
             let slot = waiting.entry(gid).or_default();
             match state.as_str() {
                 "held" => slot.0 += count,
@@ -308,7 +308,7 @@ impl Gateway {
             involving: viewer.involving(),
             limit,
         };
-        let messages = self.db(move |s| s.messages(&filter)).await?;
+        let messages = self.db.run(move |s| s.messages(&filter)).await?;
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
         for message in messages {

@@ -15,7 +15,7 @@ impl Gateway {
     pub(super) async fn prune(&self) {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let before = now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));
-        match self.db(move |s| s.prune(before)).await {
+        match self.db.run(move |s| s.prune(before)).await {
             Ok(0) => {}
             Ok(pruned) => tracing::info!(pruned, "pruned settled messages"),
             Err(e) => tracing::warn!(error = %e, "cannot prune messages"),
@@ -23,7 +23,7 @@ impl Gateway {
         // What signed federation remembers (message ids against replay, where sends went)
         // goes once it could no longer matter.
         let now = now_ms();
-        match self.db(move |s| s.forget(now)).await {
+        match self.db.run(move |s| s.forget(now)).await {
             Ok(0) => {}
             Ok(forgotten) => tracing::info!(forgotten, "forgot message ids past their window"),
             Err(e) => tracing::warn!(error = %e, "cannot forget message ids past their window"),

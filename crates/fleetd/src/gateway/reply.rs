@@ -25,7 +25,8 @@ impl Gateway {
         let me = caller.entity.gid;
         let answered = match in_reply_to {
             Some(id) => self
-                .db(move |s| s.message(id))
+                .db
+                .run(move |s| s.message(id))
                 .await?
                 .filter(|m| m.to == me)
                 .ok_or_else(|| {
@@ -33,7 +34,7 @@ impl Gateway {
                         "in_reply_to {id} is not a message sent to you; fleet_poll shows what you received"
                     ))
                 })?,
-            None => self
+            None => self.sessions
                 .lock()
                 .panes
                 .get(&me)
@@ -51,7 +52,7 @@ impl Gateway {
             )));
         }
         let task = answered.msg_id;
-        if self.store.is_answered(task).map_err(store_error)? {
+        if self.db.at_once().is_answered(task).map_err(store_error)? {
             return Err(FleetError::new(
                 ErrorCode::TooLate,
                 format!(
@@ -92,19 +93,23 @@ impl Gateway {
 
     /// Takes `gid`'s task in flight out of flight if it is `answered`.
     fn take_current(&self, gid: Gid, answered: MsgId) -> Option<Message> {
-        self.lock().panes.get_mut(&gid)?.take_current(answered)
+        self.sessions
+            .lock()
+            .panes
+            .get_mut(&gid)?
+            .take_current(answered)
     }
 
     /// Puts a task taken by [`Gateway::take_current`] back in flight.
     fn restore_current(&self, gid: Gid, task: Message) {
-        if let Some(session) = self.lock().panes.get_mut(&gid) {
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.restore_current(task);
         }
     }
 
     /// Ends `gid`'s turn: the worker is idle again and its next task may go in.
     fn end_turn(&self, gid: Gid) {
-        if let Some(session) = self.lock().panes.get_mut(&gid)
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid)
             && let Err(e) = session.end_turn()
         {
             tracing::warn!(%gid, error = %e, "reply outside a turn");

@@ -16,10 +16,10 @@ impl Gateway {
     /// Unlike [`Gateway::authenticate`] it leaves no trace of a call: a look is not the lead
     /// calling in, and a worker's token makes no worker ready here.
     pub fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
-        let Some(gid) = self.store.gid_for_token(hash).map_err(store_error)? else {
+        let Some(gid) = self.db.at_once().gid_for_token(hash).map_err(store_error)? else {
             return Ok(None);
         };
-        if let Some(lead) = self.lock().leads.get(&gid) {
+        if let Some(lead) = self.sessions.lock().leads.get(&gid) {
             return Ok(Some(Viewer::Lead(Caller {
                 entity: lead.entity().clone(),
             })));
@@ -45,7 +45,7 @@ impl Gateway {
 
     async fn snapshot(&self) -> Result<Snapshot, FleetError> {
         let sessions = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let mut by_status: HashMap<WorkerStatus, i64> = HashMap::new();
             for session in sessions.panes.values() {
                 *by_status.entry(session.status()).or_default() += 1;
@@ -61,19 +61,23 @@ impl Gateway {
                 .collect()
         };
         let messages = self
-            .db(|s| s.message_counts())
+            .db
+            .run(|s| s.message_counts())
             .await?
             .into_iter()
             .map(|(kind, state, n)| (kind, state, count(n)))
             .collect();
-        let waiting_by_gid = self.db(|s| s.waiting_by_recipient()).await?;
+        let waiting_by_gid = self.db.run(|s| s.waiting_by_recipient()).await?;
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut waiting = Vec::with_capacity(waiting_by_gid.len());
         for (gid, state, n) in waiting_by_gid {
             let name = self.cached_name(&mut names, gid).await;
             waiting.push((name, state, count(n)));
         }
-        let hosts_up = 1 + self.afar().map_or(0, |afar| count(afar.hosts_heard()));
+        let hosts_up = 1 + self
+            .afar
+            .as_deref()
+            .map_or(0, |afar| count(afar.hosts_heard()));
         Ok(Snapshot {
             sessions,
             messages,

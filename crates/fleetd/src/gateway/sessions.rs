@@ -3,6 +3,7 @@
 //! no I/O happens here.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
 
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Recipient, Taker, announced, may_take_task};
@@ -14,6 +15,21 @@ use super::asks::Asks;
 use super::lead::LeadState;
 use super::session::PaneSession;
 use super::views::{ListResult, RosterEntry, Surfaced, slot_of};
+
+/// The sessions, shared by the gateway's calls and loops behind one std mutex, which is never
+/// held across an await.
+#[derive(Default)]
+pub(super) struct Shared(Mutex<Sessions>);
+
+impl Shared {
+    /// The sessions, for one look or change.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Sessions> {
+        // Sessions hold no invariant that a panic half-way could break beyond repair.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
 
 /// Leads and pane sessions.
 #[derive(Default)]
@@ -76,6 +92,14 @@ impl Sessions {
     }
 
     /// The names of this host's live entities.
+    /// The name of the pane session `gid`, for its log lines (empty when there is none).
+    pub fn pane_name(&self, gid: Gid) -> String {
+        self.panes
+            .get(&gid)
+            .map(|s| s.entity().name.clone())
+            .unwrap_or_default()
+    }
+
     pub fn live_names(&self) -> Vec<String> {
         self.names
             .iter()

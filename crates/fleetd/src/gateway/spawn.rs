@@ -3,29 +3,21 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::clock::now_ms;
 use fleet_core::control::Target;
 use fleet_core::entity::validate_worker_name;
-use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares, quoting};
+use fleet_core::ownership::{LeadRef, MAX_SHARED, parse_shares};
 use fleet_core::spawn::{Workdir, groups_of, name_for, where_to_work};
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
-use fleet_mux::PaneId;
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Role, WorkerStatus};
 use fleet_store::EntityRecord;
-use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::session::PaneSession;
 use super::views::SpawnResult;
 use super::{Caller, Gateway};
 use crate::config::ProfileConfig;
-
-/// How often the readiness gate looks for the ready marker on screen.
-const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
-/// How many lines of a failed worker's screen an error quotes.
-pub(super) const LAST_WORDS_LINES: usize = 8;
 
 /// What `fleet_spawn` asks for.
 #[derive(Clone, Debug, Default)]
@@ -44,12 +36,6 @@ pub struct SpawnRequest {
     pub role: Role,
     /// The leads it is shared with, besides its owner.
     pub share: Vec<LeadRef>,
-}
-
-/// The last non-empty lines of a screen.
-pub(super) fn tail_lines(text: &str, lines: usize) -> String {
-    let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    kept[kept.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Closes the pane and ends the session of a spawn that did not finish (an error, a cancelled
@@ -92,14 +78,14 @@ impl Gateway {
         };
         let requested = request.host.as_deref().filter(|h| *h != self.host_id);
         if let Some(host) = requested
-            && self.afar().is_none()
+            && self.afar.as_deref().is_none()
         {
             return Err(FleetError::invalid(format!(
                 "host '{host}' is not reachable: this gateway has no broker, so it spawns only on '{}'",
                 self.host_id
             )));
         }
-        if let Some(afar) = self.afar()
+        if let Some(afar) = self.afar.as_deref()
             && let Target::There(host) = afar.spawn_target(self, requested)?
         {
             return afar.spawn(self, caller, request, &host, ct).await;
@@ -126,6 +112,7 @@ impl Gateway {
         leads.retain(|l| !l.is(&caller.entity));
         // A lead of this host must be one: a name mistyped would share with nobody, silently.
         let here: Vec<String> = self
+            .sessions
             .lock()
             .leads
             .values()
@@ -184,7 +171,7 @@ impl Gateway {
             pane: None,
             created_ms: now_ms(),
         };
-        self.db(move |s| s.insert_entity(&record)).await?;
+        self.db.run(move |s| s.insert_entity(&record)).await?;
         tracing::info!(%gid, %name, profile = %profile.name, "spawning");
         let cwd = self.workspace_of(gid, &name, &profile, cwd).await?;
         let pane = self.open_pane(gid, &name, &profile, cwd).await?;
@@ -192,7 +179,7 @@ impl Gateway {
 
         self.await_ready(gid, &pane, &profile, ct).await?;
         guard.armed = false;
-        if let Some(afar) = self.afar() {
+        if let Some(afar) = self.afar.as_deref() {
             afar.joined(self, gid).await;
         }
         Ok(SpawnResult {
@@ -277,7 +264,7 @@ impl Gateway {
         groups: Vec<String>,
         (profile, cwd): (&Arc<ProfileConfig>, &std::path::Path),
     ) -> Result<Entity, FleetError> {
-        let mut sessions = self.lock();
+        let mut sessions = self.sessions.lock();
         // A spawn asked for twice (a control request delivered again) spawns once.
         if sessions.panes.contains_key(&gid) {
             return Err(FleetError::invalid(format!(
@@ -330,6 +317,7 @@ impl Gateway {
         {
             Ok(Some(dir)) => {
                 let spawning = self
+                    .sessions
                     .lock()
                     .panes
                     .get_mut(&gid)
@@ -353,128 +341,5 @@ impl Gateway {
                 ),
             )),
         }
-    }
-
-    /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
-    /// program exits, the profile's timeout passes, or the caller gives up.
-    pub(super) async fn await_ready(
-        self: &Arc<Self>,
-        gid: Gid,
-        pane: &PaneId,
-        profile: &crate::config::ProfileConfig,
-        ct: &CancellationToken,
-    ) -> Result<(), FleetError> {
-        let Some((mut kick, role)) = self
-            .lock()
-            .panes
-            .get(&gid)
-            .map(|s| (s.kicks(), s.entity().role))
-        else {
-            return Err(FleetError::new(
-                ErrorCode::NotReady,
-                "the worker vanished while spawning",
-            ));
-        };
-        let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
-        let ready_marker = profile.ready_marker();
-        loop {
-            kick.borrow_and_update();
-            let (status, last_words) = match self.lock().panes.get(&gid) {
-                Some(s) => (s.status(), s.last_words().map(String::from)),
-                None => (WorkerStatus::Gone, None),
-            };
-            match status {
-                WorkerStatus::Spawning => {}
-                WorkerStatus::Gone | WorkerStatus::Stopping => {
-                    return Err(FleetError::new(
-                        ErrorCode::NotReady,
-                        quoting(
-                            &format!(
-                                "{role} (profile '{}') ended before it was ready",
-                                profile.name
-                            ),
-                            &last_words.unwrap_or_default(),
-                            true,
-                        ),
-                    ));
-                }
-                _ => return Ok(()),
-            }
-            if let Some(marker) = &ready_marker
-                && let Ok(snap) = self.panes.snapshot(pane).await
-                && snap.text.contains(marker.as_str())
-            {
-                let became_ready = self
-                    .lock()
-                    .panes
-                    .get_mut(&gid)
-                    .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
-                if became_ready {
-                    self.persist_status(gid).await;
-                }
-                continue;
-            }
-            let recheck = if ready_marker.is_some() {
-                Instant::now() + MARKER_CHECK_INTERVAL
-            } else {
-                deadline
-            };
-            tokio::select! {
-                _ = kick.changed() => {}
-                () = sleep_until(recheck.min(deadline)) => {
-                    if Instant::now() >= deadline {
-                        let screen = self
-                            .panes
-                            .history(pane, LAST_WORDS_LINES * 4)
-                            .await
-                            .map(|text| tail_lines(&text, LAST_WORDS_LINES))
-                            .unwrap_or_default();
-                        return Err(FleetError::new(
-                            ErrorCode::NotReady,
-                            quoting(
-                                &format!(
-                                    "{role} (profile '{}') did not call in within {} s, so its pane was closed",
-                                    profile.name, profile.ready_timeout_s
-                                ),
-                                &screen,
-                                true,
-                            ),
-                        ));
-                    }
-                }
-                () = ct.cancelled() => {
-                    return Err(FleetError::new(ErrorCode::Cancelled, "the spawn was cancelled"));
-                }
-            }
-        }
-    }
-
-    /// Writes the in-memory status and pane of `gid` to the store.
-    pub(super) async fn persist_status(&self, gid: Gid) {
-        let found = self
-            .lock()
-            .panes
-            .get(&gid)
-            .map(|s| (s.status(), s.pane().cloned()));
-        if let Some((status, pane)) = found {
-            let pane = pane.map(|p| p.0);
-            if let Err(e) = self
-                .db(move |s| s.set_session(gid, status, pane.as_deref()))
-                .await
-            {
-                tracing::error!(%gid, error = %e, "cannot record a session status");
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn last_words_skip_blank_lines() {
-        assert_eq!(tail_lines("a\n\nb\n  \nc\n\n", 2), "b\nc");
-        assert_eq!(tail_lines("", 3), "");
     }
 }

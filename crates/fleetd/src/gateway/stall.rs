@@ -19,7 +19,7 @@ use fleet_mux::PaneId;
 use tokio::time::Instant;
 
 use super::Gateway;
-use super::spawn::tail_lines;
+use super::starting::tail_lines;
 use crate::config::OnStall;
 
 /// How often busy workers' screens are looked at for a stall.
@@ -52,7 +52,7 @@ struct Watched {
 impl Gateway {
     pub(super) async fn look_for_stalls(self: &Arc<Self>, seen: &mut HashMap<Gid, Seen>) {
         let watched: Vec<Watched> = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let now = now_ms();
             let mut watched = Vec::new();
             // Only a busy worker stalls (one waiting on its lead, asking or blocked, does not).
@@ -110,7 +110,7 @@ impl Gateway {
                     self.stalled(&w, &tail).await;
                 }
             } else if w.reported
-                && let Some(session) = self.lock().panes.get_mut(&w.gid)
+                && let Some(session) = self.sessions.lock().panes.get_mut(&w.gid)
             {
                 tracing::info!(gid = %w.gid, "the stalled worker moves again");
                 session.moves_again();
@@ -123,7 +123,7 @@ impl Gateway {
     async fn stalled(self: &Arc<Self>, w: &Watched, tail: &str) {
         let (gid, after) = (w.gid, w.after);
         let (name, lead, task, on_stall, owner) = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             let Some(session) = sessions.panes.get_mut(&gid) else {
                 return;
             };
@@ -186,7 +186,7 @@ impl Gateway {
     /// fresh session.
     async fn recycle_stalled(self: &Arc<Self>, gid: Gid, task: &Message, what: &str) {
         let recycling = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             match sessions.panes.get_mut(&gid) {
                 Some(session) => {
                     session.take_current(task.msg_id).is_some()

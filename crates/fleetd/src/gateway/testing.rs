@@ -43,16 +43,18 @@ pub(super) async fn gateway_on(
     )
     .unwrap();
     let gid = gateway
-        .db(|s| s.ensure_lead("alice", "hosta", &[]))
+        .db
+        .run(|s| s.ensure_lead("alice", "hosta", &[]))
         .await
         .unwrap();
     let alice = gateway
-        .db(move |s| s.entity(gid))
+        .db
+        .run(move |s| s.entity(gid))
         .await
         .unwrap()
         .unwrap()
         .entity;
-    gateway.lock().add_lead(alice.clone());
+    gateway.sessions.lock().add_lead(alice.clone());
     (gateway, alice)
 }
 

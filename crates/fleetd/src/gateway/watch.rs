@@ -22,7 +22,7 @@ impl Gateway {
     /// (the agent may have become free for a task).
     fn note_agent(&self, gid: Gid, agent: Option<(String, AgentState)>) {
         let shown = format!("{agent:?}");
-        if let Some(session) = self.lock().panes.get_mut(&gid)
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid)
             && session.agent_seen(agent)
         {
             tracing::info!(%gid, agent = %shown, "the pane host sees the agent");
@@ -34,6 +34,7 @@ impl Gateway {
     /// a moment later, so such a pane gets one more look before it is reported without one.
     pub(super) async fn check_panes(self: &Arc<Self>, statusless: &mut HashSet<Gid>) {
         let watched: Vec<_> = self
+            .sessions
             .lock()
             .panes
             .iter()
@@ -46,7 +47,7 @@ impl Gateway {
         }
         let panes = match self.panes.panes().await {
             Ok(panes) => {
-                let mut sessions = self.lock();
+                let mut sessions = self.sessions.lock();
                 if let Some(was) = sessions.host_down.take() {
                     tracing::info!(was = %was, "the pane host is back");
                     for session in sessions.panes.values() {
@@ -57,7 +58,7 @@ impl Gateway {
                 panes
             }
             Err(e @ (MuxError::Unreachable(_) | MuxError::Disconnected)) => {
-                let mut sessions = self.lock();
+                let mut sessions = self.sessions.lock();
                 if sessions.host_down.is_none() {
                     tracing::warn!(error = %logs::mux_error(&e), "the pane host is not reachable: workers read unknown, sends to them fail until it is back");
                 }
@@ -90,16 +91,18 @@ impl Gateway {
                 None => "its pane was closed".to_string(),
             };
             if close && let Ok(history) = self.panes.history(&pane, HISTORY_LINES).await {
-                let words = super::spawn::tail_lines(&history, super::spawn::LAST_WORDS_LINES);
+                let words =
+                    super::starting::tail_lines(&history, super::starting::LAST_WORDS_LINES);
                 tracing::info!(%gid, %pane, reason = %reason, last_words = %logs::summary(&words), "pane ended");
                 logs::trace_text("last_words", &words);
-                if let Some(session) = self.lock().panes.get_mut(&gid) {
+                if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
                     session.last_words_were(words);
                 }
             }
             statusless.remove(&gid);
             // A session that got a fresh pane meanwhile (a recycle) lives on.
             let over = self
+                .sessions
                 .lock()
                 .panes
                 .get(&gid)

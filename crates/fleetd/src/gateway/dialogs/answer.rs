@@ -17,7 +17,7 @@ impl Gateway {
         check_tool(&caller.entity, Tool::Send)?;
         let me = caller.entity.gid;
         let (question, waiter) = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             let Some(dialog) = sessions.asks.for_answer(turn_id, me)?.dialog() else {
                 return Err(FleetError::invalid(format!(
                     "{turn_id} is a question, which takes text, not a choice: answer with fleet_send{{turn_id, message}}"
@@ -77,7 +77,7 @@ impl Gateway {
             )
         };
         let (pane, markers, forced, turn_over) = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             let session = sessions.panes.get_mut(&gid).ok_or_else(gone)?;
             let pane = session.pane().cloned();
             let blocked = session.status() == WorkerStatus::Blocked;
@@ -198,7 +198,8 @@ impl Gateway {
         // Only the task the dialog stopped in: one answered meanwhile, or the next one, is not
         // this turn's.
         let task = dialog.in_task.and_then(|stopped_in| {
-            self.lock()
+            self.sessions
+                .lock()
                 .panes
                 .get_mut(&gid)
                 .and_then(|session| session.end_turn_of(stopped_in))
@@ -330,7 +331,7 @@ impl Gateway {
         };
         // The watcher may have asked it first.
         let asked = asked.or_else(|| {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let open = sessions.panes.get(&gid)?.dialog()?;
             Some(open.question.turn_id.clone())
         });
@@ -378,7 +379,7 @@ struct Answering<'a> {
 
 impl Drop for Answering<'_> {
     fn drop(&mut self) {
-        let mut sessions = self.gateway.lock();
+        let mut sessions = self.gateway.sessions.lock();
         if let Some(dialog) = sessions
             .panes
             .get_mut(&self.gid)

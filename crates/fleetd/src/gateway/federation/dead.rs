@@ -118,11 +118,12 @@ impl Gateway {
         };
         let original = candidate.original;
         let (records, answered) = self
-            .db(move |s| Ok((s.sent_records(&ids)?, s.is_answered(original)?)))
+            .db
+            .run(move |s| Ok((s.sent_records(&ids)?, s.is_answered(original)?)))
             .await?;
         sent.extend(records);
         let sender_here = matches!(
-            self.lock().recipient(candidate.sender),
+            self.sessions.lock().recipient(candidate.sender),
             Recipient::Lead | Recipient::Pane { live: true }
         );
         Ok((sent, injected, answered, sender_here))
@@ -189,7 +190,10 @@ impl Gateway {
         // The same dead letter delivered again tells nobody twice (the notice's id derives from
         // the message's), and counts once.
         let notice_id = notice.msg_id;
-        let told_before = matches!(self.db(move |s| s.message(notice_id)).await, Ok(Some(_)));
+        let told_before = matches!(
+            self.db.run(move |s| s.message(notice_id)).await,
+            Ok(Some(_))
+        );
         match self.deliver(notice).await {
             Ok(_) => {
                 if !told_before {

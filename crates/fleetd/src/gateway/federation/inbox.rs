@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use fleet_amqp::{Deliveries, Delivery};
-use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind, refusal_told};
+use fleet_core::admission::{self, Admission, Arrival, Handled, Refusal, held_kind};
 use fleet_core::entity::validate_name;
 use fleet_core::envelope::{Envelope, EnvelopeError, VERSION};
 use fleet_core::trust::Refusal as TrustRefusal;
@@ -159,7 +159,7 @@ impl Gateway {
                 settle(&delivery, Handled::Noted, false).await;
                 continue;
             }
-            let to_pane = self.lock().panes.contains_key(&owner);
+            let to_pane = self.sessions.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {
                 held.push(Incoming {
                     message: envelope.held_for(owner, body, now_ms()),
@@ -289,42 +289,5 @@ impl Gateway {
         }
         settle(delivery, Handled::Refused, false).await;
         None
-    }
-
-    /// Dead-letters a delivery that breaks a rule of this gateway, with a loud log line and an
-    /// audit line, and tells its sender with a `FAILED` notice when it is a message one waits
-    /// on (not a notice or a receipt, which would only start a loop).
-    pub(super) async fn refuse_and_tell(
-        self: &Arc<Self>,
-        owner: Gid,
-        envelope: &Envelope,
-        delivery: &Delivery,
-        rule: &str,
-        why: &str,
-    ) {
-        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
-        // Thinned, as every refusal off the broker: a host's lead sending what this host does
-        // not grant, again and again, does not flood the log (the audit line is each one's).
-        let (loud, count) = self.fed().map_or((true, 0), |fed| fed.loud());
-        if loud {
-            tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, refused_so_far = count, "REFUSED a message off the broker: dead-lettered");
-        }
-        if let Some(fed) = self.fed() {
-            fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
-        }
-        if refusal_told(kind) {
-            // A broadcast's copy is told of by the copy's own id (derived from the broadcast's
-            // and its recipient's), so each refused copy is a notice of its own.
-            let mut original = envelope.held_for(owner, String::new(), now_ms());
-            if kind == Kind::Broadcast {
-                original = original.with_id(envelope.msg_id.derived(&owner.to_string()));
-            }
-            self.notify_failed(
-                &original,
-                &format!("refused by its recipient's gateway: {why}"),
-            )
-            .await;
-        }
-        settle(delivery, Handled::Refused, false).await;
     }
 }

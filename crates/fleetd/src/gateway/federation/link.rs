@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
 use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
-use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
 use fleet_core::{Entity, FleetError, Gid};
 use tokio::sync::watch as tokio_watch;
@@ -18,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
 use super::Federation;
-use super::settle::settle;
 use crate::config::{BrokerConfig, FederationConfig};
 
 /// The longest pause between two connection attempts.
@@ -27,8 +25,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// How many broker heartbeats an inbox held by another consumer is waited for at start.
 const HELD_HEARTBEATS: u64 = 3;
-/// How many messages are taken off a reaped worker's inbox at once.
-const DRAIN_BATCH: usize = 64;
 /// The pause between two attempts on a held inbox.
 const HELD_RETRY: Duration = Duration::from_millis(500);
 
@@ -193,7 +189,7 @@ impl Gateway {
             let gateway = Arc::clone(self);
             self.tasks
                 .spawn(async move { gateway.consume_dead_letters(dead).await });
-            let local = self.lock().entities();
+            let local = self.sessions.lock().entities();
             for entity in &local {
                 self.attach_inbox(link.as_ref(), entity).await?;
             }
@@ -238,7 +234,7 @@ impl Gateway {
             gateway.leave_roster().await;
             // The workers go with fleetd: so do their inboxes (the leads' stay, holding what
             // arrives for them meanwhile).
-            let panes: Vec<Gid> = gateway.lock().panes.keys().copied().collect();
+            let panes: Vec<Gid> = gateway.sessions.lock().panes.keys().copied().collect();
             for gid in panes {
                 if let Err(e) = link.delete_inbox(gid).await {
                     tracing::debug!(%gid, error = %e, "inbox not deleted");
@@ -292,7 +288,7 @@ impl Gateway {
             return;
         };
         let Some((entity, status)) = ({
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             let found = sessions.entities().into_iter().find(|e| e.gid == gid);
             found.map(|e| (e, sessions.presence_status(gid)))
         }) else {
@@ -342,94 +338,5 @@ impl Gateway {
         let gateway = Arc::clone(self);
         self.tasks
             .spawn(async move { gateway.clear_reaped_inboxes().await });
-    }
-
-    /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
-    /// link does); one the broker will not let go of yet stays for the next beat.
-    pub(super) async fn clear_reaped_inboxes(self: &Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let Some(link) = fed.link() else {
-            let waiting = fed.lock().reaped.len();
-            if waiting > 0 {
-                tracing::warn!(
-                    inboxes = waiting,
-                    "the broker cannot be reached: the inboxes of a previous run's workers are cleared once it can"
-                );
-            }
-            return;
-        };
-        let reaped = std::mem::take(&mut fed.lock().reaped);
-        for entity in reaped {
-            if !self.clear_reaped_inbox(link.as_ref(), &entity).await {
-                // Tried again at the next beat (or the next link).
-                fed.lock().reaped.push(entity);
-            }
-        }
-    }
-
-    /// The inbox of a worker a previous run left: every brief still waiting there is
-    /// dead-lettered and its (genuine) sender told the worker is gone, then the inbox is
-    /// deleted — nothing sent to it vanishes unannounced — and the worker announced gone. False
-    /// when the broker would not let the inbox be deleted yet: to be tried again.
-    async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) -> bool {
-        let gid = entity.gid;
-        let why = format!(
-            "'{}' is gone: its gateway restarted before the message could be typed in",
-            entity.name
-        );
-        let mut told = 0usize;
-        let mut handled = std::collections::HashSet::new();
-        loop {
-            let batch = match link.drain_inbox(gid, DRAIN_BATCH).await {
-                Ok(batch) if batch.is_empty() => break,
-                Ok(batch) => batch,
-                Err(e) => {
-                    // (A quorum queue with a single active consumer cannot be read by a get at
-                    // all: it is deleted, and the senders' receipt bounds tell them.)
-                    tracing::debug!(%gid, error = %e, "nothing drained from a reaped inbox");
-                    break;
-                }
-            };
-            // A message handled already came again: its settlement did not reach the broker.
-            // Stop rather than go round; the inbox goes, and what is left in it, with it.
-            let again = batch
-                .iter()
-                .any(|d| d.envelope().is_ok_and(|e| handled.contains(&e.msg_id)));
-            if again {
-                tracing::warn!(%gid, "a reaped inbox gives back what was settled: deleting it as it is");
-                break;
-            }
-            for delivery in batch {
-                let Ok(envelope) = delivery.envelope() else {
-                    settle(&delivery, Handled::Refused, false).await;
-                    continue;
-                };
-                handled.insert(envelope.msg_id);
-                // Only a genuine sender is told.
-                match self.check_genuine(&envelope, &delivery) {
-                    Ok(()) => {
-                        self.refuse_and_tell(gid, &envelope, &delivery, "recipient gone", &why)
-                            .await;
-                        told += 1;
-                    }
-                    Err(refusal) => self.refuse_untrusted(&delivery, &envelope, &refusal).await,
-                }
-            }
-        }
-        match link.delete_inbox(gid).await {
-            Ok(()) => {
-                tracing::info!(%gid, name = %entity.name, refused = told, "deleted the inbox of a previous run's worker")
-            }
-            Err(e) => {
-                tracing::warn!(%gid, error = %e, "cannot delete the inbox of a previous run's worker: tried again at the next beat");
-                return false;
-            }
-        }
-        // The other gateways hear it is gone now, not when its entry runs out.
-        self.announce(link, Some(entity.clone()), "gone".into(), Vec::new())
-            .await;
-        true
     }
 }

@@ -355,7 +355,7 @@ pub(in crate::gateway) fn not_taken(err: AmqpError) -> FleetError {
 
 impl Gateway {
     fn fed(&self) -> Option<&Federation> {
-        self.federation.as_ref()
+        self.federation.as_deref()
     }
 
     /// Notes the name and host a remote sender gave, for showing its messages.
@@ -363,7 +363,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return;
         };
-        if self.lock().is_local(gid) {
+        if self.sessions.lock().is_local(gid) {
             return;
         }
         let mut state = fed.lock();

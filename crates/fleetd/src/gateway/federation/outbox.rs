@@ -92,7 +92,7 @@ impl Gateway {
     /// when the store cannot keep it either (its sender then hears the broker is out of reach).
     async fn keep_carried(self: &Arc<Self>, message: &Message) -> Result<Placement, FleetError> {
         let kept = message.clone();
-        if let Err(e) = self.db(move |s| s.put_outbox(&kept, now_ms())).await {
+        if let Err(e) = self.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             tracing::error!(msg_id = %message.msg_id, kind = %message.kind, error = %e, "a message for another host cannot be kept: the broker cannot be reached and the store cannot keep it");
             return Err(unavailable(&format!(
                 "this host's store cannot keep the message ({e}); nothing was sent"
@@ -115,14 +115,18 @@ impl Gateway {
             return;
         };
         let by_reply = published.kind == Kind::Reply;
-        if let Err(e) = self.db(move |s| s.answered_elsewhere(task, by_reply)).await {
+        if let Err(e) = self
+            .db
+            .run(move |s| s.answered_elsewhere(task, by_reply))
+            .await
+        {
             tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
         }
     }
 
     /// Takes a sent message out of the outbox.
     async fn outbox_sent(&self, msg_id: MsgId) {
-        if let Err(e) = self.db(move |s| s.outbox_sent(msg_id)).await {
+        if let Err(e) = self.db.run(move |s| s.outbox_sent(msg_id)).await {
             tracing::warn!(%msg_id, error = %e, "a sent message stays in the outbox: it may be sent twice (its receiver drops the copy)");
         }
     }
@@ -131,7 +135,7 @@ impl Gateway {
     /// it: a notice this gateway made has no caller to retry it.
     pub(in crate::gateway) async fn keep_for_broker(&self, notice: &Message) {
         let kept = notice.clone();
-        match self.db(move |s| s.put_outbox(&kept, now_ms())).await {
+        match self.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             Ok(()) => {
                 if let Some(fed) = self.fed() {
                     fed.outbox_waiting.store(true, Ordering::Relaxed);
@@ -156,7 +160,7 @@ impl Gateway {
             return;
         };
         fed.outbox_waiting.store(false, Ordering::Relaxed);
-        let kept = match self.db(|s| s.outbox()).await {
+        let kept = match self.db.run(|s| s.outbox()).await {
             Ok(kept) => kept,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read what waits for the broker");
@@ -214,5 +218,36 @@ impl Gateway {
         let gateway = Arc::clone(self);
         self.tasks
             .spawn(async move { gateway.flush_outbox().await });
+    }
+
+    /// Sends `message`, for a remote recipient, on its way: carried through an outage when its
+    /// gateway carries such a message (the rule: [`fleet_core::delivery::carried`]), else
+    /// published now or refused. What was taken is counted, and an answer notes its task
+    /// answered.
+    pub(in crate::gateway) async fn send_remote(
+        self: &Arc<Self>,
+        message: Message,
+    ) -> Result<Placement, FleetError> {
+        if self.carries(&message) {
+            return self.carry(message).await;
+        }
+        let published = self.publish_remote(&message).await;
+        if published.is_ok() {
+            self.metrics.accepted(message.kind, Placement::Remote);
+            self.answered_elsewhere(&message).await;
+        }
+        published
+    }
+
+    /// After a brief from a remote sender was typed in and its submit verified: tell the
+    /// sender's gateway (carried: the pump types the next task meanwhile).
+    pub(in crate::gateway) async fn receipt_injected(self: &Arc<Self>, task: &Message) {
+        let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
+        if self.placement(&receipt) != Placement::Remote {
+            return;
+        }
+        if let Err(e) = self.carry(receipt).await {
+            tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
+        }
     }
 }

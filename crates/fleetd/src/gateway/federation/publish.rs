@@ -2,8 +2,6 @@
 //! the broker's confirm and return), a broadcast, an `INJECTED` receipt, and the envelope of
 //! everything this gateway publishes.
 
-use std::sync::Arc;
-
 use fleet_amqp::topology::{BROADCAST_ALL, MSG_EXCHANGE, QueueType, broadcast_key};
 use fleet_amqp::{Outgoing, Published};
 use fleet_core::envelope::{Envelope, VERSION};
@@ -31,25 +29,6 @@ fn full_inbox(kind: QueueType) -> &'static str {
 }
 
 impl Gateway {
-    /// Sends `message`, for a remote recipient, on its way: carried through an outage when its
-    /// gateway carries such a message (the rule: [`fleet_core::delivery::carried`]), else
-    /// published now or refused. What was taken is counted, and an answer notes its task
-    /// answered.
-    pub(in crate::gateway) async fn send_remote(
-        self: &Arc<Self>,
-        message: Message,
-    ) -> Result<Placement, FleetError> {
-        if self.carries(&message) {
-            return self.carry(message).await;
-        }
-        let published = self.publish_remote(&message).await;
-        if published.is_ok() {
-            self.metrics.accepted(message.kind, Placement::Remote);
-            self.answered_elsewhere(&message).await;
-        }
-        published
-    }
-
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
     /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
     pub(in crate::gateway) async fn publish_remote(
@@ -206,7 +185,7 @@ impl Gateway {
             recipient: message.to,
             trace_id: message.trace_id,
         };
-        if let Err(e) = self.db(move |s| s.await_receipt(&brief)).await {
+        if let Err(e) = self.db.run(move |s| s.await_receipt(&brief)).await {
             tracing::warn!(msg_id = %message.msg_id, error = %e, "the receipt bound of a brief is kept in memory only: a restart forgets it");
         }
     }
@@ -228,7 +207,7 @@ impl Gateway {
                 }
             }
         }
-        if let Err(e) = self.db(move |s| s.receipts_settled(&msg_ids)).await {
+        if let Err(e) = self.db.run(move |s| s.receipts_settled(&msg_ids)).await {
             tracing::warn!(error = %e, "settled receipts stay in the store: a restart fails their briefs at the bound");
         }
     }
@@ -249,7 +228,7 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return Ok(());
         };
-        let awaited = self.db(|s| s.awaited_receipts()).await?;
+        let awaited = self.db.run(|s| s.awaited_receipts()).await?;
         let now = Instant::now().into_std();
         let mut state = fed.lock();
         for brief in &awaited {
@@ -268,18 +247,6 @@ impl Gateway {
             );
         }
         Ok(())
-    }
-
-    /// After a brief from a remote sender was typed in and its submit verified: tell the
-    /// sender's gateway (carried: the pump types the next task meanwhile).
-    pub(in crate::gateway) async fn receipt_injected(self: &Arc<Self>, task: &Message) {
-        let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
-        if self.placement(&receipt) != Placement::Remote {
-            return;
-        }
-        if let Err(e) = self.carry(receipt).await {
-            tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
-        }
     }
 
     /// `fleet_broadcast` through the broker: one publish, a copy in every bound inbox.
@@ -371,7 +338,7 @@ impl Gateway {
         // This host's copies reach only the workers the sender may task; another host's
         // workers are counted as they are heard of (each host types only its owner's and
         // shared ones' copies: at most this many).
-        let local = self.lock().taskable(from, group).len();
+        let local = self.sessions.lock().taskable(from, group).len();
         Ok((local + remote.len(), refused))
     }
 
@@ -395,6 +362,6 @@ impl Gateway {
                 until_ms,
             })
             .collect();
-        self.db(move |s| s.record_sent(&rows)).await
+        self.db.run(move |s| s.record_sent(&rows)).await
     }
 }

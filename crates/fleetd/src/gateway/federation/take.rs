@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use fleet_core::admission::Handled;
+use fleet_amqp::Delivery;
+use fleet_core::admission::{Handled, refusal_told};
 use fleet_core::clock::now_ms;
 use fleet_core::envelope::Envelope;
 use fleet_core::typed::typeable;
@@ -67,7 +68,7 @@ impl Gateway {
                     fed.lock()
                         .receipts
                         .injected(original, Instant::now().into_std());
-                    if let Err(e) = self.db(move |s| s.receipts_settled(&[original])).await {
+                    if let Err(e) = self.db.run(move |s| s.receipts_settled(&[original])).await {
                         tracing::warn!(%original, error = %e, "a receipt stays awaited in the store: a restart fails its brief at the bound");
                     }
                 }
@@ -233,6 +234,43 @@ impl Gateway {
         {
             settle(&last.delivery, Handled::Held, true).await;
         }
+    }
+
+    /// Dead-letters a delivery that breaks a rule of this gateway, with a loud log line and an
+    /// audit line, and tells its sender with a `FAILED` notice when it is a message one waits
+    /// on (not a notice or a receipt, which would only start a loop).
+    pub(super) async fn refuse_and_tell(
+        self: &Arc<Self>,
+        owner: Gid,
+        envelope: &Envelope,
+        delivery: &Delivery,
+        rule: &str,
+        why: &str,
+    ) {
+        let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
+        // Thinned, as every refusal off the broker: a host's lead sending what this host does
+        // not grant, again and again, does not flood the log (the audit line is each one's).
+        let (loud, count) = self.fed().map_or((true, 0), |fed| fed.loud());
+        if loud {
+            tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, refused_so_far = count, "REFUSED a message off the broker: dead-lettered");
+        }
+        if let Some(fed) = self.fed() {
+            fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
+        }
+        if refusal_told(kind) {
+            // A broadcast's copy is told of by the copy's own id (derived from the broadcast's
+            // and its recipient's), so each refused copy is a notice of its own.
+            let mut original = envelope.held_for(owner, String::new(), now_ms());
+            if kind == Kind::Broadcast {
+                original = original.with_id(envelope.msg_id.derived(&owner.to_string()));
+            }
+            self.notify_failed(
+                &original,
+                &format!("refused by its recipient's gateway: {why}"),
+            )
+            .await;
+        }
+        settle(delivery, Handled::Refused, false).await;
     }
 }
 

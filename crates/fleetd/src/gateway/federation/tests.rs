@@ -234,7 +234,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
     // Held ones are acknowledged in one frame up to the last of their batch.
     assert_eq!(how_of(&settled, kept), [(Settlement::Ack, true)]);
     let gid = alice.gid;
-    let held = gateway.db(move |s| s.held_count(gid)).await.unwrap();
+    let held = gateway.db.run(move |s| s.held_count(gid)).await.unwrap();
     assert_eq!(held, 1);
     let shown = gateway.fed().unwrap().lock().senders.get(&carol).cloned();
     assert_eq!(shown.as_deref(), Some("carol@hostc"));
@@ -264,14 +264,14 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
     };
     let placed = gateway.carry(reply.clone()).await.unwrap();
     assert_eq!(placed, fleet_core::delivery::Placement::Remote);
-    let kept = gateway.db(|s| s.outbox()).await.unwrap();
+    let kept = gateway.db.run(|s| s.outbox()).await.unwrap();
     assert_eq!(
         kept.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
         [reply.msg_id]
     );
     // Nothing goes while the link is down, however often the presence loop looks.
     gateway.flush_when_waiting();
-    assert_eq!(gateway.db(|s| s.outbox()).await.unwrap().len(), 1);
+    assert_eq!(gateway.db.run(|s| s.outbox()).await.unwrap().len(), 1);
     // A new link: the presence loop's next look sends it, once, and empties the outbox.
     let back = Arc::new(FakeBroker::new());
     back.bind(&carol.to_string());
@@ -280,7 +280,7 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         .send_replace(Some(Arc::clone(&back) as Arc<dyn Broker>));
     gateway.flush_when_waiting();
     tokio::time::timeout(LIMIT, async {
-        while !gateway.db(|s| s.outbox()).await.unwrap().is_empty() {
+        while !gateway.db.run(|s| s.outbox()).await.unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
@@ -339,11 +339,16 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     assert!(!first.is_up(), "the link is given up, to be connected anew");
     // Kept failed here, never held or queued; its sender's FAILED waits for the broker.
     let id = brief.msg_id;
-    let kept = gateway.db(move |s| s.message(id)).await.unwrap().unwrap();
+    let kept = gateway
+        .db
+        .run(move |s| s.message(id))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(kept.state.name(), "failed", "{}", kept.state);
     let gid = alice.gid;
-    assert_eq!(gateway.db(move |s| s.held_count(gid)).await.unwrap(), 0);
-    let outbox = gateway.db(|s| s.outbox()).await.unwrap();
+    assert_eq!(gateway.db.run(move |s| s.held_count(gid)).await.unwrap(), 0);
+    let outbox = gateway.db.run(|s| s.outbox()).await.unwrap();
     assert_eq!(outbox.len(), 1, "{outbox:?}");
     assert_eq!(
         (outbox[0].kind, outbox[0].in_reply_to, outbox[0].to),
@@ -361,8 +366,13 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     fed.link
         .send_replace(Some(Arc::clone(&second) as Arc<dyn Broker>));
     assert!(gateway.take_brief(alice.gid, vouched).await);
-    assert_eq!(gateway.db(move |s| s.held_count(gid)).await.unwrap(), 0);
-    let kept = gateway.db(move |s| s.message(id)).await.unwrap().unwrap();
+    assert_eq!(gateway.db.run(move |s| s.held_count(gid)).await.unwrap(), 0);
+    let kept = gateway
+        .db
+        .run(move |s| s.message(id))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(kept.state.name(), "failed", "{}", kept.state);
     gateway.shutdown.cancel();
 }
@@ -410,7 +420,7 @@ async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_w
     }
     assert!(broker.published().is_empty(), "{:?}", broker.published());
     let gid = alice.gid;
-    let held = gateway.db(move |s| s.held_count(gid)).await.unwrap();
+    let held = gateway.db.run(move |s| s.held_count(gid)).await.unwrap();
     assert_eq!(held, 0);
 }
 
@@ -488,7 +498,8 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
     gateway.track_remote_brief(&brief).await;
     let id = brief.msg_id;
     gateway
-        .db(move |s| {
+        .db
+        .run(move |s| {
             s.record_sent(&[fleet_store::SentRecord {
                 msg_id: id,
                 host: "hostc".into(),
@@ -728,7 +739,8 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     // Its sender holds the FAILED notice, naming the bound and the recipient.
     let gid = alice.gid;
     let notice = gateway
-        .db(move |s| s.take_held(gid, None, 10))
+        .db
+        .run(move |s| s.take_held(gid, None, 10))
         .await
         .unwrap();
     assert_eq!(notice.len(), 1, "{notice:?}");
@@ -786,7 +798,7 @@ async fn sent_from_here(gateway: &Gateway, records: Vec<(MsgId, &str, Gid, Optio
             until_ms: i64::MAX,
         })
         .collect();
-    gateway.db(move |s| s.record_sent(&rows)).await.unwrap();
+    gateway.db.run(move |s| s.record_sent(&rows)).await.unwrap();
 }
 
 /// `envelope` with `body` sealed by hosta (this gateway), as the broker dead-letters it for
@@ -826,7 +838,8 @@ fn audited_outcomes(dir: &tempfile::TempDir) -> Vec<String> {
 /// What is held for `gid`, taken.
 async fn taken(gateway: &Gateway, gid: Gid) -> Vec<Message> {
     gateway
-        .db(move |s| s.take_held(gid, None, 10))
+        .db
+        .run(move |s| s.take_held(gid, None, 10))
         .await
         .unwrap()
 }
@@ -879,7 +892,7 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
     );
     // Its receipt is no longer awaited: the bound will not fail it again.
     assert_eq!(gateway.fed().unwrap().brief_state(brief.msg_id), None);
-    let awaited = gateway.db(|s| s.awaited_receipts()).await.unwrap();
+    let awaited = gateway.db.run(|s| s.awaited_receipts()).await.unwrap();
     assert!(awaited.is_empty(), "{awaited:?}");
     // Nothing goes back through the broker: the sender is here.
     assert!(broker.published().is_empty(), "{:?}", broker.published());
@@ -1195,7 +1208,8 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     for message in [&expired, &in_time, &local] {
         let message = message.clone();
         gateway
-            .db(move |s| s.insert_message(&message))
+            .db
+            .run(move |s| s.insert_message(&message))
             .await
             .unwrap();
     }
@@ -1213,7 +1227,8 @@ async fn a_brief_from_afar_that_expired_queued_here_behind_another_is_failed_whe
     assert_eq!(typed, ["on time", "local"]);
     let id = expired.msg_id;
     let state = gateway
-        .db(move |s| s.message(id))
+        .db
+        .run(move |s| s.message(id))
         .await
         .unwrap()
         .unwrap()

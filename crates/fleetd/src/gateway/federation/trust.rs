@@ -166,7 +166,7 @@ impl Gateway {
     /// it (or last heard it, if it left), or unknown.
     fn whereabouts(&self, fed: &Federation, gid: Gid) -> (Place, Option<Entity>) {
         let local = {
-            let sessions = self.lock();
+            let sessions = self.sessions.lock();
             sessions
                 .leads
                 .get(&gid)
@@ -230,7 +230,7 @@ impl Gateway {
             return Ok(());
         };
         fed.check_seal(envelope, delivery)?;
-        let to_pane = self.lock().panes.contains_key(&owner);
+        let to_pane = self.sessions.lock().panes.contains_key(&owner);
         let (place, sender) = self.sender_of(fed, envelope, to_pane, patience).await;
         check_sender(envelope, &place, &self.host_id, to_pane)?;
         let now = u64::try_from(now_ms()).unwrap_or(0);
@@ -262,7 +262,7 @@ impl Gateway {
                         .check(lead, RemoteAction::Task)
                         .map_err(Refusal::NotGranted)?;
                 }
-                let sessions = self.lock();
+                let sessions = self.sessions.lock();
                 if let Some(s) = sessions.panes.get(&owner) {
                     check(Principal::Lead(lead), Action::Task, s.entity(), s.owned())
                         .map_err(|e| Refusal::NotGranted(e.message))?;
@@ -297,7 +297,8 @@ impl Gateway {
         let sent = match pending {
             Some(sent) => Some(sent),
             None => self
-                .db(move |s| s.sent_to(&[key]))
+                .db
+                .run(move |s| s.sent_to(&[key]))
                 .await
                 .ok()
                 .and_then(|mut found| found.pop().flatten()),
@@ -396,7 +397,8 @@ impl Gateway {
         };
         let in_memory: Vec<bool> = pending.iter().map(Option::is_some).collect();
         let looked = self
-            .db(move |s| {
+            .db
+            .run(move |s| {
                 let seen = s.see(&arrivals)?;
                 let sent = s.sent_to(&asked)?;
                 let unmatched = sent.iter().zip(&in_memory).any(|(s, m)| s.is_none() && !m);

@@ -80,12 +80,12 @@ impl Gateway {
         envelope: &Envelope,
         body: &str,
     ) -> bool {
-        let is_lead = self.lock().leads.contains_key(&owner);
+        let is_lead = self.sessions.lock().leads.contains_key(&owner);
         match envelope.kind {
             Kind::Ask if is_lead => self.asked_from_afar(owner, envelope, body).await,
             Kind::Abandoned if is_lead => {
                 if let Some(turn) = turn_of(envelope) {
-                    let over = self.lock().asks.abandon(turn, envelope.from);
+                    let over = self.sessions.lock().asks.abandon(turn, envelope.from);
                     tracing::info!(
                         turn_id = turn,
                         over,
@@ -96,7 +96,7 @@ impl Gateway {
             Kind::Answer if !is_lead => self.answered_from_afar(owner, envelope, body).await,
             Kind::NoWaiter if !is_lead => {
                 let closed = turn_of(envelope)
-                    .and_then(|turn| self.lock().asks.close(turn, "nobody was waiting"));
+                    .and_then(|turn| self.sessions.lock().asks.close(turn, "nobody was waiting"));
                 match closed {
                     Some((_, Waiter::Call(call))) => {
                         let lead = self.name_of(envelope.from).await;
@@ -153,7 +153,7 @@ impl Gateway {
         let from_name = self.name_of(worker).await;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let open = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             // A dialog waits for an answer whether or not the lead listens now: it surfaces on
             // the lead's next call.
             let listening = dialog.is_some()
@@ -210,7 +210,7 @@ impl Gateway {
             fed.lock()
                 .note_sent(&(ask.msg_id, host, lead, Some(worker)));
         }
-        self.bump_inbox(lead);
+        self.inboxes.bump(lead);
         let gateway = Arc::clone(self);
         let ask = ask.clone();
         self.tasks.spawn(async move {
@@ -225,7 +225,7 @@ impl Gateway {
                     }
                 }
                 () = tokio::time::sleep(expires) => {
-                    gateway.lock().asks.close(&turn, "it expired");
+                    gateway.sessions.lock().asks.close(&turn, "it expired");
                 }
                 () = gateway.shutdown.cancelled() => {}
             }
@@ -262,7 +262,7 @@ impl Gateway {
             return;
         };
         let taken = {
-            let mut sessions = self.lock();
+            let mut sessions = self.sessions.lock();
             // A choice for a dialog here is checked before the ask is taken: one it does not
             // offer leaves the dialog asked, and nothing is pressed.
             let refused = match sessions.asks.for_answer(&turn, answer.from) {

@@ -346,7 +346,7 @@ impl Gateway {
         let gateway = Arc::clone(self);
         self.tasks.spawn(async move {
             gateway.await_announced(gid).await;
-            let caller = gateway.lock().leads.get(&lead).map(|l| Caller {
+            let caller = gateway.sessions.lock().leads.get(&lead).map(|l| Caller {
                 entity: l.entity().clone(),
             });
             let Some(caller) = caller else {

@@ -146,7 +146,7 @@ impl Gateway {
             }
             ControlRequest::Stop => {
                 fed.allow.check(lead, RemoteAction::Stop)?;
-                let sessions = self.lock();
+                let sessions = self.sessions.lock();
                 match sessions.panes.get(&gid) {
                     Some(s) => check(Principal::Lead(lead), Action::Stop, s.entity(), s.owned())
                         .map_err(|e| e.message),
@@ -166,7 +166,7 @@ impl Gateway {
         gid: Gid,
         request: SpawnRequest,
     ) -> Option<ControlAnswer> {
-        let known = self.lock().panes.get(&gid).map(|s| {
+        let known = self.sessions.lock().panes.get(&gid).map(|s| {
             (
                 s.status(),
                 s.entity().name.clone(),
@@ -186,7 +186,7 @@ impl Gateway {
             Some(_) => return Some(gone_already(gid)),
             None => {}
         }
-        if matches!(self.db(move |s| s.entity(gid)).await, Ok(Some(_))) {
+        if matches!(self.db.run(move |s| s.entity(gid)).await, Ok(Some(_))) {
             return Some(gone_already(gid));
         }
         let ct = self.shutdown.child_token();
@@ -206,6 +206,7 @@ impl Gateway {
     /// Stops worker `gid` of this host for `lead` of another.
     async fn control_stop(self: &Arc<Self>, lead: &Entity, gid: Gid) -> ControlAnswer {
         let found = self
+            .sessions
             .lock()
             .panes
             .get(&gid)

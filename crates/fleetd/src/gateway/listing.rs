@@ -1,0 +1,65 @@
+//! Who is in the fleet, as a caller may see it: `fleet_list`, the hosts, and the roster an
+//! operator looks at (this host's entities first, then the other hosts' as the federation
+//! knows them).
+
+use fleet_core::ownership::Principal;
+use fleet_core::{ErrorCode, FleetError, Gid};
+
+use super::views::{HostView, ListResult, RosterEntry};
+use super::{Caller, Gateway};
+
+impl Gateway {
+    /// The hosts of the fleet, this one first.
+    pub fn hosts(&self) -> Vec<HostView> {
+        self.remote_view().1
+    }
+
+    /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
+    /// in it, sees it.
+    pub fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
+        let mut entities: Vec<RosterEntry> = {
+            let sessions = self.sessions.lock();
+            sessions
+                .entities()
+                .into_iter()
+                .filter_map(|e| sessions.entry(e.gid, viewer))
+                .collect()
+        };
+        let (remote, hosts) = self.remote_view();
+        entities.extend(remote);
+        (entities, hosts)
+    }
+
+    /// `fleet_list`: every live entity, and the caller.
+    pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
+        let mut list =
+            self.sessions.lock().list(&caller.entity).ok_or_else(|| {
+                FleetError::new(ErrorCode::Gone, "you are no longer in the roster")
+            })?;
+        let (remote, hosts) = self.remote_view();
+        list.entities.extend(remote);
+        list.hosts = hosts;
+        list.coord_id = self.coord_id_of(caller);
+        Ok(list)
+    }
+
+    /// The name of `gid`, live or gone.
+    pub(super) async fn name_of(&self, gid: Gid) -> String {
+        let live = {
+            let sessions = self.sessions.lock();
+            sessions
+                .leads
+                .get(&gid)
+                .map(|l| l.entity().name.clone())
+                .or_else(|| sessions.panes.get(&gid).map(|s| s.entity().name.clone()))
+        };
+        let remote = || self.afar.as_deref().and_then(|afar| afar.name(gid));
+        match live.or_else(remote) {
+            Some(name) => name,
+            None => match self.db.run(move |s| s.entity(gid)).await {
+                Ok(Some(record)) => record.entity.name,
+                _ => gid.to_string(),
+            },
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! A worker's start, shared by a spawn and a restart: its pane opened, its program seen ready,
+//! and its status kept in the store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::ownership::quoting;
+use fleet_core::{ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
+use fleet_mux::{PaneId, PaneSpec};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::Gateway;
+use crate::config::ProfileConfig;
+use crate::launch::Worker;
+use crate::token;
+
+/// How often the readiness gate looks for the ready marker on screen.
+const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How many lines of a failed worker's screen an error quotes.
+pub(super) const LAST_WORDS_LINES: usize = 8;
+
+/// The last non-empty lines of a screen.
+pub(super) fn tail_lines(text: &str, lines: usize) -> String {
+    let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    kept[kept.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Gateway {
+    /// Mints the worker's token, prepares its launch and opens its pane; records the pane.
+    pub(super) async fn open_pane(
+        &self,
+        gid: Gid,
+        name: &str,
+        profile: &Arc<ProfileConfig>,
+        cwd: PathBuf,
+    ) -> Result<PaneId, FleetError> {
+        let secret = token::mint()
+            .map_err(|e| FleetError::internal(format!("no randomness for a token: {e}")))?;
+        let hash = token::hash(&secret);
+        self.db.run(move |s| s.put_token(gid, &hash, true)).await?;
+        // Readiness counts from the new token on (an earlier session's calls do not).
+        if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
+            session.forget_early_readiness();
+        }
+        let role = self
+            .sessions
+            .lock()
+            .panes
+            .get(&gid)
+            .map_or(Role::Worker, |s| s.entity().role);
+        let worker = Worker {
+            gid,
+            name: name.to_string(),
+            role,
+            host: self.host_id.clone(),
+            token: secret,
+            mcp_url: self.mcp_url.clone(),
+            cwd,
+            dir: self.launchers.dir_of(gid),
+        };
+        let launch = {
+            let (launchers, profile, worker) = (
+                Arc::clone(&self.launchers),
+                Arc::clone(profile),
+                worker.clone(),
+            );
+            self.launch_lane
+                .run(move || launchers.prepare(&profile, &worker))
+                .await
+                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
+        }
+        .map_err(|e| {
+            let why = format!(
+                "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
+                profile.name,
+                profile.kind.as_str()
+            );
+            // What the launch needs is not there (an agent its sandbox would not see, say).
+            if e.kind() == std::io::ErrorKind::NotFound {
+                FleetError::new(ErrorCode::NotReady, why)
+            } else {
+                FleetError::internal(why)
+            }
+        })?;
+        let spec = PaneSpec {
+            label: name.to_string(),
+            argv: launch.argv,
+            env: launch.env,
+            cwd: worker.cwd,
+        };
+        let pane = self.panes.spawn(&spec).await.map_err(|e| {
+            FleetError::new(
+                ErrorCode::PaneHost,
+                format!("cannot open a pane for '{name}': {e}"),
+            )
+        })?;
+        // A fast worker may have called in before the pane host answered: it turns ready now.
+        let status = match self.sessions.lock().panes.get_mut(&gid) {
+            Some(session) => {
+                session.pane_opened(pane.clone());
+                session.status()
+            }
+            None => WorkerStatus::Spawning,
+        };
+        let pane_text = pane.0.clone();
+        self.db
+            .run(move |s| s.set_session(gid, status, Some(&pane_text)))
+            .await?;
+        Ok(pane)
+    }
+
+    /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
+    /// program exits, the profile's timeout passes, or the caller gives up.
+    pub(super) async fn await_ready(
+        self: &Arc<Self>,
+        gid: Gid,
+        pane: &PaneId,
+        profile: &crate::config::ProfileConfig,
+        ct: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let Some((mut kick, role)) = self
+            .sessions
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| (s.kicks(), s.entity().role))
+        else {
+            return Err(FleetError::new(
+                ErrorCode::NotReady,
+                "the worker vanished while spawning",
+            ));
+        };
+        let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
+        let ready_marker = profile.ready_marker();
+        loop {
+            kick.borrow_and_update();
+            let (status, last_words) = match self.sessions.lock().panes.get(&gid) {
+                Some(s) => (s.status(), s.last_words().map(String::from)),
+                None => (WorkerStatus::Gone, None),
+            };
+            match status {
+                WorkerStatus::Spawning => {}
+                WorkerStatus::Gone | WorkerStatus::Stopping => {
+                    return Err(FleetError::new(
+                        ErrorCode::NotReady,
+                        quoting(
+                            &format!(
+                                "{role} (profile '{}') ended before it was ready",
+                                profile.name
+                            ),
+                            &last_words.unwrap_or_default(),
+                            true,
+                        ),
+                    ));
+                }
+                _ => return Ok(()),
+            }
+            if let Some(marker) = &ready_marker
+                && let Ok(snap) = self.panes.snapshot(pane).await
+                && snap.text.contains(marker.as_str())
+            {
+                let became_ready = self
+                    .sessions
+                    .lock()
+                    .panes
+                    .get_mut(&gid)
+                    .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
+                if became_ready {
+                    self.persist_status(gid).await;
+                }
+                continue;
+            }
+            let recheck = if ready_marker.is_some() {
+                Instant::now() + MARKER_CHECK_INTERVAL
+            } else {
+                deadline
+            };
+            tokio::select! {
+                _ = kick.changed() => {}
+                () = sleep_until(recheck.min(deadline)) => {
+                    if Instant::now() >= deadline {
+                        let screen = self
+                            .panes
+                            .history(pane, LAST_WORDS_LINES * 4)
+                            .await
+                            .map(|text| tail_lines(&text, LAST_WORDS_LINES))
+                            .unwrap_or_default();
+                        return Err(FleetError::new(
+                            ErrorCode::NotReady,
+                            quoting(
+                                &format!(
+                                    "{role} (profile '{}') did not call in within {} s, so its pane was closed",
+                                    profile.name, profile.ready_timeout_s
+                                ),
+                                &screen,
+                                true,
+                            ),
+                        ));
+                    }
+                }
+                () = ct.cancelled() => {
+                    return Err(FleetError::new(ErrorCode::Cancelled, "the spawn was cancelled"));
+                }
+            }
+        }
+    }
+
+    /// Writes the in-memory status and pane of `gid` to the store.
+    pub(super) async fn persist_status(&self, gid: Gid) {
+        let found = self
+            .sessions
+            .lock()
+            .panes
+            .get(&gid)
+            .map(|s| (s.status(), s.pane().cloned()));
+        if let Some((status, pane)) = found {
+            let pane = pane.map(|p| p.0);
+            if let Err(e) = self
+                .db
+                .run(move |s| s.set_session(gid, status, pane.as_deref()))
+                .await
+            {
+                tracing::error!(%gid, error = %e, "cannot record a session status");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_words_skip_blank_lines() {
+        assert_eq!(tail_lines("a\n\nb\n  \nc\n\n", 2), "b\nc");
+        assert_eq!(tail_lines("", 3), "");
+    }
+}
