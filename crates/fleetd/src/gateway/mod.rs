@@ -40,6 +40,7 @@ mod stall;
 mod starting;
 #[cfg(test)]
 mod testing;
+mod typing;
 mod views;
 mod watch;
 mod workdir;

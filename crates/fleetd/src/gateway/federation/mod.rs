@@ -18,6 +18,7 @@
 //! [`control`] spawns and stops workers across hosts, [`turns`] carries asks across hosts,
 //! [`trust`] signs what goes out and checks what comes in (the rules are `fleet_core::trust`'s).
 
+mod checks;
 mod control;
 mod dead;
 mod inbox;

@@ -1,0 +1,265 @@
+//! The session's own rules, at explicit times.
+
+use std::time::Duration;
+
+use fleet_core::{Gid, MsgId, SessionEvent, TraceId};
+
+use super::super::testing::{alice, worker_session};
+use super::*;
+use crate::config::ProfileKind;
+
+/// A worker's session of a plain command's profile (any call-in makes it ready), capped at
+/// `cap` tasks.
+fn session(cap: Option<u64>) -> PaneSession {
+    let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
+    profile.context_cap = cap;
+    worker_session(&alice(), profile)
+}
+
+/// An idle session, its pane open.
+fn idle() -> PaneSession {
+    let mut s = session(None);
+    assert!(!s.pane_opened(PaneId("%1".into())));
+    assert_eq!(s.called_in(false, 1), Some(true));
+    assert_eq!(s.status(), WorkerStatus::Idle);
+    s
+}
+
+fn task(text: &str) -> Message {
+    Message::task(Gid::mint(), Gid::mint(), text.into(), TraceId::mint(), 1)
+}
+
+#[test]
+fn a_worker_that_calls_in_before_its_pane_is_known_turns_ready_with_the_pane() {
+    let mut s = session(None);
+    assert_eq!(s.called_in(true, 5), Some(false));
+    assert_eq!(s.status(), WorkerStatus::Spawning);
+    assert_eq!(s.last_seen_ms(), Some(5));
+    assert!(s.pane_opened(PaneId("%1".into())));
+    assert_eq!(s.status(), WorkerStatus::Idle);
+
+    // A sign given before a fresh session's token counts for nothing.
+    let mut s = session(None);
+    assert_eq!(s.called_in(false, 5), Some(false));
+    s.forget_early_readiness();
+    assert!(!s.pane_opened(PaneId("%1".into())));
+    assert_eq!(s.status(), WorkerStatus::Spawning);
+}
+
+#[test]
+fn a_claude_code_worker_is_ready_only_once_it_lists_the_tools() {
+    let mut s = session(None);
+    let mut profile = (**s.profile()).clone();
+    profile.kind = ProfileKind::ClaudeCode;
+    s.profile = Arc::new(profile);
+    s.pane_opened(PaneId("%1".into()));
+    assert_eq!(s.called_in(false, 1), Some(false));
+    assert_eq!(s.status(), WorkerStatus::Spawning);
+    assert!(s.listed_tools());
+    assert_eq!(s.status(), WorkerStatus::Idle);
+}
+
+#[test]
+fn one_claimant_at_a_time_and_one_turned_away_is_woken_when_the_claim_goes() {
+    let mut s = idle();
+    let mut kicks = s.kicks();
+    kicks.borrow_and_update();
+    // Not free (the rule said no): no claim, no one to wake.
+    assert!(!s.claim(false));
+    assert!(!s.claiming());
+    assert!(s.claim(true));
+    // A second claimant is turned away while the claim is held.
+    assert!(!s.claim(true));
+    assert!(!kicks.has_changed().unwrap());
+    s.unclaim();
+    assert!(!s.claiming());
+    assert!(kicks.has_changed().unwrap(), "the one turned away is woken");
+    kicks.borrow_and_update();
+    // A claim let go with no one turned away wakes nobody (the pump would wake itself).
+    assert!(s.claim(true));
+    s.unclaim();
+    assert!(!kicks.has_changed().unwrap());
+}
+
+#[test]
+fn a_task_started_is_in_flight_until_its_turn_ends_and_only_its_own_answer_takes_it() {
+    let mut s = idle();
+    assert!(s.claim(true));
+    let first = task("first");
+    s.start_task(first.clone()).unwrap();
+    assert!(!s.claiming(), "starting a task lets go of the claim");
+    assert_eq!(s.status(), WorkerStatus::Busy);
+    assert_eq!(s.tasks_started(), 1);
+    assert_eq!(s.current().map(|t| t.msg_id), Some(first.msg_id));
+    // A second task cannot start while the first is in flight.
+    assert!(s.start_task(task("second")).is_err());
+    assert_eq!(s.current().map(|t| t.msg_id), Some(first.msg_id));
+    // An answer to another task takes nothing.
+    assert!(s.take_current(MsgId::mint()).is_none());
+    let taken = s.take_current(first.msg_id).unwrap();
+    assert!(s.current().is_none());
+    // Put back (its reply could not be held), unless another took its place.
+    s.restore_current(taken.clone());
+    assert_eq!(s.current().map(|t| t.msg_id), Some(first.msg_id));
+    s.take_current(first.msg_id);
+    s.restore_current(task("other"));
+    s.restore_current(taken);
+    assert_ne!(s.current().map(|t| t.msg_id), Some(first.msg_id));
+    s.end_turn().unwrap();
+    assert_eq!(s.status(), WorkerStatus::Idle);
+    // A turn ends once.
+    assert!(s.end_turn().is_err());
+}
+
+#[test]
+fn a_turn_ends_for_its_own_task_only() {
+    let mut s = idle();
+    let t = task("typed");
+    s.start_task(t.clone()).unwrap();
+    assert!(s.end_turn_of(MsgId::mint()).is_none());
+    assert_eq!(s.status(), WorkerStatus::Busy);
+    assert_eq!(s.end_turn_of(t.msg_id).map(|m| m.msg_id), Some(t.msg_id));
+    assert_eq!(s.status(), WorkerStatus::Idle);
+    assert!(s.current().is_none());
+}
+
+#[test]
+fn idleness_is_counted_from_the_moment_the_turn_ended() {
+    let mut s = idle();
+    s.start_task(task("t")).unwrap();
+    let at = Instant::now();
+    assert_eq!(s.idle_for(at), None, "a busy worker is not idle");
+    s.apply_at(SessionEvent::TurnDone, at).unwrap();
+    assert_eq!(
+        s.idle_for(at + Duration::from_secs(90)),
+        Some(Duration::from_secs(90))
+    );
+    // A clock read before the turn ended counts nothing.
+    assert_eq!(
+        s.idle_for(at - Duration::from_secs(1)),
+        Some(Duration::ZERO)
+    );
+}
+
+#[test]
+fn a_session_at_its_cap_starts_afresh_with_its_count_at_zero_and_its_pane_given_up() {
+    let mut s = idle();
+    s.start_task(task("one")).unwrap();
+    s.end_turn().unwrap();
+    assert!(!s.cap_reached());
+    s.start_task(task("two")).unwrap();
+    s.end_turn().unwrap();
+    // Uncapped: never reached.
+    assert!(!s.cap_reached());
+    let mut s = session(Some(1));
+    s.pane_opened(PaneId("%1".into()));
+    s.called_in(false, 1);
+    s.start_task(task("one")).unwrap();
+    s.end_turn().unwrap();
+    assert!(s.cap_reached());
+    assert!(s.gate(false).cap_reached);
+    s.apply(SessionEvent::Recycle).unwrap();
+    assert_eq!(s.start_afresh(), Some(PaneId("%1".into())));
+    assert!(!s.cap_reached());
+    assert_eq!(s.pane(), None);
+    assert_eq!(s.last_seen_ms(), None);
+    // It stays briefed across the recycle (an architect's next task waits for its poll).
+    assert!(s.briefed);
+}
+
+#[test]
+fn an_open_poll_takes_the_tasks_and_its_end_wakes_the_pump() {
+    let mut s = idle();
+    let mut kicks = s.kicks();
+    kicks.borrow_and_update();
+    s.call_opened(true);
+    s.call_opened(false);
+    assert_eq!(s.open_calls(), 2);
+    assert_eq!(s.gate(false).polls_open, 1);
+    s.call_closed(false);
+    assert!(!kicks.has_changed().unwrap());
+    s.call_closed(true);
+    assert_eq!((s.open_calls(), s.gate(false).polls_open), (0, 0));
+    assert!(kicks.has_changed().unwrap());
+    // More closes than opens leave nothing negative.
+    s.call_closed(true);
+    assert_eq!((s.open_calls(), s.gate(false).polls_open), (0, 0));
+}
+
+#[test]
+fn a_stall_is_forgotten_once_the_worker_is_no_longer_busy() {
+    let mut s = idle();
+    let t = task("t");
+    s.start_task(t.clone()).unwrap();
+    s.stalled_at(1_000);
+    assert_eq!(s.stalled_since(), Some(1_000));
+    s.moves_again();
+    assert_eq!(s.stalled_since(), None);
+    s.stalled_at(2_000);
+    s.end_turn_of(t.msg_id);
+    assert_eq!(s.stalled_since(), None);
+}
+
+#[test]
+fn a_dialog_over_makes_a_blocked_worker_busy_again() {
+    let mut s = idle();
+    s.start_task(task("t")).unwrap();
+    s.apply(SessionEvent::DialogShown).unwrap();
+    s.dialog_asked(OpenDialog {
+        question: AskView {
+            turn_id: "dlg-1".into(),
+            from: s.entity().gid,
+            from_name: "w1".into(),
+            host: "hosta".into(),
+            question: "Proceed?".into(),
+            choices: None,
+            in_task: None,
+            asked_ms: 1,
+        },
+        good_until: None,
+        remote: None,
+        turn_over_before: vec![],
+        answering: false,
+    });
+    s.dialog_mut().unwrap().answering = true;
+    assert!(s.dialog().is_some_and(|d| d.answering));
+    let over = s.dialog_over().unwrap();
+    assert_eq!(over.question.turn_id, "dlg-1");
+    assert_eq!(s.status(), WorkerStatus::Busy);
+    assert!(s.dialog_over().is_none());
+}
+
+#[test]
+fn an_exit_ends_the_session_and_hands_back_its_task_in_flight() {
+    let mut s = idle();
+    let t = task("t");
+    s.start_task(t.clone()).unwrap();
+    assert_eq!(s.exited().map(|m| m.msg_id), Some(t.msg_id));
+    assert_eq!(s.status(), WorkerStatus::Gone);
+    assert_eq!(s.called_in(false, 9), None, "a gone session takes no call");
+}
+
+#[test]
+fn a_workspace_is_taken_only_while_spawning() {
+    let mut s = session(None);
+    assert!(s.work_in(Path::new("/work/ws")));
+    assert_eq!(
+        (s.cwd(), s.workspace()),
+        (Path::new("/work/ws"), Some(Path::new("/work/ws")))
+    );
+    let mut s = idle();
+    assert!(!s.work_in(Path::new("/elsewhere")));
+    assert_eq!(s.cwd(), Path::new("/work"));
+}
+
+#[test]
+fn what_the_pane_host_sees_wakes_the_pump_only_when_it_changes() {
+    let mut s = idle();
+    let mut kicks = s.kicks();
+    kicks.borrow_and_update();
+    assert!(!s.agent_seen(None));
+    assert!(!kicks.has_changed().unwrap());
+    assert!(s.agent_seen(Some(("claude".into(), AgentState::Working))));
+    assert!(kicks.has_changed().unwrap());
+    assert!(s.gate(false).agent_busy);
+}
