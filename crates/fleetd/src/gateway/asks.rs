@@ -93,61 +93,7 @@ impl Gateway {
         let me = caller.entity.gid;
         let turn_id = format!("turn-{}", MsgId::mint());
         let (tx, rx) = oneshot::channel();
-        let (to, remote_ask) = {
-            let mut sessions = self.sessions.lock();
-            let session = sessions.panes.get(&me);
-            let task = session.and_then(|s| s.current().cloned());
-            let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
-            let remote = !sessions.is_local(to) && self.afar.as_deref().is_some();
-            let lead = sessions.leads.get(&to);
-            if lead.is_none() && !remote {
-                return Err(FleetError::new(
-                    ErrorCode::NoWaiter,
-                    "whoever gave you this task is not a lead on this host, so nobody can answer: decide yourself, and say what you decided in your fleet_reply",
-                ));
-            }
-            let lead_name = lead.map_or_else(|| to.to_string(), |l| l.entity().name.clone());
-            // A lead on another host: its own gateway decides whether it is waiting.
-            if let Some(lead) = lead
-                && !listens_for(lead.listening(), me)
-            {
-                return Err(FleetError::new(
-                    ErrorCode::NoWaiter,
-                    format!(
-                        "nobody is waiting for your question: '{lead_name}' is not waiting for you in a fleet call now. Decide yourself, and say what you decided in your fleet_reply"
-                    ),
-                ));
-            }
-            // What goes to a lead on another host: the question, about the task (in its flow).
-            let remote_ask = remote.then(|| {
-                Message::about(
-                    task.as_ref(),
-                    Kind::Ask,
-                    (me, to),
-                    question.clone(),
-                    now_ms(),
-                )
-            });
-            let question = AskView {
-                turn_id: turn_id.clone(),
-                from: me,
-                from_name: caller.entity.name.clone(),
-                host: caller.entity.host.clone(),
-                question,
-                choices: None,
-                in_task: task.as_ref().map(|t| t.msg_id),
-                asked_ms: now_ms(),
-            };
-            sessions.asks.open(question, to, Waiter::Call(tx));
-            if let Some(session) = sessions.panes.get_mut(&me)
-                && session.status() == WorkerStatus::Busy
-            {
-                let _ = session.apply(SessionEvent::Asked);
-            }
-            tracing::info!(gid = %me, %turn_id, lead = %lead_name, remote, "asked");
-            self.metrics.asked();
-            (to, remote_ask)
-        };
+        let (to, remote_ask) = self.open_ask(caller, question, &turn_id, tx)?;
         let mut guard = AskGuard {
             gateway: Arc::clone(self),
             worker: me,
@@ -191,6 +137,72 @@ impl Gateway {
                 "fleetd is shutting down",
             )),
         }
+    }
+
+    /// Opens `caller`'s ask `turn_id` of whoever gave it its task (else its lead), answered on
+    /// `tx`: the lead asked, and what goes to it when it is on another host. Refused when
+    /// nobody can answer: no lead here or elsewhere, or one that is not waiting for the caller.
+    fn open_ask(
+        &self,
+        caller: &Caller,
+        question: String,
+        turn_id: &str,
+        tx: oneshot::Sender<Result<String, FleetError>>,
+    ) -> Result<(Gid, Option<Message>), FleetError> {
+        let me = caller.entity.gid;
+        let mut sessions = self.sessions.lock();
+        let session = sessions.panes.get(&me);
+        let task = session.and_then(|s| s.current().cloned());
+        let to = whom_to_ask(task.as_ref().map(|t| t.from), caller.entity.parent)?;
+        let remote = !sessions.is_local(to) && self.afar.as_deref().is_some();
+        let lead = sessions.leads.get(&to);
+        if lead.is_none() && !remote {
+            return Err(FleetError::new(
+                ErrorCode::NoWaiter,
+                "whoever gave you this task is not a lead on this host, so nobody can answer: decide yourself, and say what you decided in your fleet_reply",
+            ));
+        }
+        let lead_name = lead.map_or_else(|| to.to_string(), |l| l.entity().name.clone());
+        // A lead on another host: its own gateway decides whether it is waiting.
+        if let Some(lead) = lead
+            && !listens_for(lead.listening(), me)
+        {
+            return Err(FleetError::new(
+                ErrorCode::NoWaiter,
+                format!(
+                    "nobody is waiting for your question: '{lead_name}' is not waiting for you in a fleet call now. Decide yourself, and say what you decided in your fleet_reply"
+                ),
+            ));
+        }
+        // What goes to a lead on another host: the question, about the task (in its flow).
+        let remote_ask = remote.then(|| {
+            Message::about(
+                task.as_ref(),
+                Kind::Ask,
+                (me, to),
+                question.clone(),
+                now_ms(),
+            )
+        });
+        let question = AskView {
+            turn_id: turn_id.to_string(),
+            from: me,
+            from_name: caller.entity.name.clone(),
+            host: caller.entity.host.clone(),
+            question,
+            choices: None,
+            in_task: task.as_ref().map(|t| t.msg_id),
+            asked_ms: now_ms(),
+        };
+        sessions.asks.open(question, to, Waiter::Call(tx));
+        if let Some(session) = sessions.panes.get_mut(&me)
+            && session.status() == WorkerStatus::Busy
+        {
+            let _ = session.apply(SessionEvent::Asked);
+        }
+        tracing::info!(gid = %me, %turn_id, lead = %lead_name, remote, "asked");
+        self.metrics.asked();
+        Ok((to, remote_ask))
     }
 
     /// `fleet_send{turn_id}`: answers a worker's ask, then waits up to `wait` for the reply to

@@ -196,59 +196,12 @@ impl Gateway {
             // the wait starts (another host's gateway refusing at once).
             look |= inbox.has_changed().unwrap_or(true);
             inbox.borrow_and_update();
-            // Every change of the caller's inbox wakes each of its waiting sends: each first
-            // asks, on the store's reader, whether its own answer is there, and only then takes
-            // it (a lead with a hundred sends out otherwise paid a hundred writes per reply).
-            if look
-                && self
-                    .db
-                    .at_once()
-                    .answer_waits(me, msg_id)
-                    .map_err(store_error)?
-                && let Some(answer) = self.db.run(move |s| s.take_answer(me, msg_id)).await?
-            {
-                self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
-                return Ok(match answer.kind {
-                    Kind::Failed => SendResult::Failed {
-                        msg_id,
-                        reason: answer.body,
-                    },
-                    _ => SendResult::Replied {
-                        msg_id,
-                        reply: self.describe(answer).await,
-                    },
-                });
+            if look && let Some(answered) = self.answer_of(me, msg_id, ct).await? {
+                return Ok(answered);
             }
             let asked = self.sessions.lock().asks.surface(me, open.listens);
-            match asked.map(Surfaced::from) {
-                Some(Surfaced::Question(ask)) => {
-                    return Ok(SendResult::Asked {
-                        msg_id,
-                        note: format!(
-                            "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
-                            ask.from_name, ask.turn_id
-                        ),
-                        ask,
-                    });
-                }
-                Some(Surfaced::Dialog(dialog)) => {
-                    return Ok(SendResult::Blocked {
-                        msg_id,
-                        note: format!(
-                            "'{}' stopped on a dialog of its own program and waits for a key: answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {}; the answer to your message {msg_id} is still on its way",
-                            dialog.from_name,
-                            dialog.turn_id,
-                            dialog
-                                .choices
-                                .iter()
-                                .map(|c| format!("\"{}\" ({})", c.choice, c.label))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        dialog,
-                    });
-                }
-                None => {}
+            if let Some(surfaced) = asked.map(Surfaced::from) {
+                return Ok(surfaced_on(msg_id, surfaced));
             }
             tokio::select! {
                 changed = inbox.changed() => match changed {
@@ -260,6 +213,55 @@ impl Gateway {
                 () = self.shutdown.cancelled() => break,
             }
         }
+        self.still_pending(me, msg_id, wait, known_held, open.listens)
+            .await
+    }
+
+    /// The answer to `msg_id` sent by `me`, taken, if it is there. Every change of the
+    /// caller's inbox wakes each of its waiting sends: each first asks, on the store's reader,
+    /// whether its own answer is there, and only then takes it (a lead with a hundred sends
+    /// out otherwise paid a hundred writes per reply).
+    async fn answer_of(
+        self: &Arc<Self>,
+        me: Gid,
+        msg_id: MsgId,
+        ct: &CancellationToken,
+    ) -> Result<Option<SendResult>, FleetError> {
+        if !self
+            .db
+            .at_once()
+            .answer_waits(me, msg_id)
+            .map_err(store_error)?
+        {
+            return Ok(None);
+        }
+        let Some(answer) = self.db.run(move |s| s.take_answer(me, msg_id)).await? else {
+            return Ok(None);
+        };
+        self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
+        Ok(Some(match answer.kind {
+            Kind::Failed => SendResult::Failed {
+                msg_id,
+                reason: answer.body,
+            },
+            _ => SendResult::Replied {
+                msg_id,
+                reply: self.describe(answer).await,
+            },
+        }))
+    }
+
+    /// What a send waiting on `msg_id` returns when its wait is over unanswered: how far the
+    /// message got, and (a worker shared with the caller, `listens`, may wait on a dialog only
+    /// its owner sees) why it may take a while.
+    async fn still_pending(
+        &self,
+        me: Gid,
+        msg_id: MsgId,
+        wait: Duration,
+        known_held: bool,
+        listens: Option<Gid>,
+    ) -> Result<SendResult, FleetError> {
         let remote_state = self
             .afar
             .as_deref()
@@ -274,8 +276,7 @@ impl Gateway {
                 .map(|m| m.state.to_string())
                 .unwrap_or_else(|| "unknown".into()),
         };
-        // A worker shared with the caller may wait on a dialog that only its owner sees.
-        let owners_dialog = open.listens.and_then(|w| {
+        let owners_dialog = listens.and_then(|w| {
             let sessions = self.sessions.lock();
             let s = sessions.panes.get(&w)?;
             (s.status() == WorkerStatus::Blocked && s.entity().parent != Some(me)).then(|| {
@@ -419,5 +420,34 @@ impl Gateway {
             afar.injected(self, &handed).await;
         }
         Ok(true)
+    }
+}
+
+/// What a send waiting on `msg_id` returns when a question or a dialog surfaces on it first.
+fn surfaced_on(msg_id: MsgId, surfaced: Surfaced) -> SendResult {
+    match surfaced {
+        Surfaced::Question(ask) => SendResult::Asked {
+            msg_id,
+            note: format!(
+                "'{}' asks you this mid-task: answer with fleet_send{{turn_id: \"{}\", message}}; the answer to your message {msg_id} is still on its way",
+                ask.from_name, ask.turn_id
+            ),
+            ask,
+        },
+        Surfaced::Dialog(dialog) => SendResult::Blocked {
+            msg_id,
+            note: format!(
+                "'{}' stopped on a dialog of its own program and waits for a key: answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {}; the answer to your message {msg_id} is still on its way",
+                dialog.from_name,
+                dialog.turn_id,
+                dialog
+                    .choices
+                    .iter()
+                    .map(|c| format!("\"{}\" ({})", c.choice, c.label))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            dialog,
+        },
     }
 }

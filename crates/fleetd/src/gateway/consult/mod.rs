@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::spawn::SpawnRequest;
-use super::views::{AskView, SendResult};
+use super::views::{AskView, SendResult, SpawnResult};
 use super::{Caller, Gateway};
 use crate::config::{SlotConfig, model_identity};
 
@@ -252,42 +252,12 @@ impl Gateway {
         .await;
         // The same brief to every architect that started, at the same moment.
         let briefed = Instant::now();
-        let wait = deadline.saturating_duration_since(briefed);
-        let mut sends: FuturesUnordered<_> = started
-            .iter()
-            .enumerate()
-            .filter_map(|(i, spawned)| {
-                let spawned = spawned.as_ref().ok()?;
-                let brief = request.brief.clone();
-                Some(async move {
-                    let sent = self
-                        .send(caller, &spawned.gid.to_string(), brief, wait, ct)
-                        .await;
-                    let ms = u64::try_from(briefed.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    (i, &spawned.name, sent, ms)
-                })
-            })
-            .collect();
-        // As each answers; an architect's question ends the wait, as it ends a send's.
-        let mut sent: Vec<Option<(Result<SendResult, FleetError>, u64)>> =
-            started.iter().map(|_| None).collect();
-        while let Some((i, name, outcome, ms)) = sends.next().await {
-            let _ = progress.send(format!("{name} {}", outcome_word(&outcome)));
-            let asked = matches!(outcome, Ok(SendResult::Asked { .. }));
-            if let Some(place) = sent.get_mut(i) {
-                *place = Some((outcome, ms));
-            }
-            if asked {
-                // Those that ended meanwhile are reported as they ended.
-                while let Some(Some((i, _, outcome, ms))) = sends.next().now_or_never() {
-                    if let Some(place) = sent.get_mut(i) {
-                        *place = Some((outcome, ms));
-                    }
-                }
-                break;
-            }
-        }
-        drop(sends);
+        let brief = Brief {
+            text: &request.brief,
+            at: briefed,
+            wait: deadline.saturating_duration_since(briefed),
+        };
+        let sent = self.brief_all(caller, &started, brief, &progress, ct).await;
         // A call its client gave up on stops what it started (the guard, dropped here).
         if ct.is_cancelled() {
             return Err(FleetError::new(
@@ -309,28 +279,15 @@ impl Gateway {
                 (Ok(_), None) => (
                     "working",
                     "still working on the brief: its answer will be held for fleet_poll".into(),
-                    u64::try_from(briefed.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    millis_since(briefed),
                 ),
             };
-            if let Ok(spawned) = &spawned {
+            let gid = spawned.as_ref().ok().map(|s| s.gid);
+            if let Some(gid) = gid {
                 let done = status == "answered" || status == "failed";
-                self.retire_later(caller, slot, spawned.gid, done, request.wait);
+                self.retire_later(caller, slot, gid, done, request.wait);
             }
-            answers.push(SlotAnswer {
-                architect: slot.name.clone(),
-                gid: spawned.as_ref().ok().map(|s| s.gid),
-                profile: slot.profile.clone(),
-                model: self.config.profile(&slot.profile).and_then(|p| {
-                    slot.host
-                        .as_deref()
-                        .is_none_or(|h| h == self.host_id)
-                        .then(|| model_identity(p))
-                }),
-                host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
-                status,
-                text,
-                ms,
-            });
+            answers.push(self.slot_answer(slot, gid, status, text, ms));
         }
         let note = if asks.is_empty() {
             "each architect is stopped once it answered (or kept keep_s for a follow-up by name); one still working may answer late: that answer is held for fleet_poll".to_string()
@@ -342,6 +299,78 @@ impl Gateway {
             asks,
             note,
         })
+    }
+
+    /// Sends `brief` to every architect that `started`, and waits for them to answer, each
+    /// reported on `progress` as it does; an architect's question ends the wait, as it ends a
+    /// send's. For each slot: how its send ended and when (ms after the brief), or `None` if it
+    /// had not ended.
+    async fn brief_all(
+        self: &Arc<Self>,
+        caller: &Caller,
+        started: &[Result<SpawnResult, FleetError>],
+        brief: Brief<'_>,
+        progress: &UnboundedSender<String>,
+        ct: &CancellationToken,
+    ) -> Vec<Option<Sent>> {
+        let mut sends: FuturesUnordered<_> = started
+            .iter()
+            .enumerate()
+            .filter_map(|(i, spawned)| {
+                let spawned = spawned.as_ref().ok()?;
+                let text = brief.text.to_string();
+                Some(async move {
+                    let sent = self
+                        .send(caller, &spawned.gid.to_string(), text, brief.wait, ct)
+                        .await;
+                    (i, &spawned.name, sent, millis_since(brief.at))
+                })
+            })
+            .collect();
+        let mut sent: Vec<Option<Sent>> = started.iter().map(|_| None).collect();
+        while let Some((i, name, outcome, ms)) = sends.next().await {
+            let _ = progress.send(format!("{name} {}", outcome_word(&outcome)));
+            let asked = matches!(outcome, Ok(SendResult::Asked { .. }));
+            if let Some(place) = sent.get_mut(i) {
+                *place = Some((outcome, ms));
+            }
+            if asked {
+                // Those that ended meanwhile are reported as they ended.
+                while let Some(Some((i, _, outcome, ms))) = sends.next().now_or_never() {
+                    if let Some(place) = sent.get_mut(i) {
+                        *place = Some((outcome, ms));
+                    }
+                }
+                break;
+            }
+        }
+        sent
+    }
+
+    /// What the consult reports of `slot`.
+    fn slot_answer(
+        &self,
+        slot: &SlotConfig,
+        gid: Option<Gid>,
+        status: &'static str,
+        text: String,
+        ms: u64,
+    ) -> SlotAnswer {
+        SlotAnswer {
+            architect: slot.name.clone(),
+            gid,
+            profile: slot.profile.clone(),
+            model: self.config.profile(&slot.profile).and_then(|p| {
+                slot.host
+                    .as_deref()
+                    .is_none_or(|h| h == self.host_id)
+                    .then(|| model_identity(p))
+            }),
+            host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
+            status,
+            text,
+            ms,
+        }
     }
 
     /// What starts `slot`'s architect.
@@ -356,6 +385,23 @@ impl Gateway {
             share: Vec::new(),
         }
     }
+}
+
+/// How an architect's send ended, and when (ms after the brief).
+type Sent = (Result<SendResult, FleetError>, u64);
+
+/// The brief as it goes to every architect: its text, the moment it goes, and how long each
+/// send waits.
+#[derive(Clone, Copy)]
+struct Brief<'a> {
+    text: &'a str,
+    at: Instant,
+    wait: Duration,
+}
+
+/// Milliseconds since `at`.
+fn millis_since(at: Instant) -> u64 {
+    u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One word for how a send to an architect ended, for a progress line.

@@ -76,27 +76,7 @@ impl Gateway {
                 ),
             )
         };
-        let (pane, markers, forced, turn_over) = {
-            let mut sessions = self.sessions.lock();
-            let session = sessions.panes.get_mut(&gid).ok_or_else(gone)?;
-            let pane = session.pane().cloned();
-            let blocked = session.status() == WorkerStatus::Blocked;
-            let looks = (
-                session.profile().dialog_markers(),
-                matches!(session.host_agent(), Some((_, AgentState::Blocked))),
-                session.profile().turn_over_markers(),
-            );
-            let asked = session
-                .dialog_mut()
-                .filter(|d| d.question.turn_id == dialog.turn_id);
-            match (pane, asked, blocked) {
-                (Some(pane), Some(asked), true) => {
-                    asked.answering = true;
-                    (pane, looks.0, looks.1, looks.2)
-                }
-                _ => return Err(gone()),
-            }
-        };
+        let (pane, markers, forced, turn_over) = self.take_for_answer(dialog).ok_or_else(gone)?;
         let screen = Screen {
             pane: &pane,
             markers: &markers,
@@ -123,33 +103,14 @@ impl Gateway {
                 return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, err).await);
             }
         };
-        let pressed = match answer {
-            Answer::Press(key) => self.panes.press(&pane, key).await.map_err(|e| {
-                FleetError::new(
-                    ErrorCode::PaneHost,
-                    format!(
-                        "cannot press '{choice}' in '{}''s pane: {e}",
-                        dialog.from_name
-                    ),
-                )
-            }),
-            Answer::Select(target) => {
-                self.select(&screen, &now, target, (&choice, &dialog.from_name))
-                    .await
-            }
-        };
+        let pressed = self
+            .press(&screen, &now, answer, (&choice, &dialog.from_name))
+            .await;
         if let Err(e) = pressed {
             return Err(self.ask_afresh(gid, &dialog.turn_id, &screen, e).await);
         }
         // Asked again at once if it is still there: the choice is spent either way.
-        let deadline = Instant::now() + GONE_WAIT;
-        let still = loop {
-            let showing = matches!(self.read_screen(&screen).await, Ok((_, Some(d))) if d == shown);
-            if !showing || Instant::now() >= deadline {
-                break showing;
-            }
-            sleep(GONE_LOOK).await;
-        };
+        let still = self.still_shown(&screen, &shown).await;
         if still {
             let err = FleetError::new(
                 ErrorCode::NotPressed,
@@ -168,6 +129,63 @@ impl Gateway {
             self.turn_over(dialog, &marker).await;
         }
         Ok(())
+    }
+
+    /// What answering `dialog` looks at (its worker's pane, dialog and turn-over markers, and
+    /// whether the pane host says it is blocked), with the open dialog marked as being
+    /// answered; `None` when that dialog is no longer the one open on a blocked worker.
+    fn take_for_answer(
+        &self,
+        dialog: &AskView,
+    ) -> Option<(PaneId, Vec<String>, bool, Vec<String>)> {
+        let mut sessions = self.sessions.lock();
+        let session = sessions.panes.get_mut(&dialog.from)?;
+        let pane = session.pane().cloned()?;
+        if session.status() != WorkerStatus::Blocked {
+            return None;
+        }
+        let looks = (
+            session.profile().dialog_markers(),
+            matches!(session.host_agent(), Some((_, AgentState::Blocked))),
+            session.profile().turn_over_markers(),
+        );
+        let asked = session
+            .dialog_mut()
+            .filter(|d| d.question.turn_id == dialog.turn_id)?;
+        asked.answering = true;
+        Some((pane, looks.0, looks.1, looks.2))
+    }
+
+    /// Presses what `answer` takes on the dialog `now` shows: a key, or a menu's cursor moved
+    /// to its option and Enter (`choice` and `worker` name them in an error).
+    async fn press(
+        &self,
+        screen: &Screen<'_>,
+        now: &Dialog,
+        answer: Answer,
+        (choice, worker): (&str, &str),
+    ) -> Result<(), FleetError> {
+        match answer {
+            Answer::Press(key) => self.panes.press(screen.pane, key).await.map_err(|e| {
+                FleetError::new(
+                    ErrorCode::PaneHost,
+                    format!("cannot press '{choice}' in '{worker}''s pane: {e}"),
+                )
+            }),
+            Answer::Select(target) => self.select(screen, now, target, (choice, worker)).await,
+        }
+    }
+
+    /// Whether `shown` is still on the screen after up to [`GONE_WAIT`] for it to go.
+    async fn still_shown(&self, screen: &Screen<'_>, shown: &Dialog) -> bool {
+        let deadline = Instant::now() + GONE_WAIT;
+        loop {
+            let showing = matches!(self.read_screen(screen).await, Ok((_, Some(d))) if d == *shown);
+            if !showing || Instant::now() >= deadline {
+                return showing;
+            }
+            sleep(GONE_LOOK).await;
+        }
     }
 
     /// Looks for up to [`TURN_OVER_WAIT`] for one of `markers` to show on the screen more

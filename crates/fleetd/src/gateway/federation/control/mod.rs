@@ -207,26 +207,7 @@ impl Gateway {
         };
         // The answer is taken from that host, from that gid, to this lead only.
         let sent = (msg_id, host.to_string(), lead.gid, Some(gid));
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut state = fed.lock();
-            if state.control.len() >= MAX_CONTROL_CALLS {
-                state.control.retain(|_, call| call.waiting.is_some());
-            }
-            let architect = matches!(
-                request,
-                ControlRequest::Spawn {
-                    architect: true,
-                    ..
-                }
-            );
-            let call = ControlCall {
-                waiting: Some(tx),
-                architect,
-            };
-            state.control.insert(msg_id, call);
-            state.note_sent(&sent);
-        }
+        let rx = fed.open_control_call(msg_id, request, &sent);
         let _guard = CallGuard { fed, msg_id };
         match self.remember_sent(vec![sent.clone()]).await {
             Ok(()) => fed.lock().sent_kept(&sent),
@@ -251,43 +232,39 @@ impl Gateway {
         let outcome = publish_outcome(&published, "refused");
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(%trace_id, %msg_id, %gid, %host, outcome, "control request published");
-        match published.map_err(not_taken)? {
-            Published::Routed => {}
-            Published::Unroutable => {
-                return Err(FleetError::new(
-                    ErrorCode::Gone,
-                    format!(
-                        "host '{host}' has no control queue on the broker: its gateway has not run with this fleetd's control plane"
-                    ),
-                ));
-            }
-            Published::Refused => {
-                return Err(FleetError::new(
-                    ErrorCode::BrokerUnavailable,
-                    format!("the broker refused the request for host '{host}'"),
-                ));
-            }
-        }
-        let (_, answer) = tokio::select! {
-            got = rx => got.map_err(|_| FleetError::internal("the control call was dropped"))?,
-            () = tokio::time::sleep(Duration::from_secs(wait_s)) => {
-                return Err(FleetError::new(
-                    ErrorCode::Timeout,
-                    format!(
-                        "host '{host}' did not answer within {wait_s} s (federation.control_wait_s); it may still carry the request out: fleet_list will show what it did"
-                    ),
-                ));
-            }
-            () = ct.cancelled() => {
-                return Err(FleetError::new(ErrorCode::Cancelled, "the call was cancelled; the other host may still carry the request out"));
-            }
-            () = self.shutdown.cancelled() => {
-                return Err(FleetError::new(ErrorCode::Gone, "fleetd is shutting down"));
-            }
-        };
+        control_published(published.map_err(not_taken)?, host)?;
+        let answer = self.control_answer(rx, host, wait_s, ct).await?;
         read_answer(answer.as_bytes()).map_err(|why| {
             FleetError::internal(format!("host '{host}' answered what cannot be read: {why}"))
         })
+    }
+
+    /// Waits for the answer `rx` brings from `host`, `wait_s` at most.
+    async fn control_answer(
+        &self,
+        rx: oneshot::Receiver<(Envelope, String)>,
+        host: &str,
+        wait_s: u64,
+        ct: &CancellationToken,
+    ) -> Result<String, FleetError> {
+        tokio::select! {
+            got = rx => got
+                .map(|(_, answer)| answer)
+                .map_err(|_| FleetError::internal("the control call was dropped")),
+            () = tokio::time::sleep(Duration::from_secs(wait_s)) => Err(FleetError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "host '{host}' did not answer within {wait_s} s (federation.control_wait_s); it may still carry the request out: fleet_list will show what it did"
+                ),
+            )),
+            () = ct.cancelled() => Err(FleetError::new(
+                ErrorCode::Cancelled,
+                "the call was cancelled; the other host may still carry the request out",
+            )),
+            () = self.shutdown.cancelled() => {
+                Err(FleetError::new(ErrorCode::Gone, "fleetd is shutting down"))
+            }
+        }
     }
 
     /// Waits (a heartbeat's time at most) until the roster knows `gid`.
@@ -361,3 +338,51 @@ impl Gateway {
 }
 
 mod serve;
+
+impl Federation {
+    /// Opens the control call `msg_id` for `request`, noting where it went (`sent`): its
+    /// answer comes on the receiver.
+    fn open_control_call(
+        &self,
+        msg_id: MsgId,
+        request: &ControlRequest,
+        sent: &(MsgId, String, Gid, Option<Gid>),
+    ) -> oneshot::Receiver<(Envelope, String)> {
+        let (tx, rx) = oneshot::channel();
+        let mut state = self.lock();
+        if state.control.len() >= MAX_CONTROL_CALLS {
+            state.control.retain(|_, call| call.waiting.is_some());
+        }
+        let architect = matches!(
+            request,
+            ControlRequest::Spawn {
+                architect: true,
+                ..
+            }
+        );
+        let call = ControlCall {
+            waiting: Some(tx),
+            architect,
+        };
+        state.control.insert(msg_id, call);
+        state.note_sent(sent);
+        rx
+    }
+}
+
+/// What a control request's publish to `host` came to: routed, or why not.
+fn control_published(published: Published, host: &str) -> Result<(), FleetError> {
+    match published {
+        Published::Routed => Ok(()),
+        Published::Unroutable => Err(FleetError::new(
+            ErrorCode::Gone,
+            format!(
+                "host '{host}' has no control queue on the broker: its gateway has not run with this fleetd's control plane"
+            ),
+        )),
+        Published::Refused => Err(FleetError::new(
+            ErrorCode::BrokerUnavailable,
+            format!("the broker refused the request for host '{host}'"),
+        )),
+    }
+}
