@@ -68,6 +68,10 @@ use crate::config::{BrokerConfig, FederationConfig};
 /// How many remote senders' names are kept (then forgotten all at once).
 const MAX_SENDER_NAMES: usize = 10_000;
 
+/// Where a published message went: its id, its recipient's host, its sender, and its
+/// recipient (none for a broadcast's own records).
+pub(super) type Sent = (MsgId, String, Gid, Option<Gid>);
+
 /// The broker side of a gateway.
 pub struct Federation {
     broker: BrokerConfig,
@@ -139,7 +143,7 @@ const MAX_SENT_PENDING: usize = 10_000;
 
 impl FedState {
     /// Notes where `(msg_id, host, from, to)` went, before it goes.
-    fn note_sent(&mut self, (msg_id, host, from, to): &(MsgId, String, Gid, Option<Gid>)) {
+    fn note_sent(&mut self, (msg_id, host, from, to): &Sent) {
         if self.sent_pending.len() >= MAX_SENT_PENDING {
             self.sent_pending.clear();
         }
@@ -148,7 +152,7 @@ impl FedState {
     }
 
     /// The store has where `(msg_id, host, …)` went.
-    fn sent_kept(&mut self, (msg_id, host, _, _): &(MsgId, String, Gid, Option<Gid>)) {
+    fn sent_kept(&mut self, (msg_id, host, _, _): &Sent) {
         self.sent_pending.remove(&(*msg_id, host.clone()));
     }
 

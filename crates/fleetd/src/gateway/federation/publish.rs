@@ -10,7 +10,7 @@ use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
 
 use super::super::Gateway;
-use super::{not_taken, publish_outcome, unavailable};
+use super::{Federation, Sent, not_taken, publish_outcome, unavailable};
 use crate::gateway::afar::Broadcast;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::Placement;
@@ -25,6 +25,59 @@ fn full_inbox(kind: QueueType) -> &'static str {
         QueueType::Quorum => {
             "has a full inbox: the broker refused the message, which was not delivered"
         }
+    }
+}
+
+/// Why the broker did not take a message to an inbox (the words follow its recipient's name);
+/// `None` when it was routed.
+fn refused_why(published: Published, inbox: QueueType) -> Option<(ErrorCode, &'static str)> {
+    match published {
+        Published::Routed => None,
+        Published::Unroutable => Some((
+            ErrorCode::Gone,
+            "has no inbox on the broker any more: it is gone",
+        )),
+        Published::Refused => Some((ErrorCode::BrokerUnavailable, full_inbox(inbox))),
+    }
+}
+
+/// Why copies of a broadcast were refused, as its sender is told.
+fn broadcast_refused(published: Published, inbox: QueueType) -> Vec<String> {
+    match (published, inbox) {
+        (Published::Refused, QueueType::Classic) => vec![
+            "an inbox was full and refused its copy (a FAILED notice names it)".to_string(),
+        ],
+        (Published::Refused, QueueType::Quorum) => vec![
+            "an inbox on another host was full and refused its copy (a quorum queue's refusal does not say whose)".to_string(),
+        ],
+        (Published::Routed | Published::Unroutable, _) => Vec::new(),
+    }
+}
+
+impl Federation {
+    /// Where broadcast `msg_id` from `from` to `group` (every worker when `None`) goes, as
+    /// the roster knows: a record for every host and every remote copy (each copy's answers
+    /// are taken from its recipient's host only; a copy the roster did not know of is matched
+    /// by its id, see `fleet_core::trust::answers_own`), and how many remote workers take one.
+    fn broadcast_ways(&self, msg_id: MsgId, from: Gid, group: Option<&str>) -> (Vec<Sent>, usize) {
+        let in_group = |e: &Entity| {
+            e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
+        };
+        let remote: Vec<(Gid, String)> = self
+            .lock()
+            .roster
+            .entities()
+            .filter(|e| in_group(&e.entity))
+            .map(|e| (e.entity.gid, e.entity.host.clone()))
+            .collect();
+        let hosts: std::collections::BTreeSet<&String> = remote.iter().map(|(_, h)| h).collect();
+        let mut sent = vec![(msg_id, "*".to_string(), from, None)];
+        sent.extend(hosts.into_iter().map(|h| (msg_id, h.clone(), from, None)));
+        sent.extend(remote.iter().map(|(gid, host)| {
+            let copy = msg_id.derived(&gid.to_string());
+            (copy, host.clone(), from, Some(*gid))
+        }));
+        (sent, remote.len())
     }
 }
 
@@ -70,24 +123,7 @@ impl Gateway {
         // Where it goes is remembered before it goes (in memory at once, so an answer however
         // quick is matched; in the store alongside the publish, so a restart keeps it): an
         // answer from there is taken, one from anywhere else refused.
-        let record = if matches!(
-            message.kind,
-            Kind::Send | Kind::Ask | Kind::Reply | Kind::Answer
-        ) {
-            match self.remote_host(message.to) {
-                Some(host) => {
-                    let record = (message.msg_id, host, message.from, Some(message.to));
-                    fed.lock().note_sent(&record);
-                    Some(record)
-                }
-                None => {
-                    tracing::warn!(msg_id = %message.msg_id, to = %message.to, "no host is known for the recipient: what answers this message will be refused");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let record = self.going_to(fed, message);
         let signature = fed.sign(&envelope, body);
         let publish = async {
             let started = Instant::now();
@@ -121,22 +157,32 @@ impl Gateway {
         let outcome = publish_outcome(&published, "refused: inbox full");
         fed.audit(&envelope, body.len(), outcome);
         tracing::info!(trace_id = %message.trace_id, msg_id = %message.msg_id, kind = %message.kind, to = %message.to, outcome, "published");
-        let refused = match published.map_err(not_taken)? {
-            Published::Routed => return Ok(Placement::Remote),
-            Published::Unroutable => (
-                ErrorCode::Gone,
-                "has no inbox on the broker any more: it is gone",
-            ),
-            Published::Refused => (
-                ErrorCode::BrokerUnavailable,
-                full_inbox(fed.broker.queue_type),
-            ),
+        match refused_why(published.map_err(not_taken)?, fed.broker.queue_type) {
+            None => Ok(Placement::Remote),
+            Some((code, why)) => {
+                let to_name = self.name_of(message.to).await;
+                Err(FleetError::new(code, format!("'{to_name}' {why}")))
+            }
+        }
+    }
+
+    /// Where `message` goes, noted in memory now (for a kind whose answer is matched to it):
+    /// its id, its recipient's host, its sender and recipient; `None` when nothing answers it
+    /// or no host is known for its recipient.
+    fn going_to(&self, fed: &Federation, message: &Message) -> Option<Sent> {
+        if !matches!(
+            message.kind,
+            Kind::Send | Kind::Ask | Kind::Reply | Kind::Answer
+        ) {
+            return None;
+        }
+        let Some(host) = self.remote_host(message.to) else {
+            tracing::warn!(msg_id = %message.msg_id, to = %message.to, "no host is known for the recipient: what answers this message will be refused");
+            return None;
         };
-        let to_name = self.name_of(message.to).await;
-        Err(FleetError::new(
-            refused.0,
-            format!("'{to_name}' {}", refused.1),
-        ))
+        let record = (message.msg_id, host, message.from, Some(message.to));
+        fed.lock().note_sent(&record);
+        Some(record)
     }
 
     /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
@@ -280,29 +326,7 @@ impl Gateway {
                 fed.config.inbox_message_ttl_s,
             )
         };
-        let in_group = |e: &Entity| {
-            e.role.is_pane_bound() && group.is_none_or(|g| e.groups.iter().any(|x| x == g))
-        };
-        // Each remote copy's answers are taken from its recipient's host only; a copy the
-        // roster did not know of is matched by its id (see `fleet_core::trust::answers_own`).
-        let remote: Vec<(Gid, String)> = fed
-            .lock()
-            .roster
-            .entities()
-            .filter(|e| in_group(&e.entity))
-            .map(|e| (e.entity.gid, e.entity.host.clone()))
-            .collect();
-        let hosts: std::collections::BTreeSet<&String> = remote.iter().map(|(_, h)| h).collect();
-        let mut sent = vec![(msg_id, "*".to_string(), from.gid, None)];
-        sent.extend(
-            hosts
-                .into_iter()
-                .map(|h| (msg_id, h.clone(), from.gid, None)),
-        );
-        sent.extend(remote.iter().map(|(gid, host)| {
-            let copy = msg_id.derived(&gid.to_string());
-            (copy, host.clone(), from.gid, Some(*gid))
-        }));
+        let (sent, remote) = fed.broadcast_ways(msg_id, from.gid, group);
         self.remember_sent(sent).await?;
         let signature = fed.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
@@ -327,29 +351,20 @@ impl Gateway {
                 "broker unavailable"
             },
         );
-        let refused = match published.map_err(not_taken)? {
-            Published::Refused => vec![match fed.broker.queue_type {
-                QueueType::Classic => "an inbox was full and refused its copy (a FAILED notice names it)".to_string(),
-                QueueType::Quorum => "an inbox on another host was full and refused its copy (a quorum queue's refusal does not say whose)".to_string(),
-            }],
-            Published::Routed | Published::Unroutable => Vec::new(),
-        };
+        let refused = broadcast_refused(published.map_err(not_taken)?, fed.broker.queue_type);
         self.metrics.accepted(Kind::Send, Placement::Remote);
         // This host's copies reach only the workers the sender may task; another host's
         // workers are counted as they are heard of (each host types only its owner's and
         // shared ones' copies: at most this many).
         let local = self.sessions.lock().taskable(from, group).len();
-        Ok((local + remote.len(), refused))
+        Ok((local + remote, refused))
     }
 
     /// Remembers that each `(msg_id, host, from, to)` was published from `from` to `to` (an
     /// entity on `host`), for as long as settled messages are kept
     /// (`gateway.keep_messages_days`): answers about it are taken from that host, between
     /// those two, only.
-    pub(super) async fn remember_sent(
-        &self,
-        sent: Vec<(MsgId, String, Gid, Option<Gid>)>,
-    ) -> Result<(), FleetError> {
+    pub(super) async fn remember_sent(&self, sent: Vec<Sent>) -> Result<(), FleetError> {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let until_ms = now_ms().saturating_add(days.saturating_mul(86_400_000));
         let rows: Vec<SentRecord> = sent

@@ -71,6 +71,15 @@ fn seconds_left(envelope: &Envelope) -> u64 {
     (envelope.expires_at_ms.saturating_sub(now) / 1000).max(1)
 }
 
+/// A dialog as a worker's gateway on another host sent it: read, and checked (it came from
+/// afar).
+fn read_remote_dialog(text: &str) -> Result<Dialog, FleetError> {
+    let dialog = serde_json::from_str::<Dialog>(text)
+        .map_err(|e| FleetError::invalid(format!("a dialog that does not read: {e}")))?;
+    dialog.check()?;
+    Ok(dialog)
+}
+
 impl Gateway {
     /// A checked message of an ask's conversation off `owner`'s inbox: handled here (true), or
     /// not one (false: it is held as any other).
@@ -136,58 +145,31 @@ impl Gateway {
             return;
         };
         // A dialog on the worker's screen: its text and choices, checked (they came from afar).
-        let dialog = match is_dialog_turn(&turn) {
-            true => match serde_json::from_str::<Dialog>(question)
-                .map_err(|e| FleetError::invalid(format!("a dialog that does not read: {e}")))
-                .and_then(|d| d.check().map(|()| d))
-            {
+        let dialog = if is_dialog_turn(&turn) {
+            match read_remote_dialog(question) {
                 Ok(dialog) => Some(dialog),
                 Err(e) => {
                     // Why it does not read may quote the dialog.
                     tracing::warn!(msg_id = %ask.msg_id, code = %e.code, error = %crate::logs::summary(&e.message), "a dialog from another host is refused");
                     return;
                 }
-            },
-            false => None,
+            }
+        } else {
+            None
         };
         let from_name = self.name_of(worker).await;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let open = {
-            let mut sessions = self.sessions.lock();
-            // A dialog waits for an answer whether or not the lead listens now: it surfaces on
-            // the lead's next call.
-            let listening = dialog.is_some()
-                || sessions
-                    .leads
-                    .get(&lead)
-                    .is_some_and(|l| listens_for(l.listening(), worker));
-            if listening {
-                // One dialog a worker: a newer one stands for what its screen shows now.
-                if dialog.is_some()
-                    && let Some(older) = sessions.asks.dialog_from(worker)
-                {
-                    sessions
-                        .asks
-                        .close(&older, "a newer dialog of its worker replaced it");
-                }
-                let (question, choices) = match dialog {
-                    Some(d) => (d.prompt, Some(d.choices)),
-                    None => (question.to_string(), None),
-                };
-                let question = AskView {
-                    turn_id: turn.clone(),
-                    from: worker,
-                    from_name,
-                    host: ask.from_host.clone().unwrap_or_default(),
-                    question,
-                    choices,
-                    in_task: ask.in_reply_to,
-                    asked_ms: now_ms(),
-                };
-                sessions.asks.open(question, lead, Waiter::Call(tx));
-            }
-            listening
+        let asked = AskView {
+            turn_id: turn.clone(),
+            from: worker,
+            from_name,
+            host: ask.from_host.clone().unwrap_or_default(),
+            question: question.to_string(),
+            choices: None,
+            in_task: ask.in_reply_to,
+            asked_ms: now_ms(),
         };
+        let open = self.open_remote_ask(lead, asked, dialog, tx);
         let ttl_s = seconds_left(ask);
         if !open {
             let name = self.name_of(lead).await;
@@ -211,8 +193,53 @@ impl Gateway {
                 .note_sent(&(ask.msg_id, host, lead, Some(worker)));
         }
         self.inboxes.bump(lead);
+        self.await_lead(lead, ask.clone(), turn, rx);
+    }
+
+    /// Opens the ask `asked` (from a worker on another host; a `dialog` when it is one) for
+    /// `lead`, answered on `tx`: a dialog always (it surfaces on the lead's next call), a
+    /// question only while the lead listens for that worker. Whether it opened.
+    fn open_remote_ask(
+        &self,
+        lead: Gid,
+        mut asked: AskView,
+        dialog: Option<Dialog>,
+        tx: tokio::sync::oneshot::Sender<Result<String, FleetError>>,
+    ) -> bool {
+        let worker = asked.from;
+        let mut sessions = self.sessions.lock();
+        let listening = dialog.is_some()
+            || sessions
+                .leads
+                .get(&lead)
+                .is_some_and(|l| listens_for(l.listening(), worker));
+        if !listening {
+            return false;
+        }
+        if let Some(dialog) = dialog {
+            // One dialog a worker: a newer one stands for what its screen shows now.
+            if let Some(older) = sessions.asks.dialog_from(worker) {
+                sessions
+                    .asks
+                    .close(&older, "a newer dialog of its worker replaced it");
+            }
+            asked.question = dialog.prompt;
+            asked.choices = Some(dialog.choices);
+        }
+        sessions.asks.open(asked, lead, Waiter::Call(tx));
+        true
+    }
+
+    /// Waits, in the background, for `lead`'s answer to the remote `ask` of turn `turn`
+    /// (until the ask expires, or fleetd stops), and sends it back.
+    fn await_lead(
+        self: &Arc<Self>,
+        lead: Gid,
+        ask: Envelope,
+        turn: String,
+        rx: tokio::sync::oneshot::Receiver<Result<String, FleetError>>,
+    ) {
         let gateway = Arc::clone(self);
-        let ask = ask.clone();
         self.tasks.spawn(async move {
             let expires = Duration::from_millis(
                 ask.expires_at_ms

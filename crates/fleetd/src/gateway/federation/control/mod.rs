@@ -30,7 +30,7 @@ use super::super::spawn::SpawnRequest;
 use super::super::views::{SpawnResult, StopResult};
 use super::settle::settle;
 use super::trust::Patience;
-use super::{Federation, not_taken, publish_outcome, unavailable};
+use super::{Federation, Sent, not_taken, publish_outcome, unavailable};
 use crate::gateway::Caller;
 use tokio_util::sync::CancellationToken;
 
@@ -346,7 +346,7 @@ impl Federation {
         &self,
         msg_id: MsgId,
         request: &ControlRequest,
-        sent: &(MsgId, String, Gid, Option<Gid>),
+        sent: &Sent,
     ) -> oneshot::Receiver<(Envelope, String)> {
         let (tx, rx) = oneshot::channel();
         let mut state = self.lock();
