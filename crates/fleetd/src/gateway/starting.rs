@@ -60,30 +60,7 @@ impl Gateway {
             cwd,
             dir: self.launchers.dir_of(gid),
         };
-        let launch = {
-            let (launchers, profile, worker) = (
-                Arc::clone(&self.launchers),
-                Arc::clone(profile),
-                worker.clone(),
-            );
-            self.launch_lane
-                .run(move || launchers.prepare(&profile, &worker))
-                .await
-                .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?
-        }
-        .map_err(|e| {
-            let why = format!(
-                "cannot prepare the launch of '{name}' (profile '{}', kind {}): {e}",
-                profile.name,
-                profile.kind.as_str()
-            );
-            // What the launch needs is not there (an agent its sandbox would not see, say).
-            if e.kind() == std::io::ErrorKind::NotFound {
-                FleetError::new(ErrorCode::NotReady, why)
-            } else {
-                FleetError::internal(why)
-            }
-        })?;
+        let launch = self.prepare(profile, &worker).await?;
         let spec = PaneSpec {
             label: name.to_string(),
             argv: launch.argv,
@@ -109,6 +86,81 @@ impl Gateway {
             .run(move |s| s.set_session(gid, status, Some(&pane_text)))
             .await?;
         Ok(pane)
+    }
+
+    /// Prepares `worker`'s launch of `profile` on the launch lane: its argv and environment,
+    /// or why not (what the launch needs but is not there is `not_ready`).
+    async fn prepare(
+        &self,
+        profile: &Arc<ProfileConfig>,
+        worker: &Worker,
+    ) -> Result<crate::launch::Launch, FleetError> {
+        let (launchers, prepared, ready) = (
+            Arc::clone(&self.launchers),
+            Arc::clone(profile),
+            worker.clone(),
+        );
+        let launch = self
+            .launch_lane
+            .run(move || launchers.prepare(&prepared, &ready))
+            .await
+            .map_err(|e| FleetError::internal(format!("the launch preparation failed: {e}")))?;
+        launch.map_err(|e| {
+            let why = format!(
+                "cannot prepare the launch of '{}' (profile '{}', kind {}): {e}",
+                worker.name,
+                profile.name,
+                profile.kind.as_str()
+            );
+            // What the launch needs is not there (an agent its sandbox would not see, say).
+            if e.kind() == std::io::ErrorKind::NotFound {
+                FleetError::new(ErrorCode::NotReady, why)
+            } else {
+                FleetError::internal(why)
+            }
+        })
+    }
+
+    /// Whether `pane` shows `marker`, its program's sign of readiness: the session of `gid`
+    /// turns ready then (its status kept).
+    async fn shows_ready(&self, gid: Gid, pane: &PaneId, marker: &str) -> bool {
+        let shown =
+            matches!(self.panes.snapshot(pane).await, Ok(snap) if snap.text.contains(marker));
+        if !shown {
+            return false;
+        }
+        let became_ready = self
+            .sessions
+            .lock()
+            .panes
+            .get_mut(&gid)
+            .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
+        if became_ready {
+            self.persist_status(gid).await;
+        }
+        true
+    }
+
+    /// Why a worker that did not call in within its profile's `ready_timeout_s` is given up,
+    /// quoting the end of its screen.
+    async fn not_in_time(&self, pane: &PaneId, role: Role, profile: &ProfileConfig) -> FleetError {
+        let screen = self
+            .panes
+            .history(pane, LAST_WORDS_LINES * 4)
+            .await
+            .map(|text| tail_lines(&text, LAST_WORDS_LINES))
+            .unwrap_or_default();
+        FleetError::new(
+            ErrorCode::NotReady,
+            quoting(
+                &format!(
+                    "{role} (profile '{}') did not call in within {} s, so its pane was closed",
+                    profile.name, profile.ready_timeout_s
+                ),
+                &screen,
+                true,
+            ),
+        )
     }
 
     /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
@@ -158,18 +210,8 @@ impl Gateway {
                 _ => return Ok(()),
             }
             if let Some(marker) = &ready_marker
-                && let Ok(snap) = self.panes.snapshot(pane).await
-                && snap.text.contains(marker.as_str())
+                && self.shows_ready(gid, pane, marker).await
             {
-                let became_ready = self
-                    .sessions
-                    .lock()
-                    .panes
-                    .get_mut(&gid)
-                    .is_some_and(|s| s.apply(SessionEvent::Ready).is_ok());
-                if became_ready {
-                    self.persist_status(gid).await;
-                }
                 continue;
             }
             let recheck = if ready_marker.is_some() {
@@ -181,23 +223,7 @@ impl Gateway {
                 _ = kick.changed() => {}
                 () = sleep_until(recheck.min(deadline)) => {
                     if Instant::now() >= deadline {
-                        let screen = self
-                            .panes
-                            .history(pane, LAST_WORDS_LINES * 4)
-                            .await
-                            .map(|text| tail_lines(&text, LAST_WORDS_LINES))
-                            .unwrap_or_default();
-                        return Err(FleetError::new(
-                            ErrorCode::NotReady,
-                            quoting(
-                                &format!(
-                                    "{role} (profile '{}') did not call in within {} s, so its pane was closed",
-                                    profile.name, profile.ready_timeout_s
-                                ),
-                                &screen,
-                                true,
-                            ),
-                        ));
+                        return Err(self.not_in_time(pane, role, profile).await);
                     }
                 }
                 () = ct.cancelled() => {

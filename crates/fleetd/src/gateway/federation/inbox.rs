@@ -204,26 +204,15 @@ impl Gateway {
         let limit = self.config.gateway.max_message_bytes;
         let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
             Admission::Admitted { envelope, body } => {
-                match self.check_one(owner, delivery, &envelope, patience).await {
-                    Ok(()) => return Some((envelope, body)),
-                    // A broadcast reaches only the workers its sender may task: a copy for
-                    // another's is let go quietly.
-                    Err(TrustRefusal::NotGranted(_)) if envelope.kind == Kind::Broadcast => {
-                        fed.audit(
-                            &envelope,
-                            delivery.body().len(),
-                            "skipped: not the sender's worker",
-                        );
-                        settle(delivery, Handled::Dropped, false).await;
-                    }
-                    // A genuine lead asking what this host does not grant: it hears why.
-                    Err(TrustRefusal::NotGranted(why)) => {
-                        self.refuse_and_tell(owner, &envelope, delivery, "not granted", &why)
+                let checked = self.check_one(owner, delivery, &envelope, patience).await;
+                return match checked {
+                    Ok(()) => Some((envelope, body)),
+                    Err(refusal) => {
+                        self.refuse_admitted(owner, delivery, &envelope, refusal)
                             .await;
+                        None
                     }
-                    Err(refusal) => self.refuse_untrusted(delivery, &envelope, &refusal).await,
-                }
-                return None;
+                };
             }
             Admission::Malformed(e) => {
                 let (loud, count) = fed.loud();
@@ -249,45 +238,91 @@ impl Gateway {
             Refusal::Expired => self.check_expired(&envelope, delivery),
             _ => self.check_one(owner, delivery, &envelope, patience).await,
         };
-        if let Err(refusal) = checked {
-            self.refuse_untrusted(delivery, &envelope, &refusal).await;
-            return None;
+        match checked {
+            Ok(()) => self.refuse_genuine(owner, delivery, &envelope, why).await,
+            Err(refusal) => self.refuse_untrusted(delivery, &envelope, &refusal).await,
         }
+        None
+    }
+
+    /// A well-formed delivery that a trust check refused: a broadcast's copy for a worker its
+    /// sender may not task is let go quietly, a genuine lead asking what this host does not
+    /// grant hears why, anything else is dead-lettered as untrusted.
+    async fn refuse_admitted(
+        self: &Arc<Self>,
+        owner: Gid,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        refusal: TrustRefusal,
+    ) {
+        match refusal {
+            TrustRefusal::NotGranted(_) if envelope.kind == Kind::Broadcast => {
+                if let Some(fed) = self.fed() {
+                    fed.audit(
+                        envelope,
+                        delivery.body().len(),
+                        "skipped: not the sender's worker",
+                    );
+                }
+                settle(delivery, Handled::Dropped, false).await;
+            }
+            TrustRefusal::NotGranted(why) => {
+                self.refuse_and_tell(owner, envelope, delivery, "not granted", &why)
+                    .await;
+            }
+            refusal => self.refuse_untrusted(delivery, envelope, &refusal).await,
+        }
+    }
+
+    /// A genuine delivery that admission refused (`why`): dead-lettered, with its sender told
+    /// when it waits on it (expired, too large: nothing vanishes) and a loud line otherwise.
+    async fn refuse_genuine(
+        self: &Arc<Self>,
+        owner: Gid,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        why: Refusal,
+    ) {
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let size = delivery.body().len();
+        let loud = || self.fed().map_or((true, 0), |fed| fed.loud());
+        let audit = |outcome: &str| {
+            if let Some(fed) = self.fed() {
+                fed.audit(envelope, size, outcome);
+            }
+        };
         match why {
             Refusal::WrongRecipient => {
-                let (loud, count) = fed.loud();
+                let (loud, count) = loud();
                 if loud {
                     tracing::error!(%trace_id, %msg_id, %owner, to = %envelope.to, refused_so_far = count, "REFUSED a message whose recipient is not this inbox: dead-lettered");
                 }
-                fed.audit(&envelope, size, "refused: recipient mismatch");
+                audit("refused: recipient mismatch");
             }
             Refusal::Expired => {
                 // Its sender is told (the dead letter coming back to its host, refused, is not
                 // told of again): nothing vanishes.
                 let why = "it expired (expiresAt) before its recipient's gateway could take it: that gateway was down, or its inboxes keep messages longer than the sender's gateway lets them live";
-                self.refuse_and_tell(owner, &envelope, delivery, "expired", why)
+                return self
+                    .refuse_and_tell(owner, envelope, delivery, "expired", why)
                     .await;
-                return None;
             }
             Refusal::TooLarge { size, limit } => {
                 let why = format!(
                     "{size} bytes, over the {limit} bytes its recipient's gateway takes (gateway.max_message_bytes)"
                 );
-                self.refuse_and_tell(owner, &envelope, delivery, "too large", &why)
+                return self
+                    .refuse_and_tell(owner, envelope, delivery, "too large", &why)
                     .await;
-                return None;
             }
             Refusal::NotText => {
-                let (loud, count) = fed.loud();
+                let (loud, count) = loud();
                 if loud {
                     tracing::error!(%trace_id, %msg_id, refused_so_far = count, "REFUSED a message whose body is not UTF-8: dead-lettered");
                 }
-                fed.audit(&envelope, size, "refused: not text");
+                audit("refused: not text");
             }
         }
         settle(delivery, Handled::Refused, false).await;
-        None
     }
 }

@@ -62,19 +62,7 @@ impl Gateway {
         );
         let (gid, request) = match checked {
             Ok(taken) => taken,
-            Err(why) => {
-                tracing::error!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, why, "REFUSED a control request: dead-lettered");
-                fed.audit(&envelope, size, "refused: control request");
-                if let Some(gid) = envelope.spawn_id {
-                    let answer = ControlAnswer::Failed {
-                        code: ErrorCode::InvalidParams,
-                        message: format!("the request was refused: {why}"),
-                    };
-                    self.answer_control(&envelope, gid, &answer).await;
-                }
-                settle(&delivery, Handled::Refused, false).await;
-                return;
-            }
+            Err(why) => return self.refuse_request(&envelope, &delivery, &why).await,
         };
         if let Err(why) = self.granted(&lead, gid, &request) {
             tracing::warn!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, why, "REFUSED a control request this host does not grant");
@@ -91,39 +79,67 @@ impl Gateway {
         tracing::info!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, "control request taken");
         let gateway = Arc::clone(self);
         self.tasks.spawn(async move {
-            let answer = match request {
-                ControlRequest::Spawn {
-                    profile,
-                    name,
-                    cwd,
-                    groups,
-                    architect,
-                    share,
-                } => {
-                    let request = SpawnRequest {
-                        profile,
-                        name,
-                        host: None,
-                        cwd: cwd.map(Into::into),
-                        groups,
-                        role: if architect {
-                            Role::Architect
-                        } else {
-                            Role::Worker
-                        },
-                        // Checked on arrival: each names its host.
-                        share: parse_shares(share.iter().map(String::as_str), &lead.host)
-                            .unwrap_or_default(),
-                    };
-                    gateway.control_spawn(&lead, gid, request).await
-                }
-                ControlRequest::Stop => Some(gateway.control_stop(&lead, gid).await),
-            };
+            let answer = gateway.carry_out(&lead, gid, request).await;
             if let Some(answer) = answer {
                 gateway.answer_control(&envelope, gid, &answer).await;
             }
             settle(&delivery, Handled::Noted, false).await;
         });
+    }
+
+    /// Carries out `request` about worker `gid` from `lead` (of another host, its request
+    /// checked and granted): what to answer, if anything.
+    async fn carry_out(
+        self: &Arc<Self>,
+        lead: &Entity,
+        gid: Gid,
+        request: ControlRequest,
+    ) -> Option<ControlAnswer> {
+        match request {
+            ControlRequest::Spawn {
+                profile,
+                name,
+                cwd,
+                groups,
+                architect,
+                share,
+            } => {
+                let request = SpawnRequest {
+                    profile,
+                    name,
+                    host: None,
+                    cwd: cwd.map(Into::into),
+                    groups,
+                    role: if architect {
+                        Role::Architect
+                    } else {
+                        Role::Worker
+                    },
+                    // Checked on arrival: each names its host.
+                    share: parse_shares(share.iter().map(String::as_str), &lead.host)
+                        .unwrap_or_default(),
+                };
+                self.control_spawn(lead, gid, request).await
+            }
+            ControlRequest::Stop => Some(self.control_stop(lead, gid).await),
+        }
+    }
+
+    /// Dead-letters a control request that does not hold up (`why`), its lead answered when
+    /// the request names the worker it is about.
+    async fn refuse_request(self: &Arc<Self>, envelope: &Envelope, delivery: &Delivery, why: &str) {
+        tracing::error!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, why, "REFUSED a control request: dead-lettered");
+        if let Some(fed) = self.fed() {
+            fed.audit(envelope, delivery.body().len(), "refused: control request");
+        }
+        if let Some(gid) = envelope.spawn_id {
+            let answer = ControlAnswer::Failed {
+                code: ErrorCode::InvalidParams,
+                message: format!("the request was refused: {why}"),
+            };
+            self.answer_control(envelope, gid, &answer).await;
+        }
+        settle(delivery, Handled::Refused, false).await;
     }
 
     /// Whether this host grants `lead` (of another host) `request` about worker `gid`: what
