@@ -6,7 +6,7 @@ use std::sync::Arc;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::ownership::{Action, Principal, check, parts, told};
 use fleet_core::routing::Route;
-use fleet_core::{ErrorCode, FleetError, Gid, WorkerStatus};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
 
@@ -150,10 +150,33 @@ impl Gateway {
         if let Err(e) = self.db.run(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
         }
-        // A screen the reason quotes (a fresh session's that did not start) is told to the
-        // worker's owner alone; what is stored, and told anyone else, withholds it.
+        self.tell_senders(gid, &entity, reason, current).await;
+        // Only now close the pane: a brief being typed into it fails with the reason above,
+        // not with the pane host's complaint about a closed pane.
+        if close
+            && let Some(pane) = &pane
+            && let Err(e) = self.panes.close(pane).await
+        {
+            tracing::warn!(%gid, %pane, error = %crate::logs::mux_error(&e), "cannot close the pane");
+        }
+        self.clear_after(gid).await;
+        self.sessions.lock().prune_gone(MAX_GONE_KEPT);
+        self.inboxes.forget(gid);
+    }
+
+    /// Tells the senders of what was on its way to `entity` (ended for `reason`), and the
+    /// sender of its task in flight (`current`), that it will not be answered. A screen the
+    /// reason quotes (a fresh session's that did not start) is told to the worker's owner
+    /// alone; what is stored, and told anyone else, withholds it.
+    async fn tell_senders(
+        self: &Arc<Self>,
+        gid: Gid,
+        entity: &Entity,
+        reason: &str,
+        current: Option<Message>,
+    ) {
         let (public, screen) = parts(reason);
-        let owner = entity.parent;
+        let (owner, name) = (entity.parent, &entity.name);
         let why = format!("'{name}' is gone ({public})");
         let stored = told(&why, screen, false);
         match self
@@ -176,20 +199,16 @@ impl Gateway {
             self.notify_failed(&task, &told(&why, screen, to_owner))
                 .await;
         }
-        // Only now close the pane: a brief being typed into it fails with the reason above,
-        // not with the pane host's complaint about a closed pane.
-        if close
-            && let Some(pane) = &pane
-            && let Err(e) = self.panes.close(pane).await
-        {
-            tracing::warn!(%gid, %pane, error = %crate::logs::mux_error(&e), "cannot close the pane");
-        }
+    }
+
+    /// What a session leaves behind, cleared: its launch's files now and again a while later
+    /// (an agent still exiting may write into its home after its pane closed: opencode and
+    /// Claude Code save their state as they go), and its workspace after the first pause,
+    /// once what ran in it had time to exit (a teardown under a live program would leave what
+    /// it writes after as an orphan); one cut short by fleetd stopping is taken down as
+    /// fleetd stops.
+    async fn clear_after(&self, gid: Gid) {
         self.launchers.finish(gid).await;
-        // An agent still exiting may write into its home after its pane closed (opencode and
-        // Claude Code save their state as they go): what it writes goes too, a while later.
-        // Its workspace is taken down after the first pause, once what ran in it had time to
-        // exit (a teardown under a live program would leave what it writes after as an
-        // orphan); one cut short by fleetd stopping is taken down as fleetd stops.
         let (launchers, shutdown) = (Arc::clone(&self.launchers), self.shutdown.clone());
         self.tasks.spawn(async move {
             for (pass, after) in LATE_WRITES.into_iter().enumerate() {
@@ -202,8 +221,6 @@ impl Gateway {
                 }
             }
         });
-        self.sessions.lock().prune_gone(MAX_GONE_KEPT);
-        self.inboxes.forget(gid);
     }
 
     /// At start-up: fails what a previous run was typing or still had queued when it died,

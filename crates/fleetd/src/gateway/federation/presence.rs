@@ -276,7 +276,6 @@ impl Gateway {
         let Some(fed) = self.fed() else {
             return (Vec::new(), hosts);
         };
-        let up = fed.link().is_some();
         // An entry names its owner as its host's heartbeat says (`name@host`): this host's
         // leads, or another's the roster knows.
         let leads: std::collections::HashMap<Gid, String> = self
@@ -291,62 +290,7 @@ impl Gateway {
                 )
             })
             .collect();
-        let state = fed.lock();
-        let owner_of = |parent: Option<Gid>| {
-            let parent = parent?;
-            leads.get(&parent).cloned().or_else(|| {
-                state
-                    .roster
-                    .entity(parent)
-                    .filter(|e| e.entity.role == Role::Lead)
-                    .map(|e| format!("{}@{}", e.entity.name, e.entity.host))
-            })
-        };
-        let mut entries: Vec<RosterEntry> = state
-            .roster
-            .entities()
-            .map(|e| RosterEntry {
-                gid: e.entity.gid,
-                name: e.entity.name.clone(),
-                host: e.entity.host.clone(),
-                role: e.entity.role,
-                slot: slot_of(e.entity.role, &e.entity.name),
-                profile: e.entity.profile.clone(),
-                // With this gateway's own link down, nobody can be heard.
-                status: if up {
-                    e.shown_status().to_string()
-                } else {
-                    UNREACHABLE.into()
-                },
-                agent: None,
-                agent_status: None,
-                groups: e.entity.groups.clone(),
-                pane: None,
-                last_seen_ms: Some(e.heard_ms),
-                open_calls: None,
-                stalled_since: None,
-                workspace: None,
-                dialog: None,
-                owner: owner_of(e.entity.parent),
-                shared: Vec::new(),
-            })
-            .collect();
-        entries.sort_by(|a, b| (&a.host, &a.name).cmp(&(&b.host, &b.name)));
-        let mut remote_hosts: Vec<HostView> = state
-            .roster
-            .hosts()
-            .map(|(host, h)| HostView {
-                host: host.to_string(),
-                status: if up && h.unreachable_since_ms.is_none() {
-                    "up".into()
-                } else {
-                    UNREACHABLE.into()
-                },
-                profiles: h.profiles.clone(),
-                last_seen_ms: Some(h.heard_ms),
-            })
-            .collect();
-        remote_hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        let (entries, remote_hosts) = fed.roster_view(&leads);
         hosts.extend(remote_hosts);
         (entries, hosts)
     }
@@ -438,5 +382,74 @@ impl Gateway {
         self.announce(link, Some(entity.clone()), "gone".into(), Vec::new())
             .await;
         true
+    }
+}
+
+impl Federation {
+    /// The remote roster as `fleet_list` shows it: every remote entity (its owner named as
+    /// `name@host`, this host's `leads` or another's the roster knows), and the other hosts;
+    /// all unreachable while this gateway's own link is down.
+    fn roster_view(
+        &self,
+        leads: &std::collections::HashMap<Gid, String>,
+    ) -> (Vec<RosterEntry>, Vec<HostView>) {
+        let up = self.link().is_some();
+        let state = self.lock();
+        let owner_of = |parent: Option<Gid>| {
+            let parent = parent?;
+            leads.get(&parent).cloned().or_else(|| {
+                state
+                    .roster
+                    .entity(parent)
+                    .filter(|e| e.entity.role == Role::Lead)
+                    .map(|e| format!("{}@{}", e.entity.name, e.entity.host))
+            })
+        };
+        let mut entries: Vec<RosterEntry> = state
+            .roster
+            .entities()
+            .map(|e| RosterEntry {
+                gid: e.entity.gid,
+                name: e.entity.name.clone(),
+                host: e.entity.host.clone(),
+                role: e.entity.role,
+                slot: slot_of(e.entity.role, &e.entity.name),
+                profile: e.entity.profile.clone(),
+                // With this gateway's own link down, nobody can be heard.
+                status: if up {
+                    e.shown_status().to_string()
+                } else {
+                    UNREACHABLE.into()
+                },
+                agent: None,
+                agent_status: None,
+                groups: e.entity.groups.clone(),
+                pane: None,
+                last_seen_ms: Some(e.heard_ms),
+                open_calls: None,
+                stalled_since: None,
+                workspace: None,
+                dialog: None,
+                owner: owner_of(e.entity.parent),
+                shared: Vec::new(),
+            })
+            .collect();
+        entries.sort_by(|a, b| (&a.host, &a.name).cmp(&(&b.host, &b.name)));
+        let mut remote_hosts: Vec<HostView> = state
+            .roster
+            .hosts()
+            .map(|(host, h)| HostView {
+                host: host.to_string(),
+                status: if up && h.unreachable_since_ms.is_none() {
+                    "up".into()
+                } else {
+                    UNREACHABLE.into()
+                },
+                profiles: h.profiles.clone(),
+                last_seen_ms: Some(h.heard_ms),
+            })
+            .collect();
+        remote_hosts.sort_by(|a, b| a.host.cmp(&b.host));
+        (entries, remote_hosts)
     }
 }

@@ -13,6 +13,7 @@ use fleet_core::{ErrorCode, Gid, Kind, Message, MsgState};
 use tokio::time::Instant;
 
 use super::super::Gateway;
+use super::Federation;
 use super::settle::{Incoming, settle};
 use super::trust::Vouched;
 use super::waiting::Waiting;
@@ -156,30 +157,7 @@ impl Gateway {
             .into_iter()
             .partition(|i| self.placement(&i.message) == Placement::Hold);
         for other in others {
-            let to = other.message.to;
-            match self.deliver(other.message).await.map(|_| ()) {
-                // Over a cap: refused for good (requeued, it would only come straight back).
-                Err(e) if e.code == ErrorCode::TooMany => {
-                    self.refuse_and_tell(
-                        to,
-                        &other.envelope,
-                        &other.delivery,
-                        "too many",
-                        &e.message,
-                    )
-                    .await;
-                }
-                Err(e) => {
-                    not_stored(&other.envelope, &e);
-                    settle(&other.delivery, Handled::NotStored, false).await;
-                }
-                Ok(()) => {
-                    if let Some(original) = fed.held(&other.envelope, other.delivery.body().len()) {
-                        self.receipts_settled(vec![original]).await;
-                    }
-                    settle(&other.delivery, Handled::Held, false).await;
-                }
-            }
+            self.deliver_one(fed, other).await;
         }
         let Some(last) = kept.last() else {
             return;
@@ -233,6 +211,29 @@ impl Gateway {
             && together
         {
             settle(&last.delivery, Handled::Held, true).await;
+        }
+    }
+
+    /// Delivers `other` (off the broker, for an entity that does not hold it) the ordinary
+    /// way, and settles it: held, refused for good over a cap (requeued, it would only come
+    /// straight back), or left to come again when it could not be stored.
+    async fn deliver_one(self: &Arc<Self>, fed: &Federation, other: Incoming) {
+        let to = other.message.to;
+        match self.deliver(other.message).await.map(|_| ()) {
+            Err(e) if e.code == ErrorCode::TooMany => {
+                self.refuse_and_tell(to, &other.envelope, &other.delivery, "too many", &e.message)
+                    .await;
+            }
+            Err(e) => {
+                not_stored(&other.envelope, &e);
+                settle(&other.delivery, Handled::NotStored, false).await;
+            }
+            Ok(()) => {
+                if let Some(original) = fed.held(&other.envelope, other.delivery.body().len()) {
+                    self.receipts_settled(vec![original]).await;
+                }
+                settle(&other.delivery, Handled::Held, false).await;
+            }
         }
     }
 
