@@ -418,7 +418,7 @@ fn read(
 ) -> Option<Dialog> {
     let raw: Vec<&str> = screen.lines().collect();
     // A rule reads as a line of its own (`None`), not as a blank one: it does not end a block.
-    let mut read: Vec<Option<String>> = raw
+    let read: Vec<Option<String>> = raw
         .iter()
         .map(|l| (!is_rule(l)).then(|| unboxed(l)))
         .collect();
@@ -453,10 +453,38 @@ fn read(
             }
             menu
         });
+    let (mut choices, cursor) = offered(&lines, choices_from, menu.as_ref())?;
+    if choices.is_empty() {
+        if !forced {
+            return None;
+        }
+        choices = vec![
+            choice(Key::Enter, "press Enter"),
+            choice(Key::Escape, "press Esc"),
+        ];
+    }
+    let prompt = prompt_of(read, start, choices_from, menu.as_ref());
+    Some(Dialog {
+        prompt,
+        choices,
+        cursor,
+        in_colour,
+    })
+}
+
+/// What a dialog offers from row `choices_from` of `lines` down: a cursor `menu`'s options
+/// where the menu is (and where its cursor is), and the numbered options and key hints of the
+/// other lines (a menu's Enter hint left out: a menu is answered by its options); `None` when
+/// a key is offered twice under different labels (which label is true cannot be told).
+fn offered(
+    lines: &[String],
+    choices_from: usize,
+    menu: Option<&Menu>,
+) -> Option<(Vec<Choice>, Option<Cursor>)> {
     let mut choices: Vec<Choice> = Vec::new();
     let mut cursor = None;
     for (row, line) in lines.iter().enumerate().skip(choices_from) {
-        if let Some(menu) = &menu
+        if let Some(menu) = menu
             && menu.options.iter().any(|(r, _)| *r == row)
         {
             // A menu's options, in order, where its first one is.
@@ -493,22 +521,24 @@ fn read(
             }
         }
     }
-    if choices.is_empty() {
-        if !forced {
-            return None;
-        }
-        choices = vec![
-            choice(Key::Enter, "press Enter"),
-            choice(Key::Escape, "press Esc"),
-        ];
-    }
+    Some((choices, cursor))
+}
+
+/// The prompt of a dialog whose block starts at row `start` of what was `read` (a rule as
+/// `None`): its last [`MAX_PROMPT_LINES`] lines of text, at most [`MAX_PROMPT_CHARS`]
+/// characters, a menu's cursor taken off its options (and off numbered ones) from row
+/// `choices_from` down.
+fn prompt_of(
+    mut read: Vec<Option<String>>,
+    start: usize,
+    choices_from: usize,
+    menu: Option<&Menu>,
+) -> String {
     // The prompt does not say where a menu's cursor is: the same dialog reads the same
     // wherever it is.
     for (row, line) in read.iter_mut().enumerate().skip(choices_from) {
         if let Some(text) = line {
-            let is_option = menu
-                .as_ref()
-                .is_some_and(|m| m.options.iter().any(|(r, _)| *r == row));
+            let is_option = menu.is_some_and(|m| m.options.iter().any(|(r, _)| *r == row));
             if let Some(rest) = uncursored(text)
                 && (is_option || is_numbered(rest))
             {
@@ -524,13 +554,7 @@ fn read(
         .collect();
     let kept = block[block.len().saturating_sub(MAX_PROMPT_LINES)..].join("\n");
     let over = kept.chars().count().saturating_sub(MAX_PROMPT_CHARS);
-    let prompt = kept.chars().skip(over).collect();
-    Some(Dialog {
-        prompt,
-        choices,
-        cursor,
-        in_colour,
-    })
+    kept.chars().skip(over).collect()
 }
 
 /// A cursor menu read off a screen.

@@ -194,6 +194,34 @@ impl FromStr for Version {
     }
 }
 
+/// Whether this build reads an envelope of `version`: its major, no newer (refused as such,
+/// nothing else read) and no older.
+fn readable(version: Version) -> Result<(), EnvelopeError> {
+    if version.major > VERSION.major {
+        return Err(EnvelopeError::NewerMajor {
+            got: version,
+            supported: VERSION,
+        });
+    }
+    if version.major < VERSION.major {
+        return Err(bad(
+            HEADERS[V],
+            format!("{version} is an older major version than the supported {VERSION}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The message kind the `kind` header names.
+fn kind_of(kind: &str) -> Result<Kind, EnvelopeError> {
+    kind.parse::<Kind>().map_err(|_| {
+        bad(
+            HEADERS[KIND],
+            format!("{} is not a message kind", preview(kind)),
+        )
+    })
+}
+
 impl Envelope {
     /// The envelope as AMQP headers, in [`HEADERS`] order; optional headers are left out when
     /// `None`. `v` is written as a string (`"1.0"`); `ts` and `expiresAt` as integers, or as
@@ -261,26 +289,9 @@ impl Envelope {
         };
 
         let version: Version = text(V, required(V)?)?.parse()?;
-        if version.major > VERSION.major {
-            return Err(EnvelopeError::NewerMajor {
-                got: version,
-                supported: VERSION,
-            });
-        }
-        if version.major < VERSION.major {
-            return Err(bad(
-                HEADERS[V],
-                format!("{version} is an older major version than the supported {VERSION}"),
-            ));
-        }
+        readable(version)?;
 
-        let kind_text = text(KIND, required(KIND)?)?;
-        let kind = kind_text.parse::<Kind>().map_err(|_| {
-            bad(
-                HEADERS[KIND],
-                format!("{} is not a message kind", preview(kind_text)),
-            )
-        })?;
+        let kind = kind_of(text(KIND, required(KIND)?)?)?;
         let msg_id = uuid(MSG_ID, required(MSG_ID)?)?;
         let trace_id = uuid(TRACE_ID, required(TRACE_ID)?)?;
         let from = uuid(FROM, required(FROM)?)?;

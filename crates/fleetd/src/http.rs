@@ -717,6 +717,41 @@ pub struct CallerCaps {
     pub streams: usize,
 }
 
+/// The operator surfaces: a lead's token (or the web view's session for it) only, and no
+/// call-in; long calls count against the caller's `calls`.
+fn operator_routes(
+    gateway: &Arc<Gateway>,
+    web: &Arc<WebSessions>,
+    streams: &Arc<StreamSlots>,
+    calls: Arc<CallSlots>,
+    shutdown: &CancellationToken,
+) -> Router {
+    Router::new()
+        .route("/api/v1/roster", get(api_roster))
+        .route("/api/v1/messages", get(api_messages))
+        .route("/api/v1/messages/{msg_id}", get(api_message))
+        .route("/api/v1/hosts", get(api_hosts))
+        .route("/api/v1/events", get(api_events))
+        .route("/api/v1/screen", get(api_screen))
+        .route("/api/v1/send", post(api_send))
+        .route("/api/v1/stop", post(api_stop))
+        .route("/metrics", get(metrics))
+        .route("/ui/me", get(ui::me))
+        .route("/ui/signout", post(ui::sign_out))
+        .layer(Extension(calls))
+        .layer(Extension(Shutdown(shutdown.child_token())))
+        .layer(Extension(Arc::clone(web)))
+        .layer(middleware::from_fn_with_state(
+            Operators {
+                gateway: Arc::clone(gateway),
+                web: Arc::clone(web),
+                streams: Arc::clone(streams),
+            },
+            viewers_only,
+        ))
+        .with_state(Arc::clone(gateway))
+}
+
 /// The whole HTTP app, each caller held to `caps`. `shutdown` ends every open MCP stream and
 /// call.
 pub fn app(
@@ -749,33 +784,8 @@ pub fn app(
         sessions,
         config,
     );
-    // The operator surfaces: a lead's token (or the web view's session for it) only, and no
-    // call-in.
     let web = Arc::new(WebSessions::default());
-    let operator = Router::new()
-        .route("/api/v1/roster", get(api_roster))
-        .route("/api/v1/messages", get(api_messages))
-        .route("/api/v1/messages/{msg_id}", get(api_message))
-        .route("/api/v1/hosts", get(api_hosts))
-        .route("/api/v1/events", get(api_events))
-        .route("/api/v1/screen", get(api_screen))
-        .route("/api/v1/send", post(api_send))
-        .route("/api/v1/stop", post(api_stop))
-        .route("/metrics", get(metrics))
-        .route("/ui/me", get(ui::me))
-        .route("/ui/signout", post(ui::sign_out))
-        .layer(Extension(operator_calls))
-        .layer(Extension(Shutdown(shutdown.child_token())))
-        .layer(Extension(Arc::clone(&web)))
-        .layer(middleware::from_fn_with_state(
-            Operators {
-                gateway: Arc::clone(&gateway),
-                web: Arc::clone(&web),
-                streams: Arc::clone(&streams),
-            },
-            viewers_only,
-        ))
-        .with_state(Arc::clone(&gateway));
+    let operator = operator_routes(&gateway, &web, &streams, operator_calls, shutdown);
     // Layers run outside in: authentication first, so the session cap knows the caller.
     let protected = Router::new()
         .nest_service("/mcp", mcp)

@@ -209,97 +209,109 @@ impl Metrics {
             scrape: Mutex::new(()),
             registry: Registry::default(),
         };
+        metrics.register_traffic(&mut registry);
+        metrics.register_state(&mut registry);
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Registers what counts the traffic: messages accepted, typed in, published, dead-lettered,
+    /// asked about, nudged for, and heartbeats that came late.
+    fn register_traffic(&self, registry: &mut Registry) {
         registry.register(
             "messages_accepted",
             "Messages accepted into this gateway's plane, by kind and where they went",
-            metrics.accepted.clone(),
+            self.accepted.clone(),
         );
         registry.register(
             "injects",
             "Tasks typed into panes, by how the submit went",
-            metrics.injects.clone(),
+            self.injects.clone(),
         );
         registry.register_with_unit(
             "inject_duration",
             "Time to type a task into a pane and see it submitted",
             Unit::Seconds,
-            metrics.inject_seconds.clone(),
+            self.inject_seconds.clone(),
         );
         registry.register_with_unit(
             "broker_publish_duration",
             "Time from publishing to the broker to its confirm",
             Unit::Seconds,
-            metrics.publish_seconds.clone(),
+            self.publish_seconds.clone(),
         );
         registry.register(
             "dead_letters",
             "Dead letters off the broker, by cause and whether their sender was told",
-            metrics.dead_letters.clone(),
+            self.dead_letters.clone(),
         );
         registry.register(
             "asks",
             "Questions workers asked their leads mid-task",
-            metrics.asks.clone(),
+            self.asks.clone(),
         );
         registry.register(
             "heartbeats_late",
             "Heartbeats from other hosts dropped for coming too late (they sat out a partition): genuine, not forged",
-            metrics.heartbeats_late.clone(),
+            self.heartbeats_late.clone(),
         );
         registry.register(
             "nudges",
             "Nudges typed to pull waiting messages, by the role nudged",
-            metrics.nudges.clone(),
+            self.nudges.clone(),
         );
+    }
+
+    /// Registers what shows the state: sessions, messages held, hosts up, the listener's
+    /// connections, and lost log lines.
+    fn register_state(&self, registry: &mut Registry) {
         registry.register(
             "sessions",
             "Pane sessions (workers, architects) by status",
-            metrics.sessions.clone(),
+            self.sessions.clone(),
         );
         registry.register(
             "messages",
             "Messages in the store, by kind and state",
-            metrics.messages.clone(),
+            self.messages.clone(),
         );
         registry.register(
             "waiting_messages",
             "Messages waiting for a recipient, held or queued",
-            metrics.waiting.clone(),
+            self.waiting.clone(),
         );
         registry.register(
             "hosts_up",
             "Gateways up: this one and those the roster hears from",
-            metrics.hosts_up.clone(),
+            self.hosts_up.clone(),
         );
         registry.register(
             "log_write_failures",
             "Log lines fleetd could not write (its stderr gone): dropped, never fatal",
-            metrics.log_write_failures.clone(),
+            self.log_write_failures.clone(),
         );
         registry.register(
             "connections_open",
             "HTTP connections held now",
-            metrics.connections_open.clone(),
+            self.connections_open.clone(),
         );
         registry.register(
             "connections_accepted",
             "HTTP connections taken in",
-            metrics.connections_accepted.clone(),
+            self.connections_accepted.clone(),
         );
         registry.register(
             "connections_closed",
             "HTTP connections the listener closed (header or idle timeout, not authenticated in time, evicted for a newer one) or refused (503, every one held authenticated), by why",
-            metrics.connections_ended.clone(),
+            self.connections_ended.clone(),
         );
         registry.register(
             "accept_errors",
             "Accepts that failed (out of descriptors): the listener backs off",
-            metrics.accept_errors.clone(),
+            self.accept_errors.clone(),
         );
-        Self {
-            registry,
-            ..metrics
-        }
     }
 
     /// A message of `kind` accepted, and where it went.

@@ -107,7 +107,21 @@ fn of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
 
 /// The routes, in the order the document lists them.
 fn routes() -> Vec<Route> {
-    let lead = |method, path, summary, answer, refusals| Route {
+    let mut routes = read_routes();
+    routes.extend(action_routes());
+    routes
+}
+
+/// A lead's route (an operator's too): `answer`, or one of `refusals` besides those of every
+/// route.
+fn lead(
+    method: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    answer: Answer,
+    refusals: &'static [u16],
+) -> Route {
+    Route {
         method,
         path,
         summary,
@@ -116,7 +130,11 @@ fn routes() -> Vec<Route> {
         answer,
         refusals,
         open: false,
-    };
+    }
+}
+
+/// The routes that read: the roster, the hosts, messages, the live feed, a screen.
+fn read_routes() -> Vec<Route> {
     vec![
         lead(
             "get",
@@ -172,6 +190,12 @@ fn routes() -> Vec<Route> {
                 &[400, 403, 404, 410],
             )
         },
+    ]
+}
+
+/// The routes that act (send, stop), and the metrics and this document.
+fn action_routes() -> Vec<Route> {
+    vec![
         Route {
             body: Some(of::<SendParams>),
             ..lead(
@@ -258,6 +282,27 @@ fn status_text(status: u16) -> &'static str {
     }
 }
 
+/// A route's answer when it succeeds, its schema written by `answers`.
+fn ok_response(answer: Answer, answers: &mut SchemaGenerator) -> Value {
+    match answer {
+        Answer::Json(schema_of) => json!({
+            "description": "what was asked",
+            "content": {"application/json": {"schema": schema_of(answers)}},
+        }),
+        Answer::Events(schema_of) => json!({
+            "description": "a stream of server-sent events; each one's data is this JSON, its id the event's seq",
+            "content": {"text/event-stream": {
+                "schema": {"type": "string"},
+                "x-event-data": schema_of(answers),
+            }},
+        }),
+        Answer::Text(media) => json!({
+            "description": "what was asked",
+            "content": {media: {"schema": {"type": "string"}}},
+        }),
+    }
+}
+
 /// The OpenAPI 3.1 document of the operator API, for a gateway of fleetd `version`.
 pub fn document(version: &str) -> Value {
     let mut settings = SchemaSettings::draft2020_12();
@@ -289,23 +334,7 @@ pub fn document(version: &str) -> Value {
                 }),
             );
         }
-        let ok = match route.answer {
-            Answer::Json(schema_of) => json!({
-                "description": "what was asked",
-                "content": {"application/json": {"schema": schema_of(&mut answers)}},
-            }),
-            Answer::Events(schema_of) => json!({
-                "description": "a stream of server-sent events; each one's data is this JSON, its id the event's seq",
-                "content": {"text/event-stream": {
-                    "schema": {"type": "string"},
-                    "x-event-data": schema_of(&mut answers),
-                }},
-            }),
-            Answer::Text(media) => json!({
-                "description": "what was asked",
-                "content": {media: {"schema": {"type": "string"}}},
-            }),
-        };
+        let ok = ok_response(route.answer, &mut answers);
         let mut responses = Map::new();
         responses.insert("200".into(), ok);
         let always: &[u16] = if route.open {

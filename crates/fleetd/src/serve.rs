@@ -175,13 +175,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     config
         .check_logins(&fleetd_env)
         .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
-    state
-        .prepare()
-        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
-    let state = state
-        .resolved()
-        .with_context(|| "cannot resolve the state dir's path")?;
-    let _lock = lock_state(&state)?;
+    let (state, _lock) = take_state(state)?;
     // Made at first start; other hosts pin its public key (`fleetd key`). A key file others
     // could read is refused here, before anything is served.
     let (key, made) = GatewayKey::load_or_create(&state)?;
@@ -190,7 +184,154 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         .with_context(|| format!("cannot open {}", state.db_path().display()))?;
     let (choice, why) =
         choose(&config.mux, |key| std::env::var(key).ok(), &state).map_err(anyhow::Error::msg)?;
-    let panes = match choice {
+    let panes = open_panes(choice, &state).await?;
+    tracing::info!(panes = %panes.describe(), why = %why, "pane host chosen");
+    let listener = listener(listen).await?;
+    let bound = listener.local_addr()?;
+    let url = workers_url(&config, bound);
+    let host = host_id(&config);
+    let extra_hosts = allowed_hosts(&url, bound);
+
+    let limits = listener_limits(&config.gateway);
+    let drain = Duration::from_secs(config.gateway.drain_timeout_s);
+    let stats = Arc::new(crate::listener::ListenerStats::default());
+    let caps = CallerCaps {
+        long_calls: config.gateway.max_long_calls_per_caller,
+        sessions: config.gateway.max_sessions_per_token,
+        streams: config.gateway.max_streams_per_token,
+    };
+    let parts = gateway_parts(
+        &config,
+        &state,
+        (&host, &key),
+        store,
+        &panes,
+        Arc::clone(&stats),
+    )?;
+    let gateway = Gateway::new(
+        Arc::new(config),
+        host.clone(),
+        url.clone(),
+        parts,
+        shutdown.child_token(),
+    )
+    .context("cannot start the gateway's threads")?;
+    gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let router = app(
+        Arc::clone(&gateway),
+        AllowedHosts::new(bound.port(), extra_hosts),
+        caps,
+        &shutdown,
+    );
+
+    let drained = watch_signals(shutdown.clone(), drain)?;
+    let serving = Serving::say(&state, bound);
+    tracing::info!(
+        host_id = %host,
+        listen = %bound,
+        mcp = %url,
+        state_dir = %state.root().display(),
+        panes = %panes.describe(),
+        "fleetd ready"
+    );
+    notify(manager.as_ref(), &ready_message(std::process::id()));
+    // The manager hears of the stop as it begins, not once the drain is over.
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        notify(manager.as_ref(), STOPPING);
+    });
+    crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
+    serving.unsay();
+    tracing::info!("draining: closing worker panes");
+    gateway.shut_down().await;
+    panes.shut_down().await;
+    drained.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("fleetd stopped");
+    Ok(())
+}
+
+/// What the gateway of `host` (signing with `key`) runs on: its `store`, its `panes`, its
+/// launchers and work dirs, its federated plane and coordinator when configured, its health,
+/// and the listener's counts (`stats`).
+fn gateway_parts(
+    config: &Config,
+    state: &StateDir,
+    (host, key): (&str, &GatewayKey),
+    store: SqliteStore,
+    panes: &Host,
+    stats: Arc<crate::listener::ListenerStats>,
+) -> anyhow::Result<Parts> {
+    let workdirs = workdirs(config, state)?;
+    let fleetd_env = |key: &str| std::env::var(key).ok();
+    Ok(Parts {
+        store: Arc::new(store),
+        panes: panes.pane_host(),
+        launchers: Launchers::new(state.root(), host_facts(&workdirs, &fleetd_env)),
+        federation: open_federation(config, state, host, key)?,
+        coordinator: open_coordinator(config, state, host, key)?,
+        workdirs,
+        health: Health::new(std::env::var(FAULT_VAR).ok().and_then(|f| Fault::parse(&f))),
+        listener: stats,
+    })
+}
+
+/// The state dir made ready and resolved, and its lock taken (held as long as the file is).
+fn take_state(state: StateDir) -> anyhow::Result<(StateDir, File)> {
+    state
+        .prepare()
+        .with_context(|| format!("cannot create the state dir {}", state.root().display()))?;
+    let state = state
+        .resolved()
+        .with_context(|| "cannot resolve the state dir's path")?;
+    let lock = lock_state(&state)?;
+    Ok((state, lock))
+}
+
+/// The MCP URL handed to workers: the socket's own (`bound`), with a warning when
+/// `fleetd mcp-config`, which reads `gateway.listen`, would print another.
+fn workers_url(config: &Config, bound: SocketAddr) -> String {
+    let url = mcp_url(config, bound);
+    let configured = mcp_url(config, config.gateway.listen);
+    if url != configured {
+        tracing::warn!(
+            mcp = %url,
+            mcp_config = %configured,
+            "workers are given the socket's own URL, but `fleetd mcp-config` prints one from gateway.listen: set gateway.listen to the socket's address (or gateway.advertise_url) so leads get the right one"
+        );
+    }
+    url
+}
+
+/// Where this gateway answers here, and its pid, as the state dir says it for `fleetd ls` and
+/// the other operator commands (gone, the file is stale).
+struct Serving {
+    path: PathBuf,
+    said: String,
+}
+
+impl Serving {
+    /// Says that this gateway serves at `bound`.
+    fn say(state: &StateDir, bound: SocketAddr) -> Self {
+        let path = state.serving_path();
+        let said = format!("{}\npid {}\n", local_base(bound), std::process::id());
+        if let Err(e) = write_whole(&path, &said) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot say where this gateway serves: `fleetd ls` may not find it");
+        }
+        Self { path, said }
+    }
+
+    /// Gone, it serves nowhere (unless another has taken the state dir since).
+    fn unsay(self) {
+        if std::fs::read_to_string(&self.path).is_ok_and(|s| s == self.said) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The pane host `choice` names, opened.
+async fn open_panes(choice: MuxChoice, state: &StateDir) -> anyhow::Result<Host> {
+    Ok(match choice {
         MuxChoice::Tmux { socket } => {
             // Pastes are staged here only for the moment of a paste: whatever is left is a
             // crash's.
@@ -206,24 +347,15 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                 .await
                 .with_context(|| "cannot use herdr (set [mux] kind, socket or session)")?,
         )),
-    };
-    tracing::info!(panes = %panes.describe(), why = %why, "pane host chosen");
-    let listener = listener(listen).await?;
-    let bound = listener.local_addr()?;
-    let url = mcp_url(&config, bound);
-    let configured = mcp_url(&config, config.gateway.listen);
-    if url != configured {
-        tracing::warn!(
-            mcp = %url,
-            mcp_config = %configured,
-            "workers are given the socket's own URL, but `fleetd mcp-config` prints one from gateway.listen: set gateway.listen to the socket's address (or gateway.advertise_url) so leads get the right one"
-        );
-    }
-    let host = host_id(&config);
-    // Requests may name loopback at this port, the advertised URL's authority (a sandbox's
-    // worker reaches the gateway through it), and the address bound, if it is a real one.
+    })
+}
+
+/// The hosts a request may name besides loopback at this port: the advertised URL's authority
+/// (a sandbox's worker reaches the gateway through it), and the address bound, if it is a
+/// real one.
+fn allowed_hosts(url: &str, bound: std::net::SocketAddr) -> Vec<Authority> {
     let mut extra_hosts = Vec::new();
-    if let Some(advertised) = url::Url::parse(&url)
+    if let Some(advertised) = url::Url::parse(url)
         .ok()
         .and_then(|url| Authority::of_url(&url))
     {
@@ -232,7 +364,12 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     if !bound.ip().is_loopback() && !bound.ip().is_unspecified() {
         extra_hosts.push(Authority::new(&bound.ip().to_string(), bound.port()));
     }
+    extra_hosts
+}
 
+/// Where workers may work, from `gateway.workdir_roots`, with a warning where that leaves a
+/// sandbox, or a spawn naming no cwd, worse off than a user would expect.
+fn workdirs(config: &Config, state: &StateDir) -> anyhow::Result<Workdirs> {
     let workdirs = Workdirs::new(state.root(), &config.gateway.workdir_roots)
         .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
     if config.gateway.workdir_roots.is_empty()
@@ -252,7 +389,17 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     {
         tracing::warn!(reason = %e.message, "a spawn with no cwd (from a profile without one) will be refused: fleetd's own working directory may not be a worker's");
     }
-    let federation = match config.broker.clone() {
+    Ok(workdirs)
+}
+
+/// The federated plane, when a broker is configured.
+fn open_federation(
+    config: &Config,
+    state: &StateDir,
+    host: &str,
+    key: &GatewayKey,
+) -> anyhow::Result<Option<Federation>> {
+    Ok(match config.broker.clone() {
         Some(broker) => {
             if config.federation.insecure_unsigned {
                 tracing::error!(
@@ -263,7 +410,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
                 broker,
                 config.federation.clone(),
                 state.root(),
-                &host,
+                host,
                 key.signing_key(),
             )
             .map_err(anyhow::Error::msg)?;
@@ -271,111 +418,56 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
             Some(federation)
         }
         None => None,
-    };
-    let coordinator = match config.coordinator.clone() {
+    })
+}
+
+/// Lead-to-lead coordination, when a coordinator is configured.
+fn open_coordinator(
+    config: &Config,
+    state: &StateDir,
+    host: &str,
+    key: &GatewayKey,
+) -> anyhow::Result<Option<Coordinator>> {
+    Ok(match config.coordinator.clone() {
         Some(coordinator) => {
             let ids = config
-                .coord_ids(&host)
+                .coord_ids(host)
                 .map_err(|e| anyhow::anyhow!("cannot start: {e}"))?;
             let coordinator = Coordinator::new(
                 coordinator,
                 config.federation.clone(),
                 ids,
-                (&host, state.root()),
+                (host, state.root()),
                 key.signing_key(),
             )
             .map_err(anyhow::Error::msg)?;
             Some(coordinator)
         }
         None => None,
-    };
-    let limits = listener_limits(&config.gateway);
-    let drain = Duration::from_secs(config.gateway.drain_timeout_s);
-    let stats = Arc::new(crate::listener::ListenerStats::default());
-    let caps = CallerCaps {
-        long_calls: config.gateway.max_long_calls_per_caller,
-        sessions: config.gateway.max_sessions_per_token,
-        streams: config.gateway.max_streams_per_token,
-    };
-    let gateway = Gateway::new(
-        Arc::new(config),
-        host.clone(),
-        url.clone(),
-        Parts {
-            store: Arc::new(store),
-            panes: panes.pane_host(),
-            launchers: Launchers::new(
-                state.root(),
-                HostFacts {
-                    // Resolved, as the state dir is: a sandbox template names both.
-                    user_home: std::env::var_os("HOME")
-                        .map(PathBuf::from)
-                        .map(|home| std::fs::canonicalize(&home).unwrap_or(home)),
-                    claude_config_dir: std::env::var_os("CLAUDE_CONFIG_DIR")
-                        .filter(|dir| !dir.is_empty())
-                        .map(PathBuf::from),
-                    workdir_roots: workdirs.roots().to_vec(),
-                    credentials: CLAUDE_CREDENTIALS
-                        .iter()
-                        .filter_map(|key| {
-                            fleetd_env(key)
-                                .filter(|value| !value.is_empty())
-                                .map(|value| (key.to_string(), value))
-                        })
-                        .collect(),
-                },
-            ),
-            federation,
-            coordinator,
-            workdirs,
-            health: Health::new(std::env::var(FAULT_VAR).ok().and_then(|f| Fault::parse(&f))),
-            listener: Arc::clone(&stats),
-        },
-        shutdown.child_token(),
-    )
-    .context("cannot start the gateway's threads")?;
-    gateway.start().await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let router = app(
-        Arc::clone(&gateway),
-        AllowedHosts::new(bound.port(), extra_hosts),
-        caps,
-        &shutdown,
-    );
+    })
+}
 
-    let drained = watch_signals(shutdown.clone(), drain)?;
-    // For `fleetd ls` and the other operator commands: where this gateway answers here, and
-    // its pid (gone, the file is stale).
-    let serving = state.serving_path();
-    let said = format!("{}\npid {}\n", local_base(bound), std::process::id());
-    if let Err(e) = write_whole(&serving, &said) {
-        tracing::warn!(path = %serving.display(), error = %e, "cannot say where this gateway serves: `fleetd ls` may not find it");
+/// What launchers need to know of this host: the user's home and Claude Code's config dir
+/// (resolved, as the state dir is: a sandbox template names both), where workers may work,
+/// and the credentials found in fleetd's environment.
+fn host_facts(workdirs: &Workdirs, fleetd_env: &dyn Fn(&str) -> Option<String>) -> HostFacts {
+    HostFacts {
+        user_home: std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .map(|home| std::fs::canonicalize(&home).unwrap_or(home)),
+        claude_config_dir: std::env::var_os("CLAUDE_CONFIG_DIR")
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from),
+        workdir_roots: workdirs.roots().to_vec(),
+        credentials: CLAUDE_CREDENTIALS
+            .iter()
+            .filter_map(|key| {
+                fleetd_env(key)
+                    .filter(|value| !value.is_empty())
+                    .map(|value| (key.to_string(), value))
+            })
+            .collect(),
     }
-    tracing::info!(
-        host_id = %host,
-        listen = %bound,
-        mcp = %url,
-        state_dir = %state.root().display(),
-        panes = %panes.describe(),
-        "fleetd ready"
-    );
-    notify(manager.as_ref(), &ready_message(std::process::id()));
-    // The manager hears of the stop as it begins, not once the drain is over.
-    let stopping = shutdown.clone();
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        notify(manager.as_ref(), STOPPING);
-    });
-    crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
-    // Gone, it serves nowhere (unless another has taken the state dir since).
-    if std::fs::read_to_string(&serving).is_ok_and(|s| s == said) {
-        let _ = std::fs::remove_file(&serving);
-    }
-    tracing::info!("draining: closing worker panes");
-    gateway.shut_down().await;
-    panes.shut_down().await;
-    drained.store(true, std::sync::atomic::Ordering::Relaxed);
-    tracing::info!("fleetd stopped");
-    Ok(())
 }
 
 /// The listener's limits from `[gateway]`, its connection cap fitted to the open-file limit

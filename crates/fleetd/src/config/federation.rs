@@ -439,89 +439,90 @@ impl BrokerConfig {
 impl FederationConfig {
     /// Checks what the parser cannot; errors name the key.
     pub(super) fn validate(&self) -> Result<(), String> {
-        within(
-            "federation.presence_interval_s",
-            self.presence_interval_s,
-            1,
-            3_600,
-        )?;
-        within(
-            "federation.presence_ttl_s",
-            self.presence_ttl_s,
-            self.presence_interval_s + 1,
-            MAX_CONFIG_WAIT_S,
-        )
-        .map_err(|e| format!("{e} (more than presence_interval_s)"))?;
-        within(
-            "federation.injected_bound_s",
-            self.injected_bound_s,
-            1,
-            MAX_CONFIG_WAIT_S,
-        )?;
-        within(
-            "federation.control_wait_s",
-            self.control_wait_s,
-            1,
-            MAX_CONFIG_WAIT_S,
-        )?;
-        within(
-            "federation.inbox_max_length",
-            self.inbox_max_length,
-            1,
-            10_000_000,
-        )?;
-        within(
-            "federation.inbox_message_ttl_s",
-            self.inbox_message_ttl_s,
-            1,
-            MAX_CONFIG_WAIT_S * 30,
-        )?;
-        within(
-            "federation.inbox_expires_s",
-            self.inbox_expires_s,
-            self.inbox_message_ttl_s,
-            MAX_CONFIG_WAIT_S * 365,
-        )
-        .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
-        within(
-            "federation.dlq_max_length",
-            self.dlq_max_length,
-            1,
-            100_000_000,
-        )?;
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        within(
-            "federation.max_remote_entities_per_host",
-            count(self.max_remote_entities_per_host),
-            1,
-            100_000,
-        )?;
-        within(
-            "federation.max_remote_hosts",
-            count(self.max_remote_hosts),
-            1,
-            10_000,
-        )?;
-        within(
-            "federation.audit_max_bytes",
-            self.audit_max_bytes,
-            MIN_AUDIT_MAX_BYTES,
-            1 << 40,
-        )?;
-        within(
-            "federation.audit_keep_files",
-            count(self.audit_keep_files),
-            1,
-            1_000,
-        )?;
-        within("federation.clock_skew_s", self.clock_skew_s, 0, 3_600)?;
-        within(
-            "federation.max_message_age_s",
-            self.max_message_age_s,
-            self.inbox_message_ttl_s,
-            MAX_CONFIG_WAIT_S * 30,
-        )
-        .map_err(|e| format!("{e} (at least inbox_message_ttl_s)"))?;
+        let ttl = self.inbox_message_ttl_s;
+        let at_least_ttl = " (at least inbox_message_ttl_s)";
+        // Each key, its value, its range, and what the range's floor is when it is another key.
+        let ranges = [
+            (
+                "presence_interval_s",
+                self.presence_interval_s,
+                1,
+                3_600,
+                "",
+            ),
+            (
+                "presence_ttl_s",
+                self.presence_ttl_s,
+                self.presence_interval_s + 1,
+                MAX_CONFIG_WAIT_S,
+                " (more than presence_interval_s)",
+            ),
+            (
+                "injected_bound_s",
+                self.injected_bound_s,
+                1,
+                MAX_CONFIG_WAIT_S,
+                "",
+            ),
+            (
+                "control_wait_s",
+                self.control_wait_s,
+                1,
+                MAX_CONFIG_WAIT_S,
+                "",
+            ),
+            ("inbox_max_length", self.inbox_max_length, 1, 10_000_000, ""),
+            ("inbox_message_ttl_s", ttl, 1, MAX_CONFIG_WAIT_S * 30, ""),
+            (
+                "inbox_expires_s",
+                self.inbox_expires_s,
+                ttl,
+                MAX_CONFIG_WAIT_S * 365,
+                at_least_ttl,
+            ),
+            ("dlq_max_length", self.dlq_max_length, 1, 100_000_000, ""),
+            (
+                "max_remote_entities_per_host",
+                count(self.max_remote_entities_per_host),
+                1,
+                100_000,
+                "",
+            ),
+            (
+                "max_remote_hosts",
+                count(self.max_remote_hosts),
+                1,
+                10_000,
+                "",
+            ),
+            (
+                "audit_max_bytes",
+                self.audit_max_bytes,
+                MIN_AUDIT_MAX_BYTES,
+                1 << 40,
+                "",
+            ),
+            (
+                "audit_keep_files",
+                count(self.audit_keep_files),
+                1,
+                1_000,
+                "",
+            ),
+            ("clock_skew_s", self.clock_skew_s, 0, 3_600, ""),
+            (
+                "max_message_age_s",
+                self.max_message_age_s,
+                ttl,
+                MAX_CONFIG_WAIT_S * 30,
+                at_least_ttl,
+            ),
+        ];
+        for (key, value, min, max, floor) in ranges {
+            within(&format!("federation.{key}"), value, min, max)
+                .map_err(|e| format!("{e}{floor}"))?;
+        }
         self.trust_table()?;
         self.allow_table().map(|_| ())
     }

@@ -342,9 +342,42 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), String> {
-        let named = |what: &str, name: &str| validate_name(what, name).map_err(|e| e.message);
+        self.validate_gateway()?;
+        self.validate_mux()?;
+        self.validate_people()?;
+        let untrusted = self.federation.trust.is_empty() && !self.federation.insecure_unsigned;
+        if let Some(broker) = &self.broker {
+            broker.validate("broker")?;
+            if untrusted {
+                return Err(UNTRUSTED.into());
+            }
+        }
+        self.validate_coordination(untrusted)?;
+        self.federation.validate()?;
+        self.validate_profiles()?;
+        if self.broker.is_none()
+            && let Some(far) = self.architects.slots.iter().find(|s| {
+                s.host
+                    .as_deref()
+                    .is_some_and(|h| Some(h) != self.gateway.host_id.as_deref())
+            })
+        {
+            return Err(format!(
+                "architects.slots '{}' is on host '{}', which only the control plane reaches: configure [broker], or drop the slot's host",
+                far.name,
+                far.host.as_deref().unwrap_or_default()
+            ));
+        }
+        let leads = self.leads.keys().map(String::as_str).collect();
+        self.architects
+            .validate(&self.profiles, self.gateway.host_id.as_deref(), &leads)?;
+        Ok(())
+    }
+
+    /// `[gateway]`: its host id, caps and timeouts, and its advertised URL.
+    fn validate_gateway(&self) -> Result<(), String> {
         if let Some(host) = &self.gateway.host_id {
-            named("gateway.host_id", host)?;
+            validate_name("gateway.host_id", host).map_err(|e| e.message)?;
         }
         if self.gateway.max_message_bytes == 0 {
             return Err("gateway.max_message_bytes must be at least 1".into());
@@ -414,6 +447,12 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[mux]`: a socket, session and workspace each of the pane host's kind.
+    fn validate_mux(&self) -> Result<(), String> {
+        let named = |what: &str, name: &str| validate_name(what, name).map_err(|e| e.message);
         let herdr = self.mux.kind == Some(MuxKind::Herdr);
         if let Some(socket) = &self.mux.socket
             && !herdr
@@ -430,6 +469,12 @@ impl Config {
             named("mux.session", session)?;
         }
         named("mux.workspace", &self.mux.workspace)?;
+        Ok(())
+    }
+
+    /// `[leads]` and `[operators]`: their names, groups, nudges and shares, and no name both.
+    fn validate_people(&self) -> Result<(), String> {
+        let named = |what: &str, name: &str| validate_name(what, name).map_err(|e| e.message);
         for (name, lead) in &self.leads {
             named("lead", name)?;
             for group in &lead.groups {
@@ -464,15 +509,12 @@ impl Config {
                 ));
             }
         }
-        let untrusted = self.federation.trust.is_empty() && !self.federation.insecure_unsigned;
-        if let Some(broker) = &self.broker {
-            broker.validate("broker")?;
-            if untrusted {
-                return Err(UNTRUSTED.into());
-            }
-        }
-        self.validate_coordination(untrusted)?;
-        self.federation.validate()?;
+        Ok(())
+    }
+
+    /// `[[profiles]]`: each valid, declared once, and its workspace inside the work roots
+    /// when they are set.
+    fn validate_profiles(&self) -> Result<(), String> {
         let mut seen = std::collections::BTreeSet::new();
         for profile in &self.profiles {
             profile.validate()?;
@@ -492,22 +534,6 @@ impl Config {
                 ));
             }
         }
-        if self.broker.is_none()
-            && let Some(far) = self.architects.slots.iter().find(|s| {
-                s.host
-                    .as_deref()
-                    .is_some_and(|h| Some(h) != self.gateway.host_id.as_deref())
-            })
-        {
-            return Err(format!(
-                "architects.slots '{}' is on host '{}', which only the control plane reaches: configure [broker], or drop the slot's host",
-                far.name,
-                far.host.as_deref().unwrap_or_default()
-            ));
-        }
-        let leads = self.leads.keys().map(String::as_str).collect();
-        self.architects
-            .validate(&self.profiles, self.gateway.host_id.as_deref(), &leads)?;
         Ok(())
     }
 

@@ -532,6 +532,16 @@ impl ProfileConfig {
             ));
         }
         self.validate_workspace()?;
+        self.validate_text()?;
+        self.validate_kind()
+    }
+
+    /// The text a profile hands to a screen or a command line: dialog and turn-over markers
+    /// (some text, not too much, one line), env entries (none of fleetd's own), and the words of
+    /// its command lines, one line each (tmux ends a command at a newline).
+    fn validate_text(&self) -> Result<(), String> {
+        let name = &self.name;
+        let key = |k: &str| format!("profiles '{name}': {k}");
         for (list, markers) in [
             ("blocked_markers", &self.blocked_markers),
             ("turn_over_markers", &self.turn_over_markers),
@@ -571,7 +581,7 @@ impl ProfileConfig {
                 one_line(&key(&format!("{what}[{i}]")), word)?;
             }
         }
-        self.validate_kind()
+        Ok(())
     }
 
     /// An agent in an isolated home starts with no login of its own: without a credential it
@@ -711,30 +721,38 @@ impl ProfileConfig {
             ));
         }
         if sandbox {
-            if !self.argv.is_empty() {
-                return Err(format!(
-                    "profiles '{name}': a sandbox names its agent's argv in agent and its runtime's in runtime, not argv"
-                ));
-            }
-            if self.runtime.first().is_none_or(|p| p.trim().is_empty()) {
-                return Err(format!(
-                    "profiles '{name}': runtime must name the sandbox runtime's program (e.g. [\"docker\", \"run\", …])"
-                ));
-            }
-            if self.agent_kind == Some(ProfileKind::Sandbox) {
-                return Err(format!(
-                    "profiles '{name}': agent_kind cannot be \"sandbox\""
-                ));
-            }
-            for (key, argv) in [("runtime", &self.runtime), ("teardown", &self.teardown)] {
-                for word in argv {
-                    self.check_placeholders(key, word, &SANDBOX_PLACEHOLDERS)?;
-                }
-            }
+            self.validate_sandbox()?;
         }
         if self.program().first().is_none_or(|p| p.trim().is_empty()) {
             let key = if sandbox { "agent" } else { "argv" };
             return Err(format!("profiles '{name}': {key} must name a program"));
+        }
+        Ok(())
+    }
+
+    /// A sandbox's keys: its agent in `agent`, its runtime's program in `runtime`, and known
+    /// placeholders in its runtime and teardown templates.
+    fn validate_sandbox(&self) -> Result<(), String> {
+        let name = &self.name;
+        if !self.argv.is_empty() {
+            return Err(format!(
+                "profiles '{name}': a sandbox names its agent's argv in agent and its runtime's in runtime, not argv"
+            ));
+        }
+        if self.runtime.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(format!(
+                "profiles '{name}': runtime must name the sandbox runtime's program (e.g. [\"docker\", \"run\", …])"
+            ));
+        }
+        if self.agent_kind == Some(ProfileKind::Sandbox) {
+            return Err(format!(
+                "profiles '{name}': agent_kind cannot be \"sandbox\""
+            ));
+        }
+        for (key, argv) in [("runtime", &self.runtime), ("teardown", &self.teardown)] {
+            for word in argv {
+                self.check_placeholders(key, word, &SANDBOX_PLACEHOLDERS)?;
+            }
         }
         Ok(())
     }

@@ -100,33 +100,7 @@ impl PeerLauncher for ClaudeLauncher {
         // The working directory was checked at spawn; the trust given here reaches no further.
         let keys = trusted_keys(&worker.cwd, &self.roots)?;
         if profile.isolated_home {
-            let home = worker.dir.join("home");
-            private_dir(&home)?;
-            let own_login = CLAUDE_CREDENTIALS
-                .iter()
-                .any(|key| launch.env.get(*key).is_some_and(|value| !value.is_empty()));
-            // fleetd's own login goes to its own panes, never into a sandbox.
-            if !own_login && profile.kind != ProfileKind::Sandbox {
-                launch.env.extend(self.credentials.clone());
-            }
-            private_file(
-                &home.join(CLAUDE_JSON),
-                serde_json::to_string_pretty(&seeded_settings(
-                    &keys,
-                    // The key it will see: its own, else fleetd's (a pane host may pass that on).
-                    launch
-                        .env
-                        .get("ANTHROPIC_API_KEY")
-                        .or_else(|| {
-                            (profile.kind != ProfileKind::Sandbox)
-                                .then(|| self.credentials.get("ANTHROPIC_API_KEY"))
-                                .flatten()
-                        })
-                        .map(String::as_str),
-                ))?
-                .as_bytes(),
-            )?;
-            launch.env.insert("HOME".into(), home.display().to_string());
+            self.isolate(profile, worker, &keys, &mut launch)?;
         } else if profile.trust_workdir
             && let Some(dir) = profile
                 .env
@@ -138,6 +112,48 @@ impl PeerLauncher for ClaudeLauncher {
             trust_directory(&dir.join(CLAUDE_JSON), &keys)?;
         }
         Ok(launch)
+    }
+}
+
+impl ClaudeLauncher {
+    /// Gives `worker` a home of its own: its login (its profile's, else fleetd's, never into a
+    /// sandbox), and Claude Code's settings seeded there with its working directory trusted
+    /// (`keys`) and no first-run dialog.
+    fn isolate(
+        &self,
+        profile: &ProfileConfig,
+        worker: &Worker,
+        keys: &[String],
+        launch: &mut Launch,
+    ) -> std::io::Result<()> {
+        let home = worker.dir.join("home");
+        private_dir(&home)?;
+        let own_login = CLAUDE_CREDENTIALS
+            .iter()
+            .any(|key| launch.env.get(*key).is_some_and(|value| !value.is_empty()));
+        // fleetd's own login goes to its own panes, never into a sandbox.
+        if !own_login && profile.kind != ProfileKind::Sandbox {
+            launch.env.extend(self.credentials.clone());
+        }
+        private_file(
+            &home.join(CLAUDE_JSON),
+            serde_json::to_string_pretty(&seeded_settings(
+                keys,
+                // The key it will see: its own, else fleetd's (a pane host may pass that on).
+                launch
+                    .env
+                    .get("ANTHROPIC_API_KEY")
+                    .or_else(|| {
+                        (profile.kind != ProfileKind::Sandbox)
+                            .then(|| self.credentials.get("ANTHROPIC_API_KEY"))
+                            .flatten()
+                    })
+                    .map(String::as_str),
+            ))?
+            .as_bytes(),
+        )?;
+        launch.env.insert("HOME".into(), home.display().to_string());
+        Ok(())
     }
 }
 

@@ -153,32 +153,7 @@ pub async fn serve(
     };
     let tasks = TaskTracker::new();
     let mut backoff = Backoff::default();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) if transient(&e) => continue,
-            Err(e) => {
-                ListenerStats::count(&stats.accept_errors);
-                let first = !backoff.failing();
-                let wait = backoff.failed();
-                if first {
-                    tracing::warn!(error = %e, "cannot accept connections; backing off until it can");
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
-                    () = shutdown.cancelled() => break,
-                }
-                continue;
-            }
-        };
-        let failed = backoff.succeeded();
-        if failed > 0 {
-            tracing::info!(failed, "accepting connections again");
-        }
+    while let Some(stream) = accept(&listener, &mut backoff, &stats, &shutdown).await {
         let evict = CancellationToken::new();
         let admission = connection::lock(&table).admit(evict.clone());
         let id = match admission {
@@ -214,13 +189,54 @@ pub async fn serve(
     }
     // No more connections: the socket's backlog waits for the next start (or is refused).
     drop(listener);
+    drain(&tasks, limits.drain, &stop).await;
+}
+
+/// The next connection `listener` takes; `None` at shutdown. An accept error that is not one
+/// connection's (out of descriptors) is counted and backed off from, and said once.
+async fn accept(
+    listener: &TcpListener,
+    backoff: &mut Backoff,
+    stats: &ListenerStats,
+    shutdown: &CancellationToken,
+) -> Option<TcpStream> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return None,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let failed = backoff.succeeded();
+                if failed > 0 {
+                    tracing::info!(failed, "accepting connections again");
+                }
+                return Some(stream);
+            }
+            Err(e) if transient(&e) => {}
+            Err(e) => {
+                ListenerStats::count(&stats.accept_errors);
+                let first = !backoff.failing();
+                let wait = backoff.failed();
+                if first {
+                    tracing::warn!(error = %e, "cannot accept connections; backing off until it can");
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = shutdown.cancelled() => return None,
+                }
+            }
+        }
+    }
+}
+
+/// Lets the connections of `tasks` end what they are doing, for `drain` at most; then closes
+/// what is left.
+async fn drain(tasks: &TaskTracker, drain: Duration, stop: &Stop) {
     tasks.close();
-    if tokio::time::timeout(limits.drain, tasks.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
         tracing::warn!(
-            drain_s = limits.drain.as_secs(),
+            drain_s = drain.as_secs(),
             "connections still busy at the end of their share of the drain: closed"
         );
         stop.force.cancel();
