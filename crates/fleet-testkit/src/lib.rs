@@ -9,6 +9,7 @@ pub mod broker;
 pub mod client;
 pub mod fleet;
 pub mod herdr;
+pub mod hosts;
 pub mod inherit;
 pub mod keys;
 pub mod model;

@@ -752,6 +752,17 @@ fn operator_routes(
         .with_state(Arc::clone(gateway))
 }
 
+impl CallerCaps {
+    /// The caps `[gateway]` sets.
+    pub fn of(gateway: &crate::config::GatewayConfig) -> Self {
+        Self {
+            long_calls: gateway.max_long_calls_per_caller,
+            sessions: gateway.max_sessions_per_token,
+            streams: gateway.max_streams_per_token,
+        }
+    }
+}
+
 /// The whole HTTP app, each caller held to `caps`. `shutdown` ends every open MCP stream and
 /// call.
 pub fn app(

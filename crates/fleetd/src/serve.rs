@@ -195,11 +195,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     let limits = listener_limits(&config.gateway);
     let drain = Duration::from_secs(config.gateway.drain_timeout_s);
     let stats = Arc::new(crate::listener::ListenerStats::default());
-    let caps = CallerCaps {
-        long_calls: config.gateway.max_long_calls_per_caller,
-        sessions: config.gateway.max_sessions_per_token,
-        streams: config.gateway.max_streams_per_token,
-    };
+    let caps = CallerCaps::of(&config.gateway);
     let parts = gateway_parts(
         &config,
         &state,
@@ -234,13 +230,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         panes = %panes.describe(),
         "fleetd ready"
     );
-    notify(manager.as_ref(), &ready_message(std::process::id()));
-    // The manager hears of the stop as it begins, not once the drain is over.
-    let stopping = shutdown.clone();
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        notify(manager.as_ref(), STOPPING);
-    });
+    tell_manager(manager, &shutdown);
     crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
     serving.unsay();
     tracing::info!("draining: closing worker panes");
@@ -249,6 +239,17 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     drained.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("fleetd stopped");
     Ok(())
+}
+
+/// Tells the service manager (if any) that fleetd is ready, and, as the stop begins (not once
+/// the drain is over), that it is stopping.
+fn tell_manager(manager: Option<NotifyTarget>, shutdown: &CancellationToken) {
+    notify(manager.as_ref(), &ready_message(std::process::id()));
+    let stopping = shutdown.clone();
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        notify(manager.as_ref(), STOPPING);
+    });
 }
 
 /// What the gateway of `host` (signing with `key`) runs on: its `store`, its `panes`, its

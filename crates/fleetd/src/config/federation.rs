@@ -436,50 +436,47 @@ impl BrokerConfig {
     }
 }
 
+/// What a range's floor is, when it is another key's value.
+const MORE_THAN_INTERVAL: &str = " (more than presence_interval_s)";
+/// The same, for a floor of the inbox's message ttl.
+const AT_LEAST_TTL: &str = " (at least inbox_message_ttl_s)";
+
 impl FederationConfig {
     /// Checks what the parser cannot; errors name the key.
     pub(super) fn validate(&self) -> Result<(), String> {
+        for (key, value, min, max, floor) in self.ranges() {
+            within(&format!("federation.{key}"), value, min, max)
+                .map_err(|e| format!("{e}{floor}"))?;
+        }
+        self.trust_table()?;
+        self.allow_table().map(|_| ())
+    }
+
+    /// Each numeric key, its value, its range, and what the range's floor is when it is
+    /// another key.
+    fn ranges(&self) -> [(&'static str, u64, u64, u64, &'static str); 14] {
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
-        let ttl = self.inbox_message_ttl_s;
-        let at_least_ttl = " (at least inbox_message_ttl_s)";
-        // Each key, its value, its range, and what the range's floor is when it is another key.
-        let ranges = [
-            (
-                "presence_interval_s",
-                self.presence_interval_s,
-                1,
-                3_600,
-                "",
-            ),
+        let (ttl, wait) = (self.inbox_message_ttl_s, MAX_CONFIG_WAIT_S);
+        let interval = self.presence_interval_s;
+        [
+            ("presence_interval_s", interval, 1, 3_600, ""),
             (
                 "presence_ttl_s",
                 self.presence_ttl_s,
-                self.presence_interval_s + 1,
-                MAX_CONFIG_WAIT_S,
-                " (more than presence_interval_s)",
+                interval + 1,
+                wait,
+                MORE_THAN_INTERVAL,
             ),
-            (
-                "injected_bound_s",
-                self.injected_bound_s,
-                1,
-                MAX_CONFIG_WAIT_S,
-                "",
-            ),
-            (
-                "control_wait_s",
-                self.control_wait_s,
-                1,
-                MAX_CONFIG_WAIT_S,
-                "",
-            ),
+            ("injected_bound_s", self.injected_bound_s, 1, wait, ""),
+            ("control_wait_s", self.control_wait_s, 1, wait, ""),
             ("inbox_max_length", self.inbox_max_length, 1, 10_000_000, ""),
-            ("inbox_message_ttl_s", ttl, 1, MAX_CONFIG_WAIT_S * 30, ""),
+            ("inbox_message_ttl_s", ttl, 1, wait * 30, ""),
             (
                 "inbox_expires_s",
                 self.inbox_expires_s,
                 ttl,
-                MAX_CONFIG_WAIT_S * 365,
-                at_least_ttl,
+                wait * 365,
+                AT_LEAST_TTL,
             ),
             ("dlq_max_length", self.dlq_max_length, 1, 100_000_000, ""),
             (
@@ -515,16 +512,10 @@ impl FederationConfig {
                 "max_message_age_s",
                 self.max_message_age_s,
                 ttl,
-                MAX_CONFIG_WAIT_S * 30,
-                at_least_ttl,
+                wait * 30,
+                AT_LEAST_TTL,
             ),
-        ];
-        for (key, value, min, max, floor) in ranges {
-            within(&format!("federation.{key}"), value, min, max)
-                .map_err(|e| format!("{e}{floor}"))?;
-        }
-        self.trust_table()?;
-        self.allow_table().map(|_| ())
+        ]
     }
 
     /// `[federation.allow]` as the checks use it; an error names the entry and what is wrong.

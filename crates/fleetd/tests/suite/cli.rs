@@ -791,7 +791,7 @@ fn the_doctor_looks_for_the_programs_a_profile_really_runs() -> anyhow::Result<(
 async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
     let vhost =
         fleet_testkit::broker::Vhost::create(&fleet_testkit::broker::Broker::find().await?).await?;
-    let fleet = super::federation::gateway(&vhost.uri(), "hosta", "alice", "").await?;
+    let fleet = fleet_testkit::hosts::gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let out = fleet.cli(&["doctor"])?;
     let report = String::from_utf8(out.stdout)?;
     assert!(out.status.success(), "{report}");
@@ -806,7 +806,7 @@ async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
         "{report}"
     );
     // With another host up, its clock is read off its signed heartbeats.
-    let _b = super::federation::gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    let _b = fleet_testkit::hosts::gateway(&vhost.uri(), "hostb", "bob", "").await?;
     let out = fleet.cli(&["doctor"])?;
     let report = String::from_utf8(out.stdout)?;
     let clocks = verdict(&report, "clocks");

@@ -16,7 +16,8 @@ use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{HOSTS, LIMIT, SHARED, audit_lines, drain, sees, texts};
+use super::federation::{LIMIT, audit_lines, drain, sees, texts};
+use fleet_testkit::hosts::{HOSTS, SHARED};
 
 /// A gateway of host `host` with lead `lead` and the scripted agent as `sim`, on the broker
 /// nodes `uris` (tried in that order), its queues quorum queues; `broker` and `federation` are

@@ -8,9 +8,8 @@ use fleet_testkit::fleet::sim_profile;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{
-    LIMIT, announce, forged, gateway, gateway_with, gid_of, hears_host, pair, publish, sees,
-};
+use super::federation::{LIMIT, announce, forged, gid_of, hears_host, publish, sees};
+use fleet_testkit::hosts::{TwoHosts, gateway, gateway_with};
 
 /// The audit log of a gateway.
 fn audit(fleet: &fleet_testkit::fleet::Fleet) -> String {
@@ -35,8 +34,7 @@ async fn taken_twice(fleet: &fleet_testkit::fleet::Fleet) -> anyhow::Result<()> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_spawns_tasks_and_stops_a_worker_on_another_host() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let p = pair(&vhost).await?;
+    let p = TwoHosts::start().await?;
     until("hostb to be heard on hosta", LIMIT, || async {
         p.alice
             .names()
@@ -276,8 +274,8 @@ async fn a_spawn_request_delivered_twice_spawns_once_and_only_a_lead_may_ask() -
 }
 
 /// A worker `wb` bob spawned on hostb, seen from hosta, with the pair.
-async fn pair_with_wb(vhost: &Vhost) -> anyhow::Result<super::federation::Pair> {
-    let p = pair(vhost).await?;
+async fn pair_with_wb() -> anyhow::Result<TwoHosts> {
+    let p = TwoHosts::start().await?;
     p.bob.spawn("sim", "wb").await?;
     sees(&p.alice, "wb").await?;
     Ok(p)
@@ -285,8 +283,7 @@ async fn pair_with_wb(vhost: &Vhost) -> anyhow::Result<super::federation::Pair> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_asks_the_lead_on_another_host_whose_task_it_works_on() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let p = pair_with_wb(&vhost).await?;
+    let p = pair_with_wb().await?;
 
     // alice's task reaches bob's worker on hostb; its question surfaces on her open send.
     let sent = p.alice.send("wb", "/ask 20 which port?", 20).await?;
@@ -340,8 +337,7 @@ async fn a_worker_asks_the_lead_on_another_host_whose_task_it_works_on() -> anyh
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_reaches_an_asking_worker_past_the_briefs_queued_for_it() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let p = pair_with_wb(&vhost).await?;
+    let p = pair_with_wb().await?;
 
     // wb asks mid-task; meanwhile alice queues two more tasks for it, which wait on the broker
     // in its inbox, ahead of her answer.
@@ -380,8 +376,7 @@ async fn an_answer_reaches_an_asking_worker_past_the_briefs_queued_for_it() -> a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ask_across_hosts_that_ended_is_over_for_the_lead_and_a_late_answer_hears_too_late()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let p = pair_with_wb(&vhost).await?;
+    let p = pair_with_wb().await?;
 
     // The worker waits 1 s: alice sees the question, the worker gives up, and hosta hears
     // the ask was abandoned, so her answer is too late at once.
@@ -432,7 +427,7 @@ async fn an_ask_across_hosts_that_ended_is_over_for_the_lead_and_a_late_answer_h
     let mut answer = forged(Kind::Answer, alice_gid, "hosta", &wb)?;
     answer.in_reply_to = Some(ask_id.parse()?);
     answer.turn_id = Some(turn.clone());
-    let client = vhost.connect().await?;
+    let client = p.vhost.connect().await?;
     publish(&client, "fleet.msg", &wb, &answer, b"too late now").await?;
     let too_late = until("hostb to answer TOO_LATE", LIMIT, || async {
         audit(&p.b)

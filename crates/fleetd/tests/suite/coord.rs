@@ -11,7 +11,8 @@ use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 use super::as_worker;
-use super::federation::{LIMIT, forged, gateway, publish, raw};
+use super::federation::{LIMIT, forged, publish, raw};
+use fleet_testkit::hosts::gateway;
 
 /// Two gateways, each on a fleet vhost of its own, sharing the coordinator's vhost `coord`:
 /// `hosta` with lead alice, `hostb` with lead bob (coordination ids `alice@hosta`,

@@ -17,11 +17,9 @@ use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{
-    LIMIT, Pair, audit_lines, dead_letters, drain, forged, gateway, gateway_with, gid_of, pair,
-    sees,
-};
+use super::federation::{LIMIT, audit_lines, dead_letters, drain, forged, gid_of, sees};
 use super::metrics::{scraped, value};
+use fleet_testkit::hosts::{TwoHosts, gateway, gateway_with};
 
 /// The outcomes `fleet`'s audit log gives message `id`.
 fn outcomes(fleet: &Fleet, id: &str) -> Vec<String> {
@@ -185,12 +183,14 @@ async fn a_brief_for_a_worker_whose_gateway_died_is_failed_to_its_sender_once_wh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_expires_while_its_leads_gateway_is_down_is_failed_to_the_worker_that_sent_it()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
     // hosta's inboxes keep a message 3 s: alice's among them.
-    let mut a = gateway(&vhost.uri(), "hosta", "alice", "inbox_message_ttl_s = 3\n").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let TwoHosts {
+        mut a,
+        b,
+        alice,
+        bob,
+        vhost: _vhost,
+    } = TwoHosts::each(&Broker::find().await?, "inbox_message_ttl_s = 3\n", "").await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
     // wb takes the task (its receipt reaches hosta), and answers once hosta is down.
@@ -238,18 +238,18 @@ async fn a_reply_that_expires_while_its_leads_gateway_is_down_is_failed_to_the_w
     Ok(())
 }
 
-/// A pair of hosts on `vhost` where alice (hosta) sent bob's worker `wb` (hostb) a brief and
+/// A pair of hosts on a vhost of their own where alice (hosta) sent bob's worker `wb` (hostb) a brief and
 /// got its reply: what a forger could copy off `fleet.msg`.
 struct Answered {
-    pair: Pair,
+    pair: TwoHosts,
     alice: fleet_testkit::client::Client,
     alice_gid: Gid,
     wb_key: String,
     id: MsgId,
 }
 
-async fn answered_brief(vhost: &Vhost) -> anyhow::Result<Answered> {
-    let pair = pair(vhost).await?;
+async fn answered_brief() -> anyhow::Result<Answered> {
+    let pair = TwoHosts::start().await?;
     let wb = pair.bob.spawn("sim", "wb").await?;
     let alice = pair.a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "wb").await?;
@@ -298,15 +298,16 @@ async fn login_pair(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -> anyhow::Result<()>
 {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
     // A brief alice really sent, answered: its dead letter, were it genuine, would be told.
     let Answered {
-        pair: Pair { a, b: _b, .. },
+        pair: TwoHosts {
+            a, b: _b, vhost, ..
+        },
         alice,
         alice_gid,
         wb_key,
         id,
-    } = answered_brief(&vhost).await?;
+    } = answered_brief().await?;
     let admin = vhost.connect().await?;
     let before = dead_letters(&admin).await?;
     // As a forger with broker access would publish it straight onto fleet.dlx, "expired" in
@@ -380,14 +381,15 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
 /// so it cannot have died unread: dropped, nobody told, no "sender told" in the audit log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_of_a_message_already_answered_is_not_believed() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
     let Answered {
-        pair: Pair { a, b: _b, .. },
+        pair: TwoHosts {
+            a, b: _b, vhost, ..
+        },
         alice,
         alice_gid,
         wb_key,
         id,
-    } = answered_brief(&vhost).await?;
+    } = answered_brief().await?;
     // The very brief alice sent (the test hosts' keys are known, so its copy is signed as
     // hosta signed it), "expired" in wb's inbox, onto fleet.dlx by the shared login.
     let copy = Envelope {

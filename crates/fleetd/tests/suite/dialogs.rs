@@ -11,7 +11,8 @@ use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
-use super::federation::{gateway, hears_host, sees};
+use super::federation::{hears_host, sees};
+use fleet_testkit::hosts::{TwoHosts, gateway};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -117,10 +118,13 @@ async fn a_dialog_answered_in_the_pane_is_over_for_the_lead() -> anyhow::Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_broker()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", &confirm_profile()?).await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let TwoHosts {
+        a: _a,
+        b,
+        alice,
+        vhost: _vhost,
+        ..
+    } = TwoHosts::each(&Broker::find().await?, "", &confirm_profile()?).await?;
     hears_host(&alice, "hostb").await?;
     // alice spawns the worker on hostb: hers, so its dialogs are asked of her, across hosts.
     alice
@@ -368,10 +372,13 @@ async fn a_cursor_that_does_not_reach_the_option_is_not_confirmed() -> anyhow::R
 /// and the option's name comes back, to be checked and turned into keys where the worker is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", &menu_profile()?).await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
+    let TwoHosts {
+        a: _a,
+        b,
+        alice,
+        vhost: _vhost,
+        ..
+    } = TwoHosts::each(&Broker::find().await?, "", &menu_profile()?).await?;
     hears_host(&alice, "hostb").await?;
     alice
         .ok(

@@ -9,77 +9,13 @@ use fleet_core::envelope::{Envelope, VERSION};
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use fleet_testkit::broker::{Broker, PrivateNode, Vhost};
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, agent_workdir, sim_profile};
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::hosts::{QUICK, TwoHosts, gateway, gateway_with};
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 pub(super) const LIMIT: Duration = Duration::from_secs(30);
-
-/// The test hosts every test gateway pins (each to its test key, `fleet_testkit::keys`):
-/// those of the gateways the tests start, and those a test stands in for.
-pub(super) const HOSTS: [&str; 7] = [
-    "hosta", "hostb", "hostc", "hostd", "hostf", "hostg", "hosth",
-];
-
-/// The `[federation]` keys of a test gateway: quick presence and receipts.
-/// Every lead of the test hosts, as a lead's `share` default names them: the test fleets'
-/// leads task one another's workers (a lead's own is not shared with itself).
-pub(super) const SHARED: &str = r#""alice@hosta", "bob@hostb", "carol@hostc""#;
-
-const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
-
-/// A gateway of host `host` with lead `lead` and the scripted agent as profile `sim`, on the
-/// broker at `uri`; `extra` is more config.
-pub(super) async fn gateway(
-    uri: &str,
-    host: &str,
-    lead: &str,
-    extra: &str,
-) -> anyhow::Result<Fleet> {
-    gateway_with(uri, host, lead, "", &format!("{QUICK}{extra}")).await
-}
-
-/// [`gateway`] with more `[gateway]` lines and `[federation]` keys (and what follows them)
-/// of its own.
-pub(super) async fn gateway_with(
-    uri: &str,
-    host: &str,
-    lead: &str,
-    gateway: &str,
-    federation: &str,
-) -> anyhow::Result<Fleet> {
-    // Its workers work under the scripted agents' directory: a spawn for another host's lead
-    // goes only under a host's roots.
-    let gateway = format!("workdir_roots = [{:?}]\n{gateway}", agent_workdir());
-    Fleet::start_as(
-        host,
-        &gateway,
-        &format!(
-            "[leads.{lead}]\ngroups = []\nshare = [{SHARED}]\n\n{}\n[broker]\nuri = \"{uri}\"\nheartbeat_s = 5\n\n[federation]\n{federation}\n{}",
-            sim_profile("sim", &[])?,
-            keys::admitting(&HOSTS)
-        ),
-    )
-    .await
-}
-
-/// Waits until `lead`'s `fleet_list` shows `name` with its host heard.
-/// Two gateways on one vhost and their leads: `hosta` with alice, `hostb` with bob.
-pub(super) struct Pair {
-    pub(super) a: Fleet,
-    pub(super) b: Fleet,
-    pub(super) alice: Client,
-    pub(super) bob: Client,
-}
-
-pub(super) async fn pair(vhost: &Vhost) -> anyhow::Result<Pair> {
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
-    Ok(Pair { a, b, alice, bob })
-}
 
 /// Waits until `lead` hears the gateway of `host` itself up (a host's own heartbeat comes apart
 /// from its lead's), as before spawning there.
@@ -95,6 +31,7 @@ pub(super) async fn hears_host(lead: &Client, host: &str) -> anyhow::Result<()> 
     .await
 }
 
+/// Waits until `lead`'s `fleet_list` shows `name` with its host heard.
 pub(super) async fn sees(lead: &Client, name: &str) -> anyhow::Result<Value> {
     until(&format!("the roster to show {name}"), LIMIT, || async {
         lead.heard_entry(name).await.ok()
@@ -201,11 +138,13 @@ pub(super) fn gid_of(entry: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let mut b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let TwoHosts {
+        a,
+        mut b,
+        alice,
+        bob,
+        vhost,
+    } = TwoHosts::start().await?;
     bob.spawn("sim", "wb").await?;
     alice.spawn("sim", "wa").await?;
 
@@ -272,13 +211,13 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_remote_reply_is_held_until_polled_and_a_busy_worker_keeps_it_queued()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
+    let TwoHosts {
         a,
         b: _b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost: _vhost,
+    } = TwoHosts::start().await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
 
@@ -376,13 +315,13 @@ async fn three_gateways_converge_on_one_roster_and_a_dead_one_reads_unreachable(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
+    let TwoHosts {
         a: _a,
         b: _b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost,
+    } = TwoHosts::start().await?;
     alice.spawn("sim", "wa").await?;
     bob.ok(
         "fleet_spawn",
@@ -472,11 +411,13 @@ async fn collect_replies(lead: &Client, n: usize) -> anyhow::Result<Vec<String>>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_survive_the_kill_9_of_the_gateway_holding_them_exactly_once() -> anyhow::Result<()>
 {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let mut a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let TwoHosts {
+        mut a,
+        b: _b,
+        alice,
+        bob,
+        vhost: _vhost,
+    } = TwoHosts::start().await?;
     for name in ["w1", "w2", "w3"] {
         bob.spawn("sim", name).await?;
         sees(&alice, name).await?;
@@ -795,13 +736,13 @@ async fn newer_major_and_garbage_go_to_the_dead_letters_and_the_gateway_keeps_go
 async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_resume()
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
-    let vhost = Vhost::create(&node.broker()).await?;
-    let Pair {
+    let TwoHosts {
         a: _a,
         b: _b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost: _vhost,
+    } = TwoHosts::on(&node.broker(), "").await?;
     alice.spawn("sim", "wa").await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -965,8 +906,13 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_brief_off_the_broker_holding_a_control_character_is_refused_and_never_typed()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair { a, b, alice, bob } = pair(&vhost).await?;
+    let TwoHosts {
+        a,
+        b,
+        alice,
+        bob,
+        vhost,
+    } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
     let client = vhost.connect().await?;
@@ -1243,13 +1189,13 @@ async fn a_brief_that_expires_while_its_worker_is_busy_is_failed_to_its_sender_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_deletes_their_inboxes()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
+    let TwoHosts {
         a: _a,
         mut b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost,
+    } = TwoHosts::start().await?;
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 
@@ -1292,13 +1238,13 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_name_is_free_again()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
+    let TwoHosts {
         a: _a,
         mut b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost: _vhost,
+    } = TwoHosts::start().await?;
     let old = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
     // Answered (its reply went to hosta: hostb keeps no copy of it), then one in flight.
@@ -1350,8 +1296,13 @@ async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair { a, b, alice, bob } = pair(&vhost).await?;
+    let TwoHosts {
+        a,
+        b,
+        alice,
+        bob,
+        vhost: _vhost,
+    } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     let pane = wb["pane"].as_str().unwrap_or_default().to_string();
     sees(&alice, "wb").await?;
@@ -1430,13 +1381,13 @@ async fn a_receipt_awaited_across_the_senders_restart_still_fails_its_brief_at_t
 async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_for_the_broker()
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
-    let vhost = Vhost::create(&node.broker()).await?;
-    let Pair {
+    let TwoHosts {
         a: _a,
         mut b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost,
+    } = TwoHosts::on(&node.broker(), "").await?;
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 

@@ -109,16 +109,19 @@ async fn a_stalled_worker_set_to_recycle_fails_its_task_and_starts_afresh() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_on_another_host_is_told_to_the_lead_whose_task_it_was() -> anyhow::Result<()> {
-    use fleet_testkit::broker::{Broker, Vhost};
+    use fleet_testkit::broker::Broker;
 
-    use super::federation::{gateway, sees};
+    use super::federation::sees;
+    use fleet_testkit::hosts::TwoHosts;
 
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let slow = format!("{}stall_after_s = 1\n", sim_profile("slow", &[])?);
-    let b = gateway(&vhost.uri(), "hostb", "bob", &slow).await?;
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let TwoHosts {
+        a,
+        b,
+        alice,
+        bob,
+        vhost: _vhost,
+    } = TwoHosts::each(&Broker::find().await?, "", &slow).await?;
     bob.spawn("slow", "wb").await?;
     sees(&alice, "wb").await?;
     // alice's task stalls bob's worker on hostb (shared with her): alice, whose task it was,

@@ -20,7 +20,8 @@ use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 use super::as_worker;
-use super::federation::{HOSTS, LIMIT, drain, sees, texts};
+use super::federation::{LIMIT, drain, sees, texts};
+use fleet_testkit::hosts::HOSTS;
 
 /// The leads and operators of a one-host test: alice spawns the workers, carol is the lead she
 /// shares some with, bob a lead she does not; `ops` may stop, `prom` may only read.

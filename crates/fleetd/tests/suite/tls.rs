@@ -12,7 +12,7 @@ use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::keys;
 use fleet_testkit::wait::until;
 
-use super::federation::SHARED;
+use fleet_testkit::hosts::SHARED;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(30);

@@ -16,9 +16,9 @@ use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
 use super::federation::{
-    LIMIT, Pair, SHARED, audit_lines, dead_letters, drain, forged, gid_of, pair, publish, raw,
-    sees, texts,
+    LIMIT, audit_lines, dead_letters, drain, forged, gid_of, publish, raw, sees, texts,
 };
+use fleet_testkit::hosts::{SHARED, TwoHosts};
 
 /// The outcomes `fleet`'s audit log gives message `id` off its inboxes and roster (not what its
 /// dead-letter consumer makes of a refused one coming back: `dead`'s tests).
@@ -75,8 +75,13 @@ async fn heartbeat(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() -> anyhow::Result<()>
 {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair { a, b, alice, bob } = pair(&vhost).await?;
+    let TwoHosts {
+        a,
+        b,
+        alice,
+        bob,
+        vhost,
+    } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     let wa = alice.spawn("sim", "wa").await?;
     sees(&alice, "wb").await?;
@@ -296,13 +301,13 @@ async fn replay(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_captured_message_replayed_before_and_after_its_receivers_restart_is_refused()
 -> anyhow::Result<()> {
-    let vhost = Vhost::create(&Broker::find().await?).await?;
-    let Pair {
+    let TwoHosts {
         mut a,
         b: _b,
         alice,
         bob,
-    } = pair(&vhost).await?;
+        vhost,
+    } = TwoHosts::start().await?;
     sees(&bob, "alice").await?;
     let alice_key = gid_of(&alice.entry("alice").await?);
     // The forger copies everything sent to alice off the exchange.
