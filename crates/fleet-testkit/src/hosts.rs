@@ -52,7 +52,9 @@ pub async fn gateway_with(
 }
 
 /// Two gateways on a vhost of their own, and their leads: `hosta` with alice, `hostb` with
-/// bob. The vhost is removed when the pair goes (after the gateways: fields drop in order).
+/// bob. The vhost is removed when the pair goes, after the gateways (fields drop in order); a
+/// test that takes the pair apart names `vhost` first in its pattern, so that it drops last
+/// (a pattern's bindings drop in reverse).
 pub struct TwoHosts {
     /// The gateway of `hosta`.
     pub a: Fleet,

@@ -127,3 +127,13 @@ pub(super) trait Afar: Send + Sync {
     /// A previous run's worker was reaped at start: its inbox is to be cleared.
     fn reaped(&self, g: &Arc<Gateway>, entity: Entity);
 }
+
+impl Gateway {
+    /// The other hosts, when `message` came from one of them (its sender is not this host's):
+    /// what is told of it goes there. A message between this host's own never reaches the
+    /// federation.
+    pub(super) fn afar_of(&self, message: &Message) -> Option<&dyn Afar> {
+        let afar = self.afar.as_deref()?;
+        (!self.sessions.lock().is_local(message.from)).then_some(afar)
+    }
+}

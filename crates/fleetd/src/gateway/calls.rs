@@ -415,7 +415,7 @@ impl Gateway {
         // gateway hears so, or it would fail the brief at the receipt bound.
         let handed = task.clone();
         if self.start_task(gid, task).await
-            && let Some(afar) = self.afar.as_deref()
+            && let Some(afar) = self.afar_of(&handed)
         {
             afar.injected(self, &handed).await;
         }

@@ -349,7 +349,7 @@ impl Gateway {
                     .db
                     .run(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
-                if let Some(afar) = self.afar.as_deref() {
+                if let Some(afar) = self.afar_of(&task) {
                     afar.injected(self, &task).await;
                 }
                 injected.err().map(|e| e.message)

@@ -154,7 +154,7 @@ impl Gateway {
             // Queued for its own pull, it is as good as typed in: a sender on another host
             // hears so now, not only once it is pulled (its receipt bound would not wait for
             // the nudge).
-            if pulled && let Some(afar) = self.afar.as_deref() {
+            if pulled && let Some(afar) = self.afar_of(&kept) {
                 afar.injected(self, &kept).await;
             }
             // Its session ended while the message was being stored, after the sweep of what

@@ -185,11 +185,11 @@ async fn a_reply_that_expires_while_its_leads_gateway_is_down_is_failed_to_the_w
 -> anyhow::Result<()> {
     // hosta's inboxes keep a message 3 s: alice's among them.
     let TwoHosts {
+        vhost: _vhost,
         mut a,
         b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::each(&Broker::find().await?, "inbox_message_ttl_s = 3\n", "").await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -301,7 +301,7 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
     // A brief alice really sent, answered: its dead letter, were it genuine, would be told.
     let Answered {
         pair: TwoHosts {
-            a, b: _b, vhost, ..
+            vhost, a, b: _b, ..
         },
         alice,
         alice_gid,
@@ -383,7 +383,7 @@ async fn a_forged_dead_letter_tells_nobody_and_stays_in_the_operators_record() -
 async fn a_dead_letter_of_a_message_already_answered_is_not_believed() -> anyhow::Result<()> {
     let Answered {
         pair: TwoHosts {
-            a, b: _b, vhost, ..
+            vhost, a, b: _b, ..
         },
         alice,
         alice_gid,

@@ -119,10 +119,10 @@ async fn a_dialog_answered_in_the_pane_is_over_for_the_lead() -> anyhow::Result<
 async fn a_dialog_on_another_host_is_asked_of_the_lead_and_answered_through_the_broker()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost: _vhost,
         a: _a,
         b,
         alice,
-        vhost: _vhost,
         ..
     } = TwoHosts::each(&Broker::find().await?, "", &confirm_profile()?).await?;
     hears_host(&alice, "hostb").await?;
@@ -373,10 +373,10 @@ async fn a_cursor_that_does_not_reach_the_option_is_not_confirmed() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_menu_on_another_host_is_answered_through_the_broker() -> anyhow::Result<()> {
     let TwoHosts {
+        vhost: _vhost,
         a: _a,
         b,
         alice,
-        vhost: _vhost,
         ..
     } = TwoHosts::each(&Broker::find().await?, "", &menu_profile()?).await?;
     hears_host(&alice, "hostb").await?;

@@ -139,11 +139,11 @@ pub(super) fn gid_of(entry: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Result<()> {
     let TwoHosts {
+        vhost,
         a,
         mut b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     bob.spawn("sim", "wb").await?;
     alice.spawn("sim", "wa").await?;
@@ -212,11 +212,11 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
 async fn a_late_remote_reply_is_held_until_polled_and_a_busy_worker_keeps_it_queued()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost: _vhost,
         a,
         b: _b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::start().await?;
     bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -316,11 +316,11 @@ async fn three_gateways_converge_on_one_roster_and_a_dead_one_reads_unreachable(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_reaches_every_worker_or_one_group_on_every_host() -> anyhow::Result<()> {
     let TwoHosts {
+        vhost,
         a: _a,
         b: _b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     alice.spawn("sim", "wa").await?;
     bob.ok(
@@ -412,11 +412,11 @@ async fn collect_replies(lead: &Client, n: usize) -> anyhow::Result<Vec<String>>
 async fn replies_survive_the_kill_9_of_the_gateway_holding_them_exactly_once() -> anyhow::Result<()>
 {
     let TwoHosts {
+        vhost: _vhost,
         mut a,
         b: _b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::start().await?;
     for name in ["w1", "w2", "w3"] {
         bob.spawn("sim", name).await?;
@@ -737,11 +737,11 @@ async fn with_the_broker_down_local_traffic_works_remote_sends_fail_fast_then_re
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
     let TwoHosts {
+        vhost: _vhost,
         a: _a,
         b: _b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::on(&node.broker(), "").await?;
     alice.spawn("sim", "wa").await?;
     bob.spawn("sim", "wb").await?;
@@ -907,11 +907,11 @@ async fn a_message_over_its_recipients_size_cap_is_dead_lettered_and_its_sender_
 async fn a_brief_off_the_broker_holding_a_control_character_is_refused_and_never_typed()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost,
         a,
         b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -1190,11 +1190,11 @@ async fn a_brief_that_expires_while_its_worker_is_busy_is_failed_to_its_sender_t
 async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_deletes_their_inboxes()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost,
         a: _a,
         mut b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
@@ -1239,11 +1239,11 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
 async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_name_is_free_again()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost: _vhost,
         a: _a,
         mut b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::start().await?;
     let old = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
@@ -1297,11 +1297,11 @@ async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_n
 async fn a_brief_handed_to_a_worker_blocked_in_fleet_poll_is_receipted_injected()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost: _vhost,
         a,
         b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     let pane = wb["pane"].as_str().unwrap_or_default().to_string();
@@ -1382,11 +1382,11 @@ async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_f
 -> anyhow::Result<()> {
     let mut node = PrivateNode::start().await?;
     let TwoHosts {
+        vhost,
         a: _a,
         mut b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::on(&node.broker(), "").await?;
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;

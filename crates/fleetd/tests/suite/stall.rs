@@ -116,11 +116,11 @@ async fn a_stall_on_another_host_is_told_to_the_lead_whose_task_it_was() -> anyh
 
     let slow = format!("{}stall_after_s = 1\n", sim_profile("slow", &[])?);
     let TwoHosts {
+        vhost: _vhost,
         a,
         b,
         alice,
         bob,
-        vhost: _vhost,
     } = TwoHosts::each(&Broker::find().await?, "", &slow).await?;
     bob.spawn("slow", "wb").await?;
     sees(&alice, "wb").await?;

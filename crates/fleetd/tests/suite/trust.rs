@@ -76,11 +76,11 @@ async fn heartbeat(
 async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() -> anyhow::Result<()>
 {
     let TwoHosts {
+        vhost,
         a,
         b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     let wa = alice.spawn("sim", "wa").await?;
@@ -302,11 +302,11 @@ async fn replay(
 async fn a_captured_message_replayed_before_and_after_its_receivers_restart_is_refused()
 -> anyhow::Result<()> {
     let TwoHosts {
+        vhost,
         mut a,
         b: _b,
         alice,
         bob,
-        vhost,
     } = TwoHosts::start().await?;
     sees(&bob, "alice").await?;
     let alice_key = gid_of(&alice.entry("alice").await?);
