@@ -28,6 +28,7 @@ mod partition;
 mod python;
 mod sandbox;
 mod service;
+mod shape;
 mod stall;
 mod tenancy;
 mod tls;
