@@ -15,18 +15,19 @@ use fleet_mux::fake::{FakePanes, Typed};
 use fleet_mux::{AgentState, PaneId};
 use tokio_util::sync::CancellationToken;
 
+use super::afar::Afar;
 use super::testing::{gateway_on, worker_session};
 use super::views::SendResult;
 use super::{Caller, Gateway};
 use crate::config::{Config, ProfileConfig};
 
 /// A gateway on fake panes, its lead, and one idle worker `w1` with its pump running.
-struct Local {
-    gateway: Arc<Gateway>,
-    panes: Arc<FakePanes>,
-    lead: Caller,
-    worker: Caller,
-    pane: PaneId,
+pub(super) struct Local {
+    pub(super) gateway: Arc<Gateway>,
+    pub(super) panes: Arc<FakePanes>,
+    pub(super) lead: Caller,
+    pub(super) worker: Caller,
+    pub(super) pane: PaneId,
     _dir: tempfile::TempDir,
 }
 
@@ -36,9 +37,21 @@ async fn local() -> Local {
 
 /// [`local`], w1's profile changed by `tweak`.
 async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
+    local_on(tweak, None).await
+}
+
+/// [`local_with`], the other hosts seen through `afar` (a fake of the seam) when given.
+pub(super) async fn local_on(
+    tweak: impl FnOnce(&mut ProfileConfig),
+    afar: Option<Arc<dyn Afar>>,
+) -> Local {
     let dir = tempfile::tempdir().unwrap();
     let panes = Arc::new(FakePanes::new());
-    let (gateway, alice) = gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
+    let (mut gateway, alice) =
+        gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
+    if let Some(afar) = afar {
+        Arc::get_mut(&mut gateway).unwrap().afar = Some(afar);
+    }
     let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
     // Typed at once (no pause before Enter, no settling before the first task).
     profile.enter_pause_ms = Some(0);
@@ -61,7 +74,7 @@ async fn local_with(tweak: impl FnOnce(&mut ProfileConfig)) -> Local {
 }
 
 /// Sends `text` from the lead to w1 without waiting; returns its message id.
-async fn send(l: &Local, text: &str) -> fleet_core::MsgId {
+pub(super) async fn send(l: &Local, text: &str) -> fleet_core::MsgId {
     let ct = CancellationToken::new();
     match l
         .gateway
@@ -75,7 +88,7 @@ async fn send(l: &Local, text: &str) -> fleet_core::MsgId {
 }
 
 /// Lets the gateway's loops run (the paused clock moves on only when they wait).
-async fn settle() {
+pub(super) async fn settle() {
     tokio::time::sleep(Duration::from_secs(5)).await;
 }
 

@@ -5,8 +5,15 @@
 //! The store is the truth for messages; memory holds only what is live (session status, who is
 //! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
 //! run's panes and keeps every held message.
+//!
+//! This file only wires the parts together and starts the loops. The base the rest stands on:
+//! `db` (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the
+//! leads and sessions), `loops`. The local plane reaches other hosts only through `afar`,
+//! which `federation` implements: no local file names a federation function.
 
 mod afar;
+#[cfg(test)]
+mod afar_tests;
 mod asks;
 mod bounds;
 mod broadcast;
