@@ -7,6 +7,7 @@
 //! Every method takes the gateway whose local plane is asking: the federation acts through its
 //! handles (the store, the sessions, delivery), never the other way round.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use fleet_core::control::Target;
@@ -15,7 +16,7 @@ use fleet_core::{Entity, FleetError, Gid, Message, MsgId, TraceId};
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::views::{SpawnResult, StopResult};
+use super::views::{HostView, RosterEntry, SpawnResult, StopResult};
 use super::{Caller, Gateway, SpawnRequest};
 
 /// A broadcast, as the local plane hands it over: who sends what to which group.
@@ -50,6 +51,9 @@ pub(super) trait Afar: Send + Sync {
     fn hosts_heard(&self) -> usize;
     /// How far a brief published from here has got, while its receipt is awaited.
     fn brief_state(&self, msg_id: MsgId) -> Option<&'static str>;
+    /// The other hosts' entities as `fleet_list` shows them (each owner named as `name@host`,
+    /// this host's `leads` among them), and the other hosts.
+    fn roster(&self, leads: &HashMap<Gid, String>) -> (Vec<RosterEntry>, Vec<HostView>);
     /// Where a spawn asked for `requested` goes: here, or a host that is heard from.
     fn spawn_target(&self, g: &Gateway, requested: Option<&str>) -> Result<Target, FleetError>;
 

@@ -2,6 +2,7 @@
 //! [`Afar`] alone, and what happens between this host's own never reaches it. (The federation
 //! behind the seam, on the real broker, is in the `suite` integration tests.)
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::afar::{Afar, Broadcast};
 use super::local_tests::{local_on, send, settle};
-use super::views::{SendResult, SpawnResult, StopResult};
+use super::views::{HostView, RosterEntry, SendResult, SpawnResult, StopResult};
 use super::{Caller, Gateway, SpawnRequest};
 
 /// Another host with one worker, `wz` on `hostz`, that notes what it is sent and told.
@@ -86,6 +87,10 @@ impl Afar for FakeAfar {
 
     fn brief_state(&self, _: MsgId) -> Option<&'static str> {
         None
+    }
+
+    fn roster(&self, _: &HashMap<Gid, String>) -> (Vec<RosterEntry>, Vec<HostView>) {
+        (Vec::new(), Vec::new())
     }
 
     fn spawn_target(&self, _: &Gateway, _: Option<&str>) -> Result<Target, FleetError> {

@@ -2,6 +2,8 @@
 //! operator looks at (this host's entities first, then the other hosts' as the federation
 //! knows them).
 
+use std::collections::HashMap;
+
 use fleet_core::ownership::Principal;
 use fleet_core::{ErrorCode, FleetError, Gid};
 
@@ -11,7 +13,7 @@ use super::{Caller, Gateway};
 impl Gateway {
     /// The hosts of the fleet, this one first.
     pub fn hosts(&self) -> Vec<HostView> {
-        self.remote_view().1
+        self.fleet_view().1
     }
 
     /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
@@ -25,7 +27,7 @@ impl Gateway {
                 .filter_map(|e| sessions.entry(e.gid, viewer))
                 .collect()
         };
-        let (remote, hosts) = self.remote_view();
+        let (remote, hosts) = self.fleet_view();
         entities.extend(remote);
         (entities, hosts)
     }
@@ -36,11 +38,46 @@ impl Gateway {
             self.sessions.lock().list(&caller.entity).ok_or_else(|| {
                 FleetError::new(ErrorCode::Gone, "you are no longer in the roster")
             })?;
-        let (remote, hosts) = self.remote_view();
+        let (remote, hosts) = self.fleet_view();
         list.entities.extend(remote);
         list.hosts = hosts;
         list.coord_id = self.coord_id_of(caller);
         Ok(list)
+    }
+
+    /// The other hosts' entities, and the hosts of the fleet, this one first.
+    pub(super) fn fleet_view(&self) -> (Vec<RosterEntry>, Vec<HostView>) {
+        let mut hosts = vec![HostView {
+            host: self.host_id.clone(),
+            status: "up".into(),
+            profiles: self
+                .config
+                .profiles
+                .iter()
+                .map(|p| p.name.clone())
+                .collect(),
+            last_seen_ms: None,
+        }];
+        let Some(afar) = self.afar.as_deref() else {
+            return (Vec::new(), hosts);
+        };
+        // An entry names its owner as its host's heartbeat says (`name@host`): this host's
+        // leads, or another's the roster knows.
+        let leads: HashMap<Gid, String> = self
+            .sessions
+            .lock()
+            .leads
+            .values()
+            .map(|l| {
+                (
+                    l.entity().gid,
+                    format!("{}@{}", l.entity().name, l.entity().host),
+                )
+            })
+            .collect();
+        let (entries, remote_hosts) = afar.roster(&leads);
+        hosts.extend(remote_hosts);
+        (entries, hosts)
     }
 
     /// The name of `gid`, live or gone.

@@ -1,6 +1,7 @@
 //! The federation behind the local plane's seam ([`Afar`]): each method is one of this
 //! module's acts, so the local plane names none of them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use fleet_core::control::Target;
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Federation;
 use crate::gateway::afar::{Afar, Broadcast};
-use crate::gateway::views::{SpawnResult, StopResult};
+use crate::gateway::views::{HostView, RosterEntry, SpawnResult, StopResult};
 use crate::gateway::{Caller, Gateway, SpawnRequest};
 
 impl Afar for Federation {
@@ -57,6 +58,10 @@ impl Afar for Federation {
 
     fn brief_state(&self, msg_id: MsgId) -> Option<&'static str> {
         self.lock().receipts.state(msg_id)
+    }
+
+    fn roster(&self, leads: &HashMap<Gid, String>) -> (Vec<RosterEntry>, Vec<HostView>) {
+        self.roster_view(leads)
     }
 
     fn spawn_target(&self, g: &Gateway, requested: Option<&str>) -> Result<Target, FleetError> {

@@ -260,41 +260,6 @@ impl Gateway {
         (Handled::Noted, returned)
     }
 
-    /// The remote entries for `fleet_list`, and the hosts.
-    pub(in crate::gateway) fn remote_view(&self) -> (Vec<RosterEntry>, Vec<HostView>) {
-        let mut hosts = vec![HostView {
-            host: self.host_id.clone(),
-            status: "up".into(),
-            profiles: self
-                .config
-                .profiles
-                .iter()
-                .map(|p| p.name.clone())
-                .collect(),
-            last_seen_ms: None,
-        }];
-        let Some(fed) = self.fed() else {
-            return (Vec::new(), hosts);
-        };
-        // An entry names its owner as its host's heartbeat says (`name@host`): this host's
-        // leads, or another's the roster knows.
-        let leads: std::collections::HashMap<Gid, String> = self
-            .sessions
-            .lock()
-            .leads
-            .values()
-            .map(|l| {
-                (
-                    l.entity().gid,
-                    format!("{}@{}", l.entity().name, l.entity().host),
-                )
-            })
-            .collect();
-        let (entries, remote_hosts) = fed.roster_view(&leads);
-        hosts.extend(remote_hosts);
-        (entries, hosts)
-    }
-
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
     /// link does); one the broker will not let go of yet stays for the next beat.
     pub(super) async fn clear_reaped_inboxes(self: &Arc<Self>) {
@@ -389,7 +354,7 @@ impl Federation {
     /// The remote roster as `fleet_list` shows it: every remote entity (its owner named as
     /// `name@host`, this host's `leads` or another's the roster knows), and the other hosts;
     /// all unreachable while this gateway's own link is down.
-    fn roster_view(
+    pub(super) fn roster_view(
         &self,
         leads: &std::collections::HashMap<Gid, String>,
     ) -> (Vec<RosterEntry>, Vec<HostView>) {

@@ -655,7 +655,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     for tag in taken {
         assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");
     }
-    let (entries, hosts) = gateway.remote_view();
+    let (entries, hosts) = gateway.fleet_view();
     let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["wb", "carol"], "carol is the harness's");
     assert_eq!(entries[0].status, "idle");
@@ -707,7 +707,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     // however long (its gateway may still type it).
     tokio::time::sleep(ttl + Duration::from_secs(1)).await;
     let shown = |gateway: &Gateway| {
-        let (entries, _) = gateway.remote_view();
+        let (entries, _) = gateway.fleet_view();
         let wb = entries.into_iter().find(|e| e.name == "wb");
         wb.map(|e| e.status)
     };
