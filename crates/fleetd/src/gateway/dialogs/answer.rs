@@ -76,7 +76,7 @@ impl Gateway {
                 ),
             )
         };
-        let (pane, markers, forced, turn_over) = self.take_for_answer(dialog).ok_or_else(gone)?;
+        let (pane, markers, forced, turn_over) = self.mark_answering(dialog).ok_or_else(gone)?;
         let screen = Screen {
             pane: &pane,
             markers: &markers,
@@ -134,10 +134,7 @@ impl Gateway {
     /// What answering `dialog` looks at (its worker's pane, dialog and turn-over markers, and
     /// whether the pane host says it is blocked), with the open dialog marked as being
     /// answered; `None` when that dialog is no longer the one open on a blocked worker.
-    fn take_for_answer(
-        &self,
-        dialog: &AskView,
-    ) -> Option<(PaneId, Vec<String>, bool, Vec<String>)> {
+    fn mark_answering(&self, dialog: &AskView) -> Option<(PaneId, Vec<String>, bool, Vec<String>)> {
         let mut sessions = self.sessions.lock();
         let session = sessions.panes.get_mut(&dialog.from)?;
         let pane = session.pane().cloned()?;
