@@ -1,5 +1,5 @@
-//! The gateway's loops: each runs on its task set, is watched for `/healthz` (see [`crate::health::Health`]),
-//! and ends at shutdown; among them the store's write probe.
+//! The gateway's loops: each runs on its task set, is watched for `/healthz` (see
+//! [`crate::health::Health`]), and ends at shutdown; among them the store's write probe.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +15,8 @@ const STORE_PROBE_LIMIT: Duration = Duration::from_secs(10);
 
 impl Gateway {
     /// Runs `tick` (with its own `state`) every `interval` until shutdown, on the gateway's
-    /// task set, watched as the loop `name` (see [`crate::health::Health`]); a tick that runs long delays the
-    /// next one rather than bunching them.
+    /// task set, watched as the loop `name` (see [`crate::health::Health`]); a tick that runs
+    /// long delays the next one rather than bunching them.
     pub(super) fn every<S, F>(
         self: &Arc<Self>,
         name: &str,

@@ -238,8 +238,8 @@ async fn a_reply_that_expires_while_its_leads_gateway_is_down_is_failed_to_the_w
     Ok(())
 }
 
-/// A pair of hosts on a vhost of their own where alice (hosta) sent bob's worker `wb` (hostb) a brief and
-/// got its reply: what a forger could copy off `fleet.msg`.
+/// A pair of hosts on a vhost of their own where alice (hosta) sent bob's worker `wb` (hostb)
+/// a brief and got its reply: what a forger could copy off `fleet.msg`.
 struct Answered {
     pair: TwoHosts,
     alice: fleet_testkit::client::Client,

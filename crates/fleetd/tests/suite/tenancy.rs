@@ -21,14 +21,11 @@ use serde_json::{Value, json};
 
 use super::as_worker;
 use super::federation::{LIMIT, drain, sees, texts};
-use fleet_testkit::hosts::HOSTS;
+use fleet_testkit::hosts::{HOSTS, QUICK};
 
 /// The leads and operators of a one-host test: alice spawns the workers, carol is the lead she
 /// shares some with, bob a lead she does not; `ops` may stop, `prom` may only read.
 const PRINCIPALS: &str = "[leads.alice]\n[leads.bob]\n[leads.carol]\n[operators.ops]\n[operators.prom]\nread_only = true\n";
-
-/// The `[federation]` keys of a test gateway (as `federation.rs`'s): quick presence and receipts.
-const QUICK: &str = "presence_interval_s = 1\npresence_ttl_s = 3\ninjected_bound_s = 3\n";
 
 /// The gateway of test host `host` on the broker at `uri`: its leads `leads` (none sharing
 /// anything by default), the scripted agent as `sim`, more `[gateway]` lines `gateway`, every
