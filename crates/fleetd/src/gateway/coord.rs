@@ -29,8 +29,8 @@ use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 use super::federation::{
-    keep_up, link_settings, loud, message_window, not_taken, publish_outcome, remember_until,
-    seal_of, settle,
+    keep_up, link_settings, loud, message_window, not_taken, outgoing, publish_outcome,
+    remember_until, seal_of, settle,
 };
 use super::views::SendResult;
 use super::{Caller, Gateway};
@@ -414,7 +414,8 @@ impl Gateway {
         })?;
         let envelope = Envelope {
             from_name: Some(mine),
-            ..self.outgoing(
+            ..outgoing(
+                &self.host_id,
                 Kind::Send,
                 (MsgId::mint(), TraceId::mint()),
                 caller.entity.gid,

@@ -177,7 +177,7 @@ impl Gateway {
             Arc::clone(&parts.store),
             config.gateway.max_held_per_recipient,
         );
-        let federation = parts.federation.map(Arc::new);
+        let federation = parts.federation.map(Federation::shared);
         Ok(Arc::new(Self {
             commits,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
@@ -223,7 +223,9 @@ impl Gateway {
         }
         // The broker first: notices about what the previous run left half-delivered may be
         // for senders on other hosts.
-        self.start_federation().await?;
+        if let Some(federation) = &self.federation {
+            federation.start_federation(self).await?;
+        }
         self.start_coordinator().await?;
         self.recover().await?;
         self.every(

@@ -22,12 +22,12 @@ use super::Federation;
 use super::settle::settle;
 use super::trust::{MAX_HEARTBEAT_SENDERS, Patience, RECENT_BROADCASTS, Vouched};
 
-impl Gateway {
+impl Federation {
     /// Where `gid` is, and who it is: one of this host's, another host's as the roster heard
     /// it (or last heard it, if it left), or unknown.
-    fn whereabouts(&self, fed: &Federation, gid: Gid) -> (Place, Option<Entity>) {
+    fn whereabouts(&self, g: &Gateway, gid: Gid) -> (Place, Option<Entity>) {
         let local = {
-            let sessions = self.sessions.lock();
+            let sessions = g.sessions.lock();
             sessions
                 .leads
                 .get(&gid)
@@ -37,7 +37,7 @@ impl Gateway {
         if let Some(entity) = local {
             return (Place::Here, Some(entity));
         }
-        let state = fed.lock();
+        let state = self.lock();
         let known = state
             .roster
             .entity(gid)
@@ -54,19 +54,19 @@ impl Gateway {
     /// send, but heartbeats and messages travel by different queues.
     async fn sender_of(
         &self,
-        fed: &Federation,
+        g: &Gateway,
         envelope: &Envelope,
         to_pane: bool,
         patience: &Patience<'_>,
     ) -> (Place, Option<Entity>) {
-        let found = self.whereabouts(fed, envelope.from);
+        let found = self.whereabouts(g, envelope.from);
         if found.0 != Place::Unknown || !needs_known_sender(envelope.kind, to_pane) {
             return found;
         }
-        let mut heard = fed.roster_heard.subscribe();
+        let mut heard = self.roster_heard.subscribe();
         loop {
             // Looked at again after subscribing: a heartbeat heard in between is not missed.
-            let found = self.whereabouts(fed, envelope.from);
+            let found = self.whereabouts(g, envelope.from);
             if found.0 != Place::Unknown {
                 return found;
             }
@@ -82,29 +82,27 @@ impl Gateway {
     /// judged one message at a time.
     pub(super) async fn check_one(
         &self,
+        g: &Gateway,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
         patience: &Patience<'_>,
     ) -> Result<(), Refusal> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        fed.check_seal(envelope, delivery)?;
-        let to_pane = self.sessions.lock().panes.contains_key(&owner);
-        let (place, sender) = self.sender_of(fed, envelope, to_pane, patience).await;
-        check_sender(envelope, &place, &self.host_id, to_pane)?;
+        self.check_seal(envelope, delivery)?;
+        let to_pane = g.sessions.lock().panes.contains_key(&owner);
+        let (place, sender) = self.sender_of(g, envelope, to_pane, patience).await;
+        check_sender(envelope, &place, &g.host_id, to_pane)?;
         let now = u64::try_from(now_ms()).unwrap_or(0);
-        check_time(envelope, now, fed.message_window())?;
+        check_time(envelope, now, self.message_window())?;
         if matches!(envelope.kind, Kind::Send | Kind::Broadcast | Kind::Ask) {
-            let (_, recipient) = self.whereabouts(fed, owner);
+            let (_, recipient) = self.whereabouts(g, owner);
             if envelope.kind == Kind::Broadcast
                 && let Some(owner_entity) = &recipient
             {
-                check_broadcast_copy(envelope, owner_entity, owner.minted_ms(), fed.skew_ms())?;
+                check_broadcast_copy(envelope, owner_entity, owner.minted_ms(), self.skew_ms())?;
             }
             let answers_own = matches!(envelope.kind, Kind::Ask | Kind::Send)
-                && self.asks_of_own_task(owner, envelope).await;
+                && self.asks_of_own_task(g, owner, envelope).await;
             let facts = Authority {
                 sender: sender.as_ref(),
                 recipient: recipient.as_ref(),
@@ -118,12 +116,12 @@ impl Gateway {
                 && to_pane
                 && matches!(envelope.kind, Kind::Send | Kind::Broadcast)
             {
-                if lead.host != self.host_id {
-                    fed.allow
+                if lead.host != g.host_id {
+                    self.allow
                         .check(lead, RemoteAction::Task)
                         .map_err(Refusal::NotGranted)?;
                 }
-                let sessions = self.sessions.lock();
+                let sessions = g.sessions.lock();
                 if let Some(s) = sessions.panes.get(&owner) {
                     check(Principal::Lead(lead), Action::Task, s.entity(), s.owned())
                         .map_err(|e| Refusal::NotGranted(e.message))?;
@@ -135,9 +133,11 @@ impl Gateway {
 
     /// Whether an ask (or a send) for `owner` is about a task `owner` sent its sender (on the
     /// host it says).
-    async fn asks_of_own_task(&self, owner: Gid, envelope: &Envelope) -> bool {
+    async fn asks_of_own_task(&self, g: &Gateway, owner: Gid, envelope: &Envelope) -> bool {
         match (envelope.in_reply_to, envelope.from_host.clone()) {
-            (Some(task), Some(host)) => self.sent_between(task, host, owner, envelope.from).await,
+            (Some(task), Some(host)) => {
+                self.sent_between(g, task, host, owner, envelope.from).await
+            }
             _ => false,
         }
     }
@@ -145,24 +145,22 @@ impl Gateway {
     /// Whether this gateway published `msg_id` from `from` to `to` on `host`.
     pub(in crate::gateway) async fn sent_between(
         &self,
+        g: &Gateway,
         msg_id: MsgId,
         host: String,
         from: Gid,
         to: Gid,
     ) -> bool {
-        let Some(fed) = self.fed() else {
-            return false;
-        };
         let key = (msg_id, host);
-        let pending = fed.lock().sent_pending.get(&key).copied();
+        let pending = self.lock().sent_pending.get(&key).copied();
         let sent = match pending {
             Some(sent) => Some(sent),
-            None => self
-                .db
-                .run(move |s| s.sent_to(&[key]))
-                .await
-                .ok()
-                .and_then(|mut found| found.pop().flatten()),
+            None => {
+                g.db.run(move |s| s.sent_to(&[key]))
+                    .await
+                    .ok()
+                    .and_then(|mut found| found.pop().flatten())
+            }
         };
         sent.is_some_and(|(by, went)| by == from && went == Some(to))
     }
@@ -171,18 +169,16 @@ impl Gateway {
     /// the roster knows on the host it says, in time. The lead, when it passes.
     pub(super) async fn check_control(
         &self,
+        g: &Gateway,
         envelope: &Envelope,
         delivery: &Delivery,
         patience: &Patience<'_>,
     ) -> Result<Entity, Refusal> {
-        let Some(fed) = self.fed() else {
-            return Err(Refusal::UnknownSender);
-        };
-        fed.check_seal(envelope, delivery)?;
-        let (place, sender) = self.sender_of(fed, envelope, false, patience).await;
-        check_sender(envelope, &place, &self.host_id, false)?;
+        self.check_seal(envelope, delivery)?;
+        let (place, sender) = self.sender_of(g, envelope, false, patience).await;
+        check_sender(envelope, &place, &g.host_id, false)?;
         let now = u64::try_from(now_ms()).unwrap_or(0);
-        check_time(envelope, now, fed.message_window())?;
+        check_time(envelope, now, self.message_window())?;
         let facts = Authority {
             sender: sender.as_ref(),
             recipient: None,
@@ -197,17 +193,15 @@ impl Gateway {
     /// who sent it.
     pub(super) fn check_genuine(
         &self,
+        g: &Gateway,
         envelope: &Envelope,
         delivery: &Delivery,
     ) -> Result<(), Refusal> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        self.check_expired(envelope, delivery)?;
+        self.check_expired(g, envelope, delivery)?;
         check_time(
             envelope,
             u64::try_from(now_ms()).unwrap_or(0),
-            fed.message_window(),
+            self.message_window(),
         )
     }
 
@@ -215,31 +209,31 @@ impl Gateway {
     /// who sent it.
     pub(super) fn check_expired(
         &self,
+        g: &Gateway,
         envelope: &Envelope,
         delivery: &Delivery,
     ) -> Result<(), Refusal> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        fed.check_seal(envelope, delivery)?;
-        let (place, _) = self.whereabouts(fed, envelope.from);
-        check_sender(envelope, &place, &self.host_id, false)
+        self.check_seal(envelope, delivery)?;
+        let (place, _) = self.whereabouts(g, envelope.from);
+        check_sender(envelope, &place, &g.host_id, false)
     }
 
     /// Check 5 and the answers' authority, against the store, for a batch off `owner`'s inbox:
     /// what passes. A refused message is dead-lettered; if the store cannot answer, the batch
     /// goes back to the broker to come again.
-    pub(super) async fn check_batch(&self, owner: Gid, batch: Vec<Vouched>) -> Vec<Vouched> {
-        let Some(fed) = self.fed() else {
-            return batch;
-        };
+    pub(super) async fn check_batch(
+        &self,
+        g: &Gateway,
+        owner: Gid,
+        batch: Vec<Vouched>,
+    ) -> Vec<Vouched> {
         if batch.is_empty() {
             return batch;
         }
         let arrivals: Vec<(MsgId, Gid, i64)> = batch
             .iter()
             .map(|v| {
-                let until = fed.remember_until(v.envelope.ts_ms);
+                let until = self.remember_until(v.envelope.ts_ms);
                 (v.envelope.msg_id, owner, until)
             })
             .collect();
@@ -250,16 +244,15 @@ impl Gateway {
         // What was just published may not be in the store yet: the memory has it. Read first,
         // for the memory lets go of an entry only once the store has it.
         let pending: Vec<Option<SentBetween>> = {
-            let state = fed.lock();
+            let state = self.lock();
             asked
                 .iter()
                 .map(|key| state.sent_pending.get(key).copied())
                 .collect()
         };
         let in_memory: Vec<bool> = pending.iter().map(Option::is_some).collect();
-        let looked = self
-            .db
-            .run(move |s| {
+        let looked =
+            g.db.run(move |s| {
                 let seen = s.see(&arrivals)?;
                 let sent = s.sent_to(&asked)?;
                 let unmatched = sent.iter().zip(&in_memory).any(|(s, m)| s.is_none() && !m);
@@ -329,10 +322,7 @@ impl Gateway {
         envelope: &Envelope,
         refusal: &Refusal,
     ) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let (loud, count) = fed.loud();
+        let (loud, count) = self.loud();
         if loud {
             let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
             let host = envelope.from_host.as_deref().unwrap_or("(none)");
@@ -342,7 +332,7 @@ impl Gateway {
                 "REFUSED a message off the broker that failed a trust check: dead-lettered"
             );
         }
-        fed.audit(
+        self.audit(
             envelope,
             delivery.body().len(),
             &format!("refused: {}", refusal.reason()),
@@ -355,27 +345,25 @@ impl Gateway {
     /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
         &self,
+        g: &Gateway,
         delivery: &Delivery,
         envelope: &Envelope,
         presence: &Presence,
     ) -> Result<(), Refusal> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        fed.check_seal(envelope, delivery)?;
+        self.check_seal(envelope, delivery)?;
         check_presence_key(delivery.routing_key(), envelope, presence.entity.as_ref())?;
         if let Some(entity) = &presence.entity {
-            let (place, _) = self.whereabouts(fed, entity.gid);
-            check_sender(envelope, &place, &self.host_id, false)?;
+            let (place, _) = self.whereabouts(g, entity.gid);
+            check_sender(envelope, &place, &g.host_id, false)?;
         }
         let now = u64::try_from(now_ms()).unwrap_or(0);
-        check_time(envelope, now, fed.heartbeat_window())?;
+        check_time(envelope, now, self.heartbeat_window())?;
         let host = envelope.from_host.clone().unwrap_or_default();
         let who = presence
             .entity
             .as_ref()
             .map_or_else(|| GATEWAY_ENTRY.to_string(), |e| e.gid.to_string());
-        let mut state = fed.lock();
+        let mut state = self.lock();
         let key = (host, who);
         if let Some((ts, id)) = state.heartbeats_last.get(&key) {
             check_replay(*id == envelope.msg_id, false)?;

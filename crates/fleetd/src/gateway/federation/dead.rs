@@ -23,22 +23,28 @@ use fleet_core::envelope::Envelope;
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId};
 
 use super::super::Gateway;
+use super::Federation;
 use super::settle::settle;
 
 /// Where a message was recorded as published: `(id, from, to)`.
 type Sent = Vec<(MsgId, Gid, Option<Gid>)>;
 
-impl Gateway {
+impl Federation {
     /// Consumes this host's dead letters until the link or the gateway goes.
-    pub(super) async fn consume_dead_letters(self: Arc<Self>, mut deliveries: Deliveries) {
+    pub(super) async fn consume_dead_letters(
+        self: Arc<Self>,
+        g: Arc<Gateway>,
+        mut deliveries: Deliveries,
+    ) {
+        let g = &g;
         loop {
             let next = tokio::select! {
                 next = deliveries.next() => next,
-                () = self.shutdown.cancelled() => return,
+                () = g.shutdown.cancelled() => return,
             };
             match next {
                 Some(Ok(delivery)) => {
-                    let handled = self.on_dead_letter(&delivery).await;
+                    let handled = self.on_dead_letter(g, &delivery).await;
                     settle(&delivery, handled, false).await;
                 }
                 Some(Err(e)) => {
@@ -51,13 +57,10 @@ impl Gateway {
     }
 
     /// One dead letter: its sender told, or it let go; how it is settled.
-    async fn on_dead_letter(self: &Arc<Self>, delivery: &Delivery) -> Handled {
-        let Some(fed) = self.fed() else {
-            return Handled::Dropped;
-        };
+    async fn on_dead_letter(&self, g: &Arc<Gateway>, delivery: &Delivery) -> Handled {
         let Ok(envelope) = delivery.envelope() else {
-            self.metrics.dead_letter(delivery.death().cause, false);
-            let (loud, count) = fed.loud();
+            g.metrics.dead_letter(delivery.death().cause, false);
+            let (loud, count) = self.loud();
             if loud {
                 tracing::error!(
                     refused_so_far = count,
@@ -68,12 +71,12 @@ impl Gateway {
         };
         let death = delivery.death();
         let recipient = death.queue.as_deref().and_then(inbox_owner);
-        let seal = fed.check_own_seal(&envelope, delivery);
-        let candidate = match screen(&envelope, death.cause, recipient, seal, &self.host_id) {
+        let seal = self.check_own_seal(&envelope, delivery);
+        let candidate = match screen(&envelope, death.cause, recipient, seal, &g.host_id) {
             Ok(candidate) => candidate,
-            Err(dropped) => return self.drop_dead_letter(delivery, &envelope, &dropped),
+            Err(dropped) => return self.drop_dead_letter(g, delivery, &envelope, &dropped),
         };
-        let record = match self.record_of(&candidate).await {
+        let record = match self.record_of(g, &candidate).await {
             Ok(record) => record,
             Err(e) => {
                 tracing::error!(msg_id = %envelope.msg_id, error = %e, "cannot check a dead letter against the store: it goes back to the broker");
@@ -88,9 +91,9 @@ impl Gateway {
             sender_here,
         };
         if let Err(dropped) = confirm(&candidate, facts) {
-            return self.drop_dead_letter(delivery, &envelope, &dropped);
+            return self.drop_dead_letter(g, delivery, &envelope, &dropped);
         }
-        self.tell_dead(delivery, &envelope, &candidate).await
+        self.tell_dead(g, delivery, &envelope, &candidate).await
     }
 
     /// What this gateway recorded of `candidate`'s message: where it was published (in the
@@ -99,31 +102,28 @@ impl Gateway {
     /// is live).
     async fn record_of(
         &self,
+        g: &Gateway,
         candidate: &Candidate,
     ) -> Result<(Sent, bool, bool, bool), FleetError> {
         let ids = candidate.ids();
-        let (mut sent, injected) = match self.fed() {
-            Some(fed) => {
-                let state = fed.lock();
-                let pending: Vec<_> = state
-                    .sent_pending
-                    .iter()
-                    .filter(|((id, _), _)| ids.contains(id))
-                    .map(|((id, _), (from, to))| (*id, *from, *to))
-                    .collect();
-                let injected = state.receipts.state(candidate.original) == Some("injected");
-                (pending, injected)
-            }
-            None => (Vec::new(), false),
+        let (mut sent, injected) = {
+            let state = self.lock();
+            let pending: Vec<_> = state
+                .sent_pending
+                .iter()
+                .filter(|((id, _), _)| ids.contains(id))
+                .map(|((id, _), (from, to))| (*id, *from, *to))
+                .collect();
+            let injected = state.receipts.state(candidate.original) == Some("injected");
+            (pending, injected)
         };
         let original = candidate.original;
-        let (records, answered) = self
-            .db
-            .run(move |s| Ok((s.sent_records(&ids)?, s.is_answered(original)?)))
-            .await?;
+        let (records, answered) =
+            g.db.run(move |s| Ok((s.sent_records(&ids)?, s.is_answered(original)?)))
+                .await?;
         sent.extend(records);
         let sender_here = matches!(
-            self.sessions.lock().recipient(candidate.sender),
+            g.sessions.lock().recipient(candidate.sender),
             Recipient::Lead | Recipient::Pane { live: true }
         );
         Ok((sent, injected, answered, sender_here))
@@ -133,18 +133,16 @@ impl Gateway {
     /// forgery) and its audit line.
     fn drop_dead_letter(
         &self,
+        g: &Gateway,
         delivery: &Delivery,
         envelope: &Envelope,
         dropped: &Dropped,
     ) -> Handled {
-        let Some(fed) = self.fed() else {
-            return Handled::Dropped;
-        };
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         let cause = delivery.death().cause;
-        self.metrics.dead_letter(cause, false);
+        g.metrics.dead_letter(cause, false);
         if dropped.suspicious() {
-            let (loud, count) = fed.loud();
+            let (loud, count) = self.loud();
             if loud {
                 let host = envelope.from_host.as_deref().unwrap_or("(none)");
                 tracing::error!(
@@ -156,7 +154,7 @@ impl Gateway {
         } else {
             tracing::debug!(%trace_id, %msg_id, %kind, %cause, why = %dropped, "a dead letter nobody is to be told of");
         }
-        fed.audit(
+        self.audit(
             envelope,
             delivery.body().len(),
             &format!("dead letter dropped: {}", dropped.reason()),
@@ -167,19 +165,17 @@ impl Gateway {
     /// Tells the sender of `candidate`'s message it died unread, with a held `FAILED` notice
     /// from its recipient; stops awaiting its receipt. Acknowledged once the notice is stored.
     async fn tell_dead(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         delivery: &Delivery,
         envelope: &Envelope,
         candidate: &Candidate,
     ) -> Handled {
-        let Some(fed) = self.fed() else {
-            return Handled::Dropped;
-        };
         let death = delivery.death();
         let reason = failure(
             death,
             envelope.ts_ms,
-            &self.shown_name(candidate.recipient).await,
+            &self.shown_name(g, candidate.recipient).await,
         );
         let original = envelope
             .held_for(candidate.recipient, String::new(), now_ms())
@@ -190,18 +186,15 @@ impl Gateway {
         // The same dead letter delivered again tells nobody twice (the notice's id derives from
         // the message's), and counts once.
         let notice_id = notice.msg_id;
-        let told_before = matches!(
-            self.db.run(move |s| s.message(notice_id)).await,
-            Ok(Some(_))
-        );
-        match self.deliver(notice).await {
+        let told_before = matches!(g.db.run(move |s| s.message(notice_id)).await, Ok(Some(_)));
+        match g.deliver(notice).await {
             Ok(_) => {
                 if !told_before {
-                    self.metrics.dead_letter(death.cause, true);
+                    g.metrics.dead_letter(death.cause, true);
                 }
-                self.receipts_settled(vec![candidate.original]).await;
+                self.receipts_settled(g, vec![candidate.original]).await;
                 tracing::warn!(%trace_id, %msg_id, cause = %death.cause, reason, "dead-lettered by the broker: its sender is told");
-                fed.audit(
+                self.audit(
                     envelope,
                     size,
                     &format!("dead letter: {}, sender told", death.cause),
@@ -209,9 +202,9 @@ impl Gateway {
                 Handled::Held
             }
             Err(e) if e.code == ErrorCode::TooMany => {
-                self.metrics.dead_letter(death.cause, false);
+                g.metrics.dead_letter(death.cause, false);
                 tracing::error!(%trace_id, %msg_id, error = %e, "a dead letter's sender cannot be told: it has too many messages waiting");
-                fed.audit(envelope, size, "dead letter dropped: too many");
+                self.audit(envelope, size, "dead letter dropped: too many");
                 Handled::Dropped
             }
             Err(e) => {
@@ -223,21 +216,21 @@ impl Gateway {
 
     /// The name of `gid` as a notice shows it: with its host, when it is another host's (one
     /// the roster has let go since, its gateway down, is still named as it was).
-    async fn shown_name(&self, gid: Gid) -> String {
-        let departed = self.fed().and_then(|fed| {
-            let state = fed.lock();
+    async fn shown_name(&self, g: &Gateway, gid: Gid) -> String {
+        let departed = {
+            let state = self.lock();
             state
                 .roster
                 .entity(gid)
                 .is_none()
                 .then(|| state.roster.departed(gid).map(|e| e.name.clone()))
                 .flatten()
-        });
+        };
         let name = match departed {
             Some(name) => name,
-            None => self.name_of(gid).await,
+            None => g.name_of(gid).await,
         };
-        match self.remote_host(gid) {
+        match self.host_of(gid) {
             Some(host) if !name.contains('@') => format!("{name}@{host}"),
             _ => name,
         }

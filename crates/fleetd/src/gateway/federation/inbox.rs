@@ -13,6 +13,7 @@ use fleet_core::{Gid, Kind};
 use tokio_util::sync::CancellationToken;
 
 use super::super::Gateway;
+use super::Federation;
 use super::settle::{Incoming, settle};
 use super::trust::{Patience, Vouched};
 use super::waiting::{Waiting, until_due};
@@ -22,30 +23,32 @@ use fleet_core::delivery::WAITED_TOO_LONG;
 /// The most deliveries taken off an inbox at once (held ones are stored together).
 const DELIVERY_BATCH: usize = 64;
 
-impl Gateway {
+impl Federation {
     /// Consumes `owner`'s inbox until the link or the entity goes. Briefs for a busy worker
     /// wait here unacknowledged, in their order, while everything behind them goes on: an
     /// answer to the worker's own ask, a notice or a reply is never stuck behind a task. One
     /// that expires while it waits is failed to its sender then, never typed late.
     pub(super) async fn consume_inbox(
         self: Arc<Self>,
+        g: Arc<Gateway>,
         owner: Gid,
         mut deliveries: Deliveries,
         stop: CancellationToken,
     ) {
+        let g = &g;
         let mut waiting = Waiting::default();
         loop {
             let due = waiting.due();
             let mut next = tokio::select! {
                 next = deliveries.next() => next,
-                () = self.until_injectable(owner), if !waiting.is_empty() => {
-                    if !self.take_next_brief(owner, &mut waiting).await {
+                () = g.until_injectable(owner), if !waiting.is_empty() => {
+                    if !self.take_next_brief(g, owner, &mut waiting).await {
                         return;
                     }
                     continue;
                 }
                 () = until_due(due), if due.is_some() => {
-                    self.fail_expired(owner, &mut waiting).await;
+                    self.fail_expired(g, owner, &mut waiting).await;
                     continue;
                 }
                 () = stop.cancelled() => return,
@@ -70,7 +73,11 @@ impl Gateway {
                     None => break false,
                 }
             };
-            if !self.on_deliveries(owner, batch, &mut waiting, &stop).await || ended {
+            if !self
+                .on_deliveries(g, owner, batch, &mut waiting, &stop)
+                .await
+                || ended
+            {
                 return;
             }
         }
@@ -78,10 +85,11 @@ impl Gateway {
 
     /// Fails every brief in `waiting` that expired meanwhile: its sender is told, it is never
     /// typed.
-    async fn fail_expired(self: &Arc<Self>, owner: Gid, waiting: &mut Waiting) {
+    async fn fail_expired(&self, g: &Arc<Gateway>, owner: Gid, waiting: &mut Waiting) {
         let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
         for brief in waiting.expired(now) {
             self.refuse_and_tell(
+                g,
                 owner,
                 &brief.envelope,
                 &brief.delivery,
@@ -94,10 +102,10 @@ impl Gateway {
 
     /// Takes the first brief waiting, now that its worker is free (or gone, when it fails as
     /// any other would), unless it expired; false if the consumer is to stop.
-    async fn take_next_brief(self: &Arc<Self>, owner: Gid, waiting: &mut Waiting) -> bool {
-        self.fail_expired(owner, waiting).await;
+    async fn take_next_brief(&self, g: &Arc<Gateway>, owner: Gid, waiting: &mut Waiting) -> bool {
+        self.fail_expired(g, owner, waiting).await;
         match waiting.next() {
-            Some(brief) => self.take_brief(owner, brief).await,
+            Some(brief) => self.take_brief(g, owner, brief).await,
             None => true,
         }
     }
@@ -105,23 +113,21 @@ impl Gateway {
     /// Messages off `owner`'s inbox, in their order; false if the consumer is to stop (what
     /// is left of the batch stays unacknowledged, for the broker to deliver again).
     async fn on_deliveries(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         batch: Vec<Delivery>,
         waiting: &mut Waiting,
         stop: &CancellationToken,
     ) -> bool {
-        let Some(fed) = self.fed() else {
-            return false;
-        };
         // One wait for senders not yet announced, for the whole batch.
         let patience = Patience {
-            until: tokio::time::Instant::now() + fed.patience(),
+            until: tokio::time::Instant::now() + self.patience(),
             stop,
         };
         let mut admitted = Vec::with_capacity(batch.len());
         for delivery in batch {
-            if let Some((envelope, body)) = self.admit(owner, &delivery, &patience).await {
+            if let Some((envelope, body)) = self.admit(g, owner, &delivery, &patience).await {
                 admitted.push(Vouched {
                     delivery,
                     envelope,
@@ -134,11 +140,11 @@ impl Gateway {
             delivery,
             envelope,
             mut body,
-        } in self.check_batch(owner, admitted).await
+        } in self.check_batch(g, owner, admitted).await
         {
             // The answer to a spawn or stop on another host goes to the call awaiting it.
-            if self.control_answered(owner, &envelope, &mut body) {
-                fed.audit(&envelope, delivery.body().len(), "control: answered");
+            if self.control_answered(g, owner, &envelope, &mut body) {
+                self.audit(&envelope, delivery.body().len(), "control: answered");
                 settle(&delivery, Handled::Noted, false).await;
                 continue;
             }
@@ -147,19 +153,19 @@ impl Gateway {
             if let Some(name) = &envelope.from_name
                 && validate_name("sender name", name).is_ok()
             {
-                self.remember_remote_name(envelope.from, name, envelope.from_host.as_deref());
+                self.remember_remote_name(g, envelope.from, name, envelope.from_host.as_deref());
             }
             // An ask's conversation with another host is live: never held.
             if matches!(
                 envelope.kind,
                 Kind::Ask | Kind::Answer | Kind::NoWaiter | Kind::Abandoned
-            ) && self.ask_flow(owner, &envelope, &body).await
+            ) && self.ask_flow(g, owner, &envelope, &body).await
             {
-                fed.audit(&envelope, delivery.body().len(), "ask: handled");
+                self.audit(&envelope, delivery.body().len(), "ask: handled");
                 settle(&delivery, Handled::Noted, false).await;
                 continue;
             }
-            let to_pane = self.sessions.lock().panes.contains_key(&owner);
+            let to_pane = g.sessions.lock().panes.contains_key(&owner);
             if held_kind(envelope.kind, to_pane) {
                 held.push(Incoming {
                     message: envelope.held_for(owner, body, now_ms()),
@@ -168,18 +174,18 @@ impl Gateway {
                 });
                 continue;
             }
-            self.hold_all(std::mem::take(&mut held), waiting.is_empty())
+            self.hold_all(g, std::mem::take(&mut held), waiting.is_empty())
                 .await;
             let vouched = Vouched {
                 delivery,
                 envelope,
                 body,
             };
-            if !self.on_delivery(owner, vouched, waiting).await {
+            if !self.on_delivery(g, owner, vouched, waiting).await {
                 return false;
             }
         }
-        self.hold_all(held, waiting.is_empty()).await;
+        self.hold_all(g, held, waiting.is_empty()).await;
         true
     }
 
@@ -188,12 +194,12 @@ impl Gateway {
     /// that can be made one message at a time) with a loud log line, and the sender of one
     /// expired or too large told.
     async fn admit(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         delivery: &Delivery,
         patience: &Patience<'_>,
     ) -> Option<(Envelope, String)> {
-        let fed = self.fed()?;
         let address = owner.to_string();
         let arrival = Arrival {
             owner: &address,
@@ -201,21 +207,23 @@ impl Gateway {
             body: delivery.body(),
         };
         let now = u64::try_from(now_ms()).unwrap_or(0);
-        let limit = self.config.gateway.max_message_bytes;
+        let limit = g.config.gateway.max_message_bytes;
         let (envelope, why) = match admission::admit(arrival, delivery.envelope(), now, limit) {
             Admission::Admitted { envelope, body } => {
-                let checked = self.check_one(owner, delivery, &envelope, patience).await;
+                let checked = self
+                    .check_one(g, owner, delivery, &envelope, patience)
+                    .await;
                 return match checked {
                     Ok(()) => Some((envelope, body)),
                     Err(refusal) => {
-                        self.refuse_admitted(owner, delivery, &envelope, refusal)
+                        self.refuse_admitted(g, owner, delivery, &envelope, refusal)
                             .await;
                         None
                     }
                 };
             }
             Admission::Malformed(e) => {
-                let (loud, count) = fed.loud();
+                let (loud, count) = self.loud();
                 match &e {
                     EnvelopeError::NewerMajor { .. } if loud => tracing::error!(
                         %owner, error = %e, supported = %VERSION, refused_so_far = count,
@@ -235,11 +243,17 @@ impl Gateway {
         // its sender: an expired one only has to be signed by its sender's host, the others pass
         // what a message taken would.
         let checked = match why {
-            Refusal::Expired => self.check_expired(&envelope, delivery),
-            _ => self.check_one(owner, delivery, &envelope, patience).await,
+            Refusal::Expired => self.check_expired(g, &envelope, delivery),
+            _ => {
+                self.check_one(g, owner, delivery, &envelope, patience)
+                    .await
+            }
         };
         match checked {
-            Ok(()) => self.refuse_genuine(owner, delivery, &envelope, why).await,
+            Ok(()) => {
+                self.refuse_genuine(g, owner, delivery, &envelope, why)
+                    .await
+            }
             Err(refusal) => self.refuse_untrusted(delivery, &envelope, &refusal).await,
         }
         None
@@ -249,7 +263,8 @@ impl Gateway {
     /// sender may not task is let go quietly, a genuine lead asking what this host does not
     /// grant hears why, anything else is dead-lettered as untrusted.
     async fn refuse_admitted(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
@@ -257,8 +272,8 @@ impl Gateway {
     ) {
         match refusal {
             TrustRefusal::NotGranted(_) if envelope.kind == Kind::Broadcast => {
-                if let Some(fed) = self.fed() {
-                    fed.audit(
+                {
+                    self.audit(
                         envelope,
                         delivery.body().len(),
                         "skipped: not the sender's worker",
@@ -267,7 +282,7 @@ impl Gateway {
                 settle(delivery, Handled::Dropped, false).await;
             }
             TrustRefusal::NotGranted(why) => {
-                self.refuse_and_tell(owner, envelope, delivery, "not granted", &why)
+                self.refuse_and_tell(g, owner, envelope, delivery, "not granted", &why)
                     .await;
             }
             refusal => self.refuse_untrusted(delivery, envelope, &refusal).await,
@@ -277,7 +292,8 @@ impl Gateway {
     /// A genuine delivery that admission refused (`why`): dead-lettered, with its sender told
     /// when it waits on it (expired, too large: nothing vanishes) and a loud line otherwise.
     async fn refuse_genuine(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
@@ -285,11 +301,9 @@ impl Gateway {
     ) {
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let size = delivery.body().len();
-        let loud = || self.fed().map_or((true, 0), |fed| fed.loud());
+        let loud = || self.loud();
         let audit = |outcome: &str| {
-            if let Some(fed) = self.fed() {
-                fed.audit(envelope, size, outcome);
-            }
+            self.audit(envelope, size, outcome);
         };
         match why {
             Refusal::WrongRecipient => {
@@ -304,7 +318,7 @@ impl Gateway {
                 // told of again): nothing vanishes.
                 let why = "it expired (expiresAt) before its recipient's gateway could take it: that gateway was down, or its inboxes keep messages longer than the sender's gateway lets them live";
                 return self
-                    .refuse_and_tell(owner, envelope, delivery, "expired", why)
+                    .refuse_and_tell(g, owner, envelope, delivery, "expired", why)
                     .await;
             }
             Refusal::TooLarge { size, limit } => {
@@ -312,7 +326,7 @@ impl Gateway {
                     "{size} bytes, over the {limit} bytes its recipient's gateway takes (gateway.max_message_bytes)"
                 );
                 return self
-                    .refuse_and_tell(owner, envelope, delivery, "too large", &why)
+                    .refuse_and_tell(g, owner, envelope, delivery, "too large", &why)
                     .await;
             }
             Refusal::NotText => {

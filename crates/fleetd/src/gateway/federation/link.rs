@@ -111,27 +111,27 @@ pub(in crate::gateway) async fn keep_up<L, C, Left>(
     }
 }
 
-impl Gateway {
+impl Federation {
     /// Awaits again the receipts a previous run awaited, connects to the broker (a broker
     /// that refuses our topology is a start-up error, a queue of this host another connection
     /// holds is waited for a few heartbeats first; one that cannot be reached is retried in the
     /// background) and starts the link keeper and the presence loop.
-    pub(in crate::gateway) async fn start_federation(self: &Arc<Self>) -> Result<(), FleetError> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        tracing::info!(uri = %fed.broker.shown(), queue_type = fed.broker.queue_type.as_str(), host_id = %self.host_id, "federated plane on");
+    pub(in crate::gateway) async fn start_federation(
+        &self,
+        g: &Arc<Gateway>,
+    ) -> Result<(), FleetError> {
+        tracing::info!(uri = %self.broker.shown(), queue_type = self.broker.queue_type.as_str(), host_id = %g.host_id, "federated plane on");
         // Before any inbox is read: a receipt that came while this gateway was down ends its
         // brief's wait.
-        self.await_receipts_again().await?;
+        self.await_receipts_again(g).await?;
         // An inbox held by another consumer may be a crashed run of this gateway whose
         // connection the broker has not timed out yet (it does after about two heartbeats):
         // waited for a while, then a start-up error (a second gateway of this host).
         let held_until = tokio::time::Instant::now()
-            + Duration::from_secs(u64::from(fed.broker.heartbeat_s) * HELD_HEARTBEATS);
+            + Duration::from_secs(u64::from(self.broker.heartbeat_s) * HELD_HEARTBEATS);
         let mut waited = false;
         loop {
-            match self.connect_link().await {
+            match self.connect_link(g).await {
                 Ok(()) => {
                     if waited {
                         tracing::info!("the held inbox was let go: the broker link is up");
@@ -140,12 +140,12 @@ impl Gateway {
                 }
                 Err(e) if e.is_held() && tokio::time::Instant::now() < held_until => {
                     if !waited {
-                        tracing::warn!(error = %e, wait_s = u64::from(fed.broker.heartbeat_s) * HELD_HEARTBEATS, "an inbox of this host is held by another consumer: waiting for the broker to let a crashed run's connection go");
+                        tracing::warn!(error = %e, wait_s = u64::from(self.broker.heartbeat_s) * HELD_HEARTBEATS, "an inbox of this host is held by another consumer: waiting for the broker to let a crashed run's connection go");
                         waited = true;
                     }
                     tokio::select! {
                         () = tokio::time::sleep(HELD_RETRY) => {}
-                        () = self.shutdown.cancelled() => return Ok(()),
+                        () = g.shutdown.cancelled() => return Ok(()),
                     }
                 }
                 Err(e) if !e.retry() => {
@@ -157,41 +157,32 @@ impl Gateway {
                 }
             }
         }
-        let gateway = Arc::clone(self);
-        self.run_watched("broker link", async move { gateway.keep_link().await });
-        let gateway = Arc::clone(self);
-        self.run_watched("presence", async move { gateway.presence_loop().await });
+        if let Some(fed) = self.me() {
+            g.run_watched("broker link", Arc::clone(&fed).keep_link(Arc::clone(g)));
+            g.run_watched("presence", fed.presence_loop(Arc::clone(g)));
+        }
         Ok(())
     }
 
     /// Connects, declares, and attaches the roster and every local inbox.
-    async fn connect_link(self: &Arc<Self>) -> Result<(), AmqpError> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
+    async fn connect_link(&self, g: &Arc<Gateway>) -> Result<(), AmqpError> {
         let settings = LinkSettings {
-            first: fed.next_node.load(Ordering::Relaxed),
-            ..link_settings(&fed.broker, &fed.config)
+            first: self.next_node.load(Ordering::Relaxed),
+            ..link_settings(&self.broker, &self.config)
         };
-        let link = Link::connect(&settings, &self.host_id).await?;
+        let link = Link::connect(&settings, &g.host_id).await?;
         let node = link.node_name().to_string();
         let link: Arc<dyn Broker> = Arc::new(link);
         let attached = async {
-            let roster = link.open_roster(&self.host_id).await?;
-            let gateway = Arc::clone(self);
-            self.tasks
-                .spawn(async move { gateway.consume_roster(roster).await });
-            let control = link.open_control(&self.host_id).await?;
-            let gateway = Arc::clone(self);
-            self.tasks
-                .spawn(async move { gateway.consume_control(control).await });
-            let dead = link.open_dead_letters(&self.host_id).await?;
-            let gateway = Arc::clone(self);
-            self.tasks
-                .spawn(async move { gateway.consume_dead_letters(dead).await });
-            let local = self.sessions.lock().entities();
+            let roster = link.open_roster(&g.host_id).await?;
+            self.start(g, |fed, g| fed.consume_roster(g, roster));
+            let control = link.open_control(&g.host_id).await?;
+            self.start(g, |fed, g| fed.consume_control(g, control));
+            let dead = link.open_dead_letters(&g.host_id).await?;
+            self.start(g, |fed, g| fed.consume_dead_letters(g, dead));
+            let local = g.sessions.lock().entities();
             for entity in &local {
-                self.attach_inbox(link.as_ref(), entity).await?;
+                self.attach_inbox(g, link.as_ref(), entity).await?;
             }
             Ok::<usize, AmqpError>(local.len())
         };
@@ -199,19 +190,19 @@ impl Gateway {
             Ok(inboxes) => {
                 // Nothing expired while the link was down (nobody could be heard): what went
                 // quiet meanwhile reads unreachable before the link reads up, not for a sweep.
-                fed.lock()
+                self.lock()
                     .roster
                     .expire(tokio::time::Instant::now().into_std(), now_ms());
-                fed.link.send_replace(Some(Arc::clone(&link)));
-                tracing::info!(host_id = %self.host_id, %node, inboxes, "broker link up");
-                self.publish_presence().await;
-                self.clear_reaped_inboxes().await;
-                self.flush_outbox().await;
+                self.link.send_replace(Some(Arc::clone(&link)));
+                tracing::info!(host_id = %g.host_id, %node, inboxes, "broker link up");
+                self.publish_presence(g).await;
+                self.clear_reaped_inboxes(g).await;
+                self.flush_outbox(g).await;
                 Ok(())
             }
             Err(e) => {
                 // Half attached: let go of all of it, so the next attempt starts clean.
-                fed.lock().stop_consumers();
+                self.lock().stop_consumers();
                 link.close().await;
                 Err(e)
             }
@@ -219,19 +210,17 @@ impl Gateway {
     }
 
     /// Keeps the link up: waits for it to fail, then connects again with backoff.
-    async fn keep_link(self: Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    async fn keep_link(self: Arc<Self>, g: Arc<Gateway>) {
+        let g = &g;
         let down = || {
             tracing::warn!(
                 "the broker link is down; remote entities read unreachable, tasks for them fail fast, replies and notices wait for the link"
             );
-            fed.lock().stop_consumers();
+            self.lock().stop_consumers();
         };
-        let gateway = &self;
+        let (fed, gateway) = (&self, g);
         let leave = |link: Arc<dyn Broker>| async move {
-            gateway.leave_roster().await;
+            fed.leave_roster(gateway).await;
             // The workers go with fleetd: so do their inboxes (the leads' stay, holding what
             // arrives for them meanwhile).
             let panes: Vec<Gid> = gateway.sessions.lock().panes.keys().copied().collect();
@@ -243,10 +232,10 @@ impl Gateway {
             link.close().await;
         };
         keep_up(
-            &fed.link,
-            &fed.next_node,
-            &self.shutdown,
-            || self.connect_link(),
+            &self.link,
+            &self.next_node,
+            &g.shutdown,
+            || self.connect_link(g),
             down,
             leave,
         )
@@ -255,13 +244,11 @@ impl Gateway {
 
     /// Declares `entity`'s inbox and starts consuming it.
     pub(super) async fn attach_inbox(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         link: &dyn Broker,
         entity: &Entity,
     ) -> Result<(), AmqpError> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
         let keys: Vec<String> = if entity.role.is_pane_bound() {
             std::iter::once(BROADCAST_ALL.to_string())
                 .chain(entity.groups.iter().map(|g| broadcast_key(g)))
@@ -270,55 +257,52 @@ impl Gateway {
             Vec::new()
         };
         let deliveries = link.open_inbox(entity.gid, &keys).await?;
-        let token = self.shutdown.child_token();
-        if let Some(old) = fed.lock().consumers.insert(entity.gid, token.clone()) {
+        let token = g.shutdown.child_token();
+        if let Some(old) = self.lock().consumers.insert(entity.gid, token.clone()) {
             old.cancel();
         }
-        let gateway = Arc::clone(self);
         let owner = entity.gid;
-        self.tasks.spawn(async move {
-            gateway.consume_inbox(owner, deliveries, token).await;
+        self.start(g, move |fed, g| {
+            fed.consume_inbox(g, owner, deliveries, token)
         });
         Ok(())
     }
 
     /// A local entity joined (a worker became ready): give it an inbox on the broker.
-    pub(in crate::gateway) async fn federation_joined(self: &Arc<Self>, gid: Gid) {
-        let Some(link) = self.fed().and_then(Federation::link) else {
+    pub(in crate::gateway) async fn federation_joined(&self, g: &Arc<Gateway>, gid: Gid) {
+        let Some(link) = self.link() else {
             return;
         };
         let Some((entity, status)) = ({
-            let sessions = self.sessions.lock();
+            let sessions = g.sessions.lock();
             let found = sessions.entities().into_iter().find(|e| e.gid == gid);
             found.map(|e| (e, sessions.presence_status(gid)))
         }) else {
             return;
         };
-        if let Err(e) = self.attach_inbox(link.as_ref(), &entity).await {
+        if let Err(e) = self.attach_inbox(g, link.as_ref(), &entity).await {
             tracing::error!(%gid, error = %e, "cannot attach the inbox");
         }
         // Its own heartbeat, at once: the others learn of it now, not at the next round. (A
         // whole round for each one that joins made a burst of n spawns cost n² heartbeats.)
-        self.announce(link.as_ref(), Some(entity), status, Vec::new())
+        self.announce(g, link.as_ref(), Some(entity), status, Vec::new())
             .await;
     }
 
     /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
     /// gateways hear it is gone.
-    pub(in crate::gateway) async fn federation_left(self: &Arc<Self>, entity: &Entity) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        if let Some(token) = fed.lock().consumers.remove(&entity.gid) {
+    pub(in crate::gateway) async fn federation_left(&self, g: &Arc<Gateway>, entity: &Entity) {
+        if let Some(token) = self.lock().consumers.remove(&entity.gid) {
             token.cancel();
         }
-        let Some(link) = fed.link() else {
+        let Some(link) = self.link() else {
             return;
         };
         if let Err(e) = link.delete_inbox(entity.gid).await {
             tracing::warn!(gid = %entity.gid, error = %e, "cannot delete the inbox");
         }
         self.announce(
+            g,
             link.as_ref(),
             Some(entity.clone()),
             "gone".into(),
@@ -330,13 +314,11 @@ impl Gateway {
     /// Notes a worker a previous run left (reaped at start) whose inbox is to be cleared, and
     /// clears what can be now, in the background (each brief found there is a confirmed
     /// publish: the gateway serves meanwhile).
-    pub(in crate::gateway) fn reaped(self: &Arc<Self>, entity: Entity) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        fed.lock().reaped.push(entity);
-        let gateway = Arc::clone(self);
-        self.tasks
-            .spawn(async move { gateway.clear_reaped_inboxes().await });
+    pub(in crate::gateway) fn reaped(&self, g: &Arc<Gateway>, entity: Entity) {
+        self.lock().reaped.push(entity);
+        self.start(
+            g,
+            |fed, g| async move { fed.clear_reaped_inboxes(&g).await },
+        );
     }
 }

@@ -17,6 +17,11 @@
 //! [`receipts`] fails overdue briefs, [`dead`] tells the senders of this host's dead letters,
 //! [`control`] spawns and stops workers across hosts, [`turns`] carries asks across hosts,
 //! [`trust`] signs what goes out and checks what comes in (the rules are `fleet_core::trust`'s).
+//!
+//! Everything here is a method of [`Federation`], which holds the broker side's own state; a
+//! method that needs the local plane takes the gateway as `g` (its store, sessions and loops,
+//! and the few local acts a delivery ends in: hold, deliver, fail, spawn, stop). The local
+//! plane calls in only through [`Afar`](super::afar::Afar), which `port` implements.
 
 mod checks;
 mod control;
@@ -37,6 +42,7 @@ mod turns;
 mod waiting;
 
 pub(in crate::gateway) use link::{keep_up, link_settings};
+pub(in crate::gateway) use publish::outgoing;
 pub(in crate::gateway) use settle::settle;
 pub use trust::sealed;
 pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of};
@@ -44,7 +50,7 @@ pub(in crate::gateway) use trust::{loud, message_window, remember_until, seal_of
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use fleet_amqp::{AmqpError, Broker, Published};
@@ -99,6 +105,8 @@ pub struct Federation {
     outbox_waiting: AtomicBool,
     /// Held by the outbox's flush: one at a time.
     flushing: tokio::sync::Mutex<()>,
+    /// This federation, for the tasks it starts (set when the gateway takes it).
+    me: Weak<Federation>,
 }
 
 /// What the federated plane holds in memory.
@@ -222,7 +230,32 @@ impl Federation {
             roster_heard: tokio_watch::channel(0).0,
             outbox_waiting: AtomicBool::new(true),
             flushing: tokio::sync::Mutex::new(()),
+            me: Weak::new(),
         })
+    }
+
+    /// This federation, shared: what the gateway holds, knowing itself.
+    pub(in crate::gateway) fn shared(mut self) -> Arc<Self> {
+        Arc::new_cyclic(|me| {
+            self.me = me.clone();
+            self
+        })
+    }
+
+    /// This federation, for a task it starts; `None` once the gateway is gone.
+    fn me(&self) -> Option<Arc<Self>> {
+        self.me.upgrade()
+    }
+
+    /// Starts `task` on this federation and gateway `g`, among the gateway's tasks.
+    fn start<T, F>(&self, g: &Arc<Gateway>, task: T)
+    where
+        T: FnOnce(Arc<Self>, Arc<Gateway>) -> F,
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if let Some(fed) = self.me() {
+            g.tasks.spawn(task(fed, Arc::clone(g)));
+        }
     }
 
     /// How many hosts' keys are taken (this one's own included).
@@ -358,20 +391,13 @@ pub(in crate::gateway) fn not_taken(err: AmqpError) -> FleetError {
     FleetError::new(ErrorCode::BrokerUnavailable, err.to_string())
 }
 
-impl Gateway {
-    fn fed(&self) -> Option<&Federation> {
-        self.federation.as_deref()
-    }
-
+impl Federation {
     /// Notes the name and host a remote sender gave, for showing its messages.
-    fn remember_remote_name(&self, gid: Gid, name: &str, host: Option<&str>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        if self.sessions.lock().is_local(gid) {
+    fn remember_remote_name(&self, g: &Gateway, gid: Gid, name: &str, host: Option<&str>) {
+        if g.sessions.lock().is_local(gid) {
             return;
         }
-        let mut state = fed.lock();
+        let mut state = self.lock();
         if state.senders.len() >= MAX_SENDER_NAMES {
             state.senders.clear();
         }
@@ -391,20 +417,15 @@ impl Gateway {
     /// Whether `message` (for another host) is this gateway's to carry through a broker outage
     /// (the rule: [`carried`]), its recipient's role as the roster knows or last knew it.
     pub(in crate::gateway) fn carries(&self, message: &Message) -> bool {
-        let to_pane = self.fed().is_none_or(|fed| {
-            let state = fed.lock();
+        let to_pane = {
+            let state = self.lock();
             state
                 .roster
                 .entity(message.to)
                 .map(|e| &e.entity)
                 .or_else(|| state.roster.departed(message.to))
                 .is_none_or(|e| e.role.is_pane_bound())
-        });
+        };
         carried(message.kind, to_pane)
-    }
-
-    /// The host a remote entity is on (see [`Federation::host_of`]).
-    pub(in crate::gateway) fn remote_host(&self, gid: Gid) -> Option<String> {
-        self.fed()?.host_of(gid)
     }
 }

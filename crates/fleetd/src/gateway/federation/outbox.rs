@@ -12,6 +12,7 @@ use fleet_core::{ErrorCode, FleetError, Kind, Message, MsgId};
 use tokio::time::Instant;
 
 use super::super::Gateway;
+use super::Federation;
 use super::unavailable;
 
 /// How long a carried message's publish is waited for before it is kept in the outbox and its
@@ -22,7 +23,7 @@ const CARRY_PATIENCE: Duration = Duration::from_secs(1);
 /// and is tried again at this pace).
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
-impl Gateway {
+impl Federation {
     /// Carries `message` (for another host, one [`carried`] says its gateway carries) to its
     /// recipient whatever the link is doing: published if the broker confirms it within
     /// [`CARRY_PATIENCE`], else kept in the store's outbox (the publish left running, the
@@ -31,41 +32,44 @@ impl Gateway {
     /// only when the broker refuses it outright (its recipient is gone), or when it can be
     /// neither published nor kept.
     pub(in crate::gateway) async fn carry(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         message: Message,
     ) -> Result<Placement, FleetError> {
-        let gateway = Arc::clone(self);
+        let (fed, gateway) = (self.me(), Arc::clone(g));
         let sent = message.clone();
         // While its publish runs, the flusher leaves it be (no second copy from there).
-        if let Some(fed) = self.fed() {
-            fed.lock().carrying.insert(message.msg_id);
+        {
+            self.lock().carrying.insert(message.msg_id);
         }
-        let mut publish = self.tasks.spawn(async move {
-            let published = gateway.publish_remote(&sent).await;
-            if let Some(fed) = gateway.fed() {
-                fed.lock().carrying.remove(&sent.msg_id);
-            }
+        let mut publish = g.tasks.spawn(async move {
+            let fed = fed.ok_or_else(|| {
+                FleetError::new(ErrorCode::BrokerUnavailable, "fleetd is stopping")
+            })?;
+            let published = fed.publish_remote(&gateway, &sent).await;
+            fed.lock().carrying.remove(&sent.msg_id);
             published
         });
         match tokio::time::timeout(CARRY_PATIENCE, &mut publish).await {
             Ok(Ok(Ok(placement))) => {
-                self.carried(&message).await;
+                self.carried(g, &message).await;
                 Ok(placement)
             }
             // Refused by a broker that is there (its recipient gone, its inbox full): said so.
             Ok(Ok(Err(e))) if !self.link_failed(&e) => Err(e),
             // The link failed under it, or the publish panicked: the outbox has it.
-            Ok(_) => self.keep_carried(&message).await,
+            Ok(_) => self.keep_carried(g, &message).await,
             Err(_slow) => {
-                let kept = self.keep_carried(&message).await?;
-                let gateway = Arc::clone(self);
+                let kept = self.keep_carried(g, &message).await?;
+                let (fed, gateway) = (self.me(), Arc::clone(g));
                 let (msg_id, kind) = (message.msg_id, message.kind);
-                self.tasks.spawn(async move {
+                g.tasks.spawn(async move {
+                    let Some(fed) = fed else { return };
                     match publish.await {
-                        Ok(Ok(_)) => gateway.outbox_sent(msg_id).await,
-                        Ok(Err(e)) if !gateway.link_failed(&e) => {
+                        Ok(Ok(_)) => fed.outbox_sent(&gateway, msg_id).await,
+                        Ok(Err(e)) if !fed.link_failed(&e) => {
                             tracing::error!(%msg_id, %kind, error = %e, "a carried message cannot be delivered: dropped");
-                            gateway.outbox_sent(msg_id).await;
+                            fed.outbox_sent(&gateway, msg_id).await;
                         }
                         // The flusher sends it once the link allows.
                         _ => {}
@@ -79,66 +83,69 @@ impl Gateway {
     /// Whether a publish failed for want of a link (none, or it broke under the publish),
     /// rather than being refused by a broker that is there (an inbox full, or gone).
     fn link_failed(&self, err: &FleetError) -> bool {
-        err.code == ErrorCode::BrokerUnavailable && self.fed().is_none_or(|f| f.link().is_none())
+        err.code == ErrorCode::BrokerUnavailable && self.link().is_none()
     }
 
     /// A carried message is taken: counted, and a reply notes its task answered here.
-    async fn carried(self: &Arc<Self>, message: &Message) {
-        self.metrics.accepted(message.kind, Placement::Remote);
-        self.answered_elsewhere(message).await;
+    async fn carried(&self, g: &Arc<Gateway>, message: &Message) {
+        g.metrics.accepted(message.kind, Placement::Remote);
+        self.answered_elsewhere(g, message).await;
     }
 
     /// Keeps `message` in the outbox until the broker takes it, and takes it; an error only
     /// when the store cannot keep it either (its sender then hears the broker is out of reach).
-    async fn keep_carried(self: &Arc<Self>, message: &Message) -> Result<Placement, FleetError> {
+    async fn keep_carried(
+        &self,
+        g: &Arc<Gateway>,
+        message: &Message,
+    ) -> Result<Placement, FleetError> {
         let kept = message.clone();
-        if let Err(e) = self.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
+        if let Err(e) = g.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             tracing::error!(msg_id = %message.msg_id, kind = %message.kind, error = %e, "a message for another host cannot be kept: the broker cannot be reached and the store cannot keep it");
             return Err(unavailable(&format!(
                 "this host's store cannot keep the message ({e}); nothing was sent"
             )));
         }
-        if let Some(fed) = self.fed() {
-            fed.outbox_waiting.store(true, Ordering::Relaxed);
+        {
+            self.outbox_waiting.store(true, Ordering::Relaxed);
         }
         tracing::info!(msg_id = %message.msg_id, kind = %message.kind, "the broker cannot take it now: kept until it can");
-        self.carried(message).await;
+        self.carried(g, message).await;
         Ok(Placement::Remote)
     }
 
     /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
     /// reply or a failure notice to a lead there), that the task is answered: no copy of the
     /// answer is kept here, and a restart reaping the worker would report it unanswered.
-    pub(super) async fn answered_elsewhere(&self, published: &Message) {
+    pub(super) async fn answered_elsewhere(&self, g: &Gateway, published: &Message) {
         let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
         else {
             return;
         };
         let by_reply = published.kind == Kind::Reply;
-        if let Err(e) = self
-            .db
-            .run(move |s| s.answered_elsewhere(task, by_reply))
-            .await
+        if let Err(e) =
+            g.db.run(move |s| s.answered_elsewhere(task, by_reply))
+                .await
         {
             tracing::warn!(msg_id = %task, error = %e, "a task answered on another host is not noted: a restart reaping its worker would report it unanswered");
         }
     }
 
     /// Takes a sent message out of the outbox.
-    async fn outbox_sent(&self, msg_id: MsgId) {
-        if let Err(e) = self.db.run(move |s| s.outbox_sent(msg_id)).await {
+    async fn outbox_sent(&self, g: &Gateway, msg_id: MsgId) {
+        if let Err(e) = g.db.run(move |s| s.outbox_sent(msg_id)).await {
             tracing::warn!(%msg_id, error = %e, "a sent message stays in the outbox: it may be sent twice (its receiver drops the copy)");
         }
     }
 
     /// Keeps `notice` (for a sender on another host) in the store until the broker can take
     /// it: a notice this gateway made has no caller to retry it.
-    pub(in crate::gateway) async fn keep_for_broker(&self, notice: &Message) {
+    pub(in crate::gateway) async fn keep_for_broker(&self, g: &Gateway, notice: &Message) {
         let kept = notice.clone();
-        match self.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
+        match g.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             Ok(()) => {
-                if let Some(fed) = self.fed() {
-                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                {
+                    self.outbox_waiting.store(true, Ordering::Relaxed);
                 }
                 tracing::warn!(msg_id = %notice.msg_id, kind = %notice.kind, "the broker cannot be reached: the notice is kept until it can");
             }
@@ -152,37 +159,34 @@ impl Gateway {
     /// the first that finds it gone again (and looks again later). One that can never go (its
     /// recipient's inbox is gone) is dropped, loudly. One flush at a time: another finds this
     /// one at work and leaves it to it.
-    pub(in crate::gateway) async fn flush_outbox(&self) {
-        let Some(fed) = self.fed() else {
+    pub(in crate::gateway) async fn flush_outbox(&self, g: &Gateway) {
+        let Ok(_flushing) = self.flushing.try_lock() else {
             return;
         };
-        let Ok(_flushing) = fed.flushing.try_lock() else {
-            return;
-        };
-        fed.outbox_waiting.store(false, Ordering::Relaxed);
-        let kept = match self.db.run(|s| s.outbox()).await {
+        self.outbox_waiting.store(false, Ordering::Relaxed);
+        let kept = match g.db.run(|s| s.outbox()).await {
             Ok(kept) => kept,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read what waits for the broker");
-                fed.outbox_waiting.store(true, Ordering::Relaxed);
+                self.outbox_waiting.store(true, Ordering::Relaxed);
                 return;
             }
         };
         for notice in kept {
             let msg_id = notice.msg_id;
-            if fed.lock().carrying.contains(&msg_id) {
-                fed.outbox_waiting.store(true, Ordering::Relaxed);
+            if self.lock().carrying.contains(&msg_id) {
+                self.outbox_waiting.store(true, Ordering::Relaxed);
                 continue;
             }
-            match self.publish_remote(&notice).await {
+            match self.publish_remote(g, &notice).await {
                 Err(e) if self.link_failed(&e) => {
-                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                    self.outbox_waiting.store(true, Ordering::Relaxed);
                     return;
                 }
                 // An inbox full now may take it later: kept, and what follows goes meanwhile.
                 Err(e) if e.code == ErrorCode::BrokerUnavailable => {
                     tracing::warn!(%msg_id, kind = %notice.kind, error = %e, "a kept message was refused: kept, to try again");
-                    fed.outbox_waiting.store(true, Ordering::Relaxed);
+                    self.outbox_waiting.store(true, Ordering::Relaxed);
                     continue;
                 }
                 Err(e) => {
@@ -190,22 +194,19 @@ impl Gateway {
                 }
                 Ok(_) => {}
             }
-            self.outbox_sent(msg_id).await;
+            self.outbox_sent(g, msg_id).await;
         }
     }
 
     /// Starts a flush of the outbox when something waits in it and the link is up, at most once
     /// a second (called by the presence loop, so what was kept goes within a second of the link
     /// coming back, not only at the next connection).
-    pub(super) fn flush_when_waiting(self: &Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        if !fed.outbox_waiting.load(Ordering::Relaxed) || fed.link().is_none() {
+    pub(super) fn flush_when_waiting(&self, g: &Arc<Gateway>) {
+        if !self.outbox_waiting.load(Ordering::Relaxed) || self.link().is_none() {
             return;
         }
         {
-            let mut state = fed.lock();
+            let mut state = self.lock();
             let now = Instant::now();
             if state
                 .flushed
@@ -215,9 +216,7 @@ impl Gateway {
             }
             state.flushed = Some(now);
         }
-        let gateway = Arc::clone(self);
-        self.tasks
-            .spawn(async move { gateway.flush_outbox().await });
+        self.start(g, |fed, g| async move { fed.flush_outbox(&g).await });
     }
 
     /// Sends `message`, for a remote recipient, on its way: carried through an outage when its
@@ -225,28 +224,29 @@ impl Gateway {
     /// published now or refused. What was taken is counted, and an answer notes its task
     /// answered.
     pub(in crate::gateway) async fn send_remote(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         message: Message,
     ) -> Result<Placement, FleetError> {
         if self.carries(&message) {
-            return self.carry(message).await;
+            return self.carry(g, message).await;
         }
-        let published = self.publish_remote(&message).await;
+        let published = self.publish_remote(g, &message).await;
         if published.is_ok() {
-            self.metrics.accepted(message.kind, Placement::Remote);
-            self.answered_elsewhere(&message).await;
+            g.metrics.accepted(message.kind, Placement::Remote);
+            self.answered_elsewhere(g, &message).await;
         }
         published
     }
 
     /// After a brief from a remote sender was typed in and its submit verified: tell the
     /// sender's gateway (carried: the pump types the next task meanwhile).
-    pub(in crate::gateway) async fn receipt_injected(self: &Arc<Self>, task: &Message) {
+    pub(in crate::gateway) async fn receipt_injected(&self, g: &Arc<Gateway>, task: &Message) {
         let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
-        if self.placement(&receipt) != Placement::Remote {
+        if g.placement(&receipt) != Placement::Remote {
             return;
         }
-        if let Err(e) = self.carry(receipt).await {
+        if let Err(e) = self.carry(g, receipt).await {
             tracing::warn!(trace_id = %task.trace_id, msg_id = %task.msg_id, error = %e, "cannot send the INJECTED receipt");
         }
     }

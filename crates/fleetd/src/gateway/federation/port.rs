@@ -65,7 +65,7 @@ impl Afar for Federation {
     }
 
     fn spawn_target(&self, g: &Gateway, requested: Option<&str>) -> Result<Target, FleetError> {
-        g.spawn_target(requested)
+        self.spawn_target(g, requested)
     }
 
     fn send<'a>(
@@ -73,7 +73,7 @@ impl Afar for Federation {
         g: &'a Arc<Gateway>,
         message: Message,
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
-        Box::pin(g.send_remote(message))
+        Box::pin(self.send_remote(g, message))
     }
 
     fn send_in_turn<'a>(
@@ -82,11 +82,11 @@ impl Afar for Federation {
         message: &'a Message,
         turn: (&'a str, u64),
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
-        Box::pin(g.publish_in_turn(message, Some(turn)))
+        Box::pin(self.publish_in_turn(g, message, Some(turn)))
     }
 
     fn keep<'a>(&'a self, g: &'a Gateway, notice: &'a Message) -> BoxFuture<'a, ()> {
-        Box::pin(g.keep_for_broker(notice))
+        Box::pin(self.keep_for_broker(g, notice))
     }
 
     fn broadcast<'a>(
@@ -94,7 +94,7 @@ impl Afar for Federation {
         g: &'a Gateway,
         broadcast: Broadcast<'a>,
     ) -> BoxFuture<'a, Result<(usize, Vec<String>), FleetError>> {
-        Box::pin(g.publish_broadcast(broadcast))
+        Box::pin(self.publish_broadcast(g, broadcast))
     }
 
     fn spawn<'a>(
@@ -105,7 +105,7 @@ impl Afar for Federation {
         host: &'a str,
         ct: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<SpawnResult, FleetError>> {
-        Box::pin(g.spawn_remote(caller, request, host, ct))
+        Box::pin(self.spawn_remote(g, caller, request, host, ct))
     }
 
     fn stop<'a>(
@@ -114,7 +114,7 @@ impl Afar for Federation {
         caller: &'a Caller,
         worker: &'a Entity,
     ) -> BoxFuture<'a, Result<StopResult, FleetError>> {
-        Box::pin(g.stop_remote(caller, worker))
+        Box::pin(self.stop_remote(g, caller, worker))
     }
 
     fn sent_between<'a>(
@@ -124,19 +124,19 @@ impl Afar for Federation {
         host: String,
         (from, to): (Gid, Gid),
     ) -> BoxFuture<'a, bool> {
-        Box::pin(g.sent_between(task, host, from, to))
+        Box::pin(self.sent_between(g, task, host, from, to))
     }
 
     fn brief_going<'a>(&'a self, g: &'a Gateway, brief: &'a Message) -> BoxFuture<'a, ()> {
-        Box::pin(g.track_remote_brief(brief))
+        Box::pin(self.track_remote_brief(g, brief))
     }
 
     fn briefs_settled<'a>(&'a self, g: &'a Gateway, briefs: Vec<MsgId>) -> BoxFuture<'a, ()> {
-        Box::pin(g.receipts_settled(briefs))
+        Box::pin(self.receipts_settled(g, briefs))
     }
 
     fn injected<'a>(&'a self, g: &'a Arc<Gateway>, task: &'a Message) -> BoxFuture<'a, ()> {
-        Box::pin(g.receipt_injected(task))
+        Box::pin(self.receipt_injected(g, task))
     }
 
     fn ask_abandoned<'a>(
@@ -145,22 +145,22 @@ impl Afar for Federation {
         ask: &'a Message,
         turn: &'a str,
     ) -> BoxFuture<'a, ()> {
-        Box::pin(g.ask_abandoned(ask, turn))
+        Box::pin(self.ask_abandoned(g, ask, turn))
     }
 
     fn joined<'a>(&'a self, g: &'a Arc<Gateway>, gid: Gid) -> BoxFuture<'a, ()> {
-        Box::pin(g.federation_joined(gid))
+        Box::pin(self.federation_joined(g, gid))
     }
 
     fn left<'a>(&'a self, g: &'a Arc<Gateway>, entity: &'a Entity) -> BoxFuture<'a, ()> {
-        Box::pin(g.federation_left(entity))
+        Box::pin(self.federation_left(g, entity))
     }
 
     fn sender_gone<'a>(&'a self, g: &'a Gateway, sender: Gid) -> BoxFuture<'a, ()> {
-        Box::pin(g.receipts_sent_by(sender))
+        Box::pin(self.receipts_sent_by(g, sender))
     }
 
     fn reaped(&self, g: &Arc<Gateway>, entity: Entity) {
-        g.reaped(entity);
+        self.reaped(g, entity);
     }
 }

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use super::super::Gateway;
 use super::super::views::{HostView, RosterEntry, slot_of};
-use super::Federation;
 use super::settle::settle;
 use super::trust::forget_heartbeats;
+use super::{Federation, outgoing};
 use fleet_core::clock::now_ms;
 
 /// How many messages are taken off a reaped worker's inbox at once.
@@ -26,39 +26,37 @@ const DRAIN_BATCH: usize = 64;
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
-impl Gateway {
+impl Federation {
     /// Heartbeats every local entity and the host entry, and expires what went quiet.
-    pub(super) async fn presence_loop(self: Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let interval = Duration::from_secs(fed.config.presence_interval_s);
+    pub(super) async fn presence_loop(self: Arc<Self>, g: Arc<Gateway>) {
+        let g = &g;
+        let interval = Duration::from_secs(self.config.presence_interval_s);
         let mut next_beat = Instant::now() + interval;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(SWEEP_INTERVAL) => {}
-                () = self.shutdown.cancelled() => return,
+                () = g.shutdown.cancelled() => return,
             }
             if Instant::now() >= next_beat {
-                self.publish_presence().await;
-                if fed.link().is_some() && !fed.lock().reaped.is_empty() {
-                    self.clear_reaped_inboxes().await;
+                self.publish_presence(g).await;
+                if self.link().is_some() && !self.lock().reaped.is_empty() {
+                    self.clear_reaped_inboxes(g).await;
                 }
                 next_beat = Instant::now() + interval;
             }
-            self.sweep().await;
-            forget_heartbeats(fed);
-            self.flush_when_waiting();
+            self.sweep(g).await;
+            forget_heartbeats(&self);
+            self.flush_when_waiting(g);
         }
     }
 
     /// Publishes the presence of every local entity and of this host.
-    pub(super) async fn publish_presence(&self) {
-        let Some(link) = self.fed().and_then(Federation::link) else {
+    pub(super) async fn publish_presence(&self, g: &Gateway) {
+        let Some(link) = self.link() else {
             return;
         };
         let entries: Vec<(Entity, String)> = {
-            let sessions = self.sessions.lock();
+            let sessions = g.sessions.lock();
             sessions
                 .entities()
                 .into_iter()
@@ -68,48 +66,41 @@ impl Gateway {
                 })
                 .collect()
         };
-        let beats = entries
-            .into_iter()
-            .map(|(entity, status)| self.announce(link.as_ref(), Some(entity), status, Vec::new()));
+        let beats = entries.into_iter().map(|(entity, status)| {
+            self.announce(g, link.as_ref(), Some(entity), status, Vec::new())
+        });
         futures_util::future::join_all(beats).await;
-        let profiles = self
-            .config
-            .profiles
-            .iter()
-            .map(|p| p.name.clone())
-            .collect();
-        self.announce(link.as_ref(), None, "up".into(), profiles)
+        let profiles = g.config.profiles.iter().map(|p| p.name.clone()).collect();
+        self.announce(g, link.as_ref(), None, "up".into(), profiles)
             .await;
     }
 
     /// Tells the other gateways this host and its entities are gone.
-    pub(super) async fn leave_roster(&self) {
-        let Some(link) = self.fed().and_then(Federation::link) else {
+    pub(super) async fn leave_roster(&self, g: &Gateway) {
+        let Some(link) = self.link() else {
             return;
         };
-        let local = self.sessions.lock().entities();
+        let local = g.sessions.lock().entities();
         let beats = local
             .into_iter()
-            .map(|entity| self.announce(link.as_ref(), Some(entity), "gone".into(), Vec::new()));
+            .map(|entity| self.announce(g, link.as_ref(), Some(entity), "gone".into(), Vec::new()));
         futures_util::future::join_all(beats).await;
-        self.announce(link.as_ref(), None, "gone".into(), Vec::new())
+        self.announce(g, link.as_ref(), None, "gone".into(), Vec::new())
             .await;
     }
 
     /// One presence heartbeat.
     pub(super) async fn announce(
         &self,
+        g: &Gateway,
         link: &dyn Broker,
         entity: Option<Entity>,
         status: String,
         profiles: Vec<String>,
     ) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
         let (from, who) = match &entity {
             Some(e) => (e.gid, e.gid.to_string()),
-            None => (fed.gateway_gid, GATEWAY_ENTRY.to_string()),
+            None => (self.gateway_gid, GATEWAY_ENTRY.to_string()),
         };
         let presence = Presence {
             entity,
@@ -119,15 +110,16 @@ impl Gateway {
         let Ok(body) = serde_json::to_vec(&presence) else {
             return;
         };
-        let envelope = self.outgoing(
+        let envelope = outgoing(
+            &g.host_id,
             Kind::Presence,
             (MsgId::mint(), TraceId::mint()),
             from,
             ROSTER_EXCHANGE.to_string(),
-            fed.config.presence_ttl_s,
+            self.config.presence_ttl_s,
         );
-        let key = roster_key(&self.host_id, &who);
-        let signature = fed.sign(&envelope, &body);
+        let key = roster_key(&g.host_id, &who);
+        let signature = self.sign(&envelope, &body);
         let published = link
             .publish(Outgoing {
                 exchange: ROSTER_EXCHANGE,
@@ -146,18 +138,23 @@ impl Gateway {
 
     /// Reads the roster queue into the union view until the link goes, or fleetd stops
     /// (whether or not the link's close goes through).
-    pub(super) async fn consume_roster(self: Arc<Self>, mut deliveries: Deliveries) {
+    pub(super) async fn consume_roster(
+        self: Arc<Self>,
+        g: Arc<Gateway>,
+        mut deliveries: Deliveries,
+    ) {
+        let g = &g;
         loop {
             let next = tokio::select! {
                 next = deliveries.next() => next,
-                () = self.shutdown.cancelled() => return,
+                () = g.shutdown.cancelled() => return,
             };
             match next {
                 Some(Ok(delivery)) => {
-                    let (handled, returned) = self.on_presence(&delivery);
+                    let (handled, returned) = self.on_presence(g, &delivery);
                     settle(&delivery, handled, false).await;
                     if returned {
-                        self.answer_a_return();
+                        self.answer_a_return(g);
                     }
                 }
                 _ => return,
@@ -168,12 +165,9 @@ impl Gateway {
     /// A host this gateway did not hear came back (its link healed, or it started): it hears of
     /// this one's entities at once, not at the next beat, so both sides' rosters are whole again
     /// as soon as its link is (at most once a second, however many hosts come back).
-    fn answer_a_return(self: &Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    fn answer_a_return(&self, g: &Arc<Gateway>) {
         {
-            let mut state = fed.lock();
+            let mut state = self.lock();
             let now = Instant::now();
             if state
                 .answered_return
@@ -183,19 +177,14 @@ impl Gateway {
             }
             state.answered_return = Some(now);
         }
-        let gateway = Arc::clone(self);
-        self.tasks
-            .spawn(async move { gateway.publish_presence().await });
+        self.start(g, |fed, g| async move { fed.publish_presence(&g).await });
     }
 
     /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead
     /// letters when it fails a check), and whether it is the return of a host this gateway
     /// did not hear (unknown or unreachable).
-    fn on_presence(&self, delivery: &Delivery) -> (Handled, bool) {
+    fn on_presence(&self, g: &Gateway, delivery: &Delivery) -> (Handled, bool) {
         let handled = |h| (h, false);
-        let Some(fed) = self.fed() else {
-            return handled(Handled::Noted);
-        };
         let Ok(envelope) = delivery.envelope() else {
             tracing::warn!("a malformed heartbeat was refused");
             return handled(Handled::Refused);
@@ -204,7 +193,7 @@ impl Gateway {
             tracing::warn!("a heartbeat naming no host was refused");
             return handled(Handled::Refused);
         };
-        if host == self.host_id {
+        if host == g.host_id {
             // This gateway's own, back through the exchange.
             return handled(Handled::Noted);
         }
@@ -216,12 +205,12 @@ impl Gateway {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
             return handled(Handled::Refused);
         };
-        match self.check_heartbeat(delivery, &envelope, &presence) {
+        match self.check_heartbeat(g, delivery, &envelope, &presence) {
             Ok(()) => {}
             // Its seal and sender passed: it sat out a partition (or a slow link). A newer one
             // says more; it is dropped, counted, and no forgery is cried.
             Err(refusal) if refusal.late() => {
-                self.metrics.heartbeat_late();
+                g.metrics.heartbeat_late();
                 tracing::debug!(%host, check = refusal.reason(), "a late heartbeat was dropped");
                 return handled(Handled::Noted);
             }
@@ -232,7 +221,7 @@ impl Gateway {
         }
         let now = Instant::now().into_std();
         let (heard, was_quiet) = {
-            let mut state = fed.lock();
+            let mut state = self.lock();
             // The host's own entry, from a host not heard until now.
             let was_quiet = presence.entity.is_none()
                 && presence.status != GONE
@@ -242,7 +231,7 @@ impl Gateway {
         let returned = was_quiet && heard == Heard::Merged;
         match heard {
             Heard::Merged => {
-                fed.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
+                self.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
             }
             Heard::Left => {}
             Heard::NotItsOwn { claimed } => {
@@ -262,12 +251,9 @@ impl Gateway {
 
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
     /// link does); one the broker will not let go of yet stays for the next beat.
-    pub(super) async fn clear_reaped_inboxes(self: &Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let Some(link) = fed.link() else {
-            let waiting = fed.lock().reaped.len();
+    pub(super) async fn clear_reaped_inboxes(&self, g: &Arc<Gateway>) {
+        let Some(link) = self.link() else {
+            let waiting = self.lock().reaped.len();
             if waiting > 0 {
                 tracing::warn!(
                     inboxes = waiting,
@@ -276,11 +262,11 @@ impl Gateway {
             }
             return;
         };
-        let reaped = std::mem::take(&mut fed.lock().reaped);
+        let reaped = std::mem::take(&mut self.lock().reaped);
         for entity in reaped {
-            if !self.clear_reaped_inbox(link.as_ref(), &entity).await {
+            if !self.clear_reaped_inbox(g, link.as_ref(), &entity).await {
                 // Tried again at the next beat (or the next link).
-                fed.lock().reaped.push(entity);
+                self.lock().reaped.push(entity);
             }
         }
     }
@@ -289,7 +275,12 @@ impl Gateway {
     /// dead-lettered and its (genuine) sender told the worker is gone, then the inbox is
     /// deleted — nothing sent to it vanishes unannounced — and the worker announced gone. False
     /// when the broker would not let the inbox be deleted yet: to be tried again.
-    async fn clear_reaped_inbox(self: &Arc<Self>, link: &dyn Broker, entity: &Entity) -> bool {
+    async fn clear_reaped_inbox(
+        &self,
+        g: &Arc<Gateway>,
+        link: &dyn Broker,
+        entity: &Entity,
+    ) -> bool {
         let gid = entity.gid;
         let why = format!(
             "'{}' is gone: its gateway restarted before the message could be typed in",
@@ -324,9 +315,9 @@ impl Gateway {
                 };
                 handled.insert(envelope.msg_id);
                 // Only a genuine sender is told.
-                match self.check_genuine(&envelope, &delivery) {
+                match self.check_genuine(g, &envelope, &delivery) {
                     Ok(()) => {
-                        self.refuse_and_tell(gid, &envelope, &delivery, "recipient gone", &why)
+                        self.refuse_and_tell(g, gid, &envelope, &delivery, "recipient gone", &why)
                             .await;
                         told += 1;
                     }
@@ -344,7 +335,7 @@ impl Gateway {
             }
         }
         // The other gateways hear it is gone now, not when its entry runs out.
-        self.announce(link, Some(entity.clone()), "gone".into(), Vec::new())
+        self.announce(g, link, Some(entity.clone()), "gone".into(), Vec::new())
             .await;
         true
     }

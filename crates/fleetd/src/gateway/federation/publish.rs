@@ -81,50 +81,50 @@ impl Federation {
     }
 }
 
-impl Gateway {
+impl Federation {
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
     /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
     pub(in crate::gateway) async fn publish_remote(
         &self,
+        g: &Gateway,
         message: &Message,
     ) -> Result<Placement, FleetError> {
-        self.publish_in_turn(message, None).await
+        self.publish_in_turn(g, message, None).await
     }
 
     /// [`Gateway::publish_remote`], for a message of an ask's conversation: `turn` is the
     /// asking turn's id, and how long (seconds) the message is good for.
     pub(in crate::gateway) async fn publish_in_turn(
         &self,
+        g: &Gateway,
         message: &Message,
         turn: Option<(&str, u64)>,
     ) -> Result<Placement, FleetError> {
-        let Some(fed) = self.fed() else {
-            return Ok(Placement::Dead);
-        };
-        let Some(link) = fed.link_soon().await else {
+        let Some(link) = self.link_soon().await else {
             return Err(unavailable(&format!(
                 "'{}' on another host cannot be reached now; nothing was queued",
-                self.name_of(message.to).await
+                g.name_of(message.to).await
             )));
         };
         let envelope = Envelope {
             in_reply_to: message.in_reply_to,
             turn_id: turn.map(|(id, _)| id.to_string()),
-            from_name: Some(self.name_of(message.from).await),
-            ..self.outgoing(
+            from_name: Some(g.name_of(message.from).await),
+            ..outgoing(
+                &g.host_id,
                 message.kind,
                 (message.msg_id, message.trace_id),
                 message.from,
                 message.to.to_string(),
-                turn.map_or(fed.config.inbox_message_ttl_s, |(_, ttl_s)| ttl_s),
+                turn.map_or(self.config.inbox_message_ttl_s, |(_, ttl_s)| ttl_s),
             )
         };
         let body = message.body.as_bytes();
         // Where it goes is remembered before it goes (in memory at once, so an answer however
         // quick is matched; in the store alongside the publish, so a restart keeps it): an
         // answer from there is taken, one from anywhere else refused.
-        let record = self.going_to(fed, message);
-        let signature = fed.sign(&envelope, body);
+        let record = self.going_to(message);
+        let signature = self.sign(&envelope, body);
         let publish = async {
             let started = Instant::now();
             let outgoing = Outgoing {
@@ -136,31 +136,31 @@ impl Gateway {
                 mandatory: true,
                 persistent: true,
             };
-            let published = fed.publish_over(link, outgoing).await;
-            self.metrics.published(started.elapsed());
+            let published = self.publish_over(link, outgoing).await;
+            g.metrics.published(started.elapsed());
             published
         };
         let remember = async {
             match record.clone() {
-                Some(record) => self.remember_sent(vec![record]).await,
+                Some(record) => self.remember_sent(g, vec![record]).await,
                 None => Ok(()),
             }
         };
         let (published, remembered) = tokio::join!(publish, remember);
         match (remembered, record) {
-            (Ok(()), Some(record)) => fed.lock().sent_kept(&record),
+            (Ok(()), Some(record)) => self.lock().sent_kept(&record),
             (Err(e), Some(_)) => {
                 tracing::warn!(msg_id = %message.msg_id, error = %e, "where the message went is remembered in memory only: an answer after a restart will be refused");
             }
             _ => {}
         }
         let outcome = publish_outcome(&published, "refused: inbox full");
-        fed.audit(&envelope, body.len(), outcome);
+        self.audit(&envelope, body.len(), outcome);
         tracing::info!(trace_id = %message.trace_id, msg_id = %message.msg_id, kind = %message.kind, to = %message.to, outcome, "published");
-        match refused_why(published.map_err(not_taken)?, fed.broker.queue_type) {
+        match refused_why(published.map_err(not_taken)?, self.broker.queue_type) {
             None => Ok(Placement::Remote),
             Some((code, why)) => {
-                let to_name = self.name_of(message.to).await;
+                let to_name = g.name_of(message.to).await;
                 Err(FleetError::new(code, format!("'{to_name}' {why}")))
             }
         }
@@ -169,56 +169,26 @@ impl Gateway {
     /// Where `message` goes, noted in memory now (for a kind whose answer is matched to it):
     /// its id, its recipient's host, its sender and recipient; `None` when nothing answers it
     /// or no host is known for its recipient.
-    fn going_to(&self, fed: &Federation, message: &Message) -> Option<Sent> {
+    fn going_to(&self, message: &Message) -> Option<Sent> {
         if !matches!(
             message.kind,
             Kind::Send | Kind::Ask | Kind::Reply | Kind::Answer
         ) {
             return None;
         }
-        let Some(host) = self.remote_host(message.to) else {
+        let Some(host) = self.host_of(message.to) else {
             tracing::warn!(msg_id = %message.msg_id, to = %message.to, "no host is known for the recipient: what answers this message will be refused");
             return None;
         };
         let record = (message.msg_id, host, message.from, Some(message.to));
-        fed.lock().note_sent(&record);
+        self.lock().note_sent(&record);
         Some(record)
-    }
-
-    /// An envelope from this gateway, stamped now and expiring after `ttl_s`.
-    pub(in crate::gateway) fn outgoing(
-        &self,
-        kind: Kind,
-        (msg_id, trace_id): (MsgId, TraceId),
-        from: Gid,
-        to: String,
-        ttl_s: u64,
-    ) -> Envelope {
-        let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
-        Envelope {
-            version: VERSION,
-            kind,
-            msg_id,
-            trace_id,
-            from,
-            to,
-            turn_id: None,
-            spawn_id: None,
-            in_reply_to: None,
-            from_name: None,
-            from_host: Some(self.host_id.clone()),
-            ts_ms,
-            expires_at_ms: ts_ms.saturating_add(ttl_s.saturating_mul(1000)),
-        }
     }
 
     /// Remembers a brief published to a remote worker, to fail it loudly if its `INJECTED`
     /// receipt does not come in time — in the store too, so a restart keeps the bound.
-    pub(in crate::gateway) async fn track_remote_brief(&self, message: &Message) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        fed.lock().receipts.track(
+    pub(in crate::gateway) async fn track_remote_brief(&self, g: &Gateway, message: &Message) {
+        self.lock().receipts.track(
             message.msg_id,
             message.from,
             message.to,
@@ -231,52 +201,46 @@ impl Gateway {
             recipient: message.to,
             trace_id: message.trace_id,
         };
-        if let Err(e) = self.db.run(move |s| s.await_receipt(&brief)).await {
+        if let Err(e) = g.db.run(move |s| s.await_receipt(&brief)).await {
             tracing::warn!(msg_id = %message.msg_id, error = %e, "the receipt bound of a brief is kept in memory only: a restart forgets it");
         }
     }
 
     /// Stops awaiting the receipts of `msg_ids` (come, answered, overdue, or the brief was not
     /// published after all), in memory and in the store.
-    pub(in crate::gateway) async fn receipts_settled(&self, msg_ids: Vec<MsgId>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    pub(in crate::gateway) async fn receipts_settled(&self, g: &Gateway, msg_ids: Vec<MsgId>) {
         if msg_ids.is_empty() {
             return;
         }
         {
-            let mut state = fed.lock();
+            let mut state = self.lock();
             for id in &msg_ids {
                 if state.receipts.state(*id) == Some("queued") {
                     state.receipts.forget(*id);
                 }
             }
         }
-        if let Err(e) = self.db.run(move |s| s.receipts_settled(&msg_ids)).await {
+        if let Err(e) = g.db.run(move |s| s.receipts_settled(&msg_ids)).await {
             tracing::warn!(error = %e, "settled receipts stay in the store: a restart fails their briefs at the bound");
         }
     }
 
     /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is
     /// no longer there to be told).
-    pub(in crate::gateway) async fn receipts_sent_by(&self, sender: Gid) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let sent = fed.lock().receipts.sent_by(sender);
-        self.receipts_settled(sent).await;
+    pub(in crate::gateway) async fn receipts_sent_by(&self, g: &Gateway, sender: Gid) {
+        let sent = self.lock().receipts.sent_by(sender);
+        self.receipts_settled(g, sent).await;
     }
 
     /// At start: awaits again the receipts a previous run was awaiting, their bound counted
     /// from now.
-    pub(in crate::gateway) async fn await_receipts_again(&self) -> Result<(), FleetError> {
-        let Some(fed) = self.fed() else {
-            return Ok(());
-        };
-        let awaited = self.db.run(|s| s.awaited_receipts()).await?;
+    pub(in crate::gateway) async fn await_receipts_again(
+        &self,
+        g: &Gateway,
+    ) -> Result<(), FleetError> {
+        let awaited = g.db.run(|s| s.awaited_receipts()).await?;
         let now = Instant::now().into_std();
-        let mut state = fed.lock();
+        let mut state = self.lock();
         for brief in &awaited {
             state.receipts.track(
                 brief.msg_id,
@@ -301,6 +265,7 @@ impl Gateway {
     /// full refused its copy, which the publisher's confirm says, not whose).
     pub(in crate::gateway) async fn publish_broadcast(
         &self,
+        g: &Gateway,
         broadcast: Broadcast<'_>,
     ) -> Result<(usize, Vec<String>), FleetError> {
         let Broadcast {
@@ -309,26 +274,24 @@ impl Gateway {
             text,
             ids: (msg_id, trace_id),
         } = broadcast;
-        let Some(fed) = self.fed() else {
-            return Err(FleetError::internal("no broker"));
-        };
-        let Some(link) = fed.link_soon().await else {
+        let Some(link) = self.link_soon().await else {
             return Err(unavailable("the broadcast was not sent"));
         };
         let key = group.map_or_else(|| BROADCAST_ALL.to_string(), broadcast_key);
         let envelope = Envelope {
             from_name: Some(from.name.clone()),
-            ..self.outgoing(
+            ..outgoing(
+                &g.host_id,
                 Kind::Broadcast,
                 (msg_id, trace_id),
                 from.gid,
                 key.clone(),
-                fed.config.inbox_message_ttl_s,
+                self.config.inbox_message_ttl_s,
             )
         };
-        let (sent, remote) = fed.broadcast_ways(msg_id, from.gid, group);
-        self.remember_sent(sent).await?;
-        let signature = fed.sign(&envelope, text.as_bytes());
+        let (sent, remote) = self.broadcast_ways(msg_id, from.gid, group);
+        self.remember_sent(g, sent).await?;
+        let signature = self.sign(&envelope, text.as_bytes());
         // An empty group is legal silence: not mandatory.
         let started = Instant::now();
         let outgoing = Outgoing {
@@ -340,9 +303,9 @@ impl Gateway {
             mandatory: false,
             persistent: true,
         };
-        let published = fed.publish_over(link, outgoing).await;
-        self.metrics.published(started.elapsed());
-        fed.audit(
+        let published = self.publish_over(link, outgoing).await;
+        g.metrics.published(started.elapsed());
+        self.audit(
             &envelope,
             text.len(),
             if published.is_ok() {
@@ -351,12 +314,12 @@ impl Gateway {
                 "broker unavailable"
             },
         );
-        let refused = broadcast_refused(published.map_err(not_taken)?, fed.broker.queue_type);
-        self.metrics.accepted(Kind::Send, Placement::Remote);
+        let refused = broadcast_refused(published.map_err(not_taken)?, self.broker.queue_type);
+        g.metrics.accepted(Kind::Send, Placement::Remote);
         // This host's copies reach only the workers the sender may task; another host's
         // workers are counted as they are heard of (each host types only its owner's and
         // shared ones' copies: at most this many).
-        let local = self.sessions.lock().taskable(from, group).len();
+        let local = g.sessions.lock().taskable(from, group).len();
         Ok((local + remote, refused))
     }
 
@@ -364,8 +327,12 @@ impl Gateway {
     /// entity on `host`), for as long as settled messages are kept
     /// (`gateway.keep_messages_days`): answers about it are taken from that host, between
     /// those two, only.
-    pub(super) async fn remember_sent(&self, sent: Vec<Sent>) -> Result<(), FleetError> {
-        let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
+    pub(super) async fn remember_sent(
+        &self,
+        g: &Gateway,
+        sent: Vec<Sent>,
+    ) -> Result<(), FleetError> {
+        let days = i64::try_from(g.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let until_ms = now_ms().saturating_add(days.saturating_mul(86_400_000));
         let rows: Vec<SentRecord> = sent
             .into_iter()
@@ -377,6 +344,33 @@ impl Gateway {
                 until_ms,
             })
             .collect();
-        self.db.run(move |s| s.record_sent(&rows)).await
+        g.db.run(move |s| s.record_sent(&rows)).await
+    }
+}
+
+/// An envelope from the gateway of `host`, stamped now and expiring after `ttl_s`.
+pub(in crate::gateway) fn outgoing(
+    host: &str,
+    kind: Kind,
+    (msg_id, trace_id): (MsgId, TraceId),
+    from: Gid,
+    to: String,
+    ttl_s: u64,
+) -> Envelope {
+    let ts_ms = u64::try_from(now_ms()).unwrap_or(0);
+    Envelope {
+        version: VERSION,
+        kind,
+        msg_id,
+        trace_id,
+        from,
+        to,
+        turn_id: None,
+        spawn_id: None,
+        in_reply_to: None,
+        from_name: None,
+        from_host: Some(host.to_string()),
+        ts_ms,
+        expires_at_ms: ts_ms.saturating_add(ttl_s.saturating_mul(1000)),
     }
 }

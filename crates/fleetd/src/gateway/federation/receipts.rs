@@ -13,24 +13,22 @@ use tokio::time::Instant;
 
 use super::super::Gateway;
 use super::FedState;
+use super::Federation;
 use fleet_core::clock::now_ms;
 
-impl Gateway {
+impl Federation {
     /// Expires quiet roster entries, and fails remote briefs whose receipt is overdue.
-    pub(super) async fn sweep(self: &Arc<Self>) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    pub(super) async fn sweep(&self, g: &Arc<Gateway>) {
         let now = Instant::now().into_std();
         let (overdue, bound) = {
-            let mut state = fed.lock();
-            let up = fed.link().is_some();
+            let mut state = self.lock();
+            let up = self.link().is_some();
             if up {
                 state.roster.expire(now, now_ms());
             }
             // A heartbeat is overdue half an interval and a second late (gateways beat on their
             // own schedule, and a sweep may hold one up a little).
-            let interval = Duration::from_secs(fed.config.presence_interval_s);
+            let interval = Duration::from_secs(self.config.presence_interval_s);
             let late = interval + interval / 2 + Duration::from_secs(1);
             let FedState {
                 roster, receipts, ..
@@ -44,10 +42,10 @@ impl Gateway {
             });
             (overdue, receipts.bound())
         };
-        self.receipts_settled(overdue.iter().map(|(id, _)| *id).collect())
+        self.receipts_settled(g, overdue.iter().map(|(id, _)| *id).collect())
             .await;
         for (msg_id, pending) in overdue {
-            let name = self.name_of(pending.recipient).await;
+            let name = g.name_of(pending.recipient).await;
             let reason = format!(
                 "no INJECTED receipt from '{name}' within {} s of it being free and reachable (or by the end of the brief's life on the broker): the brief may not have been typed in, and is not retried",
                 bound.as_secs()
@@ -61,7 +59,7 @@ impl Gateway {
                 now_ms(),
             )
             .with_id(msg_id);
-            Box::pin(self.notify_failed(&original, &reason)).await;
+            Box::pin(g.notify_failed(&original, &reason)).await;
         }
     }
 }

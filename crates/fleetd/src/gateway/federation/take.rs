@@ -20,19 +20,17 @@ use super::waiting::Waiting;
 use fleet_core::delivery::Placement;
 use fleet_core::delivery::WAITED_TOO_LONG;
 
-impl Gateway {
+impl Federation {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
     /// worker (it joins `waiting`), a receipt, or a kind an inbox does not take. False if the
     /// consumer is to stop.
     pub(super) async fn on_delivery(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         vouched: Vouched,
         waiting: &mut Waiting,
     ) -> bool {
-        let Some(fed) = self.fed() else {
-            return false;
-        };
         let Vouched {
             delivery,
             envelope,
@@ -45,6 +43,7 @@ impl Gateway {
                 // Typed into a pane: inert text only, refused before it waits for the worker.
                 if let Err(found) = typeable(&body) {
                     self.refuse_and_tell(
+                        g,
                         owner,
                         &envelope,
                         &delivery,
@@ -66,20 +65,20 @@ impl Gateway {
             }
             Kind::Injected => {
                 if let Some(original) = envelope.in_reply_to {
-                    fed.lock()
+                    self.lock()
                         .receipts
                         .injected(original, Instant::now().into_std());
-                    if let Err(e) = self.db.run(move |s| s.receipts_settled(&[original])).await {
+                    if let Err(e) = g.db.run(move |s| s.receipts_settled(&[original])).await {
                         tracing::warn!(%original, error = %e, "a receipt stays awaited in the store: a restart fails its brief at the bound");
                     }
                 }
                 tracing::info!(%trace_id, %msg_id, in_reply_to = ?envelope.in_reply_to, "remote brief injected");
-                fed.audit(&envelope, size, "receipt");
+                self.audit(&envelope, size, "receipt");
                 settle(&delivery, Handled::Noted, false).await;
             }
             _ => {
                 tracing::error!(%trace_id, %msg_id, %kind, "REFUSED a message this inbox does not take: dead-lettered");
-                fed.audit(&envelope, size, "refused: kind");
+                self.audit(&envelope, size, "refused: kind");
                 settle(&delivery, Handled::Refused, false).await;
             }
         }
@@ -89,17 +88,14 @@ impl Gateway {
     /// Takes a brief whose worker is free (or gone, when it fails as any other would): one
     /// that expired meanwhile is never typed late, its sender is told. False if the consumer is
     /// to stop.
-    pub(super) async fn take_brief(self: &Arc<Self>, owner: Gid, brief: Vouched) -> bool {
-        let Some(fed) = self.fed() else {
-            return false;
-        };
+    pub(super) async fn take_brief(&self, g: &Arc<Gateway>, owner: Gid, brief: Vouched) -> bool {
         let Vouched {
             delivery,
             envelope,
             body,
         } = brief;
         if envelope.expired(u64::try_from(now_ms()).unwrap_or(u64::MAX)) {
-            self.refuse_and_tell(owner, &envelope, &delivery, "expired", WAITED_TOO_LONG)
+            self.refuse_and_tell(g, owner, &envelope, &delivery, "expired", WAITED_TOO_LONG)
                 .await;
             return true;
         }
@@ -112,17 +108,17 @@ impl Gateway {
         if let Err(e) = delivery.ack_surely().await {
             tracing::warn!(%trace_id, %msg_id, error = %e, "a brief's acknowledgement was not seen to reach the broker: failed, not typed");
             // The link is not to be trusted: a new one attaches this inbox again.
-            if let Some(link) = fed.link() {
+            if let Some(link) = self.link() {
                 link.give_up();
             }
-            self.fail_untaken(message).await;
+            self.fail_untaken(g, message).await;
             return false;
         }
-        fed.audit(&envelope, delivery.body().len(), "taken");
-        if let Err(e) = self.deliver(message.clone()).await {
+        self.audit(&envelope, delivery.body().len(), "taken");
+        if let Err(e) = g.deliver(message.clone()).await {
             // Taken off the broker already (at most once): its sender is told.
             tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
-            self.notify_failed(
+            g.notify_failed(
                 &message,
                 &format!("not queued by its recipient's gateway: {}", e.message),
             )
@@ -134,14 +130,14 @@ impl Gateway {
     /// Fails a brief whose acknowledgement was not seen to reach the broker: kept here as
     /// failed (should the broker give it again, it is dropped as one handled already) and its
     /// sender told (the notice is carried: the link is likely down). Never typed.
-    async fn fail_untaken(self: &Arc<Self>, mut brief: Message) {
+    async fn fail_untaken(&self, g: &Arc<Gateway>, mut brief: Message) {
         let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
         brief.state = MsgState::Failed(why.into());
         let kept = brief.clone();
-        if let Err(e) = self.store_one_within_cap(kept).await {
+        if let Err(e) = g.store_one_within_cap(kept).await {
             tracing::error!(msg_id = %brief.msg_id, error = %e, "an untaken brief cannot be kept as failed: should the broker give it again, it is typed then");
         }
-        self.notify_failed(&brief, why).await;
+        g.notify_failed(&brief, why).await;
     }
 
     /// Holds messages for local entities (the pull path), stored in one transaction and then
@@ -149,15 +145,12 @@ impl Gateway {
     /// One whose recipient has no place to hold it any more goes the ordinary way. With
     /// `together` false (a brief before them on the channel waits, unacknowledged), each is
     /// settled on its own, never through that brief.
-    pub(super) async fn hold_all(self: &Arc<Self>, incoming: Vec<Incoming>, together: bool) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    pub(super) async fn hold_all(&self, g: &Arc<Gateway>, incoming: Vec<Incoming>, together: bool) {
         let (kept, others): (Vec<Incoming>, Vec<Incoming>) = incoming
             .into_iter()
-            .partition(|i| self.placement(&i.message) == Placement::Hold);
+            .partition(|i| g.placement(&i.message) == Placement::Hold);
         for other in others {
-            self.deliver_one(fed, other).await;
+            self.deliver_one(g, other).await;
         }
         let Some(last) = kept.last() else {
             return;
@@ -166,7 +159,7 @@ impl Gateway {
             count = kept.len(),
             "holding messages off the broker together"
         );
-        let outcomes = match self
+        let outcomes = match g
             .hold(kept.iter().map(|i| i.message.clone()).collect())
             .await
         {
@@ -190,7 +183,7 @@ impl Gateway {
         for (i, outcome) in kept.iter().zip(outcomes) {
             match outcome {
                 Ok(()) => {
-                    answered.extend(fed.held(&i.envelope, i.delivery.body().len()));
+                    answered.extend(self.held(&i.envelope, i.delivery.body().len()));
                     if !together {
                         settle(&i.delivery, Handled::Held, false).await;
                     }
@@ -201,12 +194,19 @@ impl Gateway {
                         "its recipient already has {} messages waiting, the most allowed ({full})",
                         full.count
                     );
-                    self.refuse_and_tell(i.message.to, &i.envelope, &i.delivery, "too many", &why)
-                        .await;
+                    self.refuse_and_tell(
+                        g,
+                        i.message.to,
+                        &i.envelope,
+                        &i.delivery,
+                        "too many",
+                        &why,
+                    )
+                    .await;
                 }
             }
         }
-        self.receipts_settled(answered).await;
+        self.receipts_settled(g, answered).await;
         if let Some(last) = last_held
             && together
         {
@@ -217,20 +217,27 @@ impl Gateway {
     /// Delivers `other` (off the broker, for an entity that does not hold it) the ordinary
     /// way, and settles it: held, refused for good over a cap (requeued, it would only come
     /// straight back), or left to come again when it could not be stored.
-    async fn deliver_one(self: &Arc<Self>, fed: &Federation, other: Incoming) {
+    async fn deliver_one(&self, g: &Arc<Gateway>, other: Incoming) {
         let to = other.message.to;
-        match self.deliver(other.message).await.map(|_| ()) {
+        match g.deliver(other.message).await.map(|_| ()) {
             Err(e) if e.code == ErrorCode::TooMany => {
-                self.refuse_and_tell(to, &other.envelope, &other.delivery, "too many", &e.message)
-                    .await;
+                self.refuse_and_tell(
+                    g,
+                    to,
+                    &other.envelope,
+                    &other.delivery,
+                    "too many",
+                    &e.message,
+                )
+                .await;
             }
             Err(e) => {
                 not_stored(&other.envelope, &e);
                 settle(&other.delivery, Handled::NotStored, false).await;
             }
             Ok(()) => {
-                if let Some(original) = fed.held(&other.envelope, other.delivery.body().len()) {
-                    self.receipts_settled(vec![original]).await;
+                if let Some(original) = self.held(&other.envelope, other.delivery.body().len()) {
+                    self.receipts_settled(g, vec![original]).await;
                 }
                 settle(&other.delivery, Handled::Held, false).await;
             }
@@ -241,7 +248,8 @@ impl Gateway {
     /// audit line, and tells its sender with a `FAILED` notice when it is a message one waits
     /// on (not a notice or a receipt, which would only start a loop).
     pub(super) async fn refuse_and_tell(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         envelope: &Envelope,
         delivery: &Delivery,
@@ -251,12 +259,12 @@ impl Gateway {
         let (trace_id, msg_id, kind) = (envelope.trace_id, envelope.msg_id, envelope.kind);
         // Thinned, as every refusal off the broker: a host's lead sending what this host does
         // not grant, again and again, does not flood the log (the audit line is each one's).
-        let (loud, count) = self.fed().map_or((true, 0), |fed| fed.loud());
+        let (loud, count) = self.loud();
         if loud {
             tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, refused_so_far = count, "REFUSED a message off the broker: dead-lettered");
         }
-        if let Some(fed) = self.fed() {
-            fed.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
+        {
+            self.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
         }
         if refusal_told(kind) {
             // A broadcast's copy is told of by the copy's own id (derived from the broadcast's
@@ -265,7 +273,7 @@ impl Gateway {
             if kind == Kind::Broadcast {
                 original = original.with_id(envelope.msg_id.derived(&owner.to_string()));
             }
-            self.notify_failed(
+            g.notify_failed(
                 &original,
                 &format!("refused by its recipient's gateway: {why}"),
             )

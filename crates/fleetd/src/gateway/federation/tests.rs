@@ -21,7 +21,7 @@ use super::super::Gateway;
 use super::super::afar::Afar;
 use super::super::delivery::Taken;
 use super::super::testing::gateway_on;
-use super::Federation;
+use super::{Federation, outgoing};
 use crate::config::{BrokerConfig, Config, FederationConfig, TrustEntry};
 
 /// How long a test waits for the gateway to act on what the fake delivered.
@@ -38,6 +38,11 @@ struct Harness {
 }
 
 /// A test host's key: `hostb` and `hostc` are pinned by the harness, any other host is not.
+/// The federation of a federated test gateway.
+fn fed_of(gateway: &Gateway) -> Arc<Federation> {
+    gateway.federation.clone().expect("a federated gateway")
+}
+
 fn host_key(host: &str) -> SigningKey {
     let seed = match host {
         "hostb" => 2,
@@ -108,8 +113,11 @@ async fn harness(max_held: usize) -> Harness {
     .await;
     let broker = Arc::new(FakeBroker::new());
     let link: Arc<dyn Broker> = broker.clone();
-    gateway.fed().unwrap().link.send_replace(Some(link));
-    gateway.attach_inbox(broker.as_ref(), &alice).await.unwrap();
+    fed_of(&gateway).link.send_replace(Some(link));
+    fed_of(&gateway)
+        .attach_inbox(&gateway, broker.as_ref(), &alice)
+        .await
+        .unwrap();
     let carol = lead_of("hostc");
     let heard = Presence {
         entity: Some(carol.clone()),
@@ -117,12 +125,7 @@ async fn harness(max_held: usize) -> Harness {
         profiles: Vec::new(),
     };
     let now = tokio::time::Instant::now().into_std();
-    gateway
-        .fed()
-        .unwrap()
-        .lock()
-        .roster
-        .hear("hostc", heard, now, 0);
+    fed_of(&gateway).lock().roster.hear("hostc", heard, now, 0);
     Harness {
         gateway,
         broker,
@@ -236,7 +239,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
     let gid = alice.gid;
     let held = gateway.db.run(move |s| s.held_count(gid)).await.unwrap();
     assert_eq!(held, 1);
-    let shown = gateway.fed().unwrap().lock().senders.get(&carol).cloned();
+    let shown = fed_of(&gateway).lock().senders.get(&carol).cloned();
     assert_eq!(shown.as_deref(), Some("carol@hostc"));
 }
 
@@ -262,7 +265,10 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         kind: Kind::Reply,
         ..reply
     };
-    let placed = gateway.carry(reply.clone()).await.unwrap();
+    let placed = fed_of(&gateway)
+        .carry(&gateway, reply.clone())
+        .await
+        .unwrap();
     assert_eq!(placed, fleet_core::delivery::Placement::Remote);
     let kept = gateway.db.run(|s| s.outbox()).await.unwrap();
     assert_eq!(
@@ -270,15 +276,15 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         [reply.msg_id]
     );
     // Nothing goes while the link is down, however often the presence loop looks.
-    gateway.flush_when_waiting();
+    fed_of(&gateway).flush_when_waiting(&gateway);
     assert_eq!(gateway.db.run(|s| s.outbox()).await.unwrap().len(), 1);
     // A new link: the presence loop's next look sends it, once, and empties the outbox.
     let back = Arc::new(FakeBroker::new());
     back.bind(&carol.to_string());
-    let fed = gateway.fed().unwrap();
+    let fed = fed_of(&gateway);
     fed.link
         .send_replace(Some(Arc::clone(&back) as Arc<dyn Broker>));
-    gateway.flush_when_waiting();
+    fed_of(&gateway).flush_when_waiting(&gateway);
     tokio::time::timeout(LIMIT, async {
         while !gateway.db.run(|s| s.outbox()).await.unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -329,11 +335,13 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     let first = Arc::new(FakeBroker::new());
     let vouched = brief_off(&first, alice.gid, &brief).await;
     first.lose_acks();
-    let fed = gateway.fed().unwrap();
+    let fed = fed_of(&gateway);
     fed.link
         .send_replace(Some(Arc::clone(&first) as Arc<dyn Broker>));
     assert!(
-        !gateway.take_brief(alice.gid, vouched).await,
+        !fed_of(&gateway)
+            .take_brief(&gateway, alice.gid, vouched)
+            .await,
         "the consumer stops"
     );
     assert!(!first.is_up(), "the link is given up, to be connected anew");
@@ -365,7 +373,11 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     let vouched = brief_off(&second, alice.gid, &brief).await;
     fed.link
         .send_replace(Some(Arc::clone(&second) as Arc<dyn Broker>));
-    assert!(gateway.take_brief(alice.gid, vouched).await);
+    assert!(
+        fed_of(&gateway)
+            .take_brief(&gateway, alice.gid, vouched)
+            .await
+    );
     assert_eq!(gateway.db.run(move |s| s.held_count(gid)).await.unwrap(), 0);
     let kept = gateway
         .db
@@ -495,7 +507,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         created_ms: 0,
         expires_ms: None,
     };
-    gateway.track_remote_brief(&brief).await;
+    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
     let id = brief.msg_id;
     gateway
         .db
@@ -510,7 +522,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         })
         .await
         .unwrap();
-    let fed = gateway.fed().unwrap();
+    let fed = fed_of(&gateway);
     assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
     let key = alice.gid.to_string();
     let receipt = Envelope {
@@ -548,8 +560,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
         ..
     } = harness(10).await;
     let roster = broker.open_roster("hosta").await.unwrap();
-    let consumer = Arc::clone(&gateway);
-    tokio::spawn(async move { consumer.consume_roster(roster).await });
+    tokio::spawn(fed_of(&gateway).consume_roster(Arc::clone(&gateway), roster));
     // A heartbeat of `host` for `entity` (or the host itself), its routing key and body.
     let beat = |host: &str, entity: Option<Entity>, kind: Kind| {
         let from = entity.as_ref().map_or_else(Gid::mint, |e| e.gid);
@@ -667,7 +678,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
 #[tokio::test(start_paused = true)]
 async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails_it_at_the_bound() {
     let Harness { gateway, alice, .. } = harness(10).await;
-    let fed = gateway.fed().unwrap();
+    let fed = fed_of(&gateway);
     let bound = Duration::from_secs(fed.config.injected_bound_s);
     let ttl = Duration::from_secs(fed.config.presence_ttl_s);
     assert!(ttl < bound, "the entry expires first");
@@ -699,9 +710,8 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
         created_ms: 0,
         expires_ms: None,
     };
-    gateway.track_remote_brief(&brief).await;
-    let looping = Arc::clone(&gateway);
-    tokio::spawn(async move { looping.presence_loop().await });
+    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
+    tokio::spawn(fed_of(&gateway).presence_loop(Arc::clone(&gateway)));
 
     // Quiet for the ttl: its host is cut off. Kept, unreachable, and its brief waits for it
     // however long (its gateway may still type it).
@@ -755,8 +765,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
 async fn with_dead_letters() -> Harness {
     let harness = harness(10).await;
     let dead = harness.broker.open_dead_letters("hosta").await.unwrap();
-    let consumer = Arc::clone(&harness.gateway);
-    tokio::spawn(async move { consumer.consume_dead_letters(dead).await });
+    tokio::spawn(fed_of(&harness.gateway).consume_dead_letters(Arc::clone(&harness.gateway), dead));
     harness
 }
 
@@ -777,12 +786,7 @@ fn hear_wb(gateway: &Gateway) -> Gid {
         profiles: Vec::new(),
     };
     let now = tokio::time::Instant::now().into_std();
-    gateway
-        .fed()
-        .unwrap()
-        .lock()
-        .roster
-        .hear("hostb", heard, now, 0);
+    fed_of(gateway).lock().roster.hear("hostb", heard, now, 0);
     wb.gid
 }
 
@@ -810,7 +814,7 @@ fn dead_letter(
     reason: &str,
     queue: &str,
 ) -> Table {
-    let fed = gateway.fed().unwrap();
+    let fed = fed_of(gateway);
     let died_s = i64::try_from(envelope.ts_ms / 1000 + 60).unwrap();
     let death = Table::new()
         .with("reason", reason)
@@ -855,9 +859,10 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
     } = with_dead_letters().await;
     let wb = hear_wb(&gateway);
     let brief = Message::task(alice.gid, wb, "task".into(), TraceId::mint(), 0);
-    gateway.track_remote_brief(&brief).await;
+    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
     sent_from_here(&gateway, vec![(brief.msg_id, "hostb", alice.gid, Some(wb))]).await;
-    let sent = gateway.outgoing(
+    let sent = outgoing(
+        &gateway.host_id,
         Kind::Send,
         (brief.msg_id, brief.trace_id),
         alice.gid,
@@ -891,12 +896,12 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
         "expired after 60 s unread in the inbox of 'wb@hostb', never taken: its gateway may be down"
     );
     // Its receipt is no longer awaited: the bound will not fail it again.
-    assert_eq!(gateway.fed().unwrap().brief_state(brief.msg_id), None);
+    assert_eq!(fed_of(&gateway).brief_state(brief.msg_id), None);
     let awaited = gateway.db.run(|s| s.awaited_receipts()).await.unwrap();
     assert!(awaited.is_empty(), "{awaited:?}");
     // Nothing goes back through the broker: the sender is here.
     assert!(broker.published().is_empty(), "{:?}", broker.published());
-    gateway.fed().unwrap().audit.written();
+    fed_of(&gateway).audit.written();
     assert_eq!(
         audited_outcomes(&dir),
         ["dead letter: expired, sender told"; 2]
@@ -920,7 +925,8 @@ async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter
         .notify_failed(&brief, "no INJECTED receipt from 'wb'")
         .await;
     assert_eq!(taken(&gateway, alice.gid).await.len(), 1);
-    let sent = gateway.outgoing(
+    let sent = outgoing(
+        &gateway.host_id,
         Kind::Send,
         (brief.msg_id, brief.trace_id),
         alice.gid,
@@ -957,7 +963,8 @@ async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the
         ],
     )
     .await;
-    let sent = gateway.outgoing(
+    let sent = outgoing(
+        &gateway.host_id,
         Kind::Broadcast,
         (msg_id, trace_id),
         alice.gid,
@@ -1014,7 +1021,8 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
     let inbox = inbox_queue(wb);
     // A brief alice really sent, and one whose receipt came (it was typed in).
     let ours = |kind: Kind| {
-        gateway.outgoing(
+        outgoing(
+            &gateway.host_id,
             kind,
             (MsgId::mint(), TraceId::mint()),
             alice.gid,
@@ -1039,10 +1047,8 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
     .await;
     let brief =
         Message::task(alice.gid, wb, "task".into(), injected.trace_id, 0).with_id(injected.msg_id);
-    gateway.track_remote_brief(&brief).await;
-    gateway
-        .fed()
-        .unwrap()
+    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
+    fed_of(&gateway)
         .lock()
         .receipts
         .injected(injected.msg_id, tokio::time::Instant::now().into_std());
@@ -1074,7 +1080,7 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         // A cause nobody names, no x-death at all, another entity's inbox, or no inbox.
         (genuine(&sent, "eaten", &inbox), Some("guest")),
         (
-            Table::of_signed(&sent, &gateway.fed().unwrap().sign(&sent, b"x")),
+            Table::of_signed(&sent, &fed_of(&gateway).sign(&sent, b"x")),
             Some("guest"),
         ),
         (
@@ -1125,11 +1131,11 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         .iter()
         .map(|r| format!("dead letter dropped: {r}"))
         .collect();
-    gateway.fed().unwrap().audit.written();
+    fed_of(&gateway).audit.written();
     assert_eq!(audited_outcomes(&dir), expected);
     // The brief that was typed in still awaits its answer.
     assert_eq!(
-        gateway.fed().unwrap().brief_state(injected.msg_id),
+        fed_of(&gateway).brief_state(injected.msg_id),
         Some("injected")
     );
 }

@@ -29,6 +29,7 @@ use super::super::Gateway;
 use super::super::asks::Waiter;
 use super::super::dialogs::{is_dialog_turn, take_answer};
 use super::super::views::AskView;
+use super::Federation;
 
 /// The longest a turn id may be (this gateway writes `turn-<uuid>`, 41 characters).
 const MAX_TURN_ID: usize = 64;
@@ -80,21 +81,22 @@ fn read_remote_dialog(text: &str) -> Result<Dialog, FleetError> {
     Ok(dialog)
 }
 
-impl Gateway {
+impl Federation {
     /// A checked message of an ask's conversation off `owner`'s inbox: handled here (true), or
     /// not one (false: it is held as any other).
     pub(super) async fn ask_flow(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         owner: Gid,
         envelope: &Envelope,
         body: &str,
     ) -> bool {
-        let is_lead = self.sessions.lock().leads.contains_key(&owner);
+        let is_lead = g.sessions.lock().leads.contains_key(&owner);
         match envelope.kind {
-            Kind::Ask if is_lead => self.asked_from_afar(owner, envelope, body).await,
+            Kind::Ask if is_lead => self.asked_from_afar(g, owner, envelope, body).await,
             Kind::Abandoned if is_lead => {
                 if let Some(turn) = turn_of(envelope) {
-                    let over = self.sessions.lock().asks.abandon(turn, envelope.from);
+                    let over = g.sessions.lock().asks.abandon(turn, envelope.from);
                     tracing::info!(
                         turn_id = turn,
                         over,
@@ -102,13 +104,13 @@ impl Gateway {
                     );
                 }
             }
-            Kind::Answer if !is_lead => self.answered_from_afar(owner, envelope, body).await,
+            Kind::Answer if !is_lead => self.answered_from_afar(g, owner, envelope, body).await,
             Kind::NoWaiter if !is_lead => {
                 let closed = turn_of(envelope)
-                    .and_then(|turn| self.sessions.lock().asks.close(turn, "nobody was waiting"));
+                    .and_then(|turn| g.sessions.lock().asks.close(turn, "nobody was waiting"));
                 match closed {
                     Some((_, Waiter::Call(call))) => {
-                        let lead = self.name_of(envelope.from).await;
+                        let lead = g.name_of(envelope.from).await;
                         let _ = call.send(Err(FleetError::new(
                             ErrorCode::NoWaiter,
                             format!(
@@ -118,7 +120,7 @@ impl Gateway {
                     }
                     // A dialog the lead's host did not take: asked afresh if it stays.
                     Some((asked, Waiter::Screen)) => {
-                        self.dialog_over(
+                        g.dialog_over(
                             asked.from,
                             &asked.turn_id,
                             "its lead's host did not take it",
@@ -135,10 +137,7 @@ impl Gateway {
 
     /// An `ASK` for lead `lead` here from a worker on another host: open while the lead
     /// listens (its answer goes back as `ANSWER`), else `NO_WAITER` at once.
-    async fn asked_from_afar(self: &Arc<Self>, lead: Gid, ask: &Envelope, question: &str) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    async fn asked_from_afar(&self, g: &Arc<Gateway>, lead: Gid, ask: &Envelope, question: &str) {
         let worker = ask.from;
         let Some(turn) = turn_of(ask).map(str::to_string) else {
             tracing::warn!(msg_id = %ask.msg_id, "an ask from another host carries no usable turn id: dropped");
@@ -157,7 +156,7 @@ impl Gateway {
         } else {
             None
         };
-        let from_name = self.name_of(worker).await;
+        let from_name = g.name_of(worker).await;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let asked = AskView {
             turn_id: turn.clone(),
@@ -169,10 +168,10 @@ impl Gateway {
             in_task: ask.in_reply_to,
             asked_ms: now_ms(),
         };
-        let open = self.open_remote_ask(lead, asked, dialog, tx);
+        let open = self.open_remote_ask(g, lead, asked, dialog, tx);
         let ttl_s = seconds_left(ask);
         if !open {
-            let name = self.name_of(lead).await;
+            let name = g.name_of(lead).await;
             let body = format!("'{name}' is not waiting for you in a fleet call now");
             let no_waiter = notice(
                 Kind::NoWaiter,
@@ -181,7 +180,10 @@ impl Gateway {
                 (ask.msg_id, ask.trace_id),
                 body,
             );
-            if let Err(e) = self.publish_in_turn(&no_waiter, Some((&turn, ttl_s))).await {
+            if let Err(e) = self
+                .publish_in_turn(g, &no_waiter, Some((&turn, ttl_s)))
+                .await
+            {
                 tracing::warn!(turn_id = %turn, error = %e, "cannot tell a worker on another host that nobody waits");
             }
             return;
@@ -189,11 +191,11 @@ impl Gateway {
         tracing::info!(gid = %worker, turn_id = %turn, %lead, "asked from another host");
         // What is said of the ask from then on is taken from the asker's host, between the two.
         if let Some(host) = ask.from_host.clone() {
-            fed.lock()
+            self.lock()
                 .note_sent(&(ask.msg_id, host, lead, Some(worker)));
         }
-        self.inboxes.bump(lead);
-        self.await_lead(lead, ask.clone(), turn, rx);
+        g.inboxes.bump(lead);
+        self.await_lead(g, lead, ask.clone(), turn, rx);
     }
 
     /// Opens the ask `asked` (from a worker on another host; a `dialog` when it is one) for
@@ -201,13 +203,14 @@ impl Gateway {
     /// question only while the lead listens for that worker. Whether it opened.
     fn open_remote_ask(
         &self,
+        g: &Gateway,
         lead: Gid,
         mut asked: AskView,
         dialog: Option<Dialog>,
         tx: tokio::sync::oneshot::Sender<Result<String, FleetError>>,
     ) -> bool {
         let worker = asked.from;
-        let mut sessions = self.sessions.lock();
+        let mut sessions = g.sessions.lock();
         let listening = dialog.is_some()
             || sessions
                 .leads
@@ -233,14 +236,14 @@ impl Gateway {
     /// Waits, in the background, for `lead`'s answer to the remote `ask` of turn `turn`
     /// (until the ask expires, or fleetd stops), and sends it back.
     fn await_lead(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         lead: Gid,
         ask: Envelope,
         turn: String,
         rx: tokio::sync::oneshot::Receiver<Result<String, FleetError>>,
     ) {
-        let gateway = Arc::clone(self);
-        self.tasks.spawn(async move {
+        self.start(g, move |fed, gateway| async move {
             let expires = Duration::from_millis(
                 ask.expires_at_ms
                     .saturating_sub(u64::try_from(now_ms()).unwrap_or(0)),
@@ -248,7 +251,7 @@ impl Gateway {
             tokio::select! {
                 answered = rx => {
                     if let Ok(Ok(text)) = answered {
-                        gateway.answer_afar(lead, &ask, &turn, text).await;
+                        fed.answer_afar(&gateway, lead, &ask, &turn, text).await;
                     }
                 }
                 () = tokio::time::sleep(expires) => {
@@ -261,7 +264,14 @@ impl Gateway {
 
     /// The lead's answer to an ask from another host, sent back as `ANSWER`; the lead is told
     /// if it cannot go.
-    async fn answer_afar(self: &Arc<Self>, lead: Gid, ask: &Envelope, turn: &str, text: String) {
+    async fn answer_afar(
+        &self,
+        g: &Arc<Gateway>,
+        lead: Gid,
+        ask: &Envelope,
+        turn: &str,
+        text: String,
+    ) {
         let answer = notice(
             Kind::Answer,
             lead,
@@ -270,26 +280,32 @@ impl Gateway {
             text,
         );
         if let Err(e) = self
-            .publish_in_turn(&answer, Some((turn, seconds_left(ask))))
+            .publish_in_turn(g, &answer, Some((turn, seconds_left(ask))))
             .await
         {
             let why = format!(
                 "your answer to the question {turn} could not reach its worker: {}",
                 e.message
             );
-            Box::pin(self.notify_failed(&answer, &why)).await;
+            Box::pin(g.notify_failed(&answer, &why)).await;
         }
     }
 
     /// An `ANSWER` for `worker` here: to its asking call while it waits, else `TOO_LATE` back
     /// to the lead.
-    async fn answered_from_afar(self: &Arc<Self>, worker: Gid, answer: &Envelope, text: &str) {
+    async fn answered_from_afar(
+        &self,
+        g: &Arc<Gateway>,
+        worker: Gid,
+        answer: &Envelope,
+        text: &str,
+    ) {
         let Some(turn) = turn_of(answer).map(str::to_string) else {
             tracing::warn!(msg_id = %answer.msg_id, "an answer from another host carries no usable turn id: dropped");
             return;
         };
         let taken = {
-            let mut sessions = self.sessions.lock();
+            let mut sessions = g.sessions.lock();
             // A choice for a dialog here is checked before the ask is taken: one it does not
             // offer leaves the dialog asked, and nothing is pressed.
             let refused = match sessions.asks.for_answer(&turn, answer.from) {
@@ -311,15 +327,13 @@ impl Gateway {
                     "the question {turn} is over (the worker stopped waiting); your answer was not delivered"
                 ),
             },
-            Ok((question, Waiter::Screen)) => {
-                match self.choose(&question, text.to_string()).await {
-                    Ok(()) => {
-                        tracing::info!(gid = %worker, turn_id = %turn, "a dialog answered from another host");
-                        return;
-                    }
-                    Err(e) => e.message,
+            Ok((question, Waiter::Screen)) => match g.choose(&question, text.to_string()).await {
+                Ok(()) => {
+                    tracing::info!(gid = %worker, turn_id = %turn, "a dialog answered from another host");
+                    return;
                 }
-            }
+                Err(e) => e.message,
+            },
             Err(e) => e.message,
         };
         let too_late = notice(
@@ -329,14 +343,14 @@ impl Gateway {
             (answer.msg_id, answer.trace_id),
             why,
         );
-        if let Err(e) = self.publish_in_turn(&too_late, Some((&turn, 60))).await {
+        if let Err(e) = self.publish_in_turn(g, &too_late, Some((&turn, 60))).await {
             tracing::warn!(turn_id = %turn, error = %e, "cannot tell a lead on another host its answer came too late");
         }
     }
 
     /// The asking call of `ask` (to a lead on another host) stopped waiting: that lead hears
     /// the question is over.
-    pub(in crate::gateway) async fn ask_abandoned(&self, ask: &Message, turn: &str) {
+    pub(in crate::gateway) async fn ask_abandoned(&self, g: &Gateway, ask: &Message, turn: &str) {
         let abandoned = notice(
             Kind::Abandoned,
             ask.from,
@@ -344,7 +358,7 @@ impl Gateway {
             (ask.msg_id, ask.trace_id),
             "the worker stopped waiting for an answer".into(),
         );
-        if let Err(e) = self.publish_in_turn(&abandoned, Some((turn, 60))).await {
+        if let Err(e) = self.publish_in_turn(g, &abandoned, Some((turn, 60))).await {
             tracing::debug!(turn_id = %turn, error = %e, "cannot tell a lead on another host an ask is over (it expires there)");
         }
     }

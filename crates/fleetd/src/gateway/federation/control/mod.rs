@@ -30,7 +30,7 @@ use super::super::spawn::SpawnRequest;
 use super::super::views::{SpawnResult, StopResult};
 use super::settle::settle;
 use super::trust::Patience;
-use super::{Federation, Sent, not_taken, publish_outcome, unavailable};
+use super::{Federation, Sent, not_taken, outgoing, publish_outcome, unavailable};
 use crate::gateway::Caller;
 use tokio_util::sync::CancellationToken;
 
@@ -63,21 +63,22 @@ impl Drop for CallGuard<'_> {
     }
 }
 
-impl Gateway {
+impl Federation {
     /// Where a spawn asked for `requested` (another host than this one, if any) goes: here,
     /// or a host whose gateway the roster hears from.
     pub(in crate::gateway) fn spawn_target(
         &self,
+        g: &Gateway,
         requested: Option<&str>,
     ) -> Result<Target, FleetError> {
-        let (Some(fed), Some(_)) = (self.fed(), requested) else {
+        let Some(_) = requested else {
             return Ok(Target::Here);
         };
-        if fed.link().is_none() && !fed.fails_over() {
+        if self.link().is_none() && !self.fails_over() {
             return Err(unavailable("nothing can be spawned on another host now"));
         }
         let now = now_ms();
-        let state = fed.lock();
+        let state = self.lock();
         let (mut known, mut quiet) = (Vec::new(), Vec::new());
         for (host, h) in state.roster.hosts() {
             if h.unreachable_since_ms.is_some() {
@@ -87,13 +88,14 @@ impl Gateway {
                 known.push(host);
             }
         }
-        spawn_target(requested, &self.host_id, &known, &quiet)
+        spawn_target(requested, &g.host_id, &known, &quiet)
     }
 
     /// `fleet_spawn` on `host`: its gateway spawns the worker, and the call returns what it
     /// answers (once the roster knows the worker, so it can be sent to at once).
     pub(in crate::gateway) async fn spawn_remote(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         caller: &Caller,
         request: SpawnRequest,
         host: &str,
@@ -115,7 +117,7 @@ impl Gateway {
             share: request.share.iter().map(ToString::to_string).collect(),
         };
         match self
-            .control_call(&caller.entity, host, gid, &asked, ct)
+            .control_call(g, &caller.entity, host, gid, &asked, ct)
             .await?
         {
             ControlAnswer::Spawned {
@@ -123,7 +125,7 @@ impl Gateway {
                 pane,
                 profile,
             } => {
-                self.await_announced(gid).await;
+                self.await_announced(g, gid).await;
                 Ok(SpawnResult {
                     gid,
                     name,
@@ -145,14 +147,22 @@ impl Gateway {
 
     /// `fleet_stop` of `worker`, another host's: its gateway stops it.
     pub(in crate::gateway) async fn stop_remote(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         caller: &Caller,
         worker: &Entity,
     ) -> Result<StopResult, FleetError> {
         let host = worker.host.as_str();
-        let ct = self.shutdown.child_token();
+        let ct = g.shutdown.child_token();
         match self
-            .control_call(&caller.entity, host, worker.gid, &ControlRequest::Stop, &ct)
+            .control_call(
+                g,
+                &caller.entity,
+                host,
+                worker.gid,
+                &ControlRequest::Stop,
+                &ct,
+            )
             .await?
         {
             ControlAnswer::Stopped { name } => Ok(StopResult {
@@ -173,31 +183,30 @@ impl Gateway {
     /// Publishes `request` about worker `gid` to `host`'s control queue, from `lead`, and waits
     /// for its answer (`federation.control_wait_s` at most).
     async fn control_call(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         lead: &Entity,
         host: &str,
         gid: Gid,
         request: &ControlRequest,
         ct: &CancellationToken,
     ) -> Result<ControlAnswer, FleetError> {
-        let Some(fed) = self.fed() else {
-            return Err(FleetError::internal("no broker"));
-        };
         let body = serde_json::to_vec(request)
             .map_err(|e| FleetError::internal(format!("cannot write the request: {e}")))?;
         // What the host would refuse is refused here first, with the same words.
         read_request(&body).map_err(FleetError::invalid)?;
-        let Some(link) = fed.link_soon().await else {
+        let Some(link) = self.link_soon().await else {
             return Err(unavailable(&format!(
                 "host '{host}' cannot be asked anything now"
             )));
         };
-        let wait_s = fed.config.control_wait_s;
+        let wait_s = self.config.control_wait_s;
         let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
         let envelope = Envelope {
             spawn_id: Some(gid),
             from_name: Some(lead.name.clone()),
-            ..self.outgoing(
+            ..outgoing(
+                &g.host_id,
                 Kind::Spawn,
                 (msg_id, trace_id),
                 lead.gid,
@@ -207,15 +216,15 @@ impl Gateway {
         };
         // The answer is taken from that host, from that gid, to this lead only.
         let sent = (msg_id, host.to_string(), lead.gid, Some(gid));
-        let rx = fed.open_control_call(msg_id, request, &sent);
-        let _guard = CallGuard { fed, msg_id };
-        match self.remember_sent(vec![sent.clone()]).await {
-            Ok(()) => fed.lock().sent_kept(&sent),
+        let rx = self.open_control_call(msg_id, request, &sent);
+        let _guard = CallGuard { fed: self, msg_id };
+        match self.remember_sent(g, vec![sent.clone()]).await {
+            Ok(()) => self.lock().sent_kept(&sent),
             Err(e) => {
                 tracing::warn!(%msg_id, error = %e, "where the control request went is remembered in memory only");
             }
         }
-        let signature = fed.sign(&envelope, &body);
+        let signature = self.sign(&envelope, &body);
         let started = tokio::time::Instant::now();
         let published = link
             .publish(Outgoing {
@@ -228,12 +237,12 @@ impl Gateway {
                 persistent: true,
             })
             .await;
-        self.metrics.published(started.elapsed());
+        g.metrics.published(started.elapsed());
         let outcome = publish_outcome(&published, "refused");
-        fed.audit(&envelope, body.len(), outcome);
+        self.audit(&envelope, body.len(), outcome);
         tracing::info!(%trace_id, %msg_id, %gid, %host, outcome, "control request published");
         control_published(published.map_err(not_taken)?, host)?;
-        let answer = self.control_answer(rx, host, wait_s, ct).await?;
+        let answer = self.control_answer(g, rx, host, wait_s, ct).await?;
         read_answer(answer.as_bytes()).map_err(|why| {
             FleetError::internal(format!("host '{host}' answered what cannot be read: {why}"))
         })
@@ -242,6 +251,7 @@ impl Gateway {
     /// Waits for the answer `rx` brings from `host`, `wait_s` at most.
     async fn control_answer(
         &self,
+        g: &Gateway,
         rx: oneshot::Receiver<(Envelope, String)>,
         host: &str,
         wait_s: u64,
@@ -261,24 +271,21 @@ impl Gateway {
                 ErrorCode::Cancelled,
                 "the call was cancelled; the other host may still carry the request out",
             )),
-            () = self.shutdown.cancelled() => {
+            () = g.shutdown.cancelled() => {
                 Err(FleetError::new(ErrorCode::Gone, "fleetd is shutting down"))
             }
         }
     }
 
     /// Waits (a heartbeat's time at most) until the roster knows `gid`.
-    async fn await_announced(&self, gid: Gid) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
-        let mut heard = fed.roster_heard.subscribe();
-        let until = tokio::time::Instant::now() + fed.patience();
-        while fed.lock().roster.entity(gid).is_none() {
+    async fn await_announced(&self, g: &Gateway, gid: Gid) {
+        let mut heard = self.roster_heard.subscribe();
+        let until = tokio::time::Instant::now() + self.patience();
+        while self.lock().roster.entity(gid).is_none() {
             tokio::select! {
                 changed = heard.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep_until(until) => return,
-                () = self.shutdown.cancelled() => return,
+                () = g.shutdown.cancelled() => return,
             }
         }
     }
@@ -288,18 +295,19 @@ impl Gateway {
     /// lead in words (an architect it started is stopped: no consult waits for it); anything
     /// else is not a control answer.
     pub(super) fn control_answered(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         lead: Gid,
         envelope: &Envelope,
         body: &mut String,
     ) -> bool {
-        let (Some(fed), Some(original)) = (self.fed(), envelope.in_reply_to) else {
+        let Some(original) = envelope.in_reply_to else {
             return false;
         };
         if envelope.kind != Kind::Reply {
             return false;
         }
-        let Some(call) = fed.lock().control.remove(&original) else {
+        let Some(call) = self.lock().control.remove(&original) else {
             return false;
         };
         if let Some(tx) = call.waiting
@@ -310,7 +318,7 @@ impl Gateway {
         let host = envelope.from_host.as_deref().unwrap_or("?");
         if let Ok(answer) = read_answer(body.as_bytes()) {
             if answer.orphans(call.architect) {
-                self.stop_orphan(lead, envelope.from);
+                self.stop_orphan(g, lead, envelope.from);
             }
             *body = answer.late(host, envelope.from, call.architect);
         }
@@ -319,10 +327,9 @@ impl Gateway {
 
     /// Stops architect `gid`, started on another host for a consult of `lead`'s that stopped
     /// waiting before it was there: nobody will consult it.
-    fn stop_orphan(self: &Arc<Self>, lead: Gid, gid: Gid) {
-        let gateway = Arc::clone(self);
-        self.tasks.spawn(async move {
-            gateway.await_announced(gid).await;
+    fn stop_orphan(&self, g: &Arc<Gateway>, lead: Gid, gid: Gid) {
+        self.start(g, move |fed, gateway| async move {
+            fed.await_announced(&gateway, gid).await;
             let caller = gateway.sessions.lock().leads.get(&lead).map(|l| Caller {
                 entity: l.entity().clone(),
             });

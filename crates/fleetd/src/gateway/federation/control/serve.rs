@@ -4,18 +4,23 @@
 
 use super::*;
 
-impl Gateway {
+impl Federation {
     /// Consumes this host's control queue until the link goes: each request checked, then
     /// carried out in a task of its own.
-    pub(in crate::gateway) async fn consume_control(self: Arc<Self>, mut deliveries: Deliveries) {
-        let stop = self.shutdown.child_token();
+    pub(in crate::gateway) async fn consume_control(
+        self: Arc<Self>,
+        g: Arc<Gateway>,
+        mut deliveries: Deliveries,
+    ) {
+        let g = &g;
+        let stop = g.shutdown.child_token();
         loop {
             let next = tokio::select! {
                 next = deliveries.next() => next,
                 () = stop.cancelled() => return,
             };
             match next {
-                Some(Ok(delivery)) => self.on_control(delivery, &stop).await,
+                Some(Ok(delivery)) => self.on_control(g, delivery, &stop).await,
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "control consumer failed");
                     return;
@@ -27,14 +32,11 @@ impl Gateway {
 
     /// A request off the control queue: refused (dead-lettered, and its lead told if it is
     /// genuine), or carried out and answered.
-    async fn on_control(self: &Arc<Self>, delivery: Delivery, stop: &CancellationToken) {
-        let Some(fed) = self.fed() else {
-            return;
-        };
+    async fn on_control(&self, g: &Arc<Gateway>, delivery: Delivery, stop: &CancellationToken) {
         let envelope = match delivery.envelope() {
             Ok(envelope) => envelope,
             Err(e) => {
-                let (loud, count) = fed.loud();
+                let (loud, count) = self.loud();
                 if loud {
                     tracing::error!(error = %e, refused_so_far = count, "REFUSED a malformed control request: dead-lettered");
                 }
@@ -43,10 +45,10 @@ impl Gateway {
             }
         };
         let patience = Patience {
-            until: tokio::time::Instant::now() + fed.patience(),
+            until: tokio::time::Instant::now() + self.patience(),
             stop,
         };
-        let lead = match self.check_control(&envelope, &delivery, &patience).await {
+        let lead = match self.check_control(g, &envelope, &delivery, &patience).await {
             Ok(lead) => lead,
             Err(refusal) => {
                 self.refuse_untrusted(&delivery, &envelope, &refusal).await;
@@ -57,31 +59,30 @@ impl Gateway {
         let checked = check_request(
             &envelope,
             delivery.routing_key(),
-            &self.host_id,
+            &g.host_id,
             delivery.body(),
         );
         let (gid, request) = match checked {
             Ok(taken) => taken,
-            Err(why) => return self.refuse_request(&envelope, &delivery, &why).await,
+            Err(why) => return self.refuse_request(g, &envelope, &delivery, &why).await,
         };
-        if let Err(why) = self.granted(&lead, gid, &request) {
+        if let Err(why) = self.granted(g, &lead, gid, &request) {
             tracing::warn!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, why, "REFUSED a control request this host does not grant");
-            fed.audit(&envelope, size, "refused: not granted");
+            self.audit(&envelope, size, "refused: not granted");
             let answer = ControlAnswer::Failed {
                 code: ErrorCode::Forbidden,
                 message: why,
             };
-            self.answer_control(&envelope, gid, &answer).await;
+            self.answer_control(g, &envelope, gid, &answer).await;
             settle(&delivery, Handled::Noted, false).await;
             return;
         }
-        fed.audit(&envelope, size, "control: taken");
+        self.audit(&envelope, size, "control: taken");
         tracing::info!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, "control request taken");
-        let gateway = Arc::clone(self);
-        self.tasks.spawn(async move {
-            let answer = gateway.carry_out(&lead, gid, request).await;
+        self.start(g, move |fed, gateway| async move {
+            let answer = fed.carry_out(&gateway, &lead, gid, request).await;
             if let Some(answer) = answer {
-                gateway.answer_control(&envelope, gid, &answer).await;
+                fed.answer_control(&gateway, &envelope, gid, &answer).await;
             }
             settle(&delivery, Handled::Noted, false).await;
         });
@@ -90,7 +91,8 @@ impl Gateway {
     /// Carries out `request` about worker `gid` from `lead` (of another host, its request
     /// checked and granted): what to answer, if anything.
     async fn carry_out(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         lead: &Entity,
         gid: Gid,
         request: ControlRequest,
@@ -119,25 +121,31 @@ impl Gateway {
                     share: parse_shares(share.iter().map(String::as_str), &lead.host)
                         .unwrap_or_default(),
                 };
-                self.control_spawn(lead, gid, request).await
+                self.control_spawn(g, lead, gid, request).await
             }
-            ControlRequest::Stop => Some(self.control_stop(lead, gid).await),
+            ControlRequest::Stop => Some(self.control_stop(g, lead, gid).await),
         }
     }
 
     /// Dead-letters a control request that does not hold up (`why`), its lead answered when
     /// the request names the worker it is about.
-    async fn refuse_request(self: &Arc<Self>, envelope: &Envelope, delivery: &Delivery, why: &str) {
+    async fn refuse_request(
+        &self,
+        g: &Arc<Gateway>,
+        envelope: &Envelope,
+        delivery: &Delivery,
+        why: &str,
+    ) {
         tracing::error!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, why, "REFUSED a control request: dead-lettered");
-        if let Some(fed) = self.fed() {
-            fed.audit(envelope, delivery.body().len(), "refused: control request");
+        {
+            self.audit(envelope, delivery.body().len(), "refused: control request");
         }
         if let Some(gid) = envelope.spawn_id {
             let answer = ControlAnswer::Failed {
                 code: ErrorCode::InvalidParams,
                 message: format!("the request was refused: {why}"),
             };
-            self.answer_control(envelope, gid, &answer).await;
+            self.answer_control(g, envelope, gid, &answer).await;
         }
         settle(delivery, Handled::Refused, false).await;
     }
@@ -145,24 +153,27 @@ impl Gateway {
     /// Whether this host grants `lead` (of another host) `request` about worker `gid`: what
     /// `[federation.allow]` lets its host (or it) do here, a spawn's named directory under
     /// `gateway.workdir_roots`, a stop of its own worker only. Why not, naming the key to set.
-    fn granted(&self, lead: &Entity, gid: Gid, request: &ControlRequest) -> Result<(), String> {
-        let Some(fed) = self.fed() else {
-            return Err("this gateway has no broker".into());
-        };
+    fn granted(
+        &self,
+        g: &Gateway,
+        lead: &Entity,
+        gid: Gid,
+        request: &ControlRequest,
+    ) -> Result<(), String> {
         match request {
             ControlRequest::Spawn { profile, .. } => {
-                fed.allow.check(lead, RemoteAction::Spawn { profile })?;
-                if self.workdirs.roots().is_empty() {
+                self.allow.check(lead, RemoteAction::Spawn { profile })?;
+                if g.workdirs.roots().is_empty() {
                     return Err(format!(
                         "host '{}' starts no worker for a lead of another host: it has no [gateway] workdir_roots to keep one in",
-                        self.host_id
+                        g.host_id
                     ));
                 }
                 Ok(())
             }
             ControlRequest::Stop => {
-                fed.allow.check(lead, RemoteAction::Stop)?;
-                let sessions = self.sessions.lock();
+                self.allow.check(lead, RemoteAction::Stop)?;
+                let sessions = g.sessions.lock();
                 match sessions.panes.get(&gid) {
                     Some(s) => check(Principal::Lead(lead), Action::Stop, s.entity(), s.owned())
                         .map_err(|e| e.message),
@@ -177,12 +188,13 @@ impl Gateway {
     /// request delivered again): then what became of it, or nothing while that first spawn
     /// still runs (it answers).
     async fn control_spawn(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         lead: &Entity,
         gid: Gid,
         request: SpawnRequest,
     ) -> Option<ControlAnswer> {
-        let known = self.sessions.lock().panes.get(&gid).map(|s| {
+        let known = g.sessions.lock().panes.get(&gid).map(|s| {
             (
                 s.status(),
                 s.entity().name.clone(),
@@ -202,11 +214,11 @@ impl Gateway {
             Some(_) => return Some(gone_already(gid)),
             None => {}
         }
-        if matches!(self.db.run(move |s| s.entity(gid)).await, Ok(Some(_))) {
+        if matches!(g.db.run(move |s| s.entity(gid)).await, Ok(Some(_))) {
             return Some(gone_already(gid));
         }
-        let ct = self.shutdown.child_token();
-        Some(match self.spawn_here(lead, request, gid, &ct).await {
+        let ct = g.shutdown.child_token();
+        Some(match g.spawn_here(lead, request, gid, &ct).await {
             Ok(spawned) => ControlAnswer::Spawned {
                 name: spawned.name,
                 pane: spawned.pane,
@@ -220,8 +232,8 @@ impl Gateway {
     }
 
     /// Stops worker `gid` of this host for `lead` of another.
-    async fn control_stop(self: &Arc<Self>, lead: &Entity, gid: Gid) -> ControlAnswer {
-        let found = self
+    async fn control_stop(&self, g: &Arc<Gateway>, lead: &Entity, gid: Gid) -> ControlAnswer {
+        let found = g
             .sessions
             .lock()
             .panes
@@ -231,7 +243,7 @@ impl Gateway {
             Some((name, status)) if status.is_live() => {
                 tracing::info!(%gid, lead = %lead.name, lead_host = %lead.host, "stopped by a lead of another host");
                 let reason = format!("stopped by {}@{}", lead.name, lead.host);
-                self.end_session(gid, &reason, true).await;
+                g.end_session(gid, &reason, true).await;
                 ControlAnswer::Stopped { name }
             }
             Some((name, _)) => ControlAnswer::Failed {
@@ -240,7 +252,7 @@ impl Gateway {
             },
             None => ControlAnswer::Failed {
                 code: ErrorCode::UnknownRecipient,
-                message: format!("no worker {gid} is on host '{}'", self.host_id),
+                message: format!("no worker {gid} is on host '{}'", g.host_id),
             },
         }
     }
@@ -248,7 +260,8 @@ impl Gateway {
     /// Answers the control request under `request` (about worker `gid`) in its lead's inbox;
     /// kept for the broker while it cannot be reached.
     async fn answer_control(
-        self: &Arc<Self>,
+        &self,
+        g: &Arc<Gateway>,
         request: &Envelope,
         gid: Gid,
         answer: &ControlAnswer,
@@ -272,8 +285,10 @@ impl Gateway {
             created_ms: now_ms(),
             expires_ms: None,
         };
-        match self.deliver(reply.clone()).await {
-            Err(e) if e.code == ErrorCode::BrokerUnavailable => self.keep_for_broker(&reply).await,
+        match g.deliver(reply.clone()).await {
+            Err(e) if e.code == ErrorCode::BrokerUnavailable => {
+                self.keep_for_broker(g, &reply).await
+            }
             Err(e) => {
                 tracing::error!(trace_id = %request.trace_id, error = %e, "cannot answer a control request");
             }
