@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::views::{HostView, RosterEntry, SpawnResult, StopResult};
-use super::{Caller, Gateway, SpawnRequest};
+use super::{Caller, LocalPlane, SpawnRequest};
 
 /// A broadcast, as the local plane hands it over: who sends what to which group.
 pub(super) struct Broadcast<'a> {
@@ -55,7 +55,7 @@ pub(super) trait Afar: Send + Sync {
     /// this host's `leads` among them), and the other hosts.
     fn roster(&self, leads: &HashMap<Gid, String>) -> (Vec<RosterEntry>, Vec<HostView>);
     /// Where a spawn asked for `requested` goes: here, or a host that is heard from.
-    fn spawn_target(&self, g: &Gateway, requested: Option<&str>) -> Result<Target, FleetError>;
+    fn spawn_target(&self, g: &LocalPlane, requested: Option<&str>) -> Result<Target, FleetError>;
 
     // ---- What goes there, with its outcome.
 
@@ -63,29 +63,29 @@ pub(super) trait Afar: Send + Sync {
     /// refused with why.
     fn send<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         message: Message,
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
     /// Sends `message`, a turn of an ask's conversation (`turn`: its id and how long, in
     /// seconds, it is good for).
     fn send_in_turn<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         message: &'a Message,
         turn: (&'a str, u64),
     ) -> BoxFuture<'a, Result<Placement, FleetError>>;
     /// Keeps `notice` (for a sender there) until the broker takes it.
-    fn keep<'a>(&'a self, g: &'a Gateway, notice: &'a Message) -> BoxFuture<'a, ()>;
+    fn keep<'a>(&'a self, g: &'a LocalPlane, notice: &'a Message) -> BoxFuture<'a, ()>;
     /// Publishes a broadcast: how many workers may take a copy, and why some got none.
     fn broadcast<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         broadcast: Broadcast<'a>,
     ) -> BoxFuture<'a, Result<(usize, Vec<String>), FleetError>>;
     /// Spawns on `host`, through its gateway.
     fn spawn<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         caller: &'a Caller,
         request: SpawnRequest,
         host: &'a str,
@@ -94,14 +94,14 @@ pub(super) trait Afar: Send + Sync {
     /// Stops `worker`, another host's, through its gateway.
     fn stop<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         caller: &'a Caller,
         worker: &'a Entity,
     ) -> BoxFuture<'a, Result<StopResult, FleetError>>;
     /// Whether this gateway published `task` between `(from, to)` on `host`.
     fn sent_between<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         task: MsgId,
         host: String,
         between: (Gid, Gid),
@@ -110,29 +110,29 @@ pub(super) trait Afar: Send + Sync {
     // ---- Told: what happened here that another host must hear of.
 
     /// A brief to another host is about to go: its receipt is awaited from now.
-    fn brief_going<'a>(&'a self, g: &'a Gateway, brief: &'a Message) -> BoxFuture<'a, ()>;
+    fn brief_going<'a>(&'a self, g: &'a LocalPlane, brief: &'a Message) -> BoxFuture<'a, ()>;
     /// Briefs whose receipts are no longer awaited (they never went).
-    fn briefs_settled<'a>(&'a self, g: &'a Gateway, briefs: Vec<MsgId>) -> BoxFuture<'a, ()>;
+    fn briefs_settled<'a>(&'a self, g: &'a LocalPlane, briefs: Vec<MsgId>) -> BoxFuture<'a, ()>;
     /// `task` was typed into its worker (or handed to its pull): its sender there hears so.
-    fn injected<'a>(&'a self, g: &'a Arc<Gateway>, task: &'a Message) -> BoxFuture<'a, ()>;
+    fn injected<'a>(&'a self, g: &'a Arc<LocalPlane>, task: &'a Message) -> BoxFuture<'a, ()>;
     /// The remote ask `ask` of turn `turn` ended unanswered.
     fn ask_abandoned<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         ask: &'a Message,
         turn: &'a str,
     ) -> BoxFuture<'a, ()>;
     /// A local entity joined: other hosts can reach it from now.
-    fn joined<'a>(&'a self, g: &'a Arc<Gateway>, gid: Gid) -> BoxFuture<'a, ()>;
+    fn joined<'a>(&'a self, g: &'a Arc<LocalPlane>, gid: Gid) -> BoxFuture<'a, ()>;
     /// A local entity left: other hosts hear it is gone.
-    fn left<'a>(&'a self, g: &'a Arc<Gateway>, entity: &'a Entity) -> BoxFuture<'a, ()>;
+    fn left<'a>(&'a self, g: &'a Arc<LocalPlane>, entity: &'a Entity) -> BoxFuture<'a, ()>;
     /// `sender` is gone: the briefs it sent elsewhere are no longer awaited.
-    fn sender_gone<'a>(&'a self, g: &'a Gateway, sender: Gid) -> BoxFuture<'a, ()>;
+    fn sender_gone<'a>(&'a self, g: &'a LocalPlane, sender: Gid) -> BoxFuture<'a, ()>;
     /// A previous run's worker was reaped at start: its inbox is to be cleared.
-    fn reaped(&self, g: &Arc<Gateway>, entity: Entity);
+    fn reaped(&self, g: &Arc<LocalPlane>, entity: Entity);
 }
 
-impl Gateway {
+impl LocalPlane {
     /// The other hosts, when `message` came from one of them (its sender is not this host's):
     /// what is told of it goes there. A message between this host's own never reaches the
     /// federation.

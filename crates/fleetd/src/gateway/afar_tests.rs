@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::afar::{Afar, Broadcast};
 use super::local_tests::{local_on, send, settle};
 use super::views::{HostView, RosterEntry, SendResult, SpawnResult, StopResult};
-use super::{Caller, Gateway, SpawnRequest};
+use super::{Caller, LocalPlane, SpawnRequest};
 
 /// Another host with one worker, `wz` on `hostz`, that notes what it is sent and told.
 struct FakeAfar {
@@ -93,13 +93,13 @@ impl Afar for FakeAfar {
         (Vec::new(), Vec::new())
     }
 
-    fn spawn_target(&self, _: &Gateway, _: Option<&str>) -> Result<Target, FleetError> {
+    fn spawn_target(&self, _: &LocalPlane, _: Option<&str>) -> Result<Target, FleetError> {
         Ok(Target::Here)
     }
 
     fn send<'a>(
         &'a self,
-        _: &'a Arc<Gateway>,
+        _: &'a Arc<LocalPlane>,
         message: Message,
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
         self.note(format!("send {}", message.body));
@@ -108,7 +108,7 @@ impl Afar for FakeAfar {
 
     fn send_in_turn<'a>(
         &'a self,
-        _: &'a Gateway,
+        _: &'a LocalPlane,
         message: &'a Message,
         _: (&'a str, u64),
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
@@ -116,13 +116,13 @@ impl Afar for FakeAfar {
         Box::pin(async { Ok(Placement::Remote) })
     }
 
-    fn keep<'a>(&'a self, _: &'a Gateway, notice: &'a Message) -> BoxFuture<'a, ()> {
+    fn keep<'a>(&'a self, _: &'a LocalPlane, notice: &'a Message) -> BoxFuture<'a, ()> {
         self.noted(format!("keep {}", notice.kind))
     }
 
     fn broadcast<'a>(
         &'a self,
-        _: &'a Gateway,
+        _: &'a LocalPlane,
         broadcast: Broadcast<'a>,
     ) -> BoxFuture<'a, Result<(usize, Vec<String>), FleetError>> {
         self.note(format!("broadcast {}", broadcast.text));
@@ -131,7 +131,7 @@ impl Afar for FakeAfar {
 
     fn spawn<'a>(
         &'a self,
-        _: &'a Arc<Gateway>,
+        _: &'a Arc<LocalPlane>,
         _: &'a Caller,
         _: SpawnRequest,
         _: &'a str,
@@ -142,7 +142,7 @@ impl Afar for FakeAfar {
 
     fn stop<'a>(
         &'a self,
-        _: &'a Arc<Gateway>,
+        _: &'a Arc<LocalPlane>,
         _: &'a Caller,
         _: &'a Entity,
     ) -> BoxFuture<'a, Result<StopResult, FleetError>> {
@@ -151,7 +151,7 @@ impl Afar for FakeAfar {
 
     fn sent_between<'a>(
         &'a self,
-        _: &'a Gateway,
+        _: &'a LocalPlane,
         _: MsgId,
         _: String,
         _: (Gid, Gid),
@@ -159,40 +159,40 @@ impl Afar for FakeAfar {
         Box::pin(async { false })
     }
 
-    fn brief_going<'a>(&'a self, _: &'a Gateway, brief: &'a Message) -> BoxFuture<'a, ()> {
+    fn brief_going<'a>(&'a self, _: &'a LocalPlane, brief: &'a Message) -> BoxFuture<'a, ()> {
         self.noted(format!("brief going {}", brief.body))
     }
 
-    fn briefs_settled<'a>(&'a self, _: &'a Gateway, briefs: Vec<MsgId>) -> BoxFuture<'a, ()> {
+    fn briefs_settled<'a>(&'a self, _: &'a LocalPlane, briefs: Vec<MsgId>) -> BoxFuture<'a, ()> {
         self.noted(format!("briefs settled {}", briefs.len()))
     }
 
-    fn injected<'a>(&'a self, _: &'a Arc<Gateway>, task: &'a Message) -> BoxFuture<'a, ()> {
+    fn injected<'a>(&'a self, _: &'a Arc<LocalPlane>, task: &'a Message) -> BoxFuture<'a, ()> {
         self.noted(format!("injected {}", task.body))
     }
 
     fn ask_abandoned<'a>(
         &'a self,
-        _: &'a Gateway,
+        _: &'a LocalPlane,
         _: &'a Message,
         turn: &'a str,
     ) -> BoxFuture<'a, ()> {
         self.noted(format!("ask abandoned {turn}"))
     }
 
-    fn joined<'a>(&'a self, _: &'a Arc<Gateway>, gid: Gid) -> BoxFuture<'a, ()> {
+    fn joined<'a>(&'a self, _: &'a Arc<LocalPlane>, gid: Gid) -> BoxFuture<'a, ()> {
         self.noted(format!("joined {gid}"))
     }
 
-    fn left<'a>(&'a self, _: &'a Arc<Gateway>, entity: &'a Entity) -> BoxFuture<'a, ()> {
+    fn left<'a>(&'a self, _: &'a Arc<LocalPlane>, entity: &'a Entity) -> BoxFuture<'a, ()> {
         self.noted(format!("left {}", entity.name))
     }
 
-    fn sender_gone<'a>(&'a self, _: &'a Gateway, sender: Gid) -> BoxFuture<'a, ()> {
+    fn sender_gone<'a>(&'a self, _: &'a LocalPlane, sender: Gid) -> BoxFuture<'a, ()> {
         self.noted(format!("sender gone {sender}"))
     }
 
-    fn reaped(&self, _: &Arc<Gateway>, entity: Entity) {
+    fn reaped(&self, _: &Arc<LocalPlane>, entity: Entity) {
         self.note(format!("reaped {}", entity.name));
     }
 }

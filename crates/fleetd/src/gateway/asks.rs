@@ -20,7 +20,7 @@ use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use super::views::{AskResult, AskView, SendResult};
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 
 /// How long past its asker's wait an ask to another host is good for (seconds).
 const ASK_GRACE_S: u64 = 5;
@@ -40,7 +40,7 @@ pub(super) enum Waiter {
 /// Ends an ask however its call ends (answered, timed out, cancelled): the worker is back to
 /// work, and a later answer hears `too_late`.
 struct AskGuard {
-    gateway: Arc<Gateway>,
+    gateway: Arc<LocalPlane>,
     worker: Gid,
     turn_id: String,
     /// For an ask of a lead on another host: the ask's message, to tell that lead it is over.
@@ -78,10 +78,9 @@ impl Drop for AskGuard {
     }
 }
 
-impl Gateway {
-    /// `fleet_ask`: asks the lead whose task the caller is working on (else the lead that
-    /// spawned it) and waits up to `wait` for the answer.
-    pub async fn ask(
+impl LocalPlane {
+    /// The local side of [`Gateway::ask`].
+    pub(super) async fn ask(
         self: &Arc<Self>,
         caller: &Caller,
         question: String,
@@ -205,9 +204,8 @@ impl Gateway {
         Ok((to, remote_ask))
     }
 
-    /// `fleet_send{turn_id}`: answers a worker's ask, then waits up to `wait` for the reply to
-    /// the task it was asked in (if the caller sent that task).
-    pub async fn answer(
+    /// The local side of [`Gateway::answer`].
+    pub(super) async fn answer(
         self: &Arc<Self>,
         caller: &Caller,
         turn_id: &str,

@@ -5,9 +5,9 @@
 use fleet_core::bounds::Full;
 use fleet_core::{ErrorCode, FleetError, Gid, Message};
 
-use super::Gateway;
+use super::LocalPlane;
 
-impl Gateway {
+impl LocalPlane {
     /// Stores `messages` in one transaction (with other callers' that come at the same time),
     /// each one that is to wait for its recipient only within `gateway.max_held_per_recipient`:
     /// for each, whether it was new, or the cap that refused it.

@@ -12,15 +12,11 @@ use fleet_core::{ErrorCode, FleetError, Message, MsgId, TraceId};
 
 use super::afar::Broadcast;
 use super::views::BroadcastResult;
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 
-impl Gateway {
-    /// `fleet_broadcast`: one message to every worker (or those of `group`), each copy
-    /// delivered by the normal rules of its worker's gateway. With a broker it is published
-    /// once and the broker copies it into every bound inbox; without one, or with the broker
-    /// down (the note then says the other hosts were not reached), this host's workers get a
-    /// copy each.
-    pub async fn broadcast(
+impl LocalPlane {
+    /// The local side of [`Gateway::broadcast`].
+    pub(super) async fn broadcast(
         self: &Arc<Self>,
         caller: &Caller,
         text: String,

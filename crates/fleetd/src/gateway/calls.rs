@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::delivery::Taken;
 use super::views::{PollResult, SendResult, Surfaced};
-use super::{Caller, Gateway, store_error};
+use super::{Caller, LocalPlane, store_error};
 
 /// The most messages one poll hands out; the rest wait for the next poll.
 const POLL_BATCH: usize = 100;
@@ -29,7 +29,7 @@ const POLL_BATCH: usize = 100;
 /// lead's open call is where workers' asks surface (`listens`: asks from that worker only, or
 /// from anyone), and a pane-bound caller blocked in a poll gets its next task through it.
 struct OpenCall {
-    gateway: Arc<Gateway>,
+    gateway: Arc<LocalPlane>,
     gid: Gid,
     poll: bool,
     listens: Option<Gid>,
@@ -63,7 +63,7 @@ fn cancelled() -> FleetError {
     FleetError::new(ErrorCode::Cancelled, "the call was cancelled")
 }
 
-impl Gateway {
+impl LocalPlane {
     /// Opens a call of `gid`: a poll, or a wait for an answer; a lead's call surfaces asks
     /// from `listens` (anyone when `None`).
     fn open_call(self: &Arc<Self>, gid: Gid, poll: bool, listens: Option<Gid>) -> OpenCall {
@@ -81,8 +81,8 @@ impl Gateway {
         }
     }
 
-    /// `fleet_send`: sends `text` to `to` and waits up to `wait` for the answer.
-    pub async fn send(
+    /// The local side of [`Gateway::send`].
+    pub(super) async fn send(
         self: &Arc<Self>,
         caller: &Caller,
         to: &str,
@@ -315,9 +315,8 @@ impl Gateway {
         Err(cancelled())
     }
 
-    /// `fleet_poll`: held messages for the caller (only those from `from`, when given),
-    /// waiting up to `wait` for the first.
-    pub async fn poll(
+    /// The local side of [`Gateway::poll`].
+    pub(super) async fn poll(
         self: &Arc<Self>,
         caller: &Caller,
         from: Option<&str>,

@@ -33,7 +33,7 @@ use super::federation::{
     remember_until, seal_of, settle,
 };
 use super::views::SendResult;
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 use crate::audit::{AuditLog, AuditWriter};
 use crate::config::{CoordinatorConfig, FederationConfig};
 
@@ -169,7 +169,7 @@ enum NotHeld {
     NotStored(FleetError),
 }
 
-impl Gateway {
+impl LocalPlane {
     fn coordinator(&self) -> Option<&Coordinator> {
         self.coordinator.as_ref()
     }
@@ -381,10 +381,8 @@ impl Gateway {
         }
     }
 
-    /// `fleet_send{coord_id}`: publishes `text` to the mailbox of `coord_id` on the
-    /// coordinator, signed; returns once the coordinator holds it (`pending`: it never waits
-    /// for an answer).
-    pub async fn coordinate(
+    /// The local side of [`Gateway::coordinate`].
+    pub(super) async fn coordinate(
         &self,
         caller: &Caller,
         coord_id: &str,

@@ -21,7 +21,7 @@ use fleet_mux::inject::{InjectOutcome, inject};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::Gateway;
+use super::LocalPlane;
 use super::typing::{inject_options, typed_text};
 use crate::logs::{self, message_span};
 use crate::metrics::InjectEnd;
@@ -51,7 +51,7 @@ fn reported(status: WorkerStatus) -> Option<AgentState> {
     }
 }
 
-/// What [`Gateway::dequeue`] took off a queue.
+/// What [`LocalPlane::dequeue`] took off a queue.
 pub(super) enum Taken {
     /// The next task, to be handed over.
     Task(Message),
@@ -61,7 +61,7 @@ pub(super) enum Taken {
     Nothing,
 }
 
-impl Gateway {
+impl LocalPlane {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
         let gateway = Arc::clone(self);
@@ -255,7 +255,7 @@ impl Gateway {
     /// a task (idle, under its cap, its agent not busy by the pane host's account unless it is
     /// in its own poll, the pane host up; for the pump, `by_poll` false, no poll open to take
     /// it instead).
-    /// [`Gateway::start_task`] or [`Gateway::unclaim`] releases it.
+    /// [`LocalPlane::start_task`] or [`LocalPlane::unclaim`] releases it.
     pub(super) fn claim(&self, gid: Gid, by_poll: bool) -> bool {
         let mut sessions = self.sessions.lock();
         if sessions.host_down.is_some() {

@@ -11,7 +11,7 @@ use fleet_store::EntityRecord;
 use tracing::Instrument;
 
 use super::views::StopResult;
-use super::{Caller, Gateway, Viewer};
+use super::{Caller, LocalPlane, Viewer};
 
 /// When an ended session's files are removed again, after its pane closed: an agent that is
 /// still exiting may write into its home meanwhile (a start-up would clear what is left).
@@ -24,9 +24,9 @@ const LATE_WRITES: [std::time::Duration; 2] = [
 /// older ones are forgotten, the store keeps them.
 const MAX_GONE_KEPT: usize = 32;
 
-impl Gateway {
-    /// `fleet_stop`: ends a worker's session and closes its pane.
-    pub async fn stop(
+impl LocalPlane {
+    /// The local side of [`Gateway::stop`].
+    pub(super) async fn stop(
         self: &Arc<Self>,
         caller: &Caller,
         to: &str,
@@ -49,10 +49,8 @@ impl Gateway {
             .await)
     }
 
-    /// `POST /api/v1/stop` as `viewer`: a lead's is `fleet_stop`; an operator (unless
-    /// read-only) stops a worker or architect of this host (another host's, through its own
-    /// fleetd: the control plane carries a lead's requests only).
-    pub async fn stop_as(
+    /// The local side of [`Gateway::stop_as`].
+    pub(super) async fn stop_as(
         self: &Arc<Self>,
         viewer: &Viewer,
         to: &str,
@@ -119,7 +117,7 @@ impl Gateway {
             .await;
     }
 
-    /// [`Gateway::end_session`], in the session's span.
+    /// [`LocalPlane::end_session`], in the session's span.
     async fn close_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
         let ended = {
             let mut sessions = self.sessions.lock();

@@ -10,7 +10,7 @@ use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
 use fleet_store::{Change, Subject};
 use serde::Serialize;
 
-use super::{Gateway, Viewer};
+use super::{LocalPlane, Viewer};
 
 /// The most changes one read of the feed gives; the rest come at the next.
 pub const FEED_BATCH: usize = 200;
@@ -102,15 +102,18 @@ pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
     involving.is_none_or(|gid| gid == from || gid == to)
 }
 
-impl Gateway {
-    /// Where a feed that starts now reads on from.
-    pub async fn feed_start(&self) -> Result<i64, FleetError> {
+impl LocalPlane {
+    /// The local side of [`Gateway::feed_start`].
+    pub(super) async fn feed_start(&self) -> Result<i64, FleetError> {
         self.db.run(|s| s.last_change()).await
     }
 
-    /// The changes after `after` that `viewer` may see, oldest first, and the `seq` to read on
-    /// from (past those it may not see as well).
-    pub async fn feed(&self, viewer: &Viewer, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
+    /// The local side of [`Gateway::feed`].
+    pub(super) async fn feed(
+        &self,
+        viewer: &Viewer,
+        after: i64,
+    ) -> Result<(Vec<Event>, i64), FleetError> {
         let changes = self
             .db
             .run(move |s| s.changes_since(after, FEED_BATCH))
@@ -171,11 +174,8 @@ impl Gateway {
         }
     }
 
-    /// What the pane of `to` (an entity of this host) shows now, to its owner, the lead that
-    /// spawned it (a screen shows its tasks and answers: never another lead's to read, not
-    /// even one it is shared with, nor an operator's). A look only: nothing is typed, and the look is not
-    /// the lead calling in.
-    pub async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
+    /// The local side of [`Gateway::screen`].
+    pub(super) async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
         let caller = viewer.lead("look at a worker's screen")?;
         let entity = match self.resolve_route(to)? {
             fleet_core::routing::Route::Local(entity) => entity,
@@ -223,9 +223,8 @@ impl Gateway {
         })
     }
 
-    /// A message `viewer` may see with every state it went through; one it may not is as
-    /// unknown as one that never was.
-    pub async fn message_history(
+    /// The local side of [`Gateway::message_history`].
+    pub(super) async fn message_history(
         &self,
         viewer: &Viewer,
         msg_id: MsgId,

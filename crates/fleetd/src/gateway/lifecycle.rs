@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleet_core::lifecycle::{LifeFacts, Turnover, turnover};
 use fleet_core::{Gid, SessionEvent};
 
-use super::Gateway;
+use super::LocalPlane;
 
 /// How often idle timers and task counts are looked at.
 pub(super) const LIFECYCLE_TICK: Duration = Duration::from_millis(250);
@@ -22,7 +22,7 @@ enum LifeStep {
     Recycle(Gid, u64),
 }
 
-impl Gateway {
+impl LocalPlane {
     /// Reaps workers idle past their `idle_ttl` and recycles those at their `context_cap`.
     pub(super) async fn check_lifecycles(self: &Arc<Self>) {
         let due: Vec<LifeStep> = {

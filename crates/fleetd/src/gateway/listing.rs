@@ -8,11 +8,11 @@ use fleet_core::ownership::Principal;
 use fleet_core::{ErrorCode, FleetError, Gid};
 
 use super::views::{HostView, ListResult, RosterEntry};
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 
-impl Gateway {
-    /// The hosts of the fleet, this one first.
-    pub fn hosts(&self) -> Vec<HostView> {
+impl LocalPlane {
+    /// The local side of [`Gateway::hosts`].
+    pub(super) fn hosts(&self) -> Vec<HostView> {
         self.fleet_view().1
     }
 
@@ -32,8 +32,8 @@ impl Gateway {
         (entities, hosts)
     }
 
-    /// `fleet_list`: every live entity, and the caller.
-    pub fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
+    /// The local side of [`Gateway::list`].
+    pub(super) fn list(&self, caller: &Caller) -> Result<ListResult, FleetError> {
         let mut list =
             self.sessions.lock().list(&caller.entity).ok_or_else(|| {
                 FleetError::new(ErrorCode::Gone, "you are no longer in the roster")

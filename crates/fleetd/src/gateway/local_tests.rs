@@ -18,12 +18,12 @@ use tokio_util::sync::CancellationToken;
 use super::afar::Afar;
 use super::testing::{gateway_on, worker_session};
 use super::views::SendResult;
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 use crate::config::{Config, ProfileConfig};
 
 /// A gateway on fake panes, its lead, and one idle worker `w1` with its pump running.
 pub(super) struct Local {
-    pub(super) gateway: Arc<Gateway>,
+    pub(super) gateway: Arc<LocalPlane>,
     pub(super) panes: Arc<FakePanes>,
     pub(super) lead: Caller,
     pub(super) worker: Caller,
@@ -47,8 +47,10 @@ pub(super) async fn local_on(
 ) -> Local {
     let dir = tempfile::tempdir().unwrap();
     let panes = Arc::new(FakePanes::new());
-    let (mut gateway, alice) =
-        gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
+    let (front, alice) = gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
+    // The local plane alone: the front goes, so the plane is this test's to change.
+    let mut gateway = Arc::clone(&front.local);
+    drop(front);
     if let Some(afar) = afar {
         Arc::get_mut(&mut gateway).unwrap().afar = Some(afar);
     }

@@ -7,13 +7,13 @@ use std::time::Duration;
 use fleet_store::StoreResult;
 use futures_util::future::BoxFuture;
 
-use super::{Gateway, store_error};
+use super::{LocalPlane, store_error};
 
 /// How long the store's write probe may take before the store counts as not answering: far
 /// longer than any write takes, and than the store's own wait for its lock.
 const STORE_PROBE_LIMIT: Duration = Duration::from_secs(10);
 
-impl Gateway {
+impl LocalPlane {
     /// Runs `tick` (with its own `state`) every `interval` until shutdown, on the gateway's
     /// task set, watched as the loop `name` (see [`crate::health::Health`]); a tick that runs
     /// long delays the next one rather than bunching them.
@@ -25,7 +25,7 @@ impl Gateway {
         tick: F,
     ) where
         S: Send + 'static,
-        F: for<'a> Fn(&'a Arc<Gateway>, &'a mut S) -> BoxFuture<'a, ()> + Send + 'static,
+        F: for<'a> Fn(&'a Arc<LocalPlane>, &'a mut S) -> BoxFuture<'a, ()> + Send + 'static,
     {
         let gateway = Arc::clone(self);
         let watched = self.health.watch(name, Some(interval));

@@ -14,13 +14,13 @@ use fleet_core::routing::{Directory, Route, resolve};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use tracing::Instrument;
 
-use super::Gateway;
+use super::LocalPlane;
 use super::views::Delivered;
 use crate::logs::{self, message_span};
 
 /// What routing looks up in a gateway: this host's live entities by the sessions' name index,
 /// the remote roster's by its own. Each look takes one lock and lets it go.
-struct Known<'a>(&'a Gateway);
+struct Known<'a>(&'a LocalPlane);
 
 impl Directory for Known<'_> {
     fn by_gid(&self, gid: Gid) -> Option<Entity> {
@@ -45,7 +45,7 @@ impl Directory for Known<'_> {
     }
 }
 
-impl Gateway {
+impl LocalPlane {
     /// Resolves `to` among the live entities of this host and, with a broker, of the roster's
     /// other hosts: where it lives, or a clear error (a remote recipient without a broker is
     /// one: nothing could reach it).
@@ -112,7 +112,7 @@ impl Gateway {
         self.accept(message).instrument(span).await
     }
 
-    /// [`Gateway::deliver`], in the message's span.
+    /// [`LocalPlane::deliver`], in the message's span.
     async fn accept(self: &Arc<Self>, mut message: Message) -> Result<Placement, FleetError> {
         let placement = self.placement(&message);
         message.state = match placement {

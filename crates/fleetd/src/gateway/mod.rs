@@ -6,10 +6,15 @@
 //! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
 //! run's panes and keeps every held message.
 //!
-//! This file only wires the parts together and starts the loops. The base the rest stands on:
-//! `db` (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the
-//! leads and sessions), `loops`. The local plane reaches other hosts only through `afar`,
-//! which `federation` implements: no local file names a federation function.
+//! Three types: [`Gateway`], the thin front the HTTP, MCP and web layers call (`front`);
+//! `LocalPlane`, this host's leads, sessions and deliveries, every file here but `federation/`;
+//! and [`Federation`], the broker side. The local plane holds no federation: it reaches other
+//! hosts only through its seam, `afar`, which the federation implements, so no local file can
+//! name a federation function; the federation's methods take the local plane as a parameter.
+//!
+//! This file declares the types and builds the local plane. The base the rest stands on: `db`
+//! (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the leads
+//! and sessions), `loops`.
 
 mod afar;
 #[cfg(test)]
@@ -27,6 +32,7 @@ mod dialogs;
 mod ending;
 mod federation;
 mod feed;
+mod front;
 mod inboxes;
 mod lead;
 mod lifecycle;
@@ -90,8 +96,18 @@ const LAUNCH_THREADS: usize = 4;
 /// The threads that resolve spawns' working directories.
 const CWD_THREADS: usize = 2;
 
-/// The one object behind every tool call and loop.
+/// fleetd on this host, as the HTTP, MCP and web layers see it: a thin front over the local
+/// plane and (with a broker) the federation (see `front`).
 pub struct Gateway {
+    /// This host's leads, sessions and deliveries.
+    local: Arc<LocalPlane>,
+    /// The federated plane, when a broker is configured.
+    federation: Option<Arc<Federation>>,
+}
+
+/// The local plane: this host's leads, workers and architects, what they hold, and every tool
+/// call and loop that runs here. It reaches other hosts only through `afar`.
+struct LocalPlane {
     /// The configuration, fixed for the life of the process.
     config: Arc<Config>,
     /// This host's id.
@@ -112,9 +128,7 @@ pub struct Gateway {
     shutdown: CancellationToken,
     /// Every background task, so shutdown can wait for them.
     tasks: TaskTracker,
-    /// The federated plane, when a broker is configured.
-    federation: Option<Arc<Federation>>,
-    /// The same, as the local plane sees it: the other hosts, through its seam.
+    /// The other hosts, through the local plane's seam (the federation, with a broker).
     afar: Option<Arc<dyn afar::Afar>>,
     /// Lead-to-lead coordination, when a coordinator is configured.
     coordinator: Option<Coordinator>,
@@ -163,21 +177,21 @@ pub struct Parts {
     pub listener: Arc<ListenerStats>,
 }
 
-impl Gateway {
-    /// Builds the gateway over its opened parts (an error if its threads cannot be started).
-    /// Call [`Gateway::start`] next.
-    pub fn new(
+impl LocalPlane {
+    /// The local plane over its opened parts (the federation taken out of them already), with
+    /// `afar` its way to other hosts; an error if its threads cannot be started.
+    fn new(
         config: Arc<Config>,
         host_id: String,
         mcp_url: String,
         parts: Parts,
+        afar: Option<Arc<dyn afar::Afar>>,
         shutdown: CancellationToken,
     ) -> std::io::Result<Arc<Self>> {
         let commits = commits::Commits::new(
             Arc::clone(&parts.store),
             config.gateway.max_held_per_recipient,
         );
-        let federation = parts.federation.map(Federation::shared);
         Ok(Arc::new(Self {
             commits,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
@@ -192,10 +206,7 @@ impl Gateway {
             inboxes: Inboxes::default(),
             shutdown,
             tasks: TaskTracker::new(),
-            afar: federation
-                .as_ref()
-                .map(|f| Arc::clone(f) as Arc<dyn afar::Afar>),
-            federation,
+            afar,
             coordinator: parts.coordinator,
             workdirs: Arc::new(parts.workdirs),
             metrics: Metrics::new(),
@@ -204,9 +215,8 @@ impl Gateway {
         }))
     }
 
-    /// Declares the configured leads, fails what a previous run left half-delivered, reaps its
-    /// panes, and starts the pane watcher and the nudgers.
-    pub async fn start(self: &Arc<Self>) -> Result<(), FleetError> {
+    /// Declares the configured leads.
+    async fn declare_leads(&self) -> Result<(), FleetError> {
         for (name, lead) in &self.config.leads {
             let (name, host, groups) = (name.clone(), self.host_id.clone(), lead.groups.clone());
             let gid = self
@@ -221,11 +231,12 @@ impl Gateway {
                 .entity;
             self.sessions.lock().add_lead(entity);
         }
-        // The broker first: notices about what the previous run left half-delivered may be
-        // for senders on other hosts.
-        if let Some(federation) = &self.federation {
-            federation.start_federation(self).await?;
-        }
+        Ok(())
+    }
+
+    /// Starts the coordinator's link, fails what a previous run left half-delivered, reaps its
+    /// panes, and starts the pane watcher and the nudgers.
+    async fn start(self: &Arc<Self>) -> Result<(), FleetError> {
         self.start_coordinator().await?;
         self.recover().await?;
         self.every(
@@ -253,14 +264,13 @@ impl Gateway {
         Ok(())
     }
 
-    /// Whether the gateway can serve now: what is wrong with it, if anything (see [`Health`]).
-    pub fn problems(&self) -> Vec<String> {
+    /// The local side of [`Gateway::problems`].
+    fn problems(&self) -> Vec<String> {
         self.health.problems()
     }
 
-    /// Shuts down: stops the loops, ends every live session (closing its pane and telling the
-    /// senders of what was on its way), and waits for the loops to finish. Held messages stay.
-    pub async fn shut_down(self: &Arc<Self>) {
+    /// The local side of [`Gateway::shut_down`].
+    async fn shut_down(self: &Arc<Self>) {
         self.health.stopping();
         self.shutdown.cancel();
         let live: Vec<Gid> = self
@@ -280,15 +290,13 @@ impl Gateway {
         self.launchers.workspaces.end_leftovers().await;
     }
 
-    /// The host id.
-    pub fn host_id(&self) -> &str {
+    /// The local side of [`Gateway::host_id`].
+    fn host_id(&self) -> &str {
         &self.host_id
     }
 
-    /// Resolves a bearer token's hash to its live caller, and notes that the caller called in
-    /// (readiness, last seen; and, when `acting`, proof that a typed task was submitted).
-    /// A token that names nobody live gets the reason why.
-    pub async fn authenticate(
+    /// The local side of [`Gateway::authenticate`].
+    async fn authenticate(
         self: &Arc<Self>,
         hash: [u8; 32],
         nudge: Option<NudgeTarget>,
@@ -326,9 +334,8 @@ impl Gateway {
         }
     }
 
-    /// Notes that `caller` listed fleetd's tools: the readiness proof of agents that call in
-    /// before they have the tools (Claude Code).
-    pub async fn listed_tools(&self, caller: &Caller) {
+    /// The local side of [`Gateway::listed_tools`].
+    async fn listed_tools(&self, caller: &Caller) {
         let gid = caller.entity.gid;
         if self.sessions.lock().listed_tools(gid) {
             self.persist_status(gid).await;

@@ -13,7 +13,7 @@ use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{MuxError, PaneHost, PaneId, Snapshot};
 use tokio::time::{Instant, sleep};
 
-use super::Gateway;
+use super::LocalPlane;
 use crate::config::LeadConfig;
 
 /// How soon to look again when a nudge is due but the lead is busy or its pane is not idle.
@@ -79,7 +79,7 @@ enum NudgeStep {
     Now(NudgeTarget, usize),
 }
 
-pub(super) fn start(gateway: &Arc<Gateway>) {
+pub(super) fn start(gateway: &Arc<LocalPlane>) {
     for (name, lead) in &gateway.config.leads {
         if !lead.nudge {
             continue;
@@ -100,7 +100,7 @@ pub(super) fn start(gateway: &Arc<Gateway>) {
     }
 }
 
-impl Gateway {
+impl LocalPlane {
     async fn nudge_loop(self: Arc<Self>, gid: Gid, lead: LeadConfig) {
         let mut inbox = self.inboxes.watch(gid);
         loop {

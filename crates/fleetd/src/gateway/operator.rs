@@ -10,7 +10,7 @@ use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 
 /// Who looks through the operator surfaces.
 #[derive(Clone, Debug)]
@@ -102,10 +102,9 @@ pub struct RosterView {
     pub hosts: Vec<HostView>,
 }
 
-impl Gateway {
-    /// The roster as `viewer` may see it (the rules of `fleet_list`: every live entity), with
-    /// what waits for each of this host's entities.
-    pub async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
+impl LocalPlane {
+    /// The local side of [`Gateway::roster`].
+    pub(super) async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
         let (you, entities, hosts) = match viewer {
             Viewer::Lead(caller) => {
                 let list = self.list(caller)?;
@@ -234,7 +233,7 @@ pub fn checked(query: &MessagesQuery) -> Result<(Option<String>, usize), FleetEr
     Ok((query.state.clone(), limit))
 }
 
-impl Gateway {
+impl LocalPlane {
     /// The name of `gid`, looked up once for a listing that names it again and again.
     pub(super) async fn cached_name(&self, names: &mut HashMap<Gid, String>, gid: Gid) -> String {
         if let Some(name) = names.get(&gid) {
@@ -278,10 +277,8 @@ impl Gateway {
         }
     }
 
-    /// The messages of this gateway's store that `query` selects among those `viewer` may see
-    /// (a lead: those it sent or received, never another lead's; an operator: all, never
-    /// their text), newest first.
-    pub async fn message_rows(
+    /// The local side of [`Gateway::message_rows`].
+    pub(super) async fn message_rows(
         &self,
         viewer: &Viewer,
         query: &MessagesQuery,

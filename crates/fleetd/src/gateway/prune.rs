@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use fleet_core::clock::now_ms;
 
-use super::Gateway;
+use super::LocalPlane;
 
 /// How often settled messages are pruned.
 pub(super) const PRUNE_INTERVAL: Duration = Duration::from_secs(3600);
 const MS_PER_DAY: i64 = 86_400_000;
 
-impl Gateway {
+impl LocalPlane {
     pub(super) async fn prune(&self) {
         let days = i64::try_from(self.config.gateway.keep_messages_days).unwrap_or(i64::MAX);
         let before = now_ms().saturating_sub(days.saturating_mul(MS_PER_DAY));

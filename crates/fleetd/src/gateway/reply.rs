@@ -10,11 +10,11 @@ use fleet_core::message::check_size;
 use fleet_core::{ErrorCode, FleetError, Gid, Message, MsgId};
 
 use super::views::ReplyResult;
-use super::{Caller, Gateway, store_error};
+use super::{Caller, LocalPlane, store_error};
 
-impl Gateway {
-    /// `fleet_reply`: answers `in_reply_to`, or the caller's task in flight.
-    pub async fn reply(
+impl LocalPlane {
+    /// The local side of [`Gateway::reply`].
+    pub(super) async fn reply(
         self: &Arc<Self>,
         caller: &Caller,
         text: String,
@@ -100,7 +100,7 @@ impl Gateway {
             .take_current(answered)
     }
 
-    /// Puts a task taken by [`Gateway::take_current`] back in flight.
+    /// Puts a task taken by [`LocalPlane::take_current`] back in flight.
     fn restore_current(&self, gid: Gid, task: Message) {
         if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.restore_current(task);

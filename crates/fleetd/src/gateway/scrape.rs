@@ -6,16 +6,12 @@ use std::collections::HashMap;
 
 use fleet_core::{FleetError, Gid, WorkerStatus};
 
-use super::{Caller, Gateway, Viewer, store_error};
+use super::{Caller, LocalPlane, Viewer, store_error};
 use crate::metrics::Snapshot;
 
-impl Gateway {
-    /// Who the token hashing to `hash` lets look through the operator surfaces (`/metrics`,
-    /// `/api/v1`, the web view): a lead of this gateway, or an operator its config declares
-    /// now (one taken out of the config is refused though its token is still on file).
-    /// Unlike [`Gateway::authenticate`] it leaves no trace of a call: a look is not the lead
-    /// calling in, and a worker's token makes no worker ready here.
-    pub fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
+impl LocalPlane {
+    /// The local side of [`Gateway::viewer`].
+    pub(super) fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
         let Some(gid) = self.db.at_once().gid_for_token(hash).map_err(store_error)? else {
             return Ok(None);
         };
@@ -35,8 +31,8 @@ impl Gateway {
             }))
     }
 
-    /// The metrics, in the OpenMetrics text format, the gauges read now.
-    pub async fn metrics_text(&self) -> Result<String, FleetError> {
+    /// The local side of [`Gateway::metrics_text`].
+    pub(super) async fn metrics_text(&self) -> Result<String, FleetError> {
         let snapshot = self.snapshot().await?;
         self.metrics
             .render(&snapshot)

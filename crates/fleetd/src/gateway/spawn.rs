@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::session::PaneSession;
 use super::views::SpawnResult;
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 use crate::config::ProfileConfig;
 
 /// What `fleet_spawn` asks for.
@@ -41,7 +41,7 @@ pub struct SpawnRequest {
 /// Closes the pane and ends the session of a spawn that did not finish (an error, a cancelled
 /// call), so no half-spawned worker is left behind.
 struct SpawnGuard {
-    gateway: Arc<Gateway>,
+    gateway: Arc<LocalPlane>,
     gid: Gid,
     armed: bool,
 }
@@ -60,10 +60,9 @@ impl Drop for SpawnGuard {
     }
 }
 
-impl Gateway {
-    /// `fleet_spawn`: starts a worker from a profile, here or (through its gateway) on another
-    /// host, and returns once it is ready.
-    pub async fn spawn(
+impl LocalPlane {
+    /// The local side of [`Gateway::spawn`].
+    pub(super) async fn spawn(
         self: &Arc<Self>,
         caller: &Caller,
         request: SpawnRequest,

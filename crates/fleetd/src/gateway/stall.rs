@@ -18,7 +18,7 @@ use fleet_core::{Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::PaneId;
 use tokio::time::Instant;
 
-use super::Gateway;
+use super::LocalPlane;
 use super::starting::tail_lines;
 use crate::config::OnStall;
 
@@ -49,7 +49,7 @@ struct Watched {
     last_seen_ms: Option<i64>,
 }
 
-impl Gateway {
+impl LocalPlane {
     pub(super) async fn look_for_stalls(self: &Arc<Self>, seen: &mut HashMap<Gid, Seen>) {
         let watched: Vec<Watched> = {
             let sessions = self.sessions.lock();

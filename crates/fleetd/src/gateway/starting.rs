@@ -11,7 +11,7 @@ use fleet_mux::{PaneId, PaneSpec};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::Gateway;
+use super::LocalPlane;
 use crate::config::ProfileConfig;
 use crate::launch::Worker;
 use crate::token;
@@ -27,7 +27,7 @@ pub(super) fn tail_lines(text: &str, lines: usize) -> String {
     kept[kept.len().saturating_sub(lines)..].join("\n")
 }
 
-impl Gateway {
+impl LocalPlane {
     /// Mints the worker's token, prepares its launch and opens its pane; records the pane.
     pub(super) async fn open_pane(
         &self,

@@ -42,19 +42,20 @@ pub(super) async fn gateway_on(
         CancellationToken::new(),
     )
     .unwrap();
-    let gid = gateway
+    let local = &gateway.local;
+    let gid = local
         .db
         .run(|s| s.ensure_lead("alice", "hosta", &[]))
         .await
         .unwrap();
-    let alice = gateway
+    let alice = local
         .db
         .run(move |s| s.entity(gid))
         .await
         .unwrap()
         .unwrap()
         .entity;
-    gateway.sessions.lock().add_lead(alice.clone());
+    local.sessions.lock().add_lead(alice.clone());
     (gateway, alice)
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleet_core::{Gid, WorkerStatus};
 use fleet_mux::{AgentState, MuxError, PaneLife};
 
-use super::Gateway;
+use super::LocalPlane;
 use crate::logs;
 
 /// How often the pane host is asked which panes still run.
@@ -17,7 +17,7 @@ pub(super) const PANE_WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// How far back to read an ended pane for its last words.
 const HISTORY_LINES: usize = 200;
 
-impl Gateway {
+impl LocalPlane {
     /// Records what the pane host sees of the agent in `gid`'s pane; a change wakes the pump
     /// (the agent may have become free for a task).
     fn note_agent(&self, gid: Gid, agent: Option<(String, AgentState)>) {

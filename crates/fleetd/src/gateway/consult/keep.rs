@@ -9,13 +9,13 @@ use fleet_core::clock::now_ms;
 use fleet_core::{Gid, Role};
 use tokio::time::Instant;
 
-use super::super::{Caller, Gateway};
+use super::super::{Caller, LocalPlane};
 use crate::config::SlotConfig;
 
 /// How soon a kept architect on another host that its host announces busy is looked at again.
 const KEPT_RECHECK: Duration = Duration::from_secs(1);
 
-impl Gateway {
+impl LocalPlane {
     /// Stops the caller's architect that still holds `slot`'s name on the slot's host, if any
     /// (kept from an earlier consult). Anyone else's of that name is left alone: the spawn then
     /// fails, naming it.
@@ -73,7 +73,7 @@ impl Gateway {
         }
     }
 
-    /// [`Gateway::until_kept`] for an architect of this host: idle (its last answer given,
+    /// [`LocalPlane::until_kept`] for an architect of this host: idle (its last answer given,
     /// nothing in flight) for `keep`, and nothing queued for it within `keep`, counted from
     /// `handed` at the earliest (when the lead had its answer: one that answered long before a
     /// slower architect is still kept `keep` for a follow-up).
@@ -121,7 +121,7 @@ impl Gateway {
         }
     }
 
-    /// [`Gateway::until_kept`] for an architect on another host, whose idle time only its host
+    /// [`LocalPlane::until_kept`] for an architect on another host, whose idle time only its host
     /// knows: looked at when `keep` is up, it is kept on while its host announces it busy, and
     /// for `keep` after an answer it gave `lead` meanwhile.
     pub(super) async fn until_kept_afar(&self, lead: Gid, gid: Gid, keep: Duration) -> bool {

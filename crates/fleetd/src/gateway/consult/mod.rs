@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::spawn::SpawnRequest;
 use super::views::{AskView, SendResult, SpawnResult};
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 use crate::config::{SlotConfig, model_identity};
 
 mod keep;
@@ -80,7 +80,7 @@ pub struct ConsultResult {
 /// the architects it started. Dropped before it hands those over to be retired (its client went
 /// away, say), it stops them: none is left running for nobody.
 struct ConsultGuard {
-    gateway: Arc<Gateway>,
+    gateway: Arc<LocalPlane>,
     caller: Caller,
     slots: Vec<String>,
     started: std::sync::Mutex<Vec<Gid>>,
@@ -89,7 +89,7 @@ struct ConsultGuard {
 impl ConsultGuard {
     /// Claims `slots` for a consult of `caller`'s, or says which one another consult uses.
     fn claim(
-        gateway: &Arc<Gateway>,
+        gateway: &Arc<LocalPlane>,
         caller: &Caller,
         slots: &[&SlotConfig],
     ) -> Result<Self, FleetError> {
@@ -223,10 +223,9 @@ fn outcome(sent: Result<SendResult, FleetError>) -> (&'static str, String, Optio
     }
 }
 
-impl Gateway {
-    /// `fleet_consult`: see the module's documentation. `progress` hears a line as each
-    /// architect is ready and as each answers.
-    pub async fn consult(
+impl LocalPlane {
+    /// The local side of [`Gateway::consult`].
+    pub(super) async fn consult(
         self: &Arc<Self>,
         caller: &Caller,
         request: ConsultRequest,

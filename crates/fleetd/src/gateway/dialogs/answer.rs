@@ -3,10 +3,9 @@
 //! seen to go, and a turn the program ended by the answer ended for the lead too.
 
 use super::*;
-impl Gateway {
-    /// `fleet_send{turn_id, choice}`: answers the dialog `turn_id` with `choice`, then waits
-    /// up to `wait` for the reply to the task it stopped in (if the caller sent that task).
-    pub async fn choose_for(
+impl LocalPlane {
+    /// The local side of [`Gateway::choose_for`].
+    pub(in crate::gateway) async fn choose_for(
         self: &Arc<Self>,
         caller: &Caller,
         turn_id: &str,
@@ -387,7 +386,7 @@ pub(in crate::gateway) fn take_answer(
 /// A dialog's answer being pressed: once it is over, however it ends (dropped half-way
 /// included), the watcher looks at that screen again.
 struct Answering<'a> {
-    gateway: &'a Gateway,
+    gateway: &'a LocalPlane,
     gid: Gid,
     turn: &'a str,
 }

@@ -11,13 +11,13 @@ use fleet_core::dialog::Dialog;
 use fleet_core::{Gid, Kind, Message, MsgId, SessionEvent, WorkerStatus};
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::super::asks::Waiter;
 use super::super::session::OpenDialog;
 use super::super::views::AskView;
 use super::{DIALOG_TURN, REMOTE_DIALOG_TTL_S};
 
-impl Gateway {
+impl LocalPlane {
     /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked
     /// (the ask's turn id, unless the worker is not busy).
     pub(super) async fn dialog_shown(
@@ -110,7 +110,7 @@ impl Gateway {
         self.end_dialog(gid, turn, why, false).await;
     }
 
-    /// [`Gateway::dialog_over`] as the watcher sees it: a dialog whose answer is being pressed
+    /// [`LocalPlane::dialog_over`] as the watcher sees it: a dialog whose answer is being pressed
     /// is left to that answer (its screen changes under the keys; it ends the dialog itself).
     pub(super) async fn dialog_gone(
         self: &Arc<Self>,

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::asks::Waiter;
 use super::sessions::Sessions;
 use super::views::{AskView, SendResult};
-use super::{Caller, Gateway};
+use super::{Caller, LocalPlane};
 
 /// How often busy workers' screens are looked at for a dialog.
 pub(super) const DIALOG_LOOK: Duration = Duration::from_millis(500);
@@ -123,7 +123,7 @@ fn to_watch(sessions: &Sessions, now: Instant) -> (Vec<Watched>, Vec<(Gid, Strin
     (watched, over)
 }
 
-impl Gateway {
+impl LocalPlane {
     /// One look at every busy or blocked worker's screen; `seen` holds each one's screen at the
     /// look before.
     pub(super) async fn look_for_dialogs(self: &Arc<Self>, seen: &mut HashMap<Gid, String>) {

@@ -17,7 +17,7 @@ use fleet_core::trust::{
 use fleet_core::{Entity, Gid, Kind, MsgId, Role};
 use fleet_store::SentBetween;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use super::settle::settle;
 use super::trust::{MAX_HEARTBEAT_SENDERS, Patience, RECENT_BROADCASTS, Vouched};
@@ -25,7 +25,7 @@ use super::trust::{MAX_HEARTBEAT_SENDERS, Patience, RECENT_BROADCASTS, Vouched};
 impl Federation {
     /// Where `gid` is, and who it is: one of this host's, another host's as the roster heard
     /// it (or last heard it, if it left), or unknown.
-    fn whereabouts(&self, g: &Gateway, gid: Gid) -> (Place, Option<Entity>) {
+    fn whereabouts(&self, g: &LocalPlane, gid: Gid) -> (Place, Option<Entity>) {
         let local = {
             let sessions = g.sessions.lock();
             sessions
@@ -54,7 +54,7 @@ impl Federation {
     /// send, but heartbeats and messages travel by different queues.
     async fn sender_of(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         envelope: &Envelope,
         to_pane: bool,
         patience: &Patience<'_>,
@@ -82,7 +82,7 @@ impl Federation {
     /// judged one message at a time.
     pub(super) async fn check_one(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
@@ -133,7 +133,7 @@ impl Federation {
 
     /// Whether an ask (or a send) for `owner` is about a task `owner` sent its sender (on the
     /// host it says).
-    async fn asks_of_own_task(&self, g: &Gateway, owner: Gid, envelope: &Envelope) -> bool {
+    async fn asks_of_own_task(&self, g: &LocalPlane, owner: Gid, envelope: &Envelope) -> bool {
         match (envelope.in_reply_to, envelope.from_host.clone()) {
             (Some(task), Some(host)) => {
                 self.sent_between(g, task, host, owner, envelope.from).await
@@ -145,7 +145,7 @@ impl Federation {
     /// Whether this gateway published `msg_id` from `from` to `to` on `host`.
     pub(in crate::gateway) async fn sent_between(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         msg_id: MsgId,
         host: String,
         from: Gid,
@@ -169,7 +169,7 @@ impl Federation {
     /// the roster knows on the host it says, in time. The lead, when it passes.
     pub(super) async fn check_control(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         envelope: &Envelope,
         delivery: &Delivery,
         patience: &Patience<'_>,
@@ -193,7 +193,7 @@ impl Federation {
     /// who sent it.
     pub(super) fn check_genuine(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         envelope: &Envelope,
         delivery: &Delivery,
     ) -> Result<(), Refusal> {
@@ -209,7 +209,7 @@ impl Federation {
     /// who sent it.
     pub(super) fn check_expired(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         envelope: &Envelope,
         delivery: &Delivery,
     ) -> Result<(), Refusal> {
@@ -223,7 +223,7 @@ impl Federation {
     /// goes back to the broker to come again.
     pub(super) async fn check_batch(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         owner: Gid,
         batch: Vec<Vouched>,
     ) -> Vec<Vouched> {
@@ -345,7 +345,7 @@ impl Federation {
     /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         delivery: &Delivery,
         envelope: &Envelope,
         presence: &Presence,

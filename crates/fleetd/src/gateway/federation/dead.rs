@@ -22,7 +22,7 @@ use fleet_core::delivery::Recipient;
 use fleet_core::envelope::Envelope;
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId};
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use super::settle::settle;
 
@@ -33,7 +33,7 @@ impl Federation {
     /// Consumes this host's dead letters until the link or the gateway goes.
     pub(super) async fn consume_dead_letters(
         self: Arc<Self>,
-        g: Arc<Gateway>,
+        g: Arc<LocalPlane>,
         mut deliveries: Deliveries,
     ) {
         let g = &g;
@@ -57,7 +57,7 @@ impl Federation {
     }
 
     /// One dead letter: its sender told, or it let go; how it is settled.
-    async fn on_dead_letter(&self, g: &Arc<Gateway>, delivery: &Delivery) -> Handled {
+    async fn on_dead_letter(&self, g: &Arc<LocalPlane>, delivery: &Delivery) -> Handled {
         let Ok(envelope) = delivery.envelope() else {
             g.metrics.dead_letter(delivery.death().cause, false);
             let (loud, count) = self.loud();
@@ -102,7 +102,7 @@ impl Federation {
     /// is live).
     async fn record_of(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         candidate: &Candidate,
     ) -> Result<(Sent, bool, bool, bool), FleetError> {
         let ids = candidate.ids();
@@ -133,7 +133,7 @@ impl Federation {
     /// forgery) and its audit line.
     fn drop_dead_letter(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         delivery: &Delivery,
         envelope: &Envelope,
         dropped: &Dropped,
@@ -166,7 +166,7 @@ impl Federation {
     /// from its recipient; stops awaiting its receipt. Acknowledged once the notice is stored.
     async fn tell_dead(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         delivery: &Delivery,
         envelope: &Envelope,
         candidate: &Candidate,
@@ -216,7 +216,7 @@ impl Federation {
 
     /// The name of `gid` as a notice shows it: with its host, when it is another host's (one
     /// the roster has let go since, its gateway down, is still named as it was).
-    async fn shown_name(&self, g: &Gateway, gid: Gid) -> String {
+    async fn shown_name(&self, g: &LocalPlane, gid: Gid) -> String {
         let departed = {
             let state = self.lock();
             state

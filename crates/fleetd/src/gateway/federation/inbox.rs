@@ -12,7 +12,7 @@ use fleet_core::trust::Refusal as TrustRefusal;
 use fleet_core::{Gid, Kind};
 use tokio_util::sync::CancellationToken;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use super::settle::{Incoming, settle};
 use super::trust::{Patience, Vouched};
@@ -30,7 +30,7 @@ impl Federation {
     /// that expires while it waits is failed to its sender then, never typed late.
     pub(super) async fn consume_inbox(
         self: Arc<Self>,
-        g: Arc<Gateway>,
+        g: Arc<LocalPlane>,
         owner: Gid,
         mut deliveries: Deliveries,
         stop: CancellationToken,
@@ -85,7 +85,7 @@ impl Federation {
 
     /// Fails every brief in `waiting` that expired meanwhile: its sender is told, it is never
     /// typed.
-    async fn fail_expired(&self, g: &Arc<Gateway>, owner: Gid, waiting: &mut Waiting) {
+    async fn fail_expired(&self, g: &Arc<LocalPlane>, owner: Gid, waiting: &mut Waiting) {
         let now = u64::try_from(now_ms()).unwrap_or(u64::MAX);
         for brief in waiting.expired(now) {
             self.refuse_and_tell(
@@ -102,7 +102,12 @@ impl Federation {
 
     /// Takes the first brief waiting, now that its worker is free (or gone, when it fails as
     /// any other would), unless it expired; false if the consumer is to stop.
-    async fn take_next_brief(&self, g: &Arc<Gateway>, owner: Gid, waiting: &mut Waiting) -> bool {
+    async fn take_next_brief(
+        &self,
+        g: &Arc<LocalPlane>,
+        owner: Gid,
+        waiting: &mut Waiting,
+    ) -> bool {
         self.fail_expired(g, owner, waiting).await;
         match waiting.next() {
             Some(brief) => self.take_brief(g, owner, brief).await,
@@ -114,7 +119,7 @@ impl Federation {
     /// is left of the batch stays unacknowledged, for the broker to deliver again).
     async fn on_deliveries(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         batch: Vec<Delivery>,
         waiting: &mut Waiting,
@@ -195,7 +200,7 @@ impl Federation {
     /// expired or too large told.
     async fn admit(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         delivery: &Delivery,
         patience: &Patience<'_>,
@@ -264,7 +269,7 @@ impl Federation {
     /// grant hears why, anything else is dead-lettered as untrusted.
     async fn refuse_admitted(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,
@@ -293,7 +298,7 @@ impl Federation {
     /// when it waits on it (expired, too large: nothing vanishes) and a loud line otherwise.
     async fn refuse_genuine(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         delivery: &Delivery,
         envelope: &Envelope,

@@ -15,7 +15,7 @@ use fleet_core::{Entity, FleetError, Gid};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use crate::config::{BrokerConfig, FederationConfig};
 
@@ -118,7 +118,7 @@ impl Federation {
     /// background) and starts the link keeper and the presence loop.
     pub(in crate::gateway) async fn start_federation(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
     ) -> Result<(), FleetError> {
         tracing::info!(uri = %self.broker.shown(), queue_type = self.broker.queue_type.as_str(), host_id = %g.host_id, "federated plane on");
         // Before any inbox is read: a receipt that came while this gateway was down ends its
@@ -165,7 +165,7 @@ impl Federation {
     }
 
     /// Connects, declares, and attaches the roster and every local inbox.
-    async fn connect_link(&self, g: &Arc<Gateway>) -> Result<(), AmqpError> {
+    async fn connect_link(&self, g: &Arc<LocalPlane>) -> Result<(), AmqpError> {
         let settings = LinkSettings {
             first: self.next_node.load(Ordering::Relaxed),
             ..link_settings(&self.broker, &self.config)
@@ -210,7 +210,7 @@ impl Federation {
     }
 
     /// Keeps the link up: waits for it to fail, then connects again with backoff.
-    async fn keep_link(self: Arc<Self>, g: Arc<Gateway>) {
+    async fn keep_link(self: Arc<Self>, g: Arc<LocalPlane>) {
         let g = &g;
         let down = || {
             tracing::warn!(
@@ -245,7 +245,7 @@ impl Federation {
     /// Declares `entity`'s inbox and starts consuming it.
     pub(super) async fn attach_inbox(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         link: &dyn Broker,
         entity: &Entity,
     ) -> Result<(), AmqpError> {
@@ -269,7 +269,7 @@ impl Federation {
     }
 
     /// A local entity joined (a worker became ready): give it an inbox on the broker.
-    pub(in crate::gateway) async fn federation_joined(&self, g: &Arc<Gateway>, gid: Gid) {
+    pub(in crate::gateway) async fn federation_joined(&self, g: &Arc<LocalPlane>, gid: Gid) {
         let Some(link) = self.link() else {
             return;
         };
@@ -291,7 +291,7 @@ impl Federation {
 
     /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
     /// gateways hear it is gone.
-    pub(in crate::gateway) async fn federation_left(&self, g: &Arc<Gateway>, entity: &Entity) {
+    pub(in crate::gateway) async fn federation_left(&self, g: &Arc<LocalPlane>, entity: &Entity) {
         if let Some(token) = self.lock().consumers.remove(&entity.gid) {
             token.cancel();
         }
@@ -314,7 +314,7 @@ impl Federation {
     /// Notes a worker a previous run left (reaped at start) whose inbox is to be cleared, and
     /// clears what can be now, in the background (each brief found there is a confirmed
     /// publish: the gateway serves meanwhile).
-    pub(in crate::gateway) fn reaped(&self, g: &Arc<Gateway>, entity: Entity) {
+    pub(in crate::gateway) fn reaped(&self, g: &Arc<LocalPlane>, entity: Entity) {
         self.lock().reaped.push(entity);
         self.start(
             g,

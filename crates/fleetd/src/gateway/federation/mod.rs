@@ -67,7 +67,7 @@ use fleet_store::SentBetween;
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
-use super::Gateway;
+use super::LocalPlane;
 use crate::audit::{AuditLog, AuditWriter};
 use crate::config::{BrokerConfig, FederationConfig};
 
@@ -248,9 +248,9 @@ impl Federation {
     }
 
     /// Starts `task` on this federation and gateway `g`, among the gateway's tasks.
-    fn start<T, F>(&self, g: &Arc<Gateway>, task: T)
+    fn start<T, F>(&self, g: &Arc<LocalPlane>, task: T)
     where
-        T: FnOnce(Arc<Self>, Arc<Gateway>) -> F,
+        T: FnOnce(Arc<Self>, Arc<LocalPlane>) -> F,
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         if let Some(fed) = self.me() {
@@ -393,7 +393,7 @@ pub(in crate::gateway) fn not_taken(err: AmqpError) -> FleetError {
 
 impl Federation {
     /// Notes the name and host a remote sender gave, for showing its messages.
-    fn remember_remote_name(&self, g: &Gateway, gid: Gid, name: &str, host: Option<&str>) {
+    fn remember_remote_name(&self, g: &LocalPlane, gid: Gid, name: &str, host: Option<&str>) {
         if g.sessions.lock().is_local(gid) {
             return;
         }

@@ -11,7 +11,7 @@ use fleet_core::delivery::Placement;
 use fleet_core::{ErrorCode, FleetError, Kind, Message, MsgId};
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use super::unavailable;
 
@@ -33,7 +33,7 @@ impl Federation {
     /// neither published nor kept.
     pub(in crate::gateway) async fn carry(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         message: Message,
     ) -> Result<Placement, FleetError> {
         let (fed, gateway) = (self.me(), Arc::clone(g));
@@ -87,7 +87,7 @@ impl Federation {
     }
 
     /// A carried message is taken: counted, and a reply notes its task answered here.
-    async fn carried(&self, g: &Arc<Gateway>, message: &Message) {
+    async fn carried(&self, g: &Arc<LocalPlane>, message: &Message) {
         g.metrics.accepted(message.kind, Placement::Remote);
         self.answered_elsewhere(g, message).await;
     }
@@ -96,7 +96,7 @@ impl Federation {
     /// when the store cannot keep it either (its sender then hears the broker is out of reach).
     async fn keep_carried(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         message: &Message,
     ) -> Result<Placement, FleetError> {
         let kept = message.clone();
@@ -117,7 +117,7 @@ impl Federation {
     /// Notes, when `published` (gone to another host) answers a task of this store (a worker's
     /// reply or a failure notice to a lead there), that the task is answered: no copy of the
     /// answer is kept here, and a restart reaping the worker would report it unanswered.
-    pub(super) async fn answered_elsewhere(&self, g: &Gateway, published: &Message) {
+    pub(super) async fn answered_elsewhere(&self, g: &LocalPlane, published: &Message) {
         let (Some(task), Kind::Reply | Kind::Failed) = (published.in_reply_to, published.kind)
         else {
             return;
@@ -132,7 +132,7 @@ impl Federation {
     }
 
     /// Takes a sent message out of the outbox.
-    async fn outbox_sent(&self, g: &Gateway, msg_id: MsgId) {
+    async fn outbox_sent(&self, g: &LocalPlane, msg_id: MsgId) {
         if let Err(e) = g.db.run(move |s| s.outbox_sent(msg_id)).await {
             tracing::warn!(%msg_id, error = %e, "a sent message stays in the outbox: it may be sent twice (its receiver drops the copy)");
         }
@@ -140,7 +140,7 @@ impl Federation {
 
     /// Keeps `notice` (for a sender on another host) in the store until the broker can take
     /// it: a notice this gateway made has no caller to retry it.
-    pub(in crate::gateway) async fn keep_for_broker(&self, g: &Gateway, notice: &Message) {
+    pub(in crate::gateway) async fn keep_for_broker(&self, g: &LocalPlane, notice: &Message) {
         let kept = notice.clone();
         match g.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             Ok(()) => {
@@ -159,7 +159,7 @@ impl Federation {
     /// the first that finds it gone again (and looks again later). One that can never go (its
     /// recipient's inbox is gone) is dropped, loudly. One flush at a time: another finds this
     /// one at work and leaves it to it.
-    pub(in crate::gateway) async fn flush_outbox(&self, g: &Gateway) {
+    pub(in crate::gateway) async fn flush_outbox(&self, g: &LocalPlane) {
         let Ok(_flushing) = self.flushing.try_lock() else {
             return;
         };
@@ -201,7 +201,7 @@ impl Federation {
     /// Starts a flush of the outbox when something waits in it and the link is up, at most once
     /// a second (called by the presence loop, so what was kept goes within a second of the link
     /// coming back, not only at the next connection).
-    pub(super) fn flush_when_waiting(&self, g: &Arc<Gateway>) {
+    pub(super) fn flush_when_waiting(&self, g: &Arc<LocalPlane>) {
         if !self.outbox_waiting.load(Ordering::Relaxed) || self.link().is_none() {
             return;
         }
@@ -225,7 +225,7 @@ impl Federation {
     /// answered.
     pub(in crate::gateway) async fn send_remote(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         message: Message,
     ) -> Result<Placement, FleetError> {
         if self.carries(&message) {
@@ -241,7 +241,7 @@ impl Federation {
 
     /// After a brief from a remote sender was typed in and its submit verified: tell the
     /// sender's gateway (carried: the pump types the next task meanwhile).
-    pub(in crate::gateway) async fn receipt_injected(&self, g: &Arc<Gateway>, task: &Message) {
+    pub(in crate::gateway) async fn receipt_injected(&self, g: &Arc<LocalPlane>, task: &Message) {
         let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
         if g.placement(&receipt) != Placement::Remote {
             return;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::Federation;
 use crate::gateway::afar::{Afar, Broadcast};
 use crate::gateway::views::{HostView, RosterEntry, SpawnResult, StopResult};
-use crate::gateway::{Caller, Gateway, SpawnRequest};
+use crate::gateway::{Caller, LocalPlane, SpawnRequest};
 
 impl Afar for Federation {
     fn entity(&self, gid: Gid) -> Option<Entity> {
@@ -64,13 +64,13 @@ impl Afar for Federation {
         self.roster_view(leads)
     }
 
-    fn spawn_target(&self, g: &Gateway, requested: Option<&str>) -> Result<Target, FleetError> {
+    fn spawn_target(&self, g: &LocalPlane, requested: Option<&str>) -> Result<Target, FleetError> {
         self.spawn_target(g, requested)
     }
 
     fn send<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         message: Message,
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
         Box::pin(self.send_remote(g, message))
@@ -78,20 +78,20 @@ impl Afar for Federation {
 
     fn send_in_turn<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         message: &'a Message,
         turn: (&'a str, u64),
     ) -> BoxFuture<'a, Result<Placement, FleetError>> {
         Box::pin(self.publish_in_turn(g, message, Some(turn)))
     }
 
-    fn keep<'a>(&'a self, g: &'a Gateway, notice: &'a Message) -> BoxFuture<'a, ()> {
+    fn keep<'a>(&'a self, g: &'a LocalPlane, notice: &'a Message) -> BoxFuture<'a, ()> {
         Box::pin(self.keep_for_broker(g, notice))
     }
 
     fn broadcast<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         broadcast: Broadcast<'a>,
     ) -> BoxFuture<'a, Result<(usize, Vec<String>), FleetError>> {
         Box::pin(self.publish_broadcast(g, broadcast))
@@ -99,7 +99,7 @@ impl Afar for Federation {
 
     fn spawn<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         caller: &'a Caller,
         request: SpawnRequest,
         host: &'a str,
@@ -110,7 +110,7 @@ impl Afar for Federation {
 
     fn stop<'a>(
         &'a self,
-        g: &'a Arc<Gateway>,
+        g: &'a Arc<LocalPlane>,
         caller: &'a Caller,
         worker: &'a Entity,
     ) -> BoxFuture<'a, Result<StopResult, FleetError>> {
@@ -119,7 +119,7 @@ impl Afar for Federation {
 
     fn sent_between<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         task: MsgId,
         host: String,
         (from, to): (Gid, Gid),
@@ -127,40 +127,40 @@ impl Afar for Federation {
         Box::pin(self.sent_between(g, task, host, from, to))
     }
 
-    fn brief_going<'a>(&'a self, g: &'a Gateway, brief: &'a Message) -> BoxFuture<'a, ()> {
+    fn brief_going<'a>(&'a self, g: &'a LocalPlane, brief: &'a Message) -> BoxFuture<'a, ()> {
         Box::pin(self.track_remote_brief(g, brief))
     }
 
-    fn briefs_settled<'a>(&'a self, g: &'a Gateway, briefs: Vec<MsgId>) -> BoxFuture<'a, ()> {
+    fn briefs_settled<'a>(&'a self, g: &'a LocalPlane, briefs: Vec<MsgId>) -> BoxFuture<'a, ()> {
         Box::pin(self.receipts_settled(g, briefs))
     }
 
-    fn injected<'a>(&'a self, g: &'a Arc<Gateway>, task: &'a Message) -> BoxFuture<'a, ()> {
+    fn injected<'a>(&'a self, g: &'a Arc<LocalPlane>, task: &'a Message) -> BoxFuture<'a, ()> {
         Box::pin(self.receipt_injected(g, task))
     }
 
     fn ask_abandoned<'a>(
         &'a self,
-        g: &'a Gateway,
+        g: &'a LocalPlane,
         ask: &'a Message,
         turn: &'a str,
     ) -> BoxFuture<'a, ()> {
         Box::pin(self.ask_abandoned(g, ask, turn))
     }
 
-    fn joined<'a>(&'a self, g: &'a Arc<Gateway>, gid: Gid) -> BoxFuture<'a, ()> {
+    fn joined<'a>(&'a self, g: &'a Arc<LocalPlane>, gid: Gid) -> BoxFuture<'a, ()> {
         Box::pin(self.federation_joined(g, gid))
     }
 
-    fn left<'a>(&'a self, g: &'a Arc<Gateway>, entity: &'a Entity) -> BoxFuture<'a, ()> {
+    fn left<'a>(&'a self, g: &'a Arc<LocalPlane>, entity: &'a Entity) -> BoxFuture<'a, ()> {
         Box::pin(self.federation_left(g, entity))
     }
 
-    fn sender_gone<'a>(&'a self, g: &'a Gateway, sender: Gid) -> BoxFuture<'a, ()> {
+    fn sender_gone<'a>(&'a self, g: &'a LocalPlane, sender: Gid) -> BoxFuture<'a, ()> {
         Box::pin(self.receipts_sent_by(g, sender))
     }
 
-    fn reaped(&self, g: &Arc<Gateway>, entity: Entity) {
+    fn reaped(&self, g: &Arc<LocalPlane>, entity: Entity) {
         self.reaped(g, entity);
     }
 }

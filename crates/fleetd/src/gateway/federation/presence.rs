@@ -13,7 +13,7 @@ use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::super::views::{HostView, RosterEntry, slot_of};
 use super::settle::settle;
 use super::trust::forget_heartbeats;
@@ -28,7 +28,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Federation {
     /// Heartbeats every local entity and the host entry, and expires what went quiet.
-    pub(super) async fn presence_loop(self: Arc<Self>, g: Arc<Gateway>) {
+    pub(super) async fn presence_loop(self: Arc<Self>, g: Arc<LocalPlane>) {
         let g = &g;
         let interval = Duration::from_secs(self.config.presence_interval_s);
         let mut next_beat = Instant::now() + interval;
@@ -51,7 +51,7 @@ impl Federation {
     }
 
     /// Publishes the presence of every local entity and of this host.
-    pub(super) async fn publish_presence(&self, g: &Gateway) {
+    pub(super) async fn publish_presence(&self, g: &LocalPlane) {
         let Some(link) = self.link() else {
             return;
         };
@@ -76,7 +76,7 @@ impl Federation {
     }
 
     /// Tells the other gateways this host and its entities are gone.
-    pub(super) async fn leave_roster(&self, g: &Gateway) {
+    pub(super) async fn leave_roster(&self, g: &LocalPlane) {
         let Some(link) = self.link() else {
             return;
         };
@@ -92,7 +92,7 @@ impl Federation {
     /// One presence heartbeat.
     pub(super) async fn announce(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         link: &dyn Broker,
         entity: Option<Entity>,
         status: String,
@@ -140,7 +140,7 @@ impl Federation {
     /// (whether or not the link's close goes through).
     pub(super) async fn consume_roster(
         self: Arc<Self>,
-        g: Arc<Gateway>,
+        g: Arc<LocalPlane>,
         mut deliveries: Deliveries,
     ) {
         let g = &g;
@@ -165,7 +165,7 @@ impl Federation {
     /// A host this gateway did not hear came back (its link healed, or it started): it hears of
     /// this one's entities at once, not at the next beat, so both sides' rosters are whole again
     /// as soon as its link is (at most once a second, however many hosts come back).
-    fn answer_a_return(&self, g: &Arc<Gateway>) {
+    fn answer_a_return(&self, g: &Arc<LocalPlane>) {
         {
             let mut state = self.lock();
             let now = Instant::now();
@@ -183,7 +183,7 @@ impl Federation {
     /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead
     /// letters when it fails a check), and whether it is the return of a host this gateway
     /// did not hear (unknown or unreachable).
-    fn on_presence(&self, g: &Gateway, delivery: &Delivery) -> (Handled, bool) {
+    fn on_presence(&self, g: &LocalPlane, delivery: &Delivery) -> (Handled, bool) {
         let handled = |h| (h, false);
         let Ok(envelope) = delivery.envelope() else {
             tracing::warn!("a malformed heartbeat was refused");
@@ -251,7 +251,7 @@ impl Federation {
 
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
     /// link does); one the broker will not let go of yet stays for the next beat.
-    pub(super) async fn clear_reaped_inboxes(&self, g: &Arc<Gateway>) {
+    pub(super) async fn clear_reaped_inboxes(&self, g: &Arc<LocalPlane>) {
         let Some(link) = self.link() else {
             let waiting = self.lock().reaped.len();
             if waiting > 0 {
@@ -277,7 +277,7 @@ impl Federation {
     /// when the broker would not let the inbox be deleted yet: to be tried again.
     async fn clear_reaped_inbox(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         link: &dyn Broker,
         entity: &Entity,
     ) -> bool {

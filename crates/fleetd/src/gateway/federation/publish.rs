@@ -9,7 +9,7 @@ use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, Trace
 use fleet_store::{AwaitedReceipt, SentRecord};
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::{Federation, Sent, not_taken, publish_outcome, unavailable};
 use crate::gateway::afar::Broadcast;
 use fleet_core::clock::now_ms;
@@ -86,17 +86,17 @@ impl Federation {
     /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
     pub(in crate::gateway) async fn publish_remote(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         message: &Message,
     ) -> Result<Placement, FleetError> {
         self.publish_in_turn(g, message, None).await
     }
 
-    /// [`Gateway::publish_remote`], for a message of an ask's conversation: `turn` is the
+    /// [`LocalPlane::publish_remote`], for a message of an ask's conversation: `turn` is the
     /// asking turn's id, and how long (seconds) the message is good for.
     pub(in crate::gateway) async fn publish_in_turn(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         message: &Message,
         turn: Option<(&str, u64)>,
     ) -> Result<Placement, FleetError> {
@@ -187,7 +187,7 @@ impl Federation {
 
     /// Remembers a brief published to a remote worker, to fail it loudly if its `INJECTED`
     /// receipt does not come in time — in the store too, so a restart keeps the bound.
-    pub(in crate::gateway) async fn track_remote_brief(&self, g: &Gateway, message: &Message) {
+    pub(in crate::gateway) async fn track_remote_brief(&self, g: &LocalPlane, message: &Message) {
         self.lock().receipts.track(
             message.msg_id,
             message.from,
@@ -208,7 +208,7 @@ impl Federation {
 
     /// Stops awaiting the receipts of `msg_ids` (come, answered, overdue, or the brief was not
     /// published after all), in memory and in the store.
-    pub(in crate::gateway) async fn receipts_settled(&self, g: &Gateway, msg_ids: Vec<MsgId>) {
+    pub(in crate::gateway) async fn receipts_settled(&self, g: &LocalPlane, msg_ids: Vec<MsgId>) {
         if msg_ids.is_empty() {
             return;
         }
@@ -227,7 +227,7 @@ impl Federation {
 
     /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is
     /// no longer there to be told).
-    pub(in crate::gateway) async fn receipts_sent_by(&self, g: &Gateway, sender: Gid) {
+    pub(in crate::gateway) async fn receipts_sent_by(&self, g: &LocalPlane, sender: Gid) {
         let sent = self.lock().receipts.sent_by(sender);
         self.receipts_settled(g, sent).await;
     }
@@ -236,7 +236,7 @@ impl Federation {
     /// from now.
     pub(in crate::gateway) async fn await_receipts_again(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
     ) -> Result<(), FleetError> {
         let awaited = g.db.run(|s| s.awaited_receipts()).await?;
         let now = Instant::now().into_std();
@@ -265,7 +265,7 @@ impl Federation {
     /// full refused its copy, which the publisher's confirm says, not whose).
     pub(in crate::gateway) async fn publish_broadcast(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         broadcast: Broadcast<'_>,
     ) -> Result<(usize, Vec<String>), FleetError> {
         let Broadcast {
@@ -329,7 +329,7 @@ impl Federation {
     /// those two, only.
     pub(super) async fn remember_sent(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         sent: Vec<Sent>,
     ) -> Result<(), FleetError> {
         let days = i64::try_from(g.config.gateway.keep_messages_days).unwrap_or(i64::MAX);

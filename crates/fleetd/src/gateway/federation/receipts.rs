@@ -11,14 +11,14 @@ use fleet_core::Message;
 use fleet_core::receipts::Standing;
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::FedState;
 use super::Federation;
 use fleet_core::clock::now_ms;
 
 impl Federation {
     /// Expires quiet roster entries, and fails remote briefs whose receipt is overdue.
-    pub(super) async fn sweep(&self, g: &Arc<Gateway>) {
+    pub(super) async fn sweep(&self, g: &Arc<LocalPlane>) {
         let now = Instant::now().into_std();
         let (overdue, bound) = {
             let mut state = self.lock();

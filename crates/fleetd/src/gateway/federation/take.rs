@@ -12,7 +12,7 @@ use fleet_core::typed::typeable;
 use fleet_core::{ErrorCode, Gid, Kind, Message, MsgState};
 use tokio::time::Instant;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::Federation;
 use super::settle::{Incoming, settle};
 use super::trust::Vouched;
@@ -26,7 +26,7 @@ impl Federation {
     /// consumer is to stop.
     pub(super) async fn on_delivery(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         vouched: Vouched,
         waiting: &mut Waiting,
@@ -88,7 +88,7 @@ impl Federation {
     /// Takes a brief whose worker is free (or gone, when it fails as any other would): one
     /// that expired meanwhile is never typed late, its sender is told. False if the consumer is
     /// to stop.
-    pub(super) async fn take_brief(&self, g: &Arc<Gateway>, owner: Gid, brief: Vouched) -> bool {
+    pub(super) async fn take_brief(&self, g: &Arc<LocalPlane>, owner: Gid, brief: Vouched) -> bool {
         let Vouched {
             delivery,
             envelope,
@@ -130,7 +130,7 @@ impl Federation {
     /// Fails a brief whose acknowledgement was not seen to reach the broker: kept here as
     /// failed (should the broker give it again, it is dropped as one handled already) and its
     /// sender told (the notice is carried: the link is likely down). Never typed.
-    async fn fail_untaken(&self, g: &Arc<Gateway>, mut brief: Message) {
+    async fn fail_untaken(&self, g: &Arc<LocalPlane>, mut brief: Message) {
         let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
         brief.state = MsgState::Failed(why.into());
         let kept = brief.clone();
@@ -145,7 +145,12 @@ impl Federation {
     /// One whose recipient has no place to hold it any more goes the ordinary way. With
     /// `together` false (a brief before them on the channel waits, unacknowledged), each is
     /// settled on its own, never through that brief.
-    pub(super) async fn hold_all(&self, g: &Arc<Gateway>, incoming: Vec<Incoming>, together: bool) {
+    pub(super) async fn hold_all(
+        &self,
+        g: &Arc<LocalPlane>,
+        incoming: Vec<Incoming>,
+        together: bool,
+    ) {
         let (kept, others): (Vec<Incoming>, Vec<Incoming>) = incoming
             .into_iter()
             .partition(|i| g.placement(&i.message) == Placement::Hold);
@@ -217,7 +222,7 @@ impl Federation {
     /// Delivers `other` (off the broker, for an entity that does not hold it) the ordinary
     /// way, and settles it: held, refused for good over a cap (requeued, it would only come
     /// straight back), or left to come again when it could not be stored.
-    async fn deliver_one(&self, g: &Arc<Gateway>, other: Incoming) {
+    async fn deliver_one(&self, g: &Arc<LocalPlane>, other: Incoming) {
         let to = other.message.to;
         match g.deliver(other.message).await.map(|_| ()) {
             Err(e) if e.code == ErrorCode::TooMany => {
@@ -249,7 +254,7 @@ impl Federation {
     /// on (not a notice or a receipt, which would only start a loop).
     pub(super) async fn refuse_and_tell(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         envelope: &Envelope,
         delivery: &Delivery,

@@ -17,7 +17,7 @@ use fleet_core::signing::{SigningKey, key_text, signature};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use fleet_mux::fake::FakePanes;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::super::afar::Afar;
 use super::super::delivery::Taken;
 use super::super::testing::gateway_on;
@@ -30,7 +30,8 @@ const LIMIT: Duration = Duration::from_secs(10);
 /// A gateway of `hosta` with lead alice, its link the fake, alice's inbox consumed; `hostb`
 /// and `hostc` are pinned to their test keys, and carol is a lead on `hostc`.
 struct Harness {
-    gateway: Arc<Gateway>,
+    gateway: Arc<LocalPlane>,
+    fed: Arc<Federation>,
     broker: Arc<FakeBroker>,
     alice: Entity,
     carol: Gid,
@@ -38,11 +39,6 @@ struct Harness {
 }
 
 /// A test host's key: `hostb` and `hostc` are pinned by the harness, any other host is not.
-/// The federation of a federated test gateway.
-fn fed_of(gateway: &Gateway) -> Arc<Federation> {
-    gateway.federation.clone().expect("a federated gateway")
-}
-
 fn host_key(host: &str) -> SigningKey {
     let seed = match host {
         "hostb" => 2,
@@ -104,18 +100,19 @@ async fn harness(max_held: usize) -> Harness {
         SigningKey::from_bytes(&[1; 32]),
     )
     .unwrap();
-    let (gateway, alice) = gateway_on(
+    let (front, alice) = gateway_on(
         dir.path(),
         config,
         Arc::new(FakePanes::new()),
         Some(federation),
     )
     .await;
+    let gateway = Arc::clone(&front.local);
+    let fed = front.federation.clone().unwrap();
     let broker = Arc::new(FakeBroker::new());
     let link: Arc<dyn Broker> = broker.clone();
-    fed_of(&gateway).link.send_replace(Some(link));
-    fed_of(&gateway)
-        .attach_inbox(&gateway, broker.as_ref(), &alice)
+    fed.link.send_replace(Some(link));
+    fed.attach_inbox(&gateway, broker.as_ref(), &alice)
         .await
         .unwrap();
     let carol = lead_of("hostc");
@@ -125,9 +122,10 @@ async fn harness(max_held: usize) -> Harness {
         profiles: Vec::new(),
     };
     let now = tokio::time::Instant::now().into_std();
-    fed_of(&gateway).lock().roster.hear("hostc", heard, now, 0);
+    fed.lock().roster.hear("hostc", heard, now, 0);
     Harness {
         gateway,
+        fed,
         broker,
         alice,
         carol: carol.gid,
@@ -182,6 +180,7 @@ fn how_of(settled: &[Settled], tag: u64) -> Vec<(Settlement, bool)> {
 async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_held_once() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         carol,
@@ -239,7 +238,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
     let gid = alice.gid;
     let held = gateway.db.run(move |s| s.held_count(gid)).await.unwrap();
     assert_eq!(held, 1);
-    let shown = fed_of(&gateway).lock().senders.get(&carol).cloned();
+    let shown = fed.lock().senders.get(&carol).cloned();
     assert_eq!(shown.as_deref(), Some("carol@hostc"));
 }
 
@@ -247,6 +246,7 @@ async fn garbage_and_misaddressed_deliveries_are_dead_lettered_and_a_good_one_he
 async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it_is_back() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         carol,
@@ -265,10 +265,7 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         kind: Kind::Reply,
         ..reply
     };
-    let placed = fed_of(&gateway)
-        .carry(&gateway, reply.clone())
-        .await
-        .unwrap();
+    let placed = fed.carry(&gateway, reply.clone()).await.unwrap();
     assert_eq!(placed, fleet_core::delivery::Placement::Remote);
     let kept = gateway.db.run(|s| s.outbox()).await.unwrap();
     assert_eq!(
@@ -276,15 +273,14 @@ async fn a_reply_for_another_host_is_taken_with_the_broker_down_and_sent_once_it
         [reply.msg_id]
     );
     // Nothing goes while the link is down, however often the presence loop looks.
-    fed_of(&gateway).flush_when_waiting(&gateway);
+    fed.flush_when_waiting(&gateway);
     assert_eq!(gateway.db.run(|s| s.outbox()).await.unwrap().len(), 1);
     // A new link: the presence loop's next look sends it, once, and empties the outbox.
     let back = Arc::new(FakeBroker::new());
     back.bind(&carol.to_string());
-    let fed = fed_of(&gateway);
     fed.link
         .send_replace(Some(Arc::clone(&back) as Arc<dyn Broker>));
-    fed_of(&gateway).flush_when_waiting(&gateway);
+    fed.flush_when_waiting(&gateway);
     tokio::time::timeout(LIMIT, async {
         while !gateway.db.run(|s| s.outbox()).await.unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -325,6 +321,7 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
  {
     let Harness {
         gateway,
+        fed,
         alice,
         carol,
         _dir,
@@ -335,13 +332,10 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     let first = Arc::new(FakeBroker::new());
     let vouched = brief_off(&first, alice.gid, &brief).await;
     first.lose_acks();
-    let fed = fed_of(&gateway);
     fed.link
         .send_replace(Some(Arc::clone(&first) as Arc<dyn Broker>));
     assert!(
-        !fed_of(&gateway)
-            .take_brief(&gateway, alice.gid, vouched)
-            .await,
+        !fed.take_brief(&gateway, alice.gid, vouched).await,
         "the consumer stops"
     );
     assert!(!first.is_up(), "the link is given up, to be connected anew");
@@ -373,11 +367,7 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     let vouched = brief_off(&second, alice.gid, &brief).await;
     fed.link
         .send_replace(Some(Arc::clone(&second) as Arc<dyn Broker>));
-    assert!(
-        fed_of(&gateway)
-            .take_brief(&gateway, alice.gid, vouched)
-            .await
-    );
+    assert!(fed.take_brief(&gateway, alice.gid, vouched).await);
     assert_eq!(gateway.db.run(move |s| s.held_count(gid)).await.unwrap(), 0);
     let kept = gateway
         .db
@@ -489,6 +479,7 @@ async fn over_the_held_cap_a_delivery_is_dead_lettered_and_its_sender_told_throu
 async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         _dir,
@@ -507,7 +498,7 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         created_ms: 0,
         expires_ms: None,
     };
-    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
+    fed.track_remote_brief(&gateway, &brief).await;
     let id = brief.msg_id;
     gateway
         .db
@@ -522,7 +513,6 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
         })
         .await
         .unwrap();
-    let fed = fed_of(&gateway);
     assert_eq!(fed.brief_state(brief.msg_id), Some("queued"));
     let key = alice.gid.to_string();
     let receipt = Envelope {
@@ -555,12 +545,13 @@ async fn a_receipt_marks_the_brief_injected_and_is_acknowledged() {
 async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     let Harness {
         gateway,
+        fed,
         broker,
         _dir,
         ..
     } = harness(10).await;
     let roster = broker.open_roster("hosta").await.unwrap();
-    tokio::spawn(fed_of(&gateway).consume_roster(Arc::clone(&gateway), roster));
+    tokio::spawn(fed.consume_roster(Arc::clone(&gateway), roster));
     // A heartbeat of `host` for `entity` (or the host itself), its routing key and body.
     let beat = |host: &str, entity: Option<Entity>, kind: Kind| {
         let from = entity.as_ref().map_or_else(Gid::mint, |e| e.gid);
@@ -677,8 +668,12 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
 
 #[tokio::test(start_paused = true)]
 async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails_it_at_the_bound() {
-    let Harness { gateway, alice, .. } = harness(10).await;
-    let fed = fed_of(&gateway);
+    let Harness {
+        gateway,
+        fed,
+        alice,
+        ..
+    } = harness(10).await;
     let bound = Duration::from_secs(fed.config.injected_bound_s);
     let ttl = Duration::from_secs(fed.config.presence_ttl_s);
     assert!(ttl < bound, "the entry expires first");
@@ -710,13 +705,13 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
         created_ms: 0,
         expires_ms: None,
     };
-    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
-    tokio::spawn(fed_of(&gateway).presence_loop(Arc::clone(&gateway)));
+    fed.track_remote_brief(&gateway, &brief).await;
+    tokio::spawn(Arc::clone(&fed).presence_loop(Arc::clone(&gateway)));
 
     // Quiet for the ttl: its host is cut off. Kept, unreachable, and its brief waits for it
     // however long (its gateway may still type it).
     tokio::time::sleep(ttl + Duration::from_secs(1)).await;
-    let shown = |gateway: &Gateway| {
+    let shown = |gateway: &LocalPlane| {
         let (entries, _) = gateway.fleet_view();
         let wb = entries.into_iter().find(|e| e.name == "wb");
         wb.map(|e| e.status)
@@ -765,12 +760,17 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
 async fn with_dead_letters() -> Harness {
     let harness = harness(10).await;
     let dead = harness.broker.open_dead_letters("hosta").await.unwrap();
-    tokio::spawn(fed_of(&harness.gateway).consume_dead_letters(Arc::clone(&harness.gateway), dead));
+    tokio::spawn(
+        harness
+            .fed
+            .clone()
+            .consume_dead_letters(Arc::clone(&harness.gateway), dead),
+    );
     harness
 }
 
 /// Worker `wb` on hostb, as its heartbeats told hosta.
-fn hear_wb(gateway: &Gateway) -> Gid {
+fn hear_wb(fed: &Federation) -> Gid {
     let wb = Entity {
         gid: Gid::mint(),
         name: "wb".into(),
@@ -786,12 +786,12 @@ fn hear_wb(gateway: &Gateway) -> Gid {
         profiles: Vec::new(),
     };
     let now = tokio::time::Instant::now().into_std();
-    fed_of(gateway).lock().roster.hear("hostb", heard, now, 0);
+    fed.lock().roster.hear("hostb", heard, now, 0);
     wb.gid
 }
 
 /// Records that hosta published `(msg_id, host, from, to)`, as `publish_remote` does.
-async fn sent_from_here(gateway: &Gateway, records: Vec<(MsgId, &str, Gid, Option<Gid>)>) {
+async fn sent_from_here(gateway: &LocalPlane, records: Vec<(MsgId, &str, Gid, Option<Gid>)>) {
     let rows: Vec<fleet_store::SentRecord> = records
         .into_iter()
         .map(|(msg_id, host, from, to)| fleet_store::SentRecord {
@@ -808,13 +808,12 @@ async fn sent_from_here(gateway: &Gateway, records: Vec<(MsgId, &str, Gid, Optio
 /// `envelope` with `body` sealed by hosta (this gateway), as the broker dead-letters it for
 /// `reason` off `queue` a minute after it was sent.
 fn dead_letter(
-    gateway: &Gateway,
+    fed: &Federation,
     envelope: &Envelope,
     body: &[u8],
     reason: &str,
     queue: &str,
 ) -> Table {
-    let fed = fed_of(gateway);
     let died_s = i64::try_from(envelope.ts_ms / 1000 + 60).unwrap();
     let death = Table::new()
         .with("reason", reason)
@@ -840,7 +839,7 @@ fn audited_outcomes(dir: &tempfile::TempDir) -> Vec<String> {
 }
 
 /// What is held for `gid`, taken.
-async fn taken(gateway: &Gateway, gid: Gid) -> Vec<Message> {
+async fn taken(gateway: &LocalPlane, gid: Gid) -> Vec<Message> {
     gateway
         .db
         .run(move |s| s.take_held(gid, None, 10))
@@ -852,14 +851,15 @@ async fn taken(gateway: &Gateway, gid: Gid) -> Vec<Message> {
 async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_awaits_its_receipt() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         _dir: dir,
         ..
     } = with_dead_letters().await;
-    let wb = hear_wb(&gateway);
+    let wb = hear_wb(&fed);
     let brief = Message::task(alice.gid, wb, "task".into(), TraceId::mint(), 0);
-    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
+    fed.track_remote_brief(&gateway, &brief).await;
     sent_from_here(&gateway, vec![(brief.msg_id, "hostb", alice.gid, Some(wb))]).await;
     let sent = outgoing(
         &gateway.host_id,
@@ -869,7 +869,7 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
         wb.to_string(),
         60,
     );
-    let headers = dead_letter(&gateway, &sent, b"task", "expired", &inbox_queue(wb));
+    let headers = dead_letter(&fed, &sent, b"task", "expired", &inbox_queue(wb));
     // The same dead letter twice (the broker delivering it again after a crash, say).
     let first = broker
         .dead_letter(&headers, b"task", Some("guest"))
@@ -896,12 +896,12 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
         "expired after 60 s unread in the inbox of 'wb@hostb', never taken: its gateway may be down"
     );
     // Its receipt is no longer awaited: the bound will not fail it again.
-    assert_eq!(fed_of(&gateway).brief_state(brief.msg_id), None);
+    assert_eq!(fed.brief_state(brief.msg_id), None);
     let awaited = gateway.db.run(|s| s.awaited_receipts()).await.unwrap();
     assert!(awaited.is_empty(), "{awaited:?}");
     // Nothing goes back through the broker: the sender is here.
     assert!(broker.published().is_empty(), "{:?}", broker.published());
-    fed_of(&gateway).audit.written();
+    fed.audit.written();
     assert_eq!(
         audited_outcomes(&dir),
         ["dead letter: expired, sender told"; 2]
@@ -912,12 +912,13 @@ async fn an_expired_brief_of_ours_is_told_to_its_sender_once_and_no_longer_await
 async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         _dir,
         ..
     } = with_dead_letters().await;
-    let wb = hear_wb(&gateway);
+    let wb = hear_wb(&fed);
     let brief = Message::task(alice.gid, wb, "task".into(), TraceId::mint(), 0);
     sent_from_here(&gateway, vec![(brief.msg_id, "hostb", alice.gid, Some(wb))]).await;
     // What the sweep does when the bound runs out; the sender takes the notice.
@@ -933,7 +934,7 @@ async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter
         wb.to_string(),
         60,
     );
-    let headers = dead_letter(&gateway, &sent, b"task", "expired", &inbox_queue(wb));
+    let headers = dead_letter(&fed, &sent, b"task", "expired", &inbox_queue(wb));
     let tag = broker
         .dead_letter(&headers, b"task", Some("guest"))
         .await
@@ -947,12 +948,13 @@ async fn a_brief_the_bound_failed_already_is_not_failed_again_by_its_dead_letter
 async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the_copys_id() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         _dir,
         ..
     } = with_dead_letters().await;
-    let (wb, wc) = (hear_wb(&gateway), Gid::mint());
+    let (wb, wc) = (hear_wb(&fed), Gid::mint());
     let (msg_id, trace_id) = (MsgId::mint(), TraceId::mint());
     // As `publish_broadcast` records a broadcast the roster knew no copy of.
     sent_from_here(
@@ -971,8 +973,8 @@ async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the
         "broadcast.all".into(),
         60,
     );
-    let expired = dead_letter(&gateway, &sent, b"all", "expired", &inbox_queue(wb));
-    let full = dead_letter(&gateway, &sent, b"all", "maxlen", &inbox_queue(wc));
+    let expired = dead_letter(&fed, &sent, b"all", "expired", &inbox_queue(wb));
+    let full = dead_letter(&fed, &sent, b"all", "maxlen", &inbox_queue(wc));
     broker
         .dead_letter(&expired, b"all", Some("guest"))
         .await
@@ -1012,12 +1014,13 @@ async fn a_broadcast_copy_that_expired_or_found_its_inbox_full_is_told_of_by_the
 async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged_and_tell_nobody() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         carol,
         _dir: dir,
     } = with_dead_letters().await;
-    let wb = hear_wb(&gateway);
+    let wb = hear_wb(&fed);
     let inbox = inbox_queue(wb);
     // A brief alice really sent, and one whose receipt came (it was typed in).
     let ours = |kind: Kind| {
@@ -1047,13 +1050,12 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
     .await;
     let brief =
         Message::task(alice.gid, wb, "task".into(), injected.trace_id, 0).with_id(injected.msg_id);
-    fed_of(&gateway).track_remote_brief(&gateway, &brief).await;
-    fed_of(&gateway)
-        .lock()
+    fed.track_remote_brief(&gateway, &brief).await;
+    fed.lock()
         .receipts
         .injected(injected.msg_id, tokio::time::Instant::now().into_std());
     let genuine =
-        |e: &Envelope, reason: &str, queue: &str| dead_letter(&gateway, e, b"x", reason, queue);
+        |e: &Envelope, reason: &str, queue: &str| dead_letter(&fed, e, b"x", reason, queue);
     let death = |reason: &str| {
         fleet_amqp::Field::Array(vec![fleet_amqp::Field::Table(
             Table::new()
@@ -1080,7 +1082,7 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         // A cause nobody names, no x-death at all, another entity's inbox, or no inbox.
         (genuine(&sent, "eaten", &inbox), Some("guest")),
         (
-            Table::of_signed(&sent, &fed_of(&gateway).sign(&sent, b"x")),
+            Table::of_signed(&sent, &fed.sign(&sent, b"x")),
             Some("guest"),
         ),
         (
@@ -1131,25 +1133,23 @@ async fn dead_letters_that_are_not_ours_or_were_told_of_already_are_acknowledged
         .iter()
         .map(|r| format!("dead letter dropped: {r}"))
         .collect();
-    fed_of(&gateway).audit.written();
+    fed.audit.written();
     assert_eq!(audited_outcomes(&dir), expected);
     // The brief that was typed in still awaits its answer.
-    assert_eq!(
-        fed_of(&gateway).brief_state(injected.msg_id),
-        Some("injected")
-    );
+    assert_eq!(fed.brief_state(injected.msg_id), Some("injected"));
 }
 
 #[tokio::test]
 async fn a_too_late_about_an_answer_of_ours_is_held_for_the_lead_who_answered() {
     let Harness {
         gateway,
+        fed,
         broker,
         alice,
         _dir,
         ..
     } = harness(10).await;
-    let wb = hear_wb(&gateway);
+    let wb = hear_wb(&fed);
     // alice answered wb's question; her ANSWER went to hostb.
     let answer = MsgId::mint();
     sent_from_here(&gateway, vec![(answer, "hostb", alice.gid, Some(wb))]).await;

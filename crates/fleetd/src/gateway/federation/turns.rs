@@ -25,7 +25,7 @@ use fleet_core::dialog::Dialog;
 use fleet_core::envelope::Envelope;
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::super::asks::Waiter;
 use super::super::dialogs::{is_dialog_turn, take_answer};
 use super::super::views::AskView;
@@ -86,7 +86,7 @@ impl Federation {
     /// not one (false: it is held as any other).
     pub(super) async fn ask_flow(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         owner: Gid,
         envelope: &Envelope,
         body: &str,
@@ -137,7 +137,13 @@ impl Federation {
 
     /// An `ASK` for lead `lead` here from a worker on another host: open while the lead
     /// listens (its answer goes back as `ANSWER`), else `NO_WAITER` at once.
-    async fn asked_from_afar(&self, g: &Arc<Gateway>, lead: Gid, ask: &Envelope, question: &str) {
+    async fn asked_from_afar(
+        &self,
+        g: &Arc<LocalPlane>,
+        lead: Gid,
+        ask: &Envelope,
+        question: &str,
+    ) {
         let worker = ask.from;
         let Some(turn) = turn_of(ask).map(str::to_string) else {
             tracing::warn!(msg_id = %ask.msg_id, "an ask from another host carries no usable turn id: dropped");
@@ -203,7 +209,7 @@ impl Federation {
     /// question only while the lead listens for that worker. Whether it opened.
     fn open_remote_ask(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         lead: Gid,
         mut asked: AskView,
         dialog: Option<Dialog>,
@@ -237,7 +243,7 @@ impl Federation {
     /// (until the ask expires, or fleetd stops), and sends it back.
     fn await_lead(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: Gid,
         ask: Envelope,
         turn: String,
@@ -266,7 +272,7 @@ impl Federation {
     /// if it cannot go.
     async fn answer_afar(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: Gid,
         ask: &Envelope,
         turn: &str,
@@ -295,7 +301,7 @@ impl Federation {
     /// to the lead.
     async fn answered_from_afar(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         worker: Gid,
         answer: &Envelope,
         text: &str,
@@ -350,7 +356,12 @@ impl Federation {
 
     /// The asking call of `ask` (to a lead on another host) stopped waiting: that lead hears
     /// the question is over.
-    pub(in crate::gateway) async fn ask_abandoned(&self, g: &Gateway, ask: &Message, turn: &str) {
+    pub(in crate::gateway) async fn ask_abandoned(
+        &self,
+        g: &LocalPlane,
+        ask: &Message,
+        turn: &str,
+    ) {
         let abandoned = notice(
             Kind::Abandoned,
             ask.from,

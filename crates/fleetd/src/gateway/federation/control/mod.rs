@@ -25,7 +25,7 @@ use fleet_core::{
 };
 use tokio::sync::oneshot;
 
-use super::super::Gateway;
+use super::super::LocalPlane;
 use super::super::spawn::SpawnRequest;
 use super::super::views::{SpawnResult, StopResult};
 use super::settle::settle;
@@ -68,7 +68,7 @@ impl Federation {
     /// or a host whose gateway the roster hears from.
     pub(in crate::gateway) fn spawn_target(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         requested: Option<&str>,
     ) -> Result<Target, FleetError> {
         let Some(_) = requested else {
@@ -95,7 +95,7 @@ impl Federation {
     /// answers (once the roster knows the worker, so it can be sent to at once).
     pub(in crate::gateway) async fn spawn_remote(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         caller: &Caller,
         request: SpawnRequest,
         host: &str,
@@ -148,7 +148,7 @@ impl Federation {
     /// `fleet_stop` of `worker`, another host's: its gateway stops it.
     pub(in crate::gateway) async fn stop_remote(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         caller: &Caller,
         worker: &Entity,
     ) -> Result<StopResult, FleetError> {
@@ -184,7 +184,7 @@ impl Federation {
     /// for its answer (`federation.control_wait_s` at most).
     async fn control_call(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: &Entity,
         host: &str,
         gid: Gid,
@@ -251,7 +251,7 @@ impl Federation {
     /// Waits for the answer `rx` brings from `host`, `wait_s` at most.
     async fn control_answer(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         rx: oneshot::Receiver<(Envelope, String)>,
         host: &str,
         wait_s: u64,
@@ -278,7 +278,7 @@ impl Federation {
     }
 
     /// Waits (a heartbeat's time at most) until the roster knows `gid`.
-    async fn await_announced(&self, g: &Gateway, gid: Gid) {
+    async fn await_announced(&self, g: &LocalPlane, gid: Gid) {
         let mut heard = self.roster_heard.subscribe();
         let until = tokio::time::Instant::now() + self.patience();
         while self.lock().roster.entity(gid).is_none() {
@@ -296,7 +296,7 @@ impl Federation {
     /// else is not a control answer.
     pub(super) fn control_answered(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: Gid,
         envelope: &Envelope,
         body: &mut String,
@@ -327,7 +327,7 @@ impl Federation {
 
     /// Stops architect `gid`, started on another host for a consult of `lead`'s that stopped
     /// waiting before it was there: nobody will consult it.
-    fn stop_orphan(&self, g: &Arc<Gateway>, lead: Gid, gid: Gid) {
+    fn stop_orphan(&self, g: &Arc<LocalPlane>, lead: Gid, gid: Gid) {
         self.start(g, move |fed, gateway| async move {
             fed.await_announced(&gateway, gid).await;
             let caller = gateway.sessions.lock().leads.get(&lead).map(|l| Caller {

@@ -9,7 +9,7 @@ impl Federation {
     /// carried out in a task of its own.
     pub(in crate::gateway) async fn consume_control(
         self: Arc<Self>,
-        g: Arc<Gateway>,
+        g: Arc<LocalPlane>,
         mut deliveries: Deliveries,
     ) {
         let g = &g;
@@ -32,7 +32,7 @@ impl Federation {
 
     /// A request off the control queue: refused (dead-lettered, and its lead told if it is
     /// genuine), or carried out and answered.
-    async fn on_control(&self, g: &Arc<Gateway>, delivery: Delivery, stop: &CancellationToken) {
+    async fn on_control(&self, g: &Arc<LocalPlane>, delivery: Delivery, stop: &CancellationToken) {
         let envelope = match delivery.envelope() {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -92,7 +92,7 @@ impl Federation {
     /// checked and granted): what to answer, if anything.
     async fn carry_out(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: &Entity,
         gid: Gid,
         request: ControlRequest,
@@ -131,7 +131,7 @@ impl Federation {
     /// the request names the worker it is about.
     async fn refuse_request(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         envelope: &Envelope,
         delivery: &Delivery,
         why: &str,
@@ -155,7 +155,7 @@ impl Federation {
     /// `gateway.workdir_roots`, a stop of its own worker only. Why not, naming the key to set.
     fn granted(
         &self,
-        g: &Gateway,
+        g: &LocalPlane,
         lead: &Entity,
         gid: Gid,
         request: &ControlRequest,
@@ -189,7 +189,7 @@ impl Federation {
     /// still runs (it answers).
     async fn control_spawn(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         lead: &Entity,
         gid: Gid,
         request: SpawnRequest,
@@ -232,7 +232,7 @@ impl Federation {
     }
 
     /// Stops worker `gid` of this host for `lead` of another.
-    async fn control_stop(&self, g: &Arc<Gateway>, lead: &Entity, gid: Gid) -> ControlAnswer {
+    async fn control_stop(&self, g: &Arc<LocalPlane>, lead: &Entity, gid: Gid) -> ControlAnswer {
         let found = g
             .sessions
             .lock()
@@ -261,7 +261,7 @@ impl Federation {
     /// kept for the broker while it cannot be reached.
     async fn answer_control(
         &self,
-        g: &Arc<Gateway>,
+        g: &Arc<LocalPlane>,
         request: &Envelope,
         gid: Gid,
         answer: &ControlAnswer,
