@@ -10,7 +10,7 @@ use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
 use fleet_store::{Change, Subject};
 use serde::Serialize;
 
-use super::{LocalPlane, Viewer};
+use super::{Viewer, Views};
 
 /// The most changes one read of the feed gives; the rest come at the next.
 pub const FEED_BATCH: usize = 200;
@@ -102,10 +102,10 @@ pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
     involving.is_none_or(|gid| gid == from || gid == to)
 }
 
-impl LocalPlane {
+impl Views {
     /// The local side of [`Gateway::feed_start`].
     pub(super) async fn feed_start(&self) -> Result<i64, FleetError> {
-        self.db.run(|s| s.last_change()).await
+        self.local.db.run(|s| s.last_change()).await
     }
 
     /// The local side of [`Gateway::feed`].
@@ -115,6 +115,7 @@ impl LocalPlane {
         after: i64,
     ) -> Result<(Vec<Event>, i64), FleetError> {
         let changes = self
+            .local
             .db
             .run(move |s| s.changes_since(after, FEED_BATCH))
             .await?;
@@ -143,7 +144,7 @@ impl LocalPlane {
     ) -> Result<Option<What>, FleetError> {
         match change.subject {
             Subject::Message(msg_id) => {
-                let Some(message) = self.db.run(move |s| s.message(msg_id)).await? else {
+                let Some(message) = self.local.db.run(move |s| s.message(msg_id)).await? else {
                     return Ok(None);
                 };
                 if !sees_message(viewer.involving(), message.from, message.to) {
@@ -160,7 +161,7 @@ impl LocalPlane {
                 }))
             }
             Subject::Entity(gid) => {
-                let Some(record) = self.db.run(move |s| s.entity(gid)).await? else {
+                let Some(record) = self.local.db.run(move |s| s.entity(gid)).await? else {
                     return Ok(None);
                 };
                 Ok(Some(What::Entity {
@@ -177,7 +178,7 @@ impl LocalPlane {
     /// The local side of [`Gateway::screen`].
     pub(super) async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
         let caller = viewer.lead("look at a worker's screen")?;
-        let entity = match self.resolve_route(to)? {
+        let entity = match self.local.resolve_route(to)? {
             fleet_core::routing::Route::Local(entity) => entity,
             fleet_core::routing::Route::Remote(entity) => {
                 return Err(FleetError::invalid(format!(
@@ -187,7 +188,7 @@ impl LocalPlane {
             }
         };
         let (pane, status, whose) = {
-            let sessions = self.sessions.lock();
+            let sessions = self.local.sessions.lock();
             let session = sessions.panes.get(&entity.gid);
             (
                 session.and_then(|s| s.pane().cloned()),
@@ -210,7 +211,7 @@ impl LocalPlane {
                 ),
             ));
         }
-        let snapshot = self.panes.snapshot(&pane).await.map_err(|e| {
+        let snapshot = self.local.panes.snapshot(&pane).await.map_err(|e| {
             FleetError::new(
                 fleet_core::ErrorCode::Gone,
                 format!("cannot read the screen of '{}': {e}", entity.name),
@@ -236,12 +237,14 @@ impl LocalPlane {
             )
         };
         let message = self
+            .local
             .db
             .run(move |s| s.message(msg_id))
             .await?
             .filter(|m| sees_message(viewer.involving(), m.from, m.to))
             .ok_or_else(unknown)?;
         let history = self
+            .local
             .db
             .run(move |s| s.history(msg_id))
             .await?

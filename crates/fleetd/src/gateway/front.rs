@@ -19,6 +19,7 @@ use super::views::{
 };
 use super::{
     Caller, ConsultRequest, ConsultResult, Federation, Gateway, LocalPlane, Parts, SpawnRequest,
+    Views,
 };
 use crate::config::Config;
 
@@ -35,7 +36,12 @@ impl Gateway {
         let federation = parts.federation.take().map(Federation::shared);
         let afar = federation.clone().map(|f| f as Arc<dyn Afar>);
         let local = LocalPlane::new(config, host_id, mcp_url, parts, afar, shutdown)?;
-        Ok(Arc::new(Self { local, federation }))
+        let views = Views::new(Arc::clone(&local));
+        Ok(Arc::new(Self {
+            local,
+            views,
+            federation,
+        }))
     }
 
     /// Declares the configured leads, connects to the broker (its notices about what the
@@ -235,18 +241,18 @@ impl Gateway {
     /// Unlike [`LocalPlane::authenticate`] it leaves no trace of a call: a look is not the lead
     /// calling in, and a worker's token makes no worker ready here.
     pub fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
-        self.local.viewer(hash)
+        self.views.viewer(hash)
     }
 
     /// The metrics, in the OpenMetrics text format, the gauges read now.
     pub async fn metrics_text(&self) -> Result<String, FleetError> {
-        self.local.metrics_text().await
+        self.views.metrics_text().await
     }
 
     /// The roster as `viewer` may see it (the rules of `fleet_list`: every live entity), with
     /// what waits for each of this host's entities.
     pub async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
-        self.local.roster(viewer).await
+        self.views.roster(viewer).await
     }
 
     /// The messages of this gateway's store that `query` selects among those `viewer` may see
@@ -257,18 +263,18 @@ impl Gateway {
         viewer: &Viewer,
         query: &MessagesQuery,
     ) -> Result<Vec<MessageRow>, FleetError> {
-        self.local.message_rows(viewer, query).await
+        self.views.message_rows(viewer, query).await
     }
 
     /// Where a feed that starts now reads on from.
     pub async fn feed_start(&self) -> Result<i64, FleetError> {
-        self.local.feed_start().await
+        self.views.feed_start().await
     }
 
     /// The changes after `after` that `viewer` may see, oldest first, and the `seq` to read on
     /// from (past those it may not see as well).
     pub async fn feed(&self, viewer: &Viewer, after: i64) -> Result<(Vec<Event>, i64), FleetError> {
-        self.local.feed(viewer, after).await
+        self.views.feed(viewer, after).await
     }
 
     /// What the pane of `to` (an entity of this host) shows now, to its owner, the lead that
@@ -276,7 +282,7 @@ impl Gateway {
     /// even one it is shared with, nor an operator's). A look only: nothing is typed, and the look is not
     /// the lead calling in.
     pub async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
-        self.local.screen(viewer, to).await
+        self.views.screen(viewer, to).await
     }
 
     /// A message `viewer` may see with every state it went through; one it may not is as
@@ -286,6 +292,6 @@ impl Gateway {
         viewer: &Viewer,
         msg_id: MsgId,
     ) -> Result<MessageHistory, FleetError> {
-        self.local.message_history(viewer, msg_id).await
+        self.views.message_history(viewer, msg_id).await
     }
 }

@@ -6,11 +6,13 @@
 //! waiting in which call), and is rebuilt from nothing at start: a restart reaps the previous
 //! run's panes and keeps every held message.
 //!
-//! Three types: [`Gateway`], the thin front the HTTP, MCP and web layers call (`front`);
-//! `LocalPlane`, this host's leads, sessions and deliveries, every file here but `federation/`;
-//! and [`Federation`], the broker side. The local plane holds no federation: it reaches other
-//! hosts only through its seam, `afar`, which the federation implements, so no local file can
-//! name a federation function; the federation's methods take the local plane as a parameter.
+//! Four types: [`Gateway`], the thin front the HTTP, MCP and web layers call (`front`);
+//! `LocalPlane`, this host's leads, sessions and deliveries (every file here but
+//! `federation/` and the views'); `Views`, what the operator surfaces read (`operator`,
+//! `feed`, `scrape`), through the local plane; and [`Federation`], the broker side. The local
+//! plane holds no federation: it reaches other hosts only through its seam, `afar`, which the
+//! federation implements, so no local file can name a federation function; the federation's
+//! methods take the local plane as a parameter.
 //!
 //! This file declares the types and builds the local plane. The base the rest stands on: `db`
 //! (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the leads
@@ -101,8 +103,17 @@ const CWD_THREADS: usize = 2;
 pub struct Gateway {
     /// This host's leads, sessions and deliveries.
     local: Arc<LocalPlane>,
+    /// What the operator surfaces read.
+    views: Views,
     /// The federated plane, when a broker is configured.
     federation: Option<Arc<Federation>>,
+}
+
+/// The operator views: what `/api/v1`, `/metrics`, the web view and the CLI read (the roster
+/// with what waits for each entity, the messages and their states, the live feed, a message's
+/// history, a worker's screen, the metrics). They only read, through the local plane.
+struct Views {
+    local: Arc<LocalPlane>,
 }
 
 /// The local plane: this host's leads, workers and architects, what they hold, and every tool

@@ -3,6 +3,7 @@
 //! gateway's store with their states (their text only when asked).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use fleet_core::ownership::{Principal, redacted};
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState};
@@ -10,7 +11,14 @@ use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
-use super::{Caller, LocalPlane};
+use super::{Caller, LocalPlane, Views};
+
+impl Views {
+    /// The views over `local`.
+    pub(super) fn new(local: Arc<LocalPlane>) -> Self {
+        Self { local }
+    }
+}
 
 /// Who looks through the operator surfaces.
 #[derive(Clone, Debug)]
@@ -102,21 +110,21 @@ pub struct RosterView {
     pub hosts: Vec<HostView>,
 }
 
-impl LocalPlane {
+impl Views {
     /// The local side of [`Gateway::roster`].
     pub(super) async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
         let (you, entities, hosts) = match viewer {
             Viewer::Lead(caller) => {
-                let list = self.list(caller)?;
+                let list = self.local.list(caller)?;
                 (Some(list.you), list.entities, list.hosts)
             }
             Viewer::Operator { .. } => {
-                let (entities, hosts) = self.everyone(viewer.principal());
+                let (entities, hosts) = self.local.everyone(viewer.principal());
                 (None, entities, hosts)
             }
         };
         let mut waiting: HashMap<Gid, (usize, usize)> = HashMap::new();
-        for (gid, state, count) in self.db.run(|s| s.waiting_by_recipient()).await? {
+        for (gid, state, count) in self.local.db.run(|s| s.waiting_by_recipient()).await? {
             let slot = waiting.entry(gid).or_default();
             match state.as_str() {
                 "held" => slot.0 += count,
@@ -126,7 +134,7 @@ impl LocalPlane {
         let entities = entities
             .into_iter()
             .map(|entry| {
-                let here = entry.host == self.host_id;
+                let here = entry.host == self.local.host_id;
                 let (held, queued) = waiting.get(&entry.gid).copied().unwrap_or_default();
                 RosterRow {
                     held: here.then_some(held),
@@ -233,13 +241,13 @@ pub fn checked(query: &MessagesQuery) -> Result<(Option<String>, usize), FleetEr
     Ok((query.state.clone(), limit))
 }
 
-impl LocalPlane {
+impl Views {
     /// The name of `gid`, looked up once for a listing that names it again and again.
     pub(super) async fn cached_name(&self, names: &mut HashMap<Gid, String>, gid: Gid) -> String {
         if let Some(name) = names.get(&gid) {
             return name.clone();
         }
-        let name = self.name_of(gid).await;
+        let name = self.local.name_of(gid).await;
         names.insert(gid, name.clone());
         name
     }
@@ -289,11 +297,11 @@ impl LocalPlane {
             viewer.lead("read a message's text")?;
         }
         let to = match &query.to {
-            Some(name) => Some(self.resolve_sender(name).await?),
+            Some(name) => Some(self.local.resolve_sender(name).await?),
             None => None,
         };
         let from = match &query.from {
-            Some(name) => Some(self.resolve_sender(name).await?),
+            Some(name) => Some(self.local.resolve_sender(name).await?),
             None => None,
         };
         let filter = MessageFilter {
@@ -305,7 +313,7 @@ impl LocalPlane {
             involving: viewer.involving(),
             limit,
         };
-        let messages = self.db.run(move |s| s.messages(&filter)).await?;
+        let messages = self.local.db.run(move |s| s.messages(&filter)).await?;
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
         for message in messages {

@@ -6,21 +6,28 @@ use std::collections::HashMap;
 
 use fleet_core::{FleetError, Gid, WorkerStatus};
 
-use super::{Caller, LocalPlane, Viewer, store_error};
+use super::{Caller, Viewer, Views, store_error};
 use crate::metrics::Snapshot;
 
-impl LocalPlane {
+impl Views {
     /// The local side of [`Gateway::viewer`].
     pub(super) fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
-        let Some(gid) = self.db.at_once().gid_for_token(hash).map_err(store_error)? else {
+        let Some(gid) = self
+            .local
+            .db
+            .at_once()
+            .gid_for_token(hash)
+            .map_err(store_error)?
+        else {
             return Ok(None);
         };
-        if let Some(lead) = self.sessions.lock().leads.get(&gid) {
+        if let Some(lead) = self.local.sessions.lock().leads.get(&gid) {
             return Ok(Some(Viewer::Lead(Caller {
                 entity: lead.entity().clone(),
             })));
         }
         Ok(self
+            .local
             .config
             .operators
             .iter()
@@ -34,14 +41,15 @@ impl LocalPlane {
     /// The local side of [`Gateway::metrics_text`].
     pub(super) async fn metrics_text(&self) -> Result<String, FleetError> {
         let snapshot = self.snapshot().await?;
-        self.metrics
+        self.local
+            .metrics
             .render(&snapshot)
             .map_err(|e| FleetError::internal(format!("cannot write the metrics: {e}")))
     }
 
     async fn snapshot(&self) -> Result<Snapshot, FleetError> {
         let sessions = {
-            let sessions = self.sessions.lock();
+            let sessions = self.local.sessions.lock();
             let mut by_status: HashMap<WorkerStatus, i64> = HashMap::new();
             for session in sessions.panes.values() {
                 *by_status.entry(session.status()).or_default() += 1;
@@ -57,13 +65,14 @@ impl LocalPlane {
                 .collect()
         };
         let messages = self
+            .local
             .db
             .run(|s| s.message_counts())
             .await?
             .into_iter()
             .map(|(kind, state, n)| (kind, state, count(n)))
             .collect();
-        let waiting_by_gid = self.db.run(|s| s.waiting_by_recipient()).await?;
+        let waiting_by_gid = self.local.db.run(|s| s.waiting_by_recipient()).await?;
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut waiting = Vec::with_capacity(waiting_by_gid.len());
         for (gid, state, n) in waiting_by_gid {
@@ -71,6 +80,7 @@ impl LocalPlane {
             waiting.push((name, state, count(n)));
         }
         let hosts_up = 1 + self
+            .local
             .afar
             .as_deref()
             .map_or(0, |afar| count(afar.hosts_heard()));
@@ -79,7 +89,7 @@ impl LocalPlane {
             messages,
             waiting,
             hosts_up,
-            connections: self.listener.figures(),
+            connections: self.local.listener.figures(),
         })
     }
 }
