@@ -399,7 +399,7 @@ fn open_federation(
     state: &StateDir,
     host: &str,
     key: &GatewayKey,
-) -> anyhow::Result<Option<Federation>> {
+) -> anyhow::Result<Option<Arc<Federation>>> {
     Ok(match config.broker.clone() {
         Some(broker) => {
             if config.federation.insecure_unsigned {

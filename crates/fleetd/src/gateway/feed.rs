@@ -10,7 +10,7 @@ use fleet_core::{FleetError, Gid, Kind, MsgId, Role};
 use fleet_store::{Change, Subject};
 use serde::Serialize;
 
-use super::{Viewer, Views};
+use super::{OperatorViews, Viewer};
 
 /// The most changes one read of the feed gives; the rest come at the next.
 pub const FEED_BATCH: usize = 200;
@@ -102,13 +102,13 @@ pub fn sees_message(involving: Option<Gid>, from: Gid, to: Gid) -> bool {
     involving.is_none_or(|gid| gid == from || gid == to)
 }
 
-impl Views {
-    /// The local side of [`Gateway::feed_start`].
+impl OperatorViews {
+    /// What [`Gateway::feed_start`] reads.
     pub(super) async fn feed_start(&self) -> Result<i64, FleetError> {
         self.local.db.run(|s| s.last_change()).await
     }
 
-    /// The local side of [`Gateway::feed`].
+    /// What [`Gateway::feed`] reads.
     pub(super) async fn feed(
         &self,
         viewer: &Viewer,
@@ -175,7 +175,7 @@ impl Views {
         }
     }
 
-    /// The local side of [`Gateway::screen`].
+    /// What [`Gateway::screen`] reads.
     pub(super) async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
         let caller = viewer.lead("look at a worker's screen")?;
         let entity = match self.local.resolve_route(to)? {
@@ -224,7 +224,7 @@ impl Views {
         })
     }
 
-    /// The local side of [`Gateway::message_history`].
+    /// What [`Gateway::message_history`] reads.
     pub(super) async fn message_history(
         &self,
         viewer: &Viewer,

@@ -1,6 +1,7 @@
 //! The gateway as the rest of fleetd calls it: one method per tool and operator surface, each
-//! handed to the plane that does it. Starting and stopping are the only acts that take both
-//! planes: the federation starts between the local plane's leads and its loops.
+//! handed to the plane that does it (the local plane, or the operator views). Starting is the
+//! only act that takes both planes: the federation starts between the local plane's leads and
+//! its loops.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +19,7 @@ use super::views::{
     SpawnResult, StopResult,
 };
 use super::{
-    Caller, ConsultRequest, ConsultResult, Federation, Gateway, LocalPlane, Parts, SpawnRequest,
-    Views,
+    Caller, ConsultRequest, ConsultResult, Gateway, LocalPlane, OperatorViews, Parts, SpawnRequest,
 };
 use crate::config::Config;
 
@@ -33,10 +33,10 @@ impl Gateway {
         mut parts: Parts,
         shutdown: CancellationToken,
     ) -> std::io::Result<Arc<Self>> {
-        let federation = parts.federation.take().map(Federation::shared);
+        let federation = parts.federation.take();
         let afar = federation.clone().map(|f| f as Arc<dyn Afar>);
         let local = LocalPlane::new(config, host_id, mcp_url, parts, afar, shutdown)?;
-        let views = Views::new(Arc::clone(&local));
+        let views = OperatorViews::new(Arc::clone(&local));
         Ok(Arc::new(Self {
             local,
             views,
@@ -207,7 +207,8 @@ impl Gateway {
         self.local.list(caller)
     }
 
-    /// Whether the gateway can serve now: what is wrong with it, if anything (see [`Health`]).
+    /// Whether the gateway can serve now: what is wrong with it, if anything (see
+    /// [`Health`](crate::health::Health)).
     pub fn problems(&self) -> Vec<String> {
         self.local.problems()
     }
@@ -238,7 +239,7 @@ impl Gateway {
     /// Who the token hashing to `hash` lets look through the operator surfaces (`/metrics`,
     /// `/api/v1`, the web view): a lead of this gateway, or an operator its config declares
     /// now (one taken out of the config is refused though its token is still on file).
-    /// Unlike [`LocalPlane::authenticate`] it leaves no trace of a call: a look is not the lead
+    /// Unlike [`Gateway::authenticate`] it leaves no trace of a call: a look is not the lead
     /// calling in, and a worker's token makes no worker ready here.
     pub fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
         self.views.viewer(hash)

@@ -18,7 +18,7 @@ impl LocalPlane {
 
     /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
     /// in it, sees it.
-    pub fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
+    pub(super) fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
         let mut entities: Vec<RosterEntry> = {
             let sessions = self.sessions.lock();
             sessions

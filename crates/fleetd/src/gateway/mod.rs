@@ -8,11 +8,12 @@
 //!
 //! Four types: [`Gateway`], the thin front the HTTP, MCP and web layers call (`front`);
 //! `LocalPlane`, this host's leads, sessions and deliveries (every file here but
-//! `federation/` and the views'); `Views`, what the operator surfaces read (`operator`,
-//! `feed`, `scrape`), through the local plane; and [`Federation`], the broker side. The local
-//! plane holds no federation: it reaches other hosts only through its seam, `afar`, which the
-//! federation implements, so no local file can name a federation function; the federation's
-//! methods take the local plane as a parameter.
+//! `federation/` and the views'); `OperatorViews`, what the operator surfaces read
+//! (`operator`, `feed`, `scrape`), through the local plane; and [`Federation`], the broker
+//! side, whose methods take the local plane as a parameter. The local plane holds no
+//! federation: it reaches other hosts only through its seam, `afar`, which the federation
+//! implements. Outside `federation/`, only the front names the federation's type, and only
+//! `coord` (a plane of its own) borrows its link helpers.
 //!
 //! This file declares the types and builds the local plane. The base the rest stands on: `db`
 //! (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the leads
@@ -104,7 +105,7 @@ pub struct Gateway {
     /// This host's leads, sessions and deliveries.
     local: Arc<LocalPlane>,
     /// What the operator surfaces read.
-    views: Views,
+    views: OperatorViews,
     /// The federated plane, when a broker is configured.
     federation: Option<Arc<Federation>>,
 }
@@ -112,7 +113,7 @@ pub struct Gateway {
 /// The operator views: what `/api/v1`, `/metrics`, the web view and the CLI read (the roster
 /// with what waits for each entity, the messages and their states, the live feed, a message's
 /// history, a worker's screen, the metrics). They only read, through the local plane.
-struct Views {
+struct OperatorViews {
     local: Arc<LocalPlane>,
 }
 
@@ -177,7 +178,7 @@ pub struct Parts {
     /// How profiles become panes.
     pub launchers: Launchers,
     /// The federated plane, when a broker is configured.
-    pub federation: Option<Federation>,
+    pub federation: Option<Arc<Federation>>,
     /// Lead-to-lead coordination, when a coordinator is configured.
     pub coordinator: Option<Coordinator>,
     /// Where workers may work.

@@ -11,9 +11,9 @@ use fleet_store::MessageFilter;
 use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
-use super::{Caller, LocalPlane, Views};
+use super::{Caller, LocalPlane, OperatorViews};
 
-impl Views {
+impl OperatorViews {
     /// The views over `local`.
     pub(super) fn new(local: Arc<LocalPlane>) -> Self {
         Self { local }
@@ -110,8 +110,8 @@ pub struct RosterView {
     pub hosts: Vec<HostView>,
 }
 
-impl Views {
-    /// The local side of [`Gateway::roster`].
+impl OperatorViews {
+    /// What [`Gateway::roster`] reads.
     pub(super) async fn roster(&self, viewer: &Viewer) -> Result<RosterView, FleetError> {
         let (you, entities, hosts) = match viewer {
             Viewer::Lead(caller) => {
@@ -241,7 +241,7 @@ pub fn checked(query: &MessagesQuery) -> Result<(Option<String>, usize), FleetEr
     Ok((query.state.clone(), limit))
 }
 
-impl Views {
+impl OperatorViews {
     /// The name of `gid`, looked up once for a listing that names it again and again.
     pub(super) async fn cached_name(&self, names: &mut HashMap<Gid, String>, gid: Gid) -> String {
         if let Some(name) = names.get(&gid) {
@@ -285,7 +285,7 @@ impl Views {
         }
     }
 
-    /// The local side of [`Gateway::message_rows`].
+    /// What [`Gateway::message_rows`] reads.
     pub(super) async fn message_rows(
         &self,
         viewer: &Viewer,

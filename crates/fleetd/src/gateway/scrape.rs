@@ -6,11 +6,11 @@ use std::collections::HashMap;
 
 use fleet_core::{FleetError, Gid, WorkerStatus};
 
-use super::{Caller, Viewer, Views, store_error};
+use super::{Caller, OperatorViews, Viewer, store_error};
 use crate::metrics::Snapshot;
 
-impl Views {
-    /// The local side of [`Gateway::viewer`].
+impl OperatorViews {
+    /// What [`Gateway::viewer`] reads.
     pub(super) fn viewer(&self, hash: &[u8; 32]) -> Result<Option<Viewer>, FleetError> {
         let Some(gid) = self
             .local
@@ -38,7 +38,7 @@ impl Views {
             }))
     }
 
-    /// The local side of [`Gateway::metrics_text`].
+    /// What [`Gateway::metrics_text`] reads.
     pub(super) async fn metrics_text(&self) -> Result<String, FleetError> {
         let snapshot = self.snapshot().await?;
         self.local

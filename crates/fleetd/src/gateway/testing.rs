@@ -21,7 +21,7 @@ pub(super) async fn gateway_on(
     dir: &Path,
     config: Config,
     panes: Arc<dyn PaneHost>,
-    federation: Option<Federation>,
+    federation: Option<Arc<Federation>>,
 ) -> (Arc<Gateway>, Entity) {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("fleet.db")).unwrap());
     let parts = Parts {

@@ -241,15 +241,8 @@ impl Federation {
         // find nothing there, this gateway's recent broadcasts (whose copies it may answer).
         let asked: Vec<(MsgId, String)> =
             batch.iter().filter_map(|v| answered(&v.envelope)).collect();
-        // What was just published may not be in the store yet: the memory has it. Read first,
-        // for the memory lets go of an entry only once the store has it.
-        let pending: Vec<Option<SentBetween>> = {
-            let state = self.lock();
-            asked
-                .iter()
-                .map(|key| state.sent_pending.get(key).copied())
-                .collect()
-        };
+        // Read before the store, for the memory lets go of an entry only once the store has it.
+        let pending = self.sent_pending(&asked);
         let in_memory: Vec<bool> = pending.iter().map(Option::is_some).collect();
         let looked =
             g.db.run(move |s| {
@@ -301,6 +294,16 @@ impl Federation {
             }
         }
         passed
+    }
+
+    /// Where each of `asked` (`(msg_id, host)`) went, as the memory has it: what was just
+    /// published may not be in the store yet.
+    fn sent_pending(&self, asked: &[(MsgId, String)]) -> Vec<Option<SentBetween>> {
+        let state = self.lock();
+        asked
+            .iter()
+            .map(|key| state.sent_pending.get(key).copied())
+            .collect()
     }
 
     /// Dead-letters `delivery`, refused by a trust check, with its log and audit lines.

@@ -277,13 +277,11 @@ impl Federation {
     ) {
         match refusal {
             TrustRefusal::NotGranted(_) if envelope.kind == Kind::Broadcast => {
-                {
-                    self.audit(
-                        envelope,
-                        delivery.body().len(),
-                        "skipped: not the sender's worker",
-                    );
-                }
+                self.audit(
+                    envelope,
+                    delivery.body().len(),
+                    "skipped: not the sender's worker",
+                );
                 settle(delivery, Handled::Dropped, false).await;
             }
             TrustRefusal::NotGranted(why) => {

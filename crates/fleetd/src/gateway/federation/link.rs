@@ -175,11 +175,11 @@ impl Federation {
         let link: Arc<dyn Broker> = Arc::new(link);
         let attached = async {
             let roster = link.open_roster(&g.host_id).await?;
-            self.start(g, |fed, g| fed.consume_roster(g, roster));
+            self.start_task(g, |fed, g| fed.consume_roster(g, roster));
             let control = link.open_control(&g.host_id).await?;
-            self.start(g, |fed, g| fed.consume_control(g, control));
+            self.start_task(g, |fed, g| fed.consume_control(g, control));
             let dead = link.open_dead_letters(&g.host_id).await?;
-            self.start(g, |fed, g| fed.consume_dead_letters(g, dead));
+            self.start_task(g, |fed, g| fed.consume_dead_letters(g, dead));
             let local = g.sessions.lock().entities();
             for entity in &local {
                 self.attach_inbox(g, link.as_ref(), entity).await?;
@@ -262,14 +262,14 @@ impl Federation {
             old.cancel();
         }
         let owner = entity.gid;
-        self.start(g, move |fed, g| {
+        self.start_task(g, move |fed, g| {
             fed.consume_inbox(g, owner, deliveries, token)
         });
         Ok(())
     }
 
     /// A local entity joined (a worker became ready): give it an inbox on the broker.
-    pub(in crate::gateway) async fn federation_joined(&self, g: &Arc<LocalPlane>, gid: Gid) {
+    pub(super) async fn federation_joined(&self, g: &Arc<LocalPlane>, gid: Gid) {
         let Some(link) = self.link() else {
             return;
         };
@@ -291,7 +291,7 @@ impl Federation {
 
     /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
     /// gateways hear it is gone.
-    pub(in crate::gateway) async fn federation_left(&self, g: &Arc<LocalPlane>, entity: &Entity) {
+    pub(super) async fn federation_left(&self, g: &Arc<LocalPlane>, entity: &Entity) {
         if let Some(token) = self.lock().consumers.remove(&entity.gid) {
             token.cancel();
         }
@@ -316,7 +316,7 @@ impl Federation {
     /// publish: the gateway serves meanwhile).
     pub(in crate::gateway) fn reaped(&self, g: &Arc<LocalPlane>, entity: Entity) {
         self.lock().reaped.push(entity);
-        self.start(
+        self.start_task(
             g,
             |fed, g| async move { fed.clear_reaped_inboxes(&g).await },
         );

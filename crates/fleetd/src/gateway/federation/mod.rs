@@ -105,7 +105,7 @@ pub struct Federation {
     outbox_waiting: AtomicBool,
     /// Held by the outbox's flush: one at a time.
     flushing: tokio::sync::Mutex<()>,
-    /// This federation, for the tasks it starts (set when the gateway takes it).
+    /// This federation, for the tasks it starts.
     me: Weak<Federation>,
 }
 
@@ -174,14 +174,15 @@ impl FedState {
 
 impl Federation {
     /// The federated plane for `broker` of gateway `host_id`, signing with `key` and writing
-    /// its audit log into `state_dir`; an error names what is wrong with the trust table.
+    /// its audit log into `state_dir`; an error names what is wrong with the trust table. It is
+    /// made shared, knowing itself, so the tasks it starts can hold it.
     pub fn new(
         broker: BrokerConfig,
         config: FederationConfig,
         state_dir: &Path,
         host_id: &str,
         key: SigningKey,
-    ) -> Result<Self, String> {
+    ) -> Result<Arc<Self>, String> {
         let mut trust = config.trust_table()?;
         let allow = config.allow_table()?;
         trust.pin_own(host_id, key.verifying_key(), broker.login());
@@ -216,7 +217,7 @@ impl Federation {
             carrying: std::collections::HashSet::new(),
             flushed: None,
         };
-        Ok(Self {
+        Ok(Arc::new_cyclic(|me| Self {
             broker,
             config,
             link: tokio_watch::channel(None).0,
@@ -230,25 +231,25 @@ impl Federation {
             roster_heard: tokio_watch::channel(0).0,
             outbox_waiting: AtomicBool::new(true),
             flushing: tokio::sync::Mutex::new(()),
-            me: Weak::new(),
-        })
+            me: me.clone(),
+        }))
     }
 
-    /// This federation, shared: what the gateway holds, knowing itself.
-    pub(in crate::gateway) fn shared(mut self) -> Arc<Self> {
-        Arc::new_cyclic(|me| {
-            self.me = me.clone();
-            self
-        })
-    }
-
-    /// This federation, for a task it starts; `None` once the gateway is gone.
+    /// This federation, shared, for a task it starts. A federation is only ever made shared
+    /// ([`Federation::new`]) and a method runs on a live one, so this is always there; were it
+    /// not, that is said loudly.
     fn me(&self) -> Option<Arc<Self>> {
-        self.me.upgrade()
+        let me = self.me.upgrade();
+        if me.is_none() {
+            tracing::error!(
+                "the federation was let go while it still ran: a task of it did not start"
+            );
+        }
+        me
     }
 
     /// Starts `task` on this federation and gateway `g`, among the gateway's tasks.
-    fn start<T, F>(&self, g: &Arc<LocalPlane>, task: T)
+    fn start_task<T, F>(&self, g: &Arc<LocalPlane>, task: T)
     where
         T: FnOnce(Arc<Self>, Arc<LocalPlane>) -> F,
         F: std::future::Future<Output = ()> + Send + 'static,

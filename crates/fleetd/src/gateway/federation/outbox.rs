@@ -31,21 +31,18 @@ impl Federation {
     /// once either way; a copy that goes twice is dropped by its recipient's gateway. Refused
     /// only when the broker refuses it outright (its recipient is gone), or when it can be
     /// neither published nor kept.
-    pub(in crate::gateway) async fn carry(
+    pub(super) async fn carry(
         &self,
         g: &Arc<LocalPlane>,
         message: Message,
     ) -> Result<Placement, FleetError> {
-        let (fed, gateway) = (self.me(), Arc::clone(g));
-        let sent = message.clone();
+        let Some(fed) = self.me() else {
+            return self.keep_carried(g, &message).await;
+        };
+        let (gateway, sent) = (Arc::clone(g), message.clone());
         // While its publish runs, the flusher leaves it be (no second copy from there).
-        {
-            self.lock().carrying.insert(message.msg_id);
-        }
+        self.lock().carrying.insert(message.msg_id);
         let mut publish = g.tasks.spawn(async move {
-            let fed = fed.ok_or_else(|| {
-                FleetError::new(ErrorCode::BrokerUnavailable, "fleetd is stopping")
-            })?;
             let published = fed.publish_remote(&gateway, &sent).await;
             fed.lock().carrying.remove(&sent.msg_id);
             published
@@ -106,9 +103,7 @@ impl Federation {
                 "this host's store cannot keep the message ({e}); nothing was sent"
             )));
         }
-        {
-            self.outbox_waiting.store(true, Ordering::Relaxed);
-        }
+        self.outbox_waiting.store(true, Ordering::Relaxed);
         tracing::info!(msg_id = %message.msg_id, kind = %message.kind, "the broker cannot take it now: kept until it can");
         self.carried(g, message).await;
         Ok(Placement::Remote)
@@ -140,13 +135,11 @@ impl Federation {
 
     /// Keeps `notice` (for a sender on another host) in the store until the broker can take
     /// it: a notice this gateway made has no caller to retry it.
-    pub(in crate::gateway) async fn keep_for_broker(&self, g: &LocalPlane, notice: &Message) {
+    pub(super) async fn keep_for_broker(&self, g: &LocalPlane, notice: &Message) {
         let kept = notice.clone();
         match g.db.run(move |s| s.put_outbox(&kept, now_ms())).await {
             Ok(()) => {
-                {
-                    self.outbox_waiting.store(true, Ordering::Relaxed);
-                }
+                self.outbox_waiting.store(true, Ordering::Relaxed);
                 tracing::warn!(msg_id = %notice.msg_id, kind = %notice.kind, "the broker cannot be reached: the notice is kept until it can");
             }
             Err(e) => {
@@ -159,7 +152,7 @@ impl Federation {
     /// the first that finds it gone again (and looks again later). One that can never go (its
     /// recipient's inbox is gone) is dropped, loudly. One flush at a time: another finds this
     /// one at work and leaves it to it.
-    pub(in crate::gateway) async fn flush_outbox(&self, g: &LocalPlane) {
+    pub(super) async fn flush_outbox(&self, g: &LocalPlane) {
         let Ok(_flushing) = self.flushing.try_lock() else {
             return;
         };
@@ -216,14 +209,14 @@ impl Federation {
             }
             state.flushed = Some(now);
         }
-        self.start(g, |fed, g| async move { fed.flush_outbox(&g).await });
+        self.start_task(g, |fed, g| async move { fed.flush_outbox(&g).await });
     }
 
     /// Sends `message`, for a remote recipient, on its way: carried through an outage when its
     /// gateway carries such a message (the rule: [`fleet_core::delivery::carried`]), else
     /// published now or refused. What was taken is counted, and an answer notes its task
     /// answered.
-    pub(in crate::gateway) async fn send_remote(
+    pub(super) async fn send_remote(
         &self,
         g: &Arc<LocalPlane>,
         message: Message,
@@ -241,7 +234,7 @@ impl Federation {
 
     /// After a brief from a remote sender was typed in and its submit verified: tell the
     /// sender's gateway (carried: the pump types the next task meanwhile).
-    pub(in crate::gateway) async fn receipt_injected(&self, g: &Arc<LocalPlane>, task: &Message) {
+    pub(super) async fn receipt_injected(&self, g: &Arc<LocalPlane>, task: &Message) {
         let receipt = Message::notice(task, Kind::Injected, String::new(), now_ms());
         if g.placement(&receipt) != Placement::Remote {
             return;

@@ -65,7 +65,7 @@ impl Afar for Federation {
     }
 
     fn spawn_target(&self, g: &LocalPlane, requested: Option<&str>) -> Result<Target, FleetError> {
-        self.spawn_target(g, requested)
+        Federation::spawn_target(self, g, requested)
     }
 
     fn send<'a>(
@@ -124,7 +124,7 @@ impl Afar for Federation {
         host: String,
         (from, to): (Gid, Gid),
     ) -> BoxFuture<'a, bool> {
-        Box::pin(self.sent_between(g, task, host, from, to))
+        Box::pin(Federation::sent_between(self, g, task, host, from, to))
     }
 
     fn brief_going<'a>(&'a self, g: &'a LocalPlane, brief: &'a Message) -> BoxFuture<'a, ()> {
@@ -145,7 +145,7 @@ impl Afar for Federation {
         ask: &'a Message,
         turn: &'a str,
     ) -> BoxFuture<'a, ()> {
-        Box::pin(self.ask_abandoned(g, ask, turn))
+        Box::pin(Federation::ask_abandoned(self, g, ask, turn))
     }
 
     fn joined<'a>(&'a self, g: &'a Arc<LocalPlane>, gid: Gid) -> BoxFuture<'a, ()> {
@@ -161,6 +161,6 @@ impl Afar for Federation {
     }
 
     fn reaped(&self, g: &Arc<LocalPlane>, entity: Entity) {
-        self.reaped(g, entity);
+        Federation::reaped(self, g, entity);
     }
 }

@@ -177,7 +177,7 @@ impl Federation {
             }
             state.answered_return = Some(now);
         }
-        self.start(g, |fed, g| async move { fed.publish_presence(&g).await });
+        self.start_task(g, |fed, g| async move { fed.publish_presence(&g).await });
     }
 
     /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead

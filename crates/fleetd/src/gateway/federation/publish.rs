@@ -84,7 +84,7 @@ impl Federation {
 impl Federation {
     /// Publishes `message` to its remote recipient's inbox. Unroutable (no such inbox) and
     /// refused (inbox full) are errors, as is an unreachable broker: nothing is buffered.
-    pub(in crate::gateway) async fn publish_remote(
+    pub(super) async fn publish_remote(
         &self,
         g: &LocalPlane,
         message: &Message,
@@ -92,9 +92,9 @@ impl Federation {
         self.publish_in_turn(g, message, None).await
     }
 
-    /// [`LocalPlane::publish_remote`], for a message of an ask's conversation: `turn` is the
+    /// [`Self::publish_remote`], for a message of an ask's conversation: `turn` is the
     /// asking turn's id, and how long (seconds) the message is good for.
-    pub(in crate::gateway) async fn publish_in_turn(
+    pub(super) async fn publish_in_turn(
         &self,
         g: &LocalPlane,
         message: &Message,
@@ -187,7 +187,7 @@ impl Federation {
 
     /// Remembers a brief published to a remote worker, to fail it loudly if its `INJECTED`
     /// receipt does not come in time — in the store too, so a restart keeps the bound.
-    pub(in crate::gateway) async fn track_remote_brief(&self, g: &LocalPlane, message: &Message) {
+    pub(super) async fn track_remote_brief(&self, g: &LocalPlane, message: &Message) {
         self.lock().receipts.track(
             message.msg_id,
             message.from,
@@ -208,7 +208,7 @@ impl Federation {
 
     /// Stops awaiting the receipts of `msg_ids` (come, answered, overdue, or the brief was not
     /// published after all), in memory and in the store.
-    pub(in crate::gateway) async fn receipts_settled(&self, g: &LocalPlane, msg_ids: Vec<MsgId>) {
+    pub(super) async fn receipts_settled(&self, g: &LocalPlane, msg_ids: Vec<MsgId>) {
         if msg_ids.is_empty() {
             return;
         }
@@ -227,17 +227,14 @@ impl Federation {
 
     /// Stops awaiting the receipts of what `sender` sent (a worker a restart reaped: it is
     /// no longer there to be told).
-    pub(in crate::gateway) async fn receipts_sent_by(&self, g: &LocalPlane, sender: Gid) {
+    pub(super) async fn receipts_sent_by(&self, g: &LocalPlane, sender: Gid) {
         let sent = self.lock().receipts.sent_by(sender);
         self.receipts_settled(g, sent).await;
     }
 
     /// At start: awaits again the receipts a previous run was awaiting, their bound counted
     /// from now.
-    pub(in crate::gateway) async fn await_receipts_again(
-        &self,
-        g: &LocalPlane,
-    ) -> Result<(), FleetError> {
+    pub(super) async fn await_receipts_again(&self, g: &LocalPlane) -> Result<(), FleetError> {
         let awaited = g.db.run(|s| s.awaited_receipts()).await?;
         let now = Instant::now().into_std();
         let mut state = self.lock();
@@ -263,7 +260,7 @@ impl Federation {
     /// Returns how many workers may take a copy (this host's the sender may task, and the
     /// other hosts' the roster knows to be bound), and why some got no copy (an inbox that was
     /// full refused its copy, which the publisher's confirm says, not whose).
-    pub(in crate::gateway) async fn publish_broadcast(
+    pub(super) async fn publish_broadcast(
         &self,
         g: &LocalPlane,
         broadcast: Broadcast<'_>,

@@ -268,9 +268,7 @@ impl Federation {
         if loud {
             tracing::error!(%trace_id, %msg_id, %kind, %owner, rule, why, refused_so_far = count, "REFUSED a message off the broker: dead-lettered");
         }
-        {
-            self.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
-        }
+        self.audit(envelope, delivery.body().len(), &format!("refused: {rule}"));
         if refusal_told(kind) {
             // A broadcast's copy is told of by the copy's own id (derived from the broadcast's
             // and its recipient's), so each refused copy is a notice of its own.

@@ -249,7 +249,7 @@ impl Federation {
         turn: String,
         rx: tokio::sync::oneshot::Receiver<Result<String, FleetError>>,
     ) {
-        self.start(g, move |fed, gateway| async move {
+        self.start_task(g, move |fed, gateway| async move {
             let expires = Duration::from_millis(
                 ask.expires_at_ms
                     .saturating_sub(u64::try_from(now_ms()).unwrap_or(0)),

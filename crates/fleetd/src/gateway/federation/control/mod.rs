@@ -93,7 +93,7 @@ impl Federation {
 
     /// `fleet_spawn` on `host`: its gateway spawns the worker, and the call returns what it
     /// answers (once the roster knows the worker, so it can be sent to at once).
-    pub(in crate::gateway) async fn spawn_remote(
+    pub(in crate::gateway::federation) async fn spawn_remote(
         &self,
         g: &Arc<LocalPlane>,
         caller: &Caller,
@@ -146,7 +146,7 @@ impl Federation {
     }
 
     /// `fleet_stop` of `worker`, another host's: its gateway stops it.
-    pub(in crate::gateway) async fn stop_remote(
+    pub(in crate::gateway::federation) async fn stop_remote(
         &self,
         g: &Arc<LocalPlane>,
         caller: &Caller,
@@ -328,7 +328,7 @@ impl Federation {
     /// Stops architect `gid`, started on another host for a consult of `lead`'s that stopped
     /// waiting before it was there: nobody will consult it.
     fn stop_orphan(&self, g: &Arc<LocalPlane>, lead: Gid, gid: Gid) {
-        self.start(g, move |fed, gateway| async move {
+        self.start_task(g, move |fed, gateway| async move {
             fed.await_announced(&gateway, gid).await;
             let caller = gateway.sessions.lock().leads.get(&lead).map(|l| Caller {
                 entity: l.entity().clone(),

@@ -7,7 +7,7 @@ use super::*;
 impl Federation {
     /// Consumes this host's control queue until the link goes: each request checked, then
     /// carried out in a task of its own.
-    pub(in crate::gateway) async fn consume_control(
+    pub(in crate::gateway::federation) async fn consume_control(
         self: Arc<Self>,
         g: Arc<LocalPlane>,
         mut deliveries: Deliveries,
@@ -79,7 +79,7 @@ impl Federation {
         }
         self.audit(&envelope, size, "control: taken");
         tracing::info!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, %gid, lead = %lead.name, lead_host = %lead.host, "control request taken");
-        self.start(g, move |fed, gateway| async move {
+        self.start_task(g, move |fed, gateway| async move {
             let answer = fed.carry_out(&gateway, &lead, gid, request).await;
             if let Some(answer) = answer {
                 fed.answer_control(&gateway, &envelope, gid, &answer).await;
@@ -137,9 +137,7 @@ impl Federation {
         why: &str,
     ) {
         tracing::error!(trace_id = %envelope.trace_id, msg_id = %envelope.msg_id, why, "REFUSED a control request: dead-lettered");
-        {
-            self.audit(envelope, delivery.body().len(), "refused: control request");
-        }
+        self.audit(envelope, delivery.body().len(), "refused: control request");
         if let Some(gid) = envelope.spawn_id {
             let answer = ControlAnswer::Failed {
                 code: ErrorCode::InvalidParams,
