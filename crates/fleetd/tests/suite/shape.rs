@@ -1,6 +1,7 @@
 //! The shape of the code, as the next developer meets it: no function of the shipped crates
-//! over 80 lines, and no source file of the gateway over 500 (tests aside). Read from the
-//! sources with `syn`, so a function is measured from its `fn` to its closing brace.
+//! over 80 lines, no source file of the gateway over 500 (tests aside), and the gateway a thin
+//! front over planes that do not reach into each other. Read from the sources with `syn`, so a
+//! function is measured from its `fn` to its closing brace.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +12,8 @@ use syn::visit::Visit;
 const MAX_FN_LINES: usize = 80;
 /// The longest a gateway source file may be, in lines (its unit tests aside).
 const MAX_GATEWAY_FILE_LINES: usize = 500;
+/// The most statements a method of the gateway's front may hold: it hands the call on.
+const MAX_FRONT_STATEMENTS: usize = 5;
 /// The crates that ship (the testkit is test support: its benches and stand-ins are not).
 const SHIPPED: [&str; 5] = [
     "fleetd",
@@ -168,5 +171,93 @@ fn no_gateway_source_file_is_over_500_lines() -> anyhow::Result<()> {
         "over {MAX_GATEWAY_FILE_LINES} lines: split them by concern\n{}",
         long.join("\n")
     );
+    Ok(())
+}
+
+/// The inherent `impl NAME` blocks of one file, for NAME in `types`: each method as
+/// `(type, method, statements)`.
+fn methods_of(file: &syn::File, types: &[&str]) -> Vec<(String, String, usize)> {
+    let mut found = Vec::new();
+    for item in &file.items {
+        let syn::Item::Impl(block) = item else {
+            continue;
+        };
+        let syn::Type::Path(ty) = block.self_ty.as_ref() else {
+            continue;
+        };
+        let Some(name) = ty.path.get_ident().map(ToString::to_string) else {
+            continue;
+        };
+        if block.trait_.is_some() || is_test(&block.attrs) || !types.contains(&name.as_str()) {
+            continue;
+        }
+        for member in &block.items {
+            if let syn::ImplItem::Fn(method) = member {
+                let statements = method.block.stmts.len();
+                found.push((name.clone(), method.sig.ident.to_string(), statements));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_gateway_is_a_thin_front_over_planes_that_keep_to_themselves() -> anyhow::Result<()> {
+    let gateway = crates_dir().join("fleetd/src/gateway");
+    let mut wrong = Vec::new();
+    let (mut front, mut local) = (0, 0);
+    for path in sources(&gateway) {
+        let file = syn::parse_file(&std::fs::read_to_string(&path)?)
+            .map_err(|e| anyhow::anyhow!("{} does not parse: {e}", path.display()))?;
+        let shown = path
+            .strip_prefix(&gateway)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let in_federation = shown.starts_with("federation/");
+        for (ty, method, statements) in methods_of(&file, &["Gateway", "LocalPlane", "Federation"])
+        {
+            match ty.as_str() {
+                "Gateway" if shown != "front.rs" => {
+                    wrong.push(format!(
+                        "{shown}: Gateway::{method} (the front's methods live in front.rs)"
+                    ));
+                }
+                "Gateway" if statements > MAX_FRONT_STATEMENTS => {
+                    wrong.push(format!("{shown}: Gateway::{method} has {statements} statements: the front hands calls on, a plane does them"));
+                }
+                "Gateway" => front += 1,
+                "LocalPlane" if in_federation => {
+                    wrong.push(format!("{shown}: LocalPlane::{method} (the federation takes the local plane, it does not extend it)"));
+                }
+                "LocalPlane" => local += 1,
+                "Federation" if !in_federation => {
+                    wrong.push(format!(
+                        "{shown}: Federation::{method} (the federation's acts live in federation/)"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        // The local plane reaches other hosts through its seam only: outside federation/, the
+        // federation's type is named by the front that holds it and the module that declares it.
+        let text = std::fs::read_to_string(&path)?;
+        if !in_federation
+            && !matches!(shown.as_str(), "mod.rs" | "front.rs")
+            && text.lines().any(|l| {
+                !l.trim_start().starts_with("//")
+                    && l.split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .any(|word| word == "Federation")
+            })
+        {
+            wrong.push(format!(
+                "{shown} names the Federation type: reach other hosts through afar"
+            ));
+        }
+    }
+    // The walk saw the types: a path or a name gone wrong would find none and pass.
+    assert!(front >= 20, "only {front} methods of the front found");
+    assert!(local >= 50, "only {local} methods of the local plane found");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     Ok(())
 }
