@@ -68,11 +68,16 @@ impl LeadState {
         self.last_nudge
     }
 
-    /// Notes a call of its at `now_ms`, and where to nudge it if the call says.
-    pub fn called_in(&mut self, nudge: Option<NudgeTarget>, now_ms: i64) {
+    /// Notes a call of its at `now_ms`, and where to nudge it if the call says; returns whether
+    /// that is news (a pane it did not name before, as after a restart of fleetd).
+    pub fn called_in(&mut self, nudge: Option<NudgeTarget>, now_ms: i64) -> bool {
         self.last_seen_ms = Some(now_ms);
-        if nudge.is_some() {
-            self.nudge = nudge;
+        match nudge {
+            Some(target) if self.nudge.as_ref() != Some(&target) => {
+                self.nudge = Some(target);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -144,9 +149,13 @@ mod tests {
             pane: "%1".into(),
             socket: Some("/tmp/tmux-0/default".into()),
         };
-        l.called_in(Some(here.clone()), 5);
-        l.called_in(None, 7);
-        assert_eq!((l.nudge_target(), l.last_seen_ms()), (Some(&here), Some(7)));
+        assert!(l.called_in(Some(here.clone()), 5), "a first pane is news");
+        assert!(!l.called_in(None, 7));
+        assert!(
+            !l.called_in(Some(here.clone()), 8),
+            "the same pane again is not"
+        );
+        assert_eq!((l.nudge_target(), l.last_seen_ms()), (Some(&here), Some(8)));
         let other = NudgeTarget {
             pane: "%2".into(),
             socket: None,
@@ -155,5 +164,10 @@ mod tests {
         assert_eq!(l.nudge_target(), Some(&here));
         l.nudge_target_gone(&here);
         assert_eq!(l.nudge_target(), None);
+        assert!(
+            l.called_in(Some(other.clone()), 9),
+            "a pane named anew is news"
+        );
+        assert_eq!(l.nudge_target(), Some(&other));
     }
 }

@@ -92,7 +92,7 @@ pub use workdir::Workdirs;
 
 use db::{Db, store_error};
 use inboxes::Inboxes;
-use sessions::Shared;
+use sessions::{CalledIn, Shared};
 
 /// The threads that prepare launches: as many spawns as that prepare at once.
 const LAUNCH_THREADS: usize = 4;
@@ -326,9 +326,11 @@ impl LocalPlane {
         };
         let called_in = self.sessions.lock().called_in(gid, nudge, acting);
         match called_in {
-            Some((entity, became_ready)) => {
-                if became_ready {
-                    self.persist_status(gid).await;
+            Some((entity, changed)) => {
+                match changed {
+                    CalledIn::BecameReady => self.persist_status(gid).await,
+                    CalledIn::PaneNamed => self.inboxes.bump(gid),
+                    CalledIn::Nothing => {}
                 }
                 Ok(Ok(Caller { entity }))
             }

@@ -31,6 +31,18 @@ impl Shared {
     }
 }
 
+/// What a caller's call changed, for the gateway to act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CalledIn {
+    /// Nothing to act on.
+    Nothing,
+    /// A spawning session became ready: its status is to be stored.
+    BecameReady,
+    /// A lead named a pane it had not named before: its nudger looks again (messages may
+    /// wait for it already, held before fleetd knew where to nudge it).
+    PaneNamed,
+}
+
 /// Leads and pane sessions.
 #[derive(Default)]
 pub(super) struct Sessions {
@@ -108,21 +120,30 @@ impl Sessions {
             .collect()
     }
 
-    /// Notes a call from `gid`. Returns the entity, and whether this call made a spawning
-    /// session ready; `None` if `gid` is not live here.
+    /// Notes a call from `gid`. Returns the entity, and what the call changed: a spawning
+    /// session made ready, or a lead's pane named anew; `None` if `gid` is not live here.
     pub fn called_in(
         &mut self,
         gid: Gid,
         nudge: Option<NudgeTarget>,
         acting: bool,
-    ) -> Option<(Entity, bool)> {
+    ) -> Option<(Entity, CalledIn)> {
         if let Some(lead) = self.leads.get_mut(&gid) {
-            lead.called_in(nudge, now_ms());
-            return Some((lead.entity().clone(), false));
+            let news = lead.called_in(nudge, now_ms());
+            let changed = if news {
+                CalledIn::PaneNamed
+            } else {
+                CalledIn::Nothing
+            };
+            return Some((lead.entity().clone(), changed));
         }
         let session = self.panes.get_mut(&gid)?;
-        let became_ready = session.called_in(acting, now_ms())?;
-        Some((session.entity().clone(), became_ready))
+        let changed = if session.called_in(acting, now_ms())? {
+            CalledIn::BecameReady
+        } else {
+            CalledIn::Nothing
+        };
+        Some((session.entity().clone(), changed))
     }
 
     /// Notes that `gid` listed fleetd's tools; returns whether that made it ready.
