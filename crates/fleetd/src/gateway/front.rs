@@ -219,8 +219,9 @@ impl Gateway {
     }
 
     /// Resolves a bearer token's hash to its live caller, and notes that the caller called in
-    /// (readiness, last seen; and, when `acting`, proof that a typed task was submitted).
-    /// A token that names nobody live gets the reason why.
+    /// (readiness, last seen; when `acting`, proof that a typed task was submitted; for a lead,
+    /// the pane `nudge` names, which wakes its nudger when it is news). A token that names
+    /// nobody live gets the reason why.
     pub async fn authenticate(
         &self,
         hash: [u8; 32],

@@ -19,6 +19,9 @@ pub(super) struct LeadState {
     listening: Vec<Option<Gid>>,
     /// Where to type a nudge, as the lead's last request said.
     nudge: Option<NudgeTarget>,
+    /// The pane last forgotten as gone: named again, it is no news (a pane fleetd cannot reach
+    /// is named on every request, and would wake the nudger on each).
+    gone: Option<NudgeTarget>,
     /// When it last called in.
     last_seen_ms: Option<i64>,
     /// When it was last nudged.
@@ -33,6 +36,7 @@ impl LeadState {
             open_calls: 0,
             listening: Vec::new(),
             nudge: None,
+            gone: None,
             last_seen_ms: None,
             last_nudge: None,
         }
@@ -69,16 +73,16 @@ impl LeadState {
     }
 
     /// Notes a call of its at `now_ms`, and where to nudge it if the call says; returns whether
-    /// that is news (a pane it did not name before, as after a restart of fleetd).
+    /// that is news: a pane other than the one it is nudged in now (none, as after a restart of
+    /// fleetd, or another), and other than the one last found gone.
     pub fn called_in(&mut self, nudge: Option<NudgeTarget>, now_ms: i64) -> bool {
         self.last_seen_ms = Some(now_ms);
-        match nudge {
-            Some(target) if self.nudge.as_ref() != Some(&target) => {
-                self.nudge = Some(target);
-                true
-            }
-            _ => false,
-        }
+        let Some(target) = nudge else {
+            return false;
+        };
+        let news = self.nudge.as_ref() != Some(&target) && self.gone.as_ref() != Some(&target);
+        self.nudge = Some(target);
+        news
     }
 
     /// Notes one of its fleet calls opened, surfacing the asks of `listens` (anyone's: `None`).
@@ -99,6 +103,7 @@ impl LeadState {
     pub fn nudge_target_gone(&mut self, target: &NudgeTarget) {
         if self.nudge.as_ref() == Some(target) {
             self.nudge = None;
+            self.gone = Some(target.clone());
         }
     }
 
@@ -165,9 +170,15 @@ mod tests {
         l.nudge_target_gone(&here);
         assert_eq!(l.nudge_target(), None);
         assert!(
-            l.called_in(Some(other.clone()), 9),
-            "a pane named anew is news"
+            !l.called_in(Some(here.clone()), 9),
+            "the pane just found gone, named again, is no news (fleetd may not reach it)"
         );
+        assert_eq!(
+            l.nudge_target(),
+            Some(&here),
+            "it is tried again all the same"
+        );
+        assert!(l.called_in(Some(other.clone()), 10), "another pane is news");
         assert_eq!(l.nudge_target(), Some(&other));
     }
 }
