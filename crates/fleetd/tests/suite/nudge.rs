@@ -74,6 +74,14 @@ impl LeadPane {
             .unwrap_or_default()
     }
 
+    /// Waits until its screen shows `text` (`what`, when it never does).
+    async fn shows(&self, what: &str, text: &str) -> anyhow::Result<()> {
+        until(what, LIMIT, || async {
+            self.screen().contains(text).then_some(())
+        })
+        .await
+    }
+
     fn nudges(&self) -> usize {
         self.screen().matches("[fleet]").count()
     }
@@ -118,22 +126,17 @@ async fn a_held_reply_nudges_an_idle_lead_at_most_once_per_interval() -> anyhow:
     lead.spawn("sim", "w1").await?;
 
     lead.send("w1", "one", 0).await?;
-    until("the first nudge", LIMIT, || async {
-        terminal
-            .screen()
-            .contains("[fleet] 1 message waiting for you: call fleet_poll")
-            .then_some(())
-    })
-    .await?;
+    terminal
+        .shows(
+            "the first nudge",
+            "[fleet] 1 message waiting for you: call fleet_poll",
+        )
+        .await?;
     let first = Instant::now();
     lead.send("w1", "two", 0).await?;
-    until("the second nudge", LIMIT, || async {
-        terminal
-            .screen()
-            .contains("[fleet] 2 messages waiting")
-            .then_some(())
-    })
-    .await?;
+    terminal
+        .shows("the second nudge", "[fleet] 2 messages waiting")
+        .await?;
     assert!(
         first.elapsed() >= Duration::from_millis(1900),
         "two nudges {:?} apart; the interval is 2 s",
@@ -196,12 +199,11 @@ async fn messages_held_before_fleetd_knows_the_leads_pane_nudge_it_once_it_names
     let terminal = LeadPane::start()?;
     let named = terminal.connect(&fleet).await?;
     named.ok("fleet_list", json!({})).await?;
-    until("the nudge of the reply held before", LIMIT, || async {
-        terminal
-            .screen()
-            .contains("[fleet] 1 message waiting for you: call fleet_poll")
-            .then_some(())
-    })
-    .await?;
+    terminal
+        .shows(
+            "the nudge of the reply held before",
+            "[fleet] 1 message waiting for you: call fleet_poll",
+        )
+        .await?;
     Ok(())
 }
