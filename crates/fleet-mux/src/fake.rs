@@ -240,6 +240,14 @@ impl PaneHost for FakePanes {
         Ok(())
     }
 
+    /// This process's own pid: a program that runs, whose start time can be read.
+    async fn pid(&self, pane: &PaneId) -> Result<u32, MuxError> {
+        match self.lock().get(pane) {
+            Some(p) if !p.closed && p.life == PaneLife::Alive => Ok(std::process::id()),
+            _ => Err(MuxError::NoPane(pane.clone())),
+        }
+    }
+
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
         if let Some(p) = self.lock().get_mut(pane) {
             p.closed = true;

@@ -199,6 +199,12 @@ pub trait PaneHost: Send + Sync + 'static {
     /// hosts that show it (herdr's sidebar). A no-op where the host has no such notion.
     async fn report(&self, pane: &PaneId, state: AgentState) -> Result<(), MuxError>;
 
+    /// The process id of the program the host started in `pane` (its own process, not what
+    /// that started in turn), while it runs. With the process's start time, it tells the
+    /// program fleetd started from another in a pane of the same id (a host that restarted
+    /// numbers its panes afresh).
+    async fn pid(&self, pane: &PaneId) -> Result<u32, MuxError>;
+
     /// Closes the pane, ending its program. Closing a pane that is gone is not an error.
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError>;
 }

@@ -374,6 +374,13 @@ impl StandIn {
                 let info = state.panes.get(&id).map(|p| p.info(&id));
                 Ok(json!({"type": "pane_info", "pane": info}))
             }
+            "pane.process_info" => {
+                let (id, tmux) = self.pane(params).await?;
+                let pid = self.tmux.pid(&tmux).await.map_err(failed)?;
+                Ok(json!({"type": "pane_process_info", "process_info": {
+                    "pane_id": id, "shell_pid": pid, "foreground_process_group_id": pid,
+                    "foreground_processes": []}}))
+            }
             "pane.list" => {
                 let state = self.state.lock().await;
                 let panes: Vec<Value> = state.panes.iter().map(|(id, p)| p.info(id)).collect();

@@ -155,6 +155,17 @@ pub fn pane_list() -> (&'static str, Value) {
     ("pane.list", json!({}))
 }
 
+/// `pane.process_info`
+pub fn pane_process_info(pane_id: &str) -> (&'static str, Value) {
+    ("pane.process_info", json!({"pane_id": pane_id}))
+}
+
+/// The pid of the program herdr started in the pane, from `pane.process_info` (its
+/// `shell_pid`: the pane's own process, whatever it runs).
+pub fn process_pid(result: &Value) -> Result<u32, CodecError> {
+    field(result, &["process_info", "shell_pid"])
+}
+
 /// `pane.close`
 pub fn pane_close(pane_id: &str) -> (&'static str, Value) {
     ("pane.close", json!({"pane_id": pane_id}))
@@ -449,6 +460,17 @@ pub fn parse_event(line: &str) -> Result<Event, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panes_program_pid_is_its_shell_pid() {
+        // As herdr 0.8.0 answered (see `shared/herdr/transcript-0.8.0.json`).
+        let answer = json!({"type": "pane_process_info", "process_info": {
+            "pane_id": "w1:p3", "shell_pid": 27949, "foreground_process_group_id": 27949,
+            "foreground_processes": [{"pid": 27949, "name": "cat", "argv": ["cat"]}]}});
+        assert_eq!(process_pid(&answer).ok(), Some(27949));
+        assert!(process_pid(&json!({"type": "pane_process_info"})).is_err());
+        assert_eq!(pane_process_info("w1:p3").1["pane_id"], "w1:p3");
+    }
 
     #[test]
     fn an_unreadable_layout_is_told_without_quoting_its_commands() {

@@ -271,6 +271,11 @@ impl PaneHost for Herdr {
             .map(drop)
     }
 
+    async fn pid(&self, pane: &PaneId) -> Result<u32, MuxError> {
+        let result = self.driver.read(codec::pane_process_info(&pane.0)).await?;
+        codec::process_pid(&result).map_err(|e| protocol("pane.process_info", e))
+    }
+
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
         match self.driver.call(codec::pane_close(&pane.0)).await {
             Ok(_) | Err(MuxError::NoPane(_)) => Ok(()),

@@ -288,6 +288,32 @@ pub fn server_pid_args() -> Vec<String> {
     strings(&["display-message", "-p", "#{pid}"])
 }
 
+/// The pid of the program running in `pane`.
+pub fn pane_pid_args(pane: &PaneId) -> Vec<String> {
+    strings(&[
+        "display-message",
+        "-p",
+        "-t",
+        &pane.0,
+        "#{pane_dead} #{pane_pid}",
+    ])
+}
+
+/// Reads the answer to [`pane_pid_args`]: the pid of a pane whose program runs.
+pub fn parse_pane_pid(pane: &PaneId, out: &str) -> Result<u32, MuxError> {
+    match out.trim().split_once(' ') {
+        Some(("0", pid)) => pid.parse().map_err(|_| MuxError::Protocol {
+            command: "display-message #{pane_pid}".into(),
+            answer: out.to_string(),
+        }),
+        Some(("1", _)) => Err(MuxError::NoPane(pane.clone())),
+        _ => Err(MuxError::Protocol {
+            command: "display-message #{pane_pid}".into(),
+            answer: out.to_string(),
+        }),
+    }
+}
+
 /// Closes one pane (and with it its session).
 pub fn close_args(pane: &PaneId) -> Vec<String> {
     strings(&["kill-pane", "-t", &pane.0])
@@ -336,6 +362,25 @@ pub fn classify_failure(command: &str, stderr: &str) -> MuxError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pane_pid_is_read_only_while_its_program_runs() {
+        let pane = PaneId("%3".into());
+        assert_eq!(pane_pid_args(&pane)[3], "%3");
+        assert_eq!(parse_pane_pid(&pane, "0 4242\n").ok(), Some(4242));
+        assert!(matches!(
+            parse_pane_pid(&pane, "1 4242"),
+            Err(MuxError::NoPane(p)) if p == pane
+        ));
+        assert!(matches!(
+            parse_pane_pid(&pane, "0 "),
+            Err(MuxError::Protocol { .. })
+        ));
+        assert!(matches!(
+            parse_pane_pid(&pane, ""),
+            Err(MuxError::Protocol { .. })
+        ));
+    }
 
     #[test]
     fn arguments_ending_in_semicolons_survive() {

@@ -304,6 +304,11 @@ impl PaneHost for Tmux {
         Ok(())
     }
 
+    async fn pid(&self, pane: &PaneId) -> Result<u32, MuxError> {
+        let out = self.exec(&[codec::pane_pid_args(pane)]).await?;
+        codec::parse_pane_pid(pane, &out)
+    }
+
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
         match self.exec(&[codec::close_args(pane)]).await {
             Ok(_) | Err(MuxError::NoPane(_)) => Ok(()),
