@@ -9,6 +9,7 @@
 //! times and without tokio.
 
 pub mod admission;
+pub mod adoption;
 pub mod asks;
 pub mod authz;
 pub mod bounds;

@@ -254,9 +254,28 @@ pub trait Store: Send + Sync + 'static {
 
     /// At start-up: fails every message a previous run left `injecting` with `interrupted`
     /// (it may or may not have reached its pane; at-most-once means it is never retried) and
-    /// every one it left `queued` with `orphaned` (no pane-bound entity outlives a restart);
-    /// returns them so their senders can be told.
-    fn fail_leftovers(&self, interrupted: &str, orphaned: &str) -> StoreResult<Vec<Message>>;
+    /// every one it left `queued` for a recipient not among `kept` (the sessions this start
+    /// took back) with `orphaned`; returns them so their senders can be told.
+    fn fail_leftovers(
+        &self,
+        interrupted: &str,
+        orphaned: &str,
+        kept: &[Gid],
+    ) -> StoreResult<Vec<Message>>;
+
+    /// Records what worker `gid`'s session is known by, for a restart to take it back
+    /// (`facts`, a document of fleetd's), as of `since_ms`; replaces what was recorded. The
+    /// record goes when the entity does.
+    fn put_adoptable(&self, gid: Gid, facts: &str, since_ms: i64) -> StoreResult<()>;
+
+    /// What [`Store::put_adoptable`] recorded for `gid`, and as of when.
+    fn adoptable(&self, gid: Gid) -> StoreResult<Option<(String, i64)>>;
+
+    /// How many tasks (`SEND`s) were typed into or handed to `to` since `since_ms`.
+    fn tasks_taken(&self, to: Gid, since_ms: i64) -> StoreResult<u64>;
+
+    /// When the gateway was last seen alive (its last [`Store::probe_write`]), if ever.
+    fn last_alive_ms(&self) -> StoreResult<Option<i64>>;
 
     /// The tasks (`SEND`s) typed into or handed to `to` that nothing answers yet: no reply and
     /// no failure notice names them, here or (see [`Store::answered_elsewhere`]) on another host.
@@ -337,7 +356,8 @@ pub trait Store: Send + Sync + 'static {
     /// Every change of one message's state, oldest first (empty for no such message).
     fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>>;
 
-    /// Takes a write that changes nothing, committed as every other write is: `Ok` proves the
-    /// store can still take writes now (its disk, its file, its lock), for the health check.
+    /// Takes a write committed as every other write is: `Ok` proves the store can still take
+    /// writes now (its disk, its file, its lock), for the health check. What it writes is
+    /// the time, read back by [`Store::last_alive_ms`].
     fn probe_write(&self) -> StoreResult<()>;
 }

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -210,6 +210,28 @@ const SCHEMA_V8: &str = "
 ALTER TABLE messages ADD COLUMN expires_ms INTEGER;
 ";
 
+/// Version 9: what a restart needs to take back the workers a previous run left running.
+/// `adoptable`: for each live worker or architect, what fleetd knows it by (the program it
+/// started in its pane, its working directory, owner and shares: a JSON document fleetd
+/// writes and reads); a row goes when its entity does. `alive`: when this gateway was last
+/// seen alive (the store probe writes it), so a start knows how long the fleet ran without it.
+const SCHEMA_V9: &str = "
+CREATE TABLE adoptable (
+    gid        TEXT PRIMARY KEY,
+    facts      TEXT NOT NULL,
+    since_ms   INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TRIGGER adoptable_gone AFTER UPDATE OF status ON entities
+    WHEN NEW.status = 'gone'
+BEGIN
+    DELETE FROM adoptable WHERE gid = NEW.gid;
+END;
+CREATE TABLE alive (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    at_ms      INTEGER NOT NULL
+);
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -245,6 +267,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 8 {
         tx.execute_batch(SCHEMA_V8)?;
+    }
+    if found < 9 {
+        tx.execute_batch(SCHEMA_V9)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

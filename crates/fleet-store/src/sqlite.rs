@@ -694,24 +694,75 @@ impl Store for SqliteStore {
         )
     }
 
-    fn fail_leftovers(&self, interrupted: &str, orphaned: &str) -> StoreResult<Vec<Message>> {
+    fn fail_leftovers(
+        &self,
+        interrupted: &str,
+        orphaned: &str,
+        kept: &[Gid],
+    ) -> StoreResult<Vec<Message>> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let now = now_ms();
-        let mut failed = Vec::new();
-        for (state, reason) in [("injecting", interrupted), ("queued", orphaned)] {
-            failed.extend(query_messages(
-                &tx,
-                &format!(
-                    "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
-                     WHERE state = ?1
-                     RETURNING {MESSAGE_COLUMNS}"
-                ),
-                params![state, reason, now],
-            )?);
-        }
+        let kept: Vec<String> = kept.iter().map(Gid::to_string).collect();
+        let kept = serde_json::to_string(&kept).map_err(corrupt)?;
+        let mut failed = query_messages(
+            &tx,
+            &format!(
+                "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
+                 WHERE state = 'injecting'
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![interrupted, now],
+        )?;
+        failed.extend(query_messages(
+            &tx,
+            &format!(
+                "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
+                 WHERE state = 'queued' AND to_gid NOT IN (SELECT value FROM json_each(?3))
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![orphaned, now, kept],
+        )?);
         tx.commit()?;
         Ok(failed)
+    }
+
+    fn put_adoptable(&self, gid: Gid, facts: &str, since_ms: i64) -> StoreResult<()> {
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO adoptable (gid, facts, since_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (gid) DO UPDATE SET facts = excluded.facts, since_ms = excluded.since_ms",
+            )?
+            .execute(params![gid.to_string(), facts, since_ms])?;
+        Ok(())
+    }
+
+    fn adoptable(&self, gid: Gid) -> StoreResult<Option<(String, i64)>> {
+        Ok(self
+            .conn()
+            .prepare_cached("SELECT facts, since_ms FROM adoptable WHERE gid = ?1")?
+            .query_row([gid.to_string()], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?)
+    }
+
+    fn tasks_taken(&self, to: Gid, since_ms: i64) -> StoreResult<u64> {
+        let count: i64 = self
+            .conn()
+            .prepare_cached(
+                "SELECT COUNT(*) FROM messages
+                 WHERE to_gid = ?1 AND kind = 'SEND' AND state IN ('injected', 'consumed')
+                 AND updated_ms >= ?2",
+            )?
+            .query_row(params![to.to_string(), since_ms], |row| row.get(0))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    fn last_alive_ms(&self) -> StoreResult<Option<i64>> {
+        Ok(self
+            .conn()
+            .prepare_cached("SELECT at_ms FROM alive WHERE id = 1")?
+            .query_row([], |row| row.get(0))
+            .optional()?)
     }
 
     fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>> {
@@ -794,13 +845,12 @@ impl Store for SqliteStore {
     }
 
     fn probe_write(&self) -> StoreResult<()> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        // The schema version written again as it is: a real write through the journal, which
-        // a full disk, a read-only file or a lost lock refuses.
-        let version: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
-        tx.pragma_update(None, "user_version", version)?;
-        tx.commit()?;
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO alive (id, at_ms) VALUES (1, ?1)
+                 ON CONFLICT (id) DO UPDATE SET at_ms = excluded.at_ms",
+            )?
+            .execute([now_ms()])?;
         Ok(())
     }
 

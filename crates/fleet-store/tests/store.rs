@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
+use fleet_core::clock::now_ms;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
 use fleet_store::{
     AwaitedReceipt, EntityRecord, MessageFilter, SentRecord, SqliteStore, Store, StoreError,
@@ -430,7 +431,9 @@ fn a_restart_fails_what_was_being_typed_or_waiting_to_be() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let (lead, _worker) = mixed_traffic(&store);
-    let failed = store.fail_leftovers("interrupted", "orphaned").unwrap();
+    let failed = store
+        .fail_leftovers("interrupted", "orphaned", &[Gid::mint()])
+        .unwrap();
     let reasons: Vec<(String, Option<&str>)> = failed
         .iter()
         .map(|m| (m.body.clone(), m.state.reason()))
@@ -618,6 +621,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER changes_entity_moved; DROP TABLE changes;
          DROP TRIGGER answered_pruned; DROP TABLE answered;
          ALTER TABLE messages DROP COLUMN expires_ms;
+         DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -1035,9 +1039,74 @@ fn every_change_of_a_message_or_an_entity_is_recorded_in_order_and_goes_with_its
 }
 
 #[test]
+fn a_restart_keeps_what_waits_for_a_session_it_takes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, kept) = mixed_traffic(&store);
+    let ended = Gid::mint();
+    store
+        .insert_message(&message(lead, ended, MsgState::Queued, "q2"))
+        .unwrap();
+    let failed = store
+        .fail_leftovers("interrupted", "orphaned", &[kept])
+        .unwrap();
+    let bodies: Vec<&str> = failed.iter().map(|m| m.body.as_str()).collect();
+    assert_eq!(bodies, ["i", "q2"], "the kept worker's queued task stays");
+    assert_eq!(store.waiting_count(kept).unwrap(), 1);
+    assert_eq!(store.waiting_count(ended).unwrap(), 0);
+}
+
+#[test]
+fn what_a_session_is_known_by_goes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let lead = store.ensure_lead("lead", "h", &[]).unwrap();
+    let w = worker("w1", lead);
+    let gid = w.entity.gid;
+    store.insert_entity(&w).unwrap();
+    assert_eq!(store.adoptable(gid).unwrap(), None);
+    store.put_adoptable(gid, "{\"pid\":1}", 10).unwrap();
+    store.put_adoptable(gid, "{\"pid\":2}", 20).unwrap();
+    assert_eq!(
+        store.adoptable(gid).unwrap(),
+        Some(("{\"pid\":2}".to_string(), 20))
+    );
+    store
+        .set_session(gid, WorkerStatus::Idle, Some("%1"))
+        .unwrap();
+    assert!(store.adoptable(gid).unwrap().is_some());
+    store.set_session(gid, WorkerStatus::Gone, None).unwrap();
+    assert_eq!(store.adoptable(gid).unwrap(), None);
+}
+
+#[test]
+fn tasks_taken_counts_what_was_typed_in_or_handed_over_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    for (state, body) in [
+        (MsgState::Injected, "a"),
+        (MsgState::Consumed, "b"),
+        (MsgState::Queued, "c"),
+        (MsgState::Held, "d"),
+    ] {
+        store
+            .insert_message(&message(lead, w, state, body))
+            .unwrap();
+    }
+    store
+        .insert_message(&message(w, lead, MsgState::Held, "reply"))
+        .unwrap();
+    assert_eq!(store.tasks_taken(w, 0).unwrap(), 2);
+    assert_eq!(store.tasks_taken(w, now_ms() + 60_000).unwrap(), 0);
+    assert_eq!(store.tasks_taken(lead, 0).unwrap(), 0);
+}
+
+#[test]
 fn a_write_probe_changes_nothing_and_fails_while_another_holds_the_write_lock() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
+    assert_eq!(store.last_alive_ms().unwrap(), None);
     let (lead, w) = mixed_traffic(&store);
     let before = (
         store.held_count(lead).unwrap(),
@@ -1051,6 +1120,9 @@ fn a_write_probe_changes_nothing_and_fails_while_another_holds_the_write_lock() 
     );
     assert_eq!(before, after);
     assert_eq!(store.last_change().unwrap(), last, "the probe is no change");
+    // It notes when the gateway was last alive.
+    let alive = store.last_alive_ms().unwrap().unwrap_or_default();
+    assert!((now_ms() - alive).abs() < 60_000, "{alive}");
     // Another process holding the database's write lock: the probe cannot write, and says so.
     let other = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
     other.execute_batch("BEGIN EXCLUSIVE").unwrap();

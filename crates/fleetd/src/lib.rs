@@ -25,6 +25,7 @@ pub mod notify;
 pub mod openapi;
 pub mod ops;
 pub mod paths;
+pub mod process;
 pub mod serve;
 pub mod state;
 pub mod tail;

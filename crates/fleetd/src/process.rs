@@ -1,0 +1,38 @@
+//! Which program a pid is, read from `/proc`: its start time and the boot it started on, so a
+//! pid reused by another program is not mistaken for the one fleetd started
+//! ([`fleet_core::adoption`]).
+
+use std::io;
+
+use fleet_core::adoption::{ProgramId, start_ticks};
+
+/// The program running as `pid` now.
+pub fn program(pid: u32) -> io::Result<ProgramId> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let started = start_ticks(&stat).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/stat has no start time"),
+        )
+    })?;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    Ok(ProgramId {
+        pid,
+        started,
+        boot: boot.trim().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_itself_and_a_vanished_pid_is_no_program() {
+        let me = program(std::process::id()).unwrap();
+        assert_eq!(me, program(std::process::id()).unwrap());
+        assert!(me.started > 0 && !me.boot.is_empty());
+        // Above the kernel's pid_max (4194304 at most): no such process.
+        assert!(program(u32::MAX).is_err());
+    }
+}
