@@ -462,6 +462,28 @@ impl Fleet {
         &self.state
     }
 
+    /// When the store says fleetd was last seen alive (its store probe writes it), if ever.
+    pub fn last_alive_ms(&self) -> anyhow::Result<Option<i64>> {
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let mut stmt = db.prepare("SELECT at_ms FROM alive WHERE id = 1")?;
+        let mut rows = stmt.query([])?;
+        Ok(match rows.next()? {
+            Some(row) => Some(row.get(0)?),
+            None => None,
+        })
+    }
+
+    /// Makes the store say fleetd was last seen alive `ago` earlier than it was: as if it had
+    /// been away that long (while it is stopped, before its next start).
+    pub fn pretend_away(&self, ago: Duration) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "fleetd is running");
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let ms = i64::try_from(ago.as_millis())?;
+        let changed = db.execute("UPDATE alive SET at_ms = at_ms - ?1", [ms])?;
+        anyhow::ensure!(changed == 1, "the store has no record of fleetd alive");
+        Ok(())
+    }
+
     /// The config file.
     pub fn config_path(&self) -> &Path {
         &self.config

@@ -122,6 +122,9 @@ pub enum Directive {
     Echo(String),
     /// Wait this many milliseconds, then reply with `echo: <rest>`.
     Slow(u64, String),
+    /// Wait until the file at this path exists, then reply with `echo: <rest>` (a turn that
+    /// lasts until the test says, over a restart of fleetd, say).
+    Gate(String, String),
     /// Never reply.
     Never,
     /// Exit with status 3 at once.
@@ -154,7 +157,7 @@ pub enum Directive {
 }
 
 impl Directive {
-    /// Reads a task's directive: `/slow MS rest`, `/never`, `/crash`, `/poll S`,
+    /// Reads a task's directive: `/slow MS rest`, `/gate PATH rest`, `/never`, `/crash`, `/poll S`,
     /// `/ask S question`, `/read PATH`, `/write PATH TEXT`, `/pwd`, `/confirm question`,
     /// `/menu question | option | option…` (or `/stuckmenu …`), or fleetd's nudge to pull; anything else is
     /// echoed.
@@ -175,6 +178,12 @@ impl Directive {
                     None => Directive::Echo(task.to_string()),
                 }
             }
+            Some("/gate") => match (words.next(), words.next()) {
+                (Some(path), rest) if !path.is_empty() => {
+                    Directive::Gate(path.to_string(), rest.unwrap_or_default().to_string())
+                }
+                _ => Directive::Echo(task.to_string()),
+            },
             Some("/poll") => match number(words.next()) {
                 Some(s) => Directive::Poll(s),
                 None => Directive::Echo(task.to_string()),
@@ -265,6 +274,11 @@ mod tests {
             Directive::Slow(250, "then this".into())
         );
         assert_eq!(Directive::parse("/poll 30"), Directive::Poll(30));
+        assert_eq!(
+            Directive::parse("/gate /tmp/open then this"),
+            Directive::Gate("/tmp/open".into(), "then this".into())
+        );
+        assert_eq!(Directive::parse("/gate "), Directive::Echo("/gate ".into()));
         assert_eq!(
             Directive::parse("/read /a dir/token"),
             Directive::Read("/a dir/token".into())

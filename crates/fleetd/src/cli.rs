@@ -83,6 +83,10 @@ pub struct ServeArgs {
     /// its address; keep gateway.listen the same, for `mcp-config`.
     #[arg(long, value_name = "N")]
     pub listen_fd: Option<u32>,
+    /// End the workers when fleetd exits (`[gateway] on_exit = "stop"`), instead of leaving
+    /// them running for the next start to take back.
+    #[arg(long)]
+    pub stop_workers: bool,
 }
 
 /// `fleetd token`

@@ -21,6 +21,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::authority::{AllowedHosts, Refused};
@@ -715,6 +716,9 @@ pub struct CallerCaps {
     pub sessions: usize,
     /// Event streams (`gateway.max_streams_per_token`).
     pub streams: usize,
+    /// How long a shutdown lets the tool calls in flight end before MCP's transport closes
+    /// (the connections' half of `gateway.drain_timeout_s`).
+    pub calls_drain: std::time::Duration,
 }
 
 /// The operator surfaces: a lead's token (or the web view's session for it) only, and no
@@ -759,8 +763,51 @@ impl CallerCaps {
             long_calls: gateway.max_long_calls_per_caller,
             sessions: gateway.max_sessions_per_token,
             streams: gateway.max_streams_per_token,
+            calls_drain: std::time::Duration::from_secs(gateway.drain_timeout_s) / 2,
         }
     }
+}
+
+/// The token that closes MCP's transport (its streams, its sessions, and any call still in
+/// it): cancelled once `shutdown` came and the tool calls `in_flight` ended (the long waits end
+/// with the gateway, the others answer as usual), or `within` after it at the latest. Closed
+/// at once, a call in flight would reach its client as an HTTP 500 — to a worker left
+/// running through the stop, a call that may or may not have been done.
+fn after_calls(
+    shutdown: &CancellationToken,
+    in_flight: &TaskTracker,
+    within: std::time::Duration,
+) -> CancellationToken {
+    let close = CancellationToken::new();
+    let (shutdown, in_flight, closing) = (shutdown.clone(), in_flight.clone(), close.clone());
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        in_flight.close();
+        if tokio::time::timeout(within, in_flight.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                within_s = within.as_secs(),
+                "tool calls still in flight at the end of their share of the drain: closed"
+            );
+        }
+        closing.cancel();
+    });
+    close
+}
+
+/// Counts an MCP request (a POST: a call, a notification) in flight from its arrival until its
+/// answer's head, so a shutdown that comes meanwhile lets it reach its handler (which counts
+/// itself from there: [`FleetMcp`]) instead of closing the transport under it. A stream (GET)
+/// is no call and is not counted.
+async fn track_posts(
+    State(in_flight): State<TaskTracker>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let _in_flight = (request.method() == Method::POST).then(|| in_flight.token());
+    next.run(request).await
 }
 
 /// The whole HTTP app, each caller held to `caps`. `shutdown` ends every open MCP stream and
@@ -781,15 +828,18 @@ pub fn app(
     // answers without notifying first gets a plain JSON response, not a one-event SSE stream
     // (cheaper on both ends, and the connection is free again at once); one that reports
     // progress streams as before.
+    let in_flight = TaskTracker::new();
+    let handlers_in_flight = in_flight.clone();
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_json_response(true)
-        .with_cancellation_token(shutdown.child_token());
+        .with_cancellation_token(after_calls(shutdown, &in_flight, caps.calls_drain));
     let mcp = StreamableHttpService::new(
         move || {
             Ok(FleetMcp::new(
                 Arc::clone(&handler_gateway),
                 Arc::clone(&calls),
+                handlers_in_flight.clone(),
             ))
         },
         sessions,
@@ -808,7 +858,8 @@ pub fn app(
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             authenticate,
-        ));
+        ))
+        .layer(middleware::from_fn_with_state(in_flight, track_posts));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/api/v1/openapi.json", get(openapi))

@@ -33,7 +33,10 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
             unsafe { std::env::remove_var(NOTIFY_SOCKET) };
             fleetd::logs::init(args.log_json)
                 .map_err(|e| anyhow::anyhow!("cannot set up the log: {e}"))?;
-            let (config, state) = cli.paths.resolve()?;
+            let (mut config, state) = cli.paths.resolve()?;
+            if args.stop_workers {
+                config.gateway.on_exit = fleetd::config::OnExit::Stop;
+            }
             let listen = inherited.unwrap_or(Listen::Bind(config.gateway.listen));
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

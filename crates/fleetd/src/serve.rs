@@ -1,6 +1,7 @@
 //! `fleetd serve`: wires the store, the pane host, the gateway and the HTTP front together,
-//! and owns the one shutdown story: the first SIGINT/SIGTERM drains (open calls end, worker
-//! panes close), a second one exits at once.
+//! and owns the one shutdown story: the first SIGINT/SIGTERM drains (open calls end; the
+//! workers keep running for the next start, or with `on_exit = "stop"` their panes close), a
+//! second one exits at once.
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -233,9 +234,13 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     tell_manager(manager, &shutdown);
     crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
     serving.unsay();
-    tracing::info!("draining: closing worker panes");
+    let stops_workers = gateway.stops_workers();
+    tracing::info!(stops_workers, "draining");
     gateway.shut_down().await;
-    panes.shut_down().await;
+    // The pane host goes only with the workers: tmux's private server holds their panes.
+    if stops_workers {
+        panes.shut_down().await;
+    }
     drained.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("fleetd stopped");
     Ok(())

@@ -27,6 +27,8 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::time::{Instant, interval};
 
+/// How often a task held at a gate looks whether it is open.
+const GATE_LOOK: Duration = Duration::from_millis(20);
 /// How often a moving screen is redrawn while it starts.
 const FRAME: Duration = Duration::from_millis(20);
 
@@ -72,6 +74,72 @@ struct Args {
     /// (Unix milliseconds, this worker's name, the task's text).
     #[arg(long)]
     log_tasks: Option<std::path::PathBuf>,
+}
+
+/// How long a call that cannot reach fleetd is made again, at most.
+const CALL_AGAIN_FOR: Duration = Duration::from_secs(60);
+/// The first pause before a call that could not reach fleetd is made again; it doubles up to
+/// [`CALL_AGAIN_MAX_PAUSE`].
+const CALL_AGAIN_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between two tries of a call.
+const CALL_AGAIN_MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// The agent's MCP client. A call that cannot reach fleetd (stopping or restarting under it:
+/// a kept connection closed, nobody listening yet) is made again on a fresh connection, as an
+/// agent's model calls a tool again after it failed; a tool error is an answer, never retried.
+struct Agent {
+    url: String,
+    token: String,
+    protocol: Protocol,
+    client: tokio::sync::Mutex<Client>,
+}
+
+impl Agent {
+    async fn connect(url: String, token: String, protocol: Protocol) -> anyhow::Result<Self> {
+        let client = Client::connect(&url, &token, protocol, &[]).await?;
+        Ok(Self {
+            url,
+            token,
+            protocol,
+            client: tokio::sync::Mutex::new(client),
+        })
+    }
+
+    /// Calls `tool` with `args`: the structured result, or the tool error.
+    async fn call(
+        &self,
+        tool: &str,
+        args: serde_json::Value,
+    ) -> anyhow::Result<Result<serde_json::Value, fleet_testkit::client::ToolError>> {
+        let started = Instant::now();
+        let mut pause = CALL_AGAIN_PAUSE;
+        loop {
+            let outcome = self.client.lock().await.call(tool, args.clone()).await;
+            match outcome {
+                Ok(answer) => return Ok(answer),
+                Err(e) if started.elapsed() < CALL_AGAIN_FOR => {
+                    show(&format!(
+                        "[{tool} did not reach fleetd ({e}): calling again]\r\n"
+                    ));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(CALL_AGAIN_MAX_PAUSE);
+                    if let Ok(fresh) =
+                        Client::connect(&self.url, &self.token, self.protocol, &[]).await
+                    {
+                        *self.client.lock().await = fresh;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Calls `tool`; a tool error is an error.
+    async fn ok(&self, tool: &str, args: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        self.call(tool, args)
+            .await?
+            .map_err(|e| anyhow::anyhow!("{tool} failed: {e}"))
+    }
 }
 
 fn env(name: &str) -> anyhow::Result<String> {
@@ -127,7 +195,7 @@ fn log_task(path: &std::path::Path, name: &str, task: &str) {
     }
 }
 
-async fn reply(client: &Client, text: &str, in_reply_to: Option<&str>) -> anyhow::Result<()> {
+async fn reply(client: &Agent, text: &str, in_reply_to: Option<&str>) -> anyhow::Result<()> {
     let mut args = json!({ "message": text });
     if let Some(id) = in_reply_to {
         args["in_reply_to"] = json!(id);
@@ -186,7 +254,7 @@ fn menu_keys(mut bytes: &[u8]) -> Vec<MenuKey> {
 }
 
 /// Replies `text` to the task in flight, then shows the input line again.
-async fn answered(client: Option<&Client>, text: &str) {
+async fn answered(client: Option<&Agent>, text: &str) {
     if let Some(client) = client
         && let Err(e) = reply(client, text, None).await
     {
@@ -195,7 +263,7 @@ async fn answered(client: Option<&Client>, text: &str) {
     show("> ");
 }
 
-async fn handle(client: &Client, task: &str) -> anyhow::Result<Option<Waiting>> {
+async fn handle(client: &Agent, task: &str) -> anyhow::Result<Option<Waiting>> {
     match Directive::parse(task) {
         Directive::Confirm(question) => {
             show(&format!("\r\n{question} (y/n) "));
@@ -209,6 +277,13 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<Option<Waiting>> 
         Directive::Echo(text) => reply(client, &format!("echo: {text}"), None).await?,
         Directive::Slow(ms, rest) => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
+            reply(client, &format!("echo: {rest}"), None).await?;
+        }
+        Directive::Gate(path, rest) => {
+            show("[waiting for the gate]\r\n");
+            while !std::path::Path::new(&path).exists() {
+                tokio::time::sleep(GATE_LOOK).await;
+            }
             reply(client, &format!("echo: {rest}"), None).await?;
         }
         Directive::Never => show("[not replying]\r\n"),
@@ -267,7 +342,7 @@ async fn handle(client: &Client, task: &str) -> anyhow::Result<Option<Waiting>> 
 }
 
 /// Waits in `fleet_poll` up to `seconds` and echo-replies to every message it returns.
-async fn pull(client: &Client, seconds: u64) -> anyhow::Result<()> {
+async fn pull(client: &Agent, seconds: u64) -> anyhow::Result<()> {
     let got = client
         .ok("fleet_poll", json!({ "wait_s": seconds }))
         .await?;
@@ -295,8 +370,7 @@ async fn main() -> anyhow::Result<()> {
                 ProtocolArg::Session => Protocol::Session,
             };
             let client =
-                Client::connect(&env("FLEET_MCP_URL")?, &env("FLEET_TOKEN")?, protocol, &[])
-                    .await?;
+                Agent::connect(env("FLEET_MCP_URL")?, env("FLEET_TOKEN")?, protocol).await?;
             client.ok("fleet_list", json!({})).await?;
             Some(client)
         }

@@ -78,6 +78,11 @@ const DEFAULT_MAX_STREAMS_PER_TOKEN: usize = 8;
 /// to close every pane and tell the senders, short enough that a service manager never waits
 /// on a wedged drain.
 const DEFAULT_DRAIN_TIMEOUT_S: u64 = 20;
+/// How long the fleet may run without its gateway and still be taken back, by default: an
+/// hour (a restart, an upgrade, a crash and its service manager's restart all fit well).
+const DEFAULT_ADOPT_WITHIN_S: u64 = 3_600;
+/// The longest `adopt_within_s` may be: a week.
+const MAX_ADOPT_WITHIN_S: u64 = 7 * 86_400;
 /// The largest cap a count key takes: more is a typo.
 const MAX_COUNT_CAP: u64 = 1_000_000;
 
@@ -182,6 +187,25 @@ pub struct GatewayConfig {
     /// Whether the text of tasks, replies, screens, dialogs and last words may be logged, at
     /// TRACE only (`RUST_LOG=fleetd=trace`); off, the log shows a length and a digest.
     pub log_text: bool,
+    /// What fleetd's exit does to its workers: `keep` (a stop signal or a crash) leaves them
+    /// running for the next start to take back; `stop` ends them and closes their panes.
+    /// `fleetd serve --stop-workers` stops them whatever this says.
+    pub on_exit: OnExit,
+    /// The longest the fleet may have run without its gateway and still be taken back at the
+    /// next start, in seconds; a start after a longer absence ends what it finds (and tells
+    /// the senders of what those held). 0: a start takes nothing back.
+    pub adopt_within_s: u64,
+}
+
+/// `[gateway] on_exit`: what fleetd's exit does to its workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExit {
+    /// They keep running, for the next start to take back.
+    #[default]
+    Keep,
+    /// They are stopped and their panes closed.
+    Stop,
 }
 
 impl Default for GatewayConfig {
@@ -205,6 +229,8 @@ impl Default for GatewayConfig {
             max_streams_per_token: DEFAULT_MAX_STREAMS_PER_TOKEN,
             drain_timeout_s: DEFAULT_DRAIN_TIMEOUT_S,
             log_text: false,
+            on_exit: OnExit::Keep,
+            adopt_within_s: DEFAULT_ADOPT_WITHIN_S,
         }
     }
 }
@@ -432,6 +458,12 @@ impl Config {
                 self.gateway.idle_timeout_s, self.gateway.header_timeout_s
             ));
         }
+        within(
+            "gateway.adopt_within_s",
+            self.gateway.adopt_within_s,
+            0,
+            MAX_ADOPT_WITHIN_S,
+        )?;
         within(
             "gateway.drain_timeout_s",
             self.gateway.drain_timeout_s,

@@ -10,6 +10,7 @@ use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
 
+use super::adoption::Unadopted;
 use super::views::StopResult;
 use super::{Caller, LocalPlane, Viewer};
 
@@ -221,16 +222,25 @@ impl LocalPlane {
         });
     }
 
-    /// At start-up: fails what a previous run was typing or still had queued when it died,
-    /// reaps its sessions (their tokens stop working) and tells the senders of the tasks they
-    /// were working on; held messages stay.
-    pub(super) async fn recover(self: &Arc<Self>) -> Result<(), FleetError> {
+    /// At start-up, once what still runs was taken back ([`LocalPlane::take_back`]): ends
+    /// the sessions of the previous run that were not (`ended`: their tokens stop working,
+    /// the senders of what they held are told why), fails what the previous run was typing or
+    /// had queued for a session that is gone, closes the panes nobody was taken back in,
+    /// clears what the ended ones left, and starts the pumps of those taken back. Held
+    /// messages stay.
+    pub(super) async fn recover(self: &Arc<Self>, ended: Vec<Unadopted>) -> Result<(), FleetError> {
+        for Unadopted { record, why } in ended {
+            self.end_leftover(record, &why).await?;
+        }
+        let kept: Vec<Gid> = self.sessions.lock().panes.keys().copied().collect();
+        let spared = kept.clone();
         let leftovers = self
             .db
-            .run(|s| {
+            .run(move |s| {
                 s.fail_leftovers(
                     "interrupted: fleetd stopped while typing it; it may or may not have reached the pane, and is not retried",
                     "its recipient is gone: fleetd restarted",
+                    &spared,
                 )
             })
             .await?;
@@ -242,46 +252,60 @@ impl LocalPlane {
                 .to_string();
             self.notify_failed(message, &reason).await;
         }
-        let stale: Vec<EntityRecord> = self
-            .db
-            .run(|s| s.live_entities())
-            .await?
-            .into_iter()
-            .filter(|r| r.entity.role.is_pane_bound())
-            .collect();
-        for record in stale {
-            let gid = record.entity.gid;
-            tracing::info!(%gid, name = %record.entity.name, "reaping a session of a previous run");
-            self.db
-                .run(move |s| s.set_session(gid, WorkerStatus::Gone, None))
-                .await?;
-            self.db.run(move |s| s.revoke_tokens(gid)).await?;
-            if let Some(afar) = self.afar.as_deref() {
-                afar.sender_gone(self, gid).await;
-                afar.reaped(self, record.entity.clone());
-            }
-            let reason = format!(
-                "'{}' never answered: fleetd restarted while it worked on this",
-                record.entity.name
-            );
-            for task in self.db.run(move |s| s.unanswered_tasks_to(gid)).await? {
-                self.notify_failed(&task, &reason).await;
-            }
-        }
-        // Nothing is live yet, so every pane in this gateway's private server is a leftover,
-        // including one whose spawn died before it was recorded.
+        // Every pane in this gateway's private server that no session was taken back in is a
+        // leftover, including one whose spawn died before it was recorded.
+        let open = self.kept_panes();
         let leftovers =
             self.panes.panes().await.map_err(|e| {
                 FleetError::new(ErrorCode::PaneHost, format!("cannot list panes: {e}"))
             })?;
-        for pane in leftovers.keys() {
+        for pane in leftovers.keys().filter(|p| !open.contains(*p)) {
             tracing::info!(%pane, "closing a previous run's pane");
             if let Err(e) = self.panes.close(pane).await {
                 tracing::warn!(%pane, error = %crate::logs::mux_error(&e), "cannot close a previous run's pane");
             }
         }
-        self.launchers.finish_leftovers().await;
-        self.launchers.workspaces.end_leftovers().await;
+        self.launchers.finish_leftovers(&kept).await;
+        self.launchers.workspaces.end_leftovers(&kept).await;
+        for gid in kept {
+            self.start_pump(gid);
+        }
+        Ok(())
+    }
+
+    /// Ends `record`, a session of the previous run not taken back because `why`: marks it
+    /// gone, revokes its token, and tells the senders of what it held and of the tasks it
+    /// was working on.
+    async fn end_leftover(
+        self: &Arc<Self>,
+        record: EntityRecord,
+        why: &str,
+    ) -> Result<(), FleetError> {
+        let gid = record.entity.gid;
+        let name = record.entity.name.clone();
+        tracing::info!(%gid, %name, why, "ending a worker the previous run left: it is not taken back");
+        let gone = format!("'{name}' is gone: fleetd restarted and did not take it back ({why})");
+        let told = gone.clone();
+        for message in self
+            .db
+            .run(move |s| s.fail_undelivered_to(gid, &told))
+            .await?
+        {
+            self.notify_failed(&message, &gone).await;
+        }
+        self.db
+            .run(move |s| s.set_session(gid, WorkerStatus::Gone, None))
+            .await?;
+        self.db.run(move |s| s.revoke_tokens(gid)).await?;
+        if let Some(afar) = self.afar.as_deref() {
+            afar.sender_gone(self, gid).await;
+            afar.reaped(self, record.entity.clone());
+        }
+        let reason =
+            format!("'{name}' never answered: fleetd restarted and did not take it back ({why})");
+        for task in self.db.run(move |s| s.unanswered_tasks_to(gid)).await? {
+            self.notify_failed(&task, &reason).await;
+        }
         Ok(())
     }
 }

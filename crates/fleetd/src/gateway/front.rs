@@ -44,22 +44,30 @@ impl Gateway {
         }))
     }
 
-    /// Declares the configured leads, connects to the broker (its notices about what the
-    /// previous run left half-delivered may be for senders on other hosts), fails what a
-    /// previous run left half-delivered, reaps its panes, and starts the pane watcher and the
-    /// nudgers.
+    /// Declares the configured leads, takes back the workers a previous run left running,
+    /// connects to the broker (attaching their inboxes; its notices about what the previous
+    /// run left half-delivered may be for senders on other hosts), ends what was not taken
+    /// back, fails what was left half-delivered, closes the other panes, and starts the pumps,
+    /// the pane watcher and the nudgers.
     pub async fn start(&self) -> Result<(), FleetError> {
         self.local.declare_leads().await?;
+        let ended = self.local.take_back().await?;
         if let Some(federation) = &self.federation {
             federation.start_federation(&self.local).await?;
         }
-        self.local.start().await
+        self.local.start(ended).await
     }
 
-    /// Shuts down: stops the loops, ends every live session (closing its pane and telling the
-    /// senders of what was on its way), and waits for the loops to finish. Held messages stay.
+    /// Shuts down: stops the loops and waits for them to finish. The workers keep running for
+    /// the next start, unless `[gateway] on_exit = "stop"`: then every live session ends
+    /// (its pane closed, the senders of what was on its way told). Held messages stay.
     pub async fn shut_down(&self) {
         self.local.shut_down().await;
+    }
+
+    /// Whether fleetd's exit ends its workers (`[gateway] on_exit = "stop"`).
+    pub fn stops_workers(&self) -> bool {
+        self.local.stops_workers()
     }
 
     /// `fleet_send`: sends `text` to `to` and waits up to `wait` for the answer.

@@ -19,6 +19,7 @@
 //! (the store), `inboxes` (what a waiting call wakes on), `sessions` (one lock over the leads
 //! and sessions), `loops`.
 
+mod adoption;
 mod afar;
 #[cfg(test)]
 mod afar_tests;
@@ -246,11 +247,12 @@ impl LocalPlane {
         Ok(())
     }
 
-    /// Starts the coordinator's link, fails what a previous run left half-delivered, reaps its
-    /// panes, and starts the pane watcher and the nudgers.
-    async fn start(self: &Arc<Self>) -> Result<(), FleetError> {
+    /// Starts the coordinator's link, ends what a previous run left and this start did not
+    /// take back (`ended`), fails what it left half-delivered, closes its other panes, and
+    /// starts the pumps, the pane watcher and the nudgers.
+    async fn start(self: &Arc<Self>, ended: Vec<adoption::Unadopted>) -> Result<(), FleetError> {
         self.start_coordinator().await?;
-        self.recover().await?;
+        self.recover(ended).await?;
         self.every(
             "pane watch",
             watch::PANE_WATCH_INTERVAL,
@@ -293,13 +295,28 @@ impl LocalPlane {
             .filter(|(_, s)| s.status().is_live())
             .map(|(gid, _)| *gid)
             .collect();
-        for gid in live {
-            self.end_session(gid, "fleetd stopped", true).await;
-        }
+        let running = if self.stops_workers() {
+            for gid in live {
+                self.end_session(gid, "fleetd stopped", true).await;
+            }
+            Vec::new()
+        } else {
+            tracing::info!(
+                workers = live.len(),
+                "leaving the workers running: the next start takes them back ([gateway] on_exit = \"keep\")"
+            );
+            live
+        };
         self.tasks.close();
         self.tasks.wait().await;
-        // Every session is over: the workspaces whose teardown was still to come go now.
-        self.launchers.workspaces.end_leftovers().await;
+        // The workspaces whose teardown was still to come go now, but for those still in use.
+        self.launchers.workspaces.end_leftovers(&running).await;
+    }
+
+    /// Whether fleetd's exit ends its workers (`[gateway] on_exit = "stop"`), or leaves them
+    /// running for the next start.
+    fn stops_workers(&self) -> bool {
+        self.config.gateway.on_exit == crate::config::OnExit::Stop
     }
 
     /// The local side of [`Gateway::host_id`].

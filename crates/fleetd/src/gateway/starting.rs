@@ -85,6 +85,7 @@ impl LocalPlane {
         self.db
             .run(move |s| s.set_session(gid, status, Some(&pane_text)))
             .await?;
+        self.note_adoptable(gid, &pane).await;
         Ok(pane)
     }
 

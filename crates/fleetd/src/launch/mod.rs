@@ -239,12 +239,17 @@ impl Launchers {
         finish_dir(&self.dir_of(gid)).await;
     }
 
-    /// At start-up: finishes what a previous run left (its workers' teardowns, their files).
-    pub async fn finish_leftovers(&self) {
+    /// At start-up: finishes what a previous run left (its workers' teardowns, their files),
+    /// but for the workers in `kept` (taken back: they still run).
+    pub async fn finish_leftovers(&self, kept: &[Gid]) {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return;
         };
+        let kept: Vec<String> = kept.iter().map(Gid::to_string).collect();
         for entry in entries.flatten() {
+            if kept.iter().any(|gid| entry.file_name() == gid.as_str()) {
+                continue;
+            }
             tracing::info!(dir = %entry.path().display(), "finishing a previous run's worker");
             finish_dir(&entry.path()).await;
         }

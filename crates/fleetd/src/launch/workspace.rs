@@ -140,12 +140,18 @@ impl Workspaces {
         take_down(&self.file_of(gid)).await;
     }
 
-    /// At start-up: runs the teardowns a previous run left (its workers are gone).
-    pub async fn end_leftovers(&self) {
+    /// Runs the teardowns left behind (at start-up, a previous run's; at shutdown, those
+    /// still to come), but for the workers in `live` (still running: taken back, or left
+    /// running for the next start).
+    pub async fn end_leftovers(&self, live: &[Gid]) {
         let Ok(entries) = fs::read_dir(&self.kept) else {
             return;
         };
+        let live: Vec<PathBuf> = live.iter().map(|gid| self.file_of(*gid)).collect();
         for entry in entries.flatten() {
+            if live.contains(&entry.path()) {
+                continue;
+            }
             tracing::info!(file = %entry.path().display(), "taking down a previous run's workspace");
             take_down(&entry.path()).await;
         }
@@ -304,7 +310,7 @@ mod tests {
             .unwrap()
             .unwrap();
         // fleetd died here; the next run takes the workspace down.
-        Workspaces::new(state.path()).end_leftovers().await;
+        Workspaces::new(state.path()).end_leftovers(&[]).await;
         assert!(!dir.exists());
         assert_eq!(
             fs::read_dir(state.path().join("workspace-teardowns"))

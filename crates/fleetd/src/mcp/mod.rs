@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
 
 use fleet_core::ownership::parse_shares;
 use fleet_core::{ErrorCode, FleetError, MsgId, Role};
@@ -55,16 +56,20 @@ pub struct FleetMcp {
     /// The tools: built once, shared by every handler (a stateless client gets a handler per
     /// request, and building the router each time was a good part of a call's cost).
     tool_router: Arc<ToolRouter<Self>>,
+    /// The tool calls in flight, which a shutdown lets end before it closes MCP's transport.
+    in_flight: TaskTracker,
 }
 
 impl FleetMcp {
-    /// A handler over `gateway`, its long calls counted in `calls`.
-    pub fn new(gateway: Arc<Gateway>, calls: Arc<CallSlots>) -> Self {
+    /// A handler over `gateway`, its long calls counted in `calls`, each call in flight
+    /// tracked by `in_flight`.
+    pub fn new(gateway: Arc<Gateway>, calls: Arc<CallSlots>, in_flight: TaskTracker) -> Self {
         static TOOLS: OnceLock<Arc<ToolRouter<FleetMcp>>> = OnceLock::new();
         Self {
             gateway,
             calls,
             tool_router: Arc::clone(TOOLS.get_or_init(|| Arc::new(Self::tool_router()))),
+            in_flight,
         }
     }
 
@@ -389,6 +394,7 @@ impl ServerHandler for FleetMcp {
         if let Ok(caller) = caller(&ctx) {
             span.record("caller", tracing::field::display(&caller.entity.name));
         }
+        let _in_flight = self.in_flight.token();
         let call = ToolCallContext::new(self, request, ctx);
         self.tool_router.call(call).instrument(span).await
     }

@@ -1,24 +1,70 @@
-//! The local plane's durability: held replies survive `kill -9` of fleetd and are drained
-//! exactly once after the restart.
+//! The local plane's durability over a restart of fleetd: held replies survive `kill -9` and
+//! are drained exactly once, and the workers the previous run left running are taken back —
+//! their task in flight answered, their queue typed in, the same pane — unless their pane or
+//! program is gone, or the fleet ran too long without its gateway.
 
 use std::time::Duration;
 
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{Fleet, sim_profile};
 use fleet_testkit::wait::until;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// fleetd with one scripted worker, `w1`; the lead and the worker's pane.
-async fn fleet_with_worker() -> anyhow::Result<(Fleet, Client, String)> {
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+/// fleetd (with `[gateway]` lines `gateway`) with one scripted worker, `w1`; the lead and the
+/// worker's pane.
+async fn fleet_with_worker_and(gateway: &str) -> anyhow::Result<(Fleet, Client, String)> {
+    let fleet = Fleet::start(gateway, &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let pane = lead.spawn("sim", "w1").await?["pane"]
         .as_str()
         .unwrap_or_default()
         .to_string();
     Ok((fleet, lead, pane))
+}
+
+async fn fleet_with_worker() -> anyhow::Result<(Fleet, Client, String)> {
+    fleet_with_worker_and("").await
+}
+
+/// Waits until fleetd's log says it recorded `sent` (a `fleet_send` answer) injected: the
+/// agent has it and fleetd verified the submit.
+async fn injected(fleet: &Fleet, sent: &Value) -> anyhow::Result<()> {
+    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
+    until("fleetd to record the task injected", LIMIT, || async {
+        fleet
+            .log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected))
+            .then_some(())
+    })
+    .await
+}
+
+/// The notice in `notices` that answers `sent`.
+fn answer_to(notices: &[Value], sent: &Value) -> anyhow::Result<Value> {
+    notices
+        .iter()
+        .find(|n| n["in_reply_to"] == sent["msg_id"])
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no answer to {sent}: {notices:?}"))
+}
+
+/// Polls `lead` until `count` messages came, then once more for any beyond them.
+async fn poll_for(fleet: &Fleet, lead: &Client, count: usize) -> anyhow::Result<Vec<Value>> {
+    let got = std::sync::Mutex::new(Vec::new());
+    until("the answers to arrive", LIMIT, || async {
+        let polled = lead.poll(1).await.ok()?;
+        let mut got = got.lock().ok()?;
+        got.extend(polled);
+        (got.len() >= count).then_some(())
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}: {:?}\n{}", got.lock().map(|g| g.clone()), fleet.log()))?;
+    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    got.extend(lead.poll(0).await?);
+    Ok(got)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,89 +106,184 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
     assert_eq!(texts, expected, "{}", fleet.log());
     let again = lead.ok("fleet_poll", json!({})).await?;
     assert_eq!(again["messages"], json!([]));
-
-    // The previous run's worker was reaped: gone from the roster, its pane closed.
-    let list = lead.ok("fleet_list", json!({})).await?;
-    assert_eq!(list["entities"].as_array().map(Vec::len), Some(1), "{list}");
-    until("the old pane to be closed", LIMIT, || async {
-        fleet.panes().ok().filter(|p| p.is_empty())
-    })
-    .await?;
-    // And the lead works as before.
-    lead.spawn("sim", "w1").await?;
-    let sent = lead.send("w1", "after restart", 20).await?;
-    assert_eq!(sent["reply"]["text"], "echo: after restart");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_in_flight_or_queued_when_fleetd_died_fail_visibly() -> anyhow::Result<()> {
+async fn a_worker_mid_task_over_kill_9_is_taken_back_and_answers_its_task_and_its_queue()
+-> anyhow::Result<()> {
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
-    let in_flight = lead.send("w1", "/never", 0).await?;
+    let gate = fleet.state_dir().join("open");
+    let in_flight = lead
+        .send("w1", &format!("/gate {} the first", gate.display()), 0)
+        .await?;
     let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
-    until("the first task to be typed in", LIMIT, || async {
-        fleet
-            .screen(&pane)
-            .ok()
-            .filter(|s| s.contains("[not replying]"))
+    injected(&fleet, &in_flight).await?;
+    let before = lead.entry("w1").await?;
+    lead.close().await?;
+
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    // Taken back as it was: the same worker, in the same pane, still on its task.
+    let after = lead.entry("w1").await?;
+    for key in ["gid", "pane", "profile", "owner"] {
+        assert_eq!(after[key], before[key], "{key}: {after} vs {before}");
+    }
+    assert_eq!(after["status"], "busy", "{after}");
+    assert_eq!(fleet.panes()?, std::slice::from_ref(&pane));
+    assert!(
+        fleet.log().contains("took back a worker"),
+        "{}",
+        fleet.log()
+    );
+
+    std::fs::write(&gate, "")?;
+    let answers = poll_for(&fleet, &lead, 2).await?;
+    assert_eq!(answers.len(), 2, "each task answered once: {answers:?}");
+    assert_eq!(answer_to(&answers, &in_flight)?["text"], "echo: the first");
+    // The queued task stayed queued and was typed into the same pane once the first was done.
+    assert_eq!(answer_to(&answers, &queued)?["text"], "echo: behind it");
+    let screen = fleet.screen(&pane)?;
+    assert_eq!(screen.matches("[replied]").count(), 2, "{screen}");
+    let sent = lead.send("w1", "and after", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: and after");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_program_exited_or_was_replaced_is_ended_and_its_senders_told()
+-> anyhow::Result<()> {
+    let (mut fleet, lead, exits) = fleet_with_worker().await?;
+    let replaced = lead.spawn("sim", "w2").await?["pane"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let tasks = [
+        lead.send("w1", "/never", 0).await?,
+        lead.send("w2", "/never", 0).await?,
+    ];
+    for task in &tasks {
+        injected(&fleet, task).await?;
+    }
+    let queued = lead.send("w2", "behind it", 0).await?;
+    assert_eq!(queued["state"], "queued");
+    lead.close().await?;
+    fleet.kill9().await?;
+    // While fleetd is down: w1's program dies; w2's pane gets another program (same pane id).
+    fleet.kill_pane_program(&exits)?;
+    let respawned = std::process::Command::new("tmux")
+        .args([
+            "-L",
+            fleet.tmux_socket(),
+            "respawn-pane",
+            "-k",
+            "-t",
+            &replaced,
+        ])
+        .args(["sleep", "600"])
+        .status()?;
+    assert!(respawned.success());
+    fleet.launch().await?;
+
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let notices = poll_for(&fleet, &lead, 3).await?;
+    assert_eq!(notices.len(), 3, "{notices:?}");
+    let text = |sent: &Value| -> anyhow::Result<String> {
+        let notice = answer_to(&notices, sent)?;
+        assert_eq!(notice["kind"], "FAILED", "{notice}");
+        Ok(notice["text"].as_str().unwrap_or_default().to_string())
+    };
+    let w1 = text(&tasks[0])?;
+    assert!(
+        w1.contains("'w1' never answered") && w1.contains("its program exited"),
+        "{w1}"
+    );
+    let w2 = text(&tasks[1])?;
+    assert!(w2.contains("another program"), "{w2}");
+    let behind = text(&queued)?;
+    assert!(
+        behind.contains("'w2' is gone") && behind.contains("did not take it back"),
+        "{behind}"
+    );
+    assert_eq!(lead.names().await?, ["lead"]);
+    until("the old panes to be closed", LIMIT, || async {
+        fleet.panes().ok().filter(|p| p.is_empty())
     })
     .await?;
-    // The agent has it; wait until fleetd has verified the submit too (else it is a task
-    // fleetd died while typing, another case).
-    let injected = format!(
-        "msg_id={}",
-        in_flight["msg_id"].as_str().unwrap_or_default()
-    );
-    until("fleetd to record the task injected", LIMIT, || async {
-        fleet
-            .log()
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected))
-            .then_some(())
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_left_without_its_gateway_past_adopt_within_s_is_ended_and_said_so()
+-> anyhow::Result<()> {
+    let (mut fleet, lead, _) = fleet_with_worker_and("adopt_within_s = 600").await?;
+    let task = lead.send("w1", "/never", 0).await?;
+    injected(&fleet, &task).await?;
+    // The store probe records fleetd alive every few seconds: once it has, fleetd goes away
+    // for (as far as the store can tell) an hour.
+    until("fleetd to be recorded alive", LIMIT, || async {
+        fleet.last_alive_ms().ok().flatten()
     })
     .await?;
     lead.close().await?;
     fleet.kill9().await?;
+    fleet.pretend_away(Duration::from_secs(3600))?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let notices = lead.poll(0).await?;
-    let notice_for = |sent: &serde_json::Value| {
-        notices
-            .iter()
-            .find(|n| n["in_reply_to"] == sent["msg_id"])
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no notice for {sent}: {notices:?}"))
-    };
-    let orphaned = notice_for(&queued)?;
-    assert_eq!(orphaned["kind"], "FAILED");
+    let notices = poll_for(&fleet, &lead, 1).await?;
+    let said = answer_to(&notices, &task)?["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(
-        orphaned["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("fleetd restarted")
+        said.contains("without a gateway, longer than [gateway] adopt_within_s = 600"),
+        "{said}"
     );
-    let unanswered = notice_for(&in_flight)?;
-    assert_eq!(unanswered["kind"], "FAILED");
-    assert!(
-        unanswered["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("'w1' never answered"),
-        "{unanswered}"
-    );
-    assert_eq!(notices.len(), 2, "{notices:?}");
+    assert_eq!(lead.names().await?, ["lead"]);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_gateway_reaps_only_its_own_panes() -> anyhow::Result<()> {
-    let (mut mine, lead, _) = fleet_with_worker().await?;
+async fn a_stop_signal_leaves_the_workers_running_unless_told_to_stop_them() -> anyhow::Result<()> {
+    // By default a stop is a pause: the worker runs on, and the next start takes it back.
+    let (mut fleet, lead, pane) = fleet_with_worker().await?;
+    lead.close().await?;
+    assert!(fleet.terminate().await?, "{}", fleet.log());
+    assert_eq!(fleet.panes()?, std::slice::from_ref(&pane), "the worker's pane stays");
+    let program = fleet.pane_pid(&pane)?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let sent = lead.send("w1", "still there?", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"],
+        "echo: still there?",
+        "{sent}\n{}",
+        fleet.log()
+    );
+    assert_eq!(fleet.pane_pid(&pane)?, program, "the very same program");
+
+    // `on_exit = "stop"`: fleetd's exit ends its workers.
+    let (mut fleet, lead, _) = fleet_with_worker_and("on_exit = \"stop\"").await?;
+    lead.close().await?;
+    assert!(fleet.terminate().await?, "{}", fleet.log());
+    assert_eq!(fleet.panes()?, Vec::<String>::new());
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(lead.names().await?, ["lead"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_touches_only_its_own_panes() -> anyhow::Result<()> {
+    let (mut mine, lead, my_pane) = fleet_with_worker().await?;
     let (other, other_lead, other_pane) = fleet_with_worker().await?;
+    mine.kill_pane_program(&my_pane)?;
     mine.kill9().await?;
     mine.launch().await?;
     let lead_again = mine.lead("lead", Protocol::Stateless).await?;
-    until("my old worker to be reaped", LIMIT, || async {
+    until("my old worker to be ended", LIMIT, || async {
         (lead_again.names().await.ok()? == ["lead"]).then_some(())
     })
     .await?;

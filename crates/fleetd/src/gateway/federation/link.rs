@@ -220,13 +220,17 @@ impl Federation {
         };
         let (fed, gateway) = (&self, g);
         let leave = |link: Arc<dyn Broker>| async move {
-            fed.leave_roster(gateway).await;
-            // The workers go with fleetd: so do their inboxes (the leads' stay, holding what
-            // arrives for them meanwhile).
-            let panes: Vec<Gid> = gateway.sessions.lock().panes.keys().copied().collect();
-            for gid in panes {
-                if let Err(e) = link.delete_inbox(gid).await {
-                    tracing::debug!(%gid, error = %e, "inbox not deleted");
+            // Workers left running for the next start keep their inboxes and their place in
+            // the roster: to the other hosts, a restart is a pause in this host's heartbeats.
+            if gateway.stops_workers() {
+                fed.leave_roster(gateway).await;
+                // The workers go with fleetd: so do their inboxes (the leads' stay, holding
+                // what arrives for them meanwhile).
+                let panes: Vec<Gid> = gateway.sessions.lock().panes.keys().copied().collect();
+                for gid in panes {
+                    if let Err(e) = link.delete_inbox(gid).await {
+                        tracing::debug!(%gid, error = %e, "inbox not deleted");
+                    }
                 }
             }
             link.close().await;

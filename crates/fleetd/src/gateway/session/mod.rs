@@ -31,6 +31,30 @@ pub(super) struct OpenDialog {
     pub answering: bool,
 }
 
+/// What a session a previous run left is taken back with (see [`PaneSession::adopted`]).
+pub(super) struct Adopted {
+    /// Who.
+    pub entity: Entity,
+    /// Its profile, as configured now.
+    pub profile: Arc<ProfileConfig>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Its own workspace, when its profile made one.
+    pub workspace: Option<PathBuf>,
+    /// Its owner.
+    pub owner: LeadRef,
+    /// The leads it is shared with.
+    pub shared: Vec<LeadRef>,
+    /// Its pane, still running the program fleetd started.
+    pub pane: PaneId,
+    /// Its task in flight, if it has one.
+    pub current: Option<Message>,
+    /// How many tasks this session took so far.
+    pub tasks_started: u64,
+    /// Whether it ever took a task.
+    pub briefed: bool,
+}
+
 /// A pane-bound entity (worker, architect) and its session.
 pub(super) struct PaneSession {
     /// Who.
@@ -132,6 +156,29 @@ impl PaneSession {
             owner,
             shared,
         }
+    }
+
+    /// A session a previous run of fleetd left running, taken back as `taken` says: its
+    /// status ([`fleet_core::adoption::adopted_status`]) follows from its task in flight.
+    pub fn adopted(taken: Adopted) -> PaneSession {
+        let status = fleet_core::adoption::adopted_status(taken.current.is_some());
+        let mut session = PaneSession::spawning(
+            taken.entity,
+            taken.profile,
+            taken.cwd,
+            taken.owner,
+            taken.shared,
+        );
+        session.status = status;
+        session.pane = Some(taken.pane);
+        session.workspace = taken.workspace;
+        session.current = taken.current;
+        session.tasks_started = taken.tasks_started;
+        session.briefed = taken.briefed;
+        if status == WorkerStatus::Idle {
+            session.idle_since = Some(Instant::now());
+        }
+        session
     }
 
     /// Who.

@@ -1,0 +1,227 @@
+//! A restart takes back what still runs. When a worker's pane opens, what fleetd knows it by
+//! is recorded (the program it started there, its working directory, owner and shares); at
+//! the next start, each worker and architect the previous run left is taken back as it was —
+//! same gid, name, owner, token, queue and task in flight — if its pane still runs that very
+//! program ([`fleet_core::adoption::adopt`] decides), and ended otherwise, its senders told
+//! why. The rest of the start-up (what is failed, which panes close) is in `ending.rs`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::adoption::{Leftover, PaneNow, ProgramId, Verdict, adopt};
+use fleet_core::clock::now_ms;
+use fleet_core::ownership::LeadRef;
+use fleet_core::{FleetError, Gid, MsgState};
+use fleet_mux::{PaneId, PaneLife, PaneState};
+use fleet_store::EntityRecord;
+use serde::{Deserialize, Serialize};
+
+use super::LocalPlane;
+use super::session::{Adopted, PaneSession};
+use crate::config::ProfileConfig;
+
+/// What a worker's session is known by, recorded when its pane opens.
+#[derive(Debug, Serialize, Deserialize)]
+struct Known {
+    /// The program fleetd started in its pane.
+    program: ProgramId,
+    /// Where it works.
+    cwd: PathBuf,
+    /// Its own workspace, when its profile made one.
+    workspace: Option<PathBuf>,
+    /// Its owner.
+    owner: LeadRef,
+    /// The leads it is shared with.
+    shared: Vec<LeadRef>,
+}
+
+/// A session the previous run left that this start does not take back, and why not.
+pub(super) struct Unadopted {
+    /// It, as the store has it.
+    pub record: EntityRecord,
+    /// Why it is not taken back.
+    pub why: String,
+}
+
+/// What the start-up knows of the panes and of the previous run's absence.
+struct Found {
+    panes: BTreeMap<PaneId, PaneState>,
+    unattended: Option<Duration>,
+    adopt_within: Duration,
+}
+
+impl LocalPlane {
+    /// Records what worker `gid`'s session is known by, once its pane `pane` opened; a
+    /// session that cannot be recorded is not taken back by a restart (said here).
+    pub(super) async fn note_adoptable(&self, gid: Gid, pane: &PaneId) {
+        let program = match self.panes.pid(pane).await {
+            Ok(pid) => crate::process::program(pid).map_err(|e| e.to_string()),
+            Err(e) => Err(crate::logs::mux_error(&e).to_string()),
+        };
+        let facts = program.and_then(|program| {
+            let sessions = self.sessions.lock();
+            let session = sessions
+                .panes
+                .get(&gid)
+                .ok_or_else(|| "its session ended".to_string())?;
+            let known = Known {
+                program,
+                cwd: session.cwd().to_path_buf(),
+                workspace: session.workspace().map(PathBuf::from),
+                owner: session.owner().clone(),
+                shared: session.shared().to_vec(),
+            };
+            serde_json::to_string(&known).map_err(|e| e.to_string())
+        });
+        let recorded = match facts {
+            Ok(facts) => self
+                .db
+                .run(move |s| s.put_adoptable(gid, &facts, now_ms()))
+                .await
+                .map_err(|e| e.message),
+            Err(why) => Err(why),
+        };
+        if let Err(why) = recorded {
+            tracing::warn!(%gid, %pane, why, "cannot record the worker's program: a restart of fleetd will end it rather than take it back");
+        }
+    }
+
+    /// At start-up, before anything is served or attached: takes back each worker and
+    /// architect of the previous run that still runs; returns the others, to be ended.
+    pub(super) async fn take_back(self: &Arc<Self>) -> Result<Vec<Unadopted>, FleetError> {
+        let records: Vec<EntityRecord> = self
+            .db
+            .run(|s| s.live_entities())
+            .await?
+            .into_iter()
+            .filter(|r| r.entity.role.is_pane_bound())
+            .collect();
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let panes = self.panes.panes().await.map_err(|e| {
+            FleetError::new(
+                fleet_core::ErrorCode::PaneHost,
+                format!("cannot list panes: {e}"),
+            )
+        })?;
+        let last_alive = self.db.run(|s| s.last_alive_ms()).await?;
+        let found = Found {
+            panes,
+            unattended: last_alive
+                .map(|at| Duration::from_millis(u64::try_from(now_ms() - at).unwrap_or(0))),
+            adopt_within: Duration::from_secs(self.config.gateway.adopt_within_s),
+        };
+        let mut ended = Vec::new();
+        for record in records {
+            if let Err(why) = self.take_back_one(&record, &found).await? {
+                ended.push(Unadopted { record, why });
+            }
+        }
+        Ok(ended)
+    }
+
+    /// Takes back one session of the previous run, or says why not.
+    async fn take_back_one(
+        &self,
+        record: &EntityRecord,
+        found: &Found,
+    ) -> Result<Result<(), String>, FleetError> {
+        let gid = record.entity.gid;
+        let known = self.known(gid).await?;
+        let pane = record.pane.clone().map(PaneId);
+        let pane_now = match pane.as_ref().and_then(|p| found.panes.get(p)) {
+            None => PaneNow::Missing,
+            Some(state) if state.life == PaneLife::Alive => PaneNow::Running,
+            Some(_) => PaneNow::Exited,
+        };
+        let running = match (&pane, pane_now) {
+            (Some(pane), PaneNow::Running) => self
+                .panes
+                .pid(pane)
+                .await
+                .ok()
+                .and_then(|pid| crate::process::program(pid).ok()),
+            _ => None,
+        };
+        let profile: Option<ProfileConfig> = record
+            .entity
+            .profile
+            .as_deref()
+            .and_then(|name| self.config.profile(name))
+            .cloned();
+        let verdict = adopt(&Leftover {
+            status: record.status,
+            started_as: known.as_ref().map(|(k, _)| &k.program),
+            pane: pane_now,
+            running: running.as_ref(),
+            profile_known: profile.is_some(),
+            unattended: found.unattended,
+            adopt_within: found.adopt_within,
+        });
+        let (Some((known, since)), Some(profile), Some(pane)) = (known, profile, pane) else {
+            return Ok(Err(match verdict {
+                Verdict::End(why) => why,
+                Verdict::Adopt => "what it was started as is unknown".into(),
+            }));
+        };
+        if let Verdict::End(why) = verdict {
+            return Ok(Err(why));
+        }
+        // Its task in flight is the last one typed in or handed over that nothing answers
+        // (the messages' states are stored as they change; a session's status is not, on
+        // every task).
+        let current = self
+            .db
+            .run(move |s| s.unanswered_tasks_to(gid))
+            .await?
+            .into_iter()
+            .rfind(|m| matches!(m.state, MsgState::Injected | MsgState::Consumed));
+        let tasks_started = self.db.run(move |s| s.tasks_taken(gid, since)).await?;
+        let briefed = tasks_started > 0 || self.db.run(move |s| s.tasks_taken(gid, 0)).await? > 0;
+        let session = PaneSession::adopted(Adopted {
+            entity: record.entity.clone(),
+            profile: Arc::new(profile),
+            cwd: known.cwd,
+            workspace: known.workspace,
+            owner: known.owner,
+            shared: known.shared,
+            pane: pane.clone(),
+            current,
+            tasks_started,
+            briefed,
+        });
+        let status = session.status();
+        self.sessions.lock().add_session(session);
+        self.persist_status(gid).await;
+        tracing::info!(%gid, name = %record.entity.name, %pane, %status, "took back a worker the previous run left running");
+        Ok(Ok(()))
+    }
+
+    /// What the previous run recorded of `gid`'s session, and as of when; a record that does
+    /// not read (a newer build's, say) is none.
+    async fn known(&self, gid: Gid) -> Result<Option<(Known, i64)>, FleetError> {
+        let Some((text, since)) = self.db.run(move |s| s.adoptable(gid)).await? else {
+            return Ok(None);
+        };
+        match serde_json::from_str::<Known>(&text) {
+            Ok(known) => Ok(Some((known, since))),
+            Err(e) => {
+                tracing::warn!(%gid, error = %e, "unreadable record of a worker's program");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The panes of the sessions taken back, which the start-up leaves open.
+    pub(super) fn kept_panes(&self) -> HashSet<PaneId> {
+        self.sessions
+            .lock()
+            .panes
+            .values()
+            .filter_map(|s| s.pane().cloned())
+            .collect()
+    }
+}
