@@ -33,6 +33,7 @@ use axum::routing::{any, post};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// A running scripted model server; stops when dropped.
@@ -45,6 +46,8 @@ pub struct ModelSim {
     /// What a digesting model received, one entry per typed task it answered.
     received: Arc<Mutex<Vec<Received>>>,
     stalled: Arc<AtomicBool>,
+    held: Arc<watch::Sender<bool>>,
+    holding: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -75,6 +78,8 @@ impl ModelSim {
         let answered = Arc::new(AtomicUsize::new(0));
         let received = Arc::new(Mutex::new(Vec::new()));
         let stalled = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(watch::channel(false).0);
+        let holding = Arc::new(AtomicUsize::new(0));
         let app = Router::new()
             .route("/v1/messages", post(messages))
             .route("/v1/messages/count_tokens", post(count_tokens))
@@ -85,6 +90,8 @@ impl ModelSim {
                 received: Arc::clone(&received),
                 script,
                 stalled: Arc::clone(&stalled),
+                held: Arc::clone(&held),
+                holding: Arc::clone(&holding),
             });
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
@@ -97,6 +104,8 @@ impl ModelSim {
             answered,
             received,
             stalled,
+            held,
+            holding,
             task,
         })
     }
@@ -105,6 +114,18 @@ impl ModelSim {
     /// agent stays busy on it, as on a model that hangs.
     pub fn stall(&self, stalled: bool) {
         self.stalled.store(stalled, Ordering::SeqCst);
+    }
+
+    /// While `held`, a request the model would answer with `fleet_reply` (an agent's turn on a
+    /// task, about to answer it) waits, and is answered as scripted once the hold is let go: a
+    /// task that lasts as long as a test needs (over a restart of fleetd, say).
+    pub fn hold(&self, held: bool) {
+        self.held.send_replace(held);
+    }
+
+    /// How many agents' turns wait at the hold now.
+    pub fn holding(&self) -> usize {
+        self.holding.load(Ordering::SeqCst)
     }
 
     /// Its base URL, for `ANTHROPIC_BASE_URL`.
@@ -140,6 +161,23 @@ impl Drop for ModelSim {
     }
 }
 
+/// One turn waiting at the hold, counted for as long as it waits (a turn its agent gave up on
+/// included: its request is dropped, and so is this).
+struct Holding(Arc<AtomicUsize>);
+
+impl Holding {
+    fn one(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn count_tokens() -> Response {
     axum::Json(json!({"input_tokens": 100})).into_response()
 }
@@ -163,6 +201,12 @@ async fn messages(
     let with_tools = request["tools"].as_array().is_some_and(|t| !t.is_empty());
     if with_tools && shared.stalled.load(Ordering::SeqCst) {
         std::future::pending::<()>().await;
+    }
+    let answers_a_task = matches!(&turn, Turn::Call(tool, _) if tool.ends_with("fleet_reply"));
+    if answers_a_task && *shared.held.borrow() {
+        let _counted = Holding::one(&shared.holding);
+        let mut held = shared.held.subscribe();
+        let _ = held.wait_for(|held| !*held).await;
     }
     if request["stream"].as_bool().unwrap_or(false) {
         (
@@ -188,6 +232,10 @@ struct Shared {
     script: Script,
     /// Whether an agent's turn is left unanswered ([`ModelSim::stall`]).
     stalled: Arc<AtomicBool>,
+    /// Whether an agent's turn waits before it is answered ([`ModelSim::hold`]).
+    held: Arc<watch::Sender<bool>>,
+    /// How many turns wait there now.
+    holding: Arc<AtomicUsize>,
 }
 
 /// The agent's own shell tool (Claude Code's `Bash`, opencode's `bash`).

@@ -251,7 +251,11 @@ async fn a_stop_signal_leaves_the_workers_running_unless_told_to_stop_them() -> 
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
     lead.close().await?;
     assert!(fleet.terminate().await?, "{}", fleet.log());
-    assert_eq!(fleet.panes()?, std::slice::from_ref(&pane), "the worker's pane stays");
+    assert_eq!(
+        fleet.panes()?,
+        std::slice::from_ref(&pane),
+        "the worker's pane stays"
+    );
     let program = fleet.pane_pid(&pane)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;

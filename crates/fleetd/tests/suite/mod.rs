@@ -26,6 +26,7 @@ mod openapi;
 mod opencode;
 mod partition;
 mod python;
+mod restart;
 mod sandbox;
 mod service;
 mod shape;

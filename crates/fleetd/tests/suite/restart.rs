@@ -1,0 +1,124 @@
+//! Real agents over a restart of fleetd: a real Claude Code worker and a real opencode worker,
+//! each mid-task (its scripted model holds the turn), survive `kill -9` of fleetd and its
+//! restart. The restarted fleetd takes the worker back; when the model lets the turn go, the
+//! agent's `fleet_reply` reaches the new process over an MCP session the old one made — the
+//! agent itself finds its way back (Claude Code and opencode start a new session when fleetd
+//! answers 404 to the old one) — and the lead gets the reply once; the next task goes through
+//! the same pane.
+
+use std::time::Duration;
+
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{Fleet, claude_profile, opencode_profile};
+use fleet_testkit::model::ModelSim;
+use fleet_testkit::wait::until;
+use serde_json::Value;
+
+/// How long a real agent's turn may take here.
+const TURN: Duration = Duration::from_secs(90);
+
+/// `fleet_send` to `name` of `task`, waiting for the reply; its text, or the screen and log.
+async fn round_trip(
+    fleet: &Fleet,
+    lead: &Client,
+    (name, pane): (&str, &str),
+    task: &str,
+) -> anyhow::Result<String> {
+    let sent = lead.send(name, task, TURN.as_secs()).await?;
+    match sent["reply"]["text"].as_str() {
+        Some(text) => Ok(text.to_string()),
+        None => anyhow::bail!(
+            "{sent}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(pane).unwrap_or_default(),
+            fleet.log()
+        ),
+    }
+}
+
+/// Spawns `name` of profile `profile` (on `model`), holds a task in its turn over `kill -9`
+/// and a restart of fleetd, and checks what the lead gets.
+async fn survives_kill_9(
+    model: &ModelSim,
+    profile: &str,
+    name: &str,
+    config: &str,
+) -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("", config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn(profile, name).await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let at = (name, pane.as_str());
+    // A first task, so the agent talks to fleetd over a session the old process made.
+    assert_eq!(
+        round_trip(&fleet, &lead, at, "before the restart").await?,
+        "echo: before the restart"
+    );
+    model.hold(true);
+    let sent = lead.send(name, "over the restart", 0).await?;
+    // The agent has the task (its answer waits at the model), and fleetd saw it submitted.
+    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
+    until("the agent to be on the task", TURN, || async {
+        let logged = fleet.log();
+        let recorded = logged
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected));
+        (recorded && model.holding() > 0).then_some(())
+    })
+    .await?;
+    let before = lead.entry(name).await?;
+    lead.close().await?;
+
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let after = lead.entry(name).await?;
+    assert_eq!(
+        (&after["gid"], &after["pane"]),
+        (&before["gid"], &before["pane"])
+    );
+    assert_eq!(after["status"], "busy", "{after}");
+
+    model.hold(false);
+    let got = std::sync::Mutex::new(Vec::<Value>::new());
+    until("the reply to the task over the restart", TURN, || async {
+        let polled = lead.poll(1).await.ok()?;
+        let mut got = got.lock().ok()?;
+        got.extend(polled);
+        (!got.is_empty()).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(&pane).unwrap_or_default(),
+            fleet.log()
+        )
+    })?;
+    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    got.extend(lead.poll(0).await?);
+    assert_eq!(got.len(), 1, "the reply comes once: {got:?}");
+    assert_eq!(got[0]["kind"], "REPLY", "{got:?}");
+    assert_eq!(got[0]["in_reply_to"], sent["msg_id"]);
+    assert_eq!(got[0]["text"], "echo: over the restart");
+    // And the worker takes the next task in the same pane.
+    assert_eq!(
+        round_trip(&fleet, &lead, at, "after the restart").await?,
+        "echo: after the restart"
+    );
+    assert_eq!(fleet.panes()?, [pane]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_worker_mid_task_survives_kill_9_of_fleetd() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = claude_profile("claude", &model.base_url());
+    survives_kill_9(&model, "claude", "c1", &config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_opencode_worker_mid_task_survives_kill_9_of_fleetd() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = opencode_profile("oc", &model.base_url());
+    survives_kill_9(&model, "oc", "o1", &config).await
+}
