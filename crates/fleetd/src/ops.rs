@@ -768,7 +768,30 @@ pub struct StopArgs {
     #[command(flatten)]
     pub ops: OpsArgs,
     /// The worker or architect: a name, `name@host`, or a gid.
-    pub to: String,
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub to: Option<String>,
+    /// Stop every worker and architect of this host the lead owns (as an operator: every one):
+    /// the end of the fleet, which a stop of fleetd itself leaves running.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// The workers and architects of the gateway asked (the host the roster lists without a last
+/// heard time) that are not gone yet: what `fleetd stop --all` stops.
+fn stoppable(roster: &Roster) -> Vec<String> {
+    let here: Vec<&str> = roster
+        .hosts
+        .iter()
+        .filter(|h| h.last_seen_ms.is_none())
+        .map(|h| h.host.as_str())
+        .collect();
+    roster
+        .entities
+        .iter()
+        .filter(|row| matches!(row.role.as_str(), "worker" | "architect"))
+        .filter(|row| row.status != "gone" && here.contains(&row.host.as_str()))
+        .map(|row| row.name.clone())
+        .collect()
 }
 
 /// `text` for a terminal as [`printable`] shows it, but its line breaks and tabs kept (an
@@ -850,15 +873,36 @@ fn print_send(answer: &Value, json: bool) -> anyhow::Result<()> {
 
 /// `fleetd stop NAME`: `fleet_stop` as the lead.
 pub fn stop_command(paths: &Paths, args: &StopArgs) -> anyhow::Result<()> {
-    let body = serde_json::json!({"to": args.to});
-    let answer = request(paths, &args.ops, "/api/v1/stop", &[], Some(body))?;
-    if args.ops.json {
-        println!("{}", terminal_json(&answer));
-    } else {
-        println!(
-            "stopped {}",
-            printable(answer["name"].as_str().unwrap_or(&args.to))
-        );
+    let names = match &args.to {
+        Some(to) => vec![to.clone()],
+        None => {
+            let body = request(paths, &args.ops, "/api/v1/roster", &[], None)?;
+            stoppable(&serde_json::from_value(body).context("the roster's shape")?)
+        }
+    };
+    let mut refused = 0usize;
+    for to in &names {
+        let body = serde_json::json!({ "to": to });
+        match request(paths, &args.ops, "/api/v1/stop", &[], Some(body)) {
+            Ok(answer) if args.ops.json => println!("{}", terminal_json(&answer)),
+            Ok(answer) => println!(
+                "stopped {}",
+                printable(answer["name"].as_str().unwrap_or(to))
+            ),
+            // One of several refused (another lead's, or stopped meanwhile): said, and the rest
+            // still stopped.
+            Err(e) if args.all => {
+                refused += 1;
+                eprintln!("not stopped {}: {e:#}", printable(to));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if args.all && names.is_empty() {
+        println!("no worker or architect to stop");
+    }
+    if refused > 0 {
+        anyhow::bail!("{refused} of {} not stopped", names.len());
     }
     Ok(())
 }
@@ -898,6 +942,25 @@ pub fn hosts_command(paths: &Paths, args: &OpsArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stop_all_names_the_live_workers_and_architects_of_the_gateway_asked() {
+        let roster: Roster = serde_json::from_value(serde_json::json!({
+            "entities": [
+                {"name": "lead", "host": "a", "role": "lead", "status": "idle"},
+                {"name": "w1", "host": "a", "role": "worker", "status": "busy"},
+                {"name": "arch", "host": "a", "role": "architect", "status": "idle"},
+                {"name": "old", "host": "a", "role": "worker", "status": "gone"},
+                {"name": "far", "host": "b", "role": "worker", "status": "idle"}
+            ],
+            "hosts": [
+                {"host": "a", "status": "up"},
+                {"host": "b", "status": "up", "last_seen_ms": 5}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(stoppable(&roster), ["w1", "arch"]);
+    }
 
     fn row(name: &str, status: &str, held: Option<usize>) -> Row {
         Row {

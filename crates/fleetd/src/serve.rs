@@ -234,16 +234,21 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     tell_manager(manager, &shutdown);
     crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
     serving.unsay();
-    let stops_workers = gateway.stops_workers();
-    tracing::info!(stops_workers, "draining");
-    gateway.shut_down().await;
-    // The pane host goes only with the workers: tmux's private server holds their panes.
-    if stops_workers {
-        panes.shut_down().await;
-    }
+    stop_gateway(&gateway, &panes).await;
     drained.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("fleetd stopped");
     Ok(())
+}
+
+/// Stops the gateway's loops, and (with `on_exit = "stop"`) its workers and the pane host: the
+/// pane host goes only with the workers (tmux's private server holds their panes).
+async fn stop_gateway(gateway: &Gateway, panes: &Host) {
+    let stops_workers = gateway.stops_workers();
+    tracing::info!(stops_workers, "draining");
+    gateway.shut_down().await;
+    if stops_workers {
+        panes.shut_down().await;
+    }
 }
 
 /// Tells the service manager (if any) that fleetd is ready, and, as the stop begins (not once

@@ -109,11 +109,12 @@ async fn a_remote_spawn_fails_as_it_would_there_and_an_unknown_host_at_once() ->
     let a = gateway(&vhost.uri(), "hosta", "alice", "control_wait_s = 5\n").await?;
     let mute = sim_profile("mute", &["--mode", "no-mcp"])?
         .replace("ready_timeout_s = 20", "ready_timeout_s = 1");
+    // Its stop ends its fleet (on_exit = "stop"), so it leaves the others' rosters at once.
     let b = gateway_with(
         &vhost.uri(),
         "hostb",
         "bob",
-        "",
+        "on_exit = \"stop\"",
         &format!("presence_interval_s = 1\npresence_ttl_s = 3\n{mute}"),
     )
     .await?;

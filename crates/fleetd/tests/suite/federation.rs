@@ -189,20 +189,41 @@ async fn a_lead_delegates_to_a_worker_on_another_host_both_ways() -> anyhow::Res
     .await?;
     assert!(!audited(&a).contains("hello from hostb"));
 
-    // A gateway that stops takes its workers' inboxes along, keeps its lead's, and leaves
-    // the roster.
+    // A gateway that stops leaves its workers running, their inboxes (and its lead's) kept on
+    // the broker, and its restart takes them back: the same worker answers again.
     let gid = |e: &Value| format!("agent.{}.inbox.v2", e["gid"].as_str().unwrap_or_default());
     let (wb_inbox, bob_inbox) = (gid(&entry), gid(&alice.entry("bob").await?));
     bob.close().await?;
     assert!(b.terminate().await?);
+    assert!(vhost.queue(&wb_inbox).await?.is_some(), "{wb_inbox} went");
+    assert!(vhost.queue(&bob_inbox).await?.is_some(), "{bob_inbox} went");
+    b.launch().await?;
+    let sent = alice.send("wb", "after hostb's restart", 20).await?;
+    assert_eq!(
+        sent["reply"]["text"],
+        "echo: after hostb's restart",
+        "{sent}\n{}",
+        b.log()
+    );
+    assert_eq!(alice.entry("wb").await?["gid"], entry["gid"]);
+
+    // Ending the fleet is its own act: `fleetd stop --all` stops the lead's workers, whose
+    // inboxes go and who leave the other hosts' rosters; the lead's inbox stays.
+    let out = b.cli(&["stop", "--all", "--lead", "bob"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "stopped wb\n");
     assert!(
         vhost.queue(&wb_inbox).await?.is_none(),
-        "{wb_inbox} outlived hostb"
+        "{wb_inbox} outlived wb"
     );
     assert!(vhost.queue(&bob_inbox).await?.is_some(), "{bob_inbox} went");
-    until("hostb to leave hosta's roster", LIMIT, || async {
+    until("wb to leave hosta's roster", LIMIT, || async {
         let names = alice.names().await.ok()?;
-        (!names.iter().any(|n| n == "wb" || n == "bob")).then_some(())
+        (!names.iter().any(|n| n == "wb")).then_some(())
     })
     .await?;
     Ok(())
@@ -1199,8 +1220,10 @@ async fn a_restart_tells_the_senders_of_what_waited_for_its_reaped_workers_and_d
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 
-    // hostb crashes and comes back: wb is reaped, and so is its inbox.
+    // hostb crashes, wb's program dies with it, and hostb comes back: wb is not taken back
+    // but ended, and so is its inbox.
     b.kill9().await?;
+    b.kill_pane_program(wb["pane"].as_str().unwrap_or_default())?;
     b.launch().await?;
     let got = drain(&alice, 2).await?;
     let about = |sent: &Value| {
@@ -1263,7 +1286,9 @@ async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_n
     })
     .await?;
 
+    // The host goes down, and its worker with it (a restart takes back only what still runs).
     b.kill9().await?;
+    b.kill_pane_program(old["pane"].as_str().unwrap_or_default())?;
     b.launch().await?;
     let told = drain(&alice, 1).await?;
     assert_eq!(
@@ -1290,6 +1315,67 @@ async fn a_crashed_workers_host_fails_only_the_task_it_left_unanswered_and_its_n
     assert_ne!(old["gid"], new["gid"]);
     let again = alice.send("wb", "after the crash", 20).await?;
     assert_eq!(again["reply"]["text"], "echo: after the crash", "{again}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_host_killed_mid_task_takes_it_back_and_its_reply_reaches_the_other_host()
+-> anyhow::Result<()> {
+    let TwoHosts {
+        vhost,
+        a: _a,
+        mut b,
+        alice,
+        bob,
+    } = TwoHosts::start().await?;
+    let wb = bob.spawn("sim", "wb").await?;
+    sees(&alice, "wb").await?;
+    let gate = b.state_dir().join("open");
+    let open = alice
+        .send(
+            "wb",
+            &format!("/gate {} over the restart", gate.display()),
+            0,
+        )
+        .await?;
+    let queued = alice.send("wb", "behind it", 0).await?;
+    until("wb to read busy", LIMIT, || async {
+        alice
+            .entry("wb")
+            .await
+            .ok()
+            .filter(|e| e["status"] == "busy")
+    })
+    .await?;
+    bob.close().await?;
+
+    b.kill9().await?;
+    b.launch().await?;
+    // The worker's inbox was never let go, and the restart took it back as it was.
+    let inbox = format!("agent.{}.inbox.v2", wb["gid"].as_str().unwrap_or_default());
+    assert!(vhost.queue(&inbox).await?.is_some(), "{inbox} went");
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    let entry = bob.entry("wb").await?;
+    assert_eq!((&entry["gid"], &entry["pane"]), (&wb["gid"], &wb["pane"]));
+    std::fs::write(&gate, "")?;
+    let told = drain(&alice, 2).await?;
+    let answer = |sent: &Value| {
+        told.iter()
+            .find(|m| m["in_reply_to"] == sent["msg_id"])
+            .map(|m| (m["kind"].clone(), m["text"].clone()))
+    };
+    assert_eq!(
+        answer(&open),
+        Some((json!("REPLY"), json!("echo: over the restart"))),
+        "{told:?}\n{}",
+        b.log()
+    );
+    assert_eq!(
+        answer(&queued),
+        Some((json!("REPLY"), json!("echo: behind it"))),
+        "{told:?}"
+    );
+    assert_eq!(alice.poll(1).await?, Vec::<Value>::new(), "each once");
     Ok(())
 }
 
@@ -1391,9 +1477,10 @@ async fn with_the_broker_down_at_a_restart_its_notices_and_reaped_inboxes_wait_f
     // One task being worked on, and one waiting on the broker behind it.
     let (wb, first, second) = busy_with_one_waiting(&alice, &bob).await?;
 
-    // hostb crashes, and comes back while the broker is down: it reaps wb, but cannot reach
-    // its inbox until the broker is back.
+    // hostb crashes (and wb's program with it), and comes back while the broker is down: it
+    // ends wb, but cannot reach its inbox until the broker is back.
     b.kill9().await?;
+    b.kill_pane_program(wb["pane"].as_str().unwrap_or_default())?;
     node.stop().await?;
     b.launch().await?;
     until("hostb to put off the clearing", LIMIT, || async {

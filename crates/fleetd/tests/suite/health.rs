@@ -94,10 +94,12 @@ async fn stderr_trouble_takes_nothing_down(reader: Reader) -> anyhow::Result<()>
         "{reader:?}: stopped after {took:?}"
     );
 
-    // A restart serves, and the held state is there.
+    // A restart serves, and takes back the worker the stop left running.
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    assert_eq!(lead.names().await?, vec!["lead"]);
+    assert_eq!(lead.names().await?, vec!["lead", "w1"]);
+    let sent = lead.send("w1", "after the restart", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: after the restart", "{sent}");
     Ok(())
 }
 

@@ -133,8 +133,8 @@ async fn parallel_spawns_without_names_get_distinct_names() -> anyhow::Result<()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_and_leaves_nothing_running() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+async fn sigterm_with_on_exit_stop_drains_and_leaves_nothing_running() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("on_exit = \"stop\"", &sim_profile("sim", &[])?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.spawn("sim", "w1").await?;
     let in_flight = lead.send("w1", "/never", 0).await?;

@@ -96,7 +96,7 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow::Result<()> {
+async fn a_sandbox_outlives_a_restart_and_one_not_taken_back_is_torn_down() -> anyhow::Result<()> {
     let workdir = tempfile::tempdir()?;
     let mut fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
@@ -105,9 +105,22 @@ async fn after_kill_9_the_next_start_tears_down_the_orphaned_sandbox() -> anyhow
         .unwrap_or_default()
         .to_string();
     let tree = process_tree(fleet.pane_pid(&pane)?);
-    fleet.kill9().await?;
     let log = workdir.path().join("teardown.log");
+    // A restart takes the sandboxed worker back, sandbox and all.
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let sent = lead.send("b1", "still boxed?", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: still boxed?", "{sent}");
+    assert!(!log.exists(), "torn down at the restart");
+    // A start after the fleet was left alone too long ends it, and tears its sandbox down.
+    until("fleetd to be recorded alive", LIMIT, || async {
+        fleet.last_alive_ms().ok().flatten()
+    })
+    .await?;
+    fleet.kill9().await?;
     assert!(!log.exists(), "torn down before the restart");
+    fleet.pretend_away(std::time::Duration::from_secs(7200))?;
     fleet.launch().await?;
     until("the orphan's teardown to run", LIMIT, || async {
         std::fs::read_to_string(&log)

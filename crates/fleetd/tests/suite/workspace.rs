@@ -122,7 +122,8 @@ async fn workers_from_one_repository_edit_the_same_file_each_in_its_own_worktree
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_workspace_left_by_a_crash_is_taken_down_at_the_next_start() -> anyhow::Result<()> {
+async fn a_workspace_outlives_a_restart_with_its_worker_and_goes_with_a_worker_not_taken_back()
+-> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let repo = repository(dir.path())?;
     let mut fleet = Fleet::start("", &worktree_profile(&repo)?).await?;
@@ -134,8 +135,23 @@ async fn a_workspace_left_by_a_crash_is_taken_down_at_the_next_start() -> anyhow
             .unwrap_or_default(),
     );
     assert!(space.is_dir());
+    // A restart takes the worker back, and its workspace with it.
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(
+        lead.entry("w1").await?["workspace"].as_str(),
+        space.to_str()
+    );
+    assert_eq!(worktrees(&repo)?.len(), 2, "taken down at the restart");
+    // A start after the fleet was left alone too long ends the worker: its workspace goes.
+    until("fleetd to be recorded alive", LIMIT, || async {
+        fleet.last_alive_ms().ok().flatten()
+    })
+    .await?;
     fleet.kill9().await?;
     assert_eq!(worktrees(&repo)?.len(), 2, "taken down before the restart");
+    fleet.pretend_away(std::time::Duration::from_secs(7200))?;
     fleet.launch().await?;
     until("the orphaned worktree to be removed", LIMIT, || async {
         (worktrees(&repo).ok()?.len() == 1).then_some(())
