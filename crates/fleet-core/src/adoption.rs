@@ -33,6 +33,19 @@ pub fn start_ticks(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether a process environment (`/proc/PID/environ`: `KEY=VALUE` entries, each ended by a
+/// NUL) sets `key` to exactly `value`. How a worker started by a run that recorded no
+/// [`ProgramId`] (a build before the store's schema 9) is known: fleetd starts every worker's
+/// program with `FLEET_GID` set to its gid.
+pub fn environ_sets(environ: &[u8], key: &str, value: &str) -> bool {
+    environ.split(|b| *b == 0).any(|entry| {
+        entry
+            .strip_prefix(key.as_bytes())
+            .and_then(|rest| rest.strip_prefix(b"="))
+            == Some(value.as_bytes())
+    })
+}
+
 /// What the pane host says of a session's pane now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaneNow {
@@ -280,6 +293,20 @@ mod tests {
         assert_eq!(start_ticks(odd), Some(98_765));
         assert_eq!(start_ticks("4242 (short) S 1"), None);
         assert_eq!(start_ticks(""), None);
+    }
+
+    #[test]
+    fn an_environment_sets_a_key_only_to_its_whole_value() {
+        let environ = b"HOME=/root\0FLEET_GID=abc\0FLEET_GIDS=x\0";
+        assert!(environ_sets(environ, "FLEET_GID", "abc"));
+        assert!(environ_sets(environ, "HOME", "/root"));
+        assert!(!environ_sets(environ, "FLEET_GID", "ab"));
+        assert!(!environ_sets(environ, "FLEET_GID", "abcd"));
+        assert!(!environ_sets(environ, "FLEET", "GID=abc"));
+        assert!(!environ_sets(b"XFLEET_GID=abc\0", "FLEET_GID", "abc"));
+        assert!(!environ_sets(b"", "FLEET_GID", "abc"));
+        // The last entry need not end in a NUL.
+        assert!(environ_sets(b"A=1\0FLEET_GID=abc", "FLEET_GID", "abc"));
     }
 
     #[test]

@@ -277,6 +277,13 @@ pub trait Store: Send + Sync + 'static {
     /// When the gateway was last seen alive (its last [`Store::probe_write`]), if ever.
     fn last_alive_ms(&self) -> StoreResult<Option<i64>>;
 
+    /// Records the pane lead `gid` named last: `pane`, on the tmux server at `socket` whose pid
+    /// is `server`; replaces what was recorded.
+    fn put_lead_pane(&self, gid: Gid, pane: &str, socket: &str, server: u32) -> StoreResult<()>;
+
+    /// The pane lead `gid` named last, its tmux server's socket and pid, if it ever named one.
+    fn lead_pane(&self, gid: Gid) -> StoreResult<Option<(String, String, u32)>>;
+
     /// The tasks (`SEND`s) typed into or handed to `to` that nothing answers yet: no reply and
     /// no failure notice names them, here or (see [`Store::answered_elsewhere`]) on another host.
     fn unanswered_tasks_to(&self, to: Gid) -> StoreResult<Vec<Message>>;

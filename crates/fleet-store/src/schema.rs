@@ -215,6 +215,8 @@ ALTER TABLE messages ADD COLUMN expires_ms INTEGER;
 /// started in its pane, its working directory, owner and shares: a JSON document fleetd
 /// writes and reads); a row goes when its entity does. `alive`: when this gateway was last
 /// seen alive (the store probe writes it), so a start knows how long the fleet ran without it.
+/// `lead_panes`: the pane each lead last named, with its tmux server's socket and pid, so a
+/// restarted gateway can nudge a lead about what waits for it before the lead calls again.
 const SCHEMA_V9: &str = "
 CREATE TABLE adoptable (
     gid        TEXT PRIMARY KEY,
@@ -230,6 +232,12 @@ CREATE TABLE alive (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     at_ms      INTEGER NOT NULL
 );
+CREATE TABLE lead_panes (
+    gid        TEXT PRIMARY KEY,
+    pane       TEXT NOT NULL,
+    socket     TEXT NOT NULL,
+    server_pid INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// Brings a fresh database to the current schema and refuses one from a newer build.

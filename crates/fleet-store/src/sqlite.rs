@@ -757,6 +757,27 @@ impl Store for SqliteStore {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
+    fn put_lead_pane(&self, gid: Gid, pane: &str, socket: &str, server: u32) -> StoreResult<()> {
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO lead_panes (gid, pane, socket, server_pid) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (gid) DO UPDATE SET pane = excluded.pane, socket = excluded.socket,
+                 server_pid = excluded.server_pid",
+            )?
+            .execute(params![gid.to_string(), pane, socket, server])?;
+        Ok(())
+    }
+
+    fn lead_pane(&self, gid: Gid) -> StoreResult<Option<(String, String, u32)>> {
+        Ok(self
+            .conn()
+            .prepare_cached("SELECT pane, socket, server_pid FROM lead_panes WHERE gid = ?1")?
+            .query_row([gid.to_string()], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()?)
+    }
+
     fn last_alive_ms(&self) -> StoreResult<Option<i64>> {
         Ok(self
             .conn()

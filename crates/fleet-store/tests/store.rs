@@ -621,7 +621,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER changes_entity_moved; DROP TABLE changes;
          DROP TRIGGER answered_pruned; DROP TABLE answered;
          ALTER TABLE messages DROP COLUMN expires_ms;
-         DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
+         DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive; DROP TABLE lead_panes;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -1077,6 +1077,24 @@ fn what_a_session_is_known_by_goes_with_it() {
     assert!(store.adoptable(gid).unwrap().is_some());
     store.set_session(gid, WorkerStatus::Gone, None).unwrap();
     assert_eq!(store.adoptable(gid).unwrap(), None);
+}
+
+#[test]
+fn the_pane_a_lead_named_last_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let lead = store.ensure_lead("lead", "h", &[]).unwrap();
+    assert_eq!(store.lead_pane(lead).unwrap(), None);
+    store
+        .put_lead_pane(lead, "%3", "/tmp/t/default", 40)
+        .unwrap();
+    store.put_lead_pane(lead, "%7", "/tmp/t/other", 41).unwrap();
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(
+        store.lead_pane(lead).unwrap(),
+        Some(("%7".to_string(), "/tmp/t/other".to_string(), 41))
+    );
 }
 
 #[test]

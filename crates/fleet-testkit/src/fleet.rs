@@ -462,6 +462,57 @@ impl Fleet {
         &self.state
     }
 
+    /// Makes the store what the previous release (store schema 8) left: schema 9 only added
+    /// tables (what each worker is known by, when fleetd was last alive), so dropping them, and
+    /// the version with them, leaves what that release wrote. While fleetd is stopped.
+    pub fn as_left_by_schema_8(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "fleetd is running");
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        db.execute_batch(
+            "DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
+             DROP TABLE lead_panes; PRAGMA user_version = 8;",
+        )?;
+        Ok(())
+    }
+
+    /// The states the store recorded for message `msg_id`, oldest first, as `state@ms (reason)`
+    /// joined by ` → ` (`none` when it recorded none), then the same for each message it holds
+    /// that answers this one (an ask, a reply, a notice): what this gateway did with it.
+    pub fn trail(&self, msg_id: &str) -> anyhow::Result<String> {
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let states = |id: &str| -> anyhow::Result<String> {
+            let mut stmt = db.prepare(
+                "SELECT at_ms, state, reason FROM changes WHERE subject = 'message' AND id = ?1 ORDER BY seq",
+            )?;
+            let steps = stmt
+                .query_map([id], |row| {
+                    let (at, state, reason): (i64, String, Option<String>) =
+                        (row.get(0)?, row.get(1)?, row.get(2)?);
+                    Ok(match reason {
+                        Some(why) => format!("{state}@{at} ({why})"),
+                        None => format!("{state}@{at}"),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(if steps.is_empty() {
+                "none".into()
+            } else {
+                steps.join(" → ")
+            })
+        };
+        let mut trail = states(msg_id)?;
+        let mut stmt = db.prepare("SELECT msg_id, kind FROM messages WHERE in_reply_to = ?1")?;
+        let answers = stmt
+            .query_map([msg_id], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        for (id, kind) in answers {
+            trail.push_str(&format!("; its {kind} {id}: {}", states(&id)?));
+        }
+        Ok(trail)
+    }
+
     /// When the store says fleetd was last seen alive (its store probe writes it), if ever.
     pub fn last_alive_ms(&self) -> anyhow::Result<Option<i64>> {
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;

@@ -23,6 +23,23 @@ pub fn program(pid: u32) -> io::Result<ProgramId> {
     })
 }
 
+/// Whether the program running as `pid` was started with `key` set to `value` (its
+/// environment as it started, `/proc/PID/environ`); false when it cannot be read.
+pub fn started_with(pid: u32, key: &str, value: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|environ| fleet_core::adoption::environ_sets(&environ, key, value))
+}
+
+/// Whether `pid` is a tmux server now (its name, `/proc/PID/comm`, is tmux's).
+pub fn is_tmux_server(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|name| name.starts_with("tmux"))
+}
+
+/// The working directory of the program running as `pid`.
+pub fn cwd(pid: u32) -> io::Result<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,5 +51,22 @@ mod tests {
         assert!(me.started > 0 && !me.boot.is_empty());
         // Above the kernel's pid_max (4194304 at most): no such process.
         assert!(program(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn a_program_is_known_by_what_it_was_started_with() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .env("FLEET_GID", "g-1")
+            .current_dir("/")
+            .spawn()
+            .unwrap();
+        assert!(started_with(child.id(), "FLEET_GID", "g-1"));
+        assert!(!started_with(child.id(), "FLEET_GID", "g-2"));
+        assert_eq!(cwd(child.id()).unwrap(), std::path::PathBuf::from("/"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!started_with(child.id(), "FLEET_GID", "g-1"));
+        assert!(!is_tmux_server(std::process::id()));
     }
 }

@@ -130,7 +130,6 @@ impl LocalPlane {
         found: &Found,
     ) -> Result<Result<(), String>, FleetError> {
         let gid = record.entity.gid;
-        let known = self.known(gid).await?;
         let pane = record.pane.clone().map(PaneId);
         let pane_now = match pane.as_ref().and_then(|p| found.panes.get(p)) {
             None => PaneNow::Missing,
@@ -145,6 +144,14 @@ impl LocalPlane {
                 .ok()
                 .and_then(|pid| crate::process::program(pid).ok()),
             _ => None,
+        };
+        let known = match self.known(gid).await? {
+            Some(known) => Some(known),
+            // A run from before schema 9 recorded nothing: its worker is known by the gid its
+            // program was started with.
+            None => running
+                .as_ref()
+                .and_then(|program| self.recognised(record, program)),
         };
         let profile: Option<ProfileConfig> = record
             .entity
@@ -213,6 +220,36 @@ impl LocalPlane {
                 Ok(None)
             }
         }
+    }
+
+    /// What a worker of a run that recorded nothing of it (a build before schema 9) is known
+    /// by, if `program` (running in its pane) was started with its gid (`FLEET_GID`): where that
+    /// program works, and its owner (a lead of this host; one of another host cannot be told
+    /// from such a run's store). Its shares were never stored: it is taken back unshared.
+    fn recognised(&self, record: &EntityRecord, program: &ProgramId) -> Option<(Known, i64)> {
+        let gid = record.entity.gid;
+        if !crate::process::started_with(program.pid, "FLEET_GID", &gid.to_string()) {
+            return None;
+        }
+        let cwd = crate::process::cwd(program.pid).ok()?;
+        let owner = {
+            let sessions = self.sessions.lock();
+            let lead = sessions.leads.get(&record.entity.parent?)?.entity();
+            LeadRef {
+                name: lead.name.clone(),
+                host: lead.host.clone(),
+            }
+        };
+        let workspace = self.launchers.workspaces.keeps(gid).then(|| cwd.clone());
+        tracing::info!(%gid, name = %record.entity.name, "a worker of a run before schema 9, known by the gid its program was started with");
+        let known = Known {
+            program: program.clone(),
+            cwd,
+            workspace,
+            owner,
+            shared: Vec::new(),
+        };
+        Some((known, record.created_ms))
     }
 
     /// The panes of the sessions taken back, which the start-up leaves open.

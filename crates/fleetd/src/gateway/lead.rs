@@ -72,6 +72,14 @@ impl LeadState {
         self.last_nudge
     }
 
+    /// Where a previous run of fleetd last nudged it, taken as where to nudge it until a call
+    /// of its says otherwise.
+    pub fn remember(&mut self, target: NudgeTarget) {
+        if self.nudge.is_none() {
+            self.nudge = Some(target);
+        }
+    }
+
     /// Notes a call of its at `now_ms`, and where to nudge it if the call says; returns whether
     /// that is news: a pane other than the one it is nudged in now (none, as after a restart of
     /// fleetd, or another), and other than the one last found gone.
@@ -153,6 +161,7 @@ mod tests {
         let here = NudgeTarget {
             pane: "%1".into(),
             socket: Some("/tmp/tmux-0/default".into()),
+            server: Some(40),
         };
         assert!(l.called_in(Some(here.clone()), 5), "a first pane is news");
         assert!(!l.called_in(None, 7));
@@ -164,6 +173,7 @@ mod tests {
         let other = NudgeTarget {
             pane: "%2".into(),
             socket: None,
+            server: None,
         };
         l.nudge_target_gone(&other);
         assert_eq!(l.nudge_target(), Some(&here));

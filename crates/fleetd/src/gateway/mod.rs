@@ -243,8 +243,52 @@ impl LocalPlane {
                 .ok_or_else(|| FleetError::internal("a lead vanished from the store"))?
                 .entity;
             self.sessions.lock().add_lead(entity);
+            // Where it was last nudged: what waits for it (a restart's notices, a reply from a
+            // worker taken back) is nudged before it calls again.
+            // Where it was last nudged, while the tmux server of that pane still runs: what
+            // waits for it (a restart's notices, a reply from a worker taken back) is nudged
+            // before it calls again.
+            let remembered = self.db.run(move |s| s.lead_pane(gid)).await?;
+            if let Some((pane, socket, server)) = remembered
+                && crate::process::is_tmux_server(server)
+                && let Some(target) =
+                    NudgeTarget::from_headers(Some(&pane), Some(&format!("{socket},{server},0")))
+                && let Some(lead) = self.sessions.lock().leads.get_mut(&gid)
+            {
+                lead.remember(target);
+            }
         }
         Ok(())
+    }
+
+    /// Records where lead `gid` is to be nudged, as its call just said, for a restart: only a
+    /// pane whose tmux server is known (its socket, UTF-8, and its pid), which a restart can
+    /// check is still the one that holds it.
+    async fn remember_lead_pane(&self, gid: Gid) {
+        let target = self
+            .sessions
+            .lock()
+            .leads
+            .get(&gid)
+            .and_then(|l| l.nudge_target().cloned());
+        let Some(NudgeTarget {
+            socket: Some(socket),
+            server: Some(server),
+            pane,
+        }) = target
+        else {
+            return;
+        };
+        let Some(socket) = socket.to_str().map(String::from) else {
+            return;
+        };
+        if let Err(e) = self
+            .db
+            .run(move |s| s.put_lead_pane(gid, &pane, &socket, server))
+            .await
+        {
+            tracing::warn!(%gid, error = %e, "cannot record where the lead is nudged");
+        }
     }
 
     /// Starts the coordinator's link, ends what a previous run left and this start did not
@@ -346,7 +390,10 @@ impl LocalPlane {
             Some((entity, changed)) => {
                 match changed {
                     CalledIn::BecameReady => self.persist_status(gid).await,
-                    CalledIn::PaneNamed => self.inboxes.bump(gid),
+                    CalledIn::PaneNamed => {
+                        self.inboxes.bump(gid);
+                        self.remember_lead_pane(gid).await;
+                    }
                     CalledIn::Nothing => {}
                 }
                 Ok(Ok(Caller { entity }))

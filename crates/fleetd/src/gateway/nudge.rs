@@ -37,6 +37,9 @@ fn may_nudge(first: &Snapshot, second: &Snapshot, empty_input: &str) -> bool {
 pub struct NudgeTarget {
     /// The lead's tmux server socket; the user's default server when unknown.
     pub socket: Option<PathBuf>,
+    /// The pid of that tmux server, when `TMUX` said: a pane id means nothing past the life of
+    /// its server, so a target kept over a restart of fleetd is used only while that server runs.
+    pub server: Option<u32>,
     /// The pane, as `%N`.
     pub pane: String,
 }
@@ -50,13 +53,20 @@ impl NudgeTarget {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        let socket = tmux
-            .and_then(|t| t.split(',').next())
-            .map(str::trim)
+        let mut fields = tmux.map(|t| t.split(',').map(str::trim));
+        let socket = fields
+            .as_mut()
+            .and_then(Iterator::next)
             .filter(|s| s.starts_with('/'))
             .map(PathBuf::from);
+        let server = fields
+            .as_mut()
+            .and_then(Iterator::next)
+            .and_then(|pid| pid.parse().ok())
+            .filter(|_| socket.is_some());
         Some(Self {
             socket,
+            server,
             pane: pane.to_string(),
         })
     }
@@ -231,8 +241,12 @@ mod tests {
             NudgeTarget::from_headers(Some("%12"), Some("/tmp/tmux-1000/default,4242,0")).unwrap();
         assert_eq!(target.pane, "%12");
         assert_eq!(target.socket, Some(PathBuf::from("/tmp/tmux-1000/default")));
+        assert_eq!(target.server, Some(4242));
         let bare = NudgeTarget::from_headers(Some(" %3 "), None).unwrap();
-        assert_eq!((bare.pane.as_str(), bare.socket), ("%3", None));
+        assert_eq!(
+            (bare.pane.as_str(), bare.socket, bare.server),
+            ("%3", None, None)
+        );
     }
 
     #[test]
@@ -262,6 +276,8 @@ mod tests {
         assert!(NudgeTarget::from_headers(Some("w1:p2"), None).is_none());
         assert!(NudgeTarget::from_headers(None, Some("/tmp/x,1,0")).is_none());
         let odd = NudgeTarget::from_headers(Some("%1"), Some("relative,1,0")).unwrap();
-        assert_eq!(odd.socket, None);
+        assert_eq!((odd.socket, odd.server), (None, None));
+        let no_pid = NudgeTarget::from_headers(Some("%1"), Some("/tmp/x,${PID},0")).unwrap();
+        assert_eq!(no_pid.server, None);
     }
 }

@@ -157,6 +157,11 @@ impl Workspaces {
         }
     }
 
+    /// Whether a teardown is kept for worker `gid`'s workspace: it has one.
+    pub fn keeps(&self, gid: Gid) -> bool {
+        self.file_of(gid).is_file()
+    }
+
     fn file_of(&self, gid: Gid) -> PathBuf {
         self.kept.join(format!("{gid}.json"))
     }

@@ -153,6 +153,45 @@ async fn a_worker_mid_task_over_kill_9_is_taken_back_and_answers_its_task_and_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_from_the_previous_store_schema_takes_back_its_live_workers()
+-> anyhow::Result<()> {
+    let (mut fleet, lead, pane) = fleet_with_worker().await?;
+    let gate = fleet.state_dir().join("open");
+    let in_flight = lead
+        .send(
+            "w1",
+            &format!("/gate {} over the upgrade", gate.display()),
+            0,
+        )
+        .await?;
+    injected(&fleet, &in_flight).await?;
+    let before = lead.entry("w1").await?;
+    lead.close().await?;
+    fleet.kill9().await?;
+    // The store as the previous release (schema 8) left it: nothing recorded of the worker's
+    // program, which runs on, started with the worker's gid as every release starts it.
+    fleet.as_left_by_schema_8()?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let after = lead.entry("w1").await?;
+    for key in ["gid", "pane", "owner"] {
+        assert_eq!(after[key], before[key], "{key}: {after}\n{}", fleet.log());
+    }
+    assert_eq!(after["status"], "busy", "{after}");
+    std::fs::write(&gate, "")?;
+    let answers = poll_for(&fleet, &lead, 1).await?;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(
+        answer_to(&answers, &in_flight)?["text"],
+        "echo: over the upgrade"
+    );
+    let sent = lead.send("w1", "on the new schema", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: on the new schema");
+    assert_eq!(fleet.panes()?, std::slice::from_ref(&pane));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_program_exited_or_was_replaced_is_ended_and_its_senders_told()
 -> anyhow::Result<()> {
     let (mut fleet, lead, exits) = fleet_with_worker().await?;

@@ -157,6 +157,51 @@ async fn herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back(
     Ok(())
 }
 
+async fn a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd(
+    herdr: TestHerdr,
+) -> anyhow::Result<()> {
+    let (mut fleet, lead) = fleet_on(&herdr).await?;
+    let spawned = lead.spawn("sim", "w1").await?;
+    let gate = fleet.state_dir().join("open");
+    let sent = lead
+        .send(
+            "w1",
+            &format!("/gate {} over the restart", gate.display()),
+            0,
+        )
+        .await?;
+    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
+    until("fleetd to record the task injected", LIMIT, || async {
+        fleet
+            .log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected))
+            .then_some(())
+    })
+    .await?;
+    lead.close().await?;
+
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let entry = lead.entry("w1").await?;
+    assert_eq!(
+        (&entry["gid"], &entry["pane"], &entry["status"]),
+        (&spawned["gid"], &spawned["pane"], &json!("busy")),
+        "{entry}\n{}",
+        fleet.log()
+    );
+    std::fs::write(&gate, "")?;
+    let answers = lead.poll(20).await?;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["in_reply_to"], sent["msg_id"]);
+    assert_eq!(answers[0]["text"], "echo: over the restart");
+    let again = lead.send("w1", "after the restart", 20).await?;
+    assert_eq!(again["reply"]["text"], "echo: after the restart", "{again}");
+    assert_eq!(lead.poll(0).await?, Vec::<serde_json::Value>::new());
+    Ok(())
+}
+
 /// Each case above, once on the stand-in and once on the real herdr `HERDR_BIN` names.
 macro_rules! on_every_herdr {
     ($($case:ident),* $(,)?) => {
@@ -185,4 +230,5 @@ on_every_herdr!(
     a_round_trip_through_herdr_with_fleetd_reporting_its_state,
     an_agent_herdr_sees_working_or_blocked_gets_no_task,
     herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back,
+    a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd,
 );

@@ -22,6 +22,8 @@ struct LeadPane {
     socket: String,
     path: String,
     pane: String,
+    /// Its tmux server's pid.
+    server: String,
 }
 
 impl LeadPane {
@@ -43,7 +45,7 @@ impl LeadPane {
             .args([
                 "-P",
                 "-F",
-                "#{pane_id} #{socket_path}",
+                "#{pane_id} #{socket_path} #{pid}",
                 "sh",
                 "-c",
                 LEAD_SCREEN,
@@ -55,14 +57,14 @@ impl LeadPane {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8(out.stdout)?;
-        let (pane, path) = text
-            .trim()
-            .split_once(' ')
-            .ok_or_else(|| anyhow::anyhow!("unexpected tmux answer {text:?}"))?;
+        let [pane, path, server] = text.split_whitespace().collect::<Vec<_>>()[..] else {
+            anyhow::bail!("unexpected tmux answer {text:?}");
+        };
         Ok(Self {
             socket,
             pane: pane.to_string(),
             path: path.to_string(),
+            server: server.to_string(),
         })
     }
 
@@ -87,7 +89,7 @@ impl LeadPane {
     }
 
     async fn connect(&self, fleet: &Fleet) -> anyhow::Result<Client> {
-        let tmux = format!("{},4242,0", self.path);
+        let tmux = format!("{},{},0", self.path, self.server);
         let headers = [
             ("X-Fleet-Pane", self.pane.as_str()),
             ("X-Fleet-Tmux", tmux.as_str()),
@@ -115,6 +117,45 @@ fn uuid_like() -> String {
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_fleetd_nudges_the_lead_in_its_pane_before_it_calls_again() -> anyhow::Result<()>
+{
+    let leads = "[leads.lead]\nnudge_interval_s = 1\nnudge_quiet_ms = 100\n";
+    let mut fleet = Fleet::start("", &format!("{leads}{}", sim_profile("sim", &[])?)).await?;
+    let terminal = LeadPane::start()?;
+    let lead = terminal.connect(&fleet).await?;
+    lead.spawn("sim", "w1").await?;
+    let gate = fleet.state_dir().join("open");
+    let sent = lead
+        .send(
+            "w1",
+            &format!("/gate {} over the restart", gate.display()),
+            0,
+        )
+        .await?;
+    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
+    until("the task to be typed in", LIMIT, || async {
+        fleet
+            .log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected))
+            .then_some(())
+    })
+    .await?;
+    drop(lead);
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    // The lead calls nothing: the reply of the worker taken back is nudged where it was.
+    std::fs::write(&gate, "")?;
+    terminal
+        .shows(
+            "the nudge of the reply after the restart",
+            "[fleet] 1 message waiting for you: call fleet_poll",
+        )
+        .await?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,12 @@
 //! `fleet-bench soak`: crash soak. Two gateways on the broker (alice's host A with a local
 //! worker, bob's host B with two), and cycle after cycle mixed traffic from alice (local round
 //! trips, cross-host tasks whose replies are held for her, a task whose worker asks her a
-//! question mid-task), a `kill -9` of one gateway in the middle of it (A and B in turn), a
-//! restart, and an account of every task: answered once, or failed with a `FAILED` notice,
-//! or lost. Nothing of fleetd's is trusted for the account: the lead's own polls are.
+//! question mid-task), a `kill -9` of one gateway in the middle of it (A and B in turn) — its
+//! workers living on, for the restart to take back (`--workers live`, the default), or killed
+//! with it (`--workers die`) — a restart, and an account of every task: answered once, or
+//! failed with a `FAILED` notice, or lost. Nothing of fleetd's is trusted for the account: the
+//! lead's own polls are. For a task it counts lost, it prints the trail of states each
+//! gateway's store recorded for it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,6 +29,18 @@ pub(super) struct Args {
     /// How long a cycle's tasks have to be answered or failed after the restart, in seconds.
     #[arg(long, default_value_t = 60)]
     settle_s: u64,
+    /// What becomes of a killed gateway's workers.
+    #[arg(long, value_enum, default_value = "live")]
+    workers: Workers,
+}
+
+/// What becomes of a killed gateway's workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Workers {
+    /// They live on (a crash of fleetd alone): the restart takes them back.
+    Live,
+    /// They are killed with it (a crash of the host): the restart ends them.
+    Die,
 }
 
 /// The hosts of the soak's gateways.
@@ -271,10 +286,18 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let uri = vhost.uri();
     println!(
-        "fleet-bench soak --cycles {} ({} build; broker vhost {}): each cycle sends 7 tasks from alice on hosta (2 to a local worker, 4 to two workers on hostb, 1 that asks her mid-task), kills -9 hosta or hostb (in turn) while they run, restarts it, and waits up to {} s for every task to be answered or failed",
+        "fleet-bench soak --cycles {} --workers {} ({} build; broker vhost {}): each cycle sends 7 tasks from alice on hosta (2 to a local worker, 4 to two workers on hostb, 1 that asks her mid-task), kills -9 hosta or hostb (in turn) while they run ({}), restarts it, and waits up to {} s for every task to be answered or failed",
         args.cycles,
+        match args.workers {
+            Workers::Live => "live",
+            Workers::Die => "die",
+        },
         super::BUILD,
         vhost.name(),
+        match args.workers {
+            Workers::Live => "its workers living on",
+            Workers::Die => "its workers killed with it",
+        },
         args.settle_s
     );
     let mut a = gateway(&uri, HOSTS[0], "alice").await?;
@@ -297,6 +320,11 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
             &mut b
         };
         victim.kill9().await?;
+        if args.workers == Workers::Die {
+            for pane in victim.panes()? {
+                victim.kill_pane_program(&pane)?;
+            }
+        }
         let (up, link) = restart(victim).await?;
         healthy.push(up);
         linked.push(link);
@@ -340,6 +368,12 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         tally.failed
     );
     println!("  lost without a FAILED: {}  [target 0]", tally.lost);
+    if args.workers == Workers::Live {
+        println!(
+            "  failed though their workers lived: {}  [target 0]",
+            tally.failed + tally.failed_but_answered
+        );
+    }
     println!("  replies duplicated: {}  [target 0]", tally.duplicated);
     println!("  briefs typed twice: {}  [target 0]", tally.typed_twice);
     println!(
@@ -353,6 +387,14 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     );
     for (id, fate) in ledger.troubled().into_iter().take(20) {
         println!("  {id}: {} — {fate:?}", fate.what);
+        if fate.replies.is_empty() && fate.failed == 0 {
+            for (host, fleet) in HOSTS.iter().zip([&a, &b]) {
+                println!(
+                    "    {host}: {}",
+                    fleet.trail(id).unwrap_or_else(|e| e.to_string())
+                );
+            }
+        }
     }
     Ok(())
 }
