@@ -709,10 +709,10 @@ impl Store for SqliteStore {
             &tx,
             &format!(
                 "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
-                 WHERE state = 'injecting'
+                 WHERE state = 'injecting' AND to_gid NOT IN (SELECT value FROM json_each(?3))
                  RETURNING {MESSAGE_COLUMNS}"
             ),
-            params![interrupted, now],
+            params![interrupted, now, kept],
         )?;
         failed.extend(query_messages(
             &tx,
@@ -745,6 +745,19 @@ impl Store for SqliteStore {
             .optional()?)
     }
 
+    fn take_as_typed(&self, to: Gid) -> StoreResult<Vec<Message>> {
+        let conn = self.conn();
+        query_messages(
+            &conn,
+            &format!(
+                "UPDATE messages SET state = 'injected', updated_ms = ?2
+                 WHERE to_gid = ?1 AND state = 'injecting'
+                 RETURNING {MESSAGE_COLUMNS}"
+            ),
+            params![to.to_string(), now_ms()],
+        )
+    }
+
     fn tasks_taken(&self, to: Gid, since_ms: i64) -> StoreResult<u64> {
         let count: i64 = self
             .conn()
@@ -765,6 +778,13 @@ impl Store for SqliteStore {
                  server_pid = excluded.server_pid",
             )?
             .execute(params![gid.to_string(), pane, socket, server])?;
+        Ok(())
+    }
+
+    fn forget_lead_pane(&self, gid: Gid) -> StoreResult<()> {
+        self.conn()
+            .prepare_cached("DELETE FROM lead_panes WHERE gid = ?1")?
+            .execute([gid.to_string()])?;
         Ok(())
     }
 

@@ -462,6 +462,20 @@ impl Fleet {
         &self.state
     }
 
+    /// Makes the store say message `msg_id` was still being typed (`injecting`) when fleetd
+    /// died: as if the kill had come between its submit and fleetd's record of it. While
+    /// fleetd is stopped.
+    pub fn as_if_killed_while_typing(&self, msg_id: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "fleetd is running");
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let changed = db.execute(
+            "UPDATE messages SET state = 'injecting' WHERE msg_id = ?1 AND state = 'injected'",
+            [msg_id],
+        )?;
+        anyhow::ensure!(changed == 1, "no injected message {msg_id}");
+        Ok(())
+    }
+
     /// Makes the store what the previous release (store schema 8) left: schema 9 only added
     /// tables (what each worker is known by, when fleetd was last alive), so dropping them, and
     /// the version with them, leaves what that release wrote. While fleetd is stopped.

@@ -58,6 +58,9 @@ impl std::error::Error for OpsError {}
 /// One entity as `GET /api/v1/roster` gives it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Row {
+    /// Its gid.
+    #[serde(default)]
+    pub gid: Option<String>,
     /// Name.
     pub name: String,
     /// Host.
@@ -84,6 +87,10 @@ pub struct Row {
     /// When it last called in, Unix ms.
     #[serde(default)]
     pub last_seen_ms: Option<i64>,
+    /// For a worker or architect of this host: its owner (`name`, or `name@host` for a lead of
+    /// another host).
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// One host as `GET /api/v1/roster` gives it.
@@ -104,6 +111,9 @@ pub struct Host {
 /// `GET /api/v1/roster`.
 #[derive(Clone, Debug, Deserialize)]
 struct Roster {
+    /// Who asked: a lead (none for an operator).
+    #[serde(default)]
+    you: Option<Row>,
     entities: Vec<Row>,
     hosts: Vec<Host>,
 }
@@ -777,7 +787,8 @@ pub struct StopArgs {
 }
 
 /// The workers and architects of the gateway asked (the host the roster lists without a last
-/// heard time) that are not gone yet: what `fleetd stop --all` stops.
+/// heard time) that are not gone yet and, when a lead asks, that lead's own: what
+/// `fleetd stop --all` stops, by gid (a name may be held by one still ending).
 fn stoppable(roster: &Roster) -> Vec<String> {
     let here: Vec<&str> = roster
         .hosts
@@ -790,7 +801,11 @@ fn stoppable(roster: &Roster) -> Vec<String> {
         .iter()
         .filter(|row| matches!(row.role.as_str(), "worker" | "architect"))
         .filter(|row| row.status != "gone" && here.contains(&row.host.as_str()))
-        .map(|row| row.name.clone())
+        .filter(|row| match &roster.you {
+            Some(lead) => row.owner.as_deref() == Some(lead.name.as_str()),
+            None => true,
+        })
+        .map(|row| row.gid.clone().unwrap_or_else(|| row.name.clone()))
         .collect()
 }
 
@@ -945,25 +960,33 @@ mod tests {
 
     #[test]
     fn stop_all_names_the_live_workers_and_architects_of_the_gateway_asked() {
-        let roster: Roster = serde_json::from_value(serde_json::json!({
-            "entities": [
-                {"name": "lead", "host": "a", "role": "lead", "status": "idle"},
-                {"name": "w1", "host": "a", "role": "worker", "status": "busy"},
-                {"name": "arch", "host": "a", "role": "architect", "status": "idle"},
-                {"name": "old", "host": "a", "role": "worker", "status": "gone"},
-                {"name": "far", "host": "b", "role": "worker", "status": "idle"}
-            ],
-            "hosts": [
-                {"host": "a", "status": "up"},
-                {"host": "b", "status": "up", "last_seen_ms": 5}
-            ]
+        let entities = serde_json::json!([
+            {"gid": "g0", "name": "lead", "host": "a", "role": "lead", "status": "idle"},
+            {"gid": "g1", "name": "w1", "host": "a", "role": "worker", "status": "busy", "owner": "lead"},
+            {"gid": "g2", "name": "arch", "host": "a", "role": "architect", "status": "idle", "owner": "lead"},
+            {"gid": "g3", "name": "old", "host": "a", "role": "worker", "status": "gone", "owner": "lead"},
+            {"gid": "g4", "name": "far", "host": "b", "role": "worker", "status": "idle"},
+            {"gid": "g5", "name": "hers", "host": "a", "role": "worker", "status": "idle", "owner": "other"}
+        ]);
+        let hosts = serde_json::json!([
+            {"host": "a", "status": "up"},
+            {"host": "b", "status": "up", "last_seen_ms": 5}
+        ]);
+        let as_lead: Roster = serde_json::from_value(serde_json::json!({
+            "you": {"gid": "g0", "name": "lead", "host": "a", "role": "lead", "status": "idle"},
+            "entities": entities, "hosts": hosts
         }))
         .unwrap();
-        assert_eq!(stoppable(&roster), ["w1", "arch"]);
+        assert_eq!(stoppable(&as_lead), ["g1", "g2"]);
+        let as_operator: Roster =
+            serde_json::from_value(serde_json::json!({"entities": entities, "hosts": hosts}))
+                .unwrap();
+        assert_eq!(stoppable(&as_operator), ["g1", "g2", "g5"]);
     }
 
     fn row(name: &str, status: &str, held: Option<usize>) -> Row {
         Row {
+            gid: None,
             name: name.into(),
             host: "laptop".into(),
             role: "worker".into(),
@@ -974,6 +997,7 @@ mod tests {
             held,
             queued: held,
             last_seen_ms: Some(1_000),
+            owner: None,
         }
     }
 

@@ -30,11 +30,6 @@ pub fn started_with(pid: u32, key: &str, value: &str) -> bool {
         .is_ok_and(|environ| fleet_core::adoption::environ_sets(&environ, key, value))
 }
 
-/// Whether `pid` is a tmux server now (its name, `/proc/PID/comm`, is tmux's).
-pub fn is_tmux_server(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|name| name.starts_with("tmux"))
-}
-
 /// The working directory of the program running as `pid`.
 pub fn cwd(pid: u32) -> io::Result<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/cwd"))
@@ -67,6 +62,5 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!started_with(child.id(), "FLEET_GID", "g-1"));
-        assert!(!is_tmux_server(std::process::id()));
     }
 }

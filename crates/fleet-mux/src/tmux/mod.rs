@@ -62,6 +62,15 @@ impl Tmux {
         }
     }
 
+    /// The pid of the server, while one runs on the socket (none is started for the asking).
+    pub async fn server_pid(&self) -> Result<u32, MuxError> {
+        let out = self.exec(&[codec::server_pid_args()]).await?;
+        out.trim().parse().map_err(|_| MuxError::Protocol {
+            command: "display-message #{pid}".into(),
+            answer: out,
+        })
+    }
+
     /// A driver for the private server `name`, over a control-mode connection; pastes are
     /// staged in `scratch` (created user-only).
     pub fn private(name: String, scratch: PathBuf) -> Self {
@@ -192,10 +201,10 @@ impl Tmux {
     /// makes it reap every exited child; the next look at the panes then has the status.
     async fn remind_to_reap(&self) {
         let pid = self
-            .exec(&[codec::server_pid_args()])
+            .server_pid()
             .await
             .ok()
-            .and_then(|out| out.trim().parse::<i32>().ok())
+            .and_then(|pid| i32::try_from(pid).ok())
             .and_then(rustix::process::Pid::from_raw);
         if let Some(pid) = pid
             && let Err(e) = rustix::process::kill_process(pid, rustix::process::Signal::CHILD)

@@ -13,14 +13,18 @@ use std::time::Duration;
 use fleet_core::adoption::{Leftover, PaneNow, ProgramId, Verdict, adopt};
 use fleet_core::clock::now_ms;
 use fleet_core::ownership::LeadRef;
-use fleet_core::{FleetError, Gid, MsgState};
+use fleet_core::{Entity, FleetError, Gid, MsgState, Role};
 use fleet_mux::{PaneId, PaneLife, PaneState};
 use fleet_store::EntityRecord;
 use serde::{Deserialize, Serialize};
 
-use super::LocalPlane;
 use super::session::{Adopted, PaneSession};
+use super::{Caller, LocalPlane};
 use crate::config::ProfileConfig;
+
+/// How long an architect taken back while still on its brief has to answer before it is
+/// stopped: as long as a consult waits by default.
+const ADOPTED_BRIEF_WAIT: Duration = Duration::from_secs(600);
 
 /// What a worker's session is known by, recorded when its pane opens.
 #[derive(Debug, Serialize, Deserialize)]
@@ -50,6 +54,20 @@ struct Found {
     panes: BTreeMap<PaneId, PaneState>,
     unattended: Option<Duration>,
     adopt_within: Duration,
+    /// The previous run was of a build before schema 9, which recorded nothing of its workers.
+    upgraded: bool,
+}
+
+/// A session of the previous run to take back.
+struct Identified {
+    /// What it is known by.
+    known: Known,
+    /// Since when (Unix ms) it has run in its pane: its tasks counted from then.
+    since: i64,
+    /// Its profile, as configured now.
+    profile: ProfileConfig,
+    /// Its pane.
+    pane: PaneId,
 }
 
 impl LocalPlane {
@@ -113,22 +131,28 @@ impl LocalPlane {
             unattended: last_alive
                 .map(|at| Duration::from_millis(u64::try_from(now_ms() - at).unwrap_or(0))),
             adopt_within: Duration::from_secs(self.config.gateway.adopt_within_s),
+            // No gateway of schema 9 ever ran on this store (it writes when it was alive):
+            // its workers were started by an older build, which recorded nothing of them.
+            upgraded: last_alive.is_none(),
         };
         let mut ended = Vec::new();
         for record in records {
-            if let Err(why) = self.take_back_one(&record, &found).await? {
-                ended.push(Unadopted { record, why });
+            match self.identify(&record, &found).await? {
+                Ok(taken) => self.take_back_one(&record, taken).await?,
+                Err(why) => ended.push(Unadopted { record, why }),
             }
         }
         Ok(ended)
     }
 
-    /// Takes back one session of the previous run, or says why not.
-    async fn take_back_one(
+    /// Whether `record`, a session of the previous run, is to be taken back
+    /// ([`fleet_core::adoption::adopt`]): what it is known by, its profile and its pane; or
+    /// why not.
+    async fn identify(
         &self,
         record: &EntityRecord,
         found: &Found,
-    ) -> Result<Result<(), String>, FleetError> {
+    ) -> Result<Result<Identified, String>, FleetError> {
         let gid = record.entity.gid;
         let pane = record.pane.clone().map(PaneId);
         let pane_now = match pane.as_ref().and_then(|p| found.panes.get(p)) {
@@ -145,13 +169,11 @@ impl LocalPlane {
                 .and_then(|pid| crate::process::program(pid).ok()),
             _ => None,
         };
-        let known = match self.known(gid).await? {
-            Some(known) => Some(known),
-            // A run from before schema 9 recorded nothing: its worker is known by the gid its
-            // program was started with.
-            None => running
-                .as_ref()
-                .and_then(|program| self.recognised(record, program)),
+        let known = match (self.known(gid).await?, &running) {
+            (Some(known), _) => Some(known),
+            // A worker of an older build is known by the gid its program was started with.
+            (None, Some(program)) if found.upgraded => self.recognised(record, program).await,
+            (None, _) => None,
         };
         let profile: Option<ProfileConfig> = record
             .entity
@@ -168,34 +190,51 @@ impl LocalPlane {
             unattended: found.unattended,
             adopt_within: found.adopt_within,
         });
-        let (Some((known, since)), Some(profile), Some(pane)) = (known, profile, pane) else {
-            return Ok(Err(match verdict {
-                Verdict::End(why) => why,
-                Verdict::Adopt => "what it was started as is unknown".into(),
-            }));
-        };
-        if let Verdict::End(why) = verdict {
-            return Ok(Err(why));
+        Ok(match (verdict, known, profile, pane) {
+            (Verdict::Adopt, Some((known, since)), Some(profile), Some(pane)) => Ok(Identified {
+                known,
+                since,
+                profile,
+                pane,
+            }),
+            (Verdict::End(why), ..) => Err(why),
+            // `adopt` takes back nothing unknown, unconfigured or paneless.
+            (Verdict::Adopt, ..) => Err("it cannot be told apart".into()),
+        })
+    }
+
+    /// Takes back `record`, as `taken` says it is: its task in flight the last one typed in
+    /// (or being typed when fleetd died: taken as typed, never typed again) or handed over
+    /// that nothing answers — the messages' states are stored as they change, a session's
+    /// status is not on every task — and an architect retired as its slot says.
+    async fn take_back_one(
+        self: &Arc<Self>,
+        record: &EntityRecord,
+        taken: Identified,
+    ) -> Result<(), FleetError> {
+        let gid = record.entity.gid;
+        let typed = self.db.run(move |s| s.take_as_typed(gid)).await?;
+        for task in &typed {
+            tracing::warn!(%gid, msg_id = %task.msg_id, "taken as typed: fleetd died while typing it, and its worker runs on");
         }
-        // Its task in flight is the last one typed in or handed over that nothing answers
-        // (the messages' states are stored as they change; a session's status is not, on
-        // every task).
         let current = self
             .db
             .run(move |s| s.unanswered_tasks_to(gid))
             .await?
             .into_iter()
             .rfind(|m| matches!(m.state, MsgState::Injected | MsgState::Consumed));
+        let since = taken.since;
         let tasks_started = self.db.run(move |s| s.tasks_taken(gid, since)).await?;
-        let briefed = tasks_started > 0 || self.db.run(move |s| s.tasks_taken(gid, 0)).await? > 0;
+        let briefed = self.db.run(move |s| s.tasks_taken(gid, 0)).await? > 0;
+        let answered = current.is_none();
         let session = PaneSession::adopted(Adopted {
             entity: record.entity.clone(),
-            profile: Arc::new(profile),
-            cwd: known.cwd,
-            workspace: known.workspace,
-            owner: known.owner,
-            shared: known.shared,
-            pane: pane.clone(),
+            profile: Arc::new(taken.profile),
+            cwd: taken.known.cwd,
+            workspace: taken.known.workspace,
+            owner: taken.known.owner,
+            shared: taken.known.shared,
+            pane: taken.pane.clone(),
             current,
             tasks_started,
             briefed,
@@ -203,8 +242,38 @@ impl LocalPlane {
         let status = session.status();
         self.sessions.lock().add_session(session);
         self.persist_status(gid).await;
-        tracing::info!(%gid, name = %record.entity.name, %pane, %status, "took back a worker the previous run left running");
-        Ok(Ok(()))
+        tracing::info!(%gid, name = %record.entity.name, pane = %taken.pane, %status, "took back a worker the previous run left running");
+        if record.entity.role == Role::Architect {
+            self.retire_adopted(&record.entity, answered);
+        }
+        Ok(())
+    }
+
+    /// Arms again the retirement of `architect`, taken back (its consult's timers were the
+    /// previous run's): stopped `keep_s` after its answer, or, still on its brief, once a
+    /// consult's default wait has passed without its answer.
+    fn retire_adopted(self: &Arc<Self>, architect: &Entity, answered: bool) {
+        let lead = architect.parent.and_then(|parent| {
+            self.sessions
+                .lock()
+                .leads
+                .get(&parent)
+                .map(|l| l.entity().clone())
+        });
+        match (lead, self.config.architects.slot(&architect.name)) {
+            (Some(entity), Some(slot)) => {
+                self.retire_later(
+                    &Caller { entity },
+                    slot,
+                    architect.gid,
+                    answered,
+                    ADOPTED_BRIEF_WAIT,
+                );
+            }
+            _ => {
+                tracing::warn!(gid = %architect.gid, name = %architect.name, "an architect taken back whose slot or lead is gone: it stays until stopped")
+            }
+        }
     }
 
     /// What the previous run recorded of `gid`'s session, and as of when; a record that does
@@ -224,14 +293,22 @@ impl LocalPlane {
 
     /// What a worker of a run that recorded nothing of it (a build before schema 9) is known
     /// by, if `program` (running in its pane) was started with its gid (`FLEET_GID`): where that
-    /// program works, and its owner (a lead of this host; one of another host cannot be told
-    /// from such a run's store). Its shares were never stored: it is taken back unshared.
-    fn recognised(&self, record: &EntityRecord, program: &ProgramId) -> Option<(Known, i64)> {
+    /// program works (checked as a spawn's directory is), and its owner (a lead of this host;
+    /// one of another host cannot be told from such a run's store). Its shares were never
+    /// stored: it is taken back unshared; its tasks are counted from now.
+    async fn recognised(&self, record: &EntityRecord, program: &ProgramId) -> Option<(Known, i64)> {
         let gid = record.entity.gid;
         if !crate::process::started_with(program.pid, "FLEET_GID", &gid.to_string()) {
             return None;
         }
         let cwd = crate::process::cwd(program.pid).ok()?;
+        let (workdirs, host) = (Arc::clone(&self.workdirs), self.host_id.clone());
+        let cwd = self
+            .cwd_lane
+            .run(move || workdirs.resolve(&cwd, &host))
+            .await
+            .ok()?
+            .ok()?;
         let owner = {
             let sessions = self.sessions.lock();
             let lead = sessions.leads.get(&record.entity.parent?)?.entity();
@@ -241,7 +318,7 @@ impl LocalPlane {
             }
         };
         let workspace = self.launchers.workspaces.keeps(gid).then(|| cwd.clone());
-        tracing::info!(%gid, name = %record.entity.name, "a worker of a run before schema 9, known by the gid its program was started with");
+        tracing::info!(%gid, name = %record.entity.name, "a worker of a build before schema 9, known by the gid its program was started with");
         let known = Known {
             program: program.clone(),
             cwd,
@@ -249,7 +326,7 @@ impl LocalPlane {
             owner,
             shared: Vec::new(),
         };
-        Some((known, record.created_ms))
+        Some((known, now_ms()))
     }
 
     /// The panes of the sessions taken back, which the start-up leaves open.

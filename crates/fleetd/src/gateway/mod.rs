@@ -243,16 +243,14 @@ impl LocalPlane {
                 .ok_or_else(|| FleetError::internal("a lead vanished from the store"))?
                 .entity;
             self.sessions.lock().add_lead(entity);
-            // Where it was last nudged: what waits for it (a restart's notices, a reply from a
-            // worker taken back) is nudged before it calls again.
             // Where it was last nudged, while the tmux server of that pane still runs: what
             // waits for it (a restart's notices, a reply from a worker taken back) is nudged
             // before it calls again.
             let remembered = self.db.run(move |s| s.lead_pane(gid)).await?;
             if let Some((pane, socket, server)) = remembered
-                && crate::process::is_tmux_server(server)
                 && let Some(target) =
                     NudgeTarget::from_headers(Some(&pane), Some(&format!("{socket},{server},0")))
+                && target.server_runs().await
                 && let Some(lead) = self.sessions.lock().leads.get_mut(&gid)
             {
                 lead.remember(target);

@@ -71,6 +71,15 @@ impl NudgeTarget {
         })
     }
 
+    /// Whether the tmux server it names (by socket and pid) is the one on that socket now: a
+    /// pane id means something only for the life of its server.
+    pub(super) async fn server_runs(&self) -> bool {
+        match self.server {
+            Some(pid) => self.tmux().server_pid().await.is_ok_and(|now| now == pid),
+            None => false,
+        }
+    }
+
     fn tmux(&self) -> Tmux {
         Tmux::new(match &self.socket {
             Some(path) => Socket::Path(path.clone()),
@@ -194,6 +203,9 @@ impl LocalPlane {
                 tracing::info!(%gid, pane = %target.pane, error = %crate::logs::mux_error(&e), "the lead's pane is gone; not nudging it until the lead calls again");
                 if let Some(state) = self.sessions.lock().leads.get_mut(&gid) {
                     state.nudge_target_gone(target);
+                }
+                if let Err(e) = self.db.run(move |s| s.forget_lead_pane(gid)).await {
+                    tracing::warn!(%gid, error = %e, "cannot forget where the lead was nudged");
                 }
                 return false;
             }

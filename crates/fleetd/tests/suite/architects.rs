@@ -539,6 +539,38 @@ async fn a_kept_architect_lives_keep_s_after_its_last_answer_then_goes() -> anyh
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architect_taken_back_by_a_restart_is_still_retired_keep_s_after_its_answer()
+-> anyhow::Result<()> {
+    let config = format!(
+        "{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"sim-a\", keep_s = 2 }}]\n",
+        sim_profile("sim-a", &[])?,
+    );
+    let mut fleet = Fleet::start("", &config).await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    let consult = alice
+        .ok("fleet_consult", json!({"brief": "first", "wait_s": 30}))
+        .await?;
+    assert_eq!(slot(&consult, "arch-a")["status"], "answered", "{consult}");
+    // The restart comes before its keep_s is out: the timer that would retire it was the old
+    // process's; the new one arms it again.
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let alice = fleet.lead("lead", Protocol::Stateless).await?;
+    assert!(
+        roles(&alice)
+            .await?
+            .contains(&("arch-a".to_string(), "architect".to_string())),
+        "taken back"
+    );
+    until("the architect taken back to go", LIMIT, || async {
+        let roles = roles(&alice).await.ok()?;
+        (!roles.iter().any(|(_, role)| role == "architect")).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_architect_that_answered_long_before_the_other_is_kept_keep_s_from_the_consults_end()
 -> anyhow::Result<()> {
     // arch-b thinks 6 s over the brief, so arch-a has answered 6 s before the consult returns.

@@ -1339,12 +1339,13 @@ async fn a_workers_host_killed_mid_task_takes_it_back_and_its_reply_reaches_the_
         )
         .await?;
     let queued = alice.send("wb", "behind it", 0).await?;
-    until("wb to read busy", LIMIT, || async {
-        alice
-            .entry("wb")
-            .await
-            .ok()
-            .filter(|e| e["status"] == "busy")
+    // Typed in, its submit seen (killed while typing, it would be taken as typed: another case).
+    let injected = format!("msg_id={}", open["msg_id"].as_str().unwrap_or_default());
+    until("hostb to record the task injected", LIMIT, || async {
+        b.log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&injected))
+            .then_some(())
     })
     .await?;
     bob.close().await?;

@@ -36,7 +36,7 @@ impl LocalPlane {
     /// Stops architect `gid` (of `slot`) once it is done: `keep_s` after its last answer (a
     /// follow-up answered meanwhile keeps it longer), or, while it is still working on its
     /// brief (`answered` false), once another `wait` has passed without its answer.
-    pub(super) fn retire_later(
+    pub(in crate::gateway) fn retire_later(
         self: &Arc<Self>,
         caller: &Caller,
         slot: &SlotConfig,
