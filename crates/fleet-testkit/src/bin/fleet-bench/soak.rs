@@ -167,6 +167,11 @@ impl Ledger {
         tally
     }
 
+    /// The tasks told failed.
+    fn failed(&self) -> Vec<(&String, &Fate)> {
+        self.tasks.iter().filter(|(_, f)| f.failed > 0).collect()
+    }
+
     /// The tasks that came to something other than one answer or one failure.
     fn troubled(&self) -> Vec<(&String, &Fate)> {
         self.tasks
@@ -385,6 +390,22 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         max(&healthy),
         max(&linked)
     );
+    if args.workers == Workers::Live {
+        // With the workers living on, a failure is a failure to take back: say each.
+        for (id, fate) in ledger.failed().into_iter().take(20) {
+            println!(
+                "  failed {id}: {} — {}",
+                fate.what,
+                fate.why.as_deref().unwrap_or("?")
+            );
+            for (host, fleet) in HOSTS.iter().zip([&a, &b]) {
+                println!(
+                    "    {host}: {}",
+                    fleet.trail(id).unwrap_or_else(|e| e.to_string())
+                );
+            }
+        }
+    }
     for (id, fate) in ledger.troubled().into_iter().take(20) {
         println!("  {id}: {} — {fate:?}", fate.what);
         if fate.replies.is_empty() && fate.failed == 0 {
@@ -450,6 +471,8 @@ mod tests {
         );
         let troubled: Vec<&String> = ledger.troubled().into_iter().map(|(id, _)| id).collect();
         assert_eq!(troubled, ["both", "dup", "lost", "twice"]);
+        let failed: Vec<&String> = ledger.failed().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(failed, ["both", "failed", "refused"]);
         assert!(!ledger.settled(&["ok".into(), "lost".into()]));
         assert!(ledger.settled(&["ok".into(), "failed".into()]));
         assert!(ledger.settled(&["at once".into(), "refused".into()]));
