@@ -252,10 +252,10 @@ pub trait Store: Send + Sync + 'static {
     /// senders can be told.
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
 
-    /// At start-up: fails every message a previous run left `injecting` or `queued` for a
-    /// recipient not among `kept` (the sessions this start took back): the first with
-    /// `interrupted` (it may or may not have reached its pane; at-most-once means it is never
-    /// retried), the others with `orphaned`; returns them so their senders can be told.
+    /// At start-up: fails every message a previous run left `injecting` with `interrupted`
+    /// (it may or may not have reached its pane; at-most-once means it is never retried) and
+    /// every one it left `queued` for a recipient not among `kept` (the sessions this start
+    /// took back) with `orphaned`; returns them so their senders can be told.
     fn fail_leftovers(
         &self,
         interrupted: &str,
@@ -270,10 +270,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// What [`Store::put_adoptable`] recorded for `gid`, and as of when.
     fn adoptable(&self, gid: Gid) -> StoreResult<Option<(String, i64)>>;
-
-    /// Takes the tasks a previous run left `injecting` for `to` (a session this start takes
-    /// back: the task may well have reached its pane) as typed in: `injected`, and returns them.
-    fn take_as_typed(&self, to: Gid) -> StoreResult<Vec<Message>>;
 
     /// How many tasks (`SEND`s) were typed into or handed to `to` since `since_ms`.
     fn tasks_taken(&self, to: Gid, since_ms: i64) -> StoreResult<u64>;

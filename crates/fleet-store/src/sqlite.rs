@@ -709,10 +709,10 @@ impl Store for SqliteStore {
             &tx,
             &format!(
                 "UPDATE messages SET state = 'failed', reason = ?1, updated_ms = ?2
-                 WHERE state = 'injecting' AND to_gid NOT IN (SELECT value FROM json_each(?3))
+                 WHERE state = 'injecting'
                  RETURNING {MESSAGE_COLUMNS}"
             ),
-            params![interrupted, now, kept],
+            params![interrupted, now],
         )?;
         failed.extend(query_messages(
             &tx,
@@ -743,19 +743,6 @@ impl Store for SqliteStore {
             .prepare_cached("SELECT facts, since_ms FROM adoptable WHERE gid = ?1")?
             .query_row([gid.to_string()], |row| Ok((row.get(0)?, row.get(1)?)))
             .optional()?)
-    }
-
-    fn take_as_typed(&self, to: Gid) -> StoreResult<Vec<Message>> {
-        let conn = self.conn();
-        query_messages(
-            &conn,
-            &format!(
-                "UPDATE messages SET state = 'injected', updated_ms = ?2
-                 WHERE to_gid = ?1 AND state = 'injecting'
-                 RETURNING {MESSAGE_COLUMNS}"
-            ),
-            params![to.to_string(), now_ms()],
-        )
     }
 
     fn tasks_taken(&self, to: Gid, since_ms: i64) -> StoreResult<u64> {

@@ -1051,17 +1051,10 @@ fn a_restart_keeps_what_waits_for_a_session_it_takes_back() {
         .fail_leftovers("interrupted", "orphaned", &[kept])
         .unwrap();
     let bodies: Vec<&str> = failed.iter().map(|m| m.body.as_str()).collect();
-    assert_eq!(bodies, ["q2"], "the kept worker's tasks stay");
+    // What was being typed fails whoever it was for: it may or may not have been typed.
+    assert_eq!(bodies, ["i", "q2"], "the kept worker's queued task stays");
     assert_eq!(store.waiting_count(kept).unwrap(), 1);
     assert_eq!(store.waiting_count(ended).unwrap(), 0);
-    // What was being typed into the kept worker is taken as typed.
-    let typed = store.take_as_typed(kept).unwrap();
-    assert_eq!(typed.len(), 1);
-    assert_eq!(
-        (typed[0].body.as_str(), &typed[0].state),
-        ("i", &MsgState::Injected)
-    );
-    assert_eq!(store.take_as_typed(kept).unwrap(), Vec::<Message>::new());
 }
 
 #[test]

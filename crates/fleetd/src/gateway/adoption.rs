@@ -203,20 +203,16 @@ impl LocalPlane {
         })
     }
 
-    /// Takes back `record`, as `taken` says it is: its task in flight the last one typed in
-    /// (or being typed when fleetd died: taken as typed, never typed again) or handed over
-    /// that nothing answers — the messages' states are stored as they change, a session's
-    /// status is not on every task — and an architect retired as its slot says.
+    /// Takes back `record`, as `taken` says it is: its task in flight the last one typed in or
+    /// handed over that nothing answers — the messages' states are stored as they change, a
+    /// session's status is not on every task — and an architect retired as its slot says.
+    /// (A task fleetd was still typing when it died is failed at start-up, whoever it was for.)
     async fn take_back_one(
         self: &Arc<Self>,
         record: &EntityRecord,
         taken: Identified,
     ) -> Result<(), FleetError> {
         let gid = record.entity.gid;
-        let typed = self.db.run(move |s| s.take_as_typed(gid)).await?;
-        for task in &typed {
-            tracing::warn!(%gid, msg_id = %task.msg_id, "taken as typed: fleetd died while typing it, and its worker runs on");
-        }
         let current = self
             .db
             .run(move |s| s.unanswered_tasks_to(gid))
