@@ -462,6 +462,25 @@ impl Fleet {
         &self.state
     }
 
+    /// Whether fleetd's log says it recorded `sent` (what `fleet_send` returned) injected: the
+    /// agent has the task and fleetd saw the submit.
+    pub fn logged_injected(&self, sent: &serde_json::Value) -> bool {
+        let id = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
+        self.log()
+            .lines()
+            .any(|l| l.contains(" injected ") && l.contains(&id))
+    }
+
+    /// Waits until fleetd's log says it recorded `sent` injected ([`Fleet::logged_injected`]).
+    pub async fn injected(&self, sent: &serde_json::Value) -> anyhow::Result<()> {
+        until(
+            "fleetd to record the task injected",
+            START_LIMIT,
+            || async { self.logged_injected(sent).then_some(()) },
+        )
+        .await
+    }
+
     /// Makes the store say message `msg_id` was still being typed (`injecting`) when fleetd
     /// died: as if the kill had come between its submit and fleetd's record of it. While
     /// fleetd is stopped.

@@ -28,20 +28,6 @@ async fn fleet_with_worker() -> anyhow::Result<(Fleet, Client, String)> {
     fleet_with_worker_and("").await
 }
 
-/// Waits until fleetd's log says it recorded `sent` (a `fleet_send` answer) injected: the
-/// agent has it and fleetd verified the submit.
-async fn injected(fleet: &Fleet, sent: &Value) -> anyhow::Result<()> {
-    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
-    until("fleetd to record the task injected", LIMIT, || async {
-        fleet
-            .log()
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected))
-            .then_some(())
-    })
-    .await
-}
-
 /// The notice in `notices` that answers `sent`.
 fn answer_to(notices: &[Value], sent: &Value) -> anyhow::Result<Value> {
     notices
@@ -119,7 +105,7 @@ async fn a_worker_mid_task_over_kill_9_is_taken_back_and_answers_its_task_and_it
         .await?;
     let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
-    injected(&fleet, &in_flight).await?;
+    fleet.injected(&in_flight).await?;
     let before = lead.entry("w1").await?;
     lead.close().await?;
 
@@ -161,7 +147,7 @@ async fn a_task_fleetd_died_typing_fails_visibly_and_the_worker_taken_back_takes
     let (mut fleet, lead, _pane) = fleet_with_worker().await?;
     let typing = lead.send("w1", "/never", 0).await?;
     let queued = lead.send("w1", "behind it", 0).await?;
-    injected(&fleet, &typing).await?;
+    fleet.injected(&typing).await?;
     lead.close().await?;
     fleet.kill9().await?;
     fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default())?;
@@ -194,7 +180,7 @@ async fn an_upgrade_from_the_previous_store_schema_takes_back_its_live_workers()
             0,
         )
         .await?;
-    injected(&fleet, &in_flight).await?;
+    fleet.injected(&in_flight).await?;
     let before = lead.entry("w1").await?;
     lead.close().await?;
     fleet.kill9().await?;
@@ -234,7 +220,7 @@ async fn a_worker_whose_program_exited_or_was_replaced_is_ended_and_its_senders_
         lead.send("w2", "/never", 0).await?,
     ];
     for task in &tasks {
-        injected(&fleet, task).await?;
+        fleet.injected(task).await?;
     }
     let queued = lead.send("w2", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
@@ -289,7 +275,7 @@ async fn a_fleet_left_without_its_gateway_past_adopt_within_s_is_ended_and_said_
 -> anyhow::Result<()> {
     let (mut fleet, lead, _) = fleet_with_worker_and("adopt_within_s = 600").await?;
     let task = lead.send("w1", "/never", 0).await?;
-    injected(&fleet, &task).await?;
+    fleet.injected(&task).await?;
     // The store probe records fleetd alive every few seconds: once it has, fleetd goes away
     // for (as far as the store can tell) an hour.
     until("fleetd to be recorded alive", LIMIT, || async {

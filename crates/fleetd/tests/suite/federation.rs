@@ -1340,14 +1340,7 @@ async fn a_workers_host_killed_mid_task_takes_it_back_and_its_reply_reaches_the_
         .await?;
     let queued = alice.send("wb", "behind it", 0).await?;
     // Typed in, its submit seen (killed while typing, it would fail: another case).
-    let injected = format!("msg_id={}", open["msg_id"].as_str().unwrap_or_default());
-    until("hostb to record the task injected", LIMIT, || async {
-        b.log()
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected))
-            .then_some(())
-    })
-    .await?;
+    b.injected(&open).await?;
     bob.close().await?;
 
     b.kill9().await?;

@@ -170,15 +170,7 @@ async fn a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd(
             0,
         )
         .await?;
-    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
-    until("fleetd to record the task injected", LIMIT, || async {
-        fleet
-            .log()
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected))
-            .then_some(())
-    })
-    .await?;
+    fleet.injected(&sent).await?;
     lead.close().await?;
 
     fleet.kill9().await?;

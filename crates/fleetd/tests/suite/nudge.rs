@@ -135,15 +135,7 @@ async fn a_restarted_fleetd_nudges_the_lead_in_its_pane_before_it_calls_again() 
             0,
         )
         .await?;
-    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
-    until("the task to be typed in", LIMIT, || async {
-        fleet
-            .log()
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected))
-            .then_some(())
-    })
-    .await?;
+    fleet.injected(&sent).await?;
     drop(lead);
     fleet.kill9().await?;
     fleet.launch().await?;

@@ -56,13 +56,8 @@ async fn survives_kill_9(
     model.hold(true);
     let sent = lead.send(name, "over the restart", 0).await?;
     // The agent has the task (its answer waits at the model), and fleetd saw it submitted.
-    let injected = format!("msg_id={}", sent["msg_id"].as_str().unwrap_or_default());
     until("the agent to be on the task", TURN, || async {
-        let logged = fleet.log();
-        let recorded = logged
-            .lines()
-            .any(|l| l.contains(" injected ") && l.contains(&injected));
-        (recorded && model.holding() > 0).then_some(())
+        (fleet.logged_injected(&sent) && model.holding() > 0).then_some(())
     })
     .await?;
     let before = lead.entry(name).await?;
