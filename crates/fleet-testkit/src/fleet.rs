@@ -43,6 +43,22 @@ pub struct Fleet {
     wrapper: Vec<String>,
 }
 
+/// A gate for the scripted agent's `/gate` task: a task that waits there until it is opened.
+pub struct Gate(PathBuf);
+
+impl Gate {
+    /// The task `/gate PATH text`: answered `echo: text` once the gate is open.
+    pub fn task(&self, text: &str) -> String {
+        format!("/gate {} {text}", self.0.display())
+    }
+
+    /// Opens it: the tasks waiting there go on.
+    pub fn open(&self) -> anyhow::Result<()> {
+        std::fs::write(&self.0, "")?;
+        Ok(())
+    }
+}
+
 /// A `[[profiles]]` block running the scripted agent with `args`.
 pub fn sim_profile(name: &str, args: &[&str]) -> anyhow::Result<String> {
     let sim = binary("fleet-agent-sim")?;
@@ -460,6 +476,14 @@ impl Fleet {
     /// The state dir.
     pub fn state_dir(&self) -> &Path {
         &self.state
+    }
+
+    /// A closed gate in the state dir (see [`Gate`]).
+    pub fn gate(&self) -> Gate {
+        Gate(
+            self.state
+                .join(format!("gate-{}", uuid::Uuid::now_v7().simple())),
+        )
     }
 
     /// Whether fleetd's log says it recorded `sent` (what `fleet_send` returned) injected: the

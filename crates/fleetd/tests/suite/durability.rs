@@ -99,10 +99,8 @@ async fn held_replies_survive_kill_9_and_drain_exactly_once() -> anyhow::Result<
 async fn a_worker_mid_task_over_kill_9_is_taken_back_and_answers_its_task_and_its_queue()
 -> anyhow::Result<()> {
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
-    let gate = fleet.state_dir().join("open");
-    let in_flight = lead
-        .send("w1", &format!("/gate {} the first", gate.display()), 0)
-        .await?;
+    let gate = fleet.gate();
+    let in_flight = lead.send("w1", &gate.task("the first"), 0).await?;
     let queued = lead.send("w1", "behind it", 0).await?;
     assert_eq!(queued["state"], "queued");
     fleet.injected(&in_flight).await?;
@@ -125,7 +123,7 @@ async fn a_worker_mid_task_over_kill_9_is_taken_back_and_answers_its_task_and_it
         fleet.log()
     );
 
-    std::fs::write(&gate, "")?;
+    gate.open()?;
     let answers = poll_for(&fleet, &lead, 2).await?;
     assert_eq!(answers.len(), 2, "each task answered once: {answers:?}");
     assert_eq!(answer_to(&answers, &in_flight)?["text"], "echo: the first");
@@ -172,14 +170,8 @@ async fn a_task_fleetd_died_typing_fails_visibly_and_the_worker_taken_back_takes
 async fn an_upgrade_from_the_previous_store_schema_takes_back_its_live_workers()
 -> anyhow::Result<()> {
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
-    let gate = fleet.state_dir().join("open");
-    let in_flight = lead
-        .send(
-            "w1",
-            &format!("/gate {} over the upgrade", gate.display()),
-            0,
-        )
-        .await?;
+    let gate = fleet.gate();
+    let in_flight = lead.send("w1", &gate.task("over the upgrade"), 0).await?;
     fleet.injected(&in_flight).await?;
     let before = lead.entry("w1").await?;
     lead.close().await?;
@@ -194,7 +186,7 @@ async fn an_upgrade_from_the_previous_store_schema_takes_back_its_live_workers()
         assert_eq!(after[key], before[key], "{key}: {after}\n{}", fleet.log());
     }
     assert_eq!(after["status"], "busy", "{after}");
-    std::fs::write(&gate, "")?;
+    gate.open()?;
     let answers = poll_for(&fleet, &lead, 1).await?;
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(

@@ -1330,14 +1330,8 @@ async fn a_workers_host_killed_mid_task_takes_it_back_and_its_reply_reaches_the_
     } = TwoHosts::start().await?;
     let wb = bob.spawn("sim", "wb").await?;
     sees(&alice, "wb").await?;
-    let gate = b.state_dir().join("open");
-    let open = alice
-        .send(
-            "wb",
-            &format!("/gate {} over the restart", gate.display()),
-            0,
-        )
-        .await?;
+    let gate = b.gate();
+    let open = alice.send("wb", &gate.task("over the restart"), 0).await?;
     let queued = alice.send("wb", "behind it", 0).await?;
     // Typed in, its submit seen (killed while typing, it would fail: another case).
     b.injected(&open).await?;
@@ -1351,7 +1345,7 @@ async fn a_workers_host_killed_mid_task_takes_it_back_and_its_reply_reaches_the_
     let bob = b.lead("bob", Protocol::Stateless).await?;
     let entry = bob.entry("wb").await?;
     assert_eq!((&entry["gid"], &entry["pane"]), (&wb["gid"], &wb["pane"]));
-    std::fs::write(&gate, "")?;
+    gate.open()?;
     let told = drain(&alice, 2).await?;
     let answer = |sent: &Value| {
         told.iter()

@@ -162,14 +162,8 @@ async fn a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd(
 ) -> anyhow::Result<()> {
     let (mut fleet, lead) = fleet_on(&herdr).await?;
     let spawned = lead.spawn("sim", "w1").await?;
-    let gate = fleet.state_dir().join("open");
-    let sent = lead
-        .send(
-            "w1",
-            &format!("/gate {} over the restart", gate.display()),
-            0,
-        )
-        .await?;
+    let gate = fleet.gate();
+    let sent = lead.send("w1", &gate.task("over the restart"), 0).await?;
     fleet.injected(&sent).await?;
     lead.close().await?;
 
@@ -183,7 +177,7 @@ async fn a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd(
         "{entry}\n{}",
         fleet.log()
     );
-    std::fs::write(&gate, "")?;
+    gate.open()?;
     let answers = lead.poll(20).await?;
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0]["in_reply_to"], sent["msg_id"]);

@@ -127,20 +127,14 @@ async fn a_restarted_fleetd_nudges_the_lead_in_its_pane_before_it_calls_again() 
     let terminal = LeadPane::start()?;
     let lead = terminal.connect(&fleet).await?;
     lead.spawn("sim", "w1").await?;
-    let gate = fleet.state_dir().join("open");
-    let sent = lead
-        .send(
-            "w1",
-            &format!("/gate {} over the restart", gate.display()),
-            0,
-        )
-        .await?;
+    let gate = fleet.gate();
+    let sent = lead.send("w1", &gate.task("over the restart"), 0).await?;
     fleet.injected(&sent).await?;
     drop(lead);
     fleet.kill9().await?;
     fleet.launch().await?;
     // The lead calls nothing: the reply of the worker taken back is nudged where it was.
-    std::fs::write(&gate, "")?;
+    gate.open()?;
     terminal
         .shows(
             "the nudge of the reply after the restart",
