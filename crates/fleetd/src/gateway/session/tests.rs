@@ -263,3 +263,46 @@ fn what_the_pane_host_sees_wakes_the_pump_only_when_it_changes() {
     assert!(kicks.has_changed().unwrap());
     assert!(s.gate(false).agent_busy);
 }
+
+#[test]
+fn a_session_taken_back_resumes_where_it_was() {
+    let lead = alice();
+    let taken = |current: Option<Message>| {
+        let was = worker_session(&lead, ProfileConfig::command("sim", vec!["sim".into()]));
+        PaneSession::adopted(Adopted {
+            entity: was.entity().clone(),
+            profile: Arc::clone(was.profile()),
+            cwd: PathBuf::from("/work/space"),
+            workspace: Some(PathBuf::from("/work/space")),
+            owner: was.owner().clone(),
+            shared: vec![LeadRef {
+                name: "bob".into(),
+                host: "hostb".into(),
+            }],
+            pane: PaneId("%4".into()),
+            current,
+            tasks_started: 3,
+            briefed: true,
+        })
+    };
+    // With a task in flight: busy on it, and its reply ends the turn.
+    let first = task("first");
+    let mut busy = taken(Some(first.clone()));
+    assert_eq!(busy.status(), WorkerStatus::Busy);
+    assert_eq!(busy.current().map(|m| m.msg_id), Some(first.msg_id));
+    assert_eq!(busy.pane(), Some(&PaneId("%4".into())));
+    assert_eq!(busy.idle_for(Instant::now()), None);
+    assert_eq!(
+        (busy.tasks_started(), busy.shared().len(), busy.workspace()),
+        (3, 1, Some(Path::new("/work/space")))
+    );
+    assert!(busy.take_current(first.msg_id).is_some());
+    assert_eq!(busy.end_turn().ok(), Some(WorkerStatus::Idle));
+    // With none: idle from now on, and it takes the next task.
+    let mut idle = taken(None);
+    assert_eq!(idle.status(), WorkerStatus::Idle);
+    assert!(idle.idle_for(Instant::now()).is_some());
+    assert!(idle.claim(true));
+    assert!(idle.start_task(task("next")).is_ok());
+    assert_eq!(idle.status(), WorkerStatus::Busy);
+}
