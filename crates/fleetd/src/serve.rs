@@ -123,10 +123,13 @@ impl Host {
         }
     }
 
-    /// After the sessions ended: tmux's private server goes; herdr's workspace shell closes.
-    async fn shut_down(&self) {
+    /// After the loops ended: herdr's workspace shell closes (the workers' panes, in tabs of
+    /// their own, stay); tmux's private server goes only with the workers (`stops_workers`): it
+    /// holds their panes.
+    async fn shut_down(&self, stops_workers: bool) {
         let done = match self {
-            Host::Tmux(tmux) => tmux.kill_server().await,
+            Host::Tmux(tmux) if stops_workers => tmux.kill_server().await,
+            Host::Tmux(_) => Ok(()),
             Host::Herdr(herdr) => herdr.close_workspace().await,
         };
         if let Err(e) = done {
@@ -240,15 +243,13 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     Ok(())
 }
 
-/// Stops the gateway's loops, and (with `on_exit = "stop"`) its workers and the pane host: the
-/// pane host goes only with the workers (tmux's private server holds their panes).
+/// Stops the gateway's loops, and (with `on_exit = "stop"`) its workers, then tidies the pane
+/// host ([`Host::shut_down`]).
 async fn stop_gateway(gateway: &Gateway, panes: &Host) {
     let stops_workers = gateway.stops_workers();
     tracing::info!(stops_workers, "draining");
     gateway.shut_down().await;
-    if stops_workers {
-        panes.shut_down().await;
-    }
+    panes.shut_down(stops_workers).await;
 }
 
 /// Tells the service manager (if any) that fleetd is ready, and, as the stop begins (not once
