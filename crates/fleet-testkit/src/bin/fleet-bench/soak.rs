@@ -134,6 +134,15 @@ impl Ledger {
         }
     }
 
+    /// Notes what the send of an answer to a worker's question returned: the worker's reply to
+    /// its task, when it came before the send returned. (Its failure is the answer's, not the
+    /// task's: the task is answered or failed by what follows.)
+    fn turn_answered(&mut self, sent: &Value) {
+        if sent["status"] == "replied" {
+            self.got(&sent["reply"]);
+        }
+    }
+
     /// Whether every task of `ids` is answered or failed.
     fn settled(&self, ids: &[String]) -> bool {
         ids.iter().all(|id| {
@@ -233,13 +242,18 @@ async fn poll_once(lead: &Client, ledger: &mut Ledger) -> anyhow::Result<()> {
         ledger.got(message);
     }
     for ask in polled["asks"].as_array().into_iter().flatten() {
-        // Too late or gone by now is the worker's business: it replies either way.
-        let _ = lead
+        // Too late or gone by now is the worker's business: it replies either way. The answer's
+        // send may return the worker's reply to its task already (it arrived while the answer
+        // was being published): that reply reaches nobody else, so it is noted here.
+        let answered = lead
             .call(
                 "fleet_send",
                 json!({"turn_id": ask["turn_id"], "message": "go on", "wait_s": 0}),
             )
             .await?;
+        if let Ok(answered) = answered {
+            ledger.turn_answered(&answered);
+        }
     }
     Ok(())
 }
@@ -446,6 +460,13 @@ mod tests {
         );
         ledger.send_returned(&json!({"status": "failed", "msg_id": "refused", "reason": "gone"}));
         ledger.send_returned(&json!({"status": "pending", "msg_id": "lost"}));
+        // A task whose worker asked: the answer's send returned the task's reply at once.
+        ledger.sent("asked", "asked");
+        ledger.turn_answered(&json!({"status": "replied", "msg_id": "answer-1",
+            "reply": reply("asked", "r8")}));
+        ledger.turn_answered(
+            &json!({"status": "failed", "msg_id": "answer-2", "reason": "too late"}),
+        );
         ledger.got(&reply("ok", "r1"));
         ledger.got(&failed("failed"));
         ledger.got(&reply("dup", "r2"));
@@ -460,8 +481,8 @@ mod tests {
         assert_eq!(
             ledger.tally(),
             Tally {
-                sent: 8,
-                answered: 4,
+                sent: 9,
+                answered: 5,
                 failed: 2,
                 lost: 1,
                 duplicated: 1,
