@@ -50,12 +50,22 @@ mod tests {
 
     #[test]
     fn a_program_is_known_by_what_it_was_started_with() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
+        use std::io::BufRead;
+        // The child says it runs once it does (until then, between fork and exec, its
+        // environment would read as this process's), then waits on its input, execing nothing
+        // more (an exec under way reads as no environment).
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "echo running; read line"])
             .env("FLEET_GID", "g-1")
             .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let mut said = String::new();
+        let out = child.stdout.take().unwrap();
+        std::io::BufReader::new(out).read_line(&mut said).unwrap();
+        assert_eq!(said, "running\n");
         assert!(started_with(child.id(), "FLEET_GID", "g-1"));
         assert!(!started_with(child.id(), "FLEET_GID", "g-2"));
         assert_eq!(cwd(child.id()).unwrap(), std::path::PathBuf::from("/"));
