@@ -22,10 +22,6 @@ use super::session::{Adopted, PaneSession};
 use super::{Caller, LocalPlane};
 use crate::config::ProfileConfig;
 
-/// How long an architect taken back while still on its brief has to answer before it is
-/// stopped: as long as a consult waits by default.
-const ADOPTED_BRIEF_WAIT: Duration = Duration::from_secs(600);
-
 /// What a worker's session is known by, recorded when its pane opens.
 #[derive(Debug, Serialize, Deserialize)]
 struct Known {
@@ -263,7 +259,7 @@ impl LocalPlane {
                     slot,
                     architect.gid,
                     answered,
-                    ADOPTED_BRIEF_WAIT,
+                    super::consult::DEFAULT_WAIT,
                 );
             }
             _ => {
@@ -294,7 +290,7 @@ impl LocalPlane {
     /// stored: it is taken back unshared; its tasks are counted from now.
     async fn recognised(&self, record: &EntityRecord, program: &ProgramId) -> Option<(Known, i64)> {
         let gid = record.entity.gid;
-        if !crate::process::started_with(program.pid, "FLEET_GID", &gid.to_string()) {
+        if !crate::process::started_with(program.pid, crate::launch::GID_VAR, &gid.to_string()) {
             return None;
         }
         let cwd = crate::process::cwd(program.pid).ok()?;

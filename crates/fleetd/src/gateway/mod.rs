@@ -78,7 +78,7 @@ use crate::launch::Launchers;
 use crate::listener::ListenerStats;
 use crate::metrics::Metrics;
 
-pub use consult::{ConsultRequest, ConsultResult};
+pub use consult::{ConsultRequest, ConsultResult, DEFAULT_WAIT as DEFAULT_CONSULT_WAIT};
 pub use coord::Coordinator;
 pub use federation::{Federation, sealed};
 pub use feed::{Event, MessageHistory, Screen};

@@ -29,6 +29,10 @@ use fleet_core::{Gid, Role};
 
 use crate::config::{ProfileConfig, ProfileKind};
 
+/// The variable every worker's program is started with set to its gid (a restart knows by
+/// it the workers of a build that recorded nothing else of them).
+pub const GID_VAR: &str = "FLEET_GID";
+
 /// How long a sandbox's teardown may run.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The file in a worker's directory that keeps its teardown argv.
@@ -211,7 +215,7 @@ impl Launchers {
         let mut env = profile.env.0.clone();
         env.insert("FLEET_MCP_URL".into(), worker.mcp_url.clone());
         env.insert("FLEET_TOKEN".into(), worker.token.clone());
-        env.insert("FLEET_GID".into(), worker.gid.to_string());
+        env.insert(GID_VAR.into(), worker.gid.to_string());
         env.insert("FLEET_NAME".into(), worker.name.clone());
         env.insert("FLEET_HOST".into(), worker.host.clone());
         let launch = Launch {

@@ -44,7 +44,7 @@ pub const DEFAULT_SEND_WAIT_S: u64 = 60;
 /// How long `fleet_ask` waits for the answer when the call does not say.
 pub const DEFAULT_ASK_WAIT_S: u64 = 300;
 /// How long `fleet_consult` waits for the architects' answers when the call does not say.
-pub const DEFAULT_CONSULT_WAIT_S: u64 = 600;
+pub const DEFAULT_CONSULT_WAIT_S: u64 = crate::gateway::DEFAULT_CONSULT_WAIT.as_secs();
 
 /// The MCP handler; one per request or session, all sharing the gateway.
 #[derive(Clone)]

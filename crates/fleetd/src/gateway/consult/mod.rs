@@ -29,6 +29,10 @@ use super::views::{AskView, SendResult, SpawnResult};
 use super::{Caller, LocalPlane};
 use crate::config::{SlotConfig, model_identity};
 
+/// How long a consult waits for its answers when not told (and an architect taken back by a
+/// restart, still on its brief, has to answer).
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
+
 mod keep;
 
 /// What `fleet_consult` asks for.
