@@ -177,6 +177,18 @@ pub async fn inject(
         sleep(options.enter_pause).await;
         before = host.snapshot(pane).await?;
     }
+    submit(host, pane, before, options, activity).await
+}
+
+/// Presses Enter under what `pane` holds in its input box (`before`: the screen showing it),
+/// and verifies the submit; once more if the first was not seen to submit.
+pub async fn submit(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    mut before: Snapshot,
+    options: &InjectOptions,
+    activity: &mut watch::Receiver<u64>,
+) -> Result<InjectOutcome, MuxError> {
     for attempt in 0..2 {
         if attempt > 0 {
             before = host.snapshot(pane).await?;
@@ -194,7 +206,11 @@ pub async fn inject(
 }
 
 /// Waits until the screen holds still for `settle.still`, or `settle.limit` passes.
-async fn hold_still(host: &dyn PaneHost, pane: &PaneId, settle: Settle) -> Result<(), MuxError> {
+pub async fn hold_still(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    settle: Settle,
+) -> Result<(), MuxError> {
     let began = Instant::now();
     let mut watch = SettleWatch::new(settle);
     loop {

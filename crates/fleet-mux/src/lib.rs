@@ -9,6 +9,7 @@
 pub mod fake;
 pub mod herdr;
 pub mod inject;
+pub mod interrupted;
 pub mod tmux;
 
 use std::collections::BTreeMap;

@@ -252,8 +252,14 @@ pub trait Store: Send + Sync + 'static {
     /// senders can be told.
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
 
+    /// At start-up: puts `msg_id`, left `injecting` by a previous run, back on its queue,
+    /// where it keeps its place: the pane showed it was never typed. Only that proof may move
+    /// a task back (typing a task twice is what `injecting` is there to prevent); returns
+    /// whether it was still `injecting`.
+    fn put_back_untyped(&self, msg_id: MsgId) -> StoreResult<bool>;
+
     /// At start-up: fails every message a previous run left `injecting` with `interrupted`
-    /// (it may or may not have reached its pane; at-most-once means it is never retried) and
+    /// (what the pane could not settle: see `fleet_mux::interrupted`) and
     /// every one it left `queued` for a recipient not among `kept` (the sessions this start
     /// took back) with `orphaned`; returns them so their senders can be told.
     fn fail_leftovers(

@@ -694,6 +694,17 @@ impl Store for SqliteStore {
         )
     }
 
+    fn put_back_untyped(&self, msg_id: MsgId) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE messages SET state = 'queued', reason = NULL, updated_ms = ?2
+                 WHERE msg_id = ?1 AND state = 'injecting'",
+            )?
+            .execute(params![msg_id.to_string(), now_ms()])?;
+        Ok(changed == 1)
+    }
+
     fn fail_leftovers(
         &self,
         interrupted: &str,

@@ -1152,3 +1152,32 @@ fn a_write_probe_changes_nothing_and_fails_while_another_holds_the_write_lock() 
     other.execute_batch("COMMIT").unwrap();
     store.probe_write().unwrap();
 }
+
+#[test]
+fn a_task_found_never_typed_goes_back_to_the_head_of_its_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let typing = message(lead, w, MsgState::Injecting, "first");
+    store.insert_message(&typing).unwrap();
+    store
+        .insert_message(&message(lead, w, MsgState::Queued, "second"))
+        .unwrap();
+    assert_eq!(store.waiting_count(w).unwrap(), 1);
+    assert!(store.put_back_untyped(typing.msg_id).unwrap());
+    // Only from `injecting`: a task typed, answered or failed since stays so.
+    assert!(!store.put_back_untyped(typing.msg_id).unwrap());
+    assert_eq!(store.waiting_count(w).unwrap(), 2);
+    let next = store.dequeue(w, &MsgState::Injecting).unwrap().unwrap();
+    assert_eq!(next.body, "first", "it keeps its place");
+    assert!(store.transition(next.msg_id, &MsgState::Injected).is_ok());
+    assert!(!store.put_back_untyped(next.msg_id).unwrap());
+    let trail: Vec<String> = store
+        .changes_since(0, 100)
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.subject == fleet_store::Subject::Message(typing.msg_id))
+        .map(|c| c.state)
+        .collect();
+    assert_eq!(trail, ["injecting", "queued", "injecting", "injected"]);
+}

@@ -506,16 +506,49 @@ impl Fleet {
     }
 
     /// Makes the store say message `msg_id` was still being typed (`injecting`) when fleetd
-    /// died: as if the kill had come between its submit and fleetd's record of it. While
-    /// fleetd is stopped.
+    /// died: as if the kill had come, for a task typed (`injected`), between its submit and
+    /// fleetd's record of it, or, for one `queued`, after fleetd took it off the queue and
+    /// before any key went in. While fleetd is stopped.
     pub fn as_if_killed_while_typing(&self, msg_id: &str) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
         let changed = db.execute(
-            "UPDATE messages SET state = 'injecting' WHERE msg_id = ?1 AND state = 'injected'",
+            "UPDATE messages SET state = 'injecting'
+             WHERE msg_id = ?1 AND state IN ('injected', 'queued')",
             [msg_id],
         )?;
-        anyhow::ensure!(changed == 1, "no injected message {msg_id}");
+        anyhow::ensure!(changed == 1, "no injected or queued message {msg_id}");
+        Ok(())
+    }
+
+    /// Makes the store say task `msg_id` was answered (its reply held for its sender, say),
+    /// so its worker is idle when taken back. While fleetd is stopped.
+    pub fn as_if_answered(&self, msg_id: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.child.is_none(), "fleetd is running");
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        db.execute("INSERT INTO answered (msg_id) VALUES (?1)", [msg_id])?;
+        Ok(())
+    }
+
+    /// Pastes `text` into pane `pane` as fleetd types a task (a bracketed paste where the
+    /// program asked for one), without the Enter after it.
+    pub fn paste(&self, pane: &str, text: &str) -> anyhow::Result<()> {
+        let buffer = format!("paste-{}", uuid::Uuid::now_v7().simple());
+        for args in [
+            vec!["set-buffer", "-b", &buffer, "--", text],
+            vec!["paste-buffer", "-p", "-d", "-b", &buffer, "-t", pane],
+        ] {
+            let out = std::process::Command::new("tmux")
+                .args(["-L", &self.socket])
+                .args(&args)
+                .output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "tmux {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         Ok(())
     }
 

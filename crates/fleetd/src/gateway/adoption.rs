@@ -13,12 +13,16 @@ use std::time::Duration;
 use fleet_core::adoption::{Leftover, PaneNow, ProgramId, Verdict, adopt};
 use fleet_core::clock::now_ms;
 use fleet_core::ownership::LeadRef;
-use fleet_core::{Entity, FleetError, Gid, MsgState, Role};
+use fleet_core::{Entity, FleetError, Gid, Message, MsgId, MsgState, Role};
+use fleet_mux::inject::{InjectOutcome, Settle, hold_still, submit};
+use fleet_mux::interrupted::{Interrupted, Interruption, what_became_of};
 use fleet_mux::{PaneId, PaneLife, PaneState};
-use fleet_store::EntityRecord;
+use fleet_store::{EntityRecord, MessageFilter};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::session::{Adopted, PaneSession};
+use super::typing::{inject_options, typed_text};
 use super::{Caller, LocalPlane};
 use crate::config::ProfileConfig;
 
@@ -35,6 +39,39 @@ struct Known {
     owner: LeadRef,
     /// The leads it is shared with.
     shared: Vec<LeadRef>,
+}
+
+/// How the screen of a worker taken back must settle before fleetd reads off it what became
+/// of the task it was typing (keys typed just before the stop may still be arriving).
+const SETTLE_BEFORE_LOOK: Settle = Settle {
+    still: Duration::from_millis(150),
+    limit: Duration::from_secs(2),
+};
+/// How many lines of a worker's output are searched for the task fleetd was typing.
+const HISTORY_LINES: usize = 2_000;
+/// How many of a worker's earlier tasks are compared with the one fleetd was typing.
+const EARLIER_TASKS: usize = 100;
+
+/// What taking back the previous run's sessions leaves to the rest of the start-up.
+#[derive(Default)]
+pub(super) struct TakenBack {
+    /// The sessions not taken back, to be ended.
+    pub ended: Vec<Unadopted>,
+    /// Tasks the previous run was typing that their workers were found to have taken: a
+    /// sender on another host hears they were typed once the federation is up.
+    pub typed: Vec<Message>,
+    /// Tasks it was typing whose fate the pane could not tell, to be failed for this reason.
+    pub unsure: Vec<(Message, String)>,
+}
+
+/// What became of a task the previous run was typing into a session taken back.
+enum Settled {
+    /// It is the session's task in flight.
+    Typed(Message),
+    /// It is back at the head of its queue.
+    PutBack,
+    /// Nobody can tell: it fails, for this reason.
+    Unsure(Message, String),
 }
 
 /// A session the previous run left that this start does not take back, and why not.
@@ -104,7 +141,7 @@ impl LocalPlane {
 
     /// At start-up, before anything is served or attached: takes back each worker and
     /// architect of the previous run that still runs; returns the others, to be ended.
-    pub(super) async fn take_back(self: &Arc<Self>) -> Result<Vec<Unadopted>, FleetError> {
+    pub(super) async fn take_back(self: &Arc<Self>) -> Result<TakenBack, FleetError> {
         let records: Vec<EntityRecord> = self
             .db
             .run(|s| s.live_entities())
@@ -113,7 +150,7 @@ impl LocalPlane {
             .filter(|r| r.entity.role.is_pane_bound())
             .collect();
         if records.is_empty() {
-            return Ok(Vec::new());
+            return Ok(TakenBack::default());
         }
         let panes = self.panes.panes().await.map_err(|e| {
             FleetError::new(
@@ -131,14 +168,18 @@ impl LocalPlane {
             // its workers were started by an older build, which recorded nothing of them.
             upgraded: last_alive.is_none(),
         };
-        let mut ended = Vec::new();
+        let mut back = TakenBack::default();
         for record in records {
             match self.identify(&record, &found).await? {
-                Ok(taken) => self.take_back_one(&record, taken).await?,
-                Err(why) => ended.push(Unadopted { record, why }),
+                Ok(taken) => match self.take_back_one(&record, taken).await? {
+                    Some(Settled::Typed(task)) => back.typed.push(task),
+                    Some(Settled::Unsure(task, why)) => back.unsure.push((task, why)),
+                    Some(Settled::PutBack) | None => {}
+                },
+                Err(why) => back.ended.push(Unadopted { record, why }),
             }
         }
-        Ok(ended)
+        Ok(back)
     }
 
     /// Whether `record`, a session of the previous run, is to be taken back
@@ -201,14 +242,16 @@ impl LocalPlane {
 
     /// Takes back `record`, as `taken` says it is: its task in flight the last one typed in or
     /// handed over that nothing answers — the messages' states are stored as they change, a
-    /// session's status is not on every task — and an architect retired as its slot says.
-    /// (A task fleetd was still typing when it died is failed at start-up, whoever it was for.)
+    /// session's status is not on every task — and an architect retired as its slot says. A
+    /// task the previous run was still typing into it is settled first, from its pane
+    /// ([`LocalPlane::settle_typing`]); what became of it is returned.
     async fn take_back_one(
         self: &Arc<Self>,
         record: &EntityRecord,
         taken: Identified,
-    ) -> Result<(), FleetError> {
+    ) -> Result<Option<Settled>, FleetError> {
         let gid = record.entity.gid;
+        let settled = self.settle_typing(gid, &taken).await?;
         let current = self
             .db
             .run(move |s| s.unanswered_tasks_to(gid))
@@ -238,7 +281,123 @@ impl LocalPlane {
         if record.entity.role == Role::Architect {
             self.retire_adopted(&record.entity, answered);
         }
-        Ok(())
+        Ok(settled)
+    }
+
+    /// Settles the task the previous run left `injecting` for `gid` (taken back as `taken`),
+    /// if any, from what its pane shows ([`what_became_of`]): one its worker took is typed
+    /// (and so its task in flight); one pasted but not submitted gets its Enter; one never
+    /// typed goes back to the head of its queue; one the pane cannot tell about is failed by
+    /// the start-up, never typed again.
+    async fn settle_typing(
+        &self,
+        gid: Gid,
+        taken: &Identified,
+    ) -> Result<Option<Settled>, FleetError> {
+        let typing = MessageFilter {
+            state: Some(MsgState::Injecting.name().to_string()),
+            to: Some(gid),
+            limit: 1,
+            ..MessageFilter::default()
+        };
+        let Some(task) = self.db.run(move |s| s.messages(&typing)).await?.pop() else {
+            return Ok(None);
+        };
+        let (msg_id, trace_id) = (task.msg_id, task.trace_id);
+        let profile = &taken.profile;
+        let typed = match typed_text(&task, &self.name_of(task.from).await, profile) {
+            Ok(typed) => typed,
+            // Refused before any key went in: the pump will refuse it again, and say why.
+            Err(_) => return self.put_back(task).await.map(Some),
+        };
+        let earlier = self.typed_before(gid, msg_id, taken).await?;
+        let options = inject_options(profile, false);
+        let pane = &taken.pane;
+        let host = self.panes.as_ref();
+        let seen = async {
+            hold_still(host, pane, SETTLE_BEFORE_LOOK).await?;
+            let screen = host.snapshot(pane).await?;
+            let history = host.history(pane, HISTORY_LINES).await?;
+            Ok::<_, fleet_mux::MuxError>((screen, history))
+        };
+        let (screen, history) = match seen.await {
+            Ok(seen) => seen,
+            Err(e) => {
+                let why = format!("its pane could not be read: {}", crate::logs::mux_error(&e));
+                return Ok(Some(Settled::Unsure(task, why)));
+            }
+        };
+        let verdict = what_became_of(&Interruption {
+            typed: &typed,
+            screen: &screen,
+            history: &history,
+            marker: options.submitted_marker.as_deref(),
+            earlier: &earlier,
+        });
+        tracing::info!(%trace_id, %msg_id, %gid, ?verdict, "a task the previous run was typing when it stopped, as its worker's pane shows it");
+        let settled = match verdict {
+            Interrupted::Submitted => self.typed(task).await?,
+            Interrupted::InInput => {
+                // Nothing calls in before the listener serves: only the screen can tell.
+                let (_calls, mut activity) = watch::channel(0u64);
+                match submit(host, pane, screen, &options, &mut activity).await {
+                    Ok(InjectOutcome::Submitted { .. }) => self.typed(task).await?,
+                    Ok(_) => Settled::Unsure(
+                        task,
+                        "it was found pasted in the input box, and Enter did not submit it".into(),
+                    ),
+                    Err(e) => Settled::Unsure(
+                        task,
+                        format!("its pane host failed: {}", crate::logs::mux_error(&e)),
+                    ),
+                }
+            }
+            Interrupted::NotTyped => self.put_back(task).await?,
+            Interrupted::Unsure(why) => Settled::Unsure(task, why.to_string()),
+        };
+        Ok(Some(settled))
+    }
+
+    /// Records `task` typed: its worker took it.
+    async fn typed(&self, task: Message) -> Result<Settled, FleetError> {
+        let msg_id = task.msg_id;
+        self.db
+            .run(move |s| s.transition(msg_id, &MsgState::Injected))
+            .await?;
+        Ok(Settled::Typed(task))
+    }
+
+    /// Puts `task`, never typed, back at the head of its queue.
+    async fn put_back(&self, task: Message) -> Result<Settled, FleetError> {
+        let msg_id = task.msg_id;
+        self.db.run(move |s| s.put_back_untyped(msg_id)).await?;
+        Ok(Settled::PutBack)
+    }
+
+    /// The texts typed into `gid`'s session (taken back as `taken`) before `msg_id`, the
+    /// newest [`EARLIER_TASKS`].
+    async fn typed_before(
+        &self,
+        gid: Gid,
+        msg_id: MsgId,
+        taken: &Identified,
+    ) -> Result<Vec<String>, FleetError> {
+        let filter = MessageFilter {
+            state: Some(MsgState::Injected.name().to_string()),
+            to: Some(gid),
+            since_ms: Some(taken.since),
+            limit: EARLIER_TASKS,
+            ..MessageFilter::default()
+        };
+        let mut earlier = Vec::new();
+        for message in self.db.run(move |s| s.messages(&filter)).await? {
+            if message.msg_id == msg_id {
+                continue;
+            }
+            let from = self.name_of(message.from).await;
+            earlier.extend(typed_text(&message, &from, &taken.profile).ok());
+        }
+        Ok(earlier)
     }
 
     /// Arms again the retirement of `architect`, taken back (its consult's timers were the

@@ -2,8 +2,9 @@
 //! pane, one at a time, only while it is idle.
 //!
 //! Forward path, at-most-once: a brief is taken off the queue (`injecting`) *before* it is
-//! typed, so a crash in between loses it visibly (the restart fails it and tells the sender)
-//! instead of typing it twice.
+//! typed, so a crash in between never types it twice: the restart reads off the worker's pane
+//! what became of it (`adoption.rs`, [`fleet_mux::interrupted`]) and fails it, telling the
+//! sender, only where the pane cannot tell.
 //!
 //! An architect gets only its brief typed in: what comes for it later stays queued for its own
 //! `fleet_poll`, and the pump types a nudge saying so instead (see

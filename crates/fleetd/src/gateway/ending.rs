@@ -6,11 +6,11 @@ use std::sync::Arc;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::ownership::{Action, Principal, check, parts, told};
 use fleet_core::routing::Route;
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, WorkerStatus};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, MsgState, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
 
-use super::adoption::Unadopted;
+use super::adoption::{TakenBack, Unadopted};
 use super::views::StopResult;
 use super::{Caller, LocalPlane, Viewer};
 
@@ -222,15 +222,34 @@ impl LocalPlane {
         });
     }
 
-    /// At start-up, once what still runs was taken back ([`LocalPlane::take_back`]): ends
-    /// the sessions of the previous run that were not (`ended`: their tokens stop working,
-    /// the senders of what they held are told why), fails what the previous run was typing or
-    /// had queued for a session that is gone, closes the panes nobody was taken back in,
+    /// At start-up, once what still runs was taken back ([`LocalPlane::take_back`], `back`):
+    /// ends the sessions of the previous run that were not (their tokens stop working, the
+    /// senders of what they held are told why), tells the remote senders of the tasks found
+    /// typed, fails the tasks it was typing that the panes could not tell about and what it had
+    /// queued for a session that is gone, closes the panes nobody was taken back in,
     /// clears what the ended ones left, and starts the pumps of those taken back. Held
     /// messages stay.
-    pub(super) async fn recover(self: &Arc<Self>, ended: Vec<Unadopted>) -> Result<(), FleetError> {
+    pub(super) async fn recover(self: &Arc<Self>, back: TakenBack) -> Result<(), FleetError> {
+        let TakenBack {
+            ended,
+            typed,
+            unsure,
+        } = back;
         for Unadopted { record, why } in ended {
             self.end_leftover(record, &why).await?;
+        }
+        for task in &typed {
+            if let Some(afar) = self.afar_of(task) {
+                afar.injected(self, task).await;
+            }
+        }
+        for (task, why) in unsure {
+            let reason = format!(
+                "interrupted: fleetd stopped while typing it, and after the restart its worker's pane could not tell whether it got in ({why}); it is not typed again"
+            );
+            let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.clone()));
+            self.db.run(move |s| s.transition(msg_id, &failed)).await?;
+            self.notify_failed(&task, &reason).await;
         }
         let kept: Vec<Gid> = self.sessions.lock().panes.keys().copied().collect();
         let spared = kept.clone();

@@ -51,11 +51,11 @@ impl Gateway {
     /// the pane watcher and the nudgers.
     pub async fn start(&self) -> Result<(), FleetError> {
         self.local.declare_leads().await?;
-        let ended = self.local.take_back().await?;
+        let back = self.local.take_back().await?;
         if let Some(federation) = &self.federation {
             federation.start_federation(&self.local).await?;
         }
-        self.local.start(ended).await
+        self.local.start(back).await
     }
 
     /// Shuts down: stops the loops and waits for them to finish. The workers keep running for

@@ -290,11 +290,11 @@ impl LocalPlane {
     }
 
     /// Starts the coordinator's link, ends what a previous run left and this start did not
-    /// take back (`ended`), fails what it left half-delivered, closes its other panes, and
+    /// take back (`back`), fails what it left half-delivered, closes its other panes, and
     /// starts the pumps, the pane watcher and the nudgers.
-    async fn start(self: &Arc<Self>, ended: Vec<adoption::Unadopted>) -> Result<(), FleetError> {
+    async fn start(self: &Arc<Self>, back: adoption::TakenBack) -> Result<(), FleetError> {
         self.start_coordinator().await?;
-        self.recover(ended).await?;
+        self.recover(back).await?;
         self.every(
             "pane watch",
             watch::PANE_WATCH_INTERVAL,

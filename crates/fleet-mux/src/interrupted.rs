@@ -1,0 +1,366 @@
+//! What became of a task fleetd was typing when it stopped (a crash, `kill -9`), read off the
+//! pane by the next start, which took the worker back. fleetd takes a task off its queue before
+//! it types it, and records it typed only once the submit was seen; a stop in between leaves
+//! it `injecting`, and only the pane can tell how far it got: never pasted (type it again),
+//! pasted but not submitted (press Enter), or submitted (the worker is on it: its reply answers
+//! it). Where the pane cannot tell, nothing is typed again: a task typed twice is work done
+//! twice, and the next start says it does not know.
+
+use crate::Snapshot;
+
+/// How Claude Code shows a long or many-line paste in its input box and its transcript,
+/// instead of the text.
+pub const COLLAPSED_PASTE: &str = "[Pasted text";
+/// How many characters of a task's first and last lines are looked for on the screen: enough
+/// to tell tasks apart, short enough to fit a narrow pane's row.
+const PROBE_CHARS: usize = 24;
+/// How many screen rows up from the cursor a paste's last line may have wrapped over.
+const WRAPPED_ROWS: usize = 3;
+
+/// What the pane shows of an interrupted task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interrupted {
+    /// The program took it: it shows in what the pane printed, and the input box holds it no
+    /// longer.
+    Submitted,
+    /// It sits in the input box, pasted but not submitted: Enter submits it.
+    InInput,
+    /// Nothing of it shows: it never reached the program.
+    NotTyped,
+    /// The pane cannot tell, for this reason.
+    Unsure(&'static str),
+}
+
+/// What is known of an interrupted task and of its pane.
+#[derive(Clone, Copy, Debug)]
+pub struct Interruption<'a> {
+    /// The text fleetd was typing.
+    pub typed: &'a str,
+    /// What the pane shows now.
+    pub screen: &'a Snapshot,
+    /// The pane's recent output, lines unwrapped, through what the screen shows.
+    pub history: &'a str,
+    /// The text the program shows in front of its input box, when known (see
+    /// [`crate::inject::InjectOptions::submitted_marker`]).
+    pub marker: Option<&'a str>,
+    /// The texts typed into the same session before it: seeing a line of it proves nothing if
+    /// one of them showed that line too.
+    pub earlier: &'a [String],
+}
+
+/// What became of the task `it` describes.
+pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
+    let mut lines = it.typed.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return Interrupted::Unsure("it is blank");
+    };
+    let first = first_chars(first, PROBE_CHARS);
+    // The line to look for in what the program printed: the first one no task typed before
+    // showed (a label line, say, begins many).
+    let head = std::iter::once(first)
+        .chain(lines.map(|l| first_chars(l, PROBE_CHARS)))
+        .find(|line| !it.earlier.iter().any(|text| shows(text, line)));
+    if let Some(marker) = it.marker {
+        match input_box(&it.screen.text, marker) {
+            // Something is in the box: the task was pasted only into an empty one, so anything
+            // else there (a draft) means it never got in.
+            Some(held) if !held.is_empty() => {
+                return if begins_alike(held, first) || held.contains(COLLAPSED_PASTE) {
+                    Interrupted::InInput
+                } else {
+                    Interrupted::NotTyped
+                };
+            }
+            Some(_) => {}
+            None if head.is_some_and(|head| shows(it.history, head)) => {
+                return Interrupted::Submitted;
+            }
+            None => return Interrupted::Unsure("the program's input box is not on screen"),
+        }
+    } else if ends_at_cursor(it.screen, it.typed) {
+        return Interrupted::InInput;
+    }
+    let Some(head) = head else {
+        return Interrupted::Unsure(
+            "every line of it was in a task typed before into the same worker",
+        );
+    };
+    if shows(it.history, head) {
+        return Interrupted::Submitted;
+    }
+    if it.marker.is_some() && it.history.contains(COLLAPSED_PASTE) {
+        return Interrupted::Unsure("the program shows pastes collapsed, not their text");
+    }
+    Interrupted::NotTyped
+}
+
+/// What the input box holds (trimmed), from the last row showing `marker`; `None` if no row
+/// does.
+fn input_box<'t>(screen: &'t str, marker: &str) -> Option<&'t str> {
+    if marker.is_empty() {
+        return None;
+    }
+    screen
+        .lines()
+        .rev()
+        .find_map(|line| line.find(marker).map(|at| line[at + marker.len()..].trim()))
+}
+
+/// Whether `held`, the start of what an input box shows, is the start of `head`: the box
+/// may wrap the line earlier than `head` ends.
+fn begins_alike(held: &str, head: &str) -> bool {
+    held.starts_with(head) || (head.starts_with(held) && held.chars().count() >= head_min(head))
+}
+
+/// The fewest characters of `head` that tell it apart well enough.
+fn head_min(head: &str) -> usize {
+    head.chars().count().min(8)
+}
+
+/// Whether a row of `history` shows `head`.
+fn shows(history: &str, head: &str) -> bool {
+    history.lines().any(|line| line.contains(head))
+}
+
+/// Whether the screen's text ends, at the cursor, with the end of `typed`: the paste is
+/// still on the input line (a program with no known input box).
+fn ends_at_cursor(screen: &Snapshot, typed: &str) -> bool {
+    let Some(tail) = typed.lines().map(str::trim).rfind(|l| !l.is_empty()) else {
+        return false;
+    };
+    let tail = last_chars(tail, PROBE_CHARS);
+    let rows: Vec<&str> = screen.text.lines().collect();
+    let at = usize::try_from(screen.cursor.1).unwrap_or(usize::MAX);
+    let Some(row) = rows.get(at) else {
+        return false;
+    };
+    if row.trim().is_empty() {
+        return false;
+    }
+    let from = at.saturating_sub(WRAPPED_ROWS - 1);
+    let joined: String = rows[from..=at].iter().map(|r| r.trim_end()).collect();
+    joined.ends_with(tail)
+}
+
+/// The first `n` characters of `text`.
+fn first_chars(text: &str, n: usize) -> &str {
+    text.char_indices()
+        .nth(n)
+        .map_or(text, |(at, _)| &text[..at])
+}
+
+/// The last `n` characters of `text`.
+fn last_chars(text: &str, n: usize) -> &str {
+    let count = text.chars().count();
+    text.char_indices()
+        .nth(count.saturating_sub(n))
+        .map_or(text, |(at, _)| &text[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARK: &str = "❯\u{a0}";
+
+    /// A screen with the cursor at (column, row).
+    fn snap(cursor: (u32, u32), text: &str) -> Snapshot {
+        Snapshot {
+            cursor,
+            in_mode: false,
+            text: text.into(),
+        }
+    }
+
+    fn became(typed: &str, screen: &Snapshot, history: &str, marker: Option<&str>) -> Interrupted {
+        what_became_of(&Interruption {
+            typed,
+            screen,
+            history,
+            marker,
+            earlier: &[],
+        })
+    }
+
+    #[test]
+    fn a_plain_program_shows_a_paste_on_its_input_line_until_enter() {
+        let task = "fix the flaky test in crates/store\nand say which";
+        // Pasted: the last line of the task ends where the cursor is.
+        let screen = snap(
+            (13, 2),
+            "sim w1 ready\n> fix the flaky test in crates/store\nand say which",
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, None),
+            Interrupted::InInput
+        );
+        // Submitted: the program printed on, the cursor is past it.
+        let screen = snap(
+            (2, 4),
+            "sim w1 ready\n> fix the flaky test in crates/store\nand say which\n[task 1: 47 bytes]\n> ",
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, None),
+            Interrupted::Submitted
+        );
+        // Never pasted.
+        let screen = snap((2, 1), "sim w1 ready\n> ");
+        assert_eq!(
+            became(task, &screen, &screen.text, None),
+            Interrupted::NotTyped
+        );
+    }
+
+    #[test]
+    fn a_paste_wrapped_over_rows_is_still_seen_at_the_cursor() {
+        let task = format!("do it {}", "x".repeat(40));
+        // A 20-column pane: the task's end wrapped over three rows.
+        let screen = snap(
+            (9, 3),
+            "ready\n> do it xxxxxxxxxxxx\nxxxxxxxxxxxxxxxxxxxx\nxxxxxxxx",
+        );
+        assert_eq!(
+            became(
+                &task,
+                &screen,
+                "ready\n> do it xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+                None
+            ),
+            Interrupted::InInput
+        );
+    }
+
+    #[test]
+    fn a_submitted_task_scrolled_off_the_screen_is_found_in_the_history() {
+        let task = "summarise the design doc";
+        let screen = snap((2, 2), "line 40 of output\nline 41 of output\n> ");
+        let history = "> summarise the design doc\n[task 3: 24 bytes]\nline 1 of output\nline 41 of output\n> ";
+        assert_eq!(became(task, &screen, history, None), Interrupted::Submitted);
+    }
+
+    #[test]
+    fn claude_codes_input_box_tells_pasted_from_taken() {
+        let task = "refactor the parser so that it streams";
+        // In the box: pasted, not submitted.
+        let screen = snap(
+            (40, 2),
+            &format!("welcome\n\n{MARK}refactor the parser so that it streams\n"),
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::InInput
+        );
+        // Collapsed in the box.
+        let screen = snap(
+            (30, 2),
+            &format!("welcome\n{MARK}[Pasted text #1 +12 lines]\n"),
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::InInput
+        );
+        // Taken: the transcript shows it, the box is empty.
+        let screen = snap(
+            (2, 4),
+            &format!("> refactor the parser so that it streams\n\n✻ Working…\n{MARK}\n"),
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::Submitted
+        );
+        // Never pasted: the box is empty and nothing shows it.
+        let screen = snap((2, 1), &format!("welcome\n{MARK}\n"));
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::NotTyped
+        );
+        // A draft in the box: the task was never pasted (it goes only into an empty box).
+        let screen = snap((12, 1), &format!("welcome\n{MARK}half a thought\n"));
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::NotTyped
+        );
+    }
+
+    #[test]
+    fn what_the_screen_cannot_tell_is_unsure_never_typed_again() {
+        let task = "run the tests";
+        // The box is not on screen (a dialog over it) and nothing shows the task.
+        let screen = snap((0, 1), "Do you want to proceed?\n  1. Yes\n");
+        assert!(matches!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::Unsure(_)
+        ));
+        // ... but a task the transcript shows was taken, dialog or not.
+        let screen = snap(
+            (0, 2),
+            "> run the tests\nDo you want to proceed?\n  1. Yes\n",
+        );
+        assert_eq!(
+            became(task, &screen, &screen.text, Some(MARK)),
+            Interrupted::Submitted
+        );
+        // Collapsed pastes show no text: an empty box with one in the transcript cannot tell.
+        let long = "one\ntwo\nthree\nfour";
+        let screen = snap((2, 2), &format!("> [Pasted text #1 +3 lines]\n{MARK}\n"));
+        assert!(matches!(
+            became(long, &screen, &screen.text, Some(MARK)),
+            Interrupted::Unsure(_)
+        ));
+    }
+
+    #[test]
+    fn a_first_line_typed_before_proves_nothing() {
+        let task = "run the tests again";
+        let screen = snap((2, 3), "> run the tests again\n[task 1: 19 bytes]\n\n> ");
+        let earlier = vec!["run the tests again".to_string()];
+        let it = Interruption {
+            typed: task,
+            screen: &screen,
+            history: &screen.text,
+            marker: None,
+            earlier: &earlier,
+        };
+        assert!(matches!(what_became_of(&it), Interrupted::Unsure(_)));
+        // Still on the input line, it is this one, whatever came before.
+        let screen = snap(
+            (21, 3),
+            "> run the tests again\n[task 1: 19 bytes]\n\n> run the tests again",
+        );
+        let it = Interruption {
+            screen: &screen,
+            history: &screen.text,
+            ..it
+        };
+        assert_eq!(what_became_of(&it), Interrupted::InInput);
+    }
+
+    #[test]
+    fn a_label_line_every_task_begins_with_is_passed_over() {
+        let task = "[fleet task from alice]\n/ask 5 c54 may I?";
+        let earlier = vec!["[fleet task from alice]\n/ask 5 c53 may I?".to_string()];
+        let seen = |text: &str, cursor| {
+            let screen = snap(cursor, text);
+            what_became_of(&Interruption {
+                typed: task,
+                screen: &screen,
+                history: text,
+                marker: None,
+                earlier: &earlier,
+            })
+        };
+        let before = "> [fleet task from alice]\n/ask 5 c53 may I?\n[task 1: 40 bytes]\n> ";
+        assert_eq!(seen(before, (2, 3)), Interrupted::NotTyped);
+        let taken =
+            format!("{before}[fleet task from alice]\n/ask 5 c54 may I?\n[task 2: 40 bytes]\n");
+        assert_eq!(seen(&taken, (0, 6)), Interrupted::Submitted);
+    }
+
+    #[test]
+    fn probes_cut_on_character_boundaries() {
+        assert_eq!(first_chars("héllo", 2), "hé");
+        assert_eq!(first_chars("hé", 5), "hé");
+        assert_eq!(last_chars("héllo wörld", 4), "örld");
+        assert_eq!(last_chars("ö", 4), "ö");
+    }
+}
