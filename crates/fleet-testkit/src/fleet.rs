@@ -521,6 +521,26 @@ impl Fleet {
         Ok(())
     }
 
+    /// Makes the store say fleetd, when it died, had accepted another task `text` from the
+    /// sender of task `like` to the same recipient and was typing it (`injecting`); returns its
+    /// msg_id. Paste `text` into the pane ([`Fleet::paste`]) for the kill to have come between
+    /// the paste and the Enter. While fleetd is stopped.
+    pub fn as_if_typing_another(&self, like: &str, text: &str) -> anyhow::Result<String> {
+        anyhow::ensure!(self.child.is_none(), "fleetd is running");
+        let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let msg_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let made = db.execute(
+            "INSERT INTO messages (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body,
+                                   state, reason, created_ms, updated_ms)
+             SELECT ?2, trace_id, kind, from_gid, to_gid, NULL, ?3, 'injecting', NULL,
+                    created_ms, updated_ms
+             FROM messages WHERE msg_id = ?1 AND kind = 'SEND'",
+            [like, &msg_id, text],
+        )?;
+        anyhow::ensure!(made == 1, "no task {like}");
+        Ok(msg_id)
+    }
+
     /// Makes the store say task `msg_id` was answered (its reply held for its sender, say),
     /// so its worker is idle when taken back. While fleetd is stopped.
     pub fn as_if_answered(&self, msg_id: &str) -> anyhow::Result<()> {

@@ -4,7 +4,9 @@
 //! agent's `fleet_reply` reaches the new process over an MCP session the old one made — the
 //! agent itself finds its way back (Claude Code and opencode start a new session when fleetd
 //! answers 404 to the old one) — and the lead gets the reply once; the next task goes through
-//! the same pane.
+//! the same pane. A kill that came while fleetd was typing is settled from the real agent's
+//! screen: a task it took is its task in flight; one left pasted in its input box is
+//! submitted.
 
 use std::time::Duration;
 
@@ -35,13 +37,22 @@ async fn round_trip(
     }
 }
 
+/// Where `kill -9` comes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    /// With the task in the agent's turn, recorded so.
+    InTurn,
+    /// With the task in the agent's turn, before fleetd recorded its submit.
+    BeforeTheRecord,
+}
+
 /// Spawns `name` of profile `profile` (on `model`), holds a task in its turn over `kill -9`
-/// and a restart of fleetd, and checks what the lead gets.
+/// (coming as `kill` says) and a restart of fleetd, and checks what the lead gets.
 async fn survives_kill_9(
     model: &ModelSim,
-    profile: &str,
-    name: &str,
+    (profile, name): (&str, &str),
     config: &str,
+    kill: Kill,
 ) -> anyhow::Result<()> {
     let mut fleet = Fleet::start("", config).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
@@ -64,7 +75,13 @@ async fn survives_kill_9(
     lead.close().await?;
 
     fleet.kill9().await?;
+    if kill == Kill::BeforeTheRecord {
+        fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default())?;
+    }
     fleet.launch().await?;
+    if kill == Kill::BeforeTheRecord {
+        fleet.logged("verdict=Submitted").await?;
+    }
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let after = lead.entry(name).await?;
     assert_eq!(
@@ -104,16 +121,101 @@ async fn survives_kill_9(
     Ok(())
 }
 
+/// Spawns `name` of profile `profile` (on `model`), and kills fleetd as if between the paste
+/// of a task and its Enter: the task sits in the agent's input box. The restart submits it,
+/// once, and the lead gets its reply.
+async fn gets_its_enter_after_kill_9(
+    (profile, name): (&str, &str),
+    config: &str,
+) -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("", config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn(profile, name).await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let at = (name, pane.as_str());
+    let sent = lead
+        .send(name, "before the restart", TURN.as_secs())
+        .await?;
+    assert_eq!(sent["reply"]["text"], "echo: before the restart", "{sent}");
+    lead.close().await?;
+    fleet.kill9().await?;
+    let text = "pasted before the kill";
+    let typing = fleet.as_if_typing_another(sent["msg_id"].as_str().unwrap_or_default(), text)?;
+    fleet.paste(&pane, text)?;
+    until("the paste in the input box", TURN, || async {
+        fleet.screen(&pane).ok()?.contains(text).then_some(())
+    })
+    .await?;
+    fleet.launch().await?;
+    fleet.logged("verdict=InInput").await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let got = std::sync::Mutex::new(Vec::<Value>::new());
+    until("the reply to the pasted task", TURN, || async {
+        let polled = lead.poll(1).await.ok()?;
+        let mut got = got.lock().ok()?;
+        got.extend(polled);
+        (!got.is_empty()).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(&pane).unwrap_or_default(),
+            fleet.log()
+        )
+    })?;
+    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    got.extend(lead.poll(0).await?);
+    assert_eq!(got.len(), 1, "the reply comes once: {got:?}");
+    assert_eq!(got[0]["in_reply_to"].as_str(), Some(typing.as_str()));
+    assert_eq!(got[0]["text"], format!("echo: {text}"));
+    assert_eq!(
+        round_trip(&fleet, &lead, at, "after the restart").await?,
+        "echo: after the restart"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_claude_code_worker_mid_task_survives_kill_9_of_fleetd() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
     let config = claude_profile("claude", &model.base_url());
-    survives_kill_9(&model, "claude", "c1", &config).await
+    survives_kill_9(&model, ("claude", "c1"), &config, Kill::InTurn).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_opencode_worker_mid_task_survives_kill_9_of_fleetd() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
     let config = opencode_profile("oc", &model.base_url());
-    survives_kill_9(&model, "oc", "o1", &config).await
+    survives_kill_9(&model, ("oc", "o1"), &config, Kill::InTurn).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_worker_on_a_task_fleetd_died_recording_keeps_it() -> anyhow::Result<()>
+{
+    let model = ModelSim::start().await?;
+    let config = claude_profile("claude", &model.base_url());
+    survives_kill_9(&model, ("claude", "c1"), &config, Kill::BeforeTheRecord).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_opencode_worker_on_a_task_fleetd_died_recording_keeps_it() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = opencode_profile("oc", &model.base_url());
+    survives_kill_9(&model, ("oc", "o1"), &config, Kill::BeforeTheRecord).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_left_in_a_real_claude_codes_input_box_by_kill_9_is_submitted() -> anyhow::Result<()>
+{
+    let model = ModelSim::start().await?;
+    let config = claude_profile("claude", &model.base_url());
+    gets_its_enter_after_kill_9(("claude", "c1"), &config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_left_in_a_real_opencodes_input_box_by_kill_9_is_submitted() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = opencode_profile("oc", &model.base_url());
+    gets_its_enter_after_kill_9(("oc", "o1"), &config).await
 }

@@ -405,6 +405,12 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         max(&linked)
     );
     if args.workers == Workers::Live {
+        println!(
+            "  being typed at a kill, settled from the pane by the restart: {}",
+            settled_typing(&[&a, &b])
+        );
+    }
+    if args.workers == Workers::Live {
         // With the workers living on, a failure is a failure to take back: say each.
         for (id, fate) in ledger.failed().into_iter().take(20) {
             println!(
@@ -432,6 +438,32 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// How many tasks the restarts of `fleets` found still being typed, by what their panes showed
+/// (fleetd logs each such task's verdict).
+fn settled_typing(fleets: &[&Fleet]) -> String {
+    let mut verdicts = BTreeMap::<String, usize>::new();
+    for fleet in fleets {
+        for line in fleet.log().lines() {
+            if !line.contains("a task the previous run was typing") {
+                continue;
+            }
+            let verdict = line
+                .split_whitespace()
+                .find_map(|word| word.strip_prefix("verdict="))
+                .and_then(|verdict| verdict.split('(').next())
+                .unwrap_or("?");
+            *verdicts.entry(verdict.to_string()).or_default() += 1;
+        }
+    }
+    let total: usize = verdicts.values().sum();
+    let each: Vec<String> = verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
+    if each.is_empty() {
+        "0".to_string()
+    } else {
+        format!("{total} ({})", each.join(", "))
+    }
 }
 
 #[cfg(test)]
