@@ -188,6 +188,33 @@ async fn a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd(
     Ok(())
 }
 
+async fn a_task_fleetd_died_typing_on_herdr_is_read_off_the_pane_as_taken(
+    herdr: TestHerdr,
+) -> anyhow::Result<()> {
+    let (mut fleet, lead) = fleet_on(&herdr).await?;
+    lead.spawn("sim", "w1").await?;
+    let gate = fleet.gate();
+    let sent = lead
+        .send("w1", &gate.task("typed before the kill"), 0)
+        .await?;
+    fleet.injected(&sent).await?;
+    lead.close().await?;
+    fleet.kill9().await?;
+    // The kill came between the submit and fleetd's record of it: only the pane can tell.
+    fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default())?;
+    fleet.launch().await?;
+    fleet.logged("verdict=Submitted").await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    assert_eq!(lead.entry("w1").await?["status"], "busy");
+    gate.open()?;
+    let answers = lead.poll(20).await?;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["in_reply_to"], sent["msg_id"]);
+    assert_eq!(answers[0]["text"], "echo: typed before the kill");
+    assert_eq!(lead.poll(0).await?, Vec::<serde_json::Value>::new());
+    Ok(())
+}
+
 /// Each case above, once on the stand-in and once on the real herdr `HERDR_BIN` names.
 macro_rules! on_every_herdr {
     ($($case:ident),* $(,)?) => {
@@ -217,4 +244,5 @@ on_every_herdr!(
     an_agent_herdr_sees_working_or_blocked_gets_no_task,
     herdr_gone_reads_unknown_fails_sends_fast_keeps_held_and_comes_back,
     a_worker_mid_task_on_herdr_survives_kill_9_of_fleetd,
+    a_task_fleetd_died_typing_on_herdr_is_read_off_the_pane_as_taken,
 );
