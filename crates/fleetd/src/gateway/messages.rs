@@ -143,6 +143,30 @@ impl LocalPlane {
             self.metrics.accepted(kind, placement);
         }
         if fresh && placement == Placement::Queue {
+            return Ok(self.queued(&kept).await);
+        }
+        Ok(placement)
+    }
+
+    /// Puts back on its queue `brief`, a brief off the broker kept (`injecting`, which nothing
+    /// takes) before its acknowledgement, now that the broker is seen to have that: it is
+    /// accepted as a delivered one is; where it went.
+    pub(super) async fn release_taken(self: &Arc<Self>, brief: &Message) -> Placement {
+        let (msg_id, trace_id, kind, to) = (brief.msg_id, brief.trace_id, brief.kind, brief.to);
+        if let Err(e) = self.db.run(move |s| s.put_back_untyped(msg_id)).await {
+            // Left `injecting`: the restart reads off the pane that it was never typed.
+            tracing::error!(%trace_id, %msg_id, error = %e, "a brief taken off the broker cannot be queued: it waits for the next start");
+            return Placement::Queue;
+        }
+        tracing::info!(%trace_id, %msg_id, %kind, %to, fresh = true, placement = ?Placement::Queue, "accepted");
+        self.queued(brief).await
+    }
+
+    /// What follows a message newly queued for its worker (`kept`): the worker's pump is
+    /// kicked; where it went (dead if the session ended meanwhile).
+    async fn queued(self: &Arc<Self>, kept: &Message) -> Placement {
+        let (to, kind) = (kept.to, kept.kind);
+        {
             let (live, pulled) = match self.sessions.lock().panes.get_mut(&to) {
                 Some(session) if session.status().is_live() => {
                     session.queued(tokio::time::Instant::now());
@@ -154,8 +178,8 @@ impl LocalPlane {
             // Queued for its own pull, it is as good as typed in: a sender on another host
             // hears so now, not only once it is pulled (its receipt bound would not wait for
             // the nudge).
-            if pulled && let Some(afar) = self.afar_of(&kept) {
-                afar.injected(self, &kept).await;
+            if pulled && let Some(afar) = self.afar_of(kept) {
+                afar.injected(self, kept).await;
             }
             // Its session ended while the message was being stored, after the sweep of what
             // was on its way: fail it here, or it would wait forever.
@@ -163,12 +187,12 @@ impl LocalPlane {
                 self.metrics.accepted(kind, Placement::Dead);
                 let why = format!("'{}' is gone", self.name_of(to).await);
                 // Boxed: failing notifies, and notifying delivers (a notice is never queued).
-                Box::pin(self.fail(&kept, &why)).await;
-                return Ok(Placement::Dead);
+                Box::pin(self.fail(kept, &why)).await;
+                return Placement::Dead;
             }
-            self.metrics.accepted(kind, placement);
+            self.metrics.accepted(kind, Placement::Queue);
         }
-        Ok(placement)
+        Placement::Queue
     }
 
     /// Holds `messages` (each for an entity whose placement is [`Placement::Hold`]) in one

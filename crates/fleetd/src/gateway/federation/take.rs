@@ -20,6 +20,14 @@ use super::waiting::Waiting;
 use fleet_core::delivery::Placement;
 use fleet_core::delivery::WAITED_TOO_LONG;
 
+/// How a brief was kept before its acknowledgement.
+enum Kept {
+    /// Newly.
+    Fresh,
+    /// Already, from an earlier delivery of it.
+    Again,
+}
+
 impl Federation {
     /// One admitted message off `owner`'s inbox that is not simply held: a brief for a local
     /// worker (it joins `waiting`), a receipt, or a kind an inbox does not take. False if the
@@ -101,6 +109,10 @@ impl Federation {
         }
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let message = envelope.brief_for(owner, body, now_ms());
+        // Kept first, where nothing takes it yet: a stop between the acknowledgement and the
+        // store would otherwise lose it (acknowledged, so never given again; never stored, so
+        // never typed).
+        let kept = self.keep_untyped(g, &message).await;
         // At most once, and one story: acknowledged, and the broker seen to take the
         // acknowledgement, before it goes anywhere near the pane. Had the acknowledgement been
         // lost (a partition), the broker would give the brief again, or let it expire and
@@ -111,10 +123,26 @@ impl Federation {
             if let Some(link) = self.link() {
                 link.give_up();
             }
-            self.fail_untaken(g, message).await;
+            match kept {
+                Some(Kept::Fresh) => self.fail_kept(g, &message).await,
+                // A copy of one kept already, which goes on as it was.
+                Some(Kept::Again) => {}
+                None => self.fail_untaken(g, message).await,
+            }
             return false;
         }
         self.audit(&envelope, delivery.body().len(), "taken");
+        match kept {
+            Some(Kept::Fresh) => {
+                g.release_taken(&message).await;
+                return true;
+            }
+            Some(Kept::Again) => {
+                tracing::info!(%trace_id, %msg_id, "a brief given again, kept already: dropped");
+                return true;
+            }
+            None => {}
+        }
         if let Err(e) = g.deliver(message.clone()).await {
             // Taken off the broker already (at most once): its sender is told.
             tracing::error!(%trace_id, %msg_id, error = %e, "a taken brief could not be queued");
@@ -125,6 +153,35 @@ impl Federation {
             .await;
         }
         true
+    }
+
+    /// Keeps `brief`, for a live worker, before it is acknowledged: `injecting`, which no pump
+    /// or poll takes, until [`LocalPlane::release_taken`] queues it (a restart before that
+    /// reads off the pane that it was never typed, and queues it then). `None` if it is not
+    /// for a live worker's queue, or cannot be kept: it goes the way of any delivery, once
+    /// acknowledged.
+    async fn keep_untyped(&self, g: &Arc<LocalPlane>, brief: &Message) -> Option<Kept> {
+        if g.placement(brief) != Placement::Queue {
+            return None;
+        }
+        let mut kept = brief.clone();
+        kept.state = MsgState::Injecting;
+        match g.store_one_within_cap(kept).await {
+            Ok(true) => Some(Kept::Fresh),
+            Ok(false) => Some(Kept::Again),
+            Err(_) => None,
+        }
+    }
+
+    /// Fails `brief`, kept by [`Federation::keep_untyped`], whose acknowledgement was not
+    /// seen to reach the broker: never typed, its sender told (the notice is carried).
+    async fn fail_kept(&self, g: &Arc<LocalPlane>, brief: &Message) {
+        let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
+        let (msg_id, failed) = (brief.msg_id, MsgState::Failed(why.into()));
+        if let Err(e) = g.db.run(move |s| s.transition(msg_id, &failed)).await {
+            tracing::error!(%msg_id, error = %e, "a brief not taken cannot be marked failed: the next start reads off the pane that it was never typed, and types it");
+        }
+        g.notify_failed(brief, why).await;
     }
 
     /// Fails a brief whose acknowledgement was not seen to reach the broker: kept here as

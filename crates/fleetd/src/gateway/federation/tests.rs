@@ -379,6 +379,151 @@ async fn a_brief_whose_taking_the_broker_is_not_seen_to_take_is_failed_never_typ
     gateway.shutdown.cancel();
 }
 
+/// A worker of `alice`'s on this host (its pump not started: what is queued for it stays
+/// queued), and a brief for it from carol off a fresh inbox of `broker`.
+async fn worker_and_brief(
+    harness: &Harness,
+    broker: &FakeBroker,
+) -> (Gid, Envelope, super::trust::Vouched) {
+    let mut session = super::super::testing::worker_session(
+        &harness.alice,
+        crate::config::ProfileConfig::command("sim", vec!["sim".into()]),
+    );
+    session.pane_opened(fleet_mux::PaneId("%1".into()));
+    assert_eq!(session.called_in(false, 1), Some(true));
+    let worker = session.entity().gid;
+    harness.gateway.sessions.lock().add_session(session);
+    let brief = envelope(Kind::Send, harness.carol, &worker.to_string());
+    let mut inbox = broker.open_inbox(worker, &[]).await.unwrap();
+    let key = worker.to_string();
+    broker
+        .deliver(
+            worker,
+            &key,
+            &signed(&brief, b"the task"),
+            b"the task",
+            None,
+        )
+        .await
+        .unwrap();
+    let delivery = inbox.next().await.unwrap().unwrap();
+    let vouched = super::trust::Vouched {
+        delivery,
+        envelope: brief.clone(),
+        body: "the task".into(),
+    };
+    (worker, brief, vouched)
+}
+
+/// The state `msg_id` is stored in, if it is.
+async fn stored_state(gateway: &LocalPlane, msg_id: MsgId) -> Option<String> {
+    let found = gateway.db.run(move |s| s.message(msg_id)).await.unwrap();
+    found.map(|m| m.state.name().to_string())
+}
+
+#[tokio::test]
+async fn a_brief_for_a_worker_is_queued_once_its_acknowledgement_is_seen() {
+    let harness = harness(10).await;
+    let broker = Arc::new(FakeBroker::new());
+    let (worker, brief, vouched) = worker_and_brief(&harness, &broker).await;
+    harness
+        .fed
+        .link
+        .send_replace(Some(Arc::clone(&broker) as Arc<dyn Broker>));
+    assert!(
+        harness
+            .fed
+            .take_brief(&harness.gateway, worker, vouched)
+            .await
+    );
+    assert_eq!(broker.settled().len(), 1, "acknowledged once");
+    assert_eq!(
+        stored_state(&harness.gateway, brief.msg_id)
+            .await
+            .as_deref(),
+        Some("queued")
+    );
+    harness.gateway.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_brief_given_again_after_a_stop_that_kept_it_is_acknowledged_and_dropped() {
+    // A stop between the keeping and the acknowledgement: the restart found the brief kept
+    // (and queues it); the broker, never told, gives it again.
+    let harness = harness(10).await;
+    let broker = Arc::new(FakeBroker::new());
+    let (worker, brief, vouched) = worker_and_brief(&harness, &broker).await;
+    let mut kept = brief.brief_for(worker, "the task".into(), 0);
+    kept.state = MsgState::Queued;
+    harness
+        .gateway
+        .db
+        .run(move |s| s.insert_message(&kept))
+        .await
+        .unwrap();
+    harness
+        .fed
+        .link
+        .send_replace(Some(Arc::clone(&broker) as Arc<dyn Broker>));
+    assert!(
+        harness
+            .fed
+            .take_brief(&harness.gateway, worker, vouched)
+            .await
+    );
+    assert_eq!(broker.settled().len(), 1, "acknowledged");
+    assert_eq!(
+        stored_state(&harness.gateway, brief.msg_id)
+            .await
+            .as_deref(),
+        Some("queued"),
+        "the copy kept goes on as it was"
+    );
+    let carol = harness.carol;
+    let outbox = harness.gateway.db.run(|s| s.outbox()).await.unwrap();
+    assert!(
+        outbox.iter().all(|m| m.to != carol),
+        "its sender is told nothing: {outbox:?}"
+    );
+    harness.gateway.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_workers_brief_whose_acknowledgement_is_not_seen_fails_kept_never_queued() {
+    let harness = harness(10).await;
+    let broker = Arc::new(FakeBroker::new());
+    let (worker, brief, vouched) = worker_and_brief(&harness, &broker).await;
+    broker.lose_acks();
+    harness
+        .fed
+        .link
+        .send_replace(Some(Arc::clone(&broker) as Arc<dyn Broker>));
+    assert!(
+        !harness
+            .fed
+            .take_brief(&harness.gateway, worker, vouched)
+            .await
+    );
+    let state = stored_state(&harness.gateway, brief.msg_id).await;
+    assert_eq!(
+        state.as_deref(),
+        Some("failed"),
+        "never queued: never typed"
+    );
+    let outbox = harness.gateway.db.run(|s| s.outbox()).await.unwrap();
+    assert_eq!(outbox.len(), 1, "{outbox:?}");
+    assert_eq!(
+        (outbox[0].kind, outbox[0].in_reply_to, outbox[0].to),
+        (Kind::Failed, Some(brief.msg_id), harness.carol)
+    );
+    assert!(
+        outbox[0].body.contains("not typed in"),
+        "{}",
+        outbox[0].body
+    );
+    harness.gateway.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn a_message_that_fails_a_trust_check_is_never_answered_whatever_else_is_wrong_with_it() {
     let Harness {
