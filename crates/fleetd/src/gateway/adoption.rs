@@ -51,6 +51,9 @@ const SETTLE_BEFORE_LOOK: Settle = Settle {
 const HISTORY_LINES: usize = 2_000;
 /// How many of a worker's earlier tasks are compared with the one fleetd was typing.
 const EARLIER_TASKS: usize = 100;
+/// The most tasks a stop can leave `injecting` for one worker: the one typed, and a brief off
+/// the broker kept before its acknowledgement (more are looked at, should there be).
+const MAX_TYPING: usize = 8;
 
 /// What taking back the previous run's sessions leaves to the rest of the start-up.
 #[derive(Default)]
@@ -171,11 +174,15 @@ impl LocalPlane {
         let mut back = TakenBack::default();
         for record in records {
             match self.identify(&record, &found).await? {
-                Ok(taken) => match self.take_back_one(&record, taken).await? {
-                    Some(Settled::Typed(task)) => back.typed.push(task),
-                    Some(Settled::Unsure(task, why)) => back.unsure.push((task, why)),
-                    Some(Settled::PutBack) | None => {}
-                },
+                Ok(taken) => {
+                    for settled in self.take_back_one(&record, taken).await? {
+                        match settled {
+                            Settled::Typed(task) => back.typed.push(task),
+                            Settled::Unsure(task, why) => back.unsure.push((task, why)),
+                            Settled::PutBack => {}
+                        }
+                    }
+                }
                 Err(why) => back.ended.push(Unadopted { record, why }),
             }
         }
@@ -242,14 +249,14 @@ impl LocalPlane {
 
     /// Takes back `record`, as `taken` says it is: its task in flight the last one typed in or
     /// handed over that nothing answers — the messages' states are stored as they change, a
-    /// session's status is not on every task — and an architect retired as its slot says. A
-    /// task the previous run was still typing into it is settled first, from its pane
-    /// ([`LocalPlane::settle_typing`]); what became of it is returned.
+    /// session's status is not on every task — and an architect retired as its slot says. The
+    /// tasks the previous run was still typing into it are settled first, from its pane
+    /// ([`LocalPlane::settle_typing`]); what became of them is returned.
     async fn take_back_one(
         self: &Arc<Self>,
         record: &EntityRecord,
         taken: Identified,
-    ) -> Result<Option<Settled>, FleetError> {
+    ) -> Result<Vec<Settled>, FleetError> {
         let gid = record.entity.gid;
         let settled = self.settle_typing(gid, &taken).await?;
         let current = self
@@ -284,31 +291,45 @@ impl LocalPlane {
         Ok(settled)
     }
 
-    /// Settles the task the previous run left `injecting` for `gid` (taken back as `taken`),
-    /// if any, from what its pane shows ([`what_became_of`]): one its worker took is typed
-    /// (and so its task in flight); one pasted but not submitted gets its Enter; one never
-    /// typed goes back to the head of its queue; one the pane cannot tell about is failed by
-    /// the start-up, never typed again.
+    /// Settles the tasks the previous run left `injecting` for `gid` (taken back as `taken`):
+    /// the one it was typing, and a brief off the broker kept but not yet queued.
     async fn settle_typing(
         &self,
         gid: Gid,
         taken: &Identified,
-    ) -> Result<Option<Settled>, FleetError> {
+    ) -> Result<Vec<Settled>, FleetError> {
         let typing = MessageFilter {
             state: Some(MsgState::Injecting.name().to_string()),
             to: Some(gid),
-            limit: 1,
+            limit: MAX_TYPING,
             ..MessageFilter::default()
         };
-        let Some(task) = self.db.run(move |s| s.messages(&typing)).await?.pop() else {
-            return Ok(None);
-        };
+        let mut tasks = self.db.run(move |s| s.messages(&typing)).await?;
+        // Oldest first, as they were taken.
+        tasks.reverse();
+        let mut settled = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            settled.push(self.settle_one(gid, taken, task).await?);
+        }
+        Ok(settled)
+    }
+
+    /// Settles `task`, left `injecting` for `gid`, from what its pane shows
+    /// ([`what_became_of`]): one its worker took is typed (and so its task in flight); one
+    /// pasted but not submitted gets its Enter; one never typed goes back to the head of its
+    /// queue; one the pane cannot tell about is failed by the start-up, never typed again.
+    async fn settle_one(
+        &self,
+        gid: Gid,
+        taken: &Identified,
+        task: Message,
+    ) -> Result<Settled, FleetError> {
         let (msg_id, trace_id) = (task.msg_id, task.trace_id);
         let profile = &taken.profile;
         let typed = match typed_text(&task, &self.name_of(task.from).await, profile) {
             Ok(typed) => typed,
             // Refused before any key went in: the pump will refuse it again, and say why.
-            Err(_) => return self.put_back(task).await.map(Some),
+            Err(_) => return self.put_back(task).await,
         };
         let earlier = self.typed_before(gid, msg_id, taken).await?;
         let options = inject_options(profile, false);
@@ -324,7 +345,7 @@ impl LocalPlane {
             Ok(seen) => seen,
             Err(e) => {
                 let why = format!("its pane could not be read: {}", crate::logs::mux_error(&e));
-                return Ok(Some(Settled::Unsure(task, why)));
+                return Ok(Settled::Unsure(task, why));
             }
         };
         let verdict = what_became_of(&Interruption {
@@ -355,7 +376,7 @@ impl LocalPlane {
             Interrupted::NotTyped => self.put_back(task).await?,
             Interrupted::Unsure(why) => Settled::Unsure(task, why.to_string()),
         };
-        Ok(Some(settled))
+        Ok(settled)
     }
 
     /// Records `task` typed: its worker took it.
@@ -374,8 +395,8 @@ impl LocalPlane {
         Ok(Settled::PutBack)
     }
 
-    /// The texts typed into `gid`'s session (taken back as `taken`) before `msg_id`, the
-    /// newest [`EARLIER_TASKS`].
+    /// The texts typed into `gid` (taken back as `taken`) before `msg_id`, the newest
+    /// [`EARLIER_TASKS`].
     async fn typed_before(
         &self,
         gid: Gid,
@@ -385,7 +406,6 @@ impl LocalPlane {
         let filter = MessageFilter {
             state: Some(MsgState::Injected.name().to_string()),
             to: Some(gid),
-            since_ms: Some(taken.since),
             limit: EARLIER_TASKS,
             ..MessageFilter::default()
         };
