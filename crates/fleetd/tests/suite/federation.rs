@@ -470,7 +470,7 @@ async fn replies_survive_the_kill_9_of_the_gateway_holding_them_exactly_once() -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_owner_dying_between_ack_and_inject_fails_the_brief_and_never_types_it_twice()
+async fn the_owner_dying_between_paste_and_enter_submits_the_brief_once_after_its_restart()
 -> anyhow::Result<()> {
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
@@ -505,8 +505,9 @@ async fn the_owner_dying_between_ack_and_inject_fails_the_brief_and_never_types_
     .await?;
     b.kill9().await?;
     b.launch().await?;
-    // The sender is told, loudly; the brief is never redelivered to be typed again.
-    let notice = until("the FAILED notice", LIMIT, || async {
+    // The restart finds the brief in wb's input box and submits it; it is never given again
+    // by the broker (acknowledged before it was typed), nor typed twice.
+    let notice = until("the reply", LIMIT, || async {
         alice
             .poll(1)
             .await
@@ -515,17 +516,19 @@ async fn the_owner_dying_between_ack_and_inject_fails_the_brief_and_never_types_
             .find(|m| m["in_reply_to"] == msg_id.as_str())
     })
     .await?;
-    assert_eq!(notice["kind"], "FAILED", "{notice}");
-    // Told by hostb's restart (it died while typing) or by hostA's missing receipt: one
-    // notice either way.
-    assert!(
-        notice["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("not retried"),
-        "{notice}"
-    );
+    assert_eq!(notice["kind"], "REPLY", "{notice}\n{}", b.log());
+    assert_eq!(notice["text"], "echo: type me once");
     let restarted = b.log();
+    assert!(restarted.contains("verdict=InInput"), "{restarted}");
+    let screens: Vec<String> = b.panes()?.iter().filter_map(|p| b.screen(p).ok()).collect();
+    assert_eq!(
+        screens
+            .iter()
+            .map(|s| s.matches("[task ").count())
+            .sum::<usize>(),
+        1,
+        "typed once: {screens:?}"
+    );
     let after = restarted
         .split("--- restart ---")
         .nth(1)
