@@ -83,6 +83,10 @@ pub struct TaskGate {
     pub agent_busy: bool,
     /// The pane host cannot be reached.
     pub host_down: bool,
+    /// Briefs from another host queued for it whose acknowledgement to the broker is not yet
+    /// seen: nothing of its queue is handed over meanwhile (a brief goes near the pane only
+    /// once the broker cannot give it again).
+    pub arriving: usize,
 }
 
 /// Whether `taker` may hand the entity its next task now: the one rule for the pump, a poll
@@ -97,6 +101,7 @@ pub fn may_take_task(gate: &TaskGate, taker: Taker) -> bool {
         && (!gate.agent_busy || polling)
         && !gate.host_down
         && (taker != Taker::Pump || gate.polls_open == 0)
+        && (taker == Taker::Broker || gate.arriving == 0)
 }
 
 /// What the sender of a brief that expired while it waited for its worker is told (on the
@@ -185,6 +190,7 @@ mod tests {
             polls_open: 0,
             agent_busy: false,
             host_down: false,
+            arriving: 0,
         }
     }
 
@@ -220,6 +226,19 @@ mod tests {
                 assert!(!may_take_task(&gate, taker), "{gate:?} {taker:?}");
             }
         }
+    }
+
+    #[test]
+    fn nothing_is_handed_over_while_a_brief_from_afar_waits_for_its_acknowledgement() {
+        let arriving = TaskGate {
+            arriving: 1,
+            polls_open: 1,
+            ..idle()
+        };
+        assert!(!may_take_task(&arriving, Taker::Pump));
+        assert!(!may_take_task(&arriving, Taker::Poll));
+        // Another brief may be kept behind it meanwhile.
+        assert!(may_take_task(&arriving, Taker::Broker));
     }
 
     #[test]

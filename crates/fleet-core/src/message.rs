@@ -103,7 +103,9 @@ impl FromStr for Kind {
 pub enum MsgState {
     /// Waiting in the recipient's durable queue for the recipient to turn idle.
     Queued,
-    /// Taken off the queue and being typed into the pane (at-most-once: never retried).
+    /// Taken off the queue and being typed into the pane (at-most-once: never typed twice; a
+    /// restart that finds it here settles it from the pane, and puts it back on its queue only
+    /// when none of its keys went in).
     Injecting,
     /// Typed into the pane and the submit verified.
     Injected,
@@ -164,7 +166,9 @@ impl MsgState {
     }
 
     /// Whether a message in this state may move to `next`. Terminal states move nowhere; a
-    /// queued brief may be handed to its recipient's open poll (`held`) instead of typed.
+    /// queued brief may be handed to its recipient's open poll (`held`) instead of typed. (The
+    /// one way back from `injecting` to `queued` is not a transition: only a restart's proof
+    /// that no key went in takes it, `Store::put_back_untyped`.)
     pub fn can_become(&self, next: &MsgState) -> bool {
         use MsgState::*;
         matches!(

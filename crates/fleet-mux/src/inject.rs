@@ -119,6 +119,8 @@ pub enum InjectOutcome {
     /// The program's input box never showed empty (its `submitted_marker`), so nothing was
     /// typed: text left there (a failed submit, a human's draft) would merge with the task.
     InputNotEmpty,
+    /// The caller withheld the keys ([`inject_noting`]): nothing was typed.
+    Withheld,
 }
 
 /// Whether `text` (a screen) shows the input box empty: a line on which `marker` is followed
@@ -153,6 +155,21 @@ pub async fn inject(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
+    inject_noting(host, pane, text, options, activity, async { true }).await
+}
+
+/// [`inject`], awaiting `keys_going` once the pane is ready for the task and just before its
+/// first key goes in: until then nothing of it can have reached the program (a caller notes
+/// there that it may have, for a restart to know which it was). If it answers false, nothing
+/// is typed ([`InjectOutcome::Withheld`]).
+pub async fn inject_noting(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    text: &str,
+    options: &InjectOptions,
+    activity: &mut watch::Receiver<u64>,
+    keys_going: impl Future<Output = bool>,
+) -> Result<InjectOutcome, MuxError> {
     if let Some(settle) = options.settle_first {
         hold_still(host, pane, settle).await?;
     }
@@ -168,6 +185,9 @@ pub async fn inject(
             Some(empty) => pre = empty,
             None => return Ok(InjectOutcome::InputNotEmpty),
         }
+    }
+    if !keys_going.await {
+        return Ok(InjectOutcome::Withheld);
     }
     host.paste(pane, text).await?;
     // Compare against the screen *with* the paste on it, or the paste rendering late would

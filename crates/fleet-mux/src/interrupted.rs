@@ -1,10 +1,11 @@
 //! What became of a task fleetd was typing when it stopped (a crash, `kill -9`), read off the
 //! pane by the next start, which took the worker back. fleetd takes a task off its queue before
-//! it types it, and records it typed only once the submit was seen; a stop in between leaves
-//! it `injecting`, and only the pane can tell how far it got: never pasted (type it again),
-//! pasted but not submitted (press Enter), or submitted (the worker is on it: its reply answers
-//! it). Where the pane cannot tell, nothing is typed again: a task typed twice is work done
-//! twice, and the next start says it does not know.
+//! it types it, notes in the store just before its first key goes in, and records it typed only
+//! once the submit was seen; a stop in between leaves it `injecting`. Without the note, it was
+//! never typed (type it again). With it, only the pane can tell: pasted but not submitted
+//! (press Enter), or submitted (the worker is on it: its reply answers it). Where the pane
+//! cannot tell, nothing is typed again: a task typed twice is work done twice, and the next
+//! start says it does not know.
 
 use crate::Snapshot;
 
@@ -25,7 +26,7 @@ pub enum Interrupted {
     Submitted,
     /// It sits in the input box, pasted but not submitted: Enter submits it.
     InInput,
-    /// Nothing of it shows: it never reached the program.
+    /// Its keys never went to the pane: it never reached the program.
     NotTyped,
     /// The pane cannot tell, for this reason.
     Unsure(&'static str),
@@ -36,6 +37,9 @@ pub enum Interrupted {
 pub struct Interruption<'a> {
     /// The text fleetd was typing.
     pub typed: &'a str,
+    /// Whether its keys may have gone to the pane: fleetd notes that just before the paste,
+    /// so without it nothing of the task can have reached the program.
+    pub keys_sent: bool,
     /// What the pane shows now.
     pub screen: &'a Snapshot,
     /// The pane's recent output, lines unwrapped, through what the screen shows.
@@ -43,13 +47,19 @@ pub struct Interruption<'a> {
     /// The text the program shows in front of its input box, when known (see
     /// [`crate::inject::InjectOptions::submitted_marker`]).
     pub marker: Option<&'a str>,
-    /// The texts typed into the same session before it: seeing a line of it proves nothing if
+    /// The texts typed into the same worker before it: seeing a line of it proves nothing if
     /// one of them showed that line too.
     pub earlier: &'a [String],
 }
 
-/// What became of the task `it` describes.
+/// What became of the task `it` describes. Only the absence of its keys proves it was never
+/// typed; after them, it is taken or pasted only on what the pane shows of it, and nothing
+/// shown is [`Interrupted::Unsure`] (a program that echoes nothing, an alternate screen that
+/// scrolled the task away, a box holding a draft typed since).
 pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
+    if !it.keys_sent {
+        return Interrupted::NotTyped;
+    }
     let mut lines = it.typed.lines().map(str::trim).filter(|l| !l.is_empty());
     let Some(first) = lines.next() else {
         return Interrupted::Unsure("it is blank");
@@ -60,51 +70,52 @@ pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
     let head = std::iter::once(first)
         .chain(lines.map(|l| first_chars(l, PROBE_CHARS)))
         .find(|line| !it.earlier.iter().any(|text| shows(text, line)));
-    if let Some(marker) = it.marker {
-        match input_box(&it.screen.text, marker) {
-            // Something is in the box: the task was pasted only into an empty one, so anything
-            // else there (a draft) means it never got in.
-            Some(held) if !held.is_empty() => {
-                return if begins_alike(held, first) || held.contains(COLLAPSED_PASTE) {
-                    Interrupted::InInput
-                } else {
-                    Interrupted::NotTyped
-                };
+    let shown = head.is_some_and(|head| shows(it.history, head));
+    let unseen = match it.marker {
+        Some(marker) => match input_box(it.screen, marker) {
+            Some(held) if begins_alike(held, first) || held.contains(COLLAPSED_PASTE) => {
+                return Interrupted::InInput;
             }
-            Some(_) => {}
-            None if head.is_some_and(|head| shows(it.history, head)) => {
-                return Interrupted::Submitted;
-            }
-            None => return Interrupted::Unsure("the program's input box is not on screen"),
-        }
-    } else if ends_at_cursor(it.screen, it.typed) {
-        return Interrupted::InInput;
-    }
-    let Some(head) = head else {
-        return Interrupted::Unsure(
-            "every line of it was in a task typed before into the same worker",
-        );
+            Some("") => "nothing on the pane shows it, its input box empty",
+            Some(_) => "its input box holds something else",
+            None => "the program's input box is not on screen",
+        },
+        None if ends_at_cursor(it.screen, it.typed) => return Interrupted::InInput,
+        None => "nothing on the pane shows it",
     };
-    if shows(it.history, head) {
-        return Interrupted::Submitted;
+    if shown {
+        Interrupted::Submitted
+    } else if head.is_none() {
+        Interrupted::Unsure("every line of it was in a task typed before into the same worker")
+    } else {
+        Interrupted::Unsure(unseen)
     }
-    if it.marker.is_some() && it.history.contains(COLLAPSED_PASTE) {
-        return Interrupted::Unsure("the program shows pastes collapsed, not their text");
-    }
-    Interrupted::NotTyped
 }
 
-/// What the input box holds (trimmed), from the last row showing `marker`; `None` if no row
-/// does.
-fn input_box<'t>(screen: &'t str, marker: &str) -> Option<&'t str> {
+/// What the input box holds (trimmed): the row nearest the cursor that opens with `marker`
+/// (after blanks or a box's border); `None` if no row does.
+fn input_box<'t>(screen: &'t Snapshot, marker: &str) -> Option<&'t str> {
     if marker.is_empty() {
         return None;
     }
+    let cursor = usize::try_from(screen.cursor.1).unwrap_or(usize::MAX);
     screen
+        .text
         .lines()
-        .rev()
-        .find_map(|line| line.find(marker).map(|at| line[at + marker.len()..].trim()))
+        .enumerate()
+        .filter_map(|(row, line)| {
+            let at = line.find(marker)?;
+            line[..at]
+                .chars()
+                .all(|c| c.is_whitespace() || BORDERS.contains(c))
+                .then(|| (row.abs_diff(cursor), line[at + marker.len()..].trim()))
+        })
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, held)| held)
 }
+
+/// What may stand left of an input box's marker: a box's border.
+const BORDERS: &str = "│┃|╭╰║";
 
 /// Whether `held`, the start of what an input box shows, is the start of `head`: the box
 /// may wrap the line earlier than `head` ends.
@@ -172,14 +183,45 @@ mod tests {
         }
     }
 
-    fn became(typed: &str, screen: &Snapshot, history: &str, marker: Option<&str>) -> Interrupted {
+    /// What became of `typed`, its keys sent, with `history` the screen's own text.
+    fn became(typed: &str, screen: &Snapshot, marker: Option<&str>) -> Interrupted {
+        after(typed, screen, &screen.text, marker, &[])
+    }
+
+    fn after(
+        typed: &str,
+        screen: &Snapshot,
+        history: &str,
+        marker: Option<&str>,
+        earlier: &[String],
+    ) -> Interrupted {
         what_became_of(&Interruption {
             typed,
+            keys_sent: true,
             screen,
             history,
             marker,
-            earlier: &[],
+            earlier,
         })
+    }
+
+    fn unsure(verdict: Interrupted) -> bool {
+        matches!(verdict, Interrupted::Unsure(_))
+    }
+
+    #[test]
+    fn without_its_keys_sent_a_task_was_never_typed_whatever_the_pane_shows() {
+        let task = "fix the flaky test";
+        let screen = snap((0, 2), "> fix the flaky test\n[task 1: 18 bytes]\n");
+        let it = Interruption {
+            typed: task,
+            keys_sent: false,
+            screen: &screen,
+            history: &screen.text,
+            marker: None,
+            earlier: &[],
+        };
+        assert_eq!(what_became_of(&it), Interrupted::NotTyped);
     }
 
     #[test]
@@ -190,25 +232,16 @@ mod tests {
             (13, 2),
             "sim w1 ready\n> fix the flaky test in crates/store\nand say which",
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, None),
-            Interrupted::InInput
-        );
+        assert_eq!(became(task, &screen, None), Interrupted::InInput);
         // Submitted: the program printed on, the cursor is past it.
         let screen = snap(
             (2, 4),
             "sim w1 ready\n> fix the flaky test in crates/store\nand say which\n[task 1: 47 bytes]\n> ",
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, None),
-            Interrupted::Submitted
-        );
-        // Never pasted.
+        assert_eq!(became(task, &screen, None), Interrupted::Submitted);
+        // Its keys went in, and nothing shows them (a program that echoes nothing): unknown.
         let screen = snap((2, 1), "sim w1 ready\n> ");
-        assert_eq!(
-            became(task, &screen, &screen.text, None),
-            Interrupted::NotTyped
-        );
+        assert!(unsure(became(task, &screen, None)));
     }
 
     #[test]
@@ -216,16 +249,12 @@ mod tests {
         let task = format!("do it {}", "x".repeat(40));
         // A 20-column pane: the task's end wrapped over three rows.
         let screen = snap(
-            (9, 3),
+            (8, 3),
             "ready\n> do it xxxxxxxxxxxx\nxxxxxxxxxxxxxxxxxxxx\nxxxxxxxx",
         );
+        let history = "ready\n> do it xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
         assert_eq!(
-            became(
-                &task,
-                &screen,
-                "ready\n> do it xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
-                None
-            ),
+            after(&task, &screen, history, None, &[]),
             Interrupted::InInput
         );
     }
@@ -235,7 +264,13 @@ mod tests {
         let task = "summarise the design doc";
         let screen = snap((2, 2), "line 40 of output\nline 41 of output\n> ");
         let history = "> summarise the design doc\n[task 3: 24 bytes]\nline 1 of output\nline 41 of output\n> ";
-        assert_eq!(became(task, &screen, history, None), Interrupted::Submitted);
+        assert_eq!(
+            after(task, &screen, history, None, &[]),
+            Interrupted::Submitted
+        );
+        // Scrolled out of the history too (an alternate screen keeps none): unknown, never
+        // typed again.
+        assert!(unsure(after(task, &screen, &screen.text, None, &[])));
     }
 
     #[test]
@@ -246,40 +281,44 @@ mod tests {
             (40, 2),
             &format!("welcome\n\n{MARK}refactor the parser so that it streams\n"),
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::InInput
-        );
-        // Collapsed in the box.
+        assert_eq!(became(task, &screen, Some(MARK)), Interrupted::InInput);
+        // Collapsed in the box, inside the box's border.
         let screen = snap(
-            (30, 2),
-            &format!("welcome\n{MARK}[Pasted text #1 +12 lines]\n"),
+            (30, 1),
+            &format!("welcome\n│ {MARK}[Pasted text #1 +12 lines]\n"),
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::InInput
-        );
+        assert_eq!(became(task, &screen, Some(MARK)), Interrupted::InInput);
         // Taken: the transcript shows it, the box is empty.
         let screen = snap(
-            (2, 4),
+            (2, 3),
             &format!("> refactor the parser so that it streams\n\n✻ Working…\n{MARK}\n"),
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::Submitted
+        assert_eq!(became(task, &screen, Some(MARK)), Interrupted::Submitted);
+        // Taken, and a draft typed into the box since.
+        let screen = snap(
+            (12, 3),
+            &format!(
+                "> refactor the parser so that it streams\n\n✻ Working…\n{MARK}half a thought\n"
+            ),
         );
-        // Never pasted: the box is empty and nothing shows it.
+        assert_eq!(became(task, &screen, Some(MARK)), Interrupted::Submitted);
+        // Its keys went in, and neither the box nor the transcript shows them: unknown.
         let screen = snap((2, 1), &format!("welcome\n{MARK}\n"));
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::NotTyped
-        );
-        // A draft in the box: the task was never pasted (it goes only into an empty box).
+        assert!(unsure(became(task, &screen, Some(MARK))));
         let screen = snap((12, 1), &format!("welcome\n{MARK}half a thought\n"));
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::NotTyped
+        assert!(unsure(became(task, &screen, Some(MARK))));
+    }
+
+    #[test]
+    fn the_marker_counts_only_where_an_input_box_opens_and_nearest_the_cursor() {
+        // The task's own text holds the marker mid-line (pasted into the box, on its second
+        // row): the box is the row the cursor is in.
+        let task = format!("first line of it\nsee {MARK}here");
+        let screen = snap(
+            (12, 1),
+            &format!("> an earlier task\n{MARK}first line of it\n  see {MARK}here\n"),
         );
+        assert_eq!(became(&task, &screen, Some(MARK)), Interrupted::InInput);
     }
 
     #[test]
@@ -287,26 +326,17 @@ mod tests {
         let task = "run the tests";
         // The box is not on screen (a dialog over it) and nothing shows the task.
         let screen = snap((0, 1), "Do you want to proceed?\n  1. Yes\n");
-        assert!(matches!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::Unsure(_)
-        ));
+        assert!(unsure(became(task, &screen, Some(MARK))));
         // ... but a task the transcript shows was taken, dialog or not.
         let screen = snap(
             (0, 2),
             "> run the tests\nDo you want to proceed?\n  1. Yes\n",
         );
-        assert_eq!(
-            became(task, &screen, &screen.text, Some(MARK)),
-            Interrupted::Submitted
-        );
+        assert_eq!(became(task, &screen, Some(MARK)), Interrupted::Submitted);
         // Collapsed pastes show no text: an empty box with one in the transcript cannot tell.
         let long = "one\ntwo\nthree\nfour";
-        let screen = snap((2, 2), &format!("> [Pasted text #1 +3 lines]\n{MARK}\n"));
-        assert!(matches!(
-            became(long, &screen, &screen.text, Some(MARK)),
-            Interrupted::Unsure(_)
-        ));
+        let screen = snap((2, 1), &format!("> [Pasted text #1 +3 lines]\n{MARK}\n"));
+        assert!(unsure(became(long, &screen, Some(MARK))));
     }
 
     #[test]
@@ -314,46 +344,32 @@ mod tests {
         let task = "run the tests again";
         let screen = snap((2, 3), "> run the tests again\n[task 1: 19 bytes]\n\n> ");
         let earlier = vec!["run the tests again".to_string()];
-        let it = Interruption {
-            typed: task,
-            screen: &screen,
-            history: &screen.text,
-            marker: None,
-            earlier: &earlier,
-        };
-        assert!(matches!(what_became_of(&it), Interrupted::Unsure(_)));
+        assert!(unsure(after(task, &screen, &screen.text, None, &earlier)));
         // Still on the input line, it is this one, whatever came before.
         let screen = snap(
             (21, 3),
             "> run the tests again\n[task 1: 19 bytes]\n\n> run the tests again",
         );
-        let it = Interruption {
-            screen: &screen,
-            history: &screen.text,
-            ..it
-        };
-        assert_eq!(what_became_of(&it), Interrupted::InInput);
+        assert_eq!(
+            after(task, &screen, &screen.text, None, &earlier),
+            Interrupted::InInput
+        );
     }
 
     #[test]
     fn a_label_line_every_task_begins_with_is_passed_over() {
         let task = "[fleet task from alice]\n/ask 5 c54 may I?";
         let earlier = vec!["[fleet task from alice]\n/ask 5 c53 may I?".to_string()];
-        let seen = |text: &str, cursor| {
-            let screen = snap(cursor, text);
-            what_became_of(&Interruption {
-                typed: task,
-                screen: &screen,
-                history: text,
-                marker: None,
-                earlier: &earlier,
-            })
-        };
         let before = "> [fleet task from alice]\n/ask 5 c53 may I?\n[task 1: 40 bytes]\n> ";
-        assert_eq!(seen(before, (2, 3)), Interrupted::NotTyped);
+        let screen = snap((2, 3), before);
+        assert!(unsure(after(task, &screen, before, None, &earlier)));
         let taken =
             format!("{before}[fleet task from alice]\n/ask 5 c54 may I?\n[task 2: 40 bytes]\n");
-        assert_eq!(seen(&taken, (0, 6)), Interrupted::Submitted);
+        let screen = snap((0, 6), &taken);
+        assert_eq!(
+            after(task, &screen, &taken, None, &earlier),
+            Interrupted::Submitted
+        );
     }
 
     #[test]

@@ -252,6 +252,14 @@ pub trait Store: Send + Sync + 'static {
     /// senders can be told.
     fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
 
+    /// Records that the keys of `msg_id`, `injecting`, are about to go to its pane: until then
+    /// a stop leaves it certainly untyped. (Kept in its `reason`, which an `injecting`
+    /// message has no other use for; cleared by its next state.)
+    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<()>;
+
+    /// The messages `injecting` for `to` whose keys [`Store::keys_sent`] recorded sent.
+    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>>;
+
     /// At start-up: puts `msg_id`, left `injecting` by a previous run, back on its queue,
     /// where it keeps its place: the pane showed it was never typed. Only that proof may move
     /// a task back (typing a task twice is what `injecting` is there to prevent); returns

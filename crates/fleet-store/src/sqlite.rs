@@ -287,6 +287,9 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
     )
 }
 
+/// The `reason` of an `injecting` message whose keys went to its pane ([`Store::keys_sent`]).
+const KEYS_SENT: &str = "keys sent";
+
 impl Store for SqliteStore {
     fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid> {
         let mut conn = self.conn();
@@ -692,6 +695,28 @@ impl Store for SqliteStore {
             ),
             params![to.to_string(), reason, now_ms()],
         )
+    }
+
+    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<()> {
+        self.conn()
+            .prepare_cached(
+                "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
+            )?
+            .execute(params![msg_id.to_string(), KEYS_SENT])?;
+        Ok(())
+    }
+
+    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>> {
+        let conn = self.conn();
+        let mut query = conn.prepare_cached(
+            "SELECT msg_id FROM messages WHERE to_gid = ?1 AND state = 'injecting' AND reason = ?2",
+        )?;
+        let ids = query
+            .query_map(params![to.to_string(), KEYS_SENT], |row| {
+                row.get::<_, String>(0)
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        ids.iter().map(|id| parse(id, "msg_id")).collect()
     }
 
     fn put_back_untyped(&self, msg_id: MsgId) -> StoreResult<bool> {

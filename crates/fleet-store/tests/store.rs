@@ -1181,3 +1181,29 @@ fn a_task_found_never_typed_goes_back_to_the_head_of_its_queue() {
         .collect();
     assert_eq!(trail, ["injecting", "queued", "injecting", "injected"]);
 }
+
+#[test]
+fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let typing = message(lead, w, MsgState::Injecting, "typing");
+    let queued = message(lead, w, MsgState::Queued, "queued");
+    for m in [&typing, &queued] {
+        store.insert_message(m).unwrap();
+    }
+    assert_eq!(store.keys_sent_to(w).unwrap(), []);
+    store.keys_sent(typing.msg_id).unwrap();
+    // Only on a task being typed.
+    store.keys_sent(queued.msg_id).unwrap();
+    assert_eq!(store.keys_sent_to(w).unwrap(), [typing.msg_id]);
+    assert_eq!(store.keys_sent_to(lead).unwrap(), []);
+    let kept = store.message(typing.msg_id).unwrap().unwrap();
+    assert_eq!(kept.state, MsgState::Injecting, "still typing");
+    store
+        .transition(typing.msg_id, &MsgState::Injected)
+        .unwrap();
+    assert_eq!(store.keys_sent_to(w).unwrap(), []);
+    let typed = store.message(typing.msg_id).unwrap().unwrap();
+    assert_eq!(typed.state, MsgState::Injected);
+}

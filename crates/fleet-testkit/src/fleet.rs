@@ -17,6 +17,10 @@ use crate::wait::until;
 /// How long fleetd may take to answer `/healthz` after it starts.
 const START_LIMIT: Duration = Duration::from_secs(20);
 
+/// How fleetd's store notes that a task's keys went to its pane (the `reason` of an
+/// `injecting` message: see `fleet_store::Store::keys_sent`).
+const KEYS_SENT: &str = "keys sent";
+
 /// A running fleetd.
 pub struct Fleet {
     /// Holds the state dir and config; removed on drop.
@@ -506,24 +510,24 @@ impl Fleet {
     }
 
     /// Makes the store say message `msg_id` was still being typed (`injecting`) when fleetd
-    /// died: as if the kill had come, for a task typed (`injected`), between its submit and
-    /// fleetd's record of it, or, for one `queued`, after fleetd took it off the queue and
-    /// before any key went in. While fleetd is stopped.
-    pub fn as_if_killed_while_typing(&self, msg_id: &str) -> anyhow::Result<()> {
+    /// died: as if the kill had come after fleetd noted its keys going in (`keys_sent`: for a
+    /// task typed, between its submit and fleetd's record of it), or, without, after fleetd
+    /// took it off the queue and before any key went in. While fleetd is stopped.
+    pub fn as_if_killed_while_typing(&self, msg_id: &str, keys_sent: bool) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
         let changed = db.execute(
-            "UPDATE messages SET state = 'injecting'
+            "UPDATE messages SET state = 'injecting', reason = ?2
              WHERE msg_id = ?1 AND state IN ('injected', 'queued')",
-            [msg_id],
+            rusqlite::params![msg_id, keys_sent.then_some(KEYS_SENT)],
         )?;
         anyhow::ensure!(changed == 1, "no injected or queued message {msg_id}");
         Ok(())
     }
 
     /// Makes the store say fleetd, when it died, had accepted another task `text` from the
-    /// sender of task `like` to the same recipient and was typing it (`injecting`); returns its
-    /// msg_id. Paste `text` into the pane ([`Fleet::paste`]) for the kill to have come between
+    /// sender of task `like` to the same recipient and was typing it (`injecting`, its keys
+    /// noted going in); returns its msg_id. Paste `text` into the pane ([`Fleet::paste`]) for the kill to have come between
     /// the paste and the Enter. While fleetd is stopped.
     pub fn as_if_typing_another(&self, like: &str, text: &str) -> anyhow::Result<String> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
@@ -532,10 +536,10 @@ impl Fleet {
         let made = db.execute(
             "INSERT INTO messages (msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body,
                                    state, reason, created_ms, updated_ms)
-             SELECT ?2, trace_id, kind, from_gid, to_gid, NULL, ?3, 'injecting', NULL,
+             SELECT ?2, trace_id, kind, from_gid, to_gid, NULL, ?3, 'injecting', ?4,
                     created_ms, updated_ms
              FROM messages WHERE msg_id = ?1 AND kind = 'SEND'",
-            [like, &msg_id, text],
+            [like, &msg_id, text, KEYS_SENT],
         )?;
         anyhow::ensure!(made == 1, "no task {like}");
         Ok(msg_id)

@@ -84,6 +84,8 @@ pub enum InjectEnd {
     InputNotEmpty,
     /// The pane host failed.
     PaneHostError,
+    /// Not typed: the store could not note that it was being typed.
+    StoreError,
 }
 
 impl InjectEnd {
@@ -94,6 +96,7 @@ impl InjectEnd {
             InjectEnd::NotSubmitted => "not_submitted",
             InjectEnd::InputNotEmpty => "input_not_empty",
             InjectEnd::PaneHostError => "pane_host_error",
+            InjectEnd::StoreError => "store_error",
         }
     }
 }

@@ -305,19 +305,27 @@ impl LocalPlane {
             ..MessageFilter::default()
         };
         let mut tasks = self.db.run(move |s| s.messages(&typing)).await?;
+        let keys_sent = self.db.run(move |s| s.keys_sent_to(gid)).await?;
         // Oldest first, as they were taken.
         tasks.reverse();
         let mut settled = Vec::with_capacity(tasks.len());
         for task in tasks {
-            settled.push(self.settle_one(gid, taken, task).await?);
+            let verdict = if keys_sent.contains(&task.msg_id) {
+                self.settle_one(gid, taken, task).await?
+            } else {
+                // No key of it went in: it was never typed, whatever the pane shows.
+                tracing::info!(trace_id = %task.trace_id, msg_id = %task.msg_id, %gid, verdict = ?Interrupted::NotTyped, "a task the previous run was typing when it stopped: none of its keys went in");
+                self.put_back(task).await?
+            };
+            settled.push(verdict);
         }
         Ok(settled)
     }
 
-    /// Settles `task`, left `injecting` for `gid`, from what its pane shows
+    /// Settles `task`, left `injecting` for `gid` with its keys sent, from what its pane shows
     /// ([`what_became_of`]): one its worker took is typed (and so its task in flight); one
-    /// pasted but not submitted gets its Enter; one never typed goes back to the head of its
-    /// queue; one the pane cannot tell about is failed by the start-up, never typed again.
+    /// pasted but not submitted gets its Enter; one the pane cannot tell about is failed by the
+    /// start-up, never typed again.
     async fn settle_one(
         &self,
         gid: Gid,
@@ -350,6 +358,7 @@ impl LocalPlane {
         };
         let verdict = what_became_of(&Interruption {
             typed: &typed,
+            keys_sent: true,
             screen: &screen,
             history: &history,
             marker: options.submitted_marker.as_deref(),
@@ -361,7 +370,16 @@ impl LocalPlane {
             Interrupted::InInput => {
                 // Nothing calls in before the listener serves: only the screen can tell.
                 let (_calls, mut activity) = watch::channel(0u64);
-                match submit(host, pane, screen, &options, &mut activity).await {
+                let submitted = async {
+                    let mut screen = screen;
+                    if screen.in_mode {
+                        // A mode (tmux's copy mode) would eat the Enter.
+                        host.leave_mode(pane).await?;
+                        screen = host.snapshot(pane).await?;
+                    }
+                    submit(host, pane, screen, &options, &mut activity).await
+                };
+                match submitted.await {
                     Ok(InjectOutcome::Submitted { .. }) => self.typed(task).await?,
                     Ok(_) => Settled::Unsure(
                         task,

@@ -18,7 +18,7 @@ use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::{FleetError, Gid, Message, MsgState, WorkerStatus};
 use fleet_mux::AgentState;
-use fleet_mux::inject::{InjectOutcome, inject};
+use fleet_mux::inject::{InjectOutcome, inject, inject_noting};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -334,12 +334,31 @@ impl LocalPlane {
             return;
         };
         let started = Instant::now();
-        let outcome = inject(self.panes.as_ref(), &pane, &text, &options, &mut activity).await;
+        // A restart that finds the task still `injecting` knows whether keys went in.
+        let keys_going = async {
+            match self.db.run(move |s| s.keys_sent(msg_id)).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(%trace_id, %msg_id, error = %e, "cannot note a task's keys going in: not typed");
+                    false
+                }
+            }
+        };
+        let outcome = inject_noting(
+            self.panes.as_ref(),
+            &pane,
+            &text,
+            &options,
+            &mut activity,
+            keys_going,
+        )
+        .await;
         let end = match &outcome {
             Ok(InjectOutcome::Submitted { retried: false }) => InjectEnd::Submitted,
             Ok(InjectOutcome::Submitted { retried: true }) => InjectEnd::Retried,
             Ok(InjectOutcome::NotSubmitted) => InjectEnd::NotSubmitted,
             Ok(InjectOutcome::InputNotEmpty) => InjectEnd::InputNotEmpty,
+            Ok(InjectOutcome::Withheld) => InjectEnd::StoreError,
             Err(_) => InjectEnd::PaneHostError,
         };
         self.metrics.injected(end, started.elapsed());
@@ -359,6 +378,9 @@ impl LocalPlane {
             Ok(InjectOutcome::InputNotEmpty) => Some(
                 "not typed: the worker's input box was not empty (a failed submit or a draft is in it)"
                     .to_string(),
+            ),
+            Ok(InjectOutcome::Withheld) => Some(
+                "not typed: fleetd could not note in its store that it was typing it".to_string(),
             ),
             Err(e) => Some(format!("pane host: {e}")),
         };

@@ -148,17 +148,32 @@ impl LocalPlane {
         Ok(placement)
     }
 
-    /// Puts back on its queue `brief`, a brief off the broker kept (`injecting`, which nothing
-    /// takes) before its acknowledgement, now that the broker is seen to have that: it is
-    /// accepted as a delivered one is; where it went.
+    /// Holds `to`'s queue while a brief from another host is queued for it ahead of its
+    /// acknowledgement; false if `to` has no session here.
+    pub(super) fn arriving(&self, to: Gid) -> bool {
+        match self.sessions.lock().panes.get_mut(&to) {
+            Some(session) => {
+                session.arriving();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Lets `to`'s queue go on once a brief [`LocalPlane::arriving`] is settled with the broker.
+    pub(super) fn arrived(&self, to: Gid) {
+        if let Some(session) = self.sessions.lock().panes.get_mut(&to) {
+            session.arrived();
+        }
+    }
+
+    /// `brief`, a brief off the broker queued ahead of its acknowledgement, now that the
+    /// broker is seen to have that: accepted as a delivered one is, its worker's queue let go;
+    /// where it went.
     pub(super) async fn release_taken(self: &Arc<Self>, brief: &Message) -> Placement {
         let (msg_id, trace_id, kind, to) = (brief.msg_id, brief.trace_id, brief.kind, brief.to);
-        if let Err(e) = self.db.run(move |s| s.put_back_untyped(msg_id)).await {
-            // Left `injecting`: the restart reads off the pane that it was never typed.
-            tracing::error!(%trace_id, %msg_id, error = %e, "a brief taken off the broker cannot be queued: it waits for the next start");
-            return Placement::Queue;
-        }
         tracing::info!(%trace_id, %msg_id, %kind, %to, fresh = true, placement = ?Placement::Queue, "accepted");
+        self.arrived(to);
         self.queued(brief).await
     }
 

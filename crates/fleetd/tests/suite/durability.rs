@@ -154,7 +154,7 @@ async fn a_task_fleetd_died_typing_that_its_worker_took_is_answered_once() -> an
     fleet.injected(&typing).await?;
     lead.close().await?;
     fleet.kill9().await?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default())?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(lead.entry("w1").await?["status"], "busy", "{}", fleet.log());
@@ -173,8 +173,8 @@ async fn a_task_fleetd_died_typing_that_its_worker_took_is_answered_once() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -> anyhow::Result<()>
 {
-    // fleetd took the task off the queue and died before any key went in: the pane shows
-    // nothing of it, so it goes back where it was, ahead of the task queued behind it.
+    // fleetd took the task off the queue and died before any key went in (it notes their
+    // going in): it goes back where it was, ahead of the task queued behind it.
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
     let gate = fleet.gate();
     let first = lead.send("w1", &gate.task("the first"), 0).await?;
@@ -183,7 +183,7 @@ async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -
     let behind = lead.send("w1", "the third", 0).await?;
     lead.close().await?;
     fleet.kill9().await?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default())?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), false)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     gate.open()?;
@@ -214,7 +214,7 @@ async fn a_task_fleetd_died_pasting_gets_its_enter_after_the_restart() -> anyhow
     fleet.kill9().await?;
     // The first task was answered and the second pasted when fleetd died.
     fleet.as_if_answered(before["msg_id"].as_str().unwrap_or_default())?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default())?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
     fleet.paste(&pane, "pasted, never entered")?;
     until("the paste to show", LIMIT, || async {
         let screen = fleet.screen(&pane).ok()?;
@@ -250,7 +250,7 @@ async fn a_task_fleetd_died_typing_that_the_pane_cannot_tell_about_fails_and_is_
     lead.close().await?;
     fleet.kill9().await?;
     fleet.as_if_answered(before["msg_id"].as_str().unwrap_or_default())?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default())?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let answers = poll_for(&fleet, &lead, 2).await?;

@@ -201,7 +201,7 @@ async fn a_task_fleetd_died_typing_on_herdr_is_read_off_the_pane_as_taken(
     lead.close().await?;
     fleet.kill9().await?;
     // The kill came between the submit and fleetd's record of it: only the pane can tell.
-    fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default())?;
+    fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default(), true)?;
     fleet.launch().await?;
     fleet.logged("verdict=Submitted").await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;

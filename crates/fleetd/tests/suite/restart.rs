@@ -76,7 +76,7 @@ async fn survives_kill_9(
 
     fleet.kill9().await?;
     if kill == Kill::BeforeTheRecord {
-        fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default())?;
+        fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default(), true)?;
     }
     fleet.launch().await?;
     if kill == Kill::BeforeTheRecord {

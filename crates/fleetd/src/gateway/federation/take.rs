@@ -109,10 +109,11 @@ impl Federation {
         }
         let (trace_id, msg_id) = (envelope.trace_id, envelope.msg_id);
         let message = envelope.brief_for(owner, body, now_ms());
-        // Kept first, where nothing takes it yet: a stop between the acknowledgement and the
-        // store would otherwise lose it (acknowledged, so never given again; never stored, so
-        // never typed).
-        let kept = self.keep_untyped(g, &message).await;
+        // Queued first, its worker's queue held until the acknowledgement is seen: a stop
+        // between the acknowledgement and the store would otherwise lose it (acknowledged, so
+        // never given again; never stored, so never typed). A stop before the acknowledgement
+        // leaves it queued for the restart, and the copy the broker gives again is dropped.
+        let kept = self.keep_arriving(g, &message).await;
         // At most once, and one story: acknowledged, and the broker seen to take the
         // acknowledgement, before it goes anywhere near the pane. Had the acknowledgement been
         // lost (a partition), the broker would give the brief again, or let it expire and
@@ -126,7 +127,7 @@ impl Federation {
             match kept {
                 Some(Kept::Fresh) => self.fail_kept(g, &message).await,
                 // A copy of one kept already, which goes on as it was.
-                Some(Kept::Again) => {}
+                Some(Kept::Again) => g.arrived(owner),
                 None => self.fail_untaken(g, message).await,
             }
             return false;
@@ -139,6 +140,7 @@ impl Federation {
             }
             Some(Kept::Again) => {
                 tracing::info!(%trace_id, %msg_id, "a brief given again, kept already: dropped");
+                g.arrived(owner);
                 return true;
             }
             None => {}
@@ -155,33 +157,42 @@ impl Federation {
         true
     }
 
-    /// Keeps `brief`, for a live worker, before it is acknowledged: `injecting`, which no pump
-    /// or poll takes, until [`LocalPlane::release_taken`] queues it (a restart before that
-    /// reads off the pane that it was never typed, and queues it then). `None` if it is not
-    /// for a live worker's queue, or cannot be kept: it goes the way of any delivery, once
-    /// acknowledged.
-    async fn keep_untyped(&self, g: &Arc<LocalPlane>, brief: &Message) -> Option<Kept> {
-        if g.placement(brief) != Placement::Queue {
+    /// Queues `brief`, for a live worker, before it is acknowledged, its worker's queue held
+    /// ([`LocalPlane::arriving`]) until [`LocalPlane::release_taken`] or
+    /// [`Federation::fail_kept`]. `None` if it is not for a live worker's queue, or cannot be
+    /// stored: it goes the way of any delivery, once acknowledged.
+    async fn keep_arriving(&self, g: &Arc<LocalPlane>, brief: &Message) -> Option<Kept> {
+        if g.placement(brief) != Placement::Queue || !g.arriving(brief.to) {
             return None;
         }
         let mut kept = brief.clone();
-        kept.state = MsgState::Injecting;
+        kept.state = MsgState::Queued;
         match g.store_one_within_cap(kept).await {
             Ok(true) => Some(Kept::Fresh),
             Ok(false) => Some(Kept::Again),
-            Err(_) => None,
+            Err(e) => {
+                tracing::warn!(trace_id = %brief.trace_id, msg_id = %brief.msg_id, error = %e.message, "a brief from afar could not be queued before its acknowledgement");
+                g.arrived(brief.to);
+                None
+            }
         }
     }
 
-    /// Fails `brief`, kept by [`Federation::keep_untyped`], whose acknowledgement was not
-    /// seen to reach the broker: never typed, its sender told (the notice is carried).
+    /// Fails `brief`, queued by [`Federation::keep_arriving`], whose acknowledgement was not
+    /// seen to reach the broker: never typed, its sender told (the notice is carried) once it
+    /// is stored failed.
     async fn fail_kept(&self, g: &Arc<LocalPlane>, brief: &Message) {
         let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
         let (msg_id, failed) = (brief.msg_id, MsgState::Failed(why.into()));
-        if let Err(e) = g.db.run(move |s| s.transition(msg_id, &failed)).await {
-            tracing::error!(%msg_id, error = %e, "a brief not taken cannot be marked failed: the next start reads off the pane that it was never typed, and types it");
+        let stored = g.db.run(move |s| s.transition(msg_id, &failed)).await;
+        g.arrived(brief.to);
+        match stored {
+            Ok(()) => g.notify_failed(brief, why).await,
+            // Still queued: typed in (once), its sender not told it failed.
+            Err(e) => {
+                tracing::error!(%msg_id, error = %e, "a brief whose acknowledgement was not seen cannot be marked failed: it stays queued");
+            }
         }
-        g.notify_failed(brief, why).await;
     }
 
     /// Fails a brief whose acknowledgement was not seen to reach the broker: kept here as

@@ -415,6 +415,12 @@ async fn worker_and_brief(
     (worker, brief, vouched)
 }
 
+/// Whether `worker`'s pump may take its next task now.
+fn pump_may_take(gateway: &LocalPlane, worker: Gid) -> bool {
+    let sessions = gateway.sessions.lock();
+    sessions.may_take_task(worker, fleet_core::delivery::Taker::Pump)
+}
+
 /// The state `msg_id` is stored in, if it is.
 async fn stored_state(gateway: &LocalPlane, msg_id: MsgId) -> Option<String> {
     let found = gateway.db.run(move |s| s.message(msg_id)).await.unwrap();
@@ -430,6 +436,11 @@ async fn a_brief_for_a_worker_is_queued_once_its_acknowledgement_is_seen() {
         .fed
         .link
         .send_replace(Some(Arc::clone(&broker) as Arc<dyn Broker>));
+    // While its acknowledgement is on its way, nothing of the worker's queue is handed over.
+    harness.gateway.arriving(worker);
+    assert!(!pump_may_take(&harness.gateway, worker));
+    harness.gateway.arrived(worker);
+    assert!(pump_may_take(&harness.gateway, worker));
     assert!(
         harness
             .fed
@@ -443,6 +454,7 @@ async fn a_brief_for_a_worker_is_queued_once_its_acknowledgement_is_seen() {
             .as_deref(),
         Some("queued")
     );
+    assert!(pump_may_take(&harness.gateway, worker), "its queue goes on");
     harness.gateway.shutdown.cancel();
 }
 
@@ -521,6 +533,7 @@ async fn a_workers_brief_whose_acknowledgement_is_not_seen_fails_kept_never_queu
         "{}",
         outbox[0].body
     );
+    assert!(pump_may_take(&harness.gateway, worker), "its queue goes on");
     harness.gateway.shutdown.cancel();
 }
 

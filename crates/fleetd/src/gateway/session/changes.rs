@@ -135,7 +135,21 @@ impl PaneSession {
                 Some((_, AgentState::Working | AgentState::Blocked))
             ),
             host_down,
+            arriving: self.arriving,
         }
+    }
+
+    /// A brief from another host is being queued for it, its acknowledgement on the way:
+    /// nothing of its queue is handed over until [`PaneSession::arrived`].
+    pub fn arriving(&mut self) {
+        self.arriving += 1;
+    }
+
+    /// A brief [`PaneSession::arriving`] is settled with the broker (queued for good, or
+    /// failed): its queue goes on.
+    pub fn arrived(&mut self) {
+        self.arriving = self.arriving.saturating_sub(1);
+        self.kick();
     }
 
     /// Wakes the pump and the readiness gate.

@@ -83,6 +83,8 @@ pub(super) struct PaneSession {
     claiming: bool,
     /// Someone tried to claim while the claim was held; the holder wakes them on letting go.
     claim_missed: bool,
+    /// Briefs from another host queued for it whose acknowledgement is not yet seen.
+    arriving: usize,
     /// Ticks on every authenticated call; the injector's proof of a submit.
     activity: watch::Sender<u64>,
     /// Ticks whenever the delivery pump or the readiness gate should look again.
@@ -138,6 +140,7 @@ impl PaneSession {
             tasks_started: 0,
             current: None,
             polls: 0,
+            arriving: 0,
             open_calls: 0,
             claiming: false,
             claim_missed: false,
