@@ -254,8 +254,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records that the keys of `msg_id`, `injecting`, are about to go to its pane: until then
     /// a stop leaves it certainly untyped. (Kept in its `reason`, which an `injecting`
-    /// message has no other use for; cleared by its next state.)
-    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<()>;
+    /// message has no other use for; cleared by its next state.) False if it is no longer
+    /// `injecting` (failed meanwhile): its keys are not to go.
+    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<bool>;
 
     /// The messages `injecting` for `to` whose keys [`Store::keys_sent`] recorded sent.
     fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>>;

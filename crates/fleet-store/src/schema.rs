@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -240,6 +240,14 @@ CREATE TABLE lead_panes (
 ) WITHOUT ROWID;
 ";
 
+/// Version 10: fleetd notes in an `injecting` message's `reason` that its keys went to the pane
+/// (`Store::keys_sent`), and a restart puts back on its queue one without the note. A build
+/// before wrote no note: whatever it left `injecting` may have been typed, so it is marked as
+/// if noted, for the restart to settle from the pane rather than type again.
+const SCHEMA_V10: &str = "
+UPDATE messages SET reason = 'keys sent' WHERE state = 'injecting';
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -278,6 +286,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 9 {
         tx.execute_batch(SCHEMA_V9)?;
+    }
+    if found < 10 {
+        tx.execute_batch(SCHEMA_V10)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -697,13 +697,14 @@ impl Store for SqliteStore {
         )
     }
 
-    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<()> {
-        self.conn()
+    fn keys_sent(&self, msg_id: MsgId) -> StoreResult<bool> {
+        let changed = self
+            .conn()
             .prepare_cached(
                 "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
             )?
             .execute(params![msg_id.to_string(), KEYS_SENT])?;
-        Ok(())
+        Ok(changed == 1)
     }
 
     fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>> {

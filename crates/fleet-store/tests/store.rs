@@ -1193,9 +1193,9 @@ fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
         store.insert_message(m).unwrap();
     }
     assert_eq!(store.keys_sent_to(w).unwrap(), []);
-    store.keys_sent(typing.msg_id).unwrap();
+    assert!(store.keys_sent(typing.msg_id).unwrap());
     // Only on a task being typed.
-    store.keys_sent(queued.msg_id).unwrap();
+    assert!(!store.keys_sent(queued.msg_id).unwrap());
     assert_eq!(store.keys_sent_to(w).unwrap(), [typing.msg_id]);
     assert_eq!(store.keys_sent_to(lead).unwrap(), []);
     let kept = store.message(typing.msg_id).unwrap().unwrap();
@@ -1206,4 +1206,22 @@ fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
     assert_eq!(store.keys_sent_to(w).unwrap(), []);
     let typed = store.message(typing.msg_id).unwrap().unwrap();
     assert_eq!(typed.state, MsgState::Injected);
+}
+
+#[test]
+fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_keys_sent() {
+    // A build before schema 10 noted nothing: its `injecting` tasks may have been typed.
+    let dir = tempfile::tempdir().unwrap();
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let typing = message(lead, w, MsgState::Injecting, "typing");
+    {
+        let store = open(&dir);
+        store.insert_message(&typing).unwrap();
+        assert_eq!(store.keys_sent_to(w).unwrap(), []);
+    }
+    let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
+    conn.pragma_update(None, "user_version", 9).unwrap();
+    drop(conn);
+    let store = open(&dir);
+    assert_eq!(store.keys_sent_to(w).unwrap(), [typing.msg_id]);
 }

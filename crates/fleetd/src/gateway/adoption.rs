@@ -51,8 +51,8 @@ const SETTLE_BEFORE_LOOK: Settle = Settle {
 const HISTORY_LINES: usize = 2_000;
 /// How many of a worker's earlier tasks are compared with the one fleetd was typing.
 const EARLIER_TASKS: usize = 100;
-/// The most tasks a stop can leave `injecting` for one worker: the one typed, and a brief off
-/// the broker kept before its acknowledgement (more are looked at, should there be).
+/// The most tasks settled for one worker at a restart: a run types one task at a time into a
+/// worker, so one is all a stop leaves `injecting` (the rest fail as interrupted).
 const MAX_TYPING: usize = 8;
 
 /// What taking back the previous run's sessions leaves to the rest of the start-up.
@@ -292,7 +292,7 @@ impl LocalPlane {
     }
 
     /// Settles the tasks the previous run left `injecting` for `gid` (taken back as `taken`):
-    /// the one it was typing, and a brief off the broker kept but not yet queued.
+    /// the one it was typing (more, should a store hold more), oldest first.
     async fn settle_typing(
         &self,
         gid: Gid,

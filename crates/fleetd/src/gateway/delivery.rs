@@ -337,7 +337,9 @@ impl LocalPlane {
         // A restart that finds the task still `injecting` knows whether keys went in.
         let keys_going = async {
             match self.db.run(move |s| s.keys_sent(msg_id)).await {
-                Ok(()) => true,
+                Ok(true) => true,
+                // Failed meanwhile (its session ended): its keys are not to go.
+                Ok(false) => false,
                 Err(e) => {
                     tracing::error!(%trace_id, %msg_id, error = %e, "cannot note a task's keys going in: not typed");
                     false

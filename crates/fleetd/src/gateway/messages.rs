@@ -149,14 +149,16 @@ impl LocalPlane {
     }
 
     /// Holds `to`'s queue while a brief from another host is queued for it ahead of its
-    /// acknowledgement; false if `to` has no session here.
+    /// acknowledgement; false if `to` has no session here, or its pump or a poll holds the
+    /// claim on its queue (it may be taking the next task off it already: the brief is then
+    /// acknowledged before it is queued, as any other).
     pub(super) fn arriving(&self, to: Gid) -> bool {
         match self.sessions.lock().panes.get_mut(&to) {
-            Some(session) => {
+            Some(session) if !session.claiming() => {
                 session.arriving();
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 

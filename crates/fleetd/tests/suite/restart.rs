@@ -37,6 +37,33 @@ async fn round_trip(
     }
 }
 
+/// Polls `lead` until something comes (a turn's time at most), then once more for anything
+/// beyond it; on the way out, the screen of `name` (in `pane`) and fleetd's log.
+async fn replies(
+    fleet: &Fleet,
+    lead: &Client,
+    (name, pane): (&str, &str),
+) -> anyhow::Result<Vec<Value>> {
+    let got = std::sync::Mutex::new(Vec::<Value>::new());
+    until("a reply", TURN, || async {
+        let polled = lead.poll(1).await.ok()?;
+        let mut got = got.lock().ok()?;
+        got.extend(polled);
+        (!got.is_empty()).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(pane).unwrap_or_default(),
+            fleet.log()
+        )
+    })?;
+    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    got.extend(lead.poll(0).await?);
+    Ok(got)
+}
+
 /// Where `kill -9` comes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kill {
@@ -91,23 +118,7 @@ async fn survives_kill_9(
     assert_eq!(after["status"], "busy", "{after}");
 
     model.hold(false);
-    let got = std::sync::Mutex::new(Vec::<Value>::new());
-    until("the reply to the task over the restart", TURN, || async {
-        let polled = lead.poll(1).await.ok()?;
-        let mut got = got.lock().ok()?;
-        got.extend(polled);
-        (!got.is_empty()).then_some(())
-    })
-    .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
-            fleet.screen(&pane).unwrap_or_default(),
-            fleet.log()
-        )
-    })?;
-    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
-    got.extend(lead.poll(0).await?);
+    let got = replies(&fleet, &lead, (name, &pane)).await?;
     assert_eq!(got.len(), 1, "the reply comes once: {got:?}");
     assert_eq!(got[0]["kind"], "REPLY", "{got:?}");
     assert_eq!(got[0]["in_reply_to"], sent["msg_id"]);
@@ -149,23 +160,7 @@ async fn gets_its_enter_after_kill_9(
     fleet.launch().await?;
     fleet.logged("verdict=InInput").await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let got = std::sync::Mutex::new(Vec::<Value>::new());
-    until("the reply to the pasted task", TURN, || async {
-        let polled = lead.poll(1).await.ok()?;
-        let mut got = got.lock().ok()?;
-        got.extend(polled);
-        (!got.is_empty()).then_some(())
-    })
-    .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\n{name}'s screen:\n{}\nfleetd's log:\n{}",
-            fleet.screen(&pane).unwrap_or_default(),
-            fleet.log()
-        )
-    })?;
-    let mut got = got.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
-    got.extend(lead.poll(0).await?);
+    let got = replies(&fleet, &lead, (name, &pane)).await?;
     assert_eq!(got.len(), 1, "the reply comes once: {got:?}");
     assert_eq!(got[0]["in_reply_to"].as_str(), Some(typing.as_str()));
     assert_eq!(got[0]["text"], format!("echo: {text}"));

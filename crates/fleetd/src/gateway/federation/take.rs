@@ -61,6 +61,15 @@ impl Federation {
                     .await;
                     return true;
                 }
+                // Given again, and kept here already (queued ahead of an acknowledgement the
+                // broker never had, before a restart): it goes its way from the store, and this
+                // copy is dropped now rather than waiting (and expiring) behind it.
+                if delivery.redelivered() && self.kept_already(g, msg_id).await {
+                    tracing::info!(%trace_id, %msg_id, "a brief given again, kept already: dropped");
+                    self.audit(&envelope, size, "dropped: kept already");
+                    settle(&delivery, Handled::Noted, false).await;
+                    return true;
+                }
                 // It waits on the broker (unacknowledged) until the worker is free.
                 waiting.push(
                     envelope.expires_at_ms,
@@ -178,13 +187,28 @@ impl Federation {
         }
     }
 
+    /// Whether this gateway's store holds `msg_id` already (a store it cannot read: no).
+    async fn kept_already(&self, g: &Arc<LocalPlane>, msg_id: fleet_core::MsgId) -> bool {
+        matches!(g.db.run(move |s| s.message(msg_id)).await, Ok(Some(_)))
+    }
+
     /// Fails `brief`, queued by [`Federation::keep_arriving`], whose acknowledgement was not
     /// seen to reach the broker: never typed, its sender told (the notice is carried) once it
     /// is stored failed.
     async fn fail_kept(&self, g: &Arc<LocalPlane>, brief: &Message) {
         let why = "its recipient's gateway lost the broker link as it took the task off the inbox: not typed in, and not retried";
         let (msg_id, failed) = (brief.msg_id, MsgState::Failed(why.into()));
-        let stored = g.db.run(move |s| s.transition(msg_id, &failed)).await;
+        // Only while it is still queued (its queue was held: nothing can have taken it).
+        let stored =
+            g.db.run(move |s| match s.message(msg_id)? {
+                Some(kept) if kept.state == MsgState::Queued => s.transition(msg_id, &failed),
+                _ => Err(fleet_store::StoreError::BadTransition {
+                    msg_id,
+                    from: "not queued".into(),
+                    to: "failed".into(),
+                }),
+            })
+            .await;
         g.arrived(brief.to);
         match stored {
             Ok(()) => g.notify_failed(brief, why).await,
