@@ -355,6 +355,19 @@ impl LocalPlane {
             keys_going,
         )
         .await;
+        self.record_typing(gid, &task, outcome, started).await;
+    }
+
+    /// Records how typing `task` into `gid`'s pane (begun at `started`) went: `injected`, or
+    /// failed to its sender.
+    async fn record_typing(
+        self: &Arc<Self>,
+        gid: Gid,
+        task: &Message,
+        outcome: Result<InjectOutcome, fleet_mux::MuxError>,
+        started: Instant,
+    ) {
+        let (trace_id, msg_id) = (task.trace_id, task.msg_id);
         let end = match &outcome {
             Ok(InjectOutcome::Submitted { retried: false }) => InjectEnd::Submitted,
             Ok(InjectOutcome::Submitted { retried: true }) => InjectEnd::Retried,
@@ -371,8 +384,8 @@ impl LocalPlane {
                     .db
                     .run(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
-                if let Some(afar) = self.afar_of(&task) {
-                    afar.injected(self, &task).await;
+                if let Some(afar) = self.afar_of(task) {
+                    afar.injected(self, task).await;
                 }
                 injected.err().map(|e| e.message)
             }
@@ -387,7 +400,7 @@ impl LocalPlane {
             Err(e) => Some(format!("pane host: {e}")),
         };
         if let Some(reason) = failure {
-            self.untyped(gid, &task, &reason).await;
+            self.untyped(gid, task, &reason).await;
         }
     }
 

@@ -38,6 +38,7 @@ mod federation;
 mod feed;
 mod front;
 mod inboxes;
+mod interrupted;
 mod lead;
 mod lifecycle;
 mod listing;
