@@ -119,7 +119,8 @@ pub enum InjectOutcome {
     /// The program's input box never showed empty (its `submitted_marker`), so nothing was
     /// typed: text left there (a failed submit, a human's draft) would merge with the task.
     InputNotEmpty,
-    /// The caller withheld the keys ([`inject_noting`]): nothing was typed.
+    /// The caller withheld a step ([`inject_noting`]): nothing was typed, or the task was left
+    /// pasted, unsubmitted.
     Withheld,
 }
 
@@ -155,20 +156,42 @@ pub async fn inject(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
-    inject_noting(host, pane, text, options, activity, async { true }).await
+    inject_noting(host, pane, text, options, activity, &Unnoted).await
 }
 
-/// [`inject`], awaiting `keys_going` once the pane is ready for the task and just before its
-/// first key goes in: until then nothing of it can have reached the program (a caller notes
-/// there that it may have, for a restart to know which it was). If it answers false, nothing
-/// is typed ([`InjectOutcome::Withheld`]).
+/// What [`inject_noting`] tells its caller is about to happen, for it to note (a restart that
+/// finds the task half typed knows then how far it got). Answering false withholds the step
+/// ([`InjectOutcome::Withheld`]).
+pub trait Steps {
+    /// The first key of the task is about to go in; until then nothing of it can have reached
+    /// the program.
+    fn keys_going(&self) -> impl Future<Output = bool> + Send;
+    /// The first Enter under the pasted task is about to go in; until then it cannot have been
+    /// submitted.
+    fn enter_going(&self) -> impl Future<Output = bool> + Send;
+}
+
+/// Steps nobody notes.
+struct Unnoted;
+
+impl Steps for Unnoted {
+    async fn keys_going(&self) -> bool {
+        true
+    }
+    async fn enter_going(&self) -> bool {
+        true
+    }
+}
+
+/// [`inject`], telling `steps` before the first key and before the first Enter. Withheld keys
+/// type nothing; a withheld Enter leaves the task pasted in the input box, unsubmitted.
 pub async fn inject_noting(
     host: &dyn PaneHost,
     pane: &PaneId,
     text: &str,
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
-    keys_going: impl Future<Output = bool>,
+    steps: &impl Steps,
 ) -> Result<InjectOutcome, MuxError> {
     if let Some(settle) = options.settle_first {
         hold_still(host, pane, settle).await?;
@@ -186,7 +209,7 @@ pub async fn inject_noting(
             None => return Ok(InjectOutcome::InputNotEmpty),
         }
     }
-    if !keys_going.await {
+    if !steps.keys_going().await {
         return Ok(InjectOutcome::Withheld);
     }
     host.paste(pane, text).await?;
@@ -196,6 +219,9 @@ pub async fn inject_noting(
     if !options.enter_pause.is_zero() {
         sleep(options.enter_pause).await;
         before = host.snapshot(pane).await?;
+    }
+    if !steps.enter_going().await {
+        return Ok(InjectOutcome::Withheld);
     }
     submit(host, pane, before, options, activity).await
 }

@@ -1,11 +1,12 @@
 //! What became of a task fleetd was typing when it stopped (a crash, `kill -9`), read off the
 //! pane by the next start, which took the worker back. fleetd takes a task off its queue before
-//! it types it, notes in the store just before its first key goes in, and records it typed only
-//! once the submit was seen; a stop in between leaves it `injecting`. Without the note, it was
-//! never typed (type it again). With it, only the pane can tell: pasted but not submitted
-//! (press Enter), or submitted (the worker is on it: its reply answers it). Where the pane
-//! cannot tell, nothing is typed again: a task typed twice is work done twice, and the next
-//! start says it does not know.
+//! it types it, notes in the store just before its first key and just before its first Enter
+//! go in ([`crate::inject::Steps`]), and records it typed only once the submit was seen; a stop
+//! in between leaves it `injecting`. Without the first note, it was never typed (type it
+//! again); without the second, it was not submitted (in the input box: press Enter; nowhere:
+//! type it again). After its Enter, only the pane can tell: submitted (the worker is on it: its
+//! reply answers it) or still in the box. Where the pane cannot tell, nothing is typed again: a
+//! task typed twice is work done twice, and the next start says it does not know.
 
 use crate::Snapshot;
 
@@ -32,14 +33,24 @@ pub enum Interrupted {
     Unsure(&'static str),
 }
 
+/// How far fleetd's notes say the typing of a task got ([`crate::inject::Steps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// No key went in.
+    NoKeys,
+    /// Its keys may have gone in; its Enter did not.
+    Pasted,
+    /// Its Enter may have gone in too.
+    Entered,
+}
+
 /// What is known of an interrupted task and of its pane.
 #[derive(Clone, Copy, Debug)]
 pub struct Interruption<'a> {
     /// The text fleetd was typing.
     pub typed: &'a str,
-    /// Whether its keys may have gone to the pane: fleetd notes that just before the paste,
-    /// so without it nothing of the task can have reached the program.
-    pub keys_sent: bool,
+    /// How far its typing got, by fleetd's notes.
+    pub stage: Stage,
     /// What the pane shows now.
     pub screen: &'a Snapshot,
     /// The pane's recent output, lines unwrapped, through what the screen shows.
@@ -52,12 +63,14 @@ pub struct Interruption<'a> {
     pub earlier: &'a [String],
 }
 
-/// What became of the task `it` describes. Only the absence of its keys proves it was never
-/// typed; after them, it is taken or pasted only on what the pane shows of it, and nothing
-/// shown is [`Interrupted::Unsure`] (a program that echoes nothing, an alternate screen that
-/// scrolled the task away, a box holding a draft typed since).
+/// What became of the task `it` describes. Without its keys, it was never typed. Pasted
+/// without its Enter, it cannot have been submitted: it is in the input box (Enter), or, with
+/// nothing of it on the pane, the paste never arrived. Once its Enter may have gone, it is
+/// taken or pasted only on what the pane shows of it, and nothing shown is
+/// [`Interrupted::Unsure`] (a program that echoes nothing, an alternate screen that scrolled
+/// the task away, a box holding a draft typed since).
 pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
-    if !it.keys_sent {
+    if it.stage == Stage::NoKeys {
         return Interrupted::NotTyped;
     }
     let mut lines = it.typed.lines().map(str::trim).filter(|l| !l.is_empty());
@@ -83,6 +96,14 @@ pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
         None if ends_at_cursor(it.screen, it.typed) => return Interrupted::InInput,
         None => "nothing on the pane shows it",
     };
+    if it.stage == Stage::Pasted {
+        // No Enter went: not in its box, it never arrived (shown elsewhere, it is a puzzle).
+        return if shown {
+            Interrupted::Unsure("it shows on the pane outside the input box, and no Enter went")
+        } else {
+            Interrupted::NotTyped
+        };
+    }
     if shown {
         Interrupted::Submitted
     } else if head.is_none() {
@@ -197,7 +218,7 @@ mod tests {
     ) -> Interrupted {
         what_became_of(&Interruption {
             typed,
-            keys_sent: true,
+            stage: Stage::Entered,
             screen,
             history,
             marker,
@@ -215,13 +236,39 @@ mod tests {
         let screen = snap((0, 2), "> fix the flaky test\n[task 1: 18 bytes]\n");
         let it = Interruption {
             typed: task,
-            keys_sent: false,
+            stage: Stage::NoKeys,
             screen: &screen,
             history: &screen.text,
             marker: None,
             earlier: &[],
         };
         assert_eq!(what_became_of(&it), Interrupted::NotTyped);
+    }
+
+    #[test]
+    fn pasted_without_its_enter_a_task_is_in_the_box_or_never_arrived() {
+        let task = "refactor the parser";
+        let at = |screen: &Snapshot, marker| {
+            what_became_of(&Interruption {
+                typed: task,
+                stage: Stage::Pasted,
+                screen,
+                history: &screen.text,
+                marker,
+                earlier: &[],
+            })
+        };
+        let in_box = snap((21, 1), &format!("welcome\n{MARK}refactor the parser\n"));
+        assert_eq!(at(&in_box, Some(MARK)), Interrupted::InInput);
+        let empty = snap((2, 1), &format!("welcome\n{MARK}\n"));
+        assert_eq!(at(&empty, Some(MARK)), Interrupted::NotTyped);
+        let on_line = snap((21, 1), "ready\n> refactor the parser");
+        assert_eq!(at(&on_line, None), Interrupted::InInput);
+        let nothing = snap((2, 1), "ready\n> ");
+        assert_eq!(at(&nothing, None), Interrupted::NotTyped);
+        // Shown, but not where a paste waits: no Enter went, so it is not taken either.
+        let elsewhere = snap((2, 2), "> refactor the parser\n[task 1: 19 bytes]\n> ");
+        assert!(unsure(at(&elsewhere, None)));
     }
 
     #[test]

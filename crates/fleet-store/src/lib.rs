@@ -258,8 +258,13 @@ pub trait Store: Send + Sync + 'static {
     /// `injecting` (failed meanwhile): its keys are not to go.
     fn keys_sent(&self, msg_id: MsgId) -> StoreResult<bool>;
 
-    /// The messages `injecting` for `to` whose keys [`Store::keys_sent`] recorded sent.
-    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>>;
+    /// Records that the Enter under `msg_id`, `injecting` and pasted, is about to go to its
+    /// pane: until then it cannot have been submitted. False if it is no longer `injecting`.
+    fn enter_sent(&self, msg_id: MsgId) -> StoreResult<bool>;
+
+    /// The messages `injecting` for `to` whose keys [`Store::keys_sent`] recorded sent, each
+    /// with whether its Enter went too ([`Store::enter_sent`]).
+    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<(MsgId, bool)>>;
 
     /// At start-up: puts `msg_id`, left `injecting` by a previous run, back on its queue,
     /// where it keeps its place: the pane showed it was never typed. Only that proof may move

@@ -240,12 +240,13 @@ CREATE TABLE lead_panes (
 ) WITHOUT ROWID;
 ";
 
-/// Version 10: fleetd notes in an `injecting` message's `reason` that its keys went to the pane
-/// (`Store::keys_sent`), and a restart puts back on its queue one without the note. A build
-/// before wrote no note: whatever it left `injecting` may have been typed, so it is marked as
-/// if noted, for the restart to settle from the pane rather than type again.
+/// Version 10: fleetd notes in an `injecting` message's `reason` that its keys, then its Enter,
+/// went to the pane (`Store::keys_sent`, `Store::enter_sent`), and a restart puts back on its
+/// queue one without the first note. A build before wrote no note: whatever it left
+/// `injecting` may have been submitted, so it is marked as if its Enter went, for the restart
+/// to settle from the pane rather than type again.
 const SCHEMA_V10: &str = "
-UPDATE messages SET reason = 'keys sent' WHERE state = 'injecting';
+UPDATE messages SET reason = 'enter sent' WHERE state = 'injecting';
 ";
 
 /// Brings a fresh database to the current schema and refuses one from a newer build.

@@ -289,6 +289,8 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
 
 /// The `reason` of an `injecting` message whose keys went to its pane ([`Store::keys_sent`]).
 const KEYS_SENT: &str = "keys sent";
+/// The `reason` of an `injecting` message whose Enter went to its pane ([`Store::enter_sent`]).
+const ENTER_SENT: &str = "enter sent";
 
 impl Store for SqliteStore {
     fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid> {
@@ -707,17 +709,30 @@ impl Store for SqliteStore {
         Ok(changed == 1)
     }
 
-    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<MsgId>> {
+    fn enter_sent(&self, msg_id: MsgId) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
+            )?
+            .execute(params![msg_id.to_string(), ENTER_SENT])?;
+        Ok(changed == 1)
+    }
+
+    fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<(MsgId, bool)>> {
         let conn = self.conn();
         let mut query = conn.prepare_cached(
-            "SELECT msg_id FROM messages WHERE to_gid = ?1 AND state = 'injecting' AND reason = ?2",
+            "SELECT msg_id, reason = ?3 FROM messages
+             WHERE to_gid = ?1 AND state = 'injecting' AND reason IN (?2, ?3)",
         )?;
-        let ids = query
-            .query_map(params![to.to_string(), KEYS_SENT], |row| {
-                row.get::<_, String>(0)
+        let rows = query
+            .query_map(params![to.to_string(), KEYS_SENT, ENTER_SENT], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
             })?
             .collect::<Result<Vec<_>, _>>()?;
-        ids.iter().map(|id| parse(id, "msg_id")).collect()
+        rows.iter()
+            .map(|(id, entered)| Ok((parse(id, "msg_id")?, *entered)))
+            .collect()
     }
 
     fn put_back_untyped(&self, msg_id: MsgId) -> StoreResult<bool> {

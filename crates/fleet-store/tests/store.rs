@@ -1196,8 +1196,11 @@ fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
     assert!(store.keys_sent(typing.msg_id).unwrap());
     // Only on a task being typed.
     assert!(!store.keys_sent(queued.msg_id).unwrap());
-    assert_eq!(store.keys_sent_to(w).unwrap(), [typing.msg_id]);
+    assert_eq!(store.keys_sent_to(w).unwrap(), [(typing.msg_id, false)]);
     assert_eq!(store.keys_sent_to(lead).unwrap(), []);
+    assert!(store.enter_sent(typing.msg_id).unwrap());
+    assert!(!store.enter_sent(queued.msg_id).unwrap());
+    assert_eq!(store.keys_sent_to(w).unwrap(), [(typing.msg_id, true)]);
     let kept = store.message(typing.msg_id).unwrap().unwrap();
     assert_eq!(kept.state, MsgState::Injecting, "still typing");
     store
@@ -1209,7 +1212,7 @@ fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
 }
 
 #[test]
-fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_keys_sent() {
+fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter_sent() {
     // A build before schema 10 noted nothing: its `injecting` tasks may have been typed.
     let dir = tempfile::tempdir().unwrap();
     let (lead, w) = (Gid::mint(), Gid::mint());
@@ -1223,5 +1226,5 @@ fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_keys_
     conn.pragma_update(None, "user_version", 9).unwrap();
     drop(conn);
     let store = open(&dir);
-    assert_eq!(store.keys_sent_to(w).unwrap(), [typing.msg_id]);
+    assert_eq!(store.keys_sent_to(w).unwrap(), [(typing.msg_id, true)]);
 }

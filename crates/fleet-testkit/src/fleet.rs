@@ -20,6 +20,19 @@ const START_LIMIT: Duration = Duration::from_secs(20);
 /// How fleetd's store notes that a task's keys went to its pane (the `reason` of an
 /// `injecting` message: see `fleet_store::Store::keys_sent`).
 const KEYS_SENT: &str = "keys sent";
+/// ... and that its Enter went (`fleet_store::Store::enter_sent`).
+const ENTER_SENT: &str = "enter sent";
+
+/// How far fleetd got typing a task when it died ([`Fleet::as_if_killed_while_typing`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Keys {
+    /// No key went in.
+    None,
+    /// Its keys went in, not its Enter.
+    Pasted,
+    /// Its Enter went in too.
+    Entered,
+}
 
 /// A running fleetd.
 pub struct Fleet {
@@ -510,16 +523,21 @@ impl Fleet {
     }
 
     /// Makes the store say message `msg_id` was still being typed (`injecting`) when fleetd
-    /// died: as if the kill had come after fleetd noted its keys going in (`keys_sent`: for a
-    /// task typed, between its submit and fleetd's record of it), or, without, after fleetd
-    /// took it off the queue and before any key went in. While fleetd is stopped.
-    pub fn as_if_killed_while_typing(&self, msg_id: &str, keys_sent: bool) -> anyhow::Result<()> {
+    /// died, as far as `keys` says: taken off the queue, no key in ([`Keys::None`]); pasted
+    /// ([`Keys::Pasted`]); or its Enter gone too ([`Keys::Entered`]: for a task typed, the kill
+    /// came between its submit and fleetd's record of it). While fleetd is stopped.
+    pub fn as_if_killed_while_typing(&self, msg_id: &str, keys: Keys) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        let note = match keys {
+            Keys::None => None,
+            Keys::Pasted => Some(KEYS_SENT),
+            Keys::Entered => Some(ENTER_SENT),
+        };
         let changed = db.execute(
             "UPDATE messages SET state = 'injecting', reason = ?2
              WHERE msg_id = ?1 AND state IN ('injected', 'queued')",
-            rusqlite::params![msg_id, keys_sent.then_some(KEYS_SENT)],
+            rusqlite::params![msg_id, note],
         )?;
         anyhow::ensure!(changed == 1, "no injected or queued message {msg_id}");
         Ok(())
@@ -527,7 +545,7 @@ impl Fleet {
 
     /// Makes the store say fleetd, when it died, had accepted another task `text` from the
     /// sender of task `like` to the same recipient and was typing it (`injecting`, its keys
-    /// noted going in); returns its msg_id. Paste `text` into the pane ([`Fleet::paste`]) for the kill to have come between
+    /// noted going in, not its Enter); returns its msg_id. Paste `text` into the pane ([`Fleet::paste`]) for the kill to have come between
     /// the paste and the Enter. While fleetd is stopped.
     pub fn as_if_typing_another(&self, like: &str, text: &str) -> anyhow::Result<String> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");

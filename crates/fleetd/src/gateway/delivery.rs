@@ -18,7 +18,7 @@ use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::{FleetError, Gid, Message, MsgState, WorkerStatus};
 use fleet_mux::AgentState;
-use fleet_mux::inject::{InjectOutcome, inject, inject_noting};
+use fleet_mux::inject::{InjectOutcome, Steps, inject, inject_noting};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -60,6 +60,48 @@ pub(super) enum Taken {
     Expired,
     /// Nothing was queued.
     Nothing,
+}
+
+/// The typing of one task, noted in the store step by step ([`fleet_mux::inject::Steps`]).
+struct Noted<'a> {
+    plane: &'a LocalPlane,
+    msg_id: fleet_core::MsgId,
+    trace_id: fleet_core::TraceId,
+}
+
+impl Noted<'_> {
+    /// Notes `step` (true: the Enter, false: the first key) going in; false if it may not go:
+    /// the task is no longer being typed (failed as its session ended), or the store failed.
+    async fn note(&self, enter: bool) -> bool {
+        let (msg_id, trace_id) = (self.msg_id, self.trace_id);
+        let noted = self
+            .plane
+            .db
+            .run(move |s| {
+                if enter {
+                    s.enter_sent(msg_id)
+                } else {
+                    s.keys_sent(msg_id)
+                }
+            })
+            .await;
+        match noted {
+            Ok(going) => going,
+            Err(e) => {
+                tracing::error!(%trace_id, %msg_id, enter, error = %e, "cannot note a step of typing a task: withheld");
+                false
+            }
+        }
+    }
+}
+
+impl Steps for Noted<'_> {
+    async fn keys_going(&self) -> bool {
+        self.note(false).await
+    }
+    async fn enter_going(&self) -> bool {
+        self.note(true).await
+    }
 }
 
 impl LocalPlane {
@@ -334,17 +376,11 @@ impl LocalPlane {
             return;
         };
         let started = Instant::now();
-        // A restart that finds the task still `injecting` knows whether keys went in.
-        let keys_going = async {
-            match self.db.run(move |s| s.keys_sent(msg_id)).await {
-                Ok(true) => true,
-                // Failed meanwhile (its session ended): its keys are not to go.
-                Ok(false) => false,
-                Err(e) => {
-                    tracing::error!(%trace_id, %msg_id, error = %e, "cannot note a task's keys going in: not typed");
-                    false
-                }
-            }
+        // A restart that finds the task still `injecting` knows how far it got.
+        let steps = Noted {
+            plane: self,
+            msg_id,
+            trace_id,
         };
         let outcome = inject_noting(
             self.panes.as_ref(),
@@ -352,7 +388,7 @@ impl LocalPlane {
             &text,
             &options,
             &mut activity,
-            keys_going,
+            &steps,
         )
         .await;
         self.record_typing(gid, &task, outcome, started).await;
@@ -395,7 +431,8 @@ impl LocalPlane {
                     .to_string(),
             ),
             Ok(InjectOutcome::Withheld) => Some(
-                "not typed: fleetd could not note in its store that it was typing it".to_string(),
+                "not submitted: fleetd could not note in its store how far it got typing it"
+                    .to_string(),
             ),
             Err(e) => Some(format!("pane host: {e}")),
         };

@@ -1,12 +1,13 @@
 //! A restart settles what the previous run was typing when it stopped: the tasks it left
 //! `injecting` for a worker it takes back. Without the note that their keys went in
-//! (`Store::keys_sent`), none did: back on the queue. With it, the worker's pane decides
-//! ([`fleet_mux::interrupted::what_became_of`]): taken, pasted (Enter), or unknown (failed,
-//! never typed twice).
+//! (`Store::keys_sent`), none did: back on the queue. With it (and the note of their Enter,
+//! `Store::enter_sent`), the worker's pane decides
+//! ([`fleet_mux::interrupted::what_became_of`]): taken, pasted (Enter), never arrived (back on
+//! the queue), or unknown (failed, never typed twice).
 
 use fleet_core::{FleetError, Gid, Message, MsgId, MsgState};
 use fleet_mux::inject::{InjectOutcome, Settle, hold_still, submit};
-use fleet_mux::interrupted::{Interrupted, Interruption, what_became_of};
+use fleet_mux::interrupted::{Interrupted, Interruption, Stage, what_became_of};
 use fleet_store::MessageFilter;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -59,8 +60,14 @@ impl LocalPlane {
         tasks.reverse();
         let mut settled = Vec::with_capacity(tasks.len());
         for task in tasks {
-            let verdict = if keys_sent.contains(&task.msg_id) {
-                self.settle_one(gid, taken, task).await?
+            let noted = keys_sent.iter().find(|(id, _)| *id == task.msg_id);
+            let verdict = if let Some((_, entered)) = noted {
+                let stage = if *entered {
+                    Stage::Entered
+                } else {
+                    Stage::Pasted
+                };
+                self.settle_one(gid, taken, task, stage).await?
             } else {
                 // No key of it went in: it was never typed, whatever the pane shows.
                 tracing::info!(trace_id = %task.trace_id, msg_id = %task.msg_id, %gid, verdict = ?Interrupted::NotTyped, "a task the previous run was typing when it stopped: none of its keys went in");
@@ -71,15 +78,17 @@ impl LocalPlane {
         Ok(settled)
     }
 
-    /// Settles `task`, left `injecting` for `gid` with its keys sent, from what its pane shows
-    /// ([`what_became_of`]): one its worker took is typed (and so its task in flight); one
-    /// pasted but not submitted gets its Enter; one the pane cannot tell about is failed by the
-    /// start-up, never typed again.
+    /// Settles `task`, left `injecting` for `gid` with its typing noted as far as `stage`, from
+    /// what its pane shows ([`what_became_of`]): one its worker took is typed (and so its task
+    /// in flight); one pasted but not submitted gets its Enter; one whose paste never arrived
+    /// goes back to its queue; one the pane cannot tell about is failed by the start-up, never
+    /// typed again.
     async fn settle_one(
         &self,
         gid: Gid,
         taken: &Identified,
         task: Message,
+        stage: Stage,
     ) -> Result<Settled, FleetError> {
         let (msg_id, trace_id) = (task.msg_id, task.trace_id);
         let profile = &taken.profile;
@@ -107,7 +116,7 @@ impl LocalPlane {
         };
         let verdict = what_became_of(&Interruption {
             typed: &typed,
-            keys_sent: true,
+            stage,
             screen: &screen,
             history: &history,
             marker: options.submitted_marker.as_deref(),

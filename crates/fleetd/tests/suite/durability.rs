@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::fleet::{Fleet, Keys, sim_profile};
 use fleet_testkit::wait::until;
 use serde_json::{Value, json};
 
@@ -154,7 +154,8 @@ async fn a_task_fleetd_died_typing_that_its_worker_took_is_answered_once() -> an
     fleet.injected(&typing).await?;
     lead.close().await?;
     fleet.kill9().await?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
+    fleet
+        .as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), Keys::Entered)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     assert_eq!(lead.entry("w1").await?["status"], "busy", "{}", fleet.log());
@@ -170,11 +171,9 @@ async fn a_task_fleetd_died_typing_that_its_worker_took_is_answered_once() -> an
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -> anyhow::Result<()>
-{
-    // fleetd took the task off the queue and died before any key went in (it notes their
-    // going in): it goes back where it was, ahead of the task queued behind it.
+/// Kills fleetd with a task taken off the queue (`keys`: none of its keys in, or its paste
+/// never arrived) behind one in flight and ahead of another: it goes back where it was.
+async fn goes_back_to_the_head_of_its_queue(keys: Keys) -> anyhow::Result<()> {
     let (mut fleet, lead, pane) = fleet_with_worker().await?;
     let gate = fleet.gate();
     let first = lead.send("w1", &gate.task("the first"), 0).await?;
@@ -183,7 +182,7 @@ async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -
     let behind = lead.send("w1", "the third", 0).await?;
     lead.close().await?;
     fleet.kill9().await?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), false)?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), keys)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     gate.open()?;
@@ -203,6 +202,20 @@ async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_fleetd_died_before_typing_goes_back_to_the_head_of_its_queue() -> anyhow::Result<()>
+{
+    // fleetd notes a task's keys going in: without the note, none did.
+    goes_back_to_the_head_of_its_queue(Keys::None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_paste_never_reached_the_pane_goes_back_to_the_head_of_its_queue()
+-> anyhow::Result<()> {
+    // Its keys were noted going in, not its Enter, and the pane shows nothing of it.
+    goes_back_to_the_head_of_its_queue(Keys::Pasted).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_fleetd_died_pasting_gets_its_enter_after_the_restart() -> anyhow::Result<()> {
     // fleetd pasted the task and died before its Enter: the task sits in the agent's input
     // line, and the restart submits it.
@@ -214,7 +227,7 @@ async fn a_task_fleetd_died_pasting_gets_its_enter_after_the_restart() -> anyhow
     fleet.kill9().await?;
     // The first task was answered and the second pasted when fleetd died.
     fleet.as_if_answered(before["msg_id"].as_str().unwrap_or_default())?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
+    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), Keys::Pasted)?;
     fleet.paste(&pane, "pasted, never entered")?;
     until("the paste to show", LIMIT, || async {
         let screen = fleet.screen(&pane).ok()?;
@@ -250,7 +263,8 @@ async fn a_task_fleetd_died_typing_that_the_pane_cannot_tell_about_fails_and_is_
     lead.close().await?;
     fleet.kill9().await?;
     fleet.as_if_answered(before["msg_id"].as_str().unwrap_or_default())?;
-    fleet.as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), true)?;
+    fleet
+        .as_if_killed_while_typing(typing["msg_id"].as_str().unwrap_or_default(), Keys::Entered)?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let answers = poll_for(&fleet, &lead, 2).await?;

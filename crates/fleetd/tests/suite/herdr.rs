@@ -9,7 +9,7 @@ use std::time::Duration;
 use fleet_mux::AgentState;
 use fleet_mux::herdr::codec;
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::fleet::{Fleet, Keys, sim_profile};
 use fleet_testkit::herdr::{RealHerdr, TestHerdr};
 use fleet_testkit::wait::until;
 use serde_json::json;
@@ -201,7 +201,7 @@ async fn a_task_fleetd_died_typing_on_herdr_is_read_off_the_pane_as_taken(
     lead.close().await?;
     fleet.kill9().await?;
     // The kill came between the submit and fleetd's record of it: only the pane can tell.
-    fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default(), true)?;
+    fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default(), Keys::Entered)?;
     fleet.launch().await?;
     fleet.logged("verdict=Submitted").await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use fleet_testkit::client::{Client, Protocol};
-use fleet_testkit::fleet::{Fleet, claude_profile, opencode_profile};
+use fleet_testkit::fleet::{Fleet, Keys, claude_profile, opencode_profile};
 use fleet_testkit::model::ModelSim;
 use fleet_testkit::wait::until;
 use serde_json::Value;
@@ -103,7 +103,10 @@ async fn survives_kill_9(
 
     fleet.kill9().await?;
     if kill == Kill::BeforeTheRecord {
-        fleet.as_if_killed_while_typing(sent["msg_id"].as_str().unwrap_or_default(), true)?;
+        fleet.as_if_killed_while_typing(
+            sent["msg_id"].as_str().unwrap_or_default(),
+            Keys::Entered,
+        )?;
     }
     fleet.launch().await?;
     if kill == Kill::BeforeTheRecord {
