@@ -48,6 +48,18 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Notes how far the typing of `msg_id` got (`note`: [`KEYS_SENT`] or [`ENTER_SENT`]),
+    /// while it is `injecting`; whether it was.
+    fn note_typing(&self, msg_id: MsgId, note: &str) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
+            )?
+            .execute(params![msg_id.to_string(), note])?;
+        Ok(changed == 1)
+    }
+
     /// Opens (creating if needed) the database at `path`.
     pub fn open(path: &Path) -> StoreResult<Self> {
         let mut conn = Connection::open(path)?;
@@ -700,23 +712,11 @@ impl Store for SqliteStore {
     }
 
     fn keys_sent(&self, msg_id: MsgId) -> StoreResult<bool> {
-        let changed = self
-            .conn()
-            .prepare_cached(
-                "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
-            )?
-            .execute(params![msg_id.to_string(), KEYS_SENT])?;
-        Ok(changed == 1)
+        self.note_typing(msg_id, KEYS_SENT)
     }
 
     fn enter_sent(&self, msg_id: MsgId) -> StoreResult<bool> {
-        let changed = self
-            .conn()
-            .prepare_cached(
-                "UPDATE messages SET reason = ?2 WHERE msg_id = ?1 AND state = 'injecting'",
-            )?
-            .execute(params![msg_id.to_string(), ENTER_SENT])?;
-        Ok(changed == 1)
+        self.note_typing(msg_id, ENTER_SENT)
     }
 
     fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<(MsgId, bool)>> {
