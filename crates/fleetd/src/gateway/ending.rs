@@ -6,7 +6,7 @@ use std::sync::Arc;
 use fleet_core::authz::{Tool, check_tool};
 use fleet_core::ownership::{Action, Principal, check, parts, told};
 use fleet_core::routing::Route;
-use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, MsgState, WorkerStatus};
+use fleet_core::{Entity, ErrorCode, FleetError, Gid, Message, WorkerStatus};
 use fleet_store::EntityRecord;
 use tracing::Instrument;
 
@@ -247,9 +247,7 @@ impl LocalPlane {
             let reason = format!(
                 "interrupted: fleetd stopped while typing it, and after the restart its worker's pane could not tell whether it got in ({why}); it is not typed again"
             );
-            let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.clone()));
-            self.db.run(move |s| s.transition(msg_id, &failed)).await?;
-            self.notify_failed(&task, &reason).await;
+            self.fail(&task, &reason).await;
         }
         let kept: Vec<Gid> = self.sessions.lock().panes.keys().copied().collect();
         let spared = kept.clone();
