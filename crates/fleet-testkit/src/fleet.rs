@@ -148,27 +148,69 @@ pub fn bwrap_profile_of(
     agent: &Path,
     bind_agent: bool,
 ) -> anyhow::Result<String> {
-    let bind = if bind_agent {
-        r#""--ro-bind", "{agent}", "{agent}","#
-    } else {
-        ""
-    };
     Ok(format!(
         r#"[[profiles]]
 name = "{name}"
 kind = "sandbox"
 cwd = {workdir:?}
-runtime = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--tmpfs", "{{home}}", "--tmpfs", "{{state_dir}}", "--bind", "{{worker_dir}}", "{{worker_dir}}",
-           {bind} "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
-           "--die-with-parent", "--setenv", "FLEET_SANDBOX", "{{name}}", "--"]
+runtime = {runtime}
 agent = [{agent:?}]
 teardown = ["sh", "-c", "echo {{name}} >> \"$1\"/teardown.log", "sh", "{{workdir}}"]
 ready_timeout_s = 20
 "#,
+        runtime = bwrap_runtime(bind_agent),
         workdir = workdir.display().to_string(),
         agent = agent.display().to_string(),
     ))
+}
+
+/// The README's bubblewrap recipe as a TOML array, `FLEET_SANDBOX=<worker name>` set inside,
+/// with (`bind_agent`) or without the agent's program bound back in.
+fn bwrap_runtime(bind_agent: bool) -> String {
+    let bind = if bind_agent {
+        r#""--ro-bind", "{agent}", "{agent}","#
+    } else {
+        ""
+    };
+    format!(
+        r#"["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           "--tmpfs", "{{home}}", "--tmpfs", "{{state_dir}}", "--bind", "{{worker_dir}}", "{{worker_dir}}",
+           {bind} "--bind", "{{workdir}}", "{{workdir}}", "--chdir", "{{workdir}}", "--unshare-pid",
+           "--die-with-parent", "--setenv", "FLEET_SANDBOX", "{{name}}", "--"]"#
+    )
+}
+
+/// A sandbox `[[profiles]]` block running a real agent (`agent_kind` `claude-code` or
+/// `opencode`, its program `agent`) under the README's bubblewrap recipe, in a home of its own
+/// with the test key, on the scripted model at `base_url`, working in `workdir`, started in the
+/// mode fleetd gives a sandbox.
+pub fn bwrap_agent_profile(
+    name: &str,
+    agent_kind: &str,
+    agent: &str,
+    workdir: &Path,
+    base_url: &str,
+) -> String {
+    let model = match agent_kind {
+        "opencode" => "model = \"anthropic/claude-sonnet-4-5\"\n",
+        _ => "",
+    };
+    format!(
+        r#"[[profiles]]
+name = "{name}"
+kind = "sandbox"
+agent_kind = "{agent_kind}"
+cwd = {workdir:?}
+runtime = {runtime}
+agent = [{agent:?}]
+base_url = "{base_url}"
+{model}isolated_home = true
+env = {{ ANTHROPIC_API_KEY = "{TEST_API_KEY}" }}
+ready_timeout_s = 90
+"#,
+        runtime = bwrap_runtime(true),
+        workdir = workdir.display().to_string(),
+    )
 }
 
 /// A `[[profiles]]` block for a worker that writes its bearer token to `file` and then only

@@ -436,6 +436,15 @@ impl ProfileConfig {
         }
     }
 
+    /// The permission mode a Claude Code worker starts in: the profile's, else, in a sandbox,
+    /// `bypassPermissions` (the mode a sandbox is for: nothing stops the agent on a dialog, and
+    /// the sandbox bounds what it can reach), else none (Claude Code's own default).
+    pub fn start_mode(&self) -> Option<PermissionMode> {
+        self.permission_mode.or((self.kind == ProfileKind::Sandbox
+            && self.agent_kind() == ProfileKind::ClaudeCode)
+            .then_some(PermissionMode::BypassPermissions))
+    }
+
     /// The agent's argv: the profile's (a sandbox's `agent`), else its kind's program.
     pub fn program(&self) -> Vec<String> {
         let given = match self.kind {

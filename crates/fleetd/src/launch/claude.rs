@@ -22,7 +22,9 @@ use serde_json::{Map, Value, json};
 
 use super::trust::trust_directory;
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{CLAUDE_CREDENTIALS, MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind};
+use crate::config::{
+    CLAUDE_CREDENTIALS, MAX_CONFIG_WAIT_S, PermissionMode, ProfileConfig, ProfileKind,
+};
 
 /// The MCP server's name in Claude Code (its tools: `mcp__fleet__fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -30,6 +32,11 @@ const SERVER: &str = "fleet";
 const CLAUDE_JSON: &str = ".claude.json";
 /// The variable that moves Claude Code's settings (its `.claude.json`) out of the home.
 const CLAUDE_CONFIG_DIR: &str = "CLAUDE_CONFIG_DIR";
+/// The variable that tells Claude Code it runs in a sandbox (without it, it refuses
+/// `bypassPermissions` as root).
+const IS_SANDBOX: &str = "IS_SANDBOX";
+/// Claude Code's user setting that records the consent to `bypassPermissions` mode.
+const BYPASS_CONSENT: &str = "skipDangerousModePermissionPrompt";
 /// How many trailing characters of an API key Claude Code remembers as approved.
 const APPROVED_KEY_CHARS: usize = 20;
 
@@ -89,10 +96,17 @@ impl PeerLauncher for ClaudeLauncher {
         if let Some(model) = &profile.model {
             launch.argv.extend(["--model".into(), model.clone()]);
         }
-        if let Some(mode) = profile.permission_mode {
+        let mode = profile.start_mode();
+        if let Some(mode) = mode {
             launch
                 .argv
                 .extend(["--permission-mode".into(), mode.as_str().into()]);
+        }
+        let bypass = mode == Some(PermissionMode::BypassPermissions);
+        if bypass && profile.kind == ProfileKind::Sandbox {
+            // Claude Code refuses to bypass its checks as root unless told it is sandboxed,
+            // which it is.
+            launch.env.insert(IS_SANDBOX.into(), "1".into());
         }
         if let Some(url) = &profile.base_url {
             launch.env.insert("ANTHROPIC_BASE_URL".into(), url.clone());
@@ -101,6 +115,9 @@ impl PeerLauncher for ClaudeLauncher {
         let keys = trusted_keys(&worker.cwd, &self.roots)?;
         if profile.isolated_home {
             self.isolate(profile, worker, &keys, &mut launch)?;
+            if bypass {
+                consent_to_bypass(&worker.dir.join("home"))?;
+            }
         } else if profile.trust_workdir
             && let Some(dir) = profile
                 .env
@@ -155,6 +172,20 @@ impl ClaudeLauncher {
         launch.env.insert("HOME".into(), home.display().to_string());
         Ok(())
     }
+}
+
+/// Records in the private `home` the consent Claude Code asks for before its first session in
+/// `bypassPermissions` mode (its "running in Bypass Permissions mode" warning, which waits for a
+/// key): the user's settings file there, `.claude/settings.json`, with
+/// `skipDangerousModePermissionPrompt`, as accepting the warning would write it. Only ever into a
+/// worker's own home, for a profile that asked for that mode.
+fn consent_to_bypass(home: &Path) -> std::io::Result<()> {
+    let dir = home.join(".claude");
+    private_dir(&dir)?;
+    private_file(
+        &dir.join("settings.json"),
+        serde_json::to_string_pretty(&json!({BYPASS_CONSENT: true}))?.as_bytes(),
+    )
 }
 
 /// The working directory as Claude Code keys it, and its canonical form if that differs; each
@@ -306,6 +337,89 @@ mod tests {
             .position(|a| a == "--permission-mode")
             .unwrap();
         assert_eq!(launch.argv[at + 1], "dontAsk");
+    }
+
+    /// The mode a launch starts in, whether it says it is sandboxed, and whether its home holds
+    /// the consent to bypass mode.
+    fn started(launch: &Launch, w: &Worker) -> (Option<String>, bool, bool) {
+        let mode = launch
+            .argv
+            .iter()
+            .position(|a| a == "--permission-mode")
+            .map(|at| launch.argv[at + 1].clone());
+        let consent = fs::read_to_string(w.dir.join("home/.claude/settings.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+            .is_some_and(|v| v[BYPASS_CONSENT] == true);
+        (mode, launch.env.contains_key(IS_SANDBOX), consent)
+    }
+
+    #[test]
+    fn a_sandboxed_claude_code_starts_in_bypass_mode_unattended_and_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut boxed = claude_profile();
+        boxed.kind = ProfileKind::Sandbox;
+        boxed.agent_kind = Some(ProfileKind::ClaudeCode);
+        boxed.isolated_home = true;
+        let w = Worker {
+            dir: dir.path().join("boxed"),
+            ..worker(dir.path())
+        };
+        let launch = prepare(&boxed, None, &w);
+        assert_eq!(
+            started(&launch, &w),
+            (Some("bypassPermissions".into()), true, true)
+        );
+        let home = w.dir.join("home/.claude");
+        let mode = fs::metadata(&home).unwrap().permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o700
+        );
+        // A sandbox whose profile names a mode keeps it, and is not told to bypass.
+        boxed.permission_mode = Some(PermissionMode::AcceptEdits);
+        let w = Worker {
+            dir: dir.path().join("boxed-edits"),
+            ..worker(dir.path())
+        };
+        let launch = prepare(&boxed, None, &w);
+        assert_eq!(
+            started(&launch, &w),
+            (Some("acceptEdits".into()), false, false)
+        );
+        // Outside a sandbox, bypass is the profile's own choice: consented to in its own home,
+        // never declared sandboxed.
+        let mut own = claude_profile();
+        own.isolated_home = true;
+        own.permission_mode = Some(PermissionMode::BypassPermissions);
+        let w = Worker {
+            dir: dir.path().join("own"),
+            ..worker(dir.path())
+        };
+        let launch = prepare(&own, None, &w);
+        assert_eq!(
+            started(&launch, &w),
+            (Some("bypassPermissions".into()), false, true)
+        );
+        // On the user's own login, their settings are never given that consent.
+        let file = users_settings(dir.path(), "{}");
+        own.isolated_home = false;
+        let w = Worker {
+            dir: dir.path().join("users"),
+            ..worker(dir.path())
+        };
+        let launch = prepare(&own, file.parent().map(Path::to_path_buf), &w);
+        assert_eq!(
+            started(&launch, &w),
+            (Some("bypassPermissions".into()), false, false)
+        );
+        assert!(
+            !file
+                .parent()
+                .unwrap()
+                .join(".claude/settings.json")
+                .exists()
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@ mod architects;
 mod asks;
 mod auth;
 mod badinput;
+mod boxed_agents;
 mod claude;
 mod cli;
 mod cluster;

@@ -1,0 +1,155 @@
+//! Real coding agents in a real sandbox: Claude Code and opencode (the pinned releases
+//! `./test.sh` installs) under the README's bubblewrap recipe, started by fleetd with nobody at
+//! their screens, in the mode fleetd gives a sandbox, on the scripted model. Each does a round
+//! trip through fleetd (its MCP config and charter read inside the sandbox, its reply back),
+//! then runs its own shell tool inside the sandbox to look at what the sandbox must hide: the
+//! state dir (the lead's token), the user's `~/.claude.json`, another worker's files.
+
+use std::path::{Path, PathBuf};
+
+use fleet_testkit::client::{Client, Protocol};
+use fleet_testkit::fleet::{
+    Fleet, bwrap_agent_profile, bwrap_profile, claude_binary, opencode_binary,
+};
+use fleet_testkit::model::ModelSim;
+use serde_json::Value;
+
+/// What a sandboxed agent's shell is asked to look at, and what it must find.
+struct Looks {
+    /// Paths that must not be there inside.
+    hidden: Vec<PathBuf>,
+    /// Paths that must be there inside.
+    seen: Vec<PathBuf>,
+}
+
+impl Looks {
+    /// One shell line printing `hidden P` or `seen P` for each path.
+    fn command(&self) -> String {
+        let paths: Vec<String> = self
+            .hidden
+            .iter()
+            .chain(&self.seen)
+            .map(|p| format!("'{}'", p.display()))
+            .collect();
+        format!(
+            "for p in {}; do if [ -e \"$p\" ]; then echo \"seen $p\"; else echo \"hidden $p\"; fi; done",
+            paths.join(" ")
+        )
+    }
+
+    /// Checks the shell's output `text`.
+    fn check(&self, text: &str) {
+        for path in &self.hidden {
+            let line = format!("hidden {}", path.display());
+            assert!(
+                text.contains(&line),
+                "{} is visible inside: {text}",
+                path.display()
+            );
+        }
+        for path in &self.seen {
+            let line = format!("seen {}", path.display());
+            assert!(
+                text.contains(&line),
+                "{} is missing inside: {text}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Sends `task` to `to`, with its screen and fleetd's log on failure.
+async fn ask(
+    fleet: &Fleet,
+    lead: &Client,
+    to: &str,
+    pane: &str,
+    task: &str,
+) -> anyhow::Result<Value> {
+    match lead.send(to, task, 90).await {
+        Ok(sent) if sent["reply"].is_object() => Ok(sent),
+        outcome => anyhow::bail!(
+            "{outcome:?}\n{to}'s screen:\n{}\nfleetd's log:\n{}",
+            fleet.screen(pane).unwrap_or_default(),
+            fleet.log()
+        ),
+    }
+}
+
+/// A real agent of `agent_kind` (its program `agent`) spawned into bubblewrap by fleetd, with
+/// a sandboxed scripted worker beside it: the agent answers a task, and its own shell finds the
+/// hidden paths hidden and its own working directory there.
+async fn a_real_agent_in_bwrap(agent_kind: &str, agent: &str) -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let workdir = tempfile::tempdir()?;
+    let other_workdir = tempfile::tempdir()?;
+    // The user's home and the state dir outside /tmp, so only the recipe's {home} and
+    // {state_dir} mounts can hide them.
+    let home = tempfile::tempdir_in("/var/tmp")?;
+    let settings = home.path().join(".claude.json");
+    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+    let profiles = format!(
+        "{}\n{}",
+        bwrap_agent_profile(
+            "boxed",
+            agent_kind,
+            agent,
+            workdir.path(),
+            &model.base_url()
+        ),
+        bwrap_profile("plain", other_workdir.path())?
+    );
+    let fleet = Fleet::start_with_env(
+        Path::new("/var/tmp"),
+        "",
+        &profiles,
+        &[("HOME", Some(&home.path().display().to_string()))],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let other = lead.spawn("plain", "other").await?;
+    let other_dir = fleet
+        .state_dir()
+        .join("workers")
+        .join(other["gid"].as_str().unwrap_or_default());
+    let token = fleet.state_dir().join("leads/lead.token");
+    assert!(other_dir.is_dir() && token.is_file(), "{other}");
+
+    let spawned = match lead.spawn("boxed", "agent").await {
+        Ok(spawned) => spawned,
+        Err(e) => anyhow::bail!("{e:#}\nfleetd's log:\n{}", fleet.log()),
+    };
+    assert_eq!(spawned["status"], "idle", "{spawned}");
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let command = std::fs::read_to_string(format!("/proc/{}/cmdline", fleet.pane_pid(&pane)?))?;
+    assert!(command.starts_with("bwrap\0"), "{command:?}");
+
+    let sent = ask(&fleet, &lead, "agent", &pane, "hello from the lead").await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
+
+    let looks = Looks {
+        hidden: vec![token, settings, other_dir, fleet.state_dir().join("leads")],
+        seen: vec![workdir.path().to_path_buf()],
+    };
+    let made = workdir.path().join("made-inside");
+    let task = format!("run: {} && touch '{}'", looks.command(), made.display());
+    let sent = ask(&fleet, &lead, "agent", &pane, &task).await?;
+    looks.check(sent["reply"]["text"].as_str().unwrap_or_default());
+    assert!(
+        made.is_file(),
+        "the agent could not write its working directory: {sent}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_in_bwrap_answers_unattended_and_sees_nothing_it_should_not()
+-> anyhow::Result<()> {
+    a_real_agent_in_bwrap("claude-code", &claude_binary()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_opencode_in_bwrap_answers_unattended_and_sees_nothing_it_should_not()
+-> anyhow::Result<()> {
+    a_real_agent_in_bwrap("opencode", &opencode_binary()).await
+}
