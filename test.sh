@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs fleetd's whole test suite, after cargo fmt --check and clippy. First installs what a
 # fresh Debian machine lacks: tmux (the tests drive real tmux servers), bubblewrap (the sandbox
-# tests' runtime), systemd-analyze (the unit in contrib/ is checked), rabbitmq-server (the
-# federation tests' broker, and their private node), chromium and chromium-driver (the web
+# tests' runtime), podman with crun and runc (the container tests' runtime), systemd-analyze
+# (the unit in contrib/ is checked), rabbitmq-server (the federation tests' broker, and their
+# private node), chromium and chromium-driver (the web
 # view is tested in a real browser), in a
 # virtualenv outside the tree the Python `mcp` SDK (a second real MCP client) and the Prometheus
 # client (its OpenMetrics parser reads /metrics in the tests) and openapi-spec-validator (the
@@ -17,6 +18,11 @@ missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v pkill >/dev/null 2>&1 || missing+=(procps)
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+# The container tests run podman; with crun (Debian's default) and runc (for a machine whose
+# cgroups crun refuses, as one that is itself a container may have).
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v crun >/dev/null 2>&1 || missing+=(crun)
+command -v runc >/dev/null 2>&1 || missing+=(runc)
 # The workspace tests make real git worktrees.
 command -v git >/dev/null 2>&1 || missing+=(git)
 command -v npm >/dev/null 2>&1 || missing+=(npm)

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod model;
 pub mod netns;
 pub mod partition;
+pub mod podman;
 pub mod proxy;
 pub mod sim;
 pub mod standin;

@@ -54,7 +54,7 @@ const OPENCODE_ANTHROPIC: (&str, &str) = ("anthropic/", "ANTHROPIC_API_KEY");
 /// The placeholders a profile's `workspace` and `workspace_teardown` may use.
 pub const WORKSPACE_PLACEHOLDERS: [&str; 4] = ["cwd", "dir", "name", "gid"];
 /// The placeholders a sandbox's `runtime` and `teardown` may use.
-pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
+pub const SANDBOX_PLACEHOLDERS: [&str; 13] = [
     "name",
     "gid",
     "host",
@@ -67,6 +67,7 @@ pub const SANDBOX_PLACEHOLDERS: [&str; 12] = [
     "state_dir",
     "home",
     "agent",
+    "env_file",
 ];
 
 /// Which call from a spawning worker proves it ready (besides its `ready_marker`).

@@ -13,13 +13,23 @@
 //! to bind back in, and `{agent}` the agent's program as found on this host (absolute, links
 //! resolved) to bind read-only; when the runtime names `{agent}`, the agent is started by that
 //! path. A bwrap runtime whose mounts would hide the agent is refused before the pane opens.
+//!
+//! A container runtime starts the agent with its own environment, not the pane's: `{env_file}`
+//! names a file in the worker's directory (user-only) holding the launch's environment, for
+//! `--env-file` (docker, podman), so the agent inside gets its token, home and endpoint without
+//! a `-e` per variable and with no value on the command line.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use super::bwrap::{self, Sight};
 use super::{Launch, PeerLauncher, Worker};
 use crate::config::ProfileConfig;
+
+/// The file in the worker's directory that `{env_file}` names: the launch's environment (its
+/// token among it), user-only, for a container runtime to read (`--env-file`).
+const ENV_FILE: &str = "sandbox.env";
 
 pub(super) struct SandboxLauncher {
     /// The gateway's state dir (tokens, database, workers' files): `{state_dir}`.
@@ -59,6 +69,10 @@ impl PeerLauncher for SandboxLauncher {
             }
             (_, false) => None,
         };
+        let env_file = names("env_file").then(|| worker.dir.join(ENV_FILE));
+        if let Some(file) = &env_file {
+            super::private_file(file, env_lines(&launch.env)?.as_bytes())?;
+        }
         if names("home") && self.home.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -70,6 +84,7 @@ impl PeerLauncher for SandboxLauncher {
             profile,
             worker,
             agent: agent.as_deref(),
+            env_file: env_file.as_deref(),
         };
         let fill = |word: &String| fill(word, &values);
         let mut argv: Vec<String> = profile.runtime.iter().map(fill).collect();
@@ -145,12 +160,33 @@ fn find_program(
     Some(Found { named, resolved })
 }
 
+/// The environment `env` as an env file (`NAME=value` lines, as `docker run --env-file` and
+/// `podman run --env-file` read it), or why it cannot be one: a value holding a line break
+/// would end its line early and start another variable of its own making.
+fn env_lines(env: &BTreeMap<String, String>) -> io::Result<String> {
+    let mut lines = String::new();
+    for (name, value) in env {
+        if name.is_empty() || name.contains(['=', '\n', '\r']) || value.contains(['\n', '\r']) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the variable '{}' cannot go into an env file (a line break or '=' in its name, or a line break in its value)",
+                    name.escape_debug()
+                ),
+            ));
+        }
+        lines.push_str(&format!("{name}={value}\n"));
+    }
+    Ok(lines)
+}
+
 /// What the placeholders stand for in one launch.
 struct Values<'a> {
     launcher: &'a SandboxLauncher,
     profile: &'a ProfileConfig,
     worker: &'a Worker,
     agent: Option<&'a Path>,
+    env_file: Option<&'a Path>,
 }
 
 /// `word` with each known `{placeholder}` replaced (the config check refused unknown ones).
@@ -160,6 +196,7 @@ fn fill(word: &str, values: &Values<'_>) -> String {
         profile,
         worker,
         agent,
+        env_file,
     } = values;
     let value = |placeholder: &str| -> Option<String> {
         Some(match placeholder {
@@ -175,6 +212,7 @@ fn fill(word: &str, values: &Values<'_>) -> String {
             "state_dir" => launcher.state_dir.display().to_string(),
             "home" => launcher.home.as_ref()?.display().to_string(),
             "agent" => (*agent)?.display().to_string(),
+            "env_file" => (*env_file)?.display().to_string(),
             _ => return None,
         })
     };
@@ -232,6 +270,67 @@ mod tests {
     }
 
     #[test]
+    fn an_env_file_holds_the_launch_environment_for_the_runtime_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let w = worker(dir.path());
+        std::fs::create_dir_all(&w.dir).unwrap();
+        let mut profile = ProfileConfig::command("box", Vec::new());
+        profile.kind = ProfileKind::Sandbox;
+        profile.runtime = ["podman", "run", "--env-file", "{env_file}", "img"]
+            .map(String::from)
+            .to_vec();
+        let env: BTreeMap<String, String> = [
+            ("FLEET_TOKEN".to_string(), w.token.clone()),
+            ("HOME".to_string(), "/w/home".to_string()),
+        ]
+        .into();
+        let launch = Launch {
+            argv: vec!["agent".into()],
+            env: env.clone(),
+            teardown: None,
+        };
+        let launch = launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
+        let file = w.dir.join(ENV_FILE);
+        assert_eq!(launch.argv[3], file.display().to_string());
+        assert!(!launch.argv.iter().any(|a| a.contains(&w.token)));
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            format!("FLEET_TOKEN={}\nHOME=/w/home\n", w.token)
+        );
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A value that would make two lines is refused, naming the variable and not the value.
+        let mut broken = env;
+        broken.insert("EXTRA".into(), "one\nINJECTED=1".into());
+        let launch = Launch {
+            argv: vec!["agent".into()],
+            env: broken,
+            teardown: None,
+        };
+        let err = launcher(dir.path())
+            .prepare(&profile, &w, launch)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'EXTRA'") && !err.contains("INJECTED"),
+            "{err}"
+        );
+        // Without the placeholder, no file is written.
+        std::fs::remove_file(&file).unwrap();
+        profile.runtime = ["bwrap", "--ro-bind", "/", "/", "--"]
+            .map(String::from)
+            .to_vec();
+        let launch = Launch {
+            argv: vec!["/bin/sh".into()],
+            env: Default::default(),
+            teardown: None,
+        };
+        launcher(dir.path()).prepare(&profile, &w, launch).unwrap();
+        assert!(!file.exists());
+    }
+
+    #[test]
     fn a_launch_and_its_worker_debug_print_without_the_token() {
         let dir = tempfile::tempdir().unwrap();
         let w = worker(dir.path());
@@ -276,6 +375,7 @@ mod tests {
             profile: &profile,
             worker: &w,
             agent: Some(Path::new("/opt/agent")),
+            env_file: None,
         };
         assert_eq!(
             fill("{workdir}:/work", &values),

@@ -15,16 +15,16 @@ use fleet_testkit::model::ModelSim;
 use serde_json::Value;
 
 /// What a sandboxed agent's shell is asked to look at, and what it must find.
-struct Looks {
+pub(super) struct Looks {
     /// Paths that must not be there inside.
-    hidden: Vec<PathBuf>,
+    pub(super) hidden: Vec<PathBuf>,
     /// Paths that must be there inside.
-    seen: Vec<PathBuf>,
+    pub(super) seen: Vec<PathBuf>,
 }
 
 impl Looks {
     /// One shell line printing `hidden P` or `seen P` for each path.
-    fn command(&self) -> String {
+    pub(super) fn command(&self) -> String {
         let paths: Vec<String> = self
             .hidden
             .iter()
@@ -38,7 +38,7 @@ impl Looks {
     }
 
     /// Checks the shell's output `text`.
-    fn check(&self, text: &str) {
+    pub(super) fn check(&self, text: &str) {
         for path in &self.hidden {
             let line = format!("hidden {}", path.display());
             assert!(
@@ -59,7 +59,7 @@ impl Looks {
 }
 
 /// Sends `task` to `to`, with its screen and fleetd's log on failure.
-async fn ask(
+pub(super) async fn ask(
     fleet: &Fleet,
     lead: &Client,
     to: &str,

@@ -26,6 +26,7 @@ mod nudge;
 mod openapi;
 mod opencode;
 mod partition;
+mod podman;
 mod python;
 mod restart;
 mod sandbox;

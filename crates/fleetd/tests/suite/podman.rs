@@ -1,0 +1,155 @@
+//! Sandboxed workers in a real container runtime: podman (installed by `./test.sh`), each
+//! worker in a container whose root is a directory the test prepares (`podman run --rootfs`,
+//! see [`fleet_testkit::podman`]), under the README's docker recipe run through podman's
+//! docker-compatible command line. The scripted agent and a real Claude Code each do a round
+//! trip through fleetd and look, from inside, at what the container must not show.
+
+use std::path::Path;
+
+use fleet_testkit::bins::binary;
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, claude_binary};
+use fleet_testkit::model::ModelSim;
+use fleet_testkit::podman::{podman_profile, prepare_root};
+use fleet_testkit::wait::until;
+
+use super::boxed_agents::{Looks, ask};
+
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Checks that `pane` runs podman.
+fn runs_podman(fleet: &Fleet, pane: &str) -> anyhow::Result<()> {
+    let command = std::fs::read_to_string(format!("/proc/{}/cmdline", fleet.pane_pid(pane)?))?;
+    anyhow::ensure!(command.starts_with("podman\0"), "the pane runs {command:?}");
+    Ok(())
+}
+
+/// Whether podman still has a container named `name`.
+fn container_exists(name: &str) -> anyhow::Result<bool> {
+    let output = std::process::Command::new("podman")
+        .args(["ps", "-a", "--format", "{{.Names}}", "--filter"])
+        .arg(format!("name=^{name}$"))
+        .output()?;
+    anyhow::ensure!(output.status.success(), "podman ps: {output:?}");
+    Ok(!String::from_utf8_lossy(&output.stdout).trim().is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_down()
+-> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    prepare_root(root.path())?;
+    let workdir = tempfile::tempdir()?;
+    let home = tempfile::tempdir_in("/var/tmp")?;
+    let settings = home.path().join(".claude.json");
+    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+    let agent = binary("fleet-agent-sim")?.display().to_string();
+    let profile = podman_profile("boxed", root.path(), workdir.path(), &agent, None)?;
+    let fleet = Fleet::start_with_env(
+        Path::new("/var/tmp"),
+        "",
+        &profile,
+        &[("HOME", Some(&home.path().display().to_string()))],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let p1 = lead.spawn("boxed", "p1").await?;
+    let p2 = lead.spawn("boxed", "p2").await?;
+    runs_podman(&fleet, p1["pane"].as_str().unwrap_or_default())?;
+    let sent = lead.send("p1", "hello container", 30).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello container", "{sent}");
+
+    // From inside: the lead's token, the user's settings and the other worker's files (its
+    // env file holds its token) cannot be read; its own working directory can.
+    let other = fleet
+        .state_dir()
+        .join("workers")
+        .join(p2["gid"].as_str().unwrap_or_default())
+        .join("sandbox.env");
+    let token = fleet.state_dir().join("leads/lead.token");
+    assert!(other.is_file() && token.is_file());
+    for hidden in [&token, &settings, &other] {
+        let sent = lead
+            .send("p1", &format!("/read {}", hidden.display()), 30)
+            .await?;
+        let text = sent["reply"]["text"].as_str().unwrap_or_default();
+        assert!(
+            text.starts_with(&format!("cannot read {}", hidden.display())),
+            "{} is readable in the container: {text}",
+            hidden.display()
+        );
+    }
+    std::fs::write(workdir.path().join("note.txt"), "visible")?;
+    let sent = lead
+        .send(
+            "p1",
+            &format!("/read {}", workdir.path().join("note.txt").display()),
+            30,
+        )
+        .await?;
+    assert_eq!(sent["reply"]["text"], "visible", "{sent}");
+
+    // A stop tears the container down.
+    let container = format!("fleet-{}", p1["gid"].as_str().unwrap_or_default());
+    assert!(container_exists(&container)?, "no container {container}");
+    lead.ok("fleet_stop", serde_json::json!({"to": "p1"}))
+        .await?;
+    until("the container to be removed", LIMIT, || async {
+        matches!(container_exists(&container), Ok(false)).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_code_in_podman_answers_unattended_and_sees_nothing_it_should_not()
+-> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let root = tempfile::tempdir()?;
+    prepare_root(root.path())?;
+    let workdir = tempfile::tempdir()?;
+    let home = tempfile::tempdir_in("/var/tmp")?;
+    let settings = home.path().join(".claude.json");
+    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+    let profile = podman_profile(
+        "boxed",
+        root.path(),
+        workdir.path(),
+        &claude_binary(),
+        Some(("claude-code", &model.base_url())),
+    )?;
+    let fleet = Fleet::start_with_env(
+        Path::new("/var/tmp"),
+        "",
+        &profile,
+        &[("HOME", Some(&home.path().display().to_string()))],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = match lead.spawn("boxed", "agent").await {
+        Ok(spawned) => spawned,
+        Err(e) => anyhow::bail!("{e:#}\nfleetd's log:\n{}", fleet.log()),
+    };
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    runs_podman(&fleet, &pane)?;
+    let sent = ask(&fleet, &lead, "agent", &pane, "hello from the lead").await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
+
+    let looks = Looks {
+        hidden: vec![
+            fleet.state_dir().join("leads/lead.token"),
+            settings,
+            home.path().to_path_buf(),
+        ],
+        seen: vec![workdir.path().to_path_buf()],
+    };
+    let made = workdir.path().join("made-inside");
+    let task = format!("run: {} && touch '{}'", looks.command(), made.display());
+    let sent = ask(&fleet, &lead, "agent", &pane, &task).await?;
+    looks.check(sent["reply"]["text"].as_str().unwrap_or_default());
+    assert!(
+        made.is_file(),
+        "the agent could not write its working directory: {sent}"
+    );
+    Ok(())
+}
