@@ -110,13 +110,45 @@ fn probe() -> anyhow::Result<&'static str> {
     anyhow::bail!("podman runs no container here: {}", refusals.join("; "))
 }
 
+/// The containers of one test, labelled as its own: removed when this is dropped, so a test
+/// that ends (or fails) with workers still up leaves no container running. (fleetd tears a
+/// worker's container down when the worker goes; a test's fleet is killed with its workers up.)
+pub struct Containers {
+    label: String,
+}
+
+impl Containers {
+    /// A label of its own.
+    pub fn new() -> Self {
+        Self {
+            label: format!("fleet-test={}", uuid::Uuid::now_v7().simple()),
+        }
+    }
+}
+
+impl Default for Containers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("podman")
+            .args(["rm", "-f", "-t", "0", "--filter"])
+            .arg(format!("label={}", self.label))
+            .output();
+    }
+}
+
 /// A sandbox `[[profiles]]` block running the agent `agent` in a podman container whose root
 /// is `root` (made by [`prepare_root`]), the README's docker recipe: host network (it reaches
 /// fleetd on loopback), the launch's environment from `{env_file}`, the host's `/usr`
 /// read-only, and only the worker's own files, its working directory `workdir` and the agent's
-/// program bound in. `real` makes it a real agent's (`claude-code` or `opencode`, on the
+/// program bound in; labelled as one of `containers`. `real` makes it a real agent's (`claude-code` or `opencode`, on the
 /// scripted model at the given base URL, in a home of its own with the test key).
 pub fn podman_profile(
+    containers: &Containers,
     name: &str,
     root: &Path,
     workdir: &Path,
@@ -136,6 +168,8 @@ pub fn podman_profile(
         "host",
         "--env-file",
         "{env_file}",
+        "--label",
+        &containers.label,
     ]
     .into_iter()
     .map(String::from)

@@ -10,7 +10,7 @@ use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, claude_binary};
 use fleet_testkit::model::ModelSim;
-use fleet_testkit::podman::{podman_profile, prepare_root};
+use fleet_testkit::podman::{Containers, podman_profile, prepare_root};
 use fleet_testkit::wait::until;
 
 use super::boxed_agents::{Looks, ask};
@@ -44,7 +44,15 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
     let settings = home.path().join(".claude.json");
     std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
     let agent = binary("fleet-agent-sim")?.display().to_string();
-    let profile = podman_profile("boxed", root.path(), workdir.path(), &agent, None)?;
+    let containers = Containers::new();
+    let profile = podman_profile(
+        &containers,
+        "boxed",
+        root.path(),
+        workdir.path(),
+        &agent,
+        None,
+    )?;
     let fleet = Fleet::start_with_env(
         Path::new("/var/tmp"),
         "",
@@ -111,7 +119,9 @@ async fn a_real_claude_code_in_podman_answers_unattended_and_sees_nothing_it_sho
     let home = tempfile::tempdir_in("/var/tmp")?;
     let settings = home.path().join(".claude.json");
     std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+    let containers = Containers::new();
     let profile = podman_profile(
+        &containers,
         "boxed",
         root.path(),
         workdir.path(),
