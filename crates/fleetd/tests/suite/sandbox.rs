@@ -243,3 +243,104 @@ async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_setti
     assert_eq!(read(workdir.path().join("note.txt")).await?, "visible");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_spawns_a_sandboxed_worker_on_another_host_under_that_hosts_rules()
+-> anyhow::Result<()> {
+    use fleet_testkit::broker::Broker;
+    use fleet_testkit::fleet::{agent_workdir, sim_profile};
+    use fleet_testkit::hosts::TwoHosts;
+    use serde_json::json;
+
+    // hostb's "boxed" is a bubblewrap sandbox, working under hostb's roots; hosta has a profile
+    // of that name too, unsandboxed, which a spawn on hostb must not use.
+    let workdir = tempfile::tempdir_in(agent_workdir())?;
+    let here = sim_profile("boxed", &[])?;
+    let there = bwrap_profile("boxed", workdir.path())?;
+    let p = TwoHosts::each(&Broker::find().await?, &here, &there).await?;
+    until("hostb to offer its profiles on hosta", LIMIT, || async {
+        let hosts = p.alice.ok("fleet_list", json!({})).await.ok()?;
+        hosts["hosts"]
+            .as_array()?
+            .iter()
+            .any(|h| h["host"] == "hostb" && h["status"] == "up")
+            .then_some(())
+    })
+    .await?;
+
+    let spawned = p
+        .alice
+        .ok(
+            "fleet_spawn",
+            json!({"profile": "boxed", "name": "far", "host": "hostb"}),
+        )
+        .await?;
+    assert_eq!(
+        (spawned["host"].as_str(), spawned["status"].as_str()),
+        (Some("hostb"), Some("idle")),
+        "{spawned}\n{}",
+        p.b.log()
+    );
+    // hostb's runtime: the pane on hostb runs bwrap, the agent inside it.
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let pane_pid = p.b.pane_pid(&pane)?;
+    let command = std::fs::read_to_string(format!("/proc/{pane_pid}/cmdline"))?;
+    assert!(command.starts_with("bwrap\0"), "{command:?}");
+    assert!(p.a.panes()?.is_empty(), "a pane on hosta");
+
+    // A round trip, and a question in the middle of a task, answered from hosta.
+    let sent = p.alice.send("far", "hello sandbox afar", 20).await?;
+    assert_eq!(sent["reply"]["text"], "echo: hello sandbox afar", "{sent}");
+    let sent = p.alice.send("far", "/ask 20 which port?", 20).await?;
+    assert_eq!(sent["status"], "asked", "{sent}\n{}", p.b.log());
+    let answered = p
+        .alice
+        .ok(
+            "fleet_send",
+            json!({"turn_id": sent["ask"]["turn_id"], "message": "8080", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(
+        answered["reply"]["text"], "asked which port?, heard: 8080",
+        "{answered}"
+    );
+    // Inside, hostb's state dir is hidden as its recipe says.
+    let token = p.b.state_dir().join("leads/bob.token");
+    let sent = p
+        .alice
+        .send("far", &format!("/read {}", token.display()), 20)
+        .await?;
+    assert!(
+        sent["reply"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("cannot read"),
+        "{sent}"
+    );
+
+    // hostb's roots decide where it may work: a directory outside them is refused there.
+    let outside = tempfile::tempdir_in("/var/tmp")?;
+    let refused = p
+        .alice
+        .call(
+            "fleet_spawn",
+            json!({"profile": "boxed", "name": "far2", "host": "hostb",
+                   "cwd": outside.path().display().to_string()}),
+        )
+        .await?
+        .expect_err("a working directory outside hostb's roots");
+    assert!(
+        refused.message.contains("workdir_roots") || refused.message.contains("outside"),
+        "{refused}"
+    );
+
+    // A stop from hosta tears the sandbox down on hostb.
+    p.alice.ok("fleet_stop", json!({"to": "far"})).await?;
+    until("hostb's teardown to run", LIMIT, || async {
+        std::fs::read_to_string(workdir.path().join("teardown.log"))
+            .ok()
+            .filter(|text| text.trim() == "far")
+    })
+    .await?;
+    Ok(())
+}
