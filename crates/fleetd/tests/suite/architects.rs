@@ -324,8 +324,11 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     // Two scripted models, told apart by the voice each answers in.
     let sonnet = ModelSim::voiced("[sonnet] ").await?;
     let gpt = ModelSim::voiced("[gpt] ").await?;
+    // Both speak the Anthropic API, the only one the scripted model serves, and opencode takes
+    // no other model name under its anthropic provider: both slots are on Claude models, one
+    // family, which fleetd starts only when told to.
     let config = format!(
-        "{}{}[architects]\nslots = [{{ name = \"arch-claude\", profile = \"claude\", keep_s = 15 }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\", keep_s = 15 }}]\n",
+        "{}{}[architects]\nallow_same_family = true\nslots = [{{ name = \"arch-claude\", profile = \"claude\", keep_s = 15 }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\", keep_s = 15 }}]\n",
         claude_profile("claude", &sonnet.base_url()),
         opencode_profile("opencode-gpt", &gpt.base_url()),
     );
