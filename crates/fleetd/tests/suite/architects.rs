@@ -98,6 +98,8 @@ async fn a_consult_briefs_every_architect_alike_and_returns_each_slots_outcome()
         slot(&consult, "arch-a")["model"],
         "the program of profile 'sim-a'"
     );
+    // A program fleetd cannot see into has no family it can name.
+    assert_eq!(slot(&consult, "arch-a")["family"], Value::Null);
     let crashed = slot(&consult, "arch-crash");
     assert_eq!(crashed["status"], "failed", "{consult}");
     assert!(
@@ -347,6 +349,9 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     assert_eq!(opencode["text"], format!("[gpt] echo: {brief}"));
     assert_eq!(claude["model"], "the default model of claude-code");
     assert_eq!(opencode["model"], "model 'claude-sonnet-4-5'");
+    for answer in [claude, opencode] {
+        assert_eq!(answer["family"], "anthropic", "{answer}");
+    }
     // Each was told it is an adviser, not a worker.
     for model in [&sonnet, &gpt] {
         assert!(
