@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use fleet_core::entity::validate_worker_name;
 use serde::Deserialize;
 
-use super::{DEFAULT_NUDGE_INTERVAL_S, MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind, within};
+use super::family::{Family, family};
+use super::{DEFAULT_NUDGE_INTERVAL_S, MAX_CONFIG_WAIT_S, ProfileConfig, within};
 
 /// The most architect slots a gateway may declare.
 pub const MAX_SLOTS: usize = 8;
@@ -20,6 +21,9 @@ pub struct ArchitectsConfig {
     /// The least time between two nudges into an architect's pane while a message waits for
     /// it to pull (only its brief is typed in).
     pub nudge_interval_s: u64,
+    /// Lets two slots run models of one family (see [`super::family`]), which is refused
+    /// otherwise: two advisers of one maker agreeing is weak evidence, so it takes saying so.
+    pub allow_same_family: bool,
 }
 
 impl Default for ArchitectsConfig {
@@ -27,6 +31,7 @@ impl Default for ArchitectsConfig {
         Self {
             slots: Vec::new(),
             nudge_interval_s: DEFAULT_NUDGE_INTERVAL_S,
+            allow_same_family: false,
         }
     }
 }
@@ -46,23 +51,6 @@ pub struct SlotConfig {
     /// once when 0.
     #[serde(default)]
     pub keep_s: u64,
-}
-
-/// What tells two architects' models apart: the profile's `model` (its last path segment,
-/// case aside: `anthropic/claude-x` and `claude-x` are one model), else the default of its kind
-/// of agent, else (a program fleetd cannot see into) the profile itself.
-pub fn model_identity(profile: &ProfileConfig) -> String {
-    let agent = profile.agent_kind();
-    match (&profile.model, agent) {
-        (Some(model), _) => {
-            let last = model.rsplit('/').next().unwrap_or(model);
-            format!("model '{}'", last.to_ascii_lowercase())
-        }
-        (None, ProfileKind::ClaudeCode | ProfileKind::Opencode) => {
-            format!("the default model of {}", agent.as_str())
-        }
-        (None, _) => format!("the program of profile '{}'", profile.name),
-    }
 }
 
 impl ArchitectsConfig {
@@ -87,7 +75,7 @@ impl ArchitectsConfig {
             ));
         }
         let mut names = BTreeSet::new();
-        let mut models: Vec<(String, &str)> = Vec::new();
+        let mut families: Vec<(Family, &str)> = Vec::new();
         for slot in &self.slots {
             validate_worker_name(&slot.name)
                 .map_err(|e| format!("architects.slots name: {}", e.message))?;
@@ -129,16 +117,15 @@ impl ArchitectsConfig {
                         known.join(", ")
                     )
                 })?;
-            let model = model_identity(profile);
-            if let Some((_, other)) = models.iter().find(|(m, _)| *m == model) {
-                return Err(format!(
-                    "architects.slots '{other}' and '{}' both run {model}: architects are there to bring two model families to one brief, so give each slot a profile on another model",
-                    slot.name
-                ));
-            }
-            models.push((model, slot.name.as_str()));
+            families.push((family(profile), slot.name.as_str()));
         }
-        Ok(())
+        if self.allow_same_family {
+            return Ok(());
+        }
+        match first_shared(&families) {
+            Some((family, first, second)) => Err(one_family(family, first, second)),
+            None => Ok(()),
+        }
     }
 
     /// The slot called `name`.
@@ -147,8 +134,28 @@ impl ArchitectsConfig {
     }
 }
 
+/// The first family two of `slots` share, with those two slots' names.
+fn first_shared<'a>(slots: &'a [(Family, &'a str)]) -> Option<(&'a Family, &'a str, &'a str)> {
+    slots.iter().enumerate().find_map(|(i, (family, name))| {
+        let (_, other) = slots.iter().skip(i + 1).find(|(f, _)| f == family)?;
+        Some((family, *name, *other))
+    })
+}
+
+/// Why slots `first` and `second`, both on `family`, are refused, and what to do instead.
+fn one_family(family: &Family, first: &str, second: &str) -> String {
+    let on = match family {
+        Family::Known(id) => format!("are both on the {id} model family"),
+        Family::Unknown(what) => format!("both run {what}"),
+    };
+    format!(
+        "architects.slots '{first}' and '{second}' {on}: architects are there to bring two model families to one brief, so give one of them a profile on another family (another maker's model), or set allow_same_family = true under [architects] to consult them as they are"
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::ProfileKind;
     use super::*;
 
     fn profile(name: &str, kind: ProfileKind, model: Option<&str>) -> ProfileConfig {
@@ -167,28 +174,78 @@ mod tests {
         }
     }
 
-    fn check(slots: Vec<SlotConfig>, profiles: &[ProfileConfig]) -> Result<(), String> {
+    fn check_with(
+        slots: Vec<SlotConfig>,
+        profiles: &[ProfileConfig],
+        allow_same_family: bool,
+    ) -> Result<(), String> {
         let leads = BTreeSet::from(["alice"]);
         ArchitectsConfig {
             slots,
+            allow_same_family,
             ..ArchitectsConfig::default()
         }
         .validate(profiles, Some("here"), &leads)
     }
 
+    fn check(slots: Vec<SlotConfig>, profiles: &[ProfileConfig]) -> Result<(), String> {
+        check_with(slots, profiles, false)
+    }
+
     #[test]
-    fn models_are_told_apart_by_name_then_by_kind_then_by_profile() {
-        let claude = profile("c", ProfileKind::ClaudeCode, None);
-        let sonnet = profile("s", ProfileKind::ClaudeCode, Some("Claude-Sonnet-5"));
-        let proxied = profile(
-            "o",
-            ProfileKind::Opencode,
-            Some("anthropic/claude-sonnet-5"),
-        );
-        let cmd = profile("x", ProfileKind::Command, None);
-        assert_eq!(model_identity(&claude), "the default model of claude-code");
-        assert_eq!(model_identity(&sonnet), model_identity(&proxied));
-        assert_eq!(model_identity(&cmd), "the program of profile 'x'");
+    fn two_slots_on_one_family_are_refused_unless_allowed() {
+        let profiles = [
+            profile("claude", ProfileKind::ClaudeCode, None),
+            profile("sonnet", ProfileKind::ClaudeCode, Some("claude-sonnet-4-5")),
+            profile(
+                "oc-claude",
+                ProfileKind::Opencode,
+                Some("anthropic/claude-opus-4-1"),
+            ),
+            profile("gpt", ProfileKind::Opencode, Some("openai/gpt-5.6")),
+            profile("also-gpt", ProfileKind::Opencode, Some("GPT-5.6")),
+            profile("oc", ProfileKind::Opencode, None),
+            profile("oc2", ProfileKind::Opencode, None),
+            profile("prog", ProfileKind::Command, None),
+            profile("prog2", ProfileKind::Command, None),
+        ];
+        for (first, second, says) in [
+            ("claude", "sonnet", "are both on the anthropic model family"),
+            (
+                "claude",
+                "oc-claude",
+                "are both on the anthropic model family",
+            ),
+            ("gpt", "also-gpt", "are both on the openai model family"),
+            // What fleetd cannot name is one family only if it is the same thing.
+            ("oc", "oc2", "both run the default model of opencode"),
+            ("prog", "prog", "both run the program of profile 'prog'"),
+        ] {
+            let slots = || vec![slot("arch-a", first), slot("arch-b", second)];
+            let err = check(slots(), &profiles).unwrap_err();
+            assert!(
+                err.contains(&format!("architects.slots 'arch-a' and 'arch-b' {says}"))
+                    && err.contains("allow_same_family = true"),
+                "{err}"
+            );
+            check_with(slots(), &profiles, true).unwrap();
+        }
+        // The first two that share one are named, wherever they are.
+        let slots = vec![
+            slot("a1", "claude"),
+            slot("a2", "gpt"),
+            slot("a3", "sonnet"),
+        ];
+        let err = check(slots, &profiles).unwrap_err();
+        assert!(err.contains("'a1' and 'a3'"), "{err}");
+        // Unknown families apart: the user's default opencode model, two programs.
+        for (first, second) in [("claude", "oc"), ("prog", "prog2"), ("gpt", "prog")] {
+            check(
+                vec![slot("arch-a", first), slot("arch-b", second)],
+                &profiles,
+            )
+            .unwrap();
+        }
     }
 
     #[test]
@@ -196,7 +253,6 @@ mod tests {
         let profiles = [
             profile("claude", ProfileKind::ClaudeCode, None),
             profile("gpt", ProfileKind::Opencode, Some("openai/gpt-5.6")),
-            profile("also-gpt", ProfileKind::Opencode, Some("GPT-5.6")),
         ];
         check(
             vec![slot("arch-claude", "claude"), slot("arch-gpt", "gpt")],
@@ -204,17 +260,15 @@ mod tests {
         )
         .unwrap();
         // A slot on another host is that host's to check.
-        let mut far = slot("arch-far", "only-there");
+        let mut far = slot("arch-far", "claude");
         far.host = Some("hostb".into());
+        check(vec![slot("arch-claude", "claude"), far.clone()], &profiles).unwrap();
+        far.profile = "only-there".into();
         check(vec![slot("arch-claude", "claude"), far], &profiles).unwrap();
         for (slots, says) in [
             (
-                vec![slot("arch-gpt", "gpt"), slot("arch-gpt2", "also-gpt")],
-                "both run model 'gpt-5.6'",
-            ),
-            (
                 vec![slot("a1", "nope")],
-                "profile 'nope', which is not configured (profiles: claude, gpt, also-gpt)",
+                "profile 'nope', which is not configured (profiles: claude, gpt)",
             ),
             (
                 vec![slot("a1", "claude"), slot("a1", "gpt")],

@@ -14,12 +14,14 @@ use fleet_core::message::DEFAULT_MAX_MESSAGE_BYTES;
 use serde::Deserialize;
 
 mod architects;
+mod family;
 mod federation;
 mod profile;
 #[cfg(test)]
 mod readme;
 
-pub use architects::{ArchitectsConfig, SlotConfig, model_identity};
+pub use architects::{ArchitectsConfig, SlotConfig};
+pub use family::{Family, family, model_identity};
 pub use federation::{
     BrokerConfig, CoordinatorConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri,
 };
@@ -1252,6 +1254,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("args"), "{err}");
+    }
+
+    #[test]
+    fn two_architects_on_one_family_start_only_when_the_config_says_so() {
+        let two = "[[profiles]]\nname = \"c1\"\nkind = \"claude-code\"\n[[profiles]]\nname = \"c2\"\nkind = \"opencode\"\nmodel = \"anthropic/claude-opus-4-1\"\n[architects]\nslots = [{ name = \"a1\", profile = \"c1\" }, { name = \"a2\", profile = \"c2\" }]\n";
+        let err = parse(two).unwrap_err().to_string();
+        assert!(
+            err.contains("'a1' and 'a2' are both on the anthropic model family"),
+            "{err}"
+        );
+        let allowed = two.replace("[architects]\n", "[architects]\nallow_same_family = true\n");
+        assert!(parse(&allowed).unwrap().architects.allow_same_family);
+        assert!(!parse("").unwrap().architects.allow_same_family);
     }
 
     #[test]

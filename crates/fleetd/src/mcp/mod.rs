@@ -337,8 +337,8 @@ send tailored briefs one by one. Leads only."
         description = "Consult the advisory architects (configured under [architects], on \
 different model families): each is started afresh, gets the same brief at the same moment, \
 and answers on its own. Waits up to wait_s seconds (default 600) for every answer and returns \
-them in slot order: architect, profile, model, host, status (answered, failed, timeout, asking, \
-working), text, ms. An architect's question ends the wait as on fleet_send: answer it with \
+them in slot order: architect, profile, model, family (its maker: anthropic, openai, google …; \
+null when unknown), host, status (answered, failed, timeout, asking, working), text, ms. An architect's question ends the wait as on fleet_send: answer it with \
 fleet_send{turn_id, message}. Architects are stopped once they answered (or kept keep_s for a \
 follow-up by name); a late answer is held for fleet_poll. Leads only."
     )]

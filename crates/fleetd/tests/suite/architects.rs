@@ -98,6 +98,8 @@ async fn a_consult_briefs_every_architect_alike_and_returns_each_slots_outcome()
         slot(&consult, "arch-a")["model"],
         "the program of profile 'sim-a'"
     );
+    // A program fleetd cannot see into has no family it can name.
+    assert_eq!(slot(&consult, "arch-a")["family"], Value::Null);
     let crashed = slot(&consult, "arch-crash");
     assert_eq!(crashed["status"], "failed", "{consult}");
     assert!(
@@ -324,8 +326,11 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     // Two scripted models, told apart by the voice each answers in.
     let sonnet = ModelSim::voiced("[sonnet] ").await?;
     let gpt = ModelSim::voiced("[gpt] ").await?;
+    // Both speak the Anthropic API, the only one the scripted model serves, and opencode takes
+    // no other model name under its anthropic provider: both slots are on Claude models, one
+    // family, which fleetd starts only when told to.
     let config = format!(
-        "{}{}[architects]\nslots = [{{ name = \"arch-claude\", profile = \"claude\", keep_s = 15 }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\", keep_s = 15 }}]\n",
+        "{}{}[architects]\nallow_same_family = true\nslots = [{{ name = \"arch-claude\", profile = \"claude\", keep_s = 15 }}, {{ name = \"arch-gpt\", profile = \"opencode-gpt\", keep_s = 15 }}]\n",
         claude_profile("claude", &sonnet.base_url()),
         opencode_profile("opencode-gpt", &gpt.base_url()),
     );
@@ -344,6 +349,9 @@ async fn real_claude_code_and_opencode_architects_answer_one_brief_each_on_its_o
     assert_eq!(opencode["text"], format!("[gpt] echo: {brief}"));
     assert_eq!(claude["model"], "the default model of claude-code");
     assert_eq!(opencode["model"], "model 'claude-sonnet-4-5'");
+    for answer in [claude, opencode] {
+        assert_eq!(answer["family"], "anthropic", "{answer}");
+    }
     // Each was told it is an adviser, not a worker.
     for model in [&sonnet, &gpt] {
         assert!(

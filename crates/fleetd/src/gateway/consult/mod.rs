@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::spawn::SpawnRequest;
 use super::views::{AskView, SendResult, SpawnResult};
 use super::{Caller, LocalPlane};
-use crate::config::{SlotConfig, model_identity};
+use crate::config::{ProfileConfig, SlotConfig, family, model_identity};
 
 /// How long a consult waits for its answers when not told (and an architect taken back by a
 /// restart, still on its brief, has to answer).
@@ -57,6 +57,10 @@ pub struct SlotAnswer {
     pub profile: String,
     /// The model it runs, as far as this gateway can tell.
     pub model: Option<String>,
+    /// Its model family, by its maker's lowercase id (`anthropic`, `openai` …; see
+    /// [`crate::config::family`]), so a lead weighs agreement knowing whose models agree; none
+    /// when this gateway cannot tell (a program it cannot see into, a slot on another host).
+    pub family: Option<&'static str>,
     /// Its host.
     pub host: String,
     /// `answered`, `failed`, `timeout`, `asking` (its question is in `asks`), `blocked` (its
@@ -188,6 +192,19 @@ fn chosen<'a>(
         .iter()
         .filter(|s| wanted.contains(&s.name))
         .collect())
+}
+
+/// The profile `slot`'s architect runs, from `profiles`, when it runs on this host (`host_id`):
+/// only this host's profiles are known here, and one of the same name elsewhere may differ.
+fn own_profile<'a>(
+    profiles: &'a [ProfileConfig],
+    slot: &SlotConfig,
+    host_id: &str,
+) -> Option<&'a ProfileConfig> {
+    if slot.host.as_deref().is_some_and(|h| h != host_id) {
+        return None;
+    }
+    profiles.iter().find(|p| p.name == slot.profile)
 }
 
 /// How a slot's answer reads when the send to its architect ended as `sent`.
@@ -359,16 +376,13 @@ impl LocalPlane {
         text: String,
         ms: u64,
     ) -> SlotAnswer {
+        let profile = own_profile(&self.config.profiles, slot, &self.host_id);
         SlotAnswer {
             architect: slot.name.clone(),
             gid,
             profile: slot.profile.clone(),
-            model: self.config.profile(&slot.profile).and_then(|p| {
-                slot.host
-                    .as_deref()
-                    .is_none_or(|h| h == self.host_id)
-                    .then(|| model_identity(p))
-            }),
+            model: profile.map(model_identity),
+            family: profile.and_then(|p| family(p).id()),
             host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
             status,
             text,
@@ -420,6 +434,7 @@ fn outcome_word(sent: &Result<SendResult, FleetError>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Family;
 
     fn slot(name: &str) -> SlotConfig {
         SlotConfig {
@@ -428,6 +443,24 @@ mod tests {
             host: None,
             keep_s: 0,
         }
+    }
+
+    #[test]
+    fn an_answer_names_the_family_of_this_hosts_profile_only() {
+        let mut claude = ProfileConfig::command("p", Vec::new());
+        claude.kind = crate::config::ProfileKind::ClaudeCode;
+        let profiles = [claude];
+        let family_of = |slot: &SlotConfig| own_profile(&profiles, slot, "h").map(family);
+        let mut here = slot("a");
+        assert_eq!(family_of(&here), Some(Family::Known("anthropic")));
+        here.host = Some("h".into());
+        assert_eq!(family_of(&here), Some(Family::Known("anthropic")));
+        // Another host's profile of the same name may run anything.
+        here.host = Some("far".into());
+        assert_eq!(family_of(&here), None);
+        here.host = None;
+        here.profile = "gone".into();
+        assert_eq!(family_of(&here), None);
     }
 
     #[test]
