@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::dialog::{Dialog, read_dialog};
 use fleet_core::ownership::quoting;
 use fleet_core::{ErrorCode, FleetError, Gid, Role, SessionEvent, WorkerStatus};
 use fleet_mux::{PaneId, PaneSpec};
@@ -18,6 +19,8 @@ use crate::token;
 
 /// How often the readiness gate looks for the ready marker on screen.
 const MARKER_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the readiness gate looks for a dialog of the program's start on screen.
+const START_DIALOG_LOOK: Duration = Duration::from_millis(500);
 /// How many lines of a failed worker's screen an error quotes.
 pub(super) const LAST_WORDS_LINES: usize = 8;
 
@@ -25,6 +28,40 @@ pub(super) const LAST_WORDS_LINES: usize = 8;
 pub(super) fn tail_lines(text: &str, lines: usize) -> String {
     let kept: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     kept[kept.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The dialog a starting program stopped on: one on `screen` that was there, the same, at the
+/// look before (`before`), so it holds still and waits for a key.
+fn start_dialog(before: Option<&str>, screen: &str, markers: &[String]) -> Option<Dialog> {
+    if before != Some(screen) {
+        return None;
+    }
+    read_dialog(screen, markers, false)
+}
+
+/// Why a spawn ends on `dialog`, its program's own, shown while it started (and what would
+/// have settled it, for the dialogs fleetd knows).
+fn stopped_on(role: Role, profile: &ProfileConfig, dialog: &Dialog) -> FleetError {
+    let choices: Vec<&str> = dialog.choices.iter().map(|c| c.label.as_str()).collect();
+    let settle = if dialog.prompt.contains("trust") {
+        "fleetd marks a working directory trusted unless the profile says trust_workdir = false, and never one outside gateway.workdir_roots"
+    } else if dialog.prompt.contains("Bypass Permissions") {
+        "fleetd records that consent only in a home of the worker's own: set isolated_home = true"
+    } else {
+        "answer it once in that program yourself, or start it in a home fleetd seeds (isolated_home = true)"
+    };
+    FleetError::new(
+        ErrorCode::NotReady,
+        quoting(
+            &format!(
+                "{role} (profile '{}') stopped on a dialog of its own program while starting, which fleetd did not settle ({settle}); its choices: {}; its pane was closed",
+                profile.name,
+                choices.join(", ")
+            ),
+            &dialog.prompt,
+            true,
+        ),
+    )
 }
 
 impl LocalPlane {
@@ -187,6 +224,8 @@ impl LocalPlane {
         };
         let deadline = Instant::now() + Duration::from_secs(profile.ready_timeout_s);
         let ready_marker = profile.ready_marker();
+        let markers = profile.dialog_markers();
+        let mut looked: Option<(Instant, String)> = None;
         loop {
             kick.borrow_and_update();
             let (status, last_words) = match self.sessions.lock().panes.get(&gid) {
@@ -215,10 +254,22 @@ impl LocalPlane {
             {
                 continue;
             }
-            let recheck = if ready_marker.is_some() {
-                Instant::now() + MARKER_CHECK_INTERVAL
-            } else {
-                deadline
+            if !markers.is_empty()
+                && looked
+                    .as_ref()
+                    .is_none_or(|(at, _)| at.elapsed() >= START_DIALOG_LOOK)
+                && let Ok(snap) = self.panes.snapshot(pane).await
+            {
+                let before = looked.map(|(_, text)| text);
+                if let Some(dialog) = start_dialog(before.as_deref(), &snap.text, &markers) {
+                    return Err(stopped_on(role, profile, &dialog));
+                }
+                looked = Some((Instant::now(), snap.text));
+            }
+            let recheck = match (&ready_marker, &looked) {
+                (Some(_), _) => Instant::now() + MARKER_CHECK_INTERVAL,
+                (None, Some((at, _))) => *at + START_DIALOG_LOOK,
+                (None, None) => deadline,
             };
             tokio::select! {
                 _ = kick.changed() => {}
@@ -258,6 +309,35 @@ impl LocalPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_dialog_counts_once_it_holds_still_across_two_looks() {
+        let markers = vec!["Is this a project you created or one you trust?".to_string()];
+        let screen = "Accessing workspace:\n/work/p\nIs this a project you created or one you trust?\n❯ 1. Yes, I trust this folder\n  2. No, exit\nEnter to confirm · Esc to cancel\n";
+        assert!(start_dialog(None, screen, &markers).is_none(), "first look");
+        assert!(
+            start_dialog(Some("loading…"), screen, &markers).is_none(),
+            "still changing"
+        );
+        let dialog = start_dialog(Some(screen), screen, &markers).unwrap();
+        let labels: Vec<&str> = dialog.choices.iter().map(|c| c.label.as_str()).collect();
+        assert!(labels.contains(&"Yes, I trust this folder"), "{labels:?}");
+        let err = stopped_on(
+            Role::Worker,
+            &ProfileConfig::command("c", Vec::new()),
+            &dialog,
+        );
+        assert_eq!(err.code, ErrorCode::NotReady);
+        assert!(
+            err.message.contains("trust_workdir") && err.message.contains("No, exit"),
+            "{}",
+            err.message
+        );
+        // A screen with no marker, or a marker with no choice under it, is no dialog.
+        assert!(start_dialog(Some("ready\n"), "ready\n", &markers).is_none());
+        let told = "the task said: Is this a project you created or one you trust?\n";
+        assert!(start_dialog(Some(told), told, &markers).is_none());
+    }
 
     #[test]
     fn last_words_skip_blank_lines() {

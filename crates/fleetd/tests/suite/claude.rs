@@ -218,6 +218,44 @@ async fn fleet_in_a_users_home(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
+-> anyhow::Result<()> {
+    // The user's own settings, and a profile that leaves them alone: Claude Code asks whether
+    // the folder is trusted, and nobody is at its screen.
+    let model = ModelSim::start().await?;
+    let dir = tempfile::tempdir()?;
+    let profile = format!(
+        "{}trust_workdir = false\n",
+        own_settings_profile(&model.base_url())
+    );
+    let (_home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 1, &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let refused = lead
+        .call(
+            "fleet_spawn",
+            json!({"profile": "claude", "name": "c1", "cwd": cwds[0].display().to_string()}),
+        )
+        .await?
+        .expect_err("a spawn that stopped on the trust dialog");
+    // Not the profile's 90 s timeout: the dialog, its choices and what would settle it.
+    assert_eq!(refused.code, "not_ready", "{refused}");
+    assert!(
+        refused
+            .message
+            .contains("stopped on a dialog of its own program while starting")
+            && refused.message.contains("trust this folder")
+            && refused.message.contains("trust_workdir = false"),
+        "{refused}"
+    );
+    assert!(!refused.message.contains("did not call in"), "{refused}");
+    fleet_testkit::wait::until("its pane to close", Duration::from_secs(20), || async {
+        fleet.panes().ok().filter(|panes| panes.is_empty())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory()
 -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
