@@ -119,6 +119,8 @@ pub(super) async fn announce_ahead(
         host: host.into(),
         role,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };
@@ -1080,6 +1082,8 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
                 host: host.into(),
                 role: Role::Worker,
                 profile: Some("sim".into()),
+                sandbox: None,
+                profile_role: None,
                 groups: Vec::new(),
                 parent: None,
             });
