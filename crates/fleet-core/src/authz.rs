@@ -113,6 +113,8 @@ mod tests {
             host: "h".into(),
             role,
             profile: None,
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent,
         }

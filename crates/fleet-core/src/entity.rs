@@ -76,6 +76,15 @@ pub struct Entity {
     pub role: Role,
     /// The profile it was spawned from (none for leads).
     pub profile: Option<String>,
+    /// The sandbox runtime its profile ran it in, by its program's name ([`sandbox_name`]:
+    /// `bwrap`, `podman`, `docker`); none when it runs unsandboxed (and for leads). Recorded
+    /// when it is spawned; a heartbeat of a host that announces none reads none.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// The role its profile declares for its workers (`role = "backend"`), if any: what it is
+    /// for, not what it may do (that is [`Entity::role`]).
+    #[serde(default)]
+    pub profile_role: Option<String>,
     /// Broadcast groups it belongs to.
     pub groups: Vec<String>,
     /// The lead that spawned it: a worker may send only to this lead.
@@ -95,6 +104,26 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), FleetError> {
         )));
     }
     Ok(())
+}
+
+/// How a sandbox runtime whose program is `program` (the first word of a sandbox profile's
+/// `runtime`: `bwrap`, `/usr/bin/podman`) is shown: the program's file name, as a valid name
+/// ([`validate_name`]) so that every host takes it as it takes a profile's name: a character
+/// no name holds reads `_`, a leading `-` or `.` too, and it is cut at [`MAX_NAME_LEN`]. None
+/// for a program that names no file (empty, or a path ending in `/`).
+pub fn sandbox_name(program: &str) -> Option<String> {
+    let file = program.rsplit('/').next().filter(|f| !f.is_empty())?;
+    let shown: String = file
+        .chars()
+        .take(MAX_NAME_LEN)
+        .enumerate()
+        .map(|(i, c)| match c {
+            '-' | '.' if i == 0 => '_',
+            c if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') => c,
+            _ => '_',
+        })
+        .collect();
+    Some(shown)
 }
 
 /// Checks that `name` can name a worker, whose name is also its pane's name in the multiplexer:
@@ -127,6 +156,30 @@ mod tests {
         }
         let err = validate_worker_name("w.1").unwrap_err();
         assert!(err.message.contains("'w.1' and 'w_1'"), "{err}");
+    }
+
+    #[test]
+    fn a_sandbox_is_shown_by_its_programs_file_name_as_a_valid_name() {
+        for (program, shown) in [
+            ("bwrap", Some("bwrap")),
+            ("/usr/bin/podman", Some("podman")),
+            ("./bin/docker", Some("docker")),
+            ("my runtime", Some("my_runtime")),
+            ("-x", Some("_x")),
+            ("..", Some("_.")),
+            ("sandb\u{1b}[2Jox", Some("sandb__2Jox")),
+            ("\u{e9}t\u{e9}", Some("_t_")),
+            ("", None),
+            ("/opt/", None),
+        ] {
+            assert_eq!(sandbox_name(program).as_deref(), shown, "{program:?}");
+            if let Some(shown) = shown {
+                assert!(validate_name("sandbox", shown).is_ok(), "{shown}");
+            }
+        }
+        let long = sandbox_name(&"x".repeat(200)).unwrap();
+        assert_eq!(long.len(), MAX_NAME_LEN);
+        assert!(validate_name("sandbox", &long).is_ok());
     }
 
     #[test]

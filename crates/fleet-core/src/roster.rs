@@ -108,8 +108,8 @@ pub enum Heard {
         /// The host the entity claims.
         claimed: String,
     },
-    /// Ignored: the heartbeat holds what no gateway announces (a name, status, group or
-    /// profile that is not one); why.
+    /// Ignored: the heartbeat holds what no gateway announces (a name, status, group,
+    /// profile, sandbox or profile role that is not one); why.
     Malformed(String),
 }
 
@@ -119,7 +119,8 @@ const ENTITY_STATUSES: [&str; 8] = [
     "spawning", "idle", "busy", "asking", "blocked", "stopping", GONE, "unknown",
 ];
 
-/// Why `presence` is not a heartbeat a gateway sends, if it is not: every name in it is a
+/// Why `presence` is not a heartbeat a gateway sends, if it is not: every name in it (an
+/// entity's, its profile's, groups', sandbox's and profile role's, the host's profiles') is a
 /// valid name, an entity's status is one a gateway announces. What another host announced is
 /// shown to leads and printed on operators' terminals; nothing else is taken.
 pub fn malformed(presence: &Presence) -> Option<String> {
@@ -139,7 +140,9 @@ pub fn malformed(presence: &Presence) -> Option<String> {
             .profile
             .iter()
             .chain(&entity.groups)
-            .find_map(|name| named("profile or group", name))
+            .chain(&entity.sandbox)
+            .chain(&entity.profile_role)
+            .find_map(|name| named("profile, group, sandbox or role", name))
         {
             return Some(why);
         }
@@ -443,6 +446,8 @@ mod tests {
             host: host.into(),
             role: Role::Worker,
             profile: Some("sim".into()),
+            sandbox: None,
+            profile_role: None,
             groups: Vec::new(),
             parent: None,
         }
@@ -586,6 +591,24 @@ mod tests {
             roster.hear("hostb", beat(Some(&hostile), "idle"), t0, 1),
             Heard::Malformed(_)
         ));
+        hostile.groups = Vec::new();
+        let too_long = "x".repeat(crate::entity::MAX_NAME_LEN + 1);
+        for (sandbox, role) in [
+            (Some("bwrap\u{1b}[2J"), None),
+            (Some(""), None),
+            (None, Some("backend\r\nINFO forged")),
+            (None, Some(too_long.as_str())),
+        ] {
+            hostile.sandbox = sandbox.map(str::to_string);
+            hostile.profile_role = role.map(str::to_string);
+            assert!(
+                matches!(
+                    roster.hear("hostb", beat(Some(&hostile), "idle"), t0, 1),
+                    Heard::Malformed(why) if why.contains("sandbox or role")
+                ),
+                "{sandbox:?} {role:?}"
+            );
+        }
         let mut host = beat(None, "up");
         host.profiles = vec!["sim\r\n".into()];
         assert!(matches!(
@@ -594,8 +617,11 @@ mod tests {
         ));
         assert_eq!(roster.entities().count(), 0);
         assert_eq!(roster.hosts().count(), 0);
-        // Every status a gateway announces passes: every session status among them.
-        let w = entity("w", "hostb");
+        // Every status a gateway announces passes: every session status among them; and so
+        // does a sandboxed worker with a role.
+        let mut w = entity("w", "hostb");
+        w.sandbox = Some("bwrap".into());
+        w.profile_role = Some("backend".into());
         for status in ENTITY_STATUSES {
             assert_eq!(malformed(&beat(Some(&w), status)), None, "{status}");
         }
@@ -760,5 +786,28 @@ mod tests {
         let presence: Presence =
             serde_json::from_str(r#"{"entity": null, "status": "up"}"#).unwrap();
         assert_eq!(presence.profiles, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_heartbeat_body_reads_without_a_sandbox_or_a_profile_role() {
+        // An older host's heartbeat: its entity has neither.
+        let entity = entity("w", "hostb");
+        let mut body = serde_json::to_value(beat(Some(&entity), "idle")).unwrap();
+        let fields = body["entity"].as_object_mut().unwrap();
+        assert!(fields.remove("sandbox").is_some());
+        assert!(fields.remove("profile_role").is_some());
+        let presence: Presence = serde_json::from_value(body).unwrap();
+        let heard = presence.entity.unwrap();
+        assert_eq!((heard.sandbox, heard.profile_role), (None, None));
+        assert_eq!(heard.name, "w");
+        // A newer one's reads them.
+        let boxed = Entity {
+            sandbox: Some("bwrap".into()),
+            profile_role: Some("backend".into()),
+            ..entity
+        };
+        let body = serde_json::to_vec(&beat(Some(&boxed), "idle")).unwrap();
+        let presence: Presence = serde_json::from_slice(&body).unwrap();
+        assert_eq!(presence.entity, Some(boxed));
     }
 }

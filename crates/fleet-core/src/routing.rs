@@ -114,6 +114,8 @@ mod tests {
             host: host.into(),
             role: Role::Worker,
             profile: None,
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent: None,
         }

@@ -117,6 +117,8 @@ mod tests {
             host: host.into(),
             role,
             profile: None,
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent,
         }

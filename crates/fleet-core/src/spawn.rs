@@ -129,6 +129,8 @@ mod tests {
             host: "a".into(),
             role: Role::Worker,
             profile: Some("sim".into()),
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent: None,
         }

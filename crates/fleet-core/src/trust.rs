@@ -750,6 +750,8 @@ mod tests {
             host: "hostb".into(),
             role: Role::Worker,
             profile: None,
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent: None,
         };
@@ -920,6 +922,8 @@ mod tests {
             host: "hostb".into(),
             role,
             profile: None,
+            sandbox: None,
+            profile_role: None,
             groups: vec![],
             parent,
         }

@@ -169,6 +169,10 @@ pub trait Store: Send + Sync + 'static {
     /// Every entity that is not gone, in the order they were added.
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>>;
 
+    /// Records what `entity` runs as now: its sandbox and its profile's role (a recycled
+    /// worker's fresh session runs as its profile says at the time).
+    fn set_spawned_as(&self, entity: &Entity) -> StoreResult<()>;
+
     /// Records a session's status and, when given, its pane.
     fn set_session(&self, gid: Gid, status: WorkerStatus, pane: Option<&str>) -> StoreResult<()>;
 

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -249,6 +249,16 @@ const SCHEMA_V10: &str = "
 UPDATE messages SET reason = 'enter sent' WHERE state = 'injecting';
 ";
 
+/// Version 11: what a worker or architect was spawned as besides its profile's name, as
+/// `fleet_list` shows it: the sandbox runtime its profile ran it in (`bwrap`, `podman`; NULL
+/// when unsandboxed) and the role its profile declares (`backend`). Kept as they were at its
+/// spawn, so a profile changed since does not change what a running worker is said to run in.
+/// Rows from before read NULL for both: a sandbox is never claimed that was not recorded.
+const SCHEMA_V11: &str = "
+ALTER TABLE entities ADD COLUMN sandbox TEXT;
+ALTER TABLE entities ADD COLUMN profile_role TEXT;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -290,6 +300,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 10 {
         tx.execute_batch(SCHEMA_V10)?;
+    }
+    if found < 11 {
+        tx.execute_batch(SCHEMA_V11)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -23,8 +23,7 @@ use crate::{
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MESSAGE_COLUMNS: &str = "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, expires_ms";
-const ENTITY_COLUMNS: &str =
-    "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms";
+const ENTITY_COLUMNS: &str = "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, sandbox, profile_role";
 const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
 
 /// The held answer (a reply or a failure notice) to task `?2` for `?1`, looked up by what it
@@ -200,6 +199,8 @@ struct RawEntity {
     pane: Option<String>,
     status: String,
     created_ms: i64,
+    sandbox: Option<String>,
+    profile_role: Option<String>,
 }
 
 impl RawEntity {
@@ -215,6 +216,8 @@ impl RawEntity {
             pane: row.get(7)?,
             status: row.get(8)?,
             created_ms: row.get(9)?,
+            sandbox: row.get(10)?,
+            profile_role: row.get(11)?,
         })
     }
 
@@ -226,6 +229,8 @@ impl RawEntity {
                 host: self.host,
                 role: self.role.parse::<Role>().map_err(corrupt)?,
                 profile: self.profile,
+                sandbox: self.sandbox,
+                profile_role: self.profile_role,
                 groups: serde_json::from_str(&self.groups_json).map_err(corrupt)?,
                 parent: self
                     .parent
@@ -377,8 +382,8 @@ impl Store for SqliteStore {
     fn insert_entity(&self, record: &EntityRecord) -> StoreResult<()> {
         let entity = &record.entity;
         let result = self.conn().execute(
-            "INSERT INTO entities (gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, updated_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)",
+            "INSERT INTO entities (gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, updated_ms, sandbox, profile_role)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12)",
             params![
                 entity.gid.to_string(),
                 entity.name,
@@ -390,6 +395,8 @@ impl Store for SqliteStore {
                 record.pane,
                 record.status.as_str(),
                 record.created_ms,
+                entity.sandbox,
+                entity.profile_role,
             ],
         );
         match result {
@@ -427,6 +434,14 @@ impl Store for SqliteStore {
             .query_map([], RawEntity::read)?
             .collect::<Result<Vec<_>, _>>()?;
         raws.into_iter().map(RawEntity::parse).collect()
+    }
+
+    fn set_spawned_as(&self, entity: &Entity) -> StoreResult<()> {
+        self.conn().execute(
+            "UPDATE entities SET sandbox = ?2, profile_role = ?3 WHERE gid = ?1",
+            params![entity.gid.to_string(), entity.sandbox, entity.profile_role],
+        )?;
+        Ok(())
     }
 
     fn set_session(&self, gid: Gid, status: WorkerStatus, pane: Option<&str>) -> StoreResult<()> {

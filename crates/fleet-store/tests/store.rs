@@ -51,6 +51,8 @@ fn worker(name: &str, parent: Gid) -> EntityRecord {
             host: "h".into(),
             role: Role::Worker,
             profile: Some("sim".into()),
+            sandbox: None,
+            profile_role: None,
             groups: vec!["core".into()],
             parent: Some(parent),
         },
@@ -622,6 +624,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          DROP TRIGGER answered_pruned; DROP TABLE answered;
          ALTER TABLE messages DROP COLUMN expires_ms;
          DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive; DROP TABLE lead_panes;
+         ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -1223,8 +1226,59 @@ fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter
         assert_eq!(store.keys_sent_to(w).unwrap(), []);
     }
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
-    conn.pragma_update(None, "user_version", 9).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+         PRAGMA user_version = 9;",
+    )
+    .unwrap();
     drop(conn);
     let store = open(&dir);
     assert_eq!(store.keys_sent_to(w).unwrap(), [(typing.msg_id, true)]);
+}
+
+#[test]
+fn what_a_worker_was_spawned_as_is_kept_and_a_build_before_schema_11_recorded_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let lead = Gid::mint();
+    let mut boxed = worker("boxed", lead);
+    boxed.entity.sandbox = Some("bwrap".into());
+    boxed.entity.profile_role = Some("backend".into());
+    let plain = worker("plain", lead);
+    {
+        let store = open(&dir);
+        store.insert_entity(&boxed).unwrap();
+        store.insert_entity(&plain).unwrap();
+        assert_eq!(store.entity(boxed.entity.gid).unwrap(), Some(boxed.clone()));
+        assert_eq!(store.entity(plain.entity.gid).unwrap(), Some(plain.clone()));
+    }
+    // Reopened, as a restart finds them.
+    let live = open(&dir).live_entities().unwrap();
+    assert_eq!(live, [boxed.clone(), plain.clone()]);
+    // A database of schema 10 (no such columns) with a worker in it: brought up to date, it
+    // says nothing of what the worker runs in.
+    let path = dir.path().join("fleet.db");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+         PRAGMA user_version = 10;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = open(&dir);
+    let upgraded = store.entity(boxed.entity.gid).unwrap().unwrap();
+    assert_eq!(
+        (upgraded.entity.sandbox, upgraded.entity.profile_role),
+        (None, None)
+    );
+    assert_eq!(upgraded.entity.name, "boxed");
+    // What is spawned after the upgrade is recorded in full, and what it runs as after a
+    // fresh start too.
+    let mut later = worker("later", lead);
+    later.entity.sandbox = Some("podman".into());
+    store.insert_entity(&later).unwrap();
+    assert_eq!(store.entity(later.entity.gid).unwrap(), Some(later.clone()));
+    later.entity.sandbox = None;
+    later.entity.profile_role = Some("frontend".into());
+    store.set_spawned_as(&later.entity).unwrap();
+    assert_eq!(store.entity(later.entity.gid).unwrap(), Some(later));
 }

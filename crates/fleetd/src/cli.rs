@@ -42,7 +42,8 @@ pub enum Command {
     /// fingerprint; the key pair is made in the state dir on first use.
     Key,
     /// List the fleet across hosts, as the running gateway of this state dir sees it: name,
-    /// host, role, profile, status, agent status, pane, messages held and queued, last seen.
+    /// host, role, profile, sandbox runtime, the role its profile declares (`FOR`), status,
+    /// agent status, pane, messages held and queued, last seen.
     /// Exit status 3 when no gateway answers, 4 when it refuses the lead's token.
     Ls(OpsArgs),
     /// List the hosts of the fleet: status, when last heard of, the profiles each can spawn.

@@ -398,6 +398,18 @@ mod tests {
             "#/components/schemas/RosterView"
         );
         assert!(roster["responses"]["401"].is_object());
+        // An entity says what it runs in and what its profile is for, or null.
+        let entry = &doc["components"]["schemas"]["RosterEntry"]["properties"];
+        for (field, says) in [("sandbox", "bwrap"), ("profile_role", "backend")] {
+            assert_eq!(entry[field]["type"], json!(["string", "null"]), "{field}");
+            assert!(
+                entry[field]["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(says)),
+                "{field}: {}",
+                entry[field]
+            );
+        }
         // Every $ref points into the document.
         let text = doc.to_string();
         for reference in text.split("\"$ref\":\"").skip(1) {

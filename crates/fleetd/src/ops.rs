@@ -70,6 +70,12 @@ pub struct Row {
     /// Profile.
     #[serde(default)]
     pub profile: Option<String>,
+    /// The sandbox runtime it runs in (`bwrap`); none when unsandboxed.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// The role its profile declares (`backend`).
+    #[serde(default)]
+    pub profile_role: Option<String>,
     /// Session status.
     pub status: String,
     /// What the pane host says its agent does.
@@ -273,7 +279,8 @@ fn table(headers: &[&str], rows: &[Vec<Cell>], width: Option<usize>, colour: boo
     out
 }
 
-/// `fleetd ls`'s table.
+/// `fleetd ls`'s table: besides its profile, what each runs in (`SANDBOX`) and the role its
+/// profile declares (`FOR`).
 pub fn ls_table(rows: &[Row], now_ms: i64, width: Option<usize>, colour: bool) -> String {
     let count = |n: Option<usize>| n.map_or("-".to_string(), |n| n.to_string());
     let cells: Vec<Vec<Cell>> = rows
@@ -284,6 +291,8 @@ pub fn ls_table(rows: &[Row], now_ms: i64, width: Option<usize>, colour: bool) -
                 Cell::plain(&r.host),
                 Cell::plain(&r.role),
                 Cell::plain(r.profile.as_deref().unwrap_or("-")),
+                Cell::plain(r.sandbox.as_deref().unwrap_or("-")),
+                Cell::plain(r.profile_role.as_deref().unwrap_or("-")),
                 Cell::status(&r.status),
                 match &r.agent_status {
                     Some(agent) => Cell::status(agent),
@@ -302,6 +311,8 @@ pub fn ls_table(rows: &[Row], now_ms: i64, width: Option<usize>, colour: bool) -
             "HOST",
             "ROLE",
             "PROFILE",
+            "SANDBOX",
+            "FOR",
             "STATUS",
             "AGENT",
             "PANE",
@@ -991,6 +1002,8 @@ mod tests {
             host: "laptop".into(),
             role: "worker".into(),
             profile: Some("claude".into()),
+            sandbox: None,
+            profile_role: None,
             status: status.into(),
             agent_status: None,
             pane: Some("%3".into()),
@@ -1122,6 +1135,25 @@ mod tests {
         let coloured = ls_table(&rows, 5_000, None, true);
         assert!(coloured.contains("\x1b[32midle"), "{coloured}");
         assert!(coloured.contains("\x1b[33mbusy"), "{coloured}");
+    }
+
+    #[test]
+    fn a_table_shows_what_each_runs_in_and_what_its_profile_is_for() {
+        let mut boxed = row("b1", "idle", None);
+        boxed.sandbox = Some("bwrap".into());
+        boxed.profile_role = Some("backend".into());
+        let text = ls_table(&[boxed, row("w1", "idle", None)], 5_000, None, false);
+        let lines: Vec<&str> = text.lines().collect();
+        let at = |header: &str| lines[0].find(header).unwrap();
+        let (sandbox, role) = (at("SANDBOX"), at("FOR"));
+        assert!(
+            at("PROFILE") < sandbox && sandbox < role && role < at("STATUS"),
+            "{text}"
+        );
+        assert_eq!(&lines[1][sandbox..sandbox + 5], "bwrap", "{text}");
+        assert_eq!(&lines[1][role..role + 7], "backend", "{text}");
+        assert_eq!(&lines[2][sandbox..sandbox + 2], "- ", "{text}");
+        assert_eq!(&lines[2][role..role + 2], "- ", "{text}");
     }
 
     #[test]

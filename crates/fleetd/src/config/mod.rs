@@ -954,9 +954,16 @@ mod tests {
             sandboxed.submitted_marker().as_deref(),
             Some(CLAUDE_EMPTY_INPUT)
         );
+        // What fleet_list shows a worker of each runs in.
+        assert_eq!(sandboxed.sandbox().as_deref(), Some("docker"));
+        assert_eq!(claude.sandbox(), None);
+        let mut bwrap = sandboxed.clone();
+        bwrap.runtime = vec!["/usr/bin/bwrap".into(), "--".into()];
+        assert_eq!(bwrap.sandbox().as_deref(), Some("bwrap"));
         let command = ProfileConfig::command("c", vec!["x".into()]);
         assert_eq!(command.enter_pause().as_millis(), 0);
         assert_eq!(command.submitted_marker(), None);
+        assert_eq!(command.sandbox(), None);
     }
 
     #[test]

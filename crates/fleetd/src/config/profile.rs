@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fleet_core::dialog::{CLAUDE_CODE_MARKERS, CLAUDE_CODE_TURN_OVER, OPENCODE_MARKERS};
-use fleet_core::entity::validate_name;
+use fleet_core::entity::{sandbox_name, validate_name};
 use fleet_core::redact::EnvNames;
 use fleet_core::typed::first_control;
 use serde::Deserialize;
@@ -458,6 +458,16 @@ impl ProfileConfig {
             return vec![program.into()];
         }
         given.clone()
+    }
+
+    /// The sandbox runtime its workers run in, as `fleet_list` shows it: its runtime's
+    /// program by file name ([`sandbox_name`]: `bwrap`, `podman`, `docker`); none unless it is
+    /// a sandbox.
+    pub fn sandbox(&self) -> Option<String> {
+        match self.kind {
+            ProfileKind::Sandbox => self.runtime.first().and_then(|p| sandbox_name(p)),
+            _ => None,
+        }
     }
 
     /// The pause between paste and Enter.

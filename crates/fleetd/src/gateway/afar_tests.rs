@@ -32,6 +32,8 @@ impl FakeAfar {
                 host: "hostz".into(),
                 role: Role::Worker,
                 profile: None,
+                sandbox: None,
+                profile_role: None,
                 groups: Vec::new(),
                 parent: None,
             },

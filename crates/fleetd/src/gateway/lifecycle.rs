@@ -85,17 +85,21 @@ impl LocalPlane {
             sessions.panes.get_mut(&gid).map(|s| {
                 (
                     s.start_afresh(),
-                    s.entity().name.clone(),
+                    s.entity().clone(),
                     Arc::clone(s.profile()),
                     s.cwd().to_path_buf(),
                 )
             })
         };
-        let Some((old, name, profile, cwd)) = found else {
+        let Some((old, entity, profile, cwd)) = found else {
             return;
         };
+        let name = entity.name.clone();
         tracing::info!(%gid, %name, why, "recycling");
         self.persist_status(gid).await;
+        if let Err(e) = self.db.run(move |s| s.set_spawned_as(&entity)).await {
+            tracing::error!(%gid, error = %e, "cannot record what a recycled session runs as");
+        }
         if let Err(e) = self.db.run(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a recycled session's token");
         }

@@ -230,6 +230,8 @@ impl Sessions {
                 role: lead.entity().role,
                 slot: None,
                 profile: None,
+                sandbox: None,
+                profile_role: None,
                 status: WorkerStatus::Idle.as_str().to_string(),
                 agent: None,
                 agent_status: None,
@@ -252,6 +254,8 @@ impl Sessions {
             role: s.entity().role,
             slot: slot_of(s.entity().role, &s.entity().name),
             profile: s.entity().profile.clone(),
+            sandbox: s.entity().sandbox.clone(),
+            profile_role: s.entity().profile_role.clone(),
             status: if self.host_down.is_some() {
                 "unknown".to_string()
             } else {

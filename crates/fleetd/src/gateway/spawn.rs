@@ -254,7 +254,8 @@ impl LocalPlane {
     }
 
     /// Takes the name and the session of new worker `gid` in one step under the lock: its
-    /// name ([`name_for`]) and a spawning session of `profile` in `cwd`, owned by `parent`.
+    /// name ([`name_for`]) and a spawning session of `profile` in `cwd`, owned by `parent`. Its
+    /// entity keeps the sandbox and the role `profile` gives it now, for its life.
     fn reserve(
         &self,
         parent: &Entity,
@@ -282,6 +283,8 @@ impl LocalPlane {
             host: self.host_id.clone(),
             role: request.role,
             profile: Some(profile.name.clone()),
+            sandbox: profile.sandbox(),
+            profile_role: profile.role.clone(),
             groups,
             parent: Some(parent.gid),
         };

@@ -67,6 +67,8 @@ pub(super) fn alice() -> Entity {
         host: "hosta".into(),
         role: Role::Lead,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: vec![],
         parent: None,
     }
@@ -80,6 +82,8 @@ pub(super) fn worker_session(lead: &Entity, profile: ProfileConfig) -> PaneSessi
         host: "hosta".into(),
         role: Role::Worker,
         profile: Some(profile.name.clone()),
+        sandbox: profile.sandbox(),
+        profile_role: profile.role.clone(),
         groups: vec![],
         parent: Some(lead.gid),
     };

@@ -202,6 +202,13 @@ pub struct RosterEntry {
     pub slot: Option<String>,
     /// Profile it was spawned from.
     pub profile: Option<String>,
+    /// The sandbox runtime it runs in, by its program's name (`bwrap`, `podman`, `docker`), as
+    /// its profile was when it was spawned; none when it runs unsandboxed (and for leads, and
+    /// for another host's that does not say).
+    pub sandbox: Option<String>,
+    /// The role its profile declares (`role = "backend"`), as when it was spawned: what it is
+    /// for, beside `role` (what it may do).
+    pub profile_role: Option<String>,
     /// Session status (`idle` for leads; `unknown` while the pane host cannot be reached).
     pub status: String,
     /// The agent the pane host recognises in the pane, if any (herdr).

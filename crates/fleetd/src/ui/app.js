@@ -181,6 +181,13 @@ function actionsOf(entity) {
   return actions;
 }
 
+// What entity `e` was spawned as, "bwrap · backend": the sandbox runtime it runs in and the role
+// its profile declares, '-' for what it has not (a lead has neither).
+function spawnedAs(e) {
+  if (!e.sandbox && !e.profile_role) return '-';
+  return (e.sandbox || '-') + ' · ' + (e.profile_role || '-');
+}
+
 // Each entity keeps its row, and the row its cell of buttons, from one redraw to the next: only
 // the cells of text are written again. A button replaced between a person's press and release
 // would swallow the click.
@@ -200,6 +207,7 @@ function drawEntities(entities) {
       el('td', e.host),
       el('td', e.slot ? e.role + ' (' + e.slot + ')' : e.role),
       el('td', e.profile || '-'),
+      el('td', spawnedAs(e), 'spawned-as'),
       el('td', e.owner ? e.owner + (e.shared && e.shared.length ? ' (shared: ' + e.shared.join(', ') + ')' : '') : '-'),
       statusCell(e.status, 'status'),
       statusCell(e.agent_status, 'status'),

@@ -449,7 +449,7 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
             let out = fleet.cli(&["ls"]).ok()?;
             let text = String::from_utf8(out.stdout).ok()?;
             let w1 = row_of(&text, "w1");
-            (out.status.success() && w1.get(4) == Some(&"busy")).then_some(text)
+            (out.status.success() && w1.get(6) == Some(&"busy")).then_some(text)
         },
     )
     .await?;
@@ -458,24 +458,25 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
     assert_eq!(
         row_of(&ls, "NAME"),
         [
-            "NAME", "HOST", "ROLE", "PROFILE", "STATUS", "AGENT", "PANE", "HELD", "QUEUED", "LAST",
-            "SEEN"
+            "NAME", "HOST", "ROLE", "PROFILE", "SANDBOX", "FOR", "STATUS", "AGENT", "PANE", "HELD",
+            "QUEUED", "LAST", "SEEN"
         ],
         "{ls}"
     );
     let pane = spawned["pane"].as_str().unwrap_or_default();
     let w1 = row_of(&ls, "w1");
+    // Unsandboxed, of a profile with no role: `-` for both.
     assert_eq!(
-        w1[..9],
+        w1[..11],
         [
-            "w1", "testhost", "worker", "sim", "busy", "-", pane, "0", "1"
+            "w1", "testhost", "worker", "sim", "-", "-", "busy", "-", pane, "0", "1"
         ],
         "{ls}"
     );
-    assert!(w1[9].ends_with('s') && w1[10] == "ago", "{ls}");
+    assert!(w1[11].ends_with('s') && w1[12] == "ago", "{ls}");
     assert_eq!(
-        row_of(&ls, "lead")[..5],
-        ["lead", "testhost", "lead", "-", "idle"],
+        row_of(&ls, "lead")[..7],
+        ["lead", "testhost", "lead", "-", "-", "-", "idle"],
         "{ls}"
     );
     // The same as JSON.

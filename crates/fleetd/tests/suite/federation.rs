@@ -119,6 +119,8 @@ pub(super) async fn announce_ahead(
         host: host.into(),
         role,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };
@@ -271,18 +273,35 @@ async fn three_gateways_converge_on_one_roster_and_a_dead_one_reads_unreachable(
     let vhost = Vhost::create(&Broker::find().await?).await?;
     let a = gateway(&vhost.uri(), "hosta", "alice", "").await?;
     let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
-    let mut c = gateway(&vhost.uri(), "hostc", "carol", "").await?;
+    // hostc's worker runs in a bubblewrap sandbox, its profile declaring its role.
+    let workdir = tempfile::tempdir_in(fleet_testkit::fleet::agent_workdir())?;
+    let boxed = format!(
+        "\n{}role = \"backend\"\n",
+        fleet_testkit::fleet::bwrap_profile("boxed", workdir.path())?
+    );
+    let mut c = gateway(&vhost.uri(), "hostc", "carol", &boxed).await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     let bob = b.lead("bob", Protocol::Stateless).await?;
     let carol = c.lead("carol", Protocol::Stateless).await?;
-    carol.spawn("sim", "wc").await?;
+    carol.spawn("boxed", "wc").await?;
 
-    // Everyone sees everyone, with host and status; and every host, even one without
-    // workers, with its profiles.
+    // Everyone sees everyone, with host and status, and what a worker runs in and is for; and
+    // every host, even one without workers, with its profiles.
     for lead in [&alice, &bob] {
         let wc = sees(lead, "wc").await?;
         assert_eq!(wc["host"], "hostc");
         assert_eq!(wc["status"], "idle");
+        assert_eq!(
+            (&wc["sandbox"], &wc["profile_role"]),
+            (&json!("bwrap"), &json!("backend")),
+            "{wc}"
+        );
+        let carol = sees(lead, "carol").await?;
+        assert_eq!(
+            (&carol["sandbox"], &carol["profile_role"]),
+            (&Value::Null, &Value::Null),
+            "{carol}"
+        );
     }
     for (lead, others) in [(&alice, ["bob", "carol"]), (&bob, ["alice", "carol"])] {
         for other in others {
@@ -1080,6 +1099,8 @@ async fn a_flood_of_forged_presence_is_capped_per_host_and_in_hosts() -> anyhow:
                 host: host.into(),
                 role: Role::Worker,
                 profile: Some("sim".into()),
+                sandbox: None,
+                profile_role: None,
                 groups: Vec::new(),
                 parent: None,
             });

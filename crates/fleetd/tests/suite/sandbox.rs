@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
-use fleet_testkit::fleet::{Fleet, bwrap_profile, bwrap_profile_of};
+use fleet_testkit::fleet::{Fleet, bwrap_profile, bwrap_profile_of, sim_profile};
 use fleet_testkit::wait::until;
+use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -54,16 +55,75 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// A bubblewrap sandbox profile `boxed` whose role is `role`, working in `workdir`.
+fn boxed_as(role: &str, workdir: &Path) -> anyhow::Result<String> {
+    Ok(format!(
+        "{}role = \"{role}\"\n",
+        bwrap_profile("boxed", workdir)?
+    ))
+}
+
+/// What `fleet_list` (or the API) says `entry` runs in and is for.
+fn spawned_as(entry: &Value) -> (Value, Value) {
+    (entry["sandbox"].clone(), entry["profile_role"].clone())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() -> anyhow::Result<()>
 {
     let workdir = tempfile::tempdir()?;
-    let fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
+    let profiles = format!(
+        "{}{}",
+        boxed_as("backend", workdir.path())?,
+        sim_profile("sim", &[])?
+    );
+    let fleet = Fleet::start("", &profiles).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let spawned = lead.spawn("boxed", "b1").await?;
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
     let sent = lead.send("b1", "hello sandbox", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: hello sandbox", "{sent}");
+
+    // fleet_list, the API and `fleetd ls` say what each runs in and what its profile is for:
+    // bwrap and backend for b1, nothing for an unsandboxed worker of a profile with no role,
+    // nor for a lead.
+    lead.spawn("sim", "w1").await?;
+    let boxed = (json!("bwrap"), json!("backend"));
+    let none = (Value::Null, Value::Null);
+    assert_eq!(spawned_as(&lead.entry("b1").await?), boxed);
+    assert_eq!(spawned_as(&lead.entry("w1").await?), none);
+    assert_eq!(spawned_as(&lead.entry("lead").await?), none);
+    let roster: Value = reqwest::Client::new()
+        .get(format!("{}/api/v1/roster", fleet.base()))
+        .bearer_auth(fleet.token("lead")?)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let api = |name: &str| {
+        roster["entities"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["name"] == name))
+            .map(spawned_as)
+    };
+    assert_eq!(api("b1"), Some(boxed), "{roster}");
+    assert_eq!(api("w1"), Some(none), "{roster}");
+    let out = fleet.cli(&["ls"])?;
+    let ls = String::from_utf8(out.stdout)?;
+    let row = |name: &str| -> Vec<String> {
+        ls.lines()
+            .map(|line| {
+                line.split_whitespace()
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .find(|words| words.first().is_some_and(|w| w == name))
+            .unwrap_or_default()
+    };
+    assert_eq!(row("NAME")[3..6], ["PROFILE", "SANDBOX", "FOR"], "{ls}");
+    assert_eq!(row("b1")[3..6], ["boxed", "bwrap", "backend"], "{ls}");
+    assert_eq!(row("w1")[3..6], ["sim", "-", "-"], "{ls}");
 
     // The pane runs bwrap, and the agent runs inside it.
     let pane_pid = fleet.pane_pid(&pane)?;
@@ -98,7 +158,7 @@ async fn a_bwrap_sandboxed_worker_round_trips_and_its_teardown_leaves_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_outlives_a_restart_and_one_not_taken_back_is_torn_down() -> anyhow::Result<()> {
     let workdir = tempfile::tempdir()?;
-    let mut fleet = Fleet::start("", &bwrap_profile("boxed", workdir.path())?).await?;
+    let mut fleet = Fleet::start("", &boxed_as("backend", workdir.path())?).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let pane = lead.spawn("boxed", "b1").await?["pane"]
         .as_str()
@@ -106,13 +166,23 @@ async fn a_sandbox_outlives_a_restart_and_one_not_taken_back_is_torn_down() -> a
         .to_string();
     let tree = process_tree(fleet.pane_pid(&pane)?);
     let log = workdir.path().join("teardown.log");
-    // A restart takes the sandboxed worker back, sandbox and all.
+    // A restart takes the sandboxed worker back, sandbox and all: still said to run in bwrap
+    // as a backend, as it was spawned, though its profile's role changed meanwhile.
     fleet.kill9().await?;
+    std::fs::write(
+        fleet.config_path(),
+        std::fs::read_to_string(fleet.config_path())?
+            .replace("role = \"backend\"", "role = \"frontend\""),
+    )?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let sent = lead.send("b1", "still boxed?", 20).await?;
     assert_eq!(sent["reply"]["text"], "echo: still boxed?", "{sent}");
     assert!(!log.exists(), "torn down at the restart");
+    assert_eq!(
+        spawned_as(&lead.entry("b1").await?),
+        (json!("bwrap"), json!("backend"))
+    );
     // A start after the fleet was left alone too long ends it, and tears its sandbox down.
     until("fleetd to be recorded alive", LIMIT, || async {
         fleet.last_alive_ms().ok().flatten()

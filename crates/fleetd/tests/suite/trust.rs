@@ -218,6 +218,8 @@ async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() ->
         host: "hostb".into(),
         role: Role::Lead,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };
@@ -229,6 +231,8 @@ async fn every_forgery_is_refused_with_its_reason_and_genuine_traffic_flows() ->
         host: "hostc".into(),
         role: Role::Worker,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };

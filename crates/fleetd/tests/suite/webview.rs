@@ -201,7 +201,14 @@ fn browser_is_installed() -> anyhow::Result<()> {
 async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_the_page()
 -> anyhow::Result<()> {
     browser_is_installed()?;
-    let fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
+    // Besides the scripted agent, a bubblewrap sandbox whose profile declares a role.
+    let workdir = tempfile::tempdir()?;
+    let profiles = format!(
+        "{}{}role = \"backend\"\n",
+        fleet_testkit::fleet::sim_profile("sim", &[])?,
+        fleet_testkit::fleet::bwrap_profile("boxed", workdir.path())?
+    );
+    let fleet = Fleet::start("", &profiles).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let token = fleet.token("lead")?;
     let browser = Browser::start().await?;
@@ -242,6 +249,38 @@ async fn a_lead_signs_in_watches_a_worker_and_its_task_live_and_stops_it_from_th
     lead.spawn("sim", "w1").await?;
     visible(page, "#entities tr[data-name='w1'][data-status='idle']").await?;
     screenshot(page, "1-worker-spawned").await?;
+
+    // A sandboxed one shows what it runs in and what its profile is for; w1 and the lead,
+    // neither.
+    lead.spawn("boxed", "b1").await?;
+    let spawned_as = "#entities tr td.spawned-as";
+    let shown = steps_until(page, "b1 in its sandbox", spawned_as, |cells| {
+        cells.len() == 3 && cells.iter().any(|c| c == "bwrap · backend")
+    })
+    .await?;
+    let b1 = page
+        .find(Locator::Css("#entities tr[data-name='b1'] td.spawned-as"))
+        .await?
+        .text()
+        .await?;
+    assert_eq!(b1, "bwrap · backend", "{shown:?}");
+    for name in ["w1", "lead"] {
+        let cell = page
+            .find(Locator::Css(&format!(
+                "#entities tr[data-name='{name}'] td.spawned-as"
+            )))
+            .await?
+            .text()
+            .await?;
+        assert_eq!(cell, "-", "{name}: {shown:?}");
+    }
+    let header = page
+        .find(Locator::Css("#entities thead"))
+        .await?
+        .text()
+        .await?;
+    assert!(header.contains("Sandbox · role"), "{header}");
+    screenshot(page, "1b-sandboxed-worker").await?;
 
     // A task that takes a while, its text hostile markup: the page shows it in flight, then
     // answered, and never as markup.

@@ -371,6 +371,8 @@ impl Federation {
                 role: e.entity.role,
                 slot: slot_of(e.entity.role, &e.entity.name),
                 profile: e.entity.profile.clone(),
+                sandbox: e.entity.sandbox.clone(),
+                profile_role: e.entity.profile_role.clone(),
                 // With this gateway's own link down, nobody can be heard.
                 status: if up {
                     e.shown_status().to_string()

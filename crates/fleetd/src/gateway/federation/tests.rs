@@ -62,6 +62,8 @@ fn lead_of(host: &str) -> Entity {
         host: host.into(),
         role: Role::Lead,
         profile: None,
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     }
@@ -734,6 +736,8 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
         host: host.into(),
         role: Role::Worker,
         profile: Some("sim".into()),
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };
@@ -841,6 +845,8 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
         host: "hostb".into(),
         role: Role::Worker,
         profile: Some("sim".into()),
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };
@@ -935,6 +941,8 @@ fn hear_wb(fed: &Federation) -> Gid {
         host: "hostb".into(),
         role: Role::Worker,
         profile: Some("sim".into()),
+        sandbox: None,
+        profile_role: None,
         groups: Vec::new(),
         parent: None,
     };

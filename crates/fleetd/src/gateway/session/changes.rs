@@ -91,10 +91,14 @@ impl PaneSession {
     }
 
     /// Starts a fresh session of the same worker (a recycle): no task counted yet, not seen
-    /// yet, its pane given up (returned, to be closed).
+    /// yet, its pane given up (returned, to be closed), and run as its profile says now (the
+    /// sandbox and role a restart's profile gives a worker taken back may not be the ones it
+    /// was spawned with).
     pub fn start_afresh(&mut self) -> Option<PaneId> {
         self.tasks_started = 0;
         self.last_seen_ms = None;
+        self.entity.sandbox = self.profile.sandbox();
+        self.entity.profile_role.clone_from(&self.profile.role);
         self.pane.take()
     }
 

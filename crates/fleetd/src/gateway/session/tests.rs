@@ -13,6 +13,7 @@ use crate::config::ProfileKind;
 fn session(cap: Option<u64>) -> PaneSession {
     let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
     profile.context_cap = cap;
+    profile.role = Some("frontend".into());
     worker_session(&alice(), profile)
 }
 
@@ -159,10 +160,17 @@ fn a_session_at_its_cap_starts_afresh_with_its_count_at_zero_and_its_pane_given_
     assert!(s.cap_reached());
     assert!(s.gate(false).cap_reached);
     s.apply(SessionEvent::Recycle).unwrap();
+    // As a restart took it back: spawned in a sandbox, with a role, that its profile no
+    // longer gives.
+    s.entity.sandbox = Some("bwrap".into());
+    s.entity.profile_role = Some("backend".into());
     assert_eq!(s.start_afresh(), Some(PaneId("%1".into())));
     assert!(!s.cap_reached());
     assert_eq!(s.pane(), None);
     assert_eq!(s.last_seen_ms(), None);
+    // Its fresh session runs as its profile says now.
+    assert_eq!(s.entity().sandbox, None);
+    assert_eq!(s.entity().profile_role.as_deref(), Some("frontend"));
     // It stays briefed across the recycle (an architect's next task waits for its poll).
     assert!(s.briefed);
 }
