@@ -254,17 +254,11 @@ impl LocalPlane {
             {
                 continue;
             }
-            if !markers.is_empty()
-                && looked
-                    .as_ref()
-                    .is_none_or(|(at, _)| at.elapsed() >= START_DIALOG_LOOK)
-                && let Ok(snap) = self.panes.snapshot(pane).await
+            if let Some(dialog) = self
+                .look_for_start_dialog(pane, &markers, &mut looked)
+                .await
             {
-                let before = looked.map(|(_, text)| text);
-                if let Some(dialog) = start_dialog(before.as_deref(), &snap.text, &markers) {
-                    return Err(stopped_on(role, profile, &dialog));
-                }
-                looked = Some((Instant::now(), snap.text));
+                return Err(stopped_on(role, profile, &dialog));
             }
             let recheck = match (&ready_marker, &looked) {
                 (Some(_), _) => Instant::now() + MARKER_CHECK_INTERVAL,
@@ -283,6 +277,29 @@ impl LocalPlane {
                 }
             }
         }
+    }
+
+    /// A look at a starting worker's screen for a dialog of its program's (its profile's
+    /// `markers`), at most every [`START_DIALOG_LOOK`]: one that held still since the look
+    /// before (`looked`: when, and what the screen showed) is the dialog it stopped on.
+    async fn look_for_start_dialog(
+        &self,
+        pane: &PaneId,
+        markers: &[String],
+        looked: &mut Option<(Instant, String)>,
+    ) -> Option<Dialog> {
+        if markers.is_empty()
+            || looked
+                .as_ref()
+                .is_some_and(|(at, _)| at.elapsed() < START_DIALOG_LOOK)
+        {
+            return None;
+        }
+        let snap = self.panes.snapshot(pane).await.ok()?;
+        let before = looked.take().map(|(_, text)| text);
+        let dialog = start_dialog(before.as_deref(), &snap.text, markers);
+        *looked = Some((Instant::now(), snap.text));
+        dialog
     }
 
     /// Writes the in-memory status and pane of `gid` to the store.
