@@ -13,8 +13,8 @@ use fleet_store::{SqliteStore, Store};
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{
-    Fleet, bwrap_profile, claude_binary, claude_profile, opencode_binary, opencode_profile,
-    sim_profile, stop_tmux,
+    Fleet, bwrap_agent_profile, bwrap_profile, claude_binary, claude_profile, opencode_binary,
+    opencode_profile, sim_profile, stop_tmux,
 };
 use fleet_testkit::herdr::RealHerdr;
 use fleet_testkit::inherit::inherit;
@@ -237,7 +237,7 @@ async fn spawn_to_ready(
 }
 
 /// Spawn-to-ready of the command, claude-code and opencode (on the scripted model) and sandbox
-/// (bwrap) kinds, each where it can run here.
+/// kinds (bwrap, podman), each where it can run here.
 async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
     let mut figures = Vec::new();
     let mut command = spawn_to_ready(
@@ -247,19 +247,7 @@ async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
     )
     .await?;
     figures.push(("command (scripted agent)", percentiles(&mut command).0));
-    if runs(&claude_binary()) {
-        let model = ModelSim::start().await?;
-        let fleet = Fleet::start("", &claude_profile("claude", &model.base_url())).await?;
-        let mut claude = spawn_to_ready(&fleet, "claude", spawns).await?;
-        figures.push((
-            "claude-code (real Claude Code, scripted model)",
-            percentiles(&mut claude).0,
-        ));
-    } else {
-        println!(
-            "spawn → ready, claude-code: not measured (no Claude Code: set FLEET_TEST_CLAUDE)"
-        );
-    }
+    let claude = claude_figures(spawns).await?;
     if runs(&opencode_binary()) {
         let model = ModelSim::start().await?;
         let fleet = Fleet::start("", &opencode_profile("oc", &model.base_url())).await?;
@@ -282,6 +270,9 @@ async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
     } else {
         println!("spawn → ready, sandbox: not measured (no bwrap)");
     }
+    if let Some(p50) = in_podman(spawns, None).await? {
+        figures.push(("sandbox (podman around the scripted agent)", p50));
+    }
     let base = figures.first().map_or(1.0, |(_, p50)| *p50);
     for (kind, p50) in figures {
         println!(
@@ -289,7 +280,86 @@ async fn spawn_figures(spawns: usize) -> anyhow::Result<()> {
             p50 / base
         );
     }
+    let unboxed = claude.first().map_or(1.0, |(_, p50)| *p50);
+    for (kind, p50) in claude {
+        println!(
+            "spawn → ready, {spawns} spawns, {kind}: p50 {p50:.1} ms ({:.2}x command, {:.2}x unsandboxed Claude Code)",
+            p50 / base,
+            p50 / unboxed
+        );
+    }
     Ok(())
+}
+
+/// Spawn-to-ready of a real Claude Code on the scripted model: unsandboxed, in bubblewrap and
+/// in podman (each in a home of its own), where each can run here; unsandboxed first.
+async fn claude_figures(spawns: usize) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    let mut figures = Vec::new();
+    if !runs(&claude_binary()) {
+        println!(
+            "spawn → ready, claude-code: not measured (no Claude Code: set FLEET_TEST_CLAUDE)"
+        );
+        return Ok(figures);
+    }
+    let model = ModelSim::start().await?;
+    let fleet = Fleet::start("", &claude_profile("claude", &model.base_url())).await?;
+    let mut claude = spawn_to_ready(&fleet, "claude", spawns).await?;
+    figures.push((
+        "claude-code (real Claude Code, scripted model)",
+        percentiles(&mut claude).0,
+    ));
+    if runs("bwrap") {
+        let workdir = tempfile::tempdir()?;
+        let profile = bwrap_agent_profile(
+            "boxed",
+            "claude-code",
+            &claude_binary(),
+            workdir.path(),
+            &model.base_url(),
+        );
+        let fleet = Fleet::start("", &profile).await?;
+        let mut boxed = spawn_to_ready(&fleet, "boxed", spawns).await?;
+        figures.push((
+            "claude-code in bwrap (real Claude Code, scripted model)",
+            percentiles(&mut boxed).0,
+        ));
+    }
+    if let Some(p50) = in_podman(spawns, Some(&model.base_url())).await? {
+        figures.push((
+            "claude-code in podman (real Claude Code, scripted model)",
+            p50,
+        ));
+    }
+    Ok(figures)
+}
+
+/// Spawn-to-ready p50 (ms) in a podman container on a prepared root: of the scripted agent, or
+/// (`claude` names the scripted model's URL) of a real Claude Code; `None` where podman runs no
+/// container here (said why).
+async fn in_podman(spawns: usize, claude: Option<&str>) -> anyhow::Result<Option<f64>> {
+    if let Err(e) = fleet_testkit::podman::oci_runtime() {
+        println!("spawn → ready in podman: not measured ({e:#})");
+        return Ok(None);
+    }
+    let root = tempfile::tempdir()?;
+    fleet_testkit::podman::prepare_root(root.path())?;
+    let workdir = tempfile::tempdir()?;
+    let containers = fleet_testkit::podman::Containers::new();
+    let (agent, real) = match claude {
+        Some(url) => (claude_binary(), Some(("claude-code", url))),
+        None => (binary("fleet-agent-sim")?.display().to_string(), None),
+    };
+    let profile = fleet_testkit::podman::podman_profile(
+        &containers,
+        "boxed",
+        root.path(),
+        workdir.path(),
+        &agent,
+        real,
+    )?;
+    let fleet = Fleet::start("", &profile).await?;
+    let mut samples = spawn_to_ready(&fleet, "boxed", spawns).await?;
+    Ok(Some(percentiles(&mut samples).0))
 }
 
 pub(super) async fn local(trips: usize, workers: usize, messages: usize) -> anyhow::Result<()> {
