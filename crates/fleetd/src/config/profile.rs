@@ -437,13 +437,17 @@ impl ProfileConfig {
         }
     }
 
-    /// The permission mode a Claude Code worker starts in: the profile's, else, in a sandbox,
-    /// `bypassPermissions` (the mode a sandbox is for: nothing stops the agent on a dialog, and
-    /// the sandbox bounds what it can reach), else none (Claude Code's own default).
+    /// The permission mode a Claude Code worker starts in: the profile's, else, in a sandbox
+    /// with a home of its own, `bypassPermissions` (the mode a sandbox is for: nothing stops the
+    /// agent on a dialog, the sandbox bounds what it can reach, and fleetd records the mode's
+    /// consent in that home), else none (Claude Code's own default: a home fleetd does not seed
+    /// would stop it on the mode's warning).
     pub fn start_mode(&self) -> Option<PermissionMode> {
-        self.permission_mode.or((self.kind == ProfileKind::Sandbox
-            && self.agent_kind() == ProfileKind::ClaudeCode)
-            .then_some(PermissionMode::BypassPermissions))
+        let sandboxed = self.kind == ProfileKind::Sandbox
+            && self.agent_kind() == ProfileKind::ClaudeCode
+            && self.isolated_home;
+        self.permission_mode
+            .or(sandboxed.then_some(PermissionMode::BypassPermissions))
     }
 
     /// The agent's argv: the profile's (a sandbox's `agent`), else its kind's program.

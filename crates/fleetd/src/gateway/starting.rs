@@ -295,10 +295,15 @@ impl LocalPlane {
         {
             return None;
         }
-        let snap = self.panes.snapshot(pane).await.ok()?;
         let before = looked.take().map(|(_, text)| text);
-        let dialog = start_dialog(before.as_deref(), &snap.text, markers);
-        *looked = Some((Instant::now(), snap.text));
+        // A look that could not read the screen counts as one (the next is a look later), with
+        // nothing seen.
+        let text = match self.panes.snapshot(pane).await {
+            Ok(snap) => snap.text,
+            Err(_) => String::new(),
+        };
+        let dialog = start_dialog(before.as_deref(), &text, markers);
+        *looked = Some((Instant::now(), text));
         dialog
     }
 

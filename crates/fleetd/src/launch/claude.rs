@@ -376,6 +376,16 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
             0o700
         );
+        // A sandbox without a home of its own: fleetd cannot record the consent, so it starts
+        // in Claude Code's own default.
+        boxed.isolated_home = false;
+        let w = Worker {
+            dir: dir.path().join("boxed-own-home"),
+            ..worker(dir.path())
+        };
+        let launch = prepare(&boxed, None, &w);
+        assert_eq!(started(&launch, &w), (None, false, false));
+        boxed.isolated_home = true;
         // A sandbox whose profile names a mode keeps it, and is not told to bypass.
         boxed.permission_mode = Some(PermissionMode::AcceptEdits);
         let w = Worker {

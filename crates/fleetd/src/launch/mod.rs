@@ -5,7 +5,8 @@
 //! agent needs (its MCP config, model endpoint, reply charter); a sandbox profile's runtime
 //! template is then wrapped around the result. Files a launch writes live in the worker's own
 //! directory (`<state>/workers/<gid>`, user-only), removed when the session ends; a sandbox's
-//! teardown is kept there too, so a restart after a crash can still run it.
+//! teardown is kept apart (`<state>/teardowns/<gid>.json`), out of the sandbox's reach, so a
+//! restart after a crash can still run it and the agent inside cannot rewrite it.
 
 mod bwrap;
 mod claude;
@@ -35,8 +36,13 @@ pub const GID_VAR: &str = "FLEET_GID";
 
 /// How long a sandbox's teardown may run.
 const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// The file in a worker's directory that keeps its teardown argv.
-const TEARDOWN_FILE: &str = "teardown.json";
+/// Where the teardowns of the workers that have one are kept, each `<gid>.json`: under the state
+/// dir, never in a worker's own directory, which its sandbox binds read-write (a teardown
+/// read from there would run, on the host, whatever the agent wrote).
+const TEARDOWNS: &str = "teardowns";
+/// The file in which an older build kept a worker's teardown, inside the worker's directory:
+/// never run, as the worker could have written it.
+const OLD_TEARDOWN_FILE: &str = "teardown.json";
 
 /// What every agent is told of its part and of answering (appended to its system prompt or
 /// instructions): a worker's charter, or an advisory architect's.
@@ -171,6 +177,8 @@ pub struct HostFacts {
 pub struct Launchers {
     /// `<state>/workers`.
     root: PathBuf,
+    /// `<state>/teardowns`.
+    teardowns: PathBuf,
     /// The workspaces of workers whose profile makes one.
     pub workspaces: Workspaces,
     command: CommandLauncher,
@@ -185,6 +193,7 @@ impl Launchers {
     pub fn new(state_dir: &Path, facts: HostFacts) -> Self {
         Self {
             root: state_dir.join("workers"),
+            teardowns: state_dir.join(TEARDOWNS),
             workspaces: Workspaces::new(state_dir),
             command: CommandLauncher,
             sandbox: sandbox::SandboxLauncher {
@@ -199,6 +208,11 @@ impl Launchers {
     /// The private directory of worker `gid`.
     pub fn dir_of(&self, gid: Gid) -> PathBuf {
         self.root.join(gid.to_string())
+    }
+
+    /// The file keeping worker `gid`'s teardown.
+    fn teardown_of(&self, gid: Gid) -> PathBuf {
+        self.teardowns.join(format!("{gid}.json"))
     }
 
     fn agent_launcher(&self, kind: ProfileKind) -> &dyn PeerLauncher {
@@ -230,44 +244,68 @@ impl Launchers {
             launch = self.sandbox.prepare(profile, worker, launch)?;
         }
         if let Some(teardown) = &launch.teardown {
+            private_dir(&self.teardowns)?;
             private_file(
-                &worker.dir.join(TEARDOWN_FILE),
+                &self.teardown_of(worker.gid),
                 serde_json::to_string(teardown)?.as_bytes(),
             )?;
         }
         Ok(launch)
     }
 
-    /// After a worker's pane went: runs its teardown (if any) and removes its directory.
+    /// After a worker's pane went: runs its teardown (if any) and removes its files.
     pub async fn finish(&self, gid: Gid) {
-        finish_dir(&self.dir_of(gid)).await;
+        finish_worker(&self.teardown_of(gid), &self.dir_of(gid)).await;
     }
 
     /// At start-up: finishes what a previous run left (its workers' teardowns, their files),
     /// but for the workers in `kept` (taken back: they still run).
     pub async fn finish_leftovers(&self, kept: &[Gid]) {
-        let Ok(entries) = fs::read_dir(&self.root) else {
-            return;
-        };
         let kept: Vec<String> = kept.iter().map(Gid::to_string).collect();
-        for entry in entries.flatten() {
-            if kept.iter().any(|gid| entry.file_name() == gid.as_str()) {
-                continue;
-            }
-            tracing::info!(dir = %entry.path().display(), "finishing a previous run's worker");
-            finish_dir(&entry.path()).await;
+        let mut left: Vec<String> = [&self.root, &self.teardowns]
+            .into_iter()
+            .filter_map(|dir| fs::read_dir(dir).ok())
+            .flat_map(|entries| entries.flatten())
+            .filter_map(|entry| {
+                let name = entry.file_name().to_str()?.to_string();
+                Some(
+                    name.strip_suffix(".json")
+                        .map_or(name.clone(), String::from),
+                )
+            })
+            .filter(|gid| !kept.contains(gid))
+            .collect();
+        left.sort();
+        left.dedup();
+        for gid in left {
+            tracing::info!(%gid, "finishing a previous run's worker");
+            finish_worker(
+                &self.teardowns.join(format!("{gid}.json")),
+                &self.root.join(&gid),
+            )
+            .await;
         }
     }
 }
 
-/// Runs the teardown kept in `dir`, then removes `dir`.
-async fn finish_dir(dir: &Path) {
-    if let Ok(text) = fs::read_to_string(dir.join(TEARDOWN_FILE)) {
+/// Runs the teardown kept in `teardown` (and lets go of that file), then removes the worker's
+/// directory `dir`.
+async fn finish_worker(teardown: &Path, dir: &Path) {
+    if let Ok(text) = fs::read_to_string(teardown) {
         match serde_json::from_str::<Vec<String>>(&text) {
             Ok(argv) => run_teardown(&argv).await,
-            Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "unreadable teardown"),
+            Err(e) => tracing::warn!(file = %teardown.display(), error = %e, "unreadable teardown"),
+        }
+        if let Err(e) = fs::remove_file(teardown) {
+            tracing::warn!(file = %teardown.display(), error = %e, "cannot remove a teardown");
         }
     }
+    if dir.join(OLD_TEARDOWN_FILE).exists() {
+        tracing::warn!(dir = %dir.display(), "not running a teardown found in a worker's own directory (an older build kept it there, where its sandbox could write): tear its sandbox down by hand if it still runs");
+    }
+    // The environment handed to a container (its token, its key) goes first, in case the rest
+    // cannot (files a container's root made).
+    let _ = fs::remove_file(dir.join(sandbox::ENV_FILE));
     if let Err(e) = fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound
     {
@@ -409,6 +447,51 @@ mod tests {
             cwd: dir.to_path_buf(),
             dir: dir.join("w1"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_teardown_runs_from_fleetds_own_place_never_from_the_workers_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let launchers = Launchers::new(dir.path(), HostFacts::default());
+        let ran = dir.path().join("torn-down");
+        let planted = dir.path().join("planted-ran");
+        let mut profile = ProfileConfig::command("box", Vec::new());
+        profile.kind = ProfileKind::Sandbox;
+        profile.runtime = vec!["env".into()];
+        profile.agent = vec!["/bin/sh".into()];
+        profile.teardown = vec!["touch".into(), ran.display().to_string()];
+        let gid = Gid::mint();
+        let w = Worker {
+            gid,
+            dir: launchers.dir_of(gid),
+            ..worker(dir.path())
+        };
+        launchers.prepare(&profile, &w).unwrap();
+        // What the agent inside may write: its own directory, bound read-write.
+        fs::write(
+            w.dir.join(OLD_TEARDOWN_FILE),
+            serde_json::to_string(&["touch", &planted.display().to_string()]).unwrap(),
+        )
+        .unwrap();
+        launchers.finish(w.gid).await;
+        assert!(ran.exists(), "the profile's teardown did not run");
+        assert!(
+            !planted.exists(),
+            "a teardown the worker wrote ran on the host"
+        );
+        assert!(!w.dir.exists() && !launchers.teardown_of(w.gid).exists());
+        // A start after a crash finds it as well, and runs it once.
+        fs::remove_file(&ran).unwrap();
+        launchers.prepare(&profile, &w).unwrap();
+        launchers.finish_leftovers(&[]).await;
+        assert!(ran.exists(), "a leftover teardown did not run");
+        fs::remove_file(&ran).unwrap();
+        launchers.finish_leftovers(&[]).await;
+        assert!(!ran.exists(), "a teardown ran twice");
+        // One taken back is left alone.
+        launchers.prepare(&profile, &w).unwrap();
+        launchers.finish_leftovers(&[w.gid]).await;
+        assert!(!ran.exists() && w.dir.exists());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::config::ProfileConfig;
 
 /// The file in the worker's directory that `{env_file}` names: the launch's environment (its
 /// token among it), user-only, for a container runtime to read (`--env-file`).
-const ENV_FILE: &str = "sandbox.env";
+pub(super) const ENV_FILE: &str = "sandbox.env";
 
 pub(super) struct SandboxLauncher {
     /// The gateway's state dir (tokens, database, workers' files): `{state_dir}`.
@@ -69,15 +69,15 @@ impl PeerLauncher for SandboxLauncher {
             }
             (_, false) => None,
         };
-        let env_file = names("env_file").then(|| worker.dir.join(ENV_FILE));
-        if let Some(file) = &env_file {
-            super::private_file(file, env_lines(&launch.env)?.as_bytes())?;
-        }
         if names("home") && self.home.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "the runtime names {home}, but fleetd knows no home (HOME is not set)",
             ));
+        }
+        let env_file = names("env_file").then(|| worker.dir.join(ENV_FILE));
+        if let Some(file) = &env_file {
+            super::private_file(file, env_lines(&launch.env)?.as_bytes())?;
         }
         let values = Values {
             launcher: self,

@@ -256,6 +256,40 @@ async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_naming_the_fix()
+-> anyhow::Result<()> {
+    // Bypass mode asked for on the user's own login: fleetd records no consent there, so Claude
+    // Code shows its warning (told it is sandboxed, as root it would refuse the mode outright).
+    let model = ModelSim::start().await?;
+    let dir = tempfile::tempdir()?;
+    let profile = format!(
+        "[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{}\"\npermission_mode = \"bypassPermissions\"\nenv = {{ ANTHROPIC_API_KEY = \"{TEST_API_KEY}\", IS_SANDBOX = \"1\" }}\nready_timeout_s = 90\n",
+        claude_binary(),
+        model.base_url()
+    );
+    let (home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 1, &profile).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let refused = lead
+        .call(
+            "fleet_spawn",
+            json!({"profile": "claude", "name": "c1", "cwd": cwds[0].display().to_string()}),
+        )
+        .await?
+        .expect_err("a spawn that stopped on bypass mode's warning");
+    assert_eq!(refused.code, "not_ready", "{refused}");
+    assert!(
+        refused.message.contains("Bypass Permissions")
+            && refused.message.contains("isolated_home = true"),
+        "{refused}"
+    );
+    assert!(
+        !home.join(".claude/settings.json").exists(),
+        "the user's settings were given the consent"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_spawns_keep_the_users_settings_whole_and_trust_each_directory()
 -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
