@@ -59,7 +59,7 @@ impl Looks {
 }
 
 /// Sends `task` to `to`, with its screen and fleetd's log on failure.
-pub(super) async fn ask(
+async fn ask(
     fleet: &Fleet,
     lead: &Client,
     to: &str,
@@ -76,6 +76,87 @@ pub(super) async fn ask(
     }
 }
 
+/// A fleet started with `profiles` for a user of the test's own: fleetd's `HOME` and its state
+/// dir outside /tmp (so only a sandbox's own mounts can hide them), the home holding the user's
+/// Claude Code settings with a key of their own.
+pub(super) struct UsersFleet {
+    /// The user's home.
+    pub(super) home: tempfile::TempDir,
+    /// The user's `~/.claude.json`.
+    pub(super) settings: PathBuf,
+    pub(super) fleet: Fleet,
+    /// Its lead.
+    pub(super) lead: Client,
+}
+
+impl UsersFleet {
+    pub(super) async fn start(profiles: &str) -> anyhow::Result<Self> {
+        let home = tempfile::tempdir_in("/var/tmp")?;
+        let settings = home.path().join(".claude.json");
+        std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
+        let fleet = Fleet::start_with_env(
+            Path::new("/var/tmp"),
+            "",
+            profiles,
+            &[("HOME", Some(&home.path().display().to_string()))],
+        )
+        .await?;
+        let lead = fleet.lead("lead", Protocol::Stateless).await?;
+        Ok(Self {
+            home,
+            settings,
+            fleet,
+            lead,
+        })
+    }
+
+    /// Spawns `name` of `profile` (fleetd's log on failure) and checks its pane runs
+    /// `runtime`; returns its pane.
+    pub(super) async fn spawn_in(
+        &self,
+        profile: &str,
+        name: &str,
+        runtime: &str,
+    ) -> anyhow::Result<String> {
+        let spawned = match self.lead.spawn(profile, name).await {
+            Ok(spawned) => spawned,
+            Err(e) => anyhow::bail!("{e:#}\nfleetd's log:\n{}", self.fleet.log()),
+        };
+        assert_eq!(spawned["status"], "idle", "{spawned}");
+        let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+        let pid = self.fleet.pane_pid(&pane)?;
+        let command = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))?;
+        anyhow::ensure!(
+            command.starts_with(&format!("{runtime}\0")),
+            "the pane runs {command:?}"
+        );
+        Ok(pane)
+    }
+
+    /// The agent `name` in `pane` answers a task, then its own shell takes `looks` and writes
+    /// into its working directory `workdir`.
+    pub(super) async fn round_trip_and_look(
+        &self,
+        name: &str,
+        pane: &str,
+        looks: &Looks,
+        workdir: &Path,
+    ) -> anyhow::Result<()> {
+        let (fleet, lead) = (&self.fleet, &self.lead);
+        let sent = ask(fleet, lead, name, pane, "hello from the lead").await?;
+        assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
+        let made = workdir.join("made-inside");
+        let task = format!("run: {} && touch '{}'", looks.command(), made.display());
+        let sent = ask(fleet, lead, name, pane, &task).await?;
+        looks.check(sent["reply"]["text"].as_str().unwrap_or_default());
+        assert!(
+            made.is_file(),
+            "the agent could not write its working directory: {sent}"
+        );
+        Ok(())
+    }
+}
+
 /// A real agent of `agent_kind` (its program `agent`) spawned into bubblewrap by fleetd, with
 /// a sandboxed scripted worker beside it: the agent answers a task, and its own shell finds the
 /// hidden paths hidden and its own working directory there.
@@ -83,11 +164,6 @@ async fn a_real_agent_in_bwrap(agent_kind: &str, agent: &str) -> anyhow::Result<
     let model = ModelSim::start().await?;
     let workdir = tempfile::tempdir()?;
     let other_workdir = tempfile::tempdir()?;
-    // The user's home and the state dir outside /tmp, so only the recipe's {home} and
-    // {state_dir} mounts can hide them.
-    let home = tempfile::tempdir_in("/var/tmp")?;
-    let settings = home.path().join(".claude.json");
-    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
     let profiles = format!(
         "{}\n{}",
         bwrap_agent_profile(
@@ -99,47 +175,22 @@ async fn a_real_agent_in_bwrap(agent_kind: &str, agent: &str) -> anyhow::Result<
         ),
         bwrap_profile("plain", other_workdir.path())?
     );
-    let fleet = Fleet::start_with_env(
-        Path::new("/var/tmp"),
-        "",
-        &profiles,
-        &[("HOME", Some(&home.path().display().to_string()))],
-    )
-    .await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let other = lead.spawn("plain", "other").await?;
-    let other_dir = fleet
-        .state_dir()
+    let user = UsersFleet::start(&profiles).await?;
+    let other = user.lead.spawn("plain", "other").await?;
+    let state = user.fleet.state_dir();
+    let other_dir = state
         .join("workers")
         .join(other["gid"].as_str().unwrap_or_default());
-    let token = fleet.state_dir().join("leads/lead.token");
+    let token = state.join("leads/lead.token");
     assert!(other_dir.is_dir() && token.is_file(), "{other}");
 
-    let spawned = match lead.spawn("boxed", "agent").await {
-        Ok(spawned) => spawned,
-        Err(e) => anyhow::bail!("{e:#}\nfleetd's log:\n{}", fleet.log()),
-    };
-    assert_eq!(spawned["status"], "idle", "{spawned}");
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
-    let command = std::fs::read_to_string(format!("/proc/{}/cmdline", fleet.pane_pid(&pane)?))?;
-    assert!(command.starts_with("bwrap\0"), "{command:?}");
-
-    let sent = ask(&fleet, &lead, "agent", &pane, "hello from the lead").await?;
-    assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
-
+    let pane = user.spawn_in("boxed", "agent", "bwrap").await?;
     let looks = Looks {
-        hidden: vec![token, settings, other_dir, fleet.state_dir().join("leads")],
+        hidden: vec![token, user.settings.clone(), other_dir, state.join("leads")],
         seen: vec![workdir.path().to_path_buf()],
     };
-    let made = workdir.path().join("made-inside");
-    let task = format!("run: {} && touch '{}'", looks.command(), made.display());
-    let sent = ask(&fleet, &lead, "agent", &pane, &task).await?;
-    looks.check(sent["reply"]["text"].as_str().unwrap_or_default());
-    assert!(
-        made.is_file(),
-        "the agent could not write its working directory: {sent}"
-    );
-    Ok(())
+    user.round_trip_and_look("agent", &pane, &looks, workdir.path())
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -217,56 +217,15 @@ async fn fleet_in_a_users_home(
     Ok((home, cwds, fleet))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
--> anyhow::Result<()> {
-    // The user's own settings, and a profile that leaves them alone: Claude Code asks whether
-    // the folder is trusted, and nobody is at its screen.
+/// A spawn of profile `claude` (`profile`, with the scripted model's URL for `{base_url}`) in a
+/// user's home of the test's own, which must fail `not_ready` on a dialog of Claude Code's start,
+/// its pane closed: the error, and the home.
+async fn refused_at_start(
+    profile: &str,
+) -> anyhow::Result<(fleet_testkit::client::ToolError, PathBuf)> {
     let model = ModelSim::start().await?;
     let dir = tempfile::tempdir()?;
-    let profile = format!(
-        "{}trust_workdir = false\n",
-        own_settings_profile(&model.base_url())
-    );
-    let (_home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 1, &profile).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let refused = lead
-        .call(
-            "fleet_spawn",
-            json!({"profile": "claude", "name": "c1", "cwd": cwds[0].display().to_string()}),
-        )
-        .await?
-        .expect_err("a spawn that stopped on the trust dialog");
-    // Not the profile's 90 s timeout: the dialog, its choices and what would settle it.
-    assert_eq!(refused.code, "not_ready", "{refused}");
-    assert!(
-        refused
-            .message
-            .contains("stopped on a dialog of its own program while starting")
-            && refused.message.contains("trust this folder")
-            && refused.message.contains("trust_workdir = false"),
-        "{refused}"
-    );
-    assert!(!refused.message.contains("did not call in"), "{refused}");
-    fleet_testkit::wait::until("its pane to close", Duration::from_secs(20), || async {
-        fleet.panes().ok().filter(|panes| panes.is_empty())
-    })
-    .await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_naming_the_fix()
--> anyhow::Result<()> {
-    // Bypass mode asked for on the user's own login: fleetd records no consent there, so Claude
-    // Code shows its warning (told it is sandboxed, as root it would refuse the mode outright).
-    let model = ModelSim::start().await?;
-    let dir = tempfile::tempdir()?;
-    let profile = format!(
-        "[[profiles]]\nname = \"claude\"\nkind = \"claude-code\"\nargv = [{:?}]\nbase_url = \"{}\"\npermission_mode = \"bypassPermissions\"\nenv = {{ ANTHROPIC_API_KEY = \"{TEST_API_KEY}\", IS_SANDBOX = \"1\" }}\nready_timeout_s = 90\n",
-        claude_binary(),
-        model.base_url()
-    );
+    let profile = profile.replace("{base_url}", &model.base_url());
     let (home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 1, &profile).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let refused = lead
@@ -275,8 +234,54 @@ async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_nam
             json!({"profile": "claude", "name": "c1", "cwd": cwds[0].display().to_string()}),
         )
         .await?
-        .expect_err("a spawn that stopped on bypass mode's warning");
+        .expect_err("a spawn that stopped on a dialog of its start");
+    // Not the profile's 90 s timeout: the dialog, its choices and what would settle it.
     assert_eq!(refused.code, "not_ready", "{refused}");
+    assert!(
+        refused
+            .message
+            .contains("stopped on a dialog of its own program while starting")
+            && !refused.message.contains("did not call in"),
+        "{refused}"
+    );
+    fleet_testkit::wait::until("its pane to close", Duration::from_secs(20), || async {
+        fleet.panes().ok().filter(|panes| panes.is_empty())
+    })
+    .await?;
+    Ok((refused, home))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
+-> anyhow::Result<()> {
+    // The user's own settings, and a profile that leaves them alone: Claude Code asks whether
+    // the folder is trusted, and nobody is at its screen.
+    let profile = format!(
+        "{}trust_workdir = false\n",
+        own_settings_profile("{base_url}")
+    );
+    let (refused, _home) = refused_at_start(&profile).await?;
+    assert!(
+        refused.message.contains("trust this folder")
+            && refused.message.contains("trust_workdir = false"),
+        "{refused}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_naming_the_fix()
+-> anyhow::Result<()> {
+    // Bypass mode asked for on the user's own login: fleetd records no consent there, so Claude
+    // Code shows its warning (told it is sandboxed, as root it would refuse the mode outright).
+    let profile = format!(
+        "{}permission_mode = \"bypassPermissions\"\n",
+        own_settings_profile("{base_url}").replace(
+            "env = { ANTHROPIC_API_KEY",
+            "env = { IS_SANDBOX = \"1\", ANTHROPIC_API_KEY"
+        )
+    );
+    let (refused, home) = refused_at_start(&profile).await?;
     assert!(
         refused.message.contains("Bypass Permissions")
             && refused.message.contains("isolated_home = true"),

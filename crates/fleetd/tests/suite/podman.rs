@@ -4,16 +4,13 @@
 //! docker-compatible command line. The scripted agent and a real Claude Code each do a round
 //! trip through fleetd and look, from inside, at what the container must not show.
 
-use std::path::Path;
-
 use fleet_testkit::bins::binary;
-use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, claude_binary};
 use fleet_testkit::model::ModelSim;
 use fleet_testkit::podman::{Containers, podman_profile, prepare_root};
 use fleet_testkit::wait::until;
 
-use super::boxed_agents::{Looks, ask};
+use super::boxed_agents::{Looks, UsersFleet};
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -40,9 +37,6 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
     let root = tempfile::tempdir()?;
     prepare_root(root.path())?;
     let workdir = tempfile::tempdir()?;
-    let home = tempfile::tempdir_in("/var/tmp")?;
-    let settings = home.path().join(".claude.json");
-    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
     let agent = binary("fleet-agent-sim")?.display().to_string();
     let containers = Containers::new();
     let profile = podman_profile(
@@ -53,14 +47,12 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
         &agent,
         None,
     )?;
-    let fleet = Fleet::start_with_env(
-        Path::new("/var/tmp"),
-        "",
-        &profile,
-        &[("HOME", Some(&home.path().display().to_string()))],
-    )
-    .await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let UsersFleet {
+        home: _home,
+        settings,
+        fleet,
+        lead,
+    } = UsersFleet::start(&profile).await?;
     let p1 = lead.spawn("boxed", "p1").await?;
     let p2 = lead.spawn("boxed", "p2").await?;
     runs_podman(&fleet, p1["pane"].as_str().unwrap_or_default())?;
@@ -116,9 +108,6 @@ async fn a_real_claude_code_in_podman_answers_unattended_and_sees_nothing_it_sho
     let root = tempfile::tempdir()?;
     prepare_root(root.path())?;
     let workdir = tempfile::tempdir()?;
-    let home = tempfile::tempdir_in("/var/tmp")?;
-    let settings = home.path().join(".claude.json");
-    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
     let containers = Containers::new();
     let profile = podman_profile(
         &containers,
@@ -128,38 +117,16 @@ async fn a_real_claude_code_in_podman_answers_unattended_and_sees_nothing_it_sho
         &claude_binary(),
         Some(("claude-code", &model.base_url())),
     )?;
-    let fleet = Fleet::start_with_env(
-        Path::new("/var/tmp"),
-        "",
-        &profile,
-        &[("HOME", Some(&home.path().display().to_string()))],
-    )
-    .await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = match lead.spawn("boxed", "agent").await {
-        Ok(spawned) => spawned,
-        Err(e) => anyhow::bail!("{e:#}\nfleetd's log:\n{}", fleet.log()),
-    };
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
-    runs_podman(&fleet, &pane)?;
-    let sent = ask(&fleet, &lead, "agent", &pane, "hello from the lead").await?;
-    assert_eq!(sent["reply"]["text"], "echo: hello from the lead", "{sent}");
-
+    let user = UsersFleet::start(&profile).await?;
+    let pane = user.spawn_in("boxed", "agent", "podman").await?;
     let looks = Looks {
         hidden: vec![
-            fleet.state_dir().join("leads/lead.token"),
-            settings,
-            home.path().to_path_buf(),
+            user.fleet.state_dir().join("leads/lead.token"),
+            user.settings.clone(),
+            user.home.path().to_path_buf(),
         ],
         seen: vec![workdir.path().to_path_buf()],
     };
-    let made = workdir.path().join("made-inside");
-    let task = format!("run: {} && touch '{}'", looks.command(), made.display());
-    let sent = ask(&fleet, &lead, "agent", &pane, &task).await?;
-    looks.check(sent["reply"]["text"].as_str().unwrap_or_default());
-    assert!(
-        made.is_file(),
-        "the agent could not write its working directory: {sent}"
-    );
-    Ok(())
+    user.round_trip_and_look("agent", &pane, &looks, workdir.path())
+        .await
 }
