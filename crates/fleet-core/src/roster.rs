@@ -5,7 +5,7 @@
 //! memory. Pure: the time of each heartbeat comes in as a value (a
 //! monotonic instant for expiry, Unix ms for showing), and nothing here reads a clock.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,11 @@ pub struct Presence {
     /// For the host entry: the profiles it can spawn.
     #[serde(default)]
     pub profiles: Vec<String>,
+    /// For the host entry: the model family (its maker's id, `anthropic`, `openai` …) of each of
+    /// its profiles whose family it can name, by profile; a lead consulting an architect slot on
+    /// that host learns whose model answered. An older host sends none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub families: BTreeMap<String, String>,
 }
 
 /// A remote entity as the roster last heard of it.
@@ -81,6 +86,8 @@ impl RemoteEntry {
 pub struct RemoteHost {
     /// The profiles it can spawn.
     pub profiles: Vec<String>,
+    /// The model family of each profile whose family it named.
+    pub families: BTreeMap<String, String>,
     /// When it was last heard of (for expiry).
     pub heard: Instant,
     /// When it was last heard of, Unix ms (for showing).
@@ -151,6 +158,11 @@ pub fn malformed(presence: &Presence) -> Option<String> {
         .profiles
         .iter()
         .find_map(|name| named("profile", name))
+        .or_else(|| {
+            presence.families.iter().find_map(|(profile, family)| {
+                named("profile", profile).or_else(|| named("model family", family))
+            })
+        })
 }
 
 /// The remote roster.
@@ -323,6 +335,7 @@ impl Roster {
                 }
                 let entry = RemoteHost {
                     profiles: presence.profiles,
+                    families: presence.families,
                     heard: now,
                     heard_ms: now_ms,
                     unreachable_since_ms: None,
@@ -455,6 +468,7 @@ mod tests {
 
     fn beat(entity: Option<&Entity>, status: &str) -> Presence {
         Presence {
+            families: BTreeMap::new(),
             entity: entity.cloned(),
             status: status.into(),
             profiles: vec!["sim".into()],
@@ -615,6 +629,15 @@ mod tests {
             roster.hear("hostb", host, t0, 1),
             Heard::Malformed(_)
         ));
+        // A model family, or the profile it is told of, that is no name.
+        for (profile, family) in [("sim", "open\u{1b}[2Jai"), ("s\nim", "openai")] {
+            let mut host = beat(None, "up");
+            host.families = [(profile.to_string(), family.to_string())].into();
+            assert!(
+                matches!(roster.hear("hostb", host, t0, 1), Heard::Malformed(_)),
+                "{profile:?} {family:?}"
+            );
+        }
         assert_eq!(roster.entities().count(), 0);
         assert_eq!(roster.hosts().count(), 0);
         // Every status a gateway announces passes: every session status among them; and so
@@ -786,6 +809,17 @@ mod tests {
         let presence: Presence =
             serde_json::from_str(r#"{"entity": null, "status": "up"}"#).unwrap();
         assert_eq!(presence.profiles, Vec::<String>::new());
+        assert!(presence.families.is_empty());
+        // A host's families are kept as it named them; none are sent when there are none.
+        let mut roster = roster(2, 2);
+        let mut host = beat(None, "up");
+        host.profiles = vec!["claude".into(), "gpt".into()];
+        host.families = [("claude".to_string(), "anthropic".to_string())].into();
+        roster.hear("hostb", host, Instant::now(), 1);
+        let (_, heard) = roster.hosts().next().unwrap();
+        assert_eq!(heard.families["claude"], "anthropic");
+        let body = serde_json::to_string(&beat(None, "up")).unwrap();
+        assert!(!body.contains("families"), "{body}");
     }
 
     #[test]

@@ -132,6 +132,15 @@ pub fn model_identity(profile: &ProfileConfig) -> String {
     }
 }
 
+/// The family of each of `profiles` whose family can be named, by profile: what a host tells
+/// the others of its profiles, and shows in its host entry.
+pub fn families(profiles: &[ProfileConfig]) -> std::collections::BTreeMap<String, String> {
+    profiles
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), family(p).id()?.to_string())))
+        .collect()
+}
+
 /// The family `profile`'s agent runs (the rule is the module's).
 pub fn family(profile: &ProfileConfig) -> Family {
     match family_of(profile.agent_kind(), profile.model.as_deref()) {

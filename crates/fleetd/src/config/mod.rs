@@ -21,7 +21,7 @@ mod profile;
 mod readme;
 
 pub use architects::{ArchitectsConfig, SlotConfig};
-pub use family::{Family, family, model_identity};
+pub use family::{Family, families, family, model_identity};
 pub use federation::{
     BrokerConfig, CoordinatorConfig, FederationConfig, PinnedEntry, TrustEntry, redacted_uri,
 };

@@ -56,6 +56,7 @@ impl LocalPlane {
                 .iter()
                 .map(|p| p.name.clone())
                 .collect(),
+            families: crate::config::families(&self.config.profiles),
             last_seen_ms: None,
         }];
         let Some(afar) = self.afar.as_deref() else {

@@ -301,6 +301,9 @@ pub struct HostView {
     pub status: String,
     /// The profiles it can spawn.
     pub profiles: Vec<String>,
+    /// The model family (its maker's id: `anthropic`, `openai` …) of each of its profiles whose
+    /// family its gateway can name, by profile.
+    pub families: std::collections::BTreeMap<String, String>,
     /// When its gateway was last heard of (Unix ms); none for this host.
     pub last_seen_ms: Option<i64>,
 }

@@ -462,11 +462,25 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
         "[architects]\nslots = [{ name = \"arch-here\", profile = \"sim\" }, { name = \"arch-far\", profile = \"sim\", host = \"hostb\", keep_s = 600 }]\n",
     )
     .await?;
-    let b = gateway(&vhost.uri(), "hostb", "bob", "").await?;
+    // hostb also offers a Claude Code profile: its presence names that profile's model family.
+    let b = gateway(
+        &vhost.uri(),
+        "hostb",
+        "bob",
+        "[[profiles]]\nname = \"opus\"\nkind = \"claude-code\"\nmodel = \"claude-opus-4\"\n",
+    )
+    .await?;
     let alice = a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "bob").await?;
     // The slot's host itself, not only its lead, is heard (a host's own heartbeat comes apart).
     hears_host(&alice, "hostb").await?;
+    let list = alice.ok("fleet_list", json!({})).await?;
+    let hostb = list["hosts"]
+        .as_array()
+        .and_then(|hosts| hosts.iter().find(|h| h["host"] == "hostb"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(hostb["families"], json!({"opus": "anthropic"}), "{list}");
     let brief = "Is one exchange enough?";
     let consult = alice
         .ok("fleet_consult", json!({"brief": brief, "wait_s": 30}))
@@ -493,6 +507,8 @@ async fn a_consult_starts_an_architect_slot_on_another_host_through_the_control_
     );
     for answer in &answers {
         assert_eq!(answer["text"], format!("echo: {brief}"), "{answer}");
+        // A scripted program's family is nobody's to name, here or there.
+        assert_eq!(answer["family"], Value::Null, "{answer}");
     }
     // The far one is an architect on its host, kept for a follow-up by name.
     let far = sees(&alice, "arch-far").await?;

@@ -27,13 +27,16 @@ use tokio_util::sync::CancellationToken;
 use super::spawn::SpawnRequest;
 use super::views::{AskView, SendResult, SpawnResult};
 use super::{Caller, LocalPlane};
-use crate::config::{ProfileConfig, SlotConfig, family, model_identity};
+use crate::config::{SlotConfig, model_identity};
 
 /// How long a consult waits for its answers when not told (and an architect taken back by a
 /// restart, still on its brief, has to answer).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
 
 mod keep;
+mod slots;
+
+use slots::{chosen, own_profile, slot_family};
 
 /// What `fleet_consult` asks for.
 #[derive(Clone, Debug)]
@@ -58,9 +61,10 @@ pub struct SlotAnswer {
     /// The model it runs, as far as this gateway can tell.
     pub model: Option<String>,
     /// Its model family, by its maker's lowercase id (`anthropic`, `openai` …; see
-    /// [`crate::config::family`]), so a lead weighs agreement knowing whose models agree; none
-    /// when this gateway cannot tell (a program it cannot see into, a slot on another host).
-    pub family: Option<&'static str>,
+    /// [`crate::config::family`]), so a lead weighs agreement knowing whose models agree: this
+    /// host's reading of its own profile, or what the slot's host named in its presence; none
+    /// when neither can tell (a program fleetd cannot see into, a host not heard, or older).
+    pub family: Option<String>,
     /// Its host.
     pub host: String,
     /// `answered`, `failed`, `timeout`, `asking` (its question is in `asks`), `blocked` (its
@@ -160,51 +164,6 @@ impl Drop for ConsultGuard {
             }
         });
     }
-}
-
-/// The slots `wanted` names, in configured order, or all of them; an unknown name is refused.
-fn chosen<'a>(
-    configured: &'a [SlotConfig],
-    wanted: Option<&[String]>,
-) -> Result<Vec<&'a SlotConfig>, FleetError> {
-    if configured.is_empty() {
-        return Err(FleetError::invalid(
-            "no architects are configured: declare them in the config, [architects] slots = [{ name = \"arch-claude\", profile = \"claude\" }, …]",
-        ));
-    }
-    let Some(wanted) = wanted else {
-        return Ok(configured.iter().collect());
-    };
-    let names: Vec<&str> = configured.iter().map(|s| s.name.as_str()).collect();
-    if let Some(unknown) = wanted.iter().find(|w| !names.contains(&w.as_str())) {
-        return Err(FleetError::invalid(format!(
-            "no architect slot is named '{}' (slots: {})",
-            unknown.escape_debug(),
-            names.join(", ")
-        )));
-    }
-    if wanted.is_empty() {
-        return Err(FleetError::invalid(
-            "slots is empty: leave it out to consult every architect",
-        ));
-    }
-    Ok(configured
-        .iter()
-        .filter(|s| wanted.contains(&s.name))
-        .collect())
-}
-
-/// The profile `slot`'s architect runs, from `profiles`, when it runs on this host (`host_id`):
-/// only this host's profiles are known here, and one of the same name elsewhere may differ.
-fn own_profile<'a>(
-    profiles: &'a [ProfileConfig],
-    slot: &SlotConfig,
-    host_id: &str,
-) -> Option<&'a ProfileConfig> {
-    if slot.host.as_deref().is_some_and(|h| h != host_id) {
-        return None;
-    }
-    profiles.iter().find(|p| p.name == slot.profile)
 }
 
 /// How a slot's answer reads when the send to its architect ended as `sent`.
@@ -382,7 +341,7 @@ impl LocalPlane {
             gid,
             profile: slot.profile.clone(),
             model: profile.map(model_identity),
-            family: profile.and_then(|p| family(p).id()),
+            family: slot_family(slot, profile, &self.fleet_view().1),
             host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
             status,
             text,
@@ -428,60 +387,5 @@ fn outcome_word(sent: &Result<SendResult, FleetError>) -> &'static str {
         Ok(SendResult::Asked { .. }) => "asks you something",
         Ok(SendResult::Pending { .. }) => "ran out of time",
         _ => "failed",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Family;
-
-    fn slot(name: &str) -> SlotConfig {
-        SlotConfig {
-            name: name.into(),
-            profile: "p".into(),
-            host: None,
-            keep_s: 0,
-        }
-    }
-
-    #[test]
-    fn an_answer_names_the_family_of_this_hosts_profile_only() {
-        let mut claude = ProfileConfig::command("p", Vec::new());
-        claude.kind = crate::config::ProfileKind::ClaudeCode;
-        let profiles = [claude];
-        let family_of = |slot: &SlotConfig| own_profile(&profiles, slot, "h").map(family);
-        let mut here = slot("a");
-        assert_eq!(family_of(&here), Some(Family::Known("anthropic")));
-        here.host = Some("h".into());
-        assert_eq!(family_of(&here), Some(Family::Known("anthropic")));
-        // Another host's profile of the same name may run anything.
-        here.host = Some("far".into());
-        assert_eq!(family_of(&here), None);
-        here.host = None;
-        here.profile = "gone".into();
-        assert_eq!(family_of(&here), None);
-    }
-
-    #[test]
-    fn slots_are_chosen_in_configured_order_and_unknown_ones_refused() {
-        let configured = [slot("a"), slot("b"), slot("c")];
-        let names = |chosen: Vec<&SlotConfig>| -> Vec<String> {
-            chosen.iter().map(|s| s.name.clone()).collect()
-        };
-        assert_eq!(names(chosen(&configured, None).unwrap()), ["a", "b", "c"]);
-        let wanted = ["c".to_string(), "a".to_string()];
-        assert_eq!(
-            names(chosen(&configured, Some(&wanted)).unwrap()),
-            ["a", "c"]
-        );
-        let err = chosen(&configured, Some(&["z\u{1b}".to_string()])).unwrap_err();
-        assert!(
-            err.message.contains(r"'z\u{1b}'") && err.message.contains("slots: a, b, c"),
-            "{err}"
-        );
-        assert!(chosen(&configured, Some(&[])).is_err());
-        let err = chosen(&[], None).unwrap_err();
-        assert!(err.message.contains("[architects]"), "{err}");
     }
 }

@@ -102,10 +102,17 @@ impl Federation {
             Some(e) => (e.gid, e.gid.to_string()),
             None => (self.gateway_gid, GATEWAY_ENTRY.to_string()),
         };
+        // A host entry that is up names its profiles' model families.
+        let families = if entity.is_none() && !profiles.is_empty() {
+            crate::config::families(&g.config.profiles)
+        } else {
+            Default::default()
+        };
         let presence = Presence {
             entity,
             status,
             profiles,
+            families,
         };
         let Ok(body) = serde_json::to_vec(&presence) else {
             return;
@@ -404,6 +411,7 @@ impl Federation {
                     UNREACHABLE.into()
                 },
                 profiles: h.profiles.clone(),
+                families: h.families.clone(),
                 last_seen_ms: Some(h.heard_ms),
             })
             .collect();

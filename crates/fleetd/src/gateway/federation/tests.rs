@@ -119,6 +119,7 @@ async fn harness(max_held: usize) -> Harness {
         .unwrap();
     let carol = lead_of("hostc");
     let heard = Presence {
+        families: Default::default(),
         entity: Some(carol.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
@@ -719,6 +720,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
             .as_ref()
             .map_or_else(|| "_gateway".to_string(), |e| e.gid.to_string());
         let presence = Presence {
+            families: Default::default(),
             entity,
             status: "idle".into(),
             profiles: vec!["sim".into()],
@@ -851,6 +853,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
         parent: None,
     };
     let heard = Presence {
+        families: Default::default(),
         entity: Some(worker.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
@@ -886,6 +889,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     // Heard again, idle, every 5 s: the brief has a whole bound from then, no more.
     let hear = || {
         let back = Presence {
+            families: Default::default(),
             entity: Some(worker.clone()),
             status: "idle".into(),
             profiles: Vec::new(),
@@ -947,6 +951,7 @@ fn hear_wb(fed: &Federation) -> Gid {
         parent: None,
     };
     let heard = Presence {
+        families: Default::default(),
         entity: Some(wb.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
