@@ -154,16 +154,31 @@ pub fn malformed(presence: &Presence) -> Option<String> {
             return Some(why);
         }
     }
+    if presence.profiles.len() > MAX_HOST_PROFILES {
+        return Some(format!(
+            "{} profiles, more than the {MAX_HOST_PROFILES} a host may announce",
+            presence.profiles.len()
+        ));
+    }
     presence
         .profiles
         .iter()
         .find_map(|name| named("profile", name))
         .or_else(|| {
             presence.families.iter().find_map(|(profile, family)| {
-                named("profile", profile).or_else(|| named("model family", family))
+                if !presence.profiles.contains(profile) {
+                    return Some(format!(
+                        "a model family for '{}', which is none of its profiles",
+                        profile.escape_debug()
+                    ));
+                }
+                named("model family", family)
             })
         })
 }
+
+/// The most profiles a host's heartbeat may announce (a config declares a handful).
+pub const MAX_HOST_PROFILES: usize = 256;
 
 /// The remote roster.
 #[derive(Debug)]
@@ -629,15 +644,23 @@ mod tests {
             roster.hear("hostb", host, t0, 1),
             Heard::Malformed(_)
         ));
-        // A model family, or the profile it is told of, that is no name.
-        for (profile, family) in [("sim", "open\u{1b}[2Jai"), ("s\nim", "openai")] {
+        // A model family that is no name, or one told of a profile the host does not offer; too
+        // many profiles.
+        for (profile, family) in [("sim", "open\u{1b}[2Jai"), ("other", "openai")] {
             let mut host = beat(None, "up");
+            host.profiles = vec!["sim".into()];
             host.families = [(profile.to_string(), family.to_string())].into();
             assert!(
                 matches!(roster.hear("hostb", host, t0, 1), Heard::Malformed(_)),
                 "{profile:?} {family:?}"
             );
         }
+        let mut host = beat(None, "up");
+        host.profiles = (0..=MAX_HOST_PROFILES).map(|i| format!("p{i}")).collect();
+        assert!(matches!(
+            roster.hear("hostb", host, t0, 1),
+            Heard::Malformed(_)
+        ));
         assert_eq!(roster.entities().count(), 0);
         assert_eq!(roster.hosts().count(), 0);
         // Every status a gateway announces passes: every session status among them; and so

@@ -43,10 +43,10 @@ fn start_dialog(before: Option<&str>, screen: &str, markers: &[String]) -> Optio
 /// have settled it, for the dialogs fleetd knows).
 fn stopped_on(role: Role, profile: &ProfileConfig, dialog: &Dialog) -> FleetError {
     let choices: Vec<&str> = dialog.choices.iter().map(|c| c.label.as_str()).collect();
-    let settle = if dialog.prompt.contains("trust") {
-        "fleetd marks a working directory trusted unless the profile says trust_workdir = false, and never one outside gateway.workdir_roots"
-    } else if dialog.prompt.contains("Bypass Permissions") {
+    let settle = if dialog.prompt.contains("Bypass Permissions") {
         "fleetd records that consent only in a home of the worker's own: set isolated_home = true"
+    } else if dialog.prompt.contains("trust this folder") {
+        "fleetd marks a working directory trusted unless the profile says trust_workdir = false, and never one outside gateway.workdir_roots"
     } else {
         "answer it once in that program yourself, or start it in a home fleetd seeds (isolated_home = true)"
     };

@@ -223,9 +223,10 @@ impl Launchers {
         }
     }
 
-    /// Prepares the launch of `profile` for `worker` (whose `dir` is made here).
+    /// Prepares the launch of `profile` for `worker` (whose `dir` is made here, anew).
     pub fn prepare(&self, profile: &ProfileConfig, worker: &Worker) -> std::io::Result<Launch> {
-        private_dir(&worker.dir)?;
+        private_dir(&self.root)?;
+        fresh_dir(&worker.dir)?;
         let mut env = profile.env.0.clone();
         env.insert("FLEET_MCP_URL".into(), worker.mcp_url.clone());
         env.insert("FLEET_TOKEN".into(), worker.token.clone());
@@ -253,25 +254,32 @@ impl Launchers {
         Ok(launch)
     }
 
-    /// After a worker's pane went: runs its teardown (if any) and removes its files.
+    /// After a worker's pane went: runs its teardown (if any) and removes its files. A teardown
+    /// that fails is kept, and tried again at the next call (the session's later clearings, or
+    /// the next start).
     pub async fn finish(&self, gid: Gid) {
-        finish_worker(&self.teardown_of(gid), &self.dir_of(gid)).await;
+        finish_worker(&self.teardown_of(gid), &self.dir_of(gid), false).await;
     }
 
     /// At start-up: finishes what a previous run left (its workers' teardowns, their files),
     /// but for the workers in `kept` (taken back: they still run).
     pub async fn finish_leftovers(&self, kept: &[Gid]) {
-        let kept: Vec<String> = kept.iter().map(Gid::to_string).collect();
-        let mut left: Vec<String> = [&self.root, &self.teardowns]
+        let named = |entry: fs::DirEntry, suffix: &str| -> Option<Gid> {
+            let name = entry.file_name();
+            let gid = name.to_str()?.strip_suffix(suffix)?.parse().ok();
+            if gid.is_none() {
+                tracing::warn!(file = %entry.path().display(), "not a worker's: left alone");
+            }
+            gid
+        };
+        let mut left: Vec<Gid> = [(&self.root, ""), (&self.teardowns, ".json")]
             .into_iter()
-            .filter_map(|dir| fs::read_dir(dir).ok())
-            .flat_map(|entries| entries.flatten())
-            .filter_map(|entry| {
-                let name = entry.file_name().to_str()?.to_string();
-                Some(
-                    name.strip_suffix(".json")
-                        .map_or(name.clone(), String::from),
-                )
+            .flat_map(|(dir, suffix)| {
+                fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(move |entry| named(entry, suffix))
             })
             .filter(|gid| !kept.contains(gid))
             .collect();
@@ -279,29 +287,34 @@ impl Launchers {
         left.dedup();
         for gid in left {
             tracing::info!(%gid, "finishing a previous run's worker");
-            finish_worker(
-                &self.teardowns.join(format!("{gid}.json")),
-                &self.root.join(&gid),
-            )
-            .await;
+            // Its last try: a teardown that fails now is dropped (and said so).
+            finish_worker(&self.teardown_of(gid), &self.dir_of(gid), true).await;
         }
     }
 }
 
-/// Runs the teardown kept in `teardown` (and lets go of that file), then removes the worker's
-/// directory `dir`.
-async fn finish_worker(teardown: &Path, dir: &Path) {
+/// Runs the teardown kept in `teardown` and lets go of that file once it ran (or, on the
+/// `last_try`, whatever came of it), then removes the worker's directory `dir`.
+async fn finish_worker(teardown: &Path, dir: &Path, last_try: bool) {
     if let Ok(text) = fs::read_to_string(teardown) {
-        match serde_json::from_str::<Vec<String>>(&text) {
+        let done = match serde_json::from_str::<Vec<String>>(&text) {
             Ok(argv) => run_teardown(&argv).await,
-            Err(e) => tracing::warn!(file = %teardown.display(), error = %e, "unreadable teardown"),
+            Err(e) => {
+                tracing::warn!(file = %teardown.display(), error = %e, "unreadable teardown");
+                true
+            }
+        };
+        if !done && last_try {
+            tracing::warn!(file = %teardown.display(), "giving up on a sandbox's teardown: tear it down by hand if it still runs");
         }
-        if let Err(e) = fs::remove_file(teardown) {
+        if (done || last_try)
+            && let Err(e) = fs::remove_file(teardown)
+        {
             tracing::warn!(file = %teardown.display(), error = %e, "cannot remove a teardown");
         }
     }
     if dir.join(OLD_TEARDOWN_FILE).exists() {
-        tracing::warn!(dir = %dir.display(), "not running a teardown found in a worker's own directory (an older build kept it there, where its sandbox could write): tear its sandbox down by hand if it still runs");
+        tracing::warn!(dir = %dir.display(), "not running a teardown.json in a worker's own directory: its sandbox can write there (an older build kept teardowns there; check by hand that no sandbox of it still runs)");
     }
     // The environment handed to a container (its token, its key) goes first, in case the rest
     // cannot (files a container's root made).
@@ -313,9 +326,10 @@ async fn finish_worker(teardown: &Path, dir: &Path) {
     }
 }
 
-async fn run_teardown(argv: &[String]) {
+/// Runs a teardown; whether it ran to success.
+async fn run_teardown(argv: &[String]) -> bool {
     let Some((program, args)) = argv.split_first() else {
-        return;
+        return true;
     };
     let mut command = tokio::process::Command::new(program);
     command
@@ -327,6 +341,7 @@ async fn run_teardown(argv: &[String]) {
     match tokio::time::timeout(TEARDOWN_TIMEOUT, command.output()).await {
         Ok(Ok(output)) if output.status.success() => {
             tracing::info!(?argv, "ran a sandbox's teardown");
+            return true;
         }
         Ok(Ok(output)) => tracing::warn!(
             ?argv,
@@ -337,6 +352,24 @@ async fn run_teardown(argv: &[String]) {
         Ok(Err(e)) => tracing::warn!(?argv, error = %e, "cannot run a sandbox's teardown"),
         Err(_) => tracing::warn!(?argv, "a sandbox's teardown timed out"),
     }
+    false
+}
+
+/// Makes `dir` anew, empty and user-only: what an earlier session of the worker left there
+/// (which its sandbox could write, links included) is removed first, or the launch is refused;
+/// nothing fleetd writes there then goes through a file the worker made.
+fn fresh_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(std::io::Error::other(format!(
+                "cannot clear what an earlier session left in {}: {e}",
+                dir.display()
+            )));
+        }
+    }
+    fs::DirBuilder::new().mode(0o700).create(dir)
 }
 
 /// `word` with each `{placeholder}` that `value` knows replaced by its value; anything else,
@@ -492,6 +525,26 @@ mod tests {
         launchers.prepare(&profile, &w).unwrap();
         launchers.finish_leftovers(&[w.gid]).await;
         assert!(!ran.exists() && w.dir.exists());
+        // A new session starts from an empty directory: nothing the last one left (a link into
+        // the user's files, say) is written through.
+        let users = dir.path().join("users-file");
+        fs::write(&users, "the user's").unwrap();
+        std::os::unix::fs::symlink(&users, w.dir.join("planted")).unwrap();
+        launchers.prepare(&profile, &w).unwrap();
+        assert!(!w.dir.join("planted").exists());
+        assert_eq!(fs::read_to_string(&users).unwrap(), "the user's");
+        // A teardown that fails is tried again, and given up only at a start.
+        launchers.finish(w.gid).await;
+        let mut failing = profile.clone();
+        failing.teardown = vec!["false".into()];
+        launchers.prepare(&failing, &w).unwrap();
+        launchers.finish(w.gid).await;
+        assert!(
+            launchers.teardown_of(w.gid).exists(),
+            "dropped after one failure"
+        );
+        launchers.finish_leftovers(&[]).await;
+        assert!(!launchers.teardown_of(w.gid).exists(), "kept past a start");
     }
 
     #[test]

@@ -76,9 +76,6 @@ impl PeerLauncher for SandboxLauncher {
             ));
         }
         let env_file = names("env_file").then(|| worker.dir.join(ENV_FILE));
-        if let Some(file) = &env_file {
-            super::private_file(file, env_lines(&launch.env)?.as_bytes())?;
-        }
         let values = Values {
             launcher: self,
             profile,
@@ -88,27 +85,12 @@ impl PeerLauncher for SandboxLauncher {
         };
         let fill = |word: &String| fill(word, &values);
         let mut argv: Vec<String> = profile.runtime.iter().map(fill).collect();
-        if bwrap::is_bwrap(&argv)
-            && let Some(found) = &found
-        {
-            // What the sandbox execs (the path as started) and what that leads to (the file
-            // itself, its links followed): both must be in sight.
-            let started = if agent.is_some() {
-                &found.resolved
-            } else {
-                &found.named
-            };
-            for path in [started, &found.resolved] {
-                if let Some(why) = hidden(&argv, path) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!(
-                            "the sandbox would not see the agent {}: {why}; bind it in with \"--ro-bind\", \"{{agent}}\", \"{{agent}}\" in the profile's runtime (the agent's program alone: an agent made of several files needs its directory bound)",
-                            path.display()
-                        ),
-                    ));
-                }
-            }
+        if let Some(found) = &found {
+            in_sight(&argv, found, agent.is_some())?;
+        }
+        // Written last, once nothing can refuse the launch.
+        if let Some(file) = &env_file {
+            super::private_file(file, env_lines(&launch.env)?.as_bytes())?;
         }
         argv.extend(launch.argv);
         let teardown =
@@ -119,6 +101,33 @@ impl PeerLauncher for SandboxLauncher {
             teardown,
         })
     }
+}
+
+/// Refuses a bwrap `argv` that would hide the agent `found` from the sandbox: what the sandbox
+/// execs (its resolved path when `by_resolved`, the runtime binding `{agent}`, else the path as
+/// started) and what that leads to (the file itself, its links followed) must both be in sight.
+/// Other runtimes are not read.
+fn in_sight(argv: &[String], found: &Found, by_resolved: bool) -> io::Result<()> {
+    if !bwrap::is_bwrap(argv) {
+        return Ok(());
+    }
+    let started = if by_resolved {
+        &found.resolved
+    } else {
+        &found.named
+    };
+    for path in [started, &found.resolved] {
+        if let Some(why) = hidden(argv, path) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "the sandbox would not see the agent {}: {why}; bind it in with \"--ro-bind\", \"{{agent}}\", \"{{agent}}\" in the profile's runtime (the agent's program alone: an agent made of several files needs its directory bound)",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Why bwrap's `argv` hides the host path `path` from the sandbox, if it does.

@@ -37,12 +37,18 @@ impl Looks {
         )
     }
 
-    /// Checks the shell's output `text`.
+    /// Checks the shell's output `text` (the reply `ran COMMAND: OUTPUT`), line by line.
     pub(super) fn check(&self, text: &str) {
+        // Each line as the shell printed it (the first comes after the command it ran).
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| l.rsplit(": ").next().unwrap_or(l).trim())
+            .collect();
+        let printed = |line: &str| lines.contains(&line);
         for path in &self.hidden {
             let line = format!("hidden {}", path.display());
             assert!(
-                text.contains(&line),
+                printed(&line),
                 "{} is visible inside: {text}",
                 path.display()
             );
@@ -50,7 +56,7 @@ impl Looks {
         for path in &self.seen {
             let line = format!("seen {}", path.display());
             assert!(
-                text.contains(&line),
+                printed(&line),
                 "{} is missing inside: {text}",
                 path.display()
             );
@@ -80,13 +86,13 @@ async fn ask(
 /// dir outside /tmp (so only a sandbox's own mounts can hide them), the home holding the user's
 /// Claude Code settings with a key of their own.
 pub(super) struct UsersFleet {
-    /// The user's home.
-    pub(super) home: tempfile::TempDir,
+    /// Its lead (fields drop in order: the lead and the fleet go before the home).
+    pub(super) lead: Client,
+    pub(super) fleet: Fleet,
     /// The user's `~/.claude.json`.
     pub(super) settings: PathBuf,
-    pub(super) fleet: Fleet,
-    /// Its lead.
-    pub(super) lead: Client,
+    /// The user's home.
+    pub(super) home: tempfile::TempDir,
 }
 
 impl UsersFleet {
@@ -103,10 +109,10 @@ impl UsersFleet {
         .await?;
         let lead = fleet.lead("lead", Protocol::Stateless).await?;
         Ok(Self {
-            home,
-            settings,
-            fleet,
             lead,
+            fleet,
+            settings,
+            home,
         })
     }
 

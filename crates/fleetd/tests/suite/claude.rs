@@ -219,10 +219,11 @@ async fn fleet_in_a_users_home(
 
 /// A spawn of profile `claude` (`profile`, with the scripted model's URL for `{base_url}`) in a
 /// user's home of the test's own, which must fail `not_ready` on a dialog of Claude Code's start,
-/// its pane closed: the error, and the home.
+/// its pane closed: the error, the test's directory (the home lives as long as it does), and the
+/// home.
 async fn refused_at_start(
     profile: &str,
-) -> anyhow::Result<(fleet_testkit::client::ToolError, PathBuf)> {
+) -> anyhow::Result<(fleet_testkit::client::ToolError, tempfile::TempDir, PathBuf)> {
     let model = ModelSim::start().await?;
     let dir = tempfile::tempdir()?;
     let profile = profile.replace("{base_url}", &model.base_url());
@@ -248,7 +249,7 @@ async fn refused_at_start(
         fleet.panes().ok().filter(|panes| panes.is_empty())
     })
     .await?;
-    Ok((refused, home))
+    Ok((refused, dir, home))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,7 +261,7 @@ async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
         "{}trust_workdir = false\n",
         own_settings_profile("{base_url}")
     );
-    let (refused, _home) = refused_at_start(&profile).await?;
+    let (refused, _dir, _home) = refused_at_start(&profile).await?;
     assert!(
         refused.message.contains("trust this folder")
             && refused.message.contains("trust_workdir = false"),
@@ -281,7 +282,7 @@ async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_nam
             "env = { IS_SANDBOX = \"1\", ANTHROPIC_API_KEY"
         )
     );
-    let (refused, home) = refused_at_start(&profile).await?;
+    let (refused, _dir, home) = refused_at_start(&profile).await?;
     assert!(
         refused.message.contains("Bypass Permissions")
             && refused.message.contains("isolated_home = true"),

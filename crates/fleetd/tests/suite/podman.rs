@@ -47,15 +47,11 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
         &agent,
         None,
     )?;
-    let UsersFleet {
-        home: _home,
-        settings,
-        fleet,
-        lead,
-    } = UsersFleet::start(&profile).await?;
+    let user = UsersFleet::start(&profile).await?;
+    let (fleet, lead, settings) = (&user.fleet, &user.lead, &user.settings);
     let p1 = lead.spawn("boxed", "p1").await?;
     let p2 = lead.spawn("boxed", "p2").await?;
-    runs_podman(&fleet, p1["pane"].as_str().unwrap_or_default())?;
+    runs_podman(fleet, p1["pane"].as_str().unwrap_or_default())?;
     let sent = lead.send("p1", "hello container", 30).await?;
     assert_eq!(sent["reply"]["text"], "echo: hello container", "{sent}");
 
@@ -68,7 +64,7 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
         .join("sandbox.env");
     let token = fleet.state_dir().join("leads/lead.token");
     assert!(other.is_file() && token.is_file());
-    for hidden in [&token, &settings, &other] {
+    for hidden in [&token, settings, &other] {
         let sent = lead
             .send("p1", &format!("/read {}", hidden.display()), 30)
             .await?;

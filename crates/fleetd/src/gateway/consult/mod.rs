@@ -341,7 +341,16 @@ impl LocalPlane {
             gid,
             profile: slot.profile.clone(),
             model: profile.map(model_identity),
-            family: slot_family(slot, profile, &self.fleet_view().1),
+            // The roster is read only for a slot on another host.
+            family: slot_family(
+                slot,
+                profile,
+                &if profile.is_none() && slot.host.is_some() {
+                    self.fleet_view().1
+                } else {
+                    Vec::new()
+                },
+            ),
             host: slot.host.clone().unwrap_or_else(|| self.host_id.clone()),
             status,
             text,
