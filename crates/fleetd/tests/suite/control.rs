@@ -555,15 +555,7 @@ async fn an_architect_started_afar_after_its_consult_gave_up_is_stopped_and_its_
     let alice = a.lead("alice", Protocol::Stateless).await?;
     sees(&alice, "bob").await?;
     // hostb's own heartbeat (its profiles), which a spawn there needs, may come after bob's.
-    until("hosta to hear hostb's gateway", LIMIT, || async {
-        let list = alice.ok("fleet_list", json!({})).await.ok()?;
-        list["hosts"]
-            .as_array()?
-            .iter()
-            .any(|h| h["host"] == "hostb" && h["status"] == "up")
-            .then_some(())
-    })
-    .await?;
+    hears_host(&alice, "hostb").await?;
     // The client gives up while hostb still starts the architect.
     let gave_up = alice
         .call_within(

@@ -327,15 +327,7 @@ async fn a_lead_spawns_a_sandboxed_worker_on_another_host_under_that_hosts_rules
     let here = sim_profile("boxed", &[])?;
     let there = bwrap_profile("boxed", workdir.path())?;
     let p = TwoHosts::each(&Broker::find().await?, &here, &there).await?;
-    until("hostb to offer its profiles on hosta", LIMIT, || async {
-        let hosts = p.alice.ok("fleet_list", json!({})).await.ok()?;
-        hosts["hosts"]
-            .as_array()?
-            .iter()
-            .any(|h| h["host"] == "hostb" && h["status"] == "up")
-            .then_some(())
-    })
-    .await?;
+    super::federation::hears_host(&p.alice, "hostb").await?;
 
     let spawned = p
         .alice
