@@ -18,7 +18,7 @@ const PODMAN_NPROC: u64 = 32 * 1024;
 
 /// Makes `root` a container root: `/usr` (bound read-only at run), the merged-usr links into
 /// it, `/etc` with the host's users and hosts, and empty `/tmp`, `/proc`, `/dev`, `/sys`.
-pub fn prepare_root(root: &Path) -> anyhow::Result<()> {
+fn prepare_root(root: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     for dir in [
         "usr", "etc", "tmp", "proc", "dev", "sys", "root", "run", "var/tmp",
@@ -110,29 +110,44 @@ fn probe() -> anyhow::Result<&'static str> {
     anyhow::bail!("podman runs no container here: {}", refusals.join("; "))
 }
 
-/// The containers of one test, labelled as its own: removed when this is dropped, so a test
-/// that ends (or fails) with workers still up leaves no container running. (fleetd tears a
-/// worker's container down when the worker goes; a test's fleet is killed with its workers up.)
-pub struct Containers {
+/// A container root of its own (made by [`prepare_root`]) and the containers run on it,
+/// labelled as this one's: removed when this is dropped, so a test that ends (or fails) with
+/// workers still up leaves no container running. (fleetd tears a worker's container down when
+/// the worker goes; a test's fleet is killed with its workers up.)
+pub struct Podman {
+    root: tempfile::TempDir,
     label: String,
 }
 
-impl Containers {
-    /// A label of its own.
-    pub fn new() -> Self {
-        Self {
+impl Podman {
+    /// A fresh root and a label of its own.
+    pub fn new() -> anyhow::Result<Self> {
+        let root = tempfile::tempdir()?;
+        prepare_root(root.path())?;
+        Ok(Self {
+            root,
             label: format!("fleet-test={}", uuid::Uuid::now_v7().simple()),
-        }
+        })
+    }
+
+    /// A sandbox `[[profiles]]` block running the agent `agent` in a container on this root,
+    /// the README's docker recipe: host network (it reaches fleetd on loopback), the launch's
+    /// environment from `{env_file}`, the host's `/usr` read-only, and only the worker's own
+    /// files, its working directory `workdir` and the agent's program bound in. `real` makes it
+    /// a real agent's (`claude-code` or `opencode`, on the scripted model at the given base
+    /// URL, in a home of its own with the test key).
+    pub fn profile(
+        &self,
+        name: &str,
+        workdir: &Path,
+        agent: &str,
+        real: Option<(&str, &str)>,
+    ) -> anyhow::Result<String> {
+        profile(&self.label, name, self.root.path(), workdir, agent, real)
     }
 }
 
-impl Default for Containers {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for Containers {
+impl Drop for Podman {
     fn drop(&mut self) {
         let _ = std::process::Command::new("podman")
             .args(["rm", "-f", "-t", "0", "--filter"])
@@ -141,14 +156,9 @@ impl Drop for Containers {
     }
 }
 
-/// A sandbox `[[profiles]]` block running the agent `agent` in a podman container whose root
-/// is `root` (made by [`prepare_root`]), the README's docker recipe: host network (it reaches
-/// fleetd on loopback), the launch's environment from `{env_file}`, the host's `/usr`
-/// read-only, and only the worker's own files, its working directory `workdir` and the agent's
-/// program bound in; labelled as one of `containers`. `real` makes it a real agent's (`claude-code` or `opencode`, on the
-/// scripted model at the given base URL, in a home of its own with the test key).
-pub fn podman_profile(
-    containers: &Containers,
+/// [`Podman::profile`], its containers labelled `label`, on `root`.
+fn profile(
+    label: &str,
     name: &str,
     root: &Path,
     workdir: &Path,
@@ -169,7 +179,7 @@ pub fn podman_profile(
         "--env-file",
         "{env_file}",
         "--label",
-        &containers.label,
+        label,
     ]
     .into_iter()
     .map(String::from)

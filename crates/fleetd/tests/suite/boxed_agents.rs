@@ -82,6 +82,18 @@ async fn ask(
     }
 }
 
+/// What the scripted worker `to` reads at `path` through its `/read`: the file's text, or
+/// `cannot read PATH: why`.
+pub(super) async fn read_inside(lead: &Client, to: &str, path: &Path) -> anyhow::Result<String> {
+    let sent = lead
+        .send(to, &format!("/read {}", path.display()), 30)
+        .await?;
+    Ok(sent["reply"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
 /// A fleet started with `profiles` for a user of the test's own: fleetd's `HOME` and its state
 /// dir outside /tmp (so only a sandbox's own mounts can hide them), the home holding the user's
 /// Claude Code settings with a key of their own.

@@ -7,10 +7,10 @@
 use fleet_testkit::bins::binary;
 use fleet_testkit::fleet::{Fleet, claude_binary};
 use fleet_testkit::model::ModelSim;
-use fleet_testkit::podman::{Containers, podman_profile, prepare_root};
+use fleet_testkit::podman::Podman;
 use fleet_testkit::wait::until;
 
-use super::boxed_agents::{Looks, UsersFleet};
+use super::boxed_agents::{Looks, UsersFleet, read_inside};
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -34,19 +34,10 @@ fn container_exists(name: &str) -> anyhow::Result<bool> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_down()
 -> anyhow::Result<()> {
-    let root = tempfile::tempdir()?;
-    prepare_root(root.path())?;
+    let podman = Podman::new()?;
     let workdir = tempfile::tempdir()?;
     let agent = binary("fleet-agent-sim")?.display().to_string();
-    let containers = Containers::new();
-    let profile = podman_profile(
-        &containers,
-        "boxed",
-        root.path(),
-        workdir.path(),
-        &agent,
-        None,
-    )?;
+    let profile = podman.profile("boxed", workdir.path(), &agent, None)?;
     let user = UsersFleet::start(&profile).await?;
     let (fleet, lead, settings) = (&user.fleet, &user.lead, &user.settings);
     let p1 = lead.spawn("boxed", "p1").await?;
@@ -65,25 +56,16 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
     let token = fleet.state_dir().join("leads/lead.token");
     assert!(other.is_file() && token.is_file());
     for hidden in [&token, settings, &other] {
-        let sent = lead
-            .send("p1", &format!("/read {}", hidden.display()), 30)
-            .await?;
-        let text = sent["reply"]["text"].as_str().unwrap_or_default();
+        let text = read_inside(lead, "p1", hidden).await?;
         assert!(
             text.starts_with(&format!("cannot read {}", hidden.display())),
             "{} is readable in the container: {text}",
             hidden.display()
         );
     }
-    std::fs::write(workdir.path().join("note.txt"), "visible")?;
-    let sent = lead
-        .send(
-            "p1",
-            &format!("/read {}", workdir.path().join("note.txt").display()),
-            30,
-        )
-        .await?;
-    assert_eq!(sent["reply"]["text"], "visible", "{sent}");
+    let note = workdir.path().join("note.txt");
+    std::fs::write(&note, "visible")?;
+    assert_eq!(read_inside(lead, "p1", &note).await?, "visible");
 
     // A stop tears the container down.
     let container = format!("fleet-{}", p1["gid"].as_str().unwrap_or_default());
@@ -101,14 +83,10 @@ async fn the_scripted_agent_in_podman_round_trips_sees_only_its_own_and_is_torn_
 async fn a_real_claude_code_in_podman_answers_unattended_and_sees_nothing_it_should_not()
 -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
-    let root = tempfile::tempdir()?;
-    prepare_root(root.path())?;
+    let podman = Podman::new()?;
     let workdir = tempfile::tempdir()?;
-    let containers = Containers::new();
-    let profile = podman_profile(
-        &containers,
+    let profile = podman.profile(
         "boxed",
-        root.path(),
         workdir.path(),
         &claude_binary(),
         Some(("claude-code", &model.base_url())),

@@ -11,6 +11,8 @@ use fleet_testkit::bins::binary;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, bwrap_profile, bwrap_profile_of, sim_profile};
 use fleet_testkit::wait::until;
+
+use super::boxed_agents::{UsersFleet, read_inside};
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -263,54 +265,30 @@ async fn a_sandboxed_worker_cannot_read_the_lead_token_or_the_users_claude_setti
     // The state dir and the user's home outside /tmp, so only the recipe's {state_dir} and
     // {home} mounts can hide them; the home is the test's own, holding the user's settings.
     let workdir = tempfile::tempdir()?;
-    let home = tempfile::tempdir_in("/var/tmp")?;
-    let settings = home.path().join(".claude.json");
-    std::fs::write(&settings, r#"{"primaryApiKey": "sk-ant-the-users-own"}"#)?;
-    let fleet = Fleet::start_with_env(
-        Path::new("/var/tmp"),
-        "",
-        &bwrap_profile("boxed", workdir.path())?,
-        &[("HOME", Some(&home.path().display().to_string()))],
-    )
-    .await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let token = fleet.state_dir().join("leads/lead.token");
+    let user = UsersFleet::start(&bwrap_profile("boxed", workdir.path())?).await?;
+    let token = user.fleet.state_dir().join("leads/lead.token");
     assert!(
         token.is_file(),
         "the lead's token file: {}",
         token.display()
     );
-    lead.spawn("boxed", "b1").await?;
-
-    let read = |path: std::path::PathBuf| {
-        let lead = &lead;
-        async move {
-            let sent = lead
-                .send("b1", &format!("/read {}", path.display()), 20)
-                .await?;
-            anyhow::Ok(
-                sent["reply"]["text"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        }
-    };
-    let got = read(token.clone()).await?;
+    user.lead.spawn("boxed", "b1").await?;
+    let got = read_inside(&user.lead, "b1", &token).await?;
     assert!(
         got.starts_with(&format!("cannot read {}", token.display())),
         "the sandbox read the lead's token: {got}"
     );
     // Nor the user's Claude Code settings in the home.
-    let got = read(settings.clone()).await?;
+    let got = read_inside(&user.lead, "b1", &user.settings).await?;
     assert!(
         got.starts_with("cannot read"),
         "the sandbox read {}: {got}",
-        settings.display()
+        user.settings.display()
     );
     // The worker's own working directory is there, and it still answers.
-    std::fs::write(workdir.path().join("note.txt"), "visible")?;
-    assert_eq!(read(workdir.path().join("note.txt")).await?, "visible");
+    let note = workdir.path().join("note.txt");
+    std::fs::write(&note, "visible")?;
+    assert_eq!(read_inside(&user.lead, "b1", &note).await?, "visible");
     Ok(())
 }
 

@@ -341,22 +341,13 @@ async fn in_podman(spawns: usize, claude: Option<&str>) -> anyhow::Result<Option
         println!("spawn → ready in podman: not measured ({e:#})");
         return Ok(None);
     }
-    let root = tempfile::tempdir()?;
-    fleet_testkit::podman::prepare_root(root.path())?;
+    let podman = fleet_testkit::podman::Podman::new()?;
     let workdir = tempfile::tempdir()?;
-    let containers = fleet_testkit::podman::Containers::new();
     let (agent, real) = match claude {
         Some(url) => (claude_binary(), Some(("claude-code", url))),
         None => (binary("fleet-agent-sim")?.display().to_string(), None),
     };
-    let profile = fleet_testkit::podman::podman_profile(
-        &containers,
-        "boxed",
-        root.path(),
-        workdir.path(),
-        &agent,
-        real,
-    )?;
+    let profile = podman.profile("boxed", workdir.path(), &agent, real)?;
     let fleet = Fleet::start("", &profile).await?;
     let mut samples = spawn_to_ready(&fleet, "boxed", spawns).await?;
     Ok(Some(percentiles(&mut samples).0))
