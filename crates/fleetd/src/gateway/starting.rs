@@ -40,9 +40,9 @@ fn start_dialog(before: Option<&str>, screen: &str, markers: &[String]) -> Optio
 }
 
 /// Why a spawn ends on `dialog`, its program's own, shown while it started (and what would
-/// have settled it, for the dialogs fleetd knows).
+/// have settled it, for the dialogs fleetd knows). The dialog, its choices among it, is screen
+/// text: it is quoted for the worker's owner only, never in fleetd's own words.
 fn stopped_on(role: Role, profile: &ProfileConfig, dialog: &Dialog) -> FleetError {
-    let choices: Vec<&str> = dialog.choices.iter().map(|c| c.label.as_str()).collect();
     let settle = if dialog.prompt.contains("Bypass Permissions") {
         "fleetd records that consent only in a home of the worker's own: set isolated_home = true"
     } else if dialog.prompt.contains("trust this folder") {
@@ -54,9 +54,8 @@ fn stopped_on(role: Role, profile: &ProfileConfig, dialog: &Dialog) -> FleetErro
         ErrorCode::NotReady,
         quoting(
             &format!(
-                "{role} (profile '{}') stopped on a dialog of its own program while starting, which fleetd did not settle ({settle}); its choices: {}; its pane was closed",
-                profile.name,
-                choices.join(", ")
+                "{role} (profile '{}') stopped on a dialog of its own program while starting, which fleetd did not settle ({settle}); its pane was closed",
+                profile.name
             ),
             &dialog.prompt,
             true,
@@ -355,6 +354,10 @@ mod tests {
             "{}",
             err.message
         );
+        // The dialog (its choices too) is the screen's, quoted for the owner only.
+        let (public, screen) = fleet_core::ownership::parts(&err.message);
+        assert!(!public.contains("trust this folder"), "{public}");
+        assert!(screen.is_some_and(|s| s.contains("No, exit")), "{screen:?}");
         // A screen with no marker, or a marker with no choice under it, is no dialog.
         assert!(start_dialog(Some("ready\n"), "ready\n", &markers).is_none());
         let told = "the task said: Is this a project you created or one you trust?\n";
