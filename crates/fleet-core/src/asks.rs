@@ -113,6 +113,17 @@ impl<A> AskTable<A> {
         Some(ask.question.clone())
     }
 
+    /// Hands out the ask `turn_id` for `lead`, if it is open for `lead` (a call answers with
+    /// it itself, as a spawn its start dialog): no later call hands it out again.
+    pub fn hand_out(&mut self, turn_id: &str, lead: Gid) -> Option<Question> {
+        let ask = self
+            .open
+            .iter_mut()
+            .find(|a| a.to == lead && a.question.turn_id == turn_id)?;
+        ask.surfaced = true;
+        Some(ask.question.clone())
+    }
+
     /// Ends the ask `turn_id` (if still open), remembering `how`; returns it and its handle.
     pub fn close(&mut self, turn_id: &str, how: &'static str) -> Option<(Question, A)> {
         let at = self
@@ -261,6 +272,11 @@ mod tests {
         assert_eq!(table.surface(lead, None).unwrap().turn_id, "t1");
         assert_eq!(table.surface(lead, None), None);
         assert_eq!(table.surface(Gid::mint(), None), None);
+        // One a call handed out itself is not handed out again; only its lead's call hands it.
+        table.open(question("t3", w1, 3), lead, ());
+        assert_eq!(table.hand_out("t3", Gid::mint()), None);
+        assert_eq!(table.hand_out("t3", lead).unwrap().turn_id, "t3");
+        assert_eq!(table.surface(lead, None), None);
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub enum ControlRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ControlAnswer {
-    /// The worker is ready for tasks.
+    /// The worker is ready for tasks, or blocked on a dialog of its start.
     Spawned {
         /// Its name.
         name: String,
@@ -62,6 +62,10 @@ pub enum ControlAnswer {
         pane: String,
         /// Its profile.
         profile: String,
+        /// The turn id of the dialog its program stopped on while starting, asked of the lead
+        /// (its text and choices come as that turn's `ASK`); absent when it is ready.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dialog: Option<String>,
     },
     /// The worker was stopped.
     Stopped {
@@ -217,13 +221,23 @@ pub fn read_answer(body: &[u8]) -> Result<ControlAnswer, String> {
             name,
             pane,
             profile,
+            dialog,
         } => {
             validate_worker_name(&name).map_err(|e| e.message)?;
             validate_name("profile", &profile).map_err(|e| e.message)?;
+            if let Some(turn) = &dialog
+                && !is_dialog_turn_id(turn)
+            {
+                return Err(format!(
+                    "the dialog of the spawn is no dialog's turn id: {}",
+                    printable(turn)
+                ));
+            }
             ControlAnswer::Spawned {
                 name,
                 pane: printable(&pane),
                 profile,
+                dialog,
             }
         }
         ControlAnswer::Stopped { name } => {
@@ -255,8 +269,17 @@ impl ControlAnswer {
                 name,
                 pane,
                 profile,
+                dialog: None,
             } => format!(
                 "host '{host}' answered after your call stopped waiting: worker '{name}' (gid {gid}, profile {profile}, pane {pane}) is ready for tasks"
+            ),
+            ControlAnswer::Spawned {
+                name,
+                pane,
+                profile,
+                dialog: Some(turn),
+            } => format!(
+                "host '{host}' answered after your call stopped waiting: worker '{name}' (gid {gid}, profile {profile}, pane {pane}) stopped on a dialog while starting, asked of you as {turn} (fleet_poll shows it)"
             ),
             ControlAnswer::Stopped { name } => format!(
                 "host '{host}' answered after your call stopped waiting: worker '{name}' (gid {gid}) is stopped"
@@ -266,6 +289,14 @@ impl ControlAnswer {
             ),
         }
     }
+}
+
+/// Whether `turn` is a dialog's turn id as a gateway mints it (`dialog-` and an id).
+fn is_dialog_turn_id(turn: &str) -> bool {
+    turn.len() <= 64
+        && turn.strip_prefix("dialog-").is_some_and(|id| {
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 /// `text` cut to [`MAX_ANSWER_TEXT`] characters, its control characters (but newlines and
@@ -423,9 +454,28 @@ mod tests {
             name: "w1".into(),
             pane: "%3".into(),
             profile: "claude".into(),
+            dialog: None,
         };
         let body = serde_json::to_vec(&spawned).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&body).contains("dialog"),
+            "an older host reads it"
+        );
         assert_eq!(read_answer(&body).unwrap(), spawned);
+        let blocked = ControlAnswer::Spawned {
+            name: "w1".into(),
+            pane: "%3".into(),
+            profile: "claude".into(),
+            dialog: Some("dialog-0190a1b2-c3d4".into()),
+        };
+        let body = serde_json::to_vec(&blocked).unwrap();
+        assert_eq!(read_answer(&body).unwrap(), blocked);
+        for turn in ["q-1", "dialog-", "dialog-a b", "dialog-\\u001b[2J"] {
+            let body = format!(
+                r#"{{"outcome":"spawned","name":"w1","pane":"1","profile":"p","dialog":"{turn}"}}"#
+            );
+            assert!(read_answer(body.as_bytes()).is_err(), "{turn}");
+        }
         assert!(
             read_answer(br#"{"outcome":"spawned","name":"_x","pane":"1","profile":"p"}"#).is_err()
         );

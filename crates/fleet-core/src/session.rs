@@ -1,5 +1,5 @@
 //! The worker session state machine:
-//! `spawning → idle ⇄ busy (⇄ asking, ⇄ blocked) → stopping → gone`.
+//! `spawning (⇄ blocked) → idle ⇄ busy (⇄ asking, ⇄ blocked) → stopping → gone`.
 //!
 //! Delivery is gated on it: a brief is typed into a pane only while its worker is `idle`, and
 //! only one task is in flight per worker.
@@ -23,7 +23,8 @@ pub enum WorkerStatus {
     Busy,
     /// Paused mid-turn on a question to its lead.
     Asking,
-    /// Its program stopped mid-turn on a dialog (a permission prompt): it waits for a key.
+    /// Its program stopped on a dialog (a permission prompt mid-turn, or a notice while it
+    /// started): it waits for a key.
     Blocked,
     /// Being stopped; takes no new tasks.
     Stopping,
@@ -48,6 +49,8 @@ pub enum SessionEvent {
     DialogShown,
     /// The dialog went away (answered, or by the program itself).
     DialogGone,
+    /// The dialog its program showed while starting went away: it goes on starting.
+    StartDialogGone,
     /// An idle session is replaced by a fresh one (same worker, new process).
     Recycle,
     /// A stop was requested.
@@ -97,8 +100,9 @@ impl WorkerStatus {
             (S::Busy, E::Asked) => Some(S::Asking),
             (S::Asking, E::AskEnded) => Some(S::Busy),
             (S::Asking, E::TurnDone) => Some(S::Idle),
-            (S::Busy, E::DialogShown) => Some(S::Blocked),
+            (S::Busy | S::Spawning, E::DialogShown) => Some(S::Blocked),
             (S::Blocked, E::DialogGone) => Some(S::Busy),
+            (S::Blocked, E::StartDialogGone) => Some(S::Spawning),
             (S::Blocked, E::TurnDone) => Some(S::Idle),
             _ => None,
         };
@@ -180,12 +184,28 @@ mod tests {
         assert_eq!(S::Blocked.on(E::TurnDone).unwrap(), S::Idle);
         assert_eq!(S::Blocked.on(E::Exited).unwrap(), S::Gone);
         assert_eq!(S::Blocked.on(E::Stop).unwrap(), S::Stopping);
-        // Only a session at work shows a dialog that matters; a blocked one takes no task.
-        for other in [S::Idle, S::Asking, S::Spawning, S::Blocked] {
+        // Only a session at work (or starting) shows a dialog that matters; a blocked one takes
+        // no task.
+        for other in [S::Idle, S::Asking, S::Blocked] {
             assert!(other.on(E::DialogShown).is_err(), "{other}");
         }
         assert!(S::Blocked.on(E::TaskStarted).is_err());
         assert!(!S::Blocked.takes_tasks());
+    }
+
+    #[test]
+    fn a_dialog_while_starting_pauses_the_start_until_it_goes() {
+        assert_eq!(S::Spawning.on(E::DialogShown).unwrap(), S::Blocked);
+        // Gone, the session starts on (it is not ready for that): it turns idle once ready.
+        assert_eq!(S::Blocked.on(E::StartDialogGone).unwrap(), S::Spawning);
+        assert!(
+            S::Blocked.on(E::Ready).is_err(),
+            "ready only once the dialog is gone"
+        );
+        assert_eq!(S::Spawning.on(E::Ready).unwrap(), S::Idle);
+        for other in [S::Idle, S::Busy, S::Asking, S::Spawning] {
+            assert!(other.on(E::StartDialogGone).is_err(), "{other}");
+        }
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! reaches its MCP servers before its input box is up); `--clock-ms` redraws a clock for as
 //! long as it runs, taking keys all along.
 //!
+//! `--start-dialog QUESTION` (as often as wanted) shows `QUESTION (y/n)` while it starts,
+//! before it calls in, as an agent's first-run notice does, and waits for `y` (it goes on) or
+//! `n` (it exits).
+//!
 //! `--log-tasks FILE` appends a line to FILE for every task submitted to it, so a test can
 //! count what was typed into its workers, and when, without trusting fleetd's account.
 
@@ -74,6 +78,27 @@ struct Args {
     /// (Unix milliseconds, this worker's name, the task's text).
     #[arg(long)]
     log_tasks: Option<std::path::PathBuf>,
+    /// Show this dialog, `QUESTION (y/n)`, while starting, before calling in; `n` exits.
+    #[arg(long)]
+    start_dialog: Vec<String>,
+}
+
+/// Shows `question (y/n)` and waits for its key: whether it was `y` (a closed terminal is `n`).
+/// The dialog goes once answered, as a program's notice does.
+async fn start_dialog(question: &str) -> anyhow::Result<bool> {
+    show(&format!("{question} (y/n) "));
+    let mut stdin = tokio::io::stdin();
+    let mut chunk = [0u8; 256];
+    loop {
+        let n = stdin.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        if let Some(key) = chunk[..n].iter().find(|b| matches!(b, b'y' | b'n')) {
+            show("\r\x1b[2K");
+            return Ok(*key == b'y');
+        }
+    }
 }
 
 /// How long a call that cannot reach fleetd is made again, at most.
@@ -361,6 +386,12 @@ async fn main() -> anyhow::Result<()> {
     raw_terminal();
     if !args.no_bracketed_paste {
         show("\x1b[?2004h");
+    }
+    for question in &args.start_dialog {
+        if !start_dialog(question).await? {
+            show("declined: exiting\r\n");
+            return Ok(());
+        }
     }
     let client = match args.mode {
         Mode::NoMcp => None,

@@ -276,6 +276,7 @@ impl LocalPlane {
             Some(task) if sent_by_me => self.await_reply_to(caller, worker, task, wait, ct).await,
             _ => Ok(SendResult::Answered {
                 turn_id: turn_id.to_string(),
+                note: None,
             }),
         }
     }

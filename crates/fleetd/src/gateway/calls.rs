@@ -434,17 +434,12 @@ fn surfaced_on(msg_id: MsgId, surfaced: Surfaced) -> SendResult {
             ask,
         },
         Surfaced::Dialog(dialog) => SendResult::Blocked {
-            msg_id,
+            msg_id: Some(msg_id),
             note: format!(
                 "'{}' stopped on a dialog of its own program and waits for a key: answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {}; the answer to your message {msg_id} is still on its way",
                 dialog.from_name,
                 dialog.turn_id,
-                dialog
-                    .choices
-                    .iter()
-                    .map(|c| format!("\"{}\" ({})", c.choice, c.label))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                dialog.choices_in_words()
             ),
             dialog,
         },

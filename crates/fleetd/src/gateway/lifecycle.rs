@@ -109,9 +109,10 @@ impl LocalPlane {
             tracing::warn!(%gid, pane = %old, error = %crate::logs::mux_error(&e), "cannot close a recycled session's pane");
         }
         self.launchers.finish(gid).await;
+        // Through whatever dialogs its program shows while starting, each asked of its owner.
         let fresh = async {
             let pane = self.open_pane(gid, &name, &profile, cwd).await?;
-            self.await_ready(gid, &pane, &profile, &self.shutdown).await
+            self.start_on(gid, &pane, &profile).await
         };
         match fresh.await {
             Ok(()) => tracing::info!(%gid, %name, "recycled: a fresh session is ready"),

@@ -55,6 +55,7 @@ mod session;
 mod sessions;
 mod spawn;
 mod stall;
+mod start_dialogs;
 mod starting;
 #[cfg(test)]
 mod testing;

@@ -15,6 +15,7 @@ use fleet_store::EntityRecord;
 use tokio_util::sync::CancellationToken;
 
 use super::session::PaneSession;
+use super::start_dialogs::start_dialog_note;
 use super::views::SpawnResult;
 use super::{Caller, LocalPlane};
 use crate::config::ProfileConfig;
@@ -176,18 +177,31 @@ impl LocalPlane {
         let pane = self.open_pane(gid, &name, &profile, cwd).await?;
         self.start_pump(gid);
 
-        self.await_ready(gid, &pane, &profile, ct).await?;
+        let blocked = self.await_ready(gid, &pane, &profile, ct).await?;
         guard.armed = false;
-        if let Some(afar) = self.afar.as_deref() {
-            afar.joined(self, gid).await;
-        }
+        let status = match &blocked {
+            // Its owner answers the dialog; the start goes on meanwhile, on its own.
+            Some(dialog) => {
+                self.hand_out_start_dialog(gid, dialog);
+                self.start_on_later(gid, pane.clone(), Arc::clone(&profile));
+                WorkerStatus::Blocked
+            }
+            None => {
+                if let Some(afar) = self.afar.as_deref() {
+                    afar.joined(self, gid).await;
+                }
+                WorkerStatus::Idle
+            }
+        };
         Ok(SpawnResult {
             gid,
             name,
             host: self.host_id.clone(),
             pane: pane.0,
             profile: profile.name.clone(),
-            status: WorkerStatus::Idle,
+            status,
+            note: blocked.as_ref().map(start_dialog_note),
+            dialog: blocked,
         })
     }
 

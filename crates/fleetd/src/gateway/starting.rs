@@ -13,6 +13,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::LocalPlane;
+use super::views::{DialogView, Surfaced};
 use crate::config::ProfileConfig;
 use crate::launch::Worker;
 use crate::token;
@@ -39,9 +40,10 @@ fn start_dialog(before: Option<&str>, screen: &str, markers: &[String]) -> Optio
     read_dialog(screen, markers, false)
 }
 
-/// Why a spawn ends on `dialog`, its program's own, shown while it started (and what would
-/// have settled it, for the dialogs fleetd knows). The dialog, its choices among it, is screen
-/// text: it is quoted for the worker's owner only, never in fleetd's own words.
+/// Why a spawn ends on `dialog`, its program's own, shown while it started, when it could not
+/// be asked of its owner (and what would have settled it, for the dialogs fleetd knows). The
+/// dialog, its choices among it, is screen text: it is quoted for the worker's owner only,
+/// never in fleetd's own words.
 fn stopped_on(role: Role, profile: &ProfileConfig, dialog: &Dialog) -> FleetError {
     let settle = if dialog.prompt.contains("Bypass Permissions") {
         "fleetd records that consent only in a home of the worker's own: set isolated_home = true"
@@ -113,7 +115,7 @@ impl LocalPlane {
         let status = match self.sessions.lock().panes.get_mut(&gid) {
             Some(session) => {
                 session.pane_opened(pane.clone());
-                session.status()
+                session.stored_status()
             }
             None => WorkerStatus::Spawning,
         };
@@ -201,14 +203,16 @@ impl LocalPlane {
     }
 
     /// The readiness gate: waits until the worker calls in (or shows its ready marker), its
-    /// program exits, the profile's timeout passes, or the caller gives up.
+    /// program exits, the profile's timeout passes, or the caller gives up. A dialog its program
+    /// stops on meanwhile is asked of its owner: the gate returns it (the worker is blocked;
+    /// see [`LocalPlane::start_on`]), or, when it cannot be asked, fails naming it.
     pub(super) async fn await_ready(
         self: &Arc<Self>,
         gid: Gid,
         pane: &PaneId,
         profile: &crate::config::ProfileConfig,
         ct: &CancellationToken,
-    ) -> Result<(), FleetError> {
+    ) -> Result<Option<DialogView>, FleetError> {
         let Some((mut kick, role)) = self
             .sessions
             .lock()
@@ -227,26 +231,8 @@ impl LocalPlane {
         let mut looked: Option<(Instant, String)> = None;
         loop {
             kick.borrow_and_update();
-            let (status, last_words) = match self.sessions.lock().panes.get(&gid) {
-                Some(s) => (s.status(), s.last_words().map(String::from)),
-                None => (WorkerStatus::Gone, None),
-            };
-            match status {
-                WorkerStatus::Spawning => {}
-                WorkerStatus::Gone | WorkerStatus::Stopping => {
-                    return Err(FleetError::new(
-                        ErrorCode::NotReady,
-                        quoting(
-                            &format!(
-                                "{role} (profile '{}') ended before it was ready",
-                                profile.name
-                            ),
-                            &last_words.unwrap_or_default(),
-                            true,
-                        ),
-                    ));
-                }
-                _ => return Ok(()),
+            if let Some(over) = self.start_so_far(gid, role, profile) {
+                return over;
             }
             if let Some(marker) = &ready_marker
                 && self.shows_ready(gid, pane, marker).await
@@ -257,7 +243,10 @@ impl LocalPlane {
                 .look_for_start_dialog(pane, &markers, &mut looked)
                 .await
             {
-                return Err(stopped_on(role, profile, &dialog));
+                return match self.ask_start_dialog(gid, dialog.clone()).await {
+                    Some(asked) => Ok(Some(asked)),
+                    None => Err(stopped_on(role, profile, &dialog)),
+                };
             }
             let recheck = match (&ready_marker, &looked) {
                 (Some(_), _) => Instant::now() + MARKER_CHECK_INTERVAL,
@@ -275,6 +264,43 @@ impl LocalPlane {
                     return Err(FleetError::new(ErrorCode::Cancelled, "the spawn was cancelled"));
                 }
             }
+        }
+    }
+
+    /// How the readiness gate of `gid` (a `role` of `profile`) ends now, or `None` while it is
+    /// still starting: ready, blocked on a dialog of its start asked already (an answer that
+    /// did not take asks what shows next), or ended.
+    fn start_so_far(
+        &self,
+        gid: Gid,
+        role: Role,
+        profile: &ProfileConfig,
+    ) -> Option<Result<Option<DialogView>, FleetError>> {
+        let (status, last_words, asked) = match self.sessions.lock().panes.get(&gid) {
+            Some(s) => (
+                s.status(),
+                s.last_words().map(String::from),
+                s.dialog()
+                    .filter(|_| s.blocked_at_start())
+                    .map(|d| d.question.clone()),
+            ),
+            None => (WorkerStatus::Gone, None, None),
+        };
+        match (status, asked) {
+            (WorkerStatus::Spawning, _) => None,
+            (WorkerStatus::Blocked, Some(asked)) => Some(Ok(Surfaced::from(asked).dialog())),
+            (WorkerStatus::Gone | WorkerStatus::Stopping, _) => Some(Err(FleetError::new(
+                ErrorCode::NotReady,
+                quoting(
+                    &format!(
+                        "{role} (profile '{}') ended before it was ready",
+                        profile.name
+                    ),
+                    &last_words.unwrap_or_default(),
+                    true,
+                ),
+            ))),
+            _ => Some(Ok(None)),
         }
     }
 
@@ -313,7 +339,7 @@ impl LocalPlane {
             .lock()
             .panes
             .get(&gid)
-            .map(|s| (s.status(), s.pane().cloned()));
+            .map(|s| (s.stored_status(), s.pane().cloned()));
         if let Some((status, pane)) = found {
             let pane = pane.map(|p| p.0);
             if let Err(e) = self

@@ -28,6 +28,17 @@ pub struct DialogView {
     pub seen_ms: i64,
 }
 
+impl DialogView {
+    /// Its choices, as a lead gives them (`"1" (Yes)`), in a list.
+    pub fn choices_in_words(&self) -> String {
+        self.choices
+            .iter()
+            .map(|c| format!("\"{}\" ({})", c.choice, c.label))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// What a lead's call hands out of an open ask: a question, or a dialog (an ask with choices).
 pub enum Surfaced {
     /// A worker's question.
@@ -120,8 +131,9 @@ pub enum SendResult {
     /// A worker's own program stopped on a dialog (a permission prompt) and waits for a key:
     /// answer with `fleet_send{turn_id, choice}`. Your message's answer is still on its way.
     Blocked {
-        /// The message sent.
-        msg_id: MsgId,
+        /// The message sent (none when the dialog came up while the worker was starting).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        msg_id: Option<MsgId>,
         /// The dialog.
         #[serde(flatten)]
         dialog: DialogView,
@@ -132,6 +144,9 @@ pub enum SendResult {
     Answered {
         /// The ask answered.
         turn_id: String,
+        /// What became of the worker, when it was starting (ready for tasks, or still starting).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
     },
     /// No answer yet; it will be held for `fleet_poll`.
     Pending {
@@ -277,8 +292,15 @@ pub struct SpawnResult {
     pub pane: String,
     /// Its profile.
     pub profile: String,
-    /// Its status (`idle`: ready for a task).
+    /// Its status (`idle`: ready for a task; `blocked`: its program stopped on a dialog while
+    /// starting, which `dialog` shows).
     pub status: WorkerStatus,
+    /// The dialog it stopped on while starting: answer with `fleet_send{turn_id, choice}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dialog: Option<DialogView>,
+    /// What to do next, when it is not ready yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The answer to `fleet_stop`.

@@ -200,7 +200,10 @@ profile, status (spawning, idle, busy, stopping) and groups, plus your own ident
 
     #[tool(
         description = "Start a worker from a configured profile in a new pane. Returns once \
-the worker is ready for tasks (it has called in), or fails with not_ready. Leads only."
+the worker is ready for tasks (it has called in), or fails with not_ready; or, when its program \
+stops on a dialog of its own while starting (a folder's trust, say), with status blocked and \
+that dialog: answer it with fleet_send{turn_id, choice}, which returns once the worker is ready \
+(or shows the next dialog). Leads only."
     )]
     async fn fleet_spawn(
         &self,

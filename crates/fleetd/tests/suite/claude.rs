@@ -217,61 +217,110 @@ async fn fleet_in_a_users_home(
     Ok((home, cwds, fleet))
 }
 
-/// A spawn of profile `claude` (`profile`, with the scripted model's URL for `{base_url}`) in a
-/// user's home of the test's own, which must fail `not_ready` on a dialog of Claude Code's start,
-/// its pane closed: the error, the test's directory (the home lives as long as it does), and the
-/// home.
-async fn refused_at_start(
-    profile: &str,
-) -> anyhow::Result<(fleet_testkit::client::ToolError, tempfile::TempDir, PathBuf)> {
+/// A fleet started in a user's home of the test's own (its profile `claude`: `profile`, with the
+/// scripted model's URL for `{base_url}`), whose spawn of `claude` must come back `blocked` on a
+/// dialog of Claude Code's start (at once, not after the profile's 90 s), naming what would have
+/// settled it: the spawn's answer, the lead, the fleet, the model, the test's directory (the
+/// home lives as long as it does), and the home.
+struct BlockedAtStart {
+    spawned: Value,
+    lead: Client,
+    fleet: Fleet,
+    _model: ModelSim,
+    _dir: tempfile::TempDir,
+    home: PathBuf,
+}
+
+async fn blocked_at_start(profile: &str) -> anyhow::Result<BlockedAtStart> {
     let model = ModelSim::start().await?;
     let dir = tempfile::tempdir()?;
     let profile = profile.replace("{base_url}", &model.base_url());
     let (home, cwds, fleet) = fleet_in_a_users_home(dir.path(), "", 1, &profile).await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let refused = lead
-        .call(
+    let spawned = lead
+        .ok(
             "fleet_spawn",
             json!({"profile": "claude", "name": "c1", "cwd": cwds[0].display().to_string()}),
         )
-        .await?
-        .expect_err("a spawn that stopped on a dialog of its start");
-    // Not the profile's 90 s timeout: the dialog, its choices and what would settle it.
-    assert_eq!(refused.code, "not_ready", "{refused}");
+        .await?;
+    assert_eq!(spawned["status"], "blocked", "{spawned}\n{}", fleet.log());
     assert!(
-        refused
-            .message
-            .contains("stopped on a dialog of its own program while starting")
-            && !refused.message.contains("did not call in"),
-        "{refused}"
+        spawned["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("while starting")),
+        "{spawned}"
     );
-    fleet_testkit::wait::until("its pane to close", Duration::from_secs(20), || async {
-        fleet.panes().ok().filter(|panes| panes.is_empty())
+    Ok(BlockedAtStart {
+        spawned,
+        lead,
+        fleet,
+        _model: model,
+        _dir: dir,
+        home,
     })
-    .await?;
-    Ok((refused, dir, home))
+}
+
+/// The choice of `dialog` whose label holds `label`.
+fn choice_labelled(dialog: &Value, label: &str) -> String {
+    dialog["choices"]
+        .as_array()
+        .and_then(|choices| {
+            choices
+                .iter()
+                .find(|c| c["label"].as_str().is_some_and(|l| l.contains(label)))
+        })
+        .and_then(|c| c["choice"].as_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_dialog_fleetd_did_not_settle_ends_the_spawn_at_once_naming_it()
+async fn a_start_dialog_fleetd_did_not_settle_is_asked_of_the_lead_whose_answer_starts_the_worker()
 -> anyhow::Result<()> {
     // The user's own settings, and a profile that leaves them alone: Claude Code asks whether
-    // the folder is trusted, and nobody is at its screen.
+    // the folder is trusted, and nobody is at its screen but the lead.
     let profile = format!(
         "{}trust_workdir = false\n",
         own_settings_profile("{base_url}")
     );
-    let (refused, _dir, _home) = refused_at_start(&profile).await?;
+    let started = blocked_at_start(&profile).await?;
+    let (spawned, lead, fleet) = (&started.spawned, &started.lead, &started.fleet);
+    let dialog = &spawned["dialog"];
     assert!(
-        refused.message.contains("trust this folder")
-            && refused.message.contains("trust_workdir = false"),
-        "{refused}"
+        dialog["prompt"]
+            .as_str()
+            .is_some_and(|p| p.contains("trust")),
+        "{spawned}"
     );
+    let yes = choice_labelled(dialog, "Yes, I trust this folder");
+    assert!(!yes.is_empty(), "{spawned}");
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": dialog["turn_id"], "choice": yes, "wait_s": 90}),
+        )
+        .await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default();
+    assert_eq!(
+        answered["status"],
+        "answered",
+        "{answered}\nc1's screen:\n{}\n{}",
+        fleet.screen(pane).unwrap_or_default(),
+        fleet.log()
+    );
+    assert!(
+        answered["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("ready for tasks")),
+        "{answered}"
+    );
+    let sent = ask_c1(fleet, lead, pane, "trusted now").await?;
+    assert_eq!(sent["reply"]["text"], "echo: trusted now");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_naming_the_fix()
+async fn bypass_mode_on_the_users_own_settings_asks_its_warning_and_no_ends_the_worker()
 -> anyhow::Result<()> {
     // Bypass mode asked for on the user's own login: fleetd records no consent there, so Claude
     // Code shows its warning (told it is sandboxed, as root it would refuse the mode outright).
@@ -282,14 +331,36 @@ async fn bypass_mode_on_the_users_own_settings_ends_the_spawn_on_its_warning_nam
             "env = { IS_SANDBOX = \"1\", ANTHROPIC_API_KEY"
         )
     );
-    let (refused, _dir, home) = refused_at_start(&profile).await?;
+    let started = blocked_at_start(&profile).await?;
+    let (spawned, lead, fleet) = (&started.spawned, &started.lead, &started.fleet);
+    let dialog = &spawned["dialog"];
     assert!(
-        refused.message.contains("Bypass Permissions")
-            && refused.message.contains("isolated_home = true"),
-        "{refused}"
+        dialog["prompt"]
+            .as_str()
+            .is_some_and(|p| p.contains("Bypass Permissions")),
+        "{spawned}"
     );
+    // The lead declines: Claude Code exits, and so the worker ends, the answer saying so.
+    let no = choice_labelled(dialog, "No, exit");
+    assert!(!no.is_empty(), "{spawned}");
+    let ended = lead
+        .call(
+            "fleet_send",
+            json!({"turn_id": dialog["turn_id"], "choice": no, "wait_s": 60}),
+        )
+        .await?
+        .expect_err("a worker whose program exited");
+    assert_eq!(ended.code, "not_ready", "{ended}\n{}", fleet.log());
     assert!(
-        !home.join(".claude/settings.json").exists(),
+        ended.message.contains("ended before it was ready"),
+        "{ended}"
+    );
+    fleet_testkit::wait::until("its pane to close", Duration::from_secs(20), || async {
+        fleet.panes().ok().filter(|panes| panes.is_empty())
+    })
+    .await?;
+    assert!(
+        !started.home.join(".claude/settings.json").exists(),
         "the user's settings were given the consent"
     );
     Ok(())

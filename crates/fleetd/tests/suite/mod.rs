@@ -33,6 +33,7 @@ mod sandbox;
 mod service;
 mod shape;
 mod stall;
+mod start_dialogs;
 mod tenancy;
 mod tls;
 mod trust;

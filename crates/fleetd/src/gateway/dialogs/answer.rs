@@ -25,6 +25,10 @@ impl LocalPlane {
             dialog.pick(choice)?;
             take_answer(&mut sessions, turn_id, me)?
         };
+        // A dialog of a start here: the answer waits for what follows it.
+        let starting = matches!(waiter, Waiter::Screen)
+            && question.in_task.is_none()
+            && self.is_starting(question.from);
         match waiter {
             Waiter::Screen => self.choose(&question, choice.to_string()).await?,
             // A dialog on another host: the choice goes back there, to be checked and pressed.
@@ -39,6 +43,11 @@ impl LocalPlane {
         }
         // The choice is the lead's answer: words of the dialog, not to be logged.
         tracing::info!(gid = %question.from, %turn_id, choice = %crate::logs::summary(choice), "dialog answered");
+        if starting {
+            return self
+                .await_started(me, question.from, turn_id, wait, ct)
+                .await;
+        }
         self.after_answer(caller, turn_id, question.from, question.in_task, wait, ct)
             .await
     }

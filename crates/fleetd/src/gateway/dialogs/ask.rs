@@ -18,9 +18,9 @@ use super::super::views::AskView;
 use super::{DIALOG_TURN, REMOTE_DIALOG_TTL_S};
 
 impl LocalPlane {
-    /// A dialog held still on busy worker `gid`'s screen: it is blocked, and its lead is asked
-    /// (the ask's turn id, unless the worker is not busy).
-    pub(super) async fn dialog_shown(
+    /// A dialog held still on busy (or starting) worker `gid`'s screen: it is blocked, and its
+    /// lead is asked (the ask's turn id, unless the worker is neither).
+    pub(in crate::gateway) async fn dialog_shown(
         self: &Arc<Self>,
         gid: Gid,
         dialog: Dialog,
@@ -31,9 +31,11 @@ impl LocalPlane {
         let (to, remote) = {
             let mut sessions = self.sessions.lock();
             let session = sessions.panes.get_mut(&gid)?;
-            if session.status() != WorkerStatus::Busy {
-                return None;
-            }
+            let at_start = match session.status() {
+                WorkerStatus::Busy => false,
+                WorkerStatus::Spawning => true,
+                _ => return None,
+            };
             let task = session.current().cloned();
             // Its prompt is screen text: the owner's, whoever's task it works on.
             let to = whom_to_ask(None, session.entity().parent).ok()?;
@@ -65,6 +67,7 @@ impl LocalPlane {
                     remote: remote.clone(),
                     turn_over_before,
                     answering: false,
+                    at_start,
                 });
             }
             (to, remote)

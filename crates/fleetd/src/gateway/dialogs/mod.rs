@@ -223,6 +223,7 @@ mod tests {
             remote: None,
             turn_over_before: Vec::new(),
             answering: false,
+            at_start: false,
         }
     }
 

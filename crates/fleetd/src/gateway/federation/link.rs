@@ -272,7 +272,8 @@ impl Federation {
         Ok(())
     }
 
-    /// A local entity joined (a worker became ready): give it an inbox on the broker.
+    /// A local entity joined (a worker became ready, or stopped on a dialog of its start): give
+    /// it an inbox on the broker, unless it has one, and announce it.
     pub(super) async fn federation_joined(&self, g: &Arc<LocalPlane>, gid: Gid) {
         let Some(link) = self.link() else {
             return;
@@ -284,7 +285,9 @@ impl Federation {
         }) else {
             return;
         };
-        if let Err(e) = self.attach_inbox(g, link.as_ref(), &entity).await {
+        // Joined once already (blocked on a dialog of its start, say): its inbox is there.
+        let attached = self.lock().consumers.contains_key(&gid);
+        if !attached && let Err(e) = self.attach_inbox(g, link.as_ref(), &entity).await {
             tracing::error!(%gid, error = %e, "cannot attach the inbox");
         }
         // Its own heartbeat, at once: the others learn of it now, not at the next round. (A

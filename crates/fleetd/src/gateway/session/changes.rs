@@ -65,6 +65,11 @@ impl PaneSession {
     /// turns idle now if its pane is known, else as soon as it is — a task must never be
     /// handed to a session that has no pane to type it into. Returns whether it turned idle.
     fn signal_ready(&mut self) -> bool {
+        if self.blocked_at_start() {
+            // Its start dialog is still up: a task would be typed into it. Ready once it goes.
+            self.ready_early = true;
+            return false;
+        }
         if self.status != WorkerStatus::Spawning {
             return false;
         }
@@ -295,9 +300,16 @@ impl PaneSession {
         self.dialog = Some(dialog);
     }
 
-    /// Ends its open dialog, returning it: a session blocked on it is busy again.
+    /// Ends its open dialog, returning it: a session blocked on it is busy again, or, on one
+    /// its program showed while starting, starting again (ready at once if it signalled
+    /// readiness meanwhile).
     pub fn dialog_over(&mut self) -> Option<OpenDialog> {
-        if self.status == WorkerStatus::Blocked {
+        if self.blocked_at_start() {
+            let _ = self.apply(SessionEvent::StartDialogGone);
+            if std::mem::take(&mut self.ready_early) && self.pane.is_some() {
+                let _ = self.apply(SessionEvent::Ready);
+            }
+        } else if self.status == WorkerStatus::Blocked {
             let _ = self.apply(SessionEvent::DialogGone);
         }
         self.dialog.take()

@@ -29,6 +29,9 @@ pub(super) struct OpenDialog {
     pub turn_over_before: Vec<usize>,
     /// Its answer is being pressed: the watcher leaves the screen to it.
     pub answering: bool,
+    /// Its program showed it while starting (no task is in flight): once it goes, the session
+    /// starts on.
+    pub at_start: bool,
 }
 
 /// What a session a previous run left is taken back with (see [`PaneSession::adopted`]).
@@ -197,6 +200,21 @@ impl PaneSession {
     /// Where it is in its life.
     pub fn status(&self) -> WorkerStatus {
         self.status
+    }
+
+    /// Whether it is blocked on a dialog its program showed while starting.
+    pub fn blocked_at_start(&self) -> bool {
+        self.status == WorkerStatus::Blocked && self.dialog.as_ref().is_some_and(|d| d.at_start)
+    }
+
+    /// Its status as the store keeps it: a session blocked on a start dialog is still
+    /// starting there (a restart cannot take back the dialog's ask, nor a start half done).
+    pub fn stored_status(&self) -> WorkerStatus {
+        if self.blocked_at_start() {
+            WorkerStatus::Spawning
+        } else {
+            self.status
+        }
     }
 
     /// Its pane, once spawned.

@@ -208,14 +208,11 @@ fn a_stall_is_forgotten_once_the_worker_is_no_longer_busy() {
     assert_eq!(s.stalled_since(), None);
 }
 
-#[test]
-fn a_dialog_over_makes_a_blocked_worker_busy_again() {
-    let mut s = idle();
-    s.start_task(task("t")).unwrap();
-    s.apply(SessionEvent::DialogShown).unwrap();
-    s.dialog_asked(OpenDialog {
+/// The dialog `turn` asked of `s`'s lead (`at_start`: shown while it started).
+fn dialog(s: &PaneSession, turn: &str, at_start: bool) -> OpenDialog {
+    OpenDialog {
         question: AskView {
-            turn_id: "dlg-1".into(),
+            turn_id: turn.into(),
             from: s.entity().gid,
             from_name: "w1".into(),
             host: "hosta".into(),
@@ -228,7 +225,18 @@ fn a_dialog_over_makes_a_blocked_worker_busy_again() {
         remote: None,
         turn_over_before: vec![],
         answering: false,
-    });
+        at_start,
+    }
+}
+
+#[test]
+fn a_dialog_over_makes_a_blocked_worker_busy_again() {
+    let mut s = idle();
+    s.start_task(task("t")).unwrap();
+    s.apply(SessionEvent::DialogShown).unwrap();
+    s.dialog_asked(dialog(&s, "dlg-1", false));
+    assert!(!s.blocked_at_start());
+    assert_eq!(s.stored_status(), WorkerStatus::Blocked);
     s.dialog_mut().unwrap().answering = true;
     assert!(s.dialog().is_some_and(|d| d.answering));
     let over = s.dialog_over().unwrap();
@@ -313,4 +321,31 @@ fn a_session_taken_back_resumes_where_it_was() {
     assert!(idle.claim(true));
     assert!(idle.start_task(task("next")).is_ok());
     assert_eq!(idle.status(), WorkerStatus::Busy);
+}
+
+#[test]
+fn a_start_dialog_holds_the_start_and_a_call_in_meanwhile_makes_it_ready_once_it_goes() {
+    let mut s = session(None);
+    s.pane_opened(PaneId("%1".into()));
+    s.apply(SessionEvent::DialogShown).unwrap();
+    s.dialog_asked(dialog(&s, "dlg-start", true));
+    assert!(s.blocked_at_start());
+    // The store keeps it starting: a restart takes back no half-done start.
+    assert_eq!(s.stored_status(), WorkerStatus::Spawning);
+    // A call-in while the dialog is up does not make it ready: a task would answer the dialog.
+    assert_eq!(s.called_in(false, 2), Some(false));
+    assert_eq!(s.status(), WorkerStatus::Blocked);
+    assert!(s.dialog_over().is_some());
+    assert_eq!(s.status(), WorkerStatus::Idle, "it had called in");
+
+    // Without a call-in, it starts on.
+    let mut s = session(None);
+    s.pane_opened(PaneId("%1".into()));
+    s.apply(SessionEvent::DialogShown).unwrap();
+    s.dialog_asked(dialog(&s, "dlg-start", true));
+    s.dialog_over();
+    assert_eq!(s.status(), WorkerStatus::Spawning);
+    assert!(!s.blocked_at_start());
+    assert_eq!(s.called_in(false, 3), Some(true));
+    assert_eq!(s.status(), WorkerStatus::Idle);
 }

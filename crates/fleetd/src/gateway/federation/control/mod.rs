@@ -27,7 +27,8 @@ use tokio::sync::oneshot;
 
 use super::super::LocalPlane;
 use super::super::spawn::SpawnRequest;
-use super::super::views::{SpawnResult, StopResult};
+use super::super::start_dialogs::start_dialog_note;
+use super::super::views::{DialogView, SpawnResult, StopResult, Surfaced};
 use super::settle::settle;
 use super::trust::Patience;
 use super::{Federation, Sent, not_taken, outgoing, publish_outcome, unavailable};
@@ -124,15 +125,31 @@ impl Federation {
                 name,
                 pane,
                 profile,
+                dialog,
             } => {
                 self.await_announced(g, gid).await;
+                let (status, dialog, note) = match dialog {
+                    Some(turn) => {
+                        let asked = self.await_asked(g, caller.entity.gid, &turn).await;
+                        let note = match &asked {
+                            Some(dialog) => start_dialog_note(dialog),
+                            None => format!(
+                                "'{name}' stopped on a dialog of its own program while starting; it is asked of you as {turn}, which your next fleet call (fleet_poll) shows: answer with fleet_send{{turn_id, choice}}"
+                            ),
+                        };
+                        (WorkerStatus::Blocked, asked, Some(note))
+                    }
+                    None => (WorkerStatus::Idle, None, None),
+                };
                 Ok(SpawnResult {
                     gid,
                     name,
                     host: host.to_string(),
                     pane,
                     profile,
-                    status: WorkerStatus::Idle,
+                    status,
+                    dialog,
+                    note,
                 })
             }
             ControlAnswer::Failed { code, message } => Err(FleetError::new(
@@ -286,6 +303,26 @@ impl Federation {
                 changed = heard.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep_until(until) => return,
                 () = g.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// The dialog `turn` of a spawn afar, once its `ASK` opened it here for `lead` (it comes
+    /// through the lead's inbox, not with the spawn's answer); `None` if it did not within
+    /// the federation's patience.
+    async fn await_asked(&self, g: &LocalPlane, lead: Gid, turn: &str) -> Option<DialogView> {
+        let mut bumped = g.inboxes.watch(lead);
+        let until = tokio::time::Instant::now() + self.patience();
+        loop {
+            bumped.borrow_and_update();
+            // The spawn's answer hands it out: the lead's next call does not again.
+            if let Some(asked) = g.sessions.lock().asks.hand_out(turn, lead) {
+                return Surfaced::from(asked).dialog();
+            }
+            tokio::select! {
+                changed = bumped.changed() => if changed.is_err() { return None },
+                () = tokio::time::sleep_until(until) => return None,
+                () = g.shutdown.cancelled() => return None,
             }
         }
     }

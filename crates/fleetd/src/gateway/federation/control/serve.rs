@@ -198,15 +198,19 @@ impl Federation {
                 s.entity().name.clone(),
                 s.pane().map(|p| p.0.clone()),
                 s.profile().name.clone(),
+                s.dialog()
+                    .filter(|_| s.blocked_at_start())
+                    .map(|d| d.question.turn_id.clone()),
             )
         });
         match known {
             Some((WorkerStatus::Spawning, ..)) => return None,
-            Some((status, name, pane, profile)) if status.is_live() => {
+            Some((status, name, pane, profile, dialog)) if status.is_live() => {
                 return Some(ControlAnswer::Spawned {
                     name,
                     pane: pane.unwrap_or_default(),
                     profile,
+                    dialog,
                 });
             }
             Some(_) => return Some(gone_already(gid)),
@@ -221,6 +225,7 @@ impl Federation {
                 name: spawned.name,
                 pane: spawned.pane,
                 profile: spawned.profile,
+                dialog: spawned.dialog.map(|d| d.turn_id),
             },
             Err(e) => ControlAnswer::Failed {
                 code: e.code,
