@@ -182,7 +182,10 @@ impl LocalPlane {
         let status = match &blocked {
             // Its owner answers the dialog; the start goes on meanwhile, on its own.
             Some(dialog) => {
-                self.hand_out_start_dialog(gid, dialog);
+                // Handed out with this answer, unless nobody will read it.
+                if !ct.is_cancelled() {
+                    self.hand_out_start_dialog(gid, dialog);
+                }
                 self.start_on_later(gid, pane.clone(), Arc::clone(&profile));
                 WorkerStatus::Blocked
             }

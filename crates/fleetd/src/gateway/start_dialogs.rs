@@ -32,6 +32,17 @@ enum Start {
     Ended(String),
 }
 
+/// How asking a start dialog went.
+pub(super) enum StartAsk {
+    /// Asked: the dialog as its owner sees it.
+    Asked(DialogView),
+    /// Asked, and over already (answered in the pane, say, while it was asked afar).
+    Over,
+    /// Not asked: the worker was not starting (another asked it first), or the ask could not
+    /// reach its owner.
+    NotAsked,
+}
+
 /// What a lead sees of a worker blocked on `dialog` while starting: what to do next.
 pub(super) fn start_dialog_note(dialog: &DialogView) -> String {
     format!(
@@ -45,23 +56,24 @@ pub(super) fn start_dialog_note(dialog: &DialogView) -> String {
 impl LocalPlane {
     /// Asks the owner of starting worker `gid` about `dialog`, its program's, held still on its
     /// screen: it is blocked until the dialog goes. Its inbox is attached and it is announced
-    /// first, so an owner on another host can answer it. The dialog as its owner sees it, or
-    /// `None` when it could not be asked.
-    pub(super) async fn ask_start_dialog(
-        self: &Arc<Self>,
-        gid: Gid,
-        dialog: Dialog,
-    ) -> Option<DialogView> {
+    /// first, so an owner on another host can answer it.
+    pub(super) async fn ask_start_dialog(self: &Arc<Self>, gid: Gid, dialog: Dialog) -> StartAsk {
         if let Some(afar) = self.afar.as_deref() {
             afar.joined(self, gid).await;
         }
-        let turn = self.dialog_shown(gid, dialog, Vec::new()).await?;
+        let Some(turn) = self.dialog_shown(gid, dialog, Vec::new()).await else {
+            return StartAsk::NotAsked;
+        };
         let sessions = self.sessions.lock();
-        let open = sessions.panes.get(&gid)?.dialog()?;
-        if open.question.turn_id != turn {
-            return None;
+        let open = sessions
+            .panes
+            .get(&gid)
+            .and_then(|s| s.dialog())
+            .filter(|open| open.question.turn_id == turn);
+        match open.and_then(|open| Surfaced::from(open.question.clone()).dialog()) {
+            Some(asked) => StartAsk::Asked(asked),
+            None => StartAsk::Over,
         }
-        Surfaced::from(open.question.clone()).dialog()
     }
 
     /// Goes on, in the background, with the start of `gid` in `pane`, blocked on a dialog of
@@ -78,6 +90,8 @@ impl LocalPlane {
                 Ok(()) => tracing::info!(%gid, "ready after the dialogs of its start"),
                 // fleetd stops: a start half done is not taken back by the next run.
                 Err(e) if e.code == ErrorCode::Cancelled => {}
+                // Stopped, or its program exited: its session's end said so.
+                Err(_) if gateway.has_ended(gid) => {}
                 Err(e) => {
                     // Its error may quote the worker's screen.
                     tracing::warn!(%gid, code = %e.code, error = %crate::logs::summary(&e.message), "a worker did not start after a dialog of its start");
@@ -104,6 +118,9 @@ impl LocalPlane {
                 .await?
                 .is_none()
             {
+                // Ready: the store says so (it may have turned ready as its dialog went, which
+                // nothing else records), so a restart takes it back.
+                self.persist_status(gid).await;
                 if let Some(afar) = self.afar.as_deref() {
                     afar.joined(self, gid).await;
                 }
@@ -143,6 +160,15 @@ impl LocalPlane {
                 }
             }
         }
+    }
+
+    /// Whether `gid`'s session here ended (or is being ended).
+    fn has_ended(&self, gid: Gid) -> bool {
+        self.sessions
+            .lock()
+            .panes
+            .get(&gid)
+            .is_none_or(|s| !s.status().is_live())
     }
 
     /// Whether `gid` is starting (or blocked on a dialog of its start) here.

@@ -13,6 +13,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::LocalPlane;
+use super::start_dialogs::StartAsk;
 use super::views::{DialogView, Surfaced};
 use crate::config::ProfileConfig;
 use crate::launch::Worker;
@@ -243,10 +244,18 @@ impl LocalPlane {
                 .look_for_start_dialog(pane, &markers, &mut looked)
                 .await
             {
-                return match self.ask_start_dialog(gid, dialog.clone()).await {
-                    Some(asked) => Ok(Some(asked)),
-                    None => Err(stopped_on(role, profile, &dialog)),
-                };
+                match self.ask_start_dialog(gid, dialog.clone()).await {
+                    StartAsk::Asked(asked) => return Ok(Some(asked)),
+                    // Looked at afresh: what shows now is asked in its turn.
+                    StartAsk::Over => continue,
+                    // Asked by another first, or not askable: unless the worker moved on, its
+                    // owner cannot be asked, and it ends naming the dialog.
+                    StartAsk::NotAsked => {
+                        return self
+                            .start_so_far(gid, role, profile)
+                            .unwrap_or_else(|| Err(stopped_on(role, profile, &dialog)));
+                    }
+                }
             }
             let recheck = match (&ready_marker, &looked) {
                 (Some(_), _) => Instant::now() + MARKER_CHECK_INTERVAL,

@@ -203,7 +203,7 @@ profile, status (spawning, idle, busy, stopping) and groups, plus your own ident
 the worker is ready for tasks (it has called in), or fails with not_ready; or, when its program \
 stops on a dialog of its own while starting (a folder's trust, say), with status blocked and \
 that dialog: answer it with fleet_send{turn_id, choice}, which returns once the worker is ready \
-(or shows the next dialog). Leads only."
+(or shows the next dialog; on another host, once the choice is sent). Leads only."
     )]
     async fn fleet_spawn(
         &self,

@@ -249,6 +249,13 @@ async fn a_start_dialog_on_another_host_is_asked_of_the_lead_and_answered_throug
     sees(&alice, "wb").await?;
     let answered = answer(&alice, &spawned, "y").await?;
     assert_eq!(answered["status"], "answered", "{answered}\n{}", b.log());
+    // Pressed on hostb, whose worker goes on starting there: the answer says where to look.
+    assert!(
+        answered["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("host 'hostb' presses it")),
+        "{answered}"
+    );
     until_status(&alice, "wb", "idle").await?;
     let sent = alice.send("wb", "across hosts", 20).await?;
     assert_eq!(
@@ -257,5 +264,42 @@ async fn a_start_dialog_on_another_host_is_asked_of_the_lead_and_answered_throug
         "{sent}\n{}",
         b.log()
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_architect_blocked_at_its_start_is_reported_by_the_consult_and_answers_once_answered()
+-> anyhow::Result<()> {
+    let config = format!(
+        "{}[architects]\nslots = [{{ name = \"arch-a\", profile = \"asks\", keep_s = 600 }}]\n",
+        asking_profile(&["Trust this folder?"])?
+    );
+    let fleet = Fleet::start("", &config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    // The consult does not wait out its wait_s for an architect that cannot read its brief.
+    let consult = lead
+        .ok(
+            "fleet_consult",
+            json!({"brief": "Assess the plan", "wait_s": 600}),
+        )
+        .await?;
+    let slot = &consult["answers"][0];
+    assert_eq!(slot["status"], "blocked", "{consult}\n{}", fleet.log());
+    let text = slot["text"].as_str().unwrap_or_default();
+    assert!(text.contains("Trust this folder? (y/n)"), "{consult}");
+    let turn = text
+        .split('"')
+        .find(|part| part.starts_with("dialog-"))
+        .unwrap_or_default();
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": turn, "choice": "y", "wait_s": 20}),
+        )
+        .await?;
+    assert_eq!(answered["status"], "answered", "{answered}");
+    // Ready, the architect reads the brief that waited for it; its answer is held.
+    let held = lead.poll(20).await?;
+    assert_eq!(held[0]["text"], "echo: Assess the plan", "{held:?}");
     Ok(())
 }

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::spawn::SpawnRequest;
-use super::views::{AskView, SendResult, SpawnResult};
+use super::views::{AskView, DialogView, SendResult, SpawnResult};
 use super::{Caller, LocalPlane};
 use crate::config::{SlotConfig, model_identity};
 
@@ -203,6 +203,45 @@ fn outcome(sent: Result<SendResult, FleetError>) -> (&'static str, String, Optio
     }
 }
 
+/// How a slot's answer reads: its status, text, ms after the brief `briefed` and the question
+/// its architect asks, if it asks; from how its spawn and its send (and when) ended.
+fn slot_outcome(
+    spawned: Result<&SpawnResult, &FleetError>,
+    sent: Option<Sent>,
+    briefed: Instant,
+) -> (&'static str, String, u64, Option<AskView>) {
+    match (spawned, sent) {
+        (Err(e), _) => ("failed", format!("it did not start: {e}"), 0, None),
+        (
+            Ok(SpawnResult {
+                dialog: Some(dialog),
+                ..
+            }),
+            _,
+        ) => ("blocked", blocked_at_start(dialog), 0, None),
+        (Ok(_), Some((sent, ms))) => {
+            let (status, text, ask) = outcome(sent);
+            (status, text, ms, ask)
+        }
+        (Ok(_), None) => (
+            "working",
+            "still working on the brief: its answer will be held for fleet_poll".into(),
+            millis_since(briefed),
+            None,
+        ),
+    }
+}
+
+/// How a slot's answer reads when its architect stopped on `dialog` while starting.
+fn blocked_at_start(dialog: &DialogView) -> String {
+    format!(
+        "its program stopped on a dialog while starting: {} (answer with fleet_send{{turn_id: \"{}\", choice}}, choice one of {}); its brief waits for it, and its answer will be held for fleet_poll",
+        dialog.prompt,
+        dialog.turn_id,
+        dialog.choices_in_words()
+    )
+}
+
 impl LocalPlane {
     /// The local side of [`Gateway::consult`].
     pub(super) async fn consult(
@@ -224,7 +263,10 @@ impl LocalPlane {
             let spawned = self.spawn(caller, self.slot_request(slot), ct).await;
             if let Ok(s) = &spawned {
                 guard.started(s.gid);
-                let _ = progress.send(format!("{} is ready", s.name));
+                let _ = progress.send(match s.dialog {
+                    Some(_) => format!("{} stopped on a dialog while starting", s.name),
+                    None => format!("{} is ready", s.name),
+                });
             }
             spawned
         }))
@@ -248,19 +290,8 @@ impl LocalPlane {
         let mut answers = Vec::with_capacity(slots.len());
         let mut asks = Vec::new();
         for ((slot, spawned), sent) in slots.iter().zip(started).zip(sent) {
-            let (status, text, ms) = match (spawned.as_ref(), sent) {
-                (Err(e), _) => ("failed", format!("it did not start: {e}"), 0),
-                (Ok(_), Some((sent, ms))) => {
-                    let (status, text, ask) = outcome(sent);
-                    asks.extend(ask);
-                    (status, text, ms)
-                }
-                (Ok(_), None) => (
-                    "working",
-                    "still working on the brief: its answer will be held for fleet_poll".into(),
-                    millis_since(briefed),
-                ),
-            };
+            let (status, text, ms, ask) = slot_outcome(spawned.as_ref(), sent, briefed);
+            asks.extend(ask);
             let gid = spawned.as_ref().ok().map(|s| s.gid);
             if let Some(gid) = gid {
                 let done = status == "answered" || status == "failed";
@@ -298,9 +329,15 @@ impl LocalPlane {
             .filter_map(|(i, spawned)| {
                 let spawned = spawned.as_ref().ok()?;
                 let text = brief.text.to_string();
+                // One blocked on a dialog of its start gets its brief once it is ready: the
+                // consult does not wait for it.
+                let wait = match spawned.dialog {
+                    Some(_) => Duration::ZERO,
+                    None => brief.wait,
+                };
                 Some(async move {
                     let sent = self
-                        .send(caller, &spawned.gid.to_string(), text, brief.wait, ct)
+                        .send(caller, &spawned.gid.to_string(), text, wait, ct)
                         .await;
                     (i, &spawned.name, sent, millis_since(brief.at))
                 })

@@ -26,9 +26,8 @@ impl LocalPlane {
             take_answer(&mut sessions, turn_id, me)?
         };
         // A dialog of a start here: the answer waits for what follows it.
-        let starting = matches!(waiter, Waiter::Screen)
-            && question.in_task.is_none()
-            && self.is_starting(question.from);
+        let here = matches!(waiter, Waiter::Screen);
+        let starting = here && question.in_task.is_none() && self.is_starting(question.from);
         match waiter {
             Waiter::Screen => self.choose(&question, choice.to_string()).await?,
             // A dialog on another host: the choice goes back there, to be checked and pressed.
@@ -47,6 +46,16 @@ impl LocalPlane {
             return self
                 .await_started(me, question.from, turn_id, wait, ct)
                 .await;
+        }
+        // A dialog of a start on another host (a dialog afar with no task is one): pressed there.
+        if !here && question.in_task.is_none() {
+            return Ok(SendResult::Answered {
+                turn_id: turn_id.to_string(),
+                note: Some(format!(
+                    "host '{}' presses it; '{}' goes on starting there: fleet_list shows it idle once it is ready, and a dialog it stops on next comes up on your next fleet call",
+                    question.host, question.from_name
+                )),
+            });
         }
         self.after_answer(caller, turn_id, question.from, question.in_task, wait, ct)
             .await

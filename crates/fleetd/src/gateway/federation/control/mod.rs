@@ -130,7 +130,9 @@ impl Federation {
                 self.await_announced(g, gid).await;
                 let (status, dialog, note) = match dialog {
                     Some(turn) => {
-                        let asked = self.await_asked(g, caller.entity.gid, &turn).await;
+                        let asked = self
+                            .await_asked(g, (caller.entity.gid, gid, host), &turn, ct)
+                            .await;
                         let note = match &asked {
                             Some(dialog) => start_dialog_note(dialog),
                             None => format!(
@@ -307,17 +309,40 @@ impl Federation {
         }
     }
 
-    /// The dialog `turn` of a spawn afar, once its `ASK` opened it here for `lead` (it comes
-    /// through the lead's inbox, not with the spawn's answer); `None` if it did not within
-    /// the federation's patience.
-    async fn await_asked(&self, g: &LocalPlane, lead: Gid, turn: &str) -> Option<DialogView> {
+    /// The dialog `turn` of the spawn of `worker` on `host` for `lead`, once its `ASK` opened
+    /// it here (it comes through the lead's inbox, not with the spawn's answer): a dialog of
+    /// that worker's, from that host, or none. `None` if it did not come within the
+    /// federation's patience.
+    async fn await_asked(
+        &self,
+        g: &LocalPlane,
+        (lead, worker, host): (Gid, Gid, &str),
+        turn: &str,
+        ct: &CancellationToken,
+    ) -> Option<DialogView> {
         let mut bumped = g.inboxes.watch(lead);
         let until = tokio::time::Instant::now() + self.patience();
         loop {
             bumped.borrow_and_update();
-            // The spawn's answer hands it out: the lead's next call does not again.
-            if let Some(asked) = g.sessions.lock().asks.hand_out(turn, lead) {
-                return Surfaced::from(asked).dialog();
+            {
+                let mut sessions = g.sessions.lock();
+                let found = sessions.asks.for_answer(turn, lead).ok().map(|asked| {
+                    (asked.from == worker && asked.host == host && asked.choices.is_some())
+                        .then(|| asked.clone())
+                });
+                match found {
+                    Some(Some(asked)) => {
+                        // The spawn's answer hands it out (unless nobody will read it): the
+                        // lead's next call does not again.
+                        if !ct.is_cancelled() {
+                            sessions.asks.hand_out(turn, lead);
+                        }
+                        return Surfaced::from(asked).dialog();
+                    }
+                    // Another's dialog under that turn: not this spawn's.
+                    Some(None) => return None,
+                    None => {}
+                }
             }
             tokio::select! {
                 changed = bumped.changed() => if changed.is_err() { return None },
