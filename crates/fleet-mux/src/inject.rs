@@ -169,6 +169,36 @@ pub trait Steps {
     /// The first Enter under the pasted task is about to go in; until then it cannot have been
     /// submitted.
     fn enter_going(&self) -> impl Future<Output = bool> + Send;
+    /// The typing reached `step` (for a trace of where a round trip's time goes; nothing is
+    /// withheld by it).
+    fn reached(&self, step: Reached) {
+        let _ = step;
+    }
+}
+
+/// A step of typing a task, as it is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reached {
+    /// The paste was handed to the pane host.
+    Pasted,
+    /// The screen showed the paste and held still.
+    EchoSeen,
+    /// Enter was handed to the pane host.
+    Enter,
+    /// The submit was seen (the screen, or a call of the agent's).
+    SubmitSeen,
+}
+
+impl Reached {
+    /// Its name in a trace.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reached::Pasted => "pasted",
+            Reached::EchoSeen => "echo_seen",
+            Reached::Enter => "enter",
+            Reached::SubmitSeen => "submit_seen",
+        }
+    }
 }
 
 /// Steps nobody notes.
@@ -213,9 +243,11 @@ pub async fn inject_noting(
         return Ok(InjectOutcome::Withheld);
     }
     host.paste(pane, text).await?;
+    steps.reached(Reached::Pasted);
     // Compare against the screen *with* the paste on it, or the paste rendering late would
     // pass for a submit.
     let mut before = settle(host, pane, &pre).await?;
+    steps.reached(Reached::EchoSeen);
     if !options.enter_pause.is_zero() {
         sleep(options.enter_pause).await;
         before = host.snapshot(pane).await?;
@@ -223,7 +255,7 @@ pub async fn inject_noting(
     if !steps.enter_going().await {
         return Ok(InjectOutcome::Withheld);
     }
-    submit(host, pane, before, options, activity).await
+    submit_noting(host, pane, before, options, activity, steps).await
 }
 
 /// Presses Enter under what `pane` holds in its input box (`before`: the screen showing it),
@@ -231,9 +263,21 @@ pub async fn inject_noting(
 pub async fn submit(
     host: &dyn PaneHost,
     pane: &PaneId,
+    before: Snapshot,
+    options: &InjectOptions,
+    activity: &mut watch::Receiver<u64>,
+) -> Result<InjectOutcome, MuxError> {
+    submit_noting(host, pane, before, options, activity, &Unnoted).await
+}
+
+/// [`submit`], telling `steps` what it reached.
+async fn submit_noting(
+    host: &dyn PaneHost,
+    pane: &PaneId,
     mut before: Snapshot,
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
+    steps: &impl Steps,
 ) -> Result<InjectOutcome, MuxError> {
     for attempt in 0..2 {
         if attempt > 0 {
@@ -241,7 +285,9 @@ pub async fn submit(
         }
         activity.borrow_and_update();
         host.enter(pane).await?;
+        steps.reached(Reached::Enter);
         if watch_for_submit(host, pane, &before, options, activity).await? {
+            steps.reached(Reached::SubmitSeen);
             return Ok(InjectOutcome::Submitted {
                 retried: attempt > 0,
             });

@@ -404,6 +404,8 @@ impl Fleet {
             None => Command::new(&fleetd),
         };
         let fd = inherit(command.as_std_mut(), &self.listener)?;
+        // What it logs, unless its environment says (a bench tracing a round trip's steps).
+        command.env("RUST_LOG", "info,rmcp=warn,fleetd=debug");
         for (key, value) in &self.env {
             match value {
                 Some(value) => command.env(key, value),
@@ -416,7 +418,6 @@ impl Fleet {
             .arg(&self.config)
             .arg("--state-dir")
             .arg(&self.state)
-            .env("RUST_LOG", "info,rmcp=warn,fleetd=debug")
             .env_remove("TMUX")
             .env_remove("TMUX_PANE")
             .stdin(Stdio::null())

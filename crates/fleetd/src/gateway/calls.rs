@@ -123,6 +123,7 @@ impl LocalPlane {
         let trace_id = plan.trace.unwrap_or_else(TraceId::mint);
         let message = Message::task(caller.entity.gid, recipient.gid, text, trace_id, now_ms());
         let msg_id = message.msg_id;
+        crate::logs::step(msg_id, "accepted");
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
         // Watched from before the message leaves: until the inbox changes, no answer can be in
         // it, and the store need not be asked.
@@ -197,6 +198,7 @@ impl LocalPlane {
             look |= inbox.has_changed().unwrap_or(true);
             inbox.borrow_and_update();
             if look && let Some(answered) = self.answer_of(me, msg_id, ct).await? {
+                crate::logs::step(msg_id, "lead_woken");
                 return Ok(answered);
             }
             let asked = self.sessions.lock().asks.surface(me, open.listens);

@@ -18,7 +18,7 @@ use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::{FleetError, Gid, Message, MsgState, WorkerStatus};
 use fleet_mux::AgentState;
-use fleet_mux::inject::{InjectOutcome, Steps, inject, inject_noting};
+use fleet_mux::inject::{InjectOutcome, Reached, Steps, inject, inject_noting};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -102,6 +102,9 @@ impl Steps for Noted<'_> {
     async fn enter_going(&self) -> bool {
         self.note(true).await
     }
+    fn reached(&self, step: Reached) {
+        crate::logs::step(self.msg_id, step.as_str());
+    }
 }
 
 impl LocalPlane {
@@ -163,7 +166,10 @@ impl LocalPlane {
             return self.nudge_to_pull(gid).await;
         }
         let task = match self.dequeue(gid, MsgState::Injecting).await {
-            Ok(Taken::Task(task)) => task,
+            Ok(Taken::Task(task)) => {
+                crate::logs::step(task.msg_id, "claimed");
+                task
+            }
             Ok(Taken::Expired) => {
                 self.unclaim(gid);
                 return Step::Again;
@@ -420,6 +426,7 @@ impl LocalPlane {
                     .db
                     .run(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
+                crate::logs::step(msg_id, "injected_recorded");
                 if let Some(afar) = self.afar_of(task) {
                     afar.injected(self, task).await;
                 }

@@ -52,6 +52,7 @@ impl LocalPlane {
             )));
         }
         let task = answered.msg_id;
+        crate::logs::step(task, "reply_received");
         if self.db.at_once().is_answered(task).map_err(store_error)? {
             return Err(FleetError::new(
                 ErrorCode::TooLate,
@@ -81,6 +82,7 @@ impl LocalPlane {
             }
             return Err(e);
         }
+        crate::logs::step(task, "reply_held");
         if ending.is_some() {
             self.end_turn(me);
         }

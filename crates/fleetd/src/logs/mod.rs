@@ -374,6 +374,21 @@ pub fn session_task_span(gid: Gid, name: &str) -> Span {
     tracing::info_span!(parent: None, "session", %gid, name = %name)
 }
 
+/// Notes that the round trip of task `round_trip` reached `step`, at TRACE under the target
+/// `fleet_steps` (its `at_us`: Unix microseconds), for `fleet-bench local` to cut a round trip
+/// into its steps. Off unless asked for (`RUST_LOG=fleet_steps=trace`): nothing of it is
+/// computed then but the check.
+pub fn step(round_trip: fleet_core::MsgId, step: &'static str) {
+    tracing::trace!(target: "fleet_steps", %round_trip, step, at_us = unix_us());
+}
+
+/// Now, in Unix microseconds.
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
 /// The span of everything done with `message`: grep a trace id to follow a flow across its
 /// hops (and across hosts: the id travels in the envelope).
 pub fn message_span(message: &Message) -> Span {

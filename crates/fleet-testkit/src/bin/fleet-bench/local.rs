@@ -24,7 +24,7 @@ use serde_json::json;
 use super::{BENCH_HELD, cpu_seconds, percentiles, rss_mb, runs, sent_and_drained, trips_to};
 
 /// Round trips through fleetd: send → inject → the scripted agent replies at once → result.
-async fn round_trips(fleet: &Fleet, trips: usize) -> anyhow::Result<Vec<Duration>> {
+pub(super) async fn round_trips(fleet: &Fleet, trips: usize) -> anyhow::Result<Vec<Duration>> {
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
@@ -35,7 +35,7 @@ async fn round_trips(fleet: &Fleet, trips: usize) -> anyhow::Result<Vec<Duration
 /// pane running `cat`, with nothing of fleetd in between; over `tmux`'s control connection (as
 /// fleetd drives its server) when `control`, else with one `tmux` client process per command
 /// (as a script would).
-async fn bare_paste_enter(trips: usize, control: bool) -> anyhow::Result<Vec<Duration>> {
+pub(super) async fn bare_paste_enter(trips: usize, control: bool) -> anyhow::Result<Vec<Duration>> {
     let socket = format!("fleet-bench-{}", uuid::Uuid::now_v7().simple());
     let scratch = tempfile::tempdir()?;
     let tmux = if control {
@@ -382,6 +382,7 @@ pub(super) async fn local(trips: usize, workers: usize, messages: usize) -> anyh
         rtt50 / cli50,
         rtt50 - bare50
     );
+    super::steps::cut(trips, rtt50).await?;
 
     let (held, drained) = hold_and_drain(messages)?;
     println!(

@@ -9,6 +9,7 @@ mod local;
 mod partition;
 mod scale;
 mod soak;
+mod steps;
 mod submits;
 mod throughput;
 
@@ -75,6 +76,13 @@ enum What {
         /// Messages for the held+drained rate.
         #[arg(long, default_value_t = 20_000)]
         messages: usize,
+    },
+    /// A local round trip cut into its steps (fleetd's step trace on), beside the untraced
+    /// round trip and a bare tmux paste + Enter, all on tmux, in one run (`local` prints it too).
+    Steps {
+        /// Round trips to time (after a warm-up), untraced and traced.
+        #[arg(long, default_value_t = 300)]
+        trips: usize,
     },
     /// Idle and header-dripping connections that never authenticate (issue 29), held open
     /// while a lead runs round trips and `/healthz` is probed: the figures beside the same
@@ -251,6 +259,7 @@ async fn main() -> anyhow::Result<()> {
             messages,
             entities,
         } => federation::federation(trips, messages, entities).await,
+        What::Steps { trips } => steps::run(trips).await,
         What::Flood(args) => flood::run(args).await,
         What::Partition(args) => partition::run(args).await,
         What::Soak(args) => soak::run(args).await,

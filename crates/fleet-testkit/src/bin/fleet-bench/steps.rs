@@ -1,0 +1,184 @@
+//! A local round trip cut into its steps: fleetd run with its step trace on
+//! (`RUST_LOG=fleet_steps=trace`: one line per step of each task, its `round_trip`, `step` and
+//! `at_us`), the client's own send and return times beside them, on the same clock; each step's
+//! share is the p50 of the time since the step before, over the traced trips.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::{Fleet, sim_profile};
+use serde_json::json;
+
+use super::percentiles;
+
+/// What the traced fleetd logs: its warnings, and the steps.
+const TRACED: &str = "warn,fleet_steps=trace";
+
+/// A round trip's steps in the order it passes them: the client's send, fleetd's steps, the
+/// client's return.
+const STEPS: [&str; 12] = [
+    "sent (client)",
+    "accepted",
+    "claimed",
+    "pasted",
+    "echo_seen",
+    "enter",
+    "submit_seen",
+    "injected_recorded",
+    "reply_received",
+    "reply_held",
+    "lead_woken",
+    "returned (client)",
+];
+
+/// Trips before the timed ones.
+const WARM_UP: usize = 20;
+
+/// Now, in Unix microseconds (the clock fleetd's steps are on).
+fn unix_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// The value of `key=` in a log line's fields, quotes taken off.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    let rest = &line[at..];
+    let end = rest.find(' ').unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
+}
+
+/// Each traced task's steps (name → Unix µs), from fleetd's log.
+fn steps_in(log: &str) -> HashMap<String, HashMap<String, u128>> {
+    let mut trips: HashMap<String, HashMap<String, u128>> = HashMap::new();
+    for line in log.lines().filter(|l| l.contains("fleet_steps")) {
+        let found = (
+            field(line, "round_trip"),
+            field(line, "step"),
+            field(line, "at_us").and_then(|us| us.parse().ok()),
+        );
+        if let (Some(trip), Some(step), Some(at)) = found {
+            // The first time a step is reached counts (a second Enter is the retry's).
+            trips
+                .entry(trip.to_string())
+                .or_default()
+                .entry(step.to_string())
+                .or_insert(at);
+        }
+    }
+    trips
+}
+
+/// `fleet-bench steps`: a bare tmux paste + Enter over the control connection, `trips` untraced
+/// round trips, then the traced ones cut into steps; fleetd's share beside its target.
+pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
+    println!(
+        "fleet-bench steps ({} build of fleetd at {})",
+        super::BUILD,
+        fleet_testkit::bins::binary("fleetd")?.display()
+    );
+    let mut bare = super::local::bare_paste_enter(trips, true).await?;
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let mut untraced = super::local::round_trips(&fleet, trips).await?;
+    drop(fleet);
+    let (bare50, _) = percentiles(&mut bare);
+    let (rtt50, rtt99) = percentiles(&mut untraced);
+    println!(
+        "round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; bare tmux paste + Enter p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
+        rtt50 - bare50
+    );
+    cut(trips, rtt50).await
+}
+
+/// `trips` round trips to a scripted agent with fleetd's step trace on; prints each step's
+/// share (p50) beside the traced round trip's p50 and `untraced_p50` (ms, measured before in
+/// the same run).
+pub(super) async fn cut(trips: usize, untraced_p50: f64) -> anyhow::Result<()> {
+    let fleet = Fleet::start_with_env(
+        &std::env::temp_dir(),
+        "",
+        &sim_profile("sim", &[])?,
+        &[("RUST_LOG", Some(TRACED))],
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
+        .await?;
+    let mut client = Vec::with_capacity(trips);
+    let mut whole = Vec::with_capacity(trips);
+    for i in 0..trips + WARM_UP {
+        let (sent_us, started) = (unix_us(), Instant::now());
+        let sent = lead
+            .ok(
+                "fleet_send",
+                json!({"to": "w1", "message": format!("trip {i}"), "wait_s": 30}),
+            )
+            .await?;
+        let (returned_us, took) = (unix_us(), started.elapsed());
+        anyhow::ensure!(sent["status"] == "replied", "trip {i}: {sent}");
+        if i >= WARM_UP {
+            let msg_id = sent["msg_id"].as_str().unwrap_or_default().to_string();
+            client.push((msg_id, sent_us, returned_us));
+            whole.push(took);
+        }
+    }
+    let logged = steps_in(&fleet.log());
+    let mut shares: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
+    let mut complete = 0;
+    for (msg_id, sent_us, returned_us) in client {
+        let Some(mut at) = logged.get(&msg_id).cloned() else {
+            continue;
+        };
+        at.insert(STEPS[0].to_string(), sent_us);
+        at.insert(STEPS[STEPS.len() - 1].to_string(), returned_us);
+        let times: Vec<Option<u128>> = STEPS.iter().map(|s| at.get(*s).copied()).collect();
+        if times.iter().all(Option::is_some) {
+            complete += 1;
+        }
+        for (i, pair) in times.windows(2).enumerate() {
+            if let [Some(from), Some(to)] = pair {
+                let us = u64::try_from(to.saturating_sub(*from)).unwrap_or(u64::MAX);
+                shares[i + 1].push(Duration::from_micros(us));
+            }
+        }
+    }
+    let (traced50, _) = percentiles(&mut whole);
+    println!(
+        "round trip cut into its steps ({trips} traced trips, {complete} with every step; p50 of the time since the step before):"
+    );
+    let mut sum = 0.0;
+    for (i, samples) in shares.iter_mut().enumerate().skip(1) {
+        let (p50, p99) = percentiles(samples);
+        sum += p50;
+        println!(
+            "  {:>18} → {:<18} p50 {p50:6.2} ms  p99 {p99:6.2} ms",
+            STEPS[i - 1],
+            STEPS[i]
+        );
+    }
+    println!(
+        "  sum of the steps' p50s {sum:.2} ms; traced round trip p50 {traced50:.2} ms, untraced {untraced_p50:.2} ms"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steps_fields_are_read_from_a_log_line_and_the_first_of_a_step_counts() {
+        let log = "\
+2026-12-05T17:00:00.000001Z TRACE fleet_steps: round_trip=0190-a step=\"enter\" at_us=10
+2026-12-05T17:00:00.000002Z TRACE fleet_steps: round_trip=0190-a step=\"enter\" at_us=30
+2026-12-05T17:00:00.000003Z TRACE message{msg_id=0190-a}: fleet_steps: round_trip=0190-a step=\"pasted\" at_us=5
+2026-12-05T17:00:00.000004Z  INFO fleetd: injected msg_id=0190-a
+";
+        let trips = steps_in(log);
+        assert_eq!(trips["0190-a"]["enter"], 10);
+        assert_eq!(trips["0190-a"]["pasted"], 5);
+        assert_eq!(trips["0190-a"].len(), 2);
+    }
+}
