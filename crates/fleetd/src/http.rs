@@ -109,7 +109,7 @@ fn bearer(headers: &HeaderMap) -> Result<&str, String> {
         .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty());
     let Some(bearer) = bearer else {
-        return Err("missing bearer token: send Authorization: Bearer <token> (see `fleetd mcp-config NAME`)".into());
+        return Err("missing bearer token: send Authorization: Bearer <token> (`fleetd token NAME` prints a lead's or operator's token; `fleetd mcp-config NAME` a lead's whole MCP client config)".into());
     };
     if let Some(why) = mcp_config::unexpanded(bearer) {
         return Err(why);

@@ -5,9 +5,9 @@
 //! terminal and are coloured only on one; `--json` prints what the API answered.
 
 use std::fmt;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
 
-use anyhow::Context;
+use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use serde::Deserialize;
 use serde_json::Value;
@@ -760,11 +760,44 @@ pub struct SendArgs {
     pub ops: OpsArgs,
     /// The recipient: a name, `name@host`, or a gid.
     pub to: String,
-    /// The message: for a worker, the task exactly as it is to be typed.
+    /// The message: for a worker, the task exactly as it is to be typed; `-` reads it from
+    /// stdin (any size the gateway takes; its last line break dropped).
     pub message: String,
     /// Seconds to wait for the answer (0 returns at once; at most 3600).
     #[arg(long, default_value_t = 60)]
     pub wait: u64,
+}
+
+/// The most a message read from stdin may hold: more than a gateway takes (whose own limit then
+/// refuses it, naming that limit).
+const MAX_STDIN_MESSAGE: u64 = 16 * 1024 * 1024;
+
+/// The message given as `arg`, or, for `-`, read from `input` (stdin): UTF-8 text of at most
+/// [`MAX_STDIN_MESSAGE`] bytes, its last line break dropped (as a shell's `$(…)` drops it).
+fn message_from(arg: &str, input: impl Read) -> anyhow::Result<String> {
+    if arg != "-" {
+        return Ok(arg.to_string());
+    }
+    let mut bytes = Vec::new();
+    input
+        .take(MAX_STDIN_MESSAGE + 1)
+        .read_to_end(&mut bytes)
+        .context("cannot read the message from stdin")?;
+    if bytes.len() as u64 > MAX_STDIN_MESSAGE {
+        bail!(
+            "the message on stdin is over {} MiB",
+            MAX_STDIN_MESSAGE / (1024 * 1024)
+        );
+    }
+    let mut text =
+        String::from_utf8(bytes).map_err(|_| anyhow!("the message on stdin is not UTF-8 text"))?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    Ok(text)
 }
 
 /// `fleetd answer`
@@ -775,7 +808,7 @@ pub struct AnswerArgs {
     pub ops: OpsArgs,
     /// The question's turn id (as `fleetd send` printed it).
     pub turn_id: String,
-    /// The answer.
+    /// The answer; `-` reads it from stdin (its last line break dropped).
     pub message: String,
     /// Seconds to wait, then, for the worker's reply to the task it asked in (at most 3600).
     #[arg(long, default_value_t = 60)]
@@ -865,7 +898,8 @@ pub fn send_outcome(answer: &Value) -> (String, u8) {
 
 /// `fleetd send NAME MESSAGE`: `fleet_send` as the lead.
 pub fn send_command(paths: &Paths, args: &SendArgs) -> anyhow::Result<()> {
-    let body = serde_json::json!({"to": args.to, "message": args.message, "wait_s": args.wait});
+    let message = message_from(&args.message, std::io::stdin().lock())?;
+    let body = serde_json::json!({"to": args.to, "message": message, "wait_s": args.wait});
     let answer = request(paths, &args.ops, "/api/v1/send", &[], Some(body))?;
     print_send(&answer, args.ops.json)
 }
@@ -873,8 +907,9 @@ pub fn send_command(paths: &Paths, args: &SendArgs) -> anyhow::Result<()> {
 /// `fleetd answer TURN_ID MESSAGE`: answers a worker's question as the lead, as
 /// `fleet_send{turn_id}` does, and prints the reply that follows (exit statuses as for a send).
 pub fn answer_command(paths: &Paths, args: &AnswerArgs) -> anyhow::Result<()> {
+    let message = message_from(&args.message, std::io::stdin().lock())?;
     let body =
-        serde_json::json!({"turn_id": args.turn_id, "message": args.message, "wait_s": args.wait});
+        serde_json::json!({"turn_id": args.turn_id, "message": message, "wait_s": args.wait});
     let answer = request(paths, &args.ops, "/api/v1/send", &[], Some(body))?;
     print_send(&answer, args.ops.json)
 }
@@ -968,6 +1003,23 @@ pub fn hosts_command(paths: &Paths, args: &OpsArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_of_dash_is_read_from_stdin_whole_but_its_last_line_break() {
+        assert_eq!(message_from("hi", &b"unread"[..]).unwrap(), "hi");
+        let big = format!("{}\nlast\n", "x".repeat(200_000));
+        assert_eq!(
+            message_from("-", big.as_bytes()).unwrap(),
+            big[..big.len() - 1]
+        );
+        assert_eq!(message_from("-", &b"a\r\n"[..]).unwrap(), "a");
+        assert_eq!(message_from("-", &b""[..]).unwrap(), "");
+        let err = message_from("-", &[0xff, 0xfe][..]).unwrap_err();
+        assert!(err.to_string().contains("not UTF-8"), "{err}");
+        let over = std::io::repeat(b'a').take(MAX_STDIN_MESSAGE + 1);
+        let err = message_from("-", over).unwrap_err();
+        assert!(err.to_string().contains("over 16 MiB"), "{err}");
+    }
 
     #[test]
     fn stop_all_names_the_live_workers_and_architects_of_the_gateway_asked() {

@@ -383,7 +383,7 @@ impl LocalPlane {
             .gid_for_token(&hash)
             .map_err(store_error)?
         else {
-            return Ok(Err("unknown, revoked or rotated bearer token".into()));
+            return Ok(Err("unknown, revoked or rotated bearer token: `fleetd token NAME` prints the current one; a client reads its token when it starts, so restart it after a rotation".into()));
         };
         let called_in = self.sessions.lock().called_in(gid, nudge, acting);
         match called_in {

@@ -21,17 +21,21 @@ async fn post_mcp(fleet: &Fleet, headers: &[(&str, &str)]) -> anyhow::Result<(u1
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
     let fleet = Fleet::start("", "").await?;
+    // Each refusal names the next step: the command that prints a token.
     let (status, body) = post_mcp(&fleet, &[]).await?;
     assert_eq!(status, 401);
+    let said = body["message"].as_str().unwrap_or_default();
     assert!(
-        body["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("bearer"),
+        said.contains("bearer") && said.contains("`fleetd token NAME`"),
         "{body}"
     );
-    let (status, _) = post_mcp(&fleet, &[("authorization", "Bearer fleet_0000")]).await?;
+    let (status, body) = post_mcp(&fleet, &[("authorization", "Bearer fleet_0000")]).await?;
     assert_eq!(status, 401);
+    let said = body["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("`fleetd token NAME`") && said.contains("restart it"),
+        "{body}"
+    );
     // A client started without FLEET_TOKEN sends the placeholder: told so.
     let (status, body) = post_mcp(&fleet, &[("authorization", "Bearer ${FLEET_TOKEN}")]).await?;
     assert_eq!(status, 401);

@@ -260,9 +260,17 @@ async fn blocked_at_start(profile: &str) -> anyhow::Result<BlockedAtStart> {
     })
 }
 
-/// The choice of `dialog` whose label holds `label`.
-fn choice_labelled(dialog: &Value, label: &str) -> String {
-    dialog["choices"]
+/// The choice whose label holds `label` of the dialog `spawned` stopped on, which must say
+/// `prompt`.
+fn choice_offered(spawned: &Value, prompt: &str, label: &str) -> String {
+    let dialog = &spawned["dialog"];
+    assert!(
+        dialog["prompt"]
+            .as_str()
+            .is_some_and(|p| p.contains(prompt)),
+        "{spawned}"
+    );
+    let choice = dialog["choices"]
         .as_array()
         .and_then(|choices| {
             choices
@@ -271,7 +279,9 @@ fn choice_labelled(dialog: &Value, label: &str) -> String {
         })
         .and_then(|c| c["choice"].as_str())
         .unwrap_or_default()
-        .to_string()
+        .to_string();
+    assert!(!choice.is_empty(), "no choice '{label}': {spawned}");
+    choice
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,14 +296,7 @@ async fn a_start_dialog_fleetd_did_not_settle_is_asked_of_the_lead_whose_answer_
     let started = blocked_at_start(&profile).await?;
     let (spawned, lead, fleet) = (&started.spawned, &started.lead, &started.fleet);
     let dialog = &spawned["dialog"];
-    assert!(
-        dialog["prompt"]
-            .as_str()
-            .is_some_and(|p| p.contains("trust")),
-        "{spawned}"
-    );
-    let yes = choice_labelled(dialog, "Yes, I trust this folder");
-    assert!(!yes.is_empty(), "{spawned}");
+    let yes = choice_offered(spawned, "trust", "Yes, I trust this folder");
     let answered = lead
         .ok(
             "fleet_send",
@@ -334,15 +337,8 @@ async fn bypass_mode_on_the_users_own_settings_asks_its_warning_and_no_ends_the_
     let started = blocked_at_start(&profile).await?;
     let (spawned, lead, fleet) = (&started.spawned, &started.lead, &started.fleet);
     let dialog = &spawned["dialog"];
-    assert!(
-        dialog["prompt"]
-            .as_str()
-            .is_some_and(|p| p.contains("Bypass Permissions")),
-        "{spawned}"
-    );
     // The lead declines: Claude Code exits, and so the worker ends, the answer saying so.
-    let no = choice_labelled(dialog, "No, exit");
-    assert!(!no.is_empty(), "{spawned}");
+    let no = choice_offered(spawned, "Bypass Permissions", "No, exit");
     let ended = lead
         .call(
             "fleet_send",

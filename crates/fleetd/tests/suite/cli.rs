@@ -611,6 +611,25 @@ async fn an_operator_lists_the_fleet_and_its_hosts_from_the_command_line() -> an
         String::from_utf8(out.stdout)?,
         "echo: hello from a terminal\n"
     );
+    // More than one argument may carry, from stdin.
+    let big = "a".repeat(150_000);
+    let mut piped = fleet
+        .cli_command(&["send", "w2", "-", "--wait", "30"])?
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    if let Some(mut stdin) = piped.stdin.take() {
+        use std::io::Write;
+        stdin.write_all(format!("{big}\n").as_bytes())?;
+    }
+    let out = piped.wait_with_output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout)?, format!("echo: {big}\n"));
     let out = fleet.cli(&["send", "w2", "/never", "--wait", "0"])?;
     assert_eq!(out.status.code(), Some(6), "{out:?}");
     assert!(String::from_utf8(out.stderr)?.contains("fleet_poll"));
