@@ -721,6 +721,16 @@ pub struct CallerCaps {
     pub calls_drain: std::time::Duration,
 }
 
+/// The largest body `POST /api/v1/send` reads: room for a message of `max_message_bytes` however
+/// JSON escapes it (six bytes a character at worst), so the gateway's own limit is what refuses
+/// one too large, naming it; never under axum's default of 2 MiB.
+fn send_body_limit(max_message_bytes: usize) -> usize {
+    max_message_bytes
+        .saturating_mul(6)
+        .saturating_add(64 * 1024)
+        .max(2 * 1024 * 1024)
+}
+
 /// The operator surfaces: a lead's token (or the web view's session for it) only, and no
 /// call-in; long calls count against the caller's `calls`.
 fn operator_routes(
@@ -737,7 +747,12 @@ fn operator_routes(
         .route("/api/v1/hosts", get(api_hosts))
         .route("/api/v1/events", get(api_events))
         .route("/api/v1/screen", get(api_screen))
-        .route("/api/v1/send", post(api_send))
+        .route(
+            "/api/v1/send",
+            post(api_send).layer(axum::extract::DefaultBodyLimit::max(send_body_limit(
+                gateway.max_message_bytes(),
+            ))),
+        )
         .route("/api/v1/stop", post(api_stop))
         .route("/metrics", get(metrics))
         .route("/ui/me", get(ui::me))

@@ -426,7 +426,9 @@ impl LocalPlane {
                     .db
                     .run(move |s| s.transition(msg_id, &MsgState::Injected))
                     .await;
-                crate::logs::step(msg_id, "injected_recorded");
+                if injected.is_ok() {
+                    crate::logs::step(msg_id, "injected_recorded");
+                }
                 if let Some(afar) = self.afar_of(task) {
                     afar.injected(self, task).await;
                 }

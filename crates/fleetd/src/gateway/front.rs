@@ -226,6 +226,11 @@ impl Gateway {
         self.local.host_id()
     }
 
+    /// The largest message it takes, in bytes (`gateway.max_message_bytes`).
+    pub fn max_message_bytes(&self) -> usize {
+        self.local.config.gateway.max_message_bytes
+    }
+
     /// Resolves a bearer token's hash to its live caller, and notes that the caller called in
     /// (readiness, last seen; when `acting`, proof that a typed task was submitted; for a lead,
     /// the pane `nudge` names, which wakes its nudger when it is news). A token that names

@@ -376,7 +376,7 @@ pub fn session_task_span(gid: Gid, name: &str) -> Span {
 
 /// Notes that the round trip of task `round_trip` reached `step`, at TRACE under the target
 /// `fleet_steps` (its `at_us`: Unix microseconds), for `fleet-bench local` to cut a round trip
-/// into its steps. Off unless asked for (`RUST_LOG=fleet_steps=trace`): nothing of it is
+/// into its steps. Off unless asked for (`RUST_LOG=warn,fleet_steps=trace`): nothing of it is
 /// computed then but the check.
 pub fn step(round_trip: fleet_core::MsgId, step: &'static str) {
     tracing::trace!(target: "fleet_steps", %round_trip, step, at_us = unix_us());

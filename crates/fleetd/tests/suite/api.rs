@@ -359,3 +359,44 @@ async fn hostile_sign_ins_and_feed_positions_are_refused_or_made_harmless() -> a
     assert_eq!(status, 400, "{body}");
     Ok(())
 }
+
+/// A message the gateway takes gets through the API however big its JSON grows (escaped, it may
+/// be several times its size), and one over `max_message_bytes` is refused by that limit, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apis_send_takes_any_message_the_gateway_takes_and_names_its_limit_past_it()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start(
+        "max_message_bytes = 4194304\nmax_held_per_recipient = 10",
+        "[leads.a]\n[leads.b]\n",
+    )
+    .await?;
+    let token = fleet.token("a")?;
+    // 3 MiB of tabs: 6 MiB as JSON, past axum's default body limit of 2 MiB.
+    let big = "\t".repeat(3 * 1024 * 1024);
+    let (status, sent) = call(
+        &fleet,
+        &token,
+        "/api/v1/send",
+        Some(json!({"to": "b", "message": big, "wait_s": 0})),
+        None,
+    )
+    .await?;
+    assert_eq!(status, 200, "{sent}");
+    assert_eq!(sent["status"], "pending", "{sent}");
+    let over = "x".repeat(4 * 1024 * 1024 + 1);
+    let (status, refused) = call(
+        &fleet,
+        &token,
+        "/api/v1/send",
+        Some(json!({"to": "b", "message": over, "wait_s": 0})),
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (status, &refused["error"]),
+        (400, &json!("too_large")),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("4194304"), "{refused}");
+    Ok(())
+}

@@ -33,7 +33,7 @@ async fn requests_without_a_valid_token_get_401() -> anyhow::Result<()> {
     assert_eq!(status, 401);
     let said = body["message"].as_str().unwrap_or_default();
     assert!(
-        said.contains("`fleetd token NAME`") && said.contains("restart it"),
+        said.contains("`fleetd token NAME`") && said.contains("restart the client"),
         "{body}"
     );
     // A client started without FLEET_TOKEN sends the placeholder: told so.

@@ -15,22 +15,26 @@ use super::percentiles;
 /// What the traced fleetd logs: its warnings, and the steps.
 const TRACED: &str = "warn,fleet_steps=trace";
 
-/// A round trip's steps in the order it passes them: the client's send, fleetd's steps, the
-/// client's return.
-const STEPS: [&str; 12] = [
-    "sent (client)",
-    "accepted",
-    "claimed",
-    "pasted",
-    "echo_seen",
-    "enter",
-    "submit_seen",
-    "injected_recorded",
-    "reply_received",
-    "reply_held",
-    "lead_woken",
-    "returned (client)",
+/// A round trip's steps, each with the one it follows: the client's send, fleetd's steps, the
+/// client's return. Once the submit is seen two things go on at once: the pump records the task
+/// `injected`, while the worker's reply comes in (its call is the proof of the submit); the
+/// record is a branch beside the round trip, not a step of it.
+const STEPS: [(&str, &str); 11] = [
+    ("sent (client)", "accepted"),
+    ("accepted", "claimed"),
+    ("claimed", "pasted"),
+    ("pasted", "echo_seen"),
+    ("echo_seen", "enter"),
+    ("enter", "submit_seen"),
+    ("submit_seen", "reply_received"),
+    ("reply_received", "reply_held"),
+    ("reply_held", "lead_woken"),
+    ("lead_woken", "returned (client)"),
+    ("submit_seen", "injected_recorded"),
 ];
+
+/// How many of [`STEPS`] make the round trip (the rest are branches beside it).
+const ON_THE_WAY: usize = 10;
 
 /// Trips before the timed ones.
 const WARM_UP: usize = 20;
@@ -42,12 +46,15 @@ fn unix_us() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
-/// The value of `key=` in a log line's fields, quotes taken off.
+/// The value of `key=` in a step line's own fields (after its target: a span before it, whose
+/// fields a client may choose, is not read), quotes taken off.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(&format!(" {key}="))? + key.len() + 2;
-    let rest = &line[at..];
-    let end = rest.find(' ').unwrap_or(rest.len());
-    Some(rest[..end].trim_matches('"'))
+    let (_, fields) = line.rsplit_once(" fleet_steps: ")?;
+    let key = format!("{key}=");
+    fields
+        .split(' ')
+        .find_map(|word| word.strip_prefix(key.as_str()))
+        .map(|value| value.trim_matches('"'))
 }
 
 /// Each traced task's steps (name → Unix µs), from fleetd's log.
@@ -80,7 +87,14 @@ pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
         fleet_testkit::bins::binary("fleetd")?.display()
     );
     let mut bare = super::local::bare_paste_enter(trips, true).await?;
-    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    // Logging as little as the traced run does, but for the steps.
+    let fleet = Fleet::start_with_env(
+        &std::env::temp_dir(),
+        "",
+        &sim_profile("sim", &[])?,
+        &[("RUST_LOG", Some("warn"))],
+    )
+    .await?;
     let mut untraced = super::local::round_trips(&fleet, trips).await?;
     drop(fleet);
     let (bare50, _) = percentiles(&mut bare);
@@ -124,42 +138,50 @@ pub(super) async fn cut(trips: usize, untraced_p50: f64) -> anyhow::Result<()> {
             whole.push(took);
         }
     }
+    // The log is written from fleetd's own thread: wait for the last trip's end in it.
+    if let Some((last, ..)) = client.last() {
+        fleet
+            .logged(&format!("round_trip={last} step=\"lead_woken\""))
+            .await?;
+    }
     let logged = steps_in(&fleet.log());
     let mut shares: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
-    let mut complete = 0;
+    let mut backwards = vec![0usize; STEPS.len()];
     for (msg_id, sent_us, returned_us) in client {
         let Some(mut at) = logged.get(&msg_id).cloned() else {
             continue;
         };
-        at.insert(STEPS[0].to_string(), sent_us);
-        at.insert(STEPS[STEPS.len() - 1].to_string(), returned_us);
-        let times: Vec<Option<u128>> = STEPS.iter().map(|s| at.get(*s).copied()).collect();
-        if times.iter().all(Option::is_some) {
-            complete += 1;
-        }
-        for (i, pair) in times.windows(2).enumerate() {
-            if let [Some(from), Some(to)] = pair {
+        at.insert("sent (client)".to_string(), sent_us);
+        at.insert("returned (client)".to_string(), returned_us);
+        for (i, (from, to)) in STEPS.iter().enumerate() {
+            if let (Some(from), Some(to)) = (at.get(*from), at.get(*to)) {
+                backwards[i] += usize::from(to < from);
                 let us = u64::try_from(to.saturating_sub(*from)).unwrap_or(u64::MAX);
-                shares[i + 1].push(Duration::from_micros(us));
+                shares[i].push(Duration::from_micros(us));
             }
         }
     }
     let (traced50, _) = percentiles(&mut whole);
     println!(
-        "round trip cut into its steps ({trips} traced trips, {complete} with every step; p50 of the time since the step before):"
+        "round trip cut into its steps ({trips} traced trips; p50 and p99 of the time since the step before; a step seen before the one it follows counts 0, and is counted):"
     );
     let mut sum = 0.0;
-    for (i, samples) in shares.iter_mut().enumerate().skip(1) {
+    for (i, ((from, to), samples)) in STEPS.iter().zip(shares.iter_mut()).enumerate() {
+        let seen = samples.len();
         let (p50, p99) = percentiles(samples);
-        sum += p50;
+        let beside = if i < ON_THE_WAY {
+            sum += p50;
+            ""
+        } else {
+            " (beside the round trip)"
+        };
         println!(
-            "  {:>18} → {:<18} p50 {p50:6.2} ms  p99 {p99:6.2} ms",
-            STEPS[i - 1],
-            STEPS[i]
+            "  {from:>18} → {to:<18} p50 {p50:6.2} ms  p99 {p99:6.2} ms  ({seen} seen, {} before it){beside}",
+            backwards[i]
         );
     }
     println!(
-        "  sum of the steps' p50s {sum:.2} ms; traced round trip p50 {traced50:.2} ms, untraced {untraced_p50:.2} ms"
+        "  sum of the round trip's steps' p50s {sum:.2} ms; traced round trip p50 {traced50:.2} ms, untraced {untraced_p50:.2} ms"
     );
     Ok(())
 }
@@ -174,11 +196,17 @@ mod tests {
 2026-12-05T17:00:00.000001Z TRACE fleet_steps: round_trip=0190-a step=\"enter\" at_us=10
 2026-12-05T17:00:00.000002Z TRACE fleet_steps: round_trip=0190-a step=\"enter\" at_us=30
 2026-12-05T17:00:00.000003Z TRACE message{msg_id=0190-a}: fleet_steps: round_trip=0190-a step=\"pasted\" at_us=5
+2026-12-05T17:00:00.000004Z TRACE http{session=x round_trip=0190-b step=\"enter\" at_us=1}: fleet_steps: round_trip=0190-a step=\"claimed\" at_us=2
 2026-12-05T17:00:00.000004Z  INFO fleetd: injected msg_id=0190-a
 ";
         let trips = steps_in(log);
         assert_eq!(trips["0190-a"]["enter"], 10);
         assert_eq!(trips["0190-a"]["pasted"], 5);
-        assert_eq!(trips["0190-a"].len(), 2);
+        assert_eq!(trips["0190-a"]["claimed"], 2);
+        assert_eq!(trips["0190-a"].len(), 3);
+        assert!(
+            !trips.contains_key("0190-b"),
+            "a span's fields are not the step's"
+        );
     }
 }
