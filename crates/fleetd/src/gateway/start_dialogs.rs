@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use fleet_core::dialog::Dialog;
 use fleet_core::ownership::quoting;
-use fleet_core::{ErrorCode, FleetError, Gid, WorkerStatus};
+use fleet_core::{ErrorCode, FleetError, Gid};
 use fleet_mux::PaneId;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::LocalPlane;
+use super::session::{PaneSession, StartState};
 use super::views::{DialogView, SendResult, Surfaced};
 use crate::config::ProfileConfig;
 
@@ -147,7 +148,7 @@ impl LocalPlane {
                 .lock()
                 .panes
                 .get(&gid)
-                .map(|s| s.blocked_at_start());
+                .map(PaneSession::blocked_at_start);
             match blocked {
                 None => return Err(vanished()),
                 Some(false) => return Ok(()),
@@ -164,20 +165,16 @@ impl LocalPlane {
 
     /// Whether `gid`'s session here ended (or is being ended).
     fn has_ended(&self, gid: Gid) -> bool {
-        self.sessions
-            .lock()
-            .panes
-            .get(&gid)
-            .is_none_or(|s| !s.status().is_live())
+        let sessions = self.sessions.lock();
+        let state = sessions.panes.get(&gid).map(PaneSession::start_state);
+        matches!(state, None | Some(StartState::Ended(_)))
     }
 
     /// Whether `gid` is starting (or blocked on a dialog of its start) here.
     pub(super) fn is_starting(&self, gid: Gid) -> bool {
-        self.sessions
-            .lock()
-            .panes
-            .get(&gid)
-            .is_some_and(|s| s.status() == WorkerStatus::Spawning || s.blocked_at_start())
+        let sessions = self.sessions.lock();
+        let state = sessions.panes.get(&gid).map(PaneSession::start_state);
+        matches!(state, Some(StartState::Starting | StartState::Blocked(_)))
     }
 
     /// What an owner's answer (`turn_id`) to a dialog of `worker`'s start returns: once the
@@ -239,23 +236,21 @@ impl LocalPlane {
     /// Where `worker` is in its start (a dialog it is blocked on handed out to `lead`).
     fn start_of(&self, worker: Gid, lead: Gid) -> Start {
         let mut sessions = self.sessions.lock();
-        let Some(s) = sessions.panes.get(&worker) else {
-            return Start::Ended(String::new());
+        let turn = match sessions.panes.get(&worker).map(PaneSession::start_state) {
+            None => return Start::Ended(String::new()),
+            Some(StartState::Starting) => return Start::Starting,
+            Some(StartState::Past) => return Start::Ready,
+            Some(StartState::Ended(words)) => {
+                return Start::Ended(words.unwrap_or_default().to_string());
+            }
+            Some(StartState::Blocked(asked)) => asked.turn_id.clone(),
         };
-        match s.status() {
-            WorkerStatus::Spawning => Start::Starting,
-            WorkerStatus::Gone | WorkerStatus::Stopping => {
-                Start::Ended(s.last_words().unwrap_or_default().to_string())
-            }
-            WorkerStatus::Blocked if s.blocked_at_start() => {
-                let turn = s.dialog().map(|d| d.question.turn_id.clone());
-                Start::Blocked(
-                    turn.and_then(|turn| sessions.asks.hand_out(&turn, lead))
-                        .and_then(|asked| Surfaced::from(asked).dialog()),
-                )
-            }
-            _ => Start::Ready,
-        }
+        Start::Blocked(
+            sessions
+                .asks
+                .hand_out(&turn, lead)
+                .and_then(|asked| Surfaced::from(asked).dialog()),
+        )
     }
 
     /// The dialog of `gid`'s start, `view`, handed out to its owner by the spawn's answer (a

@@ -13,6 +13,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::LocalPlane;
+use super::session::{PaneSession, StartState};
 use super::start_dialogs::StartAsk;
 use super::views::{DialogView, Surfaced};
 use crate::config::ProfileConfig;
@@ -285,31 +286,26 @@ impl LocalPlane {
         role: Role,
         profile: &ProfileConfig,
     ) -> Option<Result<Option<DialogView>, FleetError>> {
-        let (status, last_words, asked) = match self.sessions.lock().panes.get(&gid) {
-            Some(s) => (
-                s.status(),
-                s.last_words().map(String::from),
-                s.dialog()
-                    .filter(|_| s.blocked_at_start())
-                    .map(|d| d.question.clone()),
-            ),
-            None => (WorkerStatus::Gone, None, None),
-        };
-        match (status, asked) {
-            (WorkerStatus::Spawning, _) => None,
-            (WorkerStatus::Blocked, Some(asked)) => Some(Ok(Surfaced::from(asked).dialog())),
-            (WorkerStatus::Gone | WorkerStatus::Stopping, _) => Some(Err(FleetError::new(
+        let sessions = self.sessions.lock();
+        let state = sessions
+            .panes
+            .get(&gid)
+            .map_or(StartState::Ended(None), PaneSession::start_state);
+        match state {
+            StartState::Starting => None,
+            StartState::Blocked(asked) => Some(Ok(Surfaced::from(asked.clone()).dialog())),
+            StartState::Ended(last_words) => Some(Err(FleetError::new(
                 ErrorCode::NotReady,
                 quoting(
                     &format!(
                         "{role} (profile '{}') ended before it was ready",
                         profile.name
                     ),
-                    &last_words.unwrap_or_default(),
+                    last_words.unwrap_or_default(),
                     true,
                 ),
             ))),
-            _ => Some(Ok(None)),
+            StartState::Past => Some(Ok(None)),
         }
     }
 

@@ -34,6 +34,19 @@ pub(super) struct OpenDialog {
     pub at_start: bool,
 }
 
+/// Where a session is in its start.
+#[derive(Debug, PartialEq)]
+pub(super) enum StartState<'a> {
+    /// Starting: it has not signalled readiness, and shows no dialog asked of its owner.
+    Starting,
+    /// Blocked on a dialog its program showed while starting, asked as this.
+    Blocked(&'a AskView),
+    /// Ended (or being ended) before it was ready: its last words, if its program left any.
+    Ended(Option<&'a str>),
+    /// Past its start: ready, or at work since.
+    Past,
+}
+
 /// What a session a previous run left is taken back with (see [`PaneSession::adopted`]).
 pub(super) struct Adopted {
     /// Who.
@@ -204,7 +217,28 @@ impl PaneSession {
 
     /// Whether it is blocked on a dialog its program showed while starting.
     pub fn blocked_at_start(&self) -> bool {
-        self.status == WorkerStatus::Blocked && self.dialog.as_ref().is_some_and(|d| d.at_start)
+        self.start_dialog().is_some()
+    }
+
+    /// The dialog its program showed while starting, as asked of its owner, while it is
+    /// blocked on it.
+    pub fn start_dialog(&self) -> Option<&AskView> {
+        self.dialog
+            .as_ref()
+            .filter(|d| d.at_start && self.status == WorkerStatus::Blocked)
+            .map(|d| &d.question)
+    }
+
+    /// Where it is in its start.
+    pub fn start_state(&self) -> StartState<'_> {
+        match self.status {
+            WorkerStatus::Spawning => StartState::Starting,
+            WorkerStatus::Stopping | WorkerStatus::Gone => StartState::Ended(self.last_words()),
+            _ => match self.start_dialog() {
+                Some(asked) => StartState::Blocked(asked),
+                None => StartState::Past,
+            },
+        }
     }
 
     /// Its status as the store keeps it: a session blocked on a start dialog is still

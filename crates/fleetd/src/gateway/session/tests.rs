@@ -330,6 +330,7 @@ fn a_start_dialog_holds_the_start_and_a_call_in_meanwhile_makes_it_ready_once_it
     s.apply(SessionEvent::DialogShown).unwrap();
     s.dialog_asked(dialog(&s, "dlg-start", true));
     assert!(s.blocked_at_start());
+    assert!(matches!(s.start_state(), StartState::Blocked(asked) if asked.turn_id == "dlg-start"));
     // The store keeps it starting: a restart takes back no half-done start.
     assert_eq!(s.stored_status(), WorkerStatus::Spawning);
     // A call-in while the dialog is up does not make it ready: a task would answer the dialog.
@@ -345,7 +346,14 @@ fn a_start_dialog_holds_the_start_and_a_call_in_meanwhile_makes_it_ready_once_it
     s.dialog_asked(dialog(&s, "dlg-start", true));
     s.dialog_over();
     assert_eq!(s.status(), WorkerStatus::Spawning);
-    assert!(!s.blocked_at_start());
+    assert_eq!(s.start_state(), StartState::Starting);
     assert_eq!(s.called_in(false, 3), Some(true));
-    assert_eq!(s.status(), WorkerStatus::Idle);
+    assert_eq!(s.start_state(), StartState::Past);
+    // A dialog mid-task is no dialog of the start; a session stopped has ended.
+    s.start_task(task("t")).unwrap();
+    s.apply(SessionEvent::DialogShown).unwrap();
+    s.dialog_asked(dialog(&s, "dlg-task", false));
+    assert_eq!(s.start_state(), StartState::Past);
+    s.apply(SessionEvent::Stop).unwrap();
+    assert_eq!(s.start_state(), StartState::Ended(None));
 }

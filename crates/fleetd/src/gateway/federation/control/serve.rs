@@ -198,9 +198,7 @@ impl Federation {
                 s.entity().name.clone(),
                 s.pane().map(|p| p.0.clone()),
                 s.profile().name.clone(),
-                s.dialog()
-                    .filter(|_| s.blocked_at_start())
-                    .map(|d| d.question.turn_id.clone()),
+                s.start_dialog().map(|asked| asked.turn_id.clone()),
             )
         });
         match known {
