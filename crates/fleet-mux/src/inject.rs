@@ -11,16 +11,19 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, sleep, timeout};
 
-use crate::{MuxError, PaneHost, PaneId, Snapshot};
+use crate::{MuxError, OutputWatch, PaneHost, PaneId, Snapshot};
 
-/// The first pause between screen checks; doubled up to [`MAX_CHECK_INTERVAL`]. A check is a
-/// round trip to the host (~0.1 ms over tmux's control connection), so start small.
+/// The first pause between screen checks where the host does not report output; doubled up
+/// to [`MAX_CHECK_INTERVAL`]. A check is a round trip to the host (~0.1 ms over tmux's
+/// control connection), so start small.
 const FIRST_CHECK_INTERVAL: Duration = Duration::from_micros(250);
 /// How long the screen must hold still after the paste showed, before Enter is pressed.
 const SETTLE_STILL: Duration = Duration::from_millis(1);
-/// The longest pause between screen checks: each check costs a round trip to the host.
+/// The longest pause between screen checks: each check costs a round trip to the host. Where
+/// the host reports output, every check waits this long for a write, so a write the host
+/// failed to report still gets looked at.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a paste may take to show on screen before Enter is pressed anyway (a program that
 /// does not echo never shows it).
@@ -226,15 +229,19 @@ pub async fn inject_noting(
     if let Some(settle) = options.settle_first {
         hold_still(host, pane, settle).await?;
     }
+    let mut output = watch_output(host, pane).await;
+    output.mark_seen();
     let mut pre = host.snapshot(pane).await?;
     if pre.in_mode {
         // A human scrolling back in the pane: the paste would reach the program, but Enter
         // would be eaten by the mode.
         host.leave_mode(pane).await?;
+        output.mark_seen();
         pre = host.snapshot(pane).await?;
     }
     if let Some(marker) = &options.submitted_marker {
-        match wait_for_marker(host, pane, marker, options.verify_window, pre).await? {
+        let limit = options.verify_window;
+        match wait_for_marker(host, pane, marker, limit, pre, &mut output).await? {
             Some(empty) => pre = empty,
             None => return Ok(InjectOutcome::InputNotEmpty),
         }
@@ -246,16 +253,52 @@ pub async fn inject_noting(
     steps.reached(Reached::Pasted);
     // Compare against the screen *with* the paste on it, or the paste rendering late would
     // pass for a submit.
-    let mut before = settle(host, pane, &pre).await?;
+    let mut before = settle(host, pane, &pre, &mut output).await?;
     steps.reached(Reached::EchoSeen);
     if !options.enter_pause.is_zero() {
         sleep(options.enter_pause).await;
+        output.mark_seen();
         before = host.snapshot(pane).await?;
     }
     if !steps.enter_going().await {
         return Ok(InjectOutcome::Withheld);
     }
-    submit_noting(host, pane, before, options, activity, steps).await
+    let looks = Looks { host, pane, output };
+    submit_noting(looks, before, options, activity, steps).await
+}
+
+/// Watches `pane`'s output, or (a host that cannot, a failure) nothing: the caller then looks
+/// at the screen on a timer, as it would anyway.
+async fn watch_output(host: &dyn PaneHost, pane: &PaneId) -> OutputWatch {
+    host.watch_output(pane).await.unwrap_or_else(|e| {
+        tracing::debug!(%pane, error = %e, "cannot watch the pane's output; looking on a timer");
+        OutputWatch::none()
+    })
+}
+
+/// The next pause before a look at the screen: where the host reports output, the safety
+/// interval (a write wakes the look sooner); else `interval`, growing.
+fn next_nap(output: &OutputWatch, interval: Duration) -> Duration {
+    if output.is_live() {
+        MAX_CHECK_INTERVAL
+    } else {
+        interval
+    }
+}
+
+/// Looks at one pane, woken by its writes.
+struct Looks<'a> {
+    host: &'a dyn PaneHost,
+    pane: &'a PaneId,
+    output: OutputWatch,
+}
+
+impl Looks<'_> {
+    /// The screen now; a write after this call began counts as new.
+    async fn snapshot(&mut self) -> Result<Snapshot, MuxError> {
+        self.output.mark_seen();
+        self.host.snapshot(self.pane).await
+    }
 }
 
 /// Presses Enter under what `pane` holds in its input box (`before`: the screen showing it),
@@ -267,26 +310,29 @@ pub async fn submit(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
-    submit_noting(host, pane, before, options, activity, &Unnoted).await
+    let output = watch_output(host, pane).await;
+    let looks = Looks { host, pane, output };
+    submit_noting(looks, before, options, activity, &Unnoted).await
 }
 
 /// [`submit`], telling `steps` what it reached.
 async fn submit_noting(
-    host: &dyn PaneHost,
-    pane: &PaneId,
+    mut looks: Looks<'_>,
     mut before: Snapshot,
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
     steps: &impl Steps,
 ) -> Result<InjectOutcome, MuxError> {
+    let pane = looks.pane;
     for attempt in 0..2 {
         if attempt > 0 {
-            before = host.snapshot(pane).await?;
+            before = looks.snapshot().await?;
         }
         activity.borrow_and_update();
-        host.enter(pane).await?;
+        looks.output.mark_seen();
+        looks.host.enter(pane).await?;
         steps.reached(Reached::Enter);
-        if watch_for_submit(host, pane, &before, options, activity).await? {
+        if watch_for_submit(&mut looks, &before, options, activity).await? {
             steps.reached(Reached::SubmitSeen);
             return Ok(InjectOutcome::Submitted {
                 retried: attempt > 0,
@@ -326,15 +372,19 @@ async fn wait_for_marker(
     marker: &str,
     limit: Duration,
     mut screen: Snapshot,
+    output: &mut OutputWatch,
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + limit;
     let mut interval = FIRST_CHECK_INTERVAL;
     while !shows_empty_input(&screen.text, marker) {
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Ok(None);
         }
-        sleep(interval).await;
+        let nap = next_nap(output, interval).min(deadline - now);
+        let _ = timeout(nap, output.changed()).await;
         interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        output.mark_seen();
         screen = host.snapshot(pane).await?;
     }
     Ok(Some(screen))
@@ -342,7 +392,15 @@ async fn wait_for_marker(
 
 /// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for
 /// [`SETTLE_STILL`]; returns the last screen seen.
-async fn settle(host: &dyn PaneHost, pane: &PaneId, pre: &Snapshot) -> Result<Snapshot, MuxError> {
+async fn settle(
+    host: &dyn PaneHost,
+    pane: &PaneId,
+    pre: &Snapshot,
+    output: &mut OutputWatch,
+) -> Result<Snapshot, MuxError> {
+    if output.is_live() {
+        return settle_on_writes(host, pane, pre, output).await;
+    }
     let deadline = Instant::now() + ECHO_WAIT;
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut last = host.snapshot(pane).await?;
@@ -360,29 +418,68 @@ async fn settle(host: &dyn PaneHost, pane: &PaneId, pre: &Snapshot) -> Result<Sn
     Ok(last)
 }
 
-async fn watch_for_submit(
+/// [`settle`] where the host reports the pane's writes: the screen is looked at after a
+/// write, and it holds still once [`SETTLE_STILL`] passes without one.
+async fn settle_on_writes(
     host: &dyn PaneHost,
     pane: &PaneId,
+    pre: &Snapshot,
+    output: &mut OutputWatch,
+) -> Result<Snapshot, MuxError> {
+    let deadline = Instant::now() + ECHO_WAIT;
+    output.mark_seen();
+    let mut last = host.snapshot(pane).await?;
+    while last == *pre {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(last);
+        }
+        let _ = timeout(MAX_CHECK_INTERVAL.min(deadline - now), output.changed()).await;
+        output.mark_seen();
+        last = host.snapshot(pane).await?;
+    }
+    let mut wrote = false;
+    while Instant::now() < deadline {
+        tokio::select! {
+            () = output.changed() => {}
+            () = crate::fine::sleep(SETTLE_STILL) => break,
+        }
+        output.mark_seen();
+        wrote = true;
+    }
+    if wrote {
+        last = host.snapshot(pane).await?;
+    }
+    Ok(last)
+}
+
+async fn watch_for_submit(
+    looks: &mut Looks<'_>,
     before: &Snapshot,
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<bool, MuxError> {
     let deadline = Instant::now() + options.verify_window;
     let mut interval = FIRST_CHECK_INTERVAL;
+    let mut calls_heard = true;
     loop {
         let now = Instant::now();
         if now >= deadline {
             return Ok(false);
         }
-        let nap = interval.min(deadline - now);
-        // An agent calling in is proof enough; otherwise look at the screen after each nap.
-        match timeout_at(now + nap, activity.changed()).await {
-            Ok(Ok(())) => return Ok(true),
-            // The activity sender is gone: only the screen can tell from here on.
-            Ok(Err(_)) => sleep(nap).await,
-            Err(_) => {}
+        let nap = next_nap(&looks.output, interval).min(deadline - now);
+        // An agent calling in is proof enough; otherwise look at the screen after a write of
+        // the pane's, or after each nap.
+        tokio::select! {
+            called = activity.changed(), if calls_heard => match called {
+                Ok(()) => return Ok(true),
+                // The activity sender is gone: only the screen can tell from here on.
+                Err(_) => calls_heard = false,
+            },
+            () = looks.output.changed() => {}
+            () = sleep(nap) => {}
         }
-        let after = host.snapshot(pane).await?;
+        let after = looks.snapshot().await?;
         if looks_submitted(before, &after, options.submitted_marker.as_deref()) {
             return Ok(true);
         }

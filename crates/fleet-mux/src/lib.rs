@@ -7,6 +7,7 @@
 
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod fine;
 pub mod herdr;
 pub mod inject;
 pub mod interrupted;
@@ -208,4 +209,77 @@ pub trait PaneHost: Send + Sync + 'static {
 
     /// Closes the pane, ending its program. Closing a pane that is gone is not an error.
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError>;
+
+    /// Tells of `pane`'s output from now until the watch is dropped, where the host reports
+    /// output as it happens (tmux's control mode); elsewhere a watch that never fires
+    /// ([`OutputWatch::none`]), and the caller keeps looking at the screen on a timer.
+    async fn watch_output(&self, pane: &PaneId) -> Result<OutputWatch, MuxError> {
+        let _ = pane;
+        Ok(OutputWatch::none())
+    }
+}
+
+/// A pane's output as its host reports it: [`OutputWatch::changed`] returns once the pane
+/// printed something after the last [`OutputWatch::mark_seen`]. What it printed is not
+/// carried: a look at the screen tells that.
+pub struct OutputWatch {
+    /// Counts the pane's writes; `None` where the host reports none.
+    writes: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Ends the watch when dropped (the host stops sending the pane's output).
+    _release: Option<Box<dyn Send + Sync>>,
+}
+
+impl std::fmt::Debug for OutputWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputWatch")
+            .field("live", &self.is_live())
+            .finish()
+    }
+}
+
+impl OutputWatch {
+    /// A watch that never fires: the host reports no output.
+    pub fn none() -> Self {
+        Self {
+            writes: None,
+            _release: None,
+        }
+    }
+
+    /// A watch on `writes`, which the host bumps at each write of the pane; `release` is
+    /// dropped with the watch.
+    pub fn new(writes: tokio::sync::watch::Receiver<u64>, release: Box<dyn Send + Sync>) -> Self {
+        Self {
+            writes: Some(writes),
+            _release: Some(release),
+        }
+    }
+
+    /// Whether the host reports this pane's output: a caller may then wait on
+    /// [`Self::changed`] rather than look at the screen again and again.
+    pub fn is_live(&self) -> bool {
+        self.writes
+            .as_ref()
+            .is_some_and(|w| w.has_changed().is_ok())
+    }
+
+    /// Takes in every write so far: [`Self::changed`] waits for the next. Call it *before*
+    /// looking at the screen, so a write the look may have missed still counts as new.
+    pub fn mark_seen(&mut self) {
+        if let Some(writes) = &mut self.writes {
+            writes.borrow_and_update();
+        }
+    }
+
+    /// Returns once the pane wrote something not yet marked seen; never, where the host
+    /// reports no output or stopped reporting it (its connection closed).
+    pub async fn changed(&mut self) {
+        let heard = match &mut self.writes {
+            Some(writes) => writes.changed().await.is_ok(),
+            None => false,
+        };
+        if !heard {
+            std::future::pending::<()>().await;
+        }
+    }
 }

@@ -400,3 +400,84 @@ async fn a_command_tmux_never_answers_fails_without_quoting_the_token() {
     assert!(!err.contains("do-not-show-me"), "{err}");
     assert!(!format!("{secret:?}").contains("do-not-show-me"));
 }
+
+/// How many sessions the window of `pane` on server `name` is linked into.
+fn linked_sessions(name: &str, pane: &PaneId) -> String {
+    let out = std::process::Command::new("tmux")
+        .args(["-L", name, "display-message", "-p", "-t", &pane.0])
+        .arg("#{window_linked_sessions_list}")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn a_watched_pane_tells_of_each_write_and_only_of_writes() {
+    let server = Server::new();
+    let pane = server.tmux.spawn(&spec("loud", "exec cat")).await.unwrap();
+    let mut output = server.tmux.watch_output(&pane).await.unwrap();
+    assert!(output.is_live());
+    output.mark_seen();
+    // Nothing written: nothing told.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), output.changed())
+            .await
+            .is_err()
+    );
+    server.tmux.type_text(&pane, "echoed").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), output.changed())
+        .await
+        .expect("cat's echo is told");
+    wait_for_text(&server.tmux, &pane, "echoed").await;
+    // A pane watched again after its watch ended is heard again, and a watch of another pane
+    // hears nothing of this one.
+    drop(output);
+    let other = server.tmux.spawn(&spec("quiet", "exec cat")).await.unwrap();
+    let mut quiet = server.tmux.watch_output(&other).await.unwrap();
+    let mut again = server.tmux.watch_output(&pane).await.unwrap();
+    quiet.mark_seen();
+    again.mark_seen();
+    server.tmux.type_text(&pane, "twice").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), again.changed())
+        .await
+        .expect("heard after a second watch");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), quiet.changed())
+            .await
+            .is_err()
+    );
+    // Linking the windows into fleetd's own session shows no pane twice.
+    assert_eq!(server.tmux.panes().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_pane_fleetd_did_not_open_is_linked_once_when_first_watched() {
+    let server = Server::new();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    // The server runs (fleetd's control session in it); a pane opened by a client process
+    // stands for one an earlier fleetd opened.
+    server.tmux.panes().await.unwrap();
+    let client = Tmux::new(Socket::Name(name.clone()));
+    let out = std::process::Command::new("tmux")
+        .args(["-L", &name, "new-session", "-d", "-s", "older", "-P"])
+        .args(["-F", "#{pane_id}", "cat"])
+        .output()
+        .unwrap();
+    let pane = PaneId(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    assert_eq!(linked_sessions(&name, &pane), "older");
+    let mut output = server.tmux.watch_output(&pane).await.unwrap();
+    assert_eq!(linked_sessions(&name, &pane), "older,_fleetd");
+    output.mark_seen();
+    client.type_text(&pane, "seen").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), output.changed())
+        .await
+        .expect("an adopted pane is heard");
+    drop(output);
+    // A fleetd started afresh on the same server finds the link and adds none.
+    let scratch = tempfile::tempdir().unwrap();
+    let restarted = Tmux::private(name.clone(), scratch.path().join("paste"));
+    let _watch = restarted.watch_output(&pane).await.unwrap();
+    assert_eq!(linked_sessions(&name, &pane), "older,_fleetd");
+}

@@ -21,7 +21,9 @@ use fleet_core::dialog::Key;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::{AgentState, MuxError, PaneHost, PaneId, PaneLife, PaneSpec, PaneState, Snapshot};
+use crate::{
+    AgentState, MuxError, OutputWatch, PaneHost, PaneId, PaneLife, PaneSpec, PaneState, Snapshot,
+};
 use control::Control;
 
 /// How long one tmux command may take: a wedged server or client must not hold up the pump or
@@ -239,7 +241,14 @@ impl Tmux {
 impl PaneHost for Tmux {
     async fn spawn(&self, spec: &PaneSpec) -> Result<PaneId, MuxError> {
         let out = self.exec(&codec::spawn_commands(spec)?).await?;
-        codec::parse_pane_id(&out)
+        let pane = codec::parse_pane_id(&out)?;
+        if let Some((control, _)) = &self.control
+            && let Err(e) = control.link_new(&pane).await
+        {
+            // Its output is then looked at on a timer instead.
+            tracing::warn!(%pane, error = %e, "cannot link the new pane into the control session");
+        }
+        Ok(pane)
     }
 
     async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
@@ -322,6 +331,13 @@ impl PaneHost for Tmux {
         match self.exec(&[codec::close_args(pane)]).await {
             Ok(_) | Err(MuxError::NoPane(_)) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    async fn watch_output(&self, pane: &PaneId) -> Result<OutputWatch, MuxError> {
+        match &self.control {
+            Some((control, _)) => control.watch(pane).await,
+            None => Ok(OutputWatch::none()),
         }
     }
 }

@@ -1,6 +1,10 @@
 //! tmux control mode's lines (`tmux -C`), the pure half of [`crate::tmux::control`]: the
 //! command line a client writes ([`quote`], [`line()`]) and the answer blocks it reads back
-//! ([`Blocks`]). No processes, no I/O.
+//! ([`Blocks`]), and the commands that let it hear a pane's output ([`link_args`]). No
+//! processes, no I/O.
+//!
+//! tmux tells a control client of the output of panes in its own session only, so a worker's
+//! window is linked into [`CONTROL_SESSION`] too.
 //!
 //! A command line is one line: a word holding a newline (or any control character) is refused
 //! before anything is written, since what followed the newline would run as a command of its
@@ -67,9 +71,11 @@ pub struct Blocks {
 
 /// What a line meant.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Seen {
+pub enum Seen<'a> {
     /// Nothing finished yet (a notification, or a line inside a block).
     Nothing,
+    /// The pane with this id printed something (`%output`, `%extended-output`).
+    Output(&'a str),
     /// A block ended well: its lines.
     Done(Vec<String>),
     /// A block ended in `%error`: its lines (the message).
@@ -84,8 +90,13 @@ fn number(rest: &str) -> Option<&str> {
 }
 
 impl Blocks {
+    /// Whether a block is open: its lines are an answer's, whatever they look like.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
     /// Feeds one line (without its newline).
-    pub fn feed(&mut self, line: &str) -> Seen {
+    pub fn feed<'a>(&mut self, line: &'a str) -> Seen<'a> {
         if let Some((open_number, lines)) = &mut self.open {
             let closing = line
                 .strip_prefix("%end ")
@@ -114,8 +125,67 @@ impl Blocks {
         if line == "%exit" || line.starts_with("%exit ") {
             return Seen::Exit;
         }
-        Seen::Nothing
+        match output_pane(line.as_bytes()) {
+            Some(pane) => Seen::Output(pane),
+            None => Seen::Nothing,
+        }
     }
+}
+
+/// The pane a `%output %N DATA` or `%extended-output %N AGE … : DATA` line is about. Read
+/// off the line's bytes: what a pane printed comes raw, not always UTF-8, and may be long.
+pub fn output_pane(line: &[u8]) -> Option<&str> {
+    let rest = line
+        .strip_prefix(b"%output ")
+        .or_else(|| line.strip_prefix(b"%extended-output "))?;
+    let end = rest.iter().position(|b| *b == b' ').unwrap_or(rest.len());
+    let pane = std::str::from_utf8(&rest[..end]).ok()?;
+    (pane.len() > 1 && pane.starts_with('%')).then_some(pane)
+}
+
+/// Links the window of `pane` into the control client's session (after the windows there,
+/// not made current), so the client hears its output.
+pub fn link_args(pane: &str) -> Vec<String> {
+    let target = format!("{CONTROL_SESSION}:");
+    ["link-window", "-d", "-s", pane, "-t", &target]
+        .map(String::from)
+        .to_vec()
+}
+
+/// Prints the sessions the window of `pane` is linked into, comma-separated.
+pub fn linked_sessions_args(pane: &str) -> Vec<String> {
+    [
+        "display-message",
+        "-p",
+        "-t",
+        pane,
+        "#{window_linked_sessions_list}",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Whether the answer to [`linked_sessions_args`] names the control client's session.
+pub fn is_linked(answer: &[String]) -> bool {
+    answer
+        .iter()
+        .flat_map(|line| line.split(','))
+        .any(|session| session == CONTROL_SESSION)
+}
+
+/// Lists the panes of the windows in the control client's session (its own, and those
+/// linked into it; a window linked twice shows twice).
+pub fn linked_panes_args() -> Vec<String> {
+    [
+        "list-panes",
+        "-s",
+        "-t",
+        CONTROL_SESSION,
+        "-F",
+        "#{pane_id}",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 #[cfg(test)]
@@ -172,7 +242,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_are_reassembled_and_notifications_skipped() {
+    fn blocks_are_reassembled_output_named_and_notifications_skipped() {
         let transcript = [
             "%begin 1796047536 260 0",
             "%end 1796047536 260 0",
@@ -198,11 +268,58 @@ mod tests {
             seen,
             vec![
                 Seen::Done(vec![]),
+                Seen::Output("%0"),
                 // A line that only looks like the end of another block stays content.
                 Seen::Done(vec!["17069 x".into(), "%end 1796047536 999 1".into()]),
                 Seen::Failed(vec!["parse error: unknown command: bogus-cmd".into()]),
                 Seen::Exit,
             ]
         );
+    }
+
+    #[test]
+    fn output_outside_a_block_names_its_pane() {
+        let mut blocks = Blocks::default();
+        assert_eq!(blocks.feed("%output %12 hi\\015\\012"), Seen::Output("%12"));
+        assert_eq!(blocks.feed("%output %3 "), Seen::Output("%3"));
+        assert_eq!(
+            blocks.feed("%extended-output %7 120 : more"),
+            Seen::Output("%7")
+        );
+        // Not a pane id: skipped, as any other notification.
+        assert_eq!(blocks.feed("%output x1 hi"), Seen::Nothing);
+        assert_eq!(blocks.feed("%output % hi"), Seen::Nothing);
+        assert_eq!(blocks.feed("%outputs %1 hi"), Seen::Nothing);
+        // What a pane printed comes raw: bytes that are not UTF-8 do not hide the pane.
+        assert_eq!(output_pane(b"%output %3 \xff\xfe\x80 tail"), Some("%3"));
+        assert_eq!(output_pane(b"%output %3"), Some("%3"));
+        // Inside a block, a line that looks like output is the answer's content.
+        blocks.feed("%begin 1 5 1");
+        assert_eq!(blocks.feed("%output %1 typed by a pane"), Seen::Nothing);
+        assert_eq!(
+            blocks.feed("%end 1 5 1"),
+            Seen::Done(vec!["%output %1 typed by a pane".into()])
+        );
+    }
+
+    #[test]
+    fn a_pane_is_linked_into_the_control_session_once() {
+        assert_eq!(
+            link_args("%4"),
+            ["link-window", "-d", "-s", "%4", "-t", "_fleetd:"]
+                .map(String::from)
+                .to_vec()
+        );
+        assert!(is_linked(&["w1,_fleetd".into()]));
+        assert!(!is_linked(&["w1".into()]));
+        assert!(!is_linked(&["w1,_fleetd2".into()]));
+        // Every command is one line tmux reads back as these words.
+        for words in [
+            link_args("%4"),
+            linked_sessions_args("%4"),
+            linked_panes_args(),
+        ] {
+            assert!(line(&words).is_ok(), "{words:?}");
+        }
     }
 }

@@ -187,12 +187,16 @@ fn tmux_server(socket: &str) -> Option<u32> {
 }
 
 /// The pids of the programs in the panes of tmux server `socket` (fleetd's own control
-/// session's included: it runs nothing).
+/// session's included: it runs nothing), each once (a worker's window is linked into fleetd's
+/// session too, so it is listed twice).
 fn pane_pids(socket: &str) -> anyhow::Result<Vec<u32>> {
-    Ok(tmux(socket, &["list-panes", "-a", "-F", "#{pane_pid}"])?
+    let mut pids: Vec<u32> = tmux(socket, &["list-panes", "-a", "-F", "#{pane_pid}"])?
         .lines()
         .filter_map(|l| l.trim().parse().ok())
-        .collect())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
 }
 
 /// The pid of the broker's Erlang VM on this machine, if there is one.
