@@ -19,6 +19,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::Taken;
+use super::inboxes::AnswerWatch;
 use super::views::{PollResult, SendResult, Surfaced};
 use super::{Caller, LocalPlane, store_error};
 
@@ -35,12 +36,13 @@ struct OpenCall {
     listens: Option<Gid>,
 }
 
-/// What a wait for an answer holds: the open call, the caller's inbox (watched from before the
-/// awaited message could be answered), whether an answer may already be held, and whether the
-/// awaited message is held on another host.
+/// What a wait for an answer holds: the open call, the caller's inbox and the awaited
+/// message's answers (both watched from before the message could be answered), whether an
+/// answer may already be held, and whether the awaited message is held on another host.
 struct Waiting {
     open: OpenCall,
     inbox: tokio_watch::Receiver<u64>,
+    answer: AnswerWatch,
     look_first: bool,
     /// The message is held for its recipient as far as anything here can tell without
     /// asking the store: held on its host for a lead there, or just held here for a lead
@@ -125,9 +127,10 @@ impl LocalPlane {
         let msg_id = message.msg_id;
         crate::logs::step(msg_id, "accepted");
         let open = self.open_call(caller.entity.gid, false, Some(recipient.gid));
-        // Watched from before the message leaves: until the inbox changes, no answer can be in
-        // it, and the store need not be asked.
+        // Watched from before the message leaves: until an answer to it is held, the store need
+        // not be asked.
         let inbox = self.inboxes.watch(caller.entity.gid);
+        let answer = self.inboxes.watch_answer(msg_id);
         let brief = plan.brief;
         if brief {
             // Tracked before it is published: its receipt may come back at once.
@@ -152,6 +155,7 @@ impl LocalPlane {
         let waiting = Waiting {
             open,
             inbox,
+            answer,
             look_first: false,
             known_held: plan.known_held(placement, !wait.is_zero()),
         };
@@ -170,6 +174,7 @@ impl LocalPlane {
         let waiting = Waiting {
             open: self.open_call(caller.entity.gid, false, Some(to)),
             inbox: self.inboxes.watch(caller.entity.gid),
+            answer: self.inboxes.watch_answer(msg_id),
             look_first: true,
             known_held: false,
         };
@@ -187,15 +192,17 @@ impl LocalPlane {
         let Waiting {
             open,
             mut inbox,
+            mut answer,
             look_first: mut look,
             known_held,
         } = waiting;
         let me = caller.entity.gid;
         let deadline = Instant::now() + wait;
         loop {
-            // A change seen for the first time here counts too: an answer may come back before
-            // the wait starts (another host's gateway refusing at once).
-            look |= inbox.has_changed().unwrap_or(true);
+            // An answer held before the wait starts counts too (another host's gateway
+            // refusing at once). Anything else that reaches the inbox (an ask to surface) needs
+            // no look at the store.
+            look |= answer.take_news();
             inbox.borrow_and_update();
             if look && let Some(answered) = self.answer_of(me, msg_id, ct).await? {
                 crate::logs::step(msg_id, "lead_woken");
@@ -205,10 +212,11 @@ impl LocalPlane {
             if let Some(surfaced) = asked.map(Surfaced::from) {
                 return Ok(surfaced_on(msg_id, surfaced));
             }
+            look = false;
             tokio::select! {
-                changed = inbox.changed() => match changed {
-                    Ok(()) => look = true,
-                    Err(_) => break,
+                () = answer.held() => look = true,
+                changed = inbox.changed() => if changed.is_err() {
+                    break;
                 },
                 () = sleep_until(deadline) => break,
                 () = ct.cancelled() => return Err(cancelled()),
@@ -219,10 +227,9 @@ impl LocalPlane {
             .await
     }
 
-    /// The answer to `msg_id` sent by `me`, taken, if it is there. Every change of the
-    /// caller's inbox wakes each of its waiting sends: each first asks, on the store's reader,
-    /// whether its own answer is there, and only then takes it (a lead with a hundred sends
-    /// out otherwise paid a hundred writes per reply).
+    /// The answer to `msg_id` sent by `me`, taken, if it is there: first asked on the store's
+    /// reader, and only then taken (a wait woken by an answer that another call took first
+    /// pays no write).
     async fn answer_of(
         self: &Arc<Self>,
         me: Gid,
@@ -240,7 +247,7 @@ impl LocalPlane {
         let Some(answer) = self.db.run(move |s| s.take_answer(me, msg_id)).await? else {
             return Ok(None);
         };
-        self.keep_unless_cancelled(ct, me, &[answer.msg_id]).await?;
+        self.keep_unless_cancelled(ct, me, &[&answer]).await?;
         Ok(Some(match answer.kind {
             Kind::Failed => SendResult::Failed {
                 msg_id,
@@ -300,20 +307,23 @@ impl LocalPlane {
     }
 
     /// Gives messages just taken for `to`'s call back to `held` if the call was cancelled
-    /// meanwhile (the client would never see them), wakes `to`'s other calls to them, and
-    /// reports the cancellation.
+    /// meanwhile (the client would never see them), wakes `to`'s other calls to them (a send
+    /// waiting for one as its answer too), and reports the cancellation.
     async fn keep_unless_cancelled(
         &self,
         ct: &CancellationToken,
         to: Gid,
-        taken: &[MsgId],
+        taken: &[&Message],
     ) -> Result<(), FleetError> {
         if !ct.is_cancelled() {
             return Ok(());
         }
-        let ids = taken.to_vec();
+        let ids: Vec<MsgId> = taken.iter().map(|m| m.msg_id).collect();
         self.db.run(move |s| s.release(&ids)).await?;
         self.inboxes.bump(to);
+        for answered in taken.iter().filter_map(|m| m.in_reply_to) {
+            self.inboxes.answered(answered);
+        }
         Err(cancelled())
     }
 
@@ -361,8 +371,8 @@ impl LocalPlane {
                 }
             }
             if !batch.is_empty() || !asks.is_empty() || !blocked.is_empty() {
-                let ids: Vec<MsgId> = batch.iter().map(|m| m.msg_id).collect();
-                self.keep_unless_cancelled(ct, me, &ids).await?;
+                let taken: Vec<&Message> = batch.iter().collect();
+                self.keep_unless_cancelled(ct, me, &taken).await?;
                 let mut messages = Vec::with_capacity(batch.len());
                 for message in batch {
                     messages.push(self.describe(message).await);

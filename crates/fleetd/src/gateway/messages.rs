@@ -220,18 +220,21 @@ impl LocalPlane {
         &self,
         messages: Vec<Message>,
     ) -> Result<Vec<Result<(), Full>>, FleetError> {
-        let ids: Vec<(Gid, MsgId, TraceId, Kind)> = messages
+        let ids: Vec<(Gid, MsgId, TraceId, Kind, Option<MsgId>)> = messages
             .iter()
-            .map(|m| (m.to, m.msg_id, m.trace_id, m.kind))
+            .map(|m| (m.to, m.msg_id, m.trace_id, m.kind, m.in_reply_to))
             .collect();
         let outcomes = self.store_within_cap(messages).await?;
-        for ((to, msg_id, trace_id, kind), outcome) in ids.into_iter().zip(&outcomes) {
+        for ((to, msg_id, trace_id, kind, answers), outcome) in ids.into_iter().zip(&outcomes) {
             match outcome {
                 Ok(fresh) => {
                     tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
                     if *fresh {
                         self.metrics.accepted(kind, Placement::Hold);
                         self.inboxes.bump(to);
+                        if let Some(answered) = answers {
+                            self.inboxes.answered(answered);
+                        }
                         // A pane-bound recipient that pulls is nudged about it too.
                         if let Some(session) = self.sessions.lock().panes.get(&to) {
                             session.kick();
