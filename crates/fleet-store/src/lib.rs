@@ -253,8 +253,16 @@ pub trait Store: Send + Sync + 'static {
     fn last_answer_ms(&self, to: Gid, from: Gid) -> StoreResult<Option<i64>>;
 
     /// Fails every queued or injecting message to `to` with `reason`; returns them so their
-    /// senders can be told.
-    fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>>;
+    /// senders can be told. The task `in_flight`, if its keys went to the pane already
+    /// ([`Store::keys_sent`]), is left as it is: what became of it is for whoever types it to
+    /// record (a worker that ended as it took the task may have taken it: it ended before
+    /// replying, not before its task reached it).
+    fn fail_undelivered_to(
+        &self,
+        to: Gid,
+        reason: &str,
+        in_flight: Option<MsgId>,
+    ) -> StoreResult<Vec<Message>>;
 
     /// Records that the keys of `msg_id`, `injecting`, are about to go to its pane: until then
     /// a stop leaves it certainly untyped. (Kept in its `reason`, which an `injecting`

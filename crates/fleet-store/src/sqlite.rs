@@ -713,16 +713,30 @@ impl Store for SqliteStore {
         Ok(stmt.query_row([to.to_string(), from.to_string()], |row| row.get(0))?)
     }
 
-    fn fail_undelivered_to(&self, to: Gid, reason: &str) -> StoreResult<Vec<Message>> {
+    fn fail_undelivered_to(
+        &self,
+        to: Gid,
+        reason: &str,
+        in_flight: Option<MsgId>,
+    ) -> StoreResult<Vec<Message>> {
         let conn = self.conn();
+        let in_flight = in_flight.map(|id| id.to_string()).unwrap_or_default();
         query_messages(
             &conn,
             &format!(
                 "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
                  WHERE to_gid = ?1 AND state IN ('queued', 'injecting')
+                   AND NOT (msg_id = ?4 AND state = 'injecting' AND reason IN (?5, ?6))
                  RETURNING {MESSAGE_COLUMNS}"
             ),
-            params![to.to_string(), reason, now_ms()],
+            params![
+                to.to_string(),
+                reason,
+                now_ms(),
+                in_flight,
+                KEYS_SENT,
+                ENTER_SENT
+            ],
         )
     }
 

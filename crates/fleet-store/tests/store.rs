@@ -414,11 +414,44 @@ fn a_failure_notice_about_a_task_already_answered_is_taken_as_a_copy() {
 }
 
 #[test]
+fn a_task_whose_keys_went_in_as_its_worker_ended_is_left_to_its_typing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let typed = message(lead, w, MsgState::Injecting, "typed");
+    let untyped = message(lead, w, MsgState::Injecting, "untyped");
+    let queued = message(lead, w, MsgState::Queued, "queued");
+    for m in [&typed, &untyped, &queued] {
+        store.insert_message(m).unwrap();
+    }
+    assert!(store.keys_sent(typed.msg_id).unwrap());
+    // In flight with its keys in: left. In flight before its keys: failed, as is the rest.
+    let failed = store
+        .fail_undelivered_to(w, "gone", Some(typed.msg_id))
+        .unwrap();
+    let mut ids: Vec<_> = failed.iter().map(|m| m.msg_id).collect();
+    ids.sort();
+    let mut expected = vec![untyped.msg_id, queued.msg_id];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        store.message(typed.msg_id).unwrap().map(|m| m.state),
+        Some(MsgState::Injecting)
+    );
+    // Not in flight (a restart's leftover): failed, keys or not.
+    let failed = store.fail_undelivered_to(w, "gone", None).unwrap();
+    assert_eq!(
+        failed.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+        vec![typed.msg_id]
+    );
+}
+
+#[test]
 fn undelivered_and_interrupted_messages_fail_loudly() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let (lead, w) = mixed_traffic(&store);
-    let failed = store.fail_undelivered_to(w, "worker gone").unwrap();
+    let failed = store.fail_undelivered_to(w, "worker gone", None).unwrap();
     assert_eq!(failed.len(), 2);
     assert!(
         failed
@@ -605,7 +638,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
     store.release(&[taken[0].msg_id]).unwrap();
     both(&store);
     assert_eq!(waiting_seen(&store, lead), 3);
-    store.fail_undelivered_to(w, "gone").unwrap();
+    store.fail_undelivered_to(w, "gone", None).unwrap();
     both(&store);
     assert_eq!(waiting_seen(&store, w), 0);
     store.prune(i64::MAX).unwrap();
@@ -988,7 +1021,7 @@ fn every_change_of_a_message_or_an_entity_is_recorded_in_order_and_goes_with_its
     let other = message(lead, w.entity.gid, MsgState::Queued, "late");
     store.insert_message(&other).unwrap();
     store
-        .fail_undelivered_to(w.entity.gid, "its worker stopped")
+        .fail_undelivered_to(w.entity.gid, "its worker stopped", None)
         .unwrap();
 
     let changes = store.changes_since(start, 100).unwrap();

@@ -178,9 +178,12 @@ impl LocalPlane {
         let (owner, name) = (entity.parent, &entity.name);
         let why = format!("'{name}' is gone ({public})");
         let stored = told(&why, screen, false);
+        // The task being typed as it ended may have reached it: told below as one it ended
+        // before replying to, and recorded by its typing.
+        let in_flight = current.as_ref().map(|t| t.msg_id);
         match self
             .db
-            .run(move |s| s.fail_undelivered_to(gid, &stored))
+            .run(move |s| s.fail_undelivered_to(gid, &stored, in_flight))
             .await
         {
             Ok(failed) => {
@@ -305,7 +308,7 @@ impl LocalPlane {
         let told = gone.clone();
         for message in self
             .db
-            .run(move |s| s.fail_undelivered_to(gid, &told))
+            .run(move |s| s.fail_undelivered_to(gid, &told, None))
             .await?
         {
             self.notify_failed(&message, &gone).await;
