@@ -376,18 +376,36 @@ async fn wait_for_marker(
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + limit;
     let mut interval = FIRST_CHECK_INTERVAL;
+    let mut looked = Instant::now();
     while !shows_empty_input(&screen.text, marker) {
         let now = Instant::now();
         if now >= deadline {
             return Ok(None);
         }
         let nap = next_nap(output, interval).min(deadline - now);
-        let _ = timeout(nap, output.changed()).await;
+        write_or_nap(output, nap, looked, interval).await;
         interval = (interval * 2).min(MAX_CHECK_INTERVAL);
         output.mark_seen();
+        looked = Instant::now();
         screen = host.snapshot(pane).await?;
     }
     Ok(Some(screen))
+}
+
+/// Waits for a write of the pane's (at most `nap`), then until `gap` has passed since the
+/// look at `looked`: a pane that writes without pause is looked at less and less often (the
+/// caller doubles `gap`), not at every write.
+async fn write_or_nap(output: &mut OutputWatch, nap: Duration, looked: Instant, gap: Duration) {
+    let _ = timeout(nap, output.changed()).await;
+    gap_since(looked, gap).await;
+}
+
+/// Waits until `gap` has passed since `looked`.
+async fn gap_since(looked: Instant, gap: Duration) {
+    let since = looked.elapsed();
+    if since < gap {
+        crate::fine::sleep(gap - since).await;
+    }
 }
 
 /// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for
@@ -427,15 +445,25 @@ async fn settle_on_writes(
     output: &mut OutputWatch,
 ) -> Result<Snapshot, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
+    let mut interval = FIRST_CHECK_INTERVAL;
     output.mark_seen();
+    let mut looked = Instant::now();
     let mut last = host.snapshot(pane).await?;
     while last == *pre {
         let now = Instant::now();
         if now >= deadline {
             return Ok(last);
         }
-        let _ = timeout(MAX_CHECK_INTERVAL.min(deadline - now), output.changed()).await;
+        write_or_nap(
+            output,
+            MAX_CHECK_INTERVAL.min(deadline - now),
+            looked,
+            interval,
+        )
+        .await;
+        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
         output.mark_seen();
+        looked = Instant::now();
         last = host.snapshot(pane).await?;
     }
     let mut wrote = false;
@@ -462,6 +490,7 @@ async fn watch_for_submit(
     let deadline = Instant::now() + options.verify_window;
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut calls_heard = true;
+    let mut looked = Instant::now();
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -476,9 +505,10 @@ async fn watch_for_submit(
                 // The activity sender is gone: only the screen can tell from here on.
                 Err(_) => calls_heard = false,
             },
-            () = looks.output.changed() => {}
+            () = looks.output.changed() => gap_since(looked, interval).await,
             () = sleep(nap) => {}
         }
+        looked = Instant::now();
         let after = looks.snapshot().await?;
         if looks_submitted(before, &after, options.submitted_marker.as_deref()) {
             return Ok(true);

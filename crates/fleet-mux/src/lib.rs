@@ -225,7 +225,7 @@ pub trait PaneHost: Send + Sync + 'static {
 pub struct OutputWatch {
     /// Counts the pane's writes; `None` where the host reports none.
     writes: Option<tokio::sync::watch::Receiver<u64>>,
-    /// Ends the watch when dropped (the host stops sending the pane's output).
+    /// Ends the watch when dropped (the host stops telling of the pane's writes).
     _release: Option<Box<dyn Send + Sync>>,
 }
 
@@ -256,7 +256,8 @@ impl OutputWatch {
     }
 
     /// Whether the host reports this pane's output: a caller may then wait on
-    /// [`Self::changed`] rather than look at the screen again and again.
+    /// [`Self::changed`] rather than look at the screen again and again (a write made while
+    /// the host's connection is being replaced goes unheard: a look on a timer stays).
     pub fn is_live(&self) -> bool {
         self.writes
             .as_ref()
@@ -271,8 +272,8 @@ impl OutputWatch {
         }
     }
 
-    /// Returns once the pane wrote something not yet marked seen; never, where the host
-    /// reports no output or stopped reporting it (its connection closed).
+    /// Returns once the pane wrote something not yet marked seen (or the host's connection
+    /// closed: a look then tells what became of it); never, where the host reports no output.
     pub async fn changed(&mut self) {
         let heard = match &mut self.writes {
             Some(writes) => writes.changed().await.is_ok(),

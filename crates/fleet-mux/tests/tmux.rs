@@ -446,8 +446,42 @@ async fn a_watched_pane_tells_of_each_write_and_only_of_writes() {
             .await
             .is_err()
     );
-    // Linking the windows into fleetd's own session shows no pane twice.
-    assert_eq!(server.tmux.panes().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn closing_a_workers_own_session_by_hand_still_ends_its_program() {
+    let server = Server::new();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let pane = server
+        .tmux
+        .spawn(&spec("doomed", "exec sleep 600"))
+        .await
+        .unwrap();
+    let kept = server
+        .tmux
+        .spawn(&spec("kept", "exec sleep 600"))
+        .await
+        .unwrap();
+    let pid = server.tmux.pid(&pane).await.unwrap();
+    // Its window is linked into fleetd's own session too, which would keep it open.
+    assert_eq!(linked_sessions(&name, &pane), "doomed,_fleetd");
+    let out = std::process::Command::new("tmux")
+        .args(["-L", &name, "kill-session", "-t", "doomed"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let listed = server.tmux.panes().await.unwrap();
+    assert!(!listed.contains_key(&pane), "{listed:?}");
+    assert!(listed.contains_key(&kept), "{listed:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline, "its program still runs");
+        sleep(Duration::from_millis(20)).await;
+    }
+    // fleetd's own session and its other worker are untouched.
+    assert_eq!(server.tmux.panes().await.unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -479,7 +479,17 @@ impl Fleet {
         {
             return Ok(());
         }
-        let out = tmux(&["new-session", "-d", "-s", session, "sleep", "2147483647"])?;
+        let window = fleet_mux::tmux::codec::control::CONTROL_WINDOW;
+        let out = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-n",
+            window,
+            "sleep",
+            "2147483647",
+        ])?;
         anyhow::ensure!(
             out.status.success(),
             "cannot start the tmux server {}: {}",

@@ -244,43 +244,70 @@ pub fn history_args(pane: &PaneId, lines: usize) -> Vec<String> {
     ])
 }
 
-/// Every pane of the server, with whether it is dead and how it ended. Fields are separated by
-/// spaces (no control character may go into a command line), the session's name last: it is
-/// the only one that may hold a space.
+/// Every pane of the server, with whether it is dead and how it ended, and whether its window
+/// is the control client's own. Fields are separated by spaces (no control character may go
+/// into a command line), the session's name last: it is the only one that may hold a space.
 pub fn list_args() -> Vec<String> {
-    strings(&[
-        "list-panes",
-        "-a",
-        "-F",
-        "#{pane_id} #{pane_dead} #{pane_dead_status} #{pane_dead_signal} #{session_name}",
-    ])
+    let own = format!("#{{==:#{{window_name}},{}}}", control::CONTROL_WINDOW);
+    vec![
+        "list-panes".into(),
+        "-a".into(),
+        "-F".into(),
+        format!(
+            "#{{pane_id}} #{{pane_dead}} #{{pane_dead_status}} #{{pane_dead_signal}} {own} #{{session_name}}"
+        ),
+    ]
+}
+
+/// The answer to [`list_args`], read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Listed {
+    /// The workers' panes, under their own sessions. A program killed by signal N reads as
+    /// status 128+N, as in a shell.
+    pub panes: BTreeMap<PaneId, PaneLife>,
+    /// Panes left only in the control client's session: their own session was closed (by
+    /// hand, say), and the link kept their window open. Closing the session is meant to end
+    /// its program, as it did before windows were linked.
+    pub orphans: Vec<PaneId>,
 }
 
 /// Reads the answer to [`list_args`]; lines it cannot read are skipped, and so is the control
-/// client's own session. A program killed by signal N reads as status 128+N, as in a shell.
-pub fn parse_list(out: &str) -> BTreeMap<PaneId, PaneLife> {
-    out.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.splitn(5, ' ').collect();
-            let [id, dead, status, signal, session, ..] = fields.as_slice() else {
-                return None;
-            };
-            if !id.starts_with('%') || *session == control::CONTROL_SESSION {
-                return None;
-            }
-            let life = match *dead {
-                "1" => PaneLife::Exited(
-                    status
-                        .trim()
-                        .parse()
-                        .ok()
-                        .or_else(|| signal.trim().parse::<i32>().ok().map(|n| 128 + n)),
-                ),
-                _ => PaneLife::Alive,
-            };
-            Some((PaneId(id.to_string()), life))
-        })
-        .collect()
+/// client's own window.
+pub fn parse_list(out: &str) -> Listed {
+    let mut listed = Listed::default();
+    let mut linked = Vec::new();
+    for line in out.lines() {
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let [id, dead, status, signal, own, session, ..] = fields.as_slice() else {
+            continue;
+        };
+        if !id.starts_with('%') || *own == "1" {
+            continue;
+        }
+        let pane = PaneId(id.to_string());
+        if *session == control::CONTROL_SESSION {
+            linked.push(pane);
+            continue;
+        }
+        let life = match *dead {
+            "1" => PaneLife::Exited(
+                status
+                    .trim()
+                    .parse()
+                    .ok()
+                    .or_else(|| signal.trim().parse::<i32>().ok().map(|n| 128 + n)),
+            ),
+            _ => PaneLife::Alive,
+        };
+        listed.panes.insert(pane, life);
+    }
+    listed.orphans = linked
+        .into_iter()
+        .filter(|pane| !listed.panes.contains_key(pane))
+        .collect();
+    listed.orphans.sort();
+    listed.orphans.dedup();
+    listed
 }
 
 /// The tmux server's pid.
@@ -520,9 +547,11 @@ mod tests {
 
     #[test]
     fn pane_lists_parse_and_skip_junk() {
-        let panes = parse_list(
-            "%0 0   w0\n%3 1 2  w3\njunk\n%4 1   w4\n%5 1  9 w5\n%9 0   _fleetd\n%6 0   a b\n",
+        let listed = parse_list(
+            "%0 0   0 w0\n%3 1 2  0 w3\njunk\n%4 1   0 w4\n%5 1  9 0 w5\n%9 0   1 _fleetd\n%6 0   0 a b\n\
+             %3 1 2  0 _fleetd\n%7 0   0 _fleetd\n%7 0   0 _fleetd\n%8 0   1 w8\n",
         );
+        let panes = &listed.panes;
         assert_eq!(panes.get(&PaneId("%0".into())), Some(&PaneLife::Alive));
         assert_eq!(
             panes.get(&PaneId("%3".into())),
@@ -537,7 +566,13 @@ mod tests {
             Some(&PaneLife::Exited(Some(137)))
         );
         assert_eq!(panes.get(&PaneId("%6".into())), Some(&PaneLife::Alive));
+        // The control client's own window is no worker's, wherever it shows.
+        assert!(!panes.contains_key(&PaneId("%9".into())));
+        assert!(!panes.contains_key(&PaneId("%8".into())));
         assert_eq!(panes.len(), 5);
+        // A worker's window linked into the control session is listed once, under its own; one
+        // left only there lost its own session, listed once however often it shows.
+        assert_eq!(listed.orphans, vec![PaneId("%7".into())]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::codec::classify_failure;
 use super::codec::control::{
-    Blocks, CONTROL_SESSION, Seen, is_linked, line, link_args, linked_panes_args,
+    Blocks, CONTROL_SESSION, CONTROL_WINDOW, Seen, is_linked, line, link_args, linked_panes_args,
     linked_sessions_args, name, output_pane,
 };
 use crate::{MuxError, OutputWatch, PaneId};
@@ -158,6 +158,8 @@ impl Connection {
                 "-s",
             ])
             .arg(CONTROL_SESSION)
+            .arg("-n")
+            .arg(CONTROL_WINDOW)
             .args(["sleep", "2147483647"])
             .env_remove("TMUX")
             .env_remove("TMUX_PANE")

@@ -303,12 +303,19 @@ impl PaneHost for Tmux {
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
-        let panes = match self.exec(&[codec::list_args()]).await {
+        let listed = match self.exec(&[codec::list_args()]).await {
             Ok(out) => codec::parse_list(&out),
             // No server running: no panes.
             Err(MuxError::NoPane(_)) => return Ok(BTreeMap::new()),
             Err(e) => return Err(e),
         };
+        for pane in &listed.orphans {
+            tracing::info!(%pane, "a worker's own tmux session was closed: its pane closes too");
+            if let Err(e) = self.close(pane).await {
+                tracing::warn!(%pane, error = %e, "cannot close a pane whose session was closed");
+            }
+        }
+        let panes = listed.panes;
         if panes.values().any(|life| *life == PaneLife::Exited(None)) {
             self.remind_to_reap().await;
         }

@@ -17,6 +17,10 @@ use crate::MuxError;
 /// The session the control client lives in; never a worker's, never listed as one.
 pub const CONTROL_SESSION: &str = "_fleetd";
 
+/// The name of the control client's own window in [`CONTROL_SESSION`] (whose pane does
+/// nothing), to tell it from the workers' windows linked there.
+pub const CONTROL_WINDOW: &str = "_fleetd";
+
 /// Quotes `arg` for tmux's command parser: single quotes when it has none, else double quotes
 /// with `\`, `"` and `$` escaped. An `arg` holding a control character has no quoted form.
 pub fn quote(arg: &str) -> Result<String, ControlChar> {
