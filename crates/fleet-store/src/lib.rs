@@ -253,10 +253,11 @@ pub trait Store: Send + Sync + 'static {
     fn last_answer_ms(&self, to: Gid, from: Gid) -> StoreResult<Option<i64>>;
 
     /// Fails every queued or injecting message to `to` with `reason`; returns them so their
-    /// senders can be told. The task `in_flight`, if its keys went to the pane already
-    /// ([`Store::keys_sent`]), is left as it is: what became of it is for whoever types it to
-    /// record (a worker that ended as it took the task may have taken it: it ended before
-    /// replying, not before its task reached it).
+    /// senders can be told. The task `in_flight`, if the Enter under it went to the pane
+    /// already ([`Store::enter_sent`]), is left as it is: what became of it is for whoever
+    /// types it to record (a worker that ended as it took the task may have taken it: it ended
+    /// before replying, not before its task reached it). One only pasted is failed, so the
+    /// Enter under it is withheld.
     fn fail_undelivered_to(
         &self,
         to: Gid,

@@ -726,17 +726,10 @@ impl Store for SqliteStore {
             &format!(
                 "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
                  WHERE to_gid = ?1 AND state IN ('queued', 'injecting')
-                   AND NOT (msg_id = ?4 AND state = 'injecting' AND reason IN (?5, ?6))
+                   AND NOT (msg_id = ?4 AND state = 'injecting' AND reason IS ?5)
                  RETURNING {MESSAGE_COLUMNS}"
             ),
-            params![
-                to.to_string(),
-                reason,
-                now_ms(),
-                in_flight,
-                KEYS_SENT,
-                ENTER_SENT
-            ],
+            params![to.to_string(), reason, now_ms(), in_flight, ENTER_SENT],
         )
     }
 

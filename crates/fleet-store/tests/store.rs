@@ -414,36 +414,56 @@ fn a_failure_notice_about_a_task_already_answered_is_taken_as_a_copy() {
 }
 
 #[test]
-fn a_task_whose_keys_went_in_as_its_worker_ended_is_left_to_its_typing() {
+fn a_task_whose_enter_went_in_as_its_worker_ended_is_left_to_its_typing() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let (lead, w) = (Gid::mint(), Gid::mint());
-    let typed = message(lead, w, MsgState::Injecting, "typed");
+    let entered = message(lead, w, MsgState::Injecting, "entered");
+    let pasted = message(lead, w, MsgState::Injecting, "pasted");
     let untyped = message(lead, w, MsgState::Injecting, "untyped");
     let queued = message(lead, w, MsgState::Queued, "queued");
-    for m in [&typed, &untyped, &queued] {
+    for m in [&entered, &pasted, &untyped, &queued] {
         store.insert_message(m).unwrap();
     }
-    assert!(store.keys_sent(typed.msg_id).unwrap());
-    // In flight with its keys in: left. In flight before its keys: failed, as is the rest.
+    assert!(store.keys_sent(entered.msg_id).unwrap());
+    assert!(store.enter_sent(entered.msg_id).unwrap());
+    assert!(store.keys_sent(pasted.msg_id).unwrap());
+    let failed_ids = |failed: Vec<Message>| {
+        let mut ids: Vec<_> = failed.iter().map(|m| m.msg_id).collect();
+        ids.sort();
+        ids
+    };
+    // In flight before its keys, or only pasted: failed (its Enter is then withheld).
+    for in_flight in [&untyped, &pasted] {
+        let dir = tempfile::tempdir().unwrap();
+        let other = open(&dir);
+        for m in [&entered, &pasted, &untyped, &queued] {
+            other.insert_message(m).unwrap();
+        }
+        other.keys_sent(pasted.msg_id).unwrap();
+        let failed = other
+            .fail_undelivered_to(w, "gone", Some(in_flight.msg_id))
+            .unwrap();
+        assert!(
+            failed.iter().any(|m| m.msg_id == in_flight.msg_id),
+            "{}",
+            in_flight.body
+        );
+    }
+    // In flight with its Enter in: left, the rest failed.
     let failed = store
-        .fail_undelivered_to(w, "gone", Some(typed.msg_id))
+        .fail_undelivered_to(w, "gone", Some(entered.msg_id))
         .unwrap();
-    let mut ids: Vec<_> = failed.iter().map(|m| m.msg_id).collect();
-    ids.sort();
-    let mut expected = vec![untyped.msg_id, queued.msg_id];
+    let mut expected = vec![pasted.msg_id, untyped.msg_id, queued.msg_id];
     expected.sort();
-    assert_eq!(ids, expected);
+    assert_eq!(failed_ids(failed), expected);
     assert_eq!(
-        store.message(typed.msg_id).unwrap().map(|m| m.state),
+        store.message(entered.msg_id).unwrap().map(|m| m.state),
         Some(MsgState::Injecting)
     );
-    // Not in flight (a restart's leftover): failed, keys or not.
+    // Not in flight (a restart's leftover): failed, Enter or not.
     let failed = store.fail_undelivered_to(w, "gone", None).unwrap();
-    assert_eq!(
-        failed.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
-        vec![typed.msg_id]
-    );
+    assert_eq!(failed_ids(failed), vec![entered.msg_id]);
 }
 
 #[test]

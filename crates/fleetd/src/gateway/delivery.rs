@@ -67,11 +67,14 @@ struct Noted<'a> {
     plane: &'a LocalPlane,
     msg_id: fleet_core::MsgId,
     trace_id: fleet_core::TraceId,
+    /// The Enter under the task was noted going in.
+    entered: std::sync::atomic::AtomicBool,
 }
 
 impl Noted<'_> {
     /// Notes `step` (true: the Enter, false: the first key) going in; false if it may not go:
-    /// the task is no longer being typed (failed as its session ended), or the store failed.
+    /// the task is no longer being typed (failed as its session ended before its Enter), or
+    /// the store failed.
     async fn note(&self, enter: bool) -> bool {
         let (msg_id, trace_id) = (self.msg_id, self.trace_id);
         let noted = self
@@ -100,7 +103,10 @@ impl Steps for Noted<'_> {
         self.note(false).await
     }
     async fn enter_going(&self) -> bool {
-        self.note(true).await
+        let going = self.note(true).await;
+        self.entered
+            .store(going, std::sync::atomic::Ordering::Relaxed);
+        going
     }
     fn reached(&self, step: Reached) {
         crate::logs::step(self.msg_id, step.as_str());
@@ -387,6 +393,7 @@ impl LocalPlane {
             plane: self,
             msg_id,
             trace_id,
+            entered: false.into(),
         };
         let outcome = inject_noting(
             self.panes.as_ref(),
@@ -397,17 +404,20 @@ impl LocalPlane {
             &steps,
         )
         .await;
-        self.record_typing(gid, &task, outcome, started).await;
+        let entered = steps.entered.into_inner();
+        self.record_typing(gid, &task, outcome, started, entered)
+            .await;
     }
 
-    /// Records how typing `task` into `gid`'s pane (begun at `started`) went: `injected`, or
-    /// failed to its sender.
+    /// Records how typing `task` into `gid`'s pane (begun at `started`; its Enter gone in
+    /// when `entered`) went: `injected`, or failed to its sender.
     async fn record_typing(
         self: &Arc<Self>,
         gid: Gid,
         task: &Message,
         outcome: Result<InjectOutcome, fleet_mux::MuxError>,
         started: Instant,
+        entered: bool,
     ) {
         let (trace_id, msg_id) = (task.trace_id, task.msg_id);
         let end = match &outcome {
@@ -443,6 +453,12 @@ impl LocalPlane {
                 "not submitted: fleetd could not note in its store how far it got typing it"
                     .to_string(),
             ),
+            // Its program ended as the task went in, and the end of its session closed the pane
+            // (its sender was told so then).
+            Err(fleet_mux::MuxError::NoPane(_)) if entered => Some(format!(
+                "'{}' ended before replying (its pane closed as its task went in)",
+                self.sessions.lock().pane_name(gid)
+            )),
             Err(e) => Some(format!("pane host: {e}")),
         };
         if let Some(reason) = failure {

@@ -108,8 +108,10 @@ impl LocalPlane {
     }
 
     /// Ends the session of `gid` however it ended: marks it gone, revokes its token, fails
-    /// whatever was on its way to it (telling each sender) and the task it had in flight, then
-    /// closes its pane when `close` (its program may already be gone).
+    /// whatever was on its way to it (telling each sender), tells the sender of the task it had
+    /// in flight that it ended before replying (a task whose Enter went in as it ended is left
+    /// for its typing to record), then closes its pane when `close` (its program may already be
+    /// gone).
     pub(super) async fn end_session(self: &Arc<Self>, gid: Gid, reason: &str, close: bool) {
         let name = self.sessions.lock().pane_name(gid);
         let span = crate::logs::session_span(gid, &name);
@@ -178,8 +180,9 @@ impl LocalPlane {
         let (owner, name) = (entity.parent, &entity.name);
         let why = format!("'{name}' is gone ({public})");
         let stored = told(&why, screen, false);
-        // The task being typed as it ended may have reached it: told below as one it ended
-        // before replying to, and recorded by its typing.
+        // The task whose Enter went in as it ended may have reached it: told below as one it
+        // ended before replying to, and recorded by its typing. One only pasted is failed here,
+        // and its Enter withheld.
         let in_flight = current.as_ref().map(|t| t.msg_id);
         match self
             .db
