@@ -31,6 +31,9 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 use tokio::time::{Instant, interval};
 
+/// How long `/crash` lives on after it showed the task taken.
+const CRASH_AFTER: Duration = Duration::from_millis(100);
+
 /// How often a task held at a gate looks whether it is open.
 const GATE_LOOK: Duration = Duration::from_millis(20);
 /// How often a moving screen is redrawn while it starts.
@@ -334,6 +337,9 @@ async fn handle(client: &Agent, task: &str) -> anyhow::Result<Option<Waiting>> {
         }
         Directive::Crash => {
             show("[crashing]\r\n");
+            // Mid-turn, as an agent dies: a moment after it took the task (fleetd has seen the
+            // submit by then), not in the same instant as the Enter.
+            tokio::time::sleep(CRASH_AFTER).await;
             std::process::exit(3);
         }
         Directive::Ask(seconds, question) => {
