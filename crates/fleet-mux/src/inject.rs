@@ -376,6 +376,7 @@ async fn wait_for_marker(
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + limit;
     let mut interval = FIRST_CHECK_INTERVAL;
+    let mut gap = Duration::ZERO;
     let mut looked = Instant::now();
     while !shows_empty_input(&screen.text, marker) {
         let now = Instant::now();
@@ -383,8 +384,9 @@ async fn wait_for_marker(
             return Ok(None);
         }
         let nap = next_nap(output, interval).min(deadline - now);
-        write_or_nap(output, nap, looked, interval).await;
+        write_or_nap(output, nap, looked, gap).await;
         interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        gap = next_gap(gap);
         output.mark_seen();
         looked = Instant::now();
         screen = host.snapshot(pane).await?;
@@ -394,7 +396,7 @@ async fn wait_for_marker(
 
 /// Waits for a write of the pane's (at most `nap`), then until `gap` has passed since the
 /// look at `looked`: a pane that writes without pause is looked at less and less often (the
-/// caller doubles `gap`), not at every write.
+/// caller makes `gap` grow, [`next_gap`]), not at every write.
 async fn write_or_nap(output: &mut OutputWatch, nap: Duration, looked: Instant, gap: Duration) {
     let _ = timeout(nap, output.changed()).await;
     gap_since(looked, gap).await;
@@ -445,7 +447,7 @@ async fn settle_on_writes(
     output: &mut OutputWatch,
 ) -> Result<Snapshot, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
-    let mut interval = FIRST_CHECK_INTERVAL;
+    let mut gap = Duration::ZERO;
     output.mark_seen();
     let mut looked = Instant::now();
     let mut last = host.snapshot(pane).await?;
@@ -454,14 +456,8 @@ async fn settle_on_writes(
         if now >= deadline {
             return Ok(last);
         }
-        write_or_nap(
-            output,
-            MAX_CHECK_INTERVAL.min(deadline - now),
-            looked,
-            interval,
-        )
-        .await;
-        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        write_or_nap(output, MAX_CHECK_INTERVAL.min(deadline - now), looked, gap).await;
+        gap = next_gap(gap);
         output.mark_seen();
         looked = Instant::now();
         last = host.snapshot(pane).await?;
@@ -489,6 +485,7 @@ async fn watch_for_submit(
 ) -> Result<bool, MuxError> {
     let deadline = Instant::now() + options.verify_window;
     let mut interval = FIRST_CHECK_INTERVAL;
+    let mut gap = Duration::ZERO;
     let mut calls_heard = true;
     let mut looked = Instant::now();
     loop {
@@ -505,7 +502,16 @@ async fn watch_for_submit(
                 // The activity sender is gone: only the screen can tell from here on.
                 Err(_) => calls_heard = false,
             },
-            () = looks.output.changed() => gap_since(looked, interval).await,
+            () = looks.output.changed() => {
+                // A call of the agent's may still come first.
+                tokio::select! {
+                    called = activity.changed(), if calls_heard => match called {
+                        Ok(()) => return Ok(true),
+                        Err(_) => calls_heard = false,
+                    },
+                    () = gap_since(looked, gap) => {}
+                }
+            }
             () = sleep(nap) => {}
         }
         looked = Instant::now();
@@ -514,7 +520,14 @@ async fn watch_for_submit(
             return Ok(true);
         }
         interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        gap = next_gap(gap);
     }
+}
+
+/// The least time between two looks woken by writes, after `gap`: none before the first, then
+/// from [`FIRST_CHECK_INTERVAL`] doubling up to [`MAX_CHECK_INTERVAL`].
+fn next_gap(gap: Duration) -> Duration {
+    (gap * 2).clamp(FIRST_CHECK_INTERVAL, MAX_CHECK_INTERVAL)
 }
 
 #[cfg(test)]
@@ -593,6 +606,20 @@ mod tests {
         };
         assert_eq!(outcome, Settled::GaveUp);
         assert_eq!(at, 1_000);
+    }
+
+    #[test]
+    fn looks_woken_by_writes_come_less_and_less_often() {
+        let mut gap = Duration::ZERO;
+        let mut gaps = Vec::new();
+        for _ in 0..12 {
+            gap = next_gap(gap);
+            gaps.push(gap);
+        }
+        assert_eq!(gaps[0], FIRST_CHECK_INTERVAL);
+        assert_eq!(gaps[1], FIRST_CHECK_INTERVAL * 2);
+        assert!(gaps.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(gaps.last(), Some(&MAX_CHECK_INTERVAL));
     }
 
     #[test]
