@@ -405,16 +405,31 @@ pub fn clock_verdict(
     }
 }
 
+/// Which config fleetd runs on: the file named, the user's default file, or (neither) the
+/// embedded defaults, saying where a file would be looked for.
+fn config_source(paths: &Paths) -> String {
+    match (&paths.config, crate::paths::config_file(None)) {
+        (Some(path), _) => format!("{} loads", path.display()),
+        (None, Some(path)) => format!(
+            "{} loads (the user's default file; --config names another)",
+            path.display()
+        ),
+        (None, None) => match crate::paths::default_config_path() {
+            Some(default) => format!(
+                "no file: none named with --config and none at {}, so fleetd runs on its embedded defaults",
+                default.display()
+            ),
+            None => {
+                "no file: none named with --config, so fleetd runs on its embedded defaults".into()
+            }
+        },
+    }
+}
+
 /// `fleetd doctor`.
 pub fn doctor_command(paths: &Paths) -> anyhow::Result<()> {
     let (config, state) = paths.resolve()?;
-    let mut checks = vec![Check::new(
-        "config",
-        Verdict::Ok(match &paths.config {
-            Some(path) => format!("{} loads", path.display()),
-            None => "loads".into(),
-        }),
-    )];
+    let mut checks = vec![Check::new("config", Verdict::Ok(config_source(paths)))];
     checks.extend(config_checks(&config));
     checks.push(state_check(&state));
     checks.push(mux_check(&config, &state));

@@ -33,19 +33,30 @@ impl Paths {
     }
 }
 
-/// Loads the config: the given file, else the user's default file if it exists, else the
-/// embedded defaults.
-pub fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
-    if let Some(path) = path {
-        return Ok(Config::load(path)?);
-    }
-    let default = std::env::var_os("XDG_CONFIG_HOME")
+/// Where the user's default config file is looked for: `$XDG_CONFIG_HOME/fleetd/fleetd.toml`,
+/// else `~/.config/fleetd/fleetd.toml`.
+pub fn default_config_path() -> Option<PathBuf> {
+    std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-        .map(|dir| dir.join("fleetd/fleetd.toml"));
-    match default {
-        Some(path) if path.is_file() => Ok(Config::load(&path)?),
-        _ => Ok(Config::embedded()),
+        .map(|dir| dir.join("fleetd/fleetd.toml"))
+}
+
+/// The file the config comes from: the given one, else the user's default file if it exists;
+/// `None`: the embedded defaults.
+pub fn config_file(path: Option<&Path>) -> Option<PathBuf> {
+    match path {
+        Some(path) => Some(path.to_path_buf()),
+        None => default_config_path().filter(|path| path.is_file()),
+    }
+}
+
+/// Loads the config: the given file, else the user's default file if it exists, else the
+/// embedded defaults.
+pub fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
+    match config_file(path) {
+        Some(path) => Ok(Config::load(&path)?),
+        None => Ok(Config::embedded()),
     }
 }

@@ -893,3 +893,39 @@ async fn the_doctor_tries_the_broker_as_fleetd_would() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn the_doctor_says_which_config_fleetd_runs_on() -> anyhow::Result<()> {
+    let home = tempfile::tempdir()?;
+    let doctor = || {
+        Command::new(binary("fleetd")?)
+            .args(["doctor", "--state-dir"])
+            .arg(home.path().join("state"))
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .output()
+            .map_err(anyhow::Error::from)
+    };
+    let default = home.path().join(".config/fleetd/fleetd.toml");
+    let report = String::from_utf8(doctor()?.stdout)?;
+    assert_eq!(
+        verdict(&report, "config"),
+        format!(
+            "ok   config: no file: none named with --config and none at {}, so fleetd runs on its embedded defaults",
+            default.display()
+        ),
+        "{report}"
+    );
+    std::fs::create_dir_all(home.path().join(".config/fleetd"))?;
+    std::fs::write(&default, "[gateway]\n")?;
+    let report = String::from_utf8(doctor()?.stdout)?;
+    assert_eq!(
+        verdict(&report, "config"),
+        format!(
+            "ok   config: {} loads (the user's default file; --config names another)",
+            default.display()
+        ),
+        "{report}"
+    );
+    Ok(())
+}
