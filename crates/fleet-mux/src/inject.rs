@@ -229,19 +229,16 @@ pub async fn inject_noting(
     if let Some(settle) = options.settle_first {
         hold_still(host, pane, settle).await?;
     }
-    let mut output = watch_output(host, pane).await;
-    output.mark_seen();
-    let mut pre = host.snapshot(pane).await?;
+    let mut looks = Looks::new(host, pane).await;
+    let mut pre = looks.snapshot().await?;
     if pre.in_mode {
         // A human scrolling back in the pane: the paste would reach the program, but Enter
         // would be eaten by the mode.
         host.leave_mode(pane).await?;
-        output.mark_seen();
-        pre = host.snapshot(pane).await?;
+        pre = looks.snapshot().await?;
     }
     if let Some(marker) = &options.submitted_marker {
-        let limit = options.verify_window;
-        match wait_for_marker(host, pane, marker, limit, pre, &mut output).await? {
+        match wait_for_marker(&mut looks, marker, options.verify_window, pre).await? {
             Some(empty) => pre = empty,
             None => return Ok(InjectOutcome::InputNotEmpty),
         }
@@ -253,27 +250,16 @@ pub async fn inject_noting(
     steps.reached(Reached::Pasted);
     // Compare against the screen *with* the paste on it, or the paste rendering late would
     // pass for a submit.
-    let mut before = settle(host, pane, &pre, &mut output).await?;
+    let mut before = settle(&mut looks, &pre).await?;
     steps.reached(Reached::EchoSeen);
     if !options.enter_pause.is_zero() {
         sleep(options.enter_pause).await;
-        output.mark_seen();
-        before = host.snapshot(pane).await?;
+        before = looks.snapshot().await?;
     }
     if !steps.enter_going().await {
         return Ok(InjectOutcome::Withheld);
     }
-    let looks = Looks { host, pane, output };
     submit_noting(looks, before, options, activity, steps).await
-}
-
-/// Watches `pane`'s output, or (a host that cannot, a failure) nothing: the caller then looks
-/// at the screen on a timer, as it would anyway.
-async fn watch_output(host: &dyn PaneHost, pane: &PaneId) -> OutputWatch {
-    host.watch_output(pane).await.unwrap_or_else(|e| {
-        tracing::debug!(%pane, error = %e, "cannot watch the pane's output; looking on a timer");
-        OutputWatch::none()
-    })
 }
 
 /// The next pause before a look at the screen: where the host reports output, the safety
@@ -290,14 +276,41 @@ fn next_nap(output: &OutputWatch, interval: Duration) -> Duration {
 struct Looks<'a> {
     host: &'a dyn PaneHost,
     pane: &'a PaneId,
+    /// The pane's writes, or (a host that cannot tell them, a failure) nothing: the looks are
+    /// then on a timer.
     output: OutputWatch,
+    /// When the last look began.
+    looked: Instant,
 }
 
-impl Looks<'_> {
+impl<'a> Looks<'a> {
+    /// Looks at `pane` from now on, watching its writes where its host tells them.
+    async fn new(host: &'a dyn PaneHost, pane: &'a PaneId) -> Self {
+        let output = host.watch_output(pane).await.unwrap_or_else(|e| {
+            tracing::debug!(%pane, error = %e, "cannot watch the pane's output; looking on a timer");
+            OutputWatch::none()
+        });
+        Looks {
+            host,
+            pane,
+            output,
+            looked: Instant::now(),
+        }
+    }
+
     /// The screen now; a write after this call began counts as new.
     async fn snapshot(&mut self) -> Result<Snapshot, MuxError> {
         self.output.mark_seen();
+        self.looked = Instant::now();
         self.host.snapshot(self.pane).await
+    }
+
+    /// Waits for a write of the pane's (at most `nap`), then until `gap` has passed since the
+    /// last look: a pane that writes without pause is looked at less and less often (the
+    /// caller makes `gap` grow, [`next_gap`]), not at every write.
+    async fn write_or_nap(&mut self, nap: Duration, gap: Duration) {
+        let _ = timeout(nap, self.output.changed()).await;
+        gap_since(self.looked, gap).await;
     }
 }
 
@@ -310,8 +323,7 @@ pub async fn submit(
     options: &InjectOptions,
     activity: &mut watch::Receiver<u64>,
 ) -> Result<InjectOutcome, MuxError> {
-    let output = watch_output(host, pane).await;
-    let looks = Looks { host, pane, output };
+    let looks = Looks::new(host, pane).await;
     submit_noting(looks, before, options, activity, &Unnoted).await
 }
 
@@ -367,39 +379,26 @@ pub async fn hold_still(
 /// Waits up to `limit` for `marker` (the empty input box) to show; returns the screen showing
 /// it, or `None`.
 async fn wait_for_marker(
-    host: &dyn PaneHost,
-    pane: &PaneId,
+    looks: &mut Looks<'_>,
     marker: &str,
     limit: Duration,
     mut screen: Snapshot,
-    output: &mut OutputWatch,
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + limit;
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut gap = Duration::ZERO;
-    let mut looked = Instant::now();
     while !shows_empty_input(&screen.text, marker) {
         let now = Instant::now();
         if now >= deadline {
             return Ok(None);
         }
-        let nap = next_nap(output, interval).min(deadline - now);
-        write_or_nap(output, nap, looked, gap).await;
+        let nap = next_nap(&looks.output, interval).min(deadline - now);
+        looks.write_or_nap(nap, gap).await;
         interval = (interval * 2).min(MAX_CHECK_INTERVAL);
         gap = next_gap(gap);
-        output.mark_seen();
-        looked = Instant::now();
-        screen = host.snapshot(pane).await?;
+        screen = looks.snapshot().await?;
     }
     Ok(Some(screen))
-}
-
-/// Waits for a write of the pane's (at most `nap`), then until `gap` has passed since the
-/// look at `looked`: a pane that writes without pause is looked at less and less often (the
-/// caller makes `gap` grow, [`next_gap`]), not at every write.
-async fn write_or_nap(output: &mut OutputWatch, nap: Duration, looked: Instant, gap: Duration) {
-    let _ = timeout(nap, output.changed()).await;
-    gap_since(looked, gap).await;
 }
 
 /// Waits until `gap` has passed since `looked`.
@@ -412,15 +411,11 @@ async fn gap_since(looked: Instant, gap: Duration) {
 
 /// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for
 /// [`SETTLE_STILL`]; returns the last screen seen.
-async fn settle(
-    host: &dyn PaneHost,
-    pane: &PaneId,
-    pre: &Snapshot,
-    output: &mut OutputWatch,
-) -> Result<Snapshot, MuxError> {
-    if output.is_live() {
-        return settle_on_writes(host, pane, pre, output).await;
+async fn settle(looks: &mut Looks<'_>, pre: &Snapshot) -> Result<Snapshot, MuxError> {
+    if looks.output.is_live() {
+        return settle_on_writes(looks, pre).await;
     }
+    let (host, pane) = (looks.host, looks.pane);
     let deadline = Instant::now() + ECHO_WAIT;
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut last = host.snapshot(pane).await?;
@@ -440,39 +435,32 @@ async fn settle(
 
 /// [`settle`] where the host reports the pane's writes: the screen is looked at after a
 /// write, and it holds still once [`SETTLE_STILL`] passes without one.
-async fn settle_on_writes(
-    host: &dyn PaneHost,
-    pane: &PaneId,
-    pre: &Snapshot,
-    output: &mut OutputWatch,
-) -> Result<Snapshot, MuxError> {
+async fn settle_on_writes(looks: &mut Looks<'_>, pre: &Snapshot) -> Result<Snapshot, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
     let mut gap = Duration::ZERO;
-    output.mark_seen();
-    let mut looked = Instant::now();
-    let mut last = host.snapshot(pane).await?;
+    let mut last = looks.snapshot().await?;
     while last == *pre {
         let now = Instant::now();
         if now >= deadline {
             return Ok(last);
         }
-        write_or_nap(output, MAX_CHECK_INTERVAL.min(deadline - now), looked, gap).await;
+        looks
+            .write_or_nap(MAX_CHECK_INTERVAL.min(deadline - now), gap)
+            .await;
         gap = next_gap(gap);
-        output.mark_seen();
-        looked = Instant::now();
-        last = host.snapshot(pane).await?;
+        last = looks.snapshot().await?;
     }
     let mut wrote = false;
     while Instant::now() < deadline {
         tokio::select! {
-            () = output.changed() => {}
+            () = looks.output.changed() => {}
             () = crate::fine::sleep(SETTLE_STILL) => break,
         }
-        output.mark_seen();
+        looks.output.mark_seen();
         wrote = true;
     }
     if wrote {
-        last = host.snapshot(pane).await?;
+        last = looks.snapshot().await?;
     }
     Ok(last)
 }
@@ -487,7 +475,6 @@ async fn watch_for_submit(
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut gap = Duration::ZERO;
     let mut calls_heard = true;
-    let mut looked = Instant::now();
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -509,12 +496,11 @@ async fn watch_for_submit(
                         Ok(()) => return Ok(true),
                         Err(_) => calls_heard = false,
                     },
-                    () = gap_since(looked, gap) => {}
+                    () = gap_since(looks.looked, gap) => {}
                 }
             }
             () = sleep(nap) => {}
         }
-        looked = Instant::now();
         let after = looks.snapshot().await?;
         if looks_submitted(before, &after, options.submitted_marker.as_deref()) {
             return Ok(true);
