@@ -26,6 +26,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod message;
 pub mod ownership;
+pub mod presence;
 pub mod receipts;
 pub mod redact;
 pub mod roster;

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds::{Full, RosterCaps, RosterCount, admit_remote_entity, admit_remote_host};
 use crate::entity::validate_name;
+use crate::presence::Account;
 use crate::receipts::Standing;
-use crate::{Entity, Gid};
+use crate::{Entity, Gid, MsgId};
 
 /// The status a heartbeat carries when its entity (or host) leaves.
 pub const GONE: &str = "gone";
@@ -33,6 +34,10 @@ pub struct Presence {
     /// that host learns whose model answered. An older host sends none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub families: BTreeMap<String, String>,
+    /// For the host entry: the host's entities, announced with it (`fleet_core::presence`).
+    /// An older host announces each entity by a heartbeat of its own, and sends none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<Account>,
 }
 
 /// A remote entity as the roster last heard of it.
@@ -94,6 +99,8 @@ pub struct RemoteHost {
     pub heard_ms: i64,
     /// Since when (Unix ms) it has been quiet past the ttl; `None` while it is heard.
     pub unreachable_since_ms: Option<i64>,
+    /// The whole account of its entities that this roster last heard.
+    pub base: Option<MsgId>,
 }
 
 /// What a heartbeat did to the roster.
@@ -101,6 +108,9 @@ pub struct RemoteHost {
 pub enum Heard {
     /// An entry was added or refreshed.
     Merged,
+    /// Merged, but the account built on a whole one this roster did not hear: what the host
+    /// said since is in, what it said in that one may be missing (ask for a whole account).
+    Stale,
     /// An entry (or a host with all its entries) left.
     Left,
     /// Ignored: the roster is at a cap. `ignored` counts every such heartbeat so far.
@@ -132,24 +142,19 @@ const ENTITY_STATUSES: [&str; 8] = [
 /// shown to leads and printed on operators' terminals; nothing else is taken.
 pub fn malformed(presence: &Presence) -> Option<String> {
     let named = |what: &str, name: &str| validate_name(what, name).err().map(|e| e.message);
-    if let Some(entity) = &presence.entity {
-        if let Some(why) = named("entity name", &entity.name) {
-            return Some(why);
+    if let Some(entity) = &presence.entity
+        && let Some(why) = malformed_entity(entity, &presence.status)
+    {
+        return Some(why);
+    }
+    if let Some(account) = &presence.account {
+        if presence.entity.is_some() {
+            return Some("an entity's heartbeat carrying an account of its host".into());
         }
-        if !ENTITY_STATUSES.contains(&presence.status.as_str()) {
-            return Some(format!(
-                "status '{}' is none of {}",
-                presence.status.escape_debug(),
-                ENTITY_STATUSES.join(", ")
-            ));
-        }
-        if let Some(why) = entity
-            .profile
+        if let Some(why) = account
+            .states
             .iter()
-            .chain(&entity.groups)
-            .chain(&entity.sandbox)
-            .chain(&entity.profile_role)
-            .find_map(|name| named("profile, group, sandbox or role", name))
+            .find_map(|s| malformed_entity(&s.entity, &s.status))
         {
             return Some(why);
         }
@@ -177,6 +182,28 @@ pub fn malformed(presence: &Presence) -> Option<String> {
         })
 }
 
+/// Why `entity`, announced with `status`, is not what a gateway announces, if it is not.
+fn malformed_entity(entity: &Entity, status: &str) -> Option<String> {
+    let named = |what: &str, name: &str| validate_name(what, name).err().map(|e| e.message);
+    if let Some(why) = named("entity name", &entity.name) {
+        return Some(why);
+    }
+    if !ENTITY_STATUSES.contains(&status) {
+        return Some(format!(
+            "status '{}' is none of {}",
+            status.escape_debug(),
+            ENTITY_STATUSES.join(", ")
+        ));
+    }
+    entity
+        .profile
+        .iter()
+        .chain(&entity.groups)
+        .chain(&entity.sandbox)
+        .chain(&entity.profile_role)
+        .find_map(|name| named("profile, group, sandbox or role", name))
+}
+
 /// The most profiles a host's heartbeat may announce (a config declares a handful).
 pub const MAX_HOST_PROFILES: usize = 256;
 
@@ -193,6 +220,8 @@ pub struct Roster {
     entities: HashMap<Gid, RemoteEntry>,
     /// The gids of [`Roster::entities`] by name: a name is looked up, never searched for.
     names: HashMap<String, Vec<Gid>>,
+    /// The gids of [`Roster::entities`] by host.
+    by_host: HashMap<String, HashSet<Gid>>,
     /// Remote hosts by host id.
     hosts: HashMap<String, RemoteHost>,
     /// How many heartbeats the caps made it ignore.
@@ -216,6 +245,7 @@ impl Roster {
             forget: forget.max(ttl),
             entities: HashMap::new(),
             names: HashMap::new(),
+            by_host: HashMap::new(),
             hosts: HashMap::new(),
             ignored: 0,
             departed: VecDeque::new(),
@@ -225,22 +255,27 @@ impl Roster {
     /// Keeps `entry`, in place of any entry of its gid.
     fn put(&mut self, entry: RemoteEntry) {
         let gid = entry.entity.gid;
-        let name = entry.entity.name.clone();
-        if let Some(old) = self.entities.insert(gid, entry)
-            && old.entity.name != name
-        {
-            self.unname(&old.entity);
+        let (name, host) = (entry.entity.name.clone(), entry.entity.host.clone());
+        if let Some(old) = self.entities.insert(gid, entry) {
+            if old.entity.name != name {
+                self.unname(&old.entity);
+            }
+            if old.entity.host != host {
+                self.unhost(&old.entity);
+            }
         }
         let gids = self.names.entry(name).or_default();
         if !gids.contains(&gid) {
             gids.push(gid);
         }
+        self.by_host.entry(host).or_default().insert(gid);
     }
 
     /// Lets the entry of `gid` go, remembering it as departed.
     fn drop_entry(&mut self, gid: Gid) {
         if let Some(left) = self.entities.remove(&gid) {
             self.unname(&left.entity);
+            self.unhost(&left.entity);
             self.depart(left.entity);
         }
     }
@@ -253,7 +288,18 @@ impl Roster {
         self.entities = kept;
         for (_, entry) in left {
             self.unname(&entry.entity);
+            self.unhost(&entry.entity);
             self.depart(entry.entity);
+        }
+    }
+
+    /// Takes `entity` out of the host index.
+    fn unhost(&mut self, entity: &Entity) {
+        if let Some(gids) = self.by_host.get_mut(&entity.host) {
+            gids.remove(&entity.gid);
+            if gids.is_empty() {
+                self.by_host.remove(&entity.host);
+            }
         }
     }
 
@@ -298,7 +344,8 @@ impl Roster {
     /// Merges a heartbeat `host` sent, heard at `now` (`now_ms` Unix ms). An entity of
     /// another host is ignored; a new entry over a cap is ignored (a known one is always
     /// refreshed: a cap never drops what was accepted); a `gone` host takes its entities along;
-    /// a new entity of a host replaces the host's entry of the same name.
+    /// a new entity of a host replaces the host's entry of the same name. A host entry carrying
+    /// an account of the host's entities merges it ([`Roster::hear_account`]).
     pub fn hear(&mut self, host: &str, presence: Presence, now: Instant, now_ms: i64) -> Heard {
         if let Some(why) = malformed(&presence) {
             return Heard::Malformed(why);
@@ -312,52 +359,128 @@ impl Roster {
                 self.drop_entry(entity.gid);
                 Heard::Left
             }
-            Some(entity) => {
-                // A host's live entities hold distinct names: another entry of this host under
-                // this name is one that went without a word (its gateway crashed and reaped it
-                // on restart), and this one takes its place.
-                let superseded: Vec<Gid> = self
-                    .named(&entity.name)
-                    .filter(|e| e.entity.host == host && e.entity.gid != entity.gid)
-                    .map(|e| e.entity.gid)
-                    .collect();
-                for gid in superseded {
-                    self.drop_entry(gid);
-                }
-                if !self.entities.contains_key(&entity.gid)
-                    && let Err(full) = admit_remote_entity(self.count(host), self.caps)
-                {
-                    return self.over_cap(full);
-                }
-                let entry = RemoteEntry {
-                    entity,
-                    status: presence.status,
-                    heard: now,
-                    heard_ms: now_ms,
-                    unreachable_since_ms: None,
-                };
-                self.put(entry);
-                Heard::Merged
-            }
+            Some(entity) => self.merge(host, entity, presence.status, (now, now_ms)),
             None if gone => {
                 self.hosts.remove(host);
                 self.drop_entries(|e| e.entity.host == host);
                 Heard::Left
             }
             None => {
+                if let Some(claimed) = presence
+                    .account
+                    .iter()
+                    .flat_map(|a| &a.states)
+                    .find_map(|s| (s.entity.host != host).then(|| s.entity.host.clone()))
+                {
+                    return Heard::NotItsOwn { claimed };
+                }
                 if let Err(full) = admit_remote_host(self.count(host), self.caps) {
                     return self.over_cap(full);
                 }
+                let base = self.hosts.get(host).and_then(|h| h.base);
                 let entry = RemoteHost {
                     profiles: presence.profiles,
                     families: presence.families,
                     heard: now,
                     heard_ms: now_ms,
                     unreachable_since_ms: None,
+                    base,
                 };
                 self.hosts.insert(host.to_string(), entry);
-                Heard::Merged
+                match presence.account {
+                    Some(account) => self.hear_account(host, account, (now, now_ms)),
+                    None => Heard::Merged,
+                }
             }
+        }
+    }
+
+    /// Merges `entity` of `host`, announced `status` at `heard`.
+    fn merge(
+        &mut self,
+        host: &str,
+        entity: Entity,
+        status: String,
+        heard: (Instant, i64),
+    ) -> Heard {
+        // A host's live entities hold distinct names: another entry of this host under
+        // this name is one that went without a word (its gateway crashed and reaped it
+        // on restart), and this one takes its place.
+        let superseded: Vec<Gid> = self
+            .named(&entity.name)
+            .filter(|e| e.entity.host == host && e.entity.gid != entity.gid)
+            .map(|e| e.entity.gid)
+            .collect();
+        for gid in superseded {
+            self.drop_entry(gid);
+        }
+        if !self.entities.contains_key(&entity.gid)
+            && let Err(full) = admit_remote_entity(self.count(host), self.caps)
+        {
+            return self.over_cap(full);
+        }
+        self.put(RemoteEntry {
+            entity,
+            status,
+            heard: heard.0,
+            heard_ms: heard.1,
+            unreachable_since_ms: None,
+        });
+        Heard::Merged
+    }
+
+    /// Merges the account `host` gave of its entities with its own heartbeat (heard at
+    /// `heard`), whose entry is in: a whole one lets every entity of the host it does not name
+    /// go; a change merges what it names. Every entity of the host is heard with it. [`Stale`]
+    /// when a change built on a whole account this roster did not hear.
+    ///
+    /// [`Stale`]: Heard::Stale
+    fn hear_account(&mut self, host: &str, account: Account, heard: (Instant, i64)) -> Heard {
+        let stale = {
+            let Some(entry) = self.hosts.get_mut(host) else {
+                return Heard::Merged;
+            };
+            let stale = !account.whole && entry.base != Some(account.base);
+            if account.whole {
+                entry.base = Some(account.base);
+            }
+            stale
+        };
+        if account.whole {
+            let named: HashSet<Gid> = account.states.iter().map(|s| s.entity.gid).collect();
+            let left: Vec<Gid> = self
+                .by_host
+                .get(host)
+                .into_iter()
+                .flatten()
+                .filter(|gid| !named.contains(gid))
+                .copied()
+                .collect();
+            for gid in left {
+                self.drop_entry(gid);
+            }
+        }
+        let mut over = None;
+        for state in account.states {
+            if state.status == GONE {
+                self.drop_entry(state.entity.gid);
+            } else if let over_cap @ Heard::OverCap { .. } =
+                self.merge(host, state.entity, state.status, heard)
+            {
+                over = Some(over_cap);
+            }
+        }
+        // The host's heartbeat is each of its entities'.
+        for gid in self.by_host.get(host).into_iter().flatten() {
+            if let Some(entry) = self.entities.get_mut(gid) {
+                (entry.heard, entry.heard_ms) = heard;
+                entry.unreachable_since_ms = None;
+            }
+        }
+        match over {
+            Some(over_cap) => over_cap,
+            None if stale => Heard::Stale,
+            None => Heard::Merged,
         }
     }
 
@@ -391,18 +514,16 @@ impl Roster {
 
     /// What the roster holds, as a heartbeat from `host` finds it.
     fn count(&self, host: &str) -> RosterCount {
-        let mut hosts: HashSet<&str> = self.hosts.keys().map(String::as_str).collect();
-        let mut entities_of_host = 0;
-        for entry in self.entities.values() {
-            hosts.insert(&entry.entity.host);
-            if entry.entity.host == host {
-                entities_of_host += 1;
-            }
-        }
+        let hosts = self.hosts.len()
+            + self
+                .by_host
+                .keys()
+                .filter(|h| !self.hosts.contains_key(*h))
+                .count();
         RosterCount {
-            hosts: hosts.len(),
-            host_known: hosts.contains(host),
-            entities_of_host,
+            hosts,
+            host_known: self.hosts.contains_key(host) || self.by_host.contains_key(host),
+            entities_of_host: self.by_host.get(host).map_or(0, HashSet::len),
         }
     }
 
@@ -487,7 +608,182 @@ mod tests {
             entity: entity.cloned(),
             status: status.into(),
             profiles: vec!["sim".into()],
+            account: None,
         }
+    }
+
+    /// The host entry's heartbeat carrying an account of `states` built on `base`.
+    fn account(base: MsgId, whole: bool, states: &[(&Entity, &str)]) -> Presence {
+        Presence {
+            account: Some(Account {
+                base,
+                whole,
+                states: states
+                    .iter()
+                    .map(|(e, s)| crate::presence::EntityState {
+                        entity: (*e).clone(),
+                        status: s.to_string(),
+                    })
+                    .collect(),
+                resync: false,
+            }),
+            ..beat(None, "up")
+        }
+    }
+
+    fn statuses(roster: &Roster) -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = roster
+            .entities()
+            .map(|e| (e.entity.name.clone(), e.shown_status().to_string()))
+            .collect();
+        all.sort();
+        all
+    }
+
+    fn pairs(of: &[(&str, &str)]) -> Vec<(String, String)> {
+        of.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_hosts_account_merges_its_entities_and_a_whole_one_lets_the_unnamed_go() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 8);
+        let (a, b, c) = (
+            entity("a", "hostb"),
+            entity("b", "hostb"),
+            entity("c", "hostb"),
+        );
+        let other = entity("o", "hostc");
+        roster.hear("hostc", beat(Some(&other), "idle"), t0, 0);
+        let base = MsgId::mint();
+        let whole = account(base, true, &[(&a, "idle"), (&b, "idle")]);
+        assert_eq!(roster.hear("hostb", whole, t0, 1), Heard::Merged);
+        assert_eq!(
+            statuses(&roster),
+            pairs(&[("a", "idle"), ("b", "idle"), ("o", "idle")])
+        );
+        // A change: a busy, c joined, b left.
+        let change = account(base, false, &[(&b, GONE), (&a, "busy"), (&c, "spawning")]);
+        assert_eq!(roster.hear("hostb", change, t0, 2), Heard::Merged);
+        assert_eq!(
+            statuses(&roster),
+            pairs(&[("a", "busy"), ("c", "spawning"), ("o", "idle")])
+        );
+        assert_eq!(roster.departed(b.gid).map(|e| e.gid), Some(b.gid));
+        // A whole one that names only c: a goes; the other host's entity stays.
+        let again = MsgId::mint();
+        let whole = account(again, true, &[(&c, "idle")]);
+        assert_eq!(roster.hear("hostb", whole, t0, 3), Heard::Merged);
+        assert_eq!(statuses(&roster), pairs(&[("c", "idle"), ("o", "idle")]));
+        assert!(named(&roster, "a").is_empty());
+        // The host leaving takes c along.
+        assert_eq!(roster.hear("hostb", beat(None, GONE), t0, 4), Heard::Left);
+        assert_eq!(statuses(&roster), pairs(&[("o", "idle")]));
+    }
+
+    #[test]
+    fn a_hosts_heartbeat_is_each_of_its_entities_heartbeat() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 8);
+        let a = entity("a", "hostb");
+        let base = MsgId::mint();
+        roster.hear("hostb", account(base, true, &[(&a, "idle")]), t0, 1);
+        // Past the ttl with no word: unreachable.
+        let later = t0 + TTL;
+        roster.expire(later, 2);
+        assert_eq!(statuses(&roster), pairs(&[("a", UNREACHABLE)]));
+        // A change that does not name a: its host is heard, so is a.
+        let heard = later + Duration::from_millis(1);
+        assert_eq!(
+            roster.hear("hostb", account(base, false, &[]), heard, 3),
+            Heard::Merged
+        );
+        assert_eq!(statuses(&roster), pairs(&[("a", "idle")]));
+        let entry = roster.entity(a.gid).unwrap();
+        assert_eq!((entry.heard, entry.heard_ms), (heard, 3));
+        assert_eq!(roster.standing(a.gid, heard, OVERDUE), Standing::Free);
+    }
+
+    #[test]
+    fn a_change_built_on_a_whole_account_not_heard_is_merged_and_said_stale() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 8);
+        let a = entity("a", "hostb");
+        // A roster that never heard a whole account of hostb.
+        let change = account(MsgId::mint(), false, &[(&a, "busy")]);
+        assert_eq!(roster.hear("hostb", change, t0, 1), Heard::Stale);
+        assert_eq!(statuses(&roster), pairs(&[("a", "busy")]));
+        // The whole one comes; a change on it is not stale.
+        let base = MsgId::mint();
+        roster.hear("hostb", account(base, true, &[(&a, "idle")]), t0, 2);
+        let change = account(base, false, &[(&a, "busy")]);
+        assert_eq!(roster.hear("hostb", change, t0, 3), Heard::Merged);
+        // hostb restarted (a new whole account) and this roster missed it.
+        let missed = account(MsgId::mint(), false, &[]);
+        assert_eq!(roster.hear("hostb", missed, t0, 4), Heard::Stale);
+    }
+
+    #[test]
+    fn an_account_naming_another_hosts_entity_or_a_bad_status_is_ignored_whole() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 8);
+        let (mine, theirs) = (entity("a", "hostb"), entity("x", "hostc"));
+        let base = MsgId::mint();
+        let foreign = account(base, true, &[(&mine, "idle"), (&theirs, "idle")]);
+        assert_eq!(
+            roster.hear("hostb", foreign, t0, 1),
+            Heard::NotItsOwn {
+                claimed: "hostc".into()
+            }
+        );
+        assert!(roster.entities().next().is_none());
+        assert!(roster.hosts().next().is_none(), "the host entry was taken");
+        let bad = account(base, true, &[(&mine, "idle\x1b[2J")]);
+        assert!(matches!(
+            roster.hear("hostb", bad, t0, 1),
+            Heard::Malformed(why) if why.contains("status")
+        ));
+        let mut renamed = mine.clone();
+        renamed.name = "a b".into();
+        let bad = account(base, true, &[(&renamed, "idle")]);
+        assert!(matches!(
+            roster.hear("hostb", bad, t0, 1),
+            Heard::Malformed(_)
+        ));
+        let mut on_entity = account(base, true, &[]);
+        on_entity.entity = Some(mine);
+        on_entity.status = "idle".into();
+        assert!(matches!(
+            roster.hear("hostb", on_entity, t0, 1),
+            Heard::Malformed(_)
+        ));
+        assert!(roster.entities().next().is_none());
+    }
+
+    #[test]
+    fn an_account_over_the_cap_keeps_what_fits_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 2);
+        let f: Vec<Entity> = (1..=4).map(|i| entity(&format!("f{i}"), "hostf")).collect();
+        let states: Vec<(&Entity, &str)> = f.iter().map(|e| (e, "idle")).collect();
+        let Heard::OverCap { full, ignored } =
+            roster.hear("hostf", account(MsgId::mint(), true, &states), t0, 1)
+        else {
+            panic!("four entities were kept under a cap of two");
+        };
+        assert_eq!((full.key, ignored), (REMOTE_ENTITIES_KEY, 2));
+        assert_eq!(roster.entities().count(), 2);
+        // What was kept is refreshed, what was not stays out.
+        let base = MsgId::mint();
+        let kept: Vec<Entity> = roster.entities().map(|e| e.entity.clone()).collect();
+        let states: Vec<(&Entity, &str)> = kept.iter().map(|e| (e, "busy")).collect();
+        assert_eq!(
+            roster.hear("hostf", account(base, true, &states), t0, 2),
+            Heard::Merged
+        );
+        assert_eq!(roster.entities().filter(|e| e.status == "busy").count(), 2);
     }
 
     fn names(roster: &Roster) -> Vec<String> {

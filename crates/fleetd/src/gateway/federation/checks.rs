@@ -342,8 +342,9 @@ impl Federation {
         );
     }
 
-    /// Checks a heartbeat from another host (`presence`, under `envelope`): its seal, its
-    /// routing key and entity, that the entity is no other host's, its time, and that it is
+    /// Checks a heartbeat from another host (`presence`, under `envelope`, its seal checked):
+    /// its routing key and entity, that each entity it names is no other host's, its time, and
+    /// that it is
     /// newer than the last one taken for the same entity (a replayed or delayed one cannot
     /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
@@ -353,9 +354,16 @@ impl Federation {
         envelope: &Envelope,
         presence: &Presence,
     ) -> Result<(), Refusal> {
-        self.check_seal(envelope, delivery)?;
         check_presence_key(delivery.routing_key(), envelope, presence.entity.as_ref())?;
-        if let Some(entity) = &presence.entity {
+        // Each entity it names (its own, or its host's account's) is where it says: none of
+        // this host's, none another host announced.
+        let named = presence.entity.iter().chain(
+            presence
+                .account
+                .iter()
+                .flat_map(|a| a.states.iter().map(|s| &s.entity)),
+        );
+        for entity in named {
             let (place, _) = self.whereabouts(g, entity.gid);
             check_sender(envelope, &place, &g.host_id, false)?;
         }

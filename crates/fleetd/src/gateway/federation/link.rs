@@ -11,6 +11,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{BROADCAST_ALL, broadcast_key};
 use fleet_amqp::{AmqpError, Broker, InboxLimits, Link, LinkSettings};
 use fleet_core::clock::now_ms;
+use fleet_core::presence::Round;
 use fleet_core::{Entity, FleetError, Gid};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -195,7 +196,8 @@ impl Federation {
                     .expire(tokio::time::Instant::now().into_std(), now_ms());
                 self.link.send_replace(Some(Arc::clone(&link)));
                 tracing::info!(host_id = %g.host_id, %node, inboxes, "broker link up");
-                self.publish_presence(g).await;
+                // A new roster queue holds nothing said before: whole accounts, both ways.
+                self.publish_whole_asking(g).await;
                 self.clear_reaped_inboxes(g).await;
                 self.flush_outbox(g).await;
                 Ok(())
@@ -278,11 +280,13 @@ impl Federation {
         let Some(link) = self.link() else {
             return;
         };
-        let Some((entity, status)) = ({
-            let sessions = g.sessions.lock();
-            let found = sessions.entities().into_iter().find(|e| e.gid == gid);
-            found.map(|e| (e, sessions.presence_status(gid)))
-        }) else {
+        let found = g
+            .sessions
+            .lock()
+            .entities()
+            .into_iter()
+            .find(|e| e.gid == gid);
+        let Some(entity) = found else {
             return;
         };
         // Joined once already (blocked on a dialog of its start, say): its inbox is there.
@@ -290,10 +294,10 @@ impl Federation {
         if !attached && let Err(e) = self.attach_inbox(g, link.as_ref(), &entity).await {
             tracing::error!(%gid, error = %e, "cannot attach the inbox");
         }
-        // Its own heartbeat, at once: the others learn of it now, not at the next round. (A
-        // whole round for each one that joins made a burst of n spawns cost n² heartbeats.)
-        self.announce(g, link.as_ref(), Some(entity), status, Vec::new())
-            .await;
+        // The host's heartbeat, at once, of what changed: the others learn of it now, not at
+        // the next round. (A whole round for each one that joins made a burst of n spawns cost
+        // n² heartbeats.)
+        self.publish_presence(g, Round::Change).await;
     }
 
     /// A local entity left: its inbox goes (and its broadcast bindings with it), and the other
@@ -308,14 +312,7 @@ impl Federation {
         if let Err(e) = link.delete_inbox(entity.gid).await {
             tracing::warn!(gid = %entity.gid, error = %e, "cannot delete the inbox");
         }
-        self.announce(
-            g,
-            link.as_ref(),
-            Some(entity.clone()),
-            "gone".into(),
-            Vec::new(),
-        )
-        .await;
+        self.publish_presence(g, Round::Change).await;
     }
 
     /// Notes a worker a previous run left (reaped at start) whose inbox is to be cleared, and

@@ -58,6 +58,7 @@ use fleet_core::bounds::RosterCaps;
 use fleet_core::delivery::carried;
 use fleet_core::envelope::Envelope;
 use fleet_core::ownership::AllowTable;
+use fleet_core::presence::Ledger;
 use fleet_core::receipts::Receipts;
 use fleet_core::roster::Roster;
 use fleet_core::signing::{Signature, SigningKey, signature};
@@ -105,6 +106,9 @@ pub struct Federation {
     outbox_waiting: AtomicBool,
     /// Held by the outbox's flush: one at a time.
     flushing: tokio::sync::Mutex<()>,
+    /// What this gateway told the others of its entities; held while a heartbeat is made and
+    /// published, so they go out in the order they were made.
+    ledger: tokio::sync::Mutex<Ledger>,
     /// This federation, for the tasks it starts.
     me: Weak<Federation>,
 }
@@ -137,8 +141,12 @@ struct FedState {
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
-    /// When this gateway last announced itself at once to a host that came back.
-    answered_return: Option<tokio::time::Instant>,
+    /// Whether another gateway wants a whole account of this host's entities (it came back,
+    /// or asked): the presence loop sends one at its next tick, one for all who asked.
+    whole_wanted: bool,
+    /// Whether this gateway heard a change built on a whole account it missed: the presence
+    /// loop asks the others for whole accounts at its next tick.
+    resync_wanted: bool,
     /// Carried messages whose first publish still runs: the outbox's flush leaves them be.
     carrying: std::collections::HashSet<MsgId>,
     /// When the presence loop last started a flush of the outbox.
@@ -213,7 +221,8 @@ impl Federation {
             control: HashMap::new(),
             reaped: Vec::new(),
             refused: 0,
-            answered_return: None,
+            whole_wanted: false,
+            resync_wanted: false,
             carrying: std::collections::HashSet::new(),
             flushed: None,
         };
@@ -231,6 +240,7 @@ impl Federation {
             roster_heard: tokio_watch::channel(0).0,
             outbox_waiting: AtomicBool::new(true),
             flushing: tokio::sync::Mutex::new(()),
+            ledger: tokio::sync::Mutex::new(Ledger::new()),
             me: me.clone(),
         }))
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
 use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
+use fleet_core::presence::Round;
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
@@ -23,11 +24,15 @@ use fleet_core::clock::now_ms;
 /// How many messages are taken off a reaped worker's inbox at once.
 const DRAIN_BATCH: usize = 64;
 
+/// The largest heartbeat read (a host's whole account of some 100,000 entities); a larger one
+/// is refused unread.
+const MAX_HEARTBEAT_BYTES: usize = 32 << 20;
+
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Federation {
-    /// Heartbeats every local entity and the host entry, and expires what went quiet.
+    /// Heartbeats this host (with its entities) every interval, and expires what went quiet.
     pub(super) async fn presence_loop(self: Arc<Self>, g: Arc<LocalPlane>) {
         let g = &g;
         let interval = Duration::from_secs(self.config.presence_interval_s);
@@ -37,12 +42,27 @@ impl Federation {
                 () = tokio::time::sleep(SWEEP_INTERVAL) => {}
                 () = g.shutdown.cancelled() => return,
             }
+            let (whole, resync) = {
+                let mut state = self.lock();
+                (
+                    std::mem::take(&mut state.whole_wanted),
+                    std::mem::take(&mut state.resync_wanted),
+                )
+            };
+            if resync {
+                self.ledger.lock().await.ask_resync();
+            }
             if Instant::now() >= next_beat {
-                self.publish_presence(g).await;
+                self.publish_presence(g, if whole { Round::Whole } else { Round::Regular })
+                    .await;
                 if self.link().is_some() && !self.lock().reaped.is_empty() {
                     self.clear_reaped_inboxes(g).await;
                 }
                 next_beat = Instant::now() + interval;
+            } else if whole {
+                self.publish_presence(g, Round::Whole).await;
+            } else if resync {
+                self.publish_presence(g, Round::Change).await;
             }
             self.sweep(g).await;
             forget_heartbeats(&self);
@@ -50,12 +70,13 @@ impl Federation {
         }
     }
 
-    /// Publishes the presence of every local entity and of this host.
-    pub(super) async fn publish_presence(&self, g: &LocalPlane) {
+    /// Publishes this host's heartbeat for `round`, carrying its entities' account.
+    pub(super) async fn publish_presence(&self, g: &LocalPlane, round: Round) {
         let Some(link) = self.link() else {
             return;
         };
-        let entries: Vec<(Entity, String)> = {
+        let mut ledger = self.ledger.lock().await;
+        let entities: Vec<(Entity, String)> = {
             let sessions = g.sessions.lock();
             sessions
                 .entities()
@@ -66,13 +87,30 @@ impl Federation {
                 })
                 .collect()
         };
-        let beats = entries.into_iter().map(|(entity, status)| {
-            self.announce(g, link.as_ref(), Some(entity), status, Vec::new())
-        });
-        futures_util::future::join_all(beats).await;
-        let profiles = g.config.profiles.iter().map(|p| p.name.clone()).collect();
-        self.announce(g, link.as_ref(), None, "up".into(), profiles)
-            .await;
+        let id = MsgId::mint();
+        let account = ledger.account(id, entities, round);
+        let profiles: Vec<String> = g.config.profiles.iter().map(|p| p.name.clone()).collect();
+        // An entry that is up names its profiles' model families.
+        let families = if profiles.is_empty() {
+            Default::default()
+        } else {
+            crate::config::families(&g.config.profiles)
+        };
+        let presence = Presence {
+            entity: None,
+            status: "up".into(),
+            profiles,
+            families,
+            account: Some(account),
+        };
+        self.announce(g, link.as_ref(), id, &presence).await;
+    }
+
+    /// A whole account of this host's entities, asking every other gateway for theirs: its
+    /// roster queue is new, so it holds nothing said before.
+    pub(super) async fn publish_whole_asking(&self, g: &LocalPlane) {
+        self.ledger.lock().await.ask_resync();
+        self.publish_presence(g, Round::Whole).await;
     }
 
     /// Tells the other gateways this host and its entities are gone.
@@ -80,52 +118,31 @@ impl Federation {
         let Some(link) = self.link() else {
             return;
         };
-        let local = g.sessions.lock().entities();
-        let beats = local
-            .into_iter()
-            .map(|entity| self.announce(g, link.as_ref(), Some(entity), "gone".into(), Vec::new()));
-        futures_util::future::join_all(beats).await;
-        self.announce(g, link.as_ref(), None, "gone".into(), Vec::new())
-            .await;
+        let _published = self.ledger.lock().await;
+        let gone = Presence {
+            entity: None,
+            status: GONE.into(),
+            profiles: Vec::new(),
+            families: Default::default(),
+            account: None,
+        };
+        self.announce(g, link.as_ref(), MsgId::mint(), &gone).await;
     }
 
-    /// One presence heartbeat.
-    pub(super) async fn announce(
-        &self,
-        g: &LocalPlane,
-        link: &dyn Broker,
-        entity: Option<Entity>,
-        status: String,
-        profiles: Vec<String>,
-    ) {
-        let (from, who) = match &entity {
-            Some(e) => (e.gid, e.gid.to_string()),
-            None => (self.gateway_gid, GATEWAY_ENTRY.to_string()),
-        };
-        // A host entry that is up names its profiles' model families.
-        let families = if entity.is_none() && !profiles.is_empty() {
-            crate::config::families(&g.config.profiles)
-        } else {
-            Default::default()
-        };
-        let presence = Presence {
-            entity,
-            status,
-            profiles,
-            families,
-        };
-        let Ok(body) = serde_json::to_vec(&presence) else {
+    /// One presence heartbeat of this host's, of id `id`.
+    async fn announce(&self, g: &LocalPlane, link: &dyn Broker, id: MsgId, presence: &Presence) {
+        let Ok(body) = serde_json::to_vec(presence) else {
             return;
         };
         let envelope = outgoing(
             &g.host_id,
             Kind::Presence,
-            (MsgId::mint(), TraceId::mint()),
-            from,
+            (id, TraceId::mint()),
+            self.gateway_gid,
             ROSTER_EXCHANGE.to_string(),
             self.config.presence_ttl_s,
         );
-        let key = roster_key(&g.host_id, &who);
+        let key = roster_key(&g.host_id, GATEWAY_ENTRY);
         let signature = self.sign(&envelope, &body);
         let published = link
             .publish(Outgoing {
@@ -161,7 +178,7 @@ impl Federation {
                     let (handled, returned) = self.on_presence(g, &delivery);
                     settle(&delivery, handled, false).await;
                     if returned {
-                        self.answer_a_return(g);
+                        self.answer_a_return();
                     }
                 }
                 _ => return,
@@ -169,22 +186,12 @@ impl Federation {
         }
     }
 
-    /// A host this gateway did not hear came back (its link healed, or it started): it hears of
-    /// this one's entities at once, not at the next beat, so both sides' rosters are whole again
-    /// as soon as its link is (at most once a second, however many hosts come back).
-    fn answer_a_return(&self, g: &Arc<LocalPlane>) {
-        {
-            let mut state = self.lock();
-            let now = Instant::now();
-            if state
-                .answered_return
-                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
-            {
-                return;
-            }
-            state.answered_return = Some(now);
-        }
-        self.start_task(g, |fed, g| async move { fed.publish_presence(&g).await });
+    /// A host this gateway did not hear came back (its link healed, or it started), or asked
+    /// for whole accounts: it hears of this one's entities at the presence loop's next tick,
+    /// not at the next round, so both sides' rosters are whole again as soon as its link is (one
+    /// whole account for all that came back or asked within the tick).
+    fn answer_a_return(&self) {
+        self.lock().whole_wanted = true;
     }
 
     /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead
@@ -208,6 +215,15 @@ impl Federation {
             tracing::warn!(%host, kind = %envelope.kind, "a message on the roster that is no heartbeat was refused");
             return handled(Handled::Refused);
         }
+        // Only a pinned host's heartbeat is read at all.
+        if let Err(refusal) = self.check_seal(&envelope, delivery) {
+            self.note_untrusted(delivery, &envelope, &refusal);
+            return handled(Handled::Refused);
+        }
+        if delivery.body().len() > MAX_HEARTBEAT_BYTES {
+            tracing::warn!(%host, bytes = delivery.body().len(), "a heartbeat over {MAX_HEARTBEAT_BYTES} bytes was refused");
+            return handled(Handled::Refused);
+        }
         let Ok(presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
             return handled(Handled::Refused);
@@ -227,18 +243,30 @@ impl Federation {
             }
         }
         let now = Instant::now().into_std();
-        let (heard, was_quiet) = {
+        let asks = presence.account.as_ref().is_some_and(|a| a.resync);
+        let (heard, returned) = {
             let mut state = self.lock();
+            let heard_before = state.roster.hosts_heard().any(|h| h == host);
+            let heard = state.roster.hear(&host, presence, now, now_ms());
             // The host's own entry, from a host not heard until now.
-            let was_quiet = presence.entity.is_none()
-                && presence.status != GONE
-                && !state.roster.hosts_heard().any(|h| h == host);
-            (state.roster.hear(&host, presence, now, now_ms()), was_quiet)
+            let returned = !heard_before && state.roster.hosts_heard().any(|h| h == host);
+            (heard, returned)
         };
-        let returned = was_quiet && heard == Heard::Merged;
+        self.merged(&host, heard);
+        (Handled::Noted, returned || asks)
+    }
+
+    /// What a heartbeat of `host`'s did to the roster: whoever waits on the roster is told,
+    /// and what was ignored is said (never a flood of it).
+    fn merged(&self, host: &str, heard: Heard) {
         match heard {
             Heard::Merged => {
                 self.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Heard::Stale => {
+                self.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
+                tracing::debug!(%host, "a change of a host's entities built on a whole account not heard here: asking for one");
+                self.lock().resync_wanted = true;
             }
             Heard::Left => {}
             Heard::NotItsOwn { claimed } => {
@@ -247,13 +275,15 @@ impl Federation {
             Heard::Malformed(why) => {
                 tracing::warn!(%host, why = %why.escape_debug(), "a heartbeat holding what no gateway announces was ignored");
             }
-            // Loud at first, never a flood of its own: at powers of two.
-            Heard::OverCap { full, ignored } if ignored.is_power_of_two() => {
-                tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
+            // Loud at first, never a flood of its own: at powers of two. (Of a host's account,
+            // what fit under the cap was kept.)
+            Heard::OverCap { full, ignored } => {
+                self.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
+                if ignored.is_power_of_two() {
+                    tracing::error!(%host, cap = %full, ignored, "REFUSED a roster entry over the cap: heartbeat ignored (a flood of forged presence?)");
+                }
             }
-            Heard::OverCap { .. } => {}
         }
-        (Handled::Noted, returned)
     }
 
     /// Clears the inboxes of the reaped workers, once the broker can be reached (else the next
@@ -341,9 +371,8 @@ impl Federation {
                 return false;
             }
         }
-        // The other gateways hear it is gone now, not when its entry runs out.
-        self.announce(g, link, Some(entity.clone()), "gone".into(), Vec::new())
-            .await;
+        // (The other gateways heard it is gone from this run's first whole account, which
+        // named only this run's entities.)
         true
     }
 }

@@ -12,7 +12,8 @@ use fleet_amqp::topology::inbox_queue;
 use fleet_amqp::{Broker, Table};
 use fleet_core::admission::Settlement;
 use fleet_core::envelope::{Envelope, VERSION};
-use fleet_core::roster::Presence;
+use fleet_core::presence::{Account, EntityState, Round};
+use fleet_core::roster::{GONE, Presence};
 use fleet_core::signing::{SigningKey, key_text, signature};
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId};
 use fleet_mux::fake::FakePanes;
@@ -120,6 +121,7 @@ async fn harness(max_held: usize) -> Harness {
     let carol = lead_of("hostc");
     let heard = Presence {
         families: Default::default(),
+        account: None,
         entity: Some(carol.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
@@ -721,6 +723,7 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
             .map_or_else(|| "_gateway".to_string(), |e| e.gid.to_string());
         let presence = Presence {
             families: Default::default(),
+            account: None,
             entity,
             status: "idle".into(),
             profiles: vec!["sim".into()],
@@ -830,6 +833,226 @@ async fn heartbeats_are_merged_only_when_genuine_and_our_own_ignored() {
     gateway.shutdown.cancel();
 }
 
+/// A worker of `host`, as its host's account names it.
+fn worker_of(name: &str, host: &str) -> Entity {
+    Entity {
+        gid: Gid::mint(),
+        name: name.into(),
+        host: host.into(),
+        role: Role::Worker,
+        profile: Some("sim".into()),
+        sandbox: None,
+        profile_role: None,
+        groups: Vec::new(),
+        parent: None,
+    }
+}
+
+/// `host`'s own heartbeat carrying an account of `states`, built on `base`: its routing key,
+/// its envelope and its body.
+fn host_beat(
+    host: &str,
+    base: MsgId,
+    whole: bool,
+    states: &[(&Entity, &str)],
+    resync: bool,
+) -> (String, Envelope, Vec<u8>) {
+    let presence = Presence {
+        entity: None,
+        status: "up".into(),
+        profiles: vec!["sim".into()],
+        families: Default::default(),
+        account: Some(Account {
+            base,
+            whole,
+            states: states
+                .iter()
+                .map(|(e, s)| EntityState {
+                    entity: (*e).clone(),
+                    status: s.to_string(),
+                })
+                .collect(),
+            resync,
+        }),
+    };
+    let envelope = Envelope {
+        from_host: Some(host.into()),
+        ..envelope(Kind::Presence, Gid::mint(), "fleet.roster")
+    };
+    let body = serde_json::to_vec(&presence).unwrap();
+    (format!("roster.{host}._gateway"), envelope, body)
+}
+
+/// The names and statuses `gateway` lists of the remote roster.
+fn remote_listed(gateway: &LocalPlane) -> Vec<(String, String)> {
+    let (entries, _) = gateway.fleet_view();
+    entries
+        .into_iter()
+        .filter(|e| e.host != "hosta")
+        .map(|e| (e.name, e.status))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_hosts_account_of_its_entities_is_merged_only_when_every_entity_is_its_own() {
+    let Harness {
+        gateway,
+        fed,
+        broker,
+        alice,
+        carol,
+        _dir,
+    } = harness(10).await;
+    let roster = broker.open_roster("hosta").await.unwrap();
+    tokio::spawn(Arc::clone(&fed).consume_roster(Arc::clone(&gateway), roster));
+    let (w1, w2) = (worker_of("w1", "hostb"), worker_of("w2", "hostb"));
+    let mut taken = Vec::new();
+    let mut refused = Vec::new();
+    let base = MsgId::mint();
+    let send = |(key, envelope, body): (String, Envelope, Vec<u8>)| {
+        let broker = Arc::clone(&broker);
+        async move {
+            broker
+                .beat(&key, &signed(&envelope, &body), &body)
+                .await
+                .unwrap()
+        }
+    };
+    taken.push(
+        send(host_beat(
+            "hostb",
+            base,
+            true,
+            &[(&w1, "idle"), (&w2, "idle")],
+            false,
+        ))
+        .await,
+    );
+    // Naming this host's own lead, or hostc's carol, as hostb's: refused whole.
+    let mut alice_there = alice.clone();
+    alice_there.host = "hostb".into();
+    refused.push(
+        send(host_beat(
+            "hostb",
+            base,
+            false,
+            &[(&w1, "busy"), (&alice_there, "idle")],
+            false,
+        ))
+        .await,
+    );
+    let mut carol_there = lead_of("hostb");
+    carol_there.gid = carol;
+    refused.push(
+        send(host_beat(
+            "hostb",
+            base,
+            false,
+            &[(&w1, "busy"), (&carol_there, "idle")],
+            false,
+        ))
+        .await,
+    );
+    // A change on the whole one: w1 busy, w2 gone.
+    let last = send(host_beat(
+        "hostb",
+        base,
+        false,
+        &[(&w2, GONE), (&w1, "busy")],
+        false,
+    ))
+    .await;
+    taken.push(last);
+    let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == last)).await;
+    for tag in refused {
+        assert_eq!(
+            how_of(&settled, tag),
+            [(Settlement::DeadLetter, false)],
+            "{tag}"
+        );
+    }
+    for tag in taken {
+        assert_eq!(how_of(&settled, tag), [(Settlement::Ack, false)], "{tag}");
+    }
+    // (Listed by host, then name.)
+    assert_eq!(
+        remote_listed(&gateway),
+        [
+            ("w1".to_string(), "busy".to_string()),
+            ("carol".into(), "idle".into())
+        ]
+    );
+    // hostb was new here: it is answered with this host's whole account; nothing was stale.
+    assert!(fed.lock().whole_wanted && !fed.lock().resync_wanted);
+    fed.lock().whole_wanted = false;
+    // A change built on a whole account not heard here: merged, and a whole one asked for.
+    let w3 = worker_of("w3", "hostb");
+    let stale = send(host_beat(
+        "hostb",
+        MsgId::mint(),
+        false,
+        &[(&w3, "idle")],
+        false,
+    ))
+    .await;
+    settled_until(&broker, |s| s.iter().any(|s| s.tag == stale)).await;
+    assert!(fed.lock().resync_wanted);
+    assert!(remote_listed(&gateway).contains(&("w3".to_string(), "idle".to_string())));
+    // Another gateway asking for whole accounts is answered at the next tick.
+    let asks = send(host_beat("hostb", base, false, &[], true)).await;
+    settled_until(&broker, |s| s.iter().any(|s| s.tag == asks)).await;
+    assert!(fed.lock().whole_wanted);
+    gateway.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn this_hosts_heartbeat_carries_its_entities_in_one_message_per_round() {
+    let Harness {
+        gateway,
+        fed,
+        broker,
+        alice,
+        _dir,
+        ..
+    } = harness(10).await;
+    let beats = |broker: &FakeBroker| -> Vec<(String, Presence)> {
+        broker
+            .published()
+            .into_iter()
+            .filter(|p| p.exchange == "fleet.roster")
+            .map(|p| (p.key, serde_json::from_slice(&p.body).unwrap()))
+            .collect()
+    };
+    fed.publish_whole_asking(&gateway).await;
+    fed.publish_presence(&gateway, Round::Regular).await;
+    let published = beats(&broker);
+    assert_eq!(published.len(), 2, "{published:?}");
+    assert!(
+        published
+            .iter()
+            .all(|(key, _)| key == "roster.hosta._gateway")
+    );
+    let (_, whole) = &published[0];
+    let account = whole.account.as_ref().unwrap();
+    assert!(account.whole && account.resync);
+    let named: Vec<Gid> = account.states.iter().map(|s| s.entity.gid).collect();
+    assert!(named.contains(&alice.gid), "{named:?}");
+    // Nothing changed since: the round's heartbeat names nobody, and builds on the whole one.
+    let change = published[1].1.account.as_ref().unwrap();
+    assert!(!change.whole && !change.resync && change.states.is_empty());
+    assert_eq!(change.base, account.base);
+    // Leaving: the host alone, gone.
+    fed.leave_roster(&gateway).await;
+    let published = beats(&broker);
+    let (key, gone) = published.last().unwrap();
+    assert_eq!(
+        (key.as_str(), gone.status.as_str()),
+        ("roster.hosta._gateway", GONE)
+    );
+    assert!(gone.entity.is_none() && gone.account.is_none());
+    gateway.shutdown.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails_it_at_the_bound() {
     let Harness {
@@ -854,6 +1077,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     };
     let heard = Presence {
         families: Default::default(),
+        account: None,
         entity: Some(worker.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
@@ -890,6 +1114,7 @@ async fn the_sweep_loop_holds_a_brief_while_its_worker_is_unreachable_then_fails
     let hear = || {
         let back = Presence {
             families: Default::default(),
+            account: None,
             entity: Some(worker.clone()),
             status: "idle".into(),
             profiles: Vec::new(),
@@ -952,6 +1177,7 @@ fn hear_wb(fed: &Federation) -> Gid {
     };
     let heard = Presence {
         families: Default::default(),
+        account: None,
         entity: Some(wb.clone()),
         status: "idle".into(),
         profiles: Vec::new(),
