@@ -4,7 +4,8 @@
 //! - **idle**: one gateway holding `--workers` idle cheap workers (a `sh` that prints a ready
 //!   marker and becomes `cat`: a tiny process per pane, ready by its screen). fleetd's and,
 //!   apart, its tmux server's RSS and CPU beside the same gateway with no workers; how long
-//!   the spawns took; the host's presence traffic beside the rate its interval promises; what
+//!   the spawns took; the host's presence traffic beside the rate its interval promises (one
+//!   heartbeat a round for the host and all its entities) and a heartbeat per entity; what
 //!   another gateway lists of it; `fleet_list` latency beside a handful of entries.
 //! - **loop**: `--loop-workers` scripted agents, each with one task in flight from the lead at
 //!   all times (round trips/s, p50/p99) beside a single lane; fleetd's CPU during the loop
@@ -47,7 +48,7 @@ pub(super) struct Args {
     #[arg(long, default_value_t = 10)]
     gateways: usize,
     /// Entities (leads: no panes) per gateway of the roster part.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 1000)]
     entities: usize,
     /// Scripted agents in the closed loop, one task in flight each.
     #[arg(long, default_value_t = 100)]
@@ -394,8 +395,8 @@ fn p50_p99(samples: &mut [Duration]) -> String {
 }
 
 /// What one host's heartbeats came to over some whole rounds: a round is what the host
-/// publishes from one of its gateway entries (`roster.<host>._gateway`, sent last in each
-/// round) to the next.
+/// publishes from one of its gateway entries (`roster.<host>._gateway`: since this build the
+/// only heartbeat of a host; an older one sent it last in each round) to the next.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct BeatRate {
     /// Heartbeats per second.
@@ -404,20 +405,27 @@ struct BeatRate {
     per_round: f64,
     /// Seconds from one round to the next.
     period_s: f64,
+    /// Bytes of heartbeat bodies per second.
+    bytes_per_s: f64,
 }
 
-/// The rate over the rounds between the first and the last of `rounds`: each the time a
-/// gateway entry came and how many heartbeats of its host had come by then. `None` for fewer
+/// Where a host's heartbeats stood when one of its gateway entries came: when, how many had
+/// come by then, and how many bytes of bodies.
+type RoundMark = (Instant, u64, u64);
+
+/// The rate over the rounds between the first and the last of `rounds`. `None` for fewer
 /// than two.
-fn beat_rate(rounds: &[(Instant, u64)]) -> Option<BeatRate> {
+fn beat_rate(rounds: &[RoundMark]) -> Option<BeatRate> {
     let (first, last) = (rounds.first()?, rounds.last()?);
     let n = rounds.len().checked_sub(1).filter(|n| *n > 0)? as f64;
     let period_s = last.0.duration_since(first.0).as_secs_f64() / n;
     let per_round = (last.1 - first.1) as f64 / n;
+    let bytes_per_round = (last.2 - first.2) as f64 / n;
     Some(BeatRate {
         per_s: per_round / period_s.max(1e-9),
         per_round,
         period_s,
+        bytes_per_s: bytes_per_round / period_s.max(1e-9),
     })
 }
 
@@ -433,8 +441,10 @@ fn beat_of(key: &str) -> Option<(&str, bool)> {
 struct HostBeats {
     /// Heartbeats so far.
     total: u64,
-    /// For each gateway entry: when it came and `total` then.
-    rounds: Vec<(Instant, u64)>,
+    /// Bytes of their bodies so far.
+    bytes: u64,
+    /// For each gateway entry: when it came, and `total` and `bytes` then.
+    rounds: Vec<RoundMark>,
 }
 
 /// Counts the presence heartbeats on the roster exchange per host, through a queue of its own
@@ -466,9 +476,10 @@ impl Heartbeats {
                     let mut seen = counted.lock().unwrap_or_else(|p| p.into_inner());
                     let beats = seen.entry(host.to_string()).or_default();
                     beats.total += 1;
+                    beats.bytes += delivery.body().len() as u64;
                     if gateway {
-                        let total = beats.total;
-                        beats.rounds.push((Instant::now(), total));
+                        let (total, bytes) = (beats.total, beats.bytes);
+                        beats.rounds.push((Instant::now(), total, bytes));
                     }
                 }
                 let _ = delivery.settle(Settlement::Ack, false).await;
@@ -678,7 +689,7 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
         }
     );
     println!(
-        "  workers | fleetd RSS, CPU | tmux RSS, CPU | presence heartbeats/s (promised) | fleet_list entries: latency | spawns of the stage | load average"
+        "  workers | fleetd RSS, CPU | tmux RSS, CPU | presence heartbeats/s, bytes/s (promised: one a round) | fleet_list entries: latency | spawns of the stage | load average"
     );
 
     // Stage by stage: spawn up to the stage's count, then measure with all of them idle.
@@ -749,9 +760,10 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
             rate.map_or_else(
                 || "no broker".to_string(),
                 |rate| format!(
-                    "{:.1}/s ({:.1}/s), a round every {:.2} s",
+                    "{:.1}/s, {:.1} KB/s ({:.1}/s), a round every {:.2} s",
                     rate.per_s,
-                    (workers + 2) as f64 / interval as f64,
+                    rate.bytes_per_s / 1000.0,
+                    1.0 / interval as f64,
                     rate.period_s
                 )
             ),
@@ -887,13 +899,16 @@ async fn idle(args: &Args) -> anyhow::Result<()> {
     }
     if let (Some(all), Some(none)) = (fn_.rate, f0.rate) {
         println!(
-            "presence from {big} with {n} workers: {:.1} heartbeats/s ({:.0} a round, a round every {:.2} s), beside the {:.1}/s its interval promises = ({} entities + the host) / {interval} s; with none {:.1}/s (a round every {:.2} s)",
+            "presence from {big} with {n} workers: {:.1} heartbeats/s ({:.0} a round, a round every {:.2} s), {:.1} KB/s, beside the {:.1}/s its interval promises (one heartbeat for the host and all its entities) and the {:.1}/s of a heartbeat per entity (before this build) = ({} entities + the host) / {interval} s; with none {:.1}/s, {:.1} KB/s (a round every {:.2} s)",
             all.per_s,
             all.per_round,
             all.period_s,
+            all.bytes_per_s / 1000.0,
+            1.0 / interval as f64,
             (n + 2) as f64 / interval as f64,
             n + 1,
             none.per_s,
+            none.bytes_per_s / 1000.0,
             none.period_s
         );
     }
@@ -1328,15 +1343,28 @@ async fn roster(args: &Args) -> anyhow::Result<()> {
             run.took.as_secs_f64() / interval as f64,
             run.starts.as_secs_f64()
         );
+        let beat_bytes: f64 = run.rates.iter().map(|r| r.bytes_per_s).sum();
+        let (published, delivered) = (
+            rates.iter().sum::<f64>(),
+            rates.iter().sum::<f64>() * n as f64,
+        );
+        // A heartbeat per entity and per host each round, as before this build, every gateway's
+        // roster queue taking each.
+        let per_entity = (e + 1) as f64 / interval as f64 * n as f64;
         println!(
-            "  presence per host: {:.1}–{:.1} heartbeats/s (a round every {:.2}–{:.2} s), beside the {:.1}/s the interval promises = ({e} entities + the host) / {interval} s; {:.0}/s published in all, {:.0}/s delivered (every gateway's roster queue takes every heartbeat)",
+            "  presence per host: {:.2}–{:.2} heartbeats/s (a round every {:.2}–{:.2} s), beside the {:.2}/s the interval promises (one a round); {:.1} KB/s of bodies per host",
             rates.iter().copied().fold(f64::INFINITY, f64::min),
             rates.iter().copied().fold(0.0, f64::max),
             periods.iter().copied().fold(f64::INFINITY, f64::min),
             periods.iter().copied().fold(0.0, f64::max),
-            (e + 1) as f64 / interval as f64,
-            rates.iter().sum::<f64>(),
-            rates.iter().sum::<f64>() * n as f64
+            1.0 / interval as f64,
+            beat_bytes / 1000.0 / n as f64,
+        );
+        println!(
+            "  broker deliveries: {published:.1}/s published in all, {delivered:.1}/s delivered (every gateway's roster queue takes every heartbeat), {:.0} KB/s delivered; a heartbeat per entity (before this build) = ({e} entities + the host) / {interval} s × {n} hosts = {per_entity:.0}/s published, {:.0}/s delivered: now 1/{:.0} of it  [target ≤ 1/100]",
+            beat_bytes * n as f64 / 1000.0,
+            per_entity * n as f64,
+            per_entity * n as f64 / delivered.max(1e-9),
         );
         println!(
             "  CPU once converged: each gateway {:.1}–{:.1} % of one core (mean {:.1} %, {:.0} % for all {n}); the broker {}; each gateway's RSS {:.1}–{:.1} MB",
@@ -1419,12 +1447,17 @@ mod tests {
     fn a_beat_rate_counts_whole_rounds_only() {
         let t = Instant::now();
         let at = |ms: u64| t + Duration::from_millis(ms);
-        // Rounds of 101 heartbeats, 1.25 s apart.
-        let rounds = [(at(0), 101), (at(1250), 202), (at(2500), 303)];
+        // Rounds of 101 heartbeats of 1,000 bytes in all, 1.25 s apart.
+        let rounds = [
+            (at(0), 101, 0),
+            (at(1250), 202, 1000),
+            (at(2500), 303, 2000),
+        ];
         let rate = beat_rate(&rounds).unwrap();
         assert!((rate.per_round - 101.0).abs() < 1e-9);
         assert!((rate.period_s - 1.25).abs() < 1e-9);
         assert!((rate.per_s - 80.8).abs() < 1e-9);
+        assert!((rate.bytes_per_s - 800.0).abs() < 1e-9);
         assert_eq!(beat_rate(&rounds[..1]), None);
         assert_eq!(beat_rate(&[]), None);
     }
