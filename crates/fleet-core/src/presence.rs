@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::roster::GONE;
+use crate::roster::{GONE, malformed_entity};
 use crate::{Entity, Gid, MsgId};
 
 /// A host's account of its entities, carried by its host entry's heartbeat.
@@ -59,7 +59,7 @@ pub enum Round {
 pub const WHOLE_EVERY: u32 = 12;
 
 /// What this gateway told the others of its entities.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Ledger {
     /// Every entity and its status, as the last heartbeat left them.
     said: HashMap<Gid, (Entity, String)>,
@@ -73,6 +73,8 @@ pub struct Ledger {
     rounds: u32,
     /// Whether the next heartbeat asks for whole accounts.
     resync: bool,
+    /// Whether the host said it is gone: nothing more is told.
+    closed: bool,
 }
 
 impl Ledger {
@@ -84,6 +86,16 @@ impl Ledger {
     /// The next heartbeat (of id `id`) asks every other gateway for a whole account.
     pub fn ask_resync(&mut self) {
         self.resync = true;
+    }
+
+    /// The host said it is gone: a heartbeat after that would bring it back.
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Whether the host said it is gone.
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// The account heartbeat `id` carries for `round`, the host's entities being `now` (each
@@ -149,6 +161,31 @@ impl Ledger {
             resync,
         }
     }
+}
+
+/// What of `account`, heard from `host`, may be taken: every state of an entity of `host` that
+/// is what a gateway announces. The others are left out, each with why (so one bad state costs
+/// only itself, as one bad heartbeat of an older host's did).
+pub fn sift(host: &str, account: &mut Account) -> Vec<String> {
+    let mut why = Vec::new();
+    account.states.retain(|s| {
+        let wrong = if s.entity.host != host {
+            Some(format!(
+                "an entity of host '{}' in the account of '{host}'",
+                s.entity.host.escape_debug()
+            ))
+        } else {
+            malformed_entity(&s.entity, &s.status)
+        };
+        match wrong {
+            Some(wrong) => {
+                why.push(wrong);
+                false
+            }
+            None => true,
+        }
+    });
+    why
 }
 
 /// The state of `(entity, status)`.
@@ -306,6 +343,37 @@ mod tests {
         assert!(!next.resync);
         assert!(next.states.is_empty());
         assert_eq!(next.base, id);
+    }
+
+    #[test]
+    fn sifting_leaves_out_each_state_not_the_hosts_own_to_announce_and_keeps_the_rest() {
+        let mut ledger = Ledger::new();
+        let (mine, mut theirs, mut bad) = (entity("a"), entity("x"), entity("b"));
+        theirs.host = "hostc\x1b[2J".into();
+        bad.name = "b b".into();
+        let mut account = ledger.account(
+            MsgId::mint(),
+            vec![
+                (mine.clone(), "idle".into()),
+                (theirs, "idle".into()),
+                (bad, "idle".into()),
+                (entity("c"), "dancing".into()),
+            ],
+            Round::Whole,
+        );
+        let why = sift("hosta", &mut account);
+        assert_eq!(told(&account), pairs(&[("a", "idle")]));
+        assert_eq!(why.len(), 3, "{why:?}");
+        assert!(why.iter().any(|w| w.contains("hostc\\u{1b}")), "{why:?}");
+        assert!(why.iter().all(|w| !w.contains('\x1b')), "{why:?}");
+    }
+
+    #[test]
+    fn a_closed_ledger_says_so() {
+        let mut ledger = Ledger::new();
+        assert!(!ledger.is_closed());
+        ledger.close();
+        assert!(ledger.is_closed());
     }
 
     #[test]

@@ -183,7 +183,7 @@ pub fn malformed(presence: &Presence) -> Option<String> {
 }
 
 /// Why `entity`, announced with `status`, is not what a gateway announces, if it is not.
-fn malformed_entity(entity: &Entity, status: &str) -> Option<String> {
+pub fn malformed_entity(entity: &Entity, status: &str) -> Option<String> {
     let named = |what: &str, name: &str| validate_name(what, name).err().map(|e| e.message);
     if let Some(why) = named("entity name", &entity.name) {
         return Some(why);
@@ -230,6 +230,9 @@ pub struct Roster {
     /// message one sent before it left may still be on its way, and its sender must still be
     /// known for what it is.
     departed: VecDeque<Entity>,
+    /// How many times each gid is in [`Roster::departed`]: one not there is looked up in no
+    /// time.
+    departed_count: HashMap<Gid, usize>,
 }
 
 /// The most departed entities remembered.
@@ -249,6 +252,7 @@ impl Roster {
             hosts: HashMap::new(),
             ignored: 0,
             departed: VecDeque::new(),
+            departed_count: HashMap::new(),
         }
     }
 
@@ -329,15 +333,25 @@ impl Roster {
 
     /// Remembers that `entity` left.
     fn depart(&mut self, entity: Entity) {
-        if self.departed.len() >= MAX_DEPARTED {
-            self.departed.pop_front();
+        if self.departed.len() >= MAX_DEPARTED
+            && let Some(oldest) = self.departed.pop_front()
+            && let Some(n) = self.departed_count.get_mut(&oldest.gid)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.departed_count.remove(&oldest.gid);
+            }
         }
+        *self.departed_count.entry(entity.gid).or_default() += 1;
         self.departed.push_back(entity);
     }
 
     /// An entity that left or went quiet, as its host last announced it (the most recent, if
     /// it left more than once).
     pub fn departed(&self, gid: Gid) -> Option<&Entity> {
+        if !self.departed_count.contains_key(&gid) {
+            return None;
+        }
         self.departed.iter().rev().find(|e| e.gid == gid)
     }
 
@@ -403,6 +417,14 @@ impl Roster {
         status: String,
         heard: (Instant, i64),
     ) -> Heard {
+        // A gid another host announced stays that host's.
+        if let Some(held) = self.entities.get(&entity.gid)
+            && held.entity.host != host
+        {
+            return Heard::NotItsOwn {
+                claimed: held.entity.host.clone(),
+            };
+        }
         // A host's live entities hold distinct names: another entry of this host under
         // this name is one that went without a word (its gateway crashed and reaped it
         // on restart), and this one takes its place.
@@ -431,8 +453,10 @@ impl Roster {
 
     /// Merges the account `host` gave of its entities with its own heartbeat (heard at
     /// `heard`), whose entry is in: a whole one lets every entity of the host it does not name
-    /// go; a change merges what it names. Every entity of the host is heard with it. [`Stale`]
-    /// when a change built on a whole account this roster did not hear.
+    /// go; a change merges what it names. Every entity of the host is heard with it, unless it
+    /// is [`Stale`]: a change built on a whole account this roster did not hear (then only what
+    /// it names is heard, so an entity whose leaving was in the missed one goes quiet, and is
+    /// forgotten, if no whole account comes).
     ///
     /// [`Stale`]: Heard::Stale
     fn hear_account(&mut self, host: &str, account: Account, heard: (Instant, i64)) -> Heard {
@@ -463,12 +487,21 @@ impl Roster {
         let mut over = None;
         for state in account.states {
             if state.status == GONE {
-                self.drop_entry(state.entity.gid);
+                if self
+                    .entities
+                    .get(&state.entity.gid)
+                    .is_some_and(|e| e.entity.host == host)
+                {
+                    self.drop_entry(state.entity.gid);
+                }
             } else if let over_cap @ Heard::OverCap { .. } =
                 self.merge(host, state.entity, state.status, heard)
             {
                 over = Some(over_cap);
             }
+        }
+        if stale {
+            return Heard::Stale;
         }
         // The host's heartbeat is each of its entities'.
         for gid in self.by_host.get(host).into_iter().flatten() {
@@ -477,11 +510,7 @@ impl Roster {
                 entry.unreachable_since_ms = None;
             }
         }
-        match over {
-            Some(over_cap) => over_cap,
-            None if stale => Heard::Stale,
-            None => Heard::Merged,
-        }
+        over.unwrap_or(Heard::Merged)
     }
 
     fn over_cap(&mut self, full: Full) -> Heard {
@@ -775,15 +804,73 @@ mod tests {
         };
         assert_eq!((full.key, ignored), (REMOTE_ENTITIES_KEY, 2));
         assert_eq!(roster.entities().count(), 2);
-        // What was kept is refreshed, what was not stays out.
-        let base = MsgId::mint();
-        let kept: Vec<Entity> = roster.entities().map(|e| e.entity.clone()).collect();
-        let states: Vec<(&Entity, &str)> = kept.iter().map(|e| (e, "busy")).collect();
-        assert_eq!(
-            roster.hear("hostf", account(base, true, &states), t0, 2),
-            Heard::Merged
+        // Named again, all four: what was kept is refreshed and stays, the rest stays out.
+        let mut kept: Vec<Gid> = roster.entities().map(|e| e.entity.gid).collect();
+        kept.sort();
+        let states: Vec<(&Entity, &str)> = f.iter().map(|e| (e, "busy")).collect();
+        let later = t0 + Duration::from_secs(1);
+        assert!(matches!(
+            roster.hear("hostf", account(MsgId::mint(), true, &states), later, 2),
+            Heard::OverCap { ignored: 4, .. }
+        ));
+        let mut still: Vec<Gid> = roster.entities().map(|e| e.entity.gid).collect();
+        still.sort();
+        assert_eq!(still, kept);
+        assert!(
+            roster
+                .entities()
+                .all(|e| e.status == "busy" && e.heard == later)
         );
-        assert_eq!(roster.entities().filter(|e| e.status == "busy").count(), 2);
+        // One of them leaves: its place is taken by the next one named.
+        let left = kept[0];
+        let states: Vec<(&Entity, &str)> = f
+            .iter()
+            .filter(|e| e.gid != left)
+            .map(|e| (e, "idle"))
+            .collect();
+        let base = MsgId::mint();
+        roster.hear("hostf", account(base, true, &states), later, 3);
+        assert_eq!(roster.entities().count(), 2);
+        assert!(roster.entity(left).is_none());
+        // A change on a whole account not heard is said stale, over the cap or not.
+        assert_eq!(
+            roster.hear("hostf", account(MsgId::mint(), false, &states), later, 4),
+            Heard::Stale
+        );
+    }
+
+    #[test]
+    fn an_entity_stays_with_the_host_that_announced_it_first() {
+        let t0 = Instant::now();
+        let mut roster = roster(4, 8);
+        let b = entity("b", "hostb");
+        roster.hear(
+            "hostb",
+            account(MsgId::mint(), true, &[(&b, "idle")]),
+            t0,
+            1,
+        );
+        // hostc names b's gid as its own (with its own host): not taken, nor can it make b go.
+        let mut taken = b.clone();
+        taken.host = "hostc".into();
+        taken.name = "c".into();
+        roster.hear(
+            "hostc",
+            account(MsgId::mint(), true, &[(&taken, "busy")]),
+            t0,
+            2,
+        );
+        let gone = account(MsgId::mint(), false, &[(&taken, GONE)]);
+        roster.hear("hostc", gone, t0, 3);
+        let entry = roster.entity(b.gid).unwrap();
+        assert_eq!(
+            (
+                entry.entity.host.as_str(),
+                entry.entity.name.as_str(),
+                entry.status.as_str()
+            ),
+            ("hostb", "b", "idle")
+        );
     }
 
     fn names(roster: &Roster) -> Vec<String> {

@@ -8,6 +8,7 @@ use fleet_core::admission::Handled;
 use fleet_core::clock::now_ms;
 use fleet_core::envelope::Envelope;
 use fleet_core::ownership::{Action, Principal, RemoteAction, check};
+use fleet_core::presence::Account;
 use fleet_core::roster::Presence;
 use fleet_core::trust::{
     Authority, GATEWAY_ENTRY, Place, Refusal, answered, answers_own, check_authority,
@@ -342,9 +343,31 @@ impl Federation {
         );
     }
 
+    /// Takes out of `account` (of the host `envelope` is from) every entity that is this host's
+    /// or another host announced, saying why of each.
+    pub(super) fn unplaced(
+        &self,
+        g: &LocalPlane,
+        envelope: &Envelope,
+        account: &mut Account,
+    ) -> Vec<String> {
+        let mut why = Vec::new();
+        account.states.retain(|s| {
+            let (place, _) = self.whereabouts(g, s.entity.gid);
+            match check_sender(envelope, &place, &g.host_id, false) {
+                Ok(()) => true,
+                Err(refusal) => {
+                    why.push(format!("{}: {refusal}", s.entity.gid));
+                    false
+                }
+            }
+        });
+        why
+    }
+
     /// Checks a heartbeat from another host (`presence`, under `envelope`, its seal checked):
-    /// its routing key and entity, that each entity it names is no other host's, its time, and
-    /// that it is
+    /// its routing key and entity, that the entity is no other host's, its time, and that it
+    /// is
     /// newer than the last one taken for the same entity (a replayed or delayed one cannot
     /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
@@ -355,15 +378,7 @@ impl Federation {
         presence: &Presence,
     ) -> Result<(), Refusal> {
         check_presence_key(delivery.routing_key(), envelope, presence.entity.as_ref())?;
-        // Each entity it names (its own, or its host's account's) is where it says: none of
-        // this host's, none another host announced.
-        let named = presence.entity.iter().chain(
-            presence
-                .account
-                .iter()
-                .flat_map(|a| a.states.iter().map(|s| &s.entity)),
-        );
-        for entity in named {
+        if let Some(entity) = &presence.entity {
             let (place, _) = self.whereabouts(g, entity.gid);
             check_sender(envelope, &place, &g.host_id, false)?;
         }

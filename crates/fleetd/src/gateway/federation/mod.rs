@@ -144,6 +144,8 @@ struct FedState {
     /// Whether another gateway wants a whole account of this host's entities (it came back,
     /// or asked): the presence loop sends one at its next tick, one for all who asked.
     whole_wanted: bool,
+    /// When the last whole account another gateway asked for was sent.
+    whole_sent: Option<tokio::time::Instant>,
     /// Whether this gateway heard a change built on a whole account it missed: the presence
     /// loop asks the others for whole accounts at its next tick.
     resync_wanted: bool,
@@ -222,6 +224,7 @@ impl Federation {
             reaped: Vec::new(),
             refused: 0,
             whole_wanted: false,
+            whole_sent: None,
             resync_wanted: false,
             carrying: std::collections::HashSet::new(),
             flushed: None,

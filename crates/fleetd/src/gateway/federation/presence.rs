@@ -8,7 +8,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
 use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
-use fleet_core::presence::Round;
+use fleet_core::presence::{Round, sift};
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
@@ -28,6 +28,9 @@ const DRAIN_BATCH: usize = 64;
 /// is refused unread.
 const MAX_HEARTBEAT_BYTES: usize = 32 << 20;
 
+/// The least time between two whole accounts another gateway asked for.
+const WHOLE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -44,10 +47,16 @@ impl Federation {
             }
             let (whole, resync) = {
                 let mut state = self.lock();
-                (
-                    std::mem::take(&mut state.whole_wanted),
-                    std::mem::take(&mut state.resync_wanted),
-                )
+                // Whole accounts on demand: at most one a second, however many ask.
+                let whole = state.whole_wanted
+                    && state
+                        .whole_sent
+                        .is_none_or(|at| at.elapsed() >= WHOLE_AT_MOST_EVERY);
+                if whole {
+                    state.whole_wanted = false;
+                    state.whole_sent = Some(Instant::now());
+                }
+                (whole, std::mem::take(&mut state.resync_wanted))
             };
             if resync {
                 self.ledger.lock().await.ask_resync();
@@ -76,6 +85,9 @@ impl Federation {
             return;
         };
         let mut ledger = self.ledger.lock().await;
+        if ledger.is_closed() {
+            return;
+        }
         let entities: Vec<(Entity, String)> = {
             let sessions = g.sessions.lock();
             sessions
@@ -88,6 +100,9 @@ impl Federation {
                 .collect()
         };
         let id = MsgId::mint();
+        // What this heartbeat tells is told once it is published: a heartbeat not published
+        // leaves the ledger as it was.
+        let before = ledger.clone();
         let account = ledger.account(id, entities, round);
         let profiles: Vec<String> = g.config.profiles.iter().map(|p| p.name.clone()).collect();
         // An entry that is up names its profiles' model families.
@@ -103,7 +118,9 @@ impl Federation {
             families,
             account: Some(account),
         };
-        self.announce(g, link.as_ref(), id, &presence).await;
+        if !self.announce(g, link.as_ref(), id, &presence).await {
+            *ledger = before;
+        }
     }
 
     /// A whole account of this host's entities, asking every other gateway for theirs: its
@@ -118,7 +135,9 @@ impl Federation {
         let Some(link) = self.link() else {
             return;
         };
-        let _published = self.ledger.lock().await;
+        // Nothing is told after this: a heartbeat after it would bring the host back.
+        let mut ledger = self.ledger.lock().await;
+        ledger.close();
         let gone = Presence {
             entity: None,
             status: GONE.into(),
@@ -129,10 +148,16 @@ impl Federation {
         self.announce(g, link.as_ref(), MsgId::mint(), &gone).await;
     }
 
-    /// One presence heartbeat of this host's, of id `id`.
-    async fn announce(&self, g: &LocalPlane, link: &dyn Broker, id: MsgId, presence: &Presence) {
+    /// One presence heartbeat of this host's, of id `id`: whether it was published.
+    async fn announce(
+        &self,
+        g: &LocalPlane,
+        link: &dyn Broker,
+        id: MsgId,
+        presence: &Presence,
+    ) -> bool {
         let Ok(body) = serde_json::to_vec(presence) else {
-            return;
+            return false;
         };
         let envelope = outgoing(
             &g.host_id,
@@ -155,9 +180,10 @@ impl Federation {
                 persistent: false,
             })
             .await;
-        if let Err(e) = published {
+        if let Err(e) = &published {
             tracing::debug!(error = %e, "a heartbeat was not published");
         }
+        published.is_ok()
     }
 
     /// Reads the roster queue into the union view until the link goes, or fleetd stops
@@ -216,15 +242,15 @@ impl Federation {
             return handled(Handled::Refused);
         }
         // Only a pinned host's heartbeat is read at all.
-        if let Err(refusal) = self.check_seal(&envelope, delivery) {
-            self.note_untrusted(delivery, &envelope, &refusal);
-            return handled(Handled::Refused);
-        }
         if delivery.body().len() > MAX_HEARTBEAT_BYTES {
             tracing::warn!(%host, bytes = delivery.body().len(), "a heartbeat over {MAX_HEARTBEAT_BYTES} bytes was refused");
             return handled(Handled::Refused);
         }
-        let Ok(presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
+        if let Err(refusal) = self.check_seal(&envelope, delivery) {
+            self.note_untrusted(delivery, &envelope, &refusal);
+            return handled(Handled::Refused);
+        }
+        let Ok(mut presence) = serde_json::from_slice::<Presence>(delivery.body()) else {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
             return handled(Handled::Refused);
         };
@@ -242,6 +268,18 @@ impl Federation {
                 return handled(Handled::Refused);
             }
         }
+        // Of a host's account, each state that is not the host's own to announce is left out,
+        // alone: the rest is taken.
+        if let Some(account) = presence.account.as_mut() {
+            let mut left_out = sift(&host, account);
+            left_out.extend(self.unplaced(g, &envelope, account));
+            if let Some(first) = left_out.first() {
+                let (loud, count) = self.loud();
+                if loud {
+                    tracing::warn!(%host, left_out = left_out.len(), first = %first.escape_debug(), refused_so_far = count, "entities of a host's account were left out");
+                }
+            }
+        }
         let now = Instant::now().into_std();
         let asks = presence.account.as_ref().is_some_and(|a| a.resync);
         let (heard, returned) = {
@@ -252,8 +290,10 @@ impl Federation {
             let returned = !heard_before && state.roster.hosts_heard().any(|h| h == host);
             (heard, returned)
         };
+        // Only a host this roster holds may ask for whole accounts.
+        let answer = returned || (asks && matches!(heard, Heard::Merged | Heard::Stale));
         self.merged(&host, heard);
-        (Handled::Noted, returned || asks)
+        (Handled::Noted, answer)
     }
 
     /// What a heartbeat of `host`'s did to the roster: whoever waits on the roster is told,
@@ -270,7 +310,7 @@ impl Federation {
             }
             Heard::Left => {}
             Heard::NotItsOwn { claimed } => {
-                tracing::warn!(%host, %claimed, "a heartbeat for an entity of another host was ignored");
+                tracing::warn!(%host, claimed = %claimed.escape_debug(), "a heartbeat for an entity of another host was ignored");
             }
             Heard::Malformed(why) => {
                 tracing::warn!(%host, why = %why.escape_debug(), "a heartbeat holding what no gateway announces was ignored");
