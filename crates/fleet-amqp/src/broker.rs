@@ -97,7 +97,7 @@ pub trait Broker: Send + Sync {
     async fn drain_inbox(&self, gid: Gid, limit: usize) -> Result<Vec<Delivery>, AmqpError>;
 
     /// Declares `host`'s roster queue (exclusive, deleted with the link) bound to every
-    /// heartbeat, and consumes it.
+    /// heartbeat sent to all, and to those addressed to `host` alone, and consumes it.
     async fn open_roster(&self, host: &str) -> Result<Deliveries, AmqpError>;
 
     /// Declares `host`'s durable control queue, bound to the control exchange by the host id,

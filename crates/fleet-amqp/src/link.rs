@@ -26,9 +26,9 @@ use crate::table::Table;
 use crate::tls::TlsFiles;
 use crate::topology::{
     CONTROL_EXCHANGE, DEAD_EXCHANGE, DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, InboxLimits,
-    MSG_EXCHANGE, QueueType, ROSTER_EXCHANGE, control_args, control_queue, dead_letter_args,
-    dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, lock_args, lock_queue,
-    mailbox_queue, roster_args, roster_queue,
+    MSG_EXCHANGE, QueueType, ROSTER_EXCHANGE, addressed_binding, control_args, control_queue,
+    dead_letter_args, dead_letter_binding, dead_letter_queue, inbox_args, inbox_queue, lock_args,
+    lock_queue, mailbox_queue, roster_args, roster_queue,
 };
 
 /// How many heartbeats the roster consumer may hold unsettled.
@@ -453,6 +453,17 @@ impl Broker for Link {
                 queue.as_str().into(),
                 ROSTER_EXCHANGE.into(),
                 "roster.#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| AmqpError::from_lapin(&format!("binding {queue}"), &e))?;
+        // And to what is addressed to this host alone (whole accounts it asked for).
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                ROSTER_EXCHANGE.into(),
+                addressed_binding(host).into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )

@@ -76,6 +76,30 @@ pub fn roster_key(host: &str, who: &str) -> String {
     format!("roster.{host}.{who}")
 }
 
+/// The routing key of a heartbeat of roster key `key` addressed to host `to` alone (a whole
+/// account it asked for): only `to`'s roster queue is bound to it ([`addressed_binding`]).
+pub fn addressed_key(to: &str, key: &str) -> String {
+    format!("to.{to}.{key}")
+}
+
+/// The binding of `host`'s roster queue for the heartbeats addressed to it alone.
+pub fn addressed_binding(host: &str) -> String {
+    format!("to.{host}.#")
+}
+
+/// The roster key a heartbeat delivered to `host`'s roster queue under `routing_key` carries:
+/// itself, or the key within one addressed to `host`. `None` for one addressed to another
+/// host (whose id begins with `host`'s and a dot, so its key matched the binding too).
+pub fn roster_key_of<'a>(routing_key: &'a str, host: &str) -> Option<&'a str> {
+    match routing_key.strip_prefix("to.") {
+        None => Some(routing_key),
+        Some(rest) => rest
+            .strip_prefix(host)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .filter(|key| key.starts_with("roster.")),
+    }
+}
+
 /// The type of the durable queues a gateway consumes (inboxes, control and dead-letter queues):
 /// one setting for the whole fleet, as the broker refuses a queue declared again otherwise.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,7 +183,7 @@ pub struct Permissions {
     /// What it may consume or bind from: the same, less the shared dead-letter queue.
     pub read: String,
     /// The routing keys it may publish on [`ROSTER_EXCHANGE`] (topic permission): its own
-    /// host's heartbeats only.
+    /// host's heartbeats only (to all, or its host entry's addressed to one host).
     pub roster_write: String,
 }
 
@@ -178,7 +202,7 @@ pub fn gateway_permissions(host: &str) -> Permissions {
         configure: format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own}|{locks})$"),
         write: format!(r"^(fleet\.(msg|roster|control|dlx|dlq|dead)|{inbox}|{own})$"),
         read: format!(r"^(fleet\.(msg|roster|control|dlx|dead)|{inbox}|{own})$"),
-        roster_write: format!(r"^roster\.{host}\.[^.]+$"),
+        roster_write: format!(r"^(roster\.{host}\.[^.]+|to\..+\.roster\.{host}\._gateway)$"),
     }
 }
 
@@ -273,6 +297,21 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_addressed_to_a_host_reads_back_to_its_roster_key_there_only() {
+        let key = roster_key("hostb", "_gateway");
+        let to_a = addressed_key("hosta", &key);
+        assert_eq!(to_a, "to.hosta.roster.hostb._gateway");
+        assert_eq!(addressed_binding("hosta"), "to.hosta.#");
+        assert_eq!(roster_key_of(&to_a, "hosta"), Some(key.as_str()));
+        assert_eq!(roster_key_of(&key, "hosta"), Some(key.as_str()));
+        // `to.hosta.#` also matches what is addressed to `hosta.x`: not for hosta.
+        let to_ax = addressed_key("hosta.x", &key);
+        assert_eq!(roster_key_of(&to_ax, "hosta"), None);
+        assert_eq!(roster_key_of(&to_ax, "hosta.x"), Some(key.as_str()));
+        assert_eq!(roster_key_of("to.hosta.elsewhere", "hosta"), None);
+    }
+
+    #[test]
     fn an_inbox_names_its_owner_and_nothing_else_does() {
         let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
         assert_eq!(inbox_owner(&inbox_queue(gid)), Some(gid));
@@ -311,7 +350,10 @@ mod tests {
         );
         // The last segment (a gid, or `_gateway`) holds no dot: host `gpu` cannot publish as
         // host `gpu.box`.
-        assert_eq!(p.roster_write, r"^roster\.gpu\.box\.[^.]+$");
+        assert_eq!(
+            p.roster_write,
+            r"^(roster\.gpu\.box\.[^.]+|to\..+\.roster\.gpu\.box\._gateway)$"
+        );
         // An inbox name is a gid of 36 characters, as the pattern has it.
         let gid: Gid = "01a22d73-fb25-719f-b332-14b28da5c6c4".parse().unwrap();
         assert_eq!(gid.to_string().len(), 36);

@@ -98,6 +98,22 @@ impl Ledger {
         self.closed
     }
 
+    /// A whole account of the host's entities, being `now`, for one gateway that asked for it
+    /// alone: it builds on the last whole account all were told, so the changes that follow,
+    /// told to all, build on it too. Nothing is noted as told (the others did not hear it).
+    /// `None` before any whole account was told to all.
+    pub fn snapshot(&self, now: Vec<(Entity, String)>) -> Option<Account> {
+        let base = self.base?;
+        let mut states: Vec<EntityState> = now.iter().map(state).collect();
+        states.sort_by_key(|s| s.entity.gid);
+        Some(Account {
+            base,
+            whole: true,
+            states,
+            resync: false,
+        })
+    }
+
     /// The account heartbeat `id` carries for `round`, the host's entities being `now` (each
     /// with its status).
     pub fn account(&mut self, id: MsgId, now: Vec<(Entity, String)>, round: Round) -> Account {
@@ -366,6 +382,24 @@ mod tests {
         assert_eq!(why.len(), 3, "{why:?}");
         assert!(why.iter().any(|w| w.contains("hostc\\u{1b}")), "{why:?}");
         assert!(why.iter().all(|w| !w.contains('\x1b')), "{why:?}");
+    }
+
+    #[test]
+    fn a_snapshot_for_one_builds_on_the_whole_account_all_heard_and_changes_nothing() {
+        let (a, b) = (entity("a"), entity("b"));
+        let mut ledger = Ledger::new();
+        assert_eq!(ledger.snapshot(vec![(a.clone(), "idle".into())]), None);
+        let id = MsgId::mint();
+        ledger.account(id, vec![(a.clone(), "idle".into())], Round::Regular);
+        let now = vec![(a.clone(), "busy".into()), (b.clone(), "idle".into())];
+        let snapshot = ledger.snapshot(now.clone()).unwrap();
+        assert!(snapshot.whole && !snapshot.resync);
+        assert_eq!(snapshot.base, id);
+        assert_eq!(told(&snapshot), pairs(&[("a", "busy"), ("b", "idle")]));
+        // The next change told to all still tells what changed since the whole one.
+        let change = ledger.account(MsgId::mint(), now, Round::Regular);
+        assert_eq!(change.base, id);
+        assert_eq!(told(&change), pairs(&[("a", "busy"), ("b", "idle")]));
     }
 
     #[test]

@@ -366,18 +366,19 @@ impl Federation {
     }
 
     /// Checks a heartbeat from another host (`presence`, under `envelope`, its seal checked):
-    /// its routing key and entity, that the entity is no other host's, its time, and that it
+    /// its roster key (`key`: its routing key, or the key within one addressed to this host) and
+    /// entity, that the entity is no other host's, its time, and that it
     /// is
     /// newer than the last one taken for the same entity (a replayed or delayed one cannot
     /// undo what a later one said). Remembers it as the last, when it passes.
     pub(super) fn check_heartbeat(
         &self,
         g: &LocalPlane,
-        delivery: &Delivery,
+        key: &str,
         envelope: &Envelope,
         presence: &Presence,
     ) -> Result<(), Refusal> {
-        check_presence_key(delivery.routing_key(), envelope, presence.entity.as_ref())?;
+        check_presence_key(key, envelope, presence.entity.as_ref())?;
         if let Some(entity) = &presence.entity {
             let (place, _) = self.whereabouts(g, entity.gid);
             check_sender(envelope, &place, &g.host_id, false)?;

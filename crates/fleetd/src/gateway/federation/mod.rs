@@ -141,11 +141,12 @@ struct FedState {
     /// How many messages off the broker the trust checks refused (their log lines are
     /// thinned out at powers of two, so a flood of forgeries cannot flood the log).
     refused: u64,
-    /// Whether another gateway wants a whole account of this host's entities (it came back,
-    /// or asked): the presence loop sends one at its next tick, one for all who asked.
-    whole_wanted: bool,
-    /// When the last whole account another gateway asked for was sent.
-    whole_sent: Option<tokio::time::Instant>,
+    /// The hosts whose gateways want a whole account of this host's entities (they came back,
+    /// or asked): the presence loop sends each one its own at its next tick.
+    wanted_by: std::collections::BTreeSet<String>,
+    /// The hosts sent a whole account they asked for within the last second, and when: they
+    /// wait for the next.
+    answered: HashMap<String, tokio::time::Instant>,
     /// Whether this gateway heard a change built on a whole account it missed: the presence
     /// loop asks the others for whole accounts at its next tick.
     resync_wanted: bool,
@@ -172,6 +173,25 @@ impl FedState {
     /// The store has where `(msg_id, host, …)` went.
     fn sent_kept(&mut self, (msg_id, host, _, _): &Sent) {
         self.sent_pending.remove(&(*msg_id, host.clone()));
+    }
+
+    /// The hosts to send a whole account to now: those that want one and were not sent one
+    /// within the last second (at most one a second each, however often it asks).
+    fn due_askers(&mut self) -> Vec<String> {
+        let now = tokio::time::Instant::now();
+        self.answered
+            .retain(|_, at| now.duration_since(*at) < presence::WHOLE_AT_MOST_EVERY);
+        let due: Vec<String> = self
+            .wanted_by
+            .iter()
+            .filter(|host| !self.answered.contains_key(*host))
+            .cloned()
+            .collect();
+        for host in &due {
+            self.wanted_by.remove(host);
+            self.answered.insert(host.clone(), now);
+        }
+        due
     }
 
     /// Stops every inbox consumer of the current link.
@@ -223,8 +243,8 @@ impl Federation {
             control: HashMap::new(),
             reaped: Vec::new(),
             refused: 0,
-            whole_wanted: false,
-            whole_sent: None,
+            wanted_by: std::collections::BTreeSet::new(),
+            answered: HashMap::new(),
             resync_wanted: false,
             carrying: std::collections::HashSet::new(),
             flushed: None,

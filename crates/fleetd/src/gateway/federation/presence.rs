@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_amqp::topology::{ROSTER_EXCHANGE, roster_key};
+use fleet_amqp::topology::{ROSTER_EXCHANGE, addressed_key, roster_key, roster_key_of};
 use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
-use fleet_core::presence::{Round, sift};
+use fleet_core::presence::{Account, Round, sift};
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
 use fleet_core::{Entity, Gid, Kind, MsgId, Role, TraceId};
@@ -28,8 +28,8 @@ const DRAIN_BATCH: usize = 64;
 /// is refused unread.
 const MAX_HEARTBEAT_BYTES: usize = 32 << 20;
 
-/// The least time between two whole accounts another gateway asked for.
-const WHOLE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+/// The least time between two whole accounts sent to the same gateway that asked for them.
+pub(super) const WHOLE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
@@ -45,33 +45,24 @@ impl Federation {
                 () = tokio::time::sleep(SWEEP_INTERVAL) => {}
                 () = g.shutdown.cancelled() => return,
             }
-            let (whole, resync) = {
+            let (askers, resync) = {
                 let mut state = self.lock();
-                // Whole accounts on demand: at most one a second, however many ask.
-                let whole = state.whole_wanted
-                    && state
-                        .whole_sent
-                        .is_none_or(|at| at.elapsed() >= WHOLE_AT_MOST_EVERY);
-                if whole {
-                    state.whole_wanted = false;
-                    state.whole_sent = Some(Instant::now());
-                }
-                (whole, std::mem::take(&mut state.resync_wanted))
+                (state.due_askers(), std::mem::take(&mut state.resync_wanted))
             };
             if resync {
                 self.ledger.lock().await.ask_resync();
             }
             if Instant::now() >= next_beat {
-                self.publish_presence(g, if whole { Round::Whole } else { Round::Regular })
-                    .await;
+                self.publish_presence(g, Round::Regular).await;
                 if self.link().is_some() && !self.lock().reaped.is_empty() {
                     self.clear_reaped_inboxes(g).await;
                 }
                 next_beat = Instant::now() + interval;
-            } else if whole {
-                self.publish_presence(g, Round::Whole).await;
             } else if resync {
                 self.publish_presence(g, Round::Change).await;
+            }
+            if !askers.is_empty() {
+                self.answer_askers(g, &askers).await;
             }
             self.sweep(g).await;
             forget_heartbeats(&self);
@@ -88,22 +79,42 @@ impl Federation {
         if ledger.is_closed() {
             return;
         }
-        let entities: Vec<(Entity, String)> = {
-            let sessions = g.sessions.lock();
-            sessions
-                .entities()
-                .into_iter()
-                .map(|e| {
-                    let status = sessions.presence_status(e.gid);
-                    (e, status)
-                })
-                .collect()
-        };
+        let entities = local_entities(g);
         let id = MsgId::mint();
         // What this heartbeat tells is told once it is published: a heartbeat not published
         // leaves the ledger as it was.
         let before = ledger.clone();
         let account = ledger.account(id, entities, round);
+        let presence = self.host_entry(g, account);
+        if !self.announce(g, link.as_ref(), id, &presence, None).await {
+            *ledger = before;
+        }
+    }
+
+    /// Sends a whole account of this host's entities to each of `askers` alone (a host that
+    /// came back, or asked); to all, if none was told to all yet.
+    pub(super) async fn answer_askers(&self, g: &LocalPlane, askers: &[String]) {
+        let Some(link) = self.link() else {
+            return;
+        };
+        let ledger = self.ledger.lock().await;
+        if ledger.is_closed() {
+            return;
+        }
+        let Some(account) = ledger.snapshot(local_entities(g)) else {
+            drop(ledger);
+            self.publish_presence(g, Round::Whole).await;
+            return;
+        };
+        let presence = self.host_entry(g, account);
+        for asker in askers {
+            self.announce(g, link.as_ref(), MsgId::mint(), &presence, Some(asker))
+                .await;
+        }
+    }
+
+    /// This host's entry, carrying `account`.
+    fn host_entry(&self, g: &LocalPlane, account: Account) -> Presence {
         let profiles: Vec<String> = g.config.profiles.iter().map(|p| p.name.clone()).collect();
         // An entry that is up names its profiles' model families.
         let families = if profiles.is_empty() {
@@ -111,15 +122,12 @@ impl Federation {
         } else {
             crate::config::families(&g.config.profiles)
         };
-        let presence = Presence {
+        Presence {
             entity: None,
             status: "up".into(),
             profiles,
             families,
             account: Some(account),
-        };
-        if !self.announce(g, link.as_ref(), id, &presence).await {
-            *ledger = before;
         }
     }
 
@@ -145,16 +153,19 @@ impl Federation {
             families: Default::default(),
             account: None,
         };
-        self.announce(g, link.as_ref(), MsgId::mint(), &gone).await;
+        self.announce(g, link.as_ref(), MsgId::mint(), &gone, None)
+            .await;
     }
 
-    /// One presence heartbeat of this host's, of id `id`: whether it was published.
+    /// One presence heartbeat of this host's, of id `id`, to all or addressed `to` one host:
+    /// whether it was published.
     async fn announce(
         &self,
         g: &LocalPlane,
         link: &dyn Broker,
         id: MsgId,
         presence: &Presence,
+        to: Option<&str>,
     ) -> bool {
         let Ok(body) = serde_json::to_vec(presence) else {
             return false;
@@ -168,6 +179,7 @@ impl Federation {
             self.config.presence_ttl_s,
         );
         let key = roster_key(&g.host_id, GATEWAY_ENTRY);
+        let key = to.map_or(key.clone(), |to| addressed_key(to, &key));
         let signature = self.sign(&envelope, &body);
         let published = link
             .publish(Outgoing {
@@ -203,8 +215,8 @@ impl Federation {
                 Some(Ok(delivery)) => {
                     let (handled, returned) = self.on_presence(g, &delivery);
                     settle(&delivery, handled, false).await;
-                    if returned {
-                        self.answer_a_return();
+                    if let Some(host) = returned {
+                        self.answer_a_return(&host);
                     }
                 }
                 _ => return,
@@ -216,15 +228,15 @@ impl Federation {
     /// for whole accounts: it hears of this one's entities at the presence loop's next tick,
     /// not at the next round, so both sides' rosters are whole again as soon as its link is (one
     /// whole account for all that came back or asked within the tick).
-    fn answer_a_return(&self) {
-        self.lock().whole_wanted = true;
+    fn answer_a_return(&self, host: &str) {
+        self.lock().wanted_by.insert(host.to_string());
     }
 
     /// One heartbeat off the roster queue, how it is settled (taken, or refused to the dead
     /// letters when it fails a check), and whether it is the return of a host this gateway
     /// did not hear (unknown or unreachable).
-    fn on_presence(&self, g: &LocalPlane, delivery: &Delivery) -> (Handled, bool) {
-        let handled = |h| (h, false);
+    fn on_presence(&self, g: &LocalPlane, delivery: &Delivery) -> (Handled, Option<String>) {
+        let handled = |h| (h, None);
         let Ok(envelope) = delivery.envelope() else {
             tracing::warn!("a malformed heartbeat was refused");
             return handled(Handled::Refused);
@@ -237,6 +249,10 @@ impl Federation {
             // This gateway's own, back through the exchange.
             return handled(Handled::Noted);
         }
+        // Addressed to another host whose id begins with this one's (the binding matched it).
+        let Some(key) = roster_key_of(delivery.routing_key(), &g.host_id) else {
+            return handled(Handled::Noted);
+        };
         if envelope.kind != Kind::Presence {
             tracing::warn!(%host, kind = %envelope.kind, "a message on the roster that is no heartbeat was refused");
             return handled(Handled::Refused);
@@ -254,7 +270,7 @@ impl Federation {
             tracing::warn!(%host, "a heartbeat with an unreadable body was refused");
             return handled(Handled::Refused);
         };
-        match self.check_heartbeat(g, delivery, &envelope, &presence) {
+        match self.check_heartbeat(g, key, &envelope, &presence) {
             Ok(()) => {}
             // Its seal and sender passed: it sat out a partition (or a slow link). A newer one
             // says more; it is dropped, counted, and no forgery is cried.
@@ -293,7 +309,7 @@ impl Federation {
         // Only a host this roster holds may ask for whole accounts.
         let answer = returned || (asks && matches!(heard, Heard::Merged | Heard::Stale));
         self.merged(&host, heard);
-        (Handled::Noted, answer)
+        (Handled::Noted, answer.then_some(host))
     }
 
     /// What a heartbeat of `host`'s did to the roster: whoever waits on the roster is told,
@@ -487,4 +503,17 @@ impl Federation {
         remote_hosts.sort_by(|a, b| a.host.cmp(&b.host));
         (entries, remote_hosts)
     }
+}
+
+/// This host's entities, each with the status its heartbeat announces.
+fn local_entities(g: &LocalPlane) -> Vec<(Entity, String)> {
+    let sessions = g.sessions.lock();
+    sessions
+        .entities()
+        .into_iter()
+        .map(|e| {
+            let status = sessions.presence_status(e.gid);
+            (e, status)
+        })
+        .collect()
 }

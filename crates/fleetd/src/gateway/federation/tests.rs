@@ -933,8 +933,8 @@ async fn of_a_hosts_account_each_entity_not_its_own_is_left_out_alone_and_the_re
         listed(&[("w1", "idle"), ("w2", "idle"), ("carol", "idle")])
     );
     // hostb was new here: it is answered with this host's whole account; nothing was stale.
-    assert!(fed.lock().whole_wanted && !fed.lock().resync_wanted);
-    fed.lock().whole_wanted = false;
+    assert!(fed.lock().wanted_by.contains("hostb") && !fed.lock().resync_wanted);
+    fed.lock().wanted_by.clear();
     // Naming this host's own lead as hostb's: that entity is left out, the rest taken.
     let mut alice_there = alice.clone();
     alice_there.host = "hostb".into();
@@ -980,7 +980,7 @@ async fn of_a_hosts_account_each_entity_not_its_own_is_left_out_alone_and_the_re
         remote_listed(&gateway),
         listed(&[("w1", "busy"), ("carol", "idle")])
     );
-    assert!(!fed.lock().resync_wanted && !fed.lock().whole_wanted);
+    assert!(!fed.lock().resync_wanted && fed.lock().wanted_by.is_empty());
     // A change built on a whole account not heard here: merged, and a whole one asked for.
     let stale = host_beat("hostb", MsgId::mint(), false, &[(&w3, "idle")], false);
     assert_eq!(send(stale).await, taken);
@@ -1002,11 +1002,11 @@ async fn of_a_hosts_account_each_entity_not_its_own_is_left_out_alone_and_the_re
         taken,
         "ignored, not refused"
     );
-    assert!(!fed.lock().whole_wanted);
+    assert!(fed.lock().wanted_by.is_empty());
     // Another gateway asking is answered at the next tick.
     let asks = host_beat("hostb", base, false, &[], true);
     assert_eq!(send(asks).await, taken);
-    assert!(fed.lock().whole_wanted);
+    assert!(fed.lock().wanted_by.contains("hostb"));
     gateway.shutdown.cancel();
 }
 
@@ -1046,6 +1046,22 @@ async fn this_hosts_heartbeat_carries_its_entities_in_one_message_per_round() {
     let change = published[1].1.account.as_ref().unwrap();
     assert!(!change.whole && !change.resync && change.states.is_empty());
     assert_eq!(change.base, account.base);
+    // A gateway that asked gets a whole account of its own, addressed to it alone, building
+    // on the one all heard; once a second at most.
+    fed.lock().wanted_by.insert("hostb".into());
+    let due = fed.lock().due_askers();
+    assert_eq!(due, ["hostb"]);
+    fed.lock().wanted_by.insert("hostb".into());
+    assert!(
+        fed.lock().due_askers().is_empty(),
+        "asked again within the second"
+    );
+    fed.answer_askers(&gateway, &due).await;
+    let (key, addressed) = beats(&broker).pop().unwrap();
+    assert_eq!(key, "to.hostb.roster.hosta._gateway");
+    let snapshot = addressed.account.unwrap();
+    assert!(snapshot.whole && snapshot.states.iter().any(|s| s.entity.gid == alice.gid));
+    assert_eq!(snapshot.base, account.base);
     // Leaving: the host alone, gone.
     fed.leave_roster(&gateway).await;
     let published = beats(&broker);
@@ -1058,6 +1074,7 @@ async fn this_hosts_heartbeat_carries_its_entities_in_one_message_per_round() {
     // Nothing after it (a worker ending as fleetd stops, say): it would bring the host back.
     fed.publish_presence(&gateway, Round::Change).await;
     fed.publish_presence(&gateway, Round::Whole).await;
+    fed.answer_askers(&gateway, &["hostb".to_string()]).await;
     assert_eq!(beats(&broker).len(), published.len());
     gateway.shutdown.cancel();
 }
