@@ -267,6 +267,95 @@ async fn a_late_remote_reply_is_held_until_polled_and_a_busy_worker_keeps_it_que
     Ok(())
 }
 
+/// The heartbeats a queue of the test's own bound to `vhost`'s roster exchange takes, by routing
+/// key and body.
+struct RosterWatch {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RosterWatch {
+    /// Watches what `binding` takes off the roster exchange (which a gateway declared).
+    async fn start(vhost: &Vhost, binding: &str) -> anyhow::Result<Self> {
+        let client = vhost.connect().await?;
+        let queue = format!("test.roster-watch.{}", Gid::mint());
+        client
+            .declare_exclusive_queue(&queue, &Table::new())
+            .await?;
+        client.bind(&queue, "fleet.roster", binding).await?;
+        let mut deliveries = client.consume(&queue, "roster-watch", true).await?;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = std::sync::Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            let _client = client;
+            while let Some(Ok(delivery)) = deliveries.next().await {
+                let body = serde_json::from_slice(delivery.body()).unwrap_or(Value::Null);
+                let key = delivery.routing_key().to_string();
+                kept.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((key, body));
+                let _ = delivery
+                    .settle(fleet_core::admission::Settlement::Ack, false)
+                    .await;
+            }
+        });
+        Ok(Self { seen, task })
+    }
+
+    /// The whole accounts seen so far under routing key `key`.
+    fn wholes_of(&self, key: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(k, body)| *k == key && body["account"]["whole"] == true)
+            .count()
+    }
+}
+
+impl Drop for RosterWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_that_starts_last_learns_the_others_entities_from_accounts_sent_to_it_alone()
+-> anyhow::Result<()> {
+    let vhost = Vhost::create(&Broker::find().await?).await?;
+    // Rounds far apart: nothing but the accounts sent at start and on asking can tell hostb of
+    // alice, or hosta of bob, within the test.
+    let slow = "presence_interval_s = 60\npresence_ttl_s = 180\n";
+    // A gateway with no part in it declares the roster exchange, so that the watch below sees
+    // every heartbeat of hosta's and hostb's from their start.
+    let _z = gateway_with(&vhost.uri(), "hostc", "carol", "", slow).await?;
+    let all = RosterWatch::start(&vhost, "roster.#").await?;
+    let to_b = RosterWatch::start(&vhost, "to.hostb.#").await?;
+    let a = gateway_with(&vhost.uri(), "hosta", "alice", "", slow).await?;
+    let alice = a.lead("alice", Protocol::Stateless).await?;
+    until("hosta's first heartbeat", LIMIT, || async {
+        (all.wholes_of("roster.hosta._gateway") > 0).then_some(())
+    })
+    .await?;
+    let b = gateway_with(&vhost.uri(), "hostb", "bob", "", slow).await?;
+    let bob = b.lead("bob", Protocol::Stateless).await?;
+    // Each sees the other's lead: hosta from hostb's first (whole) heartbeat, hostb from the
+    // whole account hosta sent it when it asked.
+    let seen = sees(&bob, "alice").await?;
+    assert_eq!(seen["host"], "hosta");
+    sees(&alice, "bob").await?;
+    // Each start was told to all, once; hosta's answer went to hostb alone.
+    assert_eq!(all.wholes_of("roster.hosta._gateway"), 1, "{:?}", all.seen);
+    assert_eq!(all.wholes_of("roster.hostb._gateway"), 1, "{:?}", all.seen);
+    assert_eq!(
+        to_b.wholes_of("to.hostb.roster.hosta._gateway"),
+        1,
+        "{:?}",
+        to_b.seen
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_converge_on_one_roster_and_a_dead_one_reads_unreachable()
 -> anyhow::Result<()> {

@@ -13,7 +13,8 @@
 //! The rules live in `fleet_core` (admission, the remote roster, the receipt bound) and the
 //! AMQP in `fleet_amqp`; this module orchestrates: lock, call the rule, act. By concern:
 //! [`link`] keeps the link and the inbox consumers, [`inbox`] admits and settles deliveries,
-//! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`publish`] sends,
+//! [`take`] holds messages and takes briefs, [`presence`] runs the roster, [`reaped`] clears the
+//! inboxes a previous run's workers left, [`publish`] sends,
 //! [`receipts`] fails overdue briefs, [`dead`] tells the senders of this host's dead letters,
 //! [`control`] spawns and stops workers across hosts, [`turns`] carries asks across hosts,
 //! [`trust`] signs what goes out and checks what comes in (the rules are `fleet_core::trust`'s).
@@ -32,6 +33,7 @@ mod outbox;
 mod port;
 mod presence;
 mod publish;
+mod reaped;
 mod receipts;
 mod settle;
 mod take;
