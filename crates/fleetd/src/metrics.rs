@@ -140,6 +140,8 @@ pub struct Snapshot {
     pub waiting: Vec<(String, String, i64)>,
     /// Gateways up: this one and those the roster hears from.
     pub hosts_up: i64,
+    /// Other hosts' entities the roster holds (heard or unreachable).
+    pub remote_entities: i64,
     /// What the listener has done.
     pub connections: ConnectionFigures,
 }
@@ -160,6 +162,7 @@ pub struct Metrics {
     messages: Family<KindState, Gauge>,
     waiting: Family<Waiting, Gauge>,
     hosts_up: Gauge,
+    remote_entities: Gauge,
     /// Log lines lost (stderr gone): follows [`crate::logs::write_failures`] at each scrape.
     log_write_failures: Counter,
     /// Connections held now.
@@ -204,6 +207,7 @@ impl Metrics {
             messages: Family::default(),
             waiting: Family::default(),
             hosts_up: Gauge::default(),
+            remote_entities: Gauge::default(),
             log_write_failures: Counter::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
@@ -289,6 +293,11 @@ impl Metrics {
             "hosts_up",
             "Gateways up: this one and those the roster hears from",
             self.hosts_up.clone(),
+        );
+        registry.register(
+            "remote_entities",
+            "Other hosts' entities the roster holds, heard or unreachable",
+            self.remote_entities.clone(),
         );
         registry.register(
             "log_write_failures",
@@ -425,6 +434,7 @@ impl Metrics {
                 .set(*count);
         }
         self.hosts_up.set(snapshot.hosts_up);
+        self.remote_entities.set(snapshot.remote_entities);
         follow(&self.log_write_failures, crate::logs::write_failures());
         self.follow_connections(&snapshot.connections);
         let mut out = String::new();
@@ -460,6 +470,7 @@ mod tests {
             messages: vec![("SEND".into(), "injected".into(), 3)],
             waiting: vec![("alice".into(), "held".into(), 1)],
             hosts_up: 1,
+            remote_entities: 7,
             connections: ConnectionFigures {
                 open: 3,
                 accepted: 40,
@@ -487,6 +498,7 @@ mod tests {
             "fleetd_messages{kind=\"SEND\",state=\"injected\"} 3",
             "fleetd_waiting_messages{recipient=\"alice\",state=\"held\"} 1",
             "fleetd_hosts_up 1",
+            "fleetd_remote_entities 7",
             "# TYPE fleetd_log_write_failures counter",
             "fleetd_log_write_failures_total ",
             "fleetd_connections_open 3",

@@ -49,6 +49,8 @@ pub(super) trait Afar: Send + Sync {
     fn busy(&self, gid: Gid) -> Option<bool>;
     /// How many other hosts are heard from now.
     fn hosts_heard(&self) -> usize;
+    /// How many other hosts' entities the roster holds (heard or unreachable).
+    fn remote_entities(&self) -> usize;
     /// How far a brief published from here has got, while its receipt is awaited.
     fn brief_state(&self, msg_id: MsgId) -> Option<&'static str>;
     /// The other hosts' entities as `fleet_list` shows them (each owner named as `name@host`,

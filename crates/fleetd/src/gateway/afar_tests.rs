@@ -87,6 +87,10 @@ impl Afar for FakeAfar {
         1
     }
 
+    fn remote_entities(&self) -> usize {
+        0
+    }
+
     fn brief_state(&self, _: MsgId) -> Option<&'static str> {
         None
     }

@@ -79,16 +79,15 @@ impl OperatorViews {
             let name = self.cached_name(&mut names, gid).await;
             waiting.push((name, state, count(n)));
         }
-        let hosts_up = 1 + self
-            .local
-            .afar
-            .as_deref()
-            .map_or(0, |afar| count(afar.hosts_heard()));
+        let afar = self.local.afar.as_deref();
+        let hosts_up = 1 + afar.map_or(0, |afar| count(afar.hosts_heard()));
+        let remote_entities = afar.map_or(0, |afar| count(afar.remote_entities()));
         Ok(Snapshot {
             sessions,
             messages,
             waiting,
             hosts_up,
+            remote_entities,
             connections: self.local.listener.figures(),
         })
     }

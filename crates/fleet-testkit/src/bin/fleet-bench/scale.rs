@@ -1274,24 +1274,39 @@ async fn convergence(
         );
     }
     let total = gateways * entities;
-    let mut counts = vec![0; leads.len()];
-    let mut converged = vec![None; leads.len()];
+    // Each gateway's roster is read off its `/metrics` (cheap, whatever the roster's size, so
+    // the look does not time `fleet_list` of thousands of entries); `fleet_list` confirms it
+    // once they all hold every other host's entities.
+    let remote = total - entities;
+    let names: Vec<String> = hosts.iter().map(|h| format!("{h}-l0")).collect();
+    let mut counts = vec![0.0; fleets.len()];
+    let mut converged = vec![None; fleets.len()];
     while converged.iter().any(Option::is_none) {
-        for ((lead, done), count) in leads.iter().zip(&mut converged).zip(&mut counts) {
-            if done.is_none() {
-                let list = lead.ok("fleet_list", json!({})).await?;
-                *count = list["entities"].as_array().map_or(0, Vec::len);
-                if *count >= total {
-                    *done = Some(started.elapsed());
-                }
+        let looks = fleets
+            .iter()
+            .zip(&names)
+            .map(|(fleet, lead)| async move { fleet.metric(lead, "fleetd_remote_entities").await });
+        let seen = futures_util::future::join_all(looks).await;
+        for ((count, done), seen) in counts.iter_mut().zip(&mut converged).zip(seen) {
+            *count = seen.unwrap_or(0.0);
+            if done.is_none() && *count >= remote as f64 {
+                *done = Some(started.elapsed());
             }
         }
         anyhow::ensure!(
             started.elapsed() < CONVERGENCE_LIMIT,
-            "the roster of {gateways} gateways × {entities} entities did not converge within {} s: the gateways list {counts:?} of {total}",
+            "the roster of {gateways} gateways × {entities} entities did not converge within {} s: the gateways hold {counts:?} of the other hosts' {remote}",
             CONVERGENCE_LIMIT.as_secs()
         );
         tokio::time::sleep(CONVERGENCE_POLL).await;
+    }
+    for lead in &leads {
+        let list = lead.ok("fleet_list", json!({})).await?;
+        let listed = list["entities"].as_array().map_or(0, Vec::len);
+        anyhow::ensure!(
+            listed >= total,
+            "a gateway's metrics said it holds every entity, but its fleet_list shows {listed} of {total}"
+        );
     }
     let took = converged.into_iter().flatten().max().unwrap_or_default();
     let mut groups: Vec<Vec<u32>> = fleets
@@ -1327,7 +1342,7 @@ fn mean(values: &[f64]) -> f64 {
 async fn roster(args: &Args) -> anyhow::Result<()> {
     let (g, e, interval) = (args.gateways, args.entities, args.roster_interval_s);
     println!(
-        "\n== roster: {g} gateways × {e} entities (leads) beside 3 × {e}, presence every {interval} s; convergence timed from the last gateway's start until every gateway's fleet_list holds every entity (looked at every {} ms)",
+        "\n== roster: {g} gateways × {e} entities (leads) beside 3 × {e}, presence every {interval} s; convergence timed from the last gateway's start until every gateway holds every other host's entities (its fleetd_remote_entities, looked at every {} ms; fleet_list then confirms it)",
         CONVERGENCE_POLL.as_millis()
     );
     let base = convergence(args, "b", 3, e, interval).await?;

@@ -56,6 +56,10 @@ impl Afar for Federation {
         self.lock().roster.hosts_heard().count()
     }
 
+    fn remote_entities(&self) -> usize {
+        self.lock().roster.entities().count()
+    }
+
     fn brief_state(&self, msg_id: MsgId) -> Option<&'static str> {
         self.lock().receipts.state(msg_id)
     }
