@@ -215,20 +215,11 @@ fn state((entity, status): &(Entity, String)) -> EntityState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Role;
+    use crate::roster::tests::pairs;
 
+    /// A worker of `hosta`.
     fn entity(name: &str) -> Entity {
-        Entity {
-            gid: Gid::mint(),
-            name: name.into(),
-            host: "hosta".into(),
-            role: Role::Worker,
-            profile: Some("sim".into()),
-            sandbox: None,
-            profile_role: None,
-            groups: Vec::new(),
-            parent: None,
-        }
+        crate::roster::tests::entity(name, "hosta")
     }
 
     fn told(account: &Account) -> Vec<(String, String)> {
@@ -239,12 +230,6 @@ mod tests {
             .collect();
         told.sort();
         told
-    }
-
-    fn pairs(of: &[(&str, &str)]) -> Vec<(String, String)> {
-        of.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect()
     }
 
     #[test]

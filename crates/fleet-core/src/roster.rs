@@ -597,7 +597,7 @@ impl Roster {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::Role;
     use crate::bounds::{REMOTE_ENTITIES_KEY, REMOTE_HOSTS_KEY};
@@ -617,7 +617,8 @@ mod tests {
         )
     }
 
-    fn entity(name: &str, host: &str) -> Entity {
+    /// A worker of `host` called `name`.
+    pub(crate) fn entity(name: &str, host: &str) -> Entity {
         Entity {
             gid: Gid::mint(),
             name: name.into(),
@@ -669,7 +670,8 @@ mod tests {
         all
     }
 
-    fn pairs(of: &[(&str, &str)]) -> Vec<(String, String)> {
+    /// `of`, owned.
+    pub(crate) fn pairs(of: &[(&str, &str)]) -> Vec<(String, String)> {
         of.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
