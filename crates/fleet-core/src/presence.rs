@@ -98,13 +98,14 @@ impl Ledger {
         self.closed
     }
 
-    /// A whole account of the host's entities, being `now`, for one gateway that asked for it
-    /// alone: it builds on the last whole account all were told, so the changes that follow,
-    /// told to all, build on it too. Nothing is noted as told (the others did not hear it).
-    /// `None` before any whole account was told to all.
-    pub fn snapshot(&self, now: Vec<(Entity, String)>) -> Option<Account> {
+    /// A whole account of the host's entities for one gateway that asked for it alone: what
+    /// a gateway that heard every heartbeat told to all holds now (the last whole account and
+    /// every change since), so the changes that follow, told to all, bring it up to date as
+    /// they do the others. Nothing is noted as told. `None` before any whole account was told
+    /// to all.
+    pub fn snapshot(&self) -> Option<Account> {
         let base = self.base?;
-        let mut states: Vec<EntityState> = now.iter().map(state).collect();
+        let mut states: Vec<EntityState> = self.said.values().map(state).collect();
         states.sort_by_key(|s| s.entity.gid);
         Some(Account {
             base,
@@ -373,18 +374,28 @@ mod tests {
     fn a_snapshot_for_one_builds_on_the_whole_account_all_heard_and_changes_nothing() {
         let (a, b) = (entity("a"), entity("b"));
         let mut ledger = Ledger::new();
-        assert_eq!(ledger.snapshot(vec![(a.clone(), "idle".into())]), None);
+        assert_eq!(ledger.snapshot(), None);
         let id = MsgId::mint();
         ledger.account(id, vec![(a.clone(), "idle".into())], Round::Regular);
-        let now = vec![(a.clone(), "busy".into()), (b.clone(), "idle".into())];
-        let snapshot = ledger.snapshot(now.clone()).unwrap();
+        ledger.account(
+            MsgId::mint(),
+            vec![(a.clone(), "busy".into()), (b.clone(), "idle".into())],
+            Round::Change,
+        );
+        // What every gateway that heard it all holds: a busy, b idle.
+        let snapshot = ledger.snapshot().unwrap();
         assert!(snapshot.whole && !snapshot.resync);
         assert_eq!(snapshot.base, id);
         assert_eq!(told(&snapshot), pairs(&[("a", "busy"), ("b", "idle")]));
-        // The next change told to all still tells what changed since the whole one.
-        let change = ledger.account(MsgId::mint(), now, Round::Regular);
+        // a went back to idle, and b left, before the next round: the next change tells the
+        // asker so, as it tells everyone.
+        let change = ledger.account(
+            MsgId::mint(),
+            vec![(a.clone(), "idle".into())],
+            Round::Regular,
+        );
         assert_eq!(change.base, id);
-        assert_eq!(told(&change), pairs(&[("a", "busy"), ("b", "idle")]));
+        assert_eq!(told(&change), pairs(&[("a", "idle"), ("b", GONE)]));
     }
 
     #[test]

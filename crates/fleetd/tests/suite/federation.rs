@@ -377,9 +377,13 @@ async fn three_gateways_converge_on_one_roster_and_a_dead_one_reads_unreachable(
     // Everyone sees everyone, with host and status, and what a worker runs in and is for; and
     // every host, even one without workers, with its profiles.
     for lead in [&alice, &bob] {
-        let wc = sees(lead, "wc").await?;
+        // (Seen first as `spawning`, if a heartbeat of hostc's went out while it started.)
+        let wc = until("wc to read idle there", LIMIT, || async {
+            let wc = lead.heard_entry("wc").await.ok()?;
+            (wc["status"] == "idle").then_some(wc)
+        })
+        .await?;
         assert_eq!(wc["host"], "hostc");
-        assert_eq!(wc["status"], "idle");
         assert_eq!(
             (&wc["sandbox"], &wc["profile_role"]),
             (&json!("bwrap"), &json!("backend")),

@@ -1265,14 +1265,6 @@ async fn convergence(
     let starts = started.elapsed();
     let started = Instant::now();
     let beats = beats.context("no gateway started")?;
-    let mut leads = Vec::new();
-    for (fleet, host) in fleets.iter().zip(&hosts) {
-        leads.push(
-            fleet
-                .lead(&format!("{host}-l0"), Protocol::Stateless)
-                .await?,
-        );
-    }
     let total = gateways * entities;
     // Each gateway's roster is read off its `/metrics` (cheap, whatever the roster's size, so
     // the look does not time `fleet_list` of thousands of entries); `fleet_list` confirms it
@@ -1299,6 +1291,15 @@ async fn convergence(
             CONVERGENCE_LIMIT.as_secs()
         );
         tokio::time::sleep(CONVERGENCE_POLL).await;
+    }
+    // (The leads connect only now, so that the figure does not time their connections.)
+    let mut leads = Vec::new();
+    for (fleet, host) in fleets.iter().zip(&hosts) {
+        leads.push(
+            fleet
+                .lead(&format!("{host}-l0"), Protocol::Stateless)
+                .await?,
+        );
     }
     for lead in &leads {
         let list = lead.ok("fleet_list", json!({})).await?;

@@ -149,6 +149,11 @@ struct FedState {
     /// The hosts sent a whole account they asked for within the last second, and when: they
     /// wait for the next.
     answered: HashMap<String, tokio::time::Instant>,
+    /// When this gateway last asked every other for a whole account (its roster queue new).
+    asked: Option<tokio::time::Instant>,
+    /// Whether the broker refused a heartbeat addressed to one host (the login lacks the
+    /// permission): whole accounts asked for go to all.
+    addressing_off: bool,
     /// Whether this gateway heard a change built on a whole account it missed: the presence
     /// loop asks the others for whole accounts at its next tick.
     resync_wanted: bool,
@@ -247,6 +252,8 @@ impl Federation {
             refused: 0,
             wanted_by: std::collections::BTreeSet::new(),
             answered: HashMap::new(),
+            asked: None,
+            addressing_off: false,
             resync_wanted: false,
             carrying: std::collections::HashSet::new(),
             flushed: None,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_amqp::topology::{ROSTER_EXCHANGE, addressed_key, roster_key, roster_key_of};
-use fleet_amqp::{Broker, Deliveries, Delivery, Outgoing};
+use fleet_amqp::{AmqpError, Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
 use fleet_core::presence::{Account, Round, sift};
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
@@ -27,6 +27,10 @@ const MAX_HEARTBEAT_BYTES: usize = 32 << 20;
 
 /// The least time between two whole accounts sent to the same gateway that asked for them.
 pub(super) const WHOLE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+
+/// How long after asking for whole accounts they are still on their way (each other gateway
+/// answers at its next tick, at most a second after its last answer to this one).
+const ANSWERS_DUE_WITHIN: Duration = Duration::from_secs(3);
 
 /// How often receipts and presence are checked for expiry.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
@@ -98,7 +102,12 @@ impl Federation {
         if ledger.is_closed() {
             return;
         }
-        let Some(account) = ledger.snapshot(local_entities(g)) else {
+        if self.lock().addressing_off {
+            drop(ledger);
+            self.publish_presence(g, Round::Whole).await;
+            return;
+        }
+        let Some(account) = ledger.snapshot() else {
             drop(ledger);
             self.publish_presence(g, Round::Whole).await;
             return;
@@ -131,6 +140,7 @@ impl Federation {
     /// A whole account of this host's entities, asking every other gateway for theirs: its
     /// roster queue is new, so it holds nothing said before.
     pub(super) async fn publish_whole_asking(&self, g: &LocalPlane) {
+        self.lock().asked = Some(Instant::now());
         self.ledger.lock().await.ask_resync();
         self.publish_presence(g, Round::Whole).await;
     }
@@ -189,8 +199,16 @@ impl Federation {
                 persistent: false,
             })
             .await;
-        if let Err(e) = &published {
-            tracing::debug!(error = %e, "a heartbeat was not published");
+        match &published {
+            // The broker login lacks the permission to address one host (set before this
+            // gateway was upgraded): answers go to all from now on, and the link, whose channel
+            // the refusal closed, comes back once, not in a loop.
+            Err(e @ AmqpError::Refused(_)) if to.is_some() => {
+                tracing::error!(error = %e, "the broker refused a heartbeat addressed to one host: this gateway's broker login lacks the topic permission on fleet.roster for `to.<host>.roster.<this host>._gateway` (see the README's rabbitmqctl lines); whole accounts go to every host until fleetd restarts");
+                self.lock().addressing_off = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "a heartbeat was not published"),
+            Ok(_) => {}
         }
         published.is_ok()
     }
@@ -246,8 +264,12 @@ impl Federation {
             // This gateway's own, back through the exchange.
             return handled(Handled::Noted);
         }
-        // Addressed to another host whose id begins with this one's (the binding matched it).
-        let Some(key) = roster_key_of(delivery.routing_key(), &g.host_id) else {
+        // Addressed to another host whose id begins with this one's (the binding matched it),
+        // or not the sender's own entry: not for this gateway.
+        let addressed = delivery.routing_key().starts_with("to.");
+        let Some(key) = roster_key_of(delivery.routing_key(), &g.host_id)
+            .filter(|key| !addressed || *key == roster_key(&host, GATEWAY_ENTRY))
+        else {
             return handled(Handled::Noted);
         };
         if envelope.kind != Kind::Presence {
@@ -299,8 +321,17 @@ impl Federation {
             let mut state = self.lock();
             let heard_before = state.roster.hosts_heard().any(|h| h == host);
             let heard = state.roster.hear(&host, presence, now, now_ms());
-            // The host's own entry, from a host not heard until now.
-            let returned = !heard_before && state.roster.hosts_heard().any(|h| h == host);
+            // The host's own entry, from a host not heard until now: it came back, and hears of
+            // this one's entities at once. Not its answer to this gateway's asking, nor any
+            // heartbeat of its just after this gateway asked: this one is the newcomer, and the
+            // other heard it ask (a host that is new too asks as well).
+            let just_asked = state
+                .asked
+                .is_some_and(|at| at.elapsed() < ANSWERS_DUE_WITHIN);
+            let returned = !addressed
+                && !just_asked
+                && !heard_before
+                && state.roster.hosts_heard().any(|h| h == host);
             (heard, returned)
         };
         // Only a host this roster holds may ask for whole accounts.
@@ -318,8 +349,16 @@ impl Federation {
             }
             Heard::Stale => {
                 self.roster_heard.send_modify(|n| *n = n.wrapping_add(1));
-                tracing::debug!(%host, "a change of a host's entities built on a whole account not heard here: asking for one");
-                self.lock().resync_wanted = true;
+                let mut state = self.lock();
+                // Just after asking, the answers are on their way: a change that overtook one
+                // is no reason to ask again.
+                let answers_due = state
+                    .asked
+                    .is_some_and(|at| at.elapsed() < ANSWERS_DUE_WITHIN);
+                if !answers_due {
+                    tracing::debug!(%host, "a change of a host's entities built on a whole account not heard here: asking for one");
+                    state.resync_wanted = true;
+                }
             }
             Heard::Left => {}
             Heard::NotItsOwn { claimed } => {

@@ -1011,6 +1011,61 @@ async fn of_a_hosts_account_each_entity_not_its_own_is_left_out_alone_and_the_re
 }
 
 #[tokio::test]
+async fn an_answer_addressed_here_is_no_return_and_a_change_overtaking_it_asks_nothing() {
+    let Harness {
+        gateway,
+        fed,
+        broker,
+        _dir,
+        ..
+    } = harness(10).await;
+    let roster = broker.open_roster("hosta").await.unwrap();
+    tokio::spawn(Arc::clone(&fed).consume_roster(Arc::clone(&gateway), roster));
+    let send = |(key, envelope, body): (String, Envelope, Vec<u8>)| {
+        let broker = Arc::clone(&broker);
+        async move {
+            let tag = broker
+                .beat(&key, &signed(&envelope, &body), &body)
+                .await
+                .unwrap();
+            settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
+        }
+    };
+    // This gateway has just asked (its link came up).
+    fed.lock().asked = Some(tokio::time::Instant::now());
+    let (w1, w2) = (worker_of("w1", "hostb"), worker_of("w2", "hostb"));
+    // hostb's change overtook its answer: merged, and no second asking.
+    let base = MsgId::mint();
+    send(host_beat("hostb", base, false, &[(&w1, "busy")], false)).await;
+    assert!(!fed.lock().resync_wanted);
+    // Its answer, addressed here: taken, and hostb is not answered (it knows hosta is here).
+    let (key, envelope, body) =
+        host_beat("hostb", base, true, &[(&w1, "busy"), (&w2, "idle")], false);
+    send((format!("to.hosta.{key}"), envelope, body)).await;
+    assert_eq!(
+        remote_listed(&gateway),
+        [
+            ("w1".to_string(), "busy".to_string()),
+            ("w2".into(), "idle".into()),
+            ("carol".into(), "idle".into())
+        ]
+    );
+    assert!(fed.lock().wanted_by.is_empty());
+    // One addressed here under another host's entry, or to another host: not taken.
+    let w3 = worker_of("w3", "hostb");
+    let (key, envelope, body) = host_beat("hostb", base, true, &[(&w3, "idle")], false);
+    send((
+        format!("to.hosta.{}", key.replace("hostb", "hostc")),
+        envelope.clone(),
+        body.clone(),
+    ))
+    .await;
+    send((format!("to.hosta.x.{key}"), envelope, body)).await;
+    assert!(!remote_listed(&gateway).iter().any(|(name, _)| name == "w3"));
+    gateway.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn this_hosts_heartbeat_carries_its_entities_in_one_message_per_round() {
     let Harness {
         gateway,
