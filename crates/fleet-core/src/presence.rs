@@ -223,6 +223,17 @@ mod tests {
         crate::roster::tests::entity(name, "hosta")
     }
 
+    /// A ledger that told `a` idle, in a whole account.
+    fn told_idle(a: &Entity) -> Ledger {
+        let mut ledger = Ledger::new();
+        ledger.account(
+            MsgId::mint(),
+            vec![(a.clone(), "idle".into())],
+            Round::Regular,
+        );
+        ledger
+    }
+
     fn told(account: &Account) -> Vec<(String, String)> {
         let mut told: Vec<(String, String)> = account
             .states
@@ -272,12 +283,7 @@ mod tests {
     #[test]
     fn every_twelfth_round_is_whole_and_forgets_what_changed_before_it() {
         let a = entity("a");
-        let mut ledger = Ledger::new();
-        ledger.account(
-            MsgId::mint(),
-            vec![(a.clone(), "idle".into())],
-            Round::Regular,
-        );
+        let mut ledger = told_idle(&a);
         let busy = vec![(a.clone(), "busy".into())];
         for _ in 1..WHOLE_EVERY {
             let change = ledger.account(MsgId::mint(), busy.clone(), Round::Regular);
@@ -330,12 +336,7 @@ mod tests {
     #[test]
     fn a_whole_account_on_demand_carries_the_asking_once() {
         let a = entity("a");
-        let mut ledger = Ledger::new();
-        ledger.account(
-            MsgId::mint(),
-            vec![(a.clone(), "idle".into())],
-            Round::Regular,
-        );
+        let mut ledger = told_idle(&a);
         ledger.ask_resync();
         let id = MsgId::mint();
         let whole = ledger.account(id, vec![(a.clone(), "busy".into())], Round::Whole);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use fleet_amqp::topology::{ROSTER_EXCHANGE, addressed_key, roster_key, roster_key_of};
 use fleet_amqp::{AmqpError, Broker, Deliveries, Delivery, Outgoing};
 use fleet_core::admission::Handled;
+use fleet_core::envelope::Envelope;
 use fleet_core::presence::{Account, Round, sift};
 use fleet_core::roster::{GONE, Heard, Presence, UNREACHABLE};
 use fleet_core::trust::GATEWAY_ENTRY;
@@ -303,17 +304,8 @@ impl Federation {
                 return handled(Handled::Refused);
             }
         }
-        // Of a host's account, each state that is not the host's own to announce is left out,
-        // alone: the rest is taken.
         if let Some(account) = presence.account.as_mut() {
-            let mut left_out = sift(&host, account);
-            left_out.extend(self.unplaced(g, &envelope, account));
-            if let Some(first) = left_out.first() {
-                let (loud, count) = self.loud();
-                if loud {
-                    tracing::warn!(%host, left_out = left_out.len(), first = %first.escape_debug(), refused_so_far = count, "entities of a host's account were left out");
-                }
-            }
+            self.leave_out(g, &envelope, &host, account);
         }
         let now = Instant::now().into_std();
         let asks = presence.account.as_ref().is_some_and(|a| a.resync);
@@ -338,6 +330,19 @@ impl Federation {
         let answer = returned || (asks && matches!(heard, Heard::Merged | Heard::Stale));
         self.merged(&host, heard);
         (Handled::Noted, answer.then_some(host))
+    }
+
+    /// Of `host`'s account (under `envelope`), each state that is not the host's own to
+    /// announce is left out, alone, and said (never a flood of it): the rest is taken.
+    fn leave_out(&self, g: &LocalPlane, envelope: &Envelope, host: &str, account: &mut Account) {
+        let mut left_out = sift(host, account);
+        left_out.extend(self.unplaced(g, envelope, account));
+        if let Some(first) = left_out.first() {
+            let (loud, count) = self.loud();
+            if loud {
+                tracing::warn!(%host, left_out = left_out.len(), first = %first.escape_debug(), refused_so_far = count, "entities of a host's account were left out");
+            }
+        }
     }
 
     /// What a heartbeat of `host`'s did to the roster: whoever waits on the roster is told,

@@ -883,6 +883,20 @@ fn host_beat(
     (format!("roster.{host}._gateway"), envelope, body)
 }
 
+/// Publishes `(key, envelope, body)` signed on `broker`'s roster and waits until it is settled:
+/// how.
+async fn beat_settled(
+    broker: &FakeBroker,
+    (key, envelope, body): (String, Envelope, Vec<u8>),
+) -> Vec<(Settlement, bool)> {
+    let tag = broker
+        .beat(&key, &signed(&envelope, &body), &body)
+        .await
+        .unwrap();
+    let settled = settled_until(broker, |s| s.iter().any(|s| s.tag == tag)).await;
+    how_of(&settled, tag)
+}
+
 /// The names and statuses `gateway` lists of the remote roster.
 fn remote_listed(gateway: &LocalPlane) -> Vec<(String, String)> {
     let (entries, _) = gateway.fleet_view();
@@ -908,17 +922,7 @@ async fn of_a_hosts_account_each_entity_not_its_own_is_left_out_alone_and_the_re
     let (w1, w2) = (worker_of("w1", "hostb"), worker_of("w2", "hostb"));
     let base = MsgId::mint();
     // Publishes a heartbeat and waits until it is settled: how.
-    let send = |(key, envelope, body): (String, Envelope, Vec<u8>)| {
-        let broker = Arc::clone(&broker);
-        async move {
-            let tag = broker
-                .beat(&key, &signed(&envelope, &body), &body)
-                .await
-                .unwrap();
-            let settled = settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
-            how_of(&settled, tag)
-        }
-    };
+    let send = |beat| beat_settled(&broker, beat);
     let taken = [(Settlement::Ack, false)];
     let listed = |of: &[(&str, &str)]| -> Vec<(String, String)> {
         of.iter()
@@ -1021,16 +1025,7 @@ async fn an_answer_addressed_here_is_no_return_and_a_change_overtaking_it_asks_n
     } = harness(10).await;
     let roster = broker.open_roster("hosta").await.unwrap();
     tokio::spawn(Arc::clone(&fed).consume_roster(Arc::clone(&gateway), roster));
-    let send = |(key, envelope, body): (String, Envelope, Vec<u8>)| {
-        let broker = Arc::clone(&broker);
-        async move {
-            let tag = broker
-                .beat(&key, &signed(&envelope, &body), &body)
-                .await
-                .unwrap();
-            settled_until(&broker, |s| s.iter().any(|s| s.tag == tag)).await;
-        }
-    };
+    let send = |beat| beat_settled(&broker, beat);
     // This gateway has just asked (its link came up).
     fed.lock().asked = Some(tokio::time::Instant::now());
     let (w1, w2) = (worker_of("w1", "hostb"), worker_of("w2", "hostb"));
