@@ -103,12 +103,13 @@ impl Federation {
         if ledger.is_closed() {
             return;
         }
-        if self.lock().addressing_off {
-            drop(ledger);
-            self.publish_presence(g, Round::Whole).await;
-            return;
-        }
-        let Some(account) = ledger.snapshot() else {
+        // To all when addressing was refused, or before any whole account was told to all.
+        let addressed = if self.lock().addressing_off {
+            None
+        } else {
+            ledger.snapshot()
+        };
+        let Some(account) = addressed else {
             drop(ledger);
             self.publish_presence(g, Round::Whole).await;
             return;
@@ -122,18 +123,12 @@ impl Federation {
 
     /// This host's entry, carrying `account`.
     fn host_entry(&self, g: &LocalPlane, account: Account) -> Presence {
-        let profiles: Vec<String> = g.config.profiles.iter().map(|p| p.name.clone()).collect();
-        // An entry that is up names its profiles' model families.
-        let families = if profiles.is_empty() {
-            Default::default()
-        } else {
-            crate::config::families(&g.config.profiles)
-        };
         Presence {
             entity: None,
             status: "up".into(),
-            profiles,
-            families,
+            profiles: g.config.profiles.iter().map(|p| p.name.clone()).collect(),
+            // An entry that is up names its profiles' model families.
+            families: crate::config::families(&g.config.profiles),
             account: Some(account),
         }
     }
@@ -186,8 +181,10 @@ impl Federation {
             ROSTER_EXCHANGE.to_string(),
             self.config.presence_ttl_s,
         );
-        let key = roster_key(&g.host_id, GATEWAY_ENTRY);
-        let key = to.map_or(key.clone(), |to| addressed_key(to, &key));
+        let key = match to {
+            Some(to) => addressed_key(to, &roster_key(&g.host_id, GATEWAY_ENTRY)),
+            None => roster_key(&g.host_id, GATEWAY_ENTRY),
+        };
         let signature = self.sign(&envelope, &body);
         let published = link
             .publish(Outgoing {
@@ -241,9 +238,8 @@ impl Federation {
     }
 
     /// A host this gateway did not hear came back (its link healed, or it started), or asked
-    /// for whole accounts: it hears of this one's entities at the presence loop's next tick,
-    /// not at the next round, so both sides' rosters are whole again as soon as its link is (one
-    /// whole account for all that came back or asked within the tick).
+    /// for whole accounts: at the presence loop's next tick it is sent one of its own, not left
+    /// for the next whole round, so both sides' rosters are whole again as soon as its link is.
     fn answer_a_return(&self, host: &str) {
         self.lock().wanted_by.insert(host.to_string());
     }
