@@ -1057,6 +1057,14 @@ async fn an_answer_addressed_here_is_no_return_and_a_change_overtaking_it_asks_n
     .await;
     send((format!("to.hosta.x.{key}"), envelope, body)).await;
     assert!(!remote_listed(&gateway).iter().any(|(name, _)| name == "w3"));
+    // One over 32 MiB, however sealed: refused unread.
+    let (key, envelope, mut body) = host_beat("hostb", base, true, &[(&w3, "idle")], false);
+    body.resize((32 << 20) + 1, b' ');
+    assert_eq!(
+        beat_settled(&broker, (key, envelope, body)).await,
+        [(Settlement::DeadLetter, false)]
+    );
+    assert!(!remote_listed(&gateway).iter().any(|(name, _)| name == "w3"));
     gateway.shutdown.cancel();
 }
 
