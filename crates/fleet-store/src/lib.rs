@@ -7,6 +7,7 @@
 
 mod schema;
 mod sqlite;
+pub mod tokens;
 
 use fleet_core::bounds::Full;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, TraceId, WorkerStatus};

@@ -91,6 +91,31 @@ fn rotating_a_token_revokes_the_old_one() {
     assert_eq!(store.gid_for_token(&[2; 32]).unwrap(), None);
 }
 
+/// The serving gateway keeps the tokens it resolved; `fleetd token --rotate` is another
+/// process with the store open on the same file. What it rotates or revokes is refused by the
+/// gateway's next lookup, cached or not.
+#[test]
+fn a_token_another_process_rotates_or_revokes_stops_resolving_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gateway, cli) = (open(&dir), open(&dir));
+    let gid = cli.ensure_lead("alice", "h", &[]).unwrap();
+    cli.put_token(gid, &[1; 32], true).unwrap();
+    for _ in 0..3 {
+        assert_eq!(gateway.gid_for_token(&[1; 32]).unwrap(), Some(gid));
+    }
+    cli.put_token(gid, &[2; 32], true).unwrap();
+    assert_eq!(gateway.gid_for_token(&[1; 32]).unwrap(), None);
+    assert_eq!(gateway.gid_for_token(&[2; 32]).unwrap(), Some(gid));
+    assert_eq!(gateway.gid_for_token(&[2; 32]).unwrap(), Some(gid));
+    cli.revoke_tokens(gid).unwrap();
+    assert_eq!(gateway.gid_for_token(&[2; 32]).unwrap(), None);
+    // And the other way: what the gateway revokes, the other process stops resolving too.
+    gateway.put_token(gid, &[3; 32], true).unwrap();
+    assert_eq!(cli.gid_for_token(&[3; 32]).unwrap(), Some(gid));
+    gateway.revoke_tokens(gid).unwrap();
+    assert_eq!(cli.gid_for_token(&[3; 32]).unwrap(), None);
+}
+
 #[test]
 fn live_names_are_unique_until_gone() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,15 @@ async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
         old,
         "the token is stable until rotated"
     );
+    // The old token in use first, so the serving gateway has it resolved (and kept) when
+    // `fleetd token`, another process, rotates it.
+    let used = Client::connect(&fleet.url(), &old, Protocol::Stateless, &[]).await?;
+    for _ in 0..3 {
+        assert_eq!(
+            used.ok("fleet_list", json!({})).await?["you"]["name"],
+            "lead"
+        );
+    }
     let out = fleet.cli(&["token", "lead", "--rotate"])?;
     assert!(out.status.success());
     let new = String::from_utf8(out.stdout)?.trim().to_string();
@@ -71,6 +80,8 @@ async fn a_rotated_token_stops_working_at_once() -> anyhow::Result<()> {
         post_mcp(&fleet, &[("authorization", &old_bearer)]).await?.0,
         401
     );
+    let refused = used.call("fleet_list", json!({})).await;
+    assert!(refused.is_err(), "the old token still lists: {refused:?}");
     let lead = Client::connect(&fleet.url(), &new, Protocol::Stateless, &[]).await?;
     let me = lead.ok("fleet_list", json!({})).await?;
     assert_eq!(me["you"]["name"], "lead");
