@@ -202,6 +202,56 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }
 
+/// Several commands go as one list: each answered in turn, a `;` inside a word is only text,
+/// and a failure stops the list there (what comes after it never runs) and leaves the
+/// connection to answer the next call.
+#[tokio::test]
+async fn commands_run_as_one_list_stop_at_the_first_failure() {
+    let server = Server::new();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let control = Control::new("tmux".into(), name, COMMAND_TIMEOUT);
+    let answers = control
+        .run(&[
+            words(&["display-message", "-p", "one ; two"]),
+            words(&["display-message", "-p", ";"]),
+            words(&["display-message", "-p", "three"]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            vec!["one ; two".to_string()],
+            vec![";".to_string()],
+            vec!["three".to_string()]
+        ]
+    );
+    let failed = control
+        .run(&[
+            words(&["set-option", "-g", "@fleet-test", "before"]),
+            words(&["kill-pane", "-t", "%999999"]),
+            words(&["set-option", "-g", "@fleet-test", "after"]),
+        ])
+        .await;
+    assert!(matches!(failed, Err(MuxError::NoPane(_))), "{failed:?}");
+    let answers = control
+        .run(&[words(&["show-options", "-gv", "@fleet-test"])])
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![vec!["before".to_string()]]);
+    // No commands, no line (an empty one would detach the client): the next call still works.
+    assert!(control.run(&[]).await.unwrap().is_empty());
+    assert_eq!(
+        control
+            .run(&[words(&["display-message", "-p", "still here"])])
+            .await
+            .unwrap(),
+        vec![vec!["still here".to_string()]]
+    );
+}
+
 fn words(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|w| w.to_string()).collect()
 }

@@ -201,14 +201,20 @@ impl Connection {
     }
 
     async fn run(&mut self, command: &str) -> Result<Vec<String>, MuxError> {
-        self.unread = true;
-        self.stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .map_err(|_| MuxError::Disconnected)?;
+        self.send(command).await?;
         let answer = self.answer(command).await;
         self.unread = false;
         answer
+    }
+
+    /// Sends one line (a command, or several joined by ` ; `); its answers are then unread
+    /// until the caller has read them all.
+    async fn send(&mut self, line: &str) -> Result<(), MuxError> {
+        self.unread = true;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(|_| MuxError::Disconnected)
     }
 }
 
@@ -274,11 +280,20 @@ impl Control {
     /// ([`line()`](super::codec::control::line)). A dead connection, or one a cancelled call
     /// left with an unread answer, is replaced before the first command (so this is
     /// cancel-safe).
+    ///
+    /// The commands go to tmux as one command list, a line of them joined by ` ; `: tmux runs
+    /// them in one turn of its loop (which walks every pane of the server each turn) and
+    /// answers each in a block of its own, and a command that fails skips the rest of the
+    /// list, as running them one by one and stopping would.
     pub async fn run(&self, commands: &[Vec<String>]) -> Result<Vec<Vec<String>>, MuxError> {
         let lines = commands
             .iter()
             .map(|words| line(words))
             .collect::<Result<Vec<_>, _>>()?;
+        let Some(first) = commands.first() else {
+            // An empty line would detach the control client.
+            return Ok(Vec::new());
+        };
         let mut guard = self.connection.lock().await;
         if guard.as_ref().is_none_or(|c| c.unread) {
             let open = Connection::open(&self.program, &self.socket, &self.watchers);
@@ -287,32 +302,43 @@ impl Control {
                 .map_err(|_| no_answer(&["a control connection"], self.limit))?;
             *guard = Some(opened?);
         }
-        let mut answers = Vec::with_capacity(commands.len());
-        for (words, command) in commands.iter().zip(&lines) {
-            answers.push(self.one(&mut guard, words, command).await?);
-        }
-        Ok(answers)
-    }
-
-    /// Runs one command (`words`, as the line `command`) on the open connection in `guard`.
-    async fn one(
-        &self,
-        guard: &mut Option<Connection>,
-        words: &[String],
-        command: &str,
-    ) -> Result<Vec<String>, MuxError> {
         let Some(connection) = guard.as_mut() else {
             return Err(MuxError::Disconnected);
         };
-        let answer = tokio::time::timeout(self.limit, connection.run(command)).await;
-        let Ok(answer) = answer else {
-            // The answer may still come: this connection is done for (it reads as unread).
-            return Err(no_answer(words, self.limit));
-        };
-        if let Err(MuxError::Disconnected) = answer {
-            *guard = None;
+        // A server that stopped reading must not hold the lock for ever with a long line
+        // half-written: the connection then reads as unread, and is replaced.
+        match tokio::time::timeout(self.limit, connection.send(&lines.join(" ; "))).await {
+            Err(_) => return Err(no_answer(first, self.limit)),
+            Ok(Err(e)) => {
+                *guard = None;
+                return Err(e);
+            }
+            Ok(Ok(())) => {}
         }
-        answer
+        let mut answers = Vec::with_capacity(commands.len());
+        for (words, command) in commands.iter().zip(&lines) {
+            let Some(connection) = guard.as_mut() else {
+                return Err(MuxError::Disconnected);
+            };
+            match tokio::time::timeout(self.limit, connection.answer(command)).await {
+                // The answer may still come: this connection is done for (it reads as unread).
+                Err(_) => return Err(no_answer(words, self.limit)),
+                Ok(Ok(lines)) => answers.push(lines),
+                Ok(Err(MuxError::Disconnected)) => {
+                    *guard = None;
+                    return Err(MuxError::Disconnected);
+                }
+                // tmux skipped the rest of the list: nothing more comes.
+                Ok(Err(e)) => {
+                    connection.unread = false;
+                    return Err(e);
+                }
+            }
+        }
+        if let Some(connection) = guard.as_mut() {
+            connection.unread = false;
+        }
+        Ok(answers)
     }
 
     /// Links a pane fleetd just opened into the control session.
