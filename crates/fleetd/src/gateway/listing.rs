@@ -19,14 +19,7 @@ impl LocalPlane {
     /// Every live entity (this host's first) and the hosts: the roster as an operator, who is
     /// in it, sees it.
     pub(super) fn everyone(&self, viewer: Principal<'_>) -> (Vec<RosterEntry>, Vec<HostView>) {
-        let mut entities: Vec<RosterEntry> = {
-            let sessions = self.sessions.lock();
-            sessions
-                .entities()
-                .into_iter()
-                .filter_map(|e| sessions.entry(e.gid, viewer))
-                .collect()
-        };
+        let mut entities: Vec<RosterEntry> = self.sessions.lock().entries(viewer);
         let (remote, hosts) = self.fleet_view();
         entities.extend(remote);
         (entities, hosts)

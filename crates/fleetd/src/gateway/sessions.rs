@@ -180,19 +180,30 @@ impl Sessions {
 
     /// Every live entity, leads first, then sessions oldest first.
     pub fn entities(&self) -> Vec<Entity> {
-        let mut leads: Vec<&LeadState> = self.leads.values().collect();
-        leads.sort_by_key(|l| l.entity().gid);
-        let mut panes: Vec<&PaneSession> = self
-            .panes
-            .values()
-            .filter(|s| s.status().is_live())
-            .collect();
-        panes.sort_by_key(|s| s.entity().gid);
-        leads
+        self.live_gids()
             .into_iter()
-            .map(|l| l.entity().clone())
-            .chain(panes.into_iter().map(|s| s.entity().clone()))
+            .filter_map(|gid| {
+                self.leads
+                    .get(&gid)
+                    .map(|l| l.entity().clone())
+                    .or_else(|| self.panes.get(&gid).map(|s| s.entity().clone()))
+            })
             .collect()
+    }
+
+    /// The gids of [`Sessions::entities`], in its order, with nothing cloned.
+    fn live_gids(&self) -> Vec<Gid> {
+        let mut leads: Vec<Gid> = self.leads.keys().copied().collect();
+        leads.sort_unstable();
+        let mut panes: Vec<Gid> = self
+            .panes
+            .iter()
+            .filter(|(_, s)| s.status().is_live())
+            .map(|(gid, _)| *gid)
+            .collect();
+        panes.sort_unstable();
+        leads.extend(panes);
+        leads
     }
 
     /// Forgets the oldest ended sessions beyond `keep`.
@@ -317,14 +328,18 @@ impl Sessions {
             .collect()
     }
 
+    /// Every live entity's roster entry (leads first, each kind by gid) as `viewer` sees it.
+    pub fn entries(&self, viewer: Principal<'_>) -> Vec<RosterEntry> {
+        self.live_gids()
+            .into_iter()
+            .filter_map(|gid| self.entry(gid, viewer))
+            .collect()
+    }
+
     /// The whole roster as seen by `caller`.
     pub fn list(&self, caller: &Entity) -> Option<ListResult> {
         let viewer = principal_of(caller);
-        let entities = self
-            .entities()
-            .into_iter()
-            .filter_map(|e| self.entry(e.gid, viewer))
-            .collect();
+        let entities = self.entries(viewer);
         Some(ListResult {
             you: self.entry(caller.gid, viewer)?,
             coord_id: None,

@@ -3,15 +3,20 @@
 //! stable code.
 
 use fleet_core::FleetError;
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 use serde_json::json;
 
 /// A successful result: the value as structured content, with its JSON as the text a model
-/// reads.
+/// reads. The text is written from `value` itself, not from the structured tree (a roster of
+/// thousands is written once per form, not walked twice).
 pub fn ok<T: Serialize>(value: &T) -> CallToolResult {
-    match serde_json::to_value(value) {
-        Ok(value) => CallToolResult::structured(value),
+    match serde_json::to_value(value).and_then(|tree| Ok((serde_json::to_string(value)?, tree))) {
+        Ok((text, tree)) => {
+            let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+            result.structured_content = Some(tree);
+            result
+        }
         Err(e) => failed(&FleetError::internal(format!(
             "cannot encode the result: {e}"
         ))),
@@ -53,5 +58,32 @@ mod tests {
         let result = ok(&json!({"msg_id": "m"}));
         assert_eq!(result.is_error, Some(false));
         assert_eq!(result.structured_content.unwrap()["msg_id"], "m");
+    }
+
+    #[test]
+    fn a_successes_text_is_the_json_of_its_structured_content() {
+        #[derive(Serialize)]
+        struct Entry {
+            zed: Option<u32>,
+            name: &'static str,
+            groups: Vec<&'static str>,
+        }
+        let value = vec![
+            Entry {
+                zed: None,
+                name: "w\"1\n",
+                groups: vec!["a"],
+            },
+            Entry {
+                zed: Some(7),
+                name: "w2",
+                groups: Vec::new(),
+            },
+        ];
+        let result = ok(&value);
+        let text = result.content[0].as_text().unwrap().text.clone();
+        let read: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(Some(read), result.structured_content);
+        assert_eq!(result.structured_content.unwrap()[0]["name"], "w\"1\n");
     }
 }
