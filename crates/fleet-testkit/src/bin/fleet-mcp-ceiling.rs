@@ -6,7 +6,9 @@
 //! throughput` measures fleetd against it. With `--db PATH` it also serves `commit`, which
 //! stores its text as one row of a SQLite database in fleetd's mode (WAL, `synchronous =
 //! NORMAL`), one transaction per call, before it answers: the ceiling of a gateway that keeps
-//! every message it accepts.
+//! every message it accepts. With `--list FILE` its `list` tool answers the JSON array in
+//! `FILE` (fleetd's `fleet_list` entries, say): the ceiling of any MCP server answering that
+//! many entries.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ struct Args {
     /// Where `commit` stores its rows (a new SQLite database); without it `commit` fails.
     #[arg(long)]
     db: Option<PathBuf>,
+    /// A JSON array `list` answers with (as `{"entities": [...]}`); without it, an empty one.
+    #[arg(long)]
+    list: Option<PathBuf>,
 }
 
 /// The arguments of `commit`.
@@ -48,6 +53,9 @@ struct Text {
 
 /// The database `commit` writes, opened once.
 static DB: OnceLock<Arc<Mutex<rusqlite::Connection>>> = OnceLock::new();
+
+/// The entries `list` answers with, read once.
+static LIST: OnceLock<serde_json::Value> = OnceLock::new();
 
 /// The handler: one tool, its router built once and shared (as fleetd's is).
 #[derive(Clone)]
@@ -61,6 +69,18 @@ impl Empty {
     #[tool(description = "Does nothing.")]
     async fn empty(&self) -> CallToolResult {
         CallToolResult::structured(serde_json::json!({"ok": true}))
+    }
+
+    /// Answers the entries it was given, as a server answers what it holds in memory: each
+    /// call builds its result from them, structured with its JSON as the text (as fleetd's
+    /// `fleet_list` answers).
+    #[tool(description = "Lists what it holds.")]
+    async fn list(&self) -> CallToolResult {
+        let entities = LIST
+            .get()
+            .cloned()
+            .unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
+        CallToolResult::structured(serde_json::json!({ "entities": entities }))
     }
 
     /// Stores `text` as a row, committed before the answer.
@@ -142,6 +162,13 @@ fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.db {
         let conn = open(path).with_context(|| format!("opening {}", path.display()))?;
         let _ = DB.set(Arc::new(Mutex::new(conn)));
+    }
+    if let Some(path) = &args.list {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let entries: Vec<serde_json::Value> = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON array", path.display()))?;
+        let _ = LIST.set(serde_json::Value::Array(entries));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -8,7 +8,9 @@
 //!   heartbeat a round for the host and all its entities) and a heartbeat per entity; what
 //!   another gateway lists of it; `fleet_list` latency beside a handful of entries.
 //! - **loop**: `--loop-workers` scripted agents, each with one task in flight from the lead at
-//!   all times (round trips/s, p50/p99) beside a single lane; fleetd's CPU during the loop
+//!   all times (round trips/s, p50/p99) beside a single lane, and beside a loop of
+//!   `--loop-small` run first with only its own panes (round trips/s and CPU per round trip,
+//!   each beside its target); fleetd's CPU during the loop
 //!   beside idle; the cost of fleetd's periodic screen looks (a busy worker's screen every
 //!   500 ms for dialogs, every 1 s for stalls, when its profile asks for them): the same loop,
 //!   and the same workers held busy, with profiles that ask for them and without.
@@ -53,6 +55,10 @@ pub(super) struct Args {
     /// Scripted agents in the closed loop, one task in flight each.
     #[arg(long, default_value_t = 100)]
     loop_workers: usize,
+    /// Scripted agents of the small closed loop run first, alone on the gateway, as the
+    /// baseline the big one is held to (at least as many round trips/s, no more CPU each).
+    #[arg(long, default_value_t = 10)]
+    loop_small: usize,
     /// How long the closed loop is timed, in seconds (after a warm-up of 2 s).
     #[arg(long, default_value_t = 10)]
     loop_s: u64,
@@ -601,6 +607,8 @@ struct Stage {
     rate: Option<BeatRate>,
     /// `fleet_list`: latencies, entries, bytes.
     list: (Vec<Duration>, usize, usize),
+    /// The entries of its last `fleet_list`.
+    entities: Value,
 }
 
 /// One idle gateway brought up stage by stage.
@@ -746,6 +754,7 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
             cpu,
             rate,
             list: list_latency(&lead, args.list_calls).await?,
+            entities: lead.ok("fleet_list", json!({})).await?["entities"].take(),
         };
         let at = |i: usize| stage.cpu.get(i).copied().unwrap_or(0.0);
         let mut list = stage.list.0.clone();
@@ -935,7 +944,37 @@ async fn idle(args: &Args) -> anyhow::Result<()> {
             p50_p99(&mut some)
         );
     }
+    let mut bare = ceiling_list(&ln.entities, args.list_calls).await?;
+    let fleetd_p50 = percentiles(&mut ln.list.0.clone()).0;
+    println!(
+        "  a bare MCP server on the same rmcp + axum stack (fleet-mcp-ceiling) answering the same {} entries from memory, the same client, {} calls: {}; fleetd's p50 {fleetd_p50:.2} ms = {:.2}x it  [target: fleetd p50 ≤ 3 ms]",
+        ln.list.1,
+        args.list_calls,
+        p50_p99(&mut bare),
+        fleetd_p50 / percentiles(&mut bare).0.max(1e-9)
+    );
     Ok(())
+}
+
+/// `calls` timed calls (after 5 untimed) of `fleet-mcp-ceiling`'s `list`, answering `entities`.
+async fn ceiling_list(entities: &Value, calls: usize) -> anyhow::Result<Vec<Duration>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("entities.json");
+    std::fs::write(&path, entities.to_string())?;
+    let (_ceiling, client) = super::throughput::Ceiling::start(Some(&path)).await?;
+    let mut samples = Vec::with_capacity(calls);
+    for i in 0..calls + 5 {
+        let started = Instant::now();
+        let listed = client.ok("list", json!({})).await?;
+        anyhow::ensure!(
+            listed["entities"].as_array().map(Vec::len) == entities.as_array().map(Vec::len),
+            "the bare server answered other entries than it was given"
+        );
+        if i >= 5 {
+            samples.push(started.elapsed());
+        }
+    }
+    Ok(samples)
 }
 
 /// What one timed run of the closed loop came to.
@@ -1108,38 +1147,52 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     let socket = fleet.tmux_socket().to_string();
     let lead = Arc::new(fleet.lead("lead", Protocol::Stateless).await?);
     let spawn_limit = Duration::from_secs(120 + lanes as u64);
-    let started = Instant::now();
-    for (profile, prefix) in [("sim", "p"), ("simw", "w")] {
-        spawn_many(
-            &lead,
-            profile,
-            prefix,
-            0..lanes,
-            args.spawn_lanes,
-            spawn_limit,
-        )
-        .await
-        .map_err(|e| {
-            e.context(format!(
-                "spawning {lanes} workers of profile {profile} failed; {}",
-                resources(fleetd, &socket)
-            ))
-        })?;
-    }
-    println!(
-        "spawn: {} scripted agents in {:.1} s",
-        2 * lanes,
-        started.elapsed().as_secs_f64()
-    );
-    let tmux_pid = tmux_server(&socket).context("fleetd's tmux server is not running")?;
-    let agents = pane_pids(&socket)?;
-    let bench = std::process::id();
-    let groups = vec![vec![fleetd], vec![tmux_pid], agents, vec![bench]];
+    let small = args.loop_small.clamp(1, lanes.max(1));
     // A client per ten lanes: the bench's side of the loop is not one connection's queue.
     let mut clients = vec![Arc::clone(&lead)];
     for _ in 1..lanes.div_ceil(10) {
         clients.push(Arc::new(fleet.lead("lead", Protocol::Stateless).await?));
     }
+    let spawn = |profile: &'static str, prefix: &'static str, range: std::ops::Range<usize>| {
+        let (lead, socket) = (Arc::clone(&lead), socket.clone());
+        async move {
+            let count = range.len();
+            spawn_many(&lead, profile, prefix, range, args.spawn_lanes, spawn_limit)
+                .await
+                .map_err(|e| {
+                    e.context(format!(
+                        "spawning {count} workers of profile {profile} failed; {}",
+                        resources(fleetd, &socket)
+                    ))
+                })
+        }
+    };
+    // The small loop first, its agents the only panes, so what more panes cost shows.
+    spawn("sim", "p", 0..small).await?;
+    let tmux_pid = tmux_server(&socket).context("fleetd's tmux server is not running")?;
+    let bench = std::process::id();
+    let small_groups = vec![
+        vec![fleetd],
+        vec![tmux_pid],
+        pane_pids(&socket)?,
+        vec![bench],
+    ];
+    let small_run = closed_loop_run(&clients, "p", small, loop_window, &small_groups).await?;
+    let small_load = load();
+    let started = Instant::now();
+    spawn("sim", "p", small..lanes).await?;
+    spawn("simw", "w", 0..lanes).await?;
+    println!(
+        "spawn: {} scripted agents more in {:.1} s",
+        2 * lanes - small,
+        started.elapsed().as_secs_f64()
+    );
+    let groups = vec![
+        vec![fleetd],
+        vec![tmux_pid],
+        pane_pids(&socket)?,
+        vec![bench],
+    ];
 
     let idle_cpu = cpu_over(&groups, window).await;
     let idle_load = load();
@@ -1168,6 +1221,10 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
         single.len(),
         p50_p99(&mut single),
         1.0 / single_mean.max(1e-9)
+    );
+    print_scaling(
+        (small, &small_run, &small_load),
+        (lanes, &plain, &plain_load),
     );
     for (what, mut run, run_load) in [
         ("without screen looks (sim)", plain, plain_load),
@@ -1209,6 +1266,43 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
         (at(&held_watched, 1) - at(&held_plain, 1)).max(0.0)
     );
     Ok(())
+}
+
+/// CPU time per round trip, in µs, of a process that used `percent` of one core while the
+/// loop made `per_s` round trips a second.
+fn per_trip_us(percent: f64, per_s: f64) -> f64 {
+    percent / 100.0 / per_s.max(1e-9) * 1e6
+}
+
+/// The scaling target, printed beside its figures: the loop of `big` agents against the
+/// loop of `small` run first with only its own panes, in round trips/s and in fleetd's and its
+/// tmux server's CPU per round trip.
+fn print_scaling(
+    (small, small_run, small_load): (usize, &LoopRun, &str),
+    (big, big_run, big_load): (usize, &LoopRun, &str),
+) {
+    let cpu = |run: &LoopRun, i: usize| run.cpu.get(i).copied().unwrap_or(0.0);
+    println!(
+        "closed loop, {small} workers alone on the gateway (sim), over the same window: {} round trips = {:.0}/s (load average {small_load}); {big} workers (sim, with {} more idle beside): {:.0}/s = {:.2}x  [target ≥ 1.00x]",
+        small_run.trips,
+        small_run.per_s,
+        big,
+        big_run.per_s,
+        big_run.per_s / small_run.per_s.max(1e-9)
+    );
+    let (f_small, f_big) = (
+        per_trip_us(cpu(small_run, 0), small_run.per_s),
+        per_trip_us(cpu(big_run, 0), big_run.per_s),
+    );
+    let (t_small, t_big) = (
+        per_trip_us(cpu(small_run, 1), small_run.per_s),
+        per_trip_us(cpu(big_run, 1), big_run.per_s),
+    );
+    println!(
+        "  CPU per round trip: fleetd {f_big:.0} µs at {big} beside {f_small:.0} µs at {small} = {:.2}x  [target ≤ 1.00x]; its tmux server {t_big:.0} µs beside {t_small:.0} µs = {:.2}x (load average {big_load})",
+        f_big / f_small.max(1e-9),
+        t_big / t_small.max(1e-9)
+    );
 }
 
 /// What one roster convergence came to.
@@ -1457,6 +1551,13 @@ mod tests {
         assert_eq!(stages(20), [0, 2, 5, 10, 20]);
         assert_eq!(stages(1), [0, 1]);
         assert_eq!(stages(0), [0]);
+    }
+
+    #[test]
+    fn cpu_per_round_trip_is_the_share_of_a_core_over_the_rate() {
+        assert!((per_trip_us(50.0, 1000.0) - 500.0).abs() < 1e-9);
+        assert!((per_trip_us(25.0, 250.0) - 1000.0).abs() < 1e-9);
+        assert!(per_trip_us(10.0, 0.0).is_finite());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use fleet_testkit::fleet::Fleet;
 use fleet_testkit::inherit::inherit;
 use serde_json::json;
 
-use super::{BENCH_HELD, federated, sent_and_drained};
+use super::{BENCH_HELD, cpu_seconds, federated, sent_and_drained};
 
 /// Its options.
 #[derive(Debug, clap::Args)]
@@ -38,7 +38,7 @@ pub(super) struct Args {
 const CEILING_START: Duration = Duration::from_secs(10);
 
 /// The bare MCP server, running; killed when dropped.
-struct Ceiling {
+pub(super) struct Ceiling {
     _child: tokio::process::Child,
     url: String,
     /// Where its `commit` rows go.
@@ -46,8 +46,9 @@ struct Ceiling {
 }
 
 impl Ceiling {
-    /// Starts `fleet-mcp-ceiling` on a loopback socket bound here, and waits until it answers.
-    async fn start() -> anyhow::Result<(Ceiling, Client)> {
+    /// Starts `fleet-mcp-ceiling` on a loopback socket bound here (its `list` tool answering
+    /// the entries of the JSON file `list`, if given), and waits until it answers.
+    pub(super) async fn start(list: Option<&std::path::Path>) -> anyhow::Result<(Ceiling, Client)> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let url = format!("http://{}/mcp", listener.local_addr()?);
         let mut command = tokio::process::Command::new(binary("fleet-mcp-ceiling")?);
@@ -57,6 +58,10 @@ impl Ceiling {
             .args(["--listen-fd", &fd.to_string()])
             .arg("--db")
             .arg(db.path().join("ceiling.db"))
+            .args(
+                list.iter()
+                    .flat_map(|path| [std::ffi::OsStr::new("--list"), path.as_os_str()]),
+            )
             .kill_on_drop(true)
             .spawn()
             .context("starting fleet-mcp-ceiling")?;
@@ -79,6 +84,11 @@ impl Ceiling {
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
+    }
+
+    /// Its process id, while it runs.
+    fn pid(&self) -> Option<u32> {
+        self._child.id()
     }
 
     /// A client of its own, as each lead has one.
@@ -141,7 +151,7 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         super::BUILD,
         vhost.name()
     );
-    let (ceiling, _first) = Ceiling::start().await?;
+    let (ceiling, _first) = Ceiling::start(None).await?;
     let here = Fleet::start(BENCH_HELD, "[leads.a]\n[leads.b]\n").await?;
     let a = federated(&uri, "hosta", &["alice".into()]).await?;
     let b = federated(&uri, "hostb", &["bob".into()]).await?;
@@ -159,19 +169,24 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     let drainer = here.lead("b", Protocol::Stateless).await?;
     let (mut bare, mut durable, mut same, mut cross) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (ceiling_pid, fleetd_pid) = (
+        ceiling.pid().context("the ceiling is not running")?,
+        here.pid().context("fleetd is not running")?,
+    );
+    // CPU time per call or message, in µs, of each process over its own figure.
+    let (mut bare_cpu, mut same_cpu) = (Vec::new(), Vec::new());
+    let per_message = |before: f64, after: f64| (after - before) / messages.max(1) as f64 * 1e6;
     for round in 0..rounds {
+        let before = cpu_seconds(ceiling_pid)?;
         let rate = calls(ceiling.client().await?, "empty", messages, lanes).await?;
+        bare_cpu.push(per_message(before, cpu_seconds(ceiling_pid)?));
         bare.push(rate);
         let rate = calls(ceiling.client().await?, "commit", messages, lanes).await?;
         durable.push(rate);
-        let rate = sent_and_drained(
-            here.lead("a", Protocol::Stateless).await?,
-            &drainer,
-            "b",
-            messages,
-            lanes,
-        )
-        .await?;
+        let sender = here.lead("a", Protocol::Stateless).await?;
+        let before = cpu_seconds(fleetd_pid)?;
+        let rate = sent_and_drained(sender, &drainer, "b", messages, lanes).await?;
+        same_cpu.push(per_message(before, cpu_seconds(fleetd_pid)?));
         same.push(rate);
         let rate = sent_and_drained(
             a.lead("alice", Protocol::Stateless).await?,
@@ -212,6 +227,11 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
         same / durable * 100.0
+    );
+    let (same_cpu_all, bare_cpu_all) = (shown(&same_cpu), shown(&bare_cpu));
+    let (same_cpu, bare_cpu) = (median(&mut same_cpu), median(&mut bare_cpu));
+    println!(
+        "  fleetd's CPU per same-host message (its send, hold and the drain's share of the poll): {same_cpu:.0} µs (median of {same_cpu_all})  [target ≤ 100 µs]; the bare server's per empty call: {bare_cpu:.0} µs (median of {bare_cpu_all})"
     );
     println!(
         "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 80 %]",
