@@ -10,6 +10,53 @@ use fleet_core::{ErrorCode, FleetError, Gid};
 use super::views::{HostView, ListResult, RosterEntry};
 use super::{Caller, LocalPlane};
 
+/// What `fleet_list` keeps of the fleet: entities matching every filter given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    group: Option<String>,
+    status: Option<String>,
+    host: Option<String>,
+}
+
+/// The statuses an entry may have: a session's, or `unknown` (its host cannot be reached).
+const LISTED_STATUSES: [&str; 7] = [
+    "spawning", "idle", "busy", "asking", "blocked", "stopping", "unknown",
+];
+
+impl ListFilter {
+    /// A filter of the given parts; a status no entry can have is refused, naming those it
+    /// can (a typo would otherwise list nobody and look like an empty fleet).
+    pub fn new(
+        group: Option<String>,
+        status: Option<String>,
+        host: Option<String>,
+    ) -> Result<Self, FleetError> {
+        if let Some(status) = &status
+            && !LISTED_STATUSES.contains(&status.as_str())
+        {
+            return Err(FleetError::invalid(format!(
+                "status '{}' is not one an entry has: one of {}",
+                status.escape_debug(),
+                LISTED_STATUSES.join(", ")
+            )));
+        }
+        Ok(Self {
+            group,
+            status,
+            host,
+        })
+    }
+
+    /// Whether `entry` matches every filter given.
+    pub fn admits(&self, entry: &RosterEntry) -> bool {
+        self.group
+            .as_ref()
+            .is_none_or(|g| entry.groups.iter().any(|x| x == g))
+            && self.status.as_ref().is_none_or(|s| entry.status == *s)
+            && self.host.as_ref().is_none_or(|h| entry.host == *h)
+    }
+}
+
 impl LocalPlane {
     /// The local side of [`Gateway::hosts`].
     pub(super) fn hosts(&self) -> Vec<HostView> {
@@ -92,5 +139,64 @@ impl LocalPlane {
                 _ => gid.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_core::Role;
+
+    fn entry(host: &str, status: &str, groups: &[&str]) -> RosterEntry {
+        RosterEntry {
+            gid: Gid::mint(),
+            name: "w".into(),
+            host: host.into(),
+            role: Role::Worker,
+            slot: None,
+            profile: None,
+            sandbox: None,
+            profile_role: None,
+            status: status.into(),
+            agent: None,
+            agent_status: None,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            pane: None,
+            last_seen_ms: None,
+            open_calls: None,
+            stalled_since: None,
+            workspace: None,
+            dialog: None,
+            owner: None,
+            shared: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_filter_keeps_the_entries_matching_every_part_given() {
+        let all = [
+            entry("a", "idle", &["core"]),
+            entry("a", "busy", &["core", "ui"]),
+            entry("b", "idle", &[]),
+        ];
+        let kept = |f: ListFilter| all.iter().filter(|e| f.admits(e)).count();
+        let f = |g: Option<&str>, s: Option<&str>, h: Option<&str>| {
+            ListFilter::new(g.map(Into::into), s.map(Into::into), h.map(Into::into)).unwrap()
+        };
+        assert_eq!(kept(ListFilter::default()), 3);
+        assert_eq!(kept(f(Some("core"), None, None)), 2);
+        assert_eq!(kept(f(Some("ui"), None, None)), 1);
+        assert_eq!(kept(f(None, Some("idle"), None)), 2);
+        assert_eq!(kept(f(None, None, Some("b"))), 1);
+        assert_eq!(kept(f(Some("core"), Some("idle"), Some("a"))), 1);
+        assert_eq!(kept(f(Some("core"), None, Some("b"))), 0);
+    }
+
+    #[test]
+    fn a_status_no_entry_has_is_refused_naming_those_it_can() {
+        let err = ListFilter::new(None, Some("idel\n".into()), None).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidParams);
+        assert!(err.message.contains("idle, busy"), "{}", err.message);
+        assert!(!err.message.contains('\n'), "{}", err.message);
     }
 }

@@ -84,6 +84,7 @@ pub use consult::{ConsultRequest, ConsultResult, DEFAULT_WAIT as DEFAULT_CONSULT
 pub use coord::Coordinator;
 pub use federation::{Federation, sealed};
 pub use feed::{Event, MessageHistory, Screen};
+pub use listing::ListFilter;
 pub use nudge::NudgeTarget;
 pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};
 pub use spawn::SpawnRequest;

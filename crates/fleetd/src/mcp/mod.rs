@@ -26,7 +26,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, ConsultRequest, Gateway, SendResult, SpawnRequest};
+use crate::gateway::{Caller, ConsultRequest, Gateway, ListFilter, SendResult, SpawnRequest};
 use crate::limits::{CallSlot, CallSlots};
 use params::{
     AskParams, BroadcastParams, ConsultParams, ListParams, PollParams, ReplyParams, SendParams,
@@ -188,14 +188,22 @@ fn msg_id(text: &str, what: &str) -> Result<MsgId, FleetError> {
 impl FleetMcp {
     #[tool(
         description = "List the fleet: every live lead and worker with gid, name, host, role, \
-profile, status (spawning, idle, busy, stopping) and groups, plus your own identity."
+profile, status (spawning, idle, busy, stopping) and groups, plus your own identity and the \
+hosts. In a big fleet, ask for fewer: group, status and host each keep only the entities that \
+match."
     )]
     async fn fleet_list(
         &self,
-        Parameters(_): Parameters<ListParams>,
+        Parameters(p): Parameters<ListParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        errors::result(caller(&ctx).and_then(|c| self.gateway.list(&c)))
+        let outcome = ListFilter::new(p.group, p.status, p.host).and_then(|filter| {
+            let caller = caller(&ctx)?;
+            let mut list = self.gateway.list(&caller)?;
+            list.entities.retain(|e| filter.admits(e));
+            Ok(list)
+        });
+        errors::result(outcome)
     }
 
     #[tool(

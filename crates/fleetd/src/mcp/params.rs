@@ -4,10 +4,21 @@ use fleet_core::FleetError;
 use rmcp::schemars;
 use serde::Deserialize;
 
-/// `fleet_list` takes nothing.
+/// `fleet_list`: every entry, or only those matching each filter given.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ListParams {}
+pub struct ListParams {
+    /// Only entities in this broadcast group.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Only entities in this status (spawning, idle, busy, asking, blocked, stopping, or
+    /// unknown: a host that cannot be reached).
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Only entities of this host.
+    #[serde(default)]
+    pub host: Option<String>,
+}
 
 /// `fleet_spawn`
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

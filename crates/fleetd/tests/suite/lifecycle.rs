@@ -228,3 +228,78 @@ async fn a_worker_at_its_context_cap_gets_a_fresh_session_under_its_name() -> an
     );
     Ok(())
 }
+
+/// In a big fleet a lead asks for fewer: `fleet_list` keeps only the entities of a group, a
+/// status or a host, every filter given at once; a status no entity can have is refused with
+/// the ones it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_lists_only_a_group_a_status_or_a_host() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.ok(
+        "fleet_spawn",
+        json!({"profile": "sim", "name": "w1", "groups": ["core"]}),
+    )
+    .await?;
+    lead.ok(
+        "fleet_spawn",
+        json!({"profile": "sim", "name": "w2", "groups": ["ui"]}),
+    )
+    .await?;
+    lead.send("w2", "/never", 0).await?;
+    until("w2 to read busy", Duration::from_secs(10), || async {
+        let busy = lead
+            .ok("fleet_list", json!({"status": "busy"}))
+            .await
+            .ok()?;
+        (names(&busy) == ["w2"]).then_some(())
+    })
+    .await?;
+    let listed = |args| {
+        let lead = &lead;
+        async move { anyhow::Ok(names(&lead.ok("fleet_list", args).await?)) }
+    };
+    assert_eq!(listed(json!({})).await?, ["lead", "w1", "w2"]);
+    assert_eq!(listed(json!({"group": "core"})).await?, ["w1"]);
+    assert_eq!(listed(json!({"status": "idle"})).await?, ["lead", "w1"]);
+    assert_eq!(
+        listed(json!({"group": "ui", "status": "idle"})).await?,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        listed(json!({"host": "testhost", "group": "ui"})).await?,
+        ["w2"]
+    );
+    assert_eq!(
+        listed(json!({"host": "elsewhere"})).await?,
+        Vec::<String>::new()
+    );
+    let you = lead.ok("fleet_list", json!({"group": "none"})).await?;
+    assert_eq!(
+        you["you"]["name"], "lead",
+        "the caller is named whatever it filters"
+    );
+    let refused = lead
+        .call("fleet_list", json!({"status": "idel"}))
+        .await?
+        .expect_err("a status no entry has is refused");
+    assert_eq!(refused.code, "invalid_params");
+    assert!(
+        refused.message.contains("idle, busy"),
+        "{}",
+        refused.message
+    );
+    Ok(())
+}
+
+/// The names of a `fleet_list` answer's entities, sorted.
+fn names(list: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = list["entities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
