@@ -112,7 +112,8 @@ impl SqliteStore {
             tracing::warn!(
                 mark = %self.tokens_mark.display(),
                 error = %e,
-                "a token change is stored but cannot be marked: a running fleetd may take a rotated or revoked token for up to 1 s more"
+                for_at_most_s = tokens::TOKEN_CACHE_FOR.as_secs(),
+                "a token change is stored but cannot be marked: a running fleetd may take a rotated or revoked token a while more"
             );
         }
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use fleet_core::ownership::Principal;
-use fleet_core::{ErrorCode, FleetError, Gid};
+use fleet_core::{ErrorCode, FleetError, Gid, WorkerStatus};
 
 use super::views::{HostView, ListResult, RosterEntry};
 use super::{Caller, LocalPlane};
@@ -18,10 +18,15 @@ pub struct ListFilter {
     host: Option<String>,
 }
 
-/// The statuses an entry may have: a session's, or `unknown` (its host cannot be reached).
-const LISTED_STATUSES: [&str; 7] = [
-    "spawning", "idle", "busy", "asking", "blocked", "stopping", "unknown",
-];
+/// The statuses an entry may have: a session's but `gone`, or `unknown` (its host cannot be
+/// reached).
+fn listed_statuses() -> impl Iterator<Item = &'static str> {
+    WorkerStatus::ALL
+        .into_iter()
+        .filter(|s| *s != WorkerStatus::Gone)
+        .map(WorkerStatus::as_str)
+        .chain(["unknown"])
+}
 
 impl ListFilter {
     /// A filter of the given parts; a status no entry can have is refused, naming those it
@@ -32,12 +37,12 @@ impl ListFilter {
         host: Option<String>,
     ) -> Result<Self, FleetError> {
         if let Some(status) = &status
-            && !LISTED_STATUSES.contains(&status.as_str())
+            && !listed_statuses().any(|s| s == status)
         {
             return Err(FleetError::invalid(format!(
                 "status '{}' is not one an entry has: one of {}",
                 status.escape_debug(),
-                LISTED_STATUSES.join(", ")
+                listed_statuses().collect::<Vec<_>>().join(", ")
             )));
         }
         Ok(Self {

@@ -274,6 +274,17 @@ async fn a_lead_lists_only_a_group_a_status_or_a_host() -> anyhow::Result<()> {
         listed(json!({"host": "elsewhere"})).await?,
         Vec::<String>::new()
     );
+    // A hostile filter is only compared: nothing matches, nothing is refused or echoed.
+    let hostile = format!("\u{1b}[2J\n{}", "x".repeat(100_000));
+    assert_eq!(
+        listed(json!({"group": hostile, "host": hostile})).await?,
+        Vec::<String>::new()
+    );
+    let wrong_type = lead.call("fleet_list", json!({"status": 5})).await;
+    assert!(
+        !matches!(wrong_type, Ok(Ok(_))),
+        "a status that is not text is refused: {wrong_type:?}"
+    );
     let you = lead.ok("fleet_list", json!({"group": "none"})).await?;
     assert_eq!(
         you["you"]["name"], "lead",
