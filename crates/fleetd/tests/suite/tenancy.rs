@@ -773,6 +773,9 @@ async fn without_federation_allow_a_remote_lead_may_not_spawn_task_or_stop_but_r
     spawn_shared(&bob, "sim", "wb", &["alice@hosta"]).await?;
     sees(&alice, "wb").await?;
     sees(&bob, "wa").await?;
+    // hostb may hear of wa (a change) before hosta's whole account, which names alice, comes
+    // back to its ask: wait for what the send needs.
+    sees(&bob, "alice").await?;
     // A word between leads, and its answer, go: they are no worker's task.
     let said = bob.send("alice@hosta", "a word between leads", 0).await?;
     assert_eq!(texts(&drain(&alice, 1).await?), ["a word between leads"]);
