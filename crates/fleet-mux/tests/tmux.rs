@@ -12,6 +12,7 @@ use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 use fleet_mux::tmux::COMMAND_TIMEOUT;
 use fleet_mux::tmux::codec::spawn_commands;
 use fleet_mux::tmux::control::Control;
+use fleet_mux::tmux::spread::{self, Spread};
 use fleet_mux::tmux::{Socket, Tmux};
 use fleet_mux::{MuxError, PaneHost, PaneId, PaneSpec};
 use tokio::sync::watch;
@@ -56,7 +57,7 @@ fn spec(label: &str, script: &str) -> PaneSpec {
 }
 
 /// Waits until the pane shows `needle`, or fails the test after 10 s.
-async fn wait_for_text(host: &Tmux, pane: &PaneId, needle: &str) -> String {
+async fn wait_for_text(host: &dyn PaneHost, pane: &PaneId, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let snap = host.snapshot(pane).await.unwrap();
@@ -564,4 +565,91 @@ async fn a_pane_fleetd_did_not_open_is_linked_once_when_first_watched() {
     let restarted = Tmux::private(name.clone(), scratch.path().join("paste"));
     let _watch = restarted.watch_output(&pane).await.unwrap();
     assert_eq!(linked_sessions(&name, &pane), "older,_fleetd");
+}
+
+/// Kills `name`'s servers (`name`, `name-2` …) when the test ends, pass or fail.
+struct Servers(String);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for index in 0..8 {
+            let _ = std::process::Command::new("tmux")
+                .args(["-L", &spread::server_name(&self.0, index), "kill-server"])
+                .output();
+        }
+    }
+}
+
+/// The pid of tmux server `name`, if it runs.
+fn server_pid(name: &str) -> Option<String> {
+    let out = std::process::Command::new("tmux")
+        .args(["-L", name, "display-message", "-p", "#{pid}"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panes_past_a_servers_count_go_to_the_next_server_and_a_restart_finds_them_all() {
+    let scratch = tempfile::tempdir().unwrap();
+    let name = format!("fleet-mux-spread-{}", uuid::Uuid::now_v7().simple());
+    let _servers = Servers(name.clone());
+    let host = Spread::open(name.clone(), scratch.path().join("paste"), 2).await;
+    let mut panes = Vec::new();
+    for i in 0..5 {
+        let pane = host
+            .spawn(&spec(&format!("w{i}"), &format!("echo I AM {i}; exec cat")))
+            .await
+            .unwrap();
+        panes.push(pane);
+    }
+    // Two a server, in order: server 1's panes keep tmux's ids, the others' name their server.
+    let servers: Vec<usize> = panes
+        .iter()
+        .map(|pane| spread::inner_id(pane).unwrap().0)
+        .collect();
+    assert_eq!(servers, [0, 0, 1, 1, 2], "{panes:?}");
+    assert!(panes[4].0.starts_with("3:%"), "{}", panes[4]);
+    for index in 0..3 {
+        assert!(server_pid(&spread::server_name(&name, index)).is_some());
+    }
+    assert_eq!(server_pid(&spread::server_name(&name, 3)), None);
+    for (i, pane) in panes.iter().enumerate() {
+        wait_for_text(&host, pane, &format!("I AM {i}")).await;
+    }
+    host.paste(&panes[4], "typed into server 3").await.unwrap();
+    host.enter(&panes[4]).await.unwrap();
+    wait_for_text(&host, &panes[4], "typed into server 3\ntyped into server 3").await;
+
+    // A gateway that restarts finds every server of the previous run, and each pane by its id.
+    drop(host);
+    let again = Spread::open(name.clone(), scratch.path().join("paste"), 2).await;
+    let listed = again.panes().await.unwrap();
+    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), {
+        let mut sorted = panes.clone();
+        sorted.sort();
+        sorted
+    });
+    wait_for_text(&again, &panes[2], "I AM 2").await;
+    // Server 1 has room again once one of its panes closes; a new one goes there, not on a
+    // fourth server.
+    again.close(&panes[0]).await.unwrap();
+    let refill = again.spawn(&spec("refill", "exec cat")).await.unwrap();
+    assert_eq!(spread::inner_id(&refill).unwrap().0, 0, "{refill}");
+    // An id no server gave is no pane.
+    assert!(matches!(
+        again.snapshot(&PaneId("9:%1".into())).await,
+        Err(MuxError::NoPane(pane)) if pane.0 == "9:%1"
+    ));
+    assert!(matches!(
+        again.snapshot(&PaneId("3:%999".into())).await,
+        Err(MuxError::NoPane(pane)) if pane.0 == "3:%999"
+    ));
+
+    again.kill_servers().await.unwrap();
+    for index in 0..3 {
+        assert_eq!(server_pid(&spread::server_name(&name, index)), None);
+    }
 }

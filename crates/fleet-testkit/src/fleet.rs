@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use anyhow::Context as _;
+use fleet_mux::tmux::spread;
 use tokio::process::{Child, Command};
 
 use crate::bins::binary;
@@ -629,12 +631,13 @@ impl Fleet {
     /// program asked for one), without the Enter after it.
     pub fn paste(&self, pane: &str, text: &str) -> anyhow::Result<()> {
         let buffer = format!("paste-{}", uuid::Uuid::now_v7().simple());
+        let (server, pane) = self.on_server(pane)?;
         for args in [
             vec!["set-buffer", "-b", &buffer, "--", text],
-            vec!["paste-buffer", "-p", "-d", "-b", &buffer, "-t", pane],
+            vec!["paste-buffer", "-p", "-d", "-b", &buffer, "-t", &pane],
         ] {
             let out = std::process::Command::new("tmux")
-                .args(["-L", &self.socket])
+                .args(["-L", &server])
                 .args(&args)
                 .output()?;
             anyhow::ensure!(
@@ -753,8 +756,9 @@ impl Fleet {
 
     /// What pane `pane` of the private tmux server shows.
     pub fn screen(&self, pane: &str) -> anyhow::Result<String> {
+        let (server, inner) = self.on_server(pane)?;
         let out = std::process::Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-t", pane])
+            .args(["-L", &server, "capture-pane", "-p", "-J", "-t", &inner])
             .output()?;
         anyhow::ensure!(
             out.status.success(),
@@ -766,8 +770,9 @@ impl Fleet {
 
     /// The pid of the program pane `pane` runs.
     pub fn pane_pid(&self, pane: &str) -> anyhow::Result<u32> {
+        let (server, inner) = self.on_server(pane)?;
         let out = std::process::Command::new("tmux")
-            .args(["-L", &self.socket, "display-message", "-p", "-t", pane])
+            .args(["-L", &server, "display-message", "-p", "-t", &inner])
             .arg("#{pane_pid}")
             .output()?;
         let said = String::from_utf8_lossy(&out.stdout);
@@ -789,34 +794,48 @@ impl Fleet {
         Ok(())
     }
 
-    /// The worker panes of the private tmux server (none when it is not running); the pane
-    /// of fleetd's own control session is not one.
+    /// The worker panes of the private tmux servers (none when none runs), by the ids fleetd
+    /// gives them; the panes of fleetd's own control sessions are not ones.
     pub fn panes(&self) -> anyhow::Result<Vec<String>> {
-        let out = std::process::Command::new("tmux")
-            .args([
-                "-L",
-                &self.socket,
-                "list-panes",
-                "-a",
-                "-F",
-                "#{pane_id} #{session_name}",
-            ])
-            .output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        // No server (never started, or gone with fleetd) holds no pane; any other failure is
-        // not an answer.
-        let no_server =
-            stderr.contains("no server running") || stderr.contains("error connecting to");
-        anyhow::ensure!(
-            out.status.success() || no_server,
-            "tmux list-panes: {stderr}"
-        );
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|line| line.split_once(' '))
-            .filter(|(_, session)| *session != fleet_mux::tmux::codec::control::CONTROL_SESSION)
-            .map(|(pane, _)| pane.to_string())
-            .collect())
+        let mut panes = Vec::new();
+        for index in 0..spread::MAX_SERVERS {
+            let out = std::process::Command::new("tmux")
+                .args([
+                    "-L",
+                    &spread::server_name(&self.socket, index),
+                    "list-panes",
+                    "-a",
+                    "-F",
+                    "#{pane_id} #{session_name}",
+                ])
+                .output()?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // No server (never started, or gone with fleetd) holds no pane, and the servers a
+            // fleet spread to follow one another; any other failure is not an answer.
+            if stderr.contains("no server running") || stderr.contains("error connecting to") {
+                break;
+            }
+            anyhow::ensure!(out.status.success(), "tmux list-panes: {stderr}");
+            panes.extend(
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|line| line.split_once(' '))
+                    .filter(|(_, session)| {
+                        *session != fleet_mux::tmux::codec::control::CONTROL_SESSION
+                    })
+                    .map(|(pane, _)| {
+                        spread::outer_id(index, &fleet_mux::PaneId(pane.to_string())).0
+                    }),
+            );
+        }
+        Ok(panes)
+    }
+
+    /// The tmux server holding pane `pane` (an id fleetd gave), and tmux's own id of it.
+    fn on_server(&self, pane: &str) -> anyhow::Result<(String, String)> {
+        let (index, inner) = spread::inner_id(&fleet_mux::PaneId(pane.to_string()))
+            .with_context(|| format!("{pane:?} is no pane id of fleetd's tmux servers"))?;
+        Ok((spread::server_name(&self.socket, index), inner.0))
     }
 
     /// The bearer token of lead `name`.
@@ -918,14 +937,24 @@ impl Drop for Fleet {
     }
 }
 
-/// Stops the private tmux server `name`, and any tmux process still naming it: a control client
-/// fleetd started just before it was killed can bring the server up after `kill-server`.
+/// Stops the private tmux server `name` and the servers a big fleet spread to (`name-2`,
+/// `name-3` … up to the first not running), and any tmux process still naming one: a control
+/// client fleetd started just before it was killed can bring a server up after `kill-server`.
 pub fn stop_tmux(name: &str) {
-    let _ = std::process::Command::new("tmux")
-        .args(["-L", name, "kill-server"])
-        .stderr(Stdio::null())
-        .status();
+    let kill = |server: &str| {
+        std::process::Command::new("tmux")
+            .args(["-L", server, "kill-server"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    kill(name);
+    for k in 2.. {
+        if !kill(&format!("{name}-{k}")) {
+            break;
+        }
+    }
     let _ = std::process::Command::new("pkill")
-        .args(["-KILL", "-f", &format!("tmux .*-L {name} ")])
+        .args(["-KILL", "-f", &format!("tmux .*-L {name}(-[0-9]+)? ")])
         .status();
 }

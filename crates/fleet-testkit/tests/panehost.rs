@@ -1,4 +1,5 @@
-//! The pane-host test suite, run against every host: tmux (a real private tmux server), the
+//! The pane-host test suite, run against every host: tmux (a real private tmux server, and
+//! panes spread over several), the
 //! herdr stand-in (`fleet_testkit::standin`: herdr's protocol, panes in tmux — a stand-in, not
 //! herdr), and a real herdr, on the binary `HERDR_BIN` names (built without `HERDR_BIN`, those
 //! tests are ignored, with the reason: see build.rs).
@@ -16,6 +17,7 @@ use fleet_mux::herdr::driver::Driver;
 use fleet_mux::herdr::{codec, host::Herdr};
 use fleet_mux::inject::{InjectOptions, InjectOutcome, inject};
 use fleet_mux::tmux::Tmux;
+use fleet_mux::tmux::spread::Spread;
 use fleet_mux::{AgentState, PaneHost, PaneId, PaneLife, PaneSpec};
 use fleet_testkit::fleet::stop_tmux;
 use fleet_testkit::herdr::RealHerdr;
@@ -65,6 +67,28 @@ async fn tmux() -> Fixture {
     let name = unique("fleet-panehost");
     Fixture {
         host: Arc::new(Tmux::private(name.clone(), dir.path().join("paste"))),
+        exit_status: true,
+        herdr: None,
+        _cleanup: Cleanup {
+            tmux: Some(name),
+            herdr: None,
+            task: None,
+            _dir: dir,
+        },
+    }
+}
+
+/// tmux with a server per pane: fleetd's panes spread over several private servers
+/// ([`Spread`]). Server 1 holds a pane of the fixture's, so each pane of a case is on a
+/// server after it (its id names the server).
+async fn tmux_spread() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("fleet-spread");
+    let host = Spread::open(name.clone(), dir.path().join("paste"), 1).await;
+    let first = host.spawn(&spec("first", "exec sleep 600")).await.unwrap();
+    assert!(first.0.starts_with('%'), "{first}");
+    Fixture {
+        host: Arc::new(host),
         exit_status: true,
         herdr: None,
         _cleanup: Cleanup {
@@ -444,6 +468,7 @@ macro_rules! suite {
 
 suite!(
     tmux,
+    tmux_spread,
     herdr_standin,
     #[cfg_attr(
         not(herdr_bin),

@@ -5,16 +5,18 @@
 
 use std::path::PathBuf;
 
-use crate::config::{MuxConfig, MuxKind};
+use crate::config::{DEFAULT_PANES_PER_SERVER, MuxConfig, MuxKind};
 use crate::state::StateDir;
 
 /// The pane host to drive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MuxChoice {
-    /// A private tmux server, by socket name.
+    /// Private tmux servers, by the first one's socket name.
     Tmux {
-        /// `tmux -L` name.
+        /// `tmux -L` name of the first server (the others' derive from it).
         socket: String,
+        /// The panes a server holds before new ones go to another.
+        per_server: usize,
     },
     /// A herdr server.
     Herdr {
@@ -52,6 +54,7 @@ pub fn choose(
                 .socket
                 .clone()
                 .unwrap_or_else(|| state.tmux_socket_name()),
+            per_server: config.panes_per_server.unwrap_or(DEFAULT_PANES_PER_SERVER),
         },
         MuxKind::Herdr => {
             let socket = if let Some(socket) = &config.socket {
@@ -100,7 +103,9 @@ mod tests {
     #[test]
     fn tmux_by_default_and_inside_tmux() {
         let (choice, why) = choose(&MuxConfig::default(), env(&[]), &state()).unwrap();
-        assert!(matches!(choice, MuxChoice::Tmux { socket } if socket.starts_with("fleetd-")));
+        assert!(
+            matches!(choice, MuxChoice::Tmux { socket, per_server } if socket.starts_with("fleetd-") && per_server == DEFAULT_PANES_PER_SERVER)
+        );
         assert_eq!(why, "the default");
         let (_, why) = choose(
             &MuxConfig::default(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use fleet_mux::PaneHost;
 use fleet_mux::herdr::host::Herdr;
-use fleet_mux::tmux::Tmux;
+use fleet_mux::tmux::spread::Spread;
 use fleet_store::SqliteStore;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -102,8 +102,8 @@ pub fn local_base(bound: SocketAddr) -> String {
 /// The pane host fleetd drives, for what only serve does with it: say where panes are, and
 /// clean up at shutdown.
 enum Host {
-    /// A private tmux server.
-    Tmux(Arc<Tmux>),
+    /// Private tmux servers.
+    Tmux(Arc<Spread>),
     /// A herdr server.
     Herdr(Arc<Herdr>),
 }
@@ -124,11 +124,11 @@ impl Host {
     }
 
     /// After the loops ended: herdr's workspace shell closes (the workers' panes, in tabs of
-    /// their own, stay); tmux's private server goes only with the workers (`stops_workers`): it
-    /// holds their panes.
+    /// their own, stay); tmux's private servers go only with the workers (`stops_workers`): they
+    /// hold their panes.
     async fn shut_down(&self, stops_workers: bool) {
         let done = match self {
-            Host::Tmux(tmux) if stops_workers => tmux.kill_server().await,
+            Host::Tmux(tmux) if stops_workers => tmux.kill_servers().await,
             Host::Tmux(_) => Ok(()),
             Host::Herdr(herdr) => herdr.close_workspace().await,
         };
@@ -344,7 +344,7 @@ impl Serving {
 /// The pane host `choice` names, opened.
 async fn open_panes(choice: MuxChoice, state: &StateDir) -> anyhow::Result<Host> {
     Ok(match choice {
-        MuxChoice::Tmux { socket } => {
+        MuxChoice::Tmux { socket, per_server } => {
             // Pastes are staged here only for the moment of a paste: whatever is left is a
             // crash's.
             let scratch = state.root().join("paste");
@@ -352,7 +352,7 @@ async fn open_panes(choice: MuxChoice, state: &StateDir) -> anyhow::Result<Host>
                 std::fs::remove_dir_all(&scratch)
                     .with_context(|| format!("cannot clear {}", scratch.display()))?;
             }
-            Host::Tmux(Arc::new(Tmux::private(socket, scratch)))
+            Host::Tmux(Arc::new(Spread::open(socket, scratch, per_server).await))
         }
         MuxChoice::Herdr { socket, workspace } => Host::Herdr(Arc::new(
             Herdr::connect(&socket, &workspace)

@@ -5,10 +5,12 @@
 //! the gateway's own server over one persistent control-mode connection ([`control`]), so
 //! typing and looking cost a pipe round trip; spawning and stopping the server run the `tmux`
 //! client once. [`Tmux::new`] drives somebody else's server (a lead's, for nudges) with the
-//! client alone, never starting a server or a session there.
+//! client alone, never starting a server or a session there. [`spread::Spread`] spreads a big
+//! fleet over several private servers.
 
 pub mod codec;
 pub mod control;
+pub mod spread;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};

@@ -264,7 +264,13 @@ pub struct MuxConfig {
     pub session: Option<String>,
     /// herdr: the label of the fleet's workspace, which prefixes its panes' labels too.
     pub workspace: String,
+    /// tmux: the panes one private server holds before new ones go to another (each server
+    /// walks all its panes on every keystroke and look); unset: [`DEFAULT_PANES_PER_SERVER`].
+    pub panes_per_server: Option<usize>,
 }
+
+/// The panes one private tmux server holds by default.
+pub const DEFAULT_PANES_PER_SERVER: usize = 16;
 
 impl Default for MuxConfig {
     fn default() -> Self {
@@ -273,6 +279,7 @@ impl Default for MuxConfig {
             socket: None,
             session: None,
             workspace: DEFAULT_HERDR_WORKSPACE.into(),
+            panes_per_server: None,
         }
     }
 }
@@ -503,7 +510,19 @@ impl Config {
             named("mux.session", session)?;
         }
         named("mux.workspace", &self.mux.workspace)?;
-        Ok(())
+        match self.mux.panes_per_server {
+            Some(_) if herdr => Err(
+                "mux.panes_per_server spreads panes over tmux servers; it needs kind = \"tmux\""
+                    .into(),
+            ),
+            Some(n) => within(
+                "mux.panes_per_server",
+                u64::try_from(n).unwrap_or(u64::MAX),
+                1,
+                100_000,
+            ),
+            None => Ok(()),
+        }
     }
 
     /// `[leads]` and `[operators]`: their names, groups, nudges and shares, and no name both.
@@ -1322,6 +1341,15 @@ mod tests {
                 "needs kind = \"herdr\"",
             ),
             ("[mux]\nsocket = \"/tmp/x.sock\"\n", "mux.socket"),
+            ("[mux]\npanes_per_server = 0\n", "mux.panes_per_server is 0"),
+            (
+                "[mux]\npanes_per_server = 100001\n",
+                "mux.panes_per_server is 100001",
+            ),
+            (
+                "[mux]\nkind = \"herdr\"\nsocket = \"/tmp/h.sock\"\npanes_per_server = 8\n",
+                "needs kind = \"tmux\"",
+            ),
             (
                 "[[profiles]]\nname=\"a\"\nkind=\"command\"\nargv=[\"x\"]\nready_timeout_s=99999999999\n",
                 "ready_timeout_s is 99999999999",

@@ -468,3 +468,64 @@ async fn a_restarted_gateway_touches_only_its_own_panes() -> anyhow::Result<()> 
     assert_eq!(sent["reply"]["text"], "echo: still here?");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_spread_over_tmux_servers_are_taken_back_after_kill_9_and_stopped_with_them()
+-> anyhow::Result<()> {
+    // One pane a server: each worker on a tmux server of its own.
+    let mut fleet = Fleet::start(
+        "on_exit = \"stop\"",
+        &format!("panes_per_server = 1\n{}", sim_profile("sim", &[])?),
+    )
+    .await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let mut panes = Vec::new();
+    for name in ["w1", "w2", "w3"] {
+        let pane = lead.spawn("sim", name).await?["pane"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        panes.push(pane);
+    }
+    assert!(panes[0].starts_with('%'), "{panes:?}");
+    assert!(panes[1].starts_with("2:%"), "{panes:?}");
+    assert!(panes[2].starts_with("3:%"), "{panes:?}");
+    let socket = fleet.tmux_socket().to_string();
+    let server = |k: usize| format!("{socket}-{k}");
+    let running = |name: &str| {
+        std::process::Command::new("tmux")
+            .args(["-L", name, "list-sessions"])
+            .output()
+            .is_ok_and(|out| out.status.success())
+    };
+    assert!(running(&server(3)), "server 3 runs w3");
+    for name in ["w1", "w2", "w3"] {
+        let sent = lead.send(name, &format!("to {name}"), 20).await?;
+        assert_eq!(sent["reply"]["text"], format!("echo: to {name}"));
+    }
+    lead.close().await?;
+
+    // A restart finds each worker on its server and takes it back.
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    for (name, pane) in ["w1", "w2", "w3"].iter().zip(&panes) {
+        assert_eq!(lead.entry(name).await?["pane"], pane.as_str());
+        let sent = lead.send(name, "after the restart", 20).await?;
+        assert_eq!(sent["reply"]["text"], "echo: after the restart");
+    }
+    let mut listed = fleet.panes()?;
+    listed.sort();
+    let mut expected = panes.clone();
+    expected.sort();
+    assert_eq!(listed, expected);
+
+    // Its stop ends the workers on every server, and the servers with them.
+    lead.close().await?;
+    assert!(fleet.terminate().await?, "{}", fleet.log());
+    assert_eq!(fleet.panes()?, Vec::<String>::new());
+    for k in [2, 3] {
+        assert!(!running(&server(k)), "server {k} still runs");
+    }
+    Ok(())
+}

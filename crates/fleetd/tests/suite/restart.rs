@@ -159,7 +159,13 @@ async fn gets_its_enter_after_kill_9(
     until("the paste in the input box", TURN, || async {
         fleet.screen(&pane).ok()?.contains(text).then_some(())
     })
-    .await?;
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}",
+            fleet.screen(&pane).unwrap_or_default()
+        )
+    })?;
     fleet.launch().await?;
     fleet.logged("verdict=InInput").await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;

@@ -3,7 +3,7 @@
 //!
 //! - **idle**: one gateway holding `--workers` idle cheap workers (a `sh` that prints a ready
 //!   marker and becomes `cat`: a tiny process per pane, ready by its screen). fleetd's and,
-//!   apart, its tmux server's RSS and CPU beside the same gateway with no workers; how long
+//!   apart, its tmux servers' RSS and CPU beside the same gateway with no workers; how long
 //!   the spawns took; the host's presence traffic beside the rate its interval promises (one
 //!   heartbeat a round for the host and all its entities) and a heartbeat per entity; what
 //!   another gateway lists of it; `fleet_list` latency beside a handful of entries.
@@ -77,6 +77,10 @@ pub(super) struct Args {
     /// `fleet_list` calls timed for each latency figure.
     #[arg(long, default_value_t = 100)]
     list_calls: usize,
+    /// `[mux] panes_per_server` of the gateways of the idle and loop parts (unset: fleetd's
+    /// default; a count past every pane puts them all on one server).
+    #[arg(long)]
+    panes_per_server: Option<usize>,
     /// Round trips of the single-lane baseline (after 20 untimed).
     #[arg(long, default_value_t = 200)]
     trips: usize,
@@ -186,24 +190,51 @@ fn tmux(socket: &str, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The pid of tmux server `socket`, if it runs.
-fn tmux_server(socket: &str) -> Option<u32> {
-    tmux(socket, &["display-message", "-p", "#{pid}"])
-        .ok()
-        .and_then(|pid| pid.trim().parse().ok())
+/// The names of fleetd's tmux servers running: `socket`, and those its panes spread to
+/// (`socket-2`, `socket-3` …, up to the first not running).
+fn tmux_names(socket: &str) -> Vec<String> {
+    let running = |name: &String| tmux(name, &["display-message", "-p", "#{pid}"]).is_ok();
+    std::iter::once(socket.to_string())
+        .chain((2..).map(|k| format!("{socket}-{k}")))
+        .enumerate()
+        .take_while(|(k, name)| *k == 0 || running(name))
+        .map(|(_, name)| name)
+        .filter(running)
+        .collect()
 }
 
-/// The pids of the programs in the panes of tmux server `socket` (fleetd's own control
-/// session's included: it runs nothing), each once (a worker's window is linked into fleetd's
+/// The pids of fleetd's tmux servers ([`tmux_names`]).
+fn tmux_servers(socket: &str) -> Vec<u32> {
+    tmux_names(socket)
+        .iter()
+        .filter_map(|name| tmux(name, &["display-message", "-p", "#{pid}"]).ok())
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect()
+}
+
+/// The pids of the programs in the panes of fleetd's tmux servers (fleetd's own control
+/// sessions' included: they run nothing), each once (a worker's window is linked into fleetd's
 /// session too, so it is listed twice).
 fn pane_pids(socket: &str) -> anyhow::Result<Vec<u32>> {
-    let mut pids: Vec<u32> = tmux(socket, &["list-panes", "-a", "-F", "#{pane_pid}"])?
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
+    let mut pids = Vec::new();
+    for name in tmux_names(socket) {
+        pids.extend(
+            tmux(&name, &["list-panes", "-a", "-F", "#{pane_pid}"])?
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok()),
+        );
+    }
     pids.sort_unstable();
     pids.dedup();
     Ok(pids)
+}
+
+/// The `[mux]` line `--panes-per-server` asks for (none: fleetd's default), to go first in
+/// the config's rest (which follows `[mux]`).
+fn spread_line(args: &Args) -> String {
+    args.panes_per_server
+        .map(|n| format!("panes_per_server = {n}\n"))
+        .unwrap_or_default()
 }
 
 /// The pid of the broker's Erlang VM on this machine, if there is one.
@@ -242,7 +273,7 @@ fn held_by(pid: u32) -> String {
     format!("{fds} descriptors open (limit {limit}), {threads} threads")
 }
 
-/// What fleetd and its tmux server hold, and the machine's pseudo-terminals in use: where
+/// What fleetd and its tmux servers hold, and the machine's pseudo-terminals in use: where
 /// spawning many panes would run out first.
 fn resources(fleetd: u32, socket: &str) -> String {
     let read = |path: &str| {
@@ -250,12 +281,19 @@ fn resources(fleetd: u32, socket: &str) -> String {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "?".into())
     };
-    let tmux = tmux_server(socket).map_or_else(
-        || "not running".to_string(),
-        |pid| format!("pid {pid}, {}", held_by(pid)),
-    );
+    let servers = tmux_servers(socket);
+    let tmux = match servers.as_slice() {
+        [] => "not running".to_string(),
+        [pid] => format!("pid {pid}, {}", held_by(*pid)),
+        [first, .., last] => format!(
+            "{} of them; the first: pid {first}, {}; the last: pid {last}, {}",
+            servers.len(),
+            held_by(*first),
+            held_by(*last)
+        ),
+    };
     format!(
-        "fleetd: {}; tmux server: {tmux}; pseudo-terminals in use: {} of kernel.pty.max {}",
+        "fleetd: {}; tmux servers: {tmux}; pseudo-terminals in use: {} of kernel.pty.max {}",
         held_by(fleetd),
         read("/proc/sys/kernel/pty/nr"),
         read("/proc/sys/kernel/pty/max")
@@ -598,9 +636,9 @@ struct Stage {
     workers: usize,
     /// fleetd's RSS, MB.
     rss: f64,
-    /// Its tmux server's RSS, MB (`None`: not running yet).
+    /// Its tmux servers' RSS, MB (`None`: not running yet).
     tmux_rss: Option<f64>,
-    /// The share of one core of fleetd and of its tmux server: over whole heartbeat rounds on
+    /// The share of one core of fleetd and of its tmux servers: over whole heartbeat rounds on
     /// the broker, over `--window-s` without one.
     cpu: Vec<f64>,
     /// Its presence heartbeats over the same rounds (`None`: no broker).
@@ -617,7 +655,7 @@ struct IdleRun {
     stages: Vec<Stage>,
     /// How long all the spawns took.
     spawn_total: Duration,
-    /// The panes of its tmux server with every worker (fleetd's control session's included).
+    /// The panes of its tmux servers with every worker (fleetd's control session's included).
     panes: usize,
     /// What fleetd and tmux held with every worker ([`resources`]).
     held: String,
@@ -651,7 +689,8 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
         &hosts[0],
         &format!("max_long_calls_per_caller = {}", args.spawn_lanes + 8),
         &format!(
-            "[leads.lead]\n\n{}\n{}",
+            "{}[leads.lead]\n\n{}\n{}",
+            spread_line(args),
             tiny_profile("tiny"),
             federation.clone().unwrap_or_default()
         ),
@@ -735,8 +774,8 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
         spawn_total += took;
         let added = workers - spawned;
         spawned = workers;
-        let tmux_pid = tmux_server(&socket);
-        let groups = vec![vec![fleetd], tmux_pid.into_iter().collect()];
+        let tmux_pids = tmux_servers(&socket);
+        let groups = vec![vec![fleetd], tmux_pids.clone()];
         let (rate, cpu) = match &watching {
             Some((beats, ..)) => {
                 let (rates, cpu) = beats.steady(&hosts[..1], &groups, limit).await?;
@@ -750,7 +789,16 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
         let stage = Stage {
             workers,
             rss: rss_mb(fleetd)?,
-            tmux_rss: tmux_pid.map(rss_mb).transpose()?,
+            tmux_rss: if tmux_pids.is_empty() {
+                None
+            } else {
+                Some(
+                    tmux_pids
+                        .iter()
+                        .map(|pid| rss_mb(*pid))
+                        .sum::<anyhow::Result<f64>>()?,
+                )
+            },
             cpu,
             rate,
             list: list_latency(&lead, args.list_calls).await?,
@@ -795,7 +843,7 @@ async fn idle_run(args: &Args, vhost: Option<&Vhost>) -> anyhow::Result<IdleRun>
     let panes = pane_pids(&socket)?.len();
     anyhow::ensure!(
         panes > n,
-        "the tmux server holds {panes} panes for {n} workers and fleetd's control session"
+        "the tmux servers hold {panes} panes for {n} workers and fleetd's control sessions"
     );
     let live = listed(&lead, "host", &hosts[0]).await?;
     anyhow::ensure!(
@@ -893,7 +941,7 @@ async fn idle(args: &Args) -> anyhow::Result<()> {
             per_1000(cpu(all, 0), cpu(none, 0))
         );
         println!(
-            "  its tmux server: RSS {:.1} MB with {} panes, beside {} = {:.1} MB per 1,000 panes; CPU {:.1} % of one core, beside {:.1} % = {:.1} % per 1,000 panes",
+            "  its tmux servers: RSS {:.1} MB with {} panes, beside {} = {:.1} MB per 1,000 panes; CPU {:.1} % of one core, beside {:.1} % = {:.1} % per 1,000 panes",
             tmux_rss(all),
             local.panes,
             none.tmux_rss.map_or_else(
@@ -1137,7 +1185,8 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
             lanes + args.spawn_lanes + 8
         ),
         &format!(
-            "[leads.lead]\n\n{}\n{}",
+            "{}[leads.lead]\n\n{}\n{}",
+            spread_line(args),
             in_workdir(&sim_profile("sim", &[])?),
             watched_sim_profile("simw")?
         ),
@@ -1169,11 +1218,10 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     };
     // The small loop first, its agents the only panes, so what more panes cost shows.
     spawn("sim", "p", 0..small).await?;
-    let tmux_pid = tmux_server(&socket).context("fleetd's tmux server is not running")?;
     let bench = std::process::id();
     let small_groups = vec![
         vec![fleetd],
-        vec![tmux_pid],
+        tmux_servers(&socket),
         pane_pids(&socket)?,
         vec![bench],
     ];
@@ -1187,12 +1235,13 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
         2 * lanes - small,
         started.elapsed().as_secs_f64()
     );
-    let groups = vec![
-        vec![fleetd],
-        vec![tmux_pid],
-        pane_pids(&socket)?,
-        vec![bench],
-    ];
+    let servers = tmux_servers(&socket);
+    println!(
+        "the {} panes are on {} tmux server(s)",
+        2 * lanes,
+        servers.len()
+    );
+    let groups = vec![vec![fleetd], servers, pane_pids(&socket)?, vec![bench]];
 
     let idle_cpu = cpu_over(&groups, window).await;
     let idle_load = load();
@@ -1209,7 +1258,7 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     let at = |cpu: &[f64], i: usize| cpu.get(i).copied().unwrap_or(0.0);
     let cpu_text = |cpu: &[f64]| {
         format!(
-            "fleetd {:.1} %, its tmux server {:.1} %, the agents {:.1} %, this bench {:.1} % of one core",
+            "fleetd {:.1} %, its tmux servers {:.1} %, the agents {:.1} %, this bench {:.1} % of one core",
             at(cpu, 0),
             at(cpu, 1),
             at(cpu, 2),
@@ -1246,7 +1295,7 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     }
     let looks = lanes as f64 * LOOKS_PER_BUSY_WORKER_PER_S;
     println!(
-        "{lanes} workers held busy (a slow task each), over {} s: fleetd {:.1} % of one core and its tmux server {:.1} % with screen looks (simw: {looks:.0} looks/s due), beside {:.1} % and {:.1} % without (sim), {:.1} % and {:.1} % idle  (load average {held_load})",
+        "{lanes} workers held busy (a slow task each), over {} s: fleetd {:.1} % of one core and its tmux servers {:.1} % with screen looks (simw: {looks:.0} looks/s due), beside {:.1} % and {:.1} % without (sim), {:.1} % and {:.1} % idle  (load average {held_load})",
         args.window_s,
         at(&held_watched, 0),
         at(&held_watched, 1),
@@ -1276,7 +1325,7 @@ fn per_trip_us(percent: f64, per_s: f64) -> f64 {
 
 /// The scaling target, printed beside its figures: the loop of `big` agents against the
 /// loop of `small` run first with only its own panes, in round trips/s and in fleetd's and its
-/// tmux server's CPU per round trip.
+/// tmux servers' CPU per round trip.
 fn print_scaling(
     (small, small_run, small_load): (usize, &LoopRun, &str),
     (big, big_run, big_load): (usize, &LoopRun, &str),
@@ -1299,7 +1348,7 @@ fn print_scaling(
         per_trip_us(cpu(big_run, 1), big_run.per_s),
     );
     println!(
-        "  CPU per round trip: fleetd {f_big:.0} µs at {big} beside {f_small:.0} µs at {small} = {:.2}x  [target ≤ 1.00x]; its tmux server {t_big:.0} µs beside {t_small:.0} µs = {:.2}x (load average {big_load})",
+        "  CPU per round trip: fleetd {f_big:.0} µs at {big} beside {f_small:.0} µs at {small} = {:.2}x  [target ≤ 1.00x]; its tmux servers {t_big:.0} µs beside {t_small:.0} µs = {:.2}x (load average {big_load})",
         f_big / f_small.max(1e-9),
         t_big / t_small.max(1e-9)
     );
