@@ -623,16 +623,35 @@ async fn panes_past_a_servers_count_go_to_the_next_server_and_a_restart_finds_th
     host.enter(&panes[4]).await.unwrap();
     wait_for_text(&host, &panes[4], "typed into server 3\ntyped into server 3").await;
 
-    // A gateway that restarts finds every server of the previous run, and each pane by its id.
+    // A gateway that restarts finds every server of the previous run, and each pane by its id,
+    // past a server gone meanwhile; a server of the same name that is not fleetd's is left be.
     drop(host);
+    let killed = std::process::Command::new("tmux")
+        .args(["-L", &spread::server_name(&name, 1), "kill-server"])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let foreign = spread::server_name(&name, 4);
+    let started = std::process::Command::new("tmux")
+        .args(["-f", "/dev/null", "-L", &foreign])
+        .args(["new-session", "-d", "-s", "theirs", "sleep 600"])
+        .status()
+        .unwrap();
+    assert!(started.success());
     let again = Spread::open(name.clone(), scratch.path().join("paste"), 2).await;
     let listed = again.panes().await.unwrap();
-    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), {
-        let mut sorted = panes.clone();
-        sorted.sort();
-        sorted
-    });
-    wait_for_text(&again, &panes[2], "I AM 2").await;
+    let mut left = vec![panes[0].clone(), panes[1].clone(), panes[4].clone()];
+    left.sort();
+    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), left);
+    wait_for_text(&again, &panes[4], "I AM 4").await;
+    assert!(matches!(
+        again.snapshot(&panes[2]).await,
+        Err(MuxError::NoPane(pane)) if pane == panes[2]
+    ));
+    assert!(matches!(
+        again.snapshot(&PaneId("5:%0".into())).await,
+        Err(MuxError::NoPane(_))
+    ));
     // Server 1 has room again once one of its panes closes; a new one goes there, not on a
     // fourth server.
     again.close(&panes[0]).await.unwrap();
@@ -652,4 +671,5 @@ async fn panes_past_a_servers_count_go_to_the_next_server_and_a_restart_finds_th
     for index in 0..3 {
         assert_eq!(server_pid(&spread::server_name(&name, index)), None);
     }
+    assert!(server_pid(&foreign).is_some(), "not fleetd's to stop");
 }

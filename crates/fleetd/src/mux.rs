@@ -56,6 +56,11 @@ pub fn choose(
                 .unwrap_or_else(|| state.tmux_socket_name()),
             per_server: config.panes_per_server.unwrap_or(DEFAULT_PANES_PER_SERVER),
         },
+        MuxKind::Herdr if config.panes_per_server.is_some() => {
+            return Err(format!(
+                "mux.panes_per_server spreads panes over tmux servers, and fleetd would use herdr: {why}; set kind = \"tmux\" or remove it"
+            ));
+        }
         MuxKind::Herdr => {
             let socket = if let Some(socket) = &config.socket {
                 PathBuf::from(socket)
@@ -157,5 +162,19 @@ mod tests {
         };
         let err = choose(&bare, env(&[]), &state()).unwrap_err();
         assert!(err.contains("mux.socket or mux.session"), "{err}");
+        let spread = MuxConfig {
+            panes_per_server: Some(8),
+            ..MuxConfig::default()
+        };
+        let err = choose(
+            &spread,
+            env(&[("HERDR_SOCKET_PATH", "/run/h.sock")]),
+            &state(),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("panes_per_server") && err.contains("inside herdr"),
+            "{err}"
+        );
     }
 }

@@ -94,12 +94,12 @@ impl Tmux {
         &self.socket
     }
 
-    /// The command a user runs to look at the fleet's panes.
-    pub fn attach_hint(&self) -> String {
-        match &self.socket {
-            Socket::Name(name) => format!("tmux -L {name} attach"),
-            Socket::Path(path) => format!("tmux -S {} attach", path.display()),
-        }
+    /// Whether the server runs and holds fleetd's control session (asked with a client, this
+    /// starts no server): a server of fleetd's, not somebody else's of the same name.
+    pub async fn holds_control_session(&self) -> bool {
+        self.run(&codec::control::has_control_session_args(), None)
+            .await
+            .is_ok()
     }
 
     /// Runs one batch of tmux commands with a client process; returns stdout.

@@ -8,7 +8,7 @@
 //! goes; [`Spread`] is the [`PaneHost`] over the servers, each a [`Tmux::private`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
 
 use async_trait::async_trait;
@@ -24,12 +24,15 @@ pub const MAX_SERVERS: usize = 256;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Load {
     /// Per server (index 0 is server 1): its panes (tmux's ids), alive or exited, each with
-    /// the count of spawns made when it was (0: it was listed).
+    /// the count of changes when it was made (0: it was listed).
     held: Vec<HashMap<PaneId, u64>>,
+    /// Per server: the panes closed since its last listing began, with the count of changes
+    /// when they were (a listing under way may still show them).
+    gone: Vec<HashMap<PaneId, u64>>,
     /// Per server: spawns under way.
     pending: Vec<usize>,
-    /// Spawns made so far.
-    made: u64,
+    /// Panes made and closed so far.
+    changes: u64,
 }
 
 impl Load {
@@ -40,11 +43,19 @@ impl Load {
 
     /// Knows of `n` servers (those found running at start), holding nothing yet.
     pub fn with_servers(n: usize) -> Self {
-        Self {
-            held: vec![HashMap::new(); n],
-            pending: vec![0; n],
-            made: 0,
+        let mut load = Self::default();
+        if let Some(last) = n.checked_sub(1) {
+            load.open(last);
         }
+        load
+    }
+
+    /// Knows of server `index` (and those before it).
+    pub fn open(&mut self, index: usize) {
+        let n = (index + 1).max(self.servers());
+        self.held.resize_with(n, HashMap::new);
+        self.gone.resize_with(n, HashMap::new);
+        self.pending.resize(n, 0);
     }
 
     fn load(&self, server: usize) -> usize {
@@ -58,8 +69,7 @@ impl Load {
         let k = match (0..self.servers()).find(|&k| self.load(k) < per_server.max(1)) {
             Some(k) => k,
             None if self.servers() < MAX_SERVERS => {
-                self.held.push(HashMap::new());
-                self.pending.push(0);
+                self.open(self.servers());
                 self.servers() - 1
             }
             None => (0..self.servers())
@@ -76,36 +86,43 @@ impl Load {
             *pending = pending.saturating_sub(1);
         }
         if let (Some(held), Some(pane)) = (self.held.get_mut(server), pane) {
-            self.made += 1;
-            held.insert(pane.clone(), self.made);
+            self.changes += 1;
+            held.insert(pane.clone(), self.changes);
         }
     }
 
     /// `pane` of `server` was closed.
     pub fn closed(&mut self, server: usize, pane: &PaneId) {
-        if let Some(held) = self.held.get_mut(server) {
+        if let (Some(held), Some(gone)) = (self.held.get_mut(server), self.gone.get_mut(server)) {
+            self.changes += 1;
             held.remove(pane);
+            gone.insert(pane.clone(), self.changes);
         }
     }
 
     /// A mark to take before listing a server: [`Load::listed`] keeps the panes made after
-    /// it, which the listing may have missed.
+    /// it, which the listing may have missed, and leaves out those closed after it, which
+    /// the listing may still show.
     pub fn mark(&self) -> u64 {
-        self.made
+        self.changes
     }
 
-    /// `server`, listed after `mark`, holds `panes` (and whatever was made since the mark).
+    /// `server`, listed after `mark`, holds `panes` (and whatever was made since the mark, but
+    /// not what was closed since).
     pub fn listed<'a>(
         &mut self,
         server: usize,
         panes: impl Iterator<Item = &'a PaneId>,
         mark: u64,
     ) {
-        if let Some(held) = self.held.get_mut(server) {
-            held.retain(|_, made| *made > mark);
-            for pane in panes {
-                held.entry(pane.clone()).or_insert(0);
-            }
+        let (Some(held), Some(gone)) = (self.held.get_mut(server), self.gone.get_mut(server))
+        else {
+            return;
+        };
+        held.retain(|_, made| *made > mark);
+        gone.retain(|_, closed| *closed > mark);
+        for pane in panes.filter(|pane| !gone.contains_key(*pane)) {
+            held.entry(pane.clone()).or_insert(0);
         }
     }
 }
@@ -127,20 +144,56 @@ pub fn outer_id(index: usize, pane: &PaneId) -> PaneId {
 }
 
 /// The server (index) and tmux's own id of a pane the fleet knows as `pane`; None for an id
-/// no server of a spread gave.
+/// no server of a spread gave (each pane has one id only: no leading zero, no server 1).
 pub fn inner_id(pane: &PaneId) -> Option<(usize, PaneId)> {
-    if pane.0.starts_with('%') {
-        return Some((0, pane.clone()));
-    }
-    let (server, id) = pane.0.split_once(':')?;
-    if !id.starts_with('%') || !server.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let number: usize = server.parse().ok()?;
-    (2..=MAX_SERVERS)
-        .contains(&number)
-        .then(|| (number - 1, PaneId(id.to_string())))
+    let (index, id) = match pane.0.split_once(':') {
+        None => (0, pane.0.as_str()),
+        Some((server, id)) => {
+            let digits = !server.is_empty() && server.bytes().all(|b| b.is_ascii_digit());
+            if !digits || server.starts_with('0') {
+                return None;
+            }
+            let number: usize = server.parse().ok()?;
+            if !(2..=MAX_SERVERS).contains(&number) {
+                return None;
+            }
+            (number - 1, id)
+        }
+    };
+    let number = id.strip_prefix('%')?;
+    (!number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| (index, PaneId(id.to_string())))
 }
+
+/// The numbers of the servers a previous run of `name` may have left (`name-K` for K in
+/// 2..=[`MAX_SERVERS`]), from the socket files in tmux's socket dir (`$TMUX_TMPDIR` or `/tmp`,
+/// then `tmux-UID`, as tmux places them); in order, each once.
+fn socket_files(name: &str) -> Vec<usize> {
+    let base = std::env::var_os("TMUX_TMPDIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    let dir = base.join(format!("tmux-{}", rustix::process::getuid().as_raw()));
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let prefix = format!("{name}-");
+    let mut found: Vec<usize> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let file = entry.file_name();
+            let number = file.to_str()?.strip_prefix(&prefix)?;
+            let (index, _) = inner_id(&PaneId(format!("{number}:%0")))?;
+            Some(index)
+        })
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// The servers of a spread, by index: `None` for one not opened (not running, as far as is
+/// known), so looking at the panes never starts it.
+type Servers = Vec<Option<Arc<Tmux>>>;
 
 /// The fleet's panes over one or more private tmux servers.
 #[derive(Debug)]
@@ -152,25 +205,21 @@ pub struct Spread {
     /// Panes a server holds before new ones go to another.
     per_server: usize,
     /// The servers opened, by index, and where the panes are.
-    state: std::sync::Mutex<(Vec<Arc<Tmux>>, Load)>,
+    state: std::sync::Mutex<(Servers, Load)>,
 }
 
 impl Spread {
-    /// The servers named after `name`: server 1, and those a previous run left running (found
-    /// in order, up to the first not running). New panes go to another server once one holds
-    /// `per_server`.
+    /// The servers named after `name`: server 1, and those a previous run left running (each
+    /// with fleetd's control session: a server of that name without it is somebody else's).
+    /// New panes go to another server once one holds `per_server`.
     pub async fn open(name: String, scratch: PathBuf, per_server: usize) -> Self {
-        let mut servers = vec![Arc::new(Tmux::private(name.clone(), scratch.clone()))];
-        while servers.len() < MAX_SERVERS {
-            let next = server_name(&name, servers.len());
-            if Tmux::new(Socket::Name(next.clone()))
-                .server_pid()
-                .await
-                .is_err()
-            {
-                break;
+        let mut servers: Servers =
+            vec![Some(Arc::new(Tmux::private(name.clone(), scratch.clone())))];
+        for index in socket_files(&name) {
+            if let Some(server) = Self::reach(&name, &scratch, index).await {
+                servers.resize(index + 1, None);
+                servers[index] = Some(server);
             }
-            servers.push(Arc::new(Tmux::private(next, scratch.clone())));
         }
         let load = Load::with_servers(servers.len());
         Self {
@@ -181,41 +230,66 @@ impl Spread {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Arc<Tmux>>, Load)> {
+    /// Server `index` of `name`, if it runs with fleetd's control session (asked with a tmux
+    /// client, which starts no server).
+    async fn reach(name: &str, scratch: &Path, index: usize) -> Option<Arc<Tmux>> {
+        let server_name = server_name(name, index);
+        Tmux::new(Socket::Name(server_name.clone()))
+            .holds_control_session()
+            .await
+            .then(|| Arc::new(Tmux::private(server_name, scratch.to_path_buf())))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Servers, Load)> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The servers opened so far.
-    fn servers(&self) -> Vec<Arc<Tmux>> {
-        self.lock().0.clone()
+    /// The servers opened so far, with their indexes.
+    fn servers(&self) -> Vec<(usize, Arc<Tmux>)> {
+        self.lock()
+            .0
+            .iter()
+            .enumerate()
+            .filter_map(|(index, server)| Some((index, Arc::clone(server.as_ref()?))))
+            .collect()
     }
 
-    /// The server holding `pane`, and tmux's own id of it.
-    fn locate(&self, pane: &PaneId) -> Result<(usize, Arc<Tmux>, PaneId), MuxError> {
-        let (index, inner) = inner_id(pane).ok_or_else(|| MuxError::NoPane(pane.clone()))?;
-        let server = self
-            .lock()
-            .0
-            .get(index)
-            .cloned()
-            .ok_or_else(|| MuxError::NoPane(pane.clone()))?;
+    /// The server holding `pane`, and tmux's own id of it. A server not opened that a pane id
+    /// names (found running since) is opened.
+    async fn locate(&self, pane: &PaneId) -> Result<(usize, Arc<Tmux>, PaneId), MuxError> {
+        let gone = || MuxError::NoPane(pane.clone());
+        let (index, inner) = inner_id(pane).ok_or_else(gone)?;
+        if let Some(Some(server)) = self.lock().0.get(index) {
+            return Ok((index, Arc::clone(server), inner));
+        }
+        let server = Self::reach(&self.name, &self.scratch, index)
+            .await
+            .ok_or_else(gone)?;
+        let mut state = self.lock();
+        let (servers, load) = &mut *state;
+        if servers.len() <= index {
+            servers.resize(index + 1, None);
+        }
+        load.open(index);
+        let server = Arc::clone(servers[index].get_or_insert(server));
         Ok((index, server, inner))
     }
 
     /// The command a user runs to look at the fleet's panes.
     pub fn attach_hint(&self) -> String {
         format!(
-            "tmux -L {} attach (past {} panes, also {})",
+            "tmux -L {} attach (past {} panes, also {}, {} …)",
             self.name,
             self.per_server,
-            server_name(&self.name, 1)
+            server_name(&self.name, 1),
+            server_name(&self.name, 2)
         )
     }
 
     /// Stops every server and the panes in them.
     pub async fn kill_servers(&self) -> Result<(), MuxError> {
         let mut first_error = None;
-        for server in self.servers() {
+        for (_, server) in self.servers() {
             if let Err(e) = server.kill_server().await {
                 first_error.get_or_insert(e);
             }
@@ -239,11 +313,16 @@ impl PaneHost for Spread {
             let mut state = self.lock();
             let (servers, load) = &mut *state;
             let index = load.place(self.per_server);
-            while servers.len() <= index {
-                let name = server_name(&self.name, servers.len());
-                servers.push(Arc::new(Tmux::private(name, self.scratch.clone())));
+            if servers.len() <= index {
+                servers.resize(index + 1, None);
             }
-            (index, Arc::clone(&servers[index]))
+            let server = servers[index].get_or_insert_with(|| {
+                Arc::new(Tmux::private(
+                    server_name(&self.name, index),
+                    self.scratch.clone(),
+                ))
+            });
+            (index, Arc::clone(server))
         };
         let made = server.spawn(spec).await;
         self.lock().1.spawned(index, made.as_ref().ok());
@@ -251,43 +330,45 @@ impl PaneHost for Spread {
     }
 
     async fn leave_mode(&self, pane: &PaneId) -> Result<(), MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.leave_mode(&inner).await, pane)
     }
 
     async fn paste(&self, pane: &PaneId, text: &str) -> Result<(), MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.paste(&inner, text).await, pane)
     }
 
     async fn enter(&self, pane: &PaneId) -> Result<(), MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.enter(&inner).await, pane)
     }
 
     async fn press(&self, pane: &PaneId, key: Key) -> Result<(), MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.press(&inner, key).await, pane)
     }
 
     async fn snapshot(&self, pane: &PaneId) -> Result<Snapshot, MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.snapshot(&inner).await, pane)
     }
 
     async fn styled(&self, pane: &PaneId) -> Result<String, MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.styled(&inner).await, pane)
     }
 
     async fn history(&self, pane: &PaneId, lines: usize) -> Result<String, MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.history(&inner, lines).await, pane)
     }
 
     async fn panes(&self) -> Result<BTreeMap<PaneId, PaneState>, MuxError> {
         let mut all = BTreeMap::new();
-        for (index, server) in self.servers().into_iter().enumerate() {
+        // One server that cannot be listed fails the whole listing: taken as a listing of
+        // the others alone, it would end the workers on that one.
+        for (index, server) in self.servers() {
             let mark = self.lock().1.mark();
             let panes = server.panes().await?;
             self.lock().1.listed(index, panes.keys(), mark);
@@ -305,12 +386,12 @@ impl PaneHost for Spread {
     }
 
     async fn pid(&self, pane: &PaneId) -> Result<u32, MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.pid(&inner).await, pane)
     }
 
     async fn close(&self, pane: &PaneId) -> Result<(), MuxError> {
-        let (index, server, inner) = match self.locate(pane) {
+        let (index, server, inner) = match self.locate(pane).await {
             Ok(found) => found,
             // No server of ours holds it: it is closed.
             Err(MuxError::NoPane(_)) => return Ok(()),
@@ -322,7 +403,7 @@ impl PaneHost for Spread {
     }
 
     async fn watch_output(&self, pane: &PaneId) -> Result<OutputWatch, MuxError> {
-        let (_, server, inner) = self.locate(pane)?;
+        let (_, server, inner) = self.locate(pane).await?;
         renamed(server.watch_output(&inner).await, pane)
     }
 }
@@ -413,6 +494,28 @@ mod tests {
     }
 
     #[test]
+    fn a_pane_closed_while_its_server_was_listed_is_not_counted_again() {
+        let mut load = Load::with_servers(1);
+        make(&mut load, 1, 2);
+        make(&mut load, 2, 2);
+        let mark = load.mark();
+        load.closed(0, &pane(2));
+        // The listing began before the close and still shows %2.
+        load.listed(0, [pane(1), pane(2)].iter(), mark);
+        assert_eq!(load.place(2), 0, "server 1 holds one");
+    }
+
+    #[test]
+    fn a_server_found_later_is_known_with_those_before_it() {
+        let mut load = Load::with_servers(1);
+        load.open(3);
+        assert_eq!(load.servers(), 4);
+        load.open(1);
+        assert_eq!(load.servers(), 4);
+        assert_eq!(Load::with_servers(0).servers(), 0);
+    }
+
+    #[test]
     fn past_the_last_server_new_panes_go_to_the_least_loaded() {
         let mut load = Load::with_servers(MAX_SERVERS);
         let three = [pane(1), pane(2), pane(3)];
@@ -461,6 +564,12 @@ mod tests {
             "257:%7",
             "99999999999999999999999:%7",
             "w1:p2",
+            "02:%7",
+            "2:%7:%8",
+            "%",
+            "%x",
+            "2:%",
+            "2:%7 ",
         ] {
             assert_eq!(inner_id(&PaneId(bad.into())), None, "{bad:?}");
         }

@@ -156,6 +156,12 @@ pub fn link_args(pane: &str) -> Vec<String> {
         .to_vec()
 }
 
+/// Succeeds only on a server holding the control client's session (by its exact name).
+pub fn has_control_session_args() -> Vec<String> {
+    let target = format!("={CONTROL_SESSION}");
+    ["has-session", "-t", &target].map(String::from).to_vec()
+}
+
 /// Prints the sessions the window of `pane` is linked into, comma-separated.
 pub fn linked_sessions_args(pane: &str) -> Vec<String> {
     [

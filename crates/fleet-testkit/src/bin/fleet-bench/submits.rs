@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fleet_core::typed::typeable;
+use fleet_mux::tmux::spread;
 use fleet_testkit::bins::binary;
 use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::{
@@ -332,8 +333,11 @@ impl Lane {
             return format!("    {} is not listed {when}", self.worker);
         };
         let pane = entry["pane"].as_str().unwrap_or_default();
+        let (index, inner) = spread::inner_id(&fleet_mux::PaneId(pane.to_string()))
+            .unwrap_or((0, fleet_mux::PaneId(pane.to_string())));
+        let server = spread::server_name(&self.socket, index);
         let text = std::process::Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-t", pane])
+            .args(["-L", &server, "capture-pane", "-p", "-J", "-t", &inner.0])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
