@@ -950,11 +950,11 @@ pub fn stop_tmux(name: &str) {
     };
     kill(name);
     for k in 2.. {
-        if !kill(&format!("{name}-{k}")) {
+        if !kill(&spread::server_name(name, k - 1)) {
             break;
         }
     }
     let _ = std::process::Command::new("pkill")
-        .args(["-KILL", "-f", &format!("tmux .*-L {name}(-[0-9]+)? ")])
+        .args(["-KILL", "-f", &format!("tmux .*-L {name}(@[0-9]+)? ")])
         .status();
 }

@@ -62,11 +62,10 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
 }
 
-async fn tmux() -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let name = unique("fleet-panehost");
+/// A fixture of `host`, on private tmux servers named after `name`, staging in `dir`.
+fn on_tmux(host: Arc<dyn PaneHost>, name: String, dir: tempfile::TempDir) -> Fixture {
     Fixture {
-        host: Arc::new(Tmux::private(name.clone(), dir.path().join("paste"))),
+        host,
         exit_status: true,
         herdr: None,
         _cleanup: Cleanup {
@@ -78,6 +77,13 @@ async fn tmux() -> Fixture {
     }
 }
 
+async fn tmux() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique("fleet-panehost");
+    let host = Tmux::private(name.clone(), dir.path().join("paste"));
+    on_tmux(Arc::new(host), name, dir)
+}
+
 /// tmux with a server per pane: fleetd's panes spread over several private servers
 /// ([`Spread`]). Server 1 holds a pane of the fixture's, so each pane of a case is on a
 /// server after it (its id names the server).
@@ -87,17 +93,7 @@ async fn tmux_spread() -> Fixture {
     let host = Spread::open(name.clone(), dir.path().join("paste"), 1).await;
     let first = host.spawn(&spec("first", "exec sleep 600")).await.unwrap();
     assert!(first.0.starts_with('%'), "{first}");
-    Fixture {
-        host: Arc::new(host),
-        exit_status: true,
-        herdr: None,
-        _cleanup: Cleanup {
-            tmux: Some(name),
-            herdr: None,
-            task: None,
-            _dir: dir,
-        },
-    }
+    on_tmux(Arc::new(host), name, dir)
 }
 
 async fn wait_for_socket(socket: &std::path::Path) {

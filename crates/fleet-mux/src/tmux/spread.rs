@@ -3,7 +3,8 @@
 //! past `per_server` panes, new panes go to another server of the gateway's own, so no server
 //! holds them all.
 //!
-//! The servers are `NAME` (server 1) and `NAME-2`, `NAME-3` … A pane of server 1 keeps tmux's
+//! The servers are `NAME` (server 1) and `NAME@2`, `NAME@3` … (`@` is in no name fleetd takes, so
+//! no other gateway's server is named so). A pane of server 1 keeps tmux's
 //! own id (`%7`); a pane of server K > 1 is `K:%7`. [`Load`] (pure) decides where a new pane
 //! goes; [`Spread`] is the [`PaneHost`] over the servers, each a [`Tmux::private`].
 
@@ -131,7 +132,7 @@ impl Load {
 pub fn server_name(name: &str, index: usize) -> String {
     match index {
         0 => name.to_string(),
-        k => format!("{name}-{}", k + 1),
+        k => format!("{name}@{}", k + 1),
     }
 }
 
@@ -165,7 +166,7 @@ pub fn inner_id(pane: &PaneId) -> Option<(usize, PaneId)> {
         .then(|| (index, PaneId(id.to_string())))
 }
 
-/// The numbers of the servers a previous run of `name` may have left (`name-K` for K in
+/// The numbers of the servers a previous run of `name` may have left (`name@K` for K in
 /// 2..=[`MAX_SERVERS`]), from the socket files in tmux's socket dir (`$TMUX_TMPDIR` or `/tmp`,
 /// then `tmux-UID`, as tmux places them); in order, each once.
 fn socket_files(name: &str) -> Vec<usize> {
@@ -176,7 +177,7 @@ fn socket_files(name: &str) -> Vec<usize> {
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
-    let prefix = format!("{name}-");
+    let prefix = format!("{name}@");
     let mut found: Vec<usize> = entries
         .flatten()
         .filter_map(|entry| {
@@ -546,7 +547,7 @@ mod tests {
             );
         }
         assert_eq!(server_name("fleetd-ab", 0), "fleetd-ab");
-        assert_eq!(server_name("fleetd-ab", 2), "fleetd-ab-3");
+        assert_eq!(server_name("fleetd-ab", 2), "fleetd-ab@3");
     }
 
     #[test]

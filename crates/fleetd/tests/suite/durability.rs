@@ -491,7 +491,7 @@ async fn workers_spread_over_tmux_servers_are_taken_back_after_kill_9_and_stoppe
     assert!(panes[1].starts_with("2:%"), "{panes:?}");
     assert!(panes[2].starts_with("3:%"), "{panes:?}");
     let socket = fleet.tmux_socket().to_string();
-    let server = |k: usize| format!("{socket}-{k}");
+    let server = |k: usize| format!("{socket}@{k}");
     let running = |name: &str| {
         std::process::Command::new("tmux")
             .args(["-L", name, "list-sessions"])

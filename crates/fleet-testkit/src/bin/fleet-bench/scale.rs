@@ -29,6 +29,7 @@ use anyhow::Context;
 use fleet_amqp::Table;
 use fleet_amqp::topology::ROSTER_EXCHANGE;
 use fleet_core::admission::Settlement;
+use fleet_mux::tmux::spread;
 use fleet_testkit::bins::binary;
 use fleet_testkit::broker::{Broker, Vhost};
 use fleet_testkit::client::{Client, Protocol};
@@ -195,7 +196,7 @@ fn tmux(socket: &str, args: &[&str]) -> anyhow::Result<String> {
 fn tmux_names(socket: &str) -> Vec<String> {
     let running = |name: &String| tmux(name, &["display-message", "-p", "#{pid}"]).is_ok();
     std::iter::once(socket.to_string())
-        .chain((2..).map(|k| format!("{socket}-{k}")))
+        .chain((1..spread::MAX_SERVERS).map(|k| spread::server_name(socket, k)))
         .enumerate()
         .take_while(|(k, name)| *k == 0 || running(name))
         .map(|(_, name)| name)
