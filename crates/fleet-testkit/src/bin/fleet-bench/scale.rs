@@ -1171,6 +1171,23 @@ async fn held_busy(
     Ok(cpu)
 }
 
+/// `error`, with fleetd's log (its warnings and errors, and the last lines) after it.
+fn logged(error: anyhow::Error, fleet: &Fleet) -> anyhow::Error {
+    let log = fleet.log();
+    let lines: Vec<&str> = log.lines().collect();
+    let notable: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .copied()
+        .collect();
+    let last = &lines[lines.len().saturating_sub(40)..];
+    error.context(format!(
+        "fleetd's warnings and errors:\n{}\nits last lines:\n{}",
+        notable.join("\n"),
+        last.join("\n")
+    ))
+}
+
 /// The loop part: the closed loop, and the screen looks' cost.
 async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     let lanes = args.loop_workers;
@@ -1226,7 +1243,9 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
         pane_pids(&socket)?,
         vec![bench],
     ];
-    let small_run = closed_loop_run(&clients, "p", small, loop_window, &small_groups).await?;
+    let small_run = closed_loop_run(&clients, "p", small, loop_window, &small_groups)
+        .await
+        .map_err(|e| logged(e, &fleet))?;
     let small_load = load();
     let started = Instant::now();
     spawn("sim", "p", small..lanes).await?;
@@ -1248,9 +1267,13 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     let idle_load = load();
     let mut single = trips_to(&lead, "p0", args.trips).await?;
     let single_mean = single.iter().sum::<Duration>().as_secs_f64() / single.len().max(1) as f64;
-    let plain = closed_loop_run(&clients, "p", lanes, loop_window, &groups).await?;
+    let plain = closed_loop_run(&clients, "p", lanes, loop_window, &groups)
+        .await
+        .map_err(|e| logged(e, &fleet))?;
     let plain_load = load();
-    let watched = closed_loop_run(&clients, "w", lanes, loop_window, &groups).await?;
+    let watched = closed_loop_run(&clients, "w", lanes, loop_window, &groups)
+        .await
+        .map_err(|e| logged(e, &fleet))?;
     let watched_load = load();
     let held_plain = held_busy(&lead, "p", lanes, window, &groups).await?;
     let held_watched = held_busy(&lead, "w", lanes, window, &groups).await?;
