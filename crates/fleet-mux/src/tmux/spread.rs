@@ -144,22 +144,23 @@ pub fn outer_id(index: usize, pane: &PaneId) -> PaneId {
     }
 }
 
+/// The index of server `number` (`2` for `NAME@2` and `2:%7`); None unless it is written as
+/// such a number is, once (no sign, no leading zero), and in 2..=[`MAX_SERVERS`].
+fn server_index(number: &str) -> Option<usize> {
+    let digits = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit());
+    if !digits || number.starts_with('0') {
+        return None;
+    }
+    let number: usize = number.parse().ok()?;
+    (2..=MAX_SERVERS).contains(&number).then(|| number - 1)
+}
+
 /// The server (index) and tmux's own id of a pane the fleet knows as `pane`; None for an id
 /// no server of a spread gave (each pane has one id only: no leading zero, no server 1).
 pub fn inner_id(pane: &PaneId) -> Option<(usize, PaneId)> {
     let (index, id) = match pane.0.split_once(':') {
         None => (0, pane.0.as_str()),
-        Some((server, id)) => {
-            let digits = !server.is_empty() && server.bytes().all(|b| b.is_ascii_digit());
-            if !digits || server.starts_with('0') {
-                return None;
-            }
-            let number: usize = server.parse().ok()?;
-            if !(2..=MAX_SERVERS).contains(&number) {
-                return None;
-            }
-            (number - 1, id)
-        }
+        Some((server, id)) => (server_index(server)?, id),
     };
     let number = id.strip_prefix('%')?;
     (!number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
@@ -180,12 +181,7 @@ fn socket_files(name: &str) -> Vec<usize> {
     let prefix = format!("{name}@");
     let mut found: Vec<usize> = entries
         .flatten()
-        .filter_map(|entry| {
-            let file = entry.file_name();
-            let number = file.to_str()?.strip_prefix(&prefix)?;
-            let (index, _) = inner_id(&PaneId(format!("{number}:%0")))?;
-            Some(index)
-        })
+        .filter_map(|entry| server_index(entry.file_name().to_str()?.strip_prefix(&prefix)?))
         .collect();
     found.sort_unstable();
     found.dedup();

@@ -1342,6 +1342,8 @@ mod tests {
             ),
             ("[mux]\nsocket = \"/tmp/x.sock\"\n", "mux.socket"),
             ("[mux]\npanes_per_server = 0\n", "mux.panes_per_server is 0"),
+            ("[mux]\npanes_per_server = -1\n", "panes_per_server"),
+            ("[mux]\npanes_per_server = \"16\"\n", "panes_per_server"),
             // The servers a big fleet spreads to are NAME@2 …: no socket name holds an `@`.
             ("[mux]\nsocket = \"fleet@2\"\n", "mux.socket"),
             (
