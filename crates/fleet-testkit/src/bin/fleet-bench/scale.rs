@@ -1070,8 +1070,13 @@ async fn closed_loop_run(
                         "fleet_send",
                         json!({"to": to, "message": format!("loop {k}"), "wait_s": 30}),
                     )
-                    .await?;
-                anyhow::ensure!(sent["status"] == "replied", "{to}, trip {k}: {sent}");
+                    .await
+                    .map_err(|e| e.context(LaneFailed(to.clone(), None)))?;
+                if sent["status"] != "replied" {
+                    let msg_id = sent["msg_id"].as_str().map(str::to_string);
+                    return Err(anyhow::anyhow!("{to}, trip {k}: {sent}")
+                        .context(LaneFailed(to.clone(), msg_id)));
+                }
                 let done = Instant::now();
                 if done >= start && done <= end {
                     samples.push(done - sent_at);
@@ -1171,21 +1176,68 @@ async fn held_busy(
     Ok(cpu)
 }
 
-/// `error`, with fleetd's log (its warnings and errors, and the last lines) after it.
-fn logged(error: anyhow::Error, fleet: &Fleet) -> anyhow::Error {
+/// The worker of a closed loop's lane whose round trip failed, and the message it was sent.
+#[derive(Debug)]
+struct LaneFailed(String, Option<String>);
+
+impl std::fmt::Display for LaneFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the closed loop's round trip to {} failed", self.0)
+    }
+}
+
+/// The screen of worker `name` (a lane's, on `socket`'s servers), as the lead lists it.
+async fn lane_screen(lead: &Client, socket: &str, name: &str) -> String {
+    let entry = match lead.entry(name).await {
+        Ok(entry) => entry,
+        Err(e) => return format!("{name} is not listed: {e:#}"),
+    };
+    let pane = entry["pane"].as_str().unwrap_or_default();
+    let (index, inner) = spread::inner_id(&fleet_mux::PaneId(pane.to_string()))
+        .unwrap_or((0, fleet_mux::PaneId(pane.to_string())));
+    let screen = tmux(
+        &spread::server_name(socket, index),
+        &["capture-pane", "-p", "-J", "-t", &inner.0],
+    )
+    .unwrap_or_else(|e| format!("(no screen: {e:#})"));
+    format!("{name} is listed as {entry}; its screen:\n{screen}")
+}
+
+/// `run`, or its error with the failed lane's worker (its entry and screen) and fleetd's log
+/// (its warnings and errors, and the last lines) after it.
+async fn logged(
+    run: anyhow::Result<LoopRun>,
+    fleet: &Fleet,
+    lead: &Client,
+) -> anyhow::Result<LoopRun> {
+    let error = match run {
+        Ok(run) => return Ok(run),
+        Err(error) => error,
+    };
+    let failed = error.downcast_ref::<LaneFailed>();
+    let lane = match failed {
+        Some(LaneFailed(name, _)) => lane_screen(lead, fleet.tmux_socket(), name).await,
+        None => String::new(),
+    };
+    let msg_id = failed.and_then(|f| f.1.clone());
+    let error = error.context(lane);
     let log = fleet.log();
     let lines: Vec<&str> = log.lines().collect();
     let notable: Vec<&str> = lines
         .iter()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| {
+            l.contains(" WARN ")
+                || l.contains(" ERROR ")
+                || msg_id.as_deref().is_some_and(|id| l.contains(id))
+        })
         .copied()
         .collect();
     let last = &lines[lines.len().saturating_sub(40)..];
-    error.context(format!(
-        "fleetd's warnings and errors:\n{}\nits last lines:\n{}",
+    Err(error.context(format!(
+        "fleetd's warnings and errors, and its lines naming the message:\n{}\nits last lines:\n{}",
         notable.join("\n"),
         last.join("\n")
-    ))
+    )))
 }
 
 /// The loop part: the closed loop, and the screen looks' cost.
@@ -1243,9 +1295,8 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
         pane_pids(&socket)?,
         vec![bench],
     ];
-    let small_run = closed_loop_run(&clients, "p", small, loop_window, &small_groups)
-        .await
-        .map_err(|e| logged(e, &fleet))?;
+    let small_run = closed_loop_run(&clients, "p", small, loop_window, &small_groups).await;
+    let small_run = logged(small_run, &fleet, &lead).await?;
     let small_load = load();
     let started = Instant::now();
     spawn("sim", "p", small..lanes).await?;
@@ -1267,13 +1318,11 @@ async fn closed_loop(args: &Args) -> anyhow::Result<()> {
     let idle_load = load();
     let mut single = trips_to(&lead, "p0", args.trips).await?;
     let single_mean = single.iter().sum::<Duration>().as_secs_f64() / single.len().max(1) as f64;
-    let plain = closed_loop_run(&clients, "p", lanes, loop_window, &groups)
-        .await
-        .map_err(|e| logged(e, &fleet))?;
+    let plain = closed_loop_run(&clients, "p", lanes, loop_window, &groups).await;
+    let plain = logged(plain, &fleet, &lead).await?;
     let plain_load = load();
-    let watched = closed_loop_run(&clients, "w", lanes, loop_window, &groups)
-        .await
-        .map_err(|e| logged(e, &fleet))?;
+    let watched = closed_loop_run(&clients, "w", lanes, loop_window, &groups).await;
+    let watched = logged(watched, &fleet, &lead).await?;
     let watched_load = load();
     let held_plain = held_busy(&lead, "p", lanes, window, &groups).await?;
     let held_watched = held_busy(&lead, "w", lanes, window, &groups).await?;
