@@ -5,7 +5,7 @@
 //! and verifies the same way. Nothing here knows about messages or MCP: a pane host moves
 //! keystrokes and screens, never meaning.
 
-#[cfg(feature = "fake")]
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod fine;
 pub mod herdr;
