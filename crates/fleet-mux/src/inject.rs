@@ -166,11 +166,11 @@ pub async fn inject(
 /// finds the task half typed knows then how far it got). Answering false withholds the step
 /// ([`InjectOutcome::Withheld`]).
 pub trait Steps {
-    /// The first key of the task may go in once this answers (it is asked while the pane is
-    /// looked at before the paste); until then nothing of it can have reached the program.
+    /// The first key of the task is about to go in; until then nothing of it can have reached
+    /// the program.
     fn keys_going(&self) -> impl Future<Output = bool> + Send;
-    /// The first Enter under the pasted task may go in once this answers (it is asked while
-    /// the paste settles); until then it cannot have been submitted.
+    /// The first Enter under the pasted task is about to go in; until then it cannot have been
+    /// submitted.
     fn enter_going(&self) -> impl Future<Output = bool> + Send;
     /// The typing reached `step` (for a trace of where a round trip's time goes; nothing is
     /// withheld by it).
@@ -230,57 +230,36 @@ pub async fn inject_noting(
         hold_still(host, pane, settle).await?;
     }
     let mut looks = Looks::new(host, pane).await;
-    // The first key's note is made while the pane is looked at (both wait on I/O): a note
-    // with no key after it reads, at a restart, as a paste that never arrived.
-    let (pre, keys_going) = tokio::join!(input_ready(&mut looks, options), steps.keys_going());
-    let Some(pre) = pre? else {
-        return Ok(InjectOutcome::InputNotEmpty);
-    };
-    if !keys_going {
+    let mut pre = looks.snapshot().await?;
+    if pre.in_mode {
+        // A human scrolling back in the pane: the paste would reach the program, but Enter
+        // would be eaten by the mode.
+        host.leave_mode(pane).await?;
+        pre = looks.snapshot().await?;
+    }
+    if let Some(marker) = &options.submitted_marker {
+        match wait_for_marker(&mut looks, marker, options.verify_window, pre).await? {
+            Some(empty) => pre = empty,
+            None => return Ok(InjectOutcome::InputNotEmpty),
+        }
+    }
+    if !steps.keys_going().await {
         return Ok(InjectOutcome::Withheld);
     }
     host.paste(pane, text).await?;
     steps.reached(Reached::Pasted);
-    // The Enter's note is made while the paste settles: until the Enter, a restart finds the
-    // task in the input box (or nowhere) whichever note it reads.
-    let (before, enter_going) = tokio::join!(
-        async {
-            // Compare against the screen *with* the paste on it, or the paste rendering late
-            // would pass for a submit.
-            let mut before = settle(&mut looks, &pre).await?;
-            steps.reached(Reached::EchoSeen);
-            if !options.enter_pause.is_zero() {
-                sleep(options.enter_pause).await;
-                before = looks.snapshot().await?;
-            }
-            Ok::<_, MuxError>(before)
-        },
-        steps.enter_going()
-    );
-    let before = before?;
-    if !enter_going {
+    // Compare against the screen *with* the paste on it, or the paste rendering late would
+    // pass for a submit.
+    let mut before = settle(&mut looks, &pre).await?;
+    steps.reached(Reached::EchoSeen);
+    if !options.enter_pause.is_zero() {
+        sleep(options.enter_pause).await;
+        before = looks.snapshot().await?;
+    }
+    if !steps.enter_going().await {
         return Ok(InjectOutcome::Withheld);
     }
     submit_noting(looks, before, options, activity, steps).await
-}
-
-/// The screen before the paste, once the pane can take it: out of a mode a human scrolling
-/// back put it in (the paste would reach the program, but Enter would be eaten by the mode),
-/// and its input box shown empty where the program has a marker for that; `None` if the box
-/// never showed empty.
-async fn input_ready(
-    looks: &mut Looks<'_>,
-    options: &InjectOptions,
-) -> Result<Option<Snapshot>, MuxError> {
-    let mut pre = looks.snapshot().await?;
-    if pre.in_mode {
-        looks.host.leave_mode(looks.pane).await?;
-        pre = looks.snapshot().await?;
-    }
-    match &options.submitted_marker {
-        Some(marker) => wait_for_marker(looks, marker, options.verify_window, pre).await,
-        None => Ok(Some(pre)),
-    }
 }
 
 /// The next pause before a look at the screen: where the host reports output, the safety
@@ -545,12 +524,11 @@ mod tests {
     use tokio::sync::Notify;
 
     /// Steps whose notes answer only when the test lets them, each answering `going`; each
-    /// tells the test it was asked, and the paste's settling is told too.
+    /// tells the test it was asked.
     struct Gated {
         going: (bool, bool),
         asked: [Notify; 2],
         answer: [Notify; 2],
-        echo_seen: Notify,
     }
 
     impl Gated {
@@ -559,8 +537,15 @@ mod tests {
                 going: (keys, enter),
                 asked: [Notify::new(), Notify::new()],
                 answer: [Notify::new(), Notify::new()],
-                echo_seen: Notify::new(),
             })
+        }
+
+        /// Waits (at most 10 s, so a broken order fails instead of hanging) until note `step`
+        /// was asked.
+        async fn asked(&self, step: usize) {
+            tokio::time::timeout(Duration::from_secs(10), self.asked[step].notified())
+                .await
+                .expect("the note was asked");
         }
 
         async fn note(&self, step: usize, going: bool) -> bool {
@@ -577,11 +562,6 @@ mod tests {
         async fn enter_going(&self) -> bool {
             self.note(1, self.going.1).await
         }
-        fn reached(&self, step: Reached) {
-            if step == Reached::EchoSeen {
-                self.echo_seen.notify_one();
-            }
-        }
     }
 
     fn quick() -> InjectOptions {
@@ -593,7 +573,7 @@ mod tests {
         }
     }
 
-    /// Types `text` into a fresh fake pane, its notes taken by `steps`, in a task of its own.
+    /// Types `the task` into a fresh fake pane, its notes taken by `steps`, in a task of its own.
     fn start_typing(
         steps: &Arc<Gated>,
     ) -> (
@@ -603,35 +583,69 @@ mod tests {
     ) {
         let host = Arc::new(FakePanes::new());
         let pane = host.open();
-        let (h, p, s) = (Arc::clone(&host), pane.clone(), Arc::clone(steps));
-        let typing = tokio::spawn(async move {
+        let typing = typing_into(&host, &pane, steps, quick());
+        (host, pane, typing)
+    }
+
+    /// Types `the task` into `pane` of `host` with `options`, its notes taken by `steps`.
+    fn typing_into(
+        host: &Arc<FakePanes>,
+        pane: &PaneId,
+        steps: &Arc<Gated>,
+        options: InjectOptions,
+    ) -> tokio::task::JoinHandle<Result<InjectOutcome, MuxError>> {
+        let (h, p, s) = (Arc::clone(host), pane.clone(), Arc::clone(steps));
+        tokio::spawn(async move {
             let (_tx, mut activity) = watch::channel(0u64);
             inject_noting(
                 h.as_ref(),
                 &p,
                 "the task",
-                &quick(),
+                &options,
                 &mut activity,
                 s.as_ref(),
             )
             .await
-        });
-        (host, pane, typing)
+        })
+    }
+
+    #[tokio::test]
+    async fn with_a_marker_the_first_key_is_noted_only_once_the_box_shows_empty() {
+        let steps = Gated::new(true, true);
+        let host = Arc::new(FakePanes::new());
+        let pane = host.open();
+        host.paste(&pane, "a draft").await.expect("drafted");
+        let options = InjectOptions {
+            submitted_marker: Some(">".into()),
+            verify_window: Duration::from_millis(200),
+            ..quick()
+        };
+        let outcome = typing_into(&host, &pane, &steps, options)
+            .await
+            .expect("joined")
+            .expect("ran");
+        assert_eq!(outcome, InjectOutcome::InputNotEmpty);
+        // Noted with the draft in the box, a restart would take the draft for the task.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), steps.asked[0].notified())
+                .await
+                .is_err(),
+            "the first key was noted with a draft in the box"
+        );
+        assert_eq!(host.typed(&pane), vec![Typed::Paste("a draft".into())]);
     }
 
     #[tokio::test]
     async fn no_key_goes_in_before_its_note_answers_nor_enter_before_the_enters() {
         let steps = Gated::new(true, true);
         let (host, pane, typing) = start_typing(&steps);
-        steps.asked[0].notified().await;
+        steps.asked(0).await;
         assert!(
             host.typed(&pane).is_empty(),
             "nothing typed before the note"
         );
         steps.answer[0].notify_one();
-        // The paste settles while the Enter's note is out; the Enter waits for the note.
-        steps.asked[1].notified().await;
-        steps.echo_seen.notified().await;
+        steps.asked(1).await;
         tokio::task::yield_now().await;
         assert!(
             !host.typed(&pane).contains(&Typed::Enter),
@@ -648,7 +662,7 @@ mod tests {
     async fn a_withheld_first_key_types_nothing_and_a_withheld_enter_leaves_the_paste() {
         let steps = Gated::new(false, true);
         let (host, pane, typing) = start_typing(&steps);
-        steps.asked[0].notified().await;
+        steps.asked(0).await;
         steps.answer[0].notify_one();
         assert_eq!(
             typing.await.expect("joined").expect("ran"),
@@ -658,9 +672,9 @@ mod tests {
 
         let steps = Gated::new(true, false);
         let (host, pane, typing) = start_typing(&steps);
-        steps.asked[0].notified().await;
+        steps.asked(0).await;
         steps.answer[0].notify_one();
-        steps.asked[1].notified().await;
+        steps.asked(1).await;
         steps.answer[1].notify_one();
         assert_eq!(
             typing.await.expect("joined").expect("ran"),
