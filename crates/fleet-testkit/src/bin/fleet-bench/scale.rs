@@ -1186,20 +1186,15 @@ impl std::fmt::Display for LaneFailed {
     }
 }
 
-/// The screen of worker `name` (a lane's, on `socket`'s servers), as the lead lists it.
-async fn lane_screen(lead: &Client, socket: &str, name: &str) -> String {
+/// Worker `name`'s listing and screen, as a lead lists it.
+async fn lane_screen(lead: &Client, fleet: &Fleet, name: &str) -> String {
     let entry = match lead.entry(name).await {
         Ok(entry) => entry,
         Err(e) => return format!("{name} is not listed: {e:#}"),
     };
-    let pane = entry["pane"].as_str().unwrap_or_default();
-    let (index, inner) = spread::inner_id(&fleet_mux::PaneId(pane.to_string()))
-        .unwrap_or((0, fleet_mux::PaneId(pane.to_string())));
-    let screen = tmux(
-        &spread::server_name(socket, index),
-        &["capture-pane", "-p", "-J", "-t", &inner.0],
-    )
-    .unwrap_or_else(|e| format!("(no screen: {e:#})"));
+    let screen = fleet
+        .screen(entry["pane"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| format!("(no screen: {e:#})"));
     format!("{name} is listed as {entry}; its screen:\n{screen}")
 }
 
@@ -1216,11 +1211,14 @@ async fn logged(
     };
     let failed = error.downcast_ref::<LaneFailed>();
     let lane = match failed {
-        Some(LaneFailed(name, _)) => lane_screen(lead, fleet.tmux_socket(), name).await,
-        None => String::new(),
+        Some(LaneFailed(name, _)) => Some(lane_screen(lead, fleet, name).await),
+        None => None,
     };
     let msg_id = failed.and_then(|f| f.1.clone());
-    let error = error.context(lane);
+    let error = match lane {
+        Some(lane) => error.context(lane),
+        None => error,
+    };
     let log = fleet.log();
     let lines: Vec<&str> = log.lines().collect();
     let notable: Vec<&str> = lines
