@@ -69,23 +69,112 @@ pub fn resolve(
     }
 }
 
-fn unknown_recipient(mut names: Vec<String>, to: &str) -> FleetError {
+fn unknown_recipient(names: Vec<String>, to: &str) -> FleetError {
+    FleetError::new(
+        ErrorCode::UnknownRecipient,
+        format!(
+            "no entity is named or has the id '{to}' (known: {}); see fleet_list",
+            listed(names)
+        ),
+    )
+}
+
+/// The names, sorted, each once, as a sentence lists them ("nobody" for none).
+fn listed(mut names: Vec<String>) -> String {
     names.sort_unstable();
     names.dedup();
-    let known = if names.is_empty() {
+    if names.is_empty() {
         "nobody".to_string()
     } else {
         names.join(", ")
-    };
+    }
+}
+
+/// The error for a recipient `name` that is not live because it ended at `at_ms` (Unix
+/// milliseconds; it is now `now_ms`) for `why` (if recorded), with `live` the names known now:
+/// still `unknown_recipient`, saying when and why it ended and what to do instead.
+pub fn ended(
+    name: &str,
+    at_ms: i64,
+    now_ms: i64,
+    why: Option<&str>,
+    live: Vec<String>,
+) -> FleetError {
+    let why = why.map(|why| format!(" ({why})")).unwrap_or_default();
     FleetError::new(
         ErrorCode::UnknownRecipient,
-        format!("no entity is named or has the id '{to}' (known: {known}); see fleet_list"),
+        format!(
+            "'{name}' is gone: it ended at {} UTC, {}{why}; fleet_spawn starts a new worker (live now: {}; see fleet_list)",
+            time_of_day(at_ms),
+            ago(now_ms.saturating_sub(at_ms)),
+            listed(live)
+        ),
     )
+}
+
+/// `ms` (Unix milliseconds) as the UTC time of day, `HH:MM:SS`.
+fn time_of_day(ms: i64) -> String {
+    let s = ms.div_euclid(1000).rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// How long ago something `ms` milliseconds old was, in its largest whole unit.
+fn ago(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0 => "just now".to_string(),
+        1..60 => format!("{s} s ago"),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ended_recipient_is_told_when_why_and_what_to_do() {
+        // 2026-12-06 12:01:07.500 UTC, told 3 min 20 s later.
+        let at = 1_796_558_467_500;
+        let err = ended(
+            "w3",
+            at,
+            at + 200_000,
+            Some("stopped by lead"),
+            vec!["w1".into(), "lead".into(), "w1".into()],
+        );
+        assert_eq!(err.code, ErrorCode::UnknownRecipient);
+        assert_eq!(
+            err.message,
+            "'w3' is gone: it ended at 12:01:07 UTC, 3 min ago (stopped by lead); fleet_spawn starts a new worker (live now: lead, w1; see fleet_list)"
+        );
+        // No cause recorded, nobody live, a clock that went back.
+        let err = ended("w3", at, at - 5_000, None, Vec::new());
+        assert_eq!(
+            err.message,
+            "'w3' is gone: it ended at 12:01:07 UTC, just now; fleet_spawn starts a new worker (live now: nobody; see fleet_list)"
+        );
+    }
+
+    #[test]
+    fn how_long_ago_is_said_in_its_largest_whole_unit() {
+        let cases = [
+            (999, "just now"),
+            (59_999, "59 s ago"),
+            (60_000, "1 min ago"),
+            (3_599_999, "59 min ago"),
+            (3_600_000, "1 h ago"),
+            (86_399_999, "23 h ago"),
+            (86_400_000 * 3, "3 days ago"),
+        ];
+        for (ms, said) in cases {
+            assert_eq!(ago(ms), said, "{ms}");
+        }
+        assert_eq!(time_of_day(0), "00:00:00");
+        assert_eq!(time_of_day(-1), "23:59:59");
+    }
     use crate::entity::Role;
 
     /// A roster as a plain list, looked up by walking it.

@@ -65,6 +65,15 @@ pub struct EntityRecord {
     pub created_ms: i64,
 }
 
+/// The end of an entity that is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// When it ended (its last change), in Unix milliseconds.
+    pub at_ms: i64,
+    /// Why, if that was recorded (not by a build before schema 12).
+    pub why: Option<String>,
+}
+
 /// Who a remembered message went between: its sender, and its recipient (none for a
 /// broadcast's own id).
 pub type SentBetween = (Gid, Option<Gid>);
@@ -166,6 +175,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// The newest entity ever called `name`, live or gone.
     fn latest_named(&self, name: &str) -> StoreResult<Option<EntityRecord>>;
+
+    /// Records why `gid` ended (its status is made gone apart, by [`Store::set_session`]): a
+    /// sentence anyone who could send to it may read (no screen, no task).
+    fn note_ended(&self, gid: Gid, why: &str) -> StoreResult<()>;
+
+    /// The newest entity ever called `name`, if it is gone: when it ended and why.
+    fn ended_named(&self, name: &str) -> StoreResult<Option<Ended>>;
 
     /// Every entity that is not gone, in the order they were added.
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>>;

@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -259,6 +259,13 @@ ALTER TABLE entities ADD COLUMN sandbox TEXT;
 ALTER TABLE entities ADD COLUMN profile_role TEXT;
 ";
 
+/// Version 12: why an entity ended, kept on its row once it is gone (its `updated_ms` says
+/// when), so that a send to a stopped or ended worker is told when and why. Rows from before
+/// read NULL: an end whose cause was not recorded.
+const SCHEMA_V12: &str = "
+ALTER TABLE entities ADD COLUMN ended TEXT;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -303,6 +310,9 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     }
     if found < 11 {
         tx.execute_batch(SCHEMA_V11)?;
+    }
+    if found < 12 {
+        tx.execute_batch(SCHEMA_V12)?;
     }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;

@@ -17,7 +17,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use crate::schema::migrate;
 use crate::tokens::{self, TokenCache};
 use crate::{
-    AwaitedReceipt, Change, EntityRecord, MessageFilter, SentBetween, SentRecord, Store,
+    AwaitedReceipt, Change, Ended, EntityRecord, MessageFilter, SentBetween, SentRecord, Store,
     StoreError, StoreResult, Subject,
 };
 
@@ -479,6 +479,32 @@ impl Store for SqliteStore {
         ))?;
         let raw = stmt.query_row([name], RawEntity::read).optional()?;
         raw.map(RawEntity::parse).transpose()
+    }
+
+    fn note_ended(&self, gid: Gid, why: &str) -> StoreResult<()> {
+        self.conn()
+            .prepare_cached("UPDATE entities SET ended = ?2 WHERE gid = ?1")?
+            .execute(params![gid.to_string(), why])?;
+        Ok(())
+    }
+
+    fn ended_named(&self, name: &str) -> StoreResult<Option<Ended>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT status, updated_ms, ended FROM entities WHERE name = ?1 ORDER BY rowid DESC LIMIT 1",
+        )?;
+        let newest = stmt
+            .query_row([name], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                ))
+            })
+            .optional()?;
+        Ok(newest
+            .filter(|(status, _, _)| status == WorkerStatus::Gone.as_str())
+            .map(|(_, at_ms, why)| Ended { at_ms, why }))
     }
 
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>> {

@@ -703,6 +703,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          ALTER TABLE messages DROP COLUMN expires_ms;
          DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive; DROP TABLE lead_panes;
          ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+         ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -1306,6 +1307,7 @@ fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+         ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 9;",
     )
     .unwrap();
@@ -1338,6 +1340,7 @@ fn what_a_worker_was_spawned_as_is_kept_and_a_build_before_schema_11_recorded_no
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+         ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 10;",
     )
     .unwrap();
@@ -1359,4 +1362,50 @@ fn what_a_worker_was_spawned_as_is_kept_and_a_build_before_schema_11_recorded_no
     later.entity.profile_role = Some("frontend".into());
     store.set_spawned_as(&later.entity).unwrap();
     assert_eq!(store.entity(later.entity.gid).unwrap(), Some(later));
+}
+
+#[test]
+fn why_a_worker_ended_is_kept_and_a_build_before_schema_12_recorded_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let lead = Gid::mint();
+    let (stopped, live, old) = (worker("w1", lead), worker("w2", lead), worker("w3", lead));
+    {
+        let store = open(&dir);
+        for record in [&stopped, &live, &old] {
+            store.insert_entity(record).unwrap();
+        }
+        // Live, or never seen: nothing ended.
+        assert_eq!(store.ended_named("w2").unwrap(), None);
+        assert_eq!(store.ended_named("nobody").unwrap(), None);
+        let before = now_ms();
+        store
+            .set_session(stopped.entity.gid, WorkerStatus::Gone, None)
+            .unwrap();
+        store
+            .note_ended(stopped.entity.gid, "stopped by lead")
+            .unwrap();
+        let ended = store.ended_named("w1").unwrap().unwrap();
+        assert_eq!(ended.why.as_deref(), Some("stopped by lead"));
+        assert!(
+            ended.at_ms >= before && ended.at_ms <= now_ms(),
+            "{ended:?}"
+        );
+        store
+            .set_session(old.entity.gid, WorkerStatus::Gone, None)
+            .unwrap();
+    }
+    // A new worker of the same name is live: the name is not an ended one any more.
+    let store = open(&dir);
+    let again = worker("w1", lead);
+    store.insert_entity(&again).unwrap();
+    assert_eq!(store.ended_named("w1").unwrap(), None);
+    drop(store);
+    // A database of schema 11 (no cause kept): an ended worker reads as ended, cause unknown.
+    let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
+    conn.execute_batch("ALTER TABLE entities DROP COLUMN ended; PRAGMA user_version = 11;")
+        .unwrap();
+    drop(conn);
+    let store = open(&dir);
+    assert_eq!(store.ended_named("w3").unwrap().unwrap().why, None);
+    assert_eq!(store.ended_named("w2").unwrap(), None);
 }

@@ -123,6 +123,15 @@ impl Client {
         Ok(Ok(structured))
     }
 
+    /// The tools the server lists: each name with its input schema.
+    pub async fn tools(&self) -> anyhow::Result<Vec<(String, Value)>> {
+        let tools = self.service.list_all_tools().await?;
+        Ok(tools
+            .into_iter()
+            .map(|t| (t.name.to_string(), Value::Object((*t.input_schema).clone())))
+            .collect())
+    }
+
     /// Calls `tool` and fails the test if it is a tool error.
     pub async fn ok(&self, tool: &str, args: Value) -> anyhow::Result<Value> {
         self.call(tool, args)

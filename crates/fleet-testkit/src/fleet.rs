@@ -651,9 +651,10 @@ impl Fleet {
     }
 
     /// Makes the store what the previous release (store schema 8) left: schema 9 only added
-    /// tables (what each worker is known by, when fleetd was last alive), 10 changed no table
-    /// and 11 added two columns (what each worker was spawned as), so dropping them, and the
-    /// version with them, leaves what that release wrote. While fleetd is stopped.
+    /// tables (what each worker is known by, when fleetd was last alive), 10 changed no table,
+    /// 11 added two columns (what each worker was spawned as) and 12 one (why it ended), so
+    /// dropping them, and the version with them, leaves what that release wrote. While fleetd
+    /// is stopped.
     pub fn as_left_by_schema_8(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
@@ -661,6 +662,7 @@ impl Fleet {
             "DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
              DROP TABLE lead_panes;
              ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
+             ALTER TABLE entities DROP COLUMN ended;
              PRAGMA user_version = 8;",
         )?;
         Ok(())

@@ -33,7 +33,7 @@ impl LocalPlane {
         to: &str,
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
-        let (entity, remote) = self.stoppable(to)?;
+        let (entity, remote) = self.stoppable(to).await?;
         if remote && let Some(afar) = self.afar.as_deref() {
             return afar.stop(self, caller, &entity).await;
         }
@@ -46,7 +46,7 @@ impl LocalPlane {
             )?;
         }
         Ok(self
-            .stop_here(entity, &format!("stopped by {}", caller.entity.name))
+            .stop_here(entity, &format!("stopped by lead '{}'", caller.entity.name))
             .await)
     }
 
@@ -68,7 +68,7 @@ impl LocalPlane {
                 ),
             ));
         }
-        let (entity, remote) = self.stoppable(to)?;
+        let (entity, remote) = self.stoppable(to).await?;
         if remote {
             return Err(FleetError::invalid(format!(
                 "'{}' runs on host '{}': an operator stops it through that host's fleetd",
@@ -77,14 +77,14 @@ impl LocalPlane {
         }
         tracing::info!(operator = %name, name = %entity.name, "stopped by an operator");
         Ok(self
-            .stop_here(entity, &format!("stopped by operator {name}"))
+            .stop_here(entity, &format!("stopped by operator '{name}'"))
             .await)
     }
 
     /// Who `to` names, if it may be stopped (a lead may not), and whether it is on another
     /// host.
-    fn stoppable(&self, to: &str) -> Result<(fleet_core::Entity, bool), FleetError> {
-        let (entity, remote) = match self.resolve_route(to)? {
+    async fn stoppable(&self, to: &str) -> Result<(fleet_core::Entity, bool), FleetError> {
+        let (entity, remote) = match self.resolve_or_ended(to).await? {
             Route::Local(entity) => (entity, false),
             Route::Remote(entity) => (entity, true),
         };
@@ -148,6 +148,7 @@ impl LocalPlane {
         tracing::info!(%gid, %name, reason = %crate::logs::summary(reason), "session ended");
         crate::logs::trace_text("end reason", reason);
         self.persist_status(gid).await;
+        self.note_ended(gid, reason).await;
         if let Err(e) = self.db.run(move |s| s.revoke_tokens(gid)).await {
             tracing::error!(%gid, error = %e, "cannot revoke a token");
         }
@@ -163,6 +164,15 @@ impl LocalPlane {
         self.clear_after(gid).await;
         self.sessions.lock().prune_gone(MAX_GONE_KEPT);
         self.inboxes.forget(gid);
+    }
+
+    /// Records why `gid` ended (`reason`, less any screen it quotes), for a later send to its
+    /// name.
+    async fn note_ended(&self, gid: Gid, reason: &str) {
+        let why = parts(reason).0.to_string();
+        if let Err(e) = self.db.run(move |s| s.note_ended(gid, &why)).await {
+            tracing::error!(%gid, error = %e, "cannot record why a session ended");
+        }
     }
 
     /// Tells the senders of what was on its way to `entity` (ended for `reason`), and the
@@ -319,6 +329,11 @@ impl LocalPlane {
         self.db
             .run(move |s| s.set_session(gid, WorkerStatus::Gone, None))
             .await?;
+        self.note_ended(
+            gid,
+            &format!("fleetd restarted and did not take it back ({why})"),
+        )
+        .await;
         self.db.run(move |s| s.revoke_tokens(gid)).await?;
         if let Some(afar) = self.afar.as_deref() {
             afar.sender_gone(self, gid).await;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use fleet_core::bounds::Full;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Placement, place};
-use fleet_core::routing::{Directory, Route, resolve};
+use fleet_core::routing::{Directory, Route, ended, resolve};
 use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState, TraceId};
 use tracing::Instrument;
 
@@ -59,6 +59,37 @@ impl LocalPlane {
                 ),
             )),
             route => Ok(route),
+        }
+    }
+
+    /// [`LocalPlane::resolve_route`], where a name of this host that is not live because it
+    /// ended is told when and why (else as unknown as any other name).
+    pub(super) async fn resolve_or_ended(&self, to: &str) -> Result<Route, FleetError> {
+        match self.resolve_route(to) {
+            Err(err) if err.code == ErrorCode::UnknownRecipient => Err(self.ended(to, err).await),
+            found => found,
+        }
+    }
+
+    /// `unknown`, the error for `to`, told instead when and why `to` ended if it is a name of
+    /// this host's that did.
+    async fn ended(&self, to: &str, unknown: FleetError) -> FleetError {
+        let to = to.trim();
+        let name = match to.split_once('@') {
+            Some((name, host)) if host == self.host_id => name,
+            Some(_) => return unknown,
+            None => to,
+        };
+        let owned = name.to_string();
+        match self.db.run(move |s| s.ended_named(&owned)).await {
+            Ok(Some(end)) => ended(
+                name,
+                end.at_ms,
+                now_ms(),
+                end.why.as_deref(),
+                Known(self).names(),
+            ),
+            _ => unknown,
         }
     }
 

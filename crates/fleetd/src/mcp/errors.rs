@@ -31,6 +31,37 @@ pub fn failed(err: &FleetError) -> CallToolResult {
     }))
 }
 
+/// How rmcp begins the tool error it makes of arguments the tool's parameters would not parse.
+const UNPARSED: &str = "failed to deserialize parameters:";
+
+/// `result` as it goes back to the caller of `tool` (input schema `schema`): rmcp's own tool
+/// error for arguments that would not parse (plain text) becomes the documented `{code,
+/// message}` shape, `invalid_params`, naming the tool's parameters; anything else is left as
+/// it is.
+pub fn unparsed(
+    result: CallToolResult,
+    tool: &str,
+    schema: &rmcp::model::JsonObject,
+) -> CallToolResult {
+    let reason = (result.is_error == Some(true) && result.structured_content.is_none())
+        .then(|| {
+            result
+                .content
+                .first()?
+                .as_text()?
+                .text
+                .strip_prefix(UNPARSED)
+        })
+        .flatten();
+    match reason {
+        Some(reason) => failed(&FleetError::new(
+            fleet_core::ErrorCode::InvalidParams,
+            super::arguments::unparsed(tool, schema, reason),
+        )),
+        None => result,
+    }
+}
+
 /// Turns a domain result into a tool result.
 pub fn result<T: Serialize>(outcome: Result<T, FleetError>) -> CallToolResult {
     match outcome {

@@ -3,6 +3,7 @@
 //! over to the gateway. Both the stateless 2026-07-28 protocol and the older session protocol
 //! are served by the same handler; identity is read per HTTP request in both.
 
+mod arguments;
 mod errors;
 pub mod params;
 
@@ -406,8 +407,24 @@ impl ServerHandler for FleetMcp {
             span.record("caller", tracing::field::display(&caller.entity.name));
         }
         let _in_flight = self.in_flight.token();
+        let schema = self
+            .tool_router
+            .get(&request.name)
+            .map(|known| Arc::clone(&known.input_schema));
+        if let Some(why) = schema
+            .as_deref()
+            .and_then(|schema| arguments::misfit(&tool, schema, request.arguments.as_ref()))
+        {
+            return Ok(errors::failed(&FleetError::new(ErrorCode::InvalidParams, why)).into());
+        }
         let call = ToolCallContext::new(self, request, ctx);
-        self.tool_router.call(call).instrument(span).await
+        let answer = self.tool_router.call(call).instrument(span).await;
+        match (answer, schema) {
+            (Ok(CallToolResponse::Complete(result)), Some(schema)) => {
+                Ok(errors::unparsed(result, &tool, &schema).into())
+            }
+            (answer, _) => answer,
+        }
     }
 
     async fn list_tools(

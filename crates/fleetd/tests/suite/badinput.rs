@@ -282,3 +282,82 @@ async fn tasks_queued_for_a_busy_worker_stop_at_the_cap_and_none_accepted_is_los
     assert_eq!(sent["reply"]["text"], "echo: t5", "{sent}");
     Ok(())
 }
+
+/// Every tool, called with a parameter it does not have, one left out or one of the wrong type,
+/// answers in the documented `{code, message}` shape, `invalid_params`, naming what is wrong and
+/// the parameters the tool has; nothing is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misnamed_or_mistyped_arguments_name_the_parameters_that_exist() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let tools = lead.tools().await?;
+    let names: Vec<&str> = tools.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(
+        [
+            "fleet_list",
+            "fleet_spawn",
+            "fleet_send",
+            "fleet_poll",
+            "fleet_stop"
+        ]
+        .iter()
+        .all(|tool| names.contains(tool)),
+        "{names:?}"
+    );
+    for (tool, schema) in &tools {
+        let names: Vec<&String> = schema["properties"]
+            .as_object()
+            .map(|p| p.keys().collect())
+            .unwrap_or_default();
+        let err = lead
+            .call(tool, json!({"bogus_param": 1}))
+            .await?
+            .expect_err(&format!("{tool} took a bogus parameter"));
+        assert_eq!(err.code, "invalid_params", "{tool}: {err}");
+        assert!(
+            err.message
+                .starts_with(&format!("{tool} has no parameter 'bogus_param'; ")),
+            "{tool}: {err}"
+        );
+        for name in &names {
+            assert!(
+                err.message.contains(name.as_str()),
+                "{tool} does not name {name}: {err}"
+            );
+        }
+        if names.is_empty() {
+            assert!(
+                err.message.ends_with("it takes no parameters"),
+                "{tool}: {err}"
+            );
+        }
+    }
+    let cases = [
+        (
+            "fleet_spawn",
+            json!({"name": "w1"}),
+            "fleet_spawn needs 'profile', which the call left out; its parameters are ",
+        ),
+        (
+            "fleet_send",
+            json!({"to": "w1", "message": 5}),
+            "fleet_send's 'message' must be string or null, not an integer; its parameters are ",
+        ),
+        (
+            "fleet_send",
+            json!({"to": "w1", "message": "hi", "wait_s": -1}),
+            "fleet_send cannot take its arguments (invalid value: integer where u64 was expected); its parameters are ",
+        ),
+    ];
+    for (tool, args, start) in cases {
+        let err = lead
+            .call(tool, args.clone())
+            .await?
+            .expect_err(&format!("{tool} {args} succeeded"));
+        assert_eq!(err.code, "invalid_params", "{tool} {args}: {err}");
+        assert!(err.message.starts_with(start), "{tool} {args}: {err}");
+    }
+    // None of them spawned or sent anything.
+    assert_eq!(lead.names().await?, vec!["lead".to_string()]);
+    Ok(())
+}

@@ -186,10 +186,13 @@ async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Resu
     .await?;
     let late = lead
         .call("fleet_send", json!({"to": "w1", "message": "anyone?"}))
-        .await?;
-    assert_eq!(
-        late.err().map(|e| e.code).as_deref(),
-        Some("unknown_recipient")
+        .await?
+        .expect_err("a send to the crashed w1 was taken");
+    assert_eq!(late.code, "unknown_recipient", "{late}");
+    // It says the worker is gone and when, not only that the name is unknown.
+    assert!(
+        late.message.starts_with("'w1' is gone: it ended at "),
+        "{late}"
     );
     Ok(())
 }

@@ -243,7 +243,7 @@ impl Federation {
         match found {
             Some((name, status)) if status.is_live() => {
                 tracing::info!(%gid, lead = %lead.name, lead_host = %lead.host, "stopped by a lead of another host");
-                let reason = format!("stopped by {}@{}", lead.name, lead.host);
+                let reason = format!("stopped by lead '{}@{}'", lead.name, lead.host);
                 g.end_session(gid, &reason, true).await;
                 ControlAnswer::Stopped { name }
             }
