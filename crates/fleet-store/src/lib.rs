@@ -65,6 +65,16 @@ pub struct EntityRecord {
     pub created_ms: i64,
 }
 
+/// How a message was answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// By a reply.
+    Replied,
+    /// Only by a failure notice: what it told, if it is held here (a notice to another host's
+    /// sender is not).
+    Failed(Option<String>),
+}
+
 /// The end of an entity that is gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ended {
@@ -109,7 +119,8 @@ pub struct SentRecord {
 /// What [`Store::messages`] selects: every condition given must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MessageFilter {
-    /// Its state's name (see `MsgState::NAMES`).
+    /// Its state's name (see `MsgState::NAMES`); `failed` also takes a task that was typed
+    /// (`injected`) and then answered only by a failure notice (its worker ended, stalled …).
     pub state: Option<String>,
     /// Its kind.
     pub kind: Option<Kind>,
@@ -231,6 +242,11 @@ pub trait Store: Send + Sync + 'static {
     /// failure notice does not count: a reply after it still goes). Asked without waiting for
     /// writers.
     fn is_answered(&self, msg_id: MsgId) -> StoreResult<bool>;
+
+    /// How each of `msg_ids` that was answered was, here or on the sender's host
+    /// ([`Store::answered_elsewhere`]): a reply wins over a failure notice. Ids not answered
+    /// are left out.
+    fn answers(&self, msg_ids: &[MsgId]) -> StoreResult<Vec<(MsgId, Answer)>>;
 
     /// Takes the oldest queued message for `to` off its queue, moving it to `next` (injecting,
     /// or held when an open poll will take it), in one transaction.

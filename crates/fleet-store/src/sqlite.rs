@@ -17,8 +17,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use crate::schema::migrate;
 use crate::tokens::{self, TokenCache};
 use crate::{
-    AwaitedReceipt, Change, Ended, EntityRecord, MessageFilter, SentBetween, SentRecord, Store,
-    StoreError, StoreResult, Subject,
+    Answer, AwaitedReceipt, Change, Ended, EntityRecord, MessageFilter, SentBetween, SentRecord,
+    Store, StoreError, StoreResult, Subject,
 };
 
 /// Compiled statements kept per connection: more than the store has.
@@ -349,6 +349,15 @@ fn is_unique_violation(err: &rusqlite::Error) -> bool {
 const KEYS_SENT: &str = "keys sent";
 /// The `reason` of an `injecting` message whose Enter went to its pane ([`Store::enter_sent`]).
 const ENTER_SENT: &str = "enter sent";
+
+/// A task (`messages` row) that was answered by a failure notice and never by a reply, here or
+/// on its sender's host.
+const FAILED_AFTER_TYPING: &str = "((EXISTS (SELECT 1 FROM messages a INDEXED BY messages_answers
+            WHERE a.in_reply_to = messages.msg_id AND a.kind = 'FAILED')
+        OR EXISTS (SELECT 1 FROM answered WHERE answered.msg_id = messages.msg_id AND NOT by_reply))
+    AND NOT EXISTS (SELECT 1 FROM messages a INDEXED BY messages_answers
+        WHERE a.in_reply_to = messages.msg_id AND a.kind = 'REPLY')
+    AND NOT EXISTS (SELECT 1 FROM answered WHERE answered.msg_id = messages.msg_id AND by_reply))";
 
 impl Store for SqliteStore {
     fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid> {
@@ -686,6 +695,33 @@ impl Store for SqliteStore {
         Ok(taken.pop())
     }
 
+    fn answers(&self, msg_ids: &[MsgId]) -> StoreResult<Vec<(MsgId, Answer)>> {
+        let conn = lock(&self.reader);
+        let mut here = conn.prepare_cached(
+            "SELECT kind = 'REPLY', body FROM messages INDEXED BY messages_answers
+             WHERE in_reply_to = ?1 AND kind IN ('REPLY', 'FAILED')
+             ORDER BY kind = 'REPLY' DESC LIMIT 1",
+        )?;
+        let mut elsewhere =
+            conn.prepare_cached("SELECT by_reply FROM answered WHERE msg_id = ?1")?;
+        let mut found = Vec::new();
+        for msg_id in msg_ids {
+            let id = msg_id.to_string();
+            let held: Option<(bool, String)> = here
+                .query_row([&id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()?;
+            let afar: Option<bool> = elsewhere.query_row([&id], |row| row.get(0)).optional()?;
+            let answer = match (held, afar) {
+                (Some((true, _)), _) | (_, Some(true)) => Answer::Replied,
+                (Some((false, told)), _) => Answer::Failed(Some(told)),
+                (None, Some(false)) => Answer::Failed(None),
+                (None, None) => continue,
+            };
+            found.push((*msg_id, answer));
+        }
+        Ok(found)
+    }
+
     fn answer_waits(&self, to: Gid, in_reply_to: MsgId) -> StoreResult<bool> {
         let conn = lock(&self.reader);
         let mut stmt = conn.prepare_cached(&format!("SELECT 1 {HELD_ANSWER}"))?;
@@ -719,7 +755,12 @@ impl Store for SqliteStore {
         };
         let mut clauses = Vec::new();
         if let Some(state) = &filter.state {
-            clauses.push(format!("state = {}", bind(state.clone().into())));
+            let at = bind(state.clone().into());
+            clauses.push(if state == "failed" {
+                format!("(state = {at} OR (state = 'injected' AND {FAILED_AFTER_TYPING}))")
+            } else {
+                format!("state = {at}")
+            });
         }
         if let Some(kind) = filter.kind {
             clauses.push(format!("kind = {}", bind(kind.as_str().to_string().into())));

@@ -7,7 +7,7 @@ use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::clock::now_ms;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
 use fleet_store::{
-    AwaitedReceipt, EntityRecord, MessageFilter, SentRecord, SqliteStore, Store, StoreError,
+    Answer, AwaitedReceipt, EntityRecord, MessageFilter, SentRecord, SqliteStore, Store, StoreError,
 };
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
@@ -1408,4 +1408,84 @@ fn why_a_worker_ended_is_kept_and_a_build_before_schema_12_recorded_none() {
     let store = open(&dir);
     assert_eq!(store.ended_named("w3").unwrap().unwrap().why, None);
     assert_eq!(store.ended_named("w2").unwrap(), None);
+}
+
+#[test]
+fn a_task_typed_and_then_answered_only_by_a_failure_reads_as_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let answer = |task: &Message, kind: Kind, body: &str| {
+        let mut m = message(w, lead, MsgState::Held, body);
+        m.kind = kind;
+        m.in_reply_to = Some(task.msg_id);
+        store.insert_message(&m).unwrap();
+    };
+    let crashed = message(lead, w, MsgState::Injected, "crashed");
+    let replied = message(lead, w, MsgState::Injected, "replied");
+    let late = message(lead, w, MsgState::Injected, "failed, then replied late");
+    let working = message(lead, w, MsgState::Injected, "still working");
+    let untyped = message(lead, w, MsgState::Failed("not submitted".into()), "untyped");
+    let afar_failed = message(lead, w, MsgState::Injected, "failed on the sender's host");
+    let afar_replied = message(lead, w, MsgState::Injected, "replied on the sender's host");
+    for m in [
+        &crashed,
+        &replied,
+        &late,
+        &working,
+        &untyped,
+        &afar_failed,
+        &afar_replied,
+    ] {
+        store.insert_message(m).unwrap();
+    }
+    answer(&crashed, Kind::Failed, "'w' ended before replying");
+    answer(&replied, Kind::Reply, "done");
+    answer(&late, Kind::Failed, "'w' stalled");
+    answer(&late, Kind::Reply, "done after all");
+    store.answered_elsewhere(afar_failed.msg_id, false).unwrap();
+    store
+        .answered_elsewhere(afar_replied.msg_id, false)
+        .unwrap();
+    store.answered_elsewhere(afar_replied.msg_id, true).unwrap();
+    let failed: Vec<String> = store
+        .messages(&MessageFilter {
+            state: Some("failed".into()),
+            kind: Some(Kind::Send),
+            limit: 20,
+            ..MessageFilter::default()
+        })
+        .unwrap()
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(
+        failed,
+        ["failed on the sender's host", "untyped", "crashed"]
+    );
+    let ids: Vec<MsgId> = [
+        &crashed,
+        &replied,
+        &late,
+        &working,
+        &untyped,
+        &afar_failed,
+        &afar_replied,
+    ]
+    .iter()
+    .map(|m| m.msg_id)
+    .collect();
+    assert_eq!(
+        store.answers(&ids).unwrap(),
+        [
+            (
+                crashed.msg_id,
+                Answer::Failed(Some("'w' ended before replying".into()))
+            ),
+            (replied.msg_id, Answer::Replied),
+            (late.msg_id, Answer::Replied),
+            (afar_failed.msg_id, Answer::Failed(None)),
+            (afar_replied.msg_id, Answer::Replied),
+        ]
+    );
 }

@@ -654,6 +654,9 @@ pub struct MessageLine {
     /// Why it failed.
     #[serde(default)]
     pub reason: Option<String>,
+    /// How it was answered (`replied`, `failed`), if it was.
+    #[serde(default)]
+    pub answer: Option<String>,
     /// When it was made, Unix ms.
     pub created_ms: i64,
     /// Its text, when asked for.
@@ -672,8 +675,17 @@ fn state_colour(state: &str) -> Option<&'static str> {
     match state {
         "failed" => Some("31"),
         "queued" | "injecting" | "held" => Some("33"),
-        "injected" | "consumed" => Some("32"),
+        "injected" | "consumed" | "replied" => Some("32"),
         _ => None,
+    }
+}
+
+/// A message's state as `fleetd msgs` shows it: with how it was answered, as the web view's
+/// trail does (`injected→failed`: typed, then its worker ended before replying).
+fn shown_state(m: &MessageLine) -> String {
+    match m.answer.as_deref() {
+        Some(answer) if answer != m.state => format!("{}→{answer}", m.state),
+        _ => m.state.clone(),
     }
 }
 
@@ -694,8 +706,8 @@ pub fn msgs_table(
                 Cell::plain(&m.from_name),
                 Cell::plain(&m.to_name),
                 Cell {
-                    text: printable(&m.state),
-                    colour: state_colour(&m.state),
+                    text: printable(&shown_state(m)),
+                    colour: state_colour(m.answer.as_deref().unwrap_or(&m.state)),
                 },
                 Cell::plain(ago(now_ms, Some(m.created_ms))),
                 Cell::plain(m.reason.as_deref().unwrap_or("-")),
@@ -1148,6 +1160,7 @@ mod tests {
             to_name: "w1".into(),
             state: "failed".into(),
             reason: Some("'w1' is gone".into()),
+            answer: None,
             created_ms: 1_000,
             text: Some("two\nlines\x1b[2J".into()),
         };
@@ -1160,6 +1173,45 @@ mod tests {
         let shown = msgs_table(&[line], true, 61_000, None, true);
         assert!(shown.contains("two?lines?[2J"), "{shown:?}");
         assert!(shown.contains("\x1b[31mfailed"), "{shown:?}");
+    }
+
+    #[test]
+    fn a_task_typed_and_then_failed_shows_both_in_the_failures_colour() {
+        let line = |state: &str, answer: Option<&str>| MessageLine {
+            msg_id: "01a2".into(),
+            kind: "SEND".into(),
+            from_name: "lead".into(),
+            to_name: "w1".into(),
+            state: state.into(),
+            reason: None,
+            answer: answer.map(String::from),
+            created_ms: 1_000,
+            text: None,
+        };
+        let failed = msgs_table(
+            &[line("injected", Some("failed"))],
+            false,
+            1_000,
+            None,
+            true,
+        );
+        assert!(failed.contains("\x1b[31minjected→failed"), "{failed:?}");
+        let replied = msgs_table(
+            &[line("injected", Some("replied"))],
+            false,
+            1_000,
+            None,
+            true,
+        );
+        assert!(replied.contains("\x1b[32minjected→replied"), "{replied:?}");
+        // Failed before it was typed: one word, as before.
+        let plain = msgs_table(&[line("failed", Some("failed"))], false, 1_000, None, false);
+        assert!(
+            plain.contains(" failed ") && !plain.contains('→'),
+            "{plain:?}"
+        );
+        let waiting = msgs_table(&[line("queued", None)], false, 1_000, None, false);
+        assert!(waiting.contains(" queued "), "{waiting:?}");
     }
 
     #[test]

@@ -256,8 +256,17 @@ impl OperatorViews {
             })
             .collect();
         let mut names = HashMap::new();
+        let answer = self
+            .local
+            .db
+            .run(move |s| s.answers(&[msg_id]))
+            .await?
+            .pop()
+            .map(|(_, answer)| answer);
         Ok(MessageHistory {
-            message: self.message_row(viewer, &mut names, message, false).await,
+            message: self
+                .message_row(viewer, &mut names, message, answer, false)
+                .await,
             history,
         })
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use fleet_core::ownership::{Principal, redacted};
 use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState};
-use fleet_store::MessageFilter;
+use fleet_store::{Answer, MessageFilter};
 use serde::{Deserialize, Serialize};
 
 use super::views::{HostView, RosterEntry};
@@ -160,7 +160,8 @@ pub const MAX_LISTED: usize = 1000;
 #[derive(Clone, Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MessagesQuery {
-    /// A state: queued, injecting, injected, held, consumed or failed.
+    /// A state: queued, injecting, injected, held, consumed or failed (failed also lists a task
+    /// that was typed and then answered only by a failure notice: its `answer` is `failed`).
     pub state: Option<String>,
     /// A kind: SEND, REPLY, FAILED (a failure told to its sender: dead letters among them), …
     pub kind: Option<String>,
@@ -194,8 +195,13 @@ pub struct MessageRow {
     pub to_name: String,
     /// Its state.
     pub state: &'static str,
-    /// Why it failed, if it did; for a FAILED notice, the failure it tells of.
+    /// Why it failed, if it did (a task typed and then failed: what its failure notice told);
+    /// for a FAILED notice, the failure it tells of.
     pub reason: Option<String>,
+    /// How it was answered, if it was: `replied`, or `failed` (only a failure notice answers
+    /// it: a task typed into a worker that then ended, stalled or was stopped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<&'static str>,
     /// The message it answers.
     pub in_reply_to: Option<MsgId>,
     /// When it was made (Unix ms).
@@ -260,8 +266,13 @@ impl OperatorViews {
         viewer: &Viewer,
         names: &mut HashMap<Gid, String>,
         message: Message,
+        answer: Option<Answer>,
         text: bool,
     ) -> MessageRow {
+        let told = match &answer {
+            Some(Answer::Failed(told)) => told.clone(),
+            _ => None,
+        };
         let reason = message
             .state
             .reason()
@@ -269,6 +280,7 @@ impl OperatorViews {
             // A FAILED notice's text is the reason it tells (fleetd's words, quoting a screen
             // only to the worker's owner).
             .or_else(|| (message.kind == Kind::Failed).then(|| message.body.clone()))
+            .or(told)
             .map(|reason| viewer.reason(&reason));
         MessageRow {
             msg_id: message.msg_id,
@@ -279,6 +291,10 @@ impl OperatorViews {
             to_name: self.cached_name(names, message.to).await,
             state: message.state.name(),
             reason,
+            answer: answer.map(|a| match a {
+                Answer::Replied => "replied",
+                Answer::Failed(_) => "failed",
+            }),
             in_reply_to: message.in_reply_to,
             created_ms: message.created_ms,
             text: text.then_some(message.body),
@@ -313,12 +329,22 @@ impl OperatorViews {
             involving: viewer.involving(),
             limit,
         };
-        let messages = self.local.db.run(move |s| s.messages(&filter)).await?;
+        let (messages, answers) = self
+            .local
+            .db
+            .run(move |s| {
+                let messages = s.messages(&filter)?;
+                let ids: Vec<MsgId> = messages.iter().map(|m| m.msg_id).collect();
+                Ok((messages, s.answers(&ids)?))
+            })
+            .await?;
+        let mut answers: HashMap<MsgId, Answer> = answers.into_iter().collect();
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
         for message in messages {
+            let answer = answers.remove(&message.msg_id);
             rows.push(
-                self.message_row(viewer, &mut names, message, query.text)
+                self.message_row(viewer, &mut names, message, answer, query.text)
                     .await,
             );
         }

@@ -227,15 +227,20 @@ function drawEntities(entities) {
 function trailOf(m) {
   const trail = (view.trails.get(m.msg_id) || []).slice();
   if (trail[trail.length - 1] !== m.state) trail.push(m.state);
-  if (view.replied.has(m.msg_id)) trail.push('replied');
-  else if (view.failures.has(m.msg_id) && m.state !== 'failed') trail.push('failed');
+  // How it was answered: as the API says (the same as `fleetd msgs`), else as the feed showed.
+  const answer = m.answer || (view.replied.has(m.msg_id) ? 'replied' : view.failures.has(m.msg_id) ? 'failed' : null);
+  if (answer && trail[trail.length - 1] !== answer) trail.push(answer);
   return trail;
 }
 
 // "2 queued · 1 failed": how the messages listed stand, failures first.
 function tally(messages) {
   const counts = new Map();
-  for (const m of messages) counts.set(m.state, (counts.get(m.state) || 0) + 1);
+  // A task typed and then answered only by a failure counts as failed, as `fleetd msgs --state failed` lists it.
+  for (const m of messages) {
+    const state = m.answer === 'failed' ? 'failed' : m.state;
+    counts.set(state, (counts.get(state) || 0) + 1);
+  }
   const order = ['failed', 'queued', 'injecting', 'held', 'injected', 'consumed'];
   const node = $('tally');
   node.replaceChildren();
@@ -254,7 +259,7 @@ function drawMessages(messages) {
   tally(messages);
   const body = $('messages').tBodies[0];
   body.replaceChildren(...messages.map((m) => {
-    const failed = m.state === 'failed' || m.kind === 'FAILED' || view.failures.has(m.msg_id);
+    const failed = m.state === 'failed' || m.answer === 'failed' || m.kind === 'FAILED' || view.failures.has(m.msg_id);
     const row = el('tr', null, failed ? 'failed' : '');
     row.dataset.msgId = m.msg_id;
     row.dataset.kind = m.kind;

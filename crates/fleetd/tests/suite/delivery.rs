@@ -194,6 +194,23 @@ async fn a_crashed_worker_fails_its_task_and_leaves_the_roster() -> anyhow::Resu
         late.message.starts_with("'w1' is gone: it ended at "),
         "{late}"
     );
+    // `fleetd msgs --state failed` lists the task, as the web view shows it: typed (or being
+    // typed when the program died), then failed, with the reason its sender was told.
+    let out = fleet.cli(&["msgs", "--json", "--state", "failed", "--kind", "SEND"])?;
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let task = &listed[0];
+    assert_eq!(task["msg_id"], sent["msg_id"], "{listed}");
+    assert!(
+        task["state"] == "failed" || task["state"] == "injected" && task["answer"] == "failed",
+        "{listed}"
+    );
+    assert!(
+        task["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("exited with status 3")),
+        "{listed}"
+    );
     Ok(())
 }
 
