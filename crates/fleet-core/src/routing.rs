@@ -91,20 +91,27 @@ fn listed(mut names: Vec<String>) -> String {
 }
 
 /// The error for a recipient `name` that is not live because it ended at `at_ms` (Unix
-/// milliseconds; it is now `now_ms`) for `why` (if recorded), with `live` the names known now:
-/// still `unknown_recipient`, saying when and why it ended and what to do instead.
+/// milliseconds; it is now `now_ms`) for `why` (given only to its owner), with `live` the names
+/// known now: still `unknown_recipient`, saying when (and why) it ended, and, to a caller that
+/// `may_spawn`, that fleet_spawn starts another.
 pub fn ended(
     name: &str,
     at_ms: i64,
     now_ms: i64,
     why: Option<&str>,
+    may_spawn: bool,
     live: Vec<String>,
 ) -> FleetError {
     let why = why.map(|why| format!(" ({why})")).unwrap_or_default();
+    let next = if may_spawn {
+        "fleet_spawn starts a new worker; "
+    } else {
+        ""
+    };
     FleetError::new(
         ErrorCode::UnknownRecipient,
         format!(
-            "'{name}' is gone: it ended at {} UTC, {}{why}; fleet_spawn starts a new worker (live now: {}; see fleet_list)",
+            "'{name}' is gone: it ended at {} UTC, {}{why}; {next}live now: {} (see fleet_list)",
             time_of_day(at_ms),
             ago(now_ms.saturating_sub(at_ms)),
             listed(live)
@@ -143,18 +150,20 @@ mod tests {
             at,
             at + 200_000,
             Some("stopped by lead"),
+            true,
             vec!["w1".into(), "lead".into(), "w1".into()],
         );
         assert_eq!(err.code, ErrorCode::UnknownRecipient);
         assert_eq!(
             err.message,
-            "'w3' is gone: it ended at 12:01:07 UTC, 3 min ago (stopped by lead); fleet_spawn starts a new worker (live now: lead, w1; see fleet_list)"
+            "'w3' is gone: it ended at 12:01:07 UTC, 3 min ago (stopped by lead); fleet_spawn starts a new worker; live now: lead, w1 (see fleet_list)"
         );
-        // No cause recorded, nobody live, a clock that went back.
-        let err = ended("w3", at, at - 5_000, None, Vec::new());
+        // No cause told (not the owner, or none recorded), a caller that may not spawn, nobody
+        // live, a clock that went back.
+        let err = ended("w3", at, at - 5_000, None, false, Vec::new());
         assert_eq!(
             err.message,
-            "'w3' is gone: it ended at 12:01:07 UTC, just now; fleet_spawn starts a new worker (live now: nobody; see fleet_list)"
+            "'w3' is gone: it ended at 12:01:07 UTC, just now; live now: nobody (see fleet_list)"
         );
     }
 

@@ -82,6 +82,8 @@ pub struct Ended {
     pub at_ms: i64,
     /// Why, if that was recorded (not by a build before schema 12).
     pub why: Option<String>,
+    /// The lead that spawned it, if one did.
+    pub owner: Option<Gid>,
 }
 
 /// Who a remembered message went between: its sender, and its recipient (none for a
@@ -188,7 +190,7 @@ pub trait Store: Send + Sync + 'static {
     fn latest_named(&self, name: &str) -> StoreResult<Option<EntityRecord>>;
 
     /// Records why `gid` ended (its status is made gone apart, by [`Store::set_session`]): a
-    /// sentence anyone who could send to it may read (no screen, no task).
+    /// sentence of fleetd's own (no screen, no task), which the gateway tells its owner.
     fn note_ended(&self, gid: Gid, why: &str) -> StoreResult<()>;
 
     /// The newest entity ever called `name`, if it is gone: when it ended and why.

@@ -261,9 +261,11 @@ ALTER TABLE entities ADD COLUMN profile_role TEXT;
 
 /// Version 12: why an entity ended, kept on its row once it is gone (its `updated_ms` says
 /// when), so that a send to a stopped or ended worker is told when and why. Rows from before
-/// read NULL: an end whose cause was not recorded.
+/// read NULL: an end whose cause was not recorded. The index finds the newest entity of a name,
+/// gone ones included (the unique indexes on names hold live entities or leads only).
 const SCHEMA_V12: &str = "
 ALTER TABLE entities ADD COLUMN ended TEXT;
+CREATE INDEX entities_name ON entities(name);
 ";
 
 /// Brings a fresh database to the current schema and refuses one from a newer build.

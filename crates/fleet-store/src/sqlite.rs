@@ -500,7 +500,8 @@ impl Store for SqliteStore {
     fn ended_named(&self, name: &str) -> StoreResult<Option<Ended>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT status, updated_ms, ended FROM entities WHERE name = ?1 ORDER BY rowid DESC LIMIT 1",
+            "SELECT status, updated_ms, ended, parent FROM entities WHERE name = ?1
+             ORDER BY rowid DESC LIMIT 1",
         )?;
         let newest = stmt
             .query_row([name], |row| {
@@ -508,12 +509,17 @@ impl Store for SqliteStore {
                     row.get::<_, String>(0)?,
                     row.get::<_, i64>(1)?,
                     row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<String>>(3)?,
                 ))
             })
             .optional()?;
         Ok(newest
-            .filter(|(status, _, _)| status == WorkerStatus::Gone.as_str())
-            .map(|(_, at_ms, why)| Ended { at_ms, why }))
+            .filter(|(status, ..)| status == WorkerStatus::Gone.as_str())
+            .map(|(_, at_ms, why, owner)| Ended {
+                at_ms,
+                why,
+                owner: owner.and_then(|o| o.parse().ok()),
+            }))
     }
 
     fn live_entities(&self) -> StoreResult<Vec<EntityRecord>> {
@@ -696,9 +702,11 @@ impl Store for SqliteStore {
     }
 
     fn answers(&self, msg_ids: &[MsgId]) -> StoreResult<Vec<(MsgId, Answer)>> {
-        let conn = lock(&self.reader);
+        // On the main connection: the reader's is kept for the lookups made on the runtime's
+        // threads, and a listing may ask for a thousand.
+        let conn = self.conn();
         let mut here = conn.prepare_cached(
-            "SELECT kind = 'REPLY', body FROM messages INDEXED BY messages_answers
+            "SELECT kind = 'REPLY', CASE WHEN kind = 'FAILED' THEN body END FROM messages INDEXED BY messages_answers
              WHERE in_reply_to = ?1 AND kind IN ('REPLY', 'FAILED')
              ORDER BY kind = 'REPLY' DESC LIMIT 1",
         )?;
@@ -707,13 +715,13 @@ impl Store for SqliteStore {
         let mut found = Vec::new();
         for msg_id in msg_ids {
             let id = msg_id.to_string();
-            let held: Option<(bool, String)> = here
+            let held: Option<(bool, Option<String>)> = here
                 .query_row([&id], |row| Ok((row.get(0)?, row.get(1)?)))
                 .optional()?;
             let afar: Option<bool> = elsewhere.query_row([&id], |row| row.get(0)).optional()?;
             let answer = match (held, afar) {
                 (Some((true, _)), _) | (_, Some(true)) => Answer::Replied,
-                (Some((false, told)), _) => Answer::Failed(Some(told)),
+                (Some((false, told)), _) => Answer::Failed(told),
                 (None, Some(false)) => Answer::Failed(None),
                 (None, None) => continue,
             };

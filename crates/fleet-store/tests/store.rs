@@ -703,7 +703,7 @@ fn the_waiting_count_follows_every_change_and_an_upgrade() {
          ALTER TABLE messages DROP COLUMN expires_ms;
          DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive; DROP TABLE lead_panes;
          ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
-         ALTER TABLE entities DROP COLUMN ended;
+         DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 1;",
     )
     .unwrap();
@@ -1307,7 +1307,7 @@ fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
-         ALTER TABLE entities DROP COLUMN ended;
+         DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 9;",
     )
     .unwrap();
@@ -1340,7 +1340,7 @@ fn what_a_worker_was_spawned_as_is_kept_and_a_build_before_schema_11_recorded_no
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
-         ALTER TABLE entities DROP COLUMN ended;
+         DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
          PRAGMA user_version = 10;",
     )
     .unwrap();
@@ -1402,7 +1402,7 @@ fn why_a_worker_ended_is_kept_and_a_build_before_schema_12_recorded_none() {
     drop(store);
     // A database of schema 11 (no cause kept): an ended worker reads as ended, cause unknown.
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
-    conn.execute_batch("ALTER TABLE entities DROP COLUMN ended; PRAGMA user_version = 11;")
+    conn.execute_batch("DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended; PRAGMA user_version = 11;")
         .unwrap();
     drop(conn);
     let store = open(&dir);

@@ -662,7 +662,7 @@ impl Fleet {
             "DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
              DROP TABLE lead_panes;
              ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
-             ALTER TABLE entities DROP COLUMN ended;
+             DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
              PRAGMA user_version = 8;",
         )?;
         Ok(())

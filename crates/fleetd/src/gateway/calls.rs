@@ -94,7 +94,7 @@ impl LocalPlane {
     ) -> Result<SendResult, FleetError> {
         check_tool(&caller.entity, Tool::Send)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
-        let route = self.resolve_or_ended(to).await?;
+        let route = self.resolve_or_ended(to, Some(&caller.entity)).await?;
         let remote = matches!(route, Route::Remote(_));
         let recipient = route.entity();
         // The facts, gathered under the lock; the plan, made outside it (it reads the text).

@@ -33,7 +33,7 @@ impl LocalPlane {
         to: &str,
     ) -> Result<StopResult, FleetError> {
         check_tool(&caller.entity, Tool::Stop)?;
-        let (entity, remote) = self.stoppable(to).await?;
+        let (entity, remote) = self.stoppable(to, Some(&caller.entity)).await?;
         if remote && let Some(afar) = self.afar.as_deref() {
             return afar.stop(self, caller, &entity).await;
         }
@@ -68,7 +68,7 @@ impl LocalPlane {
                 ),
             ));
         }
-        let (entity, remote) = self.stoppable(to).await?;
+        let (entity, remote) = self.stoppable(to, None).await?;
         if remote {
             return Err(FleetError::invalid(format!(
                 "'{}' runs on host '{}': an operator stops it through that host's fleetd",
@@ -82,9 +82,13 @@ impl LocalPlane {
     }
 
     /// Who `to` names, if it may be stopped (a lead may not), and whether it is on another
-    /// host.
-    async fn stoppable(&self, to: &str) -> Result<(fleet_core::Entity, bool), FleetError> {
-        let (entity, remote) = match self.resolve_or_ended(to).await? {
+    /// host; `asker` is the lead asking (none: an operator).
+    async fn stoppable(
+        &self,
+        to: &str,
+        asker: Option<&Entity>,
+    ) -> Result<(fleet_core::Entity, bool), FleetError> {
+        let (entity, remote) = match self.resolve_or_ended(to, asker).await? {
             Route::Local(entity) => (entity, false),
             Route::Remote(entity) => (entity, true),
         };

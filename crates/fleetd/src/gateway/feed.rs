@@ -178,7 +178,11 @@ impl OperatorViews {
     /// What [`Gateway::screen`] reads.
     pub(super) async fn screen(&self, viewer: &Viewer, to: &str) -> Result<Screen, FleetError> {
         let caller = viewer.lead("look at a worker's screen")?;
-        let entity = match self.local.resolve_route(to)? {
+        let entity = match self
+            .local
+            .resolve_or_ended(to, Some(&caller.entity))
+            .await?
+        {
             fleet_core::routing::Route::Local(entity) => entity,
             fleet_core::routing::Route::Remote(entity) => {
                 return Err(FleetError::invalid(format!(

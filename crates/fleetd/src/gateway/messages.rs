@@ -63,17 +63,24 @@ impl LocalPlane {
     }
 
     /// [`LocalPlane::resolve_route`], where a name of this host that is not live because it
-    /// ended is told when and why (else as unknown as any other name).
-    pub(super) async fn resolve_or_ended(&self, to: &str) -> Result<Route, FleetError> {
+    /// ended is told when, and to `asker` (the calling lead or worker; none for an operator)
+    /// why if it owned it (else as unknown as any other name).
+    pub(super) async fn resolve_or_ended(
+        &self,
+        to: &str,
+        asker: Option<&Entity>,
+    ) -> Result<Route, FleetError> {
         match self.resolve_route(to) {
-            Err(err) if err.code == ErrorCode::UnknownRecipient => Err(self.ended(to, err).await),
+            Err(err) if err.code == ErrorCode::UnknownRecipient => {
+                Err(self.ended(to, asker, err).await)
+            }
             found => found,
         }
     }
 
-    /// `unknown`, the error for `to`, told instead when and why `to` ended if it is a name of
-    /// this host's that did.
-    async fn ended(&self, to: &str, unknown: FleetError) -> FleetError {
+    /// `unknown`, the error for `to`, told instead when `to` ended if it is a name of this
+    /// host's that did (and why, to its owner).
+    async fn ended(&self, to: &str, asker: Option<&Entity>, unknown: FleetError) -> FleetError {
         let to = to.trim();
         let name = match to.split_once('@') {
             Some((name, host)) if host == self.host_id => name,
@@ -82,14 +89,22 @@ impl LocalPlane {
         };
         let owned = name.to_string();
         match self.db.run(move |s| s.ended_named(&owned)).await {
-            Ok(Some(end)) => ended(
-                name,
-                end.at_ms,
-                now_ms(),
-                end.why.as_deref(),
-                Known(self).names(),
-            ),
-            _ => unknown,
+            Ok(Some(end)) => {
+                let owner = asker.is_some_and(|a| end.owner == Some(a.gid));
+                ended(
+                    name,
+                    end.at_ms,
+                    now_ms(),
+                    end.why.as_deref().filter(|_| owner),
+                    asker.is_some_and(|a| a.role == fleet_core::Role::Lead),
+                    Known(self).names(),
+                )
+            }
+            Ok(None) => unknown,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look up whether a name ended");
+                unknown
+            }
         }
     }
 

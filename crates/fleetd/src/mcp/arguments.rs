@@ -10,6 +10,9 @@ use serde_json::Value;
 /// The most characters of a caller's parameter name a sentence repeats.
 const SHOWN_NAME: usize = 64;
 
+/// The most unknown parameters a sentence names (the rest are counted).
+const SHOWN_UNKNOWN: usize = 5;
+
 /// The most characters of the parser's own sentence repeated (see [`unparsed`]).
 const SHOWN_REASON: usize = 200;
 
@@ -29,11 +32,16 @@ pub fn misfit(tool: &str, schema: &JsonObject, args: Option<&JsonObject>) -> Opt
         .collect();
     if !unknown.is_empty() {
         unknown.sort();
-        let (noun, them) = if unknown.len() == 1 {
+        let more = unknown.len().saturating_sub(SHOWN_UNKNOWN);
+        unknown.truncate(SHOWN_UNKNOWN);
+        let (noun, mut them) = if unknown.len() == 1 {
             ("parameter", unknown.concat())
         } else {
             ("parameters", unknown.join(", "))
         };
+        if more > 0 {
+            them.push_str(&format!(" and {more} more"));
+        }
         return Some(format!(
             "{tool} has no {noun} {them}; {}",
             parameters(schema)
@@ -64,8 +72,9 @@ pub fn misfit(tool: &str, schema: &JsonObject, args: Option<&JsonObject>) -> Opt
 }
 
 /// The sentence for arguments the tool's own parsing refused (a value out of range, say),
-/// from the parser's `reason`: naming the tool and its parameters. A value the caller sent is
-/// not repeated (the parser quotes strings), only its kind.
+/// from the parser's `reason`: naming the tool and its parameters. Where the parser names a
+/// value the caller sent (`invalid type`, `invalid value`), only its kind is repeated; any
+/// other sentence of the parser's is repeated short, its control characters shown as `?`.
 pub fn unparsed(tool: &str, schema: &JsonObject, reason: &str) -> String {
     let reason = reason.trim();
     let told = ["invalid type: ", "invalid value: "]
@@ -78,7 +87,13 @@ pub fn unparsed(tool: &str, schema: &JsonObject, reason: &str) -> String {
             let expected = rest.rsplit_once(", expected ").map(|(_, e)| e)?;
             Some(format!("{}{got} where {expected} was expected", lead))
         })
-        .unwrap_or_else(|| reason.chars().take(SHOWN_REASON).collect());
+        .unwrap_or_else(|| {
+            reason
+                .chars()
+                .take(SHOWN_REASON)
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect()
+        });
     format!(
         "{tool} cannot take its arguments ({}); {}",
         told.trim_end_matches(' '),
@@ -217,6 +232,17 @@ mod tests {
     }
 
     #[test]
+    fn many_unknown_parameters_are_named_five_and_counted() {
+        let args: JsonObject = (0..1000).map(|i| (format!("k{i:04}"), json!(1))).collect();
+        let why = misfit("fleet_send", &send_schema(), Some(&args)).unwrap();
+        assert!(
+            why.starts_with("fleet_send has no parameters 'k0000', 'k0001', 'k0002', 'k0003', 'k0004' and 995 more; "),
+            "{why}"
+        );
+        assert!(why.len() < 300, "{}", why.len());
+    }
+
+    #[test]
     fn a_required_parameter_left_out_is_named() {
         let why = misfit(
             "fleet_send",
@@ -309,6 +335,8 @@ mod tests {
             "fleet_send cannot take its arguments (invalid value: string where a name of letters was expected); its parameters are choice, groups, message, to, wait_s (required: message)"
         );
         assert!(!why.contains("secret"));
+        let odd = unparsed("fleet_send", &send_schema(), "unknown variant `a\nb\u{1b}`");
+        assert!(odd.contains("unknown variant `a?b?`"), "{odd}");
         let other = unparsed("fleet_send", &send_schema(), &"a custom reason ".repeat(50));
         assert!(
             other.starts_with("fleet_send cannot take its arguments (a custom reason"),

@@ -176,12 +176,17 @@ async fn an_architects_question_surfaces_on_the_consult_and_is_answered_through_
         assert_eq!(err.code, code, "{says}: {err}");
         assert!(err.message.contains(says), "{says}: {err}");
     }
-    // A parameter of the wrong type is refused by the MCP layer, saying what it expected.
+    // A parameter of the wrong type is refused, saying what it expected.
     let err = alice
         .call("fleet_consult", json!({"brief": "x", "slots": "arch-a"}))
         .await?
         .expect_err("slots as a string");
-    assert!(err.message.contains("expected a sequence"), "{err}");
+    assert_eq!(err.code, "invalid_params", "{err}");
+    assert!(
+        err.message
+            .contains("'slots' must be array or null, not a string"),
+        "{err}"
+    );
     assert!(fleet.panes()?.is_empty(), "an architect started");
     let consult = alice
         .ok(

@@ -315,23 +315,27 @@ fn names(list: &serde_json::Value) -> Vec<String> {
     names
 }
 
-/// A send to a worker that was stopped says it is gone, when and by whom, and what to do
-/// instead — by lead or by operator, and still after a restart; a name that never was is
-/// unknown as before.
+/// A send to a worker that was stopped says it is gone and when; its owner is told by whom too,
+/// and that fleet_spawn starts another — by lead or by operator, and still after a restart.
+/// Another lead hears when, not why; a name that never was is unknown as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_to_a_stopped_worker_says_when_and_by_whom() -> anyhow::Result<()> {
-    let config = format!("{}[operators.ops]\n", sim_profile("sim", &[])?);
+    let config = format!(
+        "[leads.alice]\n[leads.bob]\n[operators.ops]\n{}",
+        sim_profile("sim", &[])?
+    );
     let mut fleet = Fleet::start("", &config).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    lead.spawn("sim", "w1").await?;
-    lead.spawn("sim", "w2").await?;
-    lead.ok("fleet_stop", json!({"to": "w1"})).await?;
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    let bob = fleet.lead("bob", Protocol::Stateless).await?;
+    alice.spawn("sim", "w1").await?;
+    alice.spawn("sim", "w2").await?;
+    alice.ok("fleet_stop", json!({"to": "w1"})).await?;
     let out = fleet.cli(&["token", "ops"])?;
     assert!(out.status.success(), "{out:?}");
     let out = fleet.cli(&["stop", "--operator", "ops", "w2"])?;
     assert!(out.status.success(), "{out:?}");
-    let refused = |to: &'static str| {
-        let lead = &lead;
+    let refused = |lead: &'static str, to: &'static str| {
+        let lead = if lead == "alice" { &alice } else { &bob };
         async move {
             lead.call("fleet_send", json!({"to": to, "message": "anyone?"}))
                 .await?
@@ -339,50 +343,59 @@ async fn a_send_to_a_stopped_worker_says_when_and_by_whom() -> anyhow::Result<()
                 .ok_or_else(|| anyhow::anyhow!("a send to {to} was taken"))
         }
     };
-    let err = refused("w1").await?;
+    let err = refused("alice", "w1").await?;
     assert_eq!(err.code, "unknown_recipient", "{err}");
-    let said = "(stopped by lead 'lead'); fleet_spawn starts a new worker (live now: lead; see fleet_list)";
+    let said = "(stopped by lead 'alice'); fleet_spawn starts a new worker; live now: alice, bob (see fleet_list)";
     assert!(
         err.message.starts_with("'w1' is gone: it ended at ")
             && (err.message.ends_with(&format!(" ago {said}"))
                 || err.message.ends_with(&format!(" just now {said}"))),
         "{err}"
     );
-    let err = refused("w2").await?;
+    let err = refused("alice", "w2").await?;
     assert!(err.message.contains("(stopped by operator 'ops')"), "{err}");
+    // Not its owner: when, not why.
+    let err = refused("bob", "w1").await?;
+    assert!(
+        err.message.starts_with("'w1' is gone: it ended at ")
+            && !err.message.contains("stopped by"),
+        "{err}"
+    );
     // Stopping it again says the same.
-    let again = lead
+    let again = alice
         .call("fleet_stop", json!({"to": "w1"}))
         .await?
         .expect_err("a gone worker was stopped");
     assert!(
-        again.message.starts_with("'w1' is gone: it ended at "),
+        again.message.contains("(stopped by lead 'alice')"),
         "{again}"
     );
     // A name nobody ever had is unknown, as before.
-    let never = refused("w9").await?;
+    let never = refused("alice", "w9").await?;
     assert!(
         never
             .message
             .starts_with("no entity is named or has the id 'w9'"),
         "{never}"
     );
-    lead.close().await?;
+    alice.close().await?;
+    bob.close().await?;
     // The store keeps it: after a restart the send is told the same.
     assert!(fleet.terminate().await?);
     fleet.launch().await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let err = lead
+    let alice = fleet.lead("alice", Protocol::Stateless).await?;
+    let err = alice
         .call("fleet_send", json!({"to": "w1", "message": "anyone?"}))
         .await?
         .expect_err("a send to w1 was taken after the restart");
-    assert!(err.message.contains("(stopped by lead 'lead')"), "{err}");
+    assert!(err.message.contains("(stopped by lead 'alice')"), "{err}");
     // A new worker of the name is live again.
-    lead.spawn("sim", "w1").await?;
-    lead.ok(
-        "fleet_send",
-        json!({"to": "w1", "message": "hello", "wait_s": 0}),
-    )
-    .await?;
+    alice.spawn("sim", "w1").await?;
+    alice
+        .ok(
+            "fleet_send",
+            json!({"to": "w1", "message": "hello", "wait_s": 0}),
+        )
+        .await?;
     Ok(())
 }
