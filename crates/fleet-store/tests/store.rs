@@ -1428,7 +1428,7 @@ fn a_task_typed_and_then_answered_only_by_a_failure_reads_as_failed() {
     let untyped = message(lead, w, MsgState::Failed("not submitted".into()), "untyped");
     let afar_failed = message(lead, w, MsgState::Injected, "failed on the sender's host");
     let afar_replied = message(lead, w, MsgState::Injected, "replied on the sender's host");
-    for m in [
+    let all = [
         &crashed,
         &replied,
         &late,
@@ -1436,7 +1436,8 @@ fn a_task_typed_and_then_answered_only_by_a_failure_reads_as_failed() {
         &untyped,
         &afar_failed,
         &afar_replied,
-    ] {
+    ];
+    for m in all {
         store.insert_message(m).unwrap();
     }
     answer(&crashed, Kind::Failed, "'w' ended before replying");
@@ -1463,18 +1464,7 @@ fn a_task_typed_and_then_answered_only_by_a_failure_reads_as_failed() {
         failed,
         ["failed on the sender's host", "untyped", "crashed"]
     );
-    let ids: Vec<MsgId> = [
-        &crashed,
-        &replied,
-        &late,
-        &working,
-        &untyped,
-        &afar_failed,
-        &afar_replied,
-    ]
-    .iter()
-    .map(|m| m.msg_id)
-    .collect();
+    let ids: Vec<MsgId> = all.iter().map(|m| m.msg_id).collect();
     assert_eq!(
         store.answers(&ids).unwrap(),
         [
