@@ -17,6 +17,8 @@
 //!   "echo: TEXT", in_reply_to: its msg_id}`;
 //! - the result of that `fleet_reply` → end the turn with a short text (unless a task was typed
 //!   meanwhile and came along with the result: that task is answered as above);
+//! - a lead's typed `call: TOOL {ARGS}` → call the tool named `TOOL` (or `…__TOOL`) with the
+//!   JSON arguments; its result → end the turn with `Done: RESULT` (no such tool: say so);
 //! - a request without tools (Claude Code's title request) → a JSON `{"title": …}` text.
 
 use std::fmt;
@@ -365,6 +367,9 @@ fn respond(request: &Value, script: &Script) -> (Turn, Option<Received>) {
         );
         return (call, None);
     }
+    if let Some(call) = task.strip_prefix("call: ") {
+        return (called(call, &tools), None);
+    }
     match (tool("fleet_reply"), script) {
         (Some(reply), Script::Echo(_)) => (
             Turn::Call(reply, json!({"message": format!("{voice}echo: {task}")})),
@@ -379,6 +384,20 @@ fn respond(request: &Value, script: &Script) -> (Turn, Option<Received>) {
             Turn::Say(format!("no fleet_reply tool; the task was: {task}")),
             None,
         ),
+    }
+}
+
+/// A lead's `call: TOOL {ARGS}`: a call of the tool whose name is or ends in `__TOOL`, with the
+/// JSON arguments (none: `{}`); said so when there is no such tool.
+fn called(call: &str, tools: &[&str]) -> Turn {
+    let (name, args) = call.trim().split_once(' ').unwrap_or((call.trim(), "{}"));
+    let suffix = format!("__{name}");
+    match tools.iter().find(|t| **t == name || t.ends_with(&suffix)) {
+        Some(tool) => Turn::Call(
+            tool.to_string(),
+            serde_json::from_str(args).unwrap_or_else(|_| json!({})),
+        ),
+        None => Turn::Say(format!("no tool {name} among {}", tools.join(", "))),
     }
 }
 
@@ -792,6 +811,22 @@ mod tests {
     fn tools() -> Value {
         json!([{"name": "Bash"}, {"name": "mcp__fleet__fleet_reply"}, {"name": "mcp__fleet__fleet_ask"},
                {"name": "mcp__fleet__fleet_poll"}])
+    }
+
+    #[test]
+    fn a_leads_call_is_made_as_typed_and_its_result_ends_the_turn() {
+        let typed = json!({"role": "user", "content": "call: fleet_poll {\"wait_s\": 3}"});
+        let request = json!({"tools": tools(), "messages": [typed.clone()]});
+        assert_eq!(
+            decide(&request, ""),
+            Turn::Call("mcp__fleet__fleet_poll".into(), json!({"wait_s": 3}))
+        );
+        let none = json!({"tools": tools(), "messages": [
+            {"role": "user", "content": "call: fleet_list"}
+        ]});
+        assert!(
+            matches!(decide(&none, ""), Turn::Say(said) if said.starts_with("no tool fleet_list among Bash"))
+        );
     }
 
     #[test]

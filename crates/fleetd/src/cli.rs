@@ -1,4 +1,4 @@
-//! The command line: `serve`, `token`, `mcp-config`, `key`, and the operator commands against
+//! The command line: `serve`, `token`, `mcp-config`, `init`, `mcp-headers`, `key`, and the operator commands against
 //! a running gateway (`ls`, `hosts`, `msgs`, `send`, `answer`, `stop`: see [`crate::ops`];
 //! `tail`: see [`crate::tail`]). Every subcommand takes `--config` and `--state-dir`.
 
@@ -38,6 +38,13 @@ pub enum Command {
     /// FLEET_TOKEN, with the line that sets it from the token file; --literal for the token
     /// itself).
     McpConfig(McpConfigArgs),
+    /// Set up a lead in one command: write a commented config if there is none, mint the
+    /// lead's token, register fleetd with your Claude Code (user scope) and let it call
+    /// fleetd's tools without asking; prints what it changed. --undo takes it back.
+    Init(crate::init::InitArgs),
+    /// Print a lead's MCP headers as JSON, for Claude Code's header helper (what `fleetd init`
+    /// registers): the token is read when Claude Code connects, so a rotated one is picked up.
+    McpHeaders(crate::init::McpHeadersArgs),
     /// Print this gateway's public key (ed25519:<base64>), which the other hosts pin, and its
     /// fingerprint; the key pair is made in the state dir on first use.
     Key,
@@ -115,7 +122,7 @@ pub struct McpConfigArgs {
 }
 
 /// The token of lead `name`, minted on first use.
-fn lead_token(
+pub fn lead_token(
     config: &Config,
     state: &StateDir,
     name: &str,

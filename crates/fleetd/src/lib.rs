@@ -11,6 +11,7 @@ pub mod health;
 pub mod held;
 pub mod http;
 pub mod identity;
+pub mod init;
 pub mod lane;
 pub mod launch;
 pub mod limits;

@@ -46,9 +46,15 @@ impl Token<'_> {
 }
 
 /// The headers, as the config names them.
-fn headers(token: Token) -> [(String, String); 3] {
+fn headers(token: Token) -> Vec<(String, String)> {
+    let mut all = vec![("Authorization".into(), token.authorization())];
+    all.extend(pane_headers());
+    all
+}
+
+/// The headers naming the lead's pane and tmux server, which the client expands.
+fn pane_headers() -> [(String, String); 2] {
     [
-        ("Authorization".into(), token.authorization()),
         (title(PANE_HEADER), PANE_VALUE.into()),
         (title(TMUX_HEADER), TMUX_VALUE.into()),
     ]
@@ -87,6 +93,43 @@ pub fn text(url: &str, token: Token) -> String {
     out.push_str(&format!("# or, with the Claude Code CLI:\n{add}\n"));
     out
 }
+
+/// The server entry `fleetd init` registers with Claude Code (`claude mcp add-json`): the
+/// token comes from `helper`, a shell command Claude Code runs at each connection and again
+/// when a call is refused (`fleetd mcp-headers NAME …`), so a rotated token is picked up
+/// without a restart and is in no file of Claude Code's; the pane headers as [`json`] has them.
+pub fn registered(url: &str, helper: &str) -> Value {
+    let headers: serde_json::Map<String, Value> = pane_headers()
+        .into_iter()
+        .map(|(name, value)| (name, Value::String(value)))
+        .collect();
+    json!({"type": "http", "url": url, "headersHelper": helper, "headers": headers})
+}
+
+/// The shell command of [`registered`]: `exe mcp-headers NAME --config CONFIG --state-dir STATE`,
+/// each word quoted (Claude Code runs it through a shell, in its own directory and environment,
+/// so every path is absolute and named).
+pub fn helper_command(exe: &str, name: &str, config: &str, state: &str) -> String {
+    [
+        exe,
+        "mcp-headers",
+        name,
+        "--config",
+        config,
+        "--state-dir",
+        state,
+    ]
+    .map(shell_quote)
+    .join(" ")
+}
+
+/// What `fleetd mcp-headers` prints: the headers as one JSON object.
+pub fn helper_output(token: &str) -> String {
+    json!({"Authorization": format!("Bearer {token}")}).to_string()
+}
+
+/// The MCP server's name in the client.
+pub const SERVER_NAME: &str = SERVER;
 
 /// Why a bearer token that is still a `${…}` placeholder fails, and what to do: the client was
 /// started without the variable, so it sent the placeholder itself.
@@ -169,6 +212,29 @@ mod tests {
         let why = unexpanded("${FLEET_TOKEN}").unwrap();
         assert!(why.contains("without FLEET_TOKEN set"), "{why}");
         assert_eq!(unexpanded(TOKEN), None);
+    }
+
+    #[test]
+    fn the_registered_server_takes_its_token_from_the_helper_and_its_pane_from_the_client() {
+        let helper = helper_command(
+            "/opt/my tools/fleetd",
+            "alice",
+            "/home/me/.config/fleetd/fleetd.toml",
+            "/home/me/.local/state/fleetd",
+        );
+        assert_eq!(
+            helper,
+            "'/opt/my tools/fleetd' mcp-headers alice --config /home/me/.config/fleetd/fleetd.toml --state-dir /home/me/.local/state/fleetd"
+        );
+        let entry = registered(URL, &helper);
+        assert_eq!(entry["type"], "http");
+        assert_eq!(entry["url"], URL);
+        assert_eq!(entry["headersHelper"], helper);
+        assert_eq!(entry["headers"]["X-Fleet-Pane"], "${TMUX_PANE:-}");
+        assert_eq!(entry["headers"]["X-Fleet-Tmux"], "${TMUX:-}");
+        assert!(entry["headers"].get("Authorization").is_none(), "{entry}");
+        let printed: Value = serde_json::from_str(&helper_output(TOKEN)).unwrap();
+        assert_eq!(printed, json!({"Authorization": format!("Bearer {TOKEN}")}));
     }
 
     #[test]

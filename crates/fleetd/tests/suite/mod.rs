@@ -18,6 +18,7 @@ mod feed;
 mod health;
 mod herdr;
 mod hostile;
+mod init;
 mod lifecycle;
 mod listener;
 mod logtext;

@@ -1,0 +1,169 @@
+//! `fleetd init`, as a newcomer meets it: a fresh home, one command, then a real Claude Code
+//! lead (its model the scripted one) lists, spawns, sends, gets the answer and stops, with no
+//! prompt and no file edited by hand; the token rotated, it goes on; undone, the tools are gone.
+
+use std::path::Path;
+use std::process::Output;
+
+use fleet_testkit::bins::binary;
+use fleet_testkit::fleet::{Fleet, TEST_API_KEY, claude_binary, sim_profile};
+use fleet_testkit::model::ModelSim;
+use serde_json::Value;
+
+/// `claude -p PROMPT` as the newcomer's lead: in `home`, its model `model`, nothing else set up.
+async fn lead_says(home: &Path, model: &ModelSim, prompt: &str) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new(claude_binary())
+        .args(["-p", prompt])
+        .current_dir(home)
+        .env("HOME", home)
+        .env_remove("CLAUDE_CONFIG_DIR")
+        .env("ANTHROPIC_BASE_URL", model.base_url())
+        .env("ANTHROPIC_API_KEY", TEST_API_KEY)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("ENABLE_TOOL_SEARCH", "false")
+        .env_remove("FLEET_TOKEN")
+        .output()
+        .await?;
+    Ok(format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// `fleetd init ARGS` against `fleet`'s config and state, in `home`.
+fn init(fleet: &Fleet, home: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    let claude = claude_binary();
+    let mut all = vec!["init"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--claude", &claude]);
+    let mut command = fleet.cli_command(&all)?;
+    command.env("HOME", home).env_remove("CLAUDE_CONFIG_DIR");
+    Ok(command.output()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_prompt()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let model = ModelSim::start().await?;
+    let home = tempfile::tempdir()?;
+    let home = home.path();
+    // Before: Claude Code has no fleet tools.
+    let before = lead_says(home, &model, "call: fleet_list").await?;
+    assert!(before.contains("no tool fleet_list"), "{before}");
+
+    let out = init(&fleet, home, &[])?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for change in [
+        "the config",
+        "registered fleetd with Claude Code as the MCP server 'fleet'",
+        "\"mcp__fleet\" added to permissions.allow",
+        "fleetd init --undo",
+    ] {
+        assert!(said.contains(change), "{change}: {said}");
+    }
+    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
+        home.join(".claude/settings.json"),
+    )?)?;
+    assert_eq!(
+        settings["permissions"]["allow"],
+        serde_json::json!(["mcp__fleet"])
+    );
+    // The token is in no file of Claude Code's: its helper reads it at each connection.
+    let registered = std::fs::read_to_string(home.join(".claude.json"))?;
+    assert!(registered.contains("mcp-headers lead"), "{registered}");
+    assert!(!registered.contains(&fleet.token("lead")?), "{registered}");
+
+    let listed = lead_says(home, &model, "call: fleet_list").await?;
+    assert!(
+        listed.contains("Done: ") && listed.contains("\"name\":\"lead\""),
+        "{listed}\n{}",
+        fleet.log()
+    );
+    let spawned = lead_says(
+        home,
+        &model,
+        r#"call: fleet_spawn {"profile": "sim", "name": "w1"}"#,
+    )
+    .await?;
+    assert!(spawned.contains("\"name\":\"w1\""), "{spawned}");
+    let sent = lead_says(
+        home,
+        &model,
+        r#"call: fleet_send {"to": "w1", "message": "hello from a newcomer", "wait_s": 30}"#,
+    )
+    .await?;
+    assert!(sent.contains("echo: hello from a newcomer"), "{sent}");
+
+    // A rotated token: the helper reads the new one; nothing to edit, nothing to export.
+    let rotated = fleet.cli(&["token", "lead", "--rotate"])?;
+    assert!(rotated.status.success(), "{rotated:?}");
+    let stopped = lead_says(home, &model, r#"call: fleet_stop {"to": "w1"}"#).await?;
+    assert!(
+        stopped.contains("\"status\":\"gone\""),
+        "{stopped}\n{}",
+        fleet.log()
+    );
+
+    // Run again, it changes nothing twice.
+    let again = init(&fleet, home, &[])?;
+    assert!(again.status.success(), "{again:?}");
+    assert!(String::from_utf8_lossy(&again.stdout).contains("is kept as it is"));
+    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
+        home.join(".claude/settings.json"),
+    )?)?;
+    assert_eq!(
+        settings["permissions"]["allow"],
+        serde_json::json!(["mcp__fleet"])
+    );
+
+    // Undone: the registration and the rule are gone, and with them the tools.
+    let undone = init(&fleet, home, &["--undo"])?;
+    assert!(undone.status.success(), "{undone:?}");
+    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
+        home.join(".claude/settings.json"),
+    )?)?;
+    assert_eq!(settings["permissions"]["allow"], serde_json::json!([]));
+    let after = lead_says(home, &model, "call: fleet_list").await?;
+    assert!(after.contains("no tool fleet_list"), "{after}");
+    Ok(())
+}
+
+/// Without a config, `fleetd init` writes the starter one where fleetd looks for it; without
+/// Claude Code it says what it did and what is left to do, naming the command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_writes_the_starter_config_and_says_what_is_left_without_claude_code()
+-> anyhow::Result<()> {
+    let home = tempfile::tempdir()?;
+    let out = std::process::Command::new(binary("fleetd")?)
+        .args(["init", "--claude", "/nonexistent/claude"])
+        .env("HOME", home.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("XDG_STATE_HOME")
+        .output()?;
+    assert!(!out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let config = home.path().join(".config/fleetd/fleetd.toml");
+    assert!(
+        said.contains(&format!("wrote the config {}", config.display())),
+        "{said}"
+    );
+    assert!(said.contains("the lead 'lead' has its token in"), "{said}");
+    assert!(
+        err.contains("cannot run Claude Code as '/nonexistent/claude' (--claude PATH names it)"),
+        "{err}"
+    );
+    // The config written is the one fleetd now runs on.
+    let doctor = std::process::Command::new(binary("fleetd")?)
+        .arg("doctor")
+        .env("HOME", home.path())
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("XDG_STATE_HOME")
+        .output()?;
+    let first = String::from_utf8_lossy(&doctor.stdout);
+    assert!(first.contains(&config.display().to_string()), "{first}");
+    Ok(())
+}
