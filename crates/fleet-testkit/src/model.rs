@@ -388,16 +388,17 @@ fn respond(request: &Value, script: &Script) -> (Turn, Option<Received>) {
 }
 
 /// A lead's `call: TOOL {ARGS}`: a call of the tool whose name is or ends in `__TOOL`, with the
-/// JSON arguments (none: `{}`); said so when there is no such tool.
+/// JSON arguments (none: `{}`); said so when there is no such tool or the arguments are not
+/// JSON.
 fn called(call: &str, tools: &[&str]) -> Turn {
     let (name, args) = call.trim().split_once(' ').unwrap_or((call.trim(), "{}"));
     let suffix = format!("__{name}");
-    match tools.iter().find(|t| **t == name || t.ends_with(&suffix)) {
-        Some(tool) => Turn::Call(
-            tool.to_string(),
-            serde_json::from_str(args).unwrap_or_else(|_| json!({})),
-        ),
-        None => Turn::Say(format!("no tool {name} among {}", tools.join(", "))),
+    let Some(tool) = tools.iter().find(|t| **t == name || t.ends_with(&suffix)) else {
+        return Turn::Say(format!("no tool {name} among {}", tools.join(", ")));
+    };
+    match serde_json::from_str(args) {
+        Ok(args) => Turn::Call(tool.to_string(), args),
+        Err(e) => Turn::Say(format!("bad arguments for {name}: {e}")),
     }
 }
 

@@ -45,6 +45,10 @@ pub enum Command {
     /// Print a lead's MCP headers as JSON, for Claude Code's header helper (what `fleetd init`
     /// registers): the token is read when Claude Code connects, so a rotated one is picked up.
     McpHeaders(crate::init::McpHeadersArgs),
+    /// Print the completion script for a shell (bash, zsh, fish, elvish, powershell).
+    Completions(crate::completions::CompletionsArgs),
+    /// Print the manual page (`fleetd man | man -l -`), or with --dir write one per subcommand.
+    Man(crate::completions::ManArgs),
     /// Print this gateway's public key (ed25519:<base64>), which the other hosts pin, and its
     /// fingerprint; the key pair is made in the state dir on first use.
     Key,

@@ -18,7 +18,7 @@ use crate::cli::{Cli, lead_token};
 use crate::config::Config;
 use crate::mcp_config::{self, SERVER_NAME};
 use crate::paths::{config_file, default_config_path};
-use crate::serve::mcp_url;
+use crate::serve::local_base;
 use crate::state::{StateDir, write_private};
 
 /// The Claude Code permission rule that lets it call every fleet tool without a prompt (and no
@@ -37,7 +37,7 @@ pub const STARTER_CONFIG: &str = r#"# fleetd's config, written by `fleetd init`.
 listen = "127.0.0.1:8765"          # MCP at http://127.0.0.1:8765/mcp
 
 # The lead: the Claude Code you drive. `fleetd init` registered fleetd with your Claude Code
-# for it; `fleetd token lead --rotate` gives it a new token, picked up without a restart.
+# for it; `fleetd token lead --rotate` gives it a new token, read when Claude Code next connects.
 [leads.lead]
 
 # Worker profiles. With none declared, fleetd offers `sim`, the scripted test agent, so the
@@ -118,11 +118,39 @@ pub fn without_rule(mut settings: Value) -> (Value, bool) {
 /// Claude Code's user settings file: `$CLAUDE_CONFIG_DIR/settings.json`, else
 /// `~/.claude/settings.json`.
 fn settings_path() -> anyhow::Result<PathBuf> {
-    let dir = match std::env::var_os("CLAUDE_CONFIG_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".claude"),
+    Ok(claude_dir()?.join("settings.json"))
+}
+
+/// Claude Code's own directory, absolute: `$CLAUDE_CONFIG_DIR`, else `~/.claude`.
+fn claude_dir() -> anyhow::Result<PathBuf> {
+    let dir =
+        match std::env::var_os("CLAUDE_CONFIG_DIR").filter(|v| !v.is_empty()) {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from(std::env::var_os("HOME").context(
+                "neither CLAUDE_CONFIG_DIR nor HOME says where Claude Code's settings are",
+            )?)
+            .join(".claude"),
+        };
+    std::path::absolute(&dir).with_context(|| format!("cannot resolve {}", dir.display()))
+}
+
+/// The user-scope `fleet` server Claude Code has, from its `.claude.json` (beside its settings
+/// with `CLAUDE_CONFIG_DIR`, else in the home): whether there is one, and whether it is one
+/// `fleetd init` registered (its helper is `fleetd mcp-headers`). Read only: Claude Code keeps
+/// that file, and changes go through its own command.
+fn registered_fleet() -> anyhow::Result<Option<bool>> {
+    let file = match std::env::var_os("CLAUDE_CONFIG_DIR").filter(|v| !v.is_empty()) {
+        Some(_) => claude_dir()?.join(".claude.json"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".claude.json")
+        }
     };
-    Ok(dir.join("settings.json"))
+    let known = read_settings(&file)?;
+    Ok(known["mcpServers"].get(SERVER_NAME).map(|entry| {
+        entry["headersHelper"]
+            .as_str()
+            .is_some_and(|helper| helper.contains(" mcp-headers "))
+    }))
 }
 
 /// The settings file's JSON (`Null` when there is none).
@@ -139,21 +167,35 @@ fn read_settings(path: &Path) -> anyhow::Result<Value> {
     }
 }
 
-/// Writes `settings` to `path` whole (a temporary file renamed over it), readable by its owner
-/// only, making its directory if need be.
+/// Writes `settings` to `path` whole (a temporary file renamed over it). An existing file keeps
+/// its mode, and a symlink stays one (its target is written); a new file is its owner's only,
+/// its directory made if need be.
 fn write_settings(path: &Path, settings: &Value) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    write_private(path, &format!("{settings:#}\n"))
-        .with_context(|| format!("cannot write {}", path.display()))
+    let text = format!("{settings:#}\n");
+    let Ok(target) = std::fs::canonicalize(path) else {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        return write_private(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()));
+    };
+    let mode = std::fs::metadata(&target)
+        .with_context(|| format!("cannot read {}", target.display()))?
+        .permissions();
+    let partial = target.with_extension("json.fleetd-partial");
+    std::fs::write(&partial, text)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
+    std::fs::set_permissions(&partial, mode)
+        .and_then(|()| std::fs::rename(&partial, &target))
+        .with_context(|| format!("cannot write {}", target.display()))
 }
 
 /// Runs `claude ARGS`; its output, or why it failed.
 fn claude(program: &Path, args: &[&str]) -> anyhow::Result<std::process::Output> {
     Command::new(program).args(args).output().with_context(|| {
         format!(
-            "cannot run Claude Code as '{}' (--claude PATH names it)",
+            "cannot run Claude Code as '{}' (--claude PATH names it; then run fleetd init again)",
             program.display()
         )
     })
@@ -210,14 +252,21 @@ fn ensure_config(cli: &Cli) -> anyhow::Result<PathBuf> {
     std::fs::canonicalize(&path).with_context(|| format!("cannot resolve {}", path.display()))
 }
 
-/// `path` as a word of the helper's command line.
+/// `path` as a word of the helper's command line: UTF-8, and without `${` (Claude Code expands
+/// those in its config before any shell sees the quotes).
 fn word(path: &Path) -> anyhow::Result<String> {
-    path.to_str().map(str::to_string).with_context(|| {
+    let text = path.to_str().with_context(|| {
         format!(
             "{} is not a UTF-8 path, which Claude Code's helper command cannot name",
             path.display()
         )
-    })
+    })?;
+    if text.contains("${") || text.ends_with(" (deleted)") {
+        bail!(
+            "{text} cannot be named in Claude Code's helper command (a `${{` in it would be expanded; a deleted binary cannot run): move it, then run fleetd init again"
+        );
+    }
+    Ok(text.to_string())
 }
 
 /// Registers fleetd with Claude Code (user scope) for lead `args.name`, its token from the
@@ -228,10 +277,23 @@ fn register(args: &InitArgs, config: &Config, state: &StateDir, path: &Path) -> 
         .with_context(|| format!("cannot resolve {}", state.root().display()))?;
     let helper =
         mcp_config::helper_command(&word(&exe)?, &args.name, &word(path)?, &word(&state_root)?);
-    let url = mcp_url(config, config.gateway.listen);
+    let url = match &config.gateway.advertise_url {
+        Some(url) => url.clone(),
+        None => format!("{}/mcp", local_base(config.gateway.listen)),
+    };
     let entry = mcp_config::registered(&url, &helper).to_string();
-    // `add-json` refuses a name already there: what an earlier init registered goes first.
-    claude(&args.claude, &["mcp", "remove", SERVER_NAME, "-s", "user"])?;
+    // `add-json` refuses a name already there: what an earlier init registered goes first; one
+    // the user made is left alone.
+    match registered_fleet()? {
+        Some(false) => bail!(
+            "Claude Code has an MCP server '{SERVER_NAME}' in user scope that fleetd init did not register; fleetd left it as it is: remove it (`{} mcp remove {SERVER_NAME} -s user`), then run fleetd init again",
+            args.claude.display()
+        ),
+        Some(true) => {
+            claude(&args.claude, &["mcp", "remove", SERVER_NAME, "-s", "user"])?;
+        }
+        None => {}
+    }
     let added = claude(
         &args.claude,
         &["mcp", "add-json", "-s", "user", SERVER_NAME, &entry],
@@ -279,11 +341,21 @@ fn allow_tools(state: &StateDir) -> anyhow::Result<()> {
 /// `fleetd init --undo`: the registration goes, and the permission rule if init added it.
 fn undo(cli: &Cli, args: &InitArgs) -> anyhow::Result<()> {
     let (_config, state) = cli.paths.resolve()?;
-    let removed = claude(&args.claude, &["mcp", "remove", SERVER_NAME, "-s", "user"])?;
-    if removed.status.success() {
-        println!("removed the MCP server '{SERVER_NAME}' from Claude Code (user scope)");
-    } else {
-        println!("Claude Code has no MCP server '{SERVER_NAME}' in user scope");
+    match registered_fleet()? {
+        Some(true) => {
+            let removed = claude(&args.claude, &["mcp", "remove", SERVER_NAME, "-s", "user"])?;
+            if !removed.status.success() {
+                bail!(
+                    "Claude Code did not remove the MCP server '{SERVER_NAME}': {}",
+                    String::from_utf8_lossy(&removed.stderr).trim()
+                );
+            }
+            println!("removed the MCP server '{SERVER_NAME}' from Claude Code (user scope)");
+        }
+        Some(false) => println!(
+            "Claude Code's MCP server '{SERVER_NAME}' was not registered by fleetd init: it is left as it is"
+        ),
+        None => println!("Claude Code has no MCP server '{SERVER_NAME}' in user scope"),
     }
     let record_path = state.root().join(RECORD);
     let record: Value = std::fs::read_to_string(&record_path)
@@ -314,10 +386,22 @@ fn undo(cli: &Cli, args: &InitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `fleetd mcp-headers NAME`: the lead's headers as Claude Code's header helper wants them.
+/// `fleetd mcp-headers NAME`: the lead's headers as Claude Code's header helper wants them. The
+/// token file is read, never written: minting here would revoke the token in use (a helper run
+/// beside `fleetd token NAME --rotate` would undo the rotation), and the store is not opened
+/// (the helper runs at every connection of every Claude Code, within Claude Code's 10 s).
 pub fn mcp_headers_command(cli: &Cli, args: &McpHeadersArgs) -> anyhow::Result<()> {
-    let (config, state) = cli.paths.resolve()?;
-    let token = lead_token(&config, &state, &args.name, false)?;
+    let (_config, state) = cli.paths.resolve()?;
+    let file = state.lead_token_path(&args.name);
+    let token = std::fs::read_to_string(&file)
+        .map(|t| t.trim().to_string())
+        .with_context(|| {
+            format!(
+                "no token for lead '{}' at {} (is --state-dir right? `fleetd token {0}` makes one)",
+                args.name,
+                file.display()
+            )
+        })?;
     println!("{}", mcp_config::helper_output(&token));
     Ok(())
 }
@@ -372,11 +456,43 @@ mod tests {
     }
 
     #[test]
+    fn settings_written_keep_their_mode_and_a_symlink_stays_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("dotfiles-settings.json");
+        std::fs::write(&target, "{}").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("settings.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_settings(&link, &json!({"permissions": {"allow": ["mcp__fleet"]}})).unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let read: Value = serde_json::from_str(&std::fs::read_to_string(&target).unwrap()).unwrap();
+        assert_eq!(read["permissions"]["allow"][0], "mcp__fleet");
+        // A new file is its owner's only, in a directory made for it.
+        let fresh = dir.path().join("new/settings.json");
+        write_settings(&fresh, &json!({})).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
     fn the_starter_config_loads_and_declares_the_lead() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fleetd.toml");
         std::fs::write(&path, STARTER_CONFIG).unwrap();
         let config = crate::config::Config::load(&path).unwrap();
+        // Declared by the file itself, not only filled in as a default.
+        let raw: toml::Table = STARTER_CONFIG.parse().unwrap();
+        assert!(raw["leads"].get("lead").is_some(), "{raw}");
+        let embedded = crate::config::Config::embedded();
+        assert_eq!(config.gateway.listen, embedded.gateway.listen);
         assert!(config.leads.contains_key("lead"));
         assert_eq!(config.gateway.listen.to_string(), "127.0.0.1:8765");
         assert!(

@@ -4,6 +4,7 @@
 pub mod audit;
 pub mod authority;
 pub mod cli;
+pub mod completions;
 pub mod config;
 pub mod doctor;
 pub mod gateway;

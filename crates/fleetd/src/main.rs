@@ -55,6 +55,8 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Command::Token(args) => token_command(cli, args),
         Command::McpConfig(args) => mcp_config_command(cli, args),
         Command::Init(args) => fleetd::init::init_command(cli, args),
+        Command::Completions(args) => fleetd::completions::completions_command(args),
+        Command::Man(args) => fleetd::completions::man_command(args),
         Command::McpHeaders(args) => fleetd::init::mcp_headers_command(cli, args),
         Command::Key => key_command(cli),
         Command::Ls(args) => ls_command(&cli.paths, args),

@@ -95,9 +95,9 @@ pub fn text(url: &str, token: Token) -> String {
 }
 
 /// The server entry `fleetd init` registers with Claude Code (`claude mcp add-json`): the
-/// token comes from `helper`, a shell command Claude Code runs at each connection and again
-/// when a call is refused (`fleetd mcp-headers NAME …`), so a rotated token is picked up
-/// without a restart and is in no file of Claude Code's; the pane headers as [`json`] has them.
+/// token comes from `helper`, a shell command Claude Code runs at each connection (`fleetd
+/// mcp-headers NAME …`), so a rotated token needs no edit and is in no file of Claude Code's;
+/// the pane headers as [`json`] has them.
 pub fn registered(url: &str, helper: &str) -> Value {
     let headers: serde_json::Map<String, Value> = pane_headers()
         .into_iter()

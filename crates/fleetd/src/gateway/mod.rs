@@ -384,7 +384,7 @@ impl LocalPlane {
             .gid_for_token(&hash)
             .map_err(store_error)?
         else {
-            return Ok(Err("unknown, revoked or rotated bearer token: a lead's or operator's current one is what `fleetd token NAME` prints (a Claude Code set up by `fleetd init` reads it again by itself; one set up by hand: after a rotation, set FLEET_TOKEN again with the export line `fleetd mcp-config NAME` prints, then restart the client: it reads its token when it starts); a worker's ends with its session".into()));
+            return Ok(Err("unknown, revoked or rotated bearer token: a lead's or operator's current one is what `fleetd token NAME` prints (a Claude Code set up by `fleetd init` reads it when it connects: start it again, or /mcp and Reconnect; one set up by hand: after a rotation, set FLEET_TOKEN again with the export line `fleetd mcp-config NAME` prints, then restart the client: it reads its token when it starts); a worker's ends with its session".into()));
         };
         let called_in = self.sessions.lock().called_in(gid, nudge, acting);
         match called_in {

@@ -929,3 +929,67 @@ fn the_doctor_says_which_config_fleetd_runs_on() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Shell completions and manual pages come from the command line's own definitions: bash
+/// loads the script and completes a subcommand; the pages name every subcommand.
+#[test]
+fn completions_and_man_pages_are_generated_from_the_command_line() -> anyhow::Result<()> {
+    let fleetd = fleet_testkit::bins::binary("fleetd")?;
+    let out = std::process::Command::new(&fleetd)
+        .args(["completions", "bash"])
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    let script = tempfile::NamedTempFile::new()?;
+    std::fs::write(script.path(), &out.stdout)?;
+    // bash's own completion machinery, asked what `fleetd in<TAB>` completes to.
+    let probe = format!(
+        "source {}; COMP_WORDS=(fleetd in); COMP_CWORD=1; COMP_LINE='fleetd in'; COMP_POINT=9; _fleetd fleetd in fleetd; echo \"${{COMPREPLY[@]}}\"",
+        script.path().display()
+    );
+    let completed = std::process::Command::new("bash")
+        .args(["-c", &probe])
+        .output()?;
+    let words = String::from_utf8_lossy(&completed.stdout);
+    assert_eq!(
+        words.split_whitespace().collect::<Vec<_>>(),
+        ["init"],
+        "{completed:?}"
+    );
+    for shell in ["zsh", "fish"] {
+        let out = std::process::Command::new(&fleetd)
+            .args(["completions", shell])
+            .output()?;
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("mcp-headers"),
+            "{shell}: {out:?}"
+        );
+    }
+    let page = std::process::Command::new(&fleetd).arg("man").output()?;
+    let page = String::from_utf8(page.stdout)?;
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq") || page.contains(".TH fleetd 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("fleetd\\-init") || page.contains("init"),
+        "{page}"
+    );
+    let dir = tempfile::tempdir()?;
+    let out = std::process::Command::new(&fleetd)
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    for name in [
+        "fleetd.1",
+        "fleetd-init.1",
+        "fleetd-serve.1",
+        "fleetd-mcp-headers.1",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(name))?;
+        assert!(text.contains(".TH"), "{name}: {text}");
+    }
+    let init = std::fs::read_to_string(dir.path().join("fleetd-init.1"))?;
+    assert!(init.contains("\\-\\-undo"), "{init}");
+    Ok(())
+}

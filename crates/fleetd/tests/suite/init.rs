@@ -53,6 +53,37 @@ async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_p
     let before = lead_says(home, &model, "call: fleet_list").await?;
     assert!(before.contains("no tool fleet_list"), "{before}");
 
+    // A `fleet` server the user registered by hand is left alone: init says so and stops.
+    let claude = |args: &[&str]| {
+        std::process::Command::new(claude_binary())
+            .args(args)
+            .env("HOME", home)
+            .env_remove("CLAUDE_CONFIG_DIR")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .output()
+    };
+    let theirs = claude(&[
+        "mcp",
+        "add",
+        "-s",
+        "user",
+        "--transport",
+        "http",
+        "fleet",
+        "http://127.0.0.1:9/mcp",
+    ])?;
+    assert!(theirs.status.success(), "{theirs:?}");
+    let refused = init(&fleet, home, &[])?;
+    assert!(!refused.status.success(), "{refused:?}");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("that fleetd init did not register; fleetd left it as it is"),
+        "{why}"
+    );
+    assert!(std::fs::read_to_string(home.join(".claude.json"))?.contains("http://127.0.0.1:9/mcp"));
+    let removed = claude(&["mcp", "remove", "fleet", "-s", "user"])?;
+    assert!(removed.status.success(), "{removed:?}");
+
     let out = init(&fleet, home, &[])?;
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
@@ -153,7 +184,7 @@ async fn init_writes_the_starter_config_and_says_what_is_left_without_claude_cod
     );
     assert!(said.contains("the lead 'lead' has its token in"), "{said}");
     assert!(
-        err.contains("cannot run Claude Code as '/nonexistent/claude' (--claude PATH names it)"),
+        err.contains("cannot run Claude Code as '/nonexistent/claude' (--claude PATH names it; then run fleetd init again)"),
         "{err}"
     );
     // The config written is the one fleetd now runs on.
