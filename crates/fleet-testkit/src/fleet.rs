@@ -140,8 +140,8 @@ pub fn bwrap_profile(name: &str, workdir: &Path) -> anyhow::Result<String> {
     bwrap_profile_of(name, workdir, &binary("fleet-agent-sim")?, true)
 }
 
-/// A sandbox `[[profiles]]` block running the agent at `agent` under the README's bubblewrap
-/// recipe: the host's files read-only, a fresh `/tmp`, the user's home and fleetd's state dir
+/// A sandbox `[[profiles]]` block running the agent at `agent` under the bubblewrap recipe of
+/// docs/workers.md: the host's files read-only, a fresh `/tmp`, the user's home and fleetd's state dir
 /// hidden, the worker's own files, its working directory and (with `bind_agent`) the agent's
 /// program bound back in.
 pub fn bwrap_profile_of(
@@ -166,7 +166,7 @@ ready_timeout_s = 20
     ))
 }
 
-/// The README's bubblewrap recipe as a TOML array, `FLEET_SANDBOX=<worker name>` set inside,
+/// The bubblewrap recipe of docs/workers.md as a TOML array, `FLEET_SANDBOX=<worker name>` set inside,
 /// with (`bind_agent`) or without the agent's program bound back in.
 fn bwrap_runtime(bind_agent: bool) -> String {
     let bind = if bind_agent {
@@ -183,7 +183,7 @@ fn bwrap_runtime(bind_agent: bool) -> String {
 }
 
 /// A sandbox `[[profiles]]` block running a real agent (`agent_kind` `claude-code` or
-/// `opencode`, its program `agent`) under the README's bubblewrap recipe, in a home of its own
+/// `opencode`, its program `agent`) under the bubblewrap recipe of docs/workers.md, in a home of its own
 /// with the test key, on the scripted model at `base_url`, working in `workdir`, started in the
 /// mode fleetd gives a sandbox.
 pub fn bwrap_agent_profile(

@@ -2,7 +2,7 @@
 //! container whose root is a directory the test prepares (`podman run --rootfs`): no image is
 //! pulled or built. The root holds the host's `/usr` read-only, as a distribution image would
 //! hold its own, an `/etc` with the host's users, and an empty `/tmp`; what the worker needs
-//! besides is bound in by the profile's runtime template, the README's docker recipe with
+//! besides is bound in by the profile's runtime template, the docker recipe of docs/workers.md with
 //! `--rootfs {image}` for the image.
 
 use std::path::Path;
@@ -131,7 +131,7 @@ impl Podman {
     }
 
     /// A sandbox `[[profiles]]` block running the agent `agent` in a container on this root,
-    /// the README's docker recipe: host network (it reaches fleetd on loopback), the launch's
+    /// the docker recipe of docs/workers.md: host network (it reaches fleetd on loopback), the launch's
     /// environment from `{env_file}`, the host's `/usr` read-only, and only the worker's own
     /// files, its working directory `workdir` and the agent's program bound in. `real` makes it
     /// a real agent's (`claude-code` or `opencode`, on the scripted model at the given base

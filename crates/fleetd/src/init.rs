@@ -30,8 +30,8 @@ pub const ALLOW_RULE: &str = "mcp__fleet";
 const RECORD: &str = "init.json";
 
 /// The config `fleetd init` writes when there is none: what the embedded defaults do, said.
-pub const STARTER_CONFIG: &str = r#"# fleetd's config, written by `fleetd init`. Every key and its default: README.md
-# (Configuration). Check it with `fleetd doctor`.
+pub const STARTER_CONFIG: &str = r#"# fleetd's config, written by `fleetd init`. Every key and its default:
+# docs/configuration.md. Check it with `fleetd doctor`.
 
 [gateway]
 listen = "127.0.0.1:8765"          # MCP at http://127.0.0.1:8765/mcp

@@ -1,5 +1,5 @@
 //! Real coding agents in a real sandbox: Claude Code and opencode (the pinned releases
-//! `./test.sh` installs) under the README's bubblewrap recipe, started by fleetd with nobody at
+//! `./test.sh` installs) under the bubblewrap recipe of docs/workers.md, started by fleetd with nobody at
 //! their screens, in the mode fleetd gives a sandbox, on the scripted model. Each does a round
 //! trip through fleetd (its MCP config and charter read inside the sandbox, its reply back),
 //! then runs its own shell tool inside the sandbox to look at what the sandbox must hide: the

@@ -1,6 +1,6 @@
 //! Sandboxed workers in a real container runtime: podman (installed by `./test.sh`), each
 //! worker in a container whose root is a directory the test prepares (`podman run --rootfs`,
-//! see [`fleet_testkit::podman`]), under the README's docker recipe run through podman's
+//! see [`fleet_testkit::podman`]), under the docker recipe of docs/workers.md run through podman's
 //! docker-compatible command line. The scripted agent and a real Claude Code each do a round
 //! trip through fleetd and look, from inside, at what the container must not show.
 

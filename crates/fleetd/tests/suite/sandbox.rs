@@ -1,5 +1,5 @@
 //! Sandboxed workers with a real runtime: bubblewrap (`bwrap`, installed by `./test.sh`)
-//! wrapped around the scripted agent under the README's recipe, its teardown run when the pane
+//! wrapped around the scripted agent under the recipe of docs/workers.md, its teardown run when the pane
 //! goes. The agent is bound in by its own path, so the tests pass wherever the checkout (and its
 //! build) lives: under `/tmp`, behind a symlink, in a path with spaces.
 

@@ -933,7 +933,7 @@ async fn idle(args: &Args) -> anyhow::Result<()> {
     println!("  with {n} workers, on the broker: {}", fed.held);
     for (what, none, all) in [("no broker", l0, ln), ("on the broker", f0, fn_)] {
         println!(
-            "fleetd, {what}: RSS {:.1} MB with {n} idle workers, beside {:.1} MB with none = {:.1} MB per 1,000 workers  [README's fleetd target ≤ 50 MB, set at 50 workers]; CPU {:.1} % of one core, beside {:.1} % with none = {:.1} % per 1,000 workers",
+            "fleetd, {what}: RSS {:.1} MB with {n} idle workers, beside {:.1} MB with none = {:.1} MB per 1,000 workers  [docs/benchmarks.md's fleetd target ≤ 50 MB, set at 50 workers]; CPU {:.1} % of one core, beside {:.1} % with none = {:.1} % per 1,000 workers",
             all.rss,
             none.rss,
             per_1000(all.rss, none.rss),

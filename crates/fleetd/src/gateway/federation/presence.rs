@@ -202,7 +202,7 @@ impl Federation {
             // gateway was upgraded): answers go to all from now on, and the link, whose channel
             // the refusal closed, comes back once, not in a loop.
             Err(e @ AmqpError::Refused(_)) if to.is_some() => {
-                tracing::error!(error = %e, "the broker refused a heartbeat addressed to one host: this gateway's broker login lacks the topic permission on fleet.roster for `to.<host>.roster.<this host>._gateway` (see the README's rabbitmqctl lines); whole accounts go to every host until fleetd restarts");
+                tracing::error!(error = %e, "the broker refused a heartbeat addressed to one host: this gateway's broker login lacks the topic permission on fleet.roster for `to.<host>.roster.<this host>._gateway` (see the rabbitmqctl lines of docs/federation.md, Broker logins); whole accounts go to every host until fleetd restarts");
                 self.lock().addressing_off = true;
             }
             Err(e) => tracing::debug!(error = %e, "a heartbeat was not published"),
