@@ -31,6 +31,12 @@ async fn lead_says(home: &Path, model: &ModelSim, prompt: &str) -> anyhow::Resul
     ))
 }
 
+/// What Claude Code's user settings in `home` allow without asking.
+fn allowed(home: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(home.join(".claude/settings.json"))?;
+    Ok(serde_json::from_str::<Value>(&text)?["permissions"]["allow"].clone())
+}
+
 /// `fleetd init ARGS` against `fleet`'s config and state, in `home`.
 fn init(fleet: &Fleet, home: &Path, args: &[&str]) -> anyhow::Result<Output> {
     let claude = claude_binary();
@@ -95,13 +101,7 @@ async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_p
     ] {
         assert!(said.contains(change), "{change}: {said}");
     }
-    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
-        home.join(".claude/settings.json"),
-    )?)?;
-    assert_eq!(
-        settings["permissions"]["allow"],
-        serde_json::json!(["mcp__fleet"])
-    );
+    assert_eq!(allowed(home)?, serde_json::json!(["mcp__fleet"]));
     // The token is in no file of Claude Code's: its helper reads it at each connection.
     let registered = std::fs::read_to_string(home.join(".claude.json"))?;
     assert!(registered.contains("mcp-headers lead"), "{registered}");
@@ -142,21 +142,12 @@ async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_p
     let again = init(&fleet, home, &[])?;
     assert!(again.status.success(), "{again:?}");
     assert!(String::from_utf8_lossy(&again.stdout).contains("is kept as it is"));
-    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
-        home.join(".claude/settings.json"),
-    )?)?;
-    assert_eq!(
-        settings["permissions"]["allow"],
-        serde_json::json!(["mcp__fleet"])
-    );
+    assert_eq!(allowed(home)?, serde_json::json!(["mcp__fleet"]));
 
     // Undone: the registration and the rule are gone, and with them the tools.
     let undone = init(&fleet, home, &["--undo"])?;
     assert!(undone.status.success(), "{undone:?}");
-    let settings: Value = serde_json::from_str(&std::fs::read_to_string(
-        home.join(".claude/settings.json"),
-    )?)?;
-    assert_eq!(settings["permissions"]["allow"], serde_json::json!([]));
+    assert_eq!(allowed(home)?, serde_json::json!([]));
     let after = lead_says(home, &model, "call: fleet_list").await?;
     assert!(after.contains("no tool fleet_list"), "{after}");
     Ok(())
