@@ -386,10 +386,13 @@ async function showScreen() {
   }
 }
 
+// The screen opens under the workers, above the messages, and is brought into view: however
+// many messages there are, it is where the eye is when its button is pressed.
 function openScreen(name) {
   view.screen = name;
   $('screen-name').textContent = name;
   $('screen').hidden = false;
+  $('screen').scrollIntoView({block: 'nearest'});
   showScreen();
 }
 

@@ -482,6 +482,57 @@ async fn sign_in(page: &Client, base: &str, token: &str) -> anyhow::Result<()> {
     visible(page, "#live[data-live='true']").await
 }
 
+/// With a busy fleet (a page of messages longer than the window), a worker's screen opens where
+/// the eye is: in the window, under the workers, not below the whole message list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_screen_opens_in_view_however_many_messages_there_are() -> anyhow::Result<()> {
+    browser_is_installed()?;
+    let fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    lead.spawn("sim", "w1").await?;
+    for i in 0..30 {
+        lead.send("w1", &format!("task {i}"), 0).await?;
+    }
+    let browser = Browser::start().await?;
+    let page = browser.page()?;
+    sign_in(page, &fleet.base(), &fleet.token("lead")?).await?;
+    steps_until(page, "the messages listed", "#messages tbody tr", |rows| {
+        rows.len() >= 30
+    })
+    .await?;
+    let tall = page
+        .execute(
+            "return document.getElementById('messages').getBoundingClientRect().bottom > window.innerHeight",
+            vec![],
+        )
+        .await?;
+    assert_eq!(
+        tall,
+        json!(true),
+        "the messages fit the window: the test shows nothing"
+    );
+    click(page, "#entities tr[data-name='w1'] button.show-screen").await?;
+    visible(page, "#screen:not([hidden])").await?;
+    let placed = page
+        .execute(
+            "const r = document.getElementById('screen').getBoundingClientRect();
+             const m = document.getElementById('messages').getBoundingClientRect();
+             return {top: r.top, bottom: r.bottom, height: window.innerHeight, above_messages: r.bottom <= m.top};",
+            vec![],
+        )
+        .await?;
+    let (top, height) = (placed["top"].as_f64(), placed["height"].as_f64());
+    assert!(
+        top.zip(height)
+            .is_some_and(|(top, height)| top >= 0.0 && top < height),
+        "the screen opened out of sight: {placed}"
+    );
+    assert_eq!(placed["above_messages"], json!(true), "{placed}");
+    screenshot(page, "busy-fleet-screen").await?;
+    browser.close().await?;
+    Ok(())
+}
+
 /// Issue 30 in the browser: alice's task text, her worker's reply and screen, and a stalled
 /// worker's screen tail never show on the page of another lead (bob) or of a read-only operator
 /// (prom), though both see her workers, their owner and their states; only alice's page offers
