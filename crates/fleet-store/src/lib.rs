@@ -132,8 +132,10 @@ pub struct MessageFilter {
     pub from: Option<Gid>,
     /// Made at or after this Unix ms.
     pub since_ms: Option<i64>,
-    /// Sent by or to this entity.
-    pub involving: Option<Gid>,
+    /// Sent by or to each of these entities (a lead's own, and the one it asks about).
+    pub involving: Vec<Gid>,
+    /// Stored before this message (a page on from the last one listed); none if it is not stored.
+    pub before: Option<MsgId>,
     /// At most this many, the newest.
     pub limit: usize,
 }
@@ -275,6 +277,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The stored messages `filter` selects, newest first.
     fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>>;
+
+    /// How many stored messages `filter` selects, its `before` and `limit` aside: all its pages.
+    fn message_total(&self, filter: &MessageFilter) -> StoreResult<usize>;
 
     /// How many messages are stored, by kind and state (the names the store keeps them by).
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>>;

@@ -359,6 +359,55 @@ const FAILED_AFTER_TYPING: &str = "((EXISTS (SELECT 1 FROM messages a INDEXED BY
         WHERE a.in_reply_to = messages.msg_id AND a.kind = 'REPLY')
     AND NOT EXISTS (SELECT 1 FROM answered WHERE answered.msg_id = messages.msg_id AND by_reply))";
 
+/// The `WHERE` clause of the messages `filter` selects (its page too, with `paged`), and the
+/// values it binds: only the conditions given, so SQLite can use an index for them (a
+/// recipient's is `messages_inbox`).
+fn selected(filter: &MessageFilter, paged: bool) -> (String, Vec<rusqlite::types::Value>) {
+    let mut values: Vec<rusqlite::types::Value> = Vec::new();
+    let mut bind = |value: rusqlite::types::Value| {
+        values.push(value);
+        format!("?{}", values.len())
+    };
+    let mut clauses = Vec::new();
+    if let Some(state) = &filter.state {
+        let at = bind(state.clone().into());
+        clauses.push(if state == "failed" {
+            format!("(state = {at} OR (state = 'injected' AND {FAILED_AFTER_TYPING}))")
+        } else {
+            format!("state = {at}")
+        });
+    }
+    if let Some(kind) = filter.kind {
+        clauses.push(format!("kind = {}", bind(kind.as_str().to_string().into())));
+    }
+    if let Some(to) = filter.to {
+        clauses.push(format!("to_gid = {}", bind(to.to_string().into())));
+    }
+    if let Some(from) = filter.from {
+        clauses.push(format!("from_gid = {}", bind(from.to_string().into())));
+    }
+    if let Some(since) = filter.since_ms {
+        clauses.push(format!("created_ms >= {}", bind(since.into())));
+    }
+    for gid in &filter.involving {
+        let at = bind(gid.to_string().into());
+        clauses.push(format!("(from_gid = {at} OR to_gid = {at})"));
+    }
+    if paged && let Some(before) = filter.before {
+        // A message no longer stored has no seq: nothing is before it.
+        let at = bind(before.to_string().into());
+        clauses.push(format!(
+            "seq < (SELECT seq FROM messages WHERE msg_id = {at})"
+        ));
+    }
+    let condition = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    (condition, values)
+}
+
 impl Store for SqliteStore {
     fn ensure_lead(&self, name: &str, host: &str, groups: &[String]) -> StoreResult<Gid> {
         let mut conn = self.conn();
@@ -754,52 +803,28 @@ impl Store for SqliteStore {
     }
 
     fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
-        // Only the conditions given, so SQLite can use an index for them (a recipient's is
-        // `messages_inbox`).
-        let mut values: Vec<rusqlite::types::Value> = Vec::new();
-        let mut bind = |value: rusqlite::types::Value| {
-            values.push(value);
-            format!("?{}", values.len())
-        };
-        let mut clauses = Vec::new();
-        if let Some(state) = &filter.state {
-            let at = bind(state.clone().into());
-            clauses.push(if state == "failed" {
-                format!("(state = {at} OR (state = 'injected' AND {FAILED_AFTER_TYPING}))")
-            } else {
-                format!("state = {at}")
-            });
-        }
-        if let Some(kind) = filter.kind {
-            clauses.push(format!("kind = {}", bind(kind.as_str().to_string().into())));
-        }
-        if let Some(to) = filter.to {
-            clauses.push(format!("to_gid = {}", bind(to.to_string().into())));
-        }
-        if let Some(from) = filter.from {
-            clauses.push(format!("from_gid = {}", bind(from.to_string().into())));
-        }
-        if let Some(since) = filter.since_ms {
-            clauses.push(format!("created_ms >= {}", bind(since.into())));
-        }
-        if let Some(gid) = filter.involving {
-            let at = bind(gid.to_string().into());
-            clauses.push(format!("(from_gid = {at} OR to_gid = {at})"));
-        }
-        let limit = bind(i64::try_from(filter.limit).unwrap_or(i64::MAX).into());
-        let condition = if clauses.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", clauses.join(" AND "))
-        };
+        let (condition, mut values) = selected(filter, true);
+        values.push(i64::try_from(filter.limit).unwrap_or(i64::MAX).into());
+        let limit = values.len();
         let conn = self.conn();
         query_messages(
             &conn,
             &format!(
-                "SELECT {MESSAGE_COLUMNS} FROM messages {condition} ORDER BY seq DESC LIMIT {limit}"
+                "SELECT {MESSAGE_COLUMNS} FROM messages {condition} ORDER BY seq DESC LIMIT ?{limit}"
             ),
             rusqlite::params_from_iter(values),
         )
+    }
+
+    fn message_total(&self, filter: &MessageFilter) -> StoreResult<usize> {
+        let (condition, values) = selected(filter, false);
+        let conn = self.conn();
+        let total: i64 = conn.query_row(
+            &format!("SELECT COUNT(*) FROM messages {condition}"),
+            rusqlite::params_from_iter(values),
+            |row| row.get(0),
+        )?;
+        Ok(usize::try_from(total).unwrap_or(0))
     }
 
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>> {

@@ -1008,17 +1008,78 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
     );
     assert_eq!(
         bodies(MessageFilter {
-            involving: Some(w2),
+            involving: vec![w2],
             ..all.clone()
         }),
         ["other"]
     );
     assert!(
         bodies(MessageFilter {
-            involving: Some(Gid::mint()),
-            ..all
+            involving: vec![Gid::mint()],
+            ..all.clone()
         })
         .is_empty()
+    );
+    // Both must be a party: a lead's own messages with one worker.
+    assert_eq!(
+        bodies(MessageFilter {
+            involving: vec![lead, w1],
+            ..all.clone()
+        }),
+        ["queued", "old"]
+    );
+    assert!(
+        bodies(MessageFilter {
+            involving: vec![w2, w1],
+            ..all.clone()
+        })
+        .is_empty()
+    );
+    // Pages: on from the last one listed, and the total of all of them.
+    let newest = store
+        .messages(&MessageFilter {
+            limit: 1,
+            ..all.clone()
+        })
+        .unwrap();
+    assert_eq!(
+        bodies(MessageFilter {
+            before: Some(newest[0].msg_id),
+            ..all.clone()
+        }),
+        ["queued", "old"]
+    );
+    assert_eq!(
+        bodies(MessageFilter {
+            before: Some(newest[0].msg_id),
+            limit: 1,
+            to: Some(w1),
+            ..all.clone()
+        }),
+        ["queued"]
+    );
+    let paged = MessageFilter {
+        before: Some(newest[0].msg_id),
+        limit: 1,
+        ..all.clone()
+    };
+    assert_eq!(store.message_total(&paged).unwrap(), 3, "all pages count");
+    assert_eq!(
+        store
+            .message_total(&MessageFilter {
+                state: Some("failed".into()),
+                ..paged.clone()
+            })
+            .unwrap(),
+        1
+    );
+    assert!(
+        bodies(MessageFilter {
+            before: Some(MsgId::mint()),
+            ..all
+        })
+        .is_empty(),
+        "nothing is before a message not stored"
     );
     let failed = store
         .messages(&MessageFilter {

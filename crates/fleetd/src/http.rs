@@ -32,7 +32,7 @@ use crate::logs::shown;
 use crate::mcp::FleetMcp;
 use crate::mcp::params::SendParams;
 use crate::mcp_config::{self, PANE_HEADER, TMUX_HEADER};
-use crate::openapi::{EventsQuery, HostsView, MessagesView, Refusal, ScreenQuery, StopBody};
+use crate::openapi::{EventsQuery, HostsView, Refusal, ScreenQuery, StopBody};
 use crate::token;
 use crate::ui;
 use crate::ui::SignedIn;
@@ -325,9 +325,10 @@ fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// `GET /api/v1/messages?state=&to=&from=&since_ms=&text=&limit=`: the messages of this
-/// gateway's store the viewer may see (a lead: those it sent or received; an operator: all),
-/// newest first, their text only with `text=true`, to a lead (see [`viewers_only`]).
+/// `GET /api/v1/messages?state=&kind=&to=&from=&with=&since_ms=&before=&text=&limit=`: a page
+/// of the messages of this gateway's store the viewer may see (a lead: those it sent or
+/// received; an operator: all), newest first, their text only with `text=true`, to a lead (see
+/// [`viewers_only`]); with how many there are in all, and where the next page starts.
 async fn api_messages(
     State(gateway): State<Arc<Gateway>>,
     Extension(viewer): Extension<Viewer>,
@@ -337,12 +338,7 @@ async fn api_messages(
         Ok(query) => query,
         Err(rejected) => return bad_query(&rejected),
     };
-    answered(
-        gateway
-            .message_rows(&viewer, &query)
-            .await
-            .map(|messages| MessagesView { messages }),
-    )
+    answered(gateway.message_rows(&viewer, &query).await)
 }
 
 /// The refusal of a body that is not what the call takes, saying what is wrong with it.

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::gateway::{
-    Event, HostView, MessageHistory, MessageRow, MessagesQuery, RosterView, Screen, SendResult,
+    Event, HostView, MessageHistory, MessagePage, MessagesQuery, RosterView, Screen, SendResult,
     StopResult,
 };
 use crate::mcp::params::SendParams;
@@ -29,13 +29,6 @@ pub struct Refusal {
 pub struct HostsView {
     /// The hosts of the fleet, this one first.
     pub hosts: Vec<HostView>,
-}
-
-/// `GET /api/v1/messages`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct MessagesView {
-    /// The messages, newest first.
-    pub messages: Vec<MessageRow>,
 }
 
 /// `POST /api/v1/stop`'s body.
@@ -155,8 +148,8 @@ fn read_routes() -> Vec<Route> {
             ..lead(
                 "get",
                 "/api/v1/messages",
-                "Messages in this gateway's store (a lead's: those it sent or received; an operator's: all), newest first, with their states and reasons; their text only with text=true, to a lead.",
-                Answer::Json(of::<MessagesView>),
+                "A page of the messages in this gateway's store (a lead's: those it sent or received; an operator's: all), newest first, with their states and reasons, how many there are in all, and where the next page starts (before=next); their text only with text=true, to a lead.",
+                Answer::Json(of::<MessagePage>),
                 &[400, 404, 403],
             )
         },

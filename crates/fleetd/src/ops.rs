@@ -601,6 +601,12 @@ pub struct MsgsArgs {
     /// Only messages from this entity (a name, live or gone, or a gid).
     #[arg(long)]
     pub from: Option<String>,
+    /// Only messages sent by or to this entity (a name, live or gone, or a gid).
+    #[arg(long)]
+    pub with: Option<String>,
+    /// Only messages older than this one: the next page, as the last listing named it.
+    #[arg(long)]
+    pub before: Option<String>,
     /// Only messages made this long ago or since: 30s, 10m, 2h, 1d.
     #[arg(long, value_parser = parse_since)]
     pub since: Option<std::time::Duration>,
@@ -668,6 +674,17 @@ pub struct MessageLine {
 #[derive(Clone, Debug, Deserialize)]
 struct Messages {
     messages: Vec<MessageLine>,
+    total: usize,
+    next: Option<String>,
+}
+
+/// What `fleetd msgs` says under a page that is not all there is: how much it showed, and how
+/// to ask for the next one.
+fn more_hint(shown: usize, total: usize, next: Option<&str>) -> Option<String> {
+    let next = next?;
+    Some(format!(
+        "{shown} of {total} shown; for older ones, add --before {next}"
+    ))
 }
 
 /// The colour of a message state.
@@ -733,6 +750,8 @@ pub fn msgs_command(paths: &Paths, args: &MsgsArgs) -> anyhow::Result<()> {
         ("kind", &args.kind),
         ("to", &args.to),
         ("from", &args.from),
+        ("with", &args.with),
+        ("before", &args.before),
     ] {
         if let Some(value) = value {
             query.push((key, value.clone()));
@@ -748,14 +767,19 @@ pub fn msgs_command(paths: &Paths, args: &MsgsArgs) -> anyhow::Result<()> {
     let body = request(paths, &args.ops, "/api/v1/messages", &query, None)?;
     if args.ops.json {
         println!("{}", terminal_json(&body["messages"]));
-        return Ok(());
     }
     let listed: Messages = serde_json::from_value(body).context("the messages' shape")?;
-    let (width, colour) = terminal();
-    print!(
-        "{}",
-        msgs_table(&listed.messages, args.text, now_ms(), width, colour)
-    );
+    if !args.ops.json {
+        let (width, colour) = terminal();
+        print!(
+            "{}",
+            msgs_table(&listed.messages, args.text, now_ms(), width, colour)
+        );
+    }
+    // On stderr: what a script reads stays the page itself.
+    if let Some(hint) = more_hint(listed.messages.len(), listed.total, listed.next.as_deref()) {
+        eprintln!("{}", printable(&hint));
+    }
     Ok(())
 }
 
@@ -1015,6 +1039,15 @@ pub fn hosts_command(paths: &Paths, args: &OpsArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_that_is_not_all_says_how_to_read_on() {
+        assert_eq!(more_hint(50, 50, None), None);
+        assert_eq!(
+            more_hint(50, 812, Some("0193-id")).as_deref(),
+            Some("50 of 812 shown; for older ones, add --before 0193-id")
+        );
+    }
 
     #[test]
     fn a_message_of_dash_is_read_from_stdin_whole_but_its_last_line_break() {

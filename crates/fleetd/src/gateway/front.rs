@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::afar::Afar;
 use super::feed::{Event, MessageHistory, Screen};
 use super::nudge::NudgeTarget;
-use super::operator::{MessageRow, MessagesQuery, RosterView, Viewer};
+use super::operator::{MessagePage, MessagesQuery, RosterView, Viewer};
 use super::views::{
     AskResult, BroadcastResult, HostView, ListResult, PollResult, ReplyResult, SendResult,
     SpawnResult, StopResult,
@@ -272,12 +272,13 @@ impl Gateway {
 
     /// The messages of this gateway's store that `query` selects among those `viewer` may see
     /// (a lead: those it sent or received, never another lead's; an operator: all, never
-    /// their text), newest first.
+    /// their text), newest first: one page, how many there are in all, and where the next
+    /// page starts.
     pub async fn message_rows(
         &self,
         viewer: &Viewer,
         query: &MessagesQuery,
-    ) -> Result<Vec<MessageRow>, FleetError> {
+    ) -> Result<MessagePage, FleetError> {
         self.views.message_rows(viewer, query).await
     }
 

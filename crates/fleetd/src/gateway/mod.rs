@@ -86,7 +86,7 @@ pub use federation::{Federation, sealed};
 pub use feed::{Event, MessageHistory, Screen};
 pub use listing::ListFilter;
 pub use nudge::NudgeTarget;
-pub use operator::{MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};
+pub use operator::{MessagePage, MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};
 pub use spawn::SpawnRequest;
 pub use views::{
     AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,

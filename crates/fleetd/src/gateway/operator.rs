@@ -10,6 +10,7 @@ use fleet_core::{ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgState};
 use fleet_store::{Answer, MessageFilter};
 use serde::{Deserialize, Serialize};
 
+use super::feed::sees_message;
 use super::views::{HostView, RosterEntry};
 use super::{Caller, LocalPlane, OperatorViews};
 
@@ -169,6 +170,10 @@ pub struct MessagesQuery {
     pub to: Option<String>,
     /// The sender, by name (live or gone) or gid.
     pub from: Option<String>,
+    /// Sent by or to this entity, by name (live or gone) or gid.
+    pub with: Option<String>,
+    /// Older than this message: the `next` of the page before, to page on.
+    pub before: Option<MsgId>,
     /// Made at or after this Unix ms.
     pub since_ms: Option<i64>,
     /// Give each message's text too.
@@ -176,6 +181,17 @@ pub struct MessagesQuery {
     pub text: bool,
     /// At most this many, the newest (default 50, at most 1000).
     pub limit: Option<usize>,
+}
+
+/// `GET /api/v1/messages`: one page of the messages selected.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+pub struct MessagePage {
+    /// The messages, newest first.
+    pub messages: Vec<MessageRow>,
+    /// How many messages the query selects, on all its pages.
+    pub total: usize,
+    /// Where the next, older page starts (`before=` it), if there are older ones.
+    pub next: Option<MsgId>,
 }
 
 /// One message as the operator API lists it.
@@ -306,38 +322,62 @@ impl OperatorViews {
         &self,
         viewer: &Viewer,
         query: &MessagesQuery,
-    ) -> Result<Vec<MessageRow>, FleetError> {
+    ) -> Result<MessagePage, FleetError> {
         let (state, limit) = checked(query)?;
         let kind = checked_kind(query)?;
         if query.text {
             viewer.lead("read a message's text")?;
         }
-        let to = match &query.to {
-            Some(name) => Some(self.local.resolve_sender(name).await?),
-            None => None,
+        let mut involving: Vec<Gid> = viewer.involving().into_iter().collect();
+        let named = |name: &Option<String>| {
+            let name = name.clone();
+            async move {
+                match name {
+                    Some(name) => self.local.resolve_sender(&name).await.map(Some),
+                    None => Ok(None),
+                }
+            }
         };
-        let from = match &query.from {
-            Some(name) => Some(self.local.resolve_sender(name).await?),
-            None => None,
-        };
+        let (to, from) = (named(&query.to).await?, named(&query.from).await?);
+        involving.extend(named(&query.with).await?);
         let filter = MessageFilter {
             state,
             kind,
             to,
             from,
             since_ms: query.since_ms,
-            involving: viewer.involving(),
-            limit,
+            involving,
+            before: query.before,
+            // One more than shown: whether there is an older page.
+            limit: limit + 1,
         };
-        let (messages, answers) = self
+        let seen = viewer.involving();
+        let before = query.before;
+        let (mut messages, total, answers) = self
             .local
             .db
             .run(move |s| {
+                if let Some(before) = filter.before
+                    && !s
+                        .message(before)?
+                        .is_some_and(|m| sees_message(seen, m.from, m.to))
+                {
+                    return Ok(None);
+                }
                 let messages = s.messages(&filter)?;
-                let ids: Vec<MsgId> = messages.iter().map(|m| m.msg_id).collect();
-                Ok((messages, s.answers(&ids)?))
+                let ids: Vec<MsgId> = messages.iter().take(limit).map(|m| m.msg_id).collect();
+                Ok(Some((
+                    messages,
+                    s.message_total(&filter)?,
+                    s.answers(&ids)?,
+                )))
             })
-            .await?;
+            .await?
+            .ok_or_else(|| unlisted(before))?;
+        let next = (messages.len() > limit).then(|| {
+            messages.truncate(limit);
+            messages.last().map(|m| m.msg_id)
+        });
         let mut answers: HashMap<MsgId, Answer> = answers.into_iter().collect();
         let mut names: HashMap<Gid, String> = HashMap::new();
         let mut rows = Vec::with_capacity(messages.len());
@@ -348,8 +388,21 @@ impl OperatorViews {
                     .await,
             );
         }
-        Ok(rows)
+        Ok(MessagePage {
+            messages: rows,
+            total,
+            next: next.flatten(),
+        })
     }
+}
+
+/// The refusal of a page `before` a message the viewer does not list (another lead's, or one
+/// no longer stored: the two read alike).
+fn unlisted(before: Option<MsgId>) -> FleetError {
+    let before = before.map(|b| b.to_string()).unwrap_or_default();
+    FleetError::invalid(format!(
+        "before={before} is no message you may list (or it is no longer stored); leave it out for the newest page"
+    ))
 }
 
 #[cfg(test)]

@@ -400,3 +400,110 @@ async fn the_apis_send_takes_any_message_the_gateway_takes_and_names_its_limit_p
     assert!(refused.to_string().contains("4194304"), "{refused}");
     Ok(())
 }
+
+/// Issue 36: a busy fleet's messages read a page at a time. Each page says how many there are
+/// in all and where the next starts; walking the pages gives every message once, newest first,
+/// as one long listing does; `with` keeps those one entity sent or got. A page on from another
+/// lead's message, or from no id at all, is refused naming `before`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_page_on_from_the_last_one_listed_and_filter_by_whom_they_involve()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start(
+        "[leads.alice]\n[leads.bob]\n",
+        &fleet_testkit::fleet::sim_profile("sim", &[])?,
+    )
+    .await?;
+    let alice = fleet
+        .lead("alice", fleet_testkit::client::Protocol::Stateless)
+        .await?;
+    let bob = fleet
+        .lead("bob", fleet_testkit::client::Protocol::Stateless)
+        .await?;
+    alice.spawn("sim", "w1").await?;
+    alice.spawn("sim", "w2").await?;
+    bob.spawn("sim", "wb").await?;
+    for (to, n) in [("w1", 4), ("w2", 3)] {
+        for i in 0..n {
+            let sent = alice.send(to, &format!("task {i}"), 20).await?;
+            assert_eq!(sent["status"], "replied", "{sent}");
+        }
+    }
+    let sent = bob.send("wb", "bob's", 20).await?;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    let token = fleet.token("alice")?;
+    let ids = |page: &Value| -> Vec<String> {
+        page["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["msg_id"].as_str().map(str::to_string))
+            .collect()
+    };
+    let (_, everything) = call(&fleet, &token, "/api/v1/messages?limit=1000", None, None).await?;
+    let all = ids(&everything);
+    assert_eq!(all.len(), 14, "7 tasks and their replies: {everything}");
+    assert_eq!(everything["total"], 14);
+    assert_eq!(everything["next"], Value::Null, "one page holds them all");
+    let mut walked = Vec::new();
+    let mut path = "/api/v1/messages?limit=4".to_string();
+    loop {
+        let (status, page) = call(&fleet, &token, &path, None, None).await?;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["total"], 14, "every page counts them all: {page}");
+        walked.extend(ids(&page));
+        match page["next"].as_str() {
+            Some(next) => {
+                assert_eq!(walked.last().map(String::as_str), Some(next), "{page}");
+                path = format!("/api/v1/messages?limit=4&before={next}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        walked, all,
+        "the pages, one after another, are the whole listing"
+    );
+    let (_, with_w2) = call(
+        &fleet,
+        &token,
+        "/api/v1/messages?with=w2&limit=2",
+        None,
+        None,
+    )
+    .await?;
+    assert_eq!(with_w2["total"], 6, "{with_w2}");
+    for m in with_w2["messages"].as_array().into_iter().flatten() {
+        assert!(m["from_name"] == "w2" || m["to_name"] == "w2", "{m}");
+    }
+    let (_, failed) = call(
+        &fleet,
+        &token,
+        "/api/v1/messages?with=w1&state=failed",
+        None,
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (failed["total"].clone(), failed["next"].clone()),
+        (json!(0), Value::Null),
+        "{failed}"
+    );
+    // Bob's own message is no page mark for alice, and reads as one never stored.
+    let bobs = fleet.token("bob")?;
+    let (_, his) = call(&fleet, &bobs, "/api/v1/messages", None, None).await?;
+    let his_id = ids(&his).first().cloned().unwrap_or_default();
+    for before in [his_id.as_str(), "not-an-id"] {
+        let (status, refused) = call(
+            &fleet,
+            &token,
+            &format!("/api/v1/messages?before={before}"),
+            None,
+            None,
+        )
+        .await?;
+        assert_eq!(status, 400, "{refused}");
+        assert!(refused.to_string().contains("before"), "{refused}");
+        assert!(!refused.to_string().contains("bob's"), "{refused}");
+    }
+    Ok(())
+}
