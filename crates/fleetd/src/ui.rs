@@ -207,3 +207,30 @@ pub fn pages(gateway: Arc<Gateway>, web: Arc<WebSessions>) -> Router {
         )
         .with_state((gateway, web))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::INDEX;
+    use fleet_core::{Kind, MsgState};
+
+    /// The options of the page's `<select id="ID">`, `any`'s empty one aside.
+    fn options(id: &str) -> Vec<&'static str> {
+        let Some(start) = INDEX.find(&format!("<select id=\"{id}\">")) else {
+            return Vec::new();
+        };
+        let select = &INDEX[start..];
+        let select = &select[..select.find("</select>").unwrap_or(select.len())];
+        select
+            .split("<option>")
+            .skip(1)
+            .filter_map(|o| o.split("</option>").next())
+            .collect()
+    }
+
+    #[test]
+    fn the_message_filters_offer_every_state_and_kind_the_api_takes() {
+        assert_eq!(options("filter-state"), MsgState::NAMES);
+        let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(options("filter-kind"), kinds);
+    }
+}

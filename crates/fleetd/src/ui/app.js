@@ -12,6 +12,9 @@ const KNOWN = new Set(['idle', 'up', 'busy', 'asking', 'blocked', 'spawning', 's
   'working', 'blocked', 'done', 'queued', 'injecting', 'injected', 'held', 'consumed', 'failed',
   'replied']);
 
+// How many messages a page shows.
+const PAGE = 50;
+
 function paint(prefix, state) {
   return KNOWN.has(state) ? prefix + '-' + state : '';
 }
@@ -29,6 +32,9 @@ const view = {
   ticking: false, // the timers run
   refreshing: false,
   again: false,
+  filters: { with: '', state: '', kind: '' }, // what the message list keeps: '' is any
+  pages: [], // the `before` of each page turned to, the one shown last; none: the newest
+  next: null, // where the page after the one shown starts, if there are older messages
 };
 
 const $ = (id) => document.getElementById(id);
@@ -40,9 +46,13 @@ function el(tag, text, className) {
   return node;
 }
 
+// fleetd's errors quote commands and names in `backticks`: shown as code, as text.
 function problem(text) {
   const node = $('problem');
-  node.textContent = text || '';
+  node.replaceChildren();
+  String(text || '').split('`').forEach((part, i) => {
+    if (part) node.append(i % 2 ? el('code', part) : document.createTextNode(part));
+  });
   node.hidden = !text;
 }
 
@@ -249,20 +259,87 @@ function tally(messages) {
     if (node.childNodes.length) node.append(' · ');
     node.append(el('span', counts.get(state) + ' ' + state, 'state-' + state));
   }
+  if (node.childNodes.length && (view.next || view.pages.length)) node.append(' on this page');
 }
 
-function drawMessages(messages) {
+// The query of the message list: its filters, and the page turned to.
+function messagesQuery() {
+  const query = new URLSearchParams({ limit: String(PAGE) });
+  for (const [name, value] of Object.entries(view.filters)) if (value) query.set(name, value);
+  const before = view.pages[view.pages.length - 1];
+  if (before) query.set('before', before);
+  return query;
+}
+
+// The filters as the address keeps them (#with=w1&state=failed): a reload or a link keeps them.
+function keepFilters() {
+  const kept = new URLSearchParams();
+  for (const [name, value] of Object.entries(view.filters)) if (value) kept.set(name, value);
+  history.replaceState(null, '', kept.toString() ? '#' + kept : location.pathname);
+}
+
+function readFilters() {
+  const kept = new URLSearchParams(location.hash.replace(/^#/, ''));
+  for (const name of Object.keys(view.filters)) {
+    view.filters[name] = kept.get(name) || '';
+    const select = $('filter-' + name);
+    if (name !== 'with' && ![...select.options].some((o) => o.value === view.filters[name])) view.filters[name] = '';
+    if (name === 'with') withOptions([]);
+    else select.value = view.filters[name];
+  }
+}
+
+// The entities to filter by: those of the roster, and the one chosen though it is gone.
+function withOptions(entities) {
+  const select = $('filter-with');
+  const names = [...new Set(entities.map((e) => e.name))].sort();
+  if (view.filters.with && !names.includes(view.filters.with)) names.push(view.filters.with);
+  const shown = [...select.options].slice(1).map((o) => o.value);
+  if (shown.length !== names.length || shown.some((n, i) => n !== names[i])) {
+    select.replaceChildren(select.options[0], ...names.map((n) => { const o = el('option', n); o.value = n; return o; }));
+  }
+  select.value = view.filters.with;
+}
+
+// "51–100 of 812", and which way the pages turn.
+function drawPager(shown, total) {
+  const first = view.pages.length * PAGE + 1;
+  $('page-range').textContent = shown ? first + '–' + (first + shown - 1) + ' of ' + total : total ? 'none here of ' + total : 'none';
+  $('page-older').disabled = !view.next;
+  $('page-newer').disabled = view.pages.length === 0;
+  $('page-newest').disabled = view.pages.length < 2;
+}
+
+function turn(to) {
+  if (to === 'older' && view.next) view.pages.push(view.next);
+  else if (to === 'newer') view.pages.pop();
+  else if (to === 'newest') view.pages = [];
+  refresh();
+}
+
+function filtered(name, value) {
+  view.filters[name] = value;
+  view.pages = [];
+  keepFilters();
+  refresh();
+}
+
+function drawMessages(page) {
+  const messages = page.messages;
+  view.next = page.next || null;
+  drawPager(messages.length, page.total);
+  tally(messages);
   for (const m of messages) {
     if (m.kind === 'REPLY' && m.in_reply_to) view.replied.add(m.in_reply_to);
     if (m.kind === 'FAILED' && m.in_reply_to) view.failures.set(m.in_reply_to, m.reason || '');
   }
-  tally(messages);
   const body = $('messages').tBodies[0];
   body.replaceChildren(...messages.map((m) => {
     const failed = m.state === 'failed' || m.answer === 'failed' || m.kind === 'FAILED' || view.failures.has(m.msg_id);
     const row = el('tr', null, failed ? 'failed' : '');
     row.dataset.msgId = m.msg_id;
     row.dataset.kind = m.kind;
+    row.dataset.from = m.from_name;
     row.dataset.to = m.to_name;
     const trail = el('td', null, 'trail');
     for (const state of trailOf(m)) trail.append(el('span', state, paint('state', state)));
@@ -276,16 +353,33 @@ function drawMessages(messages) {
     );
     return row;
   }));
+  if (!messages.length) {
+    const none = el('td', view.filters.with || view.filters.state || view.filters.kind ? 'No message matches these filters.' : 'No messages yet.');
+    none.colSpan = 6;
+    const row = el('tr', null, 'none');
+    row.append(none);
+    body.append(row);
+  }
 }
 
 async function refresh() {
   if (view.refreshing) { view.again = true; return; }
   view.refreshing = true;
   try {
-    const [roster, listed] = await Promise.all([api('/api/v1/roster'), api('/api/v1/messages?limit=50')]);
+    const [roster, listed] = await Promise.all([
+      api('/api/v1/roster'),
+      api('/api/v1/messages?' + messagesQuery()).catch((e) => {
+        // The message the page starts after is no longer kept: back to the newest.
+        if (!view.pages.length || !/before/.test(e.message)) throw e;
+        view.pages = [];
+        view.again = true;
+        return null;
+      }),
+    ]);
     drawHosts(roster.hosts);
     drawEntities(roster.entities);
-    drawMessages(listed.messages);
+    withOptions(roster.entities);
+    if (listed) drawMessages(listed);
   } catch (e) {
     problem(e.message);
   } finally {
@@ -421,6 +515,11 @@ async function signIn(event) {
 async function start() {
   $('signin-form').addEventListener('submit', signIn);
   $('screen-close').addEventListener('click', () => { view.screen = null; $('screen').hidden = true; });
+  for (const name of Object.keys(view.filters)) {
+    $('filter-' + name).addEventListener('change', (event) => filtered(name, event.target.value));
+  }
+  for (const to of ['older', 'newer', 'newest']) $('page-' + to).addEventListener('click', () => turn(to));
+  $('filters').addEventListener('submit', (event) => event.preventDefault());
   $('signout').addEventListener('click', async () => {
     try { await api('/ui/signout', {}); } catch (e) { problem(e.message); }
     sessionStorage.removeItem(KEY_STORE);
@@ -448,6 +547,8 @@ async function enter() {
   view.screen = null;
   view.armed = null;
   view.entityRows = new Map();
+  view.pages = [];
+  readFilters();
   $('screen').hidden = true;
   $('feed').replaceChildren();
   problem('');

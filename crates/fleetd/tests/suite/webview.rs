@@ -612,3 +612,176 @@ async fn another_lead_and_a_read_only_operator_read_nothing_of_a_leads_work_on_t
     browser.close().await?;
     Ok(())
 }
+
+/// Issue 36: the page of a busy fleet (16 workers, over 300 messages) lists its messages a page
+/// at a time and filters them by whom they involve, state and kind, as a person picks them; the
+/// filters stay in the address, so a reload keeps them. The screenshots of it are the docs'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<()> {
+    browser_is_installed()?;
+    let fleet = Fleet::start("", &fleet_testkit::fleet::sim_profile("sim", &[])?).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let workers: Vec<String> = (1..=16).map(|i| format!("w{i:02}")).collect();
+    for name in &workers {
+        lead.spawn("sim", name).await?;
+    }
+    for round in 0..10 {
+        for name in &workers {
+            lead.send(name, &format!("task {round} for {name}"), 0)
+                .await?;
+        }
+    }
+    let token = fleet.token("lead")?;
+    let listed = |query: &'static str| {
+        let (url, token) = (
+            format!("{}/api/v1/messages?{query}", fleet.base()),
+            token.clone(),
+        );
+        async move {
+            let client = reqwest::Client::new();
+            let page: Value = client
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            page["total"].as_u64()
+        }
+    };
+    until("every task answered", Duration::from_secs(60), || async {
+        (listed("kind=REPLY").await? == 160).then_some(())
+    })
+    .await?;
+    // One task typed, which its worker never answers: it fails when the worker is stopped.
+    let sent = lead.send("w16", "/never answered", 0).await?;
+    let task = sent["msg_id"].as_str().unwrap_or_default().to_string();
+    until("the last task typed", Duration::from_secs(30), || async {
+        (listed("state=injected&with=w16").await? == 11).then_some(())
+    })
+    .await?;
+    lead.ok("fleet_stop", json!({"to": "w16"})).await?;
+    let browser = Browser::start().await?;
+    let page = browser.page()?;
+    sign_in(page, &fleet.base(), &fleet.token("lead")?).await?;
+    // 160 tasks, their 160 replies, the unanswered one and its failure notice.
+    let range = |texts: &[String], says: &str| texts.first().is_some_and(|t| t == says);
+    steps_until(page, "all the messages counted", "#page-range", |t| {
+        range(t, "1–50 of 322")
+    })
+    .await?;
+    let ids = || async {
+        let mut ids = Vec::new();
+        for row in page.find_all(Locator::Css("#messages tbody tr")).await? {
+            ids.push(row.attr("data-msg-id").await?.unwrap_or_default());
+        }
+        anyhow::Ok(ids)
+    };
+    let first = ids().await?;
+    assert_eq!(first.len(), 50);
+    click(page, "#page-older").await?;
+    steps_until(page, "the second page", "#page-range", |t| {
+        range(t, "51–100 of 322")
+    })
+    .await?;
+    let second = ids().await?;
+    assert_eq!(second.len(), 50);
+    assert!(
+        second.iter().all(|id| !first.contains(id)),
+        "a page repeats the one before"
+    );
+    click(page, "#page-newer").await?;
+    steps_until(page, "back to the first page", "#page-range", |t| {
+        range(t, "1–50 of 322")
+    })
+    .await?;
+    assert_eq!(ids().await?, first);
+
+    // By whom: w03's ten tasks and their ten replies.
+    page.find(Locator::Css("#filter-with"))
+        .await?
+        .select_by_value("w03")
+        .await?;
+    steps_until(page, "w03's messages", "#page-range", |t| {
+        range(t, "1–20 of 20")
+    })
+    .await?;
+    for row in page.find_all(Locator::Css("#messages tbody tr")).await? {
+        let (from, to) = (row.attr("data-from").await?, row.attr("data-to").await?);
+        assert!(
+            from.as_deref() == Some("w03") || to.as_deref() == Some("w03"),
+            "{from:?} → {to:?} listed with w03"
+        );
+    }
+    page.execute(
+        "document.getElementById('filters').scrollIntoView()",
+        vec![],
+    )
+    .await?;
+    screenshot(page, "busy-fleet-filtered").await?;
+    // And of a kind: its replies only.
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_label("REPLY")
+        .await?;
+    let kinds = steps_until(
+        page,
+        "w03's replies",
+        "#messages tbody tr td:nth-child(2)",
+        |t| t.len() == 10,
+    )
+    .await?;
+    assert!(kinds.iter().all(|k| k == "REPLY"), "{kinds:?}");
+    // A reload keeps the filters, from the address.
+    let address = page.current_url().await?;
+    assert!(
+        address
+            .fragment()
+            .is_some_and(|f| f.contains("with=w03") && f.contains("kind=REPLY")),
+        "{address}"
+    );
+    page.refresh().await?;
+    steps_until(page, "the filters kept over a reload", "#page-range", |t| {
+        range(t, "1–10 of 10")
+    })
+    .await?;
+    // By state, from anyone: the one task that failed, and nothing else.
+    page.find(Locator::Css("#filter-with"))
+        .await?
+        .select_by_value("")
+        .await?;
+    page.find(Locator::Css("#filter-kind"))
+        .await?
+        .select_by_value("")
+        .await?;
+    page.find(Locator::Css("#filter-state"))
+        .await?
+        .select_by_label("failed")
+        .await?;
+    steps_until(page, "the failed task alone", "#page-range", |t| {
+        range(t, "1–1 of 1")
+    })
+    .await?;
+    assert_eq!(ids().await?, [task]);
+    page.find(Locator::Css("#filter-state"))
+        .await?
+        .select_by_value("")
+        .await?;
+    steps_until(page, "every message again", "#page-range", |t| {
+        range(t, "1–50 of 322")
+    })
+    .await?;
+    // The docs' picture: the whole page, the fleet and a page of its messages.
+    let tall = page
+        .execute("return document.documentElement.scrollHeight", vec![])
+        .await?
+        .as_u64()
+        .and_then(|h| u32::try_from(h).ok())
+        .unwrap_or(2000);
+    page.set_window_size(1280, tall + 120).await?;
+    screenshot(page, "busy-fleet").await?;
+    browser.close().await?;
+    Ok(())
+}
