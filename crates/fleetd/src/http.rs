@@ -20,12 +20,15 @@ use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::authority::{AllowedHosts, Refused};
-use crate::gateway::{Caller, Event, Gateway, MessagesQuery, NudgeTarget, Viewer};
+use crate::gateway::{
+    Caller, Event, Gateway, LiveStatus, MessagesQuery, NudgeTarget, ToldLive, Viewer, merged,
+};
 use crate::held::holding;
 use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash, is_a_call};
 use crate::logs::shown;
@@ -395,9 +398,10 @@ async fn api_stop(
 /// How often an idle feed looks for new changes.
 const FEED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// `GET /api/v1/events`: the live feed, as server-sent events (each one JSON [`Event`] with
-/// its `seq` as the event id, so a client reconnecting with `Last-Event-ID` misses nothing);
-/// it ends when fleetd shuts down (see [`viewers_only`]).
+/// `GET /api/v1/events`: the live feed, as server-sent events (each one JSON [`Event`]; one the
+/// store recorded has its `seq` as the event id, so a client reconnecting with
+/// `Last-Event-ID` misses nothing stored; a status told live only has none); it ends when
+/// fleetd shuts down (see [`viewers_only`]).
 async fn api_events(
     Extension(viewer): Extension<Viewer>,
     Extension(credential): Extension<Credential>,
@@ -413,6 +417,9 @@ async fn api_events(
     };
     let slot = ops.streams.take(token);
     let gateway = Arc::clone(&ops.gateway);
+    // Listening before the store is read: a status reached in between is told live, and its
+    // record in the store is then not told again.
+    let live = gateway.live_statuses();
     let last = match gateway.feed_start().await {
         Ok(last) => last,
         Err(e) => return answered::<()>(Err(e)),
@@ -430,6 +437,9 @@ async fn api_events(
         ops,
         after,
         pending: std::collections::VecDeque::new(),
+        live,
+        told: ToldLive::default(),
+        live_told: Vec::new(),
         looks: 0,
         ended: false,
     };
@@ -458,6 +468,12 @@ struct Feed {
     ops: Operators,
     after: i64,
     pending: std::collections::VecDeque<Event>,
+    /// The statuses this host's sessions reach, as they do.
+    live: broadcast::Receiver<LiveStatus>,
+    /// Those of them it told lately.
+    told: ToldLive,
+    /// Those heard since the store was last read: sent in time among what it tells.
+    live_told: Vec<Event>,
     /// Looks at the store since the credential was last checked.
     looks: u32,
     /// It failed and said so: nothing more comes.
@@ -480,10 +496,11 @@ impl Feed {
                 return None;
             }
             if let Some(event) = self.pending.pop_front() {
-                return match SseEvent::default()
-                    .id(event.seq.to_string())
-                    .json_data(&event)
-                {
+                let sse = match event.seq {
+                    Some(seq) => SseEvent::default().id(seq.to_string()),
+                    None => SseEvent::default(),
+                };
+                return match sse.json_data(&event) {
                     Ok(sse) => Some(sse),
                     Err(e) => Some(self.failed(&format!("cannot write an event: {e}"))),
                 };
@@ -496,20 +513,51 @@ impl Feed {
                     return None;
                 }
             }
+            while let Some(status) = self.heard() {
+                self.tell(&status);
+            }
             let (events, next) = match self.gateway.feed(&self.viewer, self.after).await {
                 Ok(read) => read,
                 Err(e) => return Some(self.failed(&e.message)),
             };
-            let idle = next == self.after;
+            let idle = next == self.after && self.live_told.is_empty();
             self.after = next;
-            self.pending.extend(events);
+            let told = &self.told;
+            let stored = events.into_iter().filter(|e| told.keeps(e)).collect();
+            let live = std::mem::take(&mut self.live_told);
+            self.pending.extend(merged(stored, live));
             if idle {
                 tokio::select! {
                     () = shutdown.cancelled() => return None,
                     () = tokio::time::sleep(FEED_LOOK) => {}
+                    heard = self.live.recv() => match heard {
+                        Ok(status) => self.tell(&status),
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        // No session tells any more (fleetd is shutting down): look as before.
+                        Err(broadcast::error::RecvError::Closed) => tokio::time::sleep(FEED_LOOK).await,
+                    }
                 }
             }
         }
+    }
+
+    /// A status told live since the last look, if one was; those a slow reader fell behind on
+    /// are skipped (what the store keeps of them it still tells).
+    fn heard(&mut self) -> Option<LiveStatus> {
+        loop {
+            match self.live.try_recv() {
+                Ok(status) => return Some(status),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Takes `status` to be sent with what the store tells next, noting it told.
+    fn tell(&mut self, status: &LiveStatus) {
+        self.told
+            .note(status.gid, status.status.as_str(), status.at_ms);
+        self.live_told.push(status.event());
     }
 
     /// The `error` event that ends a feed which cannot go on, said in the log too.

@@ -282,6 +282,12 @@ impl Gateway {
         self.views.message_rows(viewer, query).await
     }
 
+    /// The statuses this host's sessions reach from now on, told as they happen (see
+    /// [`LiveStatus`]).
+    pub fn live_statuses(&self) -> tokio::sync::broadcast::Receiver<super::LiveStatus> {
+        self.local.sessions.lock().told.listen()
+    }
+
     /// Where a feed that starts now reads on from.
     pub async fn feed_start(&self) -> Result<i64, FleetError> {
         self.views.feed_start().await

@@ -83,7 +83,7 @@ use crate::metrics::Metrics;
 pub use consult::{ConsultRequest, ConsultResult, DEFAULT_WAIT as DEFAULT_CONSULT_WAIT};
 pub use coord::Coordinator;
 pub use federation::{Federation, sealed};
-pub use feed::{Event, MessageHistory, Screen};
+pub use feed::{Event, LiveStatus, MessageHistory, Screen, ToldLive, merged};
 pub use listing::ListFilter;
 pub use nudge::NudgeTarget;
 pub use operator::{MessagePage, MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};

@@ -12,6 +12,7 @@ use fleet_core::{Entity, Gid, WorkerStatus};
 
 use super::NudgeTarget;
 use super::asks::Asks;
+use super::feed::StatusTold;
 use super::lead::LeadState;
 use super::session::PaneSession;
 use super::views::{ListResult, RosterEntry, Surfaced, slot_of};
@@ -60,6 +61,8 @@ pub(super) struct Sessions {
     /// The gids of leads and sessions by name (gone sessions too, until they are pruned): a
     /// recipient's name is looked up, never searched for.
     names: HashMap<String, Vec<Gid>>,
+    /// Where sessions tell their statuses live.
+    pub told: StatusTold,
 }
 
 impl Sessions {
@@ -68,8 +71,10 @@ impl Sessions {
         self.leads.insert(entity.gid, LeadState::new(entity));
     }
 
-    /// Adds the session of a pane-bound entity.
-    pub fn add_session(&mut self, session: PaneSession) {
+    /// Adds the session of a pane-bound entity: each status it reaches from now on is told
+    /// live.
+    pub fn add_session(&mut self, mut session: PaneSession) {
+        session.tell_to(self.told.sender());
         self.index(session.entity());
         self.panes.insert(session.entity().gid, session);
     }

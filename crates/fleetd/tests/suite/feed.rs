@@ -149,12 +149,28 @@ async fn tail_follows_a_worker_and_its_task_through_every_state_without_its_text
             .any(|l| l.contains(&reply) && l.contains("\"consumed\""))
     })
     .await?;
+    tail.until("w1 idle again after its task", |lines| {
+        let events: Vec<Value> = lines
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        statuses_of(&events, "w1").len() >= 4
+    })
+    .await?;
     let events = tail.events();
+    // Busy with its task and idle after it, told live (the store does not keep them: no seq),
+    // each status once.
     assert_eq!(
-        statuses_of(&events, "w1")[..2],
-        ["spawning", "idle"],
+        statuses_of(&events, "w1")[..4],
+        ["spawning", "idle", "busy", "idle"],
         "{events:#?}"
     );
+    for e in events
+        .iter()
+        .filter(|e| e["name"] == "w1" && e["status"] == "busy")
+    {
+        assert!(e.get("seq").is_none(), "{e}");
+    }
     assert_eq!(
         states_of(&events, &task),
         ["queued", "injecting", "injected"],
@@ -227,6 +243,11 @@ async fn tail_follows_a_worker_and_its_task_through_every_state_without_its_text
             .any(|l| l.contains("\"w1\"") && l.contains("\"gone\""))
     })
     .await?;
+    let statuses = statuses_of(&tail.events(), "w1");
+    assert!(
+        statuses.windows(2).all(|w| w[0] != w[1]),
+        "a status told twice: {statuses:?}"
+    );
     human
         .until("w1 gone, in words", |lines| {
             lines

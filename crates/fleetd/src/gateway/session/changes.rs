@@ -27,6 +27,7 @@ impl PaneSession {
         let next = self.status.on(event)?;
         tracing::info!(gid = %self.entity.gid, name = %self.entity.name, from = %self.status, to = %next, ?event, "session");
         self.status = next;
+        self.tell();
         if event == SessionEvent::TaskStarted {
             self.tasks_started += 1;
             self.last_nudge = None;

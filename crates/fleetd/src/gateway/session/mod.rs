@@ -10,9 +10,10 @@ use std::sync::Arc;
 use fleet_core::ownership::{Action, LeadRef, Owned, Principal, may};
 use fleet_core::{Entity, Message, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
+use super::feed::LiveStatus;
 use super::views::AskView;
 use crate::config::ProfileConfig;
 
@@ -134,6 +135,8 @@ pub(super) struct PaneSession {
     owner: LeadRef,
     /// The leads it is shared with: they may send it tasks.
     shared: Vec<LeadRef>,
+    /// Where each status it reaches is told live (the feeds), once it is among the sessions.
+    told: Option<broadcast::Sender<LiveStatus>>,
 }
 
 impl PaneSession {
@@ -174,6 +177,7 @@ impl PaneSession {
             workspace: None,
             owner,
             shared,
+            told: None,
         }
     }
 
@@ -249,6 +253,27 @@ impl PaneSession {
         } else {
             self.status
         }
+    }
+
+    /// Tells each status it reaches from now on to `told`'s listeners.
+    pub fn tell_to(&mut self, told: broadcast::Sender<LiveStatus>) {
+        self.told = Some(told);
+    }
+
+    /// Tells its listeners, if any, that it reached its status now.
+    fn tell(&self) {
+        let Some(told) = &self.told else { return };
+        if told.receiver_count() == 0 {
+            return;
+        }
+        let _ = told.send(LiveStatus {
+            gid: self.entity.gid,
+            name: self.entity.name.clone(),
+            role: self.entity.role,
+            profile: self.entity.profile.clone(),
+            status: self.status,
+            at_ms: fleet_core::clock::now_ms(),
+        });
     }
 
     /// Its pane, once spawned.
