@@ -12,6 +12,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use indexmap::IndexMap;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::cli::{Cli, lead_token};
@@ -115,6 +117,42 @@ pub fn without_rule(mut settings: Value) -> (Value, bool) {
     (settings, removed)
 }
 
+/// `edited` (settings read from `original` and changed) as text in `original`'s order: each
+/// key where it was, a value left as it was written, a changed object's keys too in their
+/// order, what is new after them; pretty-printed two spaces a level, `depth` levels in.
+pub fn in_original_order(original: Option<&RawValue>, edited: &Value, depth: usize) -> String {
+    if let Some(raw) = original {
+        if serde_json::from_str::<Value>(raw.get()).ok().as_ref() == Some(edited) {
+            return raw.get().to_string();
+        }
+        let keys = serde_json::from_str::<IndexMap<String, Box<RawValue>>>(raw.get());
+        if let (Value::Object(map), Ok(keys)) = (edited, keys) {
+            let pad = "  ".repeat(depth + 1);
+            let entry = |key: &String, raw: Option<&RawValue>, value: &Value| {
+                format!(
+                    "{pad}{}: {}",
+                    Value::String(key.clone()),
+                    in_original_order(raw, value, depth + 1)
+                )
+            };
+            let kept = keys
+                .iter()
+                .filter_map(|(key, raw)| Some(entry(key, Some(raw), map.get(key)?)));
+            let added = map
+                .iter()
+                .filter(|(key, _)| !keys.contains_key(*key))
+                .map(|(key, value)| entry(key, None, value));
+            let lines: Vec<String> = kept.chain(added).collect();
+            if lines.is_empty() {
+                return "{}".into();
+            }
+            return format!("{{\n{}\n{}}}", lines.join(",\n"), "  ".repeat(depth));
+        }
+    }
+    // A JSON string holds no line break of its own (it is escaped): each one is the layout's.
+    format!("{edited:#}").replace('\n', &format!("\n{}", "  ".repeat(depth)))
+}
+
 /// Claude Code's user settings file: `$CLAUDE_CONFIG_DIR/settings.json`, else
 /// `~/.claude/settings.json`.
 fn settings_path() -> anyhow::Result<PathBuf> {
@@ -155,23 +193,47 @@ fn registered_fleet() -> anyhow::Result<Option<bool>> {
 
 /// The settings file's JSON (`Null` when there is none).
 fn read_settings(path: &Path) -> anyhow::Result<Value> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not JSON: fix it, then run fleetd init again",
-                path.display()
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Value::Null),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
+    Ok(read_json(path)?.1)
 }
 
-/// Writes `settings` to `path` whole (a temporary file renamed over it). An existing file keeps
-/// its mode, and a symlink stays one (its target is written); a new file is its owner's only,
-/// its directory made if need be.
-fn write_settings(path: &Path, settings: &Value) -> anyhow::Result<()> {
-    let text = format!("{settings:#}\n");
+/// The settings file as written (none when there is none), and its JSON (`Null` then).
+fn read_json(path: &Path) -> anyhow::Result<(Option<Box<RawValue>>, Value)> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, Value::Null)),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let not_json = || {
+        format!(
+            "{} is not JSON: fix it, then run fleetd init again",
+            path.display()
+        )
+    };
+    let value = serde_json::from_str(&text).with_context(not_json)?;
+    let raw = serde_json::from_str(&text).with_context(not_json)?;
+    Ok((Some(raw), value))
+}
+
+/// The settings file at `path` changed by `edit` (given its JSON, `Null` when there is none;
+/// none back: nothing to change), written in the order it was (see [`in_original_order`]).
+/// Returns whether it was changed.
+fn edit_settings(
+    path: &Path,
+    edit: impl FnOnce(Value) -> anyhow::Result<Option<Value>>,
+) -> anyhow::Result<bool> {
+    let (raw, value) = read_json(path)?;
+    let Some(edited) = edit(value)? else {
+        return Ok(false);
+    };
+    write_settings(path, &in_original_order(raw.as_deref(), &edited, 0))?;
+    Ok(true)
+}
+
+/// Writes `text` (settings) to `path` whole (a temporary file renamed over it). An existing
+/// file keeps its mode, and a symlink stays one (its target is written); a new file is its
+/// owner's only, its directory made if need be.
+fn write_settings(path: &Path, text: &str) -> anyhow::Result<()> {
+    let text = format!("{}\n", text.trim_end());
     let Ok(target) = std::fs::canonicalize(path) else {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
@@ -316,8 +378,11 @@ fn register(args: &InitArgs, config: &Config, state: &StateDir, path: &Path) -> 
 /// Lets Claude Code call fleetd's tools without asking, noting in `state` that init did.
 fn allow_tools(state: &StateDir) -> anyhow::Result<()> {
     let settings = settings_path()?;
-    let (merged, added) = with_rule(read_settings(&settings)?)
-        .map_err(|why| anyhow::anyhow!("{} cannot take the permission rule: {why}; add \"{ALLOW_RULE}\" to its permissions.allow yourself", settings.display()))?;
+    let added = edit_settings(&settings, |value| {
+        let (merged, added) = with_rule(value)
+            .map_err(|why| anyhow::anyhow!("{} cannot take the permission rule: {why}; add \"{ALLOW_RULE}\" to its permissions.allow yourself", settings.display()))?;
+        Ok(added.then_some(merged))
+    })?;
     if !added {
         println!(
             "Claude Code may already call fleetd's tools without asking (\"{ALLOW_RULE}\" is in {})",
@@ -325,7 +390,6 @@ fn allow_tools(state: &StateDir) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    write_settings(&settings, &merged)?;
     write_private(
         &state.root().join(RECORD),
         &json!({"allow_added_to": settings}).to_string(),
@@ -365,9 +429,11 @@ fn undo(cli: &Cli, args: &InitArgs) -> anyhow::Result<()> {
     match record["allow_added_to"].as_str() {
         Some(settings) => {
             let settings = PathBuf::from(settings);
-            let (kept, removed) = without_rule(read_settings(&settings)?);
+            let removed = edit_settings(&settings, |value| {
+                let (kept, removed) = without_rule(value);
+                Ok(removed.then_some(kept))
+            })?;
             if removed {
-                write_settings(&settings, &kept)?;
                 println!(
                     "removed \"{ALLOW_RULE}\" from permissions.allow in {}",
                     settings.display()
@@ -428,6 +494,62 @@ mod tests {
     }
 
     #[test]
+    fn settings_are_written_back_in_the_users_order_and_as_they_were_written() {
+        let theirs = r#"{
+  "model": "opus",
+  "hooks": {"Stop": [{"command": "say done"}]},
+  "permissions": {
+    "deny": ["Read(.env)"],
+    "allow": ["Bash(ls)"],
+    "defaultMode": "acceptEdits"
+  },
+  "env": {"B": "1", "A": "2\nlines"}
+}"#;
+        let raw: Box<RawValue> = serde_json::from_str(theirs).unwrap();
+        let value: Value = serde_json::from_str(theirs).unwrap();
+        let (merged, _) = with_rule(value.clone()).unwrap();
+        let written = in_original_order(Some(&raw), &merged, 0);
+        assert_eq!(
+            written,
+            r#"{
+  "model": "opus",
+  "hooks": {"Stop": [{"command": "say done"}]},
+  "permissions": {
+    "deny": ["Read(.env)"],
+    "allow": [
+      "Bash(ls)",
+      "mcp__fleet"
+    ],
+    "defaultMode": "acceptEdits"
+  },
+  "env": {"B": "1", "A": "2\nlines"}
+}"#
+        );
+        assert_eq!(serde_json::from_str::<Value>(&written).unwrap(), merged);
+        // Undone, it reads as it did.
+        let raw: Box<RawValue> = serde_json::from_str(&written).unwrap();
+        let (kept, _) = without_rule(merged);
+        let undone = in_original_order(Some(&raw), &kept, 0);
+        assert_eq!(serde_json::from_str::<Value>(&undone).unwrap(), value);
+        assert!(
+            undone.find("\"model\"") < undone.find("\"env\""),
+            "{undone}"
+        );
+        // Nothing there before: the rule alone, pretty.
+        let (made, _) = with_rule(Value::Null).unwrap();
+        assert_eq!(
+            in_original_order(None, &made, 0),
+            "{\n  \"permissions\": {\n    \"allow\": [\n      \"mcp__fleet\"\n    ]\n  }\n}"
+        );
+        // An empty object stays one, and a key added goes last.
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"z": 1}"#).unwrap();
+        assert_eq!(
+            in_original_order(Some(&raw), &json!({"z": 1, "a": {}}), 0),
+            "{\n  \"z\": 1,\n  \"a\": {}\n}"
+        );
+    }
+
+    #[test]
     fn settings_of_another_shape_are_refused_naming_what() {
         assert_eq!(
             with_rule(json!([1])).unwrap_err(),
@@ -464,7 +586,11 @@ mod tests {
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
         let link = dir.path().join("settings.json");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        write_settings(&link, &json!({"permissions": {"allow": ["mcp__fleet"]}})).unwrap();
+        write_settings(
+            &link,
+            &json!({"permissions": {"allow": ["mcp__fleet"]}}).to_string(),
+        )
+        .unwrap();
         assert!(
             std::fs::symlink_metadata(&link)
                 .unwrap()
@@ -477,7 +603,7 @@ mod tests {
         assert_eq!(read["permissions"]["allow"][0], "mcp__fleet");
         // A new file is its owner's only, in a directory made for it.
         let fresh = dir.path().join("new/settings.json");
-        write_settings(&fresh, &json!({})).unwrap();
+        write_settings(&fresh, "{}").unwrap();
         let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
     }
