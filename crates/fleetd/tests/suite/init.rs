@@ -189,3 +189,132 @@ async fn init_writes_the_starter_config_and_says_what_is_left_without_claude_cod
     assert!(first.contains(&config.display().to_string()), "{first}");
     Ok(())
 }
+
+/// One Claude Code lead session that runs on: its turns come one by one on its stdin
+/// (`--input-format stream-json`), over one connection to fleetd that it keeps.
+struct RunningLead {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RunningLead {
+    fn start(home: &Path, model: &ModelSim) -> anyhow::Result<Self> {
+        let mut child = tokio::process::Command::new(claude_binary())
+            .args([
+                "-p",
+                "--input-format",
+                "stream-json",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+            ])
+            .current_dir(home)
+            .env("HOME", home)
+            .env_remove("CLAUDE_CONFIG_DIR")
+            .env("ANTHROPIC_BASE_URL", model.base_url())
+            .env("ANTHROPIC_API_KEY", TEST_API_KEY)
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("ENABLE_TOOL_SEARCH", "false")
+            .env_remove("FLEET_TOKEN")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        Ok(Self {
+            child,
+            stdin,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+        })
+    }
+
+    /// One turn: `prompt` in, the turn's result out (with every tool result it saw).
+    async fn says(&mut self, prompt: &str) -> anyhow::Result<String> {
+        use tokio::io::AsyncWriteExt;
+        let turn =
+            serde_json::json!({"type": "user", "message": {"role": "user", "content": prompt}});
+        self.stdin.write_all(format!("{turn}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        let mut seen = String::new();
+        let read = async {
+            while let Some(line) = self.lines.next_line().await? {
+                seen.push_str(&line);
+                seen.push('\n');
+                let event: Value = serde_json::from_str(&line).unwrap_or_default();
+                if event["type"] == "result" {
+                    return anyhow::Ok(());
+                }
+            }
+            anyhow::bail!("Claude Code ended")
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(60), read)
+            .await
+            .map_err(|_| anyhow::anyhow!("no result in 60 s"))??;
+        Ok(seen)
+    }
+}
+
+/// The docs' promise for a lead set up by `fleetd init` that is running when its token is
+/// rotated: it goes on, with no restart and nothing edited. Claude Code 2.1.332, refused once
+/// with the old token, runs the header helper again, which reads the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_lead_goes_on_after_its_token_is_rotated() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", &sim_profile("sim", &[])?).await?;
+    let model = ModelSim::start().await?;
+    let home = tempfile::tempdir()?;
+    let home = home.path();
+    let out = init(&fleet, home, &[])?;
+    assert!(out.status.success(), "{out:?}");
+    // Each run of the header helper is counted (the test's own addition to the command init
+    // registered): the session keeps its connection, and its token, until refused.
+    let registered = home.join(".claude.json");
+    let mut known: Value = serde_json::from_str(&std::fs::read_to_string(&registered)?)?;
+    let runs = home.join("helper-runs");
+    let helper = &mut known["mcpServers"]["fleet"]["headersHelper"];
+    let counted = format!(
+        "{} && echo ran >> {}",
+        helper.as_str().unwrap_or_default(),
+        runs.display()
+    );
+    *helper = Value::String(counted);
+    std::fs::write(&registered, known.to_string())?;
+    let ran = || {
+        std::fs::read_to_string(&runs)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let mut lead = RunningLead::start(home, &model)?;
+    for _ in 0..2 {
+        let listed = lead.says("call: fleet_list").await?;
+        assert!(
+            listed.contains(r#"\"name\":\"lead\""#),
+            "{listed}\n{}",
+            fleet.log()
+        );
+    }
+    assert_eq!(ran(), 1, "one connection, its token read once");
+    let before = fleet.token("lead")?;
+    let rotated = fleet.cli(&["token", "lead", "--rotate"])?;
+    assert!(rotated.status.success(), "{rotated:?}");
+    assert_ne!(fleet.token("lead")?, before, "the token changed");
+    let spawned = lead
+        .says(r#"call: fleet_spawn {"profile": "sim", "name": "w1"}"#)
+        .await?;
+    assert!(
+        spawned.contains(r#"\"name\":\"w1\""#),
+        "the running lead did not go on: {spawned}\n{}",
+        fleet.log()
+    );
+    assert_eq!(ran(), 2, "refused once, the helper read the new token");
+    lead.child.kill().await?;
+    Ok(())
+}
