@@ -282,6 +282,7 @@ pub fn init_command(cli: &Cli, args: &InitArgs) -> anyhow::Result<()> {
     );
     register(args, &config, &state, &path)?;
     allow_tools(&state)?;
+    println!("{}", crate::skill::install(&claude_dir()?)?);
     println!(
         "start fleetd (`fleetd serve`), then `claude`: the fleet_* tools are there. To undo: fleetd init --undo"
     );
@@ -446,6 +447,7 @@ fn undo(cli: &Cli, args: &InitArgs) -> anyhow::Result<()> {
             "fleetd init added no permission rule here: Claude Code's settings are left as they are"
         ),
     }
+    println!("{}", crate::skill::remove(&claude_dir()?)?);
     println!(
         "kept: the config and the lead's token (`fleetd token NAME --rotate` makes the token stop working)"
     );

@@ -29,6 +29,7 @@ pub mod ops;
 pub mod paths;
 pub mod process;
 pub mod serve;
+pub mod skill;
 pub mod state;
 pub mod tail;
 pub mod token;

@@ -97,6 +97,7 @@ async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_p
         "the config",
         "registered fleetd with Claude Code as the MCP server 'fleet'",
         "\"mcp__fleet\" added to permissions.allow",
+        "gave Claude Code the skill 'fleetd'",
         "fleetd init --undo",
     ] {
         assert!(said.contains(change), "{change}: {said}");
@@ -148,6 +149,10 @@ async fn after_fleetd_init_a_fresh_claude_code_lead_drives_the_fleet_without_a_p
     let undone = init(&fleet, home, &["--undo"])?;
     assert!(undone.status.success(), "{undone:?}");
     assert_eq!(allowed(home)?, serde_json::json!([]));
+    assert!(
+        !home.join(".claude/skills/fleetd").exists(),
+        "the skill is gone too"
+    );
     let after = lead_says(home, &model, "call: fleet_list").await?;
     assert!(after.contains("no tool fleet_list"), "{after}");
     Ok(())
@@ -293,6 +298,19 @@ async fn a_running_lead_goes_on_after_its_token_is_rotated() -> anyhow::Result<(
             .unwrap_or(0)
     };
     let mut lead = RunningLead::start(home, &model)?;
+    // The skill init gave it: Claude Code loaded it.
+    let first = lead.says("hello").await?;
+    let loaded: Vec<Value> = first
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["subtype"] == "init")
+        .collect();
+    assert!(
+        loaded.iter().any(|e| e["skills"]
+            .as_array()
+            .is_some_and(|s| s.contains(&Value::from("fleetd")))),
+        "{first}"
+    );
     for _ in 0..2 {
         let listed = lead.says("call: fleet_list").await?;
         assert!(
