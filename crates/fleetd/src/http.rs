@@ -520,6 +520,11 @@ impl Feed {
                 Ok(read) => read,
                 Err(e) => return Some(self.failed(&e.message)),
             };
+            // A session tells a status before the store records it: whatever the store just
+            // gave was told by now, so hearing again first lets the stored copy be dropped.
+            while let Some(status) = self.heard() {
+                self.tell(&status);
+            }
             let idle = next == self.after && self.live_told.is_empty();
             self.after = next;
             let told = &self.told;

@@ -189,7 +189,7 @@ fn msg_id(text: &str, what: &str) -> Result<MsgId, FleetError> {
 impl FleetMcp {
     #[tool(
         description = "List the fleet: every live lead and worker with gid, name, host, role, \
-profile, status (spawning, idle, busy, stopping) and groups, plus your own identity and the \
+profile, status (spawning, idle, busy, asking, blocked, stopping) and groups, plus your own identity and the \
 hosts. In a big fleet, ask for fewer: group, status and host each keep only the entities that \
 match."
     )]

@@ -73,7 +73,11 @@ async function api(path, body) {
     showSignIn();
     throw new Error(answer.message || 'signed out');
   }
-  if (!response.ok) throw new Error(answer.message || response.statusText);
+  if (!response.ok) {
+    const refused = new Error(answer.message || response.statusText);
+    refused.status = response.status;
+    throw refused;
+  }
   return answer;
 }
 
@@ -310,16 +314,23 @@ function drawPager(shown, total) {
   $('page-newest').disabled = view.pages.length < 2;
 }
 
+// A page turned: the pager waits for that page before it turns again (a second click on Older
+// before the page came would turn from the same place twice).
 function turn(to) {
-  if (to === 'older' && view.next) view.pages.push(view.next);
-  else if (to === 'newer') view.pages.pop();
-  else if (to === 'newest') view.pages = [];
+  if (to === 'older') {
+    if (!view.next) return;
+    view.pages.push(view.next);
+  } else if (to === 'newer') view.pages.pop();
+  else view.pages = [];
+  view.next = null;
+  for (const way of ['older', 'newer', 'newest']) $('page-' + way).disabled = true;
   refresh();
 }
 
 function filtered(name, value) {
   view.filters[name] = value;
   view.pages = [];
+  view.next = null;
   keepFilters();
   refresh();
 }
@@ -366,11 +377,12 @@ async function refresh() {
   if (view.refreshing) { view.again = true; return; }
   view.refreshing = true;
   try {
+    const query = messagesQuery().toString();
     const [roster, listed] = await Promise.all([
       api('/api/v1/roster'),
-      api('/api/v1/messages?' + messagesQuery()).catch((e) => {
+      api('/api/v1/messages?' + query).catch((e) => {
         // The message the page starts after is no longer kept: back to the newest.
-        if (!view.pages.length || !/before/.test(e.message)) throw e;
+        if (!view.pages.length || e.status !== 400 || !e.message.startsWith('before=')) throw e;
         view.pages = [];
         view.again = true;
         return null;
@@ -379,7 +391,10 @@ async function refresh() {
     drawHosts(roster.hosts);
     drawEntities(roster.entities);
     withOptions(roster.entities);
-    if (listed) drawMessages(listed);
+    // Drawn only if it is still the page asked for (a page turned or a filter changed since
+    // is fetched by the refresh that follows).
+    if (listed && query === messagesQuery().toString()) drawMessages(listed);
+    else view.again = true;
   } catch (e) {
     problem(e.message);
   } finally {

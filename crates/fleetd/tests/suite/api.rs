@@ -492,6 +492,10 @@ async fn messages_page_on_from_the_last_one_listed_and_filter_by_whom_they_invol
     let bobs = fleet.token("bob")?;
     let (_, his) = call(&fleet, &bobs, "/api/v1/messages", None, None).await?;
     let his_id = ids(&his).first().cloned().unwrap_or_default();
+    assert!(!his_id.is_empty(), "bob has messages: {his}");
+    // Nor does alice see any of his worker's messages by naming it.
+    let (_, with_wb) = call(&fleet, &token, "/api/v1/messages?with=wb", None, None).await?;
+    assert_eq!(with_wb["total"], 0, "{with_wb}");
     for before in [his_id.as_str(), "not-an-id"] {
         let (status, refused) = call(
             &fleet,
