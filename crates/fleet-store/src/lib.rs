@@ -278,8 +278,10 @@ pub trait Store: Send + Sync + 'static {
     /// The stored messages `filter` selects, newest first.
     fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>>;
 
-    /// How many stored messages `filter` selects, its `before` and `limit` aside: all its pages.
-    fn message_total(&self, filter: &MessageFilter) -> StoreResult<usize>;
+    /// How many stored messages `filter` selects, its `before` and `limit` aside (all its
+    /// pages), and how many of those are not older than its `before` (the pages before the one
+    /// it asks for; none without `before`).
+    fn message_total(&self, filter: &MessageFilter) -> StoreResult<(usize, usize)>;
 
     /// How many messages are stored, by kind and state (the names the store keeps them by).
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>>;

@@ -816,15 +816,26 @@ impl Store for SqliteStore {
         )
     }
 
-    fn message_total(&self, filter: &MessageFilter) -> StoreResult<usize> {
-        let (condition, values) = selected(filter, false);
+    fn message_total(&self, filter: &MessageFilter) -> StoreResult<(usize, usize)> {
+        let (condition, mut values) = selected(filter, false);
+        let newer = match filter.before {
+            Some(before) => {
+                values.push(before.to_string().into());
+                format!(
+                    "COALESCE(SUM(seq >= (SELECT seq FROM messages WHERE msg_id = ?{})), 0)",
+                    values.len()
+                )
+            }
+            None => "0".to_string(),
+        };
         let conn = self.conn();
-        let total: i64 = conn.query_row(
-            &format!("SELECT COUNT(*) FROM messages {condition}"),
+        let (total, newer): (i64, i64) = conn.query_row(
+            &format!("SELECT COUNT(*), {newer} FROM messages {condition}"),
             rusqlite::params_from_iter(values),
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?)),
         )?;
-        Ok(usize::try_from(total).unwrap_or(0))
+        let count = |n: i64| usize::try_from(n).unwrap_or(0);
+        Ok((count(total), count(newer)))
     }
 
     fn message_counts(&self) -> StoreResult<Vec<(String, String, usize)>> {

@@ -1063,7 +1063,11 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
         limit: 1,
         ..all.clone()
     };
-    assert_eq!(store.message_total(&paged).unwrap(), 3, "all pages count");
+    assert_eq!(
+        store.message_total(&paged).unwrap(),
+        (3, 1),
+        "all pages count, and the one before"
+    );
     assert_eq!(
         store
             .message_total(&MessageFilter {
@@ -1071,7 +1075,16 @@ fn messages_are_listed_newest_first_by_state_recipient_sender_and_time() {
                 ..paged.clone()
             })
             .unwrap(),
-        1
+        (1, 1)
+    );
+    assert_eq!(
+        store
+            .message_total(&MessageFilter {
+                before: None,
+                ..paged.clone()
+            })
+            .unwrap(),
+        (3, 0)
     );
     assert!(
         bodies(MessageFilter {

@@ -190,6 +190,8 @@ pub struct MessagePage {
     pub messages: Vec<MessageRow>,
     /// How many messages the query selects, on all its pages.
     pub total: usize,
+    /// How many of them are newer than this page (on the pages before it; 0 on the first).
+    pub newer: usize,
     /// Where the next, older page starts (`before=` it), if there are older ones.
     pub next: Option<MsgId>,
 }
@@ -353,7 +355,7 @@ impl OperatorViews {
         };
         let seen = viewer.involving();
         let before = query.before;
-        let (mut messages, total, answers) = self
+        let (mut messages, (total, newer), answers) = self
             .local
             .db
             .run(move |s| {
@@ -391,6 +393,7 @@ impl OperatorViews {
         Ok(MessagePage {
             messages: rows,
             total,
+            newer,
             next: next.flatten(),
         })
     }

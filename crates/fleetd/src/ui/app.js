@@ -305,9 +305,9 @@ function withOptions(entities) {
   select.value = view.filters.with;
 }
 
-// "51–100 of 812", and which way the pages turn.
-function drawPager(shown, total) {
-  const first = view.pages.length * PAGE + 1;
+// "51–100 of 812" (`newer`: how many come before this page), and which way the pages turn.
+function drawPager(shown, total, newer) {
+  const first = newer + 1;
   $('page-range').textContent = shown ? first + '–' + (first + shown - 1) + ' of ' + total : total ? 'none here of ' + total : 'none';
   $('page-older').disabled = !view.next;
   $('page-newer').disabled = view.pages.length === 0;
@@ -338,7 +338,7 @@ function filtered(name, value) {
 function drawMessages(page) {
   const messages = page.messages;
   view.next = page.next || null;
-  drawPager(messages.length, page.total);
+  drawPager(messages.length, page.total, page.newer || 0);
   tally(messages);
   for (const m of messages) {
     if (m.kind === 'REPLY' && m.in_reply_to) view.replied.add(m.in_reply_to);

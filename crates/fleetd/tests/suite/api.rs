@@ -450,6 +450,7 @@ async fn messages_page_on_from_the_last_one_listed_and_filter_by_whom_they_invol
         let (status, page) = call(&fleet, &token, &path, None, None).await?;
         assert_eq!(status, 200, "{page}");
         assert_eq!(page["total"], 14, "every page counts them all: {page}");
+        assert_eq!(page["newer"], walked.len(), "the pages before it: {page}");
         walked.extend(ids(&page));
         match page["next"].as_str() {
             Some(next) => {

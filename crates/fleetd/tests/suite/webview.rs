@@ -692,12 +692,22 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
         second.iter().all(|id| !first.contains(id)),
         "a page repeats the one before"
     );
-    click(page, "#page-newer").await?;
-    steps_until(page, "back to the first page", "#page-range", |t| {
-        range(t, "1–50 of 322")
+    // A task and its reply arrive while the second page is read: it shows the same messages,
+    // now two further down.
+    let sent = lead.send("w01", "one more", 20).await?;
+    assert_eq!(sent["status"], "replied", "{sent}");
+    steps_until(page, "the page two further down", "#page-range", |t| {
+        range(t, "53–102 of 324")
     })
     .await?;
-    assert_eq!(ids().await?, first);
+    assert_eq!(ids().await?, second, "the page read stays as it was");
+    click(page, "#page-newer").await?;
+    steps_until(page, "back to the first page", "#page-range", |t| {
+        range(t, "1–50 of 324")
+    })
+    .await?;
+    let newest = ids().await?;
+    assert_eq!(newest[2..], first[..48], "the first page, two further down");
 
     // By whom: w03's ten tasks and their ten replies.
     page.find(Locator::Css("#filter-with"))
@@ -770,7 +780,7 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
         .select_by_value("")
         .await?;
     steps_until(page, "every message again", "#page-range", |t| {
-        range(t, "1–50 of 322")
+        range(t, "1–50 of 324")
     })
     .await?;
     // The docs' picture: the whole page, the fleet and a page of its messages.
