@@ -10,10 +10,11 @@ use fleet_testkit::fleet::{Fleet, TEST_API_KEY, claude_binary, sim_profile};
 use fleet_testkit::model::ModelSim;
 use serde_json::Value;
 
-/// `claude -p PROMPT` as the newcomer's lead: in `home`, its model `model`, nothing else set up.
-async fn lead_says(home: &Path, model: &ModelSim, prompt: &str) -> anyhow::Result<String> {
-    let out = tokio::process::Command::new(claude_binary())
-        .args(["-p", prompt])
+/// `claude ARGS` as the newcomer's lead: in `home`, its model `model`, nothing else set up.
+fn lead_command(home: &Path, model: &ModelSim, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(claude_binary());
+    command
+        .args(args)
         .current_dir(home)
         .env("HOME", home)
         .env_remove("CLAUDE_CONFIG_DIR")
@@ -21,9 +22,13 @@ async fn lead_says(home: &Path, model: &ModelSim, prompt: &str) -> anyhow::Resul
         .env("ANTHROPIC_API_KEY", TEST_API_KEY)
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("ENABLE_TOOL_SEARCH", "false")
-        .env_remove("FLEET_TOKEN")
-        .output()
-        .await?;
+        .env_remove("FLEET_TOKEN");
+    command
+}
+
+/// `claude -p PROMPT` as the newcomer's lead.
+async fn lead_says(home: &Path, model: &ModelSim, prompt: &str) -> anyhow::Result<String> {
+    let out = lead_command(home, model, &["-p", prompt]).output().await?;
     Ok(format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -205,28 +210,23 @@ struct RunningLead {
 
 impl RunningLead {
     fn start(home: &Path, model: &ModelSim) -> anyhow::Result<Self> {
-        let mut child = tokio::process::Command::new(claude_binary())
-            .args([
+        let mut child = lead_command(
+            home,
+            model,
+            &[
                 "-p",
                 "--input-format",
                 "stream-json",
                 "--output-format",
                 "stream-json",
                 "--verbose",
-            ])
-            .current_dir(home)
-            .env("HOME", home)
-            .env_remove("CLAUDE_CONFIG_DIR")
-            .env("ANTHROPIC_BASE_URL", model.base_url())
-            .env("ANTHROPIC_API_KEY", TEST_API_KEY)
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("ENABLE_TOOL_SEARCH", "false")
-            .env_remove("FLEET_TOKEN")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
+            ],
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
         let stdin = child
             .stdin
             .take()

@@ -187,6 +187,15 @@ async fn visible(page: &Client, css: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Picks the option `label` of the select `css`, as a person does.
+async fn pick(page: &Client, css: &str, label: &str) -> anyhow::Result<()> {
+    page.find(Locator::Css(css))
+        .await?
+        .select_by_label(label)
+        .await?;
+    Ok(())
+}
+
 /// The browser the page is tested in, which `./test.sh` installs: without it the test fails
 /// (a page nobody looked at is not a page that works).
 fn browser_is_installed() -> anyhow::Result<()> {
@@ -710,10 +719,7 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
     assert_eq!(newest[2..], first[..48], "the first page, two further down");
 
     // By whom: w03's ten tasks and their ten replies.
-    page.find(Locator::Css("#filter-with"))
-        .await?
-        .select_by_value("w03")
-        .await?;
+    pick(page, "#filter-with", "w03").await?;
     steps_until(page, "w03's messages", "#page-range", |t| {
         range(t, "1–20 of 20")
     })
@@ -732,10 +738,7 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
     .await?;
     screenshot(page, "busy-fleet-filtered").await?;
     // And of a kind: its replies only.
-    page.find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_label("REPLY")
-        .await?;
+    pick(page, "#filter-kind", "REPLY").await?;
     let kinds = steps_until(
         page,
         "w03's replies",
@@ -758,27 +761,15 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
     })
     .await?;
     // By state, from anyone: the one task that failed, and nothing else.
-    page.find(Locator::Css("#filter-with"))
-        .await?
-        .select_by_value("")
-        .await?;
-    page.find(Locator::Css("#filter-kind"))
-        .await?
-        .select_by_value("")
-        .await?;
-    page.find(Locator::Css("#filter-state"))
-        .await?
-        .select_by_label("failed")
-        .await?;
+    pick(page, "#filter-with", "anyone").await?;
+    pick(page, "#filter-kind", "any").await?;
+    pick(page, "#filter-state", "failed").await?;
     steps_until(page, "the failed task alone", "#page-range", |t| {
         range(t, "1–1 of 1")
     })
     .await?;
     assert_eq!(ids().await?, [task]);
-    page.find(Locator::Css("#filter-state"))
-        .await?
-        .select_by_value("")
-        .await?;
+    pick(page, "#filter-state", "any").await?;
     steps_until(page, "every message again", "#page-range", |t| {
         range(t, "1–50 of 324")
     })
