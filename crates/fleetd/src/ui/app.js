@@ -32,6 +32,7 @@ const view = {
   ticking: false, // the timers run
   refreshing: false,
   again: false,
+  soon: null, // the timer of a redraw asked for by the feed
   filters: { with: '', state: '', kind: '' }, // what the message list keeps: '' is any
   pages: [], // the `before` of each page turned to, the one shown last; none: the newest
   next: null, // where the page after the one shown starts, if there are older messages
@@ -422,7 +423,14 @@ function onEvent(ev) {
   const feed = $('feed');
   feed.prepend(feedLine(ev));
   while (feed.children.length > 200) feed.lastChild.remove();
-  refresh();
+  soon();
+}
+
+// A busy fleet's feed brings many events a second: the tables are read again once for all
+// that came within a quarter of a second, not once each.
+function soon() {
+  if (view.soon) return;
+  view.soon = setTimeout(() => { view.soon = null; refresh(); }, 250);
 }
 
 // One block of the event stream: its id (the seq to read on after) and its data.
