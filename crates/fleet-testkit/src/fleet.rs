@@ -5,6 +5,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -224,6 +225,9 @@ pub fn token_spy_profile(name: &str, file: &Path) -> String {
     )
 }
 
+/// Whether fleetd logs as shipped (see [`Fleet::log_as_shipped`]).
+static AS_SHIPPED: AtomicBool = AtomicBool::new(false);
+
 impl Fleet {
     /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
     pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
@@ -234,6 +238,13 @@ impl Fleet {
     /// (a test that needs the state dir outside `/tmp`, say).
     pub async fn start_under(parent: &Path, gateway: &str, rest: &str) -> anyhow::Result<Self> {
         Self::start_with_env(parent, gateway, rest, &[]).await
+    }
+
+    /// From now on, fleetd is started logging as it does when shipped (its own default level)
+    /// rather than with the tests' debug lines: what a benchmark measures is fleetd as users
+    /// run it. A fleet's own environment still says otherwise where it sets `RUST_LOG`.
+    pub fn log_as_shipped() {
+        AS_SHIPPED.store(true, Ordering::Relaxed);
     }
 
     /// [`Fleet::start_under`], with fleetd's environment (and so its tmux server's and its
@@ -406,8 +417,13 @@ impl Fleet {
             None => Command::new(&fleetd),
         };
         let fd = inherit(command.as_std_mut(), &self.listener)?;
-        // What it logs, unless its environment says (a bench tracing a round trip's steps).
-        command.env("RUST_LOG", "info,rmcp=warn,fleetd=debug");
+        // What it logs, unless its environment says (a bench tracing a round trip's steps): the
+        // tests' debug lines, or in a bench what fleetd logs as shipped.
+        if AS_SHIPPED.load(Ordering::Relaxed) {
+            command.env_remove("RUST_LOG");
+        } else {
+            command.env("RUST_LOG", "info,rmcp=warn,fleetd=debug");
+        }
         for (key, value) in &self.env {
             match value {
                 Some(value) => command.env(key, value),

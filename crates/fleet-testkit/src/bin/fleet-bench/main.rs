@@ -247,6 +247,8 @@ const BENCH_HOSTS: [&str; 5] = ["hosta", "hostb", "ra", "rb", "rc"];
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Figures of fleetd as users run it, not with the tests' debug lines.
+    Fleet::log_as_shipped();
     match Args::parse().what {
         What::Consult { runs, think_ms } => consult::consult(runs, think_ms).await,
         What::Local {
