@@ -359,10 +359,10 @@ const FAILED_AFTER_TYPING: &str = "((EXISTS (SELECT 1 FROM messages a INDEXED BY
         WHERE a.in_reply_to = messages.msg_id AND a.kind = 'REPLY')
     AND NOT EXISTS (SELECT 1 FROM answered WHERE answered.msg_id = messages.msg_id AND by_reply))";
 
-/// The `WHERE` clause of the messages `filter` selects (its page too, with `paged`), and the
+/// The `WHERE` clause of the messages `filter` selects (its page, with its `before`), and the
 /// values it binds: only the conditions given, so SQLite can use an index for them (a
 /// recipient's is `messages_inbox`).
-fn selected(filter: &MessageFilter, paged: bool) -> (String, Vec<rusqlite::types::Value>) {
+fn selected(filter: &MessageFilter) -> (String, Vec<rusqlite::types::Value>) {
     let mut values: Vec<rusqlite::types::Value> = Vec::new();
     let mut bind = |value: rusqlite::types::Value| {
         values.push(value);
@@ -393,7 +393,7 @@ fn selected(filter: &MessageFilter, paged: bool) -> (String, Vec<rusqlite::types
         let at = bind(gid.to_string().into());
         clauses.push(format!("(from_gid = {at} OR to_gid = {at})"));
     }
-    if paged && let Some(before) = filter.before {
+    if let Some(before) = filter.before {
         // A message no longer stored has no seq: nothing is before it.
         let at = bind(before.to_string().into());
         clauses.push(format!(
@@ -803,7 +803,7 @@ impl Store for SqliteStore {
     }
 
     fn messages(&self, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
-        let (condition, mut values) = selected(filter, true);
+        let (condition, mut values) = selected(filter);
         values.push(i64::try_from(filter.limit).unwrap_or(i64::MAX).into());
         let limit = values.len();
         let conn = self.conn();
@@ -817,7 +817,11 @@ impl Store for SqliteStore {
     }
 
     fn message_total(&self, filter: &MessageFilter) -> StoreResult<(usize, usize)> {
-        let (condition, mut values) = selected(filter, false);
+        // Every page: the conditions without `before`, which says only how many are newer.
+        let (condition, mut values) = selected(&MessageFilter {
+            before: None,
+            ..filter.clone()
+        });
         let newer = match filter.before {
             Some(before) => {
                 values.push(before.to_string().into());

@@ -513,15 +513,12 @@ impl Feed {
                     return None;
                 }
             }
-            while let Some(status) = self.heard() {
-                self.tell(&status);
-            }
             let (events, next) = match self.gateway.feed(&self.viewer, self.after).await {
                 Ok(read) => read,
                 Err(e) => return Some(self.failed(&e.message)),
             };
             // A session tells a status before the store records it: whatever the store just
-            // gave was told by now, so hearing again first lets the stored copy be dropped.
+            // gave was told by now, so hearing after the read lets the stored copy be dropped.
             while let Some(status) = self.heard() {
                 self.tell(&status);
             }

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::mcp_config::{self, SERVER_NAME};
 use crate::paths::{config_file, default_config_path};
 use crate::serve::local_base;
-use crate::state::{StateDir, write_private};
+use crate::state::{StateDir, read_if_there, write_private};
 
 /// The Claude Code permission rule that lets it call every fleet tool without a prompt (and no
 /// other server's).
@@ -198,10 +198,10 @@ fn read_settings(path: &Path) -> anyhow::Result<Value> {
 
 /// The settings file as written (none when there is none), and its JSON (`Null` then).
 fn read_json(path: &Path) -> anyhow::Result<(Option<Box<RawValue>>, Value)> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, Value::Null)),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    let Some(text) =
+        read_if_there(path).with_context(|| format!("cannot read {}", path.display()))?
+    else {
+        return Ok((None, Value::Null));
     };
     let not_json = || {
         format!(

@@ -1221,22 +1221,13 @@ mod tests {
             created_ms: 1_000,
             text: None,
         };
-        let failed = msgs_table(
-            &[line("injected", Some("failed"))],
-            false,
-            1_000,
-            None,
-            true,
-        );
-        assert!(failed.contains("\x1b[31minjected→failed"), "{failed:?}");
-        let replied = msgs_table(
-            &[line("injected", Some("replied"))],
-            false,
-            1_000,
-            None,
-            true,
-        );
-        assert!(replied.contains("\x1b[32minjected→replied"), "{replied:?}");
+        for (answer, shown) in [
+            ("failed", "\x1b[31minjected→failed"),
+            ("replied", "\x1b[32minjected→replied"),
+        ] {
+            let table = msgs_table(&[line("injected", Some(answer))], false, 1_000, None, true);
+            assert!(table.contains(shown), "{table:?}");
+        }
         // Failed before it was typed: one word, as before.
         let plain = msgs_table(&[line("failed", Some("failed"))], false, 1_000, None, false);
         assert!(

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
+use crate::state::read_if_there;
+
 /// The skill's text, without the mark `fleetd init` adds as it writes it (see [`written`]).
 const SKILL_TEXT: &str = include_str!("skill/SKILL.md");
 
@@ -89,11 +91,7 @@ pub fn skill_path(claude_dir: &Path) -> PathBuf {
 
 /// The file at `path`, if there is one.
 fn existing(path: &Path) -> anyhow::Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
+    read_if_there(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// Installs the skill in `claude_dir`; says what it did.

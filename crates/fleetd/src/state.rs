@@ -109,6 +109,15 @@ pub fn expand_home(path: &Path) -> Result<PathBuf, String> {
     }
 }
 
+/// The text of `path`, none if there is no such file.
+pub fn read_if_there(path: &Path) -> std::io::Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Writes `contents` to `path` readable by the user only, replacing it atomically.
 pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");

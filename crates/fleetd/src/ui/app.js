@@ -267,10 +267,17 @@ function tally(messages) {
   if (node.childNodes.length && (view.next || view.pages.length)) node.append(' on this page');
 }
 
+// The filters chosen, as query parameters (`with=w1&state=failed`).
+function filterParams() {
+  const params = new URLSearchParams();
+  for (const [name, value] of Object.entries(view.filters)) if (value) params.set(name, value);
+  return params;
+}
+
 // The query of the message list: its filters, and the page turned to.
 function messagesQuery() {
-  const query = new URLSearchParams({ limit: String(PAGE) });
-  for (const [name, value] of Object.entries(view.filters)) if (value) query.set(name, value);
+  const query = filterParams();
+  query.set('limit', String(PAGE));
   const before = view.pages[view.pages.length - 1];
   if (before) query.set('before', before);
   return query;
@@ -278,9 +285,8 @@ function messagesQuery() {
 
 // The filters as the address keeps them (#with=w1&state=failed): a reload or a link keeps them.
 function keepFilters() {
-  const kept = new URLSearchParams();
-  for (const [name, value] of Object.entries(view.filters)) if (value) kept.set(name, value);
-  history.replaceState(null, '', kept.toString() ? '#' + kept : location.pathname);
+  const kept = filterParams().toString();
+  history.replaceState(null, '', kept ? '#' + kept : location.pathname);
 }
 
 function readFilters() {
