@@ -56,7 +56,8 @@ pub fn resolve(
             Some(local) => Some(local.clone()),
             None if named.len() > 1 => {
                 return Err(FleetError::invalid(format!(
-                    "the name '{to}' is held on several hosts: address it as name@host or by gid"
+                    "the name {} is held on several hosts: address it as name@host or by gid",
+                    quoted(to)
                 )));
             }
             None => named.into_iter().next(),
@@ -73,10 +74,29 @@ fn unknown_recipient(names: Vec<String>, to: &str) -> FleetError {
     FleetError::new(
         ErrorCode::UnknownRecipient,
         format!(
-            "no entity is named or has the id '{to}' (known: {}); see fleet_list",
+            "no entity is named or has the id {} (known: {}); see fleet_list",
+            quoted(to),
             listed(names)
         ),
     )
+}
+
+/// The most characters of a caller's recipient an error repeats.
+const QUOTED: usize = 64;
+
+/// A recipient as the caller gave it, as an error repeats it: in quotes, its control characters
+/// escaped (inert wherever the error is shown), cut short.
+fn quoted(to: &str) -> String {
+    let mut shown: String = to
+        .chars()
+        .take(QUOTED)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if to.chars().nth(QUOTED).is_some() {
+        shown.push('…');
+    }
+    format!("'{shown}'")
 }
 
 /// The names, sorted, each once, as a sentence lists them ("nobody" for none).
@@ -140,6 +160,23 @@ fn ago(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_recipient_is_repeated_inert_and_short() {
+        let err = unknown_recipient(vec!["w1".into()], "w\u{1b}[2J\nx");
+        assert_eq!(
+            err.message,
+            "no entity is named or has the id 'w\\u{1b}[2J\\nx' (known: w1); see fleet_list"
+        );
+        let long = unknown_recipient(Vec::new(), &"y".repeat(10_000));
+        assert!(long.message.contains(&format!("'{}…'", "y".repeat(QUOTED))));
+        assert!(long.message.len() < 200, "{}", long.message);
+        assert!(
+            unknown_recipient(Vec::new(), "w9")
+                .message
+                .starts_with("no entity is named or has the id 'w9'")
+        );
+    }
 
     #[test]
     fn an_ended_recipient_is_told_when_why_and_what_to_do() {

@@ -349,8 +349,24 @@ fn bad_body(rejected: &JsonRejection) -> Response {
     refuse(
         StatusCode::BAD_REQUEST,
         ErrorCode::InvalidParams.as_str(),
-        rejected.body_text(),
+        inert(&rejected.body_text()),
     )
+}
+
+/// The most characters of a parser's refusal an answer repeats.
+const REFUSAL_CHARS: usize = 500;
+
+/// A parser's refusal as an answer repeats it: it may quote what the caller sent, so its
+/// control characters are escaped and it is cut short.
+fn inert(refusal: &str) -> String {
+    let mut shown: String = crate::logs::escape(refusal)
+        .chars()
+        .take(REFUSAL_CHARS)
+        .collect();
+    if shown.len() < refusal.len() && shown.chars().count() == REFUSAL_CHARS {
+        shown.push('…');
+    }
+    shown
 }
 
 /// A gateway call's answer as the operator API gives it.
@@ -619,7 +635,7 @@ fn bad_query(rejected: &QueryRejection) -> Response {
     refuse(
         StatusCode::BAD_REQUEST,
         ErrorCode::InvalidParams.as_str(),
-        rejected.body_text(),
+        inert(&rejected.body_text()),
     )
 }
 

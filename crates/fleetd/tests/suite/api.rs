@@ -54,6 +54,7 @@ async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_i
     );
     assert_eq!(sent["reply"]["text"], "echo: via the api");
     // Hostile or wrong requests: refused, saying what is wrong; nothing sent.
+    let long_before = format!("/api/v1/messages?before={}", "9".repeat(2_000));
     for (path, body, code, says) in [
         (
             "/api/v1/send",
@@ -82,11 +83,31 @@ async fn the_operator_api_takes_a_leads_token_and_refuses_what_is_wrong_naming_i
         ("/api/v1/messages?state=lost", None, 400, "none of queued"),
         ("/api/v1/messages?colour=red", None, 400, "colour"),
         ("/api/v1/messages?limit=-1", None, 400, "limit"),
+        // Hostile page marks and names: refused, naming what, repeated inert.
+        ("/api/v1/messages?with=w%1B%5B2J%0A", None, 404, "unknown"),
+        ("/api/v1/messages?with=", None, 404, "unknown"),
+        ("/api/v1/messages?before=%1B%5B2J", None, 400, "before"),
+        (&long_before, None, 400, "before"),
+        (
+            "/api/v1/send",
+            Some(json!({"to": "w1", "message": "x", "a\u{1b}[2J\n": 1})),
+            400,
+            "unknown field",
+        ),
+        (
+            "/api/v1/messages?before=01a24b24-16c2-70ce-a072-4fcd316d1556",
+            None,
+            400,
+            "no message you may list",
+        ),
         ("/api/v1/stop", Some(json!({"to": "lead"})), 400, "lead"),
     ] {
         let (status, body) = call(&fleet, &token, path, body.clone(), None).await?;
         assert_eq!(status, code, "{path} {body}");
         assert!(body.to_string().contains(says), "{path}: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(!message.contains(['\u{1b}', '\n']), "{path}: {body}");
+        assert!(message.chars().count() <= 600, "{path}: {body}");
     }
     let (_, listed) = call(&fleet, &token, "/api/v1/messages", None, None).await?;
     assert_eq!(
