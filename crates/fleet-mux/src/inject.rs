@@ -166,11 +166,12 @@ pub async fn inject(
 /// finds the task half typed knows then how far it got). Answering false withholds the step
 /// ([`InjectOutcome::Withheld`]).
 pub trait Steps {
-    /// The first key of the task is about to go in; until then nothing of it can have reached
-    /// the program.
+    /// The first key of the task is to go in once this answers (true); until then nothing of
+    /// it can have reached the program. It may be asked while the screen is still looked at.
     fn keys_going(&self) -> impl Future<Output = bool> + Send;
-    /// The first Enter under the pasted task is about to go in; until then it cannot have been
-    /// submitted.
+    /// The first Enter under the pasted task is to go in once this answers (true); until then
+    /// it cannot have been submitted. It is asked once the paste went in, while its echo is
+    /// awaited.
     fn enter_going(&self) -> impl Future<Output = bool> + Send;
     /// The typing reached `step` (for a trace of where a round trip's time goes; nothing is
     /// withheld by it).
@@ -229,37 +230,61 @@ pub async fn inject_noting(
     if let Some(settle) = options.settle_first {
         hold_still(host, pane, settle).await?;
     }
-    let mut looks = Looks::new(host, pane).await;
-    let mut pre = looks.snapshot().await?;
-    if pre.in_mode {
-        // A human scrolling back in the pane: the paste would reach the program, but Enter
-        // would be eaten by the mode.
-        host.leave_mode(pane).await?;
-        pre = looks.snapshot().await?;
-    }
-    if let Some(marker) = &options.submitted_marker {
-        match wait_for_marker(&mut looks, marker, options.verify_window, pre).await? {
-            Some(empty) => pre = empty,
-            None => return Ok(InjectOutcome::InputNotEmpty),
+    let first_look = async {
+        let mut looks = Looks::new(host, pane).await;
+        let mut pre = looks.snapshot().await?;
+        if pre.in_mode {
+            // A human scrolling back in the pane: the paste would reach the program, but Enter
+            // would be eaten by the mode.
+            host.leave_mode(pane).await?;
+            pre = looks.snapshot().await?;
         }
-    }
-    if !steps.keys_going().await {
+        Ok::<_, MuxError>((looks, pre))
+    };
+    let (mut looks, mut pre, keys_noted) = match &options.submitted_marker {
+        // The note waits until the box shows empty: noted with a draft in it, a restart could
+        // take the draft for the task.
+        Some(marker) => {
+            let (mut looks, pre) = first_look.await?;
+            let Some(empty) =
+                wait_for_marker(&mut looks, marker, options.verify_window, pre).await?
+            else {
+                return Ok(InjectOutcome::InputNotEmpty);
+            };
+            (looks, empty, steps.keys_going().await)
+        }
+        // Nothing to wait for: the note is written while the screen is looked at (it needs
+        // only to be in before the first key; a restart that finds it and nothing of the task
+        // on the pane types it again).
+        None => {
+            let (looked, noted) = tokio::join!(first_look, steps.keys_going());
+            let (looks, pre) = looked?;
+            (looks, pre, noted)
+        }
+    };
+    if !keys_noted {
         return Ok(InjectOutcome::Withheld);
     }
     host.paste(pane, text).await?;
     steps.reached(Reached::Pasted);
     // Compare against the screen *with* the paste on it, or the paste rendering late would
-    // pass for a submit.
-    let mut before = settle(&mut looks, &pre).await?;
-    steps.reached(Reached::EchoSeen);
-    if !options.enter_pause.is_zero() {
-        sleep(options.enter_pause).await;
-        before = looks.snapshot().await?;
-    }
-    if !steps.enter_going().await {
+    // pass for a submit. The Enter's note is written meanwhile: until the Enter goes, a restart
+    // that finds it sees the task in the input box (and presses Enter) as it would without.
+    let settled = async {
+        pre = settle(&mut looks, &pre).await?;
+        steps.reached(Reached::EchoSeen);
+        if !options.enter_pause.is_zero() {
+            sleep(options.enter_pause).await;
+            pre = looks.snapshot().await?;
+        }
+        Ok::<_, MuxError>(())
+    };
+    let (settled, enter_noted) = tokio::join!(settled, steps.enter_going());
+    settled?;
+    if !enter_noted {
         return Ok(InjectOutcome::Withheld);
     }
-    submit_noting(looks, before, options, activity, steps).await
+    submit_noting(looks, pre, options, activity, steps).await
 }
 
 /// The next pause before a look at the screen: where the host reports output, the safety
