@@ -154,6 +154,8 @@ struct LocalPlane {
     metrics: Metrics,
     /// Stores messages, many callers' in one transaction when they come together.
     commits: commits::Commits,
+    /// Records where published messages went, likewise.
+    sent_rows: commits::Grouped<commits::SentRows>,
     /// The launchers' preparation, which may wait seconds on Claude Code's settings lock: on
     /// threads of its own, so it never holds up a store call.
     launch_lane: Lane,
@@ -206,10 +208,14 @@ impl LocalPlane {
     ) -> std::io::Result<Arc<Self>> {
         let commits = commits::Commits::new(
             Arc::clone(&parts.store),
-            config.gateway.max_held_per_recipient,
+            commits::Held {
+                cap: config.gateway.max_held_per_recipient,
+            },
         );
+        let sent_rows = commits::Grouped::new(Arc::clone(&parts.store), commits::SentRows);
         Ok(Arc::new(Self {
             commits,
+            sent_rows,
             launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
             cwd_lane: Lane::new("cwd", CWD_THREADS)?,
             config,
