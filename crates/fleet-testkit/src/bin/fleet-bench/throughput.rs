@@ -173,8 +173,13 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         ceiling.pid().context("the ceiling is not running")?,
         here.pid().context("fleetd is not running")?,
     );
+    let (a_pid, b_pid) = (
+        a.pid().context("hosta's fleetd is not running")?,
+        b.pid().context("hostb's fleetd is not running")?,
+    );
     // CPU time per call or message, in µs, of each process over its own figure.
     let (mut bare_cpu, mut durable_cpu, mut same_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut sending_cpu, mut taking_cpu) = (Vec::new(), Vec::new());
     let per_message = |before: f64, after: f64| (after - before) / messages.max(1) as f64 * 1e6;
     for round in 0..rounds {
         let before = cpu_seconds(ceiling_pid)?;
@@ -190,6 +195,7 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         let rate = sent_and_drained(sender, &drainer, "b", messages, lanes).await?;
         same_cpu.push(per_message(before, cpu_seconds(fleetd_pid)?));
         same.push(rate);
+        let (sending, taking) = (cpu_seconds(a_pid)?, cpu_seconds(b_pid)?);
         let rate = sent_and_drained(
             a.lead("alice", Protocol::Stateless).await?,
             &bob,
@@ -198,6 +204,8 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
             lanes,
         )
         .await?;
+        sending_cpu.push(per_message(sending, cpu_seconds(a_pid)?));
+        taking_cpu.push(per_message(taking, cpu_seconds(b_pid)?));
         cross.push(rate);
         println!(
             "round {round}: bare MCP {:.0} calls/s, committing {:.0} calls/s, same-host {:.0} msg/s, cross-host {:.0} msg/s",
@@ -244,6 +252,12 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 70 %]",
         cross / same * 100.0
+    );
+    let (sending_all, taking_all) = (shown(&sending_cpu), shown(&taking_cpu));
+    println!(
+        "  CPU per cross-host message: the sending gateway's {:.0} µs (median of {sending_all}; its send, signed, published, confirmed, where it went recorded), the receiving one's {:.0} µs (median of {taking_all}; checked, held, drained), beside fleetd's {same_cpu:.0} µs same-host",
+        median(&mut sending_cpu),
+        median(&mut taking_cpu)
     );
     Ok(())
 }
