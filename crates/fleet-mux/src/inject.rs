@@ -170,8 +170,8 @@ pub trait Steps {
     /// it can have reached the program. It may be asked while the screen is still looked at.
     fn keys_going(&self) -> impl Future<Output = bool> + Send;
     /// The first Enter under the pasted task is to go in once this answers (true); until then
-    /// it cannot have been submitted. It is asked once the paste went in, while its echo is
-    /// awaited.
+    /// it cannot have been submitted. It is asked once the paste shows on the screen (or could
+    /// not be seen to), while the screen settles.
     fn enter_going(&self) -> impl Future<Output = bool> + Send;
     /// The typing reached `step` (for a trace of where a round trip's time goes; nothing is
     /// withheld by it).
@@ -241,7 +241,7 @@ pub async fn inject_noting(
         }
         Ok::<_, MuxError>((looks, pre))
     };
-    let (mut looks, mut pre, keys_noted) = match &options.submitted_marker {
+    let (mut looks, pre, keys_noted) = match &options.submitted_marker {
         // The note waits until the box shows empty: noted with a draft in it, a restart could
         // take the draft for the task.
         Some(marker) => {
@@ -267,24 +267,49 @@ pub async fn inject_noting(
     }
     host.paste(pane, text).await?;
     steps.reached(Reached::Pasted);
-    // Compare against the screen *with* the paste on it, or the paste rendering late would
-    // pass for a submit. The Enter's note is written meanwhile: until the Enter goes, a restart
-    // that finds it sees the task in the input box (and presses Enter) as it would without.
-    let settled = async {
-        pre = settle(&mut looks, &pre).await?;
+    match settled_and_noted(&mut looks, pre, options, steps).await? {
+        Some(before) => submit_noting(looks, before, options, activity, steps).await,
+        None => Ok(InjectOutcome::Withheld),
+    }
+}
+
+/// After the paste: the screen with the paste on it, settled (and after the profile's pause
+/// before Enter), once the Enter's note answered that it may go; `None` if it may not. The
+/// screen is compared against it after Enter, so it must hold the paste, or the paste
+/// rendering late would pass for a submit.
+async fn settled_and_noted(
+    looks: &mut Looks<'_>,
+    pre: Snapshot,
+    options: &InjectOptions,
+    steps: &impl Steps,
+) -> Result<Option<Snapshot>, MuxError> {
+    let deadline = Instant::now() + ECHO_WAIT;
+    let (echoed, moved) = echo(looks, &pre, deadline).await?;
+    let (before, enter_noted) = if moved && options.enter_pause.is_zero() {
+        // The paste shows: the Enter's note is written while the screen settles. A stop in
+        // between leaves the task in the input box, where a restart presses Enter, as it
+        // would without the note.
+        let settled = async {
+            let held = still(looks, echoed, deadline).await;
+            steps.reached(Reached::EchoSeen);
+            held
+        };
+        let (held, noted) = tokio::join!(settled, steps.enter_going());
+        (held?, noted)
+    } else {
+        let mut before = if moved {
+            still(looks, echoed, deadline).await?
+        } else {
+            echoed
+        };
         steps.reached(Reached::EchoSeen);
         if !options.enter_pause.is_zero() {
             sleep(options.enter_pause).await;
-            pre = looks.snapshot().await?;
+            before = looks.snapshot().await?;
         }
-        Ok::<_, MuxError>(())
+        (before, steps.enter_going().await)
     };
-    let (settled, enter_noted) = tokio::join!(settled, steps.enter_going());
-    settled?;
-    if !enter_noted {
-        return Ok(InjectOutcome::Withheld);
-    }
-    submit_noting(looks, pre, options, activity, steps).await
+    Ok(enter_noted.then_some(before))
 }
 
 /// The next pause before a look at the screen: where the host reports output, the safety
@@ -434,58 +459,65 @@ async fn gap_since(looked: Instant, gap: Duration) {
     }
 }
 
-/// Waits (up to [`ECHO_WAIT`]) for the screen to move away from `pre` and then hold still for
-/// [`SETTLE_STILL`]; returns the last screen seen.
-async fn settle(looks: &mut Looks<'_>, pre: &Snapshot) -> Result<Snapshot, MuxError> {
-    if looks.output.is_live() {
-        return settle_on_writes(looks, pre).await;
-    }
-    let (host, pane) = (looks.host, looks.pane);
-    let deadline = Instant::now() + ECHO_WAIT;
-    let mut interval = FIRST_CHECK_INTERVAL;
-    let mut last = host.snapshot(pane).await?;
-    let mut moved = last != *pre;
-    while Instant::now() < deadline {
-        sleep(if moved { SETTLE_STILL } else { interval }).await;
-        let next = host.snapshot(pane).await?;
-        if moved && next == last {
-            return Ok(next);
-        }
-        moved |= next != *pre;
-        last = next;
-        interval = (interval * 2).min(MAX_CHECK_INTERVAL);
-    }
-    Ok(last)
-}
-
-/// [`settle`] where the host reports the pane's writes: the screen is looked at after a
-/// write, and it holds still once [`SETTLE_STILL`] passes without one.
-async fn settle_on_writes(looks: &mut Looks<'_>, pre: &Snapshot) -> Result<Snapshot, MuxError> {
-    let deadline = Instant::now() + ECHO_WAIT;
-    let mut gap = Duration::ZERO;
+/// Waits (until `deadline`) for the paste's echo: the screen moved away from `pre`. Returns
+/// the last screen seen, and whether it moved.
+async fn echo(
+    looks: &mut Looks<'_>,
+    pre: &Snapshot,
+    deadline: Instant,
+) -> Result<(Snapshot, bool), MuxError> {
+    let live = looks.output.is_live();
+    let (mut interval, mut gap) = (FIRST_CHECK_INTERVAL, Duration::ZERO);
     let mut last = looks.snapshot().await?;
     while last == *pre {
         let now = Instant::now();
         if now >= deadline {
-            return Ok(last);
+            return Ok((last, false));
         }
-        looks
-            .write_or_nap(MAX_CHECK_INTERVAL.min(deadline - now), gap)
-            .await;
-        gap = next_gap(gap);
+        if live {
+            looks
+                .write_or_nap(MAX_CHECK_INTERVAL.min(deadline - now), gap)
+                .await;
+            gap = next_gap(gap);
+        } else {
+            sleep(interval).await;
+            interval = (interval * 2).min(MAX_CHECK_INTERVAL);
+        }
         last = looks.snapshot().await?;
     }
-    let mut wrote = false;
+    Ok((last, true))
+}
+
+/// After the echo (`last`), waits (until `deadline`) for the screen to hold still for
+/// [`SETTLE_STILL`]: where the host reports the pane's writes, once that passes without one;
+/// else until two looks that far apart agree. Returns the last screen seen.
+async fn still(
+    looks: &mut Looks<'_>,
+    mut last: Snapshot,
+    deadline: Instant,
+) -> Result<Snapshot, MuxError> {
+    if looks.output.is_live() {
+        let mut wrote = false;
+        while Instant::now() < deadline {
+            tokio::select! {
+                () = looks.output.changed() => {}
+                () = crate::fine::sleep(SETTLE_STILL) => break,
+            }
+            looks.output.mark_seen();
+            wrote = true;
+        }
+        if wrote {
+            last = looks.snapshot().await?;
+        }
+        return Ok(last);
+    }
     while Instant::now() < deadline {
-        tokio::select! {
-            () = looks.output.changed() => {}
-            () = crate::fine::sleep(SETTLE_STILL) => break,
+        sleep(SETTLE_STILL).await;
+        let next = looks.snapshot().await?;
+        if next == last {
+            return Ok(next);
         }
-        looks.output.mark_seen();
-        wrote = true;
-    }
-    if wrote {
-        last = looks.snapshot().await?;
+        last = next;
     }
     Ok(last)
 }

@@ -1,7 +1,8 @@
 //! What became of a task fleetd was typing when it stopped (a crash, `kill -9`), read off the
 //! pane by the next start, which took the worker back. fleetd takes a task off its queue before
-//! it types it, notes in the store just before its first key and just before its first Enter
-//! go in ([`crate::inject::Steps`]), and records it typed only once the submit was seen; a stop
+//! it types it, notes in the store before its first key and before its first Enter go in
+//! ([`crate::inject::Steps`]; the first while the screen is first looked at, the second once
+//! the paste shows), and records it typed only once the submit was seen; a stop
 //! in between leaves it `injecting`. Without the first note, it was never typed (type it
 //! again); without the second, it was not submitted (in the input box: press Enter; nowhere:
 //! type it again). After its Enter, only the pane can tell: submitted (the worker is on it: its

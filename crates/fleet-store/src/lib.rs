@@ -307,14 +307,15 @@ pub trait Store: Send + Sync + 'static {
         in_flight: Option<MsgId>,
     ) -> StoreResult<Vec<Message>>;
 
-    /// Records that the keys of `msg_id`, `injecting`, are about to go to its pane: until then
+    /// Records that the keys of `msg_id`, `injecting`, are to go to its pane: until then
     /// a stop leaves it certainly untyped. (Kept in its `reason`, which an `injecting`
     /// message has no other use for; cleared by its next state.) False if it is no longer
     /// `injecting` (failed meanwhile): its keys are not to go.
     fn keys_sent(&self, msg_id: MsgId) -> StoreResult<bool>;
 
-    /// Records that the Enter under `msg_id`, `injecting` and pasted, is about to go to its
-    /// pane: until then it cannot have been submitted. False if it is no longer `injecting`.
+    /// Records that the Enter under `msg_id`, `injecting` and pasted, is to go to its pane
+    /// (once the paste shows): until then it cannot have been submitted. False if it is no
+    /// longer `injecting`.
     fn enter_sent(&self, msg_id: MsgId) -> StoreResult<bool>;
 
     /// The messages `injecting` for `to` whose keys [`Store::keys_sent`] recorded sent, each

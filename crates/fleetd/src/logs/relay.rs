@@ -94,7 +94,8 @@ const FLUSH_RETRY: Duration = Duration::from_millis(5);
 /// How long the writer rests after writing, so that the lines logged meanwhile go out together
 /// in its next write: a busy gateway logs a line per message, and waking the writer for each
 /// (a futex wake on the logging thread, a write on the writer's) cost more than the line. A
-/// line logged while the writer waits idle goes out at once; none waits longer than this.
+/// line logged while the writer waits idle goes out at once; one logged while it rests waits
+/// this long at most, unless more lines wait than one write takes (then it does not rest).
 const GATHER: Duration = Duration::from_millis(1);
 
 /// The most lines the writer gathers into one write.
@@ -125,7 +126,9 @@ fn write_lines<W: Write>(mut sink: W, jobs: &Receiver<Job>, failures: &AtomicU64
             }
         }
         write_batch(&mut sink, &mut batch, lines, failures);
-        std::thread::sleep(GATHER);
+        if lines < GATHERED_LINES as u64 {
+            std::thread::sleep(GATHER);
+        }
     }
 }
 
