@@ -23,6 +23,7 @@ pub mod entity;
 pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod inert;
 pub mod lifecycle;
 pub mod message;
 pub mod ownership;

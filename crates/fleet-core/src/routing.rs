@@ -84,19 +84,9 @@ fn unknown_recipient(names: Vec<String>, to: &str) -> FleetError {
 /// The most characters of a caller's recipient an error repeats.
 const QUOTED: usize = 64;
 
-/// A recipient as the caller gave it, as an error repeats it: in quotes, its control characters
-/// escaped (inert wherever the error is shown), cut short.
+/// A recipient as the caller gave it, as an error repeats it: in quotes, inert, cut short.
 fn quoted(to: &str) -> String {
-    let mut shown: String = to
-        .chars()
-        .take(QUOTED)
-        .collect::<String>()
-        .escape_debug()
-        .collect();
-    if to.chars().nth(QUOTED).is_some() {
-        shown.push('…');
-    }
-    format!("'{shown}'")
+    format!("'{}'", crate::inert::cut(to, QUOTED))
 }
 
 /// The names, sorted, each once, as a sentence lists them ("nobody" for none).

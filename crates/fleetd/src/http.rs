@@ -356,17 +356,10 @@ fn bad_body(rejected: &JsonRejection) -> Response {
 /// The most characters of a parser's refusal an answer repeats.
 const REFUSAL_CHARS: usize = 500;
 
-/// A parser's refusal as an answer repeats it: it may quote what the caller sent, so its
-/// control characters are escaped and it is cut short.
+/// A parser's refusal as an answer repeats it: it may quote what the caller sent, so it is
+/// made inert and cut short.
 fn inert(refusal: &str) -> String {
-    let mut shown: String = crate::logs::escape(refusal)
-        .chars()
-        .take(REFUSAL_CHARS)
-        .collect();
-    if shown.len() < refusal.len() && shown.chars().count() == REFUSAL_CHARS {
-        shown.push('…');
-    }
-    shown
+    fleet_core::inert::cut(refusal, REFUSAL_CHARS)
 }
 
 /// A gateway call's answer as the operator API gives it.

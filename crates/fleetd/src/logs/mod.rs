@@ -255,55 +255,8 @@ pub fn shown(text: &str) -> String {
         .collect()
 }
 
-/// Whether `c` is shown escaped in a log line: the control characters (C0, DEL, C1) and those
-/// that end a line or reorder text without being controls (line and paragraph separators, the
-/// bidirectional marks, embeddings, overrides and isolates, the byte-order mark).
-fn escaped(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{200e}'
-                | '\u{200f}'
-                | '\u{2028}'
-                | '\u{2029}'
-                | '\u{202a}'..='\u{202e}'
-                | '\u{2066}'..='\u{2069}'
-                | '\u{feff}'
-        )
-}
-
-/// A [`fmt::Write`] that escapes what passes through it into `0`: `\n`, `\r` and `\t` as such,
-/// any other character [`escaped`] picks as `\u{…}` (ESC is `\u{1b}`). Nothing else changes,
-/// a backslash included: the escapes only keep a line one line.
-struct Escaping<'a, W: fmt::Write>(&'a mut W);
-
-impl<W: fmt::Write> fmt::Write for Escaping<'_, W> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let mut rest = s;
-        while let Some(at) = rest.find(escaped) {
-            self.0.write_str(&rest[..at])?;
-            let mut chars = rest[at..].chars();
-            let Some(c) = chars.next() else {
-                break;
-            };
-            match c {
-                '\n' => self.0.write_str("\\n")?,
-                '\r' => self.0.write_str("\\r")?,
-                '\t' => self.0.write_str("\\t")?,
-                c => write!(self.0, "\\u{{{:x}}}", u32::from(c))?,
-            }
-            rest = chars.as_str();
-        }
-        self.0.write_str(rest)
-    }
-}
-
-/// `text` with what [`escaped`] picks escaped, as the log shows it.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let _ = Escaping(&mut out).write_str(text);
-    out
-}
+use fleet_core::inert::Escaping;
+pub use fleet_core::inert::escape;
 
 /// The field formatter of the text output: `name=value` pairs and the message, like
 /// tracing-subscriber's own, with every value and the message passed through [`escape`]. A
@@ -475,19 +428,6 @@ mod tests {
         assert!(!log.contains('\u{1b}') && !log.contains('\r'), "{log:?}");
         let line: serde_json::Value = serde_json::from_str(log.trim_end()).unwrap();
         assert_eq!(line["fields"]["words"], "a\nINFO forged\r\u{1b}[31m");
-    }
-
-    #[test]
-    fn escaping_leaves_plain_text_alone() {
-        assert_eq!(
-            escape("w1 is idle, 3 held: ok é ✓"),
-            "w1 is idle, 3 held: ok é ✓"
-        );
-        assert_eq!(
-            escape("a\tb\u{7f}c\u{9b}d\u{202e}"),
-            "a\\tb\\u{7f}c\\u{9b}d\\u{202e}"
-        );
-        assert_eq!(escape(""), "");
     }
 
     #[test]
