@@ -19,7 +19,8 @@ use crate::{MuxError, OutputWatch, PaneHost, PaneId, Snapshot};
 /// to [`MAX_CHECK_INTERVAL`]. A check is a round trip to the host (~0.1 ms over tmux's
 /// control connection), so start small.
 const FIRST_CHECK_INTERVAL: Duration = Duration::from_micros(250);
-/// How long the screen must hold still after the paste showed, before Enter is pressed.
+/// How long the screen must hold still after the paste showed, before Enter is pressed, unless
+/// it shows the whole of a one-line paste ([`shows_whole_paste`]).
 const SETTLE_STILL: Duration = Duration::from_millis(1);
 /// The longest pause between screen checks: each check costs a round trip to the host. Where
 /// the host reports output, every check waits this long for a write, so a write the host
@@ -139,6 +140,27 @@ pub fn shows_empty_input(text: &str, marker: &str) -> bool {
         })
 }
 
+/// Whether `after` shows the whole of the one-line paste `text`, echoed where the cursor was in
+/// `before`: on the same row, the cursor exactly its width further right, and the row ending
+/// with it. A partial echo moves the cursor less, so this holds only once the last character is
+/// on screen. Judged only for printable ASCII (a column per character); for anything else (more
+/// lines, a tab, wide characters) it is `false`, and the screen is given time to hold still.
+fn shows_whole_paste(before: &Snapshot, after: &Snapshot, text: &str) -> bool {
+    let shown = text.trim_end();
+    let (Ok(width), Ok(row)) = (u32::try_from(text.len()), usize::try_from(after.cursor.1)) else {
+        return false;
+    };
+    !shown.is_empty()
+        && text.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && after.cursor.1 == before.cursor.1
+        && before.cursor.0.checked_add(width) == Some(after.cursor.0)
+        && after
+            .text
+            .lines()
+            .nth(row)
+            .is_some_and(|line| line.trim_end().ends_with(shown))
+}
+
 /// Whether the screen after Enter shows the input was taken.
 pub fn looks_submitted(before: &Snapshot, after: &Snapshot, marker: Option<&str>) -> bool {
     match marker {
@@ -185,7 +207,7 @@ pub trait Steps {
 pub enum Reached {
     /// The paste was handed to the pane host.
     Pasted,
-    /// The screen showed the paste and held still.
+    /// The screen showed the paste and held still (or showed the whole of a one-line paste).
     EchoSeen,
     /// Enter was handed to the pane host.
     Enter,
@@ -267,37 +289,44 @@ pub async fn inject_noting(
     }
     host.paste(pane, text).await?;
     steps.reached(Reached::Pasted);
-    match settled_and_noted(&mut looks, pre, options, steps).await? {
+    match settled_and_noted(&mut looks, pre, text, options, steps).await? {
         Some(before) => submit_noting(looks, before, options, activity, steps).await,
         None => Ok(InjectOutcome::Withheld),
     }
 }
 
-/// After the paste: the screen with the paste on it, settled (and after the profile's pause
-/// before Enter), once the Enter's note answered that it may go; `None` if it may not. The
-/// screen is compared against it after Enter, so it must hold the paste, or the paste
-/// rendering late would pass for a submit.
+/// After the paste (`text`): the screen with the paste on it, settled (and after the profile's
+/// pause before Enter), once the Enter's note answered that it may go; `None` if it may not.
+/// The screen is compared against it after Enter, so it must hold the paste, or the paste
+/// rendering late would pass for a submit: it holds still for [`SETTLE_STILL`], unless it
+/// already shows the whole of a one-line paste ([`shows_whole_paste`]).
 async fn settled_and_noted(
     looks: &mut Looks<'_>,
     pre: Snapshot,
+    text: &str,
     options: &InjectOptions,
     steps: &impl Steps,
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
     let (echoed, moved) = echo(looks, &pre, deadline).await?;
+    let whole = moved && shows_whole_paste(&pre, &echoed, text);
     let (before, enter_noted) = if moved && options.enter_pause.is_zero() {
         // The paste shows: the Enter's note is written while the screen settles. A stop in
         // between leaves the task in the input box, where a restart presses Enter, as it
         // would without the note.
         let settled = async {
-            let held = still(looks, echoed, deadline).await;
+            let held = if whole {
+                Ok(echoed)
+            } else {
+                still(looks, echoed, deadline).await
+            };
             steps.reached(Reached::EchoSeen);
             held
         };
         let (held, noted) = tokio::join!(settled, steps.enter_going());
         (held?, noted)
     } else {
-        let mut before = if moved {
+        let mut before = if moved && !whole {
             still(looks, echoed, deadline).await?
         } else {
             echoed
@@ -826,6 +855,109 @@ mod tests {
         assert_eq!(gaps[1], FIRST_CHECK_INTERVAL * 2);
         assert!(gaps.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(gaps.last(), Some(&MAX_CHECK_INTERVAL));
+    }
+
+    #[test]
+    fn a_one_line_paste_is_whole_only_once_its_last_character_shows_at_the_cursor() {
+        let before = snap((2, 1), "done\n> ");
+        let whole = snap((10, 1), "done\n> the task");
+        assert!(shows_whole_paste(&before, &whole, "the task"));
+        // Half of it echoed: the cursor is short of where the whole would leave it.
+        assert!(!shows_whole_paste(
+            &before,
+            &snap((6, 1), "done\n> the "),
+            "the task"
+        ));
+        // A text that ends as it starts is not taken for whole at its first half.
+        assert!(!shows_whole_paste(
+            &before,
+            &snap((5, 1), "done\n> ab "),
+            "ab ab"
+        ));
+        assert!(shows_whole_paste(
+            &before,
+            &snap((7, 1), "done\n> ab ab"),
+            "ab ab"
+        ));
+        // The cursor moved as far, but the row shows something else, or something after it.
+        assert!(!shows_whole_paste(
+            &before,
+            &snap((10, 1), "done\n> the tusk"),
+            "the task"
+        ));
+        assert!(!shows_whole_paste(
+            &before,
+            &snap((10, 1), "done\n> the task  [2 chars]"),
+            "the task"
+        ));
+        // Wrapped onto the next row, or scrolled: not judged.
+        assert!(!shows_whole_paste(
+            &before,
+            &snap((3, 2), "done\n> the tas\nk"),
+            "the task"
+        ));
+        // Trailing blanks are not drawn, but the cursor went past them.
+        assert!(shows_whole_paste(
+            &before,
+            &snap((6, 1), "done\n> ok"),
+            "ok  "
+        ));
+    }
+
+    #[test]
+    fn a_paste_of_more_lines_or_other_characters_is_never_judged_whole() {
+        let before = snap((2, 0), "> ");
+        for text in ["two\nlines", "a\ttab", "caf\u{e9}", "\u{1b}[31m", "   ", ""] {
+            let width = u32::try_from(text.len()).expect("short");
+            let after = snap((2 + width, 0), &format!("> {text}"));
+            assert!(!shows_whole_paste(&before, &after, text), "{text:?}");
+        }
+    }
+
+    /// Steps that go at once, telling the time (tokio's) each step is reached.
+    #[derive(Default)]
+    struct Clocked(std::sync::Mutex<Vec<(Reached, Instant)>>);
+
+    impl Steps for Clocked {
+        async fn keys_going(&self) -> bool {
+            true
+        }
+        async fn enter_going(&self) -> bool {
+            true
+        }
+        fn reached(&self, step: Reached) {
+            self.0.lock().expect("lock").push((step, Instant::now()));
+        }
+    }
+
+    /// Types `text` into a fresh fake pane (which shows a paste whole at once) on tokio's
+    /// paused clock: how long passed between the paste and the Enter.
+    async fn paste_to_enter(text: &str) -> Duration {
+        let host = FakePanes::new();
+        let pane = host.open();
+        let steps = Clocked::default();
+        let (_tx, mut activity) = watch::channel(0u64);
+        let outcome = inject_noting(&host, &pane, text, &quick(), &mut activity, &steps)
+            .await
+            .expect("typed");
+        assert_eq!(outcome, InjectOutcome::Submitted { retried: false });
+        let reached = steps.0.lock().expect("lock").clone();
+        let at = |step| {
+            reached
+                .iter()
+                .find(|(s, _)| *s == step)
+                .map(|(_, at)| *at)
+                .expect("reached")
+        };
+        at(Reached::Enter) - at(Reached::Pasted)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_one_line_paste_shown_whole_gets_its_enter_without_waiting_for_the_screen_to_hold_still()
+     {
+        assert!(paste_to_enter("the task").await < SETTLE_STILL);
+        // Two lines are not judged whole: the screen must hold still first.
+        assert!(paste_to_enter("the\ntask").await >= SETTLE_STILL);
     }
 
     #[test]
