@@ -19,9 +19,13 @@ use crate::{MuxError, OutputWatch, PaneHost, PaneId, Snapshot};
 /// to [`MAX_CHECK_INTERVAL`]. A check is a round trip to the host (~0.1 ms over tmux's
 /// control connection), so start small.
 const FIRST_CHECK_INTERVAL: Duration = Duration::from_micros(250);
-/// How long the screen must hold still after the paste showed, before Enter is pressed, unless
-/// it shows the whole of a one-line paste ([`shows_whole_paste`]).
+/// How long the screen must hold still after the paste showed, before Enter is pressed: an echo
+/// may come in pieces.
 const SETTLE_STILL: Duration = Duration::from_millis(1);
+/// How long it must hold still once it shows the whole of a one-line paste
+/// ([`shows_whole_paste`]): long enough for the rest of what the program writes with the echo
+/// in other writes (a redraw of its line, a wrap at the pane's edge), which follow at once.
+const WHOLE_STILL: Duration = Duration::from_micros(200);
 /// The longest pause between screen checks: each check costs a round trip to the host. Where
 /// the host reports output, every check waits this long for a write, so a write the host
 /// failed to report still gets looked at.
@@ -140,11 +144,23 @@ pub fn shows_empty_input(text: &str, marker: &str) -> bool {
         })
 }
 
+/// How long the screen must hold still after the paste `text` showed (`before` the paste,
+/// `after` its echo was first seen): [`WHOLE_STILL`] once the echo is whole, else
+/// [`SETTLE_STILL`].
+fn settle_span(before: &Snapshot, after: &Snapshot, text: &str) -> Duration {
+    if shows_whole_paste(before, after, text) {
+        WHOLE_STILL
+    } else {
+        SETTLE_STILL
+    }
+}
+
 /// Whether `after` shows the whole of the one-line paste `text`, echoed where the cursor was in
 /// `before`: on the same row, the cursor exactly its width further right, and the row ending
 /// with it. A partial echo moves the cursor less, so this holds only once the last character is
-/// on screen. Judged only for printable ASCII (a column per character); for anything else (more
-/// lines, a tab, wide characters) it is `false`, and the screen is given time to hold still.
+/// on screen (not that the program wrote nothing more after it: [`WHOLE_STILL`] waits for
+/// that). Judged only for printable ASCII (a column per character); for anything else (more
+/// lines, a tab, wide characters) it is `false`.
 fn shows_whole_paste(before: &Snapshot, after: &Snapshot, text: &str) -> bool {
     let shown = text.trim_end();
     let (Ok(width), Ok(row)) = (u32::try_from(text.len()), usize::try_from(after.cursor.1)) else {
@@ -207,7 +223,7 @@ pub trait Steps {
 pub enum Reached {
     /// The paste was handed to the pane host.
     Pasted,
-    /// The screen showed the paste and held still (or showed the whole of a one-line paste).
+    /// The screen showed the paste and held still.
     EchoSeen,
     /// Enter was handed to the pane host.
     Enter,
@@ -298,8 +314,8 @@ pub async fn inject_noting(
 /// After the paste (`text`): the screen with the paste on it, settled (and after the profile's
 /// pause before Enter), once the Enter's note answered that it may go; `None` if it may not.
 /// The screen is compared against it after Enter, so it must hold the paste, or the paste
-/// rendering late would pass for a submit: it holds still for [`SETTLE_STILL`], unless it
-/// already shows the whole of a one-line paste ([`shows_whole_paste`]).
+/// rendering late would pass for a submit: it holds still for [`SETTLE_STILL`], or for
+/// [`WHOLE_STILL`] once it shows the whole of a one-line paste ([`settle_span`]).
 async fn settled_and_noted(
     looks: &mut Looks<'_>,
     pre: Snapshot,
@@ -309,25 +325,22 @@ async fn settled_and_noted(
 ) -> Result<Option<Snapshot>, MuxError> {
     let deadline = Instant::now() + ECHO_WAIT;
     let (echoed, moved) = echo(looks, &pre, deadline).await?;
-    let whole = moved && shows_whole_paste(&pre, &echoed, text);
+    let span = settle_span(&pre, &echoed, text);
+    tracing::debug!(pane = %looks.pane, moved, ?span, "the paste shows");
     let (before, enter_noted) = if moved && options.enter_pause.is_zero() {
         // The paste shows: the Enter's note is written while the screen settles. A stop in
         // between leaves the task in the input box, where a restart presses Enter, as it
         // would without the note.
         let settled = async {
-            let held = if whole {
-                Ok(echoed)
-            } else {
-                still(looks, echoed, deadline).await
-            };
+            let held = still(looks, echoed, deadline, span).await;
             steps.reached(Reached::EchoSeen);
             held
         };
         let (held, noted) = tokio::join!(settled, steps.enter_going());
         (held?, noted)
     } else {
-        let mut before = if moved && !whole {
-            still(looks, echoed, deadline).await?
+        let mut before = if moved {
+            still(looks, echoed, deadline, span).await?
         } else {
             echoed
         };
@@ -489,7 +502,9 @@ async fn gap_since(looked: Instant, gap: Duration) {
 }
 
 /// Waits (until `deadline`) for the paste's echo: the screen moved away from `pre`. Returns
-/// the last screen seen, and whether it moved.
+/// the last screen seen, and whether it moved. Where the host reports the pane's writes, the
+/// first look waits for one: tmux may tell of a write after a look that already shows it, and
+/// told then, the write would pass for one more after the echo ([`still`] would wait again).
 async fn echo(
     looks: &mut Looks<'_>,
     pre: &Snapshot,
@@ -497,7 +512,11 @@ async fn echo(
 ) -> Result<(Snapshot, bool), MuxError> {
     let live = looks.output.is_live();
     let (mut interval, mut gap) = (FIRST_CHECK_INTERVAL, Duration::ZERO);
-    let mut last = looks.snapshot().await?;
+    let mut last = if live {
+        pre.clone()
+    } else {
+        looks.snapshot().await?
+    };
     while last == *pre {
         let now = Instant::now();
         if now >= deadline {
@@ -517,20 +536,21 @@ async fn echo(
     Ok((last, true))
 }
 
-/// After the echo (`last`), waits (until `deadline`) for the screen to hold still for
-/// [`SETTLE_STILL`]: where the host reports the pane's writes, once that passes without one;
-/// else until two looks that far apart agree. Returns the last screen seen.
+/// After the echo (`last`), waits (until `deadline`) for the screen to hold still for `span`:
+/// where the host reports the pane's writes, once that passes without one; else until two looks
+/// that far apart agree. Returns the last screen seen.
 async fn still(
     looks: &mut Looks<'_>,
     mut last: Snapshot,
     deadline: Instant,
+    span: Duration,
 ) -> Result<Snapshot, MuxError> {
     if looks.output.is_live() {
         let mut wrote = false;
         while Instant::now() < deadline {
             tokio::select! {
                 () = looks.output.changed() => {}
-                () = crate::fine::sleep(SETTLE_STILL) => break,
+                () = crate::fine::sleep(span) => break,
             }
             looks.output.mark_seen();
             wrote = true;
@@ -541,7 +561,7 @@ async fn still(
         return Ok(last);
     }
     while Instant::now() < deadline {
-        sleep(SETTLE_STILL).await;
+        sleep(span).await;
         let next = looks.snapshot().await?;
         if next == last {
             return Ok(next);
@@ -952,11 +972,28 @@ mod tests {
         at(Reached::Enter) - at(Reached::Pasted)
     }
 
+    #[test]
+    fn a_paste_shown_whole_holds_still_briefly_and_any_other_for_the_full_span() {
+        let before = snap((2, 0), "> ");
+        assert_eq!(
+            settle_span(&before, &snap((10, 0), "> the task"), "the task"),
+            WHOLE_STILL
+        );
+        assert_eq!(
+            settle_span(&before, &snap((6, 0), "> the "), "the task"),
+            SETTLE_STILL
+        );
+        assert_eq!(
+            settle_span(&before, &snap((4, 1), "> the\n  task"), "the\ntask"),
+            SETTLE_STILL
+        );
+        assert!(WHOLE_STILL < SETTLE_STILL);
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_one_line_paste_shown_whole_gets_its_enter_without_waiting_for_the_screen_to_hold_still()
-     {
-        assert!(paste_to_enter("the task").await < SETTLE_STILL);
-        // Two lines are not judged whole: the screen must hold still first.
+    async fn even_a_paste_shown_whole_gets_its_enter_only_once_the_screen_held_still() {
+        // Its echo whole, what the program writes right after it is still waited for.
+        assert!(paste_to_enter("the task").await >= WHOLE_STILL);
         assert!(paste_to_enter("the\ntask").await >= SETTLE_STILL);
     }
 
