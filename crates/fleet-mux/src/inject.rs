@@ -503,8 +503,9 @@ async fn gap_since(looked: Instant, gap: Duration) {
 
 /// Waits (until `deadline`) for the paste's echo: the screen moved away from `pre`. Returns
 /// the last screen seen, and whether it moved. Where the host reports the pane's writes, the
-/// first look waits for one: tmux may tell of a write after a look that already shows it, and
-/// told then, the write would pass for one more after the echo ([`still`] would wait again).
+/// first look waits for one: a look marks the writes heard as seen before it asks for the
+/// screen, so the echo heard during a look that already shows it would pass for one more write
+/// after the echo ([`still`] would wait again and look again).
 async fn echo(
     looks: &mut Looks<'_>,
     pre: &Snapshot,
