@@ -881,48 +881,29 @@ mod tests {
     #[test]
     fn a_one_line_paste_is_whole_only_once_its_last_character_shows_at_the_cursor() {
         let before = snap((2, 1), "done\n> ");
-        let whole = snap((10, 1), "done\n> the task");
-        assert!(shows_whole_paste(&before, &whole, "the task"));
-        // Half of it echoed: the cursor is short of where the whole would leave it.
-        assert!(!shows_whole_paste(
-            &before,
-            &snap((6, 1), "done\n> the "),
-            "the task"
-        ));
-        // A text that ends as it starts is not taken for whole at its first half.
-        assert!(!shows_whole_paste(
-            &before,
-            &snap((5, 1), "done\n> ab "),
-            "ab ab"
-        ));
-        assert!(shows_whole_paste(
-            &before,
-            &snap((7, 1), "done\n> ab ab"),
-            "ab ab"
-        ));
-        // The cursor moved as far, but the row shows something else, or something after it.
-        assert!(!shows_whole_paste(
-            &before,
-            &snap((10, 1), "done\n> the tusk"),
-            "the task"
-        ));
-        assert!(!shows_whole_paste(
-            &before,
-            &snap((10, 1), "done\n> the task  [2 chars]"),
-            "the task"
-        ));
-        // Wrapped onto the next row, or scrolled: not judged.
-        assert!(!shows_whole_paste(
-            &before,
-            &snap((3, 2), "done\n> the tas\nk"),
-            "the task"
-        ));
-        // Trailing blanks are not drawn, but the cursor went past them.
-        assert!(shows_whole_paste(
-            &before,
-            &snap((6, 1), "done\n> ok"),
-            "ok  "
-        ));
+        // The screen after the paste (cursor, rows), the text pasted, and whether it is whole.
+        let cases = [
+            ((10, 1), "done\n> the task", "the task", true),
+            // Half of it echoed: the cursor is short of where the whole would leave it.
+            ((6, 1), "done\n> the ", "the task", false),
+            // A text that ends as it starts is not taken for whole at its first half.
+            ((5, 1), "done\n> ab ", "ab ab", false),
+            ((7, 1), "done\n> ab ab", "ab ab", true),
+            // The cursor moved as far, but the row shows something else, or something after it.
+            ((10, 1), "done\n> the tusk", "the task", false),
+            ((10, 1), "done\n> the task  [2 chars]", "the task", false),
+            // Wrapped onto the next row, or scrolled: not judged.
+            ((3, 2), "done\n> the tas\nk", "the task", false),
+            // Trailing blanks are not drawn, but the cursor went past them.
+            ((6, 1), "done\n> ok", "ok  ", true),
+        ];
+        for (cursor, screen, text, whole) in cases {
+            assert_eq!(
+                shows_whole_paste(&before, &snap(cursor, screen), text),
+                whole,
+                "{screen:?} after pasting {text:?}"
+            );
+        }
     }
 
     #[test]
