@@ -256,8 +256,9 @@ impl OutputWatch {
     }
 
     /// Whether the host reports this pane's output: a caller may then wait on
-    /// [`Self::changed`] rather than look at the screen again and again (a write made while
-    /// the host's connection is being replaced goes unheard: a look on a timer stays).
+    /// [`Self::changed`] rather than look at the screen again and again. A host whose
+    /// connection goes wakes every watch, as a write would; a look on a slow timer stays as
+    /// the fallback.
     pub fn is_live(&self) -> bool {
         self.writes
             .as_ref()

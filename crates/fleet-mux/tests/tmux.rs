@@ -203,6 +203,47 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }
 
+/// A pane may write while the control connection is replaced (the old one stops reading before
+/// the new one attaches): every watch of a pane is woken then, so its caller looks again
+/// rather than wait for a write already missed.
+#[tokio::test]
+async fn a_replaced_connection_wakes_every_watch() {
+    let server = Server::new();
+    let Socket::Name(name) = server.tmux.socket().clone() else {
+        panic!("a private server has a name");
+    };
+    let pane = server.tmux.spawn(&spec("quiet", "exec cat")).await.unwrap();
+    let control = Control::new("tmux".into(), name, COMMAND_TIMEOUT);
+    let mut output = control.watch(&pane).await.unwrap();
+    output.mark_seen();
+    // A call abandoned half-way leaves an answer unread: the next call replaces the connection.
+    // (tmux holds the command after a run-shell until it ends.)
+    let slow = [
+        words(&["run-shell", "sleep 0.3"]),
+        words(&["display-message", "-p", "stale answer"]),
+    ];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), control.run(&slow))
+            .await
+            .is_err()
+    );
+    // cat writes nothing, so only the replacement can wake the watch.
+    let answers = control
+        .run(&[words(&["display-message", "-p", "next"])])
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![vec!["next".to_string()]]);
+    tokio::time::timeout(Duration::from_secs(5), output.changed())
+        .await
+        .expect("the watch is woken when its connection is replaced");
+    assert!(output.is_live(), "the watch still hears the new connection");
+    output.mark_seen();
+    server.tmux.type_text(&pane, "after").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), output.changed())
+        .await
+        .expect("a write through the new connection is heard");
+}
+
 /// Several commands go as one list: each answered in turn, a `;` inside a word is only text,
 /// and a failure stops the list there (what comes after it never runs) and leaves the
 /// connection to answer the next call.

@@ -67,6 +67,8 @@ struct Connection {
     answers: mpsc::UnboundedReceiver<Answer>,
     /// Reads every line; aborted with the connection.
     reader: JoinHandle<()>,
+    /// Who waits on which pane's output: woken when the connection goes.
+    watchers: Shared,
     /// A command was written and its answer not yet read: a caller gave up half-way (its
     /// future was dropped), and the next answer on the pipe belongs to nobody. Such a
     /// connection is replaced rather than reused.
@@ -74,8 +76,18 @@ struct Connection {
 }
 
 impl Drop for Connection {
+    /// A write the pane made while this connection went away may never be heard (the reader
+    /// stops, the next connection is not attached yet): every watcher looks once more.
     fn drop(&mut self) {
         self.reader.abort();
+        wake_all(&self.watchers);
+    }
+}
+
+/// Tells every watcher its pane may have written: each looks at the screen once more.
+fn wake_all(watchers: &Shared) {
+    for (writes, _) in lock(watchers).panes.values() {
+        writes.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -135,9 +147,7 @@ async fn read_lines(stdout: ChildStdout, answers: mpsc::UnboundedSender<Answer>,
         }
     }
     // Watchers look at the screen at once, and learn there what became of the server.
-    for (writes, _) in lock(&watchers).panes.values() {
-        writes.send_modify(|n| *n = n.wrapping_add(1));
-    }
+    wake_all(&watchers);
 }
 
 impl Connection {
@@ -182,6 +192,7 @@ impl Connection {
             stdin,
             answers,
             reader,
+            watchers: watchers.clone(),
             unread: false,
         };
         // The attach itself answers with a block.
