@@ -367,10 +367,62 @@ async fn a_hash_in_a_directory_name_is_kept() {
         .await
         .unwrap();
     wait_for_text(&host, &echo, "ready").await;
-    host.paste(&echo, "pasted #S").await.unwrap();
+    // Two lines: staged in a file (one line would ride on the command line).
+    host.paste(&echo, "pasted #S\nand #S").await.unwrap();
     host.enter(&echo).await.unwrap();
     wait_for_text(&host, &echo, "got:pasted #S").await;
+    wait_for_text(&host, &echo, "got:and #S").await;
     assert!(server.tmux.panes().await.unwrap().contains_key(&pane));
+    let left: Vec<_> = std::fs::read_dir(tmp.join("state#1")).unwrap().collect();
+    assert!(left.is_empty(), "the staged paste is removed: {left:?}");
+}
+
+/// A one-line paste rides on the control connection's command line (`set-buffer`), so each
+/// character tmux's parser could take for syntax (quotes, `$`, `\\`, `;`, `#{…}`, `~`, braces, a
+/// leading `-`) must still arrive as itself; and nothing is staged on disk for it.
+#[tokio::test]
+async fn a_one_line_paste_arrives_as_itself_whatever_it_holds() {
+    let server = Server::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("typed");
+    let texts = [
+        "it's $HOME and ${HOME}, #{pane_id} ## #S \\ \" ;",
+        "'",
+        "\\",
+        "$",
+        "-x",
+        "--",
+        "~/x ~",
+        "a;b ; c \\;",
+        "{ } %if #[fg=red] %1 %%",
+        "caf\u{e9} \u{65e5}\u{672c} \u{1f389} \u{202e}mirrored",
+        " leading and trailing blanks ",
+    ];
+    let script = format!("stty -echo; echo ready; exec cat > {}", out.display());
+    let pane = server.tmux.spawn(&spec("verbatim", &script)).await.unwrap();
+    wait_for_text(&server.tmux, &pane, "ready").await;
+    for text in texts {
+        server.tmux.paste(&pane, text).await.unwrap();
+        server.tmux.enter(&pane).await.unwrap();
+    }
+    let expected: String = texts.iter().map(|t| format!("{t}\n")).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let typed = std::fs::read_to_string(&out).unwrap_or_default();
+        if typed == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && expected.starts_with(&typed),
+            "typed {typed:?}, expected {expected:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    // The staging directory is made for the first file staged: none was.
+    assert!(
+        !server._scratch.path().join("paste").exists(),
+        "a one-line paste stages no file"
+    );
 }
 
 #[tokio::test]

@@ -151,8 +151,9 @@ pub fn paste_args(pane: &PaneId, buffer: &str) -> Vec<String> {
     ])
 }
 
-/// Loads the file at `path` into buffer `buffer` (the control connection's paste path: its
-/// commands are lines, so the text cannot ride on stdin). tmux expands formats in the path.
+/// Loads the file at `path` into buffer `buffer`: the control connection's paste path for text
+/// [`set_buffer_args`] cannot carry (more lines than one, a tab). Its commands are lines, so
+/// such text cannot ride on them, nor on stdin. tmux expands formats in the path.
 pub fn load_file_args(buffer: &str, path: &Path) -> Result<Vec<String>, MuxError> {
     let path = path_text("the staged paste's path", path)?;
     Ok(strings(&[
@@ -161,6 +162,15 @@ pub fn load_file_args(buffer: &str, path: &Path) -> Result<Vec<String>, MuxError
         buffer,
         &format_literal(path),
     ]))
+}
+
+/// Sets buffer `buffer` to `text` on the command line itself, where `text` can ride on one (not
+/// empty, no control character, `\n` and `\t` included): the control connection's quick paste
+/// path, which spares writing a file and tmux reading it. `None` for any other text, which is
+/// staged in a file ([`load_file_args`]). tmux expands no format in the data of `set-buffer`.
+pub fn set_buffer_args(buffer: &str, text: &str) -> Option<Vec<String>> {
+    (!text.is_empty() && first_control(text).is_none())
+        .then(|| strings(&["set-buffer", "-b", buffer, "--", text]))
 }
 
 /// Pastes buffer `buffer` into `pane`, bracketed if the program asked for bracketed paste, and
@@ -480,6 +490,25 @@ mod tests {
             load_file_args("b1", Path::new("/state/C#/paste/b1")).unwrap(),
             ["load-buffer", "-b", "b1", "/state/C##/paste/b1"]
         );
+    }
+
+    #[test]
+    fn only_one_line_of_text_rides_on_the_command_line() {
+        assert_eq!(
+            set_buffer_args("b1", "it's $HOME #{pane_id} -x").unwrap(),
+            ["set-buffer", "-b", "b1", "--", "it's $HOME #{pane_id} -x"]
+        );
+        assert!(set_buffer_args("b1", "caf\u{e9} \u{202e}").is_some());
+        for staged in [
+            "",
+            "two\nlines",
+            "a\ttab",
+            "\u{1b}[31m",
+            "c1 \u{85}",
+            "cr\r",
+        ] {
+            assert_eq!(set_buffer_args("b1", staged), None, "{staged:?}");
+        }
     }
 
     #[test]

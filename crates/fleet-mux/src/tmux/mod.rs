@@ -261,13 +261,22 @@ impl PaneHost for Tmux {
         let buffer = format!("fleet-{}", uuid::Uuid::now_v7().simple());
         match &self.control {
             Some((_, scratch)) => {
-                let path = scratch.join(&buffer);
-                let load = codec::load_file_args(&buffer, &path)?;
-                Self::stage(scratch, &path, text)?;
+                // One line goes on the command line; anything else through a file.
+                let (load, staged) = match codec::set_buffer_args(&buffer, text) {
+                    Some(set) => (set, None),
+                    None => {
+                        let path = scratch.join(&buffer);
+                        let load = codec::load_file_args(&buffer, &path)?;
+                        Self::stage(scratch, &path, text)?;
+                        (load, Some(path))
+                    }
+                };
                 let result = self
                     .exec(&[load, codec::paste_buffer_args(pane, &buffer)])
                     .await;
-                let _ = std::fs::remove_file(&path);
+                if let Some(path) = staged {
+                    let _ = std::fs::remove_file(&path);
+                }
                 if result.is_err() {
                     // paste-buffer -d did not run: the buffer would stay (buffer-limit spares
                     // named buffers).
