@@ -164,12 +164,17 @@ pub fn load_file_args(buffer: &str, path: &Path) -> Result<Vec<String>, MuxError
     ]))
 }
 
+/// The longest text that rides on a command line ([`set_buffer_args`]): every other command of
+/// the connection waits while its line is written, where a file is written before.
+pub const LINE_PASTE_MAX: usize = 16 * 1024;
+
 /// Sets buffer `buffer` to `text` on the command line itself, where `text` can ride on one (not
-/// empty, no control character, `\n` and `\t` included): the control connection's quick paste
-/// path, which spares writing a file and tmux reading it. `None` for any other text, which is
-/// staged in a file ([`load_file_args`]). tmux expands no format in the data of `set-buffer`.
+/// empty, no control character, `\n` and `\t` included, at most [`LINE_PASTE_MAX`] bytes): the
+/// control connection's quick paste path, which spares writing a file and tmux reading it.
+/// `None` for any other text, which is staged in a file ([`load_file_args`]). tmux expands no
+/// format in the data of `set-buffer`.
 pub fn set_buffer_args(buffer: &str, text: &str) -> Option<Vec<String>> {
-    (!text.is_empty() && first_control(text).is_none())
+    (!text.is_empty() && text.len() <= LINE_PASTE_MAX && first_control(text).is_none())
         .then(|| strings(&["set-buffer", "-b", buffer, "--", text]))
 }
 
@@ -509,6 +514,8 @@ mod tests {
         ] {
             assert_eq!(set_buffer_args("b1", staged), None, "{staged:?}");
         }
+        assert!(set_buffer_args("b1", &"x".repeat(LINE_PASTE_MAX)).is_some());
+        assert_eq!(set_buffer_args("b1", &"x".repeat(LINE_PASTE_MAX + 1)), None);
     }
 
     #[test]
