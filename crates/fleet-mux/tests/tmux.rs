@@ -203,9 +203,9 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
     assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }
 
-/// A pane may write while the control connection is replaced (the old one stops reading before
-/// the new one attaches): every watch of a pane is woken then, so its caller looks again
-/// rather than wait for a write already missed.
+/// When the control connection is replaced, what its reader had not yet read goes with it:
+/// every watch of a pane is woken then, so its caller looks again rather than wait for a write
+/// already missed.
 #[tokio::test]
 async fn a_replaced_connection_wakes_every_watch() {
     let server = Server::new();
@@ -379,7 +379,8 @@ async fn a_hash_in_a_directory_name_is_kept() {
 
 /// A one-line paste rides on the control connection's command line (`set-buffer`), so each
 /// character tmux's parser could take for syntax (quotes, `$`, `\\`, `;`, `#{…}`, `~`, braces, a
-/// leading `-`) must still arrive as itself; and nothing is staged on disk for it.
+/// leading `-`, a `~` opening a word in double quotes) must still arrive as itself; and nothing is
+/// staged on disk for it.
 #[tokio::test]
 async fn a_one_line_paste_arrives_as_itself_whatever_it_holds() {
     let server = Server::new();
@@ -393,6 +394,8 @@ async fn a_one_line_paste_arrives_as_itself_whatever_it_holds() {
         "-x",
         "--",
         "~/x ~",
+        "~/x it's",
+        "~root's ~",
         "a;b ; c \\;",
         "{ } %if #[fg=red] %1 %%",
         "caf\u{e9} \u{65e5}\u{672c} \u{1f389} \u{202e}mirrored",

@@ -152,8 +152,9 @@ pub fn paste_args(pane: &PaneId, buffer: &str) -> Vec<String> {
 }
 
 /// Loads the file at `path` into buffer `buffer`: the control connection's paste path for text
-/// [`set_buffer_args`] cannot carry (more lines than one, a tab). Its commands are lines, so
-/// such text cannot ride on them, nor on stdin. tmux expands formats in the path.
+/// [`set_buffer_args`] does not carry (more lines than one, a tab, more than
+/// [`LINE_PASTE_MAX`] bytes). Its commands are lines, so text of several cannot ride on them,
+/// nor on stdin. tmux expands formats in the path.
 pub fn load_file_args(buffer: &str, path: &Path) -> Result<Vec<String>, MuxError> {
     let path = path_text("the staged paste's path", path)?;
     Ok(strings(&[

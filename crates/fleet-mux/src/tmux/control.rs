@@ -76,8 +76,9 @@ struct Connection {
 }
 
 impl Drop for Connection {
-    /// A write the pane made while this connection went away may never be heard (the reader
-    /// stops, the next connection is not attached yet): every watcher looks once more.
+    /// What this connection's reader had not yet read when it is stopped is never heard (the
+    /// next connection hears only what comes once it is attached): every watcher looks once
+    /// more.
     fn drop(&mut self) {
         self.reader.abort();
         wake_all(&self.watchers);

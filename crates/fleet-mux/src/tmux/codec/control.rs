@@ -22,7 +22,8 @@ pub const CONTROL_SESSION: &str = "_fleetd";
 pub const CONTROL_WINDOW: &str = "_fleetd";
 
 /// Quotes `arg` for tmux's command parser: single quotes when it has none, else double quotes
-/// with `\`, `"` and `$` escaped. An `arg` holding a control character has no quoted form.
+/// with `\`, `"`, `$` and `~` escaped (tmux 3.3a's parser expands a `~` that opens a double-quoted
+/// word into a home directory). An `arg` holding a control character has no quoted form.
 pub fn quote(arg: &str) -> Result<String, ControlChar> {
     if let Some(found) = first_control(arg) {
         return Err(found);
@@ -33,7 +34,7 @@ pub fn quote(arg: &str) -> Result<String, ControlChar> {
     let mut quoted = String::with_capacity(arg.len() + 2);
     quoted.push('"');
     for c in arg.chars() {
-        if matches!(c, '\\' | '"' | '$') {
+        if matches!(c, '\\' | '"' | '$' | '~') {
             quoted.push('\\');
         }
         quoted.push(c);
@@ -215,6 +216,9 @@ mod tests {
             quoted("it's $HOME \"x\"\\"),
             "\"it's \\$HOME \\\"x\\\"\\\\\""
         );
+        // A `~` opening a double-quoted word would be a home directory.
+        assert_eq!(quoted("~/x it's"), "\"\\~/x it's\"");
+        assert_eq!(quoted("~/x"), "'~/x'");
         assert_eq!(
             line(&["send-keys", "-t", "%1", "Enter"]).unwrap(),
             "'send-keys' '-t' '%1' 'Enter'"
