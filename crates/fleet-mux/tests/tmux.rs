@@ -184,8 +184,18 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
         panic!("a private server has a name");
     };
     let control = Control::new("tmux".into(), name, COMMAND_TIMEOUT);
-    // A command whose answer takes a while (tmux holds later commands until a run-shell ends),
-    // abandoned after it was sent.
+    abandon_a_slow_call(&control).await;
+    // The next command gets its own answer, not the abandoned one's.
+    let answers = control
+        .run(&[words(&["display-message", "-p", "fresh answer"])])
+        .await
+        .unwrap();
+    assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
+}
+
+/// Sends `control` a command whose answer takes a while (tmux holds the command after a
+/// run-shell until it ends), and gives up on it once it is sent: an answer is left unread.
+async fn abandon_a_slow_call(control: &Control) {
     let slow = [
         words(&["run-shell", "sleep 0.3"]),
         words(&["display-message", "-p", "stale answer"]),
@@ -195,12 +205,6 @@ async fn a_call_given_up_half_way_does_not_mix_up_later_answers() {
             .await
             .is_err()
     );
-    // The next command gets its own answer, not the abandoned one's.
-    let answers = control
-        .run(&[words(&["display-message", "-p", "fresh answer"])])
-        .await
-        .unwrap();
-    assert_eq!(answers, vec![vec!["fresh answer".to_string()]]);
 }
 
 /// When the control connection is replaced, what its reader had not yet read goes with it:
@@ -217,16 +221,7 @@ async fn a_replaced_connection_wakes_every_watch() {
     let mut output = control.watch(&pane).await.unwrap();
     output.mark_seen();
     // A call abandoned half-way leaves an answer unread: the next call replaces the connection.
-    // (tmux holds the command after a run-shell until it ends.)
-    let slow = [
-        words(&["run-shell", "sleep 0.3"]),
-        words(&["display-message", "-p", "stale answer"]),
-    ];
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), control.run(&slow))
-            .await
-            .is_err()
-    );
+    abandon_a_slow_call(&control).await;
     // cat writes nothing, so only the replacement can wake the watch.
     let answers = control
         .run(&[words(&["display-message", "-p", "next"])])
