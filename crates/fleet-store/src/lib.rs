@@ -5,6 +5,7 @@
 //! WAL mode. Calls are synchronous and short: the daemon runs them off its async threads.
 //! This crate never decides *what* to deliver; it only records, and answers queries atomically.
 
+mod checkpoint;
 mod schema;
 mod sqlite;
 pub mod tokens;

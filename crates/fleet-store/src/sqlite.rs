@@ -25,7 +25,7 @@ use crate::{
 const STATEMENT_CACHE: usize = 128;
 
 /// How long a writer waits for another process (say `fleetd token`) to finish its write.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MESSAGE_COLUMNS: &str = "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, expires_ms";
 const ENTITY_COLUMNS: &str = "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, sandbox, profile_role";
@@ -75,6 +75,8 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         migrate(&mut conn)?;
+        // Checkpoints on a thread of the store's own, not in the commits of the hot path.
+        crate::checkpoint::take_over(path, &mut conn)?;
         // Every statement the store asks stays compiled: past rusqlite's default of 16, a
         // round trip's statements pushed one another out and each was parsed again.
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
