@@ -624,6 +624,38 @@ fn a_newer_schema_is_refused() {
     assert!(err.to_string().contains("schema 99 is newer"), "{err}");
 }
 
+/// The threads of this process named as a store's checkpoint thread (`fleetd-checkpoint`, which
+/// Linux cuts to 15 characters). nextest runs each test in a process of its own.
+fn checkpoint_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|task| {
+            let comm = task.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|name| name.trim() == "fleetd-checkpoi")
+        })
+        .count()
+}
+
+/// Waits up to 10 s for `checkpoint_threads()` to be `count`.
+fn until_checkpoint_threads(count: usize, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while checkpoint_threads() != count {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn an_open_store_checkpoints_on_a_thread_of_its_own_that_ends_with_it() {
+    assert_eq!(checkpoint_threads(), 0);
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    // A new thread names itself once it runs.
+    until_checkpoint_threads(1, "an open store has no checkpoint thread");
+    drop(store);
+    until_checkpoint_threads(0, "the checkpoint thread outlives its store");
+}
+
 /// How many messages wait for `to` as the cap check sees them (nothing is stored).
 fn waiting_seen(store: &SqliteStore, to: Gid) -> usize {
     let seen = std::cell::Cell::new(usize::MAX);
