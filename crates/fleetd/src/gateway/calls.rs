@@ -130,7 +130,9 @@ impl LocalPlane {
         // Watched from before the message leaves: until an answer to it is held, the store need
         // not be asked.
         let inbox = self.inboxes.watch(caller.entity.gid);
-        let answer = self.inboxes.watch_answer(msg_id);
+        let answer = self
+            .inboxes
+            .watch_answer(caller.entity.gid, msg_id, !wait.is_zero());
         let brief = plan.brief;
         if brief {
             // Tracked before it is published: its receipt may come back at once.
@@ -174,7 +176,9 @@ impl LocalPlane {
         let waiting = Waiting {
             open: self.open_call(caller.entity.gid, false, Some(to)),
             inbox: self.inboxes.watch(caller.entity.gid),
-            answer: self.inboxes.watch_answer(msg_id),
+            answer: self
+                .inboxes
+                .watch_answer(caller.entity.gid, msg_id, !wait.is_zero()),
             look_first: true,
             known_held: false,
         };
@@ -204,6 +208,10 @@ impl LocalPlane {
             // no look at the store.
             look |= answer.take_news();
             inbox.borrow_and_update();
+            if let Some(handed) = answer.handed() {
+                crate::logs::step(msg_id, "lead_woken");
+                return self.answered_with(me, msg_id, ct, handed).await;
+            }
             if look && let Some(answered) = self.answer_of(me, msg_id, ct).await? {
                 crate::logs::step(msg_id, "lead_woken");
                 return Ok(answered);
@@ -247,8 +255,20 @@ impl LocalPlane {
         let Some(answer) = self.db.run(move |s| s.take_answer(me, msg_id)).await? else {
             return Ok(None);
         };
+        self.answered_with(me, msg_id, ct, answer).await.map(Some)
+    }
+
+    /// What a send of `me` waiting on `msg_id` returns with `answer`, taken for it: given back
+    /// if the call was cancelled meanwhile.
+    async fn answered_with(
+        &self,
+        me: Gid,
+        msg_id: MsgId,
+        ct: &CancellationToken,
+        answer: Message,
+    ) -> Result<SendResult, FleetError> {
         self.keep_unless_cancelled(ct, me, &[&answer]).await?;
-        Ok(Some(match answer.kind {
+        Ok(match answer.kind {
             Kind::Failed => SendResult::Failed {
                 msg_id,
                 reason: answer.body,
@@ -257,7 +277,7 @@ impl LocalPlane {
                 msg_id,
                 reply: self.describe(answer).await,
             },
-        }))
+        })
     }
 
     /// What a send waiting on `msg_id` returns when its wait is over unanswered: how far the

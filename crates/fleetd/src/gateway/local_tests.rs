@@ -264,3 +264,83 @@ async fn a_dialog_on_a_busy_workers_screen_is_asked_of_its_lead_and_the_choice_p
     // Its task is still the one in flight: the reply to it is awaited as before.
     assert_eq!(session.current().map(|t| t.msg_id), Some(task));
 }
+
+/// The lead's send of `text` to w1, waiting for its answer, on a task of its own.
+fn waiting_send(l: &Local, text: &str) -> tokio::task::JoinHandle<SendResult> {
+    let (gateway, lead, text) = (Arc::clone(&l.gateway), l.lead.clone(), text.to_string());
+    tokio::spawn(async move {
+        let ct = CancellationToken::new();
+        gateway
+            .send(&lead, "w1", text, Duration::from_secs(60), &ct)
+            .await
+            .unwrap()
+    })
+}
+
+/// The states `msg_id` went through, as its history in the store has them.
+async fn history_of(l: &Local, msg_id: fleet_core::MsgId) -> Vec<String> {
+    let changes = l.gateway.db.run(move |s| s.history(msg_id)).await.unwrap();
+    changes.into_iter().map(|c| c.state).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_is_handed_to_the_send_waiting_for_it_as_it_is_stored() {
+    let l = local().await;
+    let waiting = waiting_send(&l, "the task");
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["the task"]);
+    let replied = l
+        .gateway
+        .reply(&l.worker, "the answer".into(), None)
+        .await
+        .unwrap();
+    let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
+        panic!("the send did not return the answer");
+    };
+    assert_eq!(reply.msg_id, replied.msg_id);
+    // Stored taken as it was stored, in one write: it was never held for a pull.
+    assert_eq!(history_of(&l, replied.msg_id).await, ["consumed"]);
+    let lead = l.lead.entity.gid;
+    let left = l
+        .gateway
+        .db
+        .run(move |s| s.take_held(lead, None, 10))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "nothing is left for a poll: {left:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_handed_to_a_send_that_ended_before_taking_it_is_held_for_a_poll() {
+    let l = local().await;
+    let task = send(&l, "the task").await;
+    settle().await;
+    // A wait for the task's answer that ends (its call dropped) once the answer is handed to
+    // it, before it takes it.
+    let watch = l
+        .gateway
+        .inboxes
+        .watch_answer(l.lead.entity.gid, task, true);
+    let replied = l
+        .gateway
+        .reply(&l.worker, "the answer".into(), None)
+        .await
+        .unwrap();
+    assert_eq!(history_of(&l, replied.msg_id).await, ["consumed"], "handed");
+    drop(watch);
+    settle().await;
+    assert_eq!(history_of(&l, replied.msg_id).await, ["consumed", "held"]);
+    let lead = l.lead.entity.gid;
+    let held = l
+        .gateway
+        .db
+        .run(move |s| s.take_held(lead, None, 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        held.iter()
+            .map(|m| (m.body.as_str(), m.in_reply_to))
+            .collect::<Vec<_>>(),
+        [("the answer", Some(task))]
+    );
+}

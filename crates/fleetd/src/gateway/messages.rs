@@ -5,7 +5,7 @@
 //! A message to a lead is held for its pull; a message to a pane-bound entity is queued for
 //! its pump (or held at once when that entity is blocked in a call waiting for exactly it).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use fleet_core::bounds::Full;
 use fleet_core::clock::now_ms;
@@ -15,6 +15,7 @@ use fleet_core::{Entity, ErrorCode, FleetError, Gid, Kind, Message, MsgId, MsgSt
 use tracing::Instrument;
 
 use super::LocalPlane;
+use super::inboxes::{Abandoned, Claim};
 use super::views::Delivered;
 use crate::logs::{self, message_span};
 
@@ -261,30 +262,41 @@ impl LocalPlane {
     /// Holds `messages` (each for an entity whose placement is [`Placement::Hold`]) in one
     /// transaction, and wakes their recipients' calls. Duplicate ids are accepted once; one
     /// whose recipient is at `gateway.max_held_per_recipient` is not stored: for each, held,
-    /// or the cap that refused it.
+    /// or the cap that refused it. An answer a send of its recipient waits for is handed to
+    /// that send instead: stored taken, in the same transaction (see [`super::inboxes`]).
     pub(super) async fn hold(
         &self,
-        messages: Vec<Message>,
+        mut messages: Vec<Message>,
     ) -> Result<Vec<Result<(), Full>>, FleetError> {
+        let handing: Vec<Option<(Claim, Message)>> =
+            messages.iter_mut().map(|m| self.hand_over(m)).collect();
         let ids: Vec<(Gid, MsgId, TraceId, Kind, Option<MsgId>)> = messages
             .iter()
             .map(|m| (m.to, m.msg_id, m.trace_id, m.kind, m.in_reply_to))
             .collect();
         let outcomes = self.store_within_cap(messages).await?;
-        for ((to, msg_id, trace_id, kind, answers), outcome) in ids.into_iter().zip(&outcomes) {
+        for (((to, msg_id, trace_id, kind, answers), outcome), handing) in
+            ids.into_iter().zip(&outcomes).zip(handing)
+        {
             match outcome {
                 Ok(fresh) => {
-                    tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, placement = ?Placement::Hold, "accepted");
-                    if *fresh {
-                        self.metrics.accepted(kind, Placement::Hold);
-                        self.inboxes.bump(to);
-                        if let Some(answered) = answers {
-                            self.inboxes.answered(answered);
+                    let handed = *fresh && handing.is_some();
+                    tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, handed, placement = ?Placement::Hold, "accepted");
+                    if !*fresh {
+                        continue;
+                    }
+                    self.metrics.accepted(kind, Placement::Hold);
+                    match handing {
+                        Some((claim, answer)) => {
+                            // Back if the send it was for ended while it was stored.
+                            if let Some(answer) = claim.give(answer) {
+                                self.held_again(answer).await;
+                            }
                         }
-                        // A pane-bound recipient that pulls is nudged about it too.
-                        if let Some(session) = self.sessions.lock().panes.get(&to) {
-                            session.kick();
-                        }
+                        None => self.wake_for(to),
+                    }
+                    if let Some(answered) = answers {
+                        self.inboxes.answered(answered);
                     }
                 }
                 Err(full) => {
@@ -293,6 +305,45 @@ impl LocalPlane {
             }
         }
         Ok(outcomes.into_iter().map(|o| o.map(|_| ())).collect())
+    }
+
+    /// A hand for `message` if it answers a message whose sender, its recipient, waits for it
+    /// in a send: `message` is then to be stored taken, and a copy handed once it is.
+    fn hand_over(&self, message: &mut Message) -> Option<(Claim, Message)> {
+        let answers = match (message.kind, message.in_reply_to) {
+            (Kind::Reply | Kind::Failed, Some(answers)) => answers,
+            _ => return None,
+        };
+        let claim = self.inboxes.claim(message.to, answers)?;
+        message.state = MsgState::Consumed;
+        Some((claim, message.clone()))
+    }
+
+    /// Wakes the calls of `to` that wait on its inbox: something is held for it.
+    fn wake_for(&self, to: Gid) {
+        self.inboxes.bump(to);
+        // A pane-bound recipient that pulls is nudged about it too.
+        if let Some(session) = self.sessions.lock().panes.get(&to) {
+            session.kick();
+        }
+    }
+
+    /// `answer`, stored taken for a send that ended before it took it, held for its
+    /// recipient's pull as any other answer.
+    async fn held_again(&self, answer: Message) {
+        let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
+        match self.db.run(move |s| s.release(&[msg_id])).await {
+            Ok(()) => {
+                tracing::info!(%trace_id, %msg_id, %to, "held: the send it was handed to had ended");
+                self.wake_for(to);
+                if let Some(answered) = answer.in_reply_to {
+                    self.inboxes.answered(answered);
+                }
+            }
+            Err(e) => {
+                tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended could not be held for its recipient");
+            }
+        }
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
@@ -347,4 +398,19 @@ impl LocalPlane {
             }
         }
     }
+}
+
+/// Where the gateway's answer watches send an answer handed to a send that ended without taking
+/// it: held again for its recipient, on a task of the gateway's (a watch ends in a drop, which
+/// cannot wait for the store).
+pub(super) fn abandoned_answers(plane: Weak<LocalPlane>) -> Abandoned {
+    Arc::new(move |answer: Message| {
+        let (Some(plane), Ok(runtime)) = (plane.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            tracing::error!(msg_id = %answer.msg_id, "an answer handed to a send that ended is left taken: the gateway is gone");
+            return;
+        };
+        let tasks = plane.tasks.clone();
+        tasks.spawn_on(async move { plane.held_again(answer).await }, &runtime);
+    })
 }

@@ -213,11 +213,15 @@ impl LocalPlane {
             },
         );
         let sent_rows = commits::Grouped::new(Arc::clone(&parts.store), commits::SentRows);
-        Ok(Arc::new(Self {
+        let (launch_lane, cwd_lane) = (
+            Lane::new("launch", LAUNCH_THREADS)?,
+            Lane::new("cwd", CWD_THREADS)?,
+        );
+        Ok(Arc::new_cyclic(|plane: &std::sync::Weak<Self>| Self {
             commits,
             sent_rows,
-            launch_lane: Lane::new("launch", LAUNCH_THREADS)?,
-            cwd_lane: Lane::new("cwd", CWD_THREADS)?,
+            launch_lane,
+            cwd_lane,
             config,
             host_id,
             mcp_url,
@@ -225,7 +229,7 @@ impl LocalPlane {
             panes: parts.panes,
             launchers: Arc::new(parts.launchers),
             sessions: Shared::default(),
-            inboxes: Inboxes::default(),
+            inboxes: Inboxes::new(messages::abandoned_answers(plane.clone())),
             shutdown,
             tasks: TaskTracker::new(),
             afar,
