@@ -231,6 +231,11 @@ impl LocalPlane {
                 () = self.shutdown.cancelled() => break,
             }
         }
+        // Its answer may have been handed to it as the wait ended.
+        if let Some(handed) = answer.handed() {
+            crate::logs::step(msg_id, "lead_woken");
+            return self.answered_with(me, msg_id, ct, handed).await;
+        }
         self.still_pending(me, msg_id, wait, known_held, open.listens)
             .await
     }

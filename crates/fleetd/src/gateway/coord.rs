@@ -297,7 +297,7 @@ impl LocalPlane {
     /// Holds a coordination message for `lead` once it passed every check (acknowledged only
     /// then: at least once), or dead-letters it with a loud log line, or leaves it to the broker
     /// when the store fails.
-    async fn take_coordination(&self, lead: Gid, coord_id: &str, delivery: &Delivery) {
+    async fn take_coordination(self: &Arc<Self>, lead: Gid, coord_id: &str, delivery: &Delivery) {
         let handled = match self.hold_coordination(lead, coord_id, delivery).await {
             Ok(()) => Handled::Held,
             Err(NotHeld::NotStored(e)) => {
@@ -325,7 +325,7 @@ impl LocalPlane {
     /// The checks, then the store: the sender's coordination id first, then the message held
     /// for `lead` (a duplicate id is taken once).
     async fn hold_coordination(
-        &self,
+        self: &Arc<Self>,
         lead: Gid,
         coord_id: &str,
         delivery: &Delivery,

@@ -289,18 +289,21 @@ async fn an_answer_is_handed_to_the_send_waiting_for_it_as_it_is_stored() {
     let waiting = waiting_send(&l, "the task");
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["the task"]);
+    let lead = l.lead.entity.gid;
+    let inbox = l.gateway.inboxes.watch(lead);
     let replied = l
         .gateway
         .reply(&l.worker, "the answer".into(), None)
         .await
         .unwrap();
+    // What waits on the lead's inbox hears of it too (an architect kept until it answers).
+    assert!(inbox.has_changed().unwrap(), "the lead's inbox is woken");
     let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
         panic!("the send did not return the answer");
     };
     assert_eq!(reply.msg_id, replied.msg_id);
     // Stored taken as it was stored, in one write: it was never held for a pull.
     assert_eq!(history_of(&l, replied.msg_id).await, ["consumed"]);
-    let lead = l.lead.entity.gid;
     let left = l
         .gateway
         .db
@@ -343,4 +346,65 @@ async fn an_answer_handed_to_a_send_that_ended_before_taking_it_is_held_for_a_po
             .collect::<Vec<_>>(),
         [("the answer", Some(task))]
     );
+}
+
+/// The task w1 is working on.
+fn task_in_flight(l: &Local) -> fleet_core::Message {
+    let sessions = l.gateway.sessions.lock();
+    let session = sessions.panes.get(&l.worker.entity.gid).unwrap();
+    session.current().cloned().expect("a task in flight")
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_reaches_the_send_waiting_for_it_even_if_the_call_that_holds_it_goes_away() {
+    let l = local().await;
+    let waiting = waiting_send(&l, "the task");
+    settle().await;
+    let reply = fleet_core::Message::reply_to(&task_in_flight(&l), "the answer".into(), 1);
+    let msg_id = reply.msg_id;
+    // The call holding the answer (a request whose client went away) is dropped once it has
+    // begun: the answer is stored taken all the same, and handed.
+    let mut holding = Box::pin(l.gateway.hold(vec![reply]));
+    assert!(
+        tokio::time::timeout(Duration::ZERO, &mut holding)
+            .await
+            .is_err()
+    );
+    drop(holding);
+    let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
+        panic!("the send did not return the answer");
+    };
+    assert_eq!((reply.msg_id, reply.text.as_str()), (msg_id, "the answer"));
+    assert_eq!(history_of(&l, msg_id).await, ["consumed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_for_a_send_that_ended_while_it_was_stored_is_held_for_a_poll() {
+    let l = local().await;
+    let task = send(&l, "the task").await;
+    settle().await;
+    let watch = l
+        .gateway
+        .inboxes
+        .watch_answer(l.lead.entity.gid, task, true);
+    let reply = fleet_core::Message::reply_to(&task_in_flight(&l), "the answer".into(), 1);
+    let msg_id = reply.msg_id;
+    // The hand is claimed; the wait ends before the answer is stored.
+    let mut holding = Box::pin(l.gateway.hold(vec![reply]));
+    assert!(
+        tokio::time::timeout(Duration::ZERO, &mut holding)
+            .await
+            .is_err()
+    );
+    drop(watch);
+    assert!(holding.await.unwrap().iter().all(Result::is_ok));
+    assert_eq!(history_of(&l, msg_id).await, ["consumed", "held"]);
+    let lead = l.lead.entity.gid;
+    let held = l
+        .gateway
+        .db
+        .run(move |s| s.take_held(lead, None, 10))
+        .await
+        .unwrap();
+    assert_eq!(held.iter().map(|m| m.msg_id).collect::<Vec<_>>(), [msg_id]);
 }

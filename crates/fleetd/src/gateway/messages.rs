@@ -19,6 +19,10 @@ use super::inboxes::{Abandoned, Claim};
 use super::views::Delivered;
 use crate::logs::{self, message_span};
 
+/// How long an answer handed to a send that ended waits before it is tried again when the
+/// store refuses to hold it again.
+const HELD_AGAIN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What routing looks up in a gateway: this host's live entities by the sessions' name index,
 /// the remote roster's by its own. Each look takes one lock and lets it go.
 struct Known<'a>(&'a LocalPlane);
@@ -265,11 +269,32 @@ impl LocalPlane {
     /// or the cap that refused it. An answer a send of its recipient waits for is handed to
     /// that send instead: stored taken, in the same transaction (see [`super::inboxes`]).
     pub(super) async fn hold(
-        &self,
+        self: &Arc<Self>,
         mut messages: Vec<Message>,
     ) -> Result<Vec<Result<(), Full>>, FleetError> {
         let handing: Vec<Option<(Claim, Message)>> =
             messages.iter_mut().map(|m| self.hand_over(m)).collect();
+        if handing.iter().all(Option::is_none) {
+            return self.store_and_wake(messages, handing).await;
+        }
+        // Stored taken, an answer must reach its send or be held again, even if this call is
+        // dropped while it is stored (a request whose client went away): on a task of its own.
+        let plane = Arc::clone(self);
+        let stored = self
+            .tasks
+            .spawn(async move { plane.store_and_wake(messages, handing).await });
+        stored
+            .await
+            .unwrap_or_else(|e| Err(FleetError::internal(format!("holding failed: {e}"))))
+    }
+
+    /// [`LocalPlane::hold`]'s store, and what follows for each message stored: handed (each
+    /// with a hand in `handing`) or held, its recipient woken.
+    async fn store_and_wake(
+        &self,
+        messages: Vec<Message>,
+        handing: Vec<Option<(Claim, Message)>>,
+    ) -> Result<Vec<Result<(), Full>>, FleetError> {
         let ids: Vec<(Gid, MsgId, TraceId, Kind, Option<MsgId>)> = messages
             .iter()
             .map(|m| (m.to, m.msg_id, m.trace_id, m.kind, m.in_reply_to))
@@ -286,15 +311,12 @@ impl LocalPlane {
                         continue;
                     }
                     self.metrics.accepted(kind, Placement::Hold);
-                    match handing {
-                        Some((claim, answer)) => {
-                            // Back if the send it was for ended while it was stored.
-                            if let Some(answer) = claim.give(answer) {
-                                self.held_again(answer).await;
-                            }
-                        }
-                        None => self.wake_for(to),
+                    // Back if the send it was for ended while it was stored.
+                    if let Some(answer) = handing.and_then(|(claim, answer)| claim.give(answer)) {
+                        self.held_again(answer).await;
                     }
+                    // Handed or held, whatever waits on the recipient's inbox hears of it.
+                    self.wake_for(to);
                     if let Some(answered) = answers {
                         self.inboxes.answered(answered);
                     }
@@ -329,20 +351,21 @@ impl LocalPlane {
     }
 
     /// `answer`, stored taken for a send that ended before it took it, held for its
-    /// recipient's pull as any other answer.
+    /// recipient's pull as any other answer (tried again while the store refuses, until the
+    /// gateway stops).
     async fn held_again(&self, answer: Message) {
         let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
-        match self.db.run(move |s| s.release(&[msg_id])).await {
-            Ok(()) => {
-                tracing::info!(%trace_id, %msg_id, %to, "held: the send it was handed to had ended");
-                self.wake_for(to);
-                if let Some(answered) = answer.in_reply_to {
-                    self.inboxes.answered(answered);
-                }
+        while let Err(e) = self.db.run(move |s| s.release(&[msg_id])).await {
+            tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet");
+            tokio::select! {
+                () = tokio::time::sleep(HELD_AGAIN_RETRY) => {}
+                () = self.shutdown.cancelled() => return,
             }
-            Err(e) => {
-                tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended could not be held for its recipient");
-            }
+        }
+        tracing::info!(%trace_id, %msg_id, %to, "held: the send it was handed to had ended");
+        self.wake_for(to);
+        if let Some(answered) = answer.in_reply_to {
+            self.inboxes.answered(answered);
         }
     }
 
