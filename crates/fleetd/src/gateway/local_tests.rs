@@ -16,7 +16,7 @@ use fleet_mux::{AgentState, PaneId};
 use tokio_util::sync::CancellationToken;
 
 use super::afar::Afar;
-use super::testing::{gateway_on, worker_session};
+use super::testing::{plane_on, worker_session};
 use super::views::SendResult;
 use super::{Caller, LocalPlane};
 use crate::config::{Config, ProfileConfig};
@@ -47,13 +47,7 @@ pub(super) async fn local_on(
 ) -> Local {
     let dir = tempfile::tempdir().unwrap();
     let panes = Arc::new(FakePanes::new());
-    let (front, alice) = gateway_on(dir.path(), Config::embedded(), panes.clone(), None).await;
-    // The local plane alone: the front goes, so the plane is this test's to change.
-    let mut gateway = Arc::clone(&front.local);
-    drop(front);
-    if let Some(afar) = afar {
-        Arc::get_mut(&mut gateway).unwrap().afar = Some(afar);
-    }
+    let (gateway, alice) = plane_on(dir.path(), Config::embedded(), panes.clone(), afar).await;
     let mut profile = ProfileConfig::command("sim", vec!["sim".into()]);
     // Typed at once (no pause before Enter, no settling before the first task).
     profile.enter_pause_ms = Some(0);

@@ -280,9 +280,10 @@ impl LocalPlane {
         // Stored taken, an answer must reach its send or be held again, even if this call is
         // dropped while it is stored (a request whose client went away): on a task of its own.
         let plane = Arc::clone(self);
+        // In the caller's span: its log lines say whose call it was.
         let stored = self
             .tasks
-            .spawn(async move { plane.store_and_wake(messages, handing).await });
+            .spawn(async move { plane.store_and_wake(messages, handing).await }.in_current_span());
         stored
             .await
             .unwrap_or_else(|e| Err(FleetError::internal(format!("holding failed: {e}"))))

@@ -10,21 +10,17 @@ use fleet_mux::PaneHost;
 use fleet_store::{SqliteStore, Store};
 use tokio_util::sync::CancellationToken;
 
+use super::afar::Afar;
 use super::session::PaneSession;
-use super::{Federation, Gateway, Parts, Workdirs};
+use super::{Federation, Gateway, LocalPlane, Parts, Workdirs};
 use crate::config::{Config, ProfileConfig};
 use crate::launch::{HostFacts, Launchers};
 
-/// A gateway of host `hosta` with `config`, its store and state in `dir`, over `panes` and
-/// (when given) `federation`; and its lead `alice`, declared.
-pub(super) async fn gateway_on(
-    dir: &Path,
-    config: Config,
-    panes: Arc<dyn PaneHost>,
-    federation: Option<Arc<Federation>>,
-) -> (Arc<Gateway>, Entity) {
+/// What a gateway of host `hosta` runs on: its store and state in `dir`, `panes`, and (when
+/// given) `federation`.
+fn parts_on(dir: &Path, panes: Arc<dyn PaneHost>, federation: Option<Arc<Federation>>) -> Parts {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("fleet.db")).unwrap());
-    let parts = Parts {
+    Parts {
         store,
         panes,
         launchers: Launchers::new(dir, HostFacts::default()),
@@ -33,16 +29,11 @@ pub(super) async fn gateway_on(
         workdirs: Workdirs::new(dir, &[]).unwrap(),
         health: crate::health::Health::new(None),
         listener: Arc::default(),
-    };
-    let gateway = Gateway::new(
-        Arc::new(config),
-        "hosta".into(),
-        "http://127.0.0.1:1/mcp".into(),
-        parts,
-        CancellationToken::new(),
-    )
-    .unwrap();
-    let local = &gateway.local;
+    }
+}
+
+/// Declares the lead `alice` on `local`.
+async fn alice_on(local: &LocalPlane) -> Entity {
     let gid = local
         .db
         .run(|s| s.ensure_lead("alice", "hosta", &[]))
@@ -56,7 +47,48 @@ pub(super) async fn gateway_on(
         .unwrap()
         .entity;
     local.sessions.lock().add_lead(alice.clone());
+    alice
+}
+
+/// A gateway of host `hosta` with `config`, its store and state in `dir`, over `panes` and
+/// (when given) `federation`; and its lead `alice`, declared.
+pub(super) async fn gateway_on(
+    dir: &Path,
+    config: Config,
+    panes: Arc<dyn PaneHost>,
+    federation: Option<Arc<Federation>>,
+) -> (Arc<Gateway>, Entity) {
+    let gateway = Gateway::new(
+        Arc::new(config),
+        "hosta".into(),
+        "http://127.0.0.1:1/mcp".into(),
+        parts_on(dir, panes, federation),
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let alice = alice_on(&gateway.local).await;
     (gateway, alice)
+}
+
+/// [`gateway_on`]'s local plane alone, without a federation, the other hosts seen through
+/// `afar` (a fake of the seam) when given.
+pub(super) async fn plane_on(
+    dir: &Path,
+    config: Config,
+    panes: Arc<dyn PaneHost>,
+    afar: Option<Arc<dyn Afar>>,
+) -> (Arc<LocalPlane>, Entity) {
+    let local = LocalPlane::new(
+        Arc::new(config),
+        "hosta".into(),
+        "http://127.0.0.1:1/mcp".into(),
+        parts_on(dir, panes, None),
+        afar,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let alice = alice_on(&local).await;
+    (local, alice)
 }
 
 /// Lead `alice` of `hosta`, as a test names it without a store.
