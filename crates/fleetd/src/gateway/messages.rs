@@ -292,7 +292,7 @@ impl LocalPlane {
     /// [`LocalPlane::hold`]'s store, and what follows for each message stored: handed (each
     /// with a hand in `handing`) or held, its recipient woken.
     async fn store_and_wake(
-        &self,
+        self: &Arc<Self>,
         messages: Vec<Message>,
         handing: Vec<Option<(Claim, Message)>>,
     ) -> Result<Vec<Result<(), Full>>, FleetError> {
@@ -306,20 +306,24 @@ impl LocalPlane {
         {
             match outcome {
                 Ok(fresh) => {
-                    let handed = *fresh && handing.is_some();
+                    // A duplicate's claim goes unused; an answer comes back if the send it was
+                    // for ended while it was stored.
+                    let (handed, back) = match handing.filter(|_| *fresh) {
+                        Some((claim, answer)) => match claim.give(answer) {
+                            None => (true, None),
+                            back => (false, back),
+                        },
+                        None => (false, None),
+                    };
                     tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, handed, placement = ?Placement::Hold, "accepted");
                     if !*fresh {
                         continue;
                     }
                     self.metrics.accepted(kind, Placement::Hold);
-                    // Back if the send it was for ended while it was stored.
-                    if let Some(answer) = handing.and_then(|(claim, answer)| claim.give(answer)) {
-                        self.held_again(answer).await;
-                    }
-                    // Handed or held, whatever waits on the recipient's inbox hears of it.
-                    self.wake_for(to);
-                    if let Some(answered) = answers {
-                        self.inboxes.answered(answered);
+                    match back {
+                        Some(answer) => self.held_again(answer).await,
+                        // Handed or held, whatever waits on the recipient's inbox hears of it.
+                        None => self.woken_by(to, answers),
                     }
                 }
                 Err(full) => {
@@ -351,23 +355,56 @@ impl LocalPlane {
         }
     }
 
-    /// `answer`, stored taken for a send that ended before it took it, held for its
-    /// recipient's pull as any other answer (tried again while the store refuses, until the
-    /// gateway stops).
-    async fn held_again(&self, answer: Message) {
-        let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
-        while let Err(e) = self.db.run(move |s| s.release(&[msg_id])).await {
-            tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet");
-            tokio::select! {
-                () = tokio::time::sleep(HELD_AGAIN_RETRY) => {}
-                () = self.shutdown.cancelled() => return,
-            }
-        }
-        tracing::info!(%trace_id, %msg_id, %to, "held: the send it was handed to had ended");
+    /// Wakes the calls of `to` that wait on its inbox, and the sends waiting for an answer to
+    /// `answers`: something for them was held (or handed).
+    fn woken_by(&self, to: Gid, answers: Option<MsgId>) {
         self.wake_for(to);
-        if let Some(answered) = answer.in_reply_to {
+        if let Some(answered) = answers {
             self.inboxes.answered(answered);
         }
+    }
+
+    /// `answer`, stored taken for a send that ended before it took it, held for its
+    /// recipient's pull as any other answer: at once, or (the store refusing) on a task of its
+    /// own that tries again until it can, or the gateway stops.
+    async fn held_again(self: &Arc<Self>, answer: Message) {
+        let msg_id = answer.msg_id;
+        match self.db.run(move |s| s.release(&[msg_id])).await {
+            Ok(()) => self.held_again_now(&answer),
+            Err(e) => {
+                tracing::error!(trace_id = %answer.trace_id, %msg_id, to = %answer.to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet; trying again");
+                let plane = Arc::clone(self);
+                self.tasks
+                    .spawn(async move { plane.held_again_later(answer).await }.in_current_span());
+            }
+        }
+    }
+
+    /// [`LocalPlane::held_again`] once the store refused: tried again every
+    /// [`HELD_AGAIN_RETRY`] until the store takes it or the gateway stops.
+    async fn held_again_later(&self, answer: Message) {
+        let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(HELD_AGAIN_RETRY) => {}
+                () = self.shutdown.cancelled() => {
+                    tracing::error!(%trace_id, %msg_id, %to, "an answer handed to a send that ended is left taken: fleetd is stopping and the store would not hold it again");
+                    return;
+                }
+            }
+            match self.db.run(move |s| s.release(&[msg_id])).await {
+                Ok(()) => return self.held_again_now(&answer),
+                Err(e) => {
+                    tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet; trying again");
+                }
+            }
+        }
+    }
+
+    /// What follows an answer held again: its recipient's calls woken, as for any held.
+    fn held_again_now(&self, answer: &Message) {
+        tracing::info!(trace_id = %answer.trace_id, msg_id = %answer.msg_id, to = %answer.to, "held: the send it was handed to had ended");
+        self.woken_by(answer.to, answer.in_reply_to);
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
