@@ -234,8 +234,15 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
         panes = %panes.describe(),
         "fleetd ready"
     );
-    tell_manager(manager, &shutdown);
+    let told = tell_manager(manager, &shutdown);
     crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
+    // The stop has begun (whatever ended the listener): the manager hears so before the rest
+    // of it, the task that tells it run to its end (it may not have been polled yet, and would
+    // go with the runtime).
+    shutdown.cancel();
+    if let Err(e) = told.await {
+        tracing::warn!(error = %e, "cannot tell the service manager that fleetd is stopping");
+    }
     serving.unsay();
     stop_gateway(&gateway, &panes).await;
     drained.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -253,14 +260,17 @@ async fn stop_gateway(gateway: &Gateway, panes: &Host) {
 }
 
 /// Tells the service manager (if any) that fleetd is ready, and, as the stop begins (not once
-/// the drain is over), that it is stopping.
-fn tell_manager(manager: Option<NotifyTarget>, shutdown: &CancellationToken) {
+/// the drain is over), that it is stopping: the task that does so once `shutdown` is cancelled.
+fn tell_manager(
+    manager: Option<NotifyTarget>,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     notify(manager.as_ref(), &ready_message(std::process::id()));
     let stopping = shutdown.clone();
     tokio::spawn(async move {
         stopping.cancelled().await;
         notify(manager.as_ref(), STOPPING);
-    });
+    })
 }
 
 /// What the gateway of `host` (signing with `key`) runs on: its `store`, its `panes`, its

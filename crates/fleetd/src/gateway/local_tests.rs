@@ -6,6 +6,7 @@
 //! the `suite` integration tests.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -271,6 +272,38 @@ fn waiting_send(l: &Local, text: &str) -> tokio::task::JoinHandle<SendResult> {
     })
 }
 
+/// What is held for the lead's poll, taken.
+async fn taken_by_poll(l: &Local) -> Vec<fleet_core::Message> {
+    let lead = l.lead.entity.gid;
+    l.gateway
+        .db
+        .run(move |s| s.take_held(lead, None, 10))
+        .await
+        .unwrap()
+}
+
+/// A wait of the lead's for the answer to `task` that takes one handed to it, as a waiting
+/// send's does.
+fn hand_for(l: &Local, task: fleet_core::MsgId) -> super::inboxes::AnswerWatch {
+    l.gateway
+        .inboxes
+        .watch_answer(l.lead.entity.gid, task, true)
+}
+
+/// What a hold returns: for each message, held, or the cap that refused it.
+type HoldOutcome = Result<Vec<Result<(), fleet_core::bounds::Full>>, fleet_core::FleetError>;
+
+/// The hold of `reply`, begun (its hand claimed, its store under way) and left unfinished.
+async fn holding_begun(
+    l: &Local,
+    reply: fleet_core::Message,
+) -> Pin<Box<impl Future<Output = HoldOutcome> + '_>> {
+    let mut holding = Box::pin(l.gateway.hold(vec![reply]));
+    let unfinished = tokio::time::timeout(Duration::ZERO, &mut holding).await;
+    assert!(unfinished.is_err(), "the hold waits for its store");
+    holding
+}
+
 /// The states `msg_id` went through, as its history in the store has them.
 async fn history_of(l: &Local, msg_id: fleet_core::MsgId) -> Vec<String> {
     let changes = l.gateway.db.run(move |s| s.history(msg_id)).await.unwrap();
@@ -298,12 +331,7 @@ async fn an_answer_is_handed_to_the_send_waiting_for_it_as_it_is_stored() {
     assert_eq!(reply.msg_id, replied.msg_id);
     // Stored taken as it was stored, in one write: it was never held for a pull.
     assert_eq!(history_of(&l, replied.msg_id).await, ["consumed"]);
-    let left = l
-        .gateway
-        .db
-        .run(move |s| s.take_held(lead, None, 10))
-        .await
-        .unwrap();
+    let left = taken_by_poll(&l).await;
     assert!(left.is_empty(), "nothing is left for a poll: {left:?}");
 }
 
@@ -314,10 +342,7 @@ async fn an_answer_handed_to_a_send_that_ended_before_taking_it_is_held_for_a_po
     settle().await;
     // A wait for the task's answer that ends (its call dropped) once the answer is handed to
     // it, before it takes it.
-    let watch = l
-        .gateway
-        .inboxes
-        .watch_answer(l.lead.entity.gid, task, true);
+    let watch = hand_for(&l, task);
     let replied = l
         .gateway
         .reply(&l.worker, "the answer".into(), None)
@@ -327,13 +352,7 @@ async fn an_answer_handed_to_a_send_that_ended_before_taking_it_is_held_for_a_po
     drop(watch);
     settle().await;
     assert_eq!(history_of(&l, replied.msg_id).await, ["consumed", "held"]);
-    let lead = l.lead.entity.gid;
-    let held = l
-        .gateway
-        .db
-        .run(move |s| s.take_held(lead, None, 10))
-        .await
-        .unwrap();
+    let held = taken_by_poll(&l).await;
     assert_eq!(
         held.iter()
             .map(|m| (m.body.as_str(), m.in_reply_to))
@@ -358,13 +377,7 @@ async fn an_answer_reaches_the_send_waiting_for_it_even_if_the_call_that_holds_i
     let msg_id = reply.msg_id;
     // The call holding the answer (a request whose client went away) is dropped once it has
     // begun: the answer is stored taken all the same, and handed.
-    let mut holding = Box::pin(l.gateway.hold(vec![reply]));
-    assert!(
-        tokio::time::timeout(Duration::ZERO, &mut holding)
-            .await
-            .is_err()
-    );
-    drop(holding);
+    drop(holding_begun(&l, reply).await);
     let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
         panic!("the send did not return the answer");
     };
@@ -377,28 +390,14 @@ async fn an_answer_for_a_send_that_ended_while_it_was_stored_is_held_for_a_poll(
     let l = local().await;
     let task = send(&l, "the task").await;
     settle().await;
-    let watch = l
-        .gateway
-        .inboxes
-        .watch_answer(l.lead.entity.gid, task, true);
+    let watch = hand_for(&l, task);
     let reply = fleet_core::Message::reply_to(&task_in_flight(&l), "the answer".into(), 1);
     let msg_id = reply.msg_id;
     // The hand is claimed; the wait ends before the answer is stored.
-    let mut holding = Box::pin(l.gateway.hold(vec![reply]));
-    assert!(
-        tokio::time::timeout(Duration::ZERO, &mut holding)
-            .await
-            .is_err()
-    );
+    let holding = holding_begun(&l, reply).await;
     drop(watch);
     assert!(holding.await.unwrap().iter().all(Result::is_ok));
     assert_eq!(history_of(&l, msg_id).await, ["consumed", "held"]);
-    let lead = l.lead.entity.gid;
-    let held = l
-        .gateway
-        .db
-        .run(move |s| s.take_held(lead, None, 10))
-        .await
-        .unwrap();
+    let held = taken_by_poll(&l).await;
     assert_eq!(held.iter().map(|m| m.msg_id).collect::<Vec<_>>(), [msg_id]);
 }
