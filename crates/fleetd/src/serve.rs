@@ -236,13 +236,7 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     );
     let told = tell_manager(manager, &shutdown);
     crate::listener::serve(listener, router, limits, stats, shutdown.clone()).await;
-    // The stop has begun (whatever ended the listener): the manager hears so before the rest
-    // of it, the task that tells it run to its end (it may not have been polled yet, and would
-    // go with the runtime).
-    shutdown.cancel();
-    if let Err(e) = told.await {
-        tracing::warn!(error = %e, "cannot tell the service manager that fleetd is stopping");
-    }
+    stopping_told(&shutdown, told).await;
     serving.unsay();
     stop_gateway(&gateway, &panes).await;
     drained.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -271,6 +265,16 @@ fn tell_manager(
         stopping.cancelled().await;
         notify(manager.as_ref(), STOPPING);
     })
+}
+
+/// Once the listener has ended: the stop has begun (whatever ended it), and the service manager
+/// hears so before the rest of it, the task that tells it (`told`, from [`tell_manager`]) run to
+/// its end (it may not have been polled yet, and would go with the runtime).
+async fn stopping_told(shutdown: &CancellationToken, told: tokio::task::JoinHandle<()>) {
+    shutdown.cancel();
+    if let Err(e) = told.await {
+        tracing::warn!(error = %e, "cannot tell the service manager that fleetd is stopping");
+    }
 }
 
 /// What the gateway of `host` (signing with `key`) runs on: its `store`, its `panes`, its
