@@ -346,19 +346,14 @@ impl LocalPlane {
         Some((claim, message.clone()))
     }
 
-    /// Wakes the calls of `to` that wait on its inbox: something is held for it.
-    fn wake_for(&self, to: Gid) {
+    /// Wakes the calls of `to` that wait on its inbox (a pane-bound recipient that pulls is
+    /// nudged too), and the sends waiting for an answer to `answers`: something for them was
+    /// held (or handed).
+    fn woken_by(&self, to: Gid, answers: Option<MsgId>) {
         self.inboxes.bump(to);
-        // A pane-bound recipient that pulls is nudged about it too.
         if let Some(session) = self.sessions.lock().panes.get(&to) {
             session.kick();
         }
-    }
-
-    /// Wakes the calls of `to` that wait on its inbox, and the sends waiting for an answer to
-    /// `answers`: something for them was held (or handed).
-    fn woken_by(&self, to: Gid, answers: Option<MsgId>) {
-        self.wake_for(to);
         if let Some(answered) = answers {
             self.inboxes.answered(answered);
         }
@@ -366,45 +361,44 @@ impl LocalPlane {
 
     /// `answer`, stored taken for a send that ended before it took it, held for its
     /// recipient's pull as any other answer: at once, or (the store refusing) on a task of its
-    /// own that tries again until it can, or the gateway stops.
+    /// own that tries again every [`HELD_AGAIN_RETRY`] until it can, or the gateway stops.
     async fn held_again(self: &Arc<Self>, answer: Message) {
-        let msg_id = answer.msg_id;
-        match self.db.run(move |s| s.release(&[msg_id])).await {
-            Ok(()) => self.held_again_now(&answer),
-            Err(e) => {
-                tracing::error!(trace_id = %answer.trace_id, %msg_id, to = %answer.to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet; trying again");
-                let plane = Arc::clone(self);
-                self.tasks
-                    .spawn(async move { plane.held_again_later(answer).await }.in_current_span());
-            }
+        if self.hold_again(&answer).await {
+            return;
         }
-    }
-
-    /// [`LocalPlane::held_again`] once the store refused: tried again every
-    /// [`HELD_AGAIN_RETRY`] until the store takes it or the gateway stops.
-    async fn held_again_later(&self, answer: Message) {
-        let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(HELD_AGAIN_RETRY) => {}
-                () = self.shutdown.cancelled() => {
-                    tracing::error!(%trace_id, %msg_id, %to, "an answer handed to a send that ended is left taken: fleetd is stopping and the store would not hold it again");
+        let plane = Arc::clone(self);
+        let later = async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(HELD_AGAIN_RETRY) => {}
+                    () = plane.shutdown.cancelled() => {
+                        tracing::error!(trace_id = %answer.trace_id, msg_id = %answer.msg_id, to = %answer.to, "an answer handed to a send that ended is left taken: fleetd is stopping and the store would not hold it again");
+                        return;
+                    }
+                }
+                if plane.hold_again(&answer).await {
                     return;
                 }
             }
-            match self.db.run(move |s| s.release(&[msg_id])).await {
-                Ok(()) => return self.held_again_now(&answer),
-                Err(e) => {
-                    tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet; trying again");
-                }
-            }
-        }
+        };
+        self.tasks.spawn(later.in_current_span());
     }
 
-    /// What follows an answer held again: its recipient's calls woken, as for any held.
-    fn held_again_now(&self, answer: &Message) {
-        tracing::info!(trace_id = %answer.trace_id, msg_id = %answer.msg_id, to = %answer.to, "held: the send it was handed to had ended");
-        self.woken_by(answer.to, answer.in_reply_to);
+    /// One try of [`LocalPlane::held_again`]: whether the store took `answer` back as held
+    /// (its recipient's calls are then woken).
+    async fn hold_again(&self, answer: &Message) -> bool {
+        let (to, msg_id, trace_id) = (answer.to, answer.msg_id, answer.trace_id);
+        match self.db.run(move |s| s.release(&[msg_id])).await {
+            Ok(()) => {
+                tracing::info!(%trace_id, %msg_id, %to, "held: the send it was handed to had ended");
+                self.woken_by(to, answer.in_reply_to);
+                true
+            }
+            Err(e) => {
+                tracing::error!(%trace_id, %msg_id, %to, error = %e, "an answer handed to a send that ended cannot be held for its recipient yet; trying again");
+                false
+            }
+        }
     }
 
     /// Tells the sender of `original` that it was not delivered, as a held `FAILED` notice
