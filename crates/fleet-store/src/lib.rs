@@ -53,6 +53,25 @@ pub enum StoreError {
 /// A result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// What became of a message offered to [`Store::insert_messages_within`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// New: stored as it came.
+    New,
+    /// New, offered `injecting`, but stored `queued`: something was queued for its recipient
+    /// before it.
+    Queued,
+    /// Seen before: nothing of it was stored again.
+    Seen,
+}
+
+impl Inserted {
+    /// Whether it was new.
+    pub fn fresh(self) -> bool {
+        self != Inserted::Seen
+    }
+}
+
 /// An entity with its session state, as kept in the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntityRecord {
@@ -226,15 +245,19 @@ pub trait Store: Send + Sync + 'static {
     /// Accepts messages in one transaction as [`Store::insert_messages`] does, except that a
     /// new message that is to wait for its recipient (`held` or `queued`) goes in only if
     /// `admit` allows it, asked with how many messages already wait for that recipient (those
-    /// accepted earlier in the same call included). For each: whether it was new, or the cap
+    /// accepted earlier in the same call included). For each: what became of it, or the cap
     /// that refused it (nothing of it is then stored). A message seen before is a duplicate,
     /// never refused, so a redelivery is settled as before. The count and the insert are one
     /// transaction: concurrent callers never take a recipient past the cap together.
+    ///
+    /// A new task offered `injecting` (taken by its worker as it is accepted, never queued)
+    /// goes in so only if nothing is queued for its recipient: otherwise it is queued behind
+    /// what is, within the cap as any queued message ([`Inserted::Queued`]), never ahead of it.
     fn insert_messages_within(
         &self,
         messages: &[Message],
         admit: &dyn Fn(&Message, usize) -> Result<(), Full>,
-    ) -> StoreResult<Vec<Result<bool, Full>>>;
+    ) -> StoreResult<Vec<Result<Inserted, Full>>>;
 
     /// Moves a message to `next`, refusing transitions the message rules forbid.
     fn transition(&self, msg_id: MsgId, next: &MsgState) -> StoreResult<()>;

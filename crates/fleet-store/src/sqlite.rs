@@ -17,8 +17,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use crate::schema::migrate;
 use crate::tokens::{self, TokenCache};
 use crate::{
-    Answer, AwaitedReceipt, Change, Ended, EntityRecord, MessageFilter, SentBetween, SentRecord,
-    Store, StoreError, StoreResult, Subject,
+    Answer, AwaitedReceipt, Change, Ended, EntityRecord, Inserted, MessageFilter, SentBetween,
+    SentRecord, Store, StoreError, StoreResult, Subject,
 };
 
 /// Compiled statements kept per connection: more than the store has.
@@ -616,7 +616,7 @@ impl Store for SqliteStore {
         &self,
         messages: &[Message],
         admit: &dyn Fn(&Message, usize) -> Result<(), Full>,
-    ) -> StoreResult<Vec<Result<bool, Full>>> {
+    ) -> StoreResult<Vec<Result<Inserted, Full>>> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut outcomes = Vec::with_capacity(messages.len());
@@ -624,11 +624,26 @@ impl Store for SqliteStore {
             let mut seen = tx.prepare_cached("SELECT 1 FROM messages WHERE msg_id = ?1")?;
             // Kept by the schema's triggers: one lookup, whatever the backlog.
             let mut waiting = tx.prepare_cached("SELECT count FROM waiting WHERE to_gid = ?1")?;
+            let mut queued = tx.prepare_cached(
+                "SELECT 1 FROM messages INDEXED BY messages_inbox
+                 WHERE to_gid = ?1 AND state = 'queued'",
+            )?;
             for m in messages {
                 if seen.exists([m.msg_id.to_string()])? {
-                    outcomes.push(Ok(false));
+                    outcomes.push(Ok(Inserted::Seen));
                     continue;
                 }
+                let behind = m.state == MsgState::Injecting && queued.exists([m.to.to_string()])?;
+                let lined_up;
+                let m = if behind {
+                    lined_up = Message {
+                        state: MsgState::Queued,
+                        ..m.clone()
+                    };
+                    &lined_up
+                } else {
+                    m
+                };
                 if matches!(m.state, MsgState::Held | MsgState::Queued) {
                     let count: i64 = waiting
                         .query_row([m.to.to_string()], |row| row.get(0))
@@ -639,7 +654,11 @@ impl Store for SqliteStore {
                         continue;
                     }
                 }
-                outcomes.push(Ok(insert_row(&tx, m)?));
+                outcomes.push(Ok(match insert_row(&tx, m)? {
+                    false => Inserted::Seen,
+                    true if behind => Inserted::Queued,
+                    true => Inserted::New,
+                }));
             }
         }
         tx.commit()?;

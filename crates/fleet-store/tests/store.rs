@@ -7,7 +7,8 @@ use fleet_core::bounds::{Full, HELD_KEY, admit_waiting};
 use fleet_core::clock::now_ms;
 use fleet_core::{Entity, Gid, Kind, Message, MsgId, MsgState, Role, TraceId, WorkerStatus};
 use fleet_store::{
-    Answer, AwaitedReceipt, EntityRecord, MessageFilter, SentRecord, SqliteStore, Store, StoreError,
+    Answer, AwaitedReceipt, EntityRecord, Inserted, MessageFilter, SentRecord, SqliteStore, Store,
+    StoreError,
 };
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
@@ -182,7 +183,7 @@ fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() 
     ] {
         assert_eq!(
             store.insert_messages_within(&[m], &admit).unwrap(),
-            [Ok(true)]
+            [Ok(Inserted::New)]
         );
     }
     // One more is refused, naming the count and the cap, and nothing of it is stored.
@@ -203,7 +204,7 @@ fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() 
     // wait (a failed one) is not counted; another recipient has a cap of its own.
     assert_eq!(
         store.insert_messages_within(&[first], &admit).unwrap(),
-        [Ok(false)]
+        [Ok(Inserted::Seen)]
     );
     let failed = message(lead, w, MsgState::Failed("gone".into()), "x");
     let failed_to_lead = Message {
@@ -214,13 +215,13 @@ fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() 
         store
             .insert_messages_within(&[failed_to_lead], &admit)
             .unwrap(),
-        [Ok(true)]
+        [Ok(Inserted::New)]
     );
     assert_eq!(
         store
             .insert_messages_within(&[message(lead, w, MsgState::Queued, "t")], &admit)
             .unwrap(),
-        [Ok(true)]
+        [Ok(Inserted::New)]
     );
     // A notice has its reserve.
     let notice = Message {
@@ -229,7 +230,7 @@ fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() 
     };
     assert_eq!(
         store.insert_messages_within(&[notice], &admit).unwrap(),
-        [Ok(true)]
+        [Ok(Inserted::New)]
     );
     // Four wait now (the notice among them); taking two frees one place, and in one call
     // those accepted earlier count.
@@ -239,9 +240,65 @@ fn messages_waiting_for_one_recipient_stop_at_the_cap_and_what_is_there_stays() 
         message(w, lead, MsgState::Held, "six"),
     ];
     let outcomes = store.insert_messages_within(&batch, &admit).unwrap();
-    assert_eq!(outcomes[0], Ok(true));
+    assert_eq!(outcomes[0], Ok(Inserted::New));
     assert!(outcomes[1].is_err(), "{outcomes:?}");
     assert_eq!(store.held_count(lead).unwrap(), 2);
+}
+
+#[test]
+fn a_task_taken_as_it_is_accepted_never_goes_ahead_of_one_queued_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let cap = 2;
+    let admit = |m: &Message, waiting: usize| admit_waiting(m.kind, waiting, cap);
+    // Nothing queued: it goes in taken, and counts for no cap.
+    let first = message(lead, w, MsgState::Injecting, "first");
+    assert_eq!(
+        store
+            .insert_messages_within(std::slice::from_ref(&first), &admit)
+            .unwrap(),
+        [Ok(Inserted::New)]
+    );
+    assert_eq!(
+        store.message(first.msg_id).unwrap().unwrap().state,
+        MsgState::Injecting
+    );
+    assert!(store.dequeue(w, &MsgState::Injecting).unwrap().is_none());
+    // Offered again, it is a duplicate, whatever state it is offered in.
+    assert_eq!(
+        store
+            .insert_messages_within(std::slice::from_ref(&first), &admit)
+            .unwrap(),
+        [Ok(Inserted::Seen)]
+    );
+    // Something queued: offered taken, it is queued behind it instead, within the cap.
+    let queued = message(lead, w, MsgState::Queued, "queued");
+    let second = message(lead, w, MsgState::Injecting, "second");
+    let third = message(lead, w, MsgState::Injecting, "third");
+    let outcomes = store
+        .insert_messages_within(&[queued.clone(), second.clone(), third.clone()], &admit)
+        .unwrap();
+    assert_eq!(outcomes[..2], [Ok(Inserted::New), Ok(Inserted::Queued)]);
+    assert!(outcomes[2].is_err(), "past the cap: {outcomes:?}");
+    assert!(store.message(third.msg_id).unwrap().is_none());
+    assert_eq!(
+        store.message(second.msg_id).unwrap().unwrap().state,
+        MsgState::Queued
+    );
+    let order: Vec<String> = std::iter::from_fn(|| store.dequeue(w, &MsgState::Injecting).unwrap())
+        .map(|m| m.body)
+        .collect();
+    assert_eq!(order, ["queued", "second"]);
+    // Another recipient's queue is not its own.
+    let elsewhere = message(lead, Gid::mint(), MsgState::Injecting, "elsewhere");
+    store
+        .insert_message(&message(lead, w, MsgState::Queued, "w's"))
+        .unwrap();
+    assert_eq!(
+        store.insert_messages_within(&[elsewhere], &admit).unwrap(),
+        [Ok(Inserted::New)]
+    );
 }
 
 #[test]
@@ -426,7 +483,7 @@ fn a_failure_notice_about_a_task_already_answered_is_taken_as_a_copy() {
         .unwrap();
     assert_eq!(
         within,
-        vec![Ok(false), Ok(true)],
+        vec![Ok(Inserted::Seen), Ok(Inserted::New)],
         "a task not answered is failed"
     );
     let held: Vec<Option<MsgId>> = store

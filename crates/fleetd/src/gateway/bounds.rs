@@ -4,6 +4,7 @@
 
 use fleet_core::bounds::Full;
 use fleet_core::{ErrorCode, FleetError, Gid, Message};
+use fleet_store::Inserted;
 
 use super::LocalPlane;
 
@@ -15,7 +16,11 @@ impl LocalPlane {
         &self,
         messages: Vec<Message>,
     ) -> Result<Vec<Result<bool, Full>>, FleetError> {
-        self.commits.store(messages).await
+        let outcomes = self.commits.store(messages).await?;
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.map(Inserted::fresh))
+            .collect())
     }
 
     /// Stores one message within the cap: whether it was new, or `too_many` naming the cap.

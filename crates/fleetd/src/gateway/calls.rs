@@ -450,7 +450,7 @@ impl LocalPlane {
         // Handed over: for a brief from another host, as good as typed in — its sender's
         // gateway hears so, or it would fail the brief at the receipt bound.
         let handed = task.clone();
-        if self.start_task(gid, task).await
+        if self.start_task(gid, task, false).await
             && let Some(afar) = self.afar_of(&handed)
         {
             afar.injected(self, &handed).await;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fleet_core::bounds::{Full, admit_waiting};
 use fleet_core::{FleetError, Message};
-use fleet_store::{SentRecord, Store, StoreResult};
+use fleet_store::{Inserted, SentRecord, Store, StoreResult};
 use tokio::sync::oneshot;
 
 use super::store_error;
@@ -28,14 +28,14 @@ pub(super) trait Rows: Send + Sync + 'static {
 }
 
 /// Messages, each one that is to wait for its recipient only within the cap
-/// (`gateway.max_held_per_recipient`): for each, whether it was new, or the cap that refused it.
+/// (`gateway.max_held_per_recipient`): for each, what became of it, or the cap that refused it.
 pub(super) struct Held {
     pub(super) cap: usize,
 }
 
 impl Rows for Held {
     type Row = Message;
-    type Outcome = Result<bool, Full>;
+    type Outcome = Result<Inserted, Full>;
     fn write(&self, store: &dyn Store, rows: &[Message]) -> StoreResult<Vec<Self::Outcome>> {
         let cap = self.cap;
         store.insert_messages_within(rows, &|m, waiting| admit_waiting(m.kind, waiting, cap))
@@ -241,15 +241,15 @@ mod tests {
             match i % 4 {
                 0 => {
                     assert_eq!(outcomes.len(), 2, "call {i}");
-                    assert_eq!(outcomes[0], Ok(true), "call {i}");
-                    fresh_again += usize::from(outcomes[1] == Ok(true));
+                    assert_eq!(outcomes[0], Ok(Inserted::New), "call {i}");
+                    fresh_again += usize::from(outcomes[1] == Ok(Inserted::New));
                 }
                 1 => {
                     assert_eq!(outcomes.len(), 4, "call {i}");
                     for outcome in outcomes {
                         match outcome {
-                            Ok(fresh) => {
-                                assert!(fresh, "call {i}");
+                            Ok(inserted) => {
+                                assert_eq!(inserted, Inserted::New, "call {i}");
                                 capped_in += 1;
                             }
                             Err(full) => {
@@ -259,7 +259,7 @@ mod tests {
                         }
                     }
                 }
-                _ => assert_eq!(outcomes, vec![Ok(true)], "call {i}"),
+                _ => assert_eq!(outcomes, vec![Ok(Inserted::New)], "call {i}"),
             }
         }
         assert_eq!(fresh_again, 1, "the message sent in ten calls is new once");

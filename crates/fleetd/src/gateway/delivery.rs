@@ -130,6 +130,19 @@ impl LocalPlane {
         let mut last_reported = None;
         loop {
             kick.borrow_and_update();
+            // A task taken as it was accepted (`straight.rs`) is typed in before anything else:
+            // its status is told the pane host once it is, as the pump's own task's is.
+            let handed = self
+                .sessions
+                .lock()
+                .panes
+                .get_mut(&gid)
+                .and_then(|s| s.take_to_type());
+            if let Some(task) = handed {
+                let span = message_span(&task);
+                self.type_task(gid, task).instrument(span).await;
+                continue;
+            }
             self.report_status(gid, &mut last_reported).await;
             let nap = match self.pump_step(gid).await {
                 Step::Again => continue,
@@ -190,7 +203,7 @@ impl LocalPlane {
                 return Step::Later(STORE_RETRY);
             }
         };
-        if self.start_task(gid, task.clone()).await {
+        if self.start_task(gid, task.clone(), false).await {
             let span = message_span(&task);
             self.type_task(gid, task).instrument(span).await;
         }
@@ -333,14 +346,23 @@ impl LocalPlane {
         }
     }
 
-    /// Makes `task` the session's task in flight (idle → busy), releasing the claim. If the
-    /// session can no longer take it, fails the task and tells its sender; returns whether it
-    /// was taken.
-    pub(super) async fn start_task(self: &Arc<Self>, gid: Gid, task: Message) -> bool {
+    /// Makes `task` the session's task in flight (idle → busy), releasing the claim, and with
+    /// `for_pump` left for its pump to type in. If the session can no longer take it, fails
+    /// the task and tells its sender; returns whether it was taken.
+    pub(super) async fn start_task(
+        self: &Arc<Self>,
+        gid: Gid,
+        task: Message,
+        for_pump: bool,
+    ) -> bool {
         let refused = {
             let mut sessions = self.sessions.lock();
+            let started = |session: &mut super::session::PaneSession| match for_pump {
+                true => session.start_task_for_pump(task.clone()),
+                false => session.start_task(task.clone()),
+            };
             match sessions.panes.get_mut(&gid) {
-                Some(session) => session.start_task(task.clone()).err().map(|e| e.message),
+                Some(session) => started(session).err().map(|e| e.message),
                 None => Some("the recipient is gone".to_string()),
             }
         };

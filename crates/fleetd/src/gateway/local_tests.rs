@@ -401,3 +401,52 @@ async fn an_answer_for_a_send_that_ended_while_it_was_stored_is_held_for_a_poll(
     let held = taken_by_poll(&l).await;
     assert_eq!(held.iter().map(|m| m.msg_id).collect::<Vec<_>>(), [msg_id]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_for_an_idle_worker_goes_straight_in_and_the_next_waits_its_turn_in_the_queue() {
+    let l = local().await;
+    let first = send(&l, "first task").await;
+    // Taken as it was accepted: the worker is busy with it before the send returns, and it was
+    // never queued.
+    assert_eq!(task_in_flight(&l).msg_id, first);
+    assert_eq!(history_of(&l, first).await, ["injecting"]);
+    let second = send(&l, "second task").await;
+    assert_eq!(history_of(&l, second).await, ["queued"]);
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
+    assert_eq!(history_of(&l, first).await, ["injecting", "injected"]);
+    l.gateway
+        .reply(&l.worker, "first done".into(), None)
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
+    assert_eq!(
+        history_of(&l, second).await,
+        ["queued", "injecting", "injected"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_for_a_worker_just_freed_never_goes_in_ahead_of_one_queued_before_it() {
+    let l = local().await;
+    l.panes
+        .set_agent(&l.pane, Some(("claude".into(), AgentState::Working)));
+    l.gateway.check_panes(&mut Default::default()).await;
+    let first = send(&l, "first task").await;
+    assert_eq!(history_of(&l, first).await, ["queued"]);
+    // Free again; the next task comes before the pump has looked at the queue.
+    l.panes
+        .set_agent(&l.pane, Some(("claude".into(), AgentState::Idle)));
+    l.gateway.check_panes(&mut Default::default()).await;
+    let second = send(&l, "second task").await;
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
+    assert_eq!(history_of(&l, second).await, ["queued"]);
+    l.gateway
+        .reply(&l.worker, "first done".into(), None)
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
+}

@@ -166,7 +166,7 @@ impl LocalPlane {
     /// [`LocalPlane::deliver`], in the message's span.
     async fn accept(self: &Arc<Self>, mut message: Message) -> Result<Placement, FleetError> {
         let placement = self.placement(&message);
-        message.state = match placement {
+        match placement {
             Placement::Hold => {
                 message.state = MsgState::Held;
                 let to = message.to;
@@ -175,8 +175,7 @@ impl LocalPlane {
                 }
                 return Ok(placement);
             }
-            Placement::Queue => MsgState::Queued,
-            Placement::Dead => MsgState::Failed("the recipient is gone".into()),
+            Placement::Queue => return self.queue_task(message).await,
             // Its own gateway keeps it: nothing of it is stored here (but what this one carries
             // through an outage, until the broker takes it).
             Placement::Remote => {
@@ -185,16 +184,15 @@ impl LocalPlane {
                     None => Ok(Placement::Dead),
                 };
             }
-        };
-        let kept = message.clone();
-        let fresh = self.store_one_within_cap(message).await?;
-        let (to, msg_id, trace_id, kind) = (kept.to, kept.msg_id, kept.trace_id, kept.kind);
-        tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
-        if fresh && placement == Placement::Dead {
-            self.metrics.accepted(kind, placement);
+            Placement::Dead => {}
         }
-        if fresh && placement == Placement::Queue {
-            return Ok(self.queued(&kept).await);
+        message.state = MsgState::Failed("the recipient is gone".into());
+        let (to, msg_id, trace_id, kind) =
+            (message.to, message.msg_id, message.trace_id, message.kind);
+        let fresh = self.store_one_within_cap(message).await?;
+        tracing::info!(%trace_id, %msg_id, %kind, %to, fresh, ?placement, "accepted");
+        if fresh {
+            self.metrics.accepted(kind, placement);
         }
         Ok(placement)
     }
@@ -232,7 +230,7 @@ impl LocalPlane {
 
     /// What follows a message newly queued for its worker (`kept`): the worker's pump is
     /// kicked; where it went (dead if the session ended meanwhile).
-    async fn queued(self: &Arc<Self>, kept: &Message) -> Placement {
+    pub(super) async fn queued(self: &Arc<Self>, kept: &Message) -> Placement {
         let (to, kind) = (kept.to, kept.kind);
         {
             let (live, pulled) = match self.sessions.lock().panes.get_mut(&to) {

@@ -57,6 +57,7 @@ mod spawn;
 mod stall;
 mod start_dialogs;
 mod starting;
+mod straight;
 #[cfg(test)]
 mod testing;
 mod typing;

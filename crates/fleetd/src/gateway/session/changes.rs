@@ -198,12 +198,31 @@ impl PaneSession {
         self.claim_missed = false;
         self.apply(SessionEvent::TaskStarted)?;
         self.current = Some(task);
+        self.to_type = false;
         Ok(())
+    }
+
+    /// Makes `task` its task in flight as [`PaneSession::start_task`] does, left for its pump
+    /// to type in ([`PaneSession::take_to_type`]): a task taken as it was accepted.
+    pub fn start_task_for_pump(&mut self, task: Message) -> Result<(), FleetError> {
+        self.start_task(task)?;
+        self.to_type = true;
+        Ok(())
+    }
+
+    /// Its task in flight, once, if it was left for its pump to type in and is still in flight.
+    pub fn take_to_type(&mut self) -> Option<Message> {
+        if std::mem::take(&mut self.to_type) {
+            self.current.clone()
+        } else {
+            None
+        }
     }
 
     /// Takes its task in flight out of flight if that is `answered`.
     pub fn take_current(&mut self, answered: MsgId) -> Option<Message> {
         if self.current.as_ref().is_some_and(|m| m.msg_id == answered) {
+            self.to_type = false;
             self.current.take()
         } else {
             None
@@ -238,6 +257,7 @@ impl PaneSession {
             let _ = self.apply(SessionEvent::Stop);
         }
         let _ = self.apply(SessionEvent::Exited);
+        self.to_type = false;
         self.current.take()
     }
 

@@ -100,6 +100,8 @@ pub(super) struct PaneSession {
     claiming: bool,
     /// Someone tried to claim while the claim was held; the holder wakes them on letting go.
     claim_missed: bool,
+    /// Its task in flight was taken as it was accepted and waits for its pump to type it in.
+    to_type: bool,
     /// Briefs from another host queued for it whose acknowledgement is not yet seen.
     arriving: usize,
     /// Ticks on every authenticated call; the injector's proof of a submit.
@@ -163,6 +165,7 @@ impl PaneSession {
             open_calls: 0,
             claiming: false,
             claim_missed: false,
+            to_type: false,
             activity: watch::channel(0).0,
             kick: watch::channel(0).0,
             last_seen_ms: None,
