@@ -210,9 +210,10 @@ impl PaneSession {
         Ok(())
     }
 
-    /// Its task in flight, once, if it was left for its pump to type in and is still in flight.
+    /// Its task in flight, once, if it was left for its pump to type in and is still in flight
+    /// (a session stopping meanwhile gets nothing typed in: its end fails the task).
     pub fn take_to_type(&mut self) -> Option<Message> {
-        if std::mem::take(&mut self.to_type) {
+        if std::mem::take(&mut self.to_type) && self.status.is_live() {
             self.current.clone()
         } else {
             None

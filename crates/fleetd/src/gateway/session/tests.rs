@@ -113,6 +113,45 @@ fn a_task_started_is_in_flight_until_its_turn_ends_and_only_its_own_answer_takes
 }
 
 #[test]
+fn a_task_left_for_the_pump_is_typed_once_and_only_while_it_is_in_flight_on_a_live_session() {
+    let mut s = idle();
+    let t = task("taken as accepted");
+    assert!(s.claim(true));
+    let mut kicks = s.kicks();
+    kicks.borrow_and_update();
+    s.start_task_for_pump(t.clone()).unwrap();
+    assert!(kicks.has_changed().unwrap(), "its pump is woken to type it");
+    assert!(!s.claiming());
+    assert_eq!(s.status(), WorkerStatus::Busy);
+    assert_eq!(s.take_to_type().map(|m| m.msg_id), Some(t.msg_id));
+    assert!(s.take_to_type().is_none(), "typed once");
+    // A task started the pump's own way is not left for it.
+    s.end_turn_of(t.msg_id).unwrap();
+    s.start_task(task("the pump's own")).unwrap();
+    assert!(s.take_to_type().is_none());
+    // Out of flight before the pump came (its turn ended, its program exited), or on a session
+    // stopping: nothing to type.
+    let mut s = idle();
+    let t = task("ended first");
+    s.start_task_for_pump(t.clone()).unwrap();
+    s.end_turn_of(t.msg_id).unwrap();
+    assert!(s.take_to_type().is_none());
+    let mut s = idle();
+    s.start_task_for_pump(task("exited first")).unwrap();
+    assert!(s.exited().is_some());
+    assert!(s.take_to_type().is_none());
+    let mut s = idle();
+    s.start_task_for_pump(task("stopping first")).unwrap();
+    s.apply(SessionEvent::Stop).unwrap();
+    assert!(s.take_to_type().is_none());
+    // One that cannot take a task takes none.
+    let mut busy = idle();
+    busy.start_task(task("busy")).unwrap();
+    assert!(busy.start_task_for_pump(task("another")).is_err());
+    assert!(busy.take_to_type().is_none());
+}
+
+#[test]
 fn a_turn_ends_for_its_own_task_only() {
     let mut s = idle();
     let t = task("typed");
