@@ -117,7 +117,13 @@ impl LocalPlane {
     /// Starts the pump of `gid`.
     pub(super) fn start_pump(self: &Arc<Self>, gid: Gid) {
         let gateway = Arc::clone(self);
-        let name = self.sessions.lock().pane_name(gid);
+        let name = {
+            let mut sessions = self.sessions.lock();
+            if let Some(session) = sessions.panes.get_mut(&gid) {
+                session.pump_started();
+            }
+            sessions.pane_name(gid)
+        };
         let span = crate::logs::session_task_span(gid, &name);
         self.tasks
             .spawn(async move { gateway.pump(gid).await }.instrument(span));
@@ -132,13 +138,7 @@ impl LocalPlane {
             kick.borrow_and_update();
             // A task taken as it was accepted (`straight.rs`) is typed in before anything else:
             // its status is told the pane host once it is, as the pump's own task's is.
-            let handed = self
-                .sessions
-                .lock()
-                .panes
-                .get_mut(&gid)
-                .and_then(|s| s.take_to_type());
-            if let Some(task) = handed {
+            if let Some(task) = self.left_to_type(gid) {
                 let span = message_span(&task);
                 self.type_task(gid, task).instrument(span).await;
                 continue;

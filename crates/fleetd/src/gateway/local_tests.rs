@@ -450,3 +450,66 @@ async fn a_task_for_a_worker_just_freed_never_goes_in_ahead_of_one_queued_before
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_taken_as_it_was_accepted_goes_in_even_if_the_call_that_sent_it_goes_away() {
+    let l = local().await;
+    let ct = CancellationToken::new();
+    let mut sending = Box::pin(l.gateway.send(
+        &l.lead,
+        "w1",
+        "sent by a client that left".into(),
+        Duration::ZERO,
+        &ct,
+    ));
+    let unfinished = tokio::time::timeout(Duration::ZERO, &mut sending).await;
+    assert!(unfinished.is_err(), "the send waits for its store");
+    let claimed = {
+        let sessions = l.gateway.sessions.lock();
+        let session = sessions.panes.get(&l.worker.entity.gid).unwrap();
+        session.claiming() || session.status() == WorkerStatus::Busy
+    };
+    assert!(claimed, "w1's queue was claimed for the task");
+    drop(sending);
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["sent by a client that left"]);
+    // The claim was let go: the next task goes in after the first is answered.
+    l.gateway
+        .reply(&l.worker, "done".into(), None)
+        .await
+        .unwrap();
+    send(&l, "the next").await;
+    settle().await;
+    assert_eq!(
+        l.panes.submitted(&l.pane),
+        ["sent by a client that left", "the next"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_cannot_answer_a_task_not_yet_typed_in_to_it() {
+    let l = local().await;
+    let task = fleet_core::Message::task(
+        l.lead.entity.gid,
+        l.worker.entity.gid,
+        "not typed yet".into(),
+        fleet_core::TraceId::mint(),
+        1,
+    );
+    // Left for the pump, which has not run yet: a stray reply answers nothing.
+    {
+        let mut sessions = l.gateway.sessions.lock();
+        let session = sessions.panes.get_mut(&l.worker.entity.gid).unwrap();
+        session.start_task_for_pump(task.clone()).unwrap();
+    }
+    let refused = l
+        .gateway
+        .reply(&l.worker, "stray".into(), None)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message.contains("has not been typed in to you yet"),
+        "{refused:?}"
+    );
+    assert_eq!(task_in_flight(&l).msg_id, task.msg_id);
+}

@@ -23,28 +23,7 @@ impl LocalPlane {
         check_tool(&caller.entity, Tool::Reply)?;
         check_size(&text, self.config.gateway.max_message_bytes)?;
         let me = caller.entity.gid;
-        let answered = match in_reply_to {
-            Some(id) => self
-                .db
-                .run(move |s| s.message(id))
-                .await?
-                .filter(|m| m.to == me)
-                .ok_or_else(|| {
-                    FleetError::invalid(format!(
-                        "in_reply_to {id} is not a message sent to you; fleet_poll shows what you received"
-                    ))
-                })?,
-            None => self.sessions
-                .lock()
-                .panes
-                .get(&me)
-                .and_then(|s| s.current().cloned())
-                .ok_or_else(|| {
-                    FleetError::invalid(
-                        "you have no task in flight to answer: pass in_reply_to (the msg_id you answer)",
-                    )
-                })?,
-        };
+        let answered = self.answered_by(me, in_reply_to).await?;
         if let Some(coord_id) = self.coord_sender(&answered).await {
             return Err(FleetError::invalid(format!(
                 "message {} is coordination from the lead '{coord_id}' of another fleet, not a task: answer it with fleet_send{{coord_id: \"{coord_id}\", message}}",
@@ -91,6 +70,50 @@ impl LocalPlane {
             to: answered.from,
             to_name: self.name_of(answered.from).await,
         })
+    }
+
+    /// The task a reply of `me` answers: `in_reply_to`, a message sent to it, or else its task
+    /// in flight; never one not typed in to it yet (it has seen nothing of it to answer).
+    async fn answered_by(
+        &self,
+        me: Gid,
+        in_reply_to: Option<MsgId>,
+    ) -> Result<Message, FleetError> {
+        let answered = match in_reply_to {
+            Some(id) => self
+                .db
+                .run(move |s| s.message(id))
+                .await?
+                .filter(|m| m.to == me)
+                .ok_or_else(|| {
+                    FleetError::invalid(format!(
+                        "in_reply_to {id} is not a message sent to you; fleet_poll shows what you received"
+                    ))
+                })?,
+            None => self.sessions
+                .lock()
+                .panes
+                .get(&me)
+                .and_then(|s| s.current().cloned())
+                .ok_or_else(|| {
+                    FleetError::invalid(
+                        "you have no task in flight to answer: pass in_reply_to (the msg_id you answer)",
+                    )
+                })?,
+        };
+        let untyped = self
+            .sessions
+            .lock()
+            .panes
+            .get(&me)
+            .is_some_and(|s| s.awaits_typing(answered.msg_id));
+        if untyped {
+            return Err(FleetError::invalid(format!(
+                "task {} has not been typed in to you yet: answer the task you were given",
+                answered.msg_id
+            )));
+        }
+        Ok(answered)
     }
 
     /// Takes `gid`'s task in flight out of flight if it is `answered`.

@@ -53,6 +53,17 @@ fn python() -> String {
     std::env::var("FLEET_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
+/// A task's states from the moment it was taken for typing: a task for an idle worker is
+/// taken as it is accepted (its history starts at `injecting`), but one that comes while the
+/// worker's pump is looking at its queue waits `queued` for that look to end first.
+fn from_taken<S: AsRef<str>>(states: &[S]) -> Vec<&str> {
+    let states: Vec<&str> = states.iter().map(AsRef::as_ref).collect();
+    match states.split_first() {
+        Some((&"queued", rest)) => rest.to_vec(),
+        _ => states,
+    }
+}
+
 /// Runs `tests/python/<script>` with `input` on its standard input; what it printed, and
 /// whether it succeeded.
 fn run_python(script: &str, input: &str) -> anyhow::Result<std::process::Output> {

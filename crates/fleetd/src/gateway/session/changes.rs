@@ -220,6 +220,22 @@ impl PaneSession {
         }
     }
 
+    /// Whether `msg_id` is its task in flight, still waiting for its pump to type it in (its
+    /// worker has not seen it: it has nothing of it to answer).
+    pub fn awaits_typing(&self, msg_id: MsgId) -> bool {
+        self.to_type && self.current.as_ref().is_some_and(|m| m.msg_id == msg_id)
+    }
+
+    /// Notes that its delivery pump runs.
+    pub fn pump_started(&mut self) {
+        self.pumped = true;
+    }
+
+    /// Whether its delivery pump runs.
+    pub fn pumped(&self) -> bool {
+        self.pumped
+    }
+
     /// Takes its task in flight out of flight if that is `answered`.
     pub fn take_current(&mut self, answered: MsgId) -> Option<Message> {
         if self.current.as_ref().is_some_and(|m| m.msg_id == answered) {

@@ -102,6 +102,8 @@ pub(super) struct PaneSession {
     claim_missed: bool,
     /// Its task in flight was taken as it was accepted and waits for its pump to type it in.
     to_type: bool,
+    /// Its delivery pump runs.
+    pumped: bool,
     /// Briefs from another host queued for it whose acknowledgement is not yet seen.
     arriving: usize,
     /// Ticks on every authenticated call; the injector's proof of a submit.
@@ -166,6 +168,7 @@ impl PaneSession {
             claiming: false,
             claim_missed: false,
             to_type: false,
+            pumped: false,
             activity: watch::channel(0).0,
             kick: watch::channel(0).0,
             last_seen_ms: None,
