@@ -136,20 +136,21 @@ async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is
     );
 }
 
+/// The pane host sees w1's agent in `state`, and the pane watcher tells w1's session so.
+async fn host_sees(l: &Local, state: AgentState) {
+    l.panes.set_agent(&l.pane, Some(("claude".into(), state)));
+    l.gateway.check_panes(&mut Default::default()).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn nothing_is_typed_into_a_worker_its_pane_host_sees_busy_until_it_is_free_again() {
     let l = local().await;
-    l.panes
-        .set_agent(&l.pane, Some(("claude".into(), AgentState::Working)));
-    // The pane watcher tells the session what the host sees.
-    l.gateway.check_panes(&mut Default::default()).await;
+    host_sees(&l, AgentState::Working).await;
     let task = send(&l, "a task").await;
     settle().await;
     assert!(l.panes.submitted(&l.pane).is_empty());
     assert_eq!(state_of(&l, task).await, MsgState::Queued);
-    l.panes
-        .set_agent(&l.pane, Some(("claude".into(), AgentState::Idle)));
-    l.gateway.check_panes(&mut Default::default()).await;
+    host_sees(&l, AgentState::Idle).await;
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["a task"]);
 }
@@ -430,15 +431,11 @@ async fn a_task_for_an_idle_worker_goes_straight_in_and_the_next_waits_its_turn_
 #[tokio::test(start_paused = true)]
 async fn a_task_for_a_worker_just_freed_never_goes_in_ahead_of_one_queued_before_it() {
     let l = local().await;
-    l.panes
-        .set_agent(&l.pane, Some(("claude".into(), AgentState::Working)));
-    l.gateway.check_panes(&mut Default::default()).await;
+    host_sees(&l, AgentState::Working).await;
     let first = send(&l, "first task").await;
     assert_eq!(history_of(&l, first).await, ["queued"]);
     // Free again; the next task comes before the pump has looked at the queue.
-    l.panes
-        .set_agent(&l.pane, Some(("claude".into(), AgentState::Idle)));
-    l.gateway.check_panes(&mut Default::default()).await;
+    host_sees(&l, AgentState::Idle).await;
     let second = send(&l, "second task").await;
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
