@@ -46,6 +46,15 @@ pub(super) async fn local_on(
     tweak: impl FnOnce(&mut ProfileConfig),
     afar: Option<Arc<dyn Afar>>,
 ) -> Local {
+    local_built(tweak, afar, true).await
+}
+
+/// [`local_on`], w1's pump started only if `pumped`.
+async fn local_built(
+    tweak: impl FnOnce(&mut ProfileConfig),
+    afar: Option<Arc<dyn Afar>>,
+    pumped: bool,
+) -> Local {
     let dir = tempfile::tempdir().unwrap();
     let panes = Arc::new(FakePanes::new());
     let (gateway, alice) = plane_on(dir.path(), Config::embedded(), panes.clone(), afar).await;
@@ -59,7 +68,9 @@ pub(super) async fn local_on(
     assert_eq!(session.called_in(false, 1), Some(true));
     let worker = session.entity().clone();
     gateway.sessions.lock().add_session(session);
-    gateway.start_pump(worker.gid);
+    if pumped {
+        gateway.start_pump(worker.gid);
+    }
     Local {
         gateway,
         panes,
@@ -410,7 +421,8 @@ async fn a_task_for_an_idle_worker_goes_straight_in_and_the_next_waits_its_turn_
     // Taken as it was accepted: the worker is busy with it before the send returns, and it was
     // never queued.
     assert_eq!(task_in_flight(&l).msg_id, first);
-    assert_eq!(history_of(&l, first).await, ["injecting"]);
+    // Its pump may be typing it already.
+    assert_eq!(history_of(&l, first).await[0], "injecting");
     let second = send(&l, "second task").await;
     assert_eq!(history_of(&l, second).await, ["queued"]);
     settle().await;
@@ -509,4 +521,18 @@ async fn a_worker_cannot_answer_a_task_not_yet_typed_in_to_it() {
         "{refused:?}"
     );
     assert_eq!(task_in_flight(&l).msg_id, task.msg_id);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_for_a_worker_whose_pump_has_not_started_waits_for_it_in_the_queue() {
+    let l = local_built(|_| {}, None, false).await;
+    let task = send(&l, "before the pump").await;
+    assert_eq!(history_of(&l, task).await, ["queued"]);
+    l.gateway.start_pump(l.worker.entity.gid);
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["before the pump"]);
+    assert_eq!(
+        history_of(&l, task).await,
+        ["queued", "injecting", "injected"]
+    );
 }

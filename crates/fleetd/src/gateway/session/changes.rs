@@ -226,12 +226,12 @@ impl PaneSession {
         self.to_type && self.current.as_ref().is_some_and(|m| m.msg_id == msg_id)
     }
 
-    /// Notes that its delivery pump runs.
+    /// Notes that its delivery pump was started.
     pub fn pump_started(&mut self) {
         self.pumped = true;
     }
 
-    /// Whether its delivery pump runs.
+    /// Whether its delivery pump was started.
     pub fn pumped(&self) -> bool {
         self.pumped
     }

@@ -102,7 +102,7 @@ pub(super) struct PaneSession {
     claim_missed: bool,
     /// Its task in flight was taken as it was accepted and waits for its pump to type it in.
     to_type: bool,
-    /// Its delivery pump runs.
+    /// Its delivery pump was started.
     pumped: bool,
     /// Briefs from another host queued for it whose acknowledgement is not yet seen.
     arriving: usize,
