@@ -687,12 +687,17 @@ async fn a_busy_fleets_messages_page_and_filter_on_the_page() -> anyhow::Result<
         range(t, "1–50 of 322")
     })
     .await?;
+    // Read in one go: the page draws its rows afresh whenever the feed tells of a change (the
+    // stopped worker's last ones may still be coming), so rows found one call may be gone the
+    // next.
     let ids = || async {
-        let mut ids = Vec::new();
-        for row in page.find_all(Locator::Css("#messages tbody tr")).await? {
-            ids.push(row.attr("data-msg-id").await?.unwrap_or_default());
-        }
-        anyhow::Ok(ids)
+        let ids = page
+            .execute(
+                "return [...document.querySelectorAll('#messages tbody tr')].map((r) => r.dataset.msgId || '')",
+                vec![],
+            )
+            .await?;
+        anyhow::Ok(serde_json::from_value::<Vec<String>>(ids)?)
     };
     let first = ids().await?;
     assert_eq!(first.len(), 50);
