@@ -95,6 +95,12 @@ pub(super) async fn send(l: &Local, text: &str) -> fleet_core::MsgId {
     }
 }
 
+/// w1 answers its task in flight with `text`, and the gateway's loops run on.
+async fn w1_answers(l: &Local, text: &str) {
+    l.gateway.reply(&l.worker, text.into(), None).await.unwrap();
+    settle().await;
+}
+
 /// Lets the gateway's loops run (the paused clock moves on only when they wait).
 pub(super) async fn settle() {
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -124,11 +130,7 @@ async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is
     assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
 
     // The worker answers the first: it is held for the lead, and only now the second goes in.
-    l.gateway
-        .reply(&l.worker, "first done".into(), None)
-        .await
-        .unwrap();
-    settle().await;
+    w1_answers(&l, "first done").await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
     assert_eq!(state_of(&l, second).await, MsgState::Injected);
     let held = l
@@ -428,11 +430,7 @@ async fn a_task_for_an_idle_worker_goes_straight_in_and_the_next_waits_its_turn_
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
     assert_eq!(history_of(&l, first).await, ["injecting", "injected"]);
-    l.gateway
-        .reply(&l.worker, "first done".into(), None)
-        .await
-        .unwrap();
-    settle().await;
+    w1_answers(&l, "first done").await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
     assert_eq!(
         history_of(&l, second).await,
@@ -452,11 +450,7 @@ async fn a_task_for_a_worker_just_freed_never_goes_in_ahead_of_one_queued_before
     settle().await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task"]);
     assert_eq!(history_of(&l, second).await, ["queued"]);
-    l.gateway
-        .reply(&l.worker, "first done".into(), None)
-        .await
-        .unwrap();
-    settle().await;
+    w1_answers(&l, "first done").await;
     assert_eq!(l.panes.submitted(&l.pane), ["first task", "second task"]);
 }
 
