@@ -1,5 +1,8 @@
 //! Per-entity inbox versions: bumped whenever something is held for the entity, so that a
-//! long-poll or a blocked send waiting on it wakes and looks. And per-message answer watches: a
+//! long-poll or a blocked send waiting on it wakes and looks. An answer handed to a waiting send
+//! (below) is held for nobody: it bumps only the entity's handed version, which only a wait for
+//! any answer from someone watches (a lead with a hundred sends out would otherwise wake all of
+//! them, each looking again, for every answer one of them takes). And per-message answer watches: a
 //! send waiting for the answer to its message wakes when that answer is held, not whenever
 //! anything reaches its caller's inbox (a lead with a hundred sends out would otherwise wake a
 //! hundred of them, each asking the store, for every answer).
@@ -45,10 +48,34 @@ struct Waits {
 
 type Answers = Arc<Mutex<HashMap<MsgId, Waits>>>;
 
-/// Every entity's inbox version, by gid, and the answers waited for, by the message they
-/// answer.
+/// A version per entity, by gid, that whoever watches it sees change.
+#[derive(Default)]
+struct Versions(Mutex<HashMap<Gid, watch::Sender<u64>>>);
+
+impl Versions {
+    fn watch(&self, gid: Gid) -> watch::Receiver<u64> {
+        lock(&self.0)
+            .entry(gid)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn bump(&self, gid: Gid) {
+        if let Some(tx) = lock(&self.0).get(&gid) {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    fn forget(&self, gid: Gid) {
+        lock(&self.0).remove(&gid);
+    }
+}
+
+/// Every entity's inbox version and handed version, by gid, and the answers waited for, by the
+/// message they answer.
 pub(super) struct Inboxes {
-    versions: Mutex<HashMap<Gid, watch::Sender<u64>>>,
+    versions: Versions,
+    handed: Versions,
     answers: Answers,
     abandoned: Abandoned,
 }
@@ -158,7 +185,8 @@ impl Inboxes {
     /// `abandoned`.
     pub(super) fn new(abandoned: Abandoned) -> Self {
         Self {
-            versions: Mutex::default(),
+            versions: Versions::default(),
+            handed: Versions::default(),
             answers: Arc::default(),
             abandoned,
         }
@@ -166,23 +194,29 @@ impl Inboxes {
 
     /// A receiver that sees every later change of `gid`'s inbox.
     pub(super) fn watch(&self, gid: Gid) -> watch::Receiver<u64> {
-        lock(&self.versions)
-            .entry(gid)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
+        self.versions.watch(gid)
     }
 
     /// Tells everyone waiting on `gid`'s inbox to look again.
     pub(super) fn bump(&self, gid: Gid) {
-        if let Some(tx) = lock(&self.versions).get(&gid) {
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-        }
+        self.versions.bump(gid);
+    }
+
+    /// A receiver that sees every later answer handed to a send of `gid`'s.
+    pub(super) fn watch_handed(&self, gid: Gid) -> watch::Receiver<u64> {
+        self.handed.watch(gid)
+    }
+
+    /// Tells whoever waits for answers to `gid` that one was handed to a send of its.
+    pub(super) fn handed_to(&self, gid: Gid) {
+        self.handed.bump(gid);
     }
 
     /// Drops the inbox of an entity that is gone: anyone still watching it sees it close and
     /// stops waiting.
     pub(super) fn forget(&self, gid: Gid) {
-        lock(&self.versions).remove(&gid);
+        self.versions.forget(gid);
+        self.handed.forget(gid);
     }
 
     /// A watch woken by every later answer to `msg_id` held ([`Inboxes::answered`]); with a

@@ -332,13 +332,22 @@ async fn an_answer_is_handed_to_the_send_waiting_for_it_as_it_is_stored() {
     assert_eq!(l.panes.submitted(&l.pane), ["the task"]);
     let lead = l.lead.entity.gid;
     let inbox = l.gateway.inboxes.watch(lead);
+    let handed = l.gateway.inboxes.watch_handed(lead);
     let replied = l
         .gateway
         .reply(&l.worker, "the answer".into(), None)
         .await
         .unwrap();
-    // What waits on the lead's inbox hears of it too (an architect kept until it answers).
-    assert!(inbox.has_changed().unwrap(), "the lead's inbox is woken");
+    // Nothing was held for the lead: its other calls waiting on its inbox (its other sends, a
+    // poll) sleep on; a wait for any answer to it (an architect kept until it answers) hears.
+    assert!(
+        !inbox.has_changed().unwrap(),
+        "the lead's inbox is left alone"
+    );
+    assert!(
+        handed.has_changed().unwrap(),
+        "the lead's handed answers are told"
+    );
     let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
         panic!("the send did not return the answer");
     };
@@ -529,4 +538,36 @@ async fn a_task_for_a_worker_whose_pump_has_not_started_waits_for_it_in_the_queu
         history_of(&l, task).await,
         ["queued", "injecting", "injected"]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_held_for_a_poll_wakes_the_leads_inbox() {
+    let l = local().await;
+    send(&l, "the task").await;
+    settle().await;
+    let inbox = l.gateway.inboxes.watch(l.lead.entity.gid);
+    l.gateway
+        .reply(&l.worker, "the answer".into(), None)
+        .await
+        .unwrap();
+    assert!(inbox.has_changed().unwrap(), "a poll waiting would look");
+    assert_eq!(taken_by_poll(&l).await.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_any_answer_of_a_worker_hears_one_handed_to_a_send() {
+    let l = local().await;
+    let (lead, worker) = (l.lead.entity.gid, l.worker.entity.gid);
+    let waiting = waiting_send(&l, "the task");
+    settle().await;
+    let gateway = Arc::clone(&l.gateway);
+    let until = tokio::spawn(async move { gateway.until_answered(lead, worker).await });
+    settle().await;
+    assert!(!until.is_finished(), "not answered yet");
+    w1_answers(&l, "the answer").await;
+    assert!(matches!(waiting.await.unwrap(), SendResult::Replied { .. }));
+    tokio::time::timeout(Duration::from_secs(60), until)
+        .await
+        .expect("the wait heard the answer")
+        .unwrap();
 }

@@ -320,7 +320,7 @@ impl LocalPlane {
                     self.metrics.accepted(kind, Placement::Hold);
                     match back {
                         Some(answer) => self.held_again(answer).await,
-                        // Handed or held, whatever waits on the recipient's inbox hears of it.
+                        None if handed => self.woken_by_handed(to, answers),
                         None => self.woken_by(to, answers),
                     }
                 }
@@ -344,9 +344,20 @@ impl LocalPlane {
         Some((claim, message.clone()))
     }
 
+    /// Wakes what waits for an answer of `to`'s to `answers` that was handed to a send of its,
+    /// stored taken: that send, any other wait for that answer, and a wait for any answer to
+    /// `to` (`Inboxes::watch_handed`). Nothing was held for `to`, so its calls waiting on its
+    /// inbox (its other sends, a poll) are left asleep.
+    fn woken_by_handed(&self, to: Gid, answers: Option<MsgId>) {
+        self.inboxes.handed_to(to);
+        if let Some(answered) = answers {
+            self.inboxes.answered(answered);
+        }
+    }
+
     /// Wakes the calls of `to` that wait on its inbox (a pane-bound recipient that pulls is
     /// nudged too), and the sends waiting for an answer to `answers`: something for them was
-    /// held (or handed).
+    /// held.
     fn woken_by(&self, to: Gid, answers: Option<MsgId>) {
         self.inboxes.bump(to);
         if let Some(session) = self.sessions.lock().panes.get(&to) {

@@ -153,14 +153,24 @@ impl LocalPlane {
     }
 
     /// Returns once `from` has answered `to` (see [`fleet_store::Store::last_answer_ms`]) or is
-    /// gone.
-    pub(super) async fn until_answered(&self, to: Gid, from: Gid) {
+    /// gone: looked at again whenever something is held for `to`, or an answer is handed to a
+    /// send of its (a follow-up waiting for it).
+    pub(in crate::gateway) async fn until_answered(&self, to: Gid, from: Gid) {
         let mut inbox = self.inboxes.watch(to);
+        let mut handed = self.inboxes.watch_handed(to);
         loop {
             inbox.borrow_and_update();
+            handed.borrow_and_update();
             let answered = self.db.run(move |s| s.last_answer_ms(to, from)).await;
             let gone = self.resolve_route(&from.to_string()).is_err();
-            if gone || answered.map_or(true, |at| at.is_some()) || inbox.changed().await.is_err() {
+            if gone || answered.map_or(true, |at| at.is_some()) {
+                return;
+            }
+            let closed = tokio::select! {
+                changed = inbox.changed() => changed.is_err(),
+                changed = handed.changed() => changed.is_err(),
+            };
+            if closed {
                 return;
             }
         }
