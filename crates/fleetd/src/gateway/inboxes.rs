@@ -310,6 +310,31 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_handed_is_told_apart_from_the_inbox_and_a_forgotten_one_closes() {
+        let (inboxes, _) = inboxes();
+        let (a, b) = (Gid::mint(), Gid::mint());
+        let inbox = inboxes.watch(a);
+        let mut handed = inboxes.watch_handed(a);
+        let other = inboxes.watch_handed(b);
+        inboxes.handed_to(a);
+        assert!(handed.has_changed().unwrap_or(false));
+        assert!(!inbox.has_changed().unwrap_or(true), "the inbox sleeps on");
+        assert!(!other.has_changed().unwrap_or(true));
+        handed.mark_unchanged();
+        inboxes.bump(a);
+        assert!(
+            !handed.has_changed().unwrap_or(true),
+            "a bump is no answer handed"
+        );
+        inboxes.forget(a);
+        assert!(
+            handed.has_changed().is_err(),
+            "a forgotten entity's watch closes"
+        );
+        inboxes.handed_to(Gid::mint());
+    }
+
+    #[test]
     fn an_answer_wakes_the_wait_for_it_only_and_a_finished_wait_leaves_nothing() {
         let (inboxes, _) = inboxes();
         let me = Gid::mint();

@@ -564,8 +564,14 @@ async fn a_wait_for_any_answer_of_a_worker_hears_one_handed_to_a_send() {
     let until = tokio::spawn(async move { gateway.until_answered(lead, worker).await });
     settle().await;
     assert!(!until.is_finished(), "not answered yet");
+    let inbox = l.gateway.inboxes.watch(lead);
     w1_answers(&l, "the answer").await;
-    assert!(matches!(waiting.await.unwrap(), SendResult::Replied { .. }));
+    let SendResult::Replied { reply, .. } = waiting.await.unwrap() else {
+        panic!("the send did not return the answer");
+    };
+    // Handed, not held: the lead's inbox never heard of it.
+    assert_eq!(history_of(&l, reply.msg_id).await, ["consumed"]);
+    assert!(!inbox.has_changed().unwrap());
     tokio::time::timeout(Duration::from_secs(60), until)
         .await
         .expect("the wait heard the answer")
