@@ -577,3 +577,48 @@ async fn a_wait_for_any_answer_of_a_worker_hears_one_handed_to_a_send() {
         .expect("the wait heard the answer")
         .unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_taken_for_a_worker_whose_session_ended_meanwhile_fails_saying_it_is_gone() {
+    let l = local().await;
+    let gid = l.worker.entity.gid;
+    let mut task = fleet_core::Message::task(
+        l.lead.entity.gid,
+        gid,
+        "the task".into(),
+        fleet_core::TraceId::mint(),
+        1,
+    );
+    task.state = MsgState::Injecting;
+    let stored = task.clone();
+    assert!(
+        l.gateway
+            .db
+            .run(move |s| s.insert_message(&stored))
+            .await
+            .unwrap()
+    );
+    // The session began to stop while the task was being taken for it.
+    let stopped = l
+        .gateway
+        .sessions
+        .lock()
+        .panes
+        .get_mut(&gid)
+        .unwrap()
+        .apply(fleet_core::SessionEvent::Stop);
+    stopped.unwrap();
+    assert!(!l.gateway.start_task(gid, task.clone(), true).await);
+    assert_eq!(
+        state_of(&l, task.msg_id).await,
+        MsgState::Failed("'w1' is gone".into())
+    );
+    let told = taken_by_poll(&l).await;
+    assert_eq!(
+        told.iter()
+            .map(|m| (m.kind, m.body.as_str()))
+            .collect::<Vec<_>>(),
+        [(fleet_core::Kind::Failed, "'w1' is gone")]
+    );
+    assert!(l.panes.submitted(&l.pane).is_empty(), "nothing typed");
+}

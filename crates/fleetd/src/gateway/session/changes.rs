@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use fleet_core::delivery::{Handover, TaskGate, handover};
-use fleet_core::{FleetError, Message, MsgId, SessionEvent, WorkerStatus};
+use fleet_core::{ErrorCode, FleetError, Message, MsgId, SessionEvent, WorkerStatus};
 use fleet_mux::{AgentState, PaneId};
 use tokio::time::Instant;
 
@@ -192,10 +192,17 @@ impl PaneSession {
     }
 
     /// Makes `task` its task in flight (idle → busy), letting go of the claim; an error if it
-    /// cannot take a task now.
+    /// cannot take a task now: one that says its worker is gone if its session is ending (the
+    /// reason a task taken for it meanwhile fails with, as its sender reads it).
     pub fn start_task(&mut self, task: Message) -> Result<(), FleetError> {
         self.claiming = false;
         self.claim_missed = false;
+        if !self.status.is_live() {
+            return Err(FleetError::new(
+                ErrorCode::Gone,
+                format!("'{}' is gone", self.entity.name),
+            ));
+        }
         self.apply(SessionEvent::TaskStarted)?;
         self.current = Some(task);
         self.to_type = false;

@@ -144,6 +144,14 @@ fn a_task_left_for_the_pump_is_typed_once_and_only_while_it_is_in_flight_on_a_li
     s.start_task_for_pump(task("stopping first")).unwrap();
     s.apply(SessionEvent::Stop).unwrap();
     assert!(s.take_to_type().is_none());
+    // A session ending takes no task, and says its worker is gone (what the task's sender
+    // reads), not which event its state refused.
+    let mut s = idle();
+    s.apply(SessionEvent::Stop).unwrap();
+    let refused = s.start_task_for_pump(task("too late")).unwrap_err();
+    assert_eq!(refused.code, fleet_core::ErrorCode::Gone);
+    assert_eq!(refused.message, format!("'{}' is gone", s.entity().name));
+    assert!(s.current().is_none());
     // One that cannot take a task takes none.
     let mut busy = idle();
     busy.start_task(task("busy")).unwrap();
