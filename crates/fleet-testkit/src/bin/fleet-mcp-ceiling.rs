@@ -8,7 +8,10 @@
 //! NORMAL`), one transaction per call, before it answers: the ceiling of a gateway that keeps
 //! every message it accepts. With `--list FILE` its `list` tool answers the JSON array in
 //! `FILE` (fleetd's `fleet_list` entries, say): the ceiling of any MCP server answering that
-//! many entries.
+//! many entries. With `--direct` a `tools/call` of `empty` is answered in the HTTP request's own
+//! task — its body parsed into rmcp's own message type, its answer written from rmcp's own types
+//! — without rmcp's per-request service, its spawned serve loop and the channels between them
+//! (anything else still goes to rmcp): what that machinery costs a call is the difference.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -16,14 +19,19 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::Context;
 use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::serve::ListenerExt;
 use clap::Parser;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
-    PaginatedRequestParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ClientRequest,
+    JsonRpcRequest, ListToolsResult, PaginatedRequestParams, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -42,6 +50,37 @@ struct Args {
     /// A JSON array `list` answers with (as `{"entities": [...]}`); without it, an empty one.
     #[arg(long)]
     list: Option<PathBuf>,
+    /// Answer a `tools/call` of `empty` without rmcp's per-request service.
+    #[arg(long)]
+    direct: bool,
+}
+
+/// The largest request body `--direct` reads (rmcp's own default limit).
+const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// `--direct`: a `tools/call` of `empty` answered here, as rmcp would answer it; any other
+/// request (or one that does not parse) goes on to rmcp with its body as it came.
+async fn direct(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+        return StatusCode::PAYLOAD_TOO_LARGE.into_response();
+    };
+    if let Ok(ClientJsonRpcMessage::Request(JsonRpcRequest {
+        id,
+        request: ClientRequest::CallToolRequest(call),
+        ..
+    })) = serde_json::from_slice(&bytes)
+        && call.params.name == "empty"
+    {
+        let result = CallToolResult::structured(serde_json::json!({"ok": true}));
+        let answer = ServerJsonRpcMessage::response(ServerResult::CallToolResult(result), id);
+        return match serde_json::to_vec(&answer) {
+            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        };
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// The arguments of `commit`.
@@ -183,7 +222,10 @@ fn main() -> anyhow::Result<()> {
             Arc::new(LocalSessionManager::default()),
             config,
         );
-        let app = Router::new().nest_service("/mcp", mcp);
+        let mut app = Router::new().nest_service("/mcp", mcp);
+        if args.direct {
+            app = app.layer(middleware::from_fn(direct));
+        }
         let listener = listener.tap_io(|stream| {
             let _ = stream.set_nodelay(true);
         });

@@ -1010,7 +1010,7 @@ async fn ceiling_list(entities: &Value, calls: usize) -> anyhow::Result<Vec<Dura
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("entities.json");
     std::fs::write(&path, entities.to_string())?;
-    let (_ceiling, client) = super::throughput::Ceiling::start(Some(&path)).await?;
+    let (_ceiling, client) = super::throughput::Ceiling::start(Some(&path), false).await?;
     let mut samples = Vec::with_capacity(calls);
     for i in 0..calls + 5 {
         let started = Instant::now();

@@ -47,8 +47,12 @@ pub(super) struct Ceiling {
 
 impl Ceiling {
     /// Starts `fleet-mcp-ceiling` on a loopback socket bound here (its `list` tool answering
-    /// the entries of the JSON file `list`, if given), and waits until it answers.
-    pub(super) async fn start(list: Option<&std::path::Path>) -> anyhow::Result<(Ceiling, Client)> {
+    /// the entries of the JSON file `list`, if given; its `tools/call`s answered without rmcp's
+    /// per-request service if `direct`), and waits until it answers.
+    pub(super) async fn start(
+        list: Option<&std::path::Path>,
+        direct: bool,
+    ) -> anyhow::Result<(Ceiling, Client)> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let url = format!("http://{}/mcp", listener.local_addr()?);
         let mut command = tokio::process::Command::new(binary("fleet-mcp-ceiling")?);
@@ -62,6 +66,7 @@ impl Ceiling {
                 list.iter()
                     .flat_map(|path| [std::ffi::OsStr::new("--list"), path.as_os_str()]),
             )
+            .args(direct.then_some("--direct"))
             .kill_on_drop(true)
             .spawn()
             .context("starting fleet-mcp-ceiling")?;
@@ -151,7 +156,8 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         super::BUILD,
         vhost.name()
     );
-    let (ceiling, _first) = Ceiling::start(None).await?;
+    let (ceiling, _first) = Ceiling::start(None, false).await?;
+    let (direct, _first) = Ceiling::start(None, true).await?;
     let here = Fleet::start(BENCH_HELD, "[leads.a]\n[leads.b]\n").await?;
     let a = federated(&uri, "hosta", &["alice".into()]).await?;
     let b = federated(&uri, "hostb", &["bob".into()]).await?;
@@ -173,6 +179,8 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         ceiling.pid().context("the ceiling is not running")?,
         here.pid().context("fleetd is not running")?,
     );
+    let direct_pid = direct.pid().context("the direct ceiling is not running")?;
+    let (mut unserved, mut unserved_cpu) = (Vec::new(), Vec::new());
     let (a_pid, b_pid) = (
         a.pid().context("hosta's fleetd is not running")?,
         b.pid().context("hostb's fleetd is not running")?,
@@ -186,6 +194,10 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         let rate = calls(ceiling.client().await?, "empty", messages, lanes).await?;
         bare_cpu.push(per_message(before, cpu_seconds(ceiling_pid)?));
         bare.push(rate);
+        let before = cpu_seconds(direct_pid)?;
+        let rate = calls(direct.client().await?, "empty", messages, lanes).await?;
+        unserved_cpu.push(per_message(before, cpu_seconds(direct_pid)?));
+        unserved.push(rate);
         let before = cpu_seconds(ceiling_pid)?;
         let rate = calls(ceiling.client().await?, "commit", messages, lanes).await?;
         durable_cpu.push(per_message(before, cpu_seconds(ceiling_pid)?));
@@ -238,6 +250,12 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
         same / durable * 100.0
     );
+    let (unserved_all, unserved_cpu_all) = (shown(&unserved), shown(&unserved_cpu));
+    let (unserved, unserved_cpu) = (median(&mut unserved), median(&mut unserved_cpu));
+    println!(
+        "  the same server answering each tools/call in the HTTP request's own task, without rmcp's per-request service, serve loop and channels (fleet-mcp-ceiling --direct): {unserved:.0} calls/s (median of {unserved_all}) = {:.2}x the ceiling; {unserved_cpu:.0} µs of CPU per call (median of {unserved_cpu_all})",
+        unserved / bare
+    );
     let (same_cpu_all, bare_cpu_all, durable_cpu_all) =
         (shown(&same_cpu), shown(&bare_cpu), shown(&durable_cpu));
     let (same_cpu, bare_cpu, durable_cpu) = (
@@ -248,6 +266,10 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  fleetd's CPU per same-host message (its send, hold and the drain's share of the poll): {same_cpu:.0} µs (median of {same_cpu_all})  [target ≤ 100 µs]; the bare server's per empty call: {bare_cpu:.0} µs (median of {bare_cpu_all}), per committing call: {durable_cpu:.0} µs (median of {durable_cpu_all}); fleetd = {:.2}x the committing call",
         same_cpu / durable_cpu
+    );
+    println!(
+        "  rmcp's per-request service, serve loop and channels: {:.0} µs of CPU per call (the bare server's {bare_cpu:.0} µs less the direct one's {unserved_cpu:.0} µs)",
+        bare_cpu - unserved_cpu
     );
     println!(
         "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 70 %]",
