@@ -33,6 +33,7 @@ use crate::held::holding;
 use crate::limits::{CallSlots, SessionLedger, StreamSlots, TokenHash, is_a_call};
 use crate::logs::shown;
 use crate::mcp::FleetMcp;
+use crate::mcp::direct::Direct;
 use crate::mcp::params::SendParams;
 use crate::mcp_config::{self, PANE_HEADER, TMUX_HEADER};
 use crate::openapi::{EventsQuery, HostsView, Refusal, ScreenQuery, StopBody};
@@ -900,26 +901,23 @@ pub fn app(
     // progress streams as before.
     let in_flight = TaskTracker::new();
     let handlers_in_flight = in_flight.clone();
+    let closing = after_calls(shutdown, &in_flight, caps.calls_drain);
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_json_response(true)
-        .with_cancellation_token(after_calls(shutdown, &in_flight, caps.calls_drain));
-    let mcp = StreamableHttpService::new(
-        move || {
-            Ok(FleetMcp::new(
-                Arc::clone(&handler_gateway),
-                Arc::clone(&calls),
-                handlers_in_flight.clone(),
-            ))
-        },
-        sessions,
-        config,
-    );
+        .with_cancellation_token(closing.clone());
+    let handler = FleetMcp::new(handler_gateway, calls, handlers_in_flight);
+    let direct = Direct::new(handler.clone(), closing);
+    let mcp = StreamableHttpService::new(move || Ok(handler.clone()), sessions, config);
     let web = Arc::new(WebSessions::default());
     let operator = operator_routes(&gateway, &web, &streams, operator_calls, shutdown);
     // Layers run outside in: authentication first, so the session cap knows the caller.
     let protected = Router::new()
         .nest_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(
+            direct,
+            crate::mcp::direct::serve,
+        ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&streams),
             cap_streams,

@@ -101,6 +101,22 @@ impl InjectEnd {
     }
 }
 
+/// A tool call: which tool (one of fleetd's, or `other`), and which way it was answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolCall {
+    tool: &'static str,
+    served: &'static str,
+}
+
+/// Which way a tool call was answered, for [`Metrics::tool_called`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// In the HTTP request's own task: a plain stateless call (see `crate::mcp::direct`).
+    Direct,
+    /// By rmcp's per-request service: every other call.
+    Rmcp,
+}
+
 /// Why the listener closed a connection (or refused one), as a label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Why {
@@ -158,6 +174,7 @@ pub struct Metrics {
     /// Heartbeats from other hosts that came too late to be taken (held up by a partition).
     heartbeats_late: Counter,
     nudges: Family<Nudged, Counter>,
+    tool_calls: Family<ToolCall, Counter>,
     sessions: Family<Status, Gauge>,
     messages: Family<KindState, Gauge>,
     waiting: Family<Waiting, Gauge>,
@@ -203,6 +220,7 @@ impl Metrics {
             asks: Counter::default(),
             heartbeats_late: Counter::default(),
             nudges: Family::default(),
+            tool_calls: Family::default(),
             sessions: Family::default(),
             messages: Family::default(),
             waiting: Family::default(),
@@ -268,6 +286,11 @@ impl Metrics {
             "nudges",
             "Nudges typed to pull waiting messages, by the role nudged",
             self.nudges.clone(),
+        );
+        registry.register(
+            "tool_calls",
+            "MCP tool calls, by tool and by which way they were answered (direct: in the request's own task; rmcp: by its per-request service)",
+            self.tool_calls.clone(),
         );
     }
 
@@ -385,6 +408,23 @@ impl Metrics {
     /// An entity of `role` nudged.
     pub fn nudged(&self, role: &'static str) {
         self.nudges.get_or_create(&Nudged { role }).inc();
+    }
+
+    /// A call of the tool named `tool` (any name a caller sent: counted under `other` unless
+    /// it is one of fleetd's), answered the way `served` says.
+    pub fn tool_called(&self, tool: &str, served: Served) {
+        let tool = crate::mcp::TOOLS
+            .iter()
+            .copied()
+            .find(|known| *known == tool)
+            .unwrap_or("other");
+        let served = match served {
+            Served::Direct => "direct",
+            Served::Rmcp => "rmcp",
+        };
+        self.tool_calls
+            .get_or_create(&ToolCall { tool, served })
+            .inc();
     }
 
     /// Brings the connection figures up to `figures`.

@@ -259,6 +259,11 @@ impl Gateway {
         self.views.viewer(hash)
     }
 
+    /// Counts a call of the tool named `tool`, answered the way `served` says.
+    pub fn tool_called(&self, tool: &str, served: crate::metrics::Served) {
+        self.local.metrics.tool_called(tool, served);
+    }
+
     /// The metrics, in the OpenMetrics text format, the gauges read now.
     pub async fn metrics_text(&self) -> Result<String, FleetError> {
         self.views.metrics_text().await

@@ -4,6 +4,7 @@
 //! are served by the same handler; identity is read per HTTP request in both.
 
 mod arguments;
+pub mod direct;
 mod errors;
 pub mod params;
 
@@ -27,8 +28,12 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::gateway::{Caller, ConsultRequest, Gateway, ListFilter, SendResult, SpawnRequest};
+use crate::gateway::{
+    Caller, ConsultRequest, Gateway, ListFilter, ListResult, PollResult, ReplyResult, SendResult,
+    SpawnRequest,
+};
 use crate::limits::{CallSlot, CallSlots};
+use crate::metrics::Served;
 use params::{
     AskParams, BroadcastParams, ConsultParams, ListParams, PollParams, ReplyParams, SendParams,
     SendTarget, SpawnParams, StopParams,
@@ -46,6 +51,19 @@ pub const DEFAULT_SEND_WAIT_S: u64 = 60;
 pub const DEFAULT_ASK_WAIT_S: u64 = 300;
 /// How long `fleet_consult` waits for the architects' answers when the call does not say.
 pub const DEFAULT_CONSULT_WAIT_S: u64 = crate::gateway::DEFAULT_CONSULT_WAIT.as_secs();
+
+/// Every tool fleetd serves, by name.
+pub const TOOLS: [&str; 9] = [
+    "fleet_list",
+    "fleet_spawn",
+    "fleet_send",
+    "fleet_reply",
+    "fleet_ask",
+    "fleet_poll",
+    "fleet_broadcast",
+    "fleet_consult",
+    "fleet_stop",
+];
 
 /// The MCP handler; one per request or session, all sharing the gateway.
 #[derive(Clone)]
@@ -85,6 +103,65 @@ impl FleetMcp {
         long.then(|| self.calls.take(caller.entity.gid, tool))
             .transpose()
     }
+
+    /// The input schema of the tool named `name`, if it is one of ours.
+    fn schema(&self, name: &str) -> Option<Arc<rmcp::model::JsonObject>> {
+        self.tool_router
+            .get(name)
+            .map(|known| Arc::clone(&known.input_schema))
+    }
+
+    /// `fleet_list` for `caller`.
+    fn listing(
+        &self,
+        caller: Result<Caller, FleetError>,
+        p: ListParams,
+    ) -> Result<ListResult, FleetError> {
+        let filter = ListFilter::new(p.group, p.status, p.host)?;
+        let mut list = self.gateway.list(&caller?)?;
+        list.entities.retain(|e| filter.admits(e));
+        Ok(list)
+    }
+
+    /// `fleet_send` for `caller`, cancelled by `ct`.
+    async fn sending(
+        &self,
+        caller: Result<Caller, FleetError>,
+        p: SendParams,
+        ct: &CancellationToken,
+    ) -> Result<SendResult, FleetError> {
+        send(&self.gateway, &self.calls, &caller?, p, ct).await
+    }
+
+    /// `fleet_reply` for `caller`.
+    async fn replying(
+        &self,
+        caller: Result<Caller, FleetError>,
+        p: ReplyParams,
+    ) -> Result<ReplyResult, FleetError> {
+        let caller = caller?;
+        let in_reply_to = p
+            .in_reply_to
+            .as_deref()
+            .map(|id| msg_id(id, "in_reply_to"))
+            .transpose()?;
+        self.gateway.reply(&caller, p.message, in_reply_to).await
+    }
+
+    /// `fleet_poll` for `caller`, cancelled by `ct`.
+    async fn polling(
+        &self,
+        caller: Result<Caller, FleetError>,
+        p: PollParams,
+        ct: &CancellationToken,
+    ) -> Result<PollResult, FleetError> {
+        let caller = caller?;
+        let wait = wait(p.wait_s, 0)?;
+        let _slot = self.long_call(&caller, "fleet_poll", !wait.is_zero())?;
+        self.gateway
+            .poll(&caller, p.from.as_deref(), wait, ct)
+            .await
+    }
 }
 
 /// `fleet_send` for `caller`, over MCP or the operator API alike: the wait checked, a long call
@@ -111,6 +188,15 @@ pub async fn send(
             gateway.choose_for(caller, &turn, &choice, wait, ct).await
         }
     }
+}
+
+/// The span a tool call runs in: the tool's name (already made inert) and its caller's.
+fn call_span(tool: &str, caller: Option<&Caller>) -> tracing::Span {
+    let span = tracing::info_span!("call", tool = %tool, caller = tracing::field::Empty);
+    if let Some(caller) = caller {
+        span.record("caller", tracing::field::display(&caller.entity.name));
+    }
+    span
 }
 
 /// The caller the HTTP layer put into this request.
@@ -198,13 +284,7 @@ match."
         Parameters(p): Parameters<ListParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let outcome = ListFilter::new(p.group, p.status, p.host).and_then(|filter| {
-            let caller = caller(&ctx)?;
-            let mut list = self.gateway.list(&caller)?;
-            list.entities.retain(|e| filter.admits(e));
-            Ok(list)
-        });
-        errors::result(outcome)
+        errors::result(self.listing(caller(&ctx), p))
     }
 
     #[tool(
@@ -255,10 +335,7 @@ coord_id instead of to: held for that lead's fleet_poll, it returns at once (sta
         Parameters(p): Parameters<SendParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let outcome = async {
-            let caller = caller(&ctx)?;
-            send(&self.gateway, &self.calls, &caller, p, &ctx.ct).await
-        };
+        let outcome = self.sending(caller(&ctx), p, &ctx.ct);
         errors::result(with_progress(&ctx, "fleet_send", outcome).await)
     }
 
@@ -271,16 +348,7 @@ whose msg_id you give as in_reply_to. The answer is held for whoever sent it."
         Parameters(p): Parameters<ReplyParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let outcome = async {
-            let caller = caller(&ctx)?;
-            let in_reply_to = p
-                .in_reply_to
-                .as_deref()
-                .map(|id| msg_id(id, "in_reply_to"))
-                .transpose()?;
-            self.gateway.reply(&caller, p.message, in_reply_to).await
-        };
-        errors::result(outcome.await)
+        errors::result(self.replying(caller(&ctx), p).await)
     }
 
     #[tool(
@@ -316,14 +384,7 @@ Waits up to wait_s seconds for the first one; from filters by sender."
         Parameters(p): Parameters<PollParams>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let outcome = async {
-            let caller = caller(&ctx)?;
-            let wait = wait(p.wait_s, 0)?;
-            let _slot = self.long_call(&caller, "fleet_poll", !wait.is_zero())?;
-            self.gateway
-                .poll(&caller, p.from.as_deref(), wait, &ctx.ct)
-                .await
-        };
+        let outcome = self.polling(caller(&ctx), p, &ctx.ct);
         errors::result(with_progress(&ctx, "fleet_poll", outcome).await)
     }
 
@@ -400,17 +461,12 @@ impl ServerHandler for FleetMcp {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        self.gateway.tool_called(&request.name, Served::Rmcp);
         // The tool's name is whatever the caller sent: logged inert and short.
         let tool = crate::logs::shown(&request.name);
-        let span = tracing::info_span!("call", tool = %tool, caller = tracing::field::Empty);
-        if let Ok(caller) = caller(&ctx) {
-            span.record("caller", tracing::field::display(&caller.entity.name));
-        }
+        let span = call_span(&tool, caller(&ctx).ok().as_ref());
         let _in_flight = self.in_flight.token();
-        let schema = self
-            .tool_router
-            .get(&request.name)
-            .map(|known| Arc::clone(&known.input_schema));
+        let schema = self.schema(&request.name);
         if let Some(why) = schema
             .as_deref()
             .and_then(|schema| arguments::misfit(&tool, schema, request.arguments.as_ref()))

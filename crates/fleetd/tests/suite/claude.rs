@@ -57,6 +57,9 @@ async fn a_real_claude_code_worker_answers_through_fleet_reply() -> anyhow::Resu
     // A second task goes into the same session once the first turn is over.
     let sent = ask_c1(&fleet, &lead, &pane, "and a second one").await?;
     assert_eq!(sent["reply"]["text"], "echo: and a second one");
+    // Claude Code's calls are plain stateless ones: its answers take the short way.
+    let direct = super::direct::served_as_seen_by(&fleet, "lead", "fleet_reply", "direct").await?;
+    assert_eq!(direct, 2.0);
     Ok(())
 }
 

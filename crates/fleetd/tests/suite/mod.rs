@@ -12,6 +12,7 @@ mod coord;
 mod dead;
 mod delivery;
 mod dialogs;
+mod direct;
 mod durability;
 mod federation;
 mod feed;

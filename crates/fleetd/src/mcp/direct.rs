@@ -1,0 +1,569 @@
+//! The short way for the calls every round trip makes: a stateless (2026-07-28) `tools/call`
+//! of `fleet_send`, `fleet_reply`, `fleet_poll` or `fleet_list`, plain in every respect, is
+//! answered in its HTTP request's own task, without rmcp's per-request service, its serve loop
+//! and the channels between them (about a third of what a bare MCP call costs, see
+//! `docs/benchmarks.md`). The answer is the one rmcp would give: the same handler code, the
+//! same result types, the same cache hints.
+//!
+//! Only the plain case goes this way. Anything else goes on to rmcp untouched (its body as it
+//! came), so every check and every error stays rmcp's own: the session protocol, a request
+//! without the per-request `_meta`, a call that may wait and asks for progress (progress turns
+//! the answer into a stream), a header rmcp would look into (`Mcp-Param-*`, a repeated or
+//! encoded one, one that disagrees with the body), a body too big, arguments that do not
+//! parse, any other method or tool.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use fleet_core::{ErrorCode, FleetError};
+use rmcp::ServerHandler;
+use rmcp::model::{
+    CallToolResult, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonObject, ProtocolVersion,
+    RequestId, ServerJsonRpcMessage, ServerResult,
+};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::params::{ListParams, PollParams, ReplyParams, SendParams};
+use super::{FleetMcp, arguments, call_span, errors};
+use crate::gateway::Caller;
+use crate::metrics::Served;
+
+/// The largest body a direct call may have: rmcp's own limit (a bigger one goes to rmcp, which
+/// refuses it).
+const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// The tools answered directly: those every round trip calls.
+const HOT: [&str; 4] = ["fleet_list", "fleet_send", "fleet_reply", "fleet_poll"];
+
+/// The protocol headers (lower case, as `http` keeps names).
+const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+const METHOD: &str = "mcp-method";
+const NAME: &str = "mcp-name";
+const SESSION: &str = "mcp-session-id";
+const PARAM_PREFIX: &str = "mcp-param-";
+
+/// How an encoded header value begins (rmcp decodes it; such a call goes to rmcp).
+const ENCODED: &str = "=?base64?";
+
+/// What answers direct calls: a handler like rmcp's, and the token a shutdown cancels once the
+/// calls in flight had their share of the drain.
+#[derive(Clone)]
+pub struct Direct {
+    mcp: FleetMcp,
+    closing: CancellationToken,
+}
+
+impl Direct {
+    /// Direct calls answered by `mcp`, cut short when `closing` is cancelled.
+    pub fn new(mcp: FleetMcp, closing: CancellationToken) -> Arc<Self> {
+        Arc::new(Self { mcp, closing })
+    }
+}
+
+/// A call fleetd answers itself: its request id, the tool's name, and its arguments parsed.
+#[derive(Debug)]
+struct Call {
+    id: RequestId,
+    name: String,
+    tool: Tool,
+}
+
+/// The tool called, with its parameters; or why its arguments do not fit the tool (answered as
+/// rmcp's path answers it, before the tool runs).
+#[derive(Debug)]
+enum Tool {
+    List(ListParams),
+    Send(SendParams),
+    Reply(ReplyParams),
+    Poll(PollParams),
+    Misfit(String),
+}
+
+impl Tool {
+    /// Whether the call may wait (a send that waits for its answer, a poll that waits for its
+    /// first message): one that asks for progress then goes to rmcp, whose answer turns into a
+    /// stream once a progress notice is due. A call that does not wait is answered before any
+    /// would be (a notice is a courtesy a server may skip).
+    fn may_wait(&self) -> bool {
+        match self {
+            Tool::Send(p) => p.wait_s != Some(0),
+            Tool::Poll(p) => p.wait_s.is_some_and(|s| s > 0),
+            Tool::List(_) | Tool::Reply(_) | Tool::Misfit(_) => false,
+        }
+    }
+}
+
+/// The middleware in front of rmcp's service: a plain stateless call of a hot tool answered
+/// here, anything else passed on.
+pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Next) -> Response {
+    if request.method() != Method::POST || !head_fits(request.headers()) {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(bytes) => bytes,
+        // Its length was said and within the limit: the body did not come whole.
+        Err(_) => return StatusCode::BAD_REQUEST.into_response(),
+    };
+    let caller = parts.extensions.get::<Caller>().cloned();
+    let versions = direct.mcp.supported_protocol_versions();
+    let call = caller.as_ref().and_then(|_| {
+        let message = serde_json::from_slice(&bytes).ok()?;
+        call_of(&parts.headers, message, &versions, |name| {
+            direct.mcp.schema(name)
+        })
+    });
+    match (call, caller) {
+        (Some(call), Some(caller)) => answer(&direct, call, caller).await,
+        _ => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+    }
+}
+
+/// Answers `call` for `caller`, as rmcp would: the tool runs in a task of its own, so a client
+/// that goes away cancels its waits (as rmcp's does) but not its half-done steps.
+async fn answer(direct: &Direct, call: Call, caller: Caller) -> Response {
+    let Call { id, name, tool } = call;
+    let ct = CancellationToken::new();
+    let gone = ct.clone().drop_guard();
+    let mcp = direct.mcp.clone();
+    let running = tokio::spawn(async move { mcp.direct(&name, tool, caller, ct).await });
+    let result = tokio::select! {
+        result = running => result,
+        () = direct.closing.cancelled() => {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "fleetd is shutting down").into_response();
+        }
+    };
+    gone.disarm();
+    let result = result
+        .unwrap_or_else(|e| errors::failed(&FleetError::internal(format!("the call failed: {e}"))));
+    let mut result = ServerResult::CallToolResult(result);
+    result.fill_missing_cache_hints();
+    match serde_json::to_vec(&ServerJsonRpcMessage::response(result, id)) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the answer: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+impl FleetMcp {
+    /// Runs a direct call of `tool` (named `name`) for `caller`: counted, in the span and the
+    /// tracking every call has.
+    async fn direct(
+        &self,
+        name: &str,
+        tool: Tool,
+        caller: Caller,
+        ct: CancellationToken,
+    ) -> CallToolResult {
+        self.gateway.tool_called(name, Served::Direct);
+        let span = call_span(&crate::logs::shown(name), Some(&caller));
+        let _in_flight = self.in_flight.token();
+        let caller = Ok(caller);
+        let work = async {
+            match tool {
+                Tool::List(p) => errors::result(self.listing(caller, p)),
+                Tool::Send(p) => errors::result(self.sending(caller, p, &ct).await),
+                Tool::Reply(p) => errors::result(self.replying(caller, p).await),
+                Tool::Poll(p) => errors::result(self.polling(caller, p, &ct).await),
+                Tool::Misfit(why) => {
+                    errors::failed(&FleetError::new(ErrorCode::InvalidParams, why))
+                }
+            }
+        };
+        work.instrument(span).await
+    }
+}
+
+/// Whether a request's head is that of a plain stateless call: no session, both answer forms
+/// accepted, a JSON body of a stated length within the limit, the protocol headers each said
+/// once (`Mcp-Method` saying `tools/call`, `Mcp-Name` unencoded) and no `Mcp-Param-*` header.
+fn head_fits(headers: &HeaderMap) -> bool {
+    let length = one(headers, header::CONTENT_LENGTH.as_str())
+        .and_then(|length| length.parse::<usize>().ok());
+    !headers.contains_key(SESSION)
+        && accepts_both(headers)
+        && one(headers, header::CONTENT_TYPE.as_str())
+            .is_some_and(|kind| essence(kind).eq_ignore_ascii_case("application/json"))
+        && length.is_some_and(|length| length <= BODY_LIMIT)
+        && one(headers, PROTOCOL_VERSION).is_some()
+        && one(headers, METHOD) == Some("tools/call")
+        && one(headers, NAME).is_some_and(|name| !name.starts_with(ENCODED))
+        && !headers
+            .keys()
+            .any(|name| name.as_str().starts_with(PARAM_PREFIX))
+}
+
+/// The value of header `name` when it is said exactly once, in visible ASCII.
+fn one<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    match values.next() {
+        Some(_) => None,
+        None => value.to_str().ok(),
+    }
+}
+
+/// A media type without its parameters.
+fn essence(media: &str) -> &str {
+    media.split(';').next().unwrap_or_default().trim()
+}
+
+/// Whether `Accept` names both JSON and an event stream, with no weights (a weighted one goes
+/// to rmcp, which reads them).
+fn accepts_both(headers: &HeaderMap) -> bool {
+    let mut json = false;
+    let mut stream = false;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(value) = value.to_str() else {
+            return false;
+        };
+        for media in value.split(',') {
+            if media.contains(';') || media.contains('"') {
+                return false;
+            }
+            json |= media.trim().eq_ignore_ascii_case("application/json");
+            stream |= media.trim().eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    json && stream
+}
+
+/// The call `message` makes, if fleetd answers it itself: a `tools/call` of a hot tool whose
+/// `_meta` names a protocol version of 2026-07-28 or later that fleetd speaks (the one the
+/// `MCP-Protocol-Version` header names) and holds every key that version requires; its
+/// `Mcp-Name` header names the tool; its arguments parse as the tool's parameters (or fail the
+/// tool's schema, which is answered here too, as rmcp's path answers it); and, if it asks for
+/// progress, it does not wait.
+fn call_of(
+    headers: &HeaderMap,
+    message: ClientJsonRpcMessage,
+    versions: &[ProtocolVersion],
+    schema_of: impl Fn(&str) -> Option<Arc<JsonObject>>,
+) -> Option<Call> {
+    let ClientJsonRpcMessage::Request(request) = message else {
+        return None;
+    };
+    let meta = request.request.get_meta();
+    let version = meta.protocol_version()?;
+    let plain = version >= ProtocolVersion::V_2026_07_28
+        && versions.contains(&version)
+        && one(headers, PROTOCOL_VERSION) == Some(version.as_str())
+        && meta
+            .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+            .is_empty();
+    let progress = meta.get_progress_token().is_some();
+    if !plain {
+        return None;
+    }
+    let ClientRequest::CallToolRequest(call) = request.request else {
+        return None;
+    };
+    let name = call.params.name.to_string();
+    if one(headers, NAME) != Some(name.as_str()) {
+        return None;
+    }
+    if !HOT.contains(&name.as_str()) {
+        return None;
+    }
+    let schema = schema_of(&name)?;
+    let arguments = call.params.arguments;
+    let tool = match arguments::misfit(&crate::logs::shown(&name), &schema, arguments.as_ref()) {
+        Some(why) => Tool::Misfit(why),
+        None => tool_of(&name, arguments.unwrap_or_default())?,
+    };
+    if progress && tool.may_wait() {
+        return None;
+    }
+    Some(Call {
+        id: request.id,
+        name,
+        tool,
+    })
+}
+
+/// The hot tool named `name` with `arguments` parsed as its parameters; `None` for arguments
+/// that do not parse.
+fn tool_of(name: &str, arguments: JsonObject) -> Option<Tool> {
+    Some(match name {
+        "fleet_list" => Tool::List(parsed(arguments)?),
+        "fleet_send" => Tool::Send(parsed(arguments)?),
+        "fleet_reply" => Tool::Reply(parsed(arguments)?),
+        "fleet_poll" => Tool::Poll(parsed(arguments)?),
+        _ => return None,
+    })
+}
+
+/// `arguments` as `P`, as rmcp parses a tool's parameters.
+fn parsed<P: DeserializeOwned>(arguments: JsonObject) -> Option<P> {
+    serde_json::from_value(serde_json::Value::Object(arguments)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// The head a stateless client sends for a call of `tool`.
+    fn head(tool: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("accept", PLAIN),
+            ("content-type", "application/json"),
+            ("content-length", "200"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/call"),
+            ("mcp-name", tool),
+        ] {
+            headers.insert(
+                axum::http::HeaderName::from_static(name),
+                value.parse().unwrap(),
+            );
+        }
+        headers
+    }
+
+    const PLAIN: &str = "application/json, text/event-stream";
+
+    /// A call of `tool` with `arguments` and `_meta` `meta`.
+    fn message(tool: &str, arguments: Value, meta: Value) -> ClientJsonRpcMessage {
+        serde_json::from_value(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": meta}}))
+        .unwrap()
+    }
+
+    fn meta() -> Value {
+        json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}})
+    }
+
+    fn schema(name: &str) -> Option<Arc<JsonObject>> {
+        let schema = match name {
+            "fleet_send" => rmcp::handler::server::common::schema_for_type::<SendParams>(),
+            "fleet_poll" => rmcp::handler::server::common::schema_for_type::<PollParams>(),
+            "fleet_spawn" => Arc::new(JsonObject::new()),
+            _ => return None,
+        };
+        Some(schema)
+    }
+
+    fn versions() -> &'static [ProtocolVersion] {
+        ProtocolVersion::KNOWN_VERSIONS
+    }
+
+    fn call(headers: &HeaderMap, message: ClientJsonRpcMessage) -> Option<Call> {
+        call_of(headers, message, versions(), schema)
+    }
+
+    #[test]
+    fn a_plain_stateless_call_of_a_hot_tool_is_answered_directly() {
+        let headers = head("fleet_send");
+        assert!(head_fits(&headers));
+        let sent = message("fleet_send", json!({"to": "w1", "message": "hi"}), meta());
+        let call = call(&headers, sent).expect("a plain call");
+        assert_eq!(call.name, "fleet_send");
+        assert_eq!(call.id, RequestId::Number(3));
+        assert!(
+            matches!(&call.tool, Tool::Send(p) if p.to.as_deref() == Some("w1")),
+            "{call:?}"
+        );
+        let polled = message("fleet_poll", json!({}), meta());
+        let call = super::call_of(&head("fleet_poll"), polled, versions(), schema);
+        assert!(matches!(
+            call,
+            Some(Call {
+                tool: Tool::Poll(_),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_call_that_asks_for_progress_but_does_not_wait_is_answered_directly() {
+        let mut meta = meta();
+        meta["progressToken"] = json!("p1");
+        let sent = json!({"to": "w1", "message": "hi", "wait_s": 0});
+        let call = call(
+            &head("fleet_send"),
+            message("fleet_send", sent, meta.clone()),
+        );
+        assert!(matches!(
+            call,
+            Some(Call {
+                tool: Tool::Send(_),
+                ..
+            })
+        ));
+        let polled = message("fleet_poll", json!({"wait_s": 0}), meta);
+        assert!(super::call_of(&head("fleet_poll"), polled, versions(), schema).is_some());
+    }
+
+    #[test]
+    fn arguments_that_miss_the_schema_are_answered_directly_with_the_schemas_words() {
+        let sent = message("fleet_send", json!({"to": 5, "message": "hi"}), meta());
+        let call = call(&head("fleet_send"), sent).expect("answered directly");
+        let Tool::Misfit(why) = call.tool else {
+            panic!("{call:?}")
+        };
+        assert!(why.contains("to"), "{why}");
+    }
+
+    #[test]
+    fn a_head_rmcp_must_read_goes_to_rmcp() {
+        let changed = |name: &'static str, value: &str| {
+            let mut headers = head("fleet_send");
+            headers.insert(name, value.parse().unwrap());
+            headers
+        };
+        let without = |name: &'static str| {
+            let mut headers = head("fleet_send");
+            headers.remove(name);
+            headers
+        };
+        let twice = |name: &'static str| {
+            let mut headers = head("fleet_send");
+            headers.append(name, "tools/call".parse().unwrap());
+            headers
+        };
+        for (why, headers) in [
+            ("a session", changed("mcp-session-id", "abc")),
+            ("json only", changed("accept", "application/json")),
+            (
+                "weighted",
+                changed("accept", "application/json;q=1, text/event-stream"),
+            ),
+            ("not json", changed("content-type", "text/plain")),
+            ("no length", without("content-length")),
+            ("too long", changed("content-length", "4194305")),
+            ("no version", without("mcp-protocol-version")),
+            ("no method", without("mcp-method")),
+            ("another method", changed("mcp-method", "tools/list")),
+            ("method twice", twice("mcp-method")),
+            ("encoded name", changed("mcp-name", "=?base64?Zm9v?=")),
+            ("a param header", changed("mcp-param-to", "w1")),
+        ] {
+            assert!(!head_fits(&headers), "{why}");
+        }
+        assert!(head_fits(&changed(
+            "content-type",
+            "application/json; charset=utf-8"
+        )));
+    }
+
+    #[test]
+    fn a_body_rmcp_must_read_goes_to_rmcp() {
+        let send = json!({"to": "w1", "message": "hi"});
+        let with_meta = |extra: Value| {
+            let mut meta = meta();
+            for (k, v) in extra.as_object().unwrap() {
+                meta[k] = v.clone();
+            }
+            meta
+        };
+        for (why, headers, sent) in [
+            (
+                "a progress token on a send that waits",
+                head("fleet_send"),
+                message(
+                    "fleet_send",
+                    send.clone(),
+                    with_meta(json!({"progressToken": 1})),
+                ),
+            ),
+            (
+                "a progress token on a poll that waits",
+                head("fleet_poll"),
+                message(
+                    "fleet_poll",
+                    json!({"wait_s": 1}),
+                    with_meta(json!({"progressToken": 1})),
+                ),
+            ),
+            (
+                "no per-request version",
+                head("fleet_send"),
+                message("fleet_send", send.clone(), json!({})),
+            ),
+            (
+                "no client capabilities",
+                head("fleet_send"),
+                message(
+                    "fleet_send",
+                    send.clone(),
+                    json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"}),
+                ),
+            ),
+            (
+                "an older version",
+                {
+                    let mut headers = head("fleet_send");
+                    headers.insert("mcp-protocol-version", "2025-06-18".parse().unwrap());
+                    headers
+                },
+                message(
+                    "fleet_send",
+                    send.clone(),
+                    with_meta(json!({"io.modelcontextprotocol/protocolVersion": "2025-06-18"})),
+                ),
+            ),
+            (
+                "a version the header does not name",
+                {
+                    let mut headers = head("fleet_send");
+                    headers.insert("mcp-protocol-version", "2025-06-18".parse().unwrap());
+                    headers
+                },
+                message("fleet_send", send.clone(), meta()),
+            ),
+            (
+                "a name the header does not say",
+                head("fleet_poll"),
+                message("fleet_send", send.clone(), meta()),
+            ),
+            (
+                "a tool that is not hot",
+                head("fleet_spawn"),
+                message("fleet_spawn", json!({"profile": "p"}), meta()),
+            ),
+            (
+                "a tool fleetd does not have",
+                head("nothing"),
+                message("nothing", json!({}), meta()),
+            ),
+        ] {
+            assert!(call(&headers, sent).is_none(), "{why}");
+        }
+        let listed: ClientJsonRpcMessage = serde_json::from_value(json!({"jsonrpc": "2.0",
+            "id": 1, "method": "tools/list", "params": {"_meta": meta()}}))
+        .unwrap();
+        assert!(
+            call(&head("fleet_send"), listed).is_none(),
+            "another method"
+        );
+    }
+
+    #[test]
+    fn every_tool_the_router_has_is_named_in_tools() {
+        let mut listed: Vec<String> = FleetMcp::tool_router()
+            .list_all()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        listed.sort();
+        let mut named: Vec<String> = crate::mcp::TOOLS.iter().map(|t| t.to_string()).collect();
+        named.sort();
+        assert_eq!(listed, named);
+    }
+}

@@ -1,0 +1,233 @@
+//! The short way for plain stateless calls (`fleet_send`, `fleet_reply`, `fleet_poll`,
+//! `fleet_list` answered in the request's own task, not by rmcp's per-request service): the
+//! answer reads exactly as rmcp's would, the real rmcp client's calls take it, a session's
+//! do not, and a client that goes away mid-call ends its wait as before. Which way a call went
+//! is read off `/metrics` (`fleetd_tool_calls_total{tool, served}`).
+
+use std::time::Duration;
+
+use fleet_testkit::client::Protocol;
+use fleet_testkit::fleet::Fleet;
+use fleet_testkit::wait::until;
+use serde_json::{Value, json};
+
+use super::metrics::{scraped, value};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// Both answer forms, as clients send them (a call fleetd answers itself).
+const PLAIN_ACCEPT: &str = "application/json, text/event-stream";
+/// The same with weights, which only rmcp reads: the call goes to rmcp.
+const WEIGHTED_ACCEPT: &str = "application/json;q=1, text/event-stream;q=0.9";
+
+/// A stateless (2026-07-28) call of `tool` with `args` by `token`, its `Accept` header `accept`:
+/// the answer's status, content type and body.
+async fn raw_call(
+    fleet: &Fleet,
+    token: &str,
+    accept: &str,
+    tool: &str,
+    args: &Value,
+) -> anyhow::Result<(u16, String, String)> {
+    let body = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
+        "name": tool, "arguments": args, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let response = reqwest::Client::new()
+        .post(fleet.url())
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .header("accept", accept)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .json(&body)
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    let kind = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok((status, kind, response.text().await?))
+}
+
+/// The answer `body` with the value at `pointer` in its result (structured, and the text that
+/// writes it) blanked; the value must be there.
+fn blanked(body: &str, pointer: &str) -> anyhow::Result<Value> {
+    let mut answer: Value = serde_json::from_str(body)?;
+    let text = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut written: Value = serde_json::from_str(&text)?;
+    for tree in [&mut answer["result"]["structuredContent"], &mut written] {
+        let value = tree
+            .pointer_mut(pointer)
+            .ok_or_else(|| anyhow::anyhow!("no {pointer} in {body}"))?;
+        anyhow::ensure!(!value.is_null(), "{pointer} is null in {body}");
+        *value = Value::Null;
+    }
+    answer["result"]["content"][0]["text"] = written;
+    Ok(answer)
+}
+
+/// How many calls of `tool` `fleet` counted as served `served` (its metrics read with lead
+/// `a`'s token).
+async fn served(fleet: &Fleet, tool: &str, served: &str) -> anyhow::Result<f64> {
+    served_as_seen_by(fleet, "a", tool, served).await
+}
+
+/// [`served`], the metrics read with `lead`'s token.
+pub(super) async fn served_as_seen_by(
+    fleet: &Fleet,
+    lead: &str,
+    tool: &str,
+    served: &str,
+) -> anyhow::Result<f64> {
+    let samples = scraped(fleet, lead).await?;
+    Ok(value(
+        &samples,
+        "fleetd_tool_calls_total",
+        &json!({"tool": tool, "served": served}),
+    )
+    .unwrap_or(0.0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_call_answered_directly_reads_exactly_as_rmcps_answer() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let token = fleet.token("a")?;
+    // Answers that do not change between two calls: a failure of each kind, an empty poll, a
+    // roster, arguments that miss the schema, one that is not a message id.
+    let calls = [
+        ("fleet_send", json!({"to": "nobody", "message": "hi"})),
+        ("fleet_send", json!({"to": 5, "message": "hi"})),
+        ("fleet_poll", json!({"wait_s": 0})),
+        ("fleet_reply", json!({"message": "no task"})),
+        (
+            "fleet_reply",
+            json!({"message": "x", "in_reply_to": "not-an-id"}),
+        ),
+        ("fleet_list", json!({"status": "nonsense"})),
+    ];
+    for (tool, args) in &calls {
+        let direct = raw_call(&fleet, &token, PLAIN_ACCEPT, tool, args).await?;
+        let by_rmcp = raw_call(&fleet, &token, WEIGHTED_ACCEPT, tool, args).await?;
+        assert_eq!(direct.0, 200, "{tool} {args}: {direct:?}");
+        assert!(direct.1.starts_with("application/json"), "{direct:?}");
+        assert_eq!(direct, by_rmcp, "{tool} {args}: the two ways differ");
+    }
+    // Answers that differ only in what the call itself changes: the caller's last call (in
+    // the roster) and a held send's new message id.
+    for (tool, args, changes) in [
+        (
+            "fleet_list",
+            json!({"host": "elsewhere"}),
+            "/you/last_seen_ms",
+        ),
+        (
+            "fleet_send",
+            json!({"to": "b", "message": "held", "wait_s": 0}),
+            "/msg_id",
+        ),
+    ] {
+        let direct = raw_call(&fleet, &token, PLAIN_ACCEPT, tool, &args).await?;
+        let by_rmcp = raw_call(&fleet, &token, WEIGHTED_ACCEPT, tool, &args).await?;
+        assert_eq!((direct.0, &direct.1), (by_rmcp.0, &by_rmcp.1));
+        let (direct, by_rmcp) = (blanked(&direct.2, changes)?, blanked(&by_rmcp.2, changes)?);
+        assert_eq!(direct, by_rmcp, "{tool} {args}: the two ways differ");
+    }
+    let b = fleet.lead("b", Protocol::Stateless).await?;
+    let held = b.poll(0).await?;
+    assert_eq!(held.len(), 2, "{held:?}");
+
+    // Which way each went: the plain calls directly, the weighted ones through rmcp.
+    assert_eq!(served(&fleet, "fleet_send", "direct").await?, 3.0);
+    assert_eq!(served(&fleet, "fleet_send", "rmcp").await?, 3.0);
+    assert_eq!(served(&fleet, "fleet_reply", "direct").await?, 2.0);
+    assert_eq!(served(&fleet, "fleet_reply", "rmcp").await?, 2.0);
+    assert_eq!(served(&fleet, "fleet_list", "rmcp").await?, 2.0);
+    assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 1.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rmcp_clients_stateless_calls_go_directly_and_a_sessions_through_rmcp()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let stateless = fleet.lead("a", Protocol::Stateless).await?;
+    stateless.ok("fleet_list", json!({})).await?;
+    stateless
+        .ok(
+            "fleet_send",
+            json!({"to": "b", "message": "m1", "wait_s": 0}),
+        )
+        .await?;
+    let session = fleet.lead("b", Protocol::Session).await?;
+    let held = session.poll(0).await?;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["text"], "m1", "{held:?}");
+    assert_eq!(served(&fleet, "fleet_list", "direct").await?, 1.0);
+    assert_eq!(served(&fleet, "fleet_send", "direct").await?, 1.0);
+    assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 1.0);
+    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 0.0);
+    // The client asks for progress on every call: one that may wait goes to rmcp, whose
+    // answer turns into a stream once a notice is due.
+    let polled = stateless.ok("fleet_poll", json!({"wait_s": 1})).await?;
+    assert_eq!(polled["messages"], json!([]), "{polled}");
+    assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 2.0);
+    // What rmcp answers itself is not counted as a tool call: a tool fleetd does not have.
+    let unknown = stateless.call("fleet_nothing", json!({})).await;
+    assert!(unknown.is_err() || unknown.is_ok_and(|r| r.is_err()));
+    assert_eq!(served(&fleet, "other", "rmcp").await?, 1.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_call_whose_client_goes_away_ends_its_wait() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let token = fleet.token("a")?;
+    let a = fleet.lead("a", Protocol::Stateless).await?;
+    let open_calls = || async {
+        a.entry("a")
+            .await
+            .ok()
+            .and_then(|e| e["open_calls"].as_u64())
+    };
+    // A long poll, given up by its client once it is open: the connection closes under it.
+    let polling = {
+        let (url_fleet, token) = (fleet.url(), token.clone());
+        tokio::spawn(async move {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "fleet_poll", "arguments": {"wait_s": 600}, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {}}}});
+            reqwest::Client::new()
+                .post(url_fleet)
+                .header("authorization", format!("Bearer {token}"))
+                .header("accept", PLAIN_ACCEPT)
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", "tools/call")
+                .header("mcp-name", "fleet_poll")
+                .json(&body)
+                .send()
+                .await
+        })
+    };
+    until("the poll to be open", LIMIT, || async {
+        open_calls().await.filter(|n| *n == 1)
+    })
+    .await?;
+    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
+    polling.abort();
+    assert!(polling.await.is_err_and(|e| e.is_cancelled()));
+    until("the given-up poll to close", LIMIT, || async {
+        open_calls().await.filter(|n| *n == 0)
+    })
+    .await?;
+    Ok(())
+}
