@@ -905,6 +905,7 @@ pub fn app(
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_json_response(true)
+        // rmcp's own body limit stays: the short way (`mcp::direct`) reads up to the same.
         .with_cancellation_token(closing.clone());
     let handler = FleetMcp::new(handler_gateway, calls, handlers_in_flight);
     let direct = Direct::new(handler.clone(), closing);

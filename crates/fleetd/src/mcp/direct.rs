@@ -3,40 +3,52 @@
 //! answered in its HTTP request's own task, without rmcp's per-request service, its serve loop
 //! and the channels between them (about a third of what a bare MCP call costs, see
 //! `docs/benchmarks.md`). The answer is the one rmcp would give: the same handler code, the
-//! same result types, the same cache hints.
+//! same result types, the same cache hints. Two things differ, neither an answer to a call that
+//! ends: a call cut short by a shutdown gets a 500 saying so (rmcp's says "empty response"), and
+//! so does a tool that panics (rmcp's request would hang until its client gave up).
+//!
+//! A call that asks for progress gets its notices as on rmcp's path, every 5 s of a send's or a
+//! poll's wait: an answer that comes first is plain JSON, and once a notice comes first the
+//! notices and then the answer are an event stream.
 //!
 //! Only the plain case goes this way. Anything else goes on to rmcp untouched (its body as it
 //! came), so every check and every error stays rmcp's own: the session protocol, a request
-//! without the per-request `_meta`, a call that may wait and asks for progress (progress turns
-//! the answer into a stream), a header rmcp would look into (`Mcp-Param-*`, a repeated or
+//! without the per-request `_meta`, a header rmcp would look into (`Mcp-Param-*`, a repeated or
 //! encoded one, one that disagrees with the body), a body too big, arguments that do not
 //! parse, any other method or tool.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use fleet_core::{ErrorCode, FleetError};
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolResult, ClientJsonRpcMessage, ClientRequest, GetMeta, JsonObject, ProtocolVersion,
-    RequestId, ServerJsonRpcMessage, ServerResult,
+    ClientJsonRpcMessage, ClientRequest, GetMeta, JsonObject, ProgressNotification, ProgressToken,
+    ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerNotification, ServerResult,
 };
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::params::{ListParams, PollParams, ReplyParams, SendParams};
-use super::{FleetMcp, arguments, call_span, errors};
+use super::{FleetMcp, arguments, call_span, errors, progressing};
 use crate::gateway::Caller;
 use crate::metrics::Served;
 
-/// The largest body a direct call may have: rmcp's own limit (a bigger one goes to rmcp, which
-/// refuses it).
+/// The largest body a direct call may have: rmcp's own default limit, which fleetd keeps (a
+/// bigger one goes to rmcp, which refuses it).
 const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// How often an event stream of progress notices says it is alive (rmcp's own interval).
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The tools answered directly: those every round trip calls.
 const HOT: [&str; 4] = ["fleet_list", "fleet_send", "fleet_reply", "fleet_poll"];
@@ -66,12 +78,14 @@ impl Direct {
     }
 }
 
-/// A call fleetd answers itself: its request id, the tool's name, and its arguments parsed.
+/// A call fleetd answers itself: its request id, the tool's name, its arguments parsed, and
+/// the token its progress notices carry, if it asked for them.
 #[derive(Debug)]
 struct Call {
     id: RequestId,
     name: String,
     tool: Tool,
+    progress: Option<ProgressToken>,
 }
 
 /// The tool called, with its parameters; or why its arguments do not fit the tool (answered as
@@ -83,20 +97,6 @@ enum Tool {
     Reply(ReplyParams),
     Poll(PollParams),
     Misfit(String),
-}
-
-impl Tool {
-    /// Whether the call may wait (a send that waits for its answer, a poll that waits for its
-    /// first message): one that asks for progress then goes to rmcp, whose answer turns into a
-    /// stream once a progress notice is due. A call that does not wait is answered before any
-    /// would be (a notice is a courtesy a server may skip).
-    fn may_wait(&self) -> bool {
-        match self {
-            Tool::Send(p) => p.wait_s != Some(0),
-            Tool::Poll(p) => p.wait_s.is_some_and(|s| s > 0),
-            Tool::List(_) | Tool::Reply(_) | Tool::Misfit(_) => false,
-        }
-    }
 }
 
 /// The middleware in front of rmcp's service: a plain stateless call of a hot tool answered
@@ -129,61 +129,123 @@ pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Ne
 }
 
 /// Answers `call` for `caller`, as rmcp would: the tool runs in a task of its own, so a client
-/// that goes away cancels its waits (as rmcp's does) but not its half-done steps.
+/// that goes away cancels its waits (as rmcp's does) but not its half-done steps. An answer
+/// that comes before any progress notice is plain JSON; once a notice comes first, the notices
+/// and then the answer are an event stream.
 async fn answer(direct: &Direct, call: Call, caller: Caller) -> Response {
-    let Call { id, name, tool } = call;
     let ct = CancellationToken::new();
     let gone = ct.clone().drop_guard();
+    let (told, mut said) = mpsc::unbounded_channel();
     let mcp = direct.mcp.clone();
-    let running = tokio::spawn(async move { mcp.direct(&name, tool, caller, ct).await });
-    let result = tokio::select! {
-        result = running => result,
-        () = direct.closing.cancelled() => {
-            return (StatusCode::INTERNAL_SERVER_ERROR, "fleetd is shutting down").into_response();
-        }
+    // In the request's span, as rmcp's handler is.
+    tokio::spawn(async move { mcp.direct(call, caller, told, ct).await }.in_current_span());
+    let first = tokio::select! {
+        first = said.recv() => first,
+        () = direct.closing.cancelled() => return shutting_down(),
     };
-    gone.disarm();
-    let result = result
-        .unwrap_or_else(|e| errors::failed(&FleetError::internal(format!("the call failed: {e}"))));
-    let mut result = ServerResult::CallToolResult(result);
-    result.fill_missing_cache_hints();
-    match serde_json::to_vec(&ServerJsonRpcMessage::response(result, id)) {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(e) => (
+    let Some(first) = first else {
+        return (
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot encode the answer: {e}"),
+            "the call ended without an answer",
         )
-            .into_response(),
+            .into_response();
+    };
+    if matches!(first, ServerJsonRpcMessage::Response(_)) {
+        gone.disarm();
+        return match serde_json::to_vec(&first) {
+            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the answer: {e}"),
+            )
+                .into_response(),
+        };
     }
+    // The stream holds the guard: a client that drops it cancels the call.
+    let closing = direct.closing.clone();
+    let events = futures_util::stream::unfold(
+        (Some(first), said, gone, closing),
+        |(first, mut said, gone, closing)| async move {
+            let message = match first {
+                Some(message) => message,
+                None => tokio::select! {
+                    message = said.recv() => message?,
+                    () = closing.cancelled() => return None,
+                },
+            };
+            let event = Event::default().data(serde_json::to_string(&message).ok()?);
+            Some((Ok::<_, Infallible>(event), (None, said, gone, closing)))
+        },
+    );
+    let stream = Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE));
+    ([("x-accel-buffering", "no")], stream).into_response()
+}
+
+/// What a call cut short by a shutdown gets.
+fn shutting_down() -> Response {
+    (StatusCode::INTERNAL_SERVER_ERROR, "fleetd is shutting down").into_response()
 }
 
 impl FleetMcp {
-    /// Runs a direct call of `tool` (named `name`) for `caller`: counted, in the span and the
-    /// tracking every call has.
+    /// Runs the direct `call` for `caller`: counted, in the span and the tracking every call
+    /// has, its progress notices (if it asked for them) and then its answer told to `told`.
     async fn direct(
         &self,
-        name: &str,
-        tool: Tool,
+        call: Call,
         caller: Caller,
+        told: mpsc::UnboundedSender<ServerJsonRpcMessage>,
         ct: CancellationToken,
-    ) -> CallToolResult {
-        self.gateway.tool_called(name, Served::Direct);
-        let span = call_span(&crate::logs::shown(name), Some(&caller));
+    ) {
+        let Call {
+            id,
+            name,
+            tool,
+            progress,
+        } = call;
+        self.gateway.tool_called(&name, Served::Direct);
+        let span = call_span(&crate::logs::shown(&name), Some(&caller));
         let _in_flight = self.in_flight.token();
         let caller = Ok(caller);
         let work = async {
             match tool {
                 Tool::List(p) => errors::result(self.listing(caller, p)),
-                Tool::Send(p) => errors::result(self.sending(caller, p, &ct).await),
+                Tool::Send(p) => errors::result(
+                    noticed(progress, "fleet_send", self.sending(caller, p, &ct), &told).await,
+                ),
                 Tool::Reply(p) => errors::result(self.replying(caller, p).await),
-                Tool::Poll(p) => errors::result(self.polling(caller, p, &ct).await),
+                Tool::Poll(p) => errors::result(
+                    noticed(progress, "fleet_poll", self.polling(caller, p, &ct), &told).await,
+                ),
                 Tool::Misfit(why) => {
                     errors::failed(&FleetError::new(ErrorCode::InvalidParams, why))
                 }
             }
         };
-        work.instrument(span).await
+        let mut result = ServerResult::CallToolResult(work.instrument(span).await);
+        result.fill_missing_cache_hints();
+        let _ = told.send(ServerJsonRpcMessage::response(result, id));
     }
+}
+
+/// Runs `work`, telling `told` a progress notice every 5 s while it runs if the call asked for
+/// them (`progress`), as rmcp's path does for `what`.
+async fn noticed<T>(
+    progress: Option<ProgressToken>,
+    what: &str,
+    work: impl Future<Output = T>,
+    told: &mpsc::UnboundedSender<ServerJsonRpcMessage>,
+) -> T {
+    let Some(token) = progress else {
+        return work.await;
+    };
+    let notify = |note| {
+        let notice = ServerNotification::ProgressNotification(ProgressNotification::new(note));
+        // Not heard only once the answer's writer went away with its client.
+        let _ = told.send(ServerJsonRpcMessage::notification(notice));
+        std::future::ready(())
+    };
+    let (_quiet, events) = mpsc::unbounded_channel();
+    progressing(token, what, events, work, notify).await
 }
 
 /// Whether a request's head is that of a plain stateless call: no session, both answer forms
@@ -244,8 +306,7 @@ fn accepts_both(headers: &HeaderMap) -> bool {
 /// `_meta` names a protocol version of 2026-07-28 or later that fleetd speaks (the one the
 /// `MCP-Protocol-Version` header names) and holds every key that version requires; its
 /// `Mcp-Name` header names the tool; its arguments parse as the tool's parameters (or fail the
-/// tool's schema, which is answered here too, as rmcp's path answers it); and, if it asks for
-/// progress, it does not wait.
+/// tool's schema, which is answered here too, as rmcp's path answers it).
 fn call_of(
     headers: &HeaderMap,
     message: ClientJsonRpcMessage,
@@ -263,7 +324,7 @@ fn call_of(
         && meta
             .missing_required_keys(&ProtocolVersion::V_2026_07_28)
             .is_empty();
-    let progress = meta.get_progress_token().is_some();
+    let progress = meta.get_progress_token();
     if !plain {
         return None;
     }
@@ -283,13 +344,11 @@ fn call_of(
         Some(why) => Tool::Misfit(why),
         None => tool_of(&name, arguments.unwrap_or_default())?,
     };
-    if progress && tool.may_wait() {
-        return None;
-    }
     Some(Call {
         id: request.id,
         name,
         tool,
+        progress,
     })
 }
 
@@ -312,6 +371,7 @@ fn parsed<P: DeserializeOwned>(arguments: JsonObject) -> Option<P> {
 
 #[cfg(test)]
 mod tests {
+    use rmcp::model::NumberOrString;
     use serde_json::{Value, json};
 
     use super::*;
@@ -391,23 +451,23 @@ mod tests {
     }
 
     #[test]
-    fn a_call_that_asks_for_progress_but_does_not_wait_is_answered_directly() {
+    fn a_call_that_asks_for_progress_is_answered_directly_with_its_token() {
         let mut meta = meta();
         meta["progressToken"] = json!("p1");
-        let sent = json!({"to": "w1", "message": "hi", "wait_s": 0});
+        let sent = json!({"to": "w1", "message": "hi", "wait_s": 60});
         let call = call(
             &head("fleet_send"),
             message("fleet_send", sent, meta.clone()),
+        )
+        .expect("a call that asks for progress");
+        assert!(matches!(call.tool, Tool::Send(_)), "{call:?}");
+        assert_eq!(
+            call.progress,
+            Some(ProgressToken(NumberOrString::String("p1".into())))
         );
-        assert!(matches!(
-            call,
-            Some(Call {
-                tool: Tool::Send(_),
-                ..
-            })
-        ));
-        let polled = message("fleet_poll", json!({"wait_s": 0}), meta);
-        assert!(super::call_of(&head("fleet_poll"), polled, versions(), schema).is_some());
+        let polled = message("fleet_poll", json!({"wait_s": 5}), meta);
+        let call = super::call_of(&head("fleet_poll"), polled, versions(), schema);
+        assert!(call.is_some_and(|c| c.progress.is_some()));
     }
 
     #[test]
@@ -474,24 +534,6 @@ mod tests {
         };
         for (why, headers, sent) in [
             (
-                "a progress token on a send that waits",
-                head("fleet_send"),
-                message(
-                    "fleet_send",
-                    send.clone(),
-                    with_meta(json!({"progressToken": 1})),
-                ),
-            ),
-            (
-                "a progress token on a poll that waits",
-                head("fleet_poll"),
-                message(
-                    "fleet_poll",
-                    json!({"wait_s": 1}),
-                    with_meta(json!({"progressToken": 1})),
-                ),
-            ),
-            (
                 "no per-request version",
                 head("fleet_send"),
                 message("fleet_send", send.clone(), json!({})),
@@ -552,6 +594,55 @@ mod tests {
             call(&head("fleet_send"), listed).is_none(),
             "another method"
         );
+    }
+
+    #[test]
+    fn arguments_that_fit_the_schema_but_not_the_parameters_go_to_rmcp() {
+        // A negative wait is an integer to the schema, and no u64 to the parameters: rmcp's
+        // own words for it, rewritten by the tool's handler, are the answer.
+        let sent = message(
+            "fleet_send",
+            json!({"to": "w1", "message": "hi", "wait_s": -1}),
+            meta(),
+        );
+        assert!(call(&head("fleet_send"), sent).is_none());
+    }
+
+    #[test]
+    fn a_version_fleetd_does_not_speak_goes_to_rmcp() {
+        let mut headers = head("fleet_send");
+        headers.insert("mcp-protocol-version", "2027-01-01".parse().unwrap());
+        let mut later = meta();
+        later["io.modelcontextprotocol/protocolVersion"] = json!("2027-01-01");
+        let sent = message("fleet_send", json!({"to": "w1", "message": "hi"}), later);
+        assert!(call(&headers, sent).is_none());
+    }
+
+    #[test]
+    fn a_repeated_protocol_header_goes_to_rmcp() {
+        for name in [
+            "mcp-name",
+            "mcp-protocol-version",
+            "content-type",
+            "content-length",
+        ] {
+            let mut headers = head("fleet_send");
+            let value = headers[name].clone();
+            headers.append(name, value);
+            assert!(!head_fits(&headers), "{name}");
+        }
+    }
+
+    #[test]
+    fn no_hot_tools_parameter_asks_for_a_header_of_its_own() {
+        // rmcp checks a parameter annotated `x-mcp-header` against its `Mcp-Param-*` header,
+        // present or not; the short way only sees that none is present.
+        let router = FleetMcp::tool_router();
+        for name in HOT {
+            let tool = router.get(name).expect("a hot tool");
+            let schema = serde_json::to_string(tool.input_schema.as_ref()).unwrap();
+            assert!(!schema.contains("x-mcp-header"), "{name}: {schema}");
+        }
     }
 
     #[test]

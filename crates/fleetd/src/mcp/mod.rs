@@ -21,7 +21,7 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -223,12 +223,29 @@ async fn with_progress<T>(
 async fn with_progress_events<T>(
     ctx: &RequestContext<RoleServer>,
     what: &str,
-    mut events: mpsc::UnboundedReceiver<String>,
+    events: mpsc::UnboundedReceiver<String>,
     work: impl Future<Output = T>,
 ) -> T {
     let Some(token) = ctx.meta.get_progress_token() else {
         return work.await;
     };
+    let notify = |note| async {
+        if let Err(e) = ctx.peer.notify_progress(note).await {
+            tracing::debug!(error = %e, "cannot send progress");
+        }
+    };
+    progressing(token, what, events, work, notify).await
+}
+
+/// Runs `work`, handing `notify` a progress notification for `token` every
+/// [`PROGRESS_INTERVAL`] while it runs, and one for each line `events` hears.
+async fn progressing<T, Told: Future<Output = ()>>(
+    token: ProgressToken,
+    what: &str,
+    mut events: mpsc::UnboundedReceiver<String>,
+    work: impl Future<Output = T>,
+    notify: impl Fn(ProgressNotificationParam) -> Told,
+) -> T {
     tokio::pin!(work);
     let started = tokio::time::Instant::now();
     let mut ticks = tokio::time::interval_at(started + PROGRESS_INTERVAL, PROGRESS_INTERVAL);
@@ -249,9 +266,7 @@ async fn with_progress_events<T>(
             started.elapsed().as_secs_f64() + f64::from(told),
         )
         .with_message(message);
-        if let Err(e) = ctx.peer.notify_progress(note).await {
-            tracing::debug!(error = %e, "cannot send progress");
-        }
+        notify(note).await;
     }
 }
 

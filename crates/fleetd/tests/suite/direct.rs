@@ -29,11 +29,27 @@ async fn raw_call(
     tool: &str,
     args: &Value,
 ) -> anyhow::Result<(u16, String, String)> {
+    raw_call_meta(fleet, token, accept, tool, args, json!({})).await
+}
+
+/// [`raw_call`] with `extra` entries in the request's `_meta` (a progress token, say).
+async fn raw_call_meta(
+    fleet: &Fleet,
+    token: &str,
+    accept: &str,
+    tool: &str,
+    args: &Value,
+    extra: Value,
+) -> anyhow::Result<(u16, String, String)> {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    for (key, value) in extra.as_object().into_iter().flatten() {
+        meta[key] = value.clone();
+    }
     let body = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
-        "name": tool, "arguments": args, "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": {}}}});
+        "name": tool, "arguments": args, "_meta": meta}});
     let response = reqwest::Client::new()
         .post(fleet.url())
         .header("authorization", format!("Bearer {token}"))
@@ -174,16 +190,59 @@ async fn the_rmcp_clients_stateless_calls_go_directly_and_a_sessions_through_rmc
     assert_eq!(served(&fleet, "fleet_list", "direct").await?, 1.0);
     assert_eq!(served(&fleet, "fleet_send", "direct").await?, 1.0);
     assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 1.0);
-    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 0.0);
-    // The client asks for progress on every call: one that may wait goes to rmcp, whose
-    // answer turns into a stream once a notice is due.
+    // The client asks for progress on every call: a poll that waits goes directly too.
     let polled = stateless.ok("fleet_poll", json!({"wait_s": 1})).await?;
     assert_eq!(polled["messages"], json!([]), "{polled}");
-    assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 2.0);
-    // What rmcp answers itself is not counted as a tool call: a tool fleetd does not have.
+    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
+    // A tool fleetd does not have goes to rmcp, which refuses it; the call counts under
+    // `other`, never under the name its caller made up.
     let unknown = stateless.call("fleet_nothing", json!({})).await;
-    assert!(unknown.is_err() || unknown.is_ok_and(|r| r.is_err()));
+    assert!(
+        unknown
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("tool not found")),
+        "{unknown:?}"
+    );
     assert_eq!(served(&fleet, "other", "rmcp").await?, 1.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_rmcp_must_refuse_reaches_rmcp_whole_and_gets_its_refusal() -> anyhow::Result<()> {
+    let fleet = Fleet::start(
+        "",
+        "[leads.a]
+[leads.b]
+",
+    )
+    .await?;
+    let token = fleet.token("a")?;
+    // An Mcp-Name header that does not say the body's tool: rmcp's 400, naming both, which it
+    // can only write if the body reached it as it came.
+    let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "fleet_list", "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let response = reqwest::Client::new()
+        .post(fleet.url())
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", PLAIN_ACCEPT)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "fleet_poll")
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 400);
+    let refusal: Value = response.json().await?;
+    assert_eq!(refusal["id"], 9, "{refusal}");
+    let said = refusal["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("fleet_poll") && said.contains("fleet_list"),
+        "{refusal}"
+    );
+    assert_eq!(served(&fleet, "fleet_list", "direct").await?, 0.0);
+    assert_eq!(served(&fleet, "fleet_list", "rmcp").await?, 0.0);
     Ok(())
 }
 
@@ -229,5 +288,68 @@ async fn a_direct_call_whose_client_goes_away_ends_its_wait() -> anyhow::Result<
         open_calls().await.filter(|n| *n == 0)
     })
     .await?;
+    Ok(())
+}
+
+/// The messages of an event stream's `body`, each `data:` line's JSON, the progress a notice
+/// counts blanked (it is the time the call has taken).
+fn streamed(body: &str) -> anyhow::Result<Vec<Value>> {
+    let mut messages = Vec::new();
+    for data in body.lines().filter_map(|line| line.strip_prefix("data:")) {
+        let mut message: Value = serde_json::from_str(data.trim())?;
+        if let Some(progress) = message.pointer_mut("/params/progress") {
+            anyhow::ensure!(progress.is_number(), "{data}");
+            *progress = Value::Null;
+        }
+        messages.push(message);
+    }
+    Ok(messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_call_that_waits_past_a_progress_notice_streams_it_as_rmcp_does()
+-> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let token = fleet.token("a")?;
+    let (args, progress) = (json!({"wait_s": 6}), json!({"progressToken": "t1"}));
+    // The two ways at once: each waits 6 s, its notice due at 5 s.
+    let (direct, by_rmcp) = tokio::join!(
+        raw_call_meta(
+            &fleet,
+            &token,
+            PLAIN_ACCEPT,
+            "fleet_poll",
+            &args,
+            progress.clone()
+        ),
+        raw_call_meta(
+            &fleet,
+            &token,
+            WEIGHTED_ACCEPT,
+            "fleet_poll",
+            &args,
+            progress
+        ),
+    );
+    let (direct, by_rmcp) = (direct?, by_rmcp?);
+    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
+    assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 1.0);
+    assert_eq!((direct.0, by_rmcp.0), (200, 200));
+    assert!(direct.1.starts_with("text/event-stream"), "{direct:?}");
+    assert!(by_rmcp.1.starts_with("text/event-stream"), "{by_rmcp:?}");
+    let messages = streamed(&direct.2)?;
+    assert_eq!(messages, streamed(&by_rmcp.2)?, "{direct:?}\n{by_rmcp:?}");
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["method"], "notifications/progress");
+    assert_eq!(messages[0]["params"]["progressToken"], "t1");
+    assert_eq!(
+        messages[0]["params"]["message"],
+        "fleet_poll: still waiting after 5 s"
+    );
+    assert_eq!(messages[1]["id"], 41);
+    assert_eq!(
+        messages[1]["result"]["structuredContent"]["messages"],
+        json!([])
+    );
     Ok(())
 }
