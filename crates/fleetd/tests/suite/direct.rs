@@ -9,6 +9,7 @@ use std::time::Duration;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::Fleet;
 use fleet_testkit::wait::until;
+use reqwest::RequestBuilder;
 use serde_json::{Value, json};
 
 use super::metrics::{scraped, value};
@@ -32,6 +33,19 @@ async fn raw_call(
     raw_call_meta(fleet, token, accept, tool, args, json!({})).await
 }
 
+/// A stateless call's POST of `body` to `url` by `token`, its `Accept` header `accept` and its
+/// `Mcp-Name` header `name`.
+fn posted(url: String, token: &str, accept: &str, name: &str, body: &Value) -> RequestBuilder {
+    reqwest::Client::new()
+        .post(url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", accept)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", name)
+        .json(body)
+}
+
 /// [`raw_call`] with `extra` entries in the request's `_meta` (a progress token, say).
 async fn raw_call_meta(
     fleet: &Fleet,
@@ -50,15 +64,7 @@ async fn raw_call_meta(
     }
     let body = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
         "name": tool, "arguments": args, "_meta": meta}});
-    let response = reqwest::Client::new()
-        .post(fleet.url())
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/json")
-        .header("accept", accept)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", tool)
-        .json(&body)
+    let response = posted(fleet.url(), token, accept, tool, &body)
         .send()
         .await?;
     let status = response.status().as_u16();
@@ -223,14 +229,7 @@ async fn a_call_rmcp_must_refuse_reaches_rmcp_whole_and_gets_its_refusal() -> an
         "name": "fleet_list", "arguments": {}, "_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}}});
-    let response = reqwest::Client::new()
-        .post(fleet.url())
-        .header("authorization", format!("Bearer {token}"))
-        .header("accept", PLAIN_ACCEPT)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "fleet_poll")
-        .json(&body)
+    let response = posted(fleet.url(), &token, PLAIN_ACCEPT, "fleet_poll", &body)
         .send()
         .await?;
     assert_eq!(response.status().as_u16(), 400);
@@ -265,14 +264,7 @@ async fn a_direct_call_whose_client_goes_away_ends_its_wait() -> anyhow::Result<
                 "name": "fleet_poll", "arguments": {"wait_s": 600}, "_meta": {
                     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                     "io.modelcontextprotocol/clientCapabilities": {}}}});
-            reqwest::Client::new()
-                .post(url_fleet)
-                .header("authorization", format!("Bearer {token}"))
-                .header("accept", PLAIN_ACCEPT)
-                .header("mcp-protocol-version", "2026-07-28")
-                .header("mcp-method", "tools/call")
-                .header("mcp-name", "fleet_poll")
-                .json(&body)
+            posted(url_fleet, &token, PLAIN_ACCEPT, "fleet_poll", &body)
                 .send()
                 .await
         })
