@@ -111,7 +111,8 @@ struct ToolCall {
 /// Which way a tool call was answered, for [`Metrics::tool_called`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Served {
-    /// In the HTTP request's own task: a plain stateless call (see `crate::mcp::direct`).
+    /// By fleetd itself, without rmcp's service: a plain stateless call (see
+    /// `crate::mcp::direct`).
     Direct,
     /// By rmcp's per-request service: every other call.
     Rmcp,
@@ -289,7 +290,7 @@ impl Metrics {
         );
         registry.register(
             "tool_calls",
-            "MCP tool calls, by tool and by which way they were answered (direct: in the request's own task; rmcp: by its per-request service)",
+            "MCP tool calls, by tool and by which way they were answered (direct: by fleetd itself; rmcp: by its per-request service)",
             self.tool_calls.clone(),
         );
     }

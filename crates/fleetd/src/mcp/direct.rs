@@ -1,11 +1,13 @@
 //! The short way for the calls every round trip makes: a stateless (2026-07-28) `tools/call`
 //! of `fleet_send`, `fleet_reply`, `fleet_poll` or `fleet_list`, plain in every respect, is
-//! answered in its HTTP request's own task, without rmcp's per-request service, its serve loop
-//! and the channels between them (about a third of what a bare MCP call costs, see
-//! `docs/benchmarks.md`). The answer is the one rmcp would give: the same handler code, the
-//! same result types, the same cache hints. Two things differ, neither an answer to a call that
-//! ends: a call cut short by a shutdown gets a 500 saying so (rmcp's says "empty response"), and
-//! so does a tool that panics (rmcp's request would hang until its client gave up).
+//! answered by fleetd itself (the tool in a task of its own, the answer written by the request's
+//! handler), without rmcp's per-request service, its serve loop and the channels between them
+//! (about a third of what a bare MCP call costs, see `docs/benchmarks.md`). The answer is the
+//! one rmcp would give: the same handler code, the same result types, the same cache hints. Two
+//! things differ, neither an answer to a call that ends: a call cut short by a shutdown before
+//! its first progress notice gets a 500 saying so (rmcp's says "empty response"), and so does a
+//! tool that panics (rmcp's request would hang until its client gave up). Once a notice has
+//! gone, a shutdown ends the stream, as rmcp's.
 //!
 //! A call that asks for progress gets its notices as on rmcp's path, every 5 s of a send's or a
 //! poll's wait: an answer that comes first is plain JSON, and once a notice comes first the
@@ -168,7 +170,9 @@ async fn answer(direct: &Direct, call: Call, caller: Caller) -> Response {
         |(first, mut said, gone, closing)| async move {
             let message = match first {
                 Some(message) => message,
+                // What the call has said goes out before a shutdown cuts the stream.
                 None => tokio::select! {
+                    biased;
                     message = said.recv() => message?,
                     () = closing.cancelled() => return None,
                 },

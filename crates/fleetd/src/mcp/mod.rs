@@ -519,3 +519,42 @@ impl ServerHandler for FleetMcp {
         Ok(result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use rmcp::model::NumberOrString;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_call_is_told_every_five_seconds_and_each_line_it_hears() {
+        let notes = Mutex::new(Vec::new());
+        let notify = |note: ProgressNotificationParam| {
+            if let Ok(mut notes) = notes.lock() {
+                notes.push((note.progress, note.message.unwrap_or_default()));
+            }
+            std::future::ready(())
+        };
+        let (tell, events) = mpsc::unbounded_channel();
+        let work = async {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            let _ = tell.send("a line".to_string());
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            "done"
+        };
+        let token = ProgressToken(NumberOrString::Number(1));
+        let out = progressing(token, "fleet_send", events, work, notify).await;
+        assert_eq!(out, "done");
+        let notes = notes.into_inner().unwrap();
+        assert_eq!(
+            notes,
+            [
+                (5.0, "fleet_send: still waiting after 5 s".to_string()),
+                (8.0, "fleet_send: a line".to_string()),
+                (11.0, "fleet_send: still waiting after 10 s".to_string()),
+            ]
+        );
+    }
+}

@@ -22,7 +22,8 @@ const PLAIN_ACCEPT: &str = "application/json, text/event-stream";
 const WEIGHTED_ACCEPT: &str = "application/json;q=1, text/event-stream;q=0.9";
 
 /// A stateless (2026-07-28) call of `tool` with `args` by `token`, its `Accept` header `accept`:
-/// the answer's status, content type and body.
+/// the answer's status, its head (content type, cache control and proxy buffering, `|` between)
+/// and its body.
 async fn raw_call(
     fleet: &Fleet,
     token: &str,
@@ -44,6 +45,7 @@ fn posted(url: String, token: &str, accept: &str, name: &str, body: &Value) -> R
         .header("mcp-method", "tools/call")
         .header("mcp-name", name)
         .json(body)
+        .timeout(Duration::from_secs(30))
 }
 
 /// [`raw_call`] with `extra` entries in the request's `_meta` (a progress token, say).
@@ -68,13 +70,13 @@ async fn raw_call_meta(
         .send()
         .await?;
     let status = response.status().as_u16();
-    let kind = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    Ok((status, kind, response.text().await?))
+    let head = ["content-type", "cache-control", "x-accel-buffering"]
+        .map(|name| {
+            let value = response.headers().get(name);
+            value.and_then(|v| v.to_str().ok()).unwrap_or("-")
+        })
+        .join(" | ");
+    Ok((status, head, response.text().await?))
 }
 
 /// The answer `body` with the value at `pointer` in its result (structured, and the text that
@@ -303,8 +305,8 @@ async fn a_direct_call_that_waits_past_a_progress_notice_streams_it_as_rmcp_does
 -> anyhow::Result<()> {
     let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
     let token = fleet.token("a")?;
-    let (args, progress) = (json!({"wait_s": 6}), json!({"progressToken": "t1"}));
-    // The two ways at once: each waits 6 s, its notice due at 5 s.
+    let (args, progress) = (json!({"wait_s": 8}), json!({"progressToken": "t1"}));
+    // The two ways at once: each waits 8 s, its one notice due at 5 s.
     let (direct, by_rmcp) = tokio::join!(
         raw_call_meta(
             &fleet,
@@ -327,8 +329,8 @@ async fn a_direct_call_that_waits_past_a_progress_notice_streams_it_as_rmcp_does
     assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
     assert_eq!(served(&fleet, "fleet_poll", "rmcp").await?, 1.0);
     assert_eq!((direct.0, by_rmcp.0), (200, 200));
-    assert!(direct.1.starts_with("text/event-stream"), "{direct:?}");
-    assert!(by_rmcp.1.starts_with("text/event-stream"), "{by_rmcp:?}");
+    assert_eq!(direct.1, "text/event-stream | no-cache | no", "{direct:?}");
+    assert_eq!(direct.1, by_rmcp.1);
     let messages = streamed(&direct.2)?;
     assert_eq!(messages, streamed(&by_rmcp.2)?, "{direct:?}\n{by_rmcp:?}");
     assert_eq!(messages.len(), 2, "{messages:?}");
@@ -343,5 +345,45 @@ async fn a_direct_call_that_waits_past_a_progress_notice_streams_it_as_rmcp_does
         messages[1]["result"]["structuredContent"]["messages"],
         json!([])
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_call_whose_client_goes_away_mid_stream_ends_its_wait() -> anyhow::Result<()> {
+    let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
+    let token = fleet.token("a")?;
+    let a = fleet.lead("a", Protocol::Stateless).await?;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "fleet_poll", "arguments": {"wait_s": 600}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "progressToken": "t2"}}});
+    // The stream's head comes with its first notice, 5 s into the wait.
+    let mut streaming = posted(fleet.url(), &token, PLAIN_ACCEPT, "fleet_poll", &body)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?;
+    assert_eq!(streaming.status().as_u16(), 200);
+    let mut first = String::new();
+    while !first.contains("\n\n") {
+        let Some(chunk) = streaming.chunk().await? else {
+            anyhow::bail!("the stream ended: {first}");
+        };
+        first.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(first.contains("still waiting after 5 s"), "{first}");
+    assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
+    let open_calls = || async {
+        a.entry("a")
+            .await
+            .ok()
+            .and_then(|e| e["open_calls"].as_u64())
+    };
+    assert_eq!(open_calls().await, Some(1));
+    drop(streaming);
+    until("the poll given up mid-stream to close", LIMIT, || async {
+        open_calls().await.filter(|n| *n == 0)
+    })
+    .await?;
     Ok(())
 }
