@@ -62,12 +62,8 @@ const NAME: &str = "mcp-name";
 const SESSION: &str = "mcp-session-id";
 const PARAM_PREFIX: &str = "mcp-param-";
 
-/// How an encoded header value begins (rmcp decodes it; such a call goes to rmcp).
-const ENCODED: &str = "=?base64?";
-
 /// What answers direct calls: a handler like rmcp's, and the token a shutdown cancels once the
 /// calls in flight had their share of the drain.
-#[derive(Clone)]
 pub struct Direct {
     mcp: FleetMcp,
     closing: CancellationToken,
@@ -113,17 +109,17 @@ pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Ne
         // Its length was said and within the limit: the body did not come whole.
         Err(_) => return StatusCode::BAD_REQUEST.into_response(),
     };
-    let caller = parts.extensions.get::<Caller>().cloned();
     let versions = direct.mcp.supported_protocol_versions();
-    let call = caller.as_ref().and_then(|_| {
+    let call = parts.extensions.get::<Caller>().and_then(|caller| {
         let message = serde_json::from_slice(&bytes).ok()?;
-        call_of(&parts.headers, message, &versions, |name| {
+        let call = call_of(&parts.headers, message, &versions, |name| {
             direct.mcp.schema(name)
-        })
+        })?;
+        Some((call, caller.clone()))
     });
-    match (call, caller) {
-        (Some(call), Some(caller)) => answer(&direct, call, caller).await,
-        _ => {
+    match call {
+        Some((call, caller)) => answer(&direct, call, caller).await,
+        None => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
@@ -254,7 +250,8 @@ async fn noticed<T>(
 
 /// Whether a request's head is that of a plain stateless call: no session, both answer forms
 /// accepted, a JSON body of a stated length within the limit, the protocol headers each said
-/// once (`Mcp-Method` saying `tools/call`, `Mcp-Name` unencoded) and no `Mcp-Param-*` header.
+/// once (`Mcp-Method` saying `tools/call`, `Mcp-Name` a hot tool's, unencoded) and no
+/// `Mcp-Param-*` header. (Any other call's body is left for rmcp to read, once.)
 fn head_fits(headers: &HeaderMap) -> bool {
     let length = one(headers, header::CONTENT_LENGTH.as_str())
         .and_then(|length| length.parse::<usize>().ok());
@@ -265,7 +262,7 @@ fn head_fits(headers: &HeaderMap) -> bool {
         && length.is_some_and(|length| length <= BODY_LIMIT)
         && one(headers, PROTOCOL_VERSION).is_some()
         && one(headers, METHOD) == Some("tools/call")
-        && one(headers, NAME).is_some_and(|name| !name.starts_with(ENCODED))
+        && one(headers, NAME).is_some_and(|name| HOT.contains(&name))
         && !headers
             .keys()
             .any(|name| name.as_str().starts_with(PARAM_PREFIX))
@@ -516,6 +513,7 @@ mod tests {
             ("another method", changed("mcp-method", "tools/list")),
             ("method twice", twice("mcp-method")),
             ("encoded name", changed("mcp-name", "=?base64?Zm9v?=")),
+            ("a tool that is not hot", changed("mcp-name", "fleet_spawn")),
             ("a param header", changed("mcp-param-to", "w1")),
         ] {
             assert!(!head_fits(&headers), "{why}");

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use fleet_testkit::client::Protocol;
+use fleet_testkit::client::{Client, Protocol};
 use fleet_testkit::fleet::Fleet;
 use fleet_testkit::wait::until;
 use reqwest::RequestBuilder;
@@ -97,6 +97,12 @@ fn blanked(body: &str, pointer: &str) -> anyhow::Result<Value> {
     }
     answer["result"]["content"][0]["text"] = written;
     Ok(answer)
+}
+
+/// The calls `name` has open, as `client` sees it in the roster.
+async fn open_calls(client: &Client, name: &str) -> Option<u64> {
+    let entry = client.entry(name).await.ok()?;
+    entry["open_calls"].as_u64()
 }
 
 /// How many calls of `tool` `fleet` counted as served `served` (its metrics read with lead
@@ -212,6 +218,13 @@ async fn the_rmcp_clients_stateless_calls_go_directly_and_a_sessions_through_rmc
         "{unknown:?}"
     );
     assert_eq!(served(&fleet, "other", "rmcp").await?, 1.0);
+    let samples = scraped(&fleet, "a").await?;
+    assert!(
+        samples
+            .iter()
+            .all(|s| s["labels"]["tool"] != "fleet_nothing"),
+        "a made-up name became a label"
+    );
     Ok(())
 }
 
@@ -252,12 +265,7 @@ async fn a_direct_call_whose_client_goes_away_ends_its_wait() -> anyhow::Result<
     let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
     let token = fleet.token("a")?;
     let a = fleet.lead("a", Protocol::Stateless).await?;
-    let open_calls = || async {
-        a.entry("a")
-            .await
-            .ok()
-            .and_then(|e| e["open_calls"].as_u64())
-    };
+    let open_calls = || open_calls(&a, "a");
     // A long poll, given up by its client once it is open: the connection closes under it.
     let polling = {
         let (url_fleet, token) = (fleet.url(), token.clone());
@@ -373,12 +381,7 @@ async fn a_direct_call_whose_client_goes_away_mid_stream_ends_its_wait() -> anyh
     }
     assert!(first.contains("still waiting after 5 s"), "{first}");
     assert_eq!(served(&fleet, "fleet_poll", "direct").await?, 1.0);
-    let open_calls = || async {
-        a.entry("a")
-            .await
-            .ok()
-            .and_then(|e| e["open_calls"].as_u64())
-    };
+    let open_calls = || open_calls(&a, "a");
     assert_eq!(open_calls().await, Some(1));
     drop(streaming);
     until("the poll given up mid-stream to close", LIMIT, || async {
