@@ -61,6 +61,13 @@ impl Drop for OpenCall {
     }
 }
 
+/// Whether a wait until `deadline` is over. Asked before waiting on the clock: tokio's timer
+/// ends a wait only at a tick, the millisecond after its deadline at the soonest, so a call that
+/// waits for nothing (`wait_s: 0`) would otherwise return a millisecond or two late.
+fn over(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
 fn cancelled() -> FleetError {
     FleetError::new(ErrorCode::Cancelled, "the call was cancelled")
 }
@@ -219,6 +226,9 @@ impl LocalPlane {
             let asked = self.sessions.lock().asks.surface(me, open.listens);
             if let Some(surfaced) = asked.map(Surfaced::from) {
                 return Ok(surfaced_on(msg_id, surfaced));
+            }
+            if over(deadline) {
+                break;
             }
             look = false;
             tokio::select! {
@@ -407,6 +417,9 @@ impl LocalPlane {
                     asks,
                     blocked,
                 });
+            }
+            if over(deadline) {
+                break;
             }
             let kicked = async {
                 match kick.as_mut() {

@@ -150,6 +150,25 @@ async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is
 }
 
 /// The pane host sees w1's agent in `state`, and the pane watcher tells w1's session so.
+#[tokio::test(start_paused = true)]
+async fn a_send_or_a_poll_that_waits_for_nothing_returns_without_waiting_on_the_clock() {
+    let l = local().await;
+    let ct = CancellationToken::new();
+    // Between two of the timer's millisecond ticks, as a real clock nearly always is.
+    tokio::time::advance(Duration::from_micros(400)).await;
+    let started = tokio::time::Instant::now();
+    send(&l, "a task, not waited for").await;
+    let polled = l
+        .gateway
+        .poll(&l.lead, None, Duration::ZERO, &ct)
+        .await
+        .unwrap();
+    assert!(polled.messages.is_empty());
+    // The paused clock moves only when every task waits on it: a wait already over that still
+    // waited for the timer's next tick would have moved it.
+    assert_eq!(tokio::time::Instant::now(), started);
+}
+
 async fn host_sees(l: &Local, state: AgentState) {
     l.panes.set_agent(&l.pane, Some(("claude".into(), state)));
     l.gateway.check_panes(&mut Default::default()).await;
