@@ -23,6 +23,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceBuilder;
 use tracing::Instrument;
 
 use crate::authority::{AllowedHosts, Refused};
@@ -909,36 +910,68 @@ pub fn app(
         .with_cancellation_token(closing.clone());
     let handler = FleetMcp::new(handler_gateway, calls, handlers_in_flight);
     let direct = Direct::new(handler.clone(), closing);
-    let mcp = StreamableHttpService::new(move || Ok(handler.clone()), sessions, config);
+    let rmcp = Rmcp(Arc::new(StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        sessions,
+        config,
+    )));
     let web = Arc::new(WebSessions::default());
     let operator = operator_routes(&gateway, &web, &streams, operator_calls, shutdown);
-    // Layers run outside in: authentication first, so the session cap knows the caller.
-    let protected = Router::new()
-        .nest_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(
-            direct,
-            crate::mcp::direct::serve,
-        ))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(&streams),
-            cap_streams,
-        ))
-        .layer(middleware::from_fn_with_state(ledger, cap_sessions))
+    // Layers run outside in: authentication first, so the session cap knows the caller. They
+    // wrap the MCP service itself, not a route of a router: a router's layer boxes what it
+    // wraps, and every request would clone each box in turn (a tenth of a call's CPU).
+    let mcp = ServiceBuilder::new()
+        .layer(middleware::from_fn_with_state(in_flight, track_posts))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&gateway),
             authenticate,
         ))
-        .layer(middleware::from_fn_with_state(in_flight, track_posts));
-    Router::new()
+        .layer(middleware::from_fn_with_state(ledger, cap_sessions))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&streams),
+            cap_streams,
+        ))
+        .layer(middleware::from_fn_with_state(
+            direct,
+            crate::mcp::direct::serve,
+        ))
+        .service(rmcp);
+    let routes = Router::new()
         .route("/healthz", get(healthz))
         .route("/api/v1/openapi.json", get(openapi))
         .with_state(Arc::clone(&gateway))
-        .merge(protected)
+        .nest_service("/mcp", mcp)
         .merge(operator)
-        .merge(ui::pages(gateway, web))
+        .merge(ui::pages(gateway, web));
+    // Around the whole router, likewise: every request, whatever its route (or none).
+    let guarded = ServiceBuilder::new()
+        .layer(middleware::from_fn(trace_request))
         .layer(middleware::from_fn_with_state(
             Arc::new(allowed),
             guard_host,
         ))
-        .layer(middleware::from_fn(trace_request))
+        .service(routes);
+    Router::new().fallback_service(guarded)
+}
+
+/// rmcp's MCP service, shared: a request borrows it, where its own `Service` clones it whole.
+#[derive(Clone)]
+struct Rmcp(Arc<StreamableHttpService<FleetMcp, LocalSessionManager>>);
+
+impl tower::Service<Request> for Rmcp {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let service = Arc::clone(&self.0);
+        Box::pin(async move { Ok(service.handle(request).await.into_response()) })
+    }
 }
