@@ -32,9 +32,10 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::{ErrorCode, FleetError};
 use rmcp::ServerHandler;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientRequest, GetMeta, JsonObject, ProgressNotification, ProgressToken,
-    ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerNotification, ServerResult,
+    JsonObject, JsonRpcVersion2_0, ProgressNotification, ProgressToken, ProtocolVersion, RequestId,
+    RequestMetaObject, ServerJsonRpcMessage, ServerNotification, ServerResult,
 };
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -111,8 +112,7 @@ pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Ne
     };
     let versions = direct.mcp.supported_protocol_versions();
     let call = parts.extensions.get::<Caller>().and_then(|caller| {
-        let message = serde_json::from_slice(&bytes).ok()?;
-        let call = call_of(&parts.headers, message, &versions, |name| {
+        let call = call_of(&parts.headers, &bytes, &versions, |name| {
             direct.mcp.schema(name)
         })?;
         Some((call, caller.clone()))
@@ -303,53 +303,72 @@ fn accepts_both(headers: &HeaderMap) -> bool {
     json && stream
 }
 
-/// The call `message` makes, if fleetd answers it itself: a `tools/call` of a hot tool whose
-/// `_meta` names a protocol version of 2026-07-28 or later that fleetd speaks (the one the
-/// `MCP-Protocol-Version` header names) and holds every key that version requires; its
+/// A `tools/call` request, read as it is (rmcp's own message types are untagged: they buffer
+/// the whole body before trying each kind of message in turn, a twentieth of a call's CPU).
+/// Only these fields, each said once: a request with any other (`inputResponses`, say) or a
+/// field twice does not read, and goes to rmcp as it came.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plain {
+    /// `"2.0"`, as rmcp's messages have it.
+    #[serde(rename = "jsonrpc")]
+    _jsonrpc: JsonRpcVersion2_0,
+    id: RequestId,
+    method: String,
+    params: PlainParams,
+}
+
+/// The parameters of [`Plain`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlainParams {
+    name: String,
+    #[serde(default)]
+    arguments: Option<JsonObject>,
+    #[serde(rename = "_meta")]
+    meta: RequestMetaObject,
+}
+
+/// The call the request `body` makes, if fleetd answers it itself: a `tools/call` of a hot tool
+/// whose `_meta` names a protocol version of 2026-07-28 or later that fleetd speaks (the one
+/// the `MCP-Protocol-Version` header names) and holds every key that version requires; its
 /// `Mcp-Name` header names the tool; its arguments parse as the tool's parameters (or fail the
 /// tool's schema, which is answered here too, as rmcp's path answers it).
 fn call_of(
     headers: &HeaderMap,
-    message: ClientJsonRpcMessage,
+    body: &[u8],
     versions: &[ProtocolVersion],
     schema_of: impl Fn(&str) -> Option<Arc<JsonObject>>,
 ) -> Option<Call> {
-    let ClientJsonRpcMessage::Request(request) = message else {
-        return None;
-    };
-    let meta = request.request.get_meta();
+    let Plain {
+        id, method, params, ..
+    } = serde_json::from_slice(body).ok()?;
+    let PlainParams {
+        name,
+        arguments,
+        meta,
+    } = params;
     let version = meta.protocol_version()?;
-    let plain = version >= ProtocolVersion::V_2026_07_28
+    let plain = method == "tools/call"
+        && version >= ProtocolVersion::V_2026_07_28
         && versions.contains(&version)
         && one(headers, PROTOCOL_VERSION) == Some(version.as_str())
         && meta
             .missing_required_keys(&ProtocolVersion::V_2026_07_28)
             .is_empty();
-    let progress = meta.get_progress_token();
-    if !plain {
-        return None;
-    }
-    let ClientRequest::CallToolRequest(call) = request.request else {
-        return None;
-    };
-    let name = call.params.name.to_string();
-    if one(headers, NAME) != Some(name.as_str()) {
-        return None;
-    }
-    if !HOT.contains(&name.as_str()) {
+    if !plain || one(headers, NAME) != Some(name.as_str()) || !HOT.contains(&name.as_str()) {
         return None;
     }
     let schema = schema_of(&name)?;
-    let arguments = call.params.arguments;
     let tool = match arguments::misfit(&crate::logs::shown(&name), &schema, arguments.as_ref()) {
         Some(why) => Tool::Misfit(why),
         None => tool_of(&name, arguments.unwrap_or_default())?,
     };
     Some(Call {
-        id: request.id,
+        id,
         name,
         tool,
-        progress,
+        progress: meta.get_progress_token(),
     })
 }
 
@@ -399,8 +418,8 @@ mod tests {
     const PLAIN: &str = "application/json, text/event-stream";
 
     /// A call of `tool` with `arguments` and `_meta` `meta`.
-    fn message(tool: &str, arguments: Value, meta: Value) -> ClientJsonRpcMessage {
-        serde_json::from_value(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+    fn message(tool: &str, arguments: Value, meta: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": {"name": tool, "arguments": arguments, "_meta": meta}}))
         .unwrap()
     }
@@ -424,8 +443,8 @@ mod tests {
         ProtocolVersion::KNOWN_VERSIONS
     }
 
-    fn call(headers: &HeaderMap, message: ClientJsonRpcMessage) -> Option<Call> {
-        call_of(headers, message, versions(), schema)
+    fn call(headers: &HeaderMap, message: Vec<u8>) -> Option<Call> {
+        call_of(headers, &message, versions(), schema)
     }
 
     #[test]
@@ -441,7 +460,7 @@ mod tests {
             "{call:?}"
         );
         let polled = message("fleet_poll", json!({}), meta());
-        let call = super::call_of(&head("fleet_poll"), polled, versions(), schema);
+        let call = super::call_of(&head("fleet_poll"), &polled, versions(), schema);
         assert!(matches!(
             call,
             Some(Call {
@@ -467,7 +486,7 @@ mod tests {
             Some(ProgressToken(NumberOrString::String("p1".into())))
         );
         let polled = message("fleet_poll", json!({"wait_s": 5}), meta);
-        let call = super::call_of(&head("fleet_poll"), polled, versions(), schema);
+        let call = super::call_of(&head("fleet_poll"), &polled, versions(), schema);
         assert!(call.is_some_and(|c| c.progress.is_some()));
     }
 
@@ -589,13 +608,82 @@ mod tests {
         ] {
             assert!(call(&headers, sent).is_none(), "{why}");
         }
-        let listed: ClientJsonRpcMessage = serde_json::from_value(json!({"jsonrpc": "2.0",
-            "id": 1, "method": "tools/list", "params": {"_meta": meta()}}))
-        .unwrap();
-        assert!(
-            call(&head("fleet_send"), listed).is_none(),
-            "another method"
-        );
+        let call_with = |change: &dyn Fn(&mut Value)| {
+            let mut body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "fleet_send", "arguments": send, "_meta": meta()}});
+            change(&mut body);
+            serde_json::to_vec(&body).unwrap()
+        };
+        for (why, body) in [
+            (
+                "another method",
+                call_with(&|b| b["method"] = json!("tools/list")),
+            ),
+            (
+                "another JSON-RPC version",
+                call_with(&|b| b["jsonrpc"] = json!("1.0")),
+            ),
+            (
+                "a notification (no id)",
+                call_with(&|b| {
+                    b.as_object_mut().unwrap().remove("id");
+                }),
+            ),
+            (
+                "a field fleetd does not read",
+                call_with(&|b| b["params"]["requestState"] = json!("s")),
+            ),
+            ("a field at the top", call_with(&|b| b["extra"] = json!(1))),
+            (
+                "no arguments object",
+                call_with(&|b| b["params"]["arguments"] = json!([1])),
+            ),
+            (
+                "a batch",
+                serde_json::to_vec(&json!([serde_json::from_slice::<Value>(&call_with(
+                    &|_| {}
+                ))
+                .unwrap()]))
+                .unwrap(),
+            ),
+            (
+                "a field said twice",
+                String::from_utf8(call_with(&|_| {}))
+                    .unwrap()
+                    .replacen("\"id\":3", "\"id\":3,\"id\":4", 1)
+                    .into_bytes(),
+            ),
+        ] {
+            assert!(call(&head("fleet_send"), body).is_none(), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_call_read_here_is_the_call_rmcp_reads() {
+        let mut meta = meta();
+        meta["progressToken"] = json!("p-7");
+        for (tool, arguments) in [
+            (
+                "fleet_send",
+                json!({"to": "w1", "message": "hi\u{0}\u{1b}[2J", "wait_s": 3}),
+            ),
+            ("fleet_poll", json!({})),
+        ] {
+            let body = message(tool, arguments.clone(), meta.clone());
+            let ours = call(&head(tool), body.clone()).unwrap();
+            let theirs: rmcp::model::ClientJsonRpcMessage = serde_json::from_slice(&body).unwrap();
+            let rmcp::model::ClientJsonRpcMessage::Request(request) = theirs else {
+                panic!("rmcp reads no request");
+            };
+            let progress = rmcp::model::GetMeta::get_meta(&request.request).get_progress_token();
+            let rmcp::model::ClientRequest::CallToolRequest(theirs) = request.request else {
+                panic!("rmcp reads another request");
+            };
+            assert_eq!(ours.id, request.id);
+            assert_eq!(ours.name, theirs.params.name);
+            assert_eq!(ours.progress.unwrap(), progress.unwrap());
+            assert_eq!(Value::Object(theirs.params.arguments.unwrap()), arguments);
+        }
     }
 
     #[test]
