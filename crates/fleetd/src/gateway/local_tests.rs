@@ -149,7 +149,6 @@ async fn one_task_is_in_flight_at_a_time_and_the_next_is_typed_once_the_first_is
     );
 }
 
-/// The pane host sees w1's agent in `state`, and the pane watcher tells w1's session so.
 #[tokio::test(start_paused = true)]
 async fn a_send_or_a_poll_that_waits_for_nothing_returns_without_waiting_on_the_clock() {
     let l = local().await;
@@ -169,6 +168,7 @@ async fn a_send_or_a_poll_that_waits_for_nothing_returns_without_waiting_on_the_
     assert_eq!(tokio::time::Instant::now(), started);
 }
 
+/// The pane host sees w1's agent in `state`, and the pane watcher tells w1's session so.
 async fn host_sees(l: &Local, state: AgentState) {
     l.panes.set_agent(&l.pane, Some(("claude".into(), state)));
     l.gateway.check_panes(&mut Default::default()).await;

@@ -323,7 +323,6 @@ struct Plain {
 #[serde(deny_unknown_fields)]
 struct PlainParams {
     name: String,
-    #[serde(default)]
     arguments: Option<JsonObject>,
     #[serde(rename = "_meta")]
     meta: RequestMetaObject,
@@ -635,6 +634,10 @@ mod tests {
             ),
             ("a field at the top", call_with(&|b| b["extra"] = json!(1))),
             (
+                "a null _meta",
+                call_with(&|b| b["params"]["_meta"] = json!(null)),
+            ),
+            (
                 "no arguments object",
                 call_with(&|b| b["params"]["arguments"] = json!([1])),
             ),
@@ -668,6 +671,7 @@ mod tests {
                 json!({"to": "w1", "message": "hi\u{0}\u{1b}[2J", "wait_s": 3}),
             ),
             ("fleet_poll", json!({})),
+            ("fleet_poll", json!(null)),
         ] {
             let body = message(tool, arguments.clone(), meta.clone());
             let ours = call(&head(tool), body.clone()).unwrap();
@@ -682,7 +686,8 @@ mod tests {
             assert_eq!(ours.id, request.id);
             assert_eq!(ours.name, theirs.params.name);
             assert_eq!(ours.progress.unwrap(), progress.unwrap());
-            assert_eq!(Value::Object(theirs.params.arguments.unwrap()), arguments);
+            let theirs = theirs.params.arguments.map_or(Value::Null, Value::Object);
+            assert_eq!(theirs, arguments);
         }
     }
 
