@@ -159,13 +159,22 @@ impl LocalPlane {
         self: &Arc<Self>,
         message: Message,
     ) -> Result<Placement, FleetError> {
+        let placement = self.placement(&message);
+        if placement == Placement::Hold {
+            // Its one line (held, or refused at its cap) names the message itself: a span of its
+            // own would only say so twice.
+            return self.accept(message, placement).await;
+        }
         let span = message_span(&message);
-        self.accept(message).instrument(span).await
+        self.accept(message, placement).instrument(span).await
     }
 
-    /// [`LocalPlane::deliver`], in the message's span.
-    async fn accept(self: &Arc<Self>, mut message: Message) -> Result<Placement, FleetError> {
-        let placement = self.placement(&message);
+    /// [`LocalPlane::deliver`] of `message`, which goes to `placement`.
+    async fn accept(
+        self: &Arc<Self>,
+        mut message: Message,
+        placement: Placement,
+    ) -> Result<Placement, FleetError> {
         match placement {
             Placement::Hold => {
                 message.state = MsgState::Held;
