@@ -151,6 +151,19 @@ async fn gets_its_enter_after_kill_9(
         .send(name, "before the restart", TURN.as_secs())
         .await?;
     assert_eq!(sent["reply"]["text"], "echo: before the restart", "{sent}");
+    // What the kill leaves in the input box is a task as fleetd types one: into a worker whose
+    // turn is over. The reply comes from a tool call inside the turn, before its end, and the
+    // agent shows it is still at work until then ("esc interrupt", "esc to interrupt").
+    until("the first turn's end", TURN, || async {
+        (!fleet.screen(&pane).ok()?.contains("interrupt")).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}",
+            fleet.screen(&pane).unwrap_or_default()
+        )
+    })?;
     lead.close().await?;
     fleet.kill9().await?;
     let text = "pasted before the kill";
