@@ -64,6 +64,26 @@ async fn replies(
     Ok(got)
 }
 
+/// Waits (a turn's time at most) until the screen of `name` (in `pane`) `shows` what it is
+/// waited for; on the way out, the screen.
+async fn until_screen(
+    fleet: &Fleet,
+    (name, pane): (&str, &str),
+    what: &str,
+    shows: impl Fn(&str) -> bool,
+) -> anyhow::Result<()> {
+    until(what, TURN, || async {
+        shows(&fleet.screen(pane).ok()?).then_some(())
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{name}'s screen:\n{}",
+            fleet.screen(pane).unwrap_or_default()
+        )
+    })
+}
+
 /// Where `kill -9` comes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kill {
@@ -154,31 +174,19 @@ async fn gets_its_enter_after_kill_9(
     // What the kill leaves in the input box is a task as fleetd types one: into a worker whose
     // turn is over. The reply comes from a tool call inside the turn, before its end, and the
     // agent shows it is still at work until then ("esc interrupt", "esc to interrupt").
-    until("the first turn's end", TURN, || async {
-        (!fleet.screen(&pane).ok()?.contains("interrupt")).then_some(())
+    until_screen(&fleet, at, "the first turn's end", |screen| {
+        !screen.contains("interrupt")
     })
-    .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\n{name}'s screen:\n{}",
-            fleet.screen(&pane).unwrap_or_default()
-        )
-    })?;
+    .await?;
     lead.close().await?;
     fleet.kill9().await?;
     let text = "pasted before the kill";
     let typing = fleet.as_if_typing_another(sent["msg_id"].as_str().unwrap_or_default(), text)?;
     fleet.paste(&pane, text)?;
-    until("the paste in the input box", TURN, || async {
-        fleet.screen(&pane).ok()?.contains(text).then_some(())
+    until_screen(&fleet, at, "the paste in the input box", |screen| {
+        screen.contains(text)
     })
-    .await
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\n{name}'s screen:\n{}",
-            fleet.screen(&pane).unwrap_or_default()
-        )
-    })?;
+    .await?;
     fleet.launch().await?;
     fleet.logged("verdict=InInput").await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
