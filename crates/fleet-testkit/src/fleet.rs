@@ -228,6 +228,13 @@ pub fn token_spy_profile(name: &str, file: &Path) -> String {
 /// Whether fleetd logs as shipped (see [`Fleet::log_as_shipped`]).
 static AS_SHIPPED: AtomicBool = AtomicBool::new(false);
 
+/// An environment change as [`Fleet::start_with_env`] takes it, owned.
+fn owned(env: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+    env.iter()
+        .map(|(key, value)| (key.to_string(), value.map(String::from)))
+        .collect()
+}
+
 impl Fleet {
     /// Starts fleetd with `[gateway]` lines `gateway` and the rest of the config `rest`.
     pub async fn start(gateway: &str, rest: &str) -> anyhow::Result<Self> {
@@ -258,10 +265,7 @@ impl Fleet {
     ) -> anyhow::Result<Self> {
         let socket = format!("fleet-test-{}", uuid::Uuid::now_v7().simple());
         let dir = tempfile::tempdir_in(parent)?;
-        let env = env
-            .iter()
-            .map(|(key, value)| (key.to_string(), value.map(String::from)))
-            .collect();
+        let env = owned(env);
         Self::start_with(
             dir,
             &format!("socket = \"{socket}\""),
@@ -284,6 +288,17 @@ impl Fleet {
     /// Starts fleetd on the herdr server at `herdr_socket` (the tmux private server name is
     /// then unused, but still cleaned up).
     pub async fn start_herdr(herdr_socket: &Path, rest: &str) -> anyhow::Result<Self> {
+        Self::start_herdr_with_env(herdr_socket, rest, &[]).await
+    }
+
+    /// [`Fleet::start_herdr`], with fleetd's environment changed by `env` (as
+    /// [`Fleet::start_with_env`] does).
+    pub async fn start_herdr_with_env(
+        herdr_socket: &Path,
+        rest: &str,
+        env: &[(&str, Option<&str>)],
+    ) -> anyhow::Result<Self> {
+        let env = owned(env);
         let mux = format!(
             "kind = \"herdr\"\nsocket = \"{}\"\nworkspace = \"fleet-test\"",
             herdr_socket.display()
@@ -294,7 +309,7 @@ impl Fleet {
             format!("fleet-test-{}", uuid::Uuid::now_v7().simple()),
             "",
             rest,
-            Vec::new(),
+            env,
             None,
         )
         .await

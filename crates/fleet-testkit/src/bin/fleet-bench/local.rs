@@ -50,7 +50,10 @@ pub(super) async fn bare_paste_enter(trips: usize, control: bool) -> anyhow::Res
 
 /// One paste plus one Enter into a pane of `host` running `cat`, `trips` times (after 20
 /// untimed), with nothing of fleetd in between.
-async fn bare_paste_enter_on(host: &dyn PaneHost, trips: usize) -> anyhow::Result<Vec<Duration>> {
+pub(super) async fn bare_paste_enter_on(
+    host: &dyn PaneHost,
+    trips: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let pane = host
         .spawn(&PaneSpec {
             label: "bare".into(),
@@ -382,7 +385,7 @@ pub(super) async fn local(trips: usize, workers: usize, messages: usize) -> anyh
         rtt50 / cli50,
         rtt50 - bare50
     );
-    super::steps::cut(trips, rtt50).await?;
+    super::steps::cut(super::steps::traced_on_tmux().await?, trips, rtt50).await?;
 
     let (held, drained) = hold_and_drain(messages)?;
     println!(

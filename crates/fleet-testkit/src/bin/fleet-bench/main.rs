@@ -78,7 +78,8 @@ enum What {
         messages: usize,
     },
     /// A local round trip cut into its steps (fleetd's step trace on), beside the untraced
-    /// round trip and a bare tmux paste + Enter, all on tmux, in one run (`local` prints it too).
+    /// round trip and a bare tmux paste + Enter, on tmux, in one run (`local` prints it too);
+    /// then the same on herdr when `HERDR_BIN` names a herdr binary.
     Steps {
         /// Round trips to time (after a warm-up), untraced and traced.
         #[arg(long, default_value_t = 300)]

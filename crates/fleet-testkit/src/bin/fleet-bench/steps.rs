@@ -6,14 +6,17 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use fleet_mux::herdr::driver::Driver;
+use fleet_mux::herdr::host::Herdr;
 use fleet_testkit::client::Protocol;
 use fleet_testkit::fleet::{Fleet, sim_profile};
+use fleet_testkit::herdr::RealHerdr;
 use serde_json::json;
 
 use super::percentiles;
 
 /// What the traced fleetd logs: its warnings, and the steps.
-const TRACED: &str = "warn,fleet_steps=trace";
+const TRACED: (&str, Option<&str>) = ("RUST_LOG", Some("warn,fleet_steps=trace"));
 
 /// A round trip's steps, each with the one it follows: the client's send, fleetd's steps, the
 /// client's return. Once the submit is seen two things go on at once: the pump records the task
@@ -79,7 +82,8 @@ fn steps_in(log: &str) -> HashMap<String, HashMap<String, u128>> {
 }
 
 /// `fleet-bench steps`: a bare tmux paste + Enter over the control connection, `trips` untraced
-/// round trips, then the traced ones cut into steps; fleetd's share beside its target.
+/// round trips, then the traced ones cut into steps; fleetd's share beside its target. The
+/// same on herdr, when `HERDR_BIN` names one.
 pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
     println!(
         "fleet-bench steps ({} build of fleetd at {})",
@@ -88,13 +92,7 @@ pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
     );
     let mut bare = super::local::bare_paste_enter(trips, true).await?;
     // Logging as little as the traced run does, but for the steps.
-    let fleet = Fleet::start_with_env(
-        &std::env::temp_dir(),
-        "",
-        &sim_profile("sim", &[])?,
-        &[("RUST_LOG", Some("warn"))],
-    )
-    .await?;
+    let fleet = Fleet::start_with_env(&std::env::temp_dir(), "", &sim()?, &QUIET).await?;
     let mut untraced = super::local::round_trips(&fleet, trips).await?;
     drop(fleet);
     let (bare50, _) = percentiles(&mut bare);
@@ -103,20 +101,49 @@ pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
         "round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; bare tmux paste + Enter p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
         rtt50 - bare50
     );
-    cut(trips, rtt50).await
+    cut(traced_on_tmux().await?, trips, rtt50).await?;
+    let Some(herdr) = RealHerdr::from_env().await? else {
+        println!("herdr: not measured (set HERDR_BIN to a herdr binary to measure it beside tmux)");
+        return Ok(());
+    };
+    let (version, protocol) = Driver::new(herdr.socket()).ping().await?;
+    println!(
+        "herdr: {} (herdr {version}, protocol {protocol})",
+        herdr.bin().display()
+    );
+    let host = Herdr::connect(&herdr.socket(), "fleet-bench").await?;
+    let mut bare = super::local::bare_paste_enter_on(&host, trips).await?;
+    drop(host);
+    let fleet = Fleet::start_herdr_with_env(&herdr.socket(), &sim()?, &QUIET).await?;
+    let mut untraced = super::local::round_trips(&fleet, trips).await?;
+    drop(fleet);
+    let (bare50, _) = percentiles(&mut bare);
+    let (rtt50, rtt99) = percentiles(&mut untraced);
+    println!(
+        "herdr: round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; bare paste + Enter over herdr's socket p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
+        rtt50 - bare50
+    );
+    let traced = Fleet::start_herdr_with_env(&herdr.socket(), &sim()?, &[TRACED]).await?;
+    cut(traced, trips, rtt50).await
 }
 
-/// `trips` round trips to a scripted agent with fleetd's step trace on; prints each step's
-/// share (p50) beside the traced round trip's p50 and `untraced_p50` (ms, measured before in
-/// the same run).
-pub(super) async fn cut(trips: usize, untraced_p50: f64) -> anyhow::Result<()> {
-    let fleet = Fleet::start_with_env(
-        &std::env::temp_dir(),
-        "",
-        &sim_profile("sim", &[])?,
-        &[("RUST_LOG", Some(TRACED))],
-    )
-    .await?;
+/// fleetd's environment for an untraced run: its warnings only.
+const QUIET: [(&str, Option<&str>); 1] = [("RUST_LOG", Some("warn"))];
+
+/// The scripted agent's profile.
+fn sim() -> anyhow::Result<String> {
+    sim_profile("sim", &[])
+}
+
+/// fleetd on a tmux server of its own, with its step trace on.
+pub(super) async fn traced_on_tmux() -> anyhow::Result<Fleet> {
+    Fleet::start_with_env(&std::env::temp_dir(), "", &sim()?, &[TRACED]).await
+}
+
+/// `trips` round trips through `fleet` (started with its step trace on) to a scripted agent;
+/// prints each step's share (p50) beside the traced round trip's p50 and `untraced_p50` (ms,
+/// measured before in the same run).
+pub(super) async fn cut(fleet: Fleet, trips: usize, untraced_p50: f64) -> anyhow::Result<()> {
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     lead.ok("fleet_spawn", json!({"profile": "sim", "name": "w1"}))
         .await?;
