@@ -58,6 +58,8 @@ impl Pane {
 pub struct FakePanes {
     panes: Mutex<BTreeMap<PaneId, Pane>>,
     next: Mutex<u64>,
+    /// Reports never answer (a host that takes its time over them).
+    reports_stalled: std::sync::atomic::AtomicBool,
 }
 
 impl FakePanes {
@@ -139,6 +141,12 @@ impl FakePanes {
         }
     }
 
+    /// From now on, a report is never answered.
+    pub fn stall_reports(&self) {
+        self.reports_stalled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// What fleetd last reported of the program in `pane`.
     pub fn reported(&self, pane: &PaneId) -> Option<AgentState> {
         self.lock().get(pane).and_then(|p| p.reported)
@@ -194,7 +202,7 @@ impl PaneHost for FakePanes {
             let row = u32::try_from(text.lines().count().saturating_sub(1)).unwrap_or(u32::MAX);
             let column = u32::try_from(p.input.chars().count() + 2).unwrap_or(u32::MAX);
             Snapshot {
-                cursor: (column, row),
+                cursor: Some((column, row)),
                 in_mode: false,
                 text,
             }
@@ -234,6 +242,12 @@ impl PaneHost for FakePanes {
     }
 
     async fn report(&self, pane: &PaneId, state: AgentState) -> Result<(), MuxError> {
+        if self
+            .reports_stalled
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::future::pending::<()>().await;
+        }
         if let Some(p) = self.lock().get_mut(pane) {
             p.reported = Some(state);
         }

@@ -16,8 +16,7 @@ use std::time::Duration;
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
-use fleet_core::{FleetError, Gid, Message, MsgState, WorkerStatus};
-use fleet_mux::AgentState;
+use fleet_core::{FleetError, Gid, Message, MsgState};
 use fleet_mux::inject::{InjectOutcome, Reached, Steps, inject, inject_noting};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -39,17 +38,6 @@ enum Step {
     Later(Duration),
     /// The session is over.
     Done,
-}
-
-/// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
-fn reported(status: WorkerStatus) -> Option<AgentState> {
-    match status {
-        WorkerStatus::Spawning => Some(AgentState::Unknown),
-        WorkerStatus::Idle => Some(AgentState::Idle),
-        WorkerStatus::Busy => Some(AgentState::Working),
-        WorkerStatus::Asking | WorkerStatus::Blocked => Some(AgentState::Blocked),
-        WorkerStatus::Stopping | WorkerStatus::Gone => None,
-    }
 }
 
 /// What [`LocalPlane::dequeue`] took off a queue.
@@ -133,7 +121,7 @@ impl LocalPlane {
         let Some(mut kick) = self.sessions.lock().panes.get(&gid).map(|s| s.kicks()) else {
             return;
         };
-        let mut last_reported = None;
+        let reporter = self.start_reporter(gid);
         loop {
             kick.borrow_and_update();
             // A task taken as it was accepted (`straight.rs`) is typed in before anything else:
@@ -143,7 +131,7 @@ impl LocalPlane {
                 self.type_task(gid, task).instrument(span).await;
                 continue;
             }
-            self.report_status(gid, &mut last_reported).await;
+            self.report_status(gid, &reporter);
             let nap = match self.pump_step(gid).await {
                 Step::Again => continue,
                 Step::Wait => None,
@@ -275,26 +263,6 @@ impl LocalPlane {
             }
         }
         Step::Later(interval)
-    }
-
-    /// Tells the pane host the session's status when it changed since `last`, unless the host
-    /// recognises the agent itself (it knows better then).
-    async fn report_status(&self, gid: Gid, last: &mut Option<AgentState>) {
-        let found = self.sessions.lock().panes.get(&gid).and_then(|s| {
-            let state = reported(s.status())?;
-            let pane = s.pane().cloned()?;
-            (s.host_agent().is_none() && *last != Some(state)).then_some((pane, state))
-        });
-        if let Some((pane, state)) = found {
-            match self.panes.report(&pane, state).await {
-                Ok(()) => *last = Some(state),
-                Err(e) => tracing::debug!(
-                    %gid,
-                    error = %logs::mux_error(&e),
-                    "cannot report the session's state"
-                ),
-            }
-        }
     }
 
     /// Returns once `gid`'s session can take a task, or is gone (when a brief fails as any

@@ -229,6 +229,21 @@ async fn when_a_workers_program_exits_its_task_in_flight_and_its_queue_fail_to_t
     assert_eq!(err.code, fleet_core::ErrorCode::UnknownRecipient, "{err:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_pane_host_slow_to_take_a_report_of_the_state_holds_no_task_back() {
+    let l = local_built(|_| {}, None, false).await;
+    l.panes.stall_reports();
+    l.gateway.start_pump(l.worker.entity.gid);
+    send(&l, "first").await;
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first"]);
+    w1_answers(&l, "done").await;
+    send(&l, "second").await;
+    settle().await;
+    assert_eq!(l.panes.submitted(&l.pane), ["first", "second"]);
+    assert_eq!(l.panes.reported(&l.pane), None, "no report was answered");
+}
+
 /// Claude Code's permission prompt before a shell command, as captured from the real program.
 const PERMISSION_PROMPT: &str =
     include_str!("../../../fleet-core/fixtures/dialogs/claude-acceptedits-bash.txt");

@@ -50,6 +50,7 @@ mod nudge;
 mod operator;
 mod prune;
 mod reply;
+mod reports;
 mod scrape;
 mod session;
 mod sessions;

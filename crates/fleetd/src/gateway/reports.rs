@@ -1,0 +1,109 @@
+//! What fleetd tells the pane host of each worker's state (for a host that shows it: herdr's
+//! sidebar) is told by a task of its own beside the worker's pump. A report is a request to the
+//! host, and one may take long (herdr naps 100 ms on a request it did not find waiting), while
+//! the pump, which decides the state, must not wait on it to type the worker's next task. The
+//! host is told the latest state; one it could not be told is told again after a pause, unless
+//! a newer one replaces it first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::{Gid, WorkerStatus};
+use fleet_mux::{AgentState, PaneId};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::LocalPlane;
+use crate::logs;
+
+/// How long a report the pane host failed waits before it is tried again.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
+fn reported(status: WorkerStatus) -> Option<AgentState> {
+    match status {
+        WorkerStatus::Spawning => Some(AgentState::Unknown),
+        WorkerStatus::Idle => Some(AgentState::Idle),
+        WorkerStatus::Busy => Some(AgentState::Working),
+        WorkerStatus::Asking | WorkerStatus::Blocked => Some(AgentState::Blocked),
+        WorkerStatus::Stopping | WorkerStatus::Gone => None,
+    }
+}
+
+/// The state a worker's pane should show, handed to its reporter; the reporter ends when this
+/// is dropped (with the pump).
+pub(super) struct Reporter {
+    wanted: watch::Sender<Option<(PaneId, AgentState)>>,
+}
+
+impl LocalPlane {
+    /// Starts the reporter of `gid`'s state, in the caller's span (the pump's).
+    pub(super) fn start_reporter(self: &Arc<Self>, gid: Gid) -> Reporter {
+        let (wanted, told) = watch::channel(None);
+        let plane = Arc::clone(self);
+        self.tasks
+            .spawn(async move { plane.report(gid, told).await }.in_current_span());
+        Reporter { wanted }
+    }
+
+    /// Hands `reporter` the state of `gid`'s session now, unless the host recognises the agent
+    /// itself (it knows better then) or there is none to tell.
+    pub(super) fn report_status(&self, gid: Gid, reporter: &Reporter) {
+        let found = self.sessions.lock().panes.get(&gid).and_then(|s| {
+            let state = reported(s.status())?;
+            let pane = s.pane().cloned()?;
+            s.host_agent().is_none().then_some((pane, state))
+        });
+        if let Some(found) = found {
+            reporter.wanted.send_if_modified(|wanted| {
+                let new = wanted.as_ref() != Some(&found);
+                *wanted = Some(found);
+                new
+            });
+        }
+    }
+
+    /// Tells the pane host each state `wanted` comes to, until its sender is dropped.
+    async fn report(&self, gid: Gid, mut wanted: watch::Receiver<Option<(PaneId, AgentState)>>) {
+        let mut failed = false;
+        loop {
+            let changed = if failed {
+                tokio::select! {
+                    changed = wanted.changed() => changed,
+                    () = tokio::time::sleep(RETRY) => Ok(()),
+                }
+            } else {
+                wanted.changed().await
+            };
+            if changed.is_err() {
+                return;
+            }
+            let Some((pane, state)) = wanted.borrow_and_update().clone() else {
+                continue;
+            };
+            failed = match self.panes.report(&pane, state).await {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::debug!(%gid, error = %logs::mux_error(&e), "cannot report the session's state");
+                    true
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_shows_its_status_and_one_on_its_way_out_shows_none() {
+        assert_eq!(reported(WorkerStatus::Idle), Some(AgentState::Idle));
+        assert_eq!(reported(WorkerStatus::Busy), Some(AgentState::Working));
+        assert_eq!(reported(WorkerStatus::Blocked), Some(AgentState::Blocked));
+        assert_eq!(reported(WorkerStatus::Asking), Some(AgentState::Blocked));
+        assert_eq!(reported(WorkerStatus::Spawning), Some(AgentState::Unknown));
+        assert_eq!(reported(WorkerStatus::Stopping), None);
+        assert_eq!(reported(WorkerStatus::Gone), None);
+    }
+}
