@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
 use crate::{MuxError, OutputWatch, PaneHost, PaneId, Snapshot};
 
@@ -155,26 +155,54 @@ fn settle_span(before: &Snapshot, after: &Snapshot, text: &str) -> Duration {
     }
 }
 
-/// Whether `after` shows the whole of the one-line paste `text`, echoed where the cursor was in
-/// `before`: on the same row, the cursor exactly its width further right, and the row ending
-/// with it. A partial echo moves the cursor less, so this holds only once the last character is
-/// on screen (not that the program wrote nothing more after it: [`WHOLE_STILL`] waits for
-/// that). Judged only for printable ASCII (a column per character); for anything else (more
-/// lines, a tab, wide characters) it is `false`.
+/// Whether `after` shows the whole of the one-line paste `text`: echoed where the cursor was
+/// in `before` ([`whole_at_cursor`]), or, where the host tells no cursor, on the one row that
+/// changed ([`whole_on_changed_row`]). This holds only once the last character is on screen
+/// (not that the program wrote nothing more after it: [`WHOLE_STILL`] waits for that). Judged
+/// only for printable ASCII (a column per character); for anything else (more lines, a tab,
+/// wide characters) it is `false`.
 fn shows_whole_paste(before: &Snapshot, after: &Snapshot, text: &str) -> bool {
     let shown = text.trim_end();
-    let (Ok(width), Ok(row)) = (u32::try_from(text.len()), usize::try_from(after.cursor.1)) else {
+    if shown.is_empty() || !text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return false;
+    }
+    match (before.cursor, after.cursor) {
+        (Some(was), Some(is)) => whole_at_cursor((was, is), after, text),
+        (None, None) => whole_on_changed_row(before, after, shown),
+        _ => false,
+    }
+}
+
+/// The cursor moved from `was` to `is`, on the same row, exactly the width of `text` to the
+/// right, and `after`'s row ends with it. A partial echo moves the cursor less.
+fn whole_at_cursor((was, is): ((u32, u32), (u32, u32)), after: &Snapshot, text: &str) -> bool {
+    let (Ok(width), Ok(row)) = (u32::try_from(text.len()), usize::try_from(is.1)) else {
         return false;
     };
-    !shown.is_empty()
-        && text.bytes().all(|b| (0x20..0x7f).contains(&b))
-        && after.cursor.1 == before.cursor.1
-        && before.cursor.0.checked_add(width) == Some(after.cursor.0)
+    is.1 == was.1
+        && was.0.checked_add(width) == Some(is.0)
         && after
             .text
             .lines()
             .nth(row)
-            .is_some_and(|line| line.trim_end().ends_with(shown))
+            .is_some_and(|line| line.trim_end().ends_with(text.trim_end()))
+}
+
+/// One row changed between `before` and `after` (as many rows in both), and it now reads as it
+/// did with `shown` after it, ending there. A partial echo does not end with the whole.
+fn whole_on_changed_row(before: &Snapshot, after: &Snapshot, shown: &str) -> bool {
+    let (was, is): (Vec<&str>, Vec<&str>) =
+        (before.text.lines().collect(), after.text.lines().collect());
+    if was.len() != is.len() {
+        return false;
+    }
+    let mut changed = was.iter().zip(&is).filter(|(old, new)| old != new);
+    let (Some((old, new)), None) = (changed.next(), changed.next()) else {
+        return false;
+    };
+    new.trim_end()
+        .strip_suffix(shown)
+        .is_some_and(|head| head.trim_end() == old.trim_end())
 }
 
 /// Whether the screen after Enter shows the input was taken.
@@ -401,8 +429,29 @@ impl<'a> Looks<'a> {
     /// last look: a pane that writes without pause is looked at less and less often (the
     /// caller makes `gap` grow, [`next_gap`]), not at every write.
     async fn write_or_nap(&mut self, nap: Duration, gap: Duration) {
-        let _ = timeout(nap, self.output.changed()).await;
+        let live = self.output.is_live();
+        tokio::select! {
+            () = self.output.changed() => {}
+            () = pause(live, nap) => {}
+        }
         gap_since(self.looked, gap).await;
+    }
+
+    /// Waits `span` ([`pause`]).
+    async fn nap(&self, span: Duration) {
+        pause(self.output.is_live(), span).await;
+    }
+}
+
+/// Waits `span`: on tokio's timer where the host reports the pane's writes (`live`: the pause
+/// is then only the fallback to a write, and a millisecond more does not matter), else to within
+/// microseconds (the pauses are then all there is between looks, and on a round trip's way:
+/// tokio's timer would make a 250 µs pause take one to two milliseconds).
+async fn pause(live: bool, span: Duration) {
+    if live {
+        sleep(span).await;
+    } else {
+        crate::fine::sleep(span).await;
     }
 }
 
@@ -529,7 +578,7 @@ async fn echo(
                 .await;
             gap = next_gap(gap);
         } else {
-            sleep(interval).await;
+            looks.nap(interval).await;
             interval = (interval * 2).min(MAX_CHECK_INTERVAL);
         }
         last = looks.snapshot().await?;
@@ -562,7 +611,7 @@ async fn still(
         return Ok(last);
     }
     while Instant::now() < deadline {
-        sleep(span).await;
+        looks.nap(span).await;
         let next = looks.snapshot().await?;
         if next == last {
             return Ok(next);
@@ -582,6 +631,7 @@ async fn watch_for_submit(
     let mut interval = FIRST_CHECK_INTERVAL;
     let mut gap = Duration::ZERO;
     let mut calls_heard = true;
+    let live = looks.output.is_live();
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -606,7 +656,7 @@ async fn watch_for_submit(
                     () = gap_since(looks.looked, gap) => {}
                 }
             }
-            () = sleep(nap) => {}
+            () = pause(live, nap) => {}
         }
         let after = looks.snapshot().await?;
         if looks_submitted(before, &after, options.submitted_marker.as_deref()) {
@@ -792,7 +842,7 @@ mod tests {
 
     fn snap(cursor: (u32, u32), text: &str) -> Snapshot {
         Snapshot {
-            cursor,
+            cursor: Some(cursor),
             in_mode: false,
             text: text.into(),
         }
@@ -904,6 +954,43 @@ mod tests {
                 "{screen:?} after pasting {text:?}"
             );
         }
+    }
+
+    #[test]
+    fn where_the_host_tells_no_cursor_a_paste_is_whole_on_the_one_row_it_changed() {
+        let cursorless = |text: &str| Snapshot {
+            cursor: None,
+            in_mode: false,
+            text: text.into(),
+        };
+        let before = cursorless("done\n> \n\n");
+        let cases = [
+            ("done\n> the task\n\n", "the task", true),
+            ("done\n> ok\n\n", "ok  ", true),
+            // Half of it, or a text that ends as it starts at its first half.
+            ("done\n> the \n\n", "the task", false),
+            ("done\n> ab\n\n", "ab ab", false),
+            // Something else, or something after it, on the row.
+            ("done\n> the tusk\n\n", "the task", false),
+            ("done\n> the task  [2 chars]\n\n", "the task", false),
+            // Another row changed too (a status line), or the rows moved: not judged.
+            ("done!\n> the task\n\n", "the task", false),
+            ("done\n> the tas\nk\n", "the task", false),
+            ("done\n> the task\n\n\n", "the task", false),
+        ];
+        for (screen, text, whole) in cases {
+            assert_eq!(
+                shows_whole_paste(&before, &cursorless(screen), text),
+                whole,
+                "{screen:?} after pasting {text:?}"
+            );
+        }
+        // A screen with a cursor is never judged against one without.
+        assert!(!shows_whole_paste(
+            &snap((2, 1), "done\n> "),
+            &cursorless("done\n> the task"),
+            "the task"
+        ));
     }
 
     #[test]

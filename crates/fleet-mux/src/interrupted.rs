@@ -120,7 +120,7 @@ fn input_box<'t>(screen: &'t Snapshot, marker: &str) -> Option<&'t str> {
     if marker.is_empty() {
         return None;
     }
-    let cursor = usize::try_from(screen.cursor.1).unwrap_or(usize::MAX);
+    let cursor = cursor_row(screen);
     screen
         .text
         .lines()
@@ -134,6 +134,21 @@ fn input_box<'t>(screen: &'t Snapshot, marker: &str) -> Option<&'t str> {
         })
         .min_by_key(|(distance, _)| *distance)
         .map(|(_, held)| held)
+}
+
+/// The cursor's row; where the host tells no cursor (herdr), the last row that shows
+/// anything: a program's input line is the last it drew.
+fn cursor_row(screen: &Snapshot) -> usize {
+    match screen.cursor {
+        Some((_, row)) => usize::try_from(row).unwrap_or(usize::MAX),
+        None => screen
+            .text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| !line.trim().is_empty())
+            .last()
+            .map_or(0, |(row, _)| row),
+    }
 }
 
 /// What may stand left of an input box's marker: a box's border.
@@ -163,7 +178,7 @@ fn ends_at_cursor(screen: &Snapshot, typed: &str) -> bool {
     };
     let tail = last_chars(tail, PROBE_CHARS);
     let rows: Vec<&str> = screen.text.lines().collect();
-    let at = usize::try_from(screen.cursor.1).unwrap_or(usize::MAX);
+    let at = cursor_row(screen);
     let Some(row) = rows.get(at) else {
         return false;
     };
@@ -199,7 +214,7 @@ mod tests {
     /// A screen with the cursor at (column, row).
     fn snap(cursor: (u32, u32), text: &str) -> Snapshot {
         Snapshot {
-            cursor,
+            cursor: Some(cursor),
             in_mode: false,
             text: text.into(),
         }
@@ -305,6 +320,41 @@ mod tests {
             after(&task, &screen, history, None, &[]),
             Interrupted::InInput
         );
+    }
+
+    #[test]
+    fn where_the_host_tells_no_cursor_the_last_row_drawn_is_the_cursors() {
+        let task = "fix the flaky test";
+        let cursorless = |text: &str| Snapshot {
+            cursor: None,
+            in_mode: false,
+            text: text.into(),
+        };
+        // herdr's screens: the paste on the last row drawn, blank rows under it.
+        let screen = cursorless("sim w1 ready\n> fix the flaky test\n\n\n");
+        assert_eq!(
+            after(task, &screen, "sim w1 ready", None, &[]),
+            Interrupted::InInput
+        );
+        // Not the first row, as a cursor at (0, 0) would have it: a row above the last holds
+        // it, and the program drew its prompt after it.
+        let screen = cursorless("> fix the flaky test\n[task 1: 18 bytes]\n> \n");
+        assert_eq!(became(task, &screen, None), Interrupted::Submitted);
+        let history = "> an earlier task";
+        assert_ne!(
+            after(
+                task,
+                &cursorless("> fix the flaky test\nbusy...\n"),
+                history,
+                None,
+                &[]
+            ),
+            Interrupted::InInput
+        );
+        // The box nearest the last row drawn is the one that counts (here empty, with nothing
+        // in the history: unknown), not the first.
+        let screen = cursorless(&format!("{MARK}fix the flaky test\nout\n{MARK}\n"));
+        assert!(unsure(after(task, &screen, "", Some(MARK), &[])));
     }
 
     #[test]

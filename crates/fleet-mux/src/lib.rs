@@ -107,8 +107,8 @@ pub enum PaneLife {
 /// What a pane shows: its visible text and where the cursor is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Cursor column and row.
-    pub cursor: (u32, u32),
+    /// Cursor column and row; `None` where the host does not tell it (herdr).
+    pub cursor: Option<(u32, u32)>,
     /// The pane is in a mode (tmux copy mode) and would eat keys.
     pub in_mode: bool,
     /// The visible text, one line per row.

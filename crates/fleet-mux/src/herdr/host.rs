@@ -211,7 +211,7 @@ impl PaneHost for Herdr {
         let text = codec::read_text(&result).map_err(|e| protocol("pane.read", e))?;
         // herdr tells no cursor position; the screen's text carries every change.
         Ok(Snapshot {
-            cursor: (0, 0),
+            cursor: None,
             in_mode: false,
             text,
         })

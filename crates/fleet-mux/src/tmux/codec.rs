@@ -238,7 +238,7 @@ pub fn parse_snapshot(pane: &PaneId, out: &str) -> Result<Snapshot, MuxError> {
     let mut fields = head.split(' ').map(str::parse::<u32>);
     match (fields.next(), fields.next(), fields.next()) {
         (Some(Ok(x)), Some(Ok(y)), Some(Ok(mode))) => Ok(Snapshot {
-            cursor: (x, y),
+            cursor: Some((x, y)),
             in_mode: mode != 0,
             text: text.to_string(),
         }),
@@ -575,7 +575,7 @@ mod tests {
     fn snapshots_parse() {
         let pane = PaneId("%1".into());
         let snap = parse_snapshot(&pane, "3 7 0\n> hi\n\n").unwrap();
-        assert_eq!(snap.cursor, (3, 7));
+        assert_eq!(snap.cursor, Some((3, 7)));
         assert!(!snap.in_mode);
         assert_eq!(snap.text, "> hi\n\n");
         assert!(parse_snapshot(&pane, "garbage").is_err());

@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn only_a_still_pane_with_an_empty_input_box_is_nudged() {
         let snap = |text: &str, in_mode| Snapshot {
-            cursor: (2, 5),
+            cursor: Some((2, 5)),
             in_mode,
             text: text.into(),
         };
