@@ -60,6 +60,8 @@ pub struct FakePanes {
     next: Mutex<u64>,
     /// Reports never answer (a host that takes its time over them).
     reports_stalled: std::sync::atomic::AtomicBool,
+    /// How many reports to come fail.
+    reports_failing: std::sync::atomic::AtomicUsize,
 }
 
 impl FakePanes {
@@ -145,6 +147,18 @@ impl FakePanes {
     pub fn stall_reports(&self) {
         self.reports_stalled
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The next `count` reports fail (a host that is not there for a while).
+    pub fn fail_reports(&self, count: usize) {
+        self.reports_failing
+            .store(count, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many of the reports [`FakePanes::fail_reports`] made fail are still to come.
+    pub fn reports_to_fail(&self) -> usize {
+        self.reports_failing
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What fleetd last reported of the program in `pane`.
@@ -247,6 +261,17 @@ impl PaneHost for FakePanes {
             .load(std::sync::atomic::Ordering::Relaxed)
         {
             std::future::pending::<()>().await;
+        }
+        let failing = &self.reports_failing;
+        let failed = failing.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |left| left.checked_sub(1),
+        );
+        if failed.is_ok() {
+            return Err(MuxError::Unreachable(
+                "the fake host, failing reports".into(),
+            ));
         }
         if let Some(p) = self.lock().get_mut(pane) {
             p.reported = Some(state);

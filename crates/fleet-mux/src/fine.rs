@@ -13,28 +13,33 @@ use rustix::time::{
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-/// Sleeps `span`, to within tens of microseconds where the system allows. tokio's own timer
-/// runs beside the descriptor and ends the pause if it comes first: it never does on a clock
-/// that runs, and always does on a paused one (a test's), which the descriptor knows nothing of.
+/// Sleeps `span`, to within tens of microseconds where the system allows. It never ends before
+/// tokio's clock has moved `span` on: on a running clock that is the real one, which the
+/// descriptor watches; on a paused one (a test's) tokio's own timer ends it, when the test's
+/// clock gets there.
 pub async fn sleep(span: Duration) {
     if span.is_zero() {
         return;
     }
+    let end = tokio::time::Instant::now() + span;
+    let coarse = tokio::time::sleep_until(end);
+    tokio::pin!(coarse);
     match armed(span) {
         Ok(timer) => {
             tokio::select! {
                 biased;
+                () = &mut coarse => {}
                 woke = timer.readable() => {
-                    if woke.is_err() {
-                        tokio::time::sleep(span).await;
+                    // A paused clock not there yet, or a descriptor that failed: tokio's time.
+                    if woke.is_err() || tokio::time::Instant::now() < end {
+                        coarse.await;
                     }
                 }
-                () = tokio::time::sleep(span) => {}
             }
         }
         Err(e) => {
             tracing::debug!(error = %e, "no timer descriptor; sleeping on tokio's timer");
-            tokio::time::sleep(span).await;
+            coarse.await;
         }
     }
 }
@@ -91,5 +96,17 @@ mod tests {
             "{:?}",
             wall.elapsed()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_a_paused_clock_held_back_a_pause_waits_for_it_not_for_the_wall() {
+        // A blocking task holds the paused clock where it is while the wall clock passes the
+        // pause's span: the pause still ends only once the paused clock gets there.
+        let span = Duration::from_millis(5);
+        let began = tokio::time::Instant::now();
+        let holding = tokio::task::spawn_blocking(move || std::thread::sleep(span * 4));
+        sleep(span).await;
+        assert!(began.elapsed() >= span, "{:?}", began.elapsed());
+        holding.await.unwrap();
     }
 }

@@ -167,16 +167,22 @@ fn shows_whole_paste(before: &Snapshot, after: &Snapshot, text: &str) -> bool {
         return false;
     }
     match (before.cursor, after.cursor) {
-        (Some(was), Some(is)) => whole_at_cursor((was, is), after, text),
+        (Some(was), Some(is)) => whole_at_cursor((was, is), after, text.len(), shown),
         (None, None) => whole_on_changed_row(before, after, shown),
         _ => false,
     }
 }
 
-/// The cursor moved from `was` to `is`, on the same row, exactly the width of `text` to the
-/// right, and `after`'s row ends with it. A partial echo moves the cursor less.
-fn whole_at_cursor((was, is): ((u32, u32), (u32, u32)), after: &Snapshot, text: &str) -> bool {
-    let (Ok(width), Ok(row)) = (u32::try_from(text.len()), usize::try_from(is.1)) else {
+/// The cursor moved from `was` to `is`, on the same row, exactly `width` columns to the right
+/// (the paste's, trailing blanks included), and `after`'s row ends with `shown`. A partial echo
+/// moves the cursor less.
+fn whole_at_cursor(
+    (was, is): ((u32, u32), (u32, u32)),
+    after: &Snapshot,
+    width: usize,
+    shown: &str,
+) -> bool {
+    let (Ok(width), Ok(row)) = (u32::try_from(width), usize::try_from(is.1)) else {
         return false;
     };
     is.1 == was.1
@@ -185,7 +191,7 @@ fn whole_at_cursor((was, is): ((u32, u32), (u32, u32)), after: &Snapshot, text: 
             .text
             .lines()
             .nth(row)
-            .is_some_and(|line| line.trim_end().ends_with(text.trim_end()))
+            .is_some_and(|line| line.trim_end().ends_with(shown))
 }
 
 /// One row changed between `before` and `after` (as many rows in both), and it now reads as it

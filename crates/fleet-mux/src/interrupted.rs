@@ -94,7 +94,9 @@ pub fn what_became_of(it: &Interruption<'_>) -> Interrupted {
             Some(_) => "its input box holds something else",
             None => "the program's input box is not on screen",
         },
-        None if ends_at_cursor(it.screen, it.typed) => return Interrupted::InInput,
+        None if cursor_tells(it) && ends_at_cursor(it.screen, it.typed) => {
+            return Interrupted::InInput;
+        }
         None => "nothing on the pane shows it",
     };
     if it.stage == Stage::Pasted {
@@ -136,8 +138,18 @@ fn input_box<'t>(screen: &'t Snapshot, marker: &str) -> Option<&'t str> {
         .map(|(_, held)| held)
 }
 
-/// The cursor's row; where the host tells no cursor (herdr), the last row that shows
-/// anything: a program's input line is the last it drew.
+/// Whether a line that ends with the task where the cursor is tells that it is still in the
+/// input box (of a program with no known box). With a cursor it does: a submit moves the cursor
+/// off that line. Where the host tells no cursor (herdr) it does only while no Enter can have
+/// gone: after an Enter, a program that has printed nothing since shows the same screen as one
+/// whose Enter was lost, and the history decides, as for a program that echoes nothing.
+fn cursor_tells(it: &Interruption<'_>) -> bool {
+    it.screen.cursor.is_some() || it.stage == Stage::Pasted
+}
+
+/// The cursor's row; where the host tells no cursor (herdr), the last row that shows anything:
+/// a line-oriented program's input line is the last it drew (a full-screen one with a footer
+/// below its box draws the footer last, and there the box is not found this way).
 fn cursor_row(screen: &Snapshot) -> usize {
     match screen.cursor {
         Some((_, row)) => usize::try_from(row).unwrap_or(usize::MAX),
@@ -323,38 +335,44 @@ mod tests {
     }
 
     #[test]
-    fn where_the_host_tells_no_cursor_the_last_row_drawn_is_the_cursors() {
+    fn where_the_host_tells_no_cursor_the_last_row_drawn_is_the_cursors_until_an_enter_went() {
         let task = "fix the flaky test";
         let cursorless = |text: &str| Snapshot {
             cursor: None,
             in_mode: false,
             text: text.into(),
         };
-        // herdr's screens: the paste on the last row drawn, blank rows under it.
-        let screen = cursorless("sim w1 ready\n> fix the flaky test\n\n\n");
+        let at = |stage: Stage, screen: &Snapshot, marker: Option<&str>| {
+            what_became_of(&Interruption {
+                typed: task,
+                stage,
+                screen,
+                history: &screen.text,
+                marker,
+                earlier: &[],
+            })
+        };
+        // herdr's screens: the paste on the last row drawn, blank rows under it. No Enter went:
+        // it is in the box (a cursor at (0, 0) read the first row, and failed it as unsure).
+        let pasted = cursorless("sim w1 ready\n> fix the flaky test\n\n\n");
+        assert_eq!(at(Stage::Pasted, &pasted, None), Interrupted::InInput);
+        // Its Enter may have gone: the same screen is also a program that took it and printed
+        // nothing since. Its history shows it: taken, never pressed again.
+        assert_eq!(at(Stage::Entered, &pasted, None), Interrupted::Submitted);
+        // Shown on a row above the last, the program's prompt after it: taken.
+        let taken = cursorless("> fix the flaky test\n[task 1: 18 bytes]\n> \n");
+        assert_eq!(at(Stage::Entered, &taken, None), Interrupted::Submitted);
+        // With no Enter, shown above the last row is not in the box: a puzzle, never typed again.
+        assert!(unsure(at(Stage::Pasted, &taken, None)));
+        // The box nearest the last row drawn is the one that counts, not the first: here the
+        // last box is empty and the first shows the task, so it was taken.
+        let boxes = cursorless(&format!("{MARK}fix the flaky test\nout\n{MARK}\n"));
         assert_eq!(
-            after(task, &screen, "sim w1 ready", None, &[]),
-            Interrupted::InInput
+            at(Stage::Entered, &boxes, Some(MARK)),
+            Interrupted::Submitted
         );
-        // Not the first row, as a cursor at (0, 0) would have it: a row above the last holds
-        // it, and the program drew its prompt after it.
-        let screen = cursorless("> fix the flaky test\n[task 1: 18 bytes]\n> \n");
-        assert_eq!(became(task, &screen, None), Interrupted::Submitted);
-        let history = "> an earlier task";
-        assert_ne!(
-            after(
-                task,
-                &cursorless("> fix the flaky test\nbusy...\n"),
-                history,
-                None,
-                &[]
-            ),
-            Interrupted::InInput
-        );
-        // The box nearest the last row drawn is the one that counts (here empty, with nothing
-        // in the history: unknown), not the first.
-        let screen = cursorless(&format!("{MARK}fix the flaky test\nout\n{MARK}\n"));
-        assert!(unsure(after(task, &screen, "", Some(MARK), &[])));
+        let boxes = cursorless(&format!("{MARK}older\nout\n{MARK}fix the flaky test\n"));
+        assert_eq!(at(Stage::Entered, &boxes, Some(MARK)), Interrupted::InInput);
     }
 
     #[test]

@@ -244,6 +244,39 @@ async fn a_pane_host_slow_to_take_a_report_of_the_state_holds_no_task_back() {
     assert_eq!(l.panes.reported(&l.pane), None, "no report was answered");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_state_the_pane_host_failed_to_take_is_told_again_and_a_newer_one_replaces_it() {
+    let l = local_built(|_| {}, None, false).await;
+    l.panes.fail_reports(1);
+    l.gateway.start_pump(l.worker.entity.gid);
+    // The first report (idle) failed; it is told again two seconds on, not at once.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(l.panes.reported(&l.pane), None);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(l.panes.reported(&l.pane), Some(AgentState::Idle));
+    // Busy is not taken; the worker answers before it is told again: idle, the newer state,
+    // is told, and busy never after it.
+    l.panes.fail_reports(1);
+    send(&l, "a task").await;
+    let typed = tokio::time::Instant::now();
+    while l.panes.reports_to_fail() > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        typed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        typed.elapsed()
+    );
+    assert_eq!(l.panes.submitted(&l.pane), ["a task"]);
+    assert_eq!(l.panes.reported(&l.pane), Some(AgentState::Idle));
+    l.gateway
+        .reply(&l.worker, "done".into(), None)
+        .await
+        .unwrap();
+    settle().await;
+    assert_eq!(l.panes.reported(&l.pane), Some(AgentState::Idle));
+}
+
 /// Claude Code's permission prompt before a shell command, as captured from the real program.
 const PERMISSION_PROMPT: &str =
     include_str!("../../../fleet-core/fixtures/dialogs/claude-acceptedits-bash.txt");

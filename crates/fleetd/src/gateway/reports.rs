@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::{Gid, WorkerStatus};
-use fleet_mux::{AgentState, PaneId};
+use fleet_mux::{AgentState, MuxError, PaneId};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -30,8 +30,8 @@ fn reported(status: WorkerStatus) -> Option<AgentState> {
     }
 }
 
-/// The state a worker's pane should show, handed to its reporter; the reporter ends when this
-/// is dropped (with the pump).
+/// The state a worker's pane should show, handed to its reporter; the reporter ends once this
+/// is dropped (with the pump) and what it last held is told, or at shutdown.
 pub(super) struct Reporter {
     wanted: watch::Sender<Option<(PaneId, AgentState)>>,
 }
@@ -46,43 +46,50 @@ impl LocalPlane {
         Reporter { wanted }
     }
 
-    /// Hands `reporter` the state of `gid`'s session now, unless the host recognises the agent
-    /// itself (it knows better then) or there is none to tell.
+    /// Hands `reporter` the state of `gid`'s session now; nothing (and nothing still to be told
+    /// again) when the host recognises the agent itself (it knows better then) or there is no
+    /// state to tell.
     pub(super) fn report_status(&self, gid: Gid, reporter: &Reporter) {
         let found = self.sessions.lock().panes.get(&gid).and_then(|s| {
             let state = reported(s.status())?;
             let pane = s.pane().cloned()?;
             s.host_agent().is_none().then_some((pane, state))
         });
-        if let Some(found) = found {
-            reporter.wanted.send_if_modified(|wanted| {
-                let new = wanted.as_ref() != Some(&found);
-                *wanted = Some(found);
-                new
-            });
-        }
+        reporter.wanted.send_if_modified(|wanted| {
+            let new = *wanted != found;
+            *wanted = found;
+            new
+        });
     }
 
-    /// Tells the pane host each state `wanted` comes to, until its sender is dropped.
+    /// Tells the pane host each state `wanted` comes to, until its sender is dropped or fleetd
+    /// shuts down.
     async fn report(&self, gid: Gid, mut wanted: watch::Receiver<Option<(PaneId, AgentState)>>) {
         let mut failed = false;
         loop {
-            let changed = if failed {
-                tokio::select! {
-                    changed = wanted.changed() => changed,
-                    () = tokio::time::sleep(RETRY) => Ok(()),
+            let retry = async {
+                match failed {
+                    true => tokio::time::sleep(RETRY).await,
+                    false => std::future::pending().await,
                 }
-            } else {
-                wanted.changed().await
             };
-            if changed.is_err() {
-                return;
+            tokio::select! {
+                changed = wanted.changed() => if changed.is_err() { return },
+                () = retry => {}
+                () = self.shutdown.cancelled() => return,
             }
             let Some((pane, state)) = wanted.borrow_and_update().clone() else {
+                failed = false;
                 continue;
             };
-            failed = match self.panes.report(&pane, state).await {
+            let told = tokio::select! {
+                told = self.panes.report(&pane, state) => told,
+                () = self.shutdown.cancelled() => return,
+            };
+            failed = match told {
                 Ok(()) => false,
+                // The pane is gone: there is no one to tell.
+                Err(MuxError::NoPane(_)) => false,
                 Err(e) => {
                     tracing::debug!(%gid, error = %logs::mux_error(&e), "cannot report the session's state");
                     true

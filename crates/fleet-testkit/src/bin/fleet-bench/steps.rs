@@ -90,17 +90,10 @@ pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
         super::BUILD,
         fleet_testkit::bins::binary("fleetd")?.display()
     );
-    let mut bare = super::local::bare_paste_enter(trips, true).await?;
+    let bare = super::local::bare_paste_enter(trips, true).await?;
     // Logging as little as the traced run does, but for the steps.
     let fleet = Fleet::start_with_env(&std::env::temp_dir(), "", &sim()?, &QUIET).await?;
-    let mut untraced = super::local::round_trips(&fleet, trips).await?;
-    drop(fleet);
-    let (bare50, _) = percentiles(&mut bare);
-    let (rtt50, rtt99) = percentiles(&mut untraced);
-    println!(
-        "round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; bare tmux paste + Enter p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
-        rtt50 - bare50
-    );
+    let (rtt50, _) = shares(fleet, bare, trips, ("", "bare tmux paste + Enter")).await?;
     cut(traced_on_tmux().await?, trips, rtt50).await?;
     let Some(herdr) = RealHerdr::from_env().await? else {
         println!("herdr: not measured (set HERDR_BIN to a herdr binary to measure it beside tmux)");
@@ -112,26 +105,40 @@ pub(super) async fn run(trips: usize) -> anyhow::Result<()> {
         herdr.bin().display()
     );
     let host = Herdr::connect(&herdr.socket(), "fleet-bench").await?;
-    let mut bare = super::local::bare_paste_enter_on(&host, trips).await?;
+    let bare = super::local::bare_paste_enter_on(&host, trips).await?;
     drop(host);
     let fleet = Fleet::start_herdr_with_env(&herdr.socket(), &sim()?, &QUIET).await?;
-    let mut untraced = super::local::round_trips(&fleet, trips).await?;
-    drop(fleet);
-    let (bare50, _) = percentiles(&mut bare);
-    let (rtt50, rtt99) = percentiles(&mut untraced);
-    println!(
-        "herdr: round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; bare paste + Enter over herdr's socket p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
-        rtt50 - bare50
-    );
+    let what = ("herdr: ", "bare paste + Enter over herdr's socket");
+    let (rtt50, bare50) = shares(fleet, bare, trips, what).await?;
     // A verified typing asks herdr EXTRA_REQUESTS more times than the bare paste + Enter does,
     // each at about half the bare figure.
-    let extra = EXTRA_REQUESTS as f64 * bare50 / 2.0;
+    let extra = f64::from(EXTRA_REQUESTS) * bare50 / 2.0;
     println!(
         "herdr: the {EXTRA_REQUESTS} requests a verified typing makes beyond the bare two (the screen before the paste, a look that sees the echo, one that sees it hold still), at half the bare figure each: {extra:.2} ms; fleetd's share less them {:.2} ms  [proposed target ≤ 2 ms]",
         rtt50 - bare50 - extra
     );
     let traced = Fleet::start_herdr_with_env(&herdr.socket(), &sim()?, &[TRACED]).await?;
     cut(traced, trips, rtt50).await
+}
+
+/// `trips` untraced round trips through `fleet` (stopped after), printed beside `bare` (the
+/// bare paste + Enter's samples on the same host) with fleetd's share; `what` is the line's
+/// prefix and the bare figure's name. Returns the round trip's and the bare figure's p50s (ms).
+async fn shares(
+    fleet: Fleet,
+    mut bare: Vec<Duration>,
+    trips: usize,
+    (prefix, bare_name): (&str, &str),
+) -> anyhow::Result<(f64, f64)> {
+    let mut untraced = super::local::round_trips(&fleet, trips).await?;
+    drop(fleet);
+    let (bare50, _) = percentiles(&mut bare);
+    let (rtt50, rtt99) = percentiles(&mut untraced);
+    println!(
+        "{prefix}round trip send→inject→reply→result, {trips} trips: p50 {rtt50:.2} ms  p99 {rtt99:.2} ms; {bare_name} p50 {bare50:.2} ms; fleetd's share {:.2} ms  [target ≤ 2 ms]",
+        rtt50 - bare50
+    );
+    Ok((rtt50, bare50))
 }
 
 /// The requests to herdr a verified typing makes beyond a bare paste and Enter, at the least:
