@@ -16,7 +16,7 @@
 use serde_json::{Value, json};
 
 use super::{HostFacts, Launch, PeerLauncher, Worker, charter, private_dir, private_file};
-use crate::config::{MAX_CONFIG_WAIT_S, ProfileConfig, ProfileKind};
+use crate::config::{ProfileConfig, ProfileKind};
 
 /// The MCP server's name in opencode (its tools: `fleet_fleet_reply`, …).
 const SERVER: &str = "fleet";
@@ -27,6 +27,14 @@ const XDG_DIRS: [(&str, &str); 4] = [
     ("XDG_CACHE_HOME", ".cache"),
     ("XDG_STATE_HOME", ".local/state"),
 ];
+
+/// How long opencode lets a fleet call go without a word from fleetd before it gives the call
+/// up, in milliseconds (its `timeout`, which each progress notification starts again). A call
+/// that waits hears from fleetd every [`crate::mcp::PROGRESS_INTERVAL`], so only a call whose
+/// stream went with a fleetd that died falls silent; opencode does not notice the cut, and with
+/// a longer timeout its agent waited on the dead call that long (a day, once) after fleetd came
+/// back.
+const CALL_SILENCE_MS: u64 = crate::mcp::PROGRESS_INTERVAL.as_secs() * 6 * 1000;
 
 /// The variable opencode's Anthropic provider takes its key from.
 const ANTHROPIC_KEY: &str = "ANTHROPIC_API_KEY";
@@ -110,8 +118,8 @@ fn config(profile: &ProfileConfig, worker: &Worker, instructions: &std::path::Pa
             "headers": {"Authorization": "Bearer {env:FLEET_TOKEN}"},
             "oauth": false,
             "enabled": true,
-            // A fleet call may block as long as its wait allows (milliseconds).
-            "timeout": MAX_CONFIG_WAIT_S * 1000,
+            // A fleet call that waits is kept alive by its progress notifications.
+            "timeout": CALL_SILENCE_MS,
         }},
         "permission": {format!("{SERVER}_*"): "allow"},
     });

@@ -41,7 +41,7 @@ use params::{
 
 /// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
 /// client asked for progress.
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The longest a call may wait, in seconds.
 pub const MAX_CALL_WAIT_S: u64 = 3600;

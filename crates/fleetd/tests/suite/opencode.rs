@@ -125,3 +125,63 @@ async fn a_real_opencode_permission_prompt_is_answered_with_each_of_its_options(
     }
     Ok(())
 }
+
+/// The `timeout` (ms) of fleetd's MCP server in the opencode config fleetd wrote under
+/// `dir`: how long opencode lets a fleet call go without a word from fleetd.
+fn call_silence(dir: &std::path::Path) -> anyhow::Result<std::time::Duration> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let found = if path.is_dir() {
+            call_silence(&path).ok()
+        } else if path.file_name().is_some_and(|n| n == "opencode.json") {
+            let config: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+            config["mcp"]["fleet"]["timeout"]
+                .as_u64()
+                .map(std::time::Duration::from_millis)
+        } else {
+            None
+        };
+        if let Some(silence) = found {
+            return Ok(silence);
+        }
+    }
+    anyhow::bail!(
+        "no opencode.json with a fleet timeout under {}",
+        dir.display()
+    )
+}
+
+/// opencode gives up a fleet call that goes quiet for its `timeout` (so one cut by fleetd's
+/// death ends: see the restart suite); a call that waits longer than that for its answer hears
+/// fleetd's progress meanwhile, and gets the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_opencode_workers_ask_waits_past_its_timeout_while_fleetd_says_it_still_waits()
+-> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let fleet = Fleet::start("", &opencode_profile("oc", &model.base_url())).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn("oc", "o1").await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let silence = call_silence(fleet.state_dir())?;
+    let sent = lead.send("o1", "ask: which branch?", 90).await?;
+    anyhow::ensure!(
+        sent["status"] == "asked",
+        "{sent}\no1's screen:\n{}",
+        fleet.screen(&pane).unwrap_or_default()
+    );
+    // The subject: the ask waits past the time opencode gives a silent call.
+    tokio::time::sleep(silence + std::time::Duration::from_secs(10)).await;
+    let answered = lead
+        .ok(
+            "fleet_send",
+            json!({"turn_id": sent["ask"]["turn_id"], "message": "main", "wait_s": 90}),
+        )
+        .await?;
+    let reply = answered["reply"]["text"].as_str().unwrap_or_default();
+    assert!(
+        reply.starts_with("asked which branch?, heard: ") && reply.contains("\"answer\":\"main\""),
+        "{answered}\no1's screen:\n{}",
+        fleet.screen(&pane).unwrap_or_default()
+    );
+    Ok(())
+}

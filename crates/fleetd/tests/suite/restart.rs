@@ -244,3 +244,61 @@ async fn a_task_left_in_a_real_opencodes_input_box_by_kill_9_is_submitted() -> a
     let config = opencode_profile("oc", &model.base_url());
     gets_its_enter_after_kill_9(("oc", "o1"), &config).await
 }
+
+/// Spawns `name` of profile `profile`, gives it a task on which the agent asks its lead
+/// (`fleet_ask`, a call that waits for the answer), and kills fleetd while that call waits.
+/// The agent must not wait on the cut call for ever: the restarted fleetd takes the worker
+/// back, the agent's call ends, and the scripted agent answers its task with what its ask
+/// heard; the next task goes through the same pane.
+async fn an_ask_cut_by_kill_9_ends(
+    (profile, name): (&str, &str),
+    config: &str,
+) -> anyhow::Result<()> {
+    let mut fleet = Fleet::start("", config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn(profile, name).await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let at = (name, pane.as_str());
+    // A first task, so the agent talks to fleetd over a session the old process made.
+    assert_eq!(
+        round_trip(&fleet, &lead, at, "before the restart").await?,
+        "echo: before the restart"
+    );
+    let sent = lead
+        .send(name, "ask: which branch?", TURN.as_secs())
+        .await?;
+    if sent["status"] != "asked" {
+        anyhow::bail!(
+            "{sent}\n{name}'s screen:\n{}",
+            fleet.screen(&pane).unwrap_or_default()
+        );
+    }
+    lead.close().await?;
+    fleet.kill9().await?;
+    fleet.launch().await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let got = replies(&fleet, &lead, at).await?;
+    let answered: Vec<&Value> = got.iter().filter(|m| m["kind"] == "REPLY").collect();
+    assert_eq!(answered.len(), 1, "{got:?}");
+    let text = answered[0]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("asked which branch?, heard: "), "{got:?}");
+    assert_eq!(
+        round_trip(&fleet, &lead, at, "after the restart").await?,
+        "echo: after the restart"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_claude_codes_ask_cut_by_kill_9_of_fleetd_ends() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = claude_profile("claude", &model.base_url());
+    an_ask_cut_by_kill_9_ends(("claude", "c1"), &config).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_opencodes_ask_cut_by_kill_9_of_fleetd_ends() -> anyhow::Result<()> {
+    let model = ModelSim::start().await?;
+    let config = opencode_profile("oc", &model.base_url());
+    an_ask_cut_by_kill_9_ends(("oc", "o1"), &config).await
+}
