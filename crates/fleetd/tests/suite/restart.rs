@@ -37,6 +37,36 @@ async fn round_trip(
     }
 }
 
+/// fleetd on `config`, its lead, and `name` of profile `profile` spawned (its pane) and past a
+/// first task, so the agent talks to fleetd over a session the old process made.
+async fn talking(
+    (profile, name): (&str, &str),
+    config: &str,
+) -> anyhow::Result<(Fleet, Client, String)> {
+    let fleet = Fleet::start("", config).await?;
+    let lead = fleet.lead("lead", Protocol::Stateless).await?;
+    let spawned = lead.spawn(profile, name).await?;
+    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        round_trip(&fleet, &lead, (name, &pane), "before the restart").await?,
+        "echo: before the restart"
+    );
+    Ok((fleet, lead, pane))
+}
+
+/// The worker taken back answers the next task, in the same pane.
+async fn next_task_goes_through(
+    fleet: &Fleet,
+    lead: &Client,
+    at: (&str, &str),
+) -> anyhow::Result<()> {
+    assert_eq!(
+        round_trip(fleet, lead, at, "after the restart").await?,
+        "echo: after the restart"
+    );
+    Ok(())
+}
+
 /// Polls `lead` until something comes (a turn's time at most), then once more for anything
 /// beyond it; on the way out, the screen of `name` (in `pane`) and fleetd's log.
 async fn replies(
@@ -101,16 +131,8 @@ async fn survives_kill_9(
     config: &str,
     kill: Kill,
 ) -> anyhow::Result<()> {
-    let mut fleet = Fleet::start("", config).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.spawn(profile, name).await?;
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let (mut fleet, lead, pane) = talking((profile, name), config).await?;
     let at = (name, pane.as_str());
-    // A first task, so the agent talks to fleetd over a session the old process made.
-    assert_eq!(
-        round_trip(&fleet, &lead, at, "before the restart").await?,
-        "echo: before the restart"
-    );
     model.hold(true);
     let sent = lead.send(name, "over the restart", 0).await?;
     // The agent has the task (its answer waits at the model), and fleetd saw it submitted.
@@ -147,10 +169,7 @@ async fn survives_kill_9(
     assert_eq!(got[0]["in_reply_to"], sent["msg_id"]);
     assert_eq!(got[0]["text"], "echo: over the restart");
     // And the worker takes the next task in the same pane.
-    assert_eq!(
-        round_trip(&fleet, &lead, at, "after the restart").await?,
-        "echo: after the restart"
-    );
+    next_task_goes_through(&fleet, &lead, at).await?;
     assert_eq!(fleet.panes()?, [pane]);
     Ok(())
 }
@@ -194,10 +213,7 @@ async fn gets_its_enter_after_kill_9(
     assert_eq!(got.len(), 1, "the reply comes once: {got:?}");
     assert_eq!(got[0]["in_reply_to"].as_str(), Some(typing.as_str()));
     assert_eq!(got[0]["text"], format!("echo: {text}"));
-    assert_eq!(
-        round_trip(&fleet, &lead, at, "after the restart").await?,
-        "echo: after the restart"
-    );
+    next_task_goes_through(&fleet, &lead, at).await?;
     Ok(())
 }
 
@@ -254,16 +270,8 @@ async fn an_ask_cut_by_kill_9_ends(
     (profile, name): (&str, &str),
     config: &str,
 ) -> anyhow::Result<()> {
-    let mut fleet = Fleet::start("", config).await?;
-    let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let spawned = lead.spawn(profile, name).await?;
-    let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
+    let (mut fleet, lead, pane) = talking((profile, name), config).await?;
     let at = (name, pane.as_str());
-    // A first task, so the agent talks to fleetd over a session the old process made.
-    assert_eq!(
-        round_trip(&fleet, &lead, at, "before the restart").await?,
-        "echo: before the restart"
-    );
     let sent = lead
         .send(name, "ask: which branch?", TURN.as_secs())
         .await?;
@@ -282,10 +290,7 @@ async fn an_ask_cut_by_kill_9_ends(
     assert_eq!(answered.len(), 1, "{got:?}");
     let text = answered[0]["text"].as_str().unwrap_or_default();
     assert!(text.starts_with("asked which branch?, heard: "), "{got:?}");
-    assert_eq!(
-        round_trip(&fleet, &lead, at, "after the restart").await?,
-        "echo: after the restart"
-    );
+    next_task_goes_through(&fleet, &lead, at).await?;
     Ok(())
 }
 
