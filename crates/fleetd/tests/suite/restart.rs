@@ -69,17 +69,23 @@ async fn next_task_goes_through(
 
 /// Polls `lead` until something comes (a turn's time at most), then once more for anything
 /// beyond it; on the way out, the screen of `name` (in `pane`) and fleetd's log.
-async fn replies(
+async fn replies(fleet: &Fleet, lead: &Client, at: (&str, &str)) -> anyhow::Result<Vec<Value>> {
+    polled_until(fleet, lead, at, |got| !got.is_empty()).await
+}
+
+/// [`replies`], polling until what came is `enough`.
+async fn polled_until(
     fleet: &Fleet,
     lead: &Client,
     (name, pane): (&str, &str),
+    enough: impl Fn(&[Value]) -> bool,
 ) -> anyhow::Result<Vec<Value>> {
     let got = std::sync::Mutex::new(Vec::<Value>::new());
     until("a reply", TURN, || async {
         let polled = lead.poll(1).await.ok()?;
         let mut got = got.lock().ok()?;
         got.extend(polled);
-        (!got.is_empty()).then_some(())
+        enough(&got).then_some(())
     })
     .await
     .map_err(|e| {
@@ -285,11 +291,17 @@ async fn an_ask_cut_by_kill_9_ends(
     fleet.kill9().await?;
     fleet.launch().await?;
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
-    let got = replies(&fleet, &lead, at).await?;
-    let answered: Vec<&Value> = got.iter().filter(|m| m["kind"] == "REPLY").collect();
-    assert_eq!(answered.len(), 1, "{got:?}");
+    let is_reply = |m: &Value| m["kind"] == "REPLY";
+    let got = polled_until(&fleet, &lead, at, |got| got.iter().any(is_reply)).await?;
+    let answered: Vec<&Value> = got.iter().filter(|m| is_reply(m)).collect();
+    let log = || format!("{got:?}\nfleetd's log:\n{}", fleet.log());
+    assert_eq!(answered.len(), 1, "{}", log());
     let text = answered[0]["text"].as_str().unwrap_or_default();
-    assert!(text.starts_with("asked which branch?, heard: "), "{got:?}");
+    assert!(
+        text.starts_with("asked which branch?, heard: "),
+        "{}",
+        log()
+    );
     next_task_goes_through(&fleet, &lead, at).await?;
     Ok(())
 }
