@@ -34,7 +34,7 @@ const XDG_DIRS: [(&str, &str); 4] = [
 /// stream went with a fleetd that died falls silent; opencode does not notice the cut, and with
 /// a longer timeout its agent waited on the dead call that long (a day, once) after fleetd came
 /// back.
-const CALL_SILENCE_MS: u64 = crate::mcp::PROGRESS_INTERVAL.as_secs() * 6 * 1000;
+const CALL_SILENCE_MS: u128 = crate::mcp::PROGRESS_INTERVAL.as_millis() * 6;
 
 /// The variable opencode's Anthropic provider takes its key from.
 const ANTHROPIC_KEY: &str = "ANTHROPIC_API_KEY";
@@ -175,6 +175,8 @@ mod tests {
         let server = &config["mcp"]["fleet"];
         assert_eq!(server["type"], "remote");
         assert_eq!(server["url"], w.mcp_url);
+        // Six progress notifications' worth of silence, not the hour a call may wait.
+        assert_eq!(server["timeout"], 30_000);
         assert_eq!(
             server["headers"]["Authorization"],
             "Bearer {env:FLEET_TOKEN}"

@@ -39,8 +39,9 @@ use params::{
     SendTarget, SpawnParams, StopParams,
 };
 
-/// How often a long call (spawn, send, poll) tells its client it is still waiting, when the
-/// client asked for progress.
+/// How often a long call (spawn, send, ask, poll, consult) tells its client it is still
+/// waiting, when the client asked for progress. opencode gives a call up after six of these
+/// without a word (see `launch::opencode`).
 pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The longest a call may wait, in seconds.

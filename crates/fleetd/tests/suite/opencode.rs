@@ -128,7 +128,7 @@ async fn a_real_opencode_permission_prompt_is_answered_with_each_of_its_options(
 
 /// The `timeout` (ms) of fleetd's MCP server in the opencode config fleetd wrote under
 /// `dir`: how long opencode lets a fleet call go without a word from fleetd.
-fn call_silence(dir: &std::path::Path) -> anyhow::Result<std::time::Duration> {
+pub(super) fn call_silence(dir: &std::path::Path) -> anyhow::Result<std::time::Duration> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let found = if path.is_dir() {
@@ -163,6 +163,10 @@ async fn a_real_opencode_workers_ask_waits_past_its_timeout_while_fleetd_says_it
     let spawned = lead.spawn("oc", "o1").await?;
     let pane = spawned["pane"].as_str().unwrap_or_default().to_string();
     let silence = call_silence(fleet.state_dir())?;
+    anyhow::ensure!(
+        silence <= std::time::Duration::from_secs(60),
+        "opencode gives a silent fleet call {silence:?}"
+    );
     let sent = lead.send("o1", "ask: which branch?", 90).await?;
     anyhow::ensure!(
         sent["status"] == "asked",
@@ -180,8 +184,9 @@ async fn a_real_opencode_workers_ask_waits_past_its_timeout_while_fleetd_says_it
     let reply = answered["reply"]["text"].as_str().unwrap_or_default();
     assert!(
         reply.starts_with("asked which branch?, heard: ") && reply.contains("\"answer\":\"main\""),
-        "{answered}\no1's screen:\n{}",
-        fleet.screen(&pane).unwrap_or_default()
+        "{answered}\no1's screen:\n{}\nfleetd's log:\n{}",
+        fleet.screen(&pane).unwrap_or_default(),
+        fleet.log()
     );
     Ok(())
 }

@@ -6,7 +6,9 @@
 //! answers 404 to the old one) — and the lead gets the reply once; the next task goes through
 //! the same pane. A kill that came while fleetd was typing is settled from the real agent's
 //! screen: a task it took is its task in flight; one left pasted in its input box is
-//! submitted.
+//! submitted. A call the agent had open when fleetd died (a `fleet_ask` waiting for its answer)
+//! ends: at once in Claude Code (the connection reset), after its timeout for a silent call in
+//! opencode (which does not notice the cut), and the agent answers its task.
 
 use std::time::Duration;
 
@@ -267,6 +269,15 @@ async fn a_task_left_in_a_real_opencodes_input_box_by_kill_9_is_submitted() -> a
     gets_its_enter_after_kill_9(("oc", "o1"), &config).await
 }
 
+/// How an agent learns that fleetd's death cut its call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// At once: the connection reset (Claude Code).
+    Seen,
+    /// Only when the call has been silent for the timeout fleetd gave it (opencode).
+    Unnoticed,
+}
+
 /// Spawns `name` of profile `profile`, gives it a task on which the agent asks its lead
 /// (`fleet_ask`, a call that waits for the answer), and kills fleetd while that call waits.
 /// The agent must not wait on the cut call for ever: the restarted fleetd takes the worker
@@ -275,6 +286,7 @@ async fn a_task_left_in_a_real_opencodes_input_box_by_kill_9_is_submitted() -> a
 async fn an_ask_cut_by_kill_9_ends(
     (profile, name): (&str, &str),
     config: &str,
+    cut: Cut,
 ) -> anyhow::Result<()> {
     let (mut fleet, lead, pane) = talking((profile, name), config).await?;
     let at = (name, pane.as_str());
@@ -290,6 +302,7 @@ async fn an_ask_cut_by_kill_9_ends(
     lead.close().await?;
     fleet.kill9().await?;
     fleet.launch().await?;
+    let back = std::time::Instant::now();
     let lead = fleet.lead("lead", Protocol::Stateless).await?;
     let is_reply = |m: &Value| m["kind"] == "REPLY";
     let got = polled_until(&fleet, &lead, at, |got| got.iter().any(is_reply)).await?;
@@ -302,6 +315,13 @@ async fn an_ask_cut_by_kill_9_ends(
         "{}",
         log()
     );
+    assert_eq!(answered[0]["in_reply_to"], sent["msg_id"], "{}", log());
+    if cut == Cut::Unnoticed {
+        // It ended on opencode's timeout for a silent call, not on some longer one.
+        let silence = super::opencode::call_silence(fleet.state_dir())?;
+        let took = back.elapsed();
+        assert!(took <= silence + Duration::from_secs(15), "{took:?}");
+    }
     next_task_goes_through(&fleet, &lead, at).await?;
     Ok(())
 }
@@ -310,12 +330,12 @@ async fn an_ask_cut_by_kill_9_ends(
 async fn a_real_claude_codes_ask_cut_by_kill_9_of_fleetd_ends() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
     let config = claude_profile("claude", &model.base_url());
-    an_ask_cut_by_kill_9_ends(("claude", "c1"), &config).await
+    an_ask_cut_by_kill_9_ends(("claude", "c1"), &config, Cut::Seen).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_opencodes_ask_cut_by_kill_9_of_fleetd_ends() -> anyhow::Result<()> {
     let model = ModelSim::start().await?;
     let config = opencode_profile("oc", &model.base_url());
-    an_ask_cut_by_kill_9_ends(("oc", "o1"), &config).await
+    an_ask_cut_by_kill_9_ends(("oc", "o1"), &config, Cut::Unnoticed).await
 }
