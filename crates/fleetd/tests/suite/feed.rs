@@ -149,6 +149,14 @@ async fn tail_follows_a_worker_and_its_task_through_every_state_without_its_text
             .any(|l| l.contains(&reply) && l.contains("\"consumed\""))
     })
     .await?;
+    // The pump records the task typed beside the reply's way (the reply is the proof of the
+    // submit), so the two may reach the feed in either order.
+    tail.until("the task recorded as typed", |lines| {
+        lines
+            .iter()
+            .any(|l| l.contains(&task) && l.contains("\"injected\""))
+    })
+    .await?;
     tail.until("w1 idle again after its task", |lines| {
         let events: Vec<Value> = lines
             .iter()
