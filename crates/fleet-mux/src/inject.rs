@@ -442,11 +442,6 @@ impl<'a> Looks<'a> {
         }
         gap_since(self.looked, gap).await;
     }
-
-    /// Waits `span` ([`pause`]).
-    async fn nap(&self, span: Duration) {
-        pause(self.output.is_live(), span).await;
-    }
 }
 
 /// Waits `span`: on tokio's timer where the host reports the pane's writes (`live`: the pause
@@ -584,7 +579,7 @@ async fn echo(
                 .await;
             gap = next_gap(gap);
         } else {
-            looks.nap(interval).await;
+            crate::fine::sleep(interval).await;
             interval = (interval * 2).min(MAX_CHECK_INTERVAL);
         }
         last = looks.snapshot().await?;
@@ -617,7 +612,7 @@ async fn still(
         return Ok(last);
     }
     while Instant::now() < deadline {
-        looks.nap(span).await;
+        crate::fine::sleep(span).await;
         let next = looks.snapshot().await?;
         if next == last {
             return Ok(next);
