@@ -3,7 +3,8 @@
 //! answered by fleetd itself (the tool in a task of its own, the answer written by the request's
 //! handler), without rmcp's per-request service, its serve loop and the channels between them
 //! (about a third of what a bare MCP call costs, see `docs/benchmarks.md`). The answer is the
-//! one rmcp would give: the same handler code, the same result types, the same cache hints. Two
+//! one rmcp would give: the same handler code, its result written as rmcp writes it (without the
+//! JSON tree rmcp's result type would hold its structured content in: [`super::written`]). Two
 //! things differ, neither an answer to a call that ends: a call cut short by a shutdown before
 //! its first progress notice gets a 500 saying so (rmcp's says "empty response"), and so does a
 //! tool that panics (rmcp's request would hang until its client gave up). Once a notice has
@@ -33,7 +34,7 @@ use fleet_core::{ErrorCode, FleetError};
 use rmcp::ServerHandler;
 use rmcp::model::{
     JsonObject, JsonRpcVersion2_0, ProgressNotification, ProgressToken, ProtocolVersion, RequestId,
-    RequestMetaObject, ServerJsonRpcMessage, ServerNotification, ServerResult,
+    RequestMetaObject, ServerJsonRpcMessage, ServerNotification,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -42,7 +43,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::params::{ListParams, PollParams, ReplyParams, SendParams};
-use super::{FleetMcp, arguments, call_span, errors, progressing};
+use super::written::written;
+use super::{FleetMcp, arguments, call_span, progressing};
 use crate::gateway::Caller;
 use crate::metrics::Served;
 
@@ -126,6 +128,23 @@ pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Ne
     }
 }
 
+/// What a direct call tells the writer of its answer, each written already: a progress notice,
+/// or the answer (`None` if it could not be written).
+enum Said {
+    Notice(String),
+    Answer(Option<String>),
+}
+
+impl Said {
+    /// Its JSON.
+    fn into_json(self) -> Option<String> {
+        match self {
+            Said::Notice(json) => Some(json),
+            Said::Answer(json) => json,
+        }
+    }
+}
+
 /// Answers `call` for `caller`, as rmcp would: the tool runs in a task of its own, so a client
 /// that goes away cancels its waits (as rmcp's does) but not its half-done steps. An answer
 /// that comes before any progress notice is plain JSON; once a notice comes first, the notices
@@ -141,24 +160,27 @@ async fn answer(direct: &Direct, call: Call, caller: Caller) -> Response {
         first = said.recv() => first,
         () = direct.closing.cancelled() => return shutting_down(),
     };
-    let Some(first) = first else {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the call ended without an answer",
-        )
-            .into_response();
-    };
-    if matches!(first, ServerJsonRpcMessage::Response(_)) {
-        gone.disarm();
-        return match serde_json::to_vec(&first) {
-            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-            Err(e) => (
+    let first = match first {
+        Some(Said::Answer(Some(body))) => {
+            gone.disarm();
+            return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+        }
+        Some(Said::Notice(notice)) => notice,
+        Some(Said::Answer(None)) => {
+            return (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot encode the answer: {e}"),
+                "cannot encode the answer",
             )
-                .into_response(),
-        };
-    }
+                .into_response();
+        }
+        None => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the call ended without an answer",
+            )
+                .into_response();
+        }
+    };
     // The stream holds the guard: a client that drops it cancels the call.
     let closing = direct.closing.clone();
     let events = futures_util::stream::unfold(
@@ -169,11 +191,11 @@ async fn answer(direct: &Direct, call: Call, caller: Caller) -> Response {
                 // What the call has said goes out before a shutdown cuts the stream.
                 None => tokio::select! {
                     biased;
-                    message = said.recv() => message?,
+                    message = said.recv() => message?.into_json()?,
                     () = closing.cancelled() => return None,
                 },
             };
-            let event = Event::default().data(serde_json::to_string(&message).ok()?);
+            let event = Event::default().data(message);
             Some((Ok::<_, Infallible>(event), (None, said, gone, closing)))
         },
     );
@@ -193,7 +215,7 @@ impl FleetMcp {
         &self,
         call: Call,
         caller: Caller,
-        told: mpsc::UnboundedSender<ServerJsonRpcMessage>,
+        told: mpsc::UnboundedSender<Said>,
         ct: CancellationToken,
     ) {
         let Call {
@@ -208,22 +230,26 @@ impl FleetMcp {
         let caller = Ok(caller);
         let work = async {
             match tool {
-                Tool::List(p) => errors::result(self.listing(caller, p)),
-                Tool::Send(p) => errors::result(
+                Tool::List(p) => written(&id, self.listing(caller, p)),
+                Tool::Send(p) => written(
+                    &id,
                     noticed(progress, "fleet_send", self.sending(caller, p, &ct), &told).await,
                 ),
-                Tool::Reply(p) => errors::result(self.replying(caller, p).await),
-                Tool::Poll(p) => errors::result(
+                Tool::Reply(p) => written(&id, self.replying(caller, p).await),
+                Tool::Poll(p) => written(
+                    &id,
                     noticed(progress, "fleet_poll", self.polling(caller, p, &ct), &told).await,
                 ),
                 Tool::Misfit(why) => {
-                    errors::failed(&FleetError::new(ErrorCode::InvalidParams, why))
+                    written::<()>(&id, Err(FleetError::new(ErrorCode::InvalidParams, why)))
                 }
             }
         };
-        let mut result = ServerResult::CallToolResult(work.instrument(span).await);
-        result.fill_missing_cache_hints();
-        let _ = told.send(ServerJsonRpcMessage::response(result, id));
+        let answer = work.instrument(span).await;
+        if let Err(e) = &answer {
+            tracing::warn!(error = %e, "cannot encode the answer");
+        }
+        let _ = told.send(Said::Answer(answer.ok()));
     }
 }
 
@@ -233,7 +259,7 @@ async fn noticed<T>(
     progress: Option<ProgressToken>,
     what: &str,
     work: impl Future<Output = T>,
-    told: &mpsc::UnboundedSender<ServerJsonRpcMessage>,
+    told: &mpsc::UnboundedSender<Said>,
 ) -> T {
     let Some(token) = progress else {
         return work.await;
@@ -241,7 +267,9 @@ async fn noticed<T>(
     let notify = |note| {
         let notice = ServerNotification::ProgressNotification(ProgressNotification::new(note));
         // Not heard only once the answer's writer went away with its client.
-        let _ = told.send(ServerJsonRpcMessage::notification(notice));
+        if let Ok(json) = serde_json::to_string(&ServerJsonRpcMessage::notification(notice)) {
+            let _ = told.send(Said::Notice(json));
+        }
         std::future::ready(())
     };
     let (_quiet, events) = mpsc::unbounded_channel();

@@ -7,6 +7,7 @@ mod arguments;
 pub mod direct;
 mod errors;
 pub mod params;
+mod written;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};

@@ -128,7 +128,8 @@ pub(super) async fn served_as_seen_by(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_call_answered_directly_reads_exactly_as_rmcps_answer() -> anyhow::Result<()> {
+async fn a_plain_call_answered_directly_says_exactly_what_rmcps_answer_says() -> anyhow::Result<()>
+{
     let fleet = Fleet::start("", "[leads.a]\n[leads.b]\n").await?;
     let token = fleet.token("a")?;
     // Answers that do not change between two calls: a failure of each kind, an empty poll, a
@@ -149,6 +150,13 @@ async fn a_plain_call_answered_directly_reads_exactly_as_rmcps_answer() -> anyho
         let by_rmcp = raw_call(&fleet, &token, WEIGHTED_ACCEPT, tool, args).await?;
         assert_eq!(direct.0, 200, "{tool} {args}: {direct:?}");
         assert!(direct.1.starts_with("application/json"), "{direct:?}");
+        // The same JSON (the direct answer's structured content keeps its text's order of
+        // keys, where rmcp's tree sorts them).
+        assert_eq!((direct.0, &direct.1), (by_rmcp.0, &by_rmcp.1));
+        let (direct, by_rmcp): (Value, Value) = (
+            serde_json::from_str(&direct.2)?,
+            serde_json::from_str(&by_rmcp.2)?,
+        );
         assert_eq!(direct, by_rmcp, "{tool} {args}: the two ways differ");
     }
     // Answers that differ only in what the call itself changes: the caller's last call (in
