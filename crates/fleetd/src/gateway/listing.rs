@@ -150,31 +150,9 @@ impl LocalPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleet_core::Role;
 
     fn entry(host: &str, status: &str, groups: &[&str]) -> RosterEntry {
-        RosterEntry {
-            gid: Gid::mint(),
-            name: "w".into(),
-            host: host.into(),
-            role: Role::Worker,
-            slot: None,
-            profile: None,
-            sandbox: None,
-            profile_role: None,
-            status: status.into(),
-            agent: None,
-            agent_status: None,
-            groups: groups.iter().map(|g| g.to_string()).collect(),
-            pane: None,
-            last_seen_ms: None,
-            open_calls: None,
-            stalled_since: None,
-            workspace: None,
-            dialog: None,
-            owner: None,
-            shared: Vec::new(),
-        }
+        RosterEntry::example("w", host, status, groups)
     }
 
     #[test]

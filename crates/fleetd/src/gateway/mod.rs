@@ -91,8 +91,8 @@ pub use nudge::NudgeTarget;
 pub use operator::{MessagePage, MessageRow, MessagesQuery, RosterRow, RosterView, Viewer};
 pub use spawn::SpawnRequest;
 pub use views::{
-    AskResult, AskView, BroadcastResult, Delivered, HostView, ListResult, PollResult, ReplyResult,
-    RosterEntry, SendResult, SpawnResult, StopResult,
+    AskResult, AskView, BroadcastResult, Delivered, DialogView, HostView, ListResult, PollResult,
+    ReplyResult, RosterEntry, SendResult, SpawnResult, StopResult,
 };
 pub use workdir::Workdirs;
 

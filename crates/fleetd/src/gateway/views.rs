@@ -273,6 +273,35 @@ pub fn slot_of(role: Role, name: &str) -> Option<String> {
     (role == Role::Architect).then(|| name.to_string())
 }
 
+#[cfg(test)]
+impl RosterEntry {
+    /// A worker's entry: `name` on `host`, `status`, in `groups`, nothing else said.
+    pub(crate) fn example(name: &str, host: &str, status: &str, groups: &[&str]) -> Self {
+        RosterEntry {
+            gid: Gid::mint(),
+            name: name.into(),
+            host: host.into(),
+            role: Role::Worker,
+            slot: None,
+            profile: None,
+            sandbox: None,
+            profile_role: None,
+            status: status.into(),
+            agent: None,
+            agent_status: None,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            pane: None,
+            last_seen_ms: None,
+            open_calls: None,
+            stalled_since: None,
+            workspace: None,
+            dialog: None,
+            owner: None,
+            shared: Vec::new(),
+        }
+    }
+}
+
 /// The answer to `fleet_list`.
 #[derive(Clone, Debug, Serialize)]
 pub struct ListResult {

@@ -3,9 +3,10 @@
 //! answered by fleetd itself (the tool in a task of its own, the answer written by the request's
 //! handler), without rmcp's per-request service, its serve loop and the channels between them
 //! (about a third of what a bare MCP call costs, see `docs/benchmarks.md`). The answer is the
-//! one rmcp would give: the same handler code, its result written as rmcp writes it (without the
-//! JSON tree rmcp's result type would hold its structured content in: [`super::written`]). Two
-//! things differ, neither an answer to a call that ends: a call cut short by a shutdown before
+//! JSON rmcp would give: the same handler code, its result written as rmcp writes it but without
+//! the JSON tree rmcp's result type would hold its structured content in, whose keys are then in
+//! the order of its text (rmcp's tree sorts them: [`super::written`]). Two other things differ,
+//! neither an answer to a call that ends: a call cut short by a shutdown before
 //! its first progress notice gets a 500 saying so (rmcp's says "empty response"), and so does a
 //! tool that panics (rmcp's request would hang until its client gave up). Once a notice has
 //! gone, a shutdown ends the stream, as rmcp's.
@@ -132,15 +133,15 @@ pub async fn serve(State(direct): State<Arc<Direct>>, request: Request, next: Ne
 /// or the answer (`None` if it could not be written).
 enum Said {
     Notice(String),
-    Answer(Option<String>),
+    Answer(Option<Vec<u8>>),
 }
 
 impl Said {
-    /// Its JSON.
+    /// Its JSON, as an event's data.
     fn into_json(self) -> Option<String> {
         match self {
             Said::Notice(json) => Some(json),
-            Said::Answer(json) => json,
+            Said::Answer(json) => String::from_utf8(json?).ok(),
         }
     }
 }
@@ -229,7 +230,7 @@ impl FleetMcp {
         let _in_flight = self.in_flight.token();
         let caller = Ok(caller);
         let work = async {
-            match tool {
+            let answer = match tool {
                 Tool::List(p) => written(&id, self.listing(caller, p)),
                 Tool::Send(p) => written(
                     &id,
@@ -243,13 +244,14 @@ impl FleetMcp {
                 Tool::Misfit(why) => {
                     written::<()>(&id, Err(FleetError::new(ErrorCode::InvalidParams, why)))
                 }
+            };
+            if let Err(e) = &answer {
+                tracing::warn!(error = %e, "cannot encode the answer");
             }
+            answer.ok()
         };
         let answer = work.instrument(span).await;
-        if let Err(e) = &answer {
-            tracing::warn!(error = %e, "cannot encode the answer");
-        }
-        let _ = told.send(Said::Answer(answer.ok()));
+        let _ = told.send(Said::Answer(answer));
     }
 }
 

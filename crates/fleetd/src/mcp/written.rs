@@ -1,14 +1,13 @@
-//! A direct call's answer, written as rmcp writes it (its JSON-RPC response, `tools/call`'s
-//! result) but without the JSON tree rmcp's result type holds its structured content in: the
-//! value is written once, as the text a model reads, and that same text is the structured
-//! content. (A roster of a thousand entries was written into a tree, the tree copied into the
-//! answer and the text written besides; a send's answer and a poll's messages the same, on every
-//! call.)
+//! A direct call's answer: the JSON rmcp writes for it (its JSON-RPC response, `tools/call`'s
+//! result), written without the JSON tree rmcp's result type holds its structured content in.
+//! The value is written once, as the text a model reads, and that same text is the structured
+//! content, so its keys keep the value's order where rmcp's tree sorts them. (A roster of a
+//! thousand entries was written into a tree, the tree into the answer and the text besides; a
+//! send's answer and a poll's messages the same, on every call.)
 
 use fleet_core::FleetError;
-use rmcp::model::{JsonRpcVersion2_0, RequestId, ResultType, ServerJsonRpcMessage, ServerResult};
+use rmcp::model::{RequestId, ResultType, ServerJsonRpcMessage, ServerResult};
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use super::errors;
 
@@ -18,69 +17,43 @@ use super::errors;
 pub fn written<T: Serialize>(
     id: &RequestId,
     outcome: Result<T, FleetError>,
-) -> serde_json::Result<String> {
+) -> serde_json::Result<Vec<u8>> {
     let failure = match outcome.map(|value| serde_json::to_string(&value)) {
-        Ok(Ok(text)) => return success(id, text),
+        Ok(Ok(text)) => return success(id, &text),
         Ok(Err(e)) => FleetError::internal(format!("cannot encode the result: {e}")),
         Err(err) => err,
     };
-    serde_json::to_string(&ServerJsonRpcMessage::response(
+    serde_json::to_vec(&ServerJsonRpcMessage::response(
         ServerResult::CallToolResult(errors::failed(&failure)),
         id.clone(),
     ))
 }
 
-/// A success whose structured content is the JSON `text`, which is also its one text block.
-fn success(id: &RequestId, text: String) -> serde_json::Result<String> {
-    let structured = RawValue::from_string(text)?;
-    serde_json::to_string(&Response {
-        jsonrpc: JsonRpcVersion2_0,
-        id,
-        result: Success {
-            result_type: ResultType::COMPLETE,
-            content: [Text {
-                kind: "text",
-                text: structured.get(),
-            }],
-            structured_content: &structured,
-            is_error: false,
-        },
-    })
-}
-
-/// rmcp's `JsonRpcResponse`, its result borrowed.
-#[derive(Serialize)]
-struct Response<'a> {
-    jsonrpc: JsonRpcVersion2_0,
-    id: &'a RequestId,
-    result: Success<'a>,
-}
-
-/// rmcp's `CallToolResult` of a success, its structured content written already.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Success<'a> {
-    result_type: ResultType,
-    content: [Text<'a>; 1],
-    structured_content: &'a RawValue,
-    is_error: bool,
-}
-
-/// rmcp's text content block.
-#[derive(Serialize)]
-struct Text<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
+/// A success whose one text block is the JSON `text`, which is also its structured content:
+/// rmcp's `JsonRpcResponse` of a `CallToolResult`, its fields in rmcp's order.
+fn success(id: &RequestId, text: &str) -> serde_json::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(2 * text.len() + 160);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut out, id)?;
+    out.extend_from_slice(br#","result":{"resultType":"#);
+    serde_json::to_writer(&mut out, &ResultType::COMPLETE)?;
+    out.extend_from_slice(br#","content":[{"type":"text","text":"#);
+    serde_json::to_writer(&mut out, text)?;
+    out.extend_from_slice(br#"}],"structuredContent":"#);
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(br#","isError":false}}"#);
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
-    use fleet_core::ErrorCode;
+    use fleet_core::dialog::Choice;
+    use fleet_core::{ErrorCode, Gid, MsgId};
     use rmcp::model::NumberOrString;
-    use serde_json::{Value, json};
+    use serde_json::Value;
 
     use super::*;
+    use crate::gateway::{DialogView, HostView, ListResult, RosterEntry, SendResult};
 
     /// What rmcp writes for `result`, answering `id`.
     fn rmcp_writes(id: &RequestId, result: rmcp::model::CallToolResult) -> Value {
@@ -89,35 +62,75 @@ mod tests {
         serde_json::to_value(ServerJsonRpcMessage::response(result, id.clone())).unwrap()
     }
 
-    #[derive(Serialize)]
-    struct Entry {
-        gid: &'static str,
-        name: String,
-        note: Option<&'static str>,
-        groups: Vec<&'static str>,
-        count: u64,
+    /// Checks that the answer to `id` with `value` is the JSON rmcp writes for it, its
+    /// structured content written as its text is.
+    fn reads_as_rmcps<T: Serialize>(id: &RequestId, value: &T) {
+        let ours = String::from_utf8(written(id, Ok(value)).unwrap()).unwrap();
+        let read: Value = serde_json::from_str(&ours).unwrap();
+        assert_eq!(read, rmcp_writes(id, errors::ok(value)), "{ours}");
+        let text = serde_json::to_string(value).unwrap();
+        assert_eq!(read["result"]["content"][0]["text"], text.as_str());
+        assert!(
+            ours.contains(&format!(r#""structuredContent":{text},"#)),
+            "{ours}"
+        );
+    }
+
+    const ODD: &str = "w \"quoted\"\n\u{1b}[2J é 🦀 \\ \u{0} \u{2028}";
+
+    #[test]
+    fn a_roster_is_the_json_rmcp_writes_for_it() {
+        let mut you = RosterEntry::example("lead", "h1", "idle", &[]);
+        you.last_seen_ms = Some(i64::MAX);
+        let mut odd = RosterEntry::example(ODD, "h2", "busy", &["a", ODD]);
+        odd.pane = Some("%7".into());
+        odd.open_calls = Some(usize::MAX);
+        let list = ListResult {
+            you,
+            coord_id: Some(ODD.into()),
+            entities: vec![odd, RosterEntry::example("w2", "h1", "idle", &[])],
+            hosts: vec![HostView {
+                host: "h1".into(),
+                status: "up".into(),
+                profiles: vec!["claude".into()],
+                families: [("claude".into(), "anthropic".into())].into(),
+                last_seen_ms: None,
+            }],
+        };
+        for id in [
+            RequestId::Number(7),
+            RequestId::Number(-1),
+            NumberOrString::String(ODD.into()),
+        ] {
+            reads_as_rmcps(&id, &list);
+        }
     }
 
     #[test]
-    fn a_success_is_what_rmcp_writes_for_it() {
-        let entries: Vec<Entry> = (0..3)
-            .map(|n| Entry {
-                gid: "g-1",
-                name: format!("w{n} \"quoted\"\n\u{1b}[2J é 🦀 \\"),
-                note: (n == 1).then_some("x"),
-                groups: vec!["a", "b"],
-                count: u64::MAX - n,
-            })
-            .collect();
-        for id in [
-            RequestId::Number(7),
-            NumberOrString::String("call-\"1\"".into()),
-        ] {
-            let value = json!({"entities": &entries, "hosts": [], "me": {"gid": "g"}});
-            let ours: Value = serde_json::from_str(&written(&id, Ok(&value)).unwrap()).unwrap();
-            assert_eq!(ours, rmcp_writes(&id, errors::ok(&value)));
-            let text = ours["result"]["content"][0]["text"].as_str().unwrap();
-            assert_eq!(text, serde_json::to_string(&value).unwrap());
+    fn a_sends_answers_are_the_json_rmcp_writes_for_them_tagged_and_flattened_alike() {
+        let blocked = SendResult::Blocked {
+            msg_id: Some(MsgId::mint()),
+            dialog: DialogView {
+                turn_id: "t-1".into(),
+                from: Gid::mint(),
+                from_name: ODD.into(),
+                host: "h".into(),
+                prompt: ODD.into(),
+                choices: vec![Choice {
+                    choice: "1".into(),
+                    label: "Yes".into(),
+                }],
+                in_task: None,
+                seen_ms: 5,
+            },
+            note: "answer it".into(),
+        };
+        let failed = SendResult::Failed {
+            msg_id: MsgId::mint(),
+            reason: ODD.into(),
+        };
+        for value in [blocked, failed] {
+            reads_as_rmcps(&RequestId::Number(3), &value);
         }
     }
 
@@ -126,22 +139,24 @@ mod tests {
         let id = RequestId::Number(3);
         let err = FleetError::new(ErrorCode::UnknownRecipient, "no 'w\"9'");
         let ours: Value =
-            serde_json::from_str(&written::<()>(&id, Err(err.clone())).unwrap()).unwrap();
+            serde_json::from_slice(&written::<()>(&id, Err(err.clone())).unwrap()).unwrap();
         assert_eq!(ours, rmcp_writes(&id, errors::failed(&err)));
         assert_eq!(ours["result"]["isError"], true);
-        assert_eq!(
-            ours["result"]["structuredContent"]["code"],
-            "unknown_recipient"
-        );
     }
 
     #[test]
     fn a_value_that_cannot_be_written_is_an_internal_failure() {
         // A map whose keys are not strings has no JSON.
         let value: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
-        let ours: Value =
-            serde_json::from_str(&written(&RequestId::Number(1), Ok(value)).unwrap()).unwrap();
-        assert_eq!(ours["result"]["isError"], true);
-        assert_eq!(ours["result"]["structuredContent"]["code"], "internal");
+        let id = RequestId::Number(1);
+        let ours: Value = serde_json::from_slice(&written(&id, Ok(value)).unwrap()).unwrap();
+        let why = serde_json::to_string(
+            &[((1u8, 2u8), 3u8)]
+                .into_iter()
+                .collect::<std::collections::HashMap<_, _>>(),
+        )
+        .unwrap_err();
+        let err = FleetError::internal(format!("cannot encode the result: {why}"));
+        assert_eq!(ours, rmcp_writes(&id, errors::failed(&err)));
     }
 }

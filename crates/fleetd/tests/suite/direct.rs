@@ -1,6 +1,6 @@
 //! The short way for plain stateless calls (`fleet_send`, `fleet_reply`, `fleet_poll`,
 //! `fleet_list` answered in the request's own task, not by rmcp's per-request service): the
-//! answer reads exactly as rmcp's would, the real rmcp client's calls take it, a session's
+//! answer is the JSON rmcp's would be, the real rmcp client's calls take it, a session's
 //! do not, and a client that goes away mid-call ends its wait as before. Which way a call went
 //! is read off `/metrics` (`fleetd_tool_calls_total{tool, served}`).
 
