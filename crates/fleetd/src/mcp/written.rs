@@ -20,7 +20,10 @@ pub fn written<T: Serialize>(
 ) -> serde_json::Result<Vec<u8>> {
     let failure = match outcome.map(|value| serde_json::to_string(&value)) {
         Ok(Ok(text)) => return success(id, &text),
-        Ok(Err(e)) => FleetError::internal(format!("cannot encode the result: {e}")),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot encode the result");
+            FleetError::internal(format!("cannot encode the result: {e}"))
+        }
         Err(err) => err,
     };
     serde_json::to_vec(&ServerJsonRpcMessage::response(
@@ -32,7 +35,9 @@ pub fn written<T: Serialize>(
 /// A success whose one text block is the JSON `text`, which is also its structured content:
 /// rmcp's `JsonRpcResponse` of a `CallToolResult`, its fields in rmcp's order.
 fn success(id: &RequestId, text: &str) -> serde_json::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(2 * text.len() + 160);
+    // The text twice, once escaped: each quote and backslash of it gains one.
+    let escapes = text.bytes().filter(|b| matches!(b, b'"' | b'\\')).count();
+    let mut out = Vec::with_capacity(2 * text.len() + escapes + 192);
     out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     serde_json::to_writer(&mut out, id)?;
     out.extend_from_slice(br#","result":{"resultType":"#);
@@ -149,13 +154,8 @@ mod tests {
         // A map whose keys are not strings has no JSON.
         let value: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
         let id = RequestId::Number(1);
-        let ours: Value = serde_json::from_slice(&written(&id, Ok(value)).unwrap()).unwrap();
-        let why = serde_json::to_string(
-            &[((1u8, 2u8), 3u8)]
-                .into_iter()
-                .collect::<std::collections::HashMap<_, _>>(),
-        )
-        .unwrap_err();
+        let ours: Value = serde_json::from_slice(&written(&id, Ok(&value)).unwrap()).unwrap();
+        let why = serde_json::to_string(&value).unwrap_err();
         let err = FleetError::internal(format!("cannot encode the result: {why}"));
         assert_eq!(ours, rmcp_writes(&id, errors::failed(&err)));
     }

@@ -152,7 +152,11 @@ async fn a_plain_call_answered_directly_says_exactly_what_rmcps_answer_says() ->
         assert!(direct.1.starts_with("application/json"), "{direct:?}");
         // The same JSON (the direct answer's structured content keeps its text's order of
         // keys, where rmcp's tree sorts them).
-        assert_eq!((direct.0, &direct.1), (by_rmcp.0, &by_rmcp.1));
+        assert_eq!(
+            (direct.0, &direct.1),
+            (by_rmcp.0, &by_rmcp.1),
+            "{tool} {args}"
+        );
         let (direct, by_rmcp): (Value, Value) = (
             serde_json::from_str(&direct.2)?,
             serde_json::from_str(&by_rmcp.2)?,
