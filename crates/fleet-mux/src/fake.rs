@@ -38,7 +38,8 @@ struct Pane {
     /// Closed by fleetd: gone from the host, its record kept for the test to read.
     closed: bool,
     agent: Option<(String, AgentState)>,
-    reported: Option<AgentState>,
+    /// Every state fleetd reported of the program, in turn.
+    reported: Vec<AgentState>,
 }
 
 impl Pane {
@@ -93,7 +94,7 @@ impl FakePanes {
                 life: PaneLife::Alive,
                 closed: false,
                 agent: None,
-                reported: None,
+                reported: Vec::new(),
             },
         );
         id
@@ -163,7 +164,17 @@ impl FakePanes {
 
     /// What fleetd last reported of the program in `pane`.
     pub fn reported(&self, pane: &PaneId) -> Option<AgentState> {
-        self.lock().get(pane).and_then(|p| p.reported)
+        self.lock()
+            .get(pane)
+            .and_then(|p| p.reported.last().copied())
+    }
+
+    /// Every state fleetd reported of the program in `pane` (that the host took), in turn.
+    pub fn reports(&self, pane: &PaneId) -> Vec<AgentState> {
+        self.lock()
+            .get(pane)
+            .map(|p| p.reported.clone())
+            .unwrap_or_default()
     }
 
     /// Whether fleetd closed `pane`.
@@ -274,7 +285,7 @@ impl PaneHost for FakePanes {
             ));
         }
         if let Some(p) = self.lock().get_mut(pane) {
-            p.reported = Some(state);
+            p.reported.push(state);
         }
         Ok(())
     }

@@ -277,6 +277,37 @@ async fn a_state_the_pane_host_failed_to_take_is_told_again_and_a_newer_one_repl
     assert_eq!(l.panes.reported(&l.pane), Some(AgentState::Idle));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_state_the_worker_leaves_before_it_stood_is_never_told_and_one_that_stands_is() {
+    use AgentState::{Idle, Working};
+    let stands = super::reports::STANDS;
+    let l = local_built(|_| {}, None, false).await;
+    l.gateway.start_pump(l.worker.entity.gid);
+    settle().await;
+    assert_eq!(l.panes.reports(&l.pane), [Idle]);
+    // Busy for longer than it takes to stand (a session's first task waits for its screen to
+    // hold still first): told once it stood, and idle once that stood in turn.
+    send(&l, "first").await;
+    let sent = tokio::time::Instant::now();
+    while l.panes.reports(&l.pane).len() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(sent.elapsed() >= stands, "{:?}", sent.elapsed());
+    assert_eq!(l.panes.reports(&l.pane), [Idle, Working]);
+    w1_answers(&l, "done").await;
+    assert_eq!(l.panes.reports(&l.pane), [Idle, Working, Idle]);
+    // Busy for less: the host, which shows idle, is told nothing.
+    send(&l, "quick").await;
+    let sent = tokio::time::Instant::now();
+    while l.panes.submitted(&l.pane).len() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    l.gateway.reply(&l.worker, "done".into(), None).await.unwrap();
+    assert!(sent.elapsed() < stands, "{:?}", sent.elapsed());
+    settle().await;
+    assert_eq!(l.panes.reports(&l.pane), [Idle, Working, Idle]);
+}
+
 /// Claude Code's permission prompt before a shell command, as captured from the real program.
 const PERMISSION_PROMPT: &str =
     include_str!("../../../fleet-core/fixtures/dialogs/claude-acceptedits-bash.txt");

@@ -4,6 +4,12 @@
 //! the pump, which decides the state, must not wait on it to type the worker's next task. The
 //! host is told the latest state; one it could not be told is told again after a pause, unless
 //! a newer one replaces it first.
+//!
+//! A state is told only once it has stood for [`STANDS`]: a round trip the worker goes busy and
+//! idle again within is not told at all (the host already shows idle), and a state that stands
+//! is told while the typing that began it has most likely ended. herdr serves one request at a
+//! time, so a report told at once, as the pump claims a task, made the typing's first look at the
+//! screen and its paste wait behind it on every round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +24,9 @@ use crate::logs;
 
 /// How long a report the pane host failed waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// How long a new state stands before the pane host is told it (the latest then).
+pub(super) const STANDS: Duration = Duration::from_millis(100);
 
 /// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
 fn reported(status: WorkerStatus) -> Option<AgentState> {
@@ -66,6 +75,8 @@ impl LocalPlane {
     /// shuts down.
     async fn report(&self, gid: Gid, mut wanted: watch::Receiver<Option<(PaneId, AgentState)>>) {
         let mut failed = false;
+        // What the host last took.
+        let mut shown = None;
         loop {
             let retry = async {
                 match failed {
@@ -74,11 +85,20 @@ impl LocalPlane {
                 }
             };
             tokio::select! {
-                changed = wanted.changed() => if changed.is_err() { return },
+                changed = wanted.changed() => {
+                    if changed.is_err() { return }
+                    // The latest once it has stood (what it last held, if the pump ends meanwhile).
+                    tokio::select! {
+                        () = tokio::time::sleep(STANDS) => {}
+                        () = self.shutdown.cancelled() => return,
+                    }
+                }
                 () = retry => {}
                 () = self.shutdown.cancelled() => return,
             }
-            let Some((pane, state)) = wanted.borrow_and_update().clone() else {
+            // Nothing to show, or what the host shows already.
+            let latest = wanted.borrow_and_update().clone();
+            let Some((pane, state)) = latest.filter(|l| shown.as_ref() != Some(l)) else {
                 failed = false;
                 continue;
             };
@@ -87,7 +107,10 @@ impl LocalPlane {
                 () = self.shutdown.cancelled() => return,
             };
             failed = match told {
-                Ok(()) => false,
+                Ok(()) => {
+                    shown = Some((pane, state));
+                    false
+                }
                 // The pane is gone: there is no one to tell.
                 Err(MuxError::NoPane(_)) => false,
                 Err(e) => {
