@@ -6,10 +6,11 @@
 //! a newer one replaces it first.
 //!
 //! A state is told only once it has stood for [`STANDS`]: a round trip the worker goes busy and
-//! idle again within is not told at all (the host already shows idle), and a state that stands
-//! is told while the typing that began it has most likely ended. herdr serves one request at a
-//! time, so a report told at once, as the pump claims a task, made the typing's first look at the
-//! screen and its paste wait behind it on every round trip.
+//! idle again within is not told at all (the host already shows idle), and a worker whose state
+//! changes often puts at most one report per [`STANDS`] on the host. A report told at once went
+//! to herdr, as the pump claimed a task, beside the typing's own first look and paste, and a
+//! second as the worker answered: two requests a round trip on a host that answers each in a
+//! quarter of a millisecond.
 
 use std::sync::Arc;
 use std::time::Duration;
