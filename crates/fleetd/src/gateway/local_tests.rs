@@ -302,7 +302,10 @@ async fn a_state_the_worker_leaves_before_it_stood_is_never_told_and_one_that_st
     while l.panes.submitted(&l.pane).len() < 2 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    l.gateway.reply(&l.worker, "done".into(), None).await.unwrap();
+    l.gateway
+        .reply(&l.worker, "done".into(), None)
+        .await
+        .unwrap();
     assert!(sent.elapsed() < stands, "{:?}", sent.elapsed());
     settle().await;
     assert_eq!(l.panes.reports(&l.pane), [Idle, Working, Idle]);
