@@ -5,9 +5,9 @@
 //! host is told the latest state; one it could not be told is told again after a pause, unless
 //! a newer one replaces it first.
 //!
-//! A state is told only once it has stood for [`STANDS`]: a round trip the worker goes busy and
-//! idle again within is not told at all (the host already shows idle), and a worker whose state
-//! changes often puts at most one report per [`STANDS`] on the host. A report told at once went
+//! A change of state is told [`STANDS`] after it, the state then: a round trip the worker goes
+//! busy and idle again within is not told at all (the host already shows idle), and a worker
+//! whose state changes often puts at most one report per [`STANDS`] on the host. A report told at once went
 //! to herdr, as the pump claimed a task, beside the typing's own first look and paste, and a
 //! second as the worker answered: two requests a round trip on a host that answers each in a
 //! quarter of a millisecond.
@@ -26,7 +26,7 @@ use crate::logs;
 /// How long a report the pane host failed waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// How long a new state stands before the pane host is told it (the latest then).
+/// How long after a change of state the pane host is told the state then.
 pub(super) const STANDS: Duration = Duration::from_millis(100);
 
 /// What fleetd reports to the pane host for a session status (shown in herdr's sidebar).
@@ -88,7 +88,7 @@ impl LocalPlane {
             tokio::select! {
                 changed = wanted.changed() => {
                     if changed.is_err() { return }
-                    // The latest once it has stood (what it last held, if the pump ends meanwhile).
+                    // The state a while on (what it last held, if the pump ends meanwhile).
                     tokio::select! {
                         () = tokio::time::sleep(STANDS) => {}
                         () = self.shutdown.cancelled() => return,
