@@ -4,7 +4,7 @@
 //! transaction is in the OS's hands before the call returns. It does not fsync every commit, so
 //! a power cut may lose the last moments; that is the price of thousands of messages a second.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,7 @@ pub struct SqliteStore {
     /// The tokens already resolved (see [`crate::tokens`]).
     tokens: Mutex<TokenCache>,
     /// The file every writer of the tokens table marks its changes on.
-    tokens_mark: PathBuf,
+    tokens_mark: tokens::Mark,
 }
 
 impl SqliteStore {
@@ -96,7 +96,7 @@ impl SqliteStore {
             conn: Mutex::new(conn),
             reader: Mutex::new(reader),
             tokens: Mutex::new(TokenCache::new(Instant::now())),
-            tokens_mark: tokens::mark_path(path),
+            tokens_mark: tokens::Mark::of(path),
         })
     }
 
@@ -110,9 +110,9 @@ impl SqliteStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clear();
-        if let Err(e) = tokens::mark_changed(&self.tokens_mark) {
+        if let Err(e) = self.tokens_mark.changed() {
             tracing::warn!(
-                mark = %self.tokens_mark.display(),
+                mark = %self.tokens_mark.path().display(),
                 error = %e,
                 for_at_most_s = tokens::TOKEN_CACHE_FOR.as_secs(),
                 "a token change is stored but cannot be marked: a running fleetd may take a rotated or revoked token a while more"
@@ -467,7 +467,7 @@ impl Store for SqliteStore {
     }
 
     fn gid_for_token(&self, hash: &[u8; 32]) -> StoreResult<Option<Gid>> {
-        let stamp = tokens::stamp(&self.tokens_mark);
+        let stamp = self.tokens_mark.stamp();
         let cache = || self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         let generation = {
             let mut cache = cache();

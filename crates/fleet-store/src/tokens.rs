@@ -3,15 +3,18 @@
 //! worker's session begins or ends. So the hashes already resolved are kept in memory, and
 //! every writer of the tokens table marks the change on a file beside the database (its
 //! *mark*) once its transaction is committed. A lookup first reads the mark's stamp (one
-//! `stat`, far cheaper than a query): a stamp unlike the one the cache was filled under
-//! empties it, so a rotated token stops working as soon as the rotation's command returns.
+//! `fstat` of a file kept open on it, far cheaper than a query, and than a `stat` that walks its
+//! path): a stamp unlike the one the cache was filled under empties it, so a rotated token stops
+//! working as soon as the rotation's command returns.
 //! The cache also empties itself every [`TOKEN_CACHE_FOR`], so a change made without the mark
 //! (a writer killed between its commit and the mark, an edit by hand) holds at most that long.
 
 use std::collections::HashMap;
+use std::fs::{File, Metadata};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use fleet_core::Gid;
@@ -38,28 +41,74 @@ pub struct Stamp {
 
 /// The mark's path for the database at `db`: the database's name with `-tokens` appended, as
 /// SQLite names its `-wal` and `-shm` beside it.
-pub fn mark_path(db: &Path) -> PathBuf {
+fn mark_path(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_owned();
     name.push("-tokens");
     PathBuf::from(name)
 }
 
-/// The mark's stamp now; `None` while no change was ever marked.
-pub fn stamp(mark: &Path) -> Option<Stamp> {
-    let meta = std::fs::metadata(mark).ok()?;
-    let ns = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
-    Some(Stamp {
-        ino: meta.ino(),
-        len: meta.len(),
-        mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-        ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-    })
+impl Stamp {
+    /// What `meta`, the mark's, says.
+    fn of(meta: &Metadata) -> Self {
+        let ns = |secs: i64, nanos: i64| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+        Stamp {
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// The mark of one database, as its readers see it: read by `fstat` of a file kept open on it
+/// once it exists, so a lookup walks no path. A mark unlinked (replaced, or removed by hand)
+/// is found again by its path, as is one that cannot be opened.
+#[derive(Debug)]
+pub struct Mark {
+    path: PathBuf,
+    open: Mutex<Option<File>>,
+}
+
+impl Mark {
+    /// The mark of the database at `db` ([`mark_path`]).
+    pub fn of(db: &Path) -> Self {
+        Self {
+            path: mark_path(db),
+            open: Mutex::new(None),
+        }
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Marks a change of the tokens table ([`mark_changed`]).
+    pub fn changed(&self) -> std::io::Result<()> {
+        mark_changed(&self.path)
+    }
+
+    /// The mark's stamp now; `None` while no change was ever marked.
+    pub fn stamp(&self) -> Option<Stamp> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = open.as_ref().and_then(|file| file.metadata().ok());
+        if let Some(meta) = held.filter(|meta| meta.nlink() > 0) {
+            return Some(Stamp::of(&meta));
+        }
+        // Not open yet, or unlinked since: by its path, kept open from now on.
+        *open = File::open(&self.path).ok();
+        let meta = match open.as_ref() {
+            Some(file) => file.metadata(),
+            None => std::fs::metadata(&self.path),
+        };
+        meta.ok().map(|meta| Stamp::of(&meta))
+    }
 }
 
 /// Marks a change of the tokens table: one byte appended, or the file emptied once it has
 /// grown to [`MARK_WRAP_BYTES`] (its times still change, and a size seen before comes back
 /// only after thousands of changes).
-pub fn mark_changed(mark: &Path) -> std::io::Result<()> {
+fn mark_changed(mark: &Path) -> std::io::Result<()> {
     let wrap = std::fs::metadata(mark).is_ok_and(|m| m.len() >= MARK_WRAP_BYTES);
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -153,19 +202,19 @@ mod tests {
     #[test]
     fn a_changed_stamp_empties_the_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let mark = mark_path(&dir.path().join("fleet.db"));
+        let mark = Mark::of(&dir.path().join("fleet.db"));
         let start = Instant::now();
         let mut cache = TokenCache::new(start);
         let (h, g) = ([1; 32], gid());
-        assert_eq!(stamp(&mark), None, "no mark before the first change");
-        mark_changed(&mark).unwrap();
-        let first = stamp(&mark);
+        assert_eq!(mark.stamp(), None, "no mark before the first change");
+        mark.changed().unwrap();
+        let first = mark.stamp();
         assert!(first.is_some());
         cache.get(&h, first, start);
         cache.put(h, Some(g), first, cache.generation());
-        assert_eq!(cache.get(&h, stamp(&mark), start), Some(g));
-        mark_changed(&mark).unwrap();
-        let second = stamp(&mark);
+        assert_eq!(cache.get(&h, mark.stamp(), start), Some(g));
+        mark.changed().unwrap();
+        let second = mark.stamp();
         assert_ne!(second, first, "every change leaves another stamp");
         assert_eq!(cache.get(&h, second, start), None);
     }
@@ -175,15 +224,15 @@ mod tests {
         let start = Instant::now();
         let mut cache = TokenCache::new(start);
         let dir = tempfile::tempdir().unwrap();
-        let mark = mark_path(&dir.path().join("fleet.db"));
-        let before = stamp(&mark);
+        let mark = Mark::of(&dir.path().join("fleet.db"));
+        let before = mark.stamp();
         cache.get(&[1; 32], before, start);
         let asked = cache.generation();
         // Another request sees the change first and refills the cache under the new stamp.
-        mark_changed(&mark).unwrap();
-        cache.get(&[3; 32], stamp(&mark), start);
+        mark.changed().unwrap();
+        cache.get(&[3; 32], mark.stamp(), start);
         cache.put([1; 32], Some(gid()), before, asked);
-        assert_eq!(cache.get(&[1; 32], stamp(&mark), start), None);
+        assert_eq!(cache.get(&[1; 32], mark.stamp(), start), None);
     }
 
     #[test]
@@ -227,15 +276,47 @@ mod tests {
     #[test]
     fn the_mark_wraps_and_still_changes_its_stamp() {
         let dir = tempfile::tempdir().unwrap();
-        let mark = mark_path(&dir.path().join("fleet.db"));
+        let mark = Mark::of(&dir.path().join("fleet.db"));
         let mut seen = Vec::new();
         for _ in 0..MARK_WRAP_BYTES + 3 {
-            mark_changed(&mark).unwrap();
-            let now = stamp(&mark).unwrap();
+            mark.changed().unwrap();
+            let now = mark.stamp().unwrap();
             assert_ne!(seen.last(), Some(&now));
             seen.push(now);
         }
-        assert!(std::fs::metadata(&mark).unwrap().len() <= MARK_WRAP_BYTES);
+        assert!(std::fs::metadata(mark.path()).unwrap().len() <= MARK_WRAP_BYTES);
+    }
+
+    #[test]
+    fn a_mark_held_open_sees_every_change_and_one_replaced_or_removed_is_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = Mark::of(&dir.path().join("fleet.db"));
+        mark.changed().unwrap();
+        let first = mark.stamp().unwrap();
+        assert_eq!(mark.stamp(), Some(first), "no change, the same stamp");
+        assert!(
+            mark.open.lock().unwrap().is_some(),
+            "held open once it exists"
+        );
+        mark.changed().unwrap();
+        let second = mark.stamp().unwrap();
+        assert_ne!(second, first, "a change seen through the file held open");
+        // Replaced by hand: another file renamed over it.
+        let other = dir.path().join("other");
+        std::fs::write(&other, b".").unwrap();
+        std::fs::rename(&other, mark.path()).unwrap();
+        let replaced = mark.stamp().unwrap();
+        assert_ne!(replaced, second);
+        mark.changed().unwrap();
+        assert_ne!(
+            mark.stamp().unwrap(),
+            replaced,
+            "the new file's changes are seen"
+        );
+        std::fs::remove_file(mark.path()).unwrap();
+        assert_eq!(mark.stamp(), None, "removed: no mark");
+        mark.changed().unwrap();
+        assert!(mark.stamp().is_some(), "made again by the next change");
     }
 
     #[test]
