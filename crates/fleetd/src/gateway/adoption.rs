@@ -273,7 +273,7 @@ impl LocalPlane {
                 .lock()
                 .leads
                 .get(&parent)
-                .map(|l| l.entity().clone())
+                .map(|l| l.entity_shared())
         });
         match (lead, self.config.architects.slot(&architect.name)) {
             (Some(entity), Some(slot)) => {

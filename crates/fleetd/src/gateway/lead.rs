@@ -2,6 +2,8 @@
 //! surface), where to nudge it, and when it was last seen and nudged. Its fields are its own:
 //! every change goes through a method named for what happened.
 
+use std::sync::Arc;
+
 use fleet_core::{Entity, Gid};
 use tokio::time::Instant;
 
@@ -9,8 +11,8 @@ use super::NudgeTarget;
 
 /// A lead, reached by MCP pull.
 pub(super) struct LeadState {
-    /// Who.
-    entity: Entity,
+    /// Who: shared with each of its calls' [`super::Caller`]s.
+    entity: Arc<Entity>,
     /// Fleet calls of this lead now open (a blocked send, a long poll): while any is open the
     /// lead gets its messages through the call and is never nudged.
     open_calls: usize,
@@ -32,7 +34,7 @@ impl LeadState {
     /// `entity`, not seen yet.
     pub fn new(entity: Entity) -> LeadState {
         LeadState {
-            entity,
+            entity: Arc::new(entity),
             open_calls: 0,
             listening: Vec::new(),
             nudge: None,
@@ -45,6 +47,11 @@ impl LeadState {
     /// Who.
     pub fn entity(&self) -> &Entity {
         &self.entity
+    }
+
+    /// Who, shared (no copy of its names).
+    pub fn entity_shared(&self) -> Arc<Entity> {
+        Arc::clone(&self.entity)
     }
 
     /// How many of its fleet calls are open now.

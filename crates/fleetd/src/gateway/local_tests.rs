@@ -74,8 +74,12 @@ async fn local_built(
     Local {
         gateway,
         panes,
-        lead: Caller { entity: alice },
-        worker: Caller { entity: worker },
+        lead: Caller {
+            entity: alice.into(),
+        },
+        worker: Caller {
+            entity: worker.into(),
+        },
         pane,
         _dir: dir,
     }

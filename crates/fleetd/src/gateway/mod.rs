@@ -173,8 +173,8 @@ struct LocalPlane {
 /// The caller of a tool, as its bearer token resolved it.
 #[derive(Clone, Debug)]
 pub struct Caller {
-    /// Who is calling.
-    pub entity: Entity,
+    /// Who is calling: shared with its session, not copied per call.
+    pub entity: Arc<Entity>,
 }
 
 /// What a gateway runs on: its store, pane host, launchers and (with a broker) federated plane.

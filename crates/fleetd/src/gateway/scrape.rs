@@ -23,7 +23,7 @@ impl OperatorViews {
         };
         if let Some(lead) = self.local.sessions.lock().leads.get(&gid) {
             return Ok(Some(Viewer::Lead(Caller {
-                entity: lead.entity().clone(),
+                entity: lead.entity_shared(),
             })));
         }
         Ok(self

@@ -3,7 +3,7 @@
 //! no I/O happens here.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fleet_core::clock::now_ms;
 use fleet_core::delivery::{Recipient, Taker, announced, may_take_task};
@@ -132,7 +132,7 @@ impl Sessions {
         gid: Gid,
         nudge: Option<NudgeTarget>,
         acting: bool,
-    ) -> Option<(Entity, CalledIn)> {
+    ) -> Option<(Arc<Entity>, CalledIn)> {
         if let Some(lead) = self.leads.get_mut(&gid) {
             let news = lead.called_in(nudge, now_ms());
             let changed = if news {
@@ -140,7 +140,7 @@ impl Sessions {
             } else {
                 CalledIn::Nothing
             };
-            return Some((lead.entity().clone(), changed));
+            return Some((lead.entity_shared(), changed));
         }
         let session = self.panes.get_mut(&gid)?;
         let changed = if session.called_in(acting, now_ms())? {
@@ -148,7 +148,7 @@ impl Sessions {
         } else {
             CalledIn::Nothing
         };
-        Some((session.entity().clone(), changed))
+        Some((session.entity_shared(), changed))
     }
 
     /// Notes that `gid` listed fleetd's tools; returns whether that made it ready.

@@ -3,6 +3,7 @@
 //! calls, its dialog and its stall.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use fleet_core::delivery::{Handover, TaskGate, handover};
 use fleet_core::{ErrorCode, FleetError, Message, MsgId, SessionEvent, WorkerStatus};
@@ -103,8 +104,9 @@ impl PaneSession {
     pub fn start_afresh(&mut self) -> Option<PaneId> {
         self.tasks_started = 0;
         self.last_seen_ms = None;
-        self.entity.sandbox = self.profile.sandbox();
-        self.entity.profile_role.clone_from(&self.profile.role);
+        let entity = Arc::make_mut(&mut self.entity);
+        entity.sandbox = self.profile.sandbox();
+        entity.profile_role.clone_from(&self.profile.role);
         self.pane.take()
     }
 

@@ -74,8 +74,8 @@ pub(super) struct Adopted {
 
 /// A pane-bound entity (worker, architect) and its session.
 pub(super) struct PaneSession {
-    /// Who.
-    entity: Entity,
+    /// Who: shared with each of its calls' [`super::Caller`]s.
+    entity: Arc<Entity>,
     /// How to type into it.
     profile: Arc<ProfileConfig>,
     /// Where it is in its life.
@@ -154,7 +154,7 @@ impl PaneSession {
         shared: Vec<LeadRef>,
     ) -> PaneSession {
         PaneSession {
-            entity,
+            entity: Arc::new(entity),
             profile,
             status: WorkerStatus::Spawning,
             pane: None,
@@ -213,6 +213,11 @@ impl PaneSession {
     /// Who.
     pub fn entity(&self) -> &Entity {
         &self.entity
+    }
+
+    /// Who, shared (no copy of its names).
+    pub fn entity_shared(&self) -> Arc<Entity> {
+        Arc::clone(&self.entity)
     }
 
     /// Its profile.

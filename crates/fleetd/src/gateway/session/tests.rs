@@ -209,8 +209,8 @@ fn a_session_at_its_cap_starts_afresh_with_its_count_at_zero_and_its_pane_given_
     s.apply(SessionEvent::Recycle).unwrap();
     // As a restart took it back: spawned in a sandbox, with a role, that its profile no
     // longer gives.
-    s.entity.sandbox = Some("bwrap".into());
-    s.entity.profile_role = Some("backend".into());
+    Arc::make_mut(&mut s.entity).sandbox = Some("bwrap".into());
+    Arc::make_mut(&mut s.entity).profile_role = Some("backend".into());
     assert_eq!(s.start_afresh(), Some(PaneId("%1".into())));
     assert!(!s.cap_reached());
     assert_eq!(s.pane(), None);

@@ -393,7 +393,7 @@ impl Federation {
         self.start_task(g, move |fed, gateway| async move {
             fed.await_announced(&gateway, gid).await;
             let caller = gateway.sessions.lock().leads.get(&lead).map(|l| Caller {
-                entity: l.entity().clone(),
+                entity: l.entity_shared(),
             });
             let Some(caller) = caller else {
                 return;
