@@ -239,7 +239,7 @@ fn spread_line(args: &Args) -> String {
 }
 
 /// The pid of the broker's Erlang VM on this machine, if there is one.
-fn broker_pid() -> Option<u32> {
+pub(super) fn broker_pid() -> Option<u32> {
     std::fs::read_dir("/proc")
         .ok()?
         .flatten()
