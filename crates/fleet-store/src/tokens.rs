@@ -26,10 +26,10 @@ pub const TOKEN_CACHE_FOR: Duration = Duration::from_secs(1);
 /// kept: only hashes that resolve are).
 const MAX_CACHED: usize = 4096;
 
-/// Past this size the mark is emptied rather than grown (see [`mark_changed`]).
+/// Past this size the mark is emptied rather than grown (see `mark_changed`).
 const MARK_WRAP_BYTES: u64 = 4096;
 
-/// What `stat` says of the mark: a writer appends a byte per change, so its size and times
+/// What `stat` (or `fstat`) says of the mark: a writer appends a byte per change, so its size and times
 /// differ after every change (the inode too, should the file be replaced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
@@ -61,16 +61,19 @@ impl Stamp {
 }
 
 /// The mark of one database, as its readers see it: read by `fstat` of a file kept open on it
-/// once it exists, so a lookup walks no path. A mark unlinked (replaced, or removed by hand)
-/// is found again by its path, as is one that cannot be opened.
+/// once it exists, so a lookup walks no path. The file is found again by its path once it was
+/// unlinked (replaced, or removed by hand), and in any case once it has been held open as long
+/// as [`TOKEN_CACHE_FOR`] (a mark renamed away still has a name, and is then no longer the
+/// mark); one that cannot be opened is read by its path's `stat`.
 #[derive(Debug)]
 pub struct Mark {
     path: PathBuf,
-    open: Mutex<Option<File>>,
+    /// The file held open on it, and when it was opened.
+    open: Mutex<Option<(File, Instant)>>,
 }
 
 impl Mark {
-    /// The mark of the database at `db` ([`mark_path`]).
+    /// The mark of the database at `db`: the database's name with `-tokens` appended.
     pub fn of(db: &Path) -> Self {
         Self {
             path: mark_path(db),
@@ -83,25 +86,38 @@ impl Mark {
         &self.path
     }
 
-    /// Marks a change of the tokens table ([`mark_changed`]).
+    /// Marks a change of the tokens table: a byte appended (see `mark_changed`).
     pub fn changed(&self) -> std::io::Result<()> {
         mark_changed(&self.path)
     }
 
     /// The mark's stamp now; `None` while no change was ever marked.
     pub fn stamp(&self) -> Option<Stamp> {
+        self.stamp_at(Instant::now())
+    }
+
+    /// The mark's stamp, `now`.
+    fn stamp_at(&self, now: Instant) -> Option<Stamp> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = open.as_ref().and_then(|file| file.metadata().ok());
+        let held = open
+            .as_ref()
+            .filter(|(_, opened)| now.saturating_duration_since(*opened) <= TOKEN_CACHE_FOR)
+            .and_then(|(file, _)| file.metadata().ok());
         if let Some(meta) = held.filter(|meta| meta.nlink() > 0) {
             return Some(Stamp::of(&meta));
         }
-        // Not open yet, or unlinked since: by its path, kept open from now on.
-        *open = File::open(&self.path).ok();
-        let meta = match open.as_ref() {
-            Some(file) => file.metadata(),
-            None => std::fs::metadata(&self.path),
-        };
-        meta.ok().map(|meta| Stamp::of(&meta))
+        *open = None;
+        match File::open(&self.path) {
+            Ok(file) => {
+                let meta = file.metadata().ok()?;
+                *open = Some((file, now));
+                Some(Stamp::of(&meta))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(_) => std::fs::metadata(&self.path)
+                .ok()
+                .map(|meta| Stamp::of(&meta)),
+        }
     }
 }
 
@@ -317,6 +333,29 @@ mod tests {
         assert_eq!(mark.stamp(), None, "removed: no mark");
         mark.changed().unwrap();
         assert!(mark.stamp().is_some(), "made again by the next change");
+    }
+
+    #[test]
+    fn a_mark_renamed_away_is_left_for_the_one_at_its_path_within_the_caches_trust() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = Mark::of(&dir.path().join("fleet.db"));
+        mark.changed().unwrap();
+        let start = Instant::now();
+        let held = mark.stamp_at(start).unwrap();
+        std::fs::rename(mark.path(), dir.path().join("kept")).unwrap();
+        mark.changed().unwrap();
+        assert_eq!(
+            mark.stamp_at(start),
+            Some(held),
+            "the file held open still has a name"
+        );
+        let later = start + TOKEN_CACHE_FOR + Duration::from_millis(1);
+        let found = mark.stamp_at(later).unwrap();
+        assert_ne!(
+            found, held,
+            "the mark at its path, once the cache is no longer trusted"
+        );
+        assert_eq!(found, Stamp::of(&std::fs::metadata(mark.path()).unwrap()));
     }
 
     #[test]
