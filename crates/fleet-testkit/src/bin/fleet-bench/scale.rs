@@ -238,7 +238,8 @@ fn spread_line(args: &Args) -> String {
         .unwrap_or_default()
 }
 
-/// The pid of the broker's Erlang VM on this machine, if there is one.
+/// The pid of the broker's Erlang VM on this machine, if there is one: the `beam.smp` that
+/// boots RabbitMQ (not one of `rabbitmqctl`'s, say, which are Erlang VMs too).
 pub(super) fn broker_pid() -> Option<u32> {
     std::fs::read_dir("/proc")
         .ok()?
@@ -246,7 +247,10 @@ pub(super) fn broker_pid() -> Option<u32> {
         .find_map(|entry| {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-            (comm.trim() == "beam.smp").then_some(pid)
+            let args = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let boots = args.split(|b| *b == 0).any(|arg| arg == b"rabbit")
+                && args.windows(4).any(|w| w == b"boot");
+            (comm.trim() == "beam.smp" && boots).then_some(pid)
         })
 }
 

@@ -139,6 +139,48 @@ fn median(rates: &mut [f64]) -> f64 {
     rates.get(rates.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// What the figures are measured on: the two ceiling servers, fleetd on one host, two
+/// federated gateways, and the processes whose CPU is read.
+struct Bench {
+    ceiling: Ceiling,
+    direct: Ceiling,
+    here: Fleet,
+    drainer: Client,
+    a: Fleet,
+    bob: Client,
+    /// hostb's gateway, kept running as long as the bench.
+    _b: Fleet,
+    pids: Pids,
+}
+
+/// The processes whose CPU a figure costs.
+struct Pids {
+    ceiling: u32,
+    direct: u32,
+    fleetd: u32,
+    sending: u32,
+    taking: u32,
+    /// The machine's broker, when it runs here and its CPU can be read.
+    broker: Option<u32>,
+}
+
+/// Each figure's samples, one a round: rates, and CPU per call or message in µs.
+#[derive(Default)]
+struct Figures {
+    bare: Vec<f64>,
+    unserved: Vec<f64>,
+    durable: Vec<f64>,
+    same: Vec<f64>,
+    cross: Vec<f64>,
+    bare_cpu: Vec<f64>,
+    unserved_cpu: Vec<f64>,
+    durable_cpu: Vec<f64>,
+    same_cpu: Vec<f64>,
+    sending_cpu: Vec<f64>,
+    taking_cpu: Vec<f64>,
+    broker_cpu: Vec<f64>,
+}
+
 /// Runs it.
 pub(super) async fn run(args: Args) -> anyhow::Result<()> {
     let Args {
@@ -151,151 +193,191 @@ pub(super) async fn run(args: Args) -> anyhow::Result<()> {
         "--rounds and --lanes must be above 0"
     );
     let vhost = Vhost::create(&Broker::find().await?).await?;
-    let uri = vhost.uri();
     println!(
         "fleet-bench throughput --messages {messages} --lanes {lanes} --rounds {rounds} ({} build, broker vhost {})",
         super::BUILD,
         vhost.name()
     );
-    let (ceiling, _first) = Ceiling::start(None, false).await?;
-    let (direct, _first) = Ceiling::start(None, true).await?;
-    let here = Fleet::start(BENCH_HELD, "[leads.a]\n[leads.b]\n").await?;
-    let a = federated(&uri, "hosta", &["alice".into()]).await?;
-    let b = federated(&uri, "hostb", &["bob".into()]).await?;
-    let bob = b.lead("bob", Protocol::Stateless).await?;
-    // alice must know bob before she can send to him.
-    let alice = a.lead("alice", Protocol::Stateless).await?;
-    let started = Instant::now();
-    while alice.entry("bob").await.is_err() {
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "hosta never heard of bob"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let drainer = here.lead("b", Protocol::Stateless).await?;
-    let (mut bare, mut durable, mut same, mut cross) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (ceiling_pid, fleetd_pid) = (
-        ceiling.pid().context("the ceiling is not running")?,
-        here.pid().context("fleetd is not running")?,
-    );
-    let direct_pid = direct.pid().context("the direct ceiling is not running")?;
-    let (mut unserved, mut unserved_cpu) = (Vec::new(), Vec::new());
-    let (a_pid, b_pid) = (
-        a.pid().context("hosta's fleetd is not running")?,
-        b.pid().context("hostb's fleetd is not running")?,
-    );
-    // CPU time per call or message, in µs, of each process over its own figure.
-    let (mut bare_cpu, mut durable_cpu, mut same_cpu) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut sending_cpu, mut taking_cpu, mut broker_cpu) = (Vec::new(), Vec::new(), Vec::new());
-    // The machine's broker, whose CPU a cross-host message also costs (when it runs here).
-    let broker = broker_pid();
-    let per_message = |before: f64, after: f64| (after - before) / messages.max(1) as f64 * 1e6;
+    let bench = Bench::start(&vhost.uri()).await?;
+    let mut figures = Figures::default();
     for round in 0..rounds {
-        let before = cpu_seconds(ceiling_pid)?;
-        let rate = calls(ceiling.client().await?, "empty", messages, lanes).await?;
-        bare_cpu.push(per_message(before, cpu_seconds(ceiling_pid)?));
-        bare.push(rate);
-        let before = cpu_seconds(direct_pid)?;
-        let rate = calls(direct.client().await?, "empty", messages, lanes).await?;
-        unserved_cpu.push(per_message(before, cpu_seconds(direct_pid)?));
-        unserved.push(rate);
-        let before = cpu_seconds(ceiling_pid)?;
-        let rate = calls(ceiling.client().await?, "commit", messages, lanes).await?;
-        durable_cpu.push(per_message(before, cpu_seconds(ceiling_pid)?));
-        durable.push(rate);
-        let sender = here.lead("a", Protocol::Stateless).await?;
-        let before = cpu_seconds(fleetd_pid)?;
-        let rate = sent_and_drained(sender, &drainer, "b", messages, lanes).await?;
-        same_cpu.push(per_message(before, cpu_seconds(fleetd_pid)?));
-        same.push(rate);
-        let (sending, taking) = (cpu_seconds(a_pid)?, cpu_seconds(b_pid)?);
-        let brokered = broker.map(cpu_seconds).transpose()?;
-        let rate = sent_and_drained(
-            a.lead("alice", Protocol::Stateless).await?,
-            &bob,
-            "bob@hostb",
-            messages,
-            lanes,
-        )
-        .await?;
-        sending_cpu.push(per_message(sending, cpu_seconds(a_pid)?));
-        taking_cpu.push(per_message(taking, cpu_seconds(b_pid)?));
-        if let (Some(pid), Some(before)) = (broker, brokered) {
-            broker_cpu.push(per_message(before, cpu_seconds(pid)?));
-        }
-        cross.push(rate);
+        figures.measure(&bench, messages, lanes).await?;
         println!(
             "round {round}: bare MCP {:.0} calls/s, committing {:.0} calls/s, same-host {:.0} msg/s, cross-host {:.0} msg/s",
-            bare[round], durable[round], same[round], cross[round]
+            figures.bare[round], figures.durable[round], figures.same[round], figures.cross[round]
         );
     }
-    let shown = |rates: &[f64]| {
-        rates
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let (bare_all, durable_all, same_all, cross_all) =
-        (shown(&bare), shown(&durable), shown(&same), shown(&cross));
-    let (bare, durable, same, cross) = (
-        median(&mut bare),
-        median(&mut durable),
-        median(&mut same),
-        median(&mut cross),
-    );
-    println!(
-        "ceiling: a bare MCP tool server on the same rmcp + axum stack (fleet-mcp-ceiling), an empty tool, the same client, {messages} calls in {lanes} lanes: {bare:.0} calls/s (median of {bare_all})"
-    );
-    println!(
-        "same-host lead → lead over MCP (fleet_send, held, drained by fleet_poll), {messages} messages in {lanes} lanes: {same:.0}/s (median of {same_all}) = {:.0} % of the ceiling  [target ≥ 70 %]",
-        same / bare * 100.0
-    );
-    println!(
-        "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
-        same / durable * 100.0
-    );
-    let (unserved_all, unserved_cpu_all) = (shown(&unserved), shown(&unserved_cpu));
-    let (unserved, unserved_cpu) = (median(&mut unserved), median(&mut unserved_cpu));
-    println!(
-        "  the same server answering each tools/call in the HTTP request's own task, without rmcp's per-request service, serve loop and channels (fleet-mcp-ceiling --direct): {unserved:.0} calls/s (median of {unserved_all}) = {:.2}x the ceiling; {unserved_cpu:.0} µs of CPU per call (median of {unserved_cpu_all})",
-        unserved / bare
-    );
-    let (same_cpu_all, bare_cpu_all, durable_cpu_all) =
-        (shown(&same_cpu), shown(&bare_cpu), shown(&durable_cpu));
-    let (same_cpu, bare_cpu, durable_cpu) = (
-        median(&mut same_cpu),
-        median(&mut bare_cpu),
-        median(&mut durable_cpu),
-    );
-    println!(
-        "  fleetd's CPU per same-host message (its send, hold and the drain's share of the poll): {same_cpu:.0} µs (median of {same_cpu_all})  [target ≤ 100 µs]; the bare server's per empty call: {bare_cpu:.0} µs (median of {bare_cpu_all}), per committing call: {durable_cpu:.0} µs (median of {durable_cpu_all}); fleetd = {:.2}x the committing call  [proposed target ≤ 1.25x]",
-        same_cpu / durable_cpu
-    );
-    println!(
-        "  rmcp's per-request service, serve loop and channels: {:.0} µs of CPU per call (the bare server's {bare_cpu:.0} µs less the direct one's {unserved_cpu:.0} µs)",
-        bare_cpu - unserved_cpu
-    );
-    println!(
-        "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 70 %]",
-        cross / same * 100.0
-    );
-    let (sending_all, taking_all) = (shown(&sending_cpu), shown(&taking_cpu));
-    let (sending, taking) = (median(&mut sending_cpu), median(&mut taking_cpu));
-    println!(
-        "  CPU per cross-host message: the sending gateway's {sending:.0} µs (median of {sending_all}; its send, signed, published, confirmed, where it went recorded), the receiving one's {taking:.0} µs (median of {taking_all}; checked, held, drained), beside fleetd's {same_cpu:.0} µs same-host: {:.2}x and {:.2}x it  [proposed target, each side ≤ 2x]",
-        sending / same_cpu,
-        taking / same_cpu
-    );
-    if !broker_cpu.is_empty() {
-        let broker_all = shown(&broker_cpu);
-        let brokered = median(&mut broker_cpu);
-        println!(
-            "  the broker's (RabbitMQ's beam.smp, all of it over the figure): {brokered:.0} µs per cross-host message (median of {broker_all}); on one machine a cross-host message costs its cores {:.0} µs against a same-host one's {same_cpu:.0} µs, which bounds the share above",
-            sending + taking + brokered
-        );
-    }
+    figures.report(messages, lanes);
     Ok(())
+}
+
+impl Bench {
+    /// Starts every part, the broker's vhost at `uri`, and waits until alice on hosta knows bob
+    /// on hostb.
+    async fn start(uri: &str) -> anyhow::Result<Bench> {
+        let (ceiling, _first) = Ceiling::start(None, false).await?;
+        let (direct, _first) = Ceiling::start(None, true).await?;
+        let here = Fleet::start(BENCH_HELD, "[leads.a]\n[leads.b]\n").await?;
+        let a = federated(uri, "hosta", &["alice".into()]).await?;
+        let b = federated(uri, "hostb", &["bob".into()]).await?;
+        let bob = b.lead("bob", Protocol::Stateless).await?;
+        let alice = a.lead("alice", Protocol::Stateless).await?;
+        let started = Instant::now();
+        while alice.entry("bob").await.is_err() {
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(30),
+                "hosta never heard of bob"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let pids = Pids {
+            ceiling: ceiling.pid().context("the ceiling is not running")?,
+            direct: direct.pid().context("the direct ceiling is not running")?,
+            fleetd: here.pid().context("fleetd is not running")?,
+            sending: a.pid().context("hosta's fleetd is not running")?,
+            taking: b.pid().context("hostb's fleetd is not running")?,
+            broker: broker_pid(),
+        };
+        let drainer = here.lead("b", Protocol::Stateless).await?;
+        Ok(Bench {
+            ceiling,
+            direct,
+            here,
+            drainer,
+            a,
+            bob,
+            _b: b,
+            pids,
+        })
+    }
+}
+
+impl Figures {
+    /// One round of every figure, `messages` calls or messages each in `lanes` lanes.
+    async fn measure(
+        &mut self,
+        bench: &Bench,
+        messages: usize,
+        lanes: usize,
+    ) -> anyhow::Result<()> {
+        let pids = &bench.pids;
+        let per_message = |before: f64, after: f64| (after - before) / messages.max(1) as f64 * 1e6;
+        let before = cpu_seconds(pids.ceiling)?;
+        let rate = calls(bench.ceiling.client().await?, "empty", messages, lanes).await?;
+        self.bare_cpu
+            .push(per_message(before, cpu_seconds(pids.ceiling)?));
+        self.bare.push(rate);
+        let before = cpu_seconds(pids.direct)?;
+        let rate = calls(bench.direct.client().await?, "empty", messages, lanes).await?;
+        self.unserved_cpu
+            .push(per_message(before, cpu_seconds(pids.direct)?));
+        self.unserved.push(rate);
+        let before = cpu_seconds(pids.ceiling)?;
+        let rate = calls(bench.ceiling.client().await?, "commit", messages, lanes).await?;
+        self.durable_cpu
+            .push(per_message(before, cpu_seconds(pids.ceiling)?));
+        self.durable.push(rate);
+        let sender = bench.here.lead("a", Protocol::Stateless).await?;
+        let before = cpu_seconds(pids.fleetd)?;
+        let rate = sent_and_drained(sender, &bench.drainer, "b", messages, lanes).await?;
+        self.same_cpu
+            .push(per_message(before, cpu_seconds(pids.fleetd)?));
+        self.same.push(rate);
+        let (sending, taking) = (cpu_seconds(pids.sending)?, cpu_seconds(pids.taking)?);
+        // The broker's CPU is read where it can be: it is not this bench's process.
+        let brokered = pids.broker.and_then(|pid| cpu_seconds(pid).ok());
+        let sender = bench.a.lead("alice", Protocol::Stateless).await?;
+        let rate = sent_and_drained(sender, &bench.bob, "bob@hostb", messages, lanes).await?;
+        self.sending_cpu
+            .push(per_message(sending, cpu_seconds(pids.sending)?));
+        self.taking_cpu
+            .push(per_message(taking, cpu_seconds(pids.taking)?));
+        let broker_now = pids.broker.and_then(|pid| cpu_seconds(pid).ok());
+        if let (Some(before), Some(after)) = (brokered, broker_now) {
+            self.broker_cpu.push(per_message(before, after));
+        }
+        self.cross.push(rate);
+        Ok(())
+    }
+
+    /// Prints the figures' medians beside their ceilings and targets.
+    fn report(mut self, messages: usize, lanes: usize) {
+        let (bare_all, durable_all, same_all) =
+            (shown(&self.bare), shown(&self.durable), shown(&self.same));
+        let (bare, durable, same) = (
+            median(&mut self.bare),
+            median(&mut self.durable),
+            median(&mut self.same),
+        );
+        println!(
+            "ceiling: a bare MCP tool server on the same rmcp + axum stack (fleet-mcp-ceiling), an empty tool, the same client, {messages} calls in {lanes} lanes: {bare:.0} calls/s (median of {bare_all})"
+        );
+        println!(
+            "same-host lead → lead over MCP (fleet_send, held, drained by fleet_poll), {messages} messages in {lanes} lanes: {same:.0}/s (median of {same_all}) = {:.0} % of the ceiling  [target ≥ 70 %]",
+            same / bare * 100.0
+        );
+        println!(
+            "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
+            same / durable * 100.0
+        );
+        let (unserved_all, unserved_cpu_all) = (shown(&self.unserved), shown(&self.unserved_cpu));
+        let (unserved, unserved_cpu) = (median(&mut self.unserved), median(&mut self.unserved_cpu));
+        println!(
+            "  the same server answering each tools/call in the HTTP request's own task, without rmcp's per-request service, serve loop and channels (fleet-mcp-ceiling --direct): {unserved:.0} calls/s (median of {unserved_all}) = {:.2}x the ceiling; {unserved_cpu:.0} µs of CPU per call (median of {unserved_cpu_all})",
+            unserved / bare
+        );
+        let (same_cpu_all, bare_cpu_all, durable_cpu_all) = (
+            shown(&self.same_cpu),
+            shown(&self.bare_cpu),
+            shown(&self.durable_cpu),
+        );
+        let (same_cpu, bare_cpu, durable_cpu) = (
+            median(&mut self.same_cpu),
+            median(&mut self.bare_cpu),
+            median(&mut self.durable_cpu),
+        );
+        println!(
+            "  fleetd's CPU per same-host message (its send, hold and the drain's share of the poll): {same_cpu:.0} µs (median of {same_cpu_all})  [target ≤ 100 µs]; the bare server's per empty call: {bare_cpu:.0} µs (median of {bare_cpu_all}), per committing call: {durable_cpu:.0} µs (median of {durable_cpu_all}); fleetd = {:.2}x the committing call  [proposed target ≤ 1.25x]",
+            same_cpu / durable_cpu
+        );
+        println!(
+            "  rmcp's per-request service, serve loop and channels: {:.0} µs of CPU per call (the bare server's {bare_cpu:.0} µs less the direct one's {unserved_cpu:.0} µs)",
+            bare_cpu - unserved_cpu
+        );
+        self.report_cross(same, same_cpu);
+    }
+
+    /// Prints the cross-host figures, against same-host's rate `same` and CPU `same_cpu`.
+    fn report_cross(mut self, same: f64, same_cpu: f64) {
+        let cross_all = shown(&self.cross);
+        let cross = median(&mut self.cross);
+        println!(
+            "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 70 %]",
+            cross / same * 100.0
+        );
+        let (sending_all, taking_all) = (shown(&self.sending_cpu), shown(&self.taking_cpu));
+        let (sending, taking) = (median(&mut self.sending_cpu), median(&mut self.taking_cpu));
+        println!(
+            "  CPU per cross-host message: the sending gateway's {sending:.0} µs (median of {sending_all}; its send, signed, published, confirmed, where it went recorded), the receiving one's {taking:.0} µs (median of {taking_all}; checked, held, drained), beside fleetd's {same_cpu:.0} µs same-host: {:.2}x and {:.2}x it  [proposed target, each side ≤ 2x]",
+            sending / same_cpu,
+            taking / same_cpu
+        );
+        if !self.broker_cpu.is_empty() {
+            let broker_all = shown(&self.broker_cpu);
+            let brokered = median(&mut self.broker_cpu);
+            println!(
+                "  the broker's (RabbitMQ's Erlang VM, all of it over the figure): {brokered:.0} µs per cross-host message (median of {broker_all}); with both gateways', {:.0} µs of CPU a cross-host message, against {same_cpu:.0} µs same-host: where all three share one machine's cores, as here, the cross-host rate is held to about that share",
+                sending + taking + brokered
+            );
+        }
+    }
+}
+
+/// `samples` as a list.
+fn shown(samples: &[f64]) -> String {
+    samples
+        .iter()
+        .map(|r| format!("{r:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
