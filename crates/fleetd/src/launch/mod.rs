@@ -355,18 +355,41 @@ async fn run_teardown(argv: &[String]) -> bool {
     false
 }
 
+/// How long a fresh session's launch waits for an earlier session's program to stop writing
+/// into its directory: a pane closed (a recycle) ends its program, which may still be writing
+/// its settings there as it exits.
+const ENDING_WRITES_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest pause between two tries at clearing a directory still written into.
+const CLEAR_PAUSE_MAX: Duration = Duration::from_millis(100);
+
+/// Whether a directory whose removal failed with `kind`, `waited` into the clearing, is tried
+/// again: only one that something still writes into (entries came back), for a while.
+fn clear_again(kind: std::io::ErrorKind, waited: Duration) -> bool {
+    kind == std::io::ErrorKind::DirectoryNotEmpty && waited < ENDING_WRITES_WAIT
+}
+
 /// Makes `dir` anew, empty and user-only: what an earlier session of the worker left there
 /// (which its sandbox could write, links included) is removed first, or the launch is refused;
-/// nothing fleetd writes there then goes through a file the worker made.
+/// nothing fleetd writes there then goes through a file the worker made. An earlier session
+/// still ending (its program writing as it exits) is waited for, at most [`ENDING_WRITES_WAIT`].
 fn fresh_dir(dir: &Path) -> std::io::Result<()> {
-    match fs::remove_dir_all(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(std::io::Error::other(format!(
-                "cannot clear what an earlier session left in {}: {e}",
-                dir.display()
-            )));
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match fs::remove_dir_all(dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) if clear_again(e.kind(), started.elapsed()) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(CLEAR_PAUSE_MAX);
+            }
+            Err(e) => {
+                return Err(std::io::Error::other(format!(
+                    "cannot clear what an earlier session left in {}: {e}",
+                    dir.display()
+                )));
+            }
         }
     }
     fs::DirBuilder::new().mode(0o700).create(dir)
@@ -443,6 +466,50 @@ fn private_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_directory_still_written_into_is_cleared_again_and_only_for_a_while() {
+        use std::io::ErrorKind;
+        assert!(clear_again(ErrorKind::DirectoryNotEmpty, Duration::ZERO));
+        assert!(clear_again(
+            ErrorKind::DirectoryNotEmpty,
+            ENDING_WRITES_WAIT - Duration::from_millis(1)
+        ));
+        assert!(!clear_again(
+            ErrorKind::DirectoryNotEmpty,
+            ENDING_WRITES_WAIT
+        ));
+        assert!(!clear_again(ErrorKind::PermissionDenied, Duration::ZERO));
+        assert!(!clear_again(ErrorKind::Other, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_directory_an_ending_program_still_writes_into_is_made_anew_once_it_stops() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("worker");
+        fs::create_dir(&dir).unwrap();
+        let written = dir.clone();
+        let (begun, writing) = std::sync::mpsc::channel();
+        // An ending program writing its files as fast as it can for a fifth of a second.
+        let writer = std::thread::spawn(move || {
+            let until = std::time::Instant::now() + Duration::from_millis(200);
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                let _ = fs::write(written.join(format!("settings-{n}")), b"{}");
+                n += 1;
+                if n == 100 {
+                    begun.send(()).unwrap();
+                }
+            }
+        });
+        writing.recv().unwrap();
+        let cleared = fresh_dir(&dir);
+        writer.join().unwrap();
+        cleared.unwrap();
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
 
     #[test]
     fn programs_are_found_as_the_shell_finds_them() {
