@@ -29,8 +29,8 @@ const MAX_CACHED: usize = 4096;
 /// Past this size the mark is emptied rather than grown (see `mark_changed`).
 const MARK_WRAP_BYTES: u64 = 4096;
 
-/// What `stat` (or `fstat`) says of the mark: a writer appends a byte per change, so its size and times
-/// differ after every change (the inode too, should the file be replaced).
+/// What `stat` (or `fstat`) says of the mark: a writer appends a byte per change, so its size
+/// and times differ after every change (the inode too, should the file be replaced).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
     ino: u64,
