@@ -302,13 +302,9 @@ impl Figures {
 
     /// Prints the figures' medians beside their ceilings and targets.
     fn report(mut self, messages: usize, lanes: usize) {
-        let (bare_all, durable_all, same_all) =
-            (shown(&self.bare), shown(&self.durable), shown(&self.same));
-        let (bare, durable, same) = (
-            median(&mut self.bare),
-            median(&mut self.durable),
-            median(&mut self.same),
-        );
+        let (bare, bare_all) = summed(&mut self.bare);
+        let (durable, durable_all) = summed(&mut self.durable);
+        let (same, same_all) = summed(&mut self.same);
         println!(
             "ceiling: a bare MCP tool server on the same rmcp + axum stack (fleet-mcp-ceiling), an empty tool, the same client, {messages} calls in {lanes} lanes: {bare:.0} calls/s (median of {bare_all})"
         );
@@ -320,22 +316,15 @@ impl Figures {
             "  the same server committing each call's text as a SQLite row (WAL, synchronous = NORMAL, a transaction per call) before it answers: {durable:.0} calls/s (median of {durable_all}); same-host = {:.0} % of it  [proposed target ≥ 70 %]",
             same / durable * 100.0
         );
-        let (unserved_all, unserved_cpu_all) = (shown(&self.unserved), shown(&self.unserved_cpu));
-        let (unserved, unserved_cpu) = (median(&mut self.unserved), median(&mut self.unserved_cpu));
+        let (unserved, unserved_all) = summed(&mut self.unserved);
+        let (unserved_cpu, unserved_cpu_all) = summed(&mut self.unserved_cpu);
         println!(
             "  the same server answering each tools/call in the HTTP request's own task, without rmcp's per-request service, serve loop and channels (fleet-mcp-ceiling --direct): {unserved:.0} calls/s (median of {unserved_all}) = {:.2}x the ceiling; {unserved_cpu:.0} µs of CPU per call (median of {unserved_cpu_all})",
             unserved / bare
         );
-        let (same_cpu_all, bare_cpu_all, durable_cpu_all) = (
-            shown(&self.same_cpu),
-            shown(&self.bare_cpu),
-            shown(&self.durable_cpu),
-        );
-        let (same_cpu, bare_cpu, durable_cpu) = (
-            median(&mut self.same_cpu),
-            median(&mut self.bare_cpu),
-            median(&mut self.durable_cpu),
-        );
+        let (same_cpu, same_cpu_all) = summed(&mut self.same_cpu);
+        let (bare_cpu, bare_cpu_all) = summed(&mut self.bare_cpu);
+        let (durable_cpu, durable_cpu_all) = summed(&mut self.durable_cpu);
         println!(
             "  fleetd's CPU per same-host message (its send, hold and the drain's share of the poll): {same_cpu:.0} µs (median of {same_cpu_all})  [target ≤ 100 µs]; the bare server's per empty call: {bare_cpu:.0} µs (median of {bare_cpu_all}), per committing call: {durable_cpu:.0} µs (median of {durable_cpu_all}); fleetd = {:.2}x the committing call  [proposed target ≤ 1.25x]",
             same_cpu / durable_cpu
@@ -349,22 +338,20 @@ impl Figures {
 
     /// Prints the cross-host figures, against same-host's rate `same` and CPU `same_cpu`.
     fn report_cross(mut self, same: f64, same_cpu: f64) {
-        let cross_all = shown(&self.cross);
-        let cross = median(&mut self.cross);
+        let (cross, cross_all) = summed(&mut self.cross);
         println!(
             "cross-host lead → lead through the broker, the same: {cross:.0}/s (median of {cross_all}) = {:.0} % of same-host  [target ≥ 70 %]",
             cross / same * 100.0
         );
-        let (sending_all, taking_all) = (shown(&self.sending_cpu), shown(&self.taking_cpu));
-        let (sending, taking) = (median(&mut self.sending_cpu), median(&mut self.taking_cpu));
+        let (sending, sending_all) = summed(&mut self.sending_cpu);
+        let (taking, taking_all) = summed(&mut self.taking_cpu);
         println!(
             "  CPU per cross-host message: the sending gateway's {sending:.0} µs (median of {sending_all}; its send, signed, published, confirmed, where it went recorded), the receiving one's {taking:.0} µs (median of {taking_all}; checked, held, drained), beside fleetd's {same_cpu:.0} µs same-host: {:.2}x and {:.2}x it  [proposed target, each side ≤ 2x]",
             sending / same_cpu,
             taking / same_cpu
         );
         if !self.broker_cpu.is_empty() {
-            let broker_all = shown(&self.broker_cpu);
-            let brokered = median(&mut self.broker_cpu);
+            let (brokered, broker_all) = summed(&mut self.broker_cpu);
             println!(
                 "  the broker's (RabbitMQ's Erlang VM, all of it over the figure): {brokered:.0} µs per cross-host message (median of {broker_all}); a cross-host message costs both gateways and the broker {:.0} µs of CPU, {:.1}x a same-host one's {same_cpu:.0} µs, and here the three share one machine's cores (across hosts they would not)",
                 sending + taking + brokered,
@@ -374,11 +361,12 @@ impl Figures {
     }
 }
 
-/// `samples` as a list.
-fn shown(samples: &[f64]) -> String {
-    samples
+/// The median of `samples`, and all of them as a list.
+fn summed(samples: &mut [f64]) -> (f64, String) {
+    let all = samples
         .iter()
         .map(|r| format!("{r:.0}"))
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    (median(samples), all)
 }
