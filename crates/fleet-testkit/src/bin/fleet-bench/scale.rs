@@ -247,9 +247,10 @@ pub(super) fn broker_pid() -> Option<u32> {
         .find_map(|entry| {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
-            let args = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let boots = args.split(|b| *b == 0).any(|arg| arg == b"rabbit")
-                && args.windows(4).any(|w| w == b"boot");
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            // `-s rabbit boot`: the node's own start.
+            let boots = args.windows(2).any(|w| w == [&b"rabbit"[..], &b"boot"[..]]);
             (comm.trim() == "beam.smp" && boots).then_some(pid)
         })
 }
