@@ -7,10 +7,10 @@
 //!
 //! A change of state is told [`STANDS`] after it, the state then: a round trip the worker goes
 //! busy and idle again within is not told at all (the host already shows idle), and a worker
-//! whose state changes often puts at most one report per [`STANDS`] on the host. A report told at once went
-//! to herdr, as the pump claimed a task, beside the typing's own first look and paste, and a
-//! second as the worker answered: two requests a round trip on a host that answers each in a
-//! quarter of a millisecond.
+//! whose state changes often puts at most one report per [`STANDS`] on the host. A report told
+//! at once went to herdr, as the pump claimed a task, beside the typing's own first look and
+//! paste, and a second as the worker answered: two requests a round trip on a host that answers
+//! each in a quarter of a millisecond.
 
 use std::sync::Arc;
 use std::time::Duration;
