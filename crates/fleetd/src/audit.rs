@@ -10,7 +10,8 @@
 //!
 //! Callers never touch the file: they hand their line to an [`AuditWriter`], whose one thread
 //! writes the lines in the order they were handed over, through a bounded queue (a disk that
-//! stalls holds up no async thread; a queue that fills up loses the line loudly).
+//! stalls holds up no async thread; a queue that fills up loses the line loudly), the lines
+//! waiting together in one write ([`crate::gather`]).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -22,7 +23,10 @@ use std::time::Duration;
 use fleet_core::bounds::rotate_before;
 use fleet_core::clock::now_ms;
 use fleet_core::envelope::Envelope;
-use serde_json::json;
+use fleet_core::{Gid, Kind, MsgId, TraceId};
+use serde::Serialize;
+
+use crate::gather::{Batch, Job, write_gathered};
 
 /// An append-only, size-rotated log of lines.
 pub struct AuditLog {
@@ -36,6 +40,10 @@ pub struct AuditLog {
     max_bytes: u64,
     /// How many rotated files are kept.
     keep: usize,
+    /// The lines gathered for the next write, each with its newline.
+    pending: Vec<u8>,
+    /// How many lines `pending` holds.
+    pending_lines: usize,
 }
 
 impl AuditLog {
@@ -48,6 +56,8 @@ impl AuditLog {
             len: 0,
             max_bytes,
             keep,
+            pending: Vec::new(),
+            pending_lines: 0,
         };
         if let Err(e) = log.open_live() {
             tracing::error!(path = %log.path.display(), error = %e, "cannot open the audit log");
@@ -66,34 +76,32 @@ impl AuditLog {
         Ok(())
     }
 
-    /// Appends `line` (without its newline) as one line, rotating first if it would take the
-    /// live file over the cap.
+    /// Appends `line` (without its newline) as one line, now.
+    #[cfg(test)]
     pub fn append(&mut self, line: &str) {
-        let mut text = String::with_capacity(line.len() + 1);
-        text.push_str(line);
-        text.push('\n');
-        if self.file.is_none()
-            && let Err(e) = self.open_live()
-        {
-            tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: cannot open the audit log");
+        self.add(line.to_string());
+        self.write();
+    }
+
+    /// Writes the lines gathered, in one write into the live file.
+    fn write_pending(&mut self) {
+        if self.pending.is_empty() {
             return;
         }
-        let size = u64::try_from(text.len()).unwrap_or(u64::MAX);
-        if rotate_before(self.len, size, self.max_bytes)
-            && let Err(e) = self.rotate()
-        {
-            tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the audit log: it grows past its cap");
-        }
-        let Some(file) = self.file.as_mut() else {
-            return;
-        };
-        // One write per line (a `writeln!` to a file writes each piece on its own).
-        match file.write_all(text.as_bytes()) {
-            Ok(()) => self.len = self.len.saturating_add(size),
-            Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: cannot write the audit log");
+        let lines = std::mem::take(&mut self.pending_lines);
+        match self.file.as_mut().map(|file| file.write_all(&self.pending)) {
+            Some(Ok(())) => {
+                let size = u64::try_from(self.pending.len()).unwrap_or(u64::MAX);
+                self.len = self.len.saturating_add(size);
+            }
+            Some(Err(e)) => {
+                tracing::error!(path = %self.path.display(), lines, error = %e, "AUDIT LINES LOST: cannot write the audit log");
+            }
+            None => {
+                tracing::error!(path = %self.path.display(), lines, "AUDIT LINES LOST: the audit log is not open");
             }
         }
+        self.pending.clear();
     }
 
     /// Shifts the rotated files up by one (the oldest goes), moves the live file to `.1` and
@@ -115,20 +123,45 @@ impl AuditLog {
     }
 }
 
+impl Batch for AuditLog {
+    type Item = String;
+
+    /// Gathers `line` (without its newline) for the next write; when it would take the live
+    /// file over the cap, what was gathered is written first and the file rotated.
+    fn add(&mut self, line: String) {
+        if self.file.is_none()
+            && let Err(e) = self.open_live()
+        {
+            tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: cannot open the audit log");
+            return;
+        }
+        let size = u64::try_from(line.len() + 1).unwrap_or(u64::MAX);
+        let gathered = u64::try_from(self.pending.len()).unwrap_or(u64::MAX);
+        if rotate_before(self.len.saturating_add(gathered), size, self.max_bytes) {
+            self.write_pending();
+            if let Err(e) = self.rotate() {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot rotate the audit log: it grows past its cap");
+            }
+        }
+        self.pending.extend_from_slice(line.as_bytes());
+        self.pending.push(b'\n');
+        self.pending_lines += 1;
+    }
+
+    fn write(&mut self) {
+        self.write_pending();
+    }
+}
+
+/// The most lines the writer gathers into one write.
+const GATHERED_LINES: usize = 256;
+
 /// How many lines may wait for the audit writer's thread before one is lost.
 const AUDIT_QUEUE: usize = 8_192;
 
-/// What the writer's thread is handed.
-enum Entry {
-    /// A line to append.
-    Line(String),
-    /// Answered once every line before it is written.
-    Flush(mpsc::Sender<()>),
-}
-
 /// The queues of every audit writer of the process, for [`flush_all`] (weak: a writer dropped
 /// is gone from here too).
-static WRITERS: Mutex<Vec<Weak<SyncSender<Entry>>>> = Mutex::new(Vec::new());
+static WRITERS: Mutex<Vec<Weak<SyncSender<Job<String>>>>> = Mutex::new(Vec::new());
 
 /// How long a dropped writer waits for its thread to write what was queued.
 const LAST_LINES_WITHIN: Duration = Duration::from_secs(2);
@@ -138,10 +171,23 @@ pub struct AuditWriter {
     /// The live file's path, for what is said of a lost line.
     path: PathBuf,
     /// `None` only while it is dropped.
-    lines: Option<Arc<SyncSender<Entry>>>,
+    lines: Option<Arc<SyncSender<Job<String>>>>,
     /// Closed by the writer's thread as it ends, every queued line written (in a mutex only
     /// to be shared between threads; only the drop reads it).
     finished: Mutex<mpsc::Receiver<()>>,
+}
+
+/// One broker hop's audit line, its keys in the order they are written.
+#[derive(Serialize)]
+struct Hop<'a> {
+    from: Gid,
+    kind: Kind,
+    msg_id: MsgId,
+    outcome: &'a str,
+    size: usize,
+    to: &'a str,
+    trace_id: TraceId,
+    ts_ms: i64,
 }
 
 impl AuditWriter {
@@ -153,14 +199,7 @@ impl AuditWriter {
         std::thread::Builder::new()
             .name("fleetd-audit".into())
             .spawn(move || {
-                for entry in queue {
-                    match entry {
-                        Entry::Line(line) => log.append(&line),
-                        Entry::Flush(flushed) => {
-                            let _ = flushed.send(());
-                        }
-                    }
-                }
+                write_gathered(&mut log, &queue, GATHERED_LINES);
                 drop(done);
             })?;
         let lines = Arc::new(lines);
@@ -175,23 +214,28 @@ impl AuditWriter {
     /// Hands over the line of one broker hop: the message under `envelope` (of `size` bytes)
     /// and its `outcome` — what moved, never its text.
     pub fn hop(&self, envelope: &Envelope, size: usize, outcome: &str) {
-        let line = json!({
-            "ts_ms": now_ms(),
-            "trace_id": envelope.trace_id,
-            "msg_id": envelope.msg_id,
-            "kind": envelope.kind,
-            "from": envelope.from,
-            "to": envelope.to,
-            "size": size,
-            "outcome": outcome,
-        });
-        self.append(line.to_string());
+        let line = Hop {
+            from: envelope.from,
+            kind: envelope.kind,
+            msg_id: envelope.msg_id,
+            outcome,
+            size,
+            to: &envelope.to,
+            trace_id: envelope.trace_id,
+            ts_ms: now_ms(),
+        };
+        match serde_json::to_string(&line) {
+            Ok(line) => self.append(line),
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "AUDIT LINE LOST: it could not be written out");
+            }
+        }
     }
 
     /// Hands over `line` (without its newline).
     pub fn append(&self, line: String) {
         let Some(lines) = &self.lines else { return };
-        match lines.try_send(Entry::Line(line)) {
+        match lines.try_send(Job::Item(line)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 tracing::error!(path = %self.path.display(), queued = AUDIT_QUEUE, "AUDIT LINE LOST: the audit log's writer is that far behind");
@@ -213,16 +257,16 @@ impl AuditWriter {
 
 /// Waits (at most `within`) until every line queued on `lines` before now is written; whether
 /// they were.
-fn flush(lines: &SyncSender<Entry>, within: Duration) -> bool {
-    let (flushed, wait) = mpsc::channel();
-    lines.send(Entry::Flush(flushed)).is_ok() && wait.recv_timeout(within).is_ok()
+fn flush(lines: &SyncSender<Job<String>>, within: Duration) -> bool {
+    let (flushed, wait) = mpsc::sync_channel(1);
+    lines.send(Job::Flush(flushed)).is_ok() && wait.recv_timeout(within).is_ok()
 }
 
 /// Waits (at most `within` in all) until every audit line of the process handed over before
 /// now is written: for an exit that does not wait for the writers to be dropped.
 pub fn flush_all(within: Duration) {
     let deadline = std::time::Instant::now() + within;
-    let writers: Vec<Arc<SyncSender<Entry>>> =
+    let writers: Vec<Arc<SyncSender<Job<String>>>> =
         lock(&WRITERS).iter().filter_map(Weak::upgrade).collect();
     for lines in writers {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -348,6 +392,75 @@ mod tests {
         writer.append(line(101));
         drop(writer);
         assert_eq!(read(&path), lines(&(0..102).collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn a_hops_line_names_what_moved_in_a_json_object_of_its_own_and_never_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let writer = AuditWriter::start(AuditLog::open(path.clone(), 1 << 20, 1)).unwrap();
+        let envelope = Envelope {
+            version: fleet_core::envelope::VERSION,
+            kind: Kind::Ask,
+            msg_id: MsgId::mint(),
+            trace_id: TraceId::mint(),
+            from: Gid::mint(),
+            to: "b\"ob\n".to_string(),
+            turn_id: Some("turn secret".to_string()),
+            spawn_id: None,
+            in_reply_to: Some(MsgId::mint()),
+            from_name: Some("alice secret".to_string()),
+            from_host: Some("hosta".to_string()),
+            ts_ms: 1,
+            expires_at_ms: 2,
+        };
+        let before = now_ms();
+        writer.hop(&envelope, 42, "published");
+        writer.hop(&envelope, 7, "held");
+        writer.written();
+        let text = read(&path);
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let ts = lines[0]["ts_ms"].as_i64().unwrap();
+        assert!(ts >= before && ts <= now_ms(), "{ts}");
+        let want = serde_json::json!({
+            "ts_ms": ts,
+            "trace_id": envelope.trace_id,
+            "msg_id": envelope.msg_id,
+            "kind": "ASK",
+            "from": envelope.from,
+            "to": "b\"ob\n",
+            "size": 42,
+            "outcome": "published",
+        });
+        assert_eq!(lines[0], want);
+        assert_eq!(lines[1]["outcome"], "held");
+        assert_eq!(lines[1]["size"], 7);
+        assert!(!text.contains("secret"), "{text}");
+    }
+
+    #[test]
+    fn lines_gathered_for_one_write_still_rotate_line_by_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let mut log = AuditLog::open(path.clone(), 20, 2);
+        log.append(&line(0));
+        for n in 1..6 {
+            log.add(line(n));
+        }
+        // Nothing of a gathering is in the file before its write, but a rotation's.
+        assert_eq!(read(&rotated(&path, 1)), lines(&[2, 3]));
+        assert_eq!(read(&rotated(&path, 2)), lines(&[0, 1]));
+        assert_eq!(read(&path), "");
+        log.write();
+        assert_eq!(read(&path), lines(&[4, 5]));
+        log.add(line(6));
+        log.write();
+        assert_eq!(read(&rotated(&path, 1)), lines(&[4, 5]));
+        assert_eq!(read(&path), lines(&[6]));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod completions;
 pub mod config;
 pub mod doctor;
 pub mod gateway;
+pub mod gather;
 pub mod health;
 pub mod held;
 pub mod http;

@@ -10,28 +10,22 @@
 use std::io::{self, Write};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
+
+use crate::gather::{Batch, Job, write_gathered};
 
 /// How many lines may wait for the writer: a burst of heavy debug logging, a few hundred KB at
 /// most; past it the log is behind its reader by more than anyone will read.
 pub const QUEUED_LINES: usize = 1_024;
 
-/// What the writer thread is given.
-enum Job {
-    /// A whole log line to write.
-    Line(Vec<u8>),
-    /// Say when every line before this one is written.
-    Flush(SyncSender<()>),
-}
-
 /// A [`MakeWriter`] whose lines are queued for the writer thread (see the module doc).
 #[derive(Clone)]
 pub struct Relay {
     /// The writer thread's queue.
-    queue: SyncSender<Job>,
+    queue: SyncSender<Job<Vec<u8>>>,
     /// Counts the lines lost (queue full, thread gone, sink refusing).
     failures: &'static AtomicU64,
 }
@@ -50,7 +44,15 @@ impl Relay {
         let (queue, jobs) = sync_channel(capacity);
         std::thread::Builder::new()
             .name("fleetd-log".into())
-            .spawn(move || write_lines(sink, &jobs, failures))?;
+            .spawn(move || {
+                let mut lines = Lines {
+                    sink,
+                    batch: Vec::new(),
+                    lines: 0,
+                    failures,
+                };
+                write_gathered(&mut lines, &jobs, GATHERED_LINES);
+            })?;
         Ok(Self { queue, failures })
     }
 
@@ -59,7 +61,7 @@ impl Relay {
         let _ = RELAY.set(self.clone());
     }
 
-    fn send(&self, job: Job) -> bool {
+    fn send(&self, job: Job<Vec<u8>>) -> bool {
         match self.queue.try_send(job) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
@@ -91,54 +93,39 @@ impl Relay {
 /// How often a flush looks again for room in a full queue.
 const FLUSH_RETRY: Duration = Duration::from_millis(5);
 
-/// How long the writer rests after writing, so that the lines logged meanwhile go out together
-/// in its next write: a busy gateway logs a line per message, and waking the writer for each
-/// (a futex wake on the logging thread, a write on the writer's) cost more than the line. A
-/// line logged while the writer waits idle goes out at once; one logged while it rests waits
-/// this long at most, unless more lines wait than one write takes (then it does not rest).
-const GATHER: Duration = Duration::from_millis(1);
-
 /// The most lines the writer gathers into one write.
 const GATHERED_LINES: usize = 256;
 
-/// Writes the lines it is given into `sink`, those waiting together in one write; a write the
-/// sink refuses loses its lines, counted.
-fn write_lines<W: Write>(mut sink: W, jobs: &Receiver<Job>, failures: &AtomicU64) {
-    let mut batch = Vec::new();
-    while let Ok(first) = jobs.recv() {
-        let mut next = Some(first);
-        let mut lines = 0u64;
-        while let Some(job) = next.take() {
-            match job {
-                Job::Line(line) => {
-                    batch.extend_from_slice(&line);
-                    lines += 1;
-                }
-                Job::Flush(done) => {
-                    write_batch(&mut sink, &mut batch, lines, failures);
-                    lines = 0;
-                    let _ = sink.flush();
-                    let _ = done.send(());
-                }
-            }
-            if lines < GATHERED_LINES as u64 {
-                next = jobs.try_recv().ok();
-            }
-        }
-        write_batch(&mut sink, &mut batch, lines, failures);
-        if lines < GATHERED_LINES as u64 {
-            std::thread::sleep(GATHER);
-        }
-    }
+/// The lines gathered for one write into `sink`; a write the sink refuses loses its lines,
+/// counted.
+struct Lines<W> {
+    sink: W,
+    /// The lines gathered, each with its newline.
+    batch: Vec<u8>,
+    /// How many lines `batch` holds.
+    lines: u64,
+    failures: &'static AtomicU64,
 }
 
-/// Writes `batch` (`lines` lines) into `sink` and empties it; counts its lines lost if the sink
-/// refuses it.
-fn write_batch<W: Write>(sink: &mut W, batch: &mut Vec<u8>, lines: u64, failures: &AtomicU64) {
-    if !batch.is_empty() && sink.write_all(batch).is_err() {
-        failures.fetch_add(lines, Ordering::Relaxed);
+impl<W: Write> Batch for Lines<W> {
+    type Item = Vec<u8>;
+
+    fn add(&mut self, line: Vec<u8>) {
+        self.batch.extend_from_slice(&line);
+        self.lines += 1;
     }
-    batch.clear();
+
+    fn write(&mut self) {
+        if !self.batch.is_empty() && self.sink.write_all(&self.batch).is_err() {
+            self.failures.fetch_add(self.lines, Ordering::Relaxed);
+        }
+        self.batch.clear();
+        self.lines = 0;
+    }
+
+    fn flush(&mut self) {
+        let _ = self.sink.flush();
+    }
 }
 
 /// Waits, at most `limit`, until every line logged before the call is written: the last
@@ -183,7 +170,7 @@ impl Drop for RelayLine<'_> {
             return;
         }
         let line = std::mem::take(&mut self.line);
-        if !self.relay.send(Job::Line(line)) {
+        if !self.relay.send(Job::Item(line)) {
             self.relay.failures.fetch_add(1, Ordering::Relaxed);
         }
     }
