@@ -18,6 +18,7 @@ use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::{FleetError, Gid, Message, MsgState};
 use fleet_mux::inject::{InjectOutcome, Reached, Steps, inject, inject_noting};
+use fleet_store::StoreError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -462,5 +463,30 @@ impl LocalPlane {
         if let Some(session) = self.sessions.lock().panes.get_mut(&gid) {
             session.end_turn_of(task.msg_id);
         }
+    }
+
+    /// Fails `task`, taken out of flight because its turn ended without an answer (a dialog's
+    /// choice ended it, or it stalled), and tells its sender `reason`. A task not typed in yet
+    /// (still `injecting`: its pump may be typing it this moment) is failed in the store too,
+    /// so its keys are withheld from then on and a restart does not put it back in the queue;
+    /// a task typed in stays `injected`.
+    pub(super) async fn turn_failed(self: &Arc<Self>, task: &Message, reason: &str) {
+        let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
+        let untyped = self
+            .db
+            .run(move |s| match s.transition(msg_id, &failed) {
+                Ok(()) => Ok(true),
+                Err(StoreError::BadTransition { .. }) => Ok(false),
+                Err(e) => Err(e),
+            })
+            .await;
+        match untyped {
+            Ok(true) => tracing::info!(%msg_id, "its turn ended before it was typed in: failed"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(%msg_id, error = %e, "a task whose turn ended is not failed in the store: a restart may put it back in the queue");
+            }
+        }
+        self.notify_failed(task, reason).await;
     }
 }

@@ -379,6 +379,109 @@ async fn a_dialog_on_a_busy_workers_screen_is_asked_of_its_lead_and_the_choice_p
     assert_eq!(session.current().map(|t| t.msg_id), Some(task));
 }
 
+/// The lead's FAILED notices held for it, each with the task it answers.
+async fn failures_held(l: &Local) -> Vec<(fleet_core::MsgId, String)> {
+    taken_by_poll(l)
+        .await
+        .into_iter()
+        .filter(|m| m.kind == fleet_core::Kind::Failed)
+        .map(|m| (m.in_reply_to.unwrap(), m.body))
+        .collect()
+}
+
+/// How long w1's pump pauses between a task's paste and its Enter in the tests of a turn that
+/// ends as its task goes in.
+const SLOW_ENTER: Duration = Duration::from_secs(10);
+
+/// A [`local`] whose w1 pauses [`SLOW_ENTER`] before each Enter, `tweak`ed, and a task sent
+/// to it, its paste gone in and its Enter not yet.
+async fn pasted_not_entered(tweak: impl FnOnce(&mut ProfileConfig)) -> (Local, fleet_core::MsgId) {
+    let l = local_with(|p| {
+        p.enter_pause_ms = Some(SLOW_ENTER.as_millis() as u64);
+        tweak(p);
+    })
+    .await;
+    let task = send(&l, "run the command").await;
+    while l.panes.typed(&l.pane).is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        l.panes.typed(&l.pane),
+        [Typed::Paste("run the command".into())]
+    );
+    assert_eq!(history_of(&l, task).await, ["injecting"]);
+    (l, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_turn_a_dialog_ended_as_it_went_in_is_failed_for_good_and_never_entered() {
+    let (l, task) = pasted_not_entered(|p| {
+        p.blocked_markers = Some(CLAUDE_CODE_MARKERS.iter().map(|m| m.to_string()).collect());
+        p.turn_over_markers = Some(vec!["Interrupted · What should Claude do instead?".into()]);
+    })
+    .await;
+    let gid = l.worker.entity.gid;
+    l.panes.show(&l.pane, PERMISSION_PROMPT);
+    let mut seen = HashMap::new();
+    for _ in 0..2 {
+        l.gateway.look_for_dialogs(&mut seen).await;
+    }
+    let asked_in = {
+        let sessions = l.gateway.sessions.lock();
+        sessions
+            .panes
+            .get(&gid)
+            .unwrap()
+            .dialog()
+            .unwrap()
+            .question
+            .in_task
+    };
+    assert_eq!(asked_in, Some(task));
+    // Answered "No" in the pane: the prompt goes and the program waits for what to do instead.
+    l.panes
+        .show(&l.pane, "⎿  Interrupted · What should Claude do instead?");
+    l.gateway.look_for_dialogs(&mut seen).await;
+    // Failed in the store as its lead is told: a restart now would not put it back.
+    assert!(
+        matches!(state_of(&l, task).await, MsgState::Failed(_)),
+        "{:?}",
+        state_of(&l, task).await
+    );
+    // Its pump's Enter, due after the notice, is withheld; the lead hears of it once.
+    tokio::time::sleep(SLOW_ENTER * 2).await;
+    assert_eq!(
+        l.panes.typed(&l.pane),
+        [Typed::Paste("run the command".into())]
+    );
+    let failures = failures_held(&l).await;
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].0, task);
+    assert!(failures[0].1.contains("ended its turn"), "{failures:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_whose_worker_stalled_as_it_went_in_is_failed_for_good() {
+    let (l, task) = pasted_not_entered(|p| {
+        p.stall_after_s = Some(1);
+        p.on_stall = crate::config::OnStall::Recycle;
+    })
+    .await;
+    let mut seen = HashMap::new();
+    l.gateway.look_for_stalls(&mut seen).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    l.gateway.look_for_stalls(&mut seen).await;
+    assert!(
+        matches!(state_of(&l, task).await, MsgState::Failed(_)),
+        "{:?}",
+        state_of(&l, task).await
+    );
+    let failures = failures_held(&l).await;
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert_eq!(failures[0].0, task);
+    assert!(failures[0].1.contains("stalled"), "{failures:?}");
+}
+
 /// The lead's send of `text` to w1, waiting for its answer, on a task of its own.
 fn waiting_send(l: &Local, text: &str) -> tokio::task::JoinHandle<SendResult> {
     let (gateway, lead, text) = (Arc::clone(&l.gateway), l.lead.clone(), text.to_string());

@@ -199,7 +199,7 @@ impl LocalPlane {
         if !recycling {
             return;
         }
-        self.notify_failed(task, what).await;
+        self.turn_failed(task, what).await;
         // On its own: the watchdog goes on looking at the others meanwhile.
         let gateway = Arc::clone(self);
         self.tasks

@@ -244,7 +244,7 @@ impl LocalPlane {
         let reason = format!(
             "'{name}' ended its turn without an answer after the dialog it stopped on was answered: its program shows \"{marker}\" and waits for what to do instead; send it a new task"
         );
-        self.notify_failed(&task, &reason).await;
+        self.turn_failed(&task, &reason).await;
     }
 
     /// Moves the cursor of the menu `now` shows to its option `target` and, once the screen
