@@ -346,6 +346,13 @@ pub trait Store: Send + Sync + 'static {
     /// with whether its Enter went too ([`Store::enter_sent`]).
     fn keys_sent_to(&self, to: Gid) -> StoreResult<Vec<(MsgId, bool)>>;
 
+    /// Fails `msg_id` with `reason` if it is still being typed and its Enter has not gone in
+    /// (`injecting`, no [`Store::enter_sent`] noted): its typing's next note is refused from
+    /// then on, so what is left of its keys is withheld, and a restart does not put it back.
+    /// Returns whether it was failed (a task whose Enter went, typed, or settled otherwise is
+    /// left as it is).
+    fn fail_untyped(&self, msg_id: MsgId, reason: &str) -> StoreResult<bool>;
+
     /// At start-up: puts `msg_id`, left `injecting` by a previous run, back on its queue,
     /// where it keeps its place: the pane showed it was never typed. Only that proof may move
     /// a task back (typing a task twice is what `injecting` is there to prevent); returns

@@ -950,6 +950,17 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    fn fail_untyped(&self, msg_id: MsgId, reason: &str) -> StoreResult<bool> {
+        let changed = self
+            .conn()
+            .prepare_cached(
+                "UPDATE messages SET state = 'failed', reason = ?2, updated_ms = ?3
+                 WHERE msg_id = ?1 AND state = 'injecting' AND reason IS NOT ?4",
+            )?
+            .execute(params![msg_id.to_string(), reason, now_ms(), ENTER_SENT])?;
+        Ok(changed == 1)
+    }
+
     fn put_back_untyped(&self, msg_id: MsgId) -> StoreResult<bool> {
         let changed = self
             .conn()

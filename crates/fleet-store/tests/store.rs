@@ -1399,6 +1399,52 @@ fn a_write_probe_changes_nothing_and_fails_while_another_holds_the_write_lock() 
 }
 
 #[test]
+fn a_task_is_failed_as_untyped_only_while_its_enter_has_not_gone_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (lead, w) = (Gid::mint(), Gid::mint());
+    let state = |id| store.message(id).unwrap().unwrap().state;
+    // Not a key gone in yet, then only pasted: failed, and its typing's next note refused.
+    for pasted in [false, true] {
+        let task = message(lead, w, MsgState::Injecting, "a task");
+        store.insert_message(&task).unwrap();
+        if pasted {
+            assert!(store.keys_sent(task.msg_id).unwrap());
+        }
+        assert!(store.fail_untyped(task.msg_id, "its turn ended").unwrap());
+        assert_eq!(
+            state(task.msg_id),
+            MsgState::Failed("its turn ended".into())
+        );
+        assert!(
+            !store.enter_sent(task.msg_id).unwrap(),
+            "the Enter is withheld"
+        );
+        assert!(!store.fail_untyped(task.msg_id, "again").unwrap());
+        assert_eq!(
+            state(task.msg_id),
+            MsgState::Failed("its turn ended".into())
+        );
+    }
+    // Its Enter gone in: left for its typing to record; typed, queued or held: left as well.
+    let entered = message(lead, w, MsgState::Injecting, "entered");
+    store.insert_message(&entered).unwrap();
+    assert!(store.enter_sent(entered.msg_id).unwrap());
+    assert!(
+        !store
+            .fail_untyped(entered.msg_id, "its turn ended")
+            .unwrap()
+    );
+    assert_eq!(state(entered.msg_id), MsgState::Injecting);
+    for other in [MsgState::Injected, MsgState::Queued, MsgState::Held] {
+        let task = message(lead, w, other.clone(), "another");
+        store.insert_message(&task).unwrap();
+        assert!(!store.fail_untyped(task.msg_id, "its turn ended").unwrap());
+        assert_eq!(state(task.msg_id), other);
+    }
+}
+
+#[test]
 fn a_task_found_never_typed_goes_back_to_the_head_of_its_queue() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);

@@ -437,6 +437,8 @@ mod tests {
             "outcome": "published",
         });
         assert_eq!(lines[0], want);
+        // Byte for byte as before: its keys in the order a JSON map writes them.
+        assert_eq!(text.lines().next(), Some(want.to_string().as_str()));
         assert_eq!(lines[1]["outcome"], "held");
         assert_eq!(lines[1]["size"], 7);
         assert!(!text.contains("secret"), "{text}");

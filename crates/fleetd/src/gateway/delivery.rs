@@ -18,7 +18,6 @@ use fleet_core::delivery::{Taker, WAITED_TOO_LONG};
 use fleet_core::lifecycle::{nudge_line, nudge_wait};
 use fleet_core::{FleetError, Gid, Message, MsgState};
 use fleet_mux::inject::{InjectOutcome, Reached, Steps, inject, inject_noting};
-use fleet_store::StoreError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -62,8 +61,8 @@ struct Noted<'a> {
 
 impl Noted<'_> {
     /// Notes `step` (true: the Enter, false: the first key) going in; false if it may not go:
-    /// the task is no longer being typed (failed as its session ended before its Enter), or
-    /// the store failed.
+    /// the task is no longer being typed (failed before its Enter, as its session or its turn
+    /// ended), or the store failed.
     async fn note(&self, enter: bool) -> bool {
         let (msg_id, trace_id) = (self.msg_id, self.trace_id);
         let noted = self
@@ -466,25 +465,19 @@ impl LocalPlane {
     }
 
     /// Fails `task`, taken out of flight because its turn ended without an answer (a dialog's
-    /// choice ended it, or it stalled), and tells its sender `reason`. A task not typed in yet
-    /// (still `injecting`: its pump may be typing it this moment) is failed in the store too,
-    /// so its keys are withheld from then on and a restart does not put it back in the queue;
-    /// a task typed in stays `injected`.
+    /// choice ended it, or it stalled), and tells its sender `reason`. A task whose Enter has
+    /// not gone in yet (its pump may be typing it this moment) is failed in the store too, so
+    /// what is left of its keys is withheld and a restart does not put it back in the queue; one
+    /// whose Enter went is left for its typing to record.
     pub(super) async fn turn_failed(self: &Arc<Self>, task: &Message, reason: &str) {
-        let (msg_id, failed) = (task.msg_id, MsgState::Failed(reason.to_string()));
-        let untyped = self
-            .db
-            .run(move |s| match s.transition(msg_id, &failed) {
-                Ok(()) => Ok(true),
-                Err(StoreError::BadTransition { .. }) => Ok(false),
-                Err(e) => Err(e),
-            })
-            .await;
-        match untyped {
-            Ok(true) => tracing::info!(%msg_id, "its turn ended before it was typed in: failed"),
+        let (msg_id, why) = (task.msg_id, reason.to_string());
+        match self.db.run(move |s| s.fail_untyped(msg_id, &why)).await {
+            Ok(true) => {
+                tracing::info!(%msg_id, "its turn ended before its Enter went in: failed, the rest of its keys withheld");
+            }
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(%msg_id, error = %e, "a task whose turn ended is not failed in the store: a restart may put it back in the queue");
+                tracing::warn!(%msg_id, error = %e, "a task whose turn ended is not failed in the store: its typing goes on, and a restart may put it back in the queue");
             }
         }
         self.notify_failed(task, reason).await;

@@ -480,6 +480,10 @@ async fn a_task_whose_worker_stalled_as_it_went_in_is_failed_for_good() {
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].0, task);
     assert!(failures[0].1.contains("stalled"), "{failures:?}");
+    // Its Enter, due after the notice, never went in.
+    tokio::time::sleep(SLOW_ENTER * 2).await;
+    assert!(!l.panes.typed(&l.pane).contains(&Typed::Enter));
+    assert!(!history_of(&l, task).await.contains(&"injected".to_string()));
 }
 
 /// The lead's send of `text` to w1, waiting for its answer, on a task of its own.
