@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use crate::{StoreError, StoreResult};
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 const SCHEMA_V1: &str = "
 CREATE TABLE entities (
@@ -268,6 +268,66 @@ ALTER TABLE entities ADD COLUMN ended TEXT;
 CREATE INDEX entities_name ON entities(name);
 ";
 
+/// Version 13: the change log keys a message's changes by the message's row (`messages.seq`,
+/// an integer that only grows) instead of its 36-character text id, so each row and each index
+/// entry is that much smaller. An entity's changes keep its gid (its rowid
+/// is not its key, and a `VACUUM` may renumber it). The numbers given so far carry over, so a
+/// feed reading on from the last it saw misses nothing.
+const SCHEMA_V13: &str = "
+DROP TRIGGER IF EXISTS changes_message_made;
+DROP TRIGGER IF EXISTS changes_message_moved;
+DROP TRIGGER IF EXISTS changes_message_pruned;
+DROP TRIGGER IF EXISTS changes_entity_made;
+DROP TRIGGER IF EXISTS changes_entity_moved;
+CREATE TABLE changes_v13 (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms      INTEGER NOT NULL,
+    message    INTEGER,
+    entity     TEXT,
+    state      TEXT NOT NULL,
+    reason     TEXT,
+    CHECK ((message IS NULL) != (entity IS NULL))
+);
+INSERT INTO changes_v13 (seq, at_ms, message, entity, state, reason)
+    SELECT c.seq, c.at_ms, m.seq, NULL, c.state, c.reason
+        FROM changes c JOIN messages m ON m.msg_id = c.id WHERE c.subject = 'message'
+    UNION ALL
+    SELECT seq, at_ms, NULL, id, state, reason FROM changes WHERE subject = 'entity';
+DELETE FROM sqlite_sequence WHERE name = 'changes_v13';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'changes_v13', seq FROM sqlite_sequence
+    WHERE name = 'changes';
+DROP TABLE changes;
+ALTER TABLE changes_v13 RENAME TO changes;
+CREATE INDEX changes_message ON changes(message) WHERE message IS NOT NULL;
+CREATE INDEX changes_at ON changes(at_ms) WHERE entity IS NOT NULL;
+CREATE TRIGGER changes_message_made AFTER INSERT ON messages
+BEGIN
+    INSERT INTO changes (at_ms, message, state, reason)
+        VALUES (NEW.updated_ms, NEW.seq, NEW.state, NEW.reason);
+END;
+CREATE TRIGGER changes_message_moved AFTER UPDATE OF state ON messages
+    WHEN OLD.state != NEW.state
+BEGIN
+    INSERT INTO changes (at_ms, message, state, reason)
+        VALUES (NEW.updated_ms, NEW.seq, NEW.state, NEW.reason);
+END;
+CREATE TRIGGER changes_message_pruned AFTER DELETE ON messages
+BEGIN
+    DELETE FROM changes WHERE message = OLD.seq;
+END;
+CREATE TRIGGER changes_entity_made AFTER INSERT ON entities
+BEGIN
+    INSERT INTO changes (at_ms, entity, state, reason)
+        VALUES (NEW.updated_ms, NEW.gid, NEW.status, NULL);
+END;
+CREATE TRIGGER changes_entity_moved AFTER UPDATE OF status ON entities
+    WHEN OLD.status != NEW.status
+BEGIN
+    INSERT INTO changes (at_ms, entity, state, reason)
+        VALUES (NEW.updated_ms, NEW.gid, NEW.status, NULL);
+END;
+";
+
 /// Brings a fresh database to the current schema and refuses one from a newer build.
 /// Runs under an immediate transaction, so two processes opening a new state dir at once
 /// (`fleetd serve` and `fleetd token`) do not both create it.
@@ -316,9 +376,138 @@ pub fn migrate(conn: &mut Connection) -> StoreResult<()> {
     if found < 12 {
         tx.execute_batch(SCHEMA_V12)?;
     }
+    if found < 13 {
+        tx.execute_batch(SCHEMA_V13)?;
+    }
     if found < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     }
     tx.commit()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SqliteStore, Store, Subject};
+
+    type Row = (i64, i64, String, String, String, Option<String>);
+
+    /// A database of schema 12 with a message's changes, a pruned message's, and an entity's.
+    fn schema_12_with_changes(conn: &Connection) -> (String, String) {
+        for batch in [
+            SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
+            SCHEMA_V9, SCHEMA_V10, SCHEMA_V11, SCHEMA_V12,
+        ] {
+            conn.execute_batch(batch).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 12).unwrap();
+        let (kept, pruned, entity) = (
+            fleet_core::MsgId::mint().to_string(),
+            fleet_core::MsgId::mint().to_string(),
+            fleet_core::Gid::mint().to_string(),
+        );
+        let insert = "INSERT INTO messages (msg_id, trace_id, kind, from_gid, to_gid, body, state,
+             created_ms, updated_ms) VALUES (?1, 't', 'SEND', 'a', 'b', 'x', 'queued', 1, 1)";
+        conn.execute(insert, [&kept]).unwrap();
+        conn.execute(
+            "INSERT INTO entities (gid, name, role, host, groups_json, status, created_ms,
+             updated_ms) VALUES (?1, 'w', 'worker', 'h', '[]', 'idle', 2, 2)",
+            [&entity],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE messages SET state = 'failed', reason = 'why', updated_ms = 3 WHERE msg_id = ?1",
+            [&kept],
+        )
+        .unwrap();
+        conn.execute("UPDATE entities SET status = 'busy', updated_ms = 4", [])
+            .unwrap();
+        // The last number given went to a message pruned since: its rows are gone, its number
+        // is not to be given again.
+        conn.execute(insert, [&pruned]).unwrap();
+        conn.execute("DELETE FROM messages WHERE msg_id = ?1", [&pruned])
+            .unwrap();
+        (kept, entity)
+    }
+
+    #[test]
+    fn the_change_log_keeps_its_rows_and_its_numbers_across_schema_13() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.db");
+        let conn = Connection::open(&path).unwrap();
+        let (kept, entity) = schema_12_with_changes(&conn);
+        let before: Vec<Row> = conn
+            .prepare("SELECT seq, at_ms, subject, id, state, reason FROM changes ORDER BY seq")
+            .unwrap()
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let last: i64 = conn
+            .query_row(
+                "SELECT seq FROM sqlite_sequence WHERE name = 'changes'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(before.len(), 4);
+        assert!(
+            last > before[3].0,
+            "the pruned message's number is past every row"
+        );
+        drop(conn);
+
+        let store = SqliteStore::open(&path).unwrap();
+        let after: Vec<Row> = store
+            .changes_since(0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let (subject, id) = match c.subject {
+                    Subject::Message(id) => ("message", id.to_string()),
+                    Subject::Entity(gid) => ("entity", gid.to_string()),
+                };
+                (c.seq, c.at_ms, subject.into(), id, c.state, c.reason)
+            })
+            .collect();
+        assert_eq!(after, before);
+        assert_eq!(store.last_change().unwrap(), last);
+        let history: Vec<String> = store
+            .history(kept.parse().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.state)
+            .collect();
+        assert_eq!(history, ["queued", "failed"]);
+
+        // New changes are numbered on from the last, and an entity's go by age.
+        store
+            .set_session(
+                entity.parse().unwrap(),
+                fleet_core::WorkerStatus::Idle,
+                None,
+            )
+            .unwrap();
+        let next = store.changes_since(last, 10).unwrap();
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].seq, last + 1);
+        store.prune(i64::MAX).unwrap();
+        assert!(
+            store
+                .changes_since(0, 100)
+                .unwrap()
+                .iter()
+                .all(|c| matches!(c.subject, Subject::Message(_)))
+        );
+    }
 }

@@ -29,7 +29,9 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MESSAGE_COLUMNS: &str = "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, expires_ms";
 const ENTITY_COLUMNS: &str = "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, sandbox, profile_role";
-const CHANGE_COLUMNS: &str = "seq, at_ms, subject, id, state, reason";
+/// The changes, each with the text id of what changed (a message's found by its row).
+const CHANGES: &str = "SELECT c.seq, c.at_ms, m.msg_id, c.entity, c.state, c.reason
+     FROM changes c LEFT JOIN messages m ON m.seq = c.message";
 
 /// The held answer (a reply or a failure notice) to task `?2` for `?1`, looked up by what it
 /// answers (a message or two), never by the recipient: left to itself the planner walks
@@ -144,8 +146,8 @@ fn parse<T: std::str::FromStr>(text: &str, what: &str) -> StoreResult<T> {
 struct RawChange {
     seq: i64,
     at_ms: i64,
-    subject: String,
-    id: String,
+    message: Option<String>,
+    entity: Option<String>,
     state: String,
     reason: Option<String>,
 }
@@ -155,18 +157,23 @@ impl RawChange {
         Ok(Self {
             seq: row.get(0)?,
             at_ms: row.get(1)?,
-            subject: row.get(2)?,
-            id: row.get(3)?,
+            message: row.get(2)?,
+            entity: row.get(3)?,
             state: row.get(4)?,
             reason: row.get(5)?,
         })
     }
 
     fn parse(self) -> StoreResult<Change> {
-        let subject = match self.subject.as_str() {
-            "message" => Subject::Message(parse(&self.id, "change's msg_id")?),
-            "entity" => Subject::Entity(parse(&self.id, "change's gid")?),
-            other => return Err(corrupt(format!("change subject '{other}'"))),
+        let subject = match (self.message, self.entity) {
+            (Some(id), None) => Subject::Message(parse(&id, "change's msg_id")?),
+            (None, Some(id)) => Subject::Entity(parse(&id, "change's gid")?),
+            _ => {
+                return Err(corrupt(format!(
+                    "change {} names neither one message nor one entity",
+                    self.seq
+                )));
+            }
         };
         Ok(Change {
             seq: self.seq,
@@ -1122,7 +1129,7 @@ impl Store for SqliteStore {
             [before_ms],
         )?;
         tx.execute(
-            "DELETE FROM changes WHERE subject = 'entity' AND at_ms < ?1",
+            "DELETE FROM changes WHERE entity IS NOT NULL AND at_ms < ?1",
             [before_ms],
         )?;
         tx.commit()?;
@@ -1132,7 +1139,7 @@ impl Store for SqliteStore {
     fn changes_since(&self, after_seq: i64, limit: usize) -> StoreResult<Vec<Change>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {CHANGE_COLUMNS} FROM changes WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+            "{CHANGES} WHERE c.seq > ?1 ORDER BY c.seq LIMIT ?2"
         ))?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let raws = stmt
@@ -1163,7 +1170,7 @@ impl Store for SqliteStore {
     fn history(&self, msg_id: MsgId) -> StoreResult<Vec<Change>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {CHANGE_COLUMNS} FROM changes WHERE id = ?1 AND subject = 'message' ORDER BY seq"
+            "{CHANGES} WHERE c.message = (SELECT seq FROM messages WHERE msg_id = ?1) ORDER BY c.seq"
         ))?;
         let raws = stmt
             .query_map([msg_id.to_string()], RawChange::read)?

@@ -706,7 +706,8 @@ impl Fleet {
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
         let states = |id: &str| -> anyhow::Result<String> {
             let mut stmt = db.prepare(
-                "SELECT at_ms, state, reason FROM changes WHERE subject = 'message' AND id = ?1 ORDER BY seq",
+                "SELECT c.at_ms, c.state, c.reason FROM changes c JOIN messages m ON m.seq = c.message \
+                 WHERE m.msg_id = ?1 ORDER BY c.seq",
             )?;
             let steps = stmt
                 .query_map([id], |row| {
