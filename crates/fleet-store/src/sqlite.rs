@@ -29,7 +29,8 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MESSAGE_COLUMNS: &str = "msg_id, trace_id, kind, from_gid, to_gid, in_reply_to, body, state, reason, created_ms, expires_ms";
 const ENTITY_COLUMNS: &str = "gid, name, role, host, profile, groups_json, parent, pane, status, created_ms, sandbox, profile_role";
-/// The changes, each with the text id of what changed (a message's found by its row).
+/// The changes, each with the text id of what changed (a message's found by its row; a change
+/// whose message is gone, which its trigger should never leave, has none and is passed over).
 const CHANGES: &str = "SELECT c.seq, c.at_ms, m.msg_id, c.entity, c.state, c.reason
      FROM changes c LEFT JOIN messages m ON m.seq = c.message";
 
@@ -1139,7 +1140,8 @@ impl Store for SqliteStore {
     fn changes_since(&self, after_seq: i64, limit: usize) -> StoreResult<Vec<Change>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "{CHANGES} WHERE c.seq > ?1 ORDER BY c.seq LIMIT ?2"
+            "{CHANGES} WHERE c.seq > ?1 AND (m.msg_id IS NOT NULL OR c.entity IS NOT NULL)
+             ORDER BY c.seq LIMIT ?2"
         ))?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let raws = stmt

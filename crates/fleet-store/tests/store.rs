@@ -10,6 +10,7 @@ use fleet_store::{
     Answer, AwaitedReceipt, EntityRecord, Inserted, MessageFilter, SentRecord, SqliteStore, Store,
     StoreError,
 };
+use fleet_testkit::fleet::change_log_of_schema_12;
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("fleet.db")).unwrap()
@@ -1502,25 +1503,6 @@ fn keys_sent_are_noted_on_a_task_being_typed_and_go_with_its_next_state() {
     assert_eq!(typed.state, MsgState::Injected);
 }
 
-/// Takes this build's change log back to schema 12's, each row naming what changed by its text
-/// id, for a test that fakes a database an earlier build left. Its triggers go: the store opened
-/// next makes them again as it migrates, before anything changes.
-fn change_log_of_schema_12(conn: &rusqlite::Connection) {
-    conn.execute_batch(
-        "DROP TRIGGER changes_message_made; DROP TRIGGER changes_message_moved;
-         DROP TRIGGER changes_message_pruned; DROP TRIGGER changes_entity_made;
-         DROP TRIGGER changes_entity_moved;
-         CREATE TABLE changes_12 (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
-             subject TEXT NOT NULL, id TEXT NOT NULL, state TEXT NOT NULL, reason TEXT);
-         INSERT INTO changes_12 SELECT c.seq, c.at_ms, IIF(c.message IS NULL, 'entity', 'message'),
-             COALESCE(m.msg_id, c.entity), c.state, c.reason
-             FROM changes c LEFT JOIN messages m ON m.seq = c.message;
-         DROP TABLE changes;
-         ALTER TABLE changes_12 RENAME TO changes;",
-    )
-    .unwrap();
-}
-
 #[test]
 fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter_sent() {
     // A build before schema 10 noted nothing: its `injecting` tasks may have been typed.
@@ -1533,7 +1515,7 @@ fn what_a_build_before_schema_10_left_injecting_is_taken_as_having_had_its_enter
         assert_eq!(store.keys_sent_to(w).unwrap(), []);
     }
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
-    change_log_of_schema_12(&conn);
+    change_log_of_schema_12(&conn).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
          DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
@@ -1567,7 +1549,7 @@ fn what_a_worker_was_spawned_as_is_kept_and_a_build_before_schema_11_recorded_no
     // says nothing of what the worker runs in.
     let path = dir.path().join("fleet.db");
     let conn = rusqlite::Connection::open(&path).unwrap();
-    change_log_of_schema_12(&conn);
+    change_log_of_schema_12(&conn).unwrap();
     conn.execute_batch(
         "ALTER TABLE entities DROP COLUMN sandbox; ALTER TABLE entities DROP COLUMN profile_role;
          DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended;
@@ -1632,7 +1614,7 @@ fn why_a_worker_ended_is_kept_and_a_build_before_schema_12_recorded_none() {
     drop(store);
     // A database of schema 11 (no cause kept): an ended worker reads as ended, cause unknown.
     let conn = rusqlite::Connection::open(dir.path().join("fleet.db")).unwrap();
-    change_log_of_schema_12(&conn);
+    change_log_of_schema_12(&conn).unwrap();
     conn.execute_batch("DROP INDEX entities_name; ALTER TABLE entities DROP COLUMN ended; PRAGMA user_version = 11;")
         .unwrap();
     drop(conn);

@@ -683,12 +683,13 @@ impl Fleet {
 
     /// Makes the store what the previous release (store schema 8) left: schema 9 only added
     /// tables (what each worker is known by, when fleetd was last alive), 10 changed no table,
-    /// 11 added two columns (what each worker was spawned as) and 12 one (why it ended), so
-    /// dropping them, and the version with them, leaves what that release wrote. While fleetd
-    /// is stopped.
+    /// 11 added two columns (what each worker was spawned as), 12 one (why it ended) and 13
+    /// rekeyed the change log, so dropping them, the log as it was, and the version with them,
+    /// leave what that release wrote. While fleetd is stopped.
     pub fn as_left_by_schema_8(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.child.is_none(), "fleetd is running");
         let db = rusqlite::Connection::open(self.state.join("fleet.db"))?;
+        change_log_of_schema_12(&db)?;
         db.execute_batch(
             "DROP TRIGGER adoptable_gone; DROP TABLE adoptable; DROP TABLE alive;
              DROP TABLE lead_panes;
@@ -991,4 +992,22 @@ pub fn stop_tmux(name: &str) {
     let _ = std::process::Command::new("pkill")
         .args(["-KILL", "-f", &format!("tmux .*-L {name}(@[0-9]+)? ")])
         .status();
+}
+
+/// Takes a store's change log back to schema 12's, each row naming what changed by its text id,
+/// for a test that makes a database what an earlier build left. Its triggers go: the store
+/// opened next makes them again as it migrates, before anything changes.
+pub fn change_log_of_schema_12(db: &rusqlite::Connection) -> rusqlite::Result<()> {
+    db.execute_batch(
+        "DROP TRIGGER changes_message_made; DROP TRIGGER changes_message_moved;
+         DROP TRIGGER changes_message_pruned; DROP TRIGGER changes_entity_made;
+         DROP TRIGGER changes_entity_moved;
+         CREATE TABLE changes_12 (seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
+             subject TEXT NOT NULL, id TEXT NOT NULL, state TEXT NOT NULL, reason TEXT);
+         INSERT INTO changes_12 SELECT c.seq, c.at_ms, IIF(c.message IS NULL, 'entity', 'message'),
+             COALESCE(m.msg_id, c.entity), c.state, c.reason
+             FROM changes c LEFT JOIN messages m ON m.seq = c.message;
+         DROP TABLE changes;
+         ALTER TABLE changes_12 RENAME TO changes;",
+    )
 }
