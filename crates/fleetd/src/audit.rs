@@ -26,7 +26,7 @@ use fleet_core::envelope::Envelope;
 use fleet_core::{Gid, Kind, MsgId, TraceId};
 use serde::Serialize;
 
-use crate::gather::{Batch, Job, write_gathered};
+use crate::gather::{Batch, GATHERED_LINES, Job, write_gathered};
 
 /// An append-only, size-rotated log of lines.
 pub struct AuditLog {
@@ -152,9 +152,6 @@ impl Batch for AuditLog {
         self.write_pending();
     }
 }
-
-/// The most lines the writer gathers into one write.
-const GATHERED_LINES: usize = 256;
 
 /// How many lines may wait for the audit writer's thread before one is lost.
 const AUDIT_QUEUE: usize = 8_192;

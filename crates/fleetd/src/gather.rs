@@ -17,6 +17,9 @@ pub enum Job<T> {
     Flush(SyncSender<()>),
 }
 
+/// The most lines a writer gathers into one write.
+pub const GATHERED_LINES: usize = 256;
+
 /// How long the writer rests after a write that did not take all it could.
 const GATHER: Duration = Duration::from_millis(1);
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::gather::{Batch, Job, write_gathered};
+use crate::gather::{Batch, GATHERED_LINES, Job, write_gathered};
 
 /// How many lines may wait for the writer: a burst of heavy debug logging, a few hundred KB at
 /// most; past it the log is behind its reader by more than anyone will read.
@@ -92,9 +92,6 @@ impl Relay {
 
 /// How often a flush looks again for room in a full queue.
 const FLUSH_RETRY: Duration = Duration::from_millis(5);
-
-/// The most lines the writer gathers into one write.
-const GATHERED_LINES: usize = 256;
 
 /// The lines gathered for one write into `sink`; a write the sink refuses loses its lines,
 /// counted.
